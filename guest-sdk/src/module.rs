@@ -1,0 +1,219 @@
+//! A module: the event types it handles, dispatched by tag.
+
+use crate::context::{Context, HostApi};
+use crate::event::{Event, Handler, PartitionKey};
+use crate::types::{Algebra, EventAtomicOrdering, HandlerError};
+
+/// One event type a module handles, as `describe` reports it to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventTypeInfo {
+    /// [`Event::TYPE_TAG`].
+    pub tag: u32,
+    /// [`Event::NAME`].
+    pub name: &'static str,
+    /// [`Event::ALGEBRA`].
+    pub algebra: Algebra,
+    /// [`Event::MAX_BATCH`].
+    pub max_batch: u32,
+}
+
+impl EventTypeInfo {
+    /// The description of `E`.
+    pub const fn of<E: Event>() -> Self {
+        Self { tag: E::TYPE_TAG.get(), name: E::NAME, algebra: E::ALGEBRA, max_batch: E::MAX_BATCH }
+    }
+}
+
+/// A handler module: every event type it handles, dispatched by tag over
+/// encoded bodies. This is the `handler` interface of the WIT contract in
+/// plain Rust.
+///
+/// Do not implement it by hand: [`export_module!`](crate::export_module)
+/// implements it from the module's [`Handler`] impls (and, on `wasm32`,
+/// exports it as the component's `handler` interface). It is also the native
+/// entry point: a native host or benchmark can call
+/// `<MyModule as Module>::handle(&mut its_host_api, tag, key_hash, &bodies)`
+/// and run exactly the code the component runs.
+///
+/// Every function fails with an unrecoverable error naming the tag when the
+/// module has no event type with that tag, and with an unrecoverable error
+/// naming the type when a body does not decode.
+pub trait Module {
+    /// The event types this module handles; the same list on every call.
+    fn describe() -> Vec<EventTypeInfo>;
+    /// The key hash of a message body ([`PartitionKey::key_hash`] of
+    /// [`Event::key`]).
+    fn key(tag: u32, body: &[u8]) -> Result<u64, HandlerError>;
+    /// The ordering a message body asks for ([`Event::atomic_ordering`]).
+    fn ordering(tag: u32, body: &[u8]) -> Result<EventAtomicOrdering, HandlerError>;
+    /// Folds a run of bodies (at least one) of an associative type into one
+    /// body ([`Event::combine`]).
+    fn combine(tag: u32, bodies: &[Vec<u8>]) -> Result<Vec<u8>, HandlerError>;
+    /// Applies a chunk of bodies of one type to the key with hash `key_hash`
+    /// ([`Handler::handle`]); state calls go to `host`.
+    fn handle(host: &mut dyn HostApi, tag: u32, key_hash: u64, bodies: &[Vec<u8>]) -> Result<(), HandlerError>;
+}
+
+/// Implements [`Module`] for a type from the event types it handles and, when
+/// compiling to `wasm32`, exports it as the component's
+/// `wakuwaku:handler/handler@0.1.0` interface.
+///
+/// ```text
+/// wakuwaku_guest::export_module!(Bank: AccountOpened, Deposited, Withdrawn);
+/// ```
+///
+/// The type must implement [`Handler<E>`](Handler) for every listed event
+/// type `E`. Tags must be distinct and every `MAX_BATCH` at least 1; both are
+/// checked at compile time. Use it once per crate: a component exports one
+/// module. On native targets it only implements [`Module`], so `cargo test`
+/// needs no WASM.
+///
+/// Two event types with one tag do not compile:
+///
+/// ```compile_fail
+/// # use serde::{Deserialize, Serialize};
+/// # use wakuwaku_guest::{Context, Event, EventTypeTag, Handler, HandlerError};
+/// #[derive(Serialize, Deserialize)]
+/// struct A { id: u64 }
+/// #[derive(Serialize, Deserialize)]
+/// struct B { id: u64 }
+/// impl Event for A {
+///     const TYPE_TAG: EventTypeTag = EventTypeTag::new(1);
+///     const NAME: &'static str = "A";
+///     type Key = u64;
+///     fn key(&self) -> u64 { self.id }
+/// }
+/// impl Event for B {
+///     const TYPE_TAG: EventTypeTag = EventTypeTag::new(1);
+///     const NAME: &'static str = "B";
+///     type Key = u64;
+///     fn key(&self) -> u64 { self.id }
+/// }
+/// struct M;
+/// impl Handler<A> for M {
+///     fn handle(_: &mut Context<'_>, _: &[A]) -> Result<(), HandlerError> { Ok(()) }
+/// }
+/// impl Handler<B> for M {
+///     fn handle(_: &mut Context<'_>, _: &[B]) -> Result<(), HandlerError> { Ok(()) }
+/// }
+/// wakuwaku_guest::export_module!(M: A, B);
+/// ```
+#[macro_export]
+macro_rules! export_module {
+    ($module:ty : $($event:ty),+ $(,)?) => {
+        const _: () = $crate::__private::check_event_types(&[$($crate::EventTypeInfo::of::<$event>()),+]);
+
+        impl $crate::Module for $module {
+            fn describe() -> ::std::vec::Vec<$crate::EventTypeInfo> {
+                ::std::vec![$($crate::EventTypeInfo::of::<$event>()),+]
+            }
+
+            fn key(tag: u32, body: &[u8]) -> ::core::result::Result<u64, $crate::HandlerError> {
+                $(
+                    if tag == <$event as $crate::Event>::TYPE_TAG.get() {
+                        return $crate::__private::key::<$event>(body);
+                    }
+                )+
+                ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
+            }
+
+            fn ordering(
+                tag: u32,
+                body: &[u8],
+            ) -> ::core::result::Result<$crate::EventAtomicOrdering, $crate::HandlerError> {
+                $(
+                    if tag == <$event as $crate::Event>::TYPE_TAG.get() {
+                        return $crate::__private::ordering::<$event>(body);
+                    }
+                )+
+                ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
+            }
+
+            fn combine(
+                tag: u32,
+                bodies: &[::std::vec::Vec<u8>],
+            ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::HandlerError> {
+                $(
+                    if tag == <$event as $crate::Event>::TYPE_TAG.get() {
+                        return $crate::__private::combine::<$event>(bodies);
+                    }
+                )+
+                ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
+            }
+
+            fn handle(
+                host: &mut dyn $crate::HostApi,
+                tag: u32,
+                key_hash: u64,
+                bodies: &[::std::vec::Vec<u8>],
+            ) -> ::core::result::Result<(), $crate::HandlerError> {
+                $(
+                    if tag == <$event as $crate::Event>::TYPE_TAG.get() {
+                        return $crate::__private::handle::<Self, $event>(host, key_hash, bodies);
+                    }
+                )+
+                ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __WakuwakuExport = $crate::__private::Export<$module>;
+            $crate::bindings::export!(__WakuwakuExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+/// Support for [`export_module!`]; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    use super::*;
+
+    pub use crate::wasm::{Export, WasmHost};
+
+    /// Compile-time checks of a module's event types.
+    pub const fn check_event_types(types: &[EventTypeInfo]) {
+        let mut i = 0;
+        while i < types.len() {
+            assert!(types[i].max_batch >= 1, "an event type of this module has MAX_BATCH 0");
+            let mut j = i + 1;
+            while j < types.len() {
+                assert!(types[i].tag != types[j].tag, "two event types of this module have the same TYPE_TAG");
+                j += 1;
+            }
+            i += 1;
+        }
+    }
+
+    pub fn unknown_tag(module: &str, tag: u32) -> HandlerError {
+        HandlerError::unrecoverable(format!("module {module} has no event type with tag {tag}"))
+    }
+
+    pub fn key<E: Event>(body: &[u8]) -> Result<u64, HandlerError> {
+        Ok(E::decode(body)?.key().key_hash())
+    }
+
+    pub fn ordering<E: Event>(body: &[u8]) -> Result<EventAtomicOrdering, HandlerError> {
+        Ok(E::decode(body)?.atomic_ordering())
+    }
+
+    pub fn combine<E: Event>(bodies: &[Vec<u8>]) -> Result<Vec<u8>, HandlerError> {
+        if bodies.is_empty() {
+            return Err(HandlerError::unrecoverable(format!("combine of no {} events", E::NAME)));
+        }
+        Ok(E::combine(decode_all(bodies)?)?.encode())
+    }
+
+    pub fn handle<M: Handler<E>, E: Event>(
+        host: &mut dyn HostApi,
+        key_hash: u64,
+        bodies: &[Vec<u8>],
+    ) -> Result<(), HandlerError> {
+        let events: Vec<E> = decode_all(bodies)?;
+        M::handle(&mut Context::new(host, key_hash), &events)
+    }
+
+    fn decode_all<E: Event>(bodies: &[Vec<u8>]) -> Result<Vec<E>, HandlerError> {
+        bodies.iter().map(|body| E::decode(body)).collect()
+    }
+}

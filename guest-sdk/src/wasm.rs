@@ -1,0 +1,117 @@
+//! The bridge between the WIT bindings and the plain-Rust API.
+//!
+//! Compiled on every target so it is type-checked natively, but only useful
+//! inside a component: natively the imports `WasmHost` calls are stubs that
+//! panic.
+
+use std::marker::PhantomData;
+
+use crate::bindings::exports::wakuwaku::handler::handler as wit_handler;
+use crate::bindings::wakuwaku::handler::{emit, log, state, types as wit};
+use crate::context::{HostApi, Outgoing};
+use crate::module::{EventTypeInfo, Module};
+use crate::types::{Algebra, ErrorClass, EventAtomicOrdering, HandlerError, Level};
+
+/// The host as seen from inside a component: every call is a WIT import.
+#[derive(Debug, Default)]
+pub struct WasmHost;
+
+impl HostApi for WasmHost {
+    fn get(&mut self, name: &str) -> Option<Vec<u8>> {
+        state::get(name)
+    }
+    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), String> {
+        state::set(name, value)
+    }
+    fn delete(&mut self, name: &str) {
+        state::delete(name);
+    }
+    fn counter_add(&mut self, name: &str, delta: i64) {
+        state::counter_add(name, delta);
+    }
+    fn counter_get(&mut self, name: &str) -> i64 {
+        state::counter_get(name)
+    }
+    fn emit(&mut self, message: Outgoing) -> Result<(), String> {
+        emit::emit(&wit::Outgoing {
+            topic: message.topic,
+            tag: message.tag,
+            key_hash: message.key_hash,
+            ordering: ordering_to_wit(message.ordering),
+            algebra: algebra_to_wit(message.algebra),
+            body: message.body,
+        })
+    }
+    fn log(&mut self, level: Level, message: &str) {
+        let level = match level {
+            Level::Trace => log::Level::Trace,
+            Level::Debug => log::Level::Debug,
+            Level::Info => log::Level::Info,
+            Level::Warn => log::Level::Warn,
+            Level::Error => log::Level::Error,
+        };
+        log::log(level, message);
+    }
+}
+
+/// Exports a [`Module`] as the component's `handler` interface.
+pub struct Export<M>(PhantomData<M>);
+
+impl<M: Module> wit_handler::Guest for Export<M> {
+    fn describe() -> Vec<wit::EventType> {
+        M::describe().into_iter().map(event_type_to_wit).collect()
+    }
+
+    fn key(tag: u32, body: Vec<u8>) -> Result<u64, wit::HandlerError> {
+        M::key(tag, &body).map_err(error_to_wit)
+    }
+
+    fn ordering(tag: u32, body: Vec<u8>) -> Result<wit::Ordering, wit::HandlerError> {
+        M::ordering(tag, &body).map(ordering_to_wit).map_err(error_to_wit)
+    }
+
+    fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, wit::HandlerError> {
+        M::combine(tag, &bodies).map_err(error_to_wit)
+    }
+
+    fn handle(tag: u32, key_hash: u64, bodies: Vec<Vec<u8>>) -> Result<(), wit::HandlerError> {
+        M::handle(&mut WasmHost, tag, key_hash, &bodies).map_err(error_to_wit)
+    }
+}
+
+fn event_type_to_wit(info: EventTypeInfo) -> wit::EventType {
+    wit::EventType {
+        tag: info.tag,
+        name: info.name.to_owned(),
+        algebra: algebra_to_wit(info.algebra),
+        max_batch: info.max_batch,
+    }
+}
+
+fn ordering_to_wit(ordering: EventAtomicOrdering) -> wit::Ordering {
+    match ordering {
+        EventAtomicOrdering::Relaxed => wit::Ordering::Relaxed,
+        EventAtomicOrdering::Acquire => wit::Ordering::Acquire,
+        EventAtomicOrdering::Release => wit::Ordering::Release,
+        EventAtomicOrdering::AcqRel => wit::Ordering::AcqRel,
+    }
+}
+
+fn algebra_to_wit(algebra: Algebra) -> wit::Algebra {
+    match algebra {
+        Algebra::NonAssociative => wit::Algebra::NonAssociative,
+        Algebra::Commutative => wit::Algebra::Commutative,
+        Algebra::Idempotent => wit::Algebra::Idempotent,
+        Algebra::IdempotentCommutative => wit::Algebra::IdempotentCommutative,
+        Algebra::Associative => wit::Algebra::Associative,
+    }
+}
+
+fn error_to_wit(error: HandlerError) -> wit::HandlerError {
+    let class = match error.class {
+        ErrorClass::Transient => wit::ErrorClass::Transient,
+        ErrorClass::Retryable => wit::ErrorClass::Retryable,
+        ErrorClass::Unrecoverable => wit::ErrorClass::Unrecoverable,
+    };
+    wit::HandlerError { class, message: error.message }
+}

@@ -1,0 +1,517 @@
+//! The `waku` command line. It parses flags, calls the library, and turns
+//! errors into messages a person can act on.
+//!
+//! Exit codes (stable): 0 success; 1 an error (printed as `waku: error: …`
+//! with its causes); 2 a usage error (from the argument parser); 3 the demo's
+//! oracle check failed.
+//!
+//! Data directory layout (`--data`, default `waku-data`):
+//! `log.redb` is the embedded log; `projections/<name>.redb` is a
+//! projection's state, consumer positions and counts.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::consumer::{Consumer, ConsumerConfig, Summary, stat};
+use crate::demo::{self, WorkloadSpec};
+use crate::guest_build::GuestBuild;
+use crate::handler::HandlerModule;
+use crate::log::EventLog;
+use crate::log::embedded::EmbeddedLog;
+use crate::projection::{Projection, load_module_file};
+use crate::publish::{self, Outgoing};
+use crate::runtime::{Sandbox, SandboxLimits};
+use crate::state::StateStore;
+
+/// Runs event handlers as WebAssembly components over a partitioned log.
+#[derive(Parser)]
+#[command(name = "waku", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a guest crate into a handler component (wasm32-wasip2).
+    Build(BuildArgs),
+    /// Publish JSON lines to a topic, with headers from the module.
+    Publish(PublishArgs),
+    /// Consume a topic into a projection.
+    Run(RunArgs),
+    /// Read a projection's state.
+    #[command(subcommand)]
+    State(StateCommand),
+    /// Build the bank example, publish a seeded workload, consume it, and
+    /// check the read model against an oracle.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct DataArgs {
+    /// The data directory (embedded log and projection state).
+    #[arg(long, default_value = "waku-data")]
+    data: PathBuf,
+}
+
+impl DataArgs {
+    fn log(&self) -> Result<EmbeddedLog> {
+        let path = self.data.join("log.redb");
+        EmbeddedLog::open(&path).with_context(|| format!("opening the embedded log {}", path.display()))
+    }
+
+    fn state(&self, projection: &str) -> Result<StateStore> {
+        crate::log::embedded::validate_topic_name(projection)
+            .with_context(|| format!("`{projection}` cannot name a projection"))?;
+        let path = self.data.join("projections").join(format!("{projection}.redb"));
+        StateStore::open(&path).with_context(|| format!("opening the state of projection `{projection}`"))
+    }
+}
+
+#[derive(Args)]
+struct BuildArgs {
+    /// The guest crate's directory.
+    #[arg(default_value = ".")]
+    crate_dir: PathBuf,
+    /// Copy the component to this file.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+    /// Build without optimisation.
+    #[arg(long)]
+    debug: bool,
+    /// Cargo's target directory.
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct PublishArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The topic to publish to.
+    #[arg(long)]
+    topic: String,
+    /// The handler module whose `key` and `ordering` write the headers.
+    #[arg(long)]
+    module: PathBuf,
+    /// Create the topic with this many partitions if it does not exist.
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// JSON lines, `{"type": "<event type>", "body": {...}}`; `-` reads stdin.
+    file: PathBuf,
+}
+
+#[derive(Args)]
+struct ConsumeArgs {
+    /// Most messages per batch.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Worker threads per batch (default: the number of cores).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Memory limit per module instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    memory_mib: usize,
+    /// CPU budget per handler call, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    call_budget_ms: u64,
+}
+
+impl ConsumeArgs {
+    fn config(&self, partitions: Option<Vec<u32>>) -> Result<ConsumerConfig> {
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        let mut config = ConsumerConfig { batch_size: self.batch_size, partitions, ..ConsumerConfig::default() };
+        if let Some(workers) = self.workers {
+            if workers == 0 {
+                bail!("--workers must be at least 1");
+            }
+            config.workers = workers;
+        }
+        Ok(config)
+    }
+
+    fn sandbox(&self) -> Result<Sandbox> {
+        let limits = SandboxLimits {
+            memory_bytes: self.memory_mib << 20,
+            call_budget: std::time::Duration::from_millis(self.call_budget_ms),
+            ..SandboxLimits::default()
+        };
+        Ok(Sandbox::new(limits)?)
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection's name (its state file is named after it).
+    #[arg(long)]
+    projection: String,
+    /// The topic to consume.
+    #[arg(long)]
+    topic: String,
+    /// The directory of the projection's modules (*.wasm).
+    #[arg(long)]
+    modules: PathBuf,
+    /// Only these partitions (comma-separated), e.g. `0,2`.
+    #[arg(long, value_delimiter = ',')]
+    partitions: Option<Vec<u32>>,
+    /// Stop once the end offsets read at start-up are reached.
+    #[arg(long)]
+    until_caught_up: bool,
+    #[command(flatten)]
+    consume: ConsumeArgs,
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// Print a key's state entries (and the shared counters) as JSON.
+    Get(StateGetArgs),
+}
+
+#[derive(Args)]
+struct StateGetArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    projection: String,
+    /// The key hash (decimal or 0x-hex).
+    #[arg(long, conflicts_with = "event", required_unless_present = "event")]
+    key_hash: Option<String>,
+    /// Find the key from an event body: `<event type>=<JSON body>`, e.g.
+    /// `AccountOpened={"account":42,"owner":""}`; needs --module.
+    #[arg(long, requires = "module")]
+    event: Option<String>,
+    /// The module that computes the key of --event.
+    #[arg(long)]
+    module: Option<PathBuf>,
+    /// Only this entry.
+    entry: Option<String>,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Events to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: usize,
+    /// Accounts to spread them over.
+    #[arg(long, default_value_t = 10_000)]
+    accounts: u64,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Partitions of the `accounts` topic.
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// Keep the log and state here (must not exist yet) instead of a
+    /// temporary directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Use this bank module instead of building examples/bank.
+    #[arg(long)]
+    module: Option<PathBuf>,
+    #[command(flatten)]
+    consume: ConsumeArgs,
+}
+
+/// Runs the command line and returns the process's exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(error) => report(&error),
+    }
+}
+
+fn report(error: &anyhow::Error) -> ExitCode {
+    eprintln!("waku: error: {error}");
+    for cause in error.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    ExitCode::from(1)
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Build(args) => build(args).map(|()| ExitCode::SUCCESS),
+        Command::Publish(args) => publish_file(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::State(StateCommand::Get(args)) => state_get(args).map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => run_demo(args).await,
+    }
+}
+
+fn build(args: BuildArgs) -> Result<()> {
+    let built = GuestBuild { target_dir: args.target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }
+        .run()?;
+    let path = match args.out {
+        Some(out) => {
+            std::fs::copy(&built, &out).with_context(|| format!("copying {} to {}", built.display(), out.display()))?;
+            out
+        }
+        None => built,
+    };
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn load_module(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn HandlerModule>> {
+    load_module_file(sandbox, path).with_context(|| format!("loading module {}", path.display()))
+}
+
+async fn publish_file(args: PublishArgs) -> Result<()> {
+    let text = if args.file == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading standard input")?;
+        text
+    } else {
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+    };
+    let sandbox = Sandbox::new(SandboxLimits::default())?;
+    let module = load_module(&sandbox, &args.module)?;
+    let log = args.data.log()?;
+    if let Some(partitions) = args.partitions {
+        log.create_topic(&args.topic, partitions).await?;
+    }
+    let events = publish::parse_json_lines(&text, &*module)
+        .with_context(|| format!("nothing was published from {}", args.file.display()))?;
+    let lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, _)| index + 1)
+        .collect();
+    let count = publish::publish(&log, &args.topic, module, events, Some(lines), available_threads())
+        .await
+        .with_context(|| format!("nothing was published from {}", args.file.display()))?;
+    println!("published {count} events to `{}`", args.topic);
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let sandbox = args.consume.sandbox()?;
+    let modules = Projection::load_modules(&sandbox, &args.modules)?;
+    let store = args.data.state(&args.projection)?;
+    let projection = Arc::new(Projection::new(&args.projection, &args.topic, modules, store)?);
+    let log = Arc::new(args.data.log()?);
+    let consumer = Consumer::new(log, projection.clone(), args.consume.config(args.partitions.clone())?);
+    eprintln!(
+        "waku: projection `{}` on topic `{}`: {} ({} event types), batch {}, {} workers",
+        args.projection,
+        args.topic,
+        projection.modules().iter().map(|m| format!("{}@{}", m.name(), m.version())).collect::<Vec<_>>().join(", "),
+        projection.modules().iter().map(|m| m.event_types().len()).sum::<usize>(),
+        args.consume.batch_size,
+        args.consume.workers.unwrap_or_else(available_threads),
+    );
+    let started = Instant::now();
+    let summary = if args.until_caught_up {
+        consumer.catch_up().await?
+    } else {
+        consumer.follow(shutdown_signal()).await?
+    };
+    print_summary(&summary, started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+fn state_get(args: StateGetArgs) -> Result<()> {
+    let store = args.data.state(&args.projection)?;
+    let key = match (&args.key_hash, &args.event, &args.module) {
+        (Some(hash), _, _) => parse_key_hash(hash)?,
+        (None, Some(event), Some(module)) => {
+            let (type_name, body) =
+                event.split_once('=').context("--event takes `<event type>=<JSON body>`")?;
+            let sandbox = Sandbox::new(SandboxLimits::default())?;
+            let module = load_module(&sandbox, module)?;
+            let event_type = module
+                .event_types()
+                .iter()
+                .find(|t| t.name == type_name)
+                .with_context(|| format!("the module declares no event type `{type_name}`"))?;
+            let body: serde_json::Value = serde_json::from_str(body).context("the body of --event is not JSON")?;
+            let body = serde_json::to_vec(&body)?;
+            module.instantiate()?.key(event_type.tag, &body).context("the module could not compute the key")?
+        }
+        _ => bail!("give --key-hash, or --event with --module"),
+    };
+    let mut entries = serde_json::Map::new();
+    for (name, value) in store.entries(key)? {
+        if args.entry.as_ref().is_some_and(|only| *only != name) {
+            continue;
+        }
+        let value = serde_json::from_slice(&value)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&value).into_owned()));
+        entries.insert(name, value);
+    }
+    let counters: serde_json::Map<String, serde_json::Value> =
+        store.counters()?.into_iter().map(|(name, value)| (name, value.into())).collect();
+    let output = serde_json::json!({ "key_hash": format!("{key:#018x}"), "entries": entries, "counters": counters });
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
+}
+
+fn parse_key_hash(text: &str) -> Result<u64> {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.with_context(|| format!("`{text}` is not a key hash (a decimal or 0x-hex 64-bit number)"))
+}
+
+async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
+    let module_path = match &args.module {
+        Some(path) => path.clone(),
+        None => {
+            let crate_dir = repo.join("examples").join("bank");
+            if !crate_dir.is_dir() {
+                bail!("cannot find {}; run from a clone of the repository or pass --module", crate_dir.display());
+            }
+            eprintln!("waku: building {} ...", crate_dir.display());
+            let build = GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
+            build.run()?
+        }
+    };
+    let temp;
+    let data_dir = match &args.data {
+        Some(dir) => {
+            if dir.exists() {
+                bail!("{} already exists; the demo needs a fresh directory", dir.display());
+            }
+            dir.clone()
+        }
+        None => {
+            temp = tempfile::tempdir().context("creating a temporary directory")?;
+            temp.path().to_owned()
+        }
+    };
+    let data = DataArgs { data: data_dir };
+
+    let sandbox = args.consume.sandbox()?;
+    let module = load_module(&sandbox, &module_path)?;
+    let spec = WorkloadSpec { events: args.events, accounts: args.accounts, seed: args.seed };
+    let report = demo_run(&data, module, spec, args.partitions, args.consume.config(None)?).await?;
+    println!("{}", report.lines.join("\n"));
+    println!("{}", report.check.report(5));
+    Ok(if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
+
+struct DemoReport {
+    lines: Vec<String>,
+    check: demo::OracleCheck,
+}
+
+async fn demo_run(
+    data: &DataArgs,
+    module: Arc<dyn HandlerModule>,
+    spec: WorkloadSpec,
+    partitions: u32,
+    config: ConsumerConfig,
+) -> Result<DemoReport> {
+    const TOPIC: &str = "accounts";
+    let (events, oracle) = demo::workload(spec);
+    let outgoing = events
+        .iter()
+        .map(|event| Ok(Outgoing { tag: demo::bank_tag(&*module, event.type_name)?, body: serde_json::to_vec(&event.body)? }))
+        .collect::<Result<Vec<_>>>()?;
+
+    let log = Arc::new(data.log()?);
+    log.create_topic(TOPIC, partitions).await?;
+    let started = Instant::now();
+    let published = publish::publish(&*log, TOPIC, module.clone(), outgoing, None, available_threads()).await?;
+    let publish_secs = started.elapsed().as_secs_f64();
+
+    let projection = Arc::new(Projection::new("bank", TOPIC, vec![module.clone()], data.state("bank")?)?);
+    let consumer = Consumer::new(log, projection.clone(), config.clone());
+    if std::io::stderr().is_terminal() {
+        eprintln!("waku: consuming {published} events ...");
+    }
+    let started = Instant::now();
+    let summary = consumer.catch_up().await?;
+    let consume_secs = started.elapsed().as_secs_f64();
+
+    let store = projection.store();
+    let check = demo::check_projection(&oracle, &*module, store)?;
+
+    let stats: std::collections::BTreeMap<String, u64> = store.stats()?.into_iter().collect();
+    let lines = vec![
+        format!(
+            "workload: {} events over {} accounts (seed {}), {} partitions of topic `{TOPIC}`",
+            spec.events, spec.accounts, spec.seed, partitions
+        ),
+        format!(
+            "module: {}@{} ({} event types)",
+            module.name(),
+            module.version(),
+            module.event_types().len()
+        ),
+        format!("published: {published} events in {publish_secs:.2} s ({:.0} events/s)", published as f64 / publish_secs),
+        format!(
+            "consumed: {} events in {} batches with {} workers: {} applied, {} skipped, {} malformed, {} handler calls",
+            summary.consumed,
+            summary.batches,
+            config.workers,
+            stats.get(stat::APPLIED).copied().unwrap_or(0),
+            stats.get(stat::SKIPPED).copied().unwrap_or(0),
+            stats.get(stat::MALFORMED).copied().unwrap_or(0),
+            summary.calls,
+        ),
+        format!(
+            "throughput: {:.0} events/s ({consume_secs:.2} s to consume)",
+            summary.consumed as f64 / consume_secs
+        ),
+    ];
+    Ok(DemoReport { lines, check })
+}
+
+fn print_summary(summary: &Summary, secs: f64) {
+    println!(
+        "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} malformed",
+        summary.consumed,
+        summary.batches,
+        summary.consumed as f64 / secs.max(1e-9),
+        summary.applied,
+        summary.skipped,
+        summary.malformed
+    );
+}
+
+fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}

@@ -1,0 +1,384 @@
+//! The event model: type tags, orderings, algebras, key hashes and the header
+//! envelope every message carries.
+//!
+//! A message's metadata travels as named user headers so that the planner
+//! never decodes a body. This module owns the one place where those headers
+//! are written ([`EventHeaders::to_headers`]) and read back
+//! ([`EventHeaders::parse`]).
+//!
+//! Rules it keeps:
+//! - **Parsing is strict.** A missing header, a value of the wrong length, an
+//!   unknown format version or an unknown enum value is a [`HeaderError`]
+//!   that names the header. Nothing is guessed or defaulted.
+//! - **The format is versioned.** Every message carries `waku-version`; a
+//!   reader refuses versions it does not know instead of misreading them.
+//! - **Integers are little-endian** and fixed-width, so the encoding is the
+//!   same on every platform and for every log backend.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The 64-bit hash of an event's key, as written by the publisher.
+///
+/// Order is scoped to it: events with equal key hashes are ordered as the
+/// spec says, events with different ones never are. It also picks the
+/// partition, so equal keys always share a partition.
+pub type KeyHash = u64;
+
+/// Identifies an event type; unique among the event types of one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventTypeTag(u32);
+
+impl EventTypeTag {
+    /// Wraps a raw tag.
+    pub const fn new(tag: u32) -> Self {
+        Self(tag)
+    }
+
+    /// The raw tag.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for EventTypeTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How a message orders itself against events of other types of its key.
+///
+/// The names mirror [`std::sync::atomic::Ordering`]; the "memory" is the
+/// stream of events of one key. See `spec/ordering.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventAtomicOrdering {
+    /// Only the order among events of its own type is kept.
+    Relaxed,
+    /// Opens something: every later event of the key waits for it.
+    Acquire,
+    /// Closes something: it waits for every earlier event of the key.
+    Release,
+    /// A full barrier: nothing passes it in either direction.
+    AcqRel,
+}
+
+impl EventAtomicOrdering {
+    /// All orderings, in wire order.
+    pub const ALL: [Self; 4] = [Self::Relaxed, Self::Acquire, Self::Release, Self::AcqRel];
+
+    /// Whether later events of the key must wait for this one.
+    pub const fn acquires(self) -> bool {
+        matches!(self, Self::Acquire | Self::AcqRel)
+    }
+
+    /// Whether this event must wait for every earlier event of the key.
+    pub const fn releases(self) -> bool {
+        matches!(self, Self::Release | Self::AcqRel)
+    }
+
+    const fn to_wire(self) -> u8 {
+        match self {
+            Self::Relaxed => 0,
+            Self::Acquire => 1,
+            Self::Release => 2,
+            Self::AcqRel => 3,
+        }
+    }
+
+    fn from_wire(value: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(value)).copied()
+    }
+}
+
+/// The law an event type obeys, which decides how a run may be reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algebra {
+    /// No law: every event is delivered in log order.
+    NonAssociative,
+    /// a·b = b·a: nothing is dropped; the order inside a run may relax.
+    Commutative,
+    /// a·a = a: adjacent duplicates (equal body bytes) are dropped.
+    Idempotent,
+    /// Both: the run is sorted by body bytes and every duplicate dropped.
+    IdempotentCommutative,
+    /// a·b = combine(a, b): the run is folded into one event.
+    Associative,
+}
+
+impl Algebra {
+    /// All algebras, in wire order.
+    pub const ALL: [Self; 5] = [
+        Self::NonAssociative,
+        Self::Commutative,
+        Self::Idempotent,
+        Self::IdempotentCommutative,
+        Self::Associative,
+    ];
+
+    const fn to_wire(self) -> u8 {
+        match self {
+            Self::NonAssociative => 0,
+            Self::Commutative => 1,
+            Self::Idempotent => 2,
+            Self::IdempotentCommutative => 3,
+            Self::Associative => 4,
+        }
+    }
+
+    fn from_wire(value: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(value)).copied()
+    }
+}
+
+/// The header envelope version this build writes and the only one it reads.
+pub const HEADER_FORMAT_VERSION: u8 = 1;
+
+/// Names of the user headers that make up the envelope.
+pub mod header_name {
+    /// Format version, 1 byte.
+    pub const VERSION: &str = "waku-version";
+    /// Event type tag, u32 little-endian.
+    pub const TAG: &str = "waku-tag";
+    /// Key hash, u64 little-endian.
+    pub const KEY_HASH: &str = "waku-key";
+    /// Ordering, 1 byte (relaxed 0, acquire 1, release 2, acq-rel 3).
+    pub const ORDERING: &str = "waku-ordering";
+    /// Algebra, 1 byte (non-associative 0 … associative 4).
+    pub const ALGEBRA: &str = "waku-algebra";
+}
+
+/// One named user header: what a log backend stores beside the body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    /// The header's name.
+    pub name: String,
+    /// The header's raw value.
+    pub value: Vec<u8>,
+}
+
+/// Why a message's headers could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// A required header is absent.
+    #[error("missing header `{name}`")]
+    Missing {
+        /// The header's name.
+        name: &'static str,
+    },
+    /// A header appears more than once.
+    #[error("header `{name}` appears more than once")]
+    Duplicate {
+        /// The header's name.
+        name: &'static str,
+    },
+    /// A header's value has the wrong number of bytes.
+    #[error("header `{name}` has {found} bytes, expected {expected}")]
+    WrongLength {
+        /// The header's name.
+        name: &'static str,
+        /// The length the format defines.
+        expected: usize,
+        /// The length found.
+        found: usize,
+    },
+    /// The envelope was written by a format version this build cannot read.
+    #[error("header format version {found} is not supported (this build reads version {HEADER_FORMAT_VERSION})")]
+    UnknownVersion {
+        /// The version found.
+        found: u8,
+    },
+    /// The ordering byte is not one of the four orderings.
+    #[error("header `waku-ordering` has unknown value {found}")]
+    UnknownOrdering {
+        /// The value found.
+        found: u8,
+    },
+    /// The algebra byte is not one of the five algebras.
+    #[error("header `waku-algebra` has unknown value {found}")]
+    UnknownAlgebra {
+        /// The value found.
+        found: u8,
+    },
+}
+
+/// The metadata every message carries: enough to plan and reduce it without
+/// decoding its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EventHeaders {
+    /// The event type.
+    pub tag: EventTypeTag,
+    /// The hash of the event's key.
+    pub key_hash: KeyHash,
+    /// The ordering this message asks for.
+    pub ordering: EventAtomicOrdering,
+    /// The algebra its type declares.
+    pub algebra: Algebra,
+}
+
+impl EventHeaders {
+    /// The envelope as user headers, version first.
+    pub fn to_headers(&self) -> Vec<Header> {
+        let header = |name: &str, value: &[u8]| Header { name: name.to_owned(), value: value.to_vec() };
+        vec![
+            header(header_name::VERSION, &[HEADER_FORMAT_VERSION]),
+            header(header_name::TAG, &self.tag.get().to_le_bytes()),
+            header(header_name::KEY_HASH, &self.key_hash.to_le_bytes()),
+            header(header_name::ORDERING, &[self.ordering.to_wire()]),
+            header(header_name::ALGEBRA, &[self.algebra.to_wire()]),
+        ]
+    }
+
+    /// Reads the envelope from a message's user headers, strictly.
+    ///
+    /// Headers that are not part of the envelope are ignored, so other
+    /// tools may add their own.
+    pub fn parse<'a>(headers: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Result<Self, HeaderError> {
+        let mut fields: [Option<&[u8]>; 5] = [None; 5];
+        const NAMES: [&str; 5] = [
+            header_name::VERSION,
+            header_name::TAG,
+            header_name::KEY_HASH,
+            header_name::ORDERING,
+            header_name::ALGEBRA,
+        ];
+        for (name, value) in headers {
+            if let Some(slot) = NAMES.iter().position(|known| *known == name) {
+                if fields[slot].replace(value).is_some() {
+                    return Err(HeaderError::Duplicate { name: NAMES[slot] });
+                }
+            }
+        }
+        let field = |slot: usize| fields[slot].ok_or(HeaderError::Missing { name: NAMES[slot] });
+        let [version] = fixed::<1>(NAMES[0], field(0)?)?;
+        if version != HEADER_FORMAT_VERSION {
+            return Err(HeaderError::UnknownVersion { found: version });
+        }
+        let tag = u32::from_le_bytes(fixed(NAMES[1], field(1)?)?);
+        let key_hash = u64::from_le_bytes(fixed(NAMES[2], field(2)?)?);
+        let [ordering] = fixed::<1>(NAMES[3], field(3)?)?;
+        let ordering = EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
+        let [algebra] = fixed::<1>(NAMES[4], field(4)?)?;
+        let algebra = Algebra::from_wire(algebra).ok_or(HeaderError::UnknownAlgebra { found: algebra })?;
+        Ok(Self { tag: EventTypeTag::new(tag), key_hash, ordering, algebra })
+    }
+
+    /// [`EventHeaders::parse`] over stored [`Header`]s.
+    pub fn parse_stored(headers: &[Header]) -> Result<Self, HeaderError> {
+        Self::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice())))
+    }
+}
+
+fn fixed<const N: usize>(name: &'static str, value: &[u8]) -> Result<[u8; N], HeaderError> {
+    value.try_into().map_err(|_| HeaderError::WrongLength { name, expected: N, found: value.len() })
+}
+
+/// The partition a key hash belongs to, out of `partitions`.
+///
+/// Every backend and every publisher uses this one function, so they agree
+/// on where a key lives. It maps the hash onto `0..partitions` by
+/// multiplication (Lemire's range reduction), which keeps the spread even
+/// for any partition count.
+///
+/// # Panics
+/// If `partitions` is zero: a topic always has at least one partition.
+pub fn partition_for(key_hash: KeyHash, partitions: u32) -> u32 {
+    assert!(partitions > 0, "a topic has at least one partition");
+    ((u128::from(key_hash) * u128::from(partitions)) >> 64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> EventHeaders {
+        EventHeaders {
+            tag: EventTypeTag::new(7),
+            key_hash: 0x0102_0304_0506_0708,
+            ordering: EventAtomicOrdering::AcqRel,
+            algebra: Algebra::Associative,
+        }
+    }
+
+    fn parse(headers: &[Header]) -> Result<EventHeaders, HeaderError> {
+        EventHeaders::parse_stored(headers)
+    }
+
+    #[test]
+    fn round_trips_every_ordering_and_algebra() {
+        for ordering in EventAtomicOrdering::ALL {
+            for algebra in Algebra::ALL {
+                let headers = EventHeaders { ordering, algebra, ..sample() };
+                assert_eq!(parse(&headers.to_headers()), Ok(headers));
+            }
+        }
+    }
+
+    #[test]
+    fn ignores_foreign_headers() {
+        let mut headers = sample().to_headers();
+        headers.insert(0, Header { name: "trace-id".into(), value: vec![1, 2, 3] });
+        assert_eq!(parse(&headers), Ok(sample()));
+    }
+
+    #[test]
+    fn missing_header_is_named() {
+        for name in [header_name::VERSION, header_name::TAG, header_name::KEY_HASH, header_name::ORDERING, header_name::ALGEBRA] {
+            let headers: Vec<_> = sample().to_headers().into_iter().filter(|h| h.name != name).collect();
+            assert_eq!(parse(&headers), Err(HeaderError::Missing { name }));
+            assert!(parse(&headers).unwrap_err().to_string().contains(name));
+        }
+    }
+
+    #[test]
+    fn wrong_length_is_named() {
+        let mut headers = sample().to_headers();
+        headers[2].value.pop();
+        assert_eq!(parse(&headers), Err(HeaderError::WrongLength { name: header_name::KEY_HASH, expected: 8, found: 7 }));
+        let mut headers = sample().to_headers();
+        headers[1].value.push(0);
+        assert_eq!(parse(&headers), Err(HeaderError::WrongLength { name: header_name::TAG, expected: 4, found: 5 }));
+    }
+
+    #[test]
+    fn unknown_version_is_refused() {
+        let mut headers = sample().to_headers();
+        headers[0].value = vec![2];
+        assert_eq!(parse(&headers), Err(HeaderError::UnknownVersion { found: 2 }));
+    }
+
+    #[test]
+    fn unknown_enum_values_are_refused() {
+        let mut headers = sample().to_headers();
+        headers[3].value = vec![4];
+        assert_eq!(parse(&headers), Err(HeaderError::UnknownOrdering { found: 4 }));
+        let mut headers = sample().to_headers();
+        headers[4].value = vec![9];
+        assert_eq!(parse(&headers), Err(HeaderError::UnknownAlgebra { found: 9 }));
+    }
+
+    #[test]
+    fn duplicate_header_is_refused() {
+        let mut headers = sample().to_headers();
+        headers.push(headers[1].clone());
+        assert_eq!(parse(&headers), Err(HeaderError::Duplicate { name: header_name::TAG }));
+    }
+
+    #[test]
+    fn partitions_cover_the_range_evenly() {
+        let partitions = 4;
+        let mut counts = [0u32; 4];
+        for i in 0..4000u64 {
+            let hash = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            counts[partition_for(hash, partitions) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+        assert_eq!(partition_for(u64::MAX, 3), 2);
+        assert_eq!(partition_for(0, 3), 0);
+    }
+}

@@ -1,0 +1,171 @@
+//! Building a guest crate into a handler component with the plain
+//! `wasm32-wasip2` target: `cargo build --target wasm32-wasip2`, no extra
+//! tools.
+//!
+//! If the target is missing, it says so and installs it with
+//! `rustup target add wasm32-wasip2`. The built component's path comes from
+//! cargo's own JSON messages, never from a guessed file name.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The target every guest is built for.
+pub const GUEST_TARGET: &str = "wasm32-wasip2";
+
+/// Why a guest could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The crate has no Cargo.toml.
+    #[error("no Cargo.toml in {0}: pass the directory of a guest crate")]
+    NotACrate(PathBuf),
+    /// A tool could not be started.
+    #[error("could not run `{tool}` ({source}); is the Rust toolchain (rustup, cargo) installed and on PATH?")]
+    Tool {
+        /// The command.
+        tool: String,
+        /// Why it did not start.
+        source: std::io::Error,
+    },
+    /// `rustup target add` failed.
+    #[error("the {GUEST_TARGET} target is missing and `rustup target add {GUEST_TARGET}` failed; run it by hand and retry")]
+    TargetInstall,
+    /// cargo reported a failed build.
+    #[error("cargo could not build {0} for {GUEST_TARGET} (see the compiler output above)")]
+    Cargo(PathBuf),
+    /// The build succeeded but produced no component.
+    #[error("building {0} produced no .wasm file: is it a library with crate-type [\"cdylib\"]?")]
+    NoArtifact(PathBuf),
+}
+
+/// What to build and where.
+#[derive(Debug, Clone)]
+pub struct GuestBuild {
+    /// The guest crate's directory (holding Cargo.toml).
+    pub crate_dir: PathBuf,
+    /// Cargo's target directory; `None` uses cargo's default for the crate.
+    pub target_dir: Option<PathBuf>,
+    /// Optimised build (the default) or debug.
+    pub release: bool,
+    /// Hide cargo's progress output (errors are still shown).
+    pub quiet: bool,
+}
+
+impl GuestBuild {
+    /// A release build of the crate in `crate_dir`.
+    pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
+        Self { crate_dir: crate_dir.into(), target_dir: None, release: true, quiet: false }
+    }
+
+    /// Builds the crate and returns the path of the component.
+    pub fn run(&self) -> Result<PathBuf, BuildError> {
+        let manifest = self.crate_dir.join("Cargo.toml");
+        if !manifest.is_file() {
+            return Err(BuildError::NotACrate(self.crate_dir.clone()));
+        }
+        ensure_target(self.quiet)?;
+        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cargo
+            .args(["build", "--target", GUEST_TARGET, "--message-format", "json-render-diagnostics"])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .stdout(Stdio::piped())
+            .stderr(if self.quiet { Stdio::null() } else { Stdio::inherit() });
+        if self.release {
+            cargo.arg("--release");
+        }
+        if self.quiet {
+            cargo.arg("--quiet");
+        }
+        if let Some(dir) = &self.target_dir {
+            cargo.arg("--target-dir").arg(dir);
+        }
+        // Settings of an outer cargo (when run from `cargo run` or a test)
+        // must not leak into the guest build.
+        for var in ["CARGO_TARGET_DIR", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_TARGET"] {
+            cargo.env_remove(var);
+        }
+        let mut child = cargo.spawn().map_err(|source| BuildError::Tool { tool: "cargo".into(), source })?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut artifact = None;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(path) = wasm_artifact(&line, &manifest) {
+                artifact = Some(path);
+            }
+        }
+        let status = child.wait().map_err(|source| BuildError::Tool { tool: "cargo".into(), source })?;
+        if !status.success() {
+            return Err(BuildError::Cargo(self.crate_dir.clone()));
+        }
+        artifact.ok_or_else(|| BuildError::NoArtifact(self.crate_dir.clone()))
+    }
+}
+
+/// The .wasm file of a `compiler-artifact` message for the crate at
+/// `manifest`, if this line is one.
+fn wasm_artifact(line: &str, manifest: &Path) -> Option<PathBuf> {
+    let message: serde_json::Value = serde_json::from_str(line).ok()?;
+    if message["reason"] != "compiler-artifact" {
+        return None;
+    }
+    let from_manifest = Path::new(message["manifest_path"].as_str()?);
+    let same_crate = match (from_manifest.canonicalize(), manifest.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => from_manifest == manifest,
+    };
+    if !same_crate {
+        return None;
+    }
+    message["filenames"]
+        .as_array()?
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .find(|name| name.ends_with(".wasm"))
+        .map(PathBuf::from)
+}
+
+/// Installs the guest target with rustup when it is missing.
+fn ensure_target(quiet: bool) -> Result<(), BuildError> {
+    let tool = |source| BuildError::Tool { tool: "rustup".into(), source };
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().map_err(tool)?;
+    if String::from_utf8_lossy(&installed.stdout).lines().any(|line| line.trim() == GUEST_TARGET) {
+        return Ok(());
+    }
+    eprintln!("waku: the {GUEST_TARGET} target is not installed; installing it with `rustup target add {GUEST_TARGET}`");
+    let mut add = Command::new("rustup");
+    add.args(["target", "add", GUEST_TARGET]);
+    if quiet {
+        add.stdout(Stdio::null());
+    }
+    if add.status().map_err(tool)?.success() { Ok(()) } else { Err(BuildError::TargetInstall) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_wasm_file_of_the_right_crate() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("Cargo.toml");
+        std::fs::write(&manifest, "").unwrap();
+        let line = serde_json::json!({
+            "reason": "compiler-artifact",
+            "manifest_path": manifest,
+            "filenames": ["/t/libbank.rlib", "/t/bank.wasm"],
+        })
+        .to_string();
+        assert_eq!(wasm_artifact(&line, &manifest), Some(PathBuf::from("/t/bank.wasm")));
+        let other = line.replace("Cargo.toml", "Other.toml");
+        assert_eq!(wasm_artifact(&other, &manifest), None);
+        assert_eq!(wasm_artifact("not json", &manifest), None);
+    }
+
+    #[test]
+    fn a_directory_without_a_manifest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = GuestBuild::new(dir.path()).run().unwrap_err();
+        assert!(matches!(error, BuildError::NotACrate(_)), "{error}");
+    }
+}

@@ -1,0 +1,57 @@
+//! # wakuwaku
+//!
+//! Runs event handlers as WebAssembly components over a partitioned event
+//! log. A host polls a log partition, plans each batch per key so that only
+//! the order the business needs is kept, reduces runs of events with their
+//! declared algebra, and calls handler modules in a sandbox through the WIT
+//! contract in `wit/`.
+//!
+//! ## Layout
+//!
+//! Data flows one way: poll → plan → reduce → invoke → commit.
+//!
+//! - [`event`]: type tags, orderings, algebras, key hashes and the strict
+//!   header envelope every message carries.
+//! - [`plan`]: the pure planner: records in, plan out, no I/O.
+//! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
+//! - [`handler`]: what the consumer calls (modules, instances) and the
+//!   key-scoped state a call sees.
+//! - [`runtime`]: the WASM sandbox: the one place that builds engines,
+//!   linkers and stores, and the limits every instance runs under.
+//! - [`projection`]: modules over one topic, their routing and state.
+//! - [`consumer`]: the loop: poll → plan → reduce → invoke → commit.
+//! - [`publish`]: events in, messages with headers from the module out.
+//! - [`guest_build`]: building a guest crate into a component.
+//! - [`demo`]: the bank workload and its oracle.
+//! - [`cli`]: the `waku` command line.
+//! - [`log`]: the [`log::EventLog`] trait every log backend implements, and
+//!   the embedded backend (one redb file).
+//! - [`state`]: a projection's state store: read model, counters, consumer
+//!   positions and outbox, committed in one transaction per batch.
+//!
+//! The [`iggy`] module is the public facade the user documentation
+//! (`spec/ordering.md`) imports from; it re-exports, it holds no code.
+
+pub mod cli;
+pub mod consumer;
+pub mod demo;
+pub mod event;
+pub mod guest_build;
+pub mod handler;
+pub mod plan;
+pub mod projection;
+pub mod publish;
+pub mod reduce;
+pub mod runtime;
+pub mod log;
+pub mod state;
+
+/// The facade documented in `spec/ordering.md`: `wakuwaku::iggy::...`.
+pub mod iggy {
+    pub use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag, KeyHash};
+
+    /// Partition-level processing.
+    pub mod partition {
+        pub use crate::plan;
+    }
+}

@@ -1,0 +1,205 @@
+//! The event log: what the host reads events from and writes routed records
+//! to, behind one trait every backend implements.
+//!
+//! A **topic** is split into a fixed number of **partitions**; a key always
+//! lives in one partition ([`crate::event::partition_for`]). The host only
+//! needs a few guarantees from a backend, and [`EventLog`] states them:
+//!
+//! - **Total order per partition.** Records of one partition are read back
+//!   in the order they were appended, by every reader, every time. Nothing
+//!   is promised across partitions.
+//! - **Offsets are dense from 0.** The first record of a partition has
+//!   offset 0, the next 1, and so on without gaps. The
+//!   [end offset](EventLog::end_offset) is the offset the next record will
+//!   get, which is also the number of records in the partition. The "caught
+//!   up" gate of the design compares the consumed offset with it.
+//! - **An append is all-or-nothing** on the embedded log: one
+//!   [`append`](EventLog::append) call, across all the partitions it names,
+//!   is one transaction. Either every record is stored or none is (a missing
+//!   partition fails the whole call before anything is written). A networked
+//!   backend may only promise this per partition; callers must not rely on
+//!   more than "a failed append may be retried".
+//! - **Consumer offsets are informational.** A projection's position lives in
+//!   its own state, committed with its writes (see [`crate::state`]); the
+//!   offset stored in the log with
+//!   [`store_consumer_offset`](EventLog::store_consumer_offset) is written
+//!   after that commit, for tools and dashboards, and is never used to decide
+//!   where to resume.
+//!
+//! Backends:
+//! - [`EmbeddedLog`]: one redb file on this machine, the default.
+//! - Apache Iggy, for more than one machine (later, same trait).
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Header;
+
+pub mod embedded;
+
+pub use embedded::EmbeddedLog;
+
+/// One message as the log stores it: user headers and an opaque body.
+///
+/// The host never decodes the body; everything it needs to plan is in the
+/// headers (see [`crate::event::EventHeaders`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The user headers, in the order they were written.
+    pub headers: Vec<Header>,
+    /// The body, as the publisher encoded it.
+    pub body: Vec<u8>,
+}
+
+/// A [`Record`] read back from a partition, with the offset it was stored at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// The record's position in its partition (dense, from 0).
+    pub offset: u64,
+    /// The record itself.
+    pub record: Record,
+}
+
+/// Why a log operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// The topic has not been created.
+    #[error("topic `{topic}` does not exist")]
+    TopicNotFound {
+        /// The topic asked for.
+        topic: String,
+    },
+    /// The topic exists but has no partition with that number.
+    #[error("topic `{topic}` has no partition {partition} (it has {partitions})")]
+    PartitionNotFound {
+        /// The topic.
+        topic: String,
+        /// The partition asked for.
+        partition: u32,
+        /// How many partitions the topic has.
+        partitions: u32,
+    },
+    /// The topic exists with another partition count than the one asked for.
+    #[error("topic `{topic}` has {existing} partitions, not {requested}")]
+    PartitionCountMismatch {
+        /// The topic.
+        topic: String,
+        /// Its partition count.
+        existing: u32,
+        /// The count asked for.
+        requested: u32,
+    },
+    /// A topic cannot have this many partitions (zero, for instance).
+    #[error("topic `{topic}` cannot have {requested} partitions")]
+    InvalidPartitionCount {
+        /// The topic.
+        topic: String,
+        /// The count asked for.
+        requested: u32,
+    },
+    /// The topic name breaks the backend's naming rules.
+    #[error("invalid topic name {topic:?}: {reason}")]
+    InvalidTopicName {
+        /// The name given.
+        topic: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// A stored record cannot be decoded.
+    #[error("corrupt record in `{topic}` partition {partition} at offset {offset}: {reason}")]
+    Corrupt {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The record's offset.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The directory that holds the log file could not be created.
+    #[error("cannot create the directory of `{}`", path.display())]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The storage engine failed (I/O error, lock held by another process,
+    /// damaged file, ...).
+    #[error("log storage failed on `{}`", path.display())]
+    Storage {
+        /// The file (or, for a networked backend, the address) concerned.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The operation was cancelled before it ran, because the runtime is
+    /// shutting down.
+    #[error("log operation cancelled (runtime shutting down)")]
+    Cancelled,
+}
+
+/// A partitioned, append-only event log.
+///
+/// Every method is asynchronous and cheap to call from a tokio task; a
+/// backend that blocks does so off the executor. See the
+/// [module documentation](self) for the guarantees an implementation keeps.
+pub trait EventLog: Send + Sync + 'static {
+    /// Creates the topic with `partitions` partitions, or checks an existing
+    /// one has that many ([`LogError::PartitionCountMismatch`] if not).
+    ///
+    /// Idempotent: creating an existing topic with its own count is a no-op.
+    fn create_topic(&self, topic: &str, partitions: u32) -> impl Future<Output = Result<(), LogError>> + Send;
+
+    /// The number of partitions of a topic.
+    fn partitions(&self, topic: &str) -> impl Future<Output = Result<u32, LogError>> + Send;
+
+    /// Appends records to several partitions of one topic, each batch after
+    /// the records already in its partition, in the order given.
+    ///
+    /// Embedded: one transaction for the whole call, so either all records
+    /// are stored or none. A partition may appear more than once; its
+    /// batches are appended in order.
+    fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> impl Future<Output = Result<(), LogError>> + Send;
+
+    /// Up to `max` records from offset `from` on, in offset order.
+    ///
+    /// Empty when `from` is at or past the end offset, or `max` is zero.
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<StoredRecord>, LogError>> + Send;
+
+    /// The offset the next record of the partition will get: the number of
+    /// records in it.
+    fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
+
+    /// Records that `consumer` will next read offset `next` of a partition.
+    ///
+    /// Informational only: the projection's state holds the position it
+    /// resumes from.
+    fn store_consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> impl Future<Output = Result<(), LogError>> + Send;
+
+    /// The offset last stored for `consumer` on a partition, if any.
+    fn consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+    ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+}

@@ -1,0 +1,195 @@
+//! A projection: a named set of handler modules over one topic, sharing one
+//! state namespace.
+//!
+//! Rules it keeps:
+//! - **Tags are unique within a projection.** Two modules that declare the
+//!   same tag are refused together, and the error names both.
+//! - **The module decides how its events are reduced.** Routing a tag gives
+//!   the module and the [`EventType`] it declared (algebra, max batch); the
+//!   algebra header of a message is informational.
+//! - **Instances are pooled.** A worker checks out one instance per module
+//!   it needs and gives it back when its batch is done, so stores are reused
+//!   across calls and batches instead of being created per call.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+
+use crate::event::EventTypeTag;
+use crate::handler::{CallError, EventType, HandlerInstance, HandlerModule};
+use crate::runtime::{LoadError, Sandbox, WasmModule};
+use crate::state::{StateError, StateStore};
+
+/// Why a projection could not be put together.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProjectionError {
+    /// Two modules declare the same tag.
+    #[error("tag {tag} is declared by both `{first}` and `{second}`; tags must be unique within projection `{projection}`")]
+    DuplicateTag {
+        /// The projection.
+        projection: String,
+        /// The tag.
+        tag: EventTypeTag,
+        /// The module that declared it first.
+        first: String,
+        /// The module that declared it again.
+        second: String,
+    },
+    /// A module file could not be read.
+    #[error("cannot read module file {path}: {source}")]
+    ReadModule {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A module could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The module directory holds no `.wasm` file.
+    #[error("no module (*.wasm) found in {0}")]
+    NoModules(PathBuf),
+    /// The state store could not be opened.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Modules over one topic, their routing table and their state.
+pub struct Projection {
+    name: String,
+    topic: String,
+    modules: Vec<Arc<dyn HandlerModule>>,
+    routes: FxHashMap<EventTypeTag, Route>,
+    pools: Vec<Mutex<Vec<Box<dyn HandlerInstance>>>>,
+    store: StateStore,
+}
+
+/// Where events of one tag go.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Index of the module in [`Projection::modules`].
+    pub module: usize,
+    /// The event type as the module declared it.
+    pub event_type: EventType,
+}
+
+impl Projection {
+    /// Puts a projection together, checking that tags are unique.
+    pub fn new(
+        name: &str,
+        topic: &str,
+        modules: Vec<Arc<dyn HandlerModule>>,
+        store: StateStore,
+    ) -> Result<Self, ProjectionError> {
+        let mut routes: FxHashMap<EventTypeTag, Route> = FxHashMap::default();
+        for (index, module) in modules.iter().enumerate() {
+            for event_type in module.event_types() {
+                if let Some(existing) = routes.get(&event_type.tag) {
+                    return Err(ProjectionError::DuplicateTag {
+                        projection: name.to_owned(),
+                        tag: event_type.tag,
+                        first: modules[existing.module].name().to_owned(),
+                        second: module.name().to_owned(),
+                    });
+                }
+                routes.insert(event_type.tag, Route { module: index, event_type: event_type.clone() });
+            }
+        }
+        let pools = modules.iter().map(|_| Mutex::new(Vec::new())).collect();
+        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), modules, routes, pools, store })
+    }
+
+    /// Loads every `*.wasm` file of `dir` (sorted by name; the module's name
+    /// is the file stem) into `sandbox`.
+    pub fn load_modules(sandbox: &Sandbox, dir: &Path) -> Result<Vec<Arc<dyn HandlerModule>>, ProjectionError> {
+        let read_error = |source| ProjectionError::ReadModule { path: dir.to_owned(), source };
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(read_error)?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            return Err(ProjectionError::NoModules(dir.to_owned()));
+        }
+        paths.iter().map(|path| load_module_file(sandbox, path)).collect()
+    }
+
+    /// The projection's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The topic it consumes.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Its modules, in load order.
+    pub fn modules(&self) -> &[Arc<dyn HandlerModule>] {
+        &self.modules
+    }
+
+    /// Its state store.
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    /// Where events of `tag` go, if any module declares it.
+    pub fn route(&self, tag: EventTypeTag) -> Option<&Route> {
+        self.routes.get(&tag)
+    }
+
+    /// The module that declares an event type named `name`.
+    pub fn route_by_name(&self, name: &str) -> Option<&Route> {
+        self.routes.values().find(|route| route.event_type.name == name)
+    }
+
+    /// Borrows pooled instances for one worker; they return on drop.
+    pub fn instances(&self) -> Instances<'_> {
+        Instances { projection: self, checked_out: self.modules.iter().map(|_| None).collect() }
+    }
+}
+
+/// Loads one module file into `sandbox`; its name is the file stem.
+pub fn load_module_file(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn HandlerModule>, ProjectionError> {
+    let bytes = std::fs::read(path).map_err(|source| ProjectionError::ReadModule { path: path.to_owned(), source })?;
+    let name = path.file_stem().map_or_else(|| "module".into(), |stem| stem.to_string_lossy());
+    let module: WasmModule = sandbox.load(&name, &bytes)?;
+    Ok(Arc::new(module))
+}
+
+/// Instances one worker holds, one per module at most, taken from the
+/// projection's pool on first use and returned when dropped.
+pub struct Instances<'a> {
+    projection: &'a Projection,
+    checked_out: Vec<Option<Box<dyn HandlerInstance>>>,
+}
+
+impl Instances<'_> {
+    /// The worker's instance of module `module`.
+    pub fn get(&mut self, module: usize) -> Result<&mut dyn HandlerInstance, CallError> {
+        let slot = &mut self.checked_out[module];
+        if slot.is_none() {
+            let pooled = self.projection.pools[module].lock().unwrap_or_else(|e| e.into_inner()).pop();
+            *slot = Some(match pooled {
+                Some(instance) => instance,
+                None => self.projection.modules[module].instantiate()?,
+            });
+        }
+        Ok(slot.as_deref_mut().expect("filled above"))
+    }
+}
+
+impl Drop for Instances<'_> {
+    fn drop(&mut self) {
+        for (module, slot) in self.checked_out.iter_mut().enumerate() {
+            if let Some(instance) = slot.take() {
+                self.projection.pools[module].lock().unwrap_or_else(|e| e.into_inner()).push(instance);
+            }
+        }
+    }
+}

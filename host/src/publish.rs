@@ -1,0 +1,200 @@
+//! Publishing events: bodies in, messages with headers out.
+//!
+//! The headers of a message come from the module that handles it: its
+//! `key` and `ordering` exports read the body, and its declared event type
+//! gives the algebra. A publisher never hard-codes any of it.
+//!
+//! Rules it keeps:
+//! - **All or nothing.** Every event of a call is checked (parsed, its type
+//!   known, its key and ordering computed) before anything is appended; one
+//!   bad event fails the call with its position, and nothing is published.
+//!   The embedded log then appends everything in one transaction.
+//! - **Errors name the line.** In JSON-lines input, line numbers start at 1
+//!   and blank lines are skipped but still counted.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::event::{EventHeaders, EventTypeTag, partition_for};
+use crate::handler::{CallError, EventType, HandlerModule};
+use crate::log::{EventLog, LogError, Record};
+
+/// Why events could not be published. Nothing was appended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// A line is not valid JSON of the expected shape.
+    #[error("line {line}: {reason}")]
+    Malformed {
+        /// The line number (from 1).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An event names a type the module does not declare.
+    #[error("line {line}: the module does not declare event type `{name}` (it declares: {known})")]
+    UnknownType {
+        /// The line number (from 1).
+        line: usize,
+        /// The name or tag given.
+        name: String,
+        /// What the module declares.
+        known: String,
+    },
+    /// The module refused the body.
+    #[error("line {line}: the module could not read the `{event_type}` body: {error}")]
+    Rejected {
+        /// The line number (from 1).
+        line: usize,
+        /// The event type.
+        event_type: String,
+        /// What the module said.
+        error: CallError,
+    },
+    /// The log refused the append.
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+/// One event to publish: its type and its body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The event type's tag.
+    pub tag: EventTypeTag,
+    /// The body, as the module decodes it.
+    pub body: Vec<u8>,
+}
+
+/// A JSON line: `{"type": "<event type name>", "body": {…}}`; `"tag": N`
+/// may stand instead of `"type"`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    #[serde(rename = "type")]
+    type_name: Option<String>,
+    tag: Option<u32>,
+    body: serde_json::Value,
+}
+
+/// Reads JSON lines into events of `module`'s types. Every line is
+/// checked; the first error is returned with its line number.
+pub fn parse_json_lines(text: &str, module: &dyn HandlerModule) -> Result<Vec<Outgoing>, PublishError> {
+    let types = module.event_types();
+    let known = || types.iter().map(|t| format!("{} (tag {})", t.name, t.tag)).collect::<Vec<_>>().join(", ");
+    let mut events = Vec::new();
+    for (index, text) in text.lines().enumerate() {
+        let line = index + 1;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let parsed: Line =
+            serde_json::from_str(text).map_err(|e| PublishError::Malformed { line, reason: e.to_string() })?;
+        let event_type = match (&parsed.type_name, parsed.tag) {
+            (Some(name), None) => types.iter().find(|t| &t.name == name),
+            (None, Some(tag)) => types.iter().find(|t| t.tag.get() == tag),
+            _ => {
+                return Err(PublishError::Malformed {
+                    line,
+                    reason: "give exactly one of `type` (an event type name) and `tag`".into(),
+                });
+            }
+        };
+        let Some(event_type) = event_type else {
+            let name = parsed.type_name.unwrap_or_else(|| parsed.tag.unwrap_or_default().to_string());
+            return Err(PublishError::UnknownType { line, name, known: known() });
+        };
+        let body = serde_json::to_vec(&parsed.body).expect("a JSON value always serialises");
+        events.push(Outgoing { tag: event_type.tag, body });
+    }
+    Ok(events)
+}
+
+/// Computes every event's headers with the module, then appends them all to
+/// `topic`, each to the partition of its key. Event `i` is reported as line
+/// `lines[i]` in errors (pass `None` to number events from 1).
+///
+/// Headers are computed on up to `threads` instances at once.
+pub async fn publish<L: EventLog>(
+    log: &L,
+    topic: &str,
+    module: Arc<dyn HandlerModule>,
+    events: Vec<Outgoing>,
+    lines: Option<Vec<usize>>,
+    threads: usize,
+) -> Result<usize, PublishError> {
+    let partitions = log.partitions(topic).await?;
+    let count = events.len();
+    let records = tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads))
+        .await
+        .expect("computing headers does not panic")?;
+    let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
+    for (partition, record) in records {
+        batches[partition as usize].1.push(record);
+    }
+    batches.retain(|(_, records)| !records.is_empty());
+    log.append(topic, batches).await?;
+    Ok(count)
+}
+
+/// Headers for every event, split over `threads` instances; keeps order.
+fn envelope_all(
+    module: &dyn HandlerModule,
+    events: Vec<Outgoing>,
+    lines: Option<Vec<usize>>,
+    partitions: u32,
+    threads: usize,
+) -> Result<Vec<(u32, Record)>, PublishError> {
+    let line_of = |i: usize| lines.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(i + 1);
+    let types = module.event_types();
+    let chunk = events.len().div_ceil(threads.max(1)).max(1);
+    let results: Vec<Result<Vec<(u32, Record)>, PublishError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = events
+            .chunks(chunk)
+            .enumerate()
+            .map(|(part, slice)| {
+                scope.spawn(move || {
+                    let mut instance = module.instantiate().map_err(|error| PublishError::Rejected {
+                        line: line_of(part * chunk),
+                        event_type: module.name().to_owned(),
+                        error,
+                    })?;
+                    slice
+                        .iter()
+                        .enumerate()
+                        .map(|(offset, event)| {
+                            let line = line_of(part * chunk + offset);
+                            let event_type = types.iter().find(|t| t.tag == event.tag).ok_or_else(|| {
+                                PublishError::UnknownType { line, name: event.tag.to_string(), known: String::new() }
+                            })?;
+                            let headers = headers_for(&mut *instance, event_type, &event.body)
+                                .map_err(|error| PublishError::Rejected { line, event_type: event_type.name.clone(), error })?;
+                            let record = Record { headers: headers.to_headers(), body: event.body.clone() };
+                            Ok((partition_for(headers.key_hash, partitions), record))
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("header threads do not panic")).collect()
+    });
+    let mut records = Vec::with_capacity(events.len());
+    for part in results {
+        records.extend(part?);
+    }
+    Ok(records)
+}
+
+/// The envelope of one body, from the module's `key` and `ordering`.
+pub fn headers_for(
+    instance: &mut dyn crate::handler::HandlerInstance,
+    event_type: &EventType,
+    body: &[u8],
+) -> Result<EventHeaders, CallError> {
+    Ok(EventHeaders {
+        tag: event_type.tag,
+        key_hash: instance.key(event_type.tag, body)?,
+        ordering: instance.ordering(event_type.tag, body)?,
+        algebra: event_type.algebra,
+    })
+}

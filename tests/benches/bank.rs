@@ -1,0 +1,136 @@
+//! `cargo bench -p wakuwaku-tests --bench bank`: the bank projection on one
+//! seeded workload, three ways, in one run:
+//!
+//! 1. **wasm**: the bank component through the host (plan, reduce, chunked
+//!    calls, one commit per batch).
+//! 2. **native**: the same handler code compiled natively, inside the same
+//!    host (same planner, reduction, state and commits).
+//! 3. **wasm per event**: the bank component called once per event in log
+//!    order, without planning or reduction, with the same commits.
+//!
+//! Each way consumes the same log into a fresh state store; each is checked
+//! against the oracle, so a fast wrong answer cannot win. Prints events/s
+//! and the ratios. `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the
+//! workload (default 1 000 000 events over 10 000 accounts).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::EventHeaders;
+use wakuwaku::handler::{HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::projection::Projection;
+use wakuwaku::state::{BatchCommit, StateStore};
+use wakuwaku_tests::native::NativeModule;
+use wakuwaku_tests::{bank_log, bank_module};
+
+const BATCH: usize = 4096;
+const ROUNDS: usize = 2;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing
+    // useful either way: run only when benchmarking.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        println!("bank bench: run with `cargo bench -p wakuwaku-tests --bench bank`");
+        return;
+    }
+    let spec = WorkloadSpec {
+        events: env_or("WAKU_BENCH_EVENTS", 1_000_000) as usize,
+        accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
+        seed: 42,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = bank_module();
+    let native: Arc<dyn HandlerModule> = Arc::new(NativeModule::<bank::Bank>::new("bank-native"));
+    let (log, oracle) = runtime.block_on(bank_log(dir.path(), wasm.clone(), spec, 4));
+    println!(
+        "workload: {} events, {} accounts, 4 partitions, batch {BATCH}, {} workers; best of {ROUNDS} rounds",
+        spec.events,
+        spec.accounts,
+        ConsumerConfig::default().workers
+    );
+
+    let mut best = [f64::MAX; 3];
+    for round in 0..ROUNDS {
+        let state = |name: &str| StateStore::open(&dir.path().join(format!("{name}-{round}.redb"))).unwrap();
+        best[0] = best[0].min(runtime.block_on(through_host(&log, wasm.clone(), state("wasm"), &oracle)));
+        best[1] = best[1].min(runtime.block_on(through_host(&log, native.clone(), state("native"), &oracle)));
+        best[2] = best[2].min(runtime.block_on(per_event(&log, wasm.clone(), state("per-event"), &oracle)));
+    }
+    let rate = |secs: f64| spec.events as f64 / secs;
+    println!("wasm modules through the host:       {:>12.0} events/s", rate(best[0]));
+    println!("native handlers through the host:    {:>12.0} events/s", rate(best[1]));
+    println!("wasm, one call per event, no plan:   {:>12.0} events/s", rate(best[2]));
+    println!("ratio native / wasm:                 {:>12.2}", best[0] / best[1]);
+    println!("ratio wasm / wasm-per-event:         {:>12.2}", best[2] / best[0]);
+}
+
+fn assert_matches(oracle: &Oracle, module: &dyn HandlerModule, store: &StateStore, way: &str) {
+    // The native module computes keys the same way as the component.
+    let check = demo::check_projection(oracle, module, store).unwrap();
+    assert!(check.matches(), "{way}: {}", check.report(5));
+}
+
+/// Consumes the whole log through the host; returns the seconds it took.
+async fn through_host(
+    log: &Arc<EmbeddedLog>,
+    module: Arc<dyn HandlerModule>,
+    store: StateStore,
+    oracle: &Oracle,
+) -> f64 {
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+    let config = ConsumerConfig { batch_size: BATCH, ..ConsumerConfig::default() };
+    let started = Instant::now();
+    Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    assert_matches(oracle, &*module, projection.store(), module.name());
+    secs
+}
+
+/// One call per event in log order, no planning or reduction, partitions
+/// one after another, one commit per batch; returns the seconds it took.
+async fn per_event(log: &Arc<EmbeddedLog>, module: Arc<dyn HandlerModule>, store: StateStore, oracle: &Oracle) -> f64 {
+    let started = Instant::now();
+    let mut instance = module.instantiate().unwrap();
+    for partition in 0..log.partitions("accounts").await.unwrap() {
+        let end = log.end_offset("accounts", partition).await.unwrap();
+        let mut position = 0;
+        while position < end {
+            let records = log.read("accounts", partition, position, BATCH).await.unwrap();
+            let snapshot = Arc::new(store.reader().unwrap());
+            let mut scopes: FxHashMap<u64, KeyScope> = FxHashMap::default();
+            for stored in &records {
+                let headers = EventHeaders::parse_stored(&stored.record.headers).unwrap();
+                let scope = scopes
+                    .entry(headers.key_hash)
+                    .or_insert_with(|| KeyScope::new(headers.key_hash, snapshot.clone(), PayloadLimits::default()));
+                let body = std::slice::from_ref(&stored.record.body);
+                instance.handle(scope, headers.tag, body).unwrap();
+            }
+            position = records.last().unwrap().offset + 1;
+            let mut commit = BatchCommit::default();
+            for (key, scope) in scopes {
+                let outcome = scope.into_outcome();
+                commit.writes.push((key, outcome.writes));
+                for (name, delta) in outcome.counters {
+                    *commit.counter_deltas.entry(name).or_default() += delta;
+                }
+            }
+            commit.positions.push(("accounts".into(), partition, position));
+            drop(snapshot);
+            store.commit(commit).unwrap();
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    assert_matches(oracle, &*module, &store, "wasm per event");
+    secs
+}

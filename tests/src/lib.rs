@@ -1,0 +1,168 @@
+//! Shared harness for wakuwaku's end-to-end tests and benchmarks.
+//!
+//! - [`bank_wasm`] builds the bank example into a component once per
+//!   process (into `target/guests`, apart from the outer build).
+//! - [`Recorder`] records every handled run, in order per key.
+//! - [`check_call_order`] checks recorded calls against the spec: every
+//!   pair of events that `spec/ordering.md` orders was handled in that
+//!   order.
+//! - [`bank_log`] publishes a seeded bank workload into a fresh embedded log.
+//! - [`native`] runs a guest-SDK module natively inside the host, to compare
+//!   with WASM.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rustc_hash::FxHashMap;
+use wakuwaku::consumer::{CallObserver, RunCall};
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::EventHeaders;
+use wakuwaku::guest_build::GuestBuild;
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::plan::{PlanRecord, must_precede};
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+
+pub mod native;
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_owned()
+}
+
+/// Builds `examples/<name>` for wasm32-wasip2 (once per process) and
+/// returns the component's path.
+pub fn example_wasm(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<FxHashMap<String, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    built
+        .entry(name.to_owned())
+        .or_insert_with(|| {
+            let root = repo_root();
+            GuestBuild {
+                target_dir: Some(root.join("target").join("guests")),
+                quiet: true,
+                ..GuestBuild::new(root.join("examples").join(name))
+            }
+            .run()
+            .unwrap_or_else(|e| panic!("building examples/{name}: {e}"))
+        })
+        .clone()
+}
+
+/// The bank example as a component.
+pub fn bank_wasm() -> PathBuf {
+    example_wasm("bank")
+}
+
+/// Loads the bank component into a default sandbox.
+pub fn bank_module() -> Arc<dyn HandlerModule> {
+    let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
+    wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads")
+}
+
+/// Records every handled run.
+#[derive(Default)]
+pub struct Recorder {
+    calls: Mutex<Vec<RunCall>>,
+}
+
+impl Recorder {
+    /// Everything recorded so far, in the order it was reported.
+    pub fn calls(&self) -> Vec<RunCall> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl CallObserver for Recorder {
+    fn run_handled(&self, call: &RunCall) {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(call.clone());
+    }
+}
+
+/// Checks recorded runs against the spec for every key.
+///
+/// `log` holds one partition's records in log order as (offset, planning
+/// headers). Within a key, runs are handled one after another, so the
+/// recorded order of a key's runs is a total order; every pair the spec
+/// orders must appear in that order (or in one run, in log order, which a
+/// run always keeps). Also checks that every record was handled exactly once.
+pub fn check_call_order(partition: u32, log: &[(u64, PlanRecord)], calls: &[RunCall]) -> Result<(), String> {
+    // Position of every handled offset: (index of its run among its key's
+    // runs, index inside the run).
+    let mut position: FxHashMap<u64, (usize, usize)> = FxHashMap::default();
+    let mut runs_per_key: FxHashMap<u64, usize> = FxHashMap::default();
+    for call in calls.iter().filter(|c| c.partition == partition) {
+        let run_index = runs_per_key.entry(call.key).or_default();
+        for (inside, &offset) in call.offsets.iter().enumerate() {
+            if position.insert(offset, (*run_index, inside)).is_some() {
+                return Err(format!("offset {offset} was handled twice"));
+            }
+        }
+        *run_index += 1;
+    }
+    if let Some((offset, _)) = log.iter().find(|(offset, _)| !position.contains_key(offset)) {
+        return Err(format!("offset {offset} was never handled"));
+    }
+    let mut by_key: FxHashMap<u64, Vec<(u64, PlanRecord)>> = FxHashMap::default();
+    for &(offset, record) in log {
+        by_key.entry(record.key).or_default().push((offset, record));
+    }
+    for (key, events) in by_key {
+        for (i, (earlier_offset, earlier)) in events.iter().enumerate() {
+            for (later_offset, later) in &events[i + 1..] {
+                if must_precede(earlier, later) && position[earlier_offset] >= position[later_offset] {
+                    return Err(format!(
+                        "key {key:#x}: offset {earlier_offset} ({:?}, tag {}) must be handled before offset \
+                         {later_offset} ({:?}, tag {}) but was not: positions {:?} vs {:?}",
+                        earlier.ordering,
+                        earlier.tag,
+                        later.ordering,
+                        later.tag,
+                        position[earlier_offset],
+                        position[later_offset]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a whole partition back as planning records.
+pub async fn read_partition(log: &EmbeddedLog, topic: &str, partition: u32) -> Vec<(u64, PlanRecord)> {
+    let end = log.end_offset(topic, partition).await.expect("end offset");
+    let stored = log.read(topic, partition, 0, end as usize).await.expect("read back");
+    stored
+        .into_iter()
+        .map(|s| {
+            let h = EventHeaders::parse_stored(&s.record.headers).expect("headers written by publish parse");
+            (s.offset, PlanRecord { key: h.key_hash, tag: h.tag, ordering: h.ordering })
+        })
+        .collect()
+}
+
+/// Publishes a seeded bank workload to topic `accounts` of a fresh embedded
+/// log at `dir/log.redb`; returns the log and the oracle.
+pub async fn bank_log(
+    dir: &Path,
+    module: Arc<dyn HandlerModule>,
+    spec: WorkloadSpec,
+    partitions: u32,
+) -> (Arc<EmbeddedLog>, Oracle) {
+    let (events, oracle) = demo::workload(spec);
+    let outgoing = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&*module, e.type_name).expect("the bank module"),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    let log = Arc::new(EmbeddedLog::open(dir.join("log.redb")).expect("open log"));
+    log.create_topic("accounts", partitions).await.expect("create topic");
+    publish::publish(&*log, "accounts", module, outgoing, None, 2).await.expect("publish");
+    (log, oracle)
+}
