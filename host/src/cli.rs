@@ -110,7 +110,7 @@ struct PublishArgs {
 #[derive(Args)]
 struct ConsumeArgs {
     /// Most messages per batch.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = ConsumerConfig::default().batch_size)]
     batch_size: usize,
     /// Worker threads per batch (default: the number of cores).
     #[arg(long)]

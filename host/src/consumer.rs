@@ -52,7 +52,9 @@ pub mod stat {
 /// How a consumer polls and executes.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
-    /// Most messages polled per batch. Default 4096.
+    /// Most messages polled per batch. Default 16 384: larger batches give
+    /// longer runs to reduce and fewer handler calls and commits (see
+    /// BENCHMARKS.md); a batch is also the unit of latency.
     pub batch_size: usize,
     /// Worker threads per batch; keys are spread over them. Default: the
     /// machine's available parallelism.
@@ -69,7 +71,7 @@ pub struct ConsumerConfig {
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
-            batch_size: 4096,
+            batch_size: 16_384,
             workers: std::thread::available_parallelism().map_or(1, usize::from),
             partitions: None,
             idle_poll: Duration::from_millis(50),
@@ -180,6 +182,9 @@ pub struct Consumer<L> {
     projection: Arc<Projection>,
     config: ConsumerConfig,
     observer: Option<Arc<dyn CallObserver>>,
+    /// Partitions commit to one outbox; one publisher at a time, or two
+    /// could publish the same entries before either clears them.
+    outbox: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -189,6 +194,7 @@ impl<L> Clone for Consumer<L> {
             projection: self.projection.clone(),
             config: self.config.clone(),
             observer: self.observer.clone(),
+            outbox: self.outbox.clone(),
         }
     }
 }
@@ -196,7 +202,7 @@ impl<L> Clone for Consumer<L> {
 impl<L: EventLog> Consumer<L> {
     /// A consumer of `projection`'s topic on `log`.
     pub fn new(log: Arc<L>, projection: Arc<Projection>, config: ConsumerConfig) -> Self {
-        Self { log, projection, config, observer: None }
+        Self { log, projection, config, observer: None, outbox: Arc::default() }
     }
 
     /// Reports every handled run to `observer`.
@@ -463,6 +469,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Publishes messages that handlers emitted in committed batches.
     async fn publish_outbox(&self) -> Result<(), ConsumerError> {
+        let _one_publisher = self.outbox.lock().await;
         let store = self.projection.store();
         let pending = store.outbox()?;
         let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };

@@ -307,9 +307,11 @@ impl StateStore {
             let mut counters = txn.open_table(COUNTERS).map_err(|e| self.storage(e))?;
             for (name, &delta) in &counter_deltas {
                 let value = counters.get(name.as_str()).map_err(|e| self.storage(e))?.map_or(0, |v| v.value());
-                let sum = value
-                    .checked_add(delta)
-                    .ok_or_else(|| StateError::CounterOverflow { name: name.clone(), value, delta })?;
+                let sum = value.checked_add(delta).ok_or_else(|| StateError::CounterOverflow {
+                    name: name.clone(),
+                    value,
+                    delta,
+                })?;
                 counters.insert(name.as_str(), sum).map_err(|e| self.storage(e))?;
             }
 
@@ -607,9 +609,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir);
         store
-            .commit(BatchCommit { writes: vec![(1, writes(&[("a", Some("1")), ("b", Some("2"))]))], ..Default::default() })
+            .commit(BatchCommit {
+                writes: vec![(1, writes(&[("a", Some("1")), ("b", Some("2"))]))],
+                ..Default::default()
+            })
             .unwrap();
-        store.commit(BatchCommit { writes: vec![(1, writes(&[("a", None), ("zz", None)]))], ..Default::default() }).unwrap();
+        store
+            .commit(BatchCommit { writes: vec![(1, writes(&[("a", None), ("zz", None)]))], ..Default::default() })
+            .unwrap();
         assert_eq!(store.get(1, "a").unwrap(), None);
         assert_eq!(store.entries(1).unwrap(), vec![("b".to_owned(), b"2".to_vec())]);
         store.commit(BatchCommit { writes: vec![(1, writes(&[("b", None)]))], ..Default::default() }).unwrap();
@@ -691,7 +698,10 @@ mod tests {
         empty.merge(w.clone());
         let mut listed: Vec<_> = empty.iter().collect();
         listed.sort();
-        assert_eq!(listed, vec![("a", Some(b"2".as_slice())), ("b", None), ("c", Some(b"3".as_slice())), ("d", Some(b"4".as_slice()))]);
+        assert_eq!(
+            listed,
+            vec![("a", Some(b"2".as_slice())), ("b", None), ("c", Some(b"3".as_slice())), ("d", Some(b"4".as_slice()))]
+        );
     }
 
     #[test]

@@ -28,7 +28,11 @@ use wakuwaku::state::{BatchCommit, StateStore};
 use wakuwaku_tests::native::NativeModule;
 use wakuwaku_tests::{bank_log, bank_module};
 
-const BATCH: usize = 4096;
+// The allocator the `waku` command uses, so figures match the demo.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BATCH: usize = 16_384;
 const ROUNDS: usize = 2;
 
 fn env_or(name: &str, default: u64) -> u64 {

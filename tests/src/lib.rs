@@ -1,7 +1,8 @@
 //! Shared harness for wakuwaku's end-to-end tests and benchmarks.
 //!
-//! - [`bank_wasm`] builds the bank example into a component once per
-//!   process (into `target/guests`, apart from the outer build).
+//! - [`guest_wasm`] builds a guest crate (the bank example, the probe
+//!   test module) into a component once per process, into `target/guests`,
+//!   apart from the outer build.
 //! - [`Recorder`] records every handled run, in order per key.
 //! - [`check_call_order`] checks recorded calls against the spec: every
 //!   pair of events that `spec/ordering.md` orders was handled in that
@@ -32,30 +33,35 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_owned()
 }
 
-/// Builds `examples/<name>` for wasm32-wasip2 (once per process) and
-/// returns the component's path.
-pub fn example_wasm(name: &str) -> PathBuf {
+/// Builds the guest crate at `crate_path` (relative to the repository) for
+/// wasm32-wasip2, once per process, and returns the component's path.
+pub fn guest_wasm(crate_path: &str) -> PathBuf {
     static BUILT: OnceLock<Mutex<FxHashMap<String, PathBuf>>> = OnceLock::new();
     let built = BUILT.get_or_init(Default::default);
     let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
     built
-        .entry(name.to_owned())
+        .entry(crate_path.to_owned())
         .or_insert_with(|| {
             let root = repo_root();
             GuestBuild {
                 target_dir: Some(root.join("target").join("guests")),
                 quiet: true,
-                ..GuestBuild::new(root.join("examples").join(name))
+                ..GuestBuild::new(root.join(crate_path))
             }
             .run()
-            .unwrap_or_else(|e| panic!("building examples/{name}: {e}"))
+            .unwrap_or_else(|e| panic!("building {crate_path}: {e}"))
         })
         .clone()
 }
 
 /// The bank example as a component.
 pub fn bank_wasm() -> PathBuf {
-    example_wasm("bank")
+    guest_wasm("examples/bank")
+}
+
+/// The probe test module (`tests/guests/probe`) as a component.
+pub fn probe_wasm() -> PathBuf {
+    guest_wasm("tests/guests/probe")
 }
 
 /// Loads the bank component into a default sandbox.

@@ -166,7 +166,11 @@ pub trait EventLog: Send + Sync + 'static {
     /// Embedded: one transaction for the whole call, so either all records
     /// are stored or none. A partition may appear more than once; its
     /// batches are appended in order.
-    fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> impl Future<Output = Result<(), LogError>> + Send;
+    fn append(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+    ) -> impl Future<Output = Result<(), LogError>> + Send;
 
     /// Up to `max` records from offset `from` on, in offset order.
     ///

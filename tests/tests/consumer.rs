@@ -1,0 +1,83 @@
+//! The consumer's accounting: unknown tags are skipped and counted,
+//! unreadable headers are counted, and a failing handler fails its batch
+//! before anything of it is committed.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError, stat};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header};
+use wakuwaku::handler::{CallError, ErrorClass};
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, Record};
+use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::probe_wasm;
+
+const NOTE: EventTypeTag = EventTypeTag::new(4);
+const FAIL: EventTypeTag = EventTypeTag::new(5);
+
+fn record(tag: EventTypeTag, key_hash: u64, body: serde_json::Value) -> Record {
+    let headers = EventHeaders { tag, key_hash, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
+    Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
+}
+
+async fn setup(records: Vec<Record>) -> (tempfile::TempDir, Arc<EmbeddedLog>, Arc<Projection>) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 1).await.unwrap();
+    log.append("probes", vec![(0, records)]).await.unwrap();
+    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
+    (dir, log, projection)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
+    let mut garbled = record(NOTE, 1, json!({}));
+    garbled.headers[2].value.truncate(3);
+    let missing = Record { headers: vec![Header { name: "trace".into(), value: vec![1] }], body: vec![] };
+    let records = vec![
+        record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null })),
+        record(EventTypeTag::new(99), 1, json!({ "anything": true })),
+        garbled,
+        record(NOTE, 2, json!({ "key": 2, "text": "b", "emit_to": null })),
+        missing,
+        record(EventTypeTag::new(99), 3, json!({})),
+    ];
+    let (_dir, log, projection) = setup(records).await;
+    let summary = Consumer::new(log, projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    assert_eq!((summary.consumed, summary.applied, summary.skipped, summary.malformed), (6, 2, 2, 2));
+    let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
+    assert_eq!(stats[stat::APPLIED], 2);
+    assert_eq!(stats[stat::SKIPPED], 2);
+    assert_eq!(stats[stat::MALFORMED], 2);
+    assert_eq!(projection.store().position("probes", 0).unwrap(), Some(6));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_handler_fails_the_batch_and_commits_nothing_of_it() {
+    let records = vec![
+        record(NOTE, 1, json!({ "key": 1, "text": "first", "emit_to": null })),
+        record(NOTE, 2, json!({ "key": 2, "text": "other key", "emit_to": null })),
+        record(FAIL, 1, json!({ "key": 1, "class": "retryable", "message": "the ledger is busy" })),
+    ];
+    let (_dir, log, projection) = setup(records).await;
+    let error = Consumer::new(log, projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap_err();
+    match &error {
+        ConsumerError::Handler { projection: name, partition, offset, key, event_type, error: call, .. } => {
+            assert_eq!((name.as_str(), *partition, *offset, *key, event_type.as_str()), ("probe", 0, 2, 1, "Fail"));
+            assert_eq!(call, &CallError::Handler { class: ErrorClass::Retryable, message: "the ledger is busy".into() });
+        }
+        other => panic!("expected a handler error, got {other}"),
+    }
+    let text = error.to_string();
+    assert!(text.contains("offset 2") && text.contains("`Fail`") && text.contains("the ledger is busy"), "{text}");
+    // Nothing of the batch was committed: no position, no state, no counts.
+    let store = projection.store();
+    assert_eq!(store.position("probes", 0).unwrap(), None);
+    assert!(store.keys().unwrap().is_empty());
+    assert!(store.stats().unwrap().is_empty());
+}

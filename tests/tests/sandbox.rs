@@ -1,0 +1,216 @@
+//! The sandbox: limits hold, a trap costs an instance and never the host,
+//! a failed call leaves no trace, and only the contract can be imported.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::event::EventTypeTag;
+use wakuwaku::handler::{CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::probe_wasm;
+
+const SPIN: EventTypeTag = EventTypeTag::new(1);
+const HOG: EventTypeTag = EventTypeTag::new(2);
+const PANIC: EventTypeTag = EventTypeTag::new(3);
+const NOTE: EventTypeTag = EventTypeTag::new(4);
+const FAIL: EventTypeTag = EventTypeTag::new(5);
+const RECURSE: EventTypeTag = EventTypeTag::new(6);
+
+fn limits() -> SandboxLimits {
+    SandboxLimits {
+        memory_bytes: 16 << 20,
+        call_budget: Duration::from_millis(200),
+        ..SandboxLimits::default()
+    }
+}
+
+fn probe(limits: SandboxLimits) -> Arc<dyn HandlerModule> {
+    load_module_file(&Sandbox::new(limits).unwrap(), &probe_wasm()).unwrap()
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    store: StateStore,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+        Self { _dir: dir, store }
+    }
+
+    fn scope(&self, key: u64) -> KeyScope {
+        KeyScope::new(key, Arc::new(self.store.reader().unwrap()), PayloadLimits::default())
+    }
+}
+
+fn body(value: serde_json::Value) -> Vec<Vec<u8>> {
+    vec![serde_json::to_vec(&value).unwrap()]
+}
+
+fn note(instance: &mut dyn HandlerInstance, scope: &mut KeyScope, text: &str) -> Result<(), CallError> {
+    instance.handle(scope, NOTE, &body(json!({ "key": 1, "text": text, "emit_to": null })))
+}
+
+fn assert_trap(result: Result<(), CallError>, expected: &str) {
+    match result {
+        Err(CallError::Trap { reason }) => assert!(reason.contains(expected), "trap reason `{reason}` lacks `{expected}`"),
+        other => panic!("expected a trap mentioning `{expected}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_endless_loop_runs_out_of_cpu_budget_and_the_instance_recovers() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let started = Instant::now();
+    assert_trap(instance.handle(&mut scope, SPIN, &body(json!({ "key": 1 }))), "CPU budget");
+    assert!(started.elapsed() < Duration::from_secs(10), "the deadline did not stop the loop");
+    // The same instance object serves the next call from a fresh instance.
+    note(&mut *instance, &mut scope, "after the loop").unwrap();
+    assert_eq!(scope.get("last"), Some(b"\"after the loop\"".to_vec()));
+}
+
+#[test]
+fn a_memory_bomb_hits_the_memory_limit() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let result = instance.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 64 })));
+    assert!(matches!(result, Err(CallError::Trap { .. })), "{result:?}");
+    assert_eq!(scope.get("hogged"), None, "a trapped call left a write");
+    // Within the limit the same request works.
+    instance.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 4 }))).unwrap();
+    assert_eq!(scope.get("hogged"), Some(b"4".to_vec()));
+}
+
+#[test]
+fn a_panic_is_a_trap_whose_reason_carries_the_message() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let result = instance.handle(&mut scope, PANIC, &body(json!({ "key": 1, "message": "ledger out of balance" })));
+    assert_trap(result, "ledger out of balance");
+    note(&mut *instance, &mut scope, "after the panic").unwrap();
+}
+
+#[test]
+fn unbounded_recursion_overflows_the_wasm_stack() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let result = instance.handle(&mut scope, RECURSE, &body(json!({ "key": 1, "depth": u64::MAX })));
+    assert_trap(result, "stack overflow");
+    note(&mut *instance, &mut scope, "after the overflow").unwrap();
+}
+
+#[test]
+fn a_handler_error_keeps_its_class_and_drops_the_calls_writes() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    for (class, expected) in [
+        ("transient", ErrorClass::Transient),
+        ("retryable", ErrorClass::Retryable),
+        ("unrecoverable", ErrorClass::Unrecoverable),
+    ] {
+        let result = instance.handle(&mut scope, FAIL, &body(json!({ "key": 1, "class": class, "message": "no" })));
+        assert_eq!(result, Err(CallError::Handler { class: expected, message: "no".into() }));
+    }
+    assert_eq!(scope.get("before-failure"), None);
+    let outcome = scope.into_outcome();
+    assert!(outcome.writes.is_empty() && outcome.counters.is_empty() && outcome.outbox.is_empty());
+}
+
+#[test]
+fn oversized_state_values_are_refused_with_the_limit_named() {
+    let module = probe(SandboxLimits { payload: PayloadLimits { max_state_value: 8, ..PayloadLimits::default() }, ..limits() });
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), PayloadLimits { max_state_value: 8, ..PayloadLimits::default() });
+    let result = note(&mut *instance, &mut scope, "far more than eight bytes");
+    match result {
+        Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => {
+            assert!(message.contains("limit of 8 bytes"), "{message}")
+        }
+        other => panic!("expected an unrecoverable error naming the limit, got {other:?}"),
+    }
+}
+
+#[test]
+fn components_that_import_more_than_the_contract_are_refused_by_name() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let evil = wat::parse_str(
+        r#"(component
+            (import "evil:net/socket" (instance))
+            (import "wasi:filesystem/preopens@0.2.0" (instance))
+        )"#,
+    )
+    .unwrap();
+    match sandbox.load("evil", &evil) {
+        Err(LoadError::ForbiddenImports { module, imports }) => {
+            assert_eq!(module, "evil");
+            assert_eq!(imports, ["evil:net/socket"]);
+        }
+        other => panic!("expected forbidden imports, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn core_modules_truncated_files_and_foreign_components_are_refused() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let core = wat::parse_str("(module)").unwrap();
+    assert!(matches!(sandbox.load("core", &core), Err(LoadError::Invalid { .. })));
+    let probe = std::fs::read(probe_wasm()).unwrap();
+    let error = sandbox.load("cut", &probe[..probe.len() / 2]).err().expect("a truncated file is refused");
+    assert!(matches!(error, LoadError::Invalid { .. }), "{error}");
+    let empty_component = wat::parse_str("(component)").unwrap();
+    let error = sandbox.load("empty", &empty_component).err().expect("a component without the handler export");
+    assert!(matches!(error, LoadError::NotAHandler { .. }), "{error}");
+    assert!(error.to_string().contains("wakuwaku:handler"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emitted_messages_are_published_after_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(limits());
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    log.create_topic("notes-out", 3).await.unwrap();
+    let events = (0..20u64)
+        .map(|i| Outgoing {
+            tag: NOTE,
+            body: serde_json::to_vec(&json!({ "key": i % 5, "text": format!("n{i}"), "emit_to": "notes-out" })).unwrap(),
+        })
+        .collect();
+    publish::publish(&*log, "probes", module.clone(), events, None, 2).await.unwrap();
+
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
+    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 8, ..Default::default() })
+        .catch_up()
+        .await
+        .unwrap();
+    assert_eq!(summary.applied, 20);
+    assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 20)]);
+    assert!(projection.store().outbox().unwrap().is_empty(), "the outbox was not cleared");
+    let mut emitted = 0;
+    for partition in 0..3 {
+        emitted += log.end_offset("notes-out", partition).await.unwrap();
+    }
+    assert_eq!(emitted, 20);
+}
