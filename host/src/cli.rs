@@ -1,9 +1,14 @@
 //! The `waku` command line. It parses flags, calls the library, and turns
 //! errors into messages a person can act on.
 //!
-//! Exit codes (stable): 0 success; 1 an error (printed as `waku: error: …`
-//! with its causes); 2 a usage error (from the argument parser); 3 the demo's
-//! oracle check failed.
+//! Exit codes (stable): 0 success, including `run` stopped by SIGINT or
+//! SIGTERM after committing the batch in flight; 1 an error (printed as
+//! `waku: error: …` with its causes); 2 a usage error (from the argument
+//! parser); 3 the demo's oracle check failed; 130 `run` aborted by a second
+//! signal (as after a crash, nothing committed is lost).
+//!
+//! The sandbox's limits are flags of `run` and `demo`, one per field of
+//! [`SandboxLimits`], defaulting to the library's values.
 //!
 //! Data directory layout (`--data`, default `waku-data`):
 //! `log.redb` is the embedded log; `projections/<name>.redb` is a
@@ -21,12 +26,12 @@ use clap::{Args, Parser, Subcommand};
 use crate::consumer::{Consumer, ConsumerConfig, Summary, stat};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
-use crate::handler::HandlerModule;
+use crate::handler::{HandlerModule, PayloadLimits};
 use crate::log::EventLog;
 use crate::log::embedded::EmbeddedLog;
-use crate::projection::{Projection, load_module_file};
+use crate::projection::{Projection, ProjectionError, load_module_file};
 use crate::publish::{self, Outgoing};
-use crate::runtime::{Sandbox, SandboxLimits};
+use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::StateStore;
 
 /// Runs event handlers as WebAssembly components over a partitioned log.
@@ -115,20 +120,101 @@ struct ConsumeArgs {
     /// Worker threads per batch (default: the number of cores).
     #[arg(long)]
     workers: Option<usize>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// One flag per limit of [`SandboxLimits`]; the defaults are the library's.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[command(next_help_heading = "Sandbox limits (per module instance)")]
+struct LimitArgs {
     /// Memory limit per module instance, in MiB.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SandboxLimits::default().memory_bytes >> 20)]
     memory_mib: usize,
     /// CPU budget per handler call, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = SandboxLimits::default().call_budget.as_millis() as u64)]
     call_budget_ms: u64,
+    /// Most wasm stack one call may use, in KiB (deep recursion traps).
+    #[arg(long, default_value_t = SandboxLimits::default().max_wasm_stack >> 10)]
+    max_wasm_stack_kib: usize,
+    /// Most table elements (function references) per instance.
+    #[arg(long, default_value_t = SandboxLimits::default().table_elements)]
+    max_table_elements: usize,
+    /// Most core instances (and memories, and tables) one module instance may create.
+    #[arg(long, default_value_t = SandboxLimits::default().instances)]
+    max_instances: usize,
+    /// Largest state value a handler may write, in KiB; a larger write is an
+    /// unrecoverable error naming the limit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_value >> 10)]
+    max_state_value_kib: usize,
+    /// Largest body a handler may emit, in KiB; a larger emit is an
+    /// unrecoverable error naming the limit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_emit_body >> 10)]
+    max_emit_kib: usize,
+    /// Longest handler log line kept, in bytes; longer lines are cut and
+    /// marked, never an error.
+    #[arg(long, default_value_t = PayloadLimits::default().max_log_line)]
+    max_log_line_bytes: usize,
+}
+
+impl LimitArgs {
+    /// The sandbox's limits the flags ask for; every flag must be at least 1.
+    fn limits(&self) -> Result<SandboxLimits> {
+        let flags = [
+            ("--memory-mib", self.memory_mib as u64),
+            ("--call-budget-ms", self.call_budget_ms),
+            ("--max-wasm-stack-kib", self.max_wasm_stack_kib as u64),
+            ("--max-table-elements", self.max_table_elements as u64),
+            ("--max-instances", self.max_instances as u64),
+            ("--max-state-value-kib", self.max_state_value_kib as u64),
+            ("--max-emit-kib", self.max_emit_kib as u64),
+            ("--max-log-line-bytes", self.max_log_line_bytes as u64),
+        ];
+        if let Some((flag, _)) = flags.iter().find(|(_, value)| *value == 0) {
+            bail!("{flag} must be at least 1");
+        }
+        let mebibytes = |value: usize, flag: &str| {
+            value.checked_mul(1 << 20).with_context(|| format!("{flag} {value} is too large"))
+        };
+        let kibibytes = |value: usize, flag: &str| {
+            value.checked_mul(1 << 10).with_context(|| format!("{flag} {value} is too large"))
+        };
+        Ok(SandboxLimits {
+            memory_bytes: mebibytes(self.memory_mib, "--memory-mib")?,
+            call_budget: std::time::Duration::from_millis(self.call_budget_ms),
+            max_wasm_stack: kibibytes(self.max_wasm_stack_kib, "--max-wasm-stack-kib")?,
+            table_elements: self.max_table_elements,
+            instances: self.max_instances,
+        })
+    }
+
+    /// The payload limits the flags ask for; the consumer's key scopes
+    /// enforce them.
+    fn payload(&self) -> Result<PayloadLimits> {
+        self.limits()?; // checks every flag
+        let kibibytes = |value: usize, flag: &str| {
+            value.checked_mul(1 << 10).with_context(|| format!("{flag} {value} is too large"))
+        };
+        Ok(PayloadLimits {
+            max_state_value: kibibytes(self.max_state_value_kib, "--max-state-value-kib")?,
+            max_emit_body: kibibytes(self.max_emit_kib, "--max-emit-kib")?,
+            max_log_line: self.max_log_line_bytes,
+        })
+    }
 }
 
 impl ConsumeArgs {
+    /// The consumer's configuration, with the payload limits of the flags.
     fn config(&self, partitions: Option<Vec<u32>>) -> Result<ConsumerConfig> {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let mut config = ConsumerConfig { batch_size: self.batch_size, partitions, ..ConsumerConfig::default() };
+        let mut config = ConsumerConfig {
+            batch_size: self.batch_size,
+            partitions,
+            payload: self.limits.payload()?,
+            ..ConsumerConfig::default()
+        };
         if let Some(workers) = self.workers {
             if workers == 0 {
                 bail!("--workers must be at least 1");
@@ -139,12 +225,7 @@ impl ConsumeArgs {
     }
 
     fn sandbox(&self) -> Result<Sandbox> {
-        let limits = SandboxLimits {
-            memory_bytes: self.memory_mib << 20,
-            call_budget: std::time::Duration::from_millis(self.call_budget_ms),
-            ..SandboxLimits::default()
-        };
-        Ok(Sandbox::new(limits)?)
+        Ok(Sandbox::new(self.limits.limits()?)?)
     }
 }
 
@@ -257,8 +338,8 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
 }
 
 fn build(args: BuildArgs) -> Result<()> {
-    let built = GuestBuild { target_dir: args.target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }
-        .run()?;
+    let built =
+        GuestBuild { target_dir: args.target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }.run()?;
     let path = match args.out {
         Some(out) => {
             std::fs::copy(&built, &out).with_context(|| format!("copying {} to {}", built.display(), out.display()))?;
@@ -272,6 +353,20 @@ fn build(args: BuildArgs) -> Result<()> {
 
 fn load_module(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn HandlerModule>> {
     load_module_file(sandbox, path).with_context(|| format!("loading module {}", path.display()))
+}
+
+/// Says which flags raise the limits when a module does not fit them.
+fn hint_at_limit_flags(error: ProjectionError) -> anyhow::Error {
+    let too_small = matches!(error, ProjectionError::Load(LoadError::Instantiate { .. }));
+    let error = anyhow::Error::new(error);
+    if too_small {
+        error.context(
+            "a module does not fit the sandbox limits; raise them with --memory-mib, --max-table-elements or \
+             --max-instances (see `waku help run`)",
+        )
+    } else {
+        error
+    }
 }
 
 async fn publish_file(args: PublishArgs) -> Result<()> {
@@ -290,12 +385,8 @@ async fn publish_file(args: PublishArgs) -> Result<()> {
     }
     let events = publish::parse_json_lines(&text, &*module)
         .with_context(|| format!("nothing was published from {}", args.file.display()))?;
-    let lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(index, _)| index + 1)
-        .collect();
+    let lines =
+        text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).map(|(index, _)| index + 1).collect();
     let count = publish::publish(&log, &args.topic, module, events, Some(lines), available_threads())
         .await
         .with_context(|| format!("nothing was published from {}", args.file.display()))?;
@@ -304,8 +395,10 @@ async fn publish_file(args: PublishArgs) -> Result<()> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
+    // Caught before anything slow happens.
+    let signals = ShutdownSignals::install()?;
     let sandbox = args.consume.sandbox()?;
-    let modules = Projection::load_modules(&sandbox, &args.modules)?;
+    let modules = Projection::load_modules(&sandbox, &args.modules).map_err(hint_at_limit_flags)?;
     let store = args.data.state(&args.projection)?;
     let projection = Arc::new(Projection::new(&args.projection, &args.topic, modules, store)?);
     let log = Arc::new(args.data.log()?);
@@ -319,35 +412,65 @@ async fn run(args: RunArgs) -> Result<()> {
         args.consume.batch_size,
         args.consume.workers.unwrap_or_else(available_threads),
     );
+    eprintln!("waku: sandbox limits: {}", sandbox.limits());
     let started = Instant::now();
     let summary = if args.until_caught_up {
-        consumer.catch_up().await?
+        consumer.catch_up_or_stop(signals.first()).await?
     } else {
-        consumer.follow(shutdown_signal()).await?
+        consumer.follow(signals.first()).await?
     };
     print_summary(&summary, started.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, caught from the moment [`ShutdownSignals::install`]
+/// returns: a signal that arrives while modules are still loading is not
+/// lost to the default action (which kills the process), it stops the
+/// consumer as soon as it starts.
+struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+                terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
+
+    /// Waits for the next signal.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+
+    /// Resolves on the first signal, after saying so. A second signal
+    /// aborts the process at once (exit code 130), as a crash would:
+    /// nothing committed is lost, the batch in flight is consumed again.
+    async fn first(mut self) {
+        self.next().await;
+        eprintln!("waku: stopping after the batch in flight (signal again to abort)");
+        tokio::spawn(async move {
+            self.next().await;
+            eprintln!("waku: aborted; the batch in flight was not committed");
+            std::process::exit(130);
+        });
+    }
 }
 
 fn state_get(args: StateGetArgs) -> Result<()> {
@@ -355,8 +478,7 @@ fn state_get(args: StateGetArgs) -> Result<()> {
     let key = match (&args.key_hash, &args.event, &args.module) {
         (Some(hash), _, _) => parse_key_hash(hash)?,
         (None, Some(event), Some(module)) => {
-            let (type_name, body) =
-                event.split_once('=').context("--event takes `<event type>=<JSON body>`")?;
+            let (type_name, body) = event.split_once('=').context("--event takes `<event type>=<JSON body>`")?;
             let sandbox = Sandbox::new(SandboxLimits::default())?;
             let module = load_module(&sandbox, module)?;
             let event_type = module
@@ -404,7 +526,8 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
                 bail!("cannot find {}; run from a clone of the repository or pass --module", crate_dir.display());
             }
             eprintln!("waku: building {} ...", crate_dir.display());
-            let build = GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
+            let build =
+                GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
             build.run()?
         }
     };
@@ -424,7 +547,9 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     let data = DataArgs { data: data_dir };
 
     let sandbox = args.consume.sandbox()?;
-    let module = load_module(&sandbox, &module_path)?;
+    let module = load_module_file(&sandbox, &module_path)
+        .map_err(hint_at_limit_flags)
+        .with_context(|| format!("loading module {}", module_path.display()))?;
     let spec = WorkloadSpec { events: args.events, accounts: args.accounts, seed: args.seed };
     let report = demo_run(&data, module, spec, args.partitions, args.consume.config(None)?).await?;
     println!("{}", report.lines.join("\n"));
@@ -448,7 +573,9 @@ async fn demo_run(
     let (events, oracle) = demo::workload(spec);
     let outgoing = events
         .iter()
-        .map(|event| Ok(Outgoing { tag: demo::bank_tag(&*module, event.type_name)?, body: serde_json::to_vec(&event.body)? }))
+        .map(|event| {
+            Ok(Outgoing { tag: demo::bank_tag(&*module, event.type_name)?, body: serde_json::to_vec(&event.body)? })
+        })
         .collect::<Result<Vec<_>>>()?;
 
     let log = Arc::new(data.log()?);
@@ -475,13 +602,11 @@ async fn demo_run(
             "workload: {} events over {} accounts (seed {}), {} partitions of topic `{TOPIC}`",
             spec.events, spec.accounts, spec.seed, partitions
         ),
+        format!("module: {}@{} ({} event types)", module.name(), module.version(), module.event_types().len()),
         format!(
-            "module: {}@{} ({} event types)",
-            module.name(),
-            module.version(),
-            module.event_types().len()
+            "published: {published} events in {publish_secs:.2} s ({:.0} events/s)",
+            published as f64 / publish_secs
         ),
-        format!("published: {published} events in {publish_secs:.2} s ({:.0} events/s)", published as f64 / publish_secs),
         format!(
             "consumed: {} events in {} batches with {} workers: {} applied, {} skipped, {} malformed, {} handler calls",
             summary.consumed,
@@ -492,10 +617,7 @@ async fn demo_run(
             stats.get(stat::MALFORMED).copied().unwrap_or(0),
             summary.calls,
         ),
-        format!(
-            "throughput: {:.0} events/s ({consume_secs:.2} s to consume)",
-            summary.consumed as f64 / consume_secs
-        ),
+        format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
     ];
     Ok(DemoReport { lines, check })
 }
@@ -514,4 +636,80 @@ fn print_summary(summary: &Summary, secs: f64) {
 
 fn available_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn consume_args(flags: &[&str]) -> ConsumeArgs {
+        let base = ["waku", "run", "--projection", "p", "--topic", "t", "--modules", "m"];
+        match Cli::try_parse_from(base.iter().chain(flags)).expect("the flags parse").command {
+            Command::Run(args) => args.consume,
+            _ => unreachable!("parsed a run command"),
+        }
+    }
+
+    #[test]
+    fn limit_flags_default_to_the_library_defaults() {
+        let args = consume_args(&[]);
+        assert_eq!(args.limits.limits().unwrap(), SandboxLimits::default());
+        assert_eq!(args.config(None).unwrap().payload, PayloadLimits::default());
+    }
+
+    #[test]
+    fn every_limit_flag_sets_its_limit_for_the_sandbox_and_the_consumer() {
+        let flags = [
+            ("--memory-mib", "3"),
+            ("--call-budget-ms", "7"),
+            ("--max-wasm-stack-kib", "5"),
+            ("--max-table-elements", "11"),
+            ("--max-instances", "13"),
+            ("--max-state-value-kib", "17"),
+            ("--max-emit-kib", "19"),
+            ("--max-log-line-bytes", "23"),
+        ];
+        let args = consume_args(&flags.iter().flat_map(|(flag, value)| [*flag, *value]).collect::<Vec<_>>());
+        let payload = PayloadLimits { max_state_value: 17 << 10, max_emit_body: 19 << 10, max_log_line: 23 };
+        let expected = SandboxLimits {
+            memory_bytes: 3 << 20,
+            call_budget: Duration::from_millis(7),
+            max_wasm_stack: 5 << 10,
+            table_elements: 11,
+            instances: 13,
+        };
+        assert_eq!(args.limits.limits().unwrap(), expected);
+        assert_eq!(*args.sandbox().unwrap().limits(), expected);
+        assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
+    }
+
+    #[test]
+    fn the_demo_takes_the_same_limit_flags() {
+        let cli = Cli::try_parse_from(["waku", "demo", "--max-emit-kib", "2", "--max-instances", "9"]).unwrap();
+        let Command::Demo(args) = cli.command else { unreachable!("parsed a demo command") };
+        let limits = &args.consume.limits;
+        assert_eq!((limits.payload().unwrap().max_emit_body, limits.limits().unwrap().instances), (2 << 10, 9));
+    }
+
+    #[test]
+    fn a_zero_limit_is_refused_naming_its_flag() {
+        for flag in [
+            "--memory-mib",
+            "--call-budget-ms",
+            "--max-wasm-stack-kib",
+            "--max-table-elements",
+            "--max-instances",
+            "--max-state-value-kib",
+            "--max-emit-kib",
+            "--max-log-line-bytes",
+        ] {
+            let args = consume_args(&[flag, "0"]);
+            let error = args.sandbox().err().expect("a zero limit is refused").to_string();
+            assert_eq!(error, format!("{flag} must be at least 1"));
+        }
+        let args = consume_args(&["--memory-mib", &usize::MAX.to_string()]);
+        assert!(args.sandbox().err().unwrap().to_string().contains("--memory-mib"));
+    }
 }

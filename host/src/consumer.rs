@@ -91,7 +91,9 @@ pub enum ConsumerError {
     #[error(transparent)]
     State(#[from] StateError),
     /// A handler call failed; nothing of the batch was committed.
-    #[error("projection `{projection}`, partition {partition}, offset {offset}: key {key:#018x}, event type `{event_type}` (tag {tag}): {error}")]
+    #[error(
+        "projection `{projection}`, partition {partition}, offset {offset}: key {key:#018x}, event type `{event_type}` (tag {tag}): {error}"
+    )]
     Handler {
         /// The projection.
         projection: String,
@@ -238,33 +240,60 @@ impl<L: EventLog> Consumer<L> {
     /// Consumes every partition up to the end offsets read when it starts,
     /// then returns what it did. Partitions run concurrently.
     pub async fn catch_up(&self) -> Result<Summary, ConsumerError> {
-        self.publish_outbox().await?;
-        let topic = self.projection.topic().to_owned();
-        let mut tasks = tokio::task::JoinSet::new();
-        for partition in self.partitions().await? {
-            let end = self.log.end_offset(&topic, partition).await?;
-            let consumer = self.clone();
-            tasks.spawn(async move { consumer.consume_partition(partition, Some(end), None).await });
-        }
-        collect(tasks).await
+        self.consume(Until::EndOffsets, std::future::pending()).await
+    }
+
+    /// [`Consumer::catch_up`], stopping early when `shutdown` resolves: the
+    /// batch in flight is finished and committed first.
+    pub async fn catch_up_or_stop(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, ConsumerError> {
+        self.consume(Until::EndOffsets, shutdown).await
     }
 
     /// Consumes every partition, following new messages, until `shutdown`
     /// resolves; the batch in flight is finished and committed first.
     pub async fn follow(&self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<Summary, ConsumerError> {
+        self.consume(Until::Shutdown, shutdown).await
+    }
+
+    /// Runs one task per partition until `until` or `shutdown`. A partition
+    /// that fails stops the others the same way, so the error is returned at
+    /// once instead of at the next shutdown.
+    async fn consume(
+        &self,
+        until: Until,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, ConsumerError> {
         self.publish_outbox().await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
+        let stop_tx = Arc::new(stop_tx);
+        let stop_on_shutdown = stop_tx.clone();
+        let watcher = tokio::spawn(async move {
             shutdown.await;
-            let _ = stop_tx.send(true);
+            let _ = stop_on_shutdown.send(true);
         });
         let mut tasks = tokio::task::JoinSet::new();
         for partition in self.partitions().await? {
+            let end = match until {
+                Until::EndOffsets => Some(self.log.end_offset(self.projection.topic(), partition).await?),
+                Until::Shutdown => None,
+            };
             let consumer = self.clone();
             let stop = stop_rx.clone();
-            tasks.spawn(async move { consumer.consume_partition(partition, None, Some(stop)).await });
+            let stop_all = stop_tx.clone();
+            tasks.spawn(async move {
+                let result = consumer.consume_partition(partition, end, stop).await;
+                if result.is_err() {
+                    let _ = stop_all.send(true);
+                }
+                result
+            });
         }
-        collect(tasks).await
+        let summary = collect(tasks).await;
+        watcher.abort();
+        summary
     }
 
     /// Consumes one partition until `end` (if given) or until `stop` is set.
@@ -272,13 +301,13 @@ impl<L: EventLog> Consumer<L> {
         &self,
         partition: u32,
         end: Option<u64>,
-        mut stop: Option<tokio::sync::watch::Receiver<bool>>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Summary, ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let mut position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
         let mut summary = Summary::default();
         loop {
-            if stop.as_ref().is_some_and(|s| *s.borrow()) {
+            if *stop.borrow() {
                 break;
             }
             let want = match end {
@@ -288,13 +317,8 @@ impl<L: EventLog> Consumer<L> {
             };
             let records = self.log.read(&topic, partition, position, want).await?;
             let Some(last) = records.last() else {
-                match stop.as_mut() {
-                    Some(stop) => {
-                        let _ = tokio::time::timeout(self.config.idle_poll, stop.changed()).await;
-                        continue;
-                    }
-                    None => break,
-                }
+                let _ = tokio::time::timeout(self.config.idle_poll, stop.changed()).await;
+                continue;
             };
             let next = last.offset + 1;
             let consumer = self.clone();
@@ -499,9 +523,16 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
-async fn collect(
-    mut tasks: tokio::task::JoinSet<Result<Summary, ConsumerError>>,
-) -> Result<Summary, ConsumerError> {
+/// How far [`Consumer::consume`] goes.
+#[derive(Clone, Copy)]
+enum Until {
+    /// The end offsets read at the start: catching up.
+    EndOffsets,
+    /// Only a shutdown: following.
+    Shutdown,
+}
+
+async fn collect(mut tasks: tokio::task::JoinSet<Result<Summary, ConsumerError>>) -> Result<Summary, ConsumerError> {
     let mut total = Summary::default();
     let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {

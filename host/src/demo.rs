@@ -287,9 +287,8 @@ pub fn check<E>(
     let mut differences = Vec::new();
     for (&account, expected) in &oracle.accounts {
         let expected = serde_json::to_value(expected).expect("the oracle serialises");
-        let found = read(account)?.map(|bytes| {
-            serde_json::from_slice(&bytes).unwrap_or_else(|e| json!(format!("unreadable JSON: {e}")))
-        });
+        let found = read(account)?
+            .map(|bytes| serde_json::from_slice(&bytes).unwrap_or_else(|e| json!(format!("unreadable JSON: {e}"))));
         if found.as_ref() != Some(&expected) {
             differences.push(Difference { account, expected, found });
         }
@@ -332,9 +331,7 @@ mod tests {
     #[test]
     fn check_reports_differences() {
         let (_, oracle) = workload(WorkloadSpec { events: 500, accounts: 10, seed: 3 });
-        let exact = |account: u64| {
-            Ok::<_, ()>(Some(serde_json::to_vec(&oracle.accounts[&account]).unwrap()))
-        };
+        let exact = |account: u64| Ok::<_, ()>(Some(serde_json::to_vec(&oracle.accounts[&account]).unwrap()));
         assert!(check(&oracle, oracle.open_accounts, exact).unwrap().matches());
         let wrong = |account: u64| Ok::<_, ()>(if account == 3 { None } else { exact(account)? });
         let result = check(&oracle, oracle.open_accounts, wrong).unwrap();

@@ -29,7 +29,9 @@ pub enum BuildError {
         source: std::io::Error,
     },
     /// `rustup target add` failed.
-    #[error("the {GUEST_TARGET} target is missing and `rustup target add {GUEST_TARGET}` failed; run it by hand and retry")]
+    #[error(
+        "the {GUEST_TARGET} target is missing and `rustup target add {GUEST_TARGET}` failed; run it by hand and retry"
+    )]
     TargetInstall,
     /// cargo reported a failed build.
     #[error("cargo could not build {0} for {GUEST_TARGET} (see the compiler output above)")]
@@ -132,7 +134,9 @@ fn ensure_target(quiet: bool) -> Result<(), BuildError> {
     if String::from_utf8_lossy(&installed.stdout).lines().any(|line| line.trim() == GUEST_TARGET) {
         return Ok(());
     }
-    eprintln!("waku: the {GUEST_TARGET} target is not installed; installing it with `rustup target add {GUEST_TARGET}`");
+    eprintln!(
+        "waku: the {GUEST_TARGET} target is not installed; installing it with `rustup target add {GUEST_TARGET}`"
+    );
     let mut add = Command::new("rustup");
     add.args(["target", "add", GUEST_TARGET]);
     if quiet {

@@ -11,8 +11,10 @@
 //! Data flows one way: poll → plan → reduce → invoke → commit.
 //!
 //! - [`event`]: type tags, orderings, algebras, key hashes and the strict
-//!   header envelope every message carries.
-//! - [`plan`]: the pure planner: records in, plan out, no I/O.
+//!   header envelope every message carries (re-exported from
+//!   `wakuwaku-core`).
+//! - [`plan`]: the pure planner: records in, plan out, no I/O (re-exported
+//!   from `wakuwaku-core`).
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
 //! - [`handler`]: what the consumer calls (modules, instances) and the
 //!   key-scoped state a call sees.
@@ -35,16 +37,16 @@
 pub mod cli;
 pub mod consumer;
 pub mod demo;
-pub mod event;
 pub mod guest_build;
 pub mod handler;
-pub mod plan;
+pub mod log;
 pub mod projection;
 pub mod publish;
 pub mod reduce;
 pub mod runtime;
-pub mod log;
 pub mod state;
+
+pub use wakuwaku_core::{event, plan};
 
 /// The facade documented in `spec/ordering.md`: `wakuwaku::iggy::...`.
 pub mod iggy {

@@ -26,7 +26,9 @@ use crate::state::{StateError, StateStore};
 #[non_exhaustive]
 pub enum ProjectionError {
     /// Two modules declare the same tag.
-    #[error("tag {tag} is declared by both `{first}` and `{second}`; tags must be unique within projection `{projection}`")]
+    #[error(
+        "tag {tag} is declared by both `{first}` and `{second}`; tags must be unique within projection `{projection}`"
+    )]
     DuplicateTag {
         /// The projection.
         projection: String,

@@ -81,7 +81,6 @@ struct Line {
 /// checked; the first error is returned with its line number.
 pub fn parse_json_lines(text: &str, module: &dyn HandlerModule) -> Result<Vec<Outgoing>, PublishError> {
     let types = module.event_types();
-    let known = || types.iter().map(|t| format!("{} (tag {})", t.name, t.tag)).collect::<Vec<_>>().join(", ");
     let mut events = Vec::new();
     for (index, text) in text.lines().enumerate() {
         let line = index + 1;
@@ -102,7 +101,7 @@ pub fn parse_json_lines(text: &str, module: &dyn HandlerModule) -> Result<Vec<Ou
         };
         let Some(event_type) = event_type else {
             let name = parsed.type_name.unwrap_or_else(|| parsed.tag.unwrap_or_default().to_string());
-            return Err(PublishError::UnknownType { line, name, known: known() });
+            return Err(PublishError::UnknownType { line, name, known: known_types(types) });
         };
         let body = serde_json::to_vec(&parsed.body).expect("a JSON value always serialises");
         events.push(Outgoing { tag: event_type.tag, body });
@@ -164,11 +163,15 @@ fn envelope_all(
                         .enumerate()
                         .map(|(offset, event)| {
                             let line = line_of(part * chunk + offset);
-                            let event_type = types.iter().find(|t| t.tag == event.tag).ok_or_else(|| {
-                                PublishError::UnknownType { line, name: event.tag.to_string(), known: String::new() }
+                            let event_type =
+                                types.iter().find(|t| t.tag == event.tag).ok_or_else(|| PublishError::UnknownType {
+                                    line,
+                                    name: format!("tag {}", event.tag),
+                                    known: known_types(types),
+                                })?;
+                            let headers = headers_for(&mut *instance, event_type, &event.body).map_err(|error| {
+                                PublishError::Rejected { line, event_type: event_type.name.clone(), error }
                             })?;
-                            let headers = headers_for(&mut *instance, event_type, &event.body)
-                                .map_err(|error| PublishError::Rejected { line, event_type: event_type.name.clone(), error })?;
                             let record = Record { headers: headers.to_headers(), body: event.body.clone() };
                             Ok((partition_for(headers.key_hash, partitions), record))
                         })
@@ -183,6 +186,11 @@ fn envelope_all(
         records.extend(part?);
     }
     Ok(records)
+}
+
+/// What a module declares, for error messages: `Name (tag N), …`.
+fn known_types(types: &[EventType]) -> String {
+    types.iter().map(|t| format!("{} (tag {})", t.name, t.tag)).collect::<Vec<_>>().join(", ")
 }
 
 /// The envelope of one body, from the module's `key` and `ordering`.

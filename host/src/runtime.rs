@@ -21,14 +21,13 @@
 //!   pre-linked once per [`WasmModule`]; instances come from that template
 //!   and keep their store across calls.
 
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag, KeyHash};
@@ -52,8 +51,9 @@ pub const CONTRACT: &str = "wakuwaku:handler@0.1.0";
 /// How often the epoch ticks; the CPU budget is rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// Bytes of a guest's stderr kept for error reports.
-const STDERR_CAPACITY: usize = 64 << 10;
+/// Bytes of a guest's stderr kept for error reports (the tail of the call
+/// that failed; where a Rust panic message lands).
+const STDERR_TAIL: usize = 4 << 10;
 
 /// Limits every instance runs under. All have defaults; see each field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,8 +71,6 @@ pub struct SandboxLimits {
     pub table_elements: usize,
     /// Most core instances one component instance may create. Default 100.
     pub instances: usize,
-    /// Sizes of what a handler hands the host.
-    pub payload: PayloadLimits,
 }
 
 impl Default for SandboxLimits {
@@ -83,8 +81,31 @@ impl Default for SandboxLimits {
             max_wasm_stack: 512 << 10,
             table_elements: 100_000,
             instances: 100,
-            payload: PayloadLimits::default(),
         }
+    }
+}
+
+impl std::fmt::Display for SandboxLimits {
+    /// One line naming every limit, e.g. for an error or a start-up banner.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let size = |bytes: usize| {
+            if bytes != 0 && bytes.is_multiple_of(1 << 20) {
+                format!("{} MiB", bytes >> 20)
+            } else if bytes != 0 && bytes.is_multiple_of(1 << 10) {
+                format!("{} KiB", bytes >> 10)
+            } else {
+                format!("{bytes} bytes")
+            }
+        };
+        write!(
+            f,
+            "memory {}, CPU budget {} ms per call, wasm stack {}, {} table elements, {} instances",
+            size(self.memory_bytes),
+            self.call_budget.as_millis(),
+            size(self.max_wasm_stack),
+            self.table_elements,
+            self.instances,
+        )
     }
 }
 
@@ -129,6 +150,18 @@ pub enum LoadError {
         /// The module's name.
         module: String,
         /// What the linker said.
+        reason: String,
+    },
+    /// The component could not be instantiated: a limit of the sandbox
+    /// (memory, table elements, instances, CPU budget) was hit while it set
+    /// itself up, or its start-up code trapped.
+    #[error("module `{module}` could not be instantiated within the sandbox limits ({limits}): {reason}")]
+    Instantiate {
+        /// The module's name.
+        module: String,
+        /// The limits it ran under.
+        limits: SandboxLimits,
+        /// What failed.
         reason: String,
     },
     /// `describe` failed or returned something unusable.
@@ -206,9 +239,17 @@ impl Sandbox {
             sandbox: self.clone(),
             event_types: Vec::new(),
         };
-        let describe_error = |reason: String| LoadError::Describe { module: name.to_owned(), reason };
-        let mut instance = module.instantiate_wasm().map_err(|e| describe_error(e.to_string()))?;
-        module.event_types = instance.describe().map_err(|e| describe_error(e.to_string()))?;
+        let mut instance = module.instantiate_wasm().map_err(|error| LoadError::Instantiate {
+            module: name.to_owned(),
+            limits: self.shared.limits,
+            reason: match error {
+                CallError::Trap { reason } => reason,
+                other => other.to_string(),
+            },
+        })?;
+        module.event_types = instance
+            .describe()
+            .map_err(|error| LoadError::Describe { module: name.to_owned(), reason: error.to_string() })?;
         Ok(module)
     }
 
@@ -234,7 +275,7 @@ impl Sandbox {
 
     fn new_store(&self, module: &str) -> Store<StoreData> {
         let limits = &self.shared.limits;
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let stderr = stderr::Tail::new(STDERR_TAIL);
         let wasi = WasiCtx::builder()
             .stderr(stderr.clone())
             .wall_clock(FrozenClock)
@@ -258,7 +299,6 @@ impl Sandbox {
             scope: None,
             stderr,
             module: module.to_owned(),
-            payload: limits.payload,
         };
         let mut store = Store::new(&self.shared.engine, data);
         store.limiter(|data| &mut data.limits);
@@ -323,9 +363,8 @@ struct StoreData {
     table: ResourceTable,
     limits: StoreLimits,
     scope: Option<KeyScope>,
-    stderr: MemoryOutputPipe,
+    stderr: stderr::Tail,
     module: String,
-    payload: PayloadLimits,
 }
 
 impl WasiView for StoreData {
@@ -389,8 +428,13 @@ impl log::Host for StoreData {
             log::Level::Warn => LogLevel::Warn,
             log::Level::Error => LogLevel::Error,
         };
-        let key = self.scope.as_ref().map(KeyScope::key);
-        crate::handler::log_line(&self.module, key, level, &message, self.payload.max_log_line);
+        match &self.scope {
+            Some(scope) => scope.log(&self.module, level, &message),
+            // Outside `handle` (describe, key, …) no scope sets the limit.
+            None => {
+                crate::handler::log_line(&self.module, None, level, &message, PayloadLimits::default().max_log_line)
+            }
+        }
     }
 }
 
@@ -480,6 +524,7 @@ impl WasmInstance {
             self.store = store;
             self.poisoned = false;
         }
+        self.store.data().stderr.clear();
         self.store.set_epoch_deadline(self.module.sandbox.deadline_ticks());
         Ok(())
     }
@@ -569,13 +614,130 @@ fn trap_error(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
         None => format!("{}", error.root_cause()),
     };
     let stderr = store.data().stderr.contents();
-    let stderr = String::from_utf8_lossy(&stderr);
     let stderr = stderr.trim();
-    let reason = if stderr.is_empty() {
-        kind
-    } else {
-        let tail: String = stderr.chars().rev().take(1000).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("{kind}; guest stderr: {tail}")
-    };
+    let reason = if stderr.is_empty() { kind } else { format!("{kind}; guest stderr: {stderr}") };
     CallError::Trap { reason }
+}
+
+/// The guest's stderr: keeps the last bytes written and never refuses a
+/// write, so a chatty guest cannot fail by printing (Rust's `eprintln!`
+/// panics when stderr fails) and a trap report shows the latest output.
+mod stderr {
+    use std::collections::VecDeque;
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex, MutexGuard};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use tokio::io::AsyncWrite;
+    use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+    use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+    /// A shared, bounded tail of everything written.
+    #[derive(Clone)]
+    pub(super) struct Tail {
+        bytes: Arc<Mutex<VecDeque<u8>>>,
+        capacity: usize,
+    }
+
+    impl Tail {
+        pub(super) fn new(capacity: usize) -> Self {
+            Self { bytes: Arc::default(), capacity }
+        }
+
+        fn lock(&self) -> MutexGuard<'_, VecDeque<u8>> {
+            self.bytes.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        fn push(&self, data: &[u8]) {
+            let mut bytes = self.lock();
+            let data = &data[data.len().saturating_sub(self.capacity)..];
+            let overflow = (bytes.len() + data.len()).saturating_sub(self.capacity);
+            bytes.drain(..overflow);
+            bytes.extend(data);
+        }
+
+        /// Forgets what was written (before each call).
+        pub(super) fn clear(&self) {
+            self.lock().clear();
+        }
+
+        /// What is kept, as text.
+        pub(super) fn contents(&self) -> String {
+            let bytes = self.lock();
+            let (front, back) = bytes.as_slices();
+            String::from_utf8_lossy(&[front, back].concat()).into_owned()
+        }
+    }
+
+    impl IsTerminal for Tail {
+        fn is_terminal(&self) -> bool {
+            false
+        }
+    }
+
+    impl StdoutStream for Tail {
+        fn p2_stream(&self) -> Box<dyn OutputStream> {
+            Box::new(self.clone())
+        }
+
+        fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+            Box::new(self.clone())
+        }
+    }
+
+    impl OutputStream for Tail {
+        fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+            self.push(&bytes);
+            Ok(())
+        }
+
+        fn flush(&mut self) -> StreamResult<()> {
+            Ok(())
+        }
+
+        fn check_write(&mut self) -> StreamResult<usize> {
+            Ok(64 << 10)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Pollable for Tail {
+        async fn ready(&mut self) {}
+    }
+
+    impl AsyncWrite for Tail {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+            self.push(data);
+            Poll::Ready(Ok(data.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn keeps_the_last_bytes_and_never_refuses() {
+            let tail = Tail::new(8);
+            let mut stream = tail.p2_stream();
+            for chunk in ["0123", "4567", "89ab"] {
+                stream.write(Bytes::from(chunk)).unwrap();
+            }
+            assert_eq!(tail.contents(), "456789ab");
+            stream.write(Bytes::from("a longer line than the tail")).unwrap();
+            assert_eq!(tail.contents(), "the tail");
+            tail.clear();
+            assert_eq!(tail.contents(), "");
+        }
+    }
 }

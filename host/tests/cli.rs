@@ -1,10 +1,15 @@
 //! The `waku` command, run as a person would: real binary, real files.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::guest_build::GuestBuild;
+use wakuwaku::projection::load_module_file;
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
 
 fn waku(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_waku")).args(args).current_dir(dir).output().expect("waku runs")
@@ -19,9 +24,13 @@ fn bank_wasm() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        GuestBuild { target_dir: Some(root.join("target/guests")), quiet: true, ..GuestBuild::new(root.join("examples/bank")) }
-            .run()
-            .expect("the bank example builds")
+        GuestBuild {
+            target_dir: Some(root.join("target/guests")),
+            quiet: true,
+            ..GuestBuild::new(root.join("examples/bank"))
+        }
+        .run()
+        .expect("the bank example builds")
     })
 }
 
@@ -59,7 +68,18 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
     std::fs::create_dir(&modules).unwrap();
     std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
     let out = waku(
-        &["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules", "--until-caught-up"],
+        &[
+            "run",
+            "--data",
+            "data",
+            "--projection",
+            "bank",
+            "--topic",
+            "accounts",
+            "--modules",
+            "modules",
+            "--until-caught-up",
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -93,7 +113,18 @@ fn publish_run_and_state_get_work_end_to_end() {
     std::fs::create_dir(&modules).unwrap();
     std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
     let out = waku(
-        &["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules", "--until-caught-up"],
+        &[
+            "run",
+            "--data",
+            "data",
+            "--projection",
+            "bank",
+            "--topic",
+            "accounts",
+            "--modules",
+            "modules",
+            "--until-caught-up",
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -101,8 +132,16 @@ fn publish_run_and_state_get_work_end_to_end() {
 
     let out = waku(
         &[
-            "state", "get", "--data", "data", "--projection", "bank", "--module", &module,
-            "--event", r#"AccountOpened={"account":42,"owner":""}"#,
+            "state",
+            "get",
+            "--data",
+            "data",
+            "--projection",
+            "bank",
+            "--module",
+            &module,
+            "--event",
+            r#"AccountOpened={"account":42,"owner":""}"#,
         ],
         dir.path(),
     );
@@ -126,7 +165,18 @@ fn publish_run_and_state_get_work_end_to_end() {
 
     // Running again consumes nothing: the position was committed.
     let out = waku(
-        &["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules", "--until-caught-up"],
+        &[
+            "run",
+            "--data",
+            "data",
+            "--projection",
+            "bank",
+            "--topic",
+            "accounts",
+            "--modules",
+            "modules",
+            "--until-caught-up",
+        ],
         dir.path(),
     );
     assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
@@ -135,7 +185,8 @@ fn publish_run_and_state_get_work_end_to_end() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let out = waku(&["run", "--data", "data", "--projection", "bank", "--topic", "t", "--modules", "nowhere"], dir.path());
+    let out =
+        waku(&["run", "--data", "data", "--projection", "bank", "--topic", "t", "--modules", "nowhere"], dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("nowhere"), "{}", text(&out.stderr));
 
@@ -149,4 +200,170 @@ fn bad_input_gets_a_clear_error() {
 
     let out = waku(&["frobnicate"], dir.path());
     assert_eq!(out.status.code(), Some(2), "usage errors exit 2");
+}
+
+#[test]
+fn sandbox_limit_flags_reach_the_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let modules = dir.path().join("modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    let run = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+
+    // The bank module needs more than one core instance: it cannot load.
+    let out = waku(&[&run[..], &["--until-caught-up", "--max-instances", "1"]].concat(), dir.path());
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("waku: error: a module does not fit the sandbox limits; raise them"), "{stderr}");
+    assert!(stderr.contains("module `bank` could not be instantiated within the sandbox limits"), "{stderr}");
+    assert!(stderr.contains("1 instances"), "{stderr}");
+    assert!(stderr.contains("instance count"), "{stderr}");
+
+    let out = waku(&[&run[..], &["--max-emit-kib", "0"]].concat(), dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--max-emit-kib must be at least 1"), "{}", text(&out.stderr));
+}
+
+/// What a projection's state file holds: every key's entries, the counters,
+/// and the counts of applied/skipped/malformed events.
+type StateDump = (BTreeMap<u64, Vec<(String, Vec<u8>)>>, Vec<(String, i64)>, Vec<(String, u64)>);
+
+fn dump_state(data: &Path, projection: &str) -> StateDump {
+    let store = StateStore::open(&data.join("projections").join(format!("{projection}.redb"))).unwrap();
+    let entries = store.keys().unwrap().into_iter().map(|key| (key, store.entries(key).unwrap())).collect();
+    (entries, store.counters().unwrap(), store.stats().unwrap())
+}
+
+/// The number in a summary line, `consumed N events in …`.
+fn consumed(stdout: &str) -> u64 {
+    let rest = stdout.split("consumed ").nth(1).unwrap_or_else(|| panic!("no summary in {stdout:?}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// `waku run` (following the topic) gets `signal` while it consumes a
+/// workload in small batches (16 events): it finishes the batch in flight, commits and
+/// exits 0 promptly; a second run picks up exactly where it stopped, and the
+/// read model equals an uninterrupted run's and the oracle.
+#[cfg(unix)]
+fn a_signal_stops_the_run_after_the_batch_in_flight(signal: &str) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    const EVENTS: usize = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let (events, oracle) = demo::workload(WorkloadSpec { events: EVENTS, accounts: 200, seed: 7 });
+    let lines: Vec<String> =
+        events.iter().map(|e| serde_json::json!({ "type": e.type_name, "body": e.body }).to_string()).collect();
+    let file = write_lines(dir.path(), "events.jsonl", &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = waku(
+        &["publish", "--data", "uninterrupted", "--topic", "accounts", "--partitions", "2", "--module", &module, &file],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The same log for both runs.
+    std::fs::create_dir(dir.path().join("interrupted")).unwrap();
+    std::fs::copy(dir.path().join("uninterrupted/log.redb"), dir.path().join("interrupted/log.redb")).unwrap();
+    let modules = dir.path().join("modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    fn run(data: &str) -> [&str; 9] {
+        ["run", "--data", data, "--projection", "bank", "--topic", "accounts", "--modules", "modules"]
+    }
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
+        .args(run("interrupted"))
+        .args(["--batch-size", "16"])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (stderr_tx, stderr_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = stderr_tx.send(line);
+        }
+    });
+    // The banner's last line comes once the modules are loaded; then let a
+    // few batches commit.
+    let mut stderr_lines = Vec::new();
+    while !stderr_lines.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
+        match stderr_rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => stderr_lines.push(line),
+            Err(_) => panic!("`waku run` printed no banner: {stderr_lines:?}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+
+    let signalled = Instant::now();
+    let kill = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("`waku run` did not exit within 10 s of SIG{signal}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    stderr_lines.extend(stderr_rx.try_iter());
+    assert_eq!(status.code(), Some(0), "SIG{signal}: {status}; stderr: {stderr_lines:#?}");
+    assert!(stderr_lines.iter().any(|line| line.contains("stopping after the batch in flight")), "{stderr_lines:#?}");
+    let before = consumed(&stdout);
+    assert!(before > 0, "nothing was committed before SIG{signal}: {stdout}");
+    assert!(
+        before < EVENTS as u64,
+        "the whole workload was consumed before SIG{signal} arrived; the test needs a bigger workload"
+    );
+
+    // The rest, then an uninterrupted run of the same log.
+    let out = waku(&[&run("interrupted")[..], &["--until-caught-up"]].concat(), dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let after = consumed(&text(&out.stdout));
+    assert_eq!(before + after, EVENTS as u64, "events were lost or consumed twice: {before} + {after}");
+    let out = waku(&[&run("uninterrupted")[..], &["--until-caught-up"]].concat(), dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(consumed(&text(&out.stdout)), EVENTS as u64);
+
+    assert_eq!(
+        dump_state(&dir.path().join("interrupted"), "bank"),
+        dump_state(&dir.path().join("uninterrupted"), "bank")
+    );
+    let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+    let bank = load_module_file(&sandbox, bank_wasm()).unwrap();
+    let store = StateStore::open(&dir.path().join("interrupted/projections/bank.redb")).unwrap();
+    let check = demo::check_projection(&oracle, &*bank, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(5));
+    drop(store);
+    // And as a person would look at it.
+    let account = serde_json::json!({ "account": events[0].account, "owner": "" }).to_string();
+    let state_get = |data: &str| {
+        let event = format!("AccountOpened={account}");
+        let out = waku(
+            &["state", "get", "--data", data, "--projection", "bank", "--module", &module, "--event", &event],
+            dir.path(),
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert_eq!(state_get("interrupted"), state_get("uninterrupted"));
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_finishes_the_batch_in_flight_commits_and_exits_0() {
+    a_signal_stops_the_run_after_the_batch_in_flight("TERM");
+}
+
+#[cfg(unix)]
+#[test]
+fn sigint_finishes_the_batch_in_flight_commits_and_exits_0() {
+    a_signal_stops_the_run_after_the_batch_in_flight("INT");
 }

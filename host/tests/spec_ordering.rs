@@ -16,7 +16,7 @@ mod tests {
     fn closing_waits_for_every_earlier_event() {
         let record = |key, tag, ordering| PlanRecord { key, tag, ordering };
         let batch = [
-            record(42, OPENED, Acquire),   // 0
+            record(42, OPENED, Acquire),    // 0
             record(42, DEPOSITED, Relaxed), // 1
             record(7, DEPOSITED, Relaxed),  // 2  another account
             record(42, WITHDRAWN, Relaxed), // 3

@@ -7,6 +7,8 @@
 //!    host (same planner, reduction, state and commits).
 //! 3. **wasm per event**: the bank component called once per event in log
 //!    order, without planning or reduction, with the same commits.
+//! 4. **wasm, small batches**: as 1, with batches of 4096 instead of the
+//!    default 16 384 (fewer events per key per batch to fold).
 //!
 //! Each way consumes the same log into a fresh state store; each is checked
 //! against the oracle, so a fast wrong answer cannot win. Prints events/s
@@ -33,6 +35,7 @@ use wakuwaku_tests::{bank_log, bank_module};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BATCH: usize = 16_384;
+const SMALL_BATCH: usize = 4096;
 const ROUNDS: usize = 2;
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -63,19 +66,25 @@ fn main() {
         ConsumerConfig::default().workers
     );
 
-    let mut best = [f64::MAX; 3];
+    let mut best = [f64::MAX; 4];
     for round in 0..ROUNDS {
         let state = |name: &str| StateStore::open(&dir.path().join(format!("{name}-{round}.redb"))).unwrap();
-        best[0] = best[0].min(runtime.block_on(through_host(&log, wasm.clone(), state("wasm"), &oracle)));
-        best[1] = best[1].min(runtime.block_on(through_host(&log, native.clone(), state("native"), &oracle)));
+        let host = |module: &Arc<dyn HandlerModule>, name, batch| {
+            runtime.block_on(through_host(&log, module.clone(), state(name), &oracle, batch))
+        };
+        best[0] = best[0].min(host(&wasm, "wasm", BATCH));
+        best[1] = best[1].min(host(&native, "native", BATCH));
         best[2] = best[2].min(runtime.block_on(per_event(&log, wasm.clone(), state("per-event"), &oracle)));
+        best[3] = best[3].min(host(&wasm, "wasm-small", SMALL_BATCH));
     }
     let rate = |secs: f64| spec.events as f64 / secs;
     println!("wasm modules through the host:       {:>12.0} events/s", rate(best[0]));
     println!("native handlers through the host:    {:>12.0} events/s", rate(best[1]));
     println!("wasm, one call per event, no plan:   {:>12.0} events/s", rate(best[2]));
+    println!("wasm through the host, batch {SMALL_BATCH}:  {:>12.0} events/s", rate(best[3]));
     println!("ratio native / wasm:                 {:>12.2}", best[0] / best[1]);
     println!("ratio wasm / wasm-per-event:         {:>12.2}", best[2] / best[0]);
+    println!("ratio batch {BATCH} / batch {SMALL_BATCH}:      {:>12.2}", best[3] / best[0]);
 }
 
 fn assert_matches(oracle: &Oracle, module: &dyn HandlerModule, store: &StateStore, way: &str) {
@@ -90,9 +99,10 @@ async fn through_host(
     module: Arc<dyn HandlerModule>,
     store: StateStore,
     oracle: &Oracle,
+    batch_size: usize,
 ) -> f64 {
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
-    let config = ConsumerConfig { batch_size: BATCH, ..ConsumerConfig::default() };
+    let config = ConsumerConfig { batch_size, ..ConsumerConfig::default() };
     let started = Instant::now();
     Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
     let secs = started.elapsed().as_secs_f64();

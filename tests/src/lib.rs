@@ -10,6 +10,8 @@
 //! - [`bank_log`] publishes a seeded bank workload into a fresh embedded log.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
+//! - [`liar`] builds hand-written components that break the contract
+//!   (garbage return values, bad descriptions, another world).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,6 +28,7 @@ use wakuwaku::plan::{PlanRecord, must_precede};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
+pub mod liar;
 pub mod native;
 
 /// The repository's root.

@@ -19,7 +19,8 @@ const NOTE: EventTypeTag = EventTypeTag::new(4);
 const FAIL: EventTypeTag = EventTypeTag::new(5);
 
 fn record(tag: EventTypeTag, key_hash: u64, body: serde_json::Value) -> Record {
-    let headers = EventHeaders { tag, key_hash, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
+    let headers =
+        EventHeaders { tag, key_hash, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
     Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
 }
 
@@ -69,7 +70,10 @@ async fn a_failing_handler_fails_the_batch_and_commits_nothing_of_it() {
     match &error {
         ConsumerError::Handler { projection: name, partition, offset, key, event_type, error: call, .. } => {
             assert_eq!((name.as_str(), *partition, *offset, *key, event_type.as_str()), ("probe", 0, 2, 1, "Fail"));
-            assert_eq!(call, &CallError::Handler { class: ErrorClass::Retryable, message: "the ledger is busy".into() });
+            assert_eq!(
+                call,
+                &CallError::Handler { class: ErrorClass::Retryable, message: "the ledger is busy".into() }
+            );
         }
         other => panic!("expected a handler error, got {other}"),
     }

@@ -24,11 +24,7 @@ const FAIL: EventTypeTag = EventTypeTag::new(5);
 const RECURSE: EventTypeTag = EventTypeTag::new(6);
 
 fn limits() -> SandboxLimits {
-    SandboxLimits {
-        memory_bytes: 16 << 20,
-        call_budget: Duration::from_millis(200),
-        ..SandboxLimits::default()
-    }
+    SandboxLimits { memory_bytes: 16 << 20, call_budget: Duration::from_millis(200), ..SandboxLimits::default() }
 }
 
 fn probe(limits: SandboxLimits) -> Arc<dyn HandlerModule> {
@@ -62,7 +58,9 @@ fn note(instance: &mut dyn HandlerInstance, scope: &mut KeyScope, text: &str) ->
 
 fn assert_trap(result: Result<(), CallError>, expected: &str) {
     match result {
-        Err(CallError::Trap { reason }) => assert!(reason.contains(expected), "trap reason `{reason}` lacks `{expected}`"),
+        Err(CallError::Trap { reason }) => {
+            assert!(reason.contains(expected), "trap reason `{reason}` lacks `{expected}`")
+        }
         other => panic!("expected a trap mentioning `{expected}`, got {other:?}"),
     }
 }
@@ -138,10 +136,14 @@ fn a_handler_error_keeps_its_class_and_drops_the_calls_writes() {
 
 #[test]
 fn oversized_state_values_are_refused_with_the_limit_named() {
-    let module = probe(SandboxLimits { payload: PayloadLimits { max_state_value: 8, ..PayloadLimits::default() }, ..limits() });
+    let module = probe(limits());
     let harness = Harness::new();
     let mut instance = module.instantiate().unwrap();
-    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), PayloadLimits { max_state_value: 8, ..PayloadLimits::default() });
+    let mut scope = KeyScope::new(
+        1,
+        Arc::new(harness.store.reader().unwrap()),
+        PayloadLimits { max_state_value: 8, ..PayloadLimits::default() },
+    );
     let result = note(&mut *instance, &mut scope, "far more than eight bytes");
     match result {
         Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => {
@@ -194,17 +196,19 @@ async fn emitted_messages_are_published_after_the_commit() {
     let events = (0..20u64)
         .map(|i| Outgoing {
             tag: NOTE,
-            body: serde_json::to_vec(&json!({ "key": i % 5, "text": format!("n{i}"), "emit_to": "notes-out" })).unwrap(),
+            body: serde_json::to_vec(&json!({ "key": i % 5, "text": format!("n{i}"), "emit_to": "notes-out" }))
+                .unwrap(),
         })
         .collect();
     publish::publish(&*log, "probes", module.clone(), events, None, 2).await.unwrap();
 
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
-    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 8, ..Default::default() })
-        .catch_up()
-        .await
-        .unwrap();
+    let summary =
+        Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 8, ..Default::default() })
+            .catch_up()
+            .await
+            .unwrap();
     assert_eq!(summary.applied, 20);
     assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 20)]);
     assert!(projection.store().outbox().unwrap().is_empty(), "the outbox was not cleared");
@@ -213,4 +217,142 @@ async fn emitted_messages_are_published_after_the_commit() {
         emitted += log.end_offset("notes-out", partition).await.unwrap();
     }
     assert_eq!(emitted, 20);
+}
+
+const PEEK: EventTypeTag = EventTypeTag::new(7);
+
+fn note_to(instance: &mut dyn HandlerInstance, scope: &mut KeyScope, text: &str, topic: &str) -> Result<(), CallError> {
+    instance.handle(scope, NOTE, &body(json!({ "key": 1, "text": text, "emit_to": topic })))
+}
+
+#[test]
+fn oversized_emits_are_refused_with_the_limit_named() {
+    let payload = PayloadLimits { max_emit_body: 64, ..PayloadLimits::default() };
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), payload);
+    match note_to(&mut *instance, &mut scope, &"x".repeat(100), "out") {
+        Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => {
+            assert!(message.contains("over the limit of 64 bytes"), "{message}");
+            assert!(message.contains("cannot emit Note to `out`"), "{message}");
+        }
+        other => panic!("expected an unrecoverable error naming the limit, got {other:?}"),
+    }
+    assert_eq!(scope.get("last"), None, "the refused call left a write");
+    // A body within the limit is queued, and the call's writes are kept.
+    note_to(&mut *instance, &mut scope, "short", "out").unwrap();
+    assert_eq!(scope.get("last"), Some(b"\"short\"".to_vec()));
+    let outbox = scope.into_outcome().outbox;
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(outbox[0].topic, "out");
+}
+
+/// Collects what `tracing` writes while `f` runs on this thread.
+fn capture_logs(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn oversized_log_lines_are_cut_and_the_call_succeeds() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits { max_log_line: 32, ..PayloadLimits::default() };
+    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), payload);
+    let text = "y".repeat(10_000);
+    let logs = capture_logs(|| note(&mut *instance, &mut scope, &text).unwrap());
+    let line = logs.lines().find(|line| line.contains("noted")).unwrap_or_else(|| panic!("no log line in {logs:?}"));
+    assert!(line.contains(&format!("noted {}", "y".repeat(32 - "noted ".len()))), "{line}");
+    assert!(line.contains("[…cut]"), "{line}");
+    assert!(!line.contains(&"y".repeat(32)), "the line was not cut at 32 bytes: {line}");
+    // The call succeeded: its write is kept in full.
+    assert_eq!(scope.get("last").map(|value| value.len()), Some(text.len() + 2));
+}
+
+#[test]
+fn the_wasi_context_grants_no_environment_arguments_clock_files_or_network() {
+    assert!(std::env::vars_os().count() > 0, "the host process has an environment to leak");
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    instance.handle(&mut scope, PEEK, &body(json!({ "key": 1 }))).unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&scope.get("surroundings").unwrap()).unwrap();
+    assert_eq!(seen["env_vars"], 0, "{seen}");
+    assert_eq!(seen["args"], 0, "{seen}");
+    assert_eq!(seen["wall_clock_secs"], 0, "the wall clock is not frozen at the epoch: {seen}");
+    assert_eq!(seen["monotonic_nanos"], 0, "the monotonic clock moves: {seen}");
+    for denied in ["read_root", "open_file", "tcp_connect", "name_lookup"] {
+        assert!(seen[denied].get("Err").is_some(), "`{denied}` succeeded: {seen}");
+    }
+}
+
+#[test]
+fn the_call_budget_is_the_configured_one() {
+    let harness = Harness::new();
+    for budget_ms in [100, 500] {
+        let budget = Duration::from_millis(budget_ms);
+        let module = probe(SandboxLimits { call_budget: budget, ..limits() });
+        let mut instance = module.instantiate().unwrap();
+        let mut scope = harness.scope(1);
+        let started = Instant::now();
+        assert_trap(instance.handle(&mut scope, SPIN, &body(json!({ "key": 1 }))), "CPU budget");
+        let elapsed = started.elapsed();
+        assert!(elapsed + Duration::from_millis(20) >= budget, "a {budget:?} budget trapped after {elapsed:?}");
+        assert!(elapsed < budget + Duration::from_secs(3), "a {budget:?} budget trapped after {elapsed:?}");
+    }
+}
+
+#[test]
+fn the_wasm_stack_limit_is_the_configured_one() {
+    let harness = Harness::new();
+    let recurse = body(json!({ "key": 1, "depth": 2_000 }));
+    let roomy = probe(limits());
+    roomy.instantiate().unwrap().handle(&mut harness.scope(1), RECURSE, &recurse).unwrap();
+    let cramped = probe(SandboxLimits { max_wasm_stack: 16 << 10, ..limits() });
+    assert_trap(cramped.instantiate().unwrap().handle(&mut harness.scope(1), RECURSE, &recurse), "stack overflow");
+}
+
+#[test]
+fn table_and_instance_limits_are_enforced_at_instantiation() {
+    let probe_bytes = std::fs::read(probe_wasm()).unwrap();
+    for (what, limits) in [
+        ("table", SandboxLimits { table_elements: 1, ..limits() }),
+        ("instance", SandboxLimits { instances: 1, ..limits() }),
+    ] {
+        let sandbox = Sandbox::new(limits).unwrap();
+        match sandbox.load("probe", &probe_bytes) {
+            Err(error) => {
+                let message = error.to_string();
+                let LoadError::Instantiate { module, limits: shown, reason } = error else {
+                    panic!("expected an instantiation error, got {message}")
+                };
+                assert_eq!((module.as_str(), shown), ("probe", limits));
+                assert!(reason.contains(what), "the reason does not name the {what} limit: {reason}");
+                assert!(message.contains(&format!("1 {what}")), "the message does not show the limit: {message}");
+            }
+            Ok(_) => panic!("the probe loaded under a {what} limit of 1"),
+        }
+    }
 }

@@ -12,18 +12,13 @@
 //! | [`AccountStatusChanged`] | 5 | non-associative | per message: active relaxed, frozen acq-rel, closed release |
 //!
 //! The read model is one state entry [`ACCOUNT`] per key, the JSON of an
-//! [`Account`], plus one counter shared by all keys, [`OPEN_ACCOUNTS`]. The
-//! business rules live in [`apply`], a pure function over [`BankEvent`], so
-//! a native oracle ([`Ledger`]) can replay a log in log order with the same
-//! rules and compare its accounts with what the host computed.
+//! [`Account`], plus one counter shared by all keys, [`OPEN_ACCOUNTS`].
 //!
 //! Deposits and withdrawals only add signed amounts (the command side already
 //! checked overdrafts), and amounts and counts add with wrapping arithmetic:
 //! so applying a run of deposits one by one, or folded by [`Deposited`]'s
 //! `combine`, gives the same account, and so does reordering deposits against
 //! withdrawals, as the planner may.
-
-use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{Algebra, Context, Event, EventAtomicOrdering, EventTypeTag, Handler, HandlerError, PartitionKey};
@@ -222,129 +217,6 @@ pub struct Account {
     pub status_changes: u64,
 }
 
-/// Any bank event, for native use: an oracle replaying a log, a publisher.
-/// Bodies on the log are the plain JSON of the inner structs, not of this
-/// enum.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BankEvent {
-    /// See [`AccountOpened`].
-    Opened(AccountOpened),
-    /// See [`Deposited`].
-    Deposited(Deposited),
-    /// See [`Withdrawn`].
-    Withdrawn(Withdrawn),
-    /// See [`AccountClosed`].
-    Closed(AccountClosed),
-    /// See [`AccountStatusChanged`].
-    StatusChanged(AccountStatusChanged),
-}
-
-impl BankEvent {
-    /// Decodes a body with the type of `tag`.
-    pub fn decode(tag: u32, body: &[u8]) -> Result<Self, HandlerError> {
-        match EventTypeTag::new(tag) {
-            AccountOpened::TYPE_TAG => AccountOpened::decode(body).map(Self::Opened),
-            Deposited::TYPE_TAG => Deposited::decode(body).map(Self::Deposited),
-            Withdrawn::TYPE_TAG => Withdrawn::decode(body).map(Self::Withdrawn),
-            AccountClosed::TYPE_TAG => AccountClosed::decode(body).map(Self::Closed),
-            AccountStatusChanged::TYPE_TAG => AccountStatusChanged::decode(body).map(Self::StatusChanged),
-            _ => Err(HandlerError::unrecoverable(format!("no bank event type has tag {tag}"))),
-        }
-    }
-
-    /// The tag of its type.
-    pub fn tag(&self) -> EventTypeTag {
-        match self {
-            Self::Opened(_) => AccountOpened::TYPE_TAG,
-            Self::Deposited(_) => Deposited::TYPE_TAG,
-            Self::Withdrawn(_) => Withdrawn::TYPE_TAG,
-            Self::Closed(_) => AccountClosed::TYPE_TAG,
-            Self::StatusChanged(_) => AccountStatusChanged::TYPE_TAG,
-        }
-    }
-
-    /// Its body, as published.
-    pub fn encode(&self) -> Vec<u8> {
-        match self {
-            Self::Opened(e) => e.encode(),
-            Self::Deposited(e) => e.encode(),
-            Self::Withdrawn(e) => e.encode(),
-            Self::Closed(e) => e.encode(),
-            Self::StatusChanged(e) => e.encode(),
-        }
-    }
-
-    /// The account it is about.
-    pub fn account(&self) -> AccountId {
-        match self {
-            Self::Opened(e) => e.key(),
-            Self::Deposited(e) => e.key(),
-            Self::Withdrawn(e) => e.key(),
-            Self::Closed(e) => e.key(),
-            Self::StatusChanged(e) => e.key(),
-        }
-    }
-
-    /// The ordering it asks for.
-    pub fn atomic_ordering(&self) -> EventAtomicOrdering {
-        match self {
-            Self::Opened(e) => e.atomic_ordering(),
-            Self::Deposited(e) => e.atomic_ordering(),
-            Self::Withdrawn(e) => e.atomic_ordering(),
-            Self::Closed(e) => e.atomic_ordering(),
-            Self::StatusChanged(e) => e.atomic_ordering(),
-        }
-    }
-}
-
-impl From<AccountOpened> for BankEvent {
-    fn from(event: AccountOpened) -> Self {
-        Self::Opened(event)
-    }
-}
-impl From<Deposited> for BankEvent {
-    fn from(event: Deposited) -> Self {
-        Self::Deposited(event)
-    }
-}
-impl From<Withdrawn> for BankEvent {
-    fn from(event: Withdrawn) -> Self {
-        Self::Withdrawn(event)
-    }
-}
-impl From<AccountClosed> for BankEvent {
-    fn from(event: AccountClosed) -> Self {
-        Self::Closed(event)
-    }
-}
-impl From<AccountStatusChanged> for BankEvent {
-    fn from(event: AccountStatusChanged) -> Self {
-        Self::StatusChanged(event)
-    }
-}
-
-/// The business rules: applies one event to its account's read model. Never
-/// fails; an event for an account never opened applies to a default
-/// [`Account`].
-pub fn apply(account: &mut Account, event: &BankEvent) {
-    match event {
-        BankEvent::Opened(e) => apply_opened(account, e),
-        BankEvent::Deposited(e) => apply_deposited(account, e),
-        BankEvent::Withdrawn(e) => apply_withdrawn(account, e),
-        BankEvent::Closed(e) => apply_closed(account, e),
-        BankEvent::StatusChanged(e) => apply_status_changed(account, e),
-    }
-}
-
-/// What an event adds to the shared [`OPEN_ACCOUNTS`] counter.
-pub fn open_accounts_delta(event: &BankEvent) -> i64 {
-    match event {
-        BankEvent::Opened(_) => 1,
-        BankEvent::Closed(_) => -1,
-        _ => 0,
-    }
-}
-
 fn apply_opened(account: &mut Account, event: &AccountOpened) {
     account.owner.clone_from(&event.owner);
     account.status = AccountStatus::Active;
@@ -369,24 +241,6 @@ fn apply_closed(account: &mut Account, _: &AccountClosed) {
 fn apply_status_changed(account: &mut Account, event: &AccountStatusChanged) {
     account.status = event.status;
     account.status_changes += 1;
-}
-
-/// A native oracle: every account and the open-accounts counter, built by
-/// applying events one by one in log order with [`apply`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Ledger {
-    /// Every account that saw an event.
-    pub accounts: BTreeMap<AccountId, Account>,
-    /// The [`OPEN_ACCOUNTS`] counter.
-    pub open_accounts: i64,
-}
-
-impl Ledger {
-    /// Applies one event.
-    pub fn apply(&mut self, event: &BankEvent) {
-        apply(self.accounts.entry(event.account()).or_default(), event);
-        self.open_accounts += open_accounts_delta(event);
-    }
 }
 
 /// The module: keeps an [`Account`] per key and the [`OPEN_ACCOUNTS`] counter.
@@ -554,30 +408,6 @@ mod tests {
             Account { owner: "bob".into(), balance: 9, deposits: 1, opened: 1, ..Account::default() }
         );
         assert_eq!(host.counter(OPEN_ACCOUNTS), 2);
-    }
-
-    #[test]
-    fn the_ledger_agrees_with_the_module() {
-        let log: Vec<BankEvent> = vec![
-            opened(ALICE, "alice").into(),
-            Deposited::new(ALICE, 10).into(),
-            Withdrawn { account: BOB, amount: 4 }.into(),
-            AccountStatusChanged { account: ALICE, status: AccountStatus::Frozen }.into(),
-            Deposited::new(ALICE, 5).into(),
-            AccountClosed { account: ALICE }.into(),
-        ];
-        let mut ledger = Ledger::default();
-        let mut host = MemoryHost::new();
-        for event in &log {
-            ledger.apply(event);
-            let key = event.account().key_hash();
-            host.handle_bodies::<Bank>(event.tag().get(), key, &[event.encode()]).unwrap();
-            assert_eq!(BankEvent::decode(event.tag().get(), &event.encode()).unwrap(), *event);
-        }
-        for (id, expected) in &ledger.accounts {
-            assert_eq!(host.get::<Account>(id, ACCOUNT).as_ref(), Some(expected));
-        }
-        assert_eq!(host.counter(OPEN_ACCOUNTS), ledger.open_accounts);
     }
 
     #[test]

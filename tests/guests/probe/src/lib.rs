@@ -1,6 +1,8 @@
 //! A handler module for the host's own tests. Each event type asks it to do
 //! one thing, well or badly, so tests can check what the sandbox and the
-//! consumer do about it.
+//! consumer do about it: spin, hog memory, panic, note (state, counter,
+//! log, emit), fail by class, recurse, chatter on stderr, or peek at its
+//! surroundings.
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{Context, ErrorClass, Event, EventTypeTag, Handler, HandlerError, PartitionKey};
@@ -39,6 +41,8 @@ probe_event!(Panic, 3, { message: String });
 probe_event!(Note, 4, { text: String, emit_to: Option<String> });
 probe_event!(Fail, 5, { class: String, message: String });
 probe_event!(Recurse, 6, { depth: u64 });
+probe_event!(Peek, 7, {});
+probe_event!(Chatter, 40, { lines: u64 });
 
 /// The probe module.
 pub struct Probe;
@@ -108,4 +112,44 @@ impl Handler<Recurse> for Probe {
     }
 }
 
-wakuwaku_guest::export_module!(Probe: Spin, Hog, Panic, Note, Fail, Recurse);
+impl Handler<Chatter> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[Chatter]) -> Result<(), HandlerError> {
+        for line in 0..events[0].lines {
+            eprintln!("chatter line {line}: a guest that prints a lot to stderr");
+        }
+        ctx.set("chattered", &events[0].lines)
+    }
+}
+
+/// Looks around the sandbox: environment, arguments, clocks, files and the
+/// network. Writes what it saw to the state entry `surroundings`, a JSON
+/// object with `env_vars` and `args` (counts), `wall_clock_secs` (seconds
+/// since the Unix epoch), `monotonic_nanos` (how far the monotonic clock
+/// moved across a busy loop), and `read_root`, `open_file`, `tcp_connect`,
+/// `name_lookup` (each `{"Ok": …}` or `{"Err": "<error>"}`).
+impl Handler<Peek> for Probe {
+    fn handle(ctx: &mut Context<'_>, _: &[Peek]) -> Result<(), HandlerError> {
+        use std::net::ToSocketAddrs;
+        use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+        let error = |e: std::io::Error| e.to_string();
+        let started = Instant::now();
+        let mut spun = 0u64;
+        for i in 0..1_000_000u64 {
+            spun = std::hint::black_box(spun.wrapping_add(i));
+        }
+        let surroundings = serde_json::json!({
+            "env_vars": std::env::vars_os().count(),
+            "args": std::env::args_os().count(),
+            "wall_clock_secs": SystemTime::now().duration_since(UNIX_EPOCH).map_or(u64::MAX, |d| d.as_secs()),
+            "monotonic_nanos": started.elapsed().as_nanos() as u64,
+            "read_root": std::fs::read_dir("/").map(|entries| entries.count()).map_err(error),
+            "open_file": std::fs::read("/etc/passwd").map(|bytes| bytes.len()).map_err(error),
+            "tcp_connect": std::net::TcpStream::connect(("127.0.0.1", 9)).map(|_| ()).map_err(error),
+            "name_lookup": ("localhost", 80).to_socket_addrs().map(|addrs| addrs.count()).map_err(error),
+        });
+        ctx.set("surroundings", &surroundings)
+    }
+}
+
+wakuwaku_guest::export_module!(Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek);

@@ -404,7 +404,9 @@ impl fmt::Debug for Plan {
         struct KeyView<'a>(&'a Plan, &'a PlanKey);
         impl fmt::Debug for KeyView<'_> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_list().entries(self.0.segments(self.1).iter().map(|segment| SegmentView(self.0, segment))).finish()
+                f.debug_list()
+                    .entries(self.0.segments(self.1).iter().map(|segment| SegmentView(self.0, segment)))
+                    .finish()
             }
         }
         f.debug_map().entries(self.keys.iter().map(|key| (key.hash, KeyView(self, key)))).finish()
@@ -618,9 +620,16 @@ impl SegmentBuilder {
     }
 }
 
-/// Helpers for tests anywhere in the crate.
-#[cfg(test)]
-pub(crate) mod test_support {
+/// Helpers for tests: a checker that a plan keeps every order the spec
+/// requires.
+///
+/// Compiled for this crate's tests, and public with the `test-support`
+/// feature, for tests and fuzz targets elsewhere (the `planner` fuzz target
+/// runs it on every input). A feature rather than an always-public hidden
+/// module: the checker is quadratic in the batch and only meant for tests,
+/// so normal builds neither compile it nor offer it.
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support {
     use super::{EventTypeTag, Plan, PlanRecord, Stage, must_precede};
 
     /// Checks `plan` against `records` and returns why it is wrong, with the
@@ -629,7 +638,7 @@ pub(crate) mod test_support {
     /// keys once each, in order of first appearance; segments over
     /// consecutive stretches of their key's records; and every pair that
     /// [`must_precede`] kept in the plan's order.
-    pub(crate) fn check_plan(records: &[PlanRecord], plan: &Plan) -> Result<(), String> {
+    pub fn check_plan(records: &[PlanRecord], plan: &Plan) -> Result<(), String> {
         PlanChecker::default().check(records, plan)
     }
 
@@ -645,14 +654,14 @@ pub(crate) mod test_support {
 
     /// [`check_plan`] with buffers reused across calls.
     #[derive(Default)]
-    pub(crate) struct PlanChecker {
+    pub struct PlanChecker {
         places: Vec<Option<Place>>,
         tags: Vec<EventTypeTag>,
     }
 
     impl PlanChecker {
         /// See [`check_plan`].
-        pub(crate) fn check(&mut self, records: &[PlanRecord], plan: &Plan) -> Result<(), String> {
+        pub fn check(&mut self, records: &[PlanRecord], plan: &Plan) -> Result<(), String> {
             self.check_quietly(records, plan).map_err(|why| format!("{why}\n  input: {records:?}\n  plan: {plan:?}"))
         }
 
@@ -702,7 +711,10 @@ pub(crate) mod test_support {
                                     return Err(format!("run {:?} is not in log order", plan.records(run)));
                                 }
                                 last = Some(index);
-                                if self.places[index].replace(Place { segment: segment_id, stage, run: run_id, position }).is_some() {
+                                if self.places[index]
+                                    .replace(Place { segment: segment_id, stage, run: run_id, position })
+                                    .is_some()
+                                {
                                     return Err(format!("record {index} is planned twice"));
                                 }
                                 lo = lo.min(index);
@@ -741,7 +753,8 @@ pub(crate) mod test_support {
                     }
                     let (a, b) = (self.places[i].unwrap(), self.places[j].unwrap());
                     let kept = a.segment < b.segment
-                        || (a.segment == b.segment && (a.stage < b.stage || (a.run == b.run && a.position < b.position)));
+                        || (a.segment == b.segment
+                            && (a.stage < b.stage || (a.run == b.run && a.position < b.position)));
                     if !kept {
                         return Err(format!("record {i} must precede record {j}, but the plan does not order them so"));
                     }
@@ -908,16 +921,28 @@ mod tests {
 
     #[test]
     fn keys_are_listed_in_order_of_first_appearance() {
-        let batch = [record(30, A, Relaxed), record(10, A, Acquire), record(30, B, Release), record(20, A, Relaxed), record(10, A, Relaxed)];
+        let batch = [
+            record(30, A, Relaxed),
+            record(10, A, Acquire),
+            record(30, B, Release),
+            record(20, A, Relaxed),
+            record(10, A, Relaxed),
+        ];
         let plan = plan(&batch);
         assert_eq!(plan.keys().iter().map(PlanKey::key_hash).collect::<Vec<_>>(), [30, 10, 20]);
         let records: Vec<Vec<usize>> = plan
             .keys()
             .iter()
-            .map(|key| plan.segments(key).iter().flat_map(|s| plan.stages(s)).flat_map(|stage| match stage {
-                Stage::Head(run) | Stage::Tail(run) => plan.records(run).to_vec(),
-                Stage::Body(runs) => runs.iter().flat_map(|run| plan.records(run).iter().copied()).collect(),
-            }).collect())
+            .map(|key| {
+                plan.segments(key)
+                    .iter()
+                    .flat_map(|s| plan.stages(s))
+                    .flat_map(|stage| match stage {
+                        Stage::Head(run) | Stage::Tail(run) => plan.records(run).to_vec(),
+                        Stage::Body(runs) => runs.iter().flat_map(|run| plan.records(run).iter().copied()).collect(),
+                    })
+                    .collect()
+            })
             .collect();
         assert_eq!(records, [vec![0, 2], vec![1, 4], vec![3]]);
     }
@@ -936,7 +961,10 @@ mod tests {
         let plan = plan(&batch);
         let segment = &plan.segments(&plan.keys()[0])[0];
         let stages: Vec<_> = plan.stages(segment).collect();
-        assert!(matches!(stages[..], [Stage::Head(head), Stage::Tail(tail)] if head.tag() == A && tail.tag() == B), "{stages:?}");
+        assert!(
+            matches!(stages[..], [Stage::Head(head), Stage::Tail(tail)] if head.tag() == A && tail.tag() == B),
+            "{stages:?}"
+        );
     }
 
     #[test]
@@ -999,7 +1027,13 @@ mod tests {
 
         /// Checks `batch` and, depth-first, every batch that extends it,
         /// whose next record may use `keys` keys and `tags` types.
-        fn visit(batch: &mut Vec<PlanRecord>, keys: usize, tags: usize, plan: &mut Plan, checker: &mut PlanChecker) -> usize {
+        fn visit(
+            batch: &mut Vec<PlanRecord>,
+            keys: usize,
+            tags: usize,
+            plan: &mut Plan,
+            checker: &mut PlanChecker,
+        ) -> usize {
             plan.rebuild(batch);
             if let Err(why) = checker.check(batch, plan) {
                 panic!("{why}");
@@ -1044,7 +1078,8 @@ mod tests {
                         for first in firsts.iter().skip(thread).step_by(threads) {
                             batch.clear();
                             batch.push(*first);
-                            let (next_keys, next_tags) = allowed(keys, tags, first.key as usize, first.tag.get() as usize);
+                            let (next_keys, next_tags) =
+                                allowed(keys, tags, first.key as usize, first.tag.get() as usize);
                             checked += visit(&mut batch, next_keys, next_tags, &mut plan, &mut checker);
                         }
                         checked

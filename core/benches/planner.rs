@@ -1,13 +1,13 @@
 //! Planner throughput: one batch of 1 M records over 10 k keys and 4 event
 //! types, with some fences (about 2% Acquire, 2% Release, 0.5% AcqRel).
 //!
-//! `cargo bench -p wakuwaku --bench planner` reports records per second.
+//! `cargo bench -p wakuwaku-core --bench planner` reports records per second.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use wakuwaku::event::{EventAtomicOrdering, EventTypeTag, KeyHash};
-use wakuwaku::plan::{Plan, PlanRecord};
+use wakuwaku_core::event::{EventAtomicOrdering, EventTypeTag, KeyHash};
+use wakuwaku_core::plan::{Plan, PlanRecord};
 
 const RECORDS: usize = 1_000_000;
 const KEYS: u64 = 10_000;

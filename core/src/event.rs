@@ -112,13 +112,8 @@ pub enum Algebra {
 
 impl Algebra {
     /// All algebras, in wire order.
-    pub const ALL: [Self; 5] = [
-        Self::NonAssociative,
-        Self::Commutative,
-        Self::Idempotent,
-        Self::IdempotentCommutative,
-        Self::Associative,
-    ];
+    pub const ALL: [Self; 5] =
+        [Self::NonAssociative, Self::Commutative, Self::Idempotent, Self::IdempotentCommutative, Self::Associative];
 
     const fn to_wire(self) -> u8 {
         match self {
@@ -248,10 +243,10 @@ impl EventHeaders {
             header_name::ALGEBRA,
         ];
         for (name, value) in headers {
-            if let Some(slot) = NAMES.iter().position(|known| *known == name) {
-                if fields[slot].replace(value).is_some() {
-                    return Err(HeaderError::Duplicate { name: NAMES[slot] });
-                }
+            if let Some(slot) = NAMES.iter().position(|known| *known == name)
+                && fields[slot].replace(value).is_some()
+            {
+                return Err(HeaderError::Duplicate { name: NAMES[slot] });
             }
         }
         let field = |slot: usize| fields[slot].ok_or(HeaderError::Missing { name: NAMES[slot] });
@@ -262,7 +257,8 @@ impl EventHeaders {
         let tag = u32::from_le_bytes(fixed(NAMES[1], field(1)?)?);
         let key_hash = u64::from_le_bytes(fixed(NAMES[2], field(2)?)?);
         let [ordering] = fixed::<1>(NAMES[3], field(3)?)?;
-        let ordering = EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
+        let ordering =
+            EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
         let [algebra] = fixed::<1>(NAMES[4], field(4)?)?;
         let algebra = Algebra::from_wire(algebra).ok_or(HeaderError::UnknownAlgebra { found: algebra })?;
         Ok(Self { tag: EventTypeTag::new(tag), key_hash, ordering, algebra })
@@ -328,7 +324,9 @@ mod tests {
 
     #[test]
     fn missing_header_is_named() {
-        for name in [header_name::VERSION, header_name::TAG, header_name::KEY_HASH, header_name::ORDERING, header_name::ALGEBRA] {
+        for name in
+            [header_name::VERSION, header_name::TAG, header_name::KEY_HASH, header_name::ORDERING, header_name::ALGEBRA]
+        {
             let headers: Vec<_> = sample().to_headers().into_iter().filter(|h| h.name != name).collect();
             assert_eq!(parse(&headers), Err(HeaderError::Missing { name }));
             assert!(parse(&headers).unwrap_err().to_string().contains(name));
@@ -339,7 +337,10 @@ mod tests {
     fn wrong_length_is_named() {
         let mut headers = sample().to_headers();
         headers[2].value.pop();
-        assert_eq!(parse(&headers), Err(HeaderError::WrongLength { name: header_name::KEY_HASH, expected: 8, found: 7 }));
+        assert_eq!(
+            parse(&headers),
+            Err(HeaderError::WrongLength { name: header_name::KEY_HASH, expected: 8, found: 7 })
+        );
         let mut headers = sample().to_headers();
         headers[1].value.push(0);
         assert_eq!(parse(&headers), Err(HeaderError::WrongLength { name: header_name::TAG, expected: 4, found: 5 }));

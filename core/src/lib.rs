@@ -1,0 +1,29 @@
+//! # wakuwaku-core
+//!
+//! The pure parts of [wakuwaku](https://docs.rs/wakuwaku): the event model
+//! with its header envelope, and the planner. No I/O, no WASM runtime, no
+//! async: just data in and data out.
+//!
+//! They live in a crate of their own so that what needs only them builds
+//! without the host's dependencies (wasmtime, redb, tokio). Chiefly the fuzz
+//! targets in `fuzz/`, which compile everything they link with sanitizer
+//! coverage, where building wasmtime would take most of the time budget; and
+//! any other crate (tooling, a publisher) that writes or reads headers or
+//! plans batches. The host re-exports both modules, so `wakuwaku::event`,
+//! `wakuwaku::plan` and the `wakuwaku::iggy` facade are the same items.
+//!
+//! ## Layout
+//!
+//! - [`event`]: type tags, orderings, algebras, key hashes and the strict
+//!   header envelope every message carries.
+//! - [`plan`]: the pure planner: records in, plan out, no I/O.
+//!
+//! ## Features
+//!
+//! - `test-support`: makes `plan::test_support` public: the checker that a
+//!   plan keeps every order the spec requires, for tests and fuzz targets
+//!   outside this crate. Off by default, so the checker is not part of the
+//!   API that normal builds see; this crate's own tests always have it.
+
+pub mod event;
+pub mod plan;

@@ -1,0 +1,194 @@
+//! Components that break the contract (see `wakuwaku_tests::liar`): a bad
+//! description refuses the load with the reason; garbage return values trap
+//! the call cleanly and the same instance works again; components of another
+//! world are refused; and a module that traps on every call does not stop
+//! another module of the same projection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use wakuwaku::event::{EventAtomicOrdering, EventTypeTag};
+use wakuwaku::handler::{CallError, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::liar::{self, Describe, LIE, TRAP, TRUTH};
+use wakuwaku_tests::probe_wasm;
+
+const SPIN: EventTypeTag = EventTypeTag::new(1);
+const PANIC: EventTypeTag = EventTypeTag::new(3);
+const NOTE: EventTypeTag = EventTypeTag::new(4);
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxLimits { call_budget: Duration::from_millis(200), ..SandboxLimits::default() }).unwrap()
+}
+
+fn load_liar(sandbox: &Sandbox, describe: Describe) -> Result<Arc<dyn HandlerModule>, LoadError> {
+    Ok(Arc::new(sandbox.load("liar", &liar::liar(describe))?))
+}
+
+fn trap_reason<T: std::fmt::Debug>(result: Result<T, CallError>) -> String {
+    match result {
+        Err(CallError::Trap { reason }) => reason,
+        other => panic!("expected a trap, got {other:?}"),
+    }
+}
+
+fn bodies(value: serde_json::Value) -> Vec<Vec<u8>> {
+    vec![serde_json::to_vec(&value).unwrap()]
+}
+
+#[test]
+fn an_honest_liar_loads_and_describes_itself() {
+    let module = load_liar(&sandbox(), Describe::Honest).unwrap();
+    let described: Vec<(u32, &str, u32)> =
+        module.event_types().iter().map(|t| (t.tag.get(), t.name.as_str(), t.max_batch)).collect();
+    assert_eq!(described, [(100, "Truth", 16), (101, "Lie", 16), (102, "Trap", 16)]);
+}
+
+#[test]
+fn a_description_the_host_cannot_use_refuses_the_load_with_the_reason() {
+    let sandbox = sandbox();
+    for (describe, expected) in [
+        (Describe::DuplicateTag, "tag 100 is declared twice"),
+        (Describe::ZeroMaxBatch, "event type `Truth` declares max-batch 0"),
+        (Describe::OutOfBounds, "list pointer/length out of bounds"),
+    ] {
+        match load_liar(&sandbox, describe) {
+            Err(LoadError::Describe { module, reason }) => {
+                assert_eq!(module, "liar");
+                assert!(reason.contains(expected), "{describe:?}: `{reason}` lacks `{expected}`");
+            }
+            Err(other) => panic!("{describe:?}: expected a describe error, got {other}"),
+            Ok(_) => panic!("{describe:?}: the liar loaded"),
+        }
+    }
+}
+
+#[test]
+fn garbage_return_values_trap_cleanly_and_the_same_instance_works_next() {
+    let module = load_liar(&sandbox(), Describe::Honest).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+    let mut scope = KeyScope::new(42, Arc::new(store.reader().unwrap()), PayloadLimits::default());
+    let mut instance = module.instantiate().unwrap();
+    let body = b"{}".to_vec();
+    let many = vec![body.clone(); 3];
+
+    // Each export in turn returns something the host cannot lift; the next
+    // call on the same instance object answers properly.
+    let reason = trap_reason(instance.key(LIE, &body));
+    assert!(reason.contains("discriminant"), "key: {reason}");
+    assert_eq!(instance.key(TRUTH, &body), Ok(42));
+
+    let reason = trap_reason(instance.ordering(LIE, &body));
+    assert!(reason.contains("discriminant"), "ordering: {reason}");
+    assert_eq!(instance.ordering(TRUTH, &body), Ok(EventAtomicOrdering::Relaxed));
+
+    let reason = trap_reason(instance.combine(LIE, &many));
+    assert!(reason.contains("out of bounds"), "combine: {reason}");
+    assert_eq!(instance.combine(TRUTH, &many), Ok(Vec::new()));
+
+    let reason = trap_reason(instance.handle(&mut scope, LIE, &many));
+    assert!(reason.contains("out of bounds"), "handle: {reason}");
+    instance.handle(&mut scope, TRUTH, &many).unwrap();
+
+    let reason = trap_reason(instance.handle(&mut scope, TRAP, &many));
+    assert!(reason.contains("unreachable"), "handle: {reason}");
+    instance.handle(&mut scope, TRUTH, &many).unwrap();
+}
+
+#[test]
+fn components_of_another_world_are_refused() {
+    let sandbox = sandbox();
+    for (name, bytes) in [("greeter", liar::other_world()), ("impostor", liar::wrong_shape())] {
+        match sandbox.load(name, &bytes) {
+            Err(error @ LoadError::NotAHandler { .. }) => {
+                let message = error.to_string();
+                assert!(message.contains(&format!("module `{name}`")), "{message}");
+                assert!(message.contains("wakuwaku:handler"), "{message}");
+            }
+            Err(other) => panic!("{name}: expected NotAHandler, got {other}"),
+            Ok(_) => panic!("{name}: a component of another world loaded"),
+        }
+    }
+}
+
+/// A projection of the probe (tags 1..) and an honest liar (tags 100..).
+fn two_module_projection(dir: &std::path::Path) -> Arc<Projection> {
+    let sandbox = sandbox();
+    let probe = load_module_file(&sandbox, &probe_wasm()).unwrap();
+    let liar = load_liar(&sandbox, Describe::Honest).unwrap();
+    let store = StateStore::open(&dir.join("state.redb")).unwrap();
+    Arc::new(Projection::new("both", "mixed", vec![probe, liar], store).unwrap())
+}
+
+#[test]
+fn a_module_trapping_on_every_call_does_not_stop_the_other_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let projection = two_module_projection(dir.path());
+    let [probe, liar] = projection.modules() else { panic!("two modules") };
+    assert_eq!(projection.route(NOTE).map(|r| r.module), Some(0));
+    assert_eq!(projection.route(TRAP).map(|r| r.module), Some(1));
+    let reader = Arc::new(projection.store().reader().unwrap());
+    let scope = |key| KeyScope::new(key, reader.clone(), PayloadLimits::default());
+
+    let mut probe_instance = probe.instantiate().unwrap();
+    let mut liar_instance = liar.instantiate().unwrap();
+    let mut probe_scope = scope(1);
+    let mut liar_scope = scope(2);
+    for round in 0..5 {
+        // The liar fails every call, in every way it knows ...
+        trap_reason(liar_instance.handle(&mut liar_scope, TRAP, &[b"{}".to_vec()]));
+        trap_reason(liar_instance.handle(&mut liar_scope, LIE, &[b"{}".to_vec()]));
+        trap_reason(liar_instance.key(LIE, b"{}"));
+        // ... and the probe's calls go on, state and all.
+        let text = format!("round {round}");
+        probe_instance
+            .handle(&mut probe_scope, NOTE, &bodies(json!({ "key": 1, "text": text, "emit_to": null })))
+            .unwrap();
+        assert_eq!(probe_scope.get("last"), Some(serde_json::to_vec(&text).unwrap()));
+    }
+    // The other way round: the probe panics every call, the liar's truth holds.
+    for _ in 0..5 {
+        trap_reason(probe_instance.handle(&mut probe_scope, PANIC, &bodies(json!({ "key": 1, "message": "boom" }))));
+        liar_instance.handle(&mut liar_scope, TRUTH, &[b"{}".to_vec()]).unwrap();
+    }
+    assert_eq!(probe_scope.counter_get("notes"), 5);
+}
+
+#[test]
+fn a_module_burning_its_cpu_budget_does_not_stall_the_other_module_on_another_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let projection = two_module_projection(dir.path());
+    let [probe, liar] = projection.modules() else { panic!("two modules") };
+    let reader = Arc::new(projection.store().reader().unwrap());
+    let spinning = AtomicBool::new(true);
+
+    let (spins, truths) = std::thread::scope(|threads| {
+        let spinner = threads.spawn(|| {
+            let mut instance = probe.instantiate().unwrap();
+            let mut scope = KeyScope::new(1, reader.clone(), PayloadLimits::default());
+            let mut spins = 0;
+            for _ in 0..3 {
+                let reason = trap_reason(instance.handle(&mut scope, SPIN, &bodies(json!({ "key": 1 }))));
+                assert!(reason.contains("CPU budget"), "{reason}");
+                spins += 1;
+            }
+            spinning.store(false, Ordering::Relaxed);
+            spins
+        });
+        let mut instance = liar.instantiate().unwrap();
+        let mut scope = KeyScope::new(2, reader.clone(), PayloadLimits::default());
+        let mut truths = 0u64;
+        while spinning.load(Ordering::Relaxed) {
+            instance.handle(&mut scope, TRUTH, &[b"{}".to_vec()]).unwrap();
+            truths += 1;
+        }
+        (spinner.join().unwrap(), truths)
+    });
+    assert_eq!(spins, 3);
+    assert!(truths >= 10, "the liar made only {truths} calls while the probe spun for three budgets");
+}

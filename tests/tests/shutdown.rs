@@ -1,0 +1,155 @@
+//! `Consumer::follow` stops promptly: when its shutdown future resolves
+//! (even with every partition idle), and when one partition fails (the
+//! others stop too, so the error is returned at once, not at the next
+//! signal). The signal path end to end is in host/tests/cli.rs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
+use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::probe_wasm;
+
+const NOTE: EventTypeTag = EventTypeTag::new(4);
+
+/// The embedded log, except that reading one partition fails.
+struct BrokenPartition {
+    log: EmbeddedLog,
+    broken: u32,
+}
+
+impl EventLog for BrokenPartition {
+    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
+        self.log.create_topic(topic, partitions).await
+    }
+    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+        self.log.partitions(topic).await
+    }
+    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+        self.log.append(topic, batches).await
+    }
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        if partition == self.broken {
+            return Err(LogError::Corrupt {
+                topic: topic.to_owned(),
+                partition,
+                offset: from,
+                reason: "broken on purpose".into(),
+            });
+        }
+        self.log.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+        self.log.end_offset(topic, partition).await
+    }
+    async fn store_consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> Result<(), LogError> {
+        self.log.store_consumer_offset(consumer, topic, partition, next).await
+    }
+    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
+        self.log.consumer_offset(consumer, topic, partition).await
+    }
+}
+
+fn note(key: u64) -> Record {
+    let headers = EventHeaders {
+        tag: NOTE,
+        key_hash: key,
+        ordering: EventAtomicOrdering::Relaxed,
+        algebra: Algebra::NonAssociative,
+    };
+    let body = json!({ "key": key, "text": format!("note {key}"), "emit_to": null });
+    Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
+}
+
+async fn projection(dir: &std::path::Path) -> Arc<Projection> {
+    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let store = StateStore::open(&dir.join("probe.redb")).unwrap();
+    Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_returns_promptly_when_shutdown_resolves_on_idle_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 3).await.unwrap();
+    log.append("probes", vec![(0, vec![note(1), note(2)]), (2, vec![note(3)])]).await.unwrap();
+    let projection = projection(dir.path()).await;
+    let config = ConsumerConfig { idle_poll: Duration::from_secs(30), ..ConsumerConfig::default() };
+    let consumer = Consumer::new(log, projection.clone(), config);
+
+    // Everything is consumed long before the shutdown; the partitions then
+    // idle with a poll interval far longer than the test may take.
+    let shutdown = tokio::time::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let summary = tokio::time::timeout(Duration::from_secs(10), consumer.follow(shutdown))
+        .await
+        .expect("follow did not return after the shutdown")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "follow took {:?}", started.elapsed());
+    assert_eq!(summary.applied, 3);
+    assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 3)]);
+    assert_eq!(projection.store().position("probes", 0).unwrap(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_partition_stops_follow_without_waiting_for_a_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = BrokenPartition { log: EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), broken: 1 };
+    log.create_topic("probes", 2).await.unwrap();
+    log.append("probes", vec![(0, vec![note(1)]), (1, vec![note(2)])]).await.unwrap();
+    let projection = projection(dir.path()).await;
+    let consumer = Consumer::new(Arc::new(log), projection, ConsumerConfig::default());
+
+    let never = std::future::pending::<()>();
+    let result = tokio::time::timeout(Duration::from_secs(10), consumer.follow(never))
+        .await
+        .expect("follow kept the healthy partition running after the other one failed");
+    match result {
+        Err(ConsumerError::Log(LogError::Corrupt { partition: 1, reason, .. })) => {
+            assert_eq!(reason, "broken on purpose")
+        }
+        other => panic!("expected partition 1's error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catching_up_stops_on_shutdown_and_a_second_run_finishes_the_rest() {
+    use wakuwaku::demo::{self, WorkloadSpec};
+    use wakuwaku_tests::{bank_log, bank_module};
+
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let spec = WorkloadSpec { events: 20_000, accounts: 200, seed: 4 };
+    let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 2).await;
+    let open = || {
+        let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
+        Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap())
+    };
+    let config = ConsumerConfig { batch_size: 50, ..ConsumerConfig::default() };
+
+    let projection = open();
+    let consumer = Consumer::new(log.clone(), projection.clone(), config.clone());
+    let first = consumer.catch_up_or_stop(tokio::time::sleep(Duration::from_millis(300))).await.unwrap();
+    assert!(first.consumed < spec.events as u64, "the shutdown did not stop catching up");
+    let committed: u64 = (0..2).map(|p| projection.store().position("accounts", p).unwrap().unwrap_or(0)).sum();
+    assert_eq!(committed, first.consumed, "what was consumed is exactly what was committed");
+    drop((consumer, projection));
+
+    let projection = open();
+    let second = Consumer::new(log, projection.clone(), config).catch_up().await.unwrap();
+    assert_eq!(first.consumed + second.consumed, spec.events as u64);
+    let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+    assert!(check.matches(), "{}", check.report(5));
+}
