@@ -53,10 +53,11 @@ impl fmt::Display for EventTypeTag {
 ///
 /// The names mirror [`std::sync::atomic::Ordering`]; the "memory" is the
 /// stream of events of one key. See `spec/ordering.md`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventAtomicOrdering {
-    /// Only the order among events of its own type is kept.
+    /// Only the order among events of its own type is kept. The default.
+    #[default]
     Relaxed,
     /// Opens something: every later event of the key waits for it.
     Acquire,
@@ -69,6 +70,17 @@ pub enum EventAtomicOrdering {
 impl EventAtomicOrdering {
     /// All orderings, in wire order.
     pub const ALL: [Self; 4] = [Self::Relaxed, Self::Acquire, Self::Release, Self::AcqRel];
+
+    /// The name the WIT contract uses (`relaxed`, `acquire`, `release`,
+    /// `acq-rel`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Relaxed => "relaxed",
+            Self::Acquire => "acquire",
+            Self::Release => "release",
+            Self::AcqRel => "acq-rel",
+        }
+    }
 
     /// Whether later events of the key must wait for this one.
     pub const fn acquires(self) -> bool {
@@ -95,10 +107,11 @@ impl EventAtomicOrdering {
 }
 
 /// The law an event type obeys, which decides how a run may be reduced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Algebra {
-    /// No law: every event is delivered in log order.
+    /// No law: every event is delivered in log order. The default.
+    #[default]
     NonAssociative,
     /// a·b = b·a: nothing is dropped; the order inside a run may relax.
     Commutative,
@@ -115,6 +128,18 @@ impl Algebra {
     pub const ALL: [Self; 5] =
         [Self::NonAssociative, Self::Commutative, Self::Idempotent, Self::IdempotentCommutative, Self::Associative];
 
+    /// The name the WIT contract uses (`non-associative`, …,
+    /// `associative`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NonAssociative => "non-associative",
+            Self::Commutative => "commutative",
+            Self::Idempotent => "idempotent",
+            Self::IdempotentCommutative => "idempotent-commutative",
+            Self::Associative => "associative",
+        }
+    }
+
     const fn to_wire(self) -> u8 {
         match self {
             Self::NonAssociative => 0,
@@ -127,6 +152,18 @@ impl Algebra {
 
     fn from_wire(value: u8) -> Option<Self> {
         Self::ALL.get(usize::from(value)).copied()
+    }
+}
+
+impl fmt::Display for EventAtomicOrdering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Algebra {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

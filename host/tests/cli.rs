@@ -1,37 +1,27 @@
 //! The `waku` command, run as a person would: real binary, real files.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::Command;
 
+mod common;
+
+use common::{bank_wasm, text, waku};
 use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::guest_build::GuestBuild;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 
-fn waku(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_waku")).args(args).current_dir(dir).output().expect("waku runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The bank example, built once for this test binary.
-fn bank_wasm() -> &'static PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        GuestBuild {
-            target_dir: Some(root.join("target/guests")),
-            quiet: true,
-            ..GuestBuild::new(root.join("examples/bank"))
-        }
-        .run()
-        .expect("the bank example builds")
-    })
+/// `waku run --until-caught-up` of projection `bank` on topic `accounts` of
+/// `dir/data`, with the bank module in `dir/modules`.
+fn run_bank_until_caught_up(dir: &Path) -> std::process::Output {
+    let modules = dir.join("modules");
+    if !modules.exists() {
+        std::fs::create_dir(&modules).unwrap();
+        std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    }
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    waku(&[&args[..], &["--until-caught-up"]].concat(), dir)
 }
 
 fn write_lines(dir: &Path, name: &str, lines: &[&str]) -> String {
@@ -64,24 +54,7 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
         assert!(stderr.contains(expected), "`{expected}` not in {stderr}");
     }
     // Nothing reached the log: a consumer finds no event.
-    let modules = dir.path().join("modules");
-    std::fs::create_dir(&modules).unwrap();
-    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
-    let out = waku(
-        &[
-            "run",
-            "--data",
-            "data",
-            "--projection",
-            "bank",
-            "--topic",
-            "accounts",
-            "--modules",
-            "modules",
-            "--until-caught-up",
-        ],
-        dir.path(),
-    );
+    let out = run_bank_until_caught_up(dir.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
 }
@@ -109,24 +82,7 @@ fn publish_run_and_state_get_work_end_to_end() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "published 6 events to `accounts`");
 
-    let modules = dir.path().join("modules");
-    std::fs::create_dir(&modules).unwrap();
-    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
-    let out = waku(
-        &[
-            "run",
-            "--data",
-            "data",
-            "--projection",
-            "bank",
-            "--topic",
-            "accounts",
-            "--modules",
-            "modules",
-            "--until-caught-up",
-        ],
-        dir.path(),
-    );
+    let out = run_bank_until_caught_up(dir.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("consumed 6 events"), "{}", text(&out.stdout));
 
@@ -164,21 +120,7 @@ fn publish_run_and_state_get_work_end_to_end() {
     assert_eq!(&again["entries"]["account"], account);
 
     // Running again consumes nothing: the position was committed.
-    let out = waku(
-        &[
-            "run",
-            "--data",
-            "data",
-            "--projection",
-            "bank",
-            "--topic",
-            "accounts",
-            "--modules",
-            "modules",
-            "--until-caught-up",
-        ],
-        dir.path(),
-    );
+    let out = run_bank_until_caught_up(dir.path());
     assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
 }
 

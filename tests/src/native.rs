@@ -7,7 +7,7 @@
 
 use std::marker::PhantomData;
 
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash};
+use wakuwaku::event::{EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash};
 use wakuwaku::handler::{
     CallError, Emitted, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, LogLevel,
 };
@@ -28,7 +28,7 @@ impl<M: guest::Module + 'static> NativeModule<M> {
             .map(|info| EventType {
                 tag: EventTypeTag::new(info.tag),
                 name: info.name.to_owned(),
-                algebra: algebra(info.algebra),
+                algebra: info.algebra,
                 max_batch: info.max_batch,
             })
             .collect();
@@ -76,7 +76,7 @@ impl<M: guest::Module> HandlerInstance for NativeInstance<M> {
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
-        M::ordering(tag.get(), body).map(ordering).map_err(call_error)
+        M::ordering(tag.get(), body).map_err(call_error)
     }
 }
 
@@ -113,8 +113,8 @@ impl guest::HostApi for ScopeHost<'_> {
             headers: EventHeaders {
                 tag: EventTypeTag::new(message.tag),
                 key_hash: message.key_hash,
-                ordering: ordering(message.ordering),
-                algebra: algebra(message.algebra),
+                ordering: message.ordering,
+                algebra: message.algebra,
             },
             body: message.body,
         })
@@ -139,23 +139,4 @@ fn call_error(error: guest::HandlerError) -> CallError {
         guest::ErrorClass::Unrecoverable => ErrorClass::Unrecoverable,
     };
     CallError::Handler { class, message: error.message }
-}
-
-fn ordering(ordering: guest::EventAtomicOrdering) -> EventAtomicOrdering {
-    match ordering {
-        guest::EventAtomicOrdering::Relaxed => EventAtomicOrdering::Relaxed,
-        guest::EventAtomicOrdering::Acquire => EventAtomicOrdering::Acquire,
-        guest::EventAtomicOrdering::Release => EventAtomicOrdering::Release,
-        guest::EventAtomicOrdering::AcqRel => EventAtomicOrdering::AcqRel,
-    }
-}
-
-fn algebra(algebra: guest::Algebra) -> Algebra {
-    match algebra {
-        guest::Algebra::NonAssociative => Algebra::NonAssociative,
-        guest::Algebra::Commutative => Algebra::Commutative,
-        guest::Algebra::Idempotent => Algebra::Idempotent,
-        guest::Algebra::IdempotentCommutative => Algebra::IdempotentCommutative,
-        guest::Algebra::Associative => Algebra::Associative,
-    }
 }
