@@ -7,8 +7,10 @@
 //! parser); 3 the demo's oracle check failed; 130 `run` aborted by a second
 //! signal (as after a crash, nothing committed is lost).
 //!
-//! The sandbox's limits are flags of `run` and `demo`, one per field of
-//! [`SandboxLimits`], defaulting to the library's values.
+//! Every limit is a flag of `run` and `demo`, one per field of
+//! [`SandboxLimits`] (what the engine enforces) and of [`PayloadLimits`]
+//! (what the consumer's key scopes enforce), defaulting to the library's
+//! values.
 //!
 //! Data directory layout (`--data`, default `waku-data`):
 //! `log.redb` is the embedded log; `projections/<name>.redb` is a
