@@ -15,7 +15,9 @@
 //!    projection's store in one transaction. A crash at any moment leaves
 //!    the state exactly as if every event before the committed offset had
 //!    been applied once. The outbox is then published to the log and
-//!    cleared; a leftover outbox is published again at start-up.
+//!    cleared; a leftover outbox is published again at start-up. Appends
+//!    carry the outbox's sequence numbers ([`EventLog::append_as`]), so an
+//!    entry appended just before a crash is not appended again.
 //!
 //! A handler failure fails the batch before anything of it is committed,
 //! so nothing is lost or applied twice; the error names the partition,
@@ -497,30 +499,55 @@ impl<L: EventLog> Consumer<L> {
         let store = self.projection.store();
         let pending = store.outbox()?;
         let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
-        let mut by_topic: FxHashMap<String, Vec<(u32, Vec<crate::log::Record>)>> = FxHashMap::default();
-        let mut partition_counts: FxHashMap<String, u32> = FxHashMap::default();
-        for (_, entry) in pending {
-            let partitions = match partition_counts.get(&entry.topic) {
-                Some(&count) => count,
-                None => {
-                    let count = self.log.partitions(&entry.topic).await?;
-                    partition_counts.insert(entry.topic.clone(), count);
-                    count
-                }
-            };
-            let partition = partition_for(entry.partition_key, partitions);
-            let batches = by_topic.entry(entry.topic).or_default();
-            match batches.iter_mut().find(|(p, _)| *p == partition) {
-                Some((_, records)) => records.push(entry.record),
-                None => batches.push((partition, vec![entry.record])),
+        // Outbox sequence numbers stamp the appends, so entries a crash left
+        // behind after they were appended are recognised and not sent again.
+        let producer = outbox_producer(self.projection.name());
+        let mut by_topic: FxHashMap<String, TopicAppend> = FxHashMap::default();
+        for (sequence, entry) in pending {
+            if !by_topic.contains_key(&entry.topic) {
+                let append = TopicAppend {
+                    partitions: self.log.partitions(&entry.topic).await?,
+                    appended: self.log.producer_sequence(&entry.topic, &producer).await?,
+                    ..TopicAppend::default()
+                };
+                by_topic.insert(entry.topic.clone(), append);
             }
+            let append = by_topic.get_mut(&entry.topic).expect("inserted above");
+            if append.appended.is_some_and(|appended| sequence <= appended) {
+                continue;
+            }
+            let partition = partition_for(entry.partition_key, append.partitions);
+            match append.batches.iter_mut().find(|(p, _)| *p == partition) {
+                Some((_, records)) => records.push(entry.record),
+                None => append.batches.push((partition, vec![entry.record])),
+            }
+            append.last = sequence;
         }
-        for (topic, batches) in by_topic {
-            self.log.append(&topic, batches).await?;
+        for (topic, append) in by_topic {
+            if !append.batches.is_empty() {
+                self.log.append_as(&topic, append.batches, &producer, append.last).await?;
+            }
         }
         store.remove_outbox(last_seq)?;
         Ok(())
     }
+}
+
+/// The producer name a projection's outbox appends as
+/// ([`EventLog::append_as`]).
+pub fn outbox_producer(projection: &str) -> String {
+    format!("projection:{projection}")
+}
+
+/// What the outbox sends to one topic.
+#[derive(Default)]
+struct TopicAppend {
+    partitions: u32,
+    /// The last outbox sequence number already appended to the topic.
+    appended: Option<u64>,
+    batches: Vec<(u32, Vec<crate::log::Record>)>,
+    /// The highest sequence number in `batches`.
+    last: u64,
 }
 
 /// How far [`Consumer::consume`] goes.

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError, stat};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header};
+use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError, outbox_producer, stat};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::handler::{CallError, ErrorClass};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
 use wakuwaku_tests::probe_wasm;
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
@@ -84,4 +84,30 @@ async fn a_failing_handler_fails_the_batch_and_commits_nothing_of_it() {
     assert_eq!(store.position("probes", 0).unwrap(), None);
     assert!(store.keys().unwrap().is_empty());
     assert!(store.stats().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
+    let (_dir, log, projection) = setup(Vec::new()).await;
+    log.create_topic("notes-out", 2).await.unwrap();
+    // Three emitted messages, committed with a batch…
+    let entry = |i: u64| OutboxEntry {
+        topic: "notes-out".into(),
+        partition_key: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        record: record(NOTE, i, json!({ "key": i, "text": "out", "emit_to": null })),
+    };
+    let commit = BatchCommit { outbox: vec![entry(1), entry(2), entry(3)], ..BatchCommit::default() };
+    projection.store().commit(commit).unwrap();
+    // …of which the first two reached the log before the host crashed,
+    // before it could clear its outbox.
+    let pending = projection.store().outbox().unwrap();
+    let appended =
+        pending[..2].iter().map(|(_, e)| (partition_for(e.partition_key, 2), vec![e.record.clone()])).collect();
+    assert!(log.append_as("notes-out", appended, &outbox_producer("probe"), pending[1].0).await.unwrap());
+
+    // Starting again publishes the third, and only the third.
+    Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    let published = log.end_offset("notes-out", 0).await.unwrap() + log.end_offset("notes-out", 1).await.unwrap();
+    assert_eq!(published, 3);
+    assert!(projection.store().outbox().unwrap().is_empty());
 }

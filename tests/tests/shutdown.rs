@@ -34,6 +34,18 @@ impl EventLog for BrokenPartition {
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         self.log.append(topic, batches).await
     }
+    async fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, LogError> {
+        self.log.append_as(topic, batches, producer, sequence).await
+    }
+    async fn producer_sequence(&self, topic: &str, producer: &str) -> Result<Option<u64>, LogError> {
+        self.log.producer_sequence(topic, producer).await
+    }
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         if partition == self.broken {
             return Err(LogError::Corrupt {

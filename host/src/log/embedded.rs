@@ -39,6 +39,8 @@ use super::{EventLog, LogError, Record, StoredRecord};
 const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
 /// (consumer, topic, partition) → next offset.
 const CONSUMER_OFFSETS: TableDefinition<(&str, &str, u32), u64> = TableDefinition::new("consumer-offsets");
+/// (topic, producer) → the highest sequence number appended with `append_as`.
+const PRODUCERS: TableDefinition<(&str, &str), u64> = TableDefinition::new("producers");
 
 /// The longest topic name accepted, in bytes.
 pub const MAX_TOPIC_NAME_LEN: usize = 255;
@@ -123,7 +125,35 @@ impl EventLog for EmbeddedLog {
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();
-        self.blocking(move |inner| inner.append(&topic, batches)).await
+        self.blocking(move |inner| inner.append(&topic, batches, None).map(|_| ())).await
+    }
+
+    async fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, LogError> {
+        validate_topic_name(topic)?;
+        let (topic, producer) = (topic.to_owned(), producer.to_owned());
+        self.blocking(move |inner| inner.append(&topic, batches, Some((&producer, sequence)))).await
+    }
+
+    async fn producer_sequence(&self, topic: &str, producer: &str) -> Result<Option<u64>, LogError> {
+        validate_topic_name(topic)?;
+        let (topic, producer) = (topic.to_owned(), producer.to_owned());
+        self.blocking(move |inner| {
+            let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
+            let table = match txn.open_table(PRODUCERS) {
+                Ok(table) => table,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(inner.storage(e)),
+            };
+            let sequence = table.get((topic.as_str(), producer.as_str())).map_err(|e| inner.storage(e))?;
+            Ok(sequence.map(|s| s.value()))
+        })
+        .await
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
@@ -250,7 +280,14 @@ impl Inner {
         txn.commit().map_err(|e| self.storage(e))
     }
 
-    fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+    /// Appends in one transaction; with a producer stamp, only when its
+    /// sequence number is new, remembering it in the same transaction.
+    fn append(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        stamp: Option<(&str, u64)>,
+    ) -> Result<bool, LogError> {
         // Encode everything before taking the writer lock.
         let mut encoded = Vec::with_capacity(batches.len());
         for (partition, records) in &batches {
@@ -270,8 +307,15 @@ impl Inner {
             if let Some(&(partition, _)) = encoded.iter().find(|(partition, _)| *partition >= partitions) {
                 return Err(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions });
             }
-            if encoded.iter().all(|(_, blocks)| blocks.is_empty()) {
-                return Ok(());
+            if let Some((producer, sequence)) = stamp {
+                let mut producers = txn.open_table(PRODUCERS).map_err(|e| self.storage(e))?;
+                let known = producers.get((topic, producer)).map_err(|e| self.storage(e))?.map(|s| s.value());
+                if known.is_some_and(|known| known >= sequence) {
+                    return Ok(false);
+                }
+                producers.insert((topic, producer), sequence).map_err(|e| self.storage(e))?;
+            } else if encoded.iter().all(|(_, blocks)| blocks.is_empty()) {
+                return Ok(true);
             }
             for (partition, blocks) in &encoded {
                 if blocks.is_empty() {
@@ -287,7 +331,8 @@ impl Inner {
                 }
             }
         }
-        txn.commit().map_err(|e| self.storage(e))
+        txn.commit().map_err(|e| self.storage(e))?;
+        Ok(true)
     }
 
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
@@ -606,6 +651,33 @@ mod tests {
         let err = log.create_topic("a/b", 1).await.unwrap_err().to_string();
         assert!(err.contains("\"a/b\""), "{err}");
         log.create_topic(&"x".repeat(255), 1).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn append_as_appends_each_sequence_number_once_per_producer_and_topic() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 2).await.unwrap();
+        log.create_topic("u", 1).await.unwrap();
+        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), None);
+        assert!(log.append_as("t", vec![(0, records(0..3))], "p", 5).await.unwrap());
+        // The same stamp again, or an older one: nothing is appended.
+        assert!(!log.append_as("t", vec![(0, records(3..6))], "p", 5).await.unwrap());
+        assert!(!log.append_as("t", vec![(1, records(3..6))], "p", 4).await.unwrap());
+        assert_eq!((log.end_offset("t", 0).await.unwrap(), log.end_offset("t", 1).await.unwrap()), (3, 0));
+        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), Some(5));
+        // Other producers and other topics keep their own numbers.
+        assert!(log.append_as("t", vec![(1, records(0..1))], "q", 1).await.unwrap());
+        assert!(log.append_as("u", vec![(0, records(0..1))], "p", 1).await.unwrap());
+        assert!(log.append_as("t", vec![(0, records(3..4))], "p", 6).await.unwrap());
+        assert_eq!(log.end_offset("t", 0).await.unwrap(), 4);
+        // A refused append (no such partition) remembers nothing.
+        assert!(log.append_as("t", vec![(9, records(0..1))], "p", 7).await.is_err());
+        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), Some(6));
+        // And the numbers survive a reopen.
+        drop(log);
+        let log = open(&dir);
+        assert!(!log.append_as("t", vec![(0, records(0..1))], "p", 6).await.unwrap());
     }
 
     #[tokio::test]

@@ -172,6 +172,28 @@ pub trait EventLog: Send + Sync + 'static {
         batches: Vec<(u32, Vec<Record>)>,
     ) -> impl Future<Output = Result<(), LogError>> + Send;
 
+    /// [`EventLog::append`] as `producer`, stamped with `sequence`: the
+    /// records are stored and the sequence number remembered together, and
+    /// nothing is appended (`Ok(false)`) when `sequence` is not above the one
+    /// already remembered for this producer and topic. A producer that
+    /// retries after a crash or a lost answer therefore never appends the
+    /// same records twice.
+    fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> impl Future<Output = Result<bool, LogError>> + Send;
+
+    /// The highest sequence number `producer` appended to `topic` with
+    /// [`EventLog::append_as`], if any.
+    fn producer_sequence(
+        &self,
+        topic: &str,
+        producer: &str,
+    ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+
     /// Up to `max` records from offset `from` on, in offset order.
     ///
     /// Empty when `from` is at or past the end offset, or `max` is zero.
