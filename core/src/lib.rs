@@ -1,7 +1,7 @@
 //! # wakuwaku-core
 //!
 //! The pure parts of [wakuwaku](https://docs.rs/wakuwaku): the event model
-//! with its header envelope, and the planner. No I/O, no WASM runtime, no
+//! with its header envelope, the planner, and reduction. No I/O, no WASM runtime, no
 //! async: just data in and data out.
 //!
 //! They live in a crate of their own so that what needs only them builds
@@ -9,14 +9,17 @@
 //! targets in `fuzz/`, which compile everything they link with sanitizer
 //! coverage, where building wasmtime would take most of the time budget; and
 //! any other crate (tooling, a publisher) that writes or reads headers or
-//! plans batches. The host re-exports both modules, so `wakuwaku::event`,
-//! `wakuwaku::plan` and the `wakuwaku::iggy` facade are the same items.
+//! plans batches; and the guest SDK, whose test host reduces runs exactly as
+//! the host does. The host re-exports these modules, so `wakuwaku::event`,
+//! `wakuwaku::plan`, `wakuwaku::reduce` and the `wakuwaku::iggy` facade are
+//! the same items.
 //!
 //! ## Layout
 //!
 //! - [`event`]: type tags, orderings, algebras, key hashes and the strict
 //!   header envelope every message carries.
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
+//! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
 //!
 //! ## Features
 //!
@@ -27,3 +30,4 @@
 
 pub mod event;
 pub mod plan;
+pub mod reduce;

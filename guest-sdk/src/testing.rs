@@ -40,7 +40,9 @@ use serde::de::DeserializeOwned;
 use crate::context::{HostApi, Outgoing};
 use crate::event::{Event, Handler, PartitionKey};
 use crate::module::Module;
-use crate::types::{Algebra, HandlerError, Level};
+use wakuwaku_core::reduce::{chunks, reduce};
+
+use crate::types::{HandlerError, Level};
 
 /// A line a handler logged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,25 +98,18 @@ impl MemoryHost {
     }
 
     /// Like [`handle`](Self::handle), but first reduces each run with `E`'s
-    /// algebra as the host does: an associative run is folded into one event
-    /// with [`Module::combine`], an idempotent one loses adjacent duplicates,
-    /// an idempotent-commutative one is sorted and loses all duplicates.
+    /// algebra with the host's own reduction (`wakuwaku_core::reduce`): an
+    /// associative run of two or more events is folded into one with
+    /// [`Module::combine`], an idempotent one loses adjacent duplicates, an
+    /// idempotent-commutative one is sorted and loses all duplicates.
     pub fn handle_reduced<M, E>(&mut self, events: &[E]) -> Result<(), HandlerError>
     where
         M: Module + Handler<E>,
         E: Event,
     {
         let tag = E::TYPE_TAG.get();
-        for (key_hash, mut bodies) in runs(events) {
-            match E::ALGEBRA {
-                Algebra::NonAssociative | Algebra::Commutative => {}
-                Algebra::Idempotent => bodies.dedup(),
-                Algebra::IdempotentCommutative => {
-                    bodies.sort();
-                    bodies.dedup();
-                }
-                Algebra::Associative => bodies = vec![M::combine(tag, &bodies)?],
-            }
+        for (key_hash, bodies) in runs(events) {
+            let bodies = reduce(E::ALGEBRA, bodies, |bodies| M::combine(tag, bodies))?;
             self.deliver::<M>(tag, E::MAX_BATCH, key_hash, &bodies)?;
         }
         Ok(())
@@ -127,8 +122,7 @@ impl MemoryHost {
         key_hash: u64,
         bodies: &[Vec<u8>],
     ) -> Result<(), HandlerError> {
-        let chunk = usize::try_from(max_batch.max(1)).unwrap_or(usize::MAX);
-        for chunk in bodies.chunks(chunk) {
+        for chunk in chunks(bodies, max_batch) {
             self.handle_bodies::<M>(tag, key_hash, chunk)?;
         }
         Ok(())

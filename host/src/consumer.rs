@@ -215,11 +215,6 @@ impl<L: EventLog> Consumer<L> {
         self
     }
 
-    /// The projection being consumed.
-    pub fn projection(&self) -> &Arc<Projection> {
-        &self.projection
-    }
-
     /// The partitions this consumer owns, checked against the topic.
     pub async fn partitions(&self) -> Result<Vec<u32>, ConsumerError> {
         let topic = self.projection.topic();

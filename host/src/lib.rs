@@ -15,7 +15,8 @@
 //!   `wakuwaku-core`).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O (re-exported
 //!   from `wakuwaku-core`).
-//! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
+//! - [`reduce`]: what each algebra lets the host do to a run, and chunking
+//!   (re-exported from `wakuwaku-core`).
 //! - [`handler`]: what the consumer calls (modules, instances) and the
 //!   key-scoped state a call sees.
 //! - [`runtime`]: the WASM sandbox: the one place that builds engines,
@@ -42,11 +43,10 @@ pub mod handler;
 pub mod log;
 pub mod projection;
 pub mod publish;
-pub mod reduce;
 pub mod runtime;
 pub mod state;
 
-pub use wakuwaku_core::{event, plan};
+pub use wakuwaku_core::{event, plan, reduce};
 
 /// The facade documented in `spec/ordering.md`: `wakuwaku::iggy::...`.
 pub mod iggy {

@@ -145,11 +145,6 @@ impl Projection {
         self.routes.get(&tag)
     }
 
-    /// The module that declares an event type named `name`.
-    pub fn route_by_name(&self, name: &str) -> Option<&Route> {
-        self.routes.values().find(|route| route.event_type.name == name)
-    }
-
     /// Borrows pooled instances for one worker; they return on drop.
     pub fn instances(&self) -> Instances<'_> {
         Instances { projection: self, checked_out: self.modules.iter().map(|_| None).collect() }
