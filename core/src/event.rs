@@ -237,6 +237,14 @@ pub enum HeaderError {
         /// The value found.
         found: u8,
     },
+    /// A header's value is not one the format allows.
+    #[error("header `{name}` is invalid: {reason}")]
+    Invalid {
+        /// The header's name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// The metadata every message carries: enough to plan and reduce it without

@@ -21,26 +21,103 @@
 
 use crate::event::Algebra;
 
+/// What one body of a run stands for: the log offset of the first event in
+/// it and how many events it carries. A body read from the log stands for
+/// itself (`events: 1`); a folded body for every event folded into it.
+///
+/// Reduction keeps origins so that work handed on after a failure (to the
+/// retry or dead-letter topic) still says where it came from and how many
+/// events it accounts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// Offset of the earliest event, in the topic the run was read from.
+    pub offset: u64,
+    /// Events it accounts for (at least 1).
+    pub events: u64,
+}
+
+impl Origin {
+    /// One event at `offset`.
+    pub const fn single(offset: u64) -> Self {
+        Self { offset, events: 1 }
+    }
+
+    /// Folds `other` into `self`: the earlier offset, the events of both.
+    fn absorb(&mut self, other: Origin) {
+        self.offset = self.offset.min(other.offset);
+        self.events += other.events;
+    }
+}
+
+/// A run's bodies with the [`Origin`] of each, index for index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Traced {
+    /// The bodies.
+    pub bodies: Vec<Vec<u8>>,
+    /// Where each body came from.
+    pub origins: Vec<Origin>,
+}
+
 /// Reduces a run's bodies according to `algebra`.
 ///
 /// `combine` is called at most once, and only for an associative run of at
 /// least two events; its error is returned as is.
 pub fn reduce<E>(
     algebra: Algebra,
-    mut bodies: Vec<Vec<u8>>,
+    bodies: Vec<Vec<u8>>,
     combine: impl FnOnce(&[Vec<u8>]) -> Result<Vec<u8>, E>,
 ) -> Result<Vec<Vec<u8>>, E> {
-    match algebra {
-        Algebra::NonAssociative | Algebra::Commutative => {}
-        Algebra::Idempotent => bodies.dedup(),
+    let origins = (0..bodies.len() as u64).map(Origin::single).collect();
+    reduce_traced(algebra, Traced { bodies, origins }, combine).map(|run| run.bodies).map_err(|(error, _)| error)
+}
+
+/// [`reduce`], keeping track of what each reduced body stands for: a
+/// dropped duplicate is counted in the body that stays, a fold carries the
+/// events of the whole run. When `combine` fails, its error comes back with
+/// the run untouched, so the caller can route the run elsewhere.
+///
+/// # Panics
+/// If `run.bodies` and `run.origins` differ in length.
+pub fn reduce_traced<E>(
+    algebra: Algebra,
+    run: Traced,
+    combine: impl FnOnce(&[Vec<u8>]) -> Result<Vec<u8>, E>,
+) -> Result<Traced, (E, Traced)> {
+    assert_eq!(run.bodies.len(), run.origins.len(), "one origin per body");
+    let Traced { bodies, origins } = run;
+    Ok(match algebra {
+        Algebra::NonAssociative | Algebra::Commutative => Traced { bodies, origins },
+        Algebra::Idempotent => dedup(bodies.into_iter().zip(origins)),
         Algebra::IdempotentCommutative => {
-            bodies.sort_unstable();
-            bodies.dedup();
+            let mut pairs: Vec<_> = bodies.into_iter().zip(origins).collect();
+            pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            dedup(pairs.into_iter())
         }
-        Algebra::Associative if bodies.len() >= 2 => bodies = vec![combine(&bodies)?],
-        Algebra::Associative => {}
+        Algebra::Associative if bodies.len() >= 2 => match combine(&bodies) {
+            Ok(folded) => {
+                let mut origin = origins[0];
+                origins[1..].iter().for_each(|&o| origin.absorb(o));
+                Traced { bodies: vec![folded], origins: vec![origin] }
+            }
+            Err(error) => return Err((error, Traced { bodies, origins })),
+        },
+        Algebra::Associative => Traced { bodies, origins },
+    })
+}
+
+/// Drops adjacent equal bodies, counting each in the one that stays.
+fn dedup(pairs: impl Iterator<Item = (Vec<u8>, Origin)>) -> Traced {
+    let mut out = Traced::default();
+    for (body, origin) in pairs {
+        match (out.bodies.last(), out.origins.last_mut()) {
+            (Some(last), Some(kept)) if *last == body => kept.absorb(origin),
+            _ => {
+                out.bodies.push(body);
+                out.origins.push(origin);
+            }
+        }
     }
-    Ok(bodies)
+    out
 }
 
 /// Cuts reduced bodies into handler calls of at most `max_batch` events.
@@ -103,6 +180,33 @@ mod tests {
     fn combine_errors_are_returned() {
         let reduced = reduce(Algebra::Associative, bodies(&["a", "b"]), |_: &[Vec<u8>]| Err("bad".to_owned()));
         assert_eq!(reduced, Err("bad".to_owned()));
+    }
+
+    #[test]
+    fn origins_count_every_event_once() {
+        let origins = |pairs: &[(u64, u64)]| -> Vec<Origin> {
+            pairs.iter().map(|&(offset, events)| Origin { offset, events }).collect()
+        };
+        let run = |items: &[&str], offsets: &[u64]| Traced {
+            bodies: bodies(items),
+            origins: offsets.iter().map(|&o| Origin::single(o)).collect(),
+        };
+        let traced = |algebra, r| reduce_traced(algebra, r, no_combine).unwrap();
+
+        let idempotent = traced(Algebra::Idempotent, run(&["a", "a", "b", "a"], &[10, 11, 12, 13]));
+        assert_eq!(idempotent.bodies, bodies(&["a", "b", "a"]));
+        assert_eq!(idempotent.origins, origins(&[(10, 2), (12, 1), (13, 1)]));
+
+        let set = traced(Algebra::IdempotentCommutative, run(&["c", "a", "c", "a", "b"], &[5, 6, 7, 8, 9]));
+        assert_eq!(set.bodies, bodies(&["a", "b", "c"]));
+        assert_eq!(set.origins, origins(&[(6, 2), (9, 1), (5, 2)]));
+
+        let weighted = Traced { bodies: bodies(&["1", "2"]), origins: origins(&[(40, 3), (7, 2)]) };
+        let folded =
+            reduce_traced(Algebra::Associative, weighted.clone(), |_: &[Vec<u8>]| Ok::<_, String>(b"3".to_vec()));
+        assert_eq!(folded.unwrap().origins, origins(&[(7, 5)]));
+        let failed = reduce_traced(Algebra::Associative, weighted.clone(), |_: &[Vec<u8>]| Err("no".to_owned()));
+        assert_eq!(failed, Err(("no".to_owned(), weighted)), "a failed fold gives the run back");
     }
 
     #[test]

@@ -10,22 +10,25 @@
 //! Every limit is a flag of `run` and `demo`, one per field of
 //! [`SandboxLimits`] (what the engine enforces) and of [`PayloadLimits`]
 //! (what the consumer's key scopes enforce), defaulting to the library's
-//! values.
+//! values. So is the retry policy ([`RetryPolicy`]): `--max-attempts`,
+//! `--retry-delays`, `--transient-retries`, `--transient-backoff`.
 //!
 //! Data directory layout (`--data`, default `waku-data`):
-//! `log.redb` is the embedded log; `projections/<name>.redb` is a
-//! projection's state, consumer positions and counts.
+//! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
+//! beside each consumed topic); `projections/<name>.redb` is a projection's
+//! state, consumer positions, counts and retry bookkeeping.
 
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::consumer::{Consumer, ConsumerConfig, Summary, stat};
+use crate::dead_letter::{self, DeadLetter, Selection};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
 use crate::handler::{HandlerModule, PayloadLimits};
@@ -33,6 +36,7 @@ use crate::log::EventLog;
 use crate::log::embedded::EmbeddedLog;
 use crate::projection::{Projection, ProjectionError, load_module_file};
 use crate::publish::{self, Outgoing};
+use crate::routing::RetryPolicy;
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::StateStore;
 
@@ -55,6 +59,9 @@ enum Command {
     /// Read a projection's state.
     #[command(subcommand)]
     State(StateCommand),
+    /// List, inspect and re-drive a projection's dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
     /// Build the bank example, publish a seeded workload, consume it, and
     /// check the read model against an oracle.
     Demo(DemoArgs),
@@ -123,7 +130,45 @@ struct ConsumeArgs {
     #[arg(long)]
     workers: Option<usize>,
     #[command(flatten)]
+    retry: RetryArgs,
+    #[command(flatten)]
     limits: LimitArgs,
+}
+
+/// How failed events are retried ([`RetryPolicy`]).
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[command(next_help_heading = "Retries")]
+struct RetryArgs {
+    /// Attempts before a retryable failure or a trap is dead-lettered
+    /// (1: at once).
+    #[arg(long, default_value_t = RetryPolicy::default().max_attempts)]
+    max_attempts: u32,
+    /// Waits before attempts 2, 3, …, measured from the failure; the last
+    /// repeats. E.g. `1s,5s,30s,2m,10m` (the default) or `0s`.
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    retry_delays: Option<Vec<Duration>>,
+    /// In-place retries of a transient failure before it counts as
+    /// retryable.
+    #[arg(long, default_value_t = RetryPolicy::default().transient_retries)]
+    transient_retries: u32,
+    /// The first in-place backoff (it doubles), e.g. `10ms`.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    transient_backoff: Duration,
+}
+
+impl RetryArgs {
+    fn policy(&self) -> Result<RetryPolicy> {
+        if self.max_attempts == 0 {
+            bail!("--max-attempts must be at least 1");
+        }
+        let delays = self.retry_delays.clone().unwrap_or_else(|| RetryPolicy::default().delays);
+        Ok(RetryPolicy {
+            transient_retries: self.transient_retries,
+            transient_backoff: self.transient_backoff,
+            delays,
+            max_attempts: self.max_attempts,
+        })
+    }
 }
 
 /// One flag per limit of [`SandboxLimits`]; the defaults are the library's.
@@ -215,6 +260,7 @@ impl ConsumeArgs {
             batch_size: self.batch_size,
             partitions,
             payload: self.limits.payload()?,
+            retry: self.retry.policy()?,
             ..ConsumerConfig::default()
         };
         if let Some(workers) = self.workers {
@@ -281,6 +327,61 @@ struct StateGetArgs {
     entry: Option<String>,
 }
 
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List the dead letters of a projection, one per line.
+    List(DlqArgs),
+    /// Print one dead letter in full: where it came from, why, its body.
+    Show(DlqShowArgs),
+    /// Send dead letters back through the normal path (after fixing the
+    /// module): they join the retry topic, in dead-letter order per key, and
+    /// the next `waku run` applies them. Stop `waku run` first: the embedded
+    /// log and state files are open in one process at a time.
+    Redrive(DlqRedriveArgs),
+}
+
+#[derive(Args)]
+struct DlqArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    projection: String,
+    /// The topic it consumes (its dead letters are in `dlq_<topic>`).
+    #[arg(long)]
+    topic: String,
+}
+
+#[derive(Args)]
+struct DlqShowArgs {
+    #[command(flatten)]
+    dlq: DlqArgs,
+    /// The dead letter's partition.
+    #[arg(long)]
+    partition: u32,
+    /// Its offset in the dead-letter topic.
+    #[arg(long)]
+    offset: u64,
+}
+
+#[derive(Args)]
+struct DlqRedriveArgs {
+    #[command(flatten)]
+    dlq: DlqArgs,
+    /// Only these partitions (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    partition: Vec<u32>,
+    /// Only these records, as `<partition>:<offset>` (comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = parse_place)]
+    record: Vec<(u32, u64)>,
+    /// Only this key (decimal or 0x-hex).
+    #[arg(long)]
+    key_hash: Option<String>,
+    /// Every dead letter of the projection not re-driven yet.
+    #[arg(long, conflicts_with_all = ["partition", "record", "key_hash"])]
+    all: bool,
+}
+
 #[derive(Args)]
 struct DemoArgs {
     /// Events to generate.
@@ -335,6 +436,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Publish(args) => publish_file(args).await.map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run(args).await.map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Get(args)) => state_get(args).map(|()| ExitCode::SUCCESS),
+        Command::Dlq(command) => dlq(command).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => run_demo(args).await,
     }
 }
@@ -421,8 +523,7 @@ async fn run(args: RunArgs) -> Result<()> {
     } else {
         consumer.follow(signals.first()).await?
     };
-    print_summary(&summary, started.elapsed().as_secs_f64());
-    Ok(())
+    print_summary(&summary, started.elapsed().as_secs_f64(), projection.store())
 }
 
 /// SIGINT and SIGTERM, caught from the moment [`ShutdownSignals::install`]
@@ -508,6 +609,128 @@ fn state_get(args: StateGetArgs) -> Result<()> {
     let output = serde_json::json!({ "key_hash": format!("{key:#018x}"), "entries": entries, "counters": counters });
     println!("{}", serde_json::to_string_pretty(&output)?);
     Ok(())
+}
+
+async fn dlq(command: DlqCommand) -> Result<()> {
+    let args = match &command {
+        DlqCommand::List(args) => args,
+        DlqCommand::Show(show) => &show.dlq,
+        DlqCommand::Redrive(redrive) => &redrive.dlq,
+    };
+    let log = args.data.log().context("is `waku run` using it? stop it first")?;
+    let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
+    let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
+    match &command {
+        DlqCommand::List(_) => {
+            let letters = dead_letter::list(&log, topic, projection, &store).await?;
+            for letter in &letters {
+                println!("{}", dead_letter_line(letter));
+            }
+            let waiting = letters.iter().filter(|l| !l.redriven).count();
+            eprintln!("{} dead letters of `{projection}` ({waiting} not re-driven)", letters.len());
+        }
+        DlqCommand::Show(show) => {
+            let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
+            println!("{}", dead_letter_details(&letter));
+        }
+        DlqCommand::Redrive(redrive) => {
+            let selection = Selection {
+                partitions: redrive.partition.clone(),
+                records: redrive.record.clone(),
+                key: redrive.key_hash.as_deref().map(parse_key_hash).transpose()?,
+            };
+            if !redrive.all && selection == Selection::default() {
+                bail!("say which dead letters to re-drive: --partition, --record, --key-hash, or --all");
+            }
+            let done = dead_letter::redrive(&log, topic, projection, &store, &selection).await?;
+            println!(
+                "re-drove {} dead letters ({} events) of `{projection}` into `retry_{topic}`{}; the next `waku run` \
+                 applies them",
+                done.records,
+                done.events,
+                if done.already > 0 {
+                    format!(" ({} re-driven before, left alone)", done.already)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `partition:offset`.
+fn parse_place(text: &str) -> Result<(u32, u64), String> {
+    let (partition, offset) = text.split_once(':').ok_or_else(|| format!("`{text}` is not <partition>:<offset>"))?;
+    let partition = partition.parse().map_err(|_| format!("`{partition}` is not a partition number"))?;
+    let offset = offset.parse().map_err(|_| format!("`{offset}` is not an offset"))?;
+    Ok((partition, offset))
+}
+
+fn failed_at(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// One line per dead letter, for `waku dlq list`.
+fn dead_letter_line(letter: &DeadLetter) -> String {
+    let routed = &letter.routed;
+    let failure = routed.failure.as_ref();
+    let event = match &letter.envelope {
+        Ok(envelope) => format!("key {:#018x} tag {}", envelope.key_hash, envelope.tag),
+        Err(_) => "unreadable headers".to_owned(),
+    };
+    format!(
+        "{}:{}\t{}\t{event}\tfrom {}:{} ({} events)\tattempts {}\t{}\t{}{}",
+        letter.partition,
+        letter.offset,
+        failure.map_or("-", |f| f.class.name()),
+        routed.origin_partition,
+        routed.origin_offset,
+        routed.events,
+        routed.attempts,
+        failed_at(routed.failed_at_ms),
+        failure.map_or(String::new(), |f| f.message.replace(['\n', '\t'], " ")),
+        if letter.redriven { "\t[re-driven]" } else { "" },
+    )
+}
+
+/// Everything about one dead letter, for `waku dlq show`.
+fn dead_letter_details(letter: &DeadLetter) -> String {
+    let routed = &letter.routed;
+    let mut lines = vec![
+        format!("dead letter:  partition {}, offset {}", letter.partition, letter.offset),
+        format!("projection:   {}", routed.projection),
+        format!(
+            "origin:       partition {}, offset {} ({} events)",
+            routed.origin_partition, routed.origin_offset, routed.events
+        ),
+        format!("attempts:     {}", routed.attempts),
+        format!("failed at:    {}", failed_at(routed.failed_at_ms)),
+    ];
+    if let Some(failure) = &routed.failure {
+        lines.push(format!("class:        {}", failure.class));
+        lines.push(format!("message:      {}", failure.message));
+        if !failure.module.is_empty() {
+            lines.push(format!("module:       {}@{}", failure.module, failure.version));
+        }
+    }
+    match &letter.envelope {
+        Ok(e) => {
+            lines.push(format!("event:        key {:#018x}, tag {}, {}, {}", e.key_hash, e.tag, e.ordering, e.algebra))
+        }
+        Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
+    }
+    lines.push(format!("re-driven:    {}", if letter.redriven { "yes" } else { "no" }));
+    let body = &letter.record.body;
+    lines.push(match std::str::from_utf8(body) {
+        Ok(text) => format!("body ({} bytes):\n{text}", body.len()),
+        Err(_) => format!(
+            "body ({} bytes, hex):\n{}",
+            body.len(),
+            body.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+    });
+    lines.join("\n")
 }
 
 fn parse_key_hash(text: &str) -> Result<u64> {
@@ -610,13 +833,14 @@ async fn demo_run(
             published as f64 / publish_secs
         ),
         format!(
-            "consumed: {} events in {} batches with {} workers: {} applied, {} skipped, {} malformed, {} handler calls",
+            "consumed: {} events in {} batches with {} workers: {} applied, {} skipped, {} dead-lettered, {} handler \
+             calls",
             summary.consumed,
             summary.batches,
             config.workers,
             stats.get(stat::APPLIED).copied().unwrap_or(0),
             stats.get(stat::SKIPPED).copied().unwrap_or(0),
-            stats.get(stat::MALFORMED).copied().unwrap_or(0),
+            stats.get(stat::DEAD_LETTERED).copied().unwrap_or(0),
             summary.calls,
         ),
         format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
@@ -624,16 +848,30 @@ async fn demo_run(
     Ok(DemoReport { lines, check })
 }
 
-fn print_summary(summary: &Summary, secs: f64) {
+fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()> {
     println!(
-        "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} malformed",
+        "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} dead-lettered ({} malformed), \
+         {} sent to retry, {} taken back",
         summary.consumed,
         summary.batches,
         summary.consumed as f64 / secs.max(1e-9),
         summary.applied,
         summary.skipped,
-        summary.malformed
+        summary.dead_lettered,
+        summary.malformed,
+        summary.retry_in,
+        summary.retry_out,
     );
+    let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
+    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    if waiting > 0 {
+        println!("{waiting} events wait in retry; the next `waku run` takes them when they are due");
+    }
+    if count(stat::DEAD_LETTERED) > 0 {
+        println!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED));
+    }
+    Ok(())
 }
 
 fn available_threads() -> usize {
@@ -685,6 +923,33 @@ mod tests {
         assert_eq!(args.limits.limits().unwrap(), expected);
         assert_eq!(*args.sandbox().unwrap().limits(), expected);
         assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
+    }
+
+    #[test]
+    fn retry_flags_set_the_policy_and_zero_attempts_are_refused() {
+        assert_eq!(consume_args(&[]).config(None).unwrap().retry, RetryPolicy::default());
+        let args = consume_args(&[
+            "--max-attempts",
+            "2",
+            "--retry-delays",
+            "250ms,3s,1m",
+            "--transient-retries",
+            "0",
+            "--transient-backoff",
+            "5ms",
+        ]);
+        let expected = RetryPolicy {
+            transient_retries: 0,
+            transient_backoff: Duration::from_millis(5),
+            delays: vec![Duration::from_millis(250), Duration::from_secs(3), Duration::from_secs(60)],
+            max_attempts: 2,
+        };
+        assert_eq!(args.config(None).unwrap().retry, expected);
+        let error = consume_args(&["--max-attempts", "0"]).config(None).err().unwrap();
+        assert_eq!(error.to_string(), "--max-attempts must be at least 1");
+        let base = ["waku", "run", "--projection", "p", "--topic", "t", "--modules", "m"];
+        let error = Cli::try_parse_from(base.iter().chain(&["--retry-delays", "soon"])).err().unwrap();
+        assert!(error.to_string().contains("--retry-delays"), "{error}");
     }
 
     #[test]

@@ -2,53 +2,75 @@
 //!
 //! For each polled batch of one partition:
 //! 1. **Plan** from headers alone ([`crate::plan`]); bodies stay opaque.
-//!    A message whose headers cannot be parsed is left out of the plan and
-//!    counted as `malformed` (with the parse error in the log).
+//!    A message whose headers cannot be parsed goes to the dead-letter topic
+//!    with the parse error. Events of a key that is waiting in retry are
+//!    diverted behind it, to the retry topic ([`crate::routing`]).
 //! 2. **Execute per key.** Keys are spread over worker threads; one key's
 //!    runs execute one after another (head, body runs, tail, segment after
 //!    segment), so a key never races with itself. Each run is reduced with
 //!    its type's algebra ([`crate::reduce`]) and handed to the module in
 //!    chunks of at most `max-batch` events. Runs whose tag no module
-//!    declares are skipped and counted as `skipped`.
-//! 3. **Commit once.** State writes, counter changes, emitted messages
-//!    (an outbox), counts and the partition's next offset go into the
-//!    projection's store in one transaction. A crash at any moment leaves
-//!    the state exactly as if every event before the committed offset had
-//!    been applied once. The outbox is then published to the log and
-//!    cleared; a leftover outbox is published again at start-up. Appends
-//!    carry the outbox's sequence numbers ([`EventLog::append_as`]), so an
-//!    entry appended just before a crash is not appended again.
+//!    declares are skipped and counted as `skipped`. A failed chunk is
+//!    routed by its class ([`crate::routing`]): retried in place, sent with
+//!    the key's unfinished work to the retry topic, or dead-lettered.
+//! 3. **Commit once.** State writes, counter changes, the outbox (emitted
+//!    messages and routed records), counts, the partition's next offset and
+//!    the retry bookkeeping go into the projection's store in one
+//!    transaction. A crash at any moment leaves the state exactly as if
+//!    every event before the committed offset had been applied once. The
+//!    outbox is then published to the log and cleared; a leftover outbox is
+//!    published again at start-up. Appends carry the outbox's sequence
+//!    numbers ([`EventLog::append_as`]), so an entry appended just before a
+//!    crash is not appended again.
 //!
-//! A handler failure fails the batch before anything of it is committed,
-//! so nothing is lost or applied twice; the error names the partition,
-//! offset, key and event type.
+//! Between batches, keys whose retry is due are taken from the retry topic
+//! (all of a key's waiting records at once), planned and executed the same
+//! way, and committed with the retry position and the offsets now done.
+//! Every event ends applied, skipped, in retry or dead-lettered, and the
+//! counts in [`stat`] say which.
 //!
 //! Progress is measured against end offsets read from the log, never a
-//! timer: [`Consumer::catch_up`] reads every partition's end offset once
-//! and returns when the committed position reaches it.
+//! timer: [`Consumer::catch_up`] reads every partition's end offset once and
+//! returns when the committed position reaches it and no retry is due.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::event::{EventHeaders, EventTypeTag, KeyHash, partition_for};
-use crate::handler::{CallError, KeyOutcome, KeyScope, PayloadLimits};
+use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash, partition_for};
+use crate::handler::{CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
 use crate::log::{EventLog, LogError, StoredRecord};
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::projection::Projection;
-use crate::reduce::{chunks, reduce};
-use crate::state::{BatchCommit, StateError, StateReader};
+use crate::reduce::{Origin, Traced, reduce_traced};
+use crate::routing::{
+    self, Failure, FailureClass, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic,
+};
+use crate::state::{BatchCommit, OutboxEntry, StateError, StateReader, StateStore};
 
-/// Names of the per-projection counts kept with the state.
+/// Names of the per-projection counts kept with the state, in events
+/// (a folded run counts every event folded into it).
+///
+/// Every event read from the topic ends in exactly one of `applied`,
+/// `skipped`, `dead_lettered` or the retry topic, where `retry_in −
+/// retry_out` events wait: consumed + re-driven = applied + skipped +
+/// dead-lettered + (retry_in − retry_out).
 pub mod stat {
-    /// Events handed to a handler successfully (counted before reduction).
+    /// Events handed to a handler successfully.
     pub const APPLIED: &str = "applied";
     /// Events whose tag no module declares.
     pub const SKIPPED: &str = "skipped";
-    /// Messages whose headers could not be parsed.
+    /// Messages whose headers could not be parsed (also dead-lettered).
     pub const MALFORMED: &str = "malformed";
+    /// Events written to the dead-letter topic.
+    pub const DEAD_LETTERED: &str = "dead_lettered";
+    /// Events written to the retry topic (failed, or diverted behind a key).
+    pub const RETRY_IN: &str = "retry_in";
+    /// Events taken back from the retry topic for another attempt.
+    pub const RETRY_OUT: &str = "retry_out";
+    /// Dead letters re-driven into the retry topic.
+    pub const REDRIVEN: &str = "redriven";
 }
 
 /// How a consumer polls and executes.
@@ -68,6 +90,8 @@ pub struct ConsumerConfig {
     pub idle_poll: Duration,
     /// Size limits for what handlers hand the host.
     pub payload: PayloadLimits,
+    /// How failed events are retried.
+    pub retry: RetryPolicy,
 }
 
 impl Default for ConsumerConfig {
@@ -78,6 +102,7 @@ impl Default for ConsumerConfig {
             partitions: None,
             idle_poll: Duration::from_millis(50),
             payload: PayloadLimits::default(),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -92,26 +117,6 @@ pub enum ConsumerError {
     /// The state store failed.
     #[error(transparent)]
     State(#[from] StateError),
-    /// A handler call failed; nothing of the batch was committed.
-    #[error(
-        "projection `{projection}`, partition {partition}, offset {offset}: key {key:#018x}, event type `{event_type}` (tag {tag}): {error}"
-    )]
-    Handler {
-        /// The projection.
-        projection: String,
-        /// The partition.
-        partition: u32,
-        /// Offset of the first event of the failed run.
-        offset: u64,
-        /// The key.
-        key: KeyHash,
-        /// The event type's tag.
-        tag: EventTypeTag,
-        /// The event type's name.
-        event_type: String,
-        /// What the call said.
-        error: CallError,
-    },
     /// A partition this consumer was told to own does not exist.
     #[error("topic `{topic}` has {partitions} partitions; partition {partition} does not exist")]
     NoSuchPartition {
@@ -127,7 +132,7 @@ pub enum ConsumerError {
     WorkerPanicked(String),
 }
 
-/// One run handed to a handler, as seen by a [`CallObserver`].
+/// Events handed to a handler, as seen by a [`CallObserver`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunCall {
     /// The partition.
@@ -146,7 +151,10 @@ pub struct RunCall {
 
 /// Watches handler calls; tests use it to check execution order.
 ///
-/// Calls for one key are reported in the order they ran.
+/// Calls for one key are reported in the order they ran: each successful
+/// chunk of a run that reduction left as it was, or the whole of a reduced
+/// run once every chunk of it succeeded. For records taken from the retry
+/// topic the offsets are the origin offsets they carry.
 pub trait CallObserver: Send + Sync {
     /// A run was handled successfully.
     fn run_handled(&self, call: &RunCall);
@@ -165,6 +173,12 @@ pub struct Summary {
     pub skipped: u64,
     /// Messages with unreadable headers.
     pub malformed: u64,
+    /// Events written to the dead-letter topic (malformed ones included).
+    pub dead_lettered: u64,
+    /// Events written to the retry topic.
+    pub retry_in: u64,
+    /// Events taken from the retry topic for another attempt.
+    pub retry_out: u64,
     /// Handler calls made.
     pub calls: u64,
 }
@@ -176,7 +190,26 @@ impl Summary {
         self.applied += other.applied;
         self.skipped += other.skipped;
         self.malformed += other.malformed;
+        self.dead_lettered += other.dead_lettered;
+        self.retry_in += other.retry_in;
+        self.retry_out += other.retry_out;
         self.calls += other.calls;
+    }
+
+    /// The counts to add to the projection's statistics.
+    fn stat_deltas(&self) -> FxHashMap<String, u64> {
+        [
+            (stat::APPLIED, self.applied),
+            (stat::SKIPPED, self.skipped),
+            (stat::MALFORMED, self.malformed),
+            (stat::DEAD_LETTERED, self.dead_lettered),
+            (stat::RETRY_IN, self.retry_in),
+            (stat::RETRY_OUT, self.retry_out),
+        ]
+        .into_iter()
+        .filter(|&(_, count)| count > 0)
+        .map(|(name, count)| (name.to_owned(), count))
+        .collect()
     }
 }
 
@@ -264,6 +297,11 @@ impl<L: EventLog> Consumer<L> {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Summary, ConsumerError> {
         self.publish_outbox().await?;
+        let topic = self.projection.topic();
+        let count = self.log.partitions(topic).await?;
+        for routed_topic in [retry_topic(topic), dlq_topic(topic)] {
+            self.log.create_topic(&routed_topic, count).await?;
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let stop_on_shutdown = stop_tx.clone();
@@ -294,6 +332,7 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// Consumes one partition until `end` (if given) or until `stop` is set.
+    /// Keys whose retry is due are taken before the next batch is polled.
     async fn consume_partition(
         &self,
         partition: u32,
@@ -302,10 +341,18 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let mut position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
+        let mut queue = self.rebuild_retry_queue(partition).await?;
         let mut summary = Summary::default();
         loop {
             if *stop.borrow() {
                 break;
+            }
+            let due = queue.take_due(routing::now_ms(), self.config.batch_size);
+            if !due.is_empty() {
+                let (batch, returned) = self.retry_batch(partition, due, queue).await?;
+                queue = returned;
+                summary.add(&batch);
+                continue;
             }
             let want = match end {
                 Some(end) if position >= end => break,
@@ -314,64 +361,206 @@ impl<L: EventLog> Consumer<L> {
             };
             let records = self.log.read(&topic, partition, position, want).await?;
             let Some(last) = records.last() else {
-                let _ = tokio::time::timeout(self.config.idle_poll, stop.changed()).await;
+                let until_due =
+                    queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+                let wait = until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll));
+                let _ = tokio::time::timeout(wait, stop.changed()).await;
                 continue;
             };
             let next = last.offset + 1;
             let consumer = self.clone();
-            let batch = tokio::task::spawn_blocking(move || consumer.process_batch(partition, records, next))
-                .await
-                .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
-            summary.add(&batch);
+            let (batch, returned) = tokio::task::spawn_blocking(move || {
+                let batch = consumer.process_batch(partition, records, next, &queue);
+                (batch, queue)
+            })
+            .await
+            .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+            queue = returned;
+            summary.add(&batch?);
             position = next;
             self.publish_outbox().await?;
+            self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), &topic, partition, position).await?;
         }
         Ok(summary)
     }
 
-    /// Plans, executes and commits one batch. Runs on a blocking thread.
-    fn process_batch(&self, partition: u32, records: Vec<StoredRecord>, next: u64) -> Result<Summary, ConsumerError> {
+    /// The keys of `partition` waiting in retry, read from the retry topic
+    /// from the committed retry position on, minus the records already done.
+    async fn rebuild_retry_queue(&self, partition: u32) -> Result<RetryQueue, ConsumerError> {
+        let retry = retry_topic(self.projection.topic());
+        let store = self.projection.store();
+        let mut queue = RetryQueue::starting_at(store.position(&retry, partition)?.unwrap_or(0));
+        let done: FxHashSet<u64> = store.done(&retry, partition)?.into_iter().collect();
+        self.index_retries(partition, &mut queue, &done).await?;
+        Ok(queue)
+    }
+
+    /// Adds this projection's records appended to the retry partition since
+    /// the queue last looked, except those in `done`.
+    async fn index_retries(
+        &self,
+        partition: u32,
+        queue: &mut RetryQueue,
+        done: &FxHashSet<u64>,
+    ) -> Result<(), ConsumerError> {
+        let retry = retry_topic(self.projection.topic());
+        let end = self.log.end_offset(&retry, partition).await?;
+        while queue.scanned() < end {
+            let want = self.config.batch_size.min((end - queue.scanned()) as usize);
+            let records = self.log.read(&retry, partition, queue.scanned(), want).await?;
+            let Some(last) = records.last().map(|r| r.offset) else { break };
+            for stored in records.iter().filter(|r| !done.contains(&r.offset)) {
+                let parsed = Routed::parse(&stored.record.headers)
+                    .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
+                match parsed {
+                    Ok((routed, headers)) if routed.projection == self.projection.name() => {
+                        queue.index(stored.offset, headers.key_hash, &routed, &self.config.retry);
+                    }
+                    Ok(_) => {} // another projection's
+                    Err(error) => tracing::warn!(
+                        projection = self.projection.name(),
+                        partition,
+                        offset = stored.offset,
+                        "record in `{retry}` has unreadable headers and is ignored: {error}"
+                    ),
+                }
+            }
+            queue.skip_to(last + 1);
+        }
+        Ok(())
+    }
+
+    /// Gives keys whose retry is due another attempt: reads all their
+    /// waiting records, executes them like a batch, and commits the outcome
+    /// with the retry position and the offsets now done.
+    async fn retry_batch(
+        &self,
+        partition: u32,
+        due: Vec<(KeyHash, KeyInRetry)>,
+        mut queue: RetryQueue,
+    ) -> Result<(Summary, RetryQueue), ConsumerError> {
+        let retry = retry_topic(self.projection.topic());
+        let mut records = Vec::new();
+        for (_, in_retry) in &due {
+            for (first, count) in routing::consecutive(in_retry.records.iter().map(|w| w.offset)) {
+                records.extend(self.log.read(&retry, partition, first, count).await?);
+            }
+        }
+        let retry_position = queue.position();
+        let consumer = self.clone();
+        let summary =
+            tokio::task::spawn_blocking(move || consumer.process_retry_batch(partition, records, retry_position))
+                .await
+                .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
+        self.publish_outbox().await?;
+        self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
+        Ok((summary, queue))
+    }
+
+    /// Plans, executes and commits one batch polled from the topic. Runs on
+    /// a blocking thread.
+    fn process_batch(
+        &self,
+        partition: u32,
+        records: Vec<StoredRecord>,
+        next: u64,
+        queue: &RetryQueue,
+    ) -> Result<Summary, ConsumerError> {
         let projection = &*self.projection;
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
-
-        let mut plan_records = Vec::with_capacity(records.len());
-        let mut bodies = Vec::with_capacity(records.len());
-        let mut offsets = Vec::with_capacity(records.len());
+        let mut commit = BatchCommit::default();
+        let mut input = BatchInput::default();
+        let now = routing::now_ms();
         for stored in records {
             match EventHeaders::parse_stored(&stored.record.headers) {
-                Ok(headers) => {
-                    plan_records.push(PlanRecord {
-                        key: headers.key_hash,
-                        tag: headers.tag,
-                        ordering: headers.ordering,
-                    });
-                    bodies.push(Some(stored.record.body));
-                    offsets.push(stored.offset);
+                Ok(headers) if queue.holds(headers.key_hash) => {
+                    // Behind its key's retry, so its order is kept.
+                    let routed = Routed {
+                        projection: projection.name().to_owned(),
+                        origin_partition: partition,
+                        origin_offset: stored.offset,
+                        events: 1,
+                        attempts: 0,
+                        failed_at_ms: now,
+                        failure: None,
+                    };
+                    let record = routing::routed_record(&headers, &routed, stored.record.body);
+                    commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key_hash, record));
+                    summary.retry_in += 1;
                 }
+                Ok(headers) => input.push(headers, Origin::single(stored.offset), 0, stored.record.body),
                 Err(error) => {
-                    summary.malformed += 1;
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
                         offset = stored.offset,
-                        "message has unreadable headers and is not handled: {error}"
+                        "message has unreadable headers and goes to the dead-letter topic: {error}"
                     );
+                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
+                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
+                    summary.malformed += 1;
+                    summary.dead_lettered += 1;
                 }
             }
         }
+        commit.positions.push((projection.topic().to_owned(), partition, next));
+        self.execute_and_commit(partition, input, summary, commit)
+    }
 
-        let plan = Plan::new(&plan_records);
-        let work = split_work(&plan, &mut bodies, &offsets, self.config.workers.max(1));
-        let snapshot = Arc::new(projection.store().reader()?);
+    /// Plans, executes and commits records taken from the retry topic. Runs
+    /// on a blocking thread.
+    fn process_retry_batch(
+        &self,
+        partition: u32,
+        records: Vec<StoredRecord>,
+        retry_position: u64,
+    ) -> Result<Summary, ConsumerError> {
+        let projection = &*self.projection;
+        let retry = retry_topic(projection.topic());
+        let mut summary = Summary { batches: 1, ..Summary::default() };
+        let mut commit = BatchCommit::default();
+        let mut input = BatchInput::default();
+        for stored in records {
+            commit.done.push((retry.clone(), partition, stored.offset));
+            let parsed = Routed::parse(&stored.record.headers)
+                .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
+            match parsed {
+                Ok((routed, headers)) => {
+                    summary.retry_out += routed.events;
+                    input.push(headers, routing::origin_of(&routed), routed.attempts, stored.record.body);
+                }
+                Err(error) => {
+                    // It was readable when it was indexed: the log changed
+                    // under the host. Keep it, with the reason.
+                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
+                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
+                    summary.retry_out += 1;
+                    summary.dead_lettered += 1;
+                }
+            }
+        }
+        commit.positions.push((retry, partition, retry_position));
+        self.execute_and_commit(partition, input, summary, commit)
+    }
+
+    /// Plans `input`, executes it across workers and commits everything in
+    /// one transaction together with what `commit` already holds.
+    fn execute_and_commit(
+        &self,
+        partition: u32,
+        mut input: BatchInput,
+        mut summary: Summary,
+        mut commit: BatchCommit,
+    ) -> Result<Summary, ConsumerError> {
+        let store = self.projection.store();
+        let plan = Plan::new(&input.plan);
+        let work = split_work(&plan, &mut input, self.config.workers.max(1));
+        let snapshot = Arc::new(store.reader()?);
         let outcomes = self.execute(partition, work, &snapshot)?;
         drop(snapshot);
-
-        let mut commit = BatchCommit::default();
         for outcome in outcomes {
-            summary.applied += outcome.applied;
-            summary.skipped += outcome.skipped;
-            summary.calls += outcome.calls;
+            summary.add(&outcome.summary);
             for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
                 if !writes.is_empty() {
                     commit.writes.push((key, writes));
@@ -381,16 +570,10 @@ impl<L: EventLog> Consumer<L> {
                 }
                 commit.outbox.extend(outbox);
             }
+            commit.outbox.extend(outcome.routed);
         }
-        for (name, count) in
-            [(stat::APPLIED, summary.applied), (stat::SKIPPED, summary.skipped), (stat::MALFORMED, summary.malformed)]
-        {
-            if count > 0 {
-                commit.stat_deltas.insert(name.to_owned(), count);
-            }
-        }
-        commit.positions.push((projection.topic().to_owned(), partition, next));
-        projection.store().commit(commit)?;
+        commit.stat_deltas = summary.stat_deltas();
+        store.commit(commit)?;
         Ok(summary)
     }
 
@@ -401,131 +584,280 @@ impl<L: EventLog> Consumer<L> {
         work: Vec<Vec<KeyWork>>,
         snapshot: &Arc<StateReader>,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
-        let failed = AtomicUsize::new(0);
-        let results: Vec<Result<WorkerOutcome, ConsumerError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = work
-                .into_iter()
-                .map(|keys| {
-                    let failed = &failed;
-                    scope.spawn(move || self.run_worker(partition, keys, snapshot, failed))
-                })
-                .collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                work.into_iter().map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot))).collect();
             handles
                 .into_iter()
                 .map(|handle| {
-                    handle.join().unwrap_or_else(|panic| {
+                    handle.join().map_err(|panic| {
                         let message = panic
                             .downcast_ref::<String>()
                             .cloned()
                             .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                             .unwrap_or_default();
-                        Err(ConsumerError::WorkerPanicked(message))
+                        ConsumerError::WorkerPanicked(message)
                     })
                 })
                 .collect()
-        });
-        results.into_iter().collect()
+        })
     }
 
     /// Handles the keys given to one worker, one key after another.
-    fn run_worker(
-        &self,
-        partition: u32,
-        keys: Vec<KeyWork>,
-        snapshot: &Arc<StateReader>,
-        failed: &AtomicUsize,
-    ) -> Result<WorkerOutcome, ConsumerError> {
-        let projection = &*self.projection;
-        let mut instances = projection.instances();
+    fn run_worker(&self, partition: u32, keys: Vec<KeyWork>, snapshot: &Arc<StateReader>) -> WorkerOutcome {
+        let mut instances = self.projection.instances();
         let mut outcome = WorkerOutcome::default();
-        for key_work in keys {
-            // Another worker failed: the batch will not commit, stop early.
-            if failed.load(AtomicOrdering::Relaxed) > 0 {
-                break;
-            }
-            let key = key_work.key;
+        for work in keys {
+            let key = work.key;
             let mut scope = KeyScope::new(key, snapshot.clone(), self.config.payload);
-            for run in key_work.runs {
-                let Some(route) = projection.route(run.tag) else {
-                    outcome.skipped += run.offsets.len() as u64;
-                    continue;
-                };
-                let fail = |error: CallError| {
-                    failed.fetch_add(1, AtomicOrdering::Relaxed);
-                    ConsumerError::Handler {
-                        projection: projection.name().to_owned(),
-                        partition,
-                        offset: run.offsets[0],
-                        key,
-                        tag: run.tag,
-                        event_type: route.event_type.name.clone(),
-                        error,
-                    }
-                };
-                let instance = instances.get(route.module).map_err(fail)?;
-                let reduced = reduce(route.event_type.algebra, run.bodies, |bodies| instance.combine(run.tag, bodies))
-                    .map_err(fail)?;
-                let mut calls = 0;
-                for chunk in chunks(&reduced, route.event_type.max_batch) {
-                    instance.handle(&mut scope, run.tag, chunk).map_err(fail)?;
-                    calls += 1;
-                }
-                outcome.applied += run.offsets.len() as u64;
-                outcome.calls += calls as u64;
-                if let Some(observer) = &self.observer {
-                    observer.run_handled(&RunCall {
-                        partition,
-                        key,
-                        tag: run.tag,
-                        offsets: run.offsets,
-                        reduced: reduced.len(),
-                        calls,
-                    });
-                }
-            }
+            self.run_key(partition, work, &mut scope, &mut instances, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
-        Ok(outcome)
+        outcome
     }
 
-    /// Publishes messages that handlers emitted in committed batches.
+    /// Runs one key's runs in order. A failed chunk is dead-lettered (the
+    /// key goes on) or sent to retry with everything after it (the key
+    /// stops), as its class and the attempts its records have had say.
+    fn run_key(
+        &self,
+        partition: u32,
+        work: KeyWork,
+        scope: &mut KeyScope,
+        instances: &mut crate::projection::Instances<'_>,
+        out: &mut WorkerOutcome,
+    ) {
+        let projection = &*self.projection;
+        let KeyWork { key, runs } = work;
+        let mut runs = runs.into_iter();
+        while let Some(run) = runs.next() {
+            let Some(route) = projection.route(run.tag) else {
+                out.summary.skipped += run.origins.iter().map(|o| o.events).sum::<u64>();
+                continue;
+            };
+            let observed = self.observer.as_ref().map(|_| run.origins.iter().map(|o| o.offset).collect::<Vec<_>>());
+            let shape = run.shape();
+            let RunWork { tag, origins, bodies, mut attempts, .. } = run;
+            // A failed fold fails the whole run, unreduced.
+            let (reduced, fold_error) = match instances.get(route.module) {
+                Err(error) => (Traced { bodies, origins }, Some(error)),
+                Ok(instance) => match reduce_traced(route.event_type.algebra, Traced { bodies, origins }, |bodies| {
+                    instance.combine(tag, bodies)
+                }) {
+                    Ok(reduced) => (reduced, None),
+                    Err((error, run)) => (run, Some(error)),
+                },
+            };
+            if attempts.len() != reduced.bodies.len() {
+                // Reduced records stand for several: they carry the most
+                // attempts any of them had.
+                let most = attempts.iter().copied().max().unwrap_or(0);
+                attempts = vec![most; reduced.bodies.len()];
+            }
+            let chunk_len = if fold_error.is_some() { usize::MAX } else { route.event_type.max_batch.max(1) as usize };
+            let (mut start, mut calls, mut all_applied) = (0, 0, true);
+            while start < reduced.bodies.len() {
+                let end = reduced.bodies.len().min(start.saturating_add(chunk_len));
+                let result = match &fold_error {
+                    Some(error) => Err(error.clone()),
+                    None => instances
+                        .get(route.module)
+                        .and_then(|instance| self.call(instance, scope, tag, &reduced.bodies[start..end])),
+                };
+                let error = match result {
+                    Ok(()) => {
+                        out.summary.applied += reduced.origins[start..end].iter().map(|o| o.events).sum::<u64>();
+                        out.summary.calls += 1;
+                        calls += 1;
+                        // Unreduced chunks are reported one by one, so a
+                        // failure later in the run hides none of them.
+                        if let (Some(observer), Some(offsets)) = (&self.observer, &observed)
+                            && offsets.len() == reduced.bodies.len()
+                        {
+                            let offsets = offsets[start..end].to_vec();
+                            observer.run_handled(&RunCall {
+                                partition,
+                                key,
+                                tag,
+                                offsets,
+                                reduced: end - start,
+                                calls: 1,
+                            });
+                        }
+                        start = end;
+                        continue;
+                    }
+                    Err(error) => error,
+                };
+                all_applied = false;
+                let attempt = attempts[start..end].iter().copied().max().unwrap_or(0).saturating_add(1);
+                let class = FailureClass::of(&error);
+                let module = &projection.modules()[route.module];
+                let failure = Failure {
+                    class,
+                    message: error.to_string(),
+                    module: module.name().to_owned(),
+                    version: module.version().to_owned(),
+                };
+                tracing::warn!(
+                    projection = projection.name(),
+                    partition,
+                    key,
+                    event_type = route.event_type.name,
+                    attempt,
+                    "{error}"
+                );
+                if class == FailureClass::Unrecoverable || attempt >= self.config.retry.max_attempts {
+                    for (body, &origin) in reduced.bodies[start..end].iter().zip(&reduced.origins[start..end]) {
+                        let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
+                        let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
+                        out.routed.push(self.routed_entry(dlq_topic, partition, key, record));
+                        out.summary.dead_lettered += origin.events;
+                    }
+                    start = end;
+                    continue;
+                }
+                // Retry later: the failed chunk with its attempt counted,
+                // then everything after it as it was.
+                let rest = reduced.bodies[start..].iter().zip(&reduced.origins[start..]).zip(&attempts[start..]);
+                let mut unfinished: Vec<Unfinished> = rest
+                    .enumerate()
+                    .map(|(index, ((body, &origin), &attempts))| {
+                        let failed = start + index < end;
+                        Unfinished {
+                            shape,
+                            origin,
+                            attempts: if failed { attempt } else { attempts },
+                            failure: failed.then(|| failure.clone()),
+                            body: body.clone(),
+                        }
+                    })
+                    .collect();
+                for run in runs {
+                    let shape = run.shape();
+                    for ((origin, body), attempts) in run.origins.into_iter().zip(run.bodies).zip(run.attempts) {
+                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
+                    }
+                }
+                self.retry_later(partition, key, unfinished, out);
+                return;
+            }
+            if all_applied
+                && let (Some(observer), Some(offsets)) = (&self.observer, observed)
+                && offsets.len() != reduced.bodies.len()
+            {
+                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
+            }
+        }
+    }
+
+    /// Calls `handle`, retrying in place while it fails transiently, as
+    /// often as the policy allows, with a doubling backoff.
+    fn call(
+        &self,
+        instance: &mut dyn HandlerInstance,
+        scope: &mut KeyScope,
+        tag: EventTypeTag,
+        bodies: &[Vec<u8>],
+    ) -> Result<(), CallError> {
+        let mut backoff = self.config.retry.transient_backoff;
+        for _ in 0..self.config.retry.transient_retries {
+            match instance.handle(scope, tag, bodies) {
+                Err(CallError::Handler { class: ErrorClass::Transient, .. }) => {
+                    std::thread::sleep(backoff);
+                    backoff = backoff.saturating_mul(2);
+                }
+                result => return result,
+            }
+        }
+        instance.handle(scope, tag, bodies)
+    }
+
+    /// Writes a key's unfinished work to the retry topic, in execution
+    /// order, with orderings rewritten so each stage stays a segment.
+    fn retry_later(&self, partition: u32, key: KeyHash, unfinished: Vec<Unfinished>, out: &mut WorkerOutcome) {
+        let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
+        for (item, ordering) in unfinished.into_iter().zip(orderings) {
+            let routed = self.routed(partition, item.origin, item.attempts, item.failure);
+            let envelope = RunShape { ordering, ..item.shape }.envelope(key);
+            let record = routing::routed_record(&envelope, &routed, item.body);
+            out.routed.push(self.routed_entry(retry_topic, partition, key, record));
+            out.summary.retry_in += item.origin.events;
+        }
+    }
+
+    /// The routing headers of a record of this projection.
+    fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
+        Routed {
+            projection: self.projection.name().to_owned(),
+            origin_partition: partition,
+            origin_offset: origin.offset,
+            events: origin.events,
+            attempts,
+            failed_at_ms: routing::now_ms(),
+            failure,
+        }
+    }
+
+    /// An outbox entry for the retry or dead-letter topic (`topic_of` the
+    /// projection's topic), to the partition the event came from.
+    fn routed_entry(
+        &self,
+        topic_of: fn(&str) -> String,
+        partition: u32,
+        key: KeyHash,
+        record: crate::log::Record,
+    ) -> OutboxEntry {
+        OutboxEntry { topic: topic_of(self.projection.topic()), partition_key: key, partition: Some(partition), record }
+    }
+
+    /// Publishes the outbox: what committed batches emitted or routed.
     async fn publish_outbox(&self) -> Result<(), ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
-        let store = self.projection.store();
-        let pending = store.outbox()?;
-        let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
-        // Outbox sequence numbers stamp the appends, so entries a crash left
-        // behind after they were appended are recognised and not sent again.
-        let producer = outbox_producer(self.projection.name());
-        let mut by_topic: FxHashMap<String, TopicAppend> = FxHashMap::default();
-        for (sequence, entry) in pending {
-            if !by_topic.contains_key(&entry.topic) {
-                let append = TopicAppend {
-                    partitions: self.log.partitions(&entry.topic).await?,
-                    appended: self.log.producer_sequence(&entry.topic, &producer).await?,
-                    ..TopicAppend::default()
-                };
-                by_topic.insert(entry.topic.clone(), append);
-            }
-            let append = by_topic.get_mut(&entry.topic).expect("inserted above");
-            if append.appended.is_some_and(|appended| sequence <= appended) {
-                continue;
-            }
-            let partition = partition_for(entry.partition_key, append.partitions);
-            match append.batches.iter_mut().find(|(p, _)| *p == partition) {
-                Some((_, records)) => records.push(entry.record),
-                None => append.batches.push((partition, vec![entry.record])),
-            }
-            append.last = sequence;
-        }
-        for (topic, append) in by_topic {
-            if !append.batches.is_empty() {
-                self.log.append_as(&topic, append.batches, &producer, append.last).await?;
-            }
-        }
-        store.remove_outbox(last_seq)?;
-        Ok(())
+        publish_outbox(&*self.log, self.projection.store(), self.projection.name()).await
     }
+}
+
+/// Appends a projection's pending outbox to the log and clears it: the
+/// messages its handlers emitted and the records it routed to retry and
+/// dead-letter topics, in commit order.
+///
+/// Appends are stamped with the outbox's sequence numbers, as the producer
+/// [`outbox_producer`], so entries appended just before a crash are not
+/// appended again. Callers must not publish one projection's outbox from
+/// two places at once.
+pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection: &str) -> Result<(), ConsumerError> {
+    let pending = store.outbox()?;
+    let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
+    let producer = outbox_producer(projection);
+    let mut by_topic: FxHashMap<String, TopicAppend> = FxHashMap::default();
+    for (sequence, entry) in pending {
+        if !by_topic.contains_key(&entry.topic) {
+            let append = TopicAppend {
+                partitions: log.partitions(&entry.topic).await?,
+                appended: log.producer_sequence(&entry.topic, &producer).await?,
+                ..TopicAppend::default()
+            };
+            by_topic.insert(entry.topic.clone(), append);
+        }
+        let append = by_topic.get_mut(&entry.topic).expect("inserted above");
+        if append.appended.is_some_and(|appended| sequence <= appended) {
+            continue;
+        }
+        let partition = entry.partition.unwrap_or_else(|| partition_for(entry.partition_key, append.partitions));
+        match append.batches.iter_mut().find(|(p, _)| *p == partition) {
+            Some((_, records)) => records.push(entry.record),
+            None => append.batches.push((partition, vec![entry.record])),
+        }
+        append.last = sequence;
+    }
+    for (topic, append) in by_topic {
+        if !append.batches.is_empty() {
+            log.append_as(&topic, append.batches, &producer, append.last).await?;
+        }
+    }
+    store.remove_outbox(last_seq)?;
+    Ok(())
 }
 
 /// The producer name a projection's outbox appends as
@@ -568,6 +900,27 @@ async fn collect(mut tasks: tokio::task::JoinSet<Result<Summary, ConsumerError>>
     first_error.map_or(Ok(total), Err)
 }
 
+/// What a batch hands the planner and the workers, index for index.
+#[derive(Default)]
+struct BatchInput {
+    plan: Vec<PlanRecord>,
+    algebras: Vec<Algebra>,
+    origins: Vec<Origin>,
+    bodies: Vec<Option<Vec<u8>>>,
+    /// Attempts each record has had (records taken from retry).
+    attempts: Vec<u32>,
+}
+
+impl BatchInput {
+    fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
+        self.plan.push(PlanRecord { key: headers.key_hash, tag: headers.tag, ordering: headers.ordering });
+        self.algebras.push(headers.algebra);
+        self.origins.push(origin);
+        self.attempts.push(attempts);
+        self.bodies.push(Some(body));
+    }
+}
+
 /// One key's runs, in execution order, with their bodies moved in.
 struct KeyWork {
     key: KeyHash,
@@ -576,27 +929,67 @@ struct KeyWork {
 
 struct RunWork {
     tag: EventTypeTag,
-    offsets: Vec<u64>,
+    /// Which stage of the key's execution the run belongs to.
+    stage: usize,
+    /// The ordering and algebra its first record carried.
+    ordering: EventAtomicOrdering,
+    algebra: Algebra,
+    origins: Vec<Origin>,
     bodies: Vec<Vec<u8>>,
+    /// Attempts each record has had.
+    attempts: Vec<u32>,
+}
+
+impl RunWork {
+    fn shape(&self) -> RunShape {
+        RunShape { tag: self.tag, stage: self.stage, ordering: self.ordering, algebra: self.algebra }
+    }
+}
+
+/// What a routed record of a run needs besides its body and origin.
+#[derive(Clone, Copy)]
+struct RunShape {
+    tag: EventTypeTag,
+    stage: usize,
+    ordering: EventAtomicOrdering,
+    algebra: Algebra,
+}
+
+impl RunShape {
+    fn envelope(&self, key: KeyHash) -> EventHeaders {
+        EventHeaders { tag: self.tag, key_hash: key, ordering: self.ordering, algebra: self.algebra }
+    }
+}
+
+/// A record of a key's work that did not run, on its way to retry.
+struct Unfinished {
+    shape: RunShape,
+    origin: Origin,
+    attempts: u32,
+    /// Why, for the chunk that failed.
+    failure: Option<Failure>,
+    body: Vec<u8>,
 }
 
 #[derive(Default)]
 struct WorkerOutcome {
     keys: Vec<(KeyHash, KeyOutcome)>,
-    applied: u64,
-    skipped: u64,
-    calls: u64,
+    /// Records for the retry and dead-letter topics.
+    routed: Vec<OutboxEntry>,
+    summary: Summary,
 }
 
 /// Turns the plan into per-worker lists of keys, moving each body into the
 /// run that holds it. Keys go round-robin to workers in order of first
 /// appearance; body runs of a segment are executed in plan order, which the
-/// spec allows (they may run in any order).
-fn split_work(plan: &Plan, bodies: &mut [Option<Vec<u8>>], offsets: &[u64], workers: usize) -> Vec<Vec<KeyWork>> {
+/// spec allows (they may run in any order). Stages are numbered per key in
+/// execution order.
+fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<KeyWork>> {
     let mut work: Vec<Vec<KeyWork>> = (0..workers.min(plan.keys().len()).max(1)).map(|_| Vec::new()).collect();
     let worker_count = work.len();
     for (index, key) in plan.keys().iter().enumerate() {
         let mut runs = Vec::new();
+        let mut stage_index = 0;
         for segment in plan.segments(key) {
             for stage in plan.stages(segment) {
                 let stage_runs = match stage {
@@ -605,12 +998,18 @@ fn split_work(plan: &Plan, bodies: &mut [Option<Vec<u8>>], offsets: &[u64], work
                 };
                 for run in stage_runs {
                     let records = plan.records(run);
+                    let first = records[0];
                     runs.push(RunWork {
                         tag: run.tag(),
-                        offsets: records.iter().map(|&i| offsets[i]).collect(),
-                        bodies: records.iter().map(|&i| bodies[i].take().unwrap_or_default()).collect(),
+                        stage: stage_index,
+                        ordering: input.plan[first].ordering,
+                        algebra: input.algebras[first],
+                        origins: records.iter().map(|&i| input.origins[i]).collect(),
+                        attempts: records.iter().map(|&i| input.attempts[i]).collect(),
+                        bodies: records.iter().map(|&i| input.bodies[i].take().unwrap_or_default()).collect(),
                     });
                 }
+                stage_index += 1;
             }
         }
         work[index % worker_count].push(KeyWork { key: key.key_hash(), runs });

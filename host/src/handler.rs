@@ -318,6 +318,7 @@ impl KeyScope {
         self.call.outbox.push(OutboxEntry {
             topic: message.topic,
             partition_key: message.headers.key_hash,
+            partition: None,
             record: Record { headers: message.headers.to_headers(), body: message.body },
         });
         Ok(())

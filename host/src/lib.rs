@@ -23,6 +23,9 @@
 //!   linkers and stores, and the limits every instance runs under.
 //! - [`projection`]: modules over one topic, their routing and state.
 //! - [`consumer`]: the loop: poll → plan → reduce → invoke → commit.
+//! - [`routing`]: where failed events go: the retry and dead-letter
+//!   topics, their records, the delay schedule and the retry queue.
+//! - [`dead_letter`]: listing dead letters and re-driving them.
 //! - [`publish`]: events in, messages with headers from the module out.
 //! - [`guest_build`]: building a guest crate into a component.
 //! - [`demo`]: the bank workload and its oracle.
@@ -37,12 +40,14 @@
 
 pub mod cli;
 pub mod consumer;
+pub mod dead_letter;
 pub mod demo;
 pub mod guest_build;
 pub mod handler;
 pub mod log;
 pub mod projection;
 pub mod publish;
+pub mod routing;
 pub mod runtime;
 pub mod state;
 

@@ -37,8 +37,12 @@
 //! (name → i64), `stats` (name → u64), `positions` ((topic, partition) →
 //! next offset), `outbox` (sequence → postcard [`OutboxEntry`]), `meta`
 //! (name → bytes, for the host's own bookkeeping such as module versions)
-//! and `sequences` (the next outbox sequence number, so numbers are never
-//! reused even when the outbox is emptied).
+//! `sequences` (the next outbox sequence number, so numbers are never
+//! reused even when the outbox is emptied) and `done` ((topic, partition,
+//! offset): records at or above a partition's position that are already
+//! dealt with, such as retry records taken out of order, or dead letters
+//! already re-driven). Committing a position drops the `done` entries of
+//! that partition below it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,6 +61,7 @@ const POSITIONS: TableDefinition<(&str, u32), u64> = TableDefinition::new("posit
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
+const DONE: TableDefinition<(&str, u32, u64), ()> = TableDefinition::new("done");
 
 /// The `sequences` entry holding the next outbox sequence number.
 const OUTBOX_NEXT: &str = "outbox";
@@ -105,14 +110,18 @@ pub enum StateError {
     },
 }
 
-/// A message a handler emitted, waiting in the outbox to be appended to the
-/// log once the batch that produced it is committed.
+/// A record waiting in the outbox to be appended to the log once the batch
+/// that produced it is committed: a message a handler emitted, or an event
+/// routed to the retry or dead-letter topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboxEntry {
     /// The topic to append to.
     pub topic: String,
     /// The key hash that picks the partition ([`crate::event::partition_for`]).
     pub partition_key: KeyHash,
+    /// The partition, when it is not picked by the key (a message whose
+    /// headers could not be read goes to the partition it came from).
+    pub partition: Option<u32>,
     /// The record to append.
     pub record: Record,
 }
@@ -197,6 +206,9 @@ pub struct BatchCommit {
     /// Messages emitted by the batch, in order; each gets the next outbox
     /// sequence number.
     pub outbox: Vec<OutboxEntry>,
+    /// Records at or above their partition's position now dealt with, as
+    /// (topic, partition, offset).
+    pub done: Vec<(String, u32, u64)>,
 }
 
 impl BatchCommit {
@@ -207,6 +219,7 @@ impl BatchCommit {
             && self.stat_deltas.is_empty()
             && self.positions.is_empty()
             && self.outbox.is_empty()
+            && self.done.is_empty()
     }
 }
 
@@ -249,6 +262,7 @@ impl StateStore {
         txn.open_table(OUTBOX).map_err(|e| store.storage(e))?;
         txn.open_table(META).map_err(|e| store.storage(e))?;
         txn.open_table(SEQUENCES).map_err(|e| store.storage(e))?;
+        txn.open_table(DONE).map_err(|e| store.storage(e))?;
         txn.commit().map_err(|e| store.storage(e))?;
         Ok(store)
     }
@@ -280,7 +294,7 @@ impl StateStore {
         if commit.is_empty() {
             return Ok(());
         }
-        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox } = commit;
+        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done } = commit;
         let outbox = outbox
             .iter()
             .map(|entry| {
@@ -321,9 +335,15 @@ impl StateStore {
                 stats.insert(name.as_str(), value.saturating_add(delta)).map_err(|e| self.storage(e))?;
             }
 
+            let mut done_table = txn.open_table(DONE).map_err(|e| self.storage(e))?;
+            for (topic, partition, offset) in &done {
+                done_table.insert((topic.as_str(), *partition, *offset), ()).map_err(|e| self.storage(e))?;
+            }
             let mut table = txn.open_table(POSITIONS).map_err(|e| self.storage(e))?;
             for (topic, partition, next) in &positions {
                 table.insert((topic.as_str(), *partition), *next).map_err(|e| self.storage(e))?;
+                let below = (topic.as_str(), *partition, 0)..(topic.as_str(), *partition, *next);
+                done_table.retain_in(below, |_, _| false).map_err(|e| self.storage(e))?;
             }
 
             if !outbox.is_empty() {
@@ -406,6 +426,17 @@ impl StateStore {
         let txn = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(POSITIONS).map_err(|e| self.storage(e))?;
         Ok(table.get((topic, partition)).map_err(|e| self.storage(e))?.map(|v| v.value()))
+    }
+
+    /// Offsets of a partition marked done ([`BatchCommit::done`]), in order.
+    pub fn done(&self, topic: &str, partition: u32) -> Result<Vec<u64>, StateError> {
+        let txn = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(DONE).map_err(|e| self.storage(e))?;
+        let mut offsets = Vec::new();
+        for entry in table.range((topic, partition, 0)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))? {
+            offsets.push(entry.map_err(|e| self.storage(e))?.0.value().2);
+        }
+        Ok(offsets)
     }
 
     /// The pending outbox entries with their sequence numbers, in order.
@@ -522,6 +553,7 @@ mod tests {
         OutboxEntry {
             topic: topic.into(),
             partition_key: u64::from(n),
+            partition: None,
             record: Record { headers: vec![Header { name: "h".into(), value: vec![n] }], body: vec![n; 3] },
         }
     }
@@ -592,6 +624,7 @@ mod tests {
                     stat_deltas: [("applied".to_owned(), 3)].into_iter().collect(),
                     positions: vec![("t".into(), 0, 9)],
                     outbox: vec![entry("out", 2)],
+                    done: vec![("t".into(), 0, 12)],
                 })
                 .unwrap_err();
             assert!(matches!(err, StateError::CounterOverflow { ref name, delta: 2, .. } if name == "total"), "{err}");
@@ -601,6 +634,7 @@ mod tests {
         assert_eq!(store.position("t", 0).unwrap(), Some(5));
         assert_eq!(store.counters().unwrap(), vec![("total".to_owned(), i64::MAX - 1)]);
         assert_eq!(store.stats().unwrap(), vec![]);
+        assert!(store.done("t", 0).unwrap().is_empty());
         assert_eq!(store.outbox().unwrap(), vec![(0, entry("out", 1))]);
     }
 
@@ -744,5 +778,21 @@ mod tests {
         store.set_meta("module/bank", b"v1").unwrap();
         store.set_meta("module/bank", b"v2").unwrap();
         assert_eq!(store.meta("module/bank").unwrap(), Some(b"v2".to_vec()));
+    }
+
+    #[test]
+    fn done_offsets_are_dropped_once_the_position_passes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir);
+        let done = |offsets: &[u64]| offsets.iter().map(|&o| ("retry_t".to_owned(), 1, o)).collect();
+        store.commit(BatchCommit { done: done(&[4, 7, 9]), ..BatchCommit::default() }).unwrap();
+        store.commit(BatchCommit { done: done(&[3]), ..BatchCommit::default() }).unwrap();
+        assert_eq!(store.done("retry_t", 1).unwrap(), [3, 4, 7, 9]);
+        assert!(store.done("retry_t", 0).unwrap().is_empty());
+        // Position 8 in the same commit as a new done offset: below 8 goes.
+        let commit =
+            BatchCommit { done: done(&[12]), positions: vec![("retry_t".into(), 1, 8)], ..BatchCommit::default() };
+        store.commit(commit).unwrap();
+        assert_eq!(store.done("retry_t", 1).unwrap(), [9, 12]);
     }
 }

@@ -309,3 +309,76 @@ fn sigterm_finishes_the_batch_in_flight_commits_and_exits_0() {
 fn sigint_finishes_the_batch_in_flight_commits_and_exits_0() {
     a_signal_stops_the_run_after_the_batch_in_flight("INT");
 }
+
+#[test]
+fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = common::probe_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "ledger.jsonl",
+        &[
+            r#"{"type": "Ledger", "body": {"key": 1, "seq": 1, "amount": 5, "fail": null, "ordering": "relaxed"}}"#,
+            r#"{"type": "Ledger", "body": {"key": 1, "seq": 2, "amount": 7, "fail": "unrecoverable", "ordering": "relaxed"}}"#,
+            r#"{"type": "Ledger", "body": {"key": 2, "seq": 1, "amount": 1, "fail": "trap", "ordering": "relaxed"}}"#,
+        ],
+    );
+    let out = waku(
+        &["publish", "--data", "data", "--topic", "ledger", "--partitions", "1", "--module", &probe, &file],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    std::fs::copy(&probe, dir.path().join("modules/probe.wasm")).unwrap();
+    let run = || {
+        let args = ["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
+        waku(&[&args[..], &["--until-caught-up", "--max-attempts", "2", "--retry-delays", "0s"]].concat(), dir.path())
+    };
+    let out = run();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("1 applied, 0 skipped, 2 dead-lettered"), "{stdout}");
+    assert!(stdout.contains("see `waku dlq list`"), "{stdout}");
+
+    let dlq = |args: &[&str]| {
+        let base = ["dlq", args[0], "--data", "data", "--projection", "ledger", "--topic", "ledger"];
+        waku(&[&base[..], &args[1..]].concat(), dir.path())
+    };
+    let out = dlq(&["list"]);
+    let listing = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines.len(), 2, "{listing}");
+    assert!(lines[0].starts_with("0:0\tunrecoverable\t"), "{listing}");
+    assert!(lines[0].contains("from 0:1 (1 events)\tattempts 1"), "{listing}");
+    assert!(lines[0].contains("ledger entry 2 of key 1"), "{listing}");
+    assert!(lines[1].starts_with("0:1\ttrap\t") && lines[1].contains("attempts 2"), "{listing}");
+    assert!(lines[1].contains("ledger entry 1 of key 2 traps"), "{listing}");
+    assert!(text(&out.stderr).contains("2 dead letters of `ledger` (2 not re-driven)"));
+
+    let out = dlq(&["show", "--partition", "0", "--offset", "1"]);
+    let shown = text(&out.stdout);
+    assert!(shown.contains("class:        trap"), "{shown}");
+    assert!(shown.contains("module:       probe@"), "{shown}");
+    assert!(shown.contains(r#""fail":"trap""#), "{shown}");
+    let out = dlq(&["show", "--partition", "0", "--offset", "9"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("projection `ledger` has no dead letter at partition 0, offset 9"));
+
+    // Re-driving needs a selection; a named record is re-driven once.
+    let out = dlq(&["redrive"]);
+    assert!(text(&out.stderr).contains("say which dead letters to re-drive"), "{}", text(&out.stderr));
+    let out = dlq(&["redrive", "--record", "0:0"]);
+    assert!(text(&out.stdout).starts_with("re-drove 1 dead letters (1 events)"), "{}", text(&out.stdout));
+    let out = dlq(&["redrive", "--all"]);
+    assert!(text(&out.stdout).contains("re-drove 1 dead letters (1 events)"), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("(1 re-driven before, left alone)"), "{}", text(&out.stdout));
+
+    // The module is still the same, so both fail again and come back as
+    // new dead letters; the old ones are marked re-driven.
+    let out = run();
+    assert!(text(&out.stdout).contains("0 applied, 0 skipped, 2 dead-lettered"), "{}", text(&out.stdout));
+    let listing = text(&dlq(&["list"]).stdout);
+    assert_eq!(listing.lines().filter(|l| l.ends_with("[re-driven]")).count(), 2, "{listing}");
+    assert_eq!(listing.lines().count(), 4, "{listing}");
+}

@@ -10,6 +10,8 @@
 //! - [`bank_log`] publishes a seeded bank workload into a fresh embedded log.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
+//! - [`flaky`] is a native module that fails on cue, for the retry and
+//!   dead-letter tests.
 //! - [`liar`] builds hand-written components that break the contract
 //!   (garbage return values, bad descriptions, another world).
 
@@ -28,6 +30,7 @@ use wakuwaku::plan::{PlanRecord, must_precede};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
+pub mod flaky;
 pub mod liar;
 pub mod native;
 

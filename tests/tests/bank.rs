@@ -24,6 +24,8 @@ async fn consume_and_check(spec: WorkloadSpec, partitions: u32, batch_size: usiz
     assert_eq!(summary.consumed, spec.events as u64);
     assert_eq!(summary.applied, spec.events as u64);
     assert_eq!((summary.skipped, summary.malformed), (0, 0));
+    // Every call is counted; reduction makes fewer calls than events.
+    assert!(summary.calls > 0 && summary.calls < summary.applied, "{summary:?}");
 
     // The read model equals the oracle.
     let store = projection.store();

@@ -1,16 +1,16 @@
 //! The consumer's accounting: unknown tags are skipped and counted,
-//! unreadable headers are counted, and a failing handler fails its batch
-//! before anything of it is committed.
+//! unreadable headers are dead-lettered and counted, and a failing handler
+//! sends its event to retry while the rest of the batch commits.
 
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError, outbox_producer, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig, outbox_producer, stat};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
-use wakuwaku::handler::{CallError, ErrorClass};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::routing::{FailureClass, Routed};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
 use wakuwaku_tests::probe_wasm;
@@ -49,41 +49,64 @@ async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
         record(EventTypeTag::new(99), 3, json!({})),
     ];
     let (_dir, log, projection) = setup(records).await;
-    let summary = Consumer::new(log, projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.skipped, summary.malformed), (6, 2, 2, 2));
     let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
     assert_eq!(stats[stat::APPLIED], 2);
     assert_eq!(stats[stat::SKIPPED], 2);
     assert_eq!(stats[stat::MALFORMED], 2);
+    assert_eq!(stats[stat::DEAD_LETTERED], 2);
     assert_eq!(projection.store().position("probes", 0).unwrap(), Some(6));
+    // Both unreadable messages are in the dead-letter topic with the reason.
+    let dead = log.read("dlq_probes", 0, 0, 10).await.unwrap();
+    let reasons: Vec<(u64, String)> = dead
+        .iter()
+        .map(|d| {
+            let routed = Routed::parse(&d.record.headers).unwrap();
+            let failure = routed.failure.unwrap();
+            assert_eq!(failure.class, FailureClass::Malformed);
+            (routed.origin_offset, failure.message)
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [(2, "header `waku-key` has 3 bytes, expected 8".to_owned()), (4, "missing header `waku-version`".to_owned())]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_handler_fails_the_batch_and_commits_nothing_of_it() {
+async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
     let records = vec![
         record(NOTE, 1, json!({ "key": 1, "text": "first", "emit_to": null })),
         record(NOTE, 2, json!({ "key": 2, "text": "other key", "emit_to": null })),
         record(FAIL, 1, json!({ "key": 1, "class": "retryable", "message": "the ledger is busy" })),
     ];
     let (_dir, log, projection) = setup(records).await;
-    let error = Consumer::new(log, projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap_err();
-    match &error {
-        ConsumerError::Handler { projection: name, partition, offset, key, event_type, error: call, .. } => {
-            assert_eq!((name.as_str(), *partition, *offset, *key, event_type.as_str()), ("probe", 0, 2, 1, "Fail"));
-            assert_eq!(
-                call,
-                &CallError::Handler { class: ErrorClass::Retryable, message: "the ledger is busy".into() }
-            );
-        }
-        other => panic!("expected a handler error, got {other}"),
-    }
-    let text = error.to_string();
-    assert!(text.contains("offset 2") && text.contains("`Fail`") && text.contains("the ledger is busy"), "{text}");
-    // Nothing of the batch was committed: no position, no state, no counts.
+    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    assert_eq!((summary.consumed, summary.applied, summary.retry_in, summary.dead_lettered), (3, 2, 1, 0));
+
+    // The batch committed: position, both notes, the counts.
     let store = projection.store();
-    assert_eq!(store.position("probes", 0).unwrap(), None);
-    assert!(store.keys().unwrap().is_empty());
-    assert!(store.stats().unwrap().is_empty());
+    assert_eq!(store.position("probes", 0).unwrap(), Some(3));
+    assert_eq!(store.get(2, "last").unwrap(), Some(b"\"other key\"".to_vec()));
+    assert_eq!(store.get(1, "before-failure").unwrap(), None, "the failed call left a write");
+    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
+    assert_eq!((stats[stat::APPLIED], stats[stat::RETRY_IN]), (2, 1));
+
+    // The failed event waits in the retry topic (its first delay is 1 s),
+    // saying where it came from and why.
+    let waiting = log.read("retry_probes", 0, 0, 10).await.unwrap();
+    assert_eq!(waiting.len(), 1);
+    let routed = Routed::parse(&waiting[0].record.headers).unwrap();
+    assert_eq!((routed.projection.as_str(), routed.origin_partition, routed.origin_offset), ("probe", 0, 2));
+    assert_eq!((routed.events, routed.attempts), (1, 1));
+    let failure = routed.failure.unwrap();
+    assert_eq!(failure.class, FailureClass::Retryable);
+    assert_eq!(failure.message, "retryable handler error: the ledger is busy");
+    assert_eq!(failure.module, "probe");
+    assert_eq!(failure.version, projection.modules()[0].version());
+    assert_eq!(EventHeaders::parse_stored(&waiting[0].record.headers).unwrap().key_hash, 1);
+    assert_eq!(log.end_offset("dlq_probes", 0).await.unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,6 +117,7 @@ async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
     let entry = |i: u64| OutboxEntry {
         topic: "notes-out".into(),
         partition_key: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        partition: None,
         record: record(NOTE, i, json!({ "key": i, "text": "out", "emit_to": null })),
     };
     let commit = BatchCommit { outbox: vec![entry(1), entry(2), entry(3)], ..BatchCommit::default() };

@@ -1,8 +1,11 @@
 //! Components that break the contract (see `wakuwaku_tests::liar`): a bad
 //! description refuses the load with the reason; garbage return values trap
 //! the call cleanly and the same instance works again; components of another
-//! world are refused; and a module that traps on every call does not stop
-//! another module of the same projection.
+//! world are refused; a module that traps on every call does not stop
+//! another module of the same projection; and through the consumer, every
+//! hostile call (endless loop, memory bomb, deep recursion, panic, oversized
+//! state value, oversized emit, garbage return value) lands in the
+//! dead-letter topic with its reason while the other keys are applied.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -191,4 +194,90 @@ fn a_module_burning_its_cpu_budget_does_not_stall_the_other_module_on_another_th
     });
     assert_eq!(spins, 3);
     assert!(truths >= 10, "the liar made only {truths} calls while the probe spun for three budgets");
+}
+
+/// Every hostile module of the suite, end to end through the consumer:
+/// each failure lands where the error table says with a reason naming it,
+/// and every other key of both modules is applied in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_rest_is_applied() {
+    use wakuwaku::consumer::{Consumer, ConsumerConfig};
+    use wakuwaku::event::{Algebra, EventHeaders};
+    use wakuwaku::log::embedded::EmbeddedLog;
+    use wakuwaku::log::{EventLog, Record};
+    use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
+
+    const HOG: EventTypeTag = EventTypeTag::new(2);
+    const RECURSE: EventTypeTag = EventTypeTag::new(6);
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = Sandbox::new(SandboxLimits {
+        memory_bytes: 16 << 20,
+        call_budget: Duration::from_millis(200),
+        ..SandboxLimits::default()
+    })
+    .unwrap();
+    let probe = load_module_file(&sandbox, &probe_wasm()).unwrap();
+    let liar = load_liar(&sandbox, Describe::Honest).unwrap();
+    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+    let projection = Arc::new(Projection::new("both", "mixed", vec![probe, liar], store).unwrap());
+
+    let record = |key: u64, tag: EventTypeTag, body: serde_json::Value| {
+        let headers = EventHeaders {
+            tag,
+            key_hash: key,
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+        };
+        Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
+    };
+    let big = "x".repeat(4096);
+    let hostile = [
+        (1, record(1, SPIN, json!({ "key": 1 })), FailureClass::Trap, "CPU budget"),
+        (2, record(2, HOG, json!({ "key": 2, "mib": 64 })), FailureClass::Trap, "memory"),
+        (3, record(3, RECURSE, json!({ "key": 3, "depth": 100_000_000u64 })), FailureClass::Trap, "stack overflow"),
+        (4, record(4, PANIC, json!({ "key": 4, "message": "boom" })), FailureClass::Trap, "boom"),
+        (
+            5,
+            record(5, NOTE, json!({ "key": 5, "text": big, "emit_to": null })),
+            FailureClass::Unrecoverable,
+            "over the limit of 1024 bytes",
+        ),
+        (
+            6,
+            record(6, NOTE, json!({ "key": 6, "text": "e", "emit_to": "out" })),
+            FailureClass::Unrecoverable,
+            "over the limit of 8 bytes",
+        ),
+        (7, Record { body: b"{}".to_vec(), ..record(7, LIE, json!({})) }, FailureClass::Trap, "trap"),
+    ];
+    let mut records: Vec<Record> = hostile.iter().map(|(_, r, _, _)| r.clone()).collect();
+    for key in 10..20 {
+        records.push(record(key, NOTE, json!({ "key": key, "text": "fine", "emit_to": null })));
+    }
+    records.push(Record { body: b"{}".to_vec(), ..record(21, TRUTH, json!({})) });
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("mixed", 1).await.unwrap();
+    log.create_topic("out", 1).await.unwrap();
+    log.append("mixed", vec![(0, records)]).await.unwrap();
+
+    let config = ConsumerConfig {
+        payload: PayloadLimits { max_state_value: 1024, max_emit_body: 8, ..PayloadLimits::default() },
+        retry: RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() },
+        ..ConsumerConfig::default()
+    };
+    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (11, 7));
+    assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 10)]);
+
+    let dead = log.read("dlq_mixed", 0, 0, 100).await.unwrap();
+    assert_eq!(dead.len(), hostile.len());
+    for (key, _, class, reason) in hostile {
+        let letter = dead
+            .iter()
+            .find(|d| EventHeaders::parse_stored(&d.record.headers).unwrap().key_hash == key)
+            .unwrap_or_else(|| panic!("key {key} is not in the dead-letter topic"));
+        let failure = Routed::parse(&letter.record.headers).unwrap().failure.unwrap();
+        assert_eq!(failure.class, class, "key {key}: {}", failure.message);
+        assert!(failure.message.contains(reason), "key {key}: {:?} does not name {reason:?}", failure.message);
+    }
 }

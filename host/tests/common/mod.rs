@@ -29,14 +29,18 @@ pub fn text(bytes: &[u8]) -> String {
 /// The bank example, built once for this test binary.
 pub fn bank_wasm() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        GuestBuild {
-            target_dir: Some(root.join("target/guests")),
-            quiet: true,
-            ..GuestBuild::new(root.join("examples/bank"))
-        }
+    BUILT.get_or_init(|| guest("examples/bank"))
+}
+
+/// The probe test module, built once for this test binary.
+pub fn probe_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| guest("tests/guests/probe"))
+}
+
+fn guest(crate_path: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    GuestBuild { target_dir: Some(root.join("target/guests")), quiet: true, ..GuestBuild::new(root.join(crate_path)) }
         .run()
-        .expect("the bank example builds")
-    })
+        .unwrap_or_else(|e| panic!("{crate_path} builds: {e}"))
 }

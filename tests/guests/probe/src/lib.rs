@@ -1,11 +1,13 @@
 //! A handler module for the host's own tests. Each event type asks it to do
 //! one thing, well or badly, so tests can check what the sandbox and the
 //! consumer do about it: spin, hog memory, panic, note (state, counter,
-//! log, emit), fail by class, recurse, chatter on stderr, or peek at its
-//! surroundings.
+//! log, emit), fail by class, recurse, chatter on stderr, peek at its
+//! surroundings, or keep a ledger that fails on cue.
 
 use serde::{Deserialize, Serialize};
-use wakuwaku_guest::{Context, ErrorClass, Event, EventTypeTag, Handler, HandlerError, PartitionKey};
+use wakuwaku_guest::{
+    Context, ErrorClass, Event, EventAtomicOrdering, EventTypeTag, Handler, HandlerError, PartitionKey,
+};
 
 /// Every probe event is keyed by a plain number.
 #[derive(Hash)]
@@ -44,8 +46,72 @@ probe_event!(Recurse, 6, { depth: u64 });
 probe_event!(Peek, 7, {});
 probe_event!(Chatter, 40, { lines: u64 });
 
+/// A ledger entry for the crash test: `amount` is added to the key's
+/// `balance`, unless `fail` names a failure to cause instead
+/// (`"transient"`, `"retryable"`, `"unrecoverable"` or `"trap"`). `seq`
+/// rises per key in publication order; a handler that sees it fall counts
+/// `out_of_order`. One event per call, so a failure fails only its own event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ledger {
+    /// The key.
+    pub key: u64,
+    /// Publication order within the key.
+    pub seq: u64,
+    /// Added to the balance.
+    pub amount: i64,
+    /// A failure to cause instead.
+    pub fail: Option<String>,
+    /// `relaxed`, `acquire`, `release` or `acq-rel`.
+    pub ordering: String,
+}
+
+impl Event for Ledger {
+    const TYPE_TAG: EventTypeTag = EventTypeTag::new(50);
+    const NAME: &'static str = "Ledger";
+    const MAX_BATCH: u32 = 1;
+    type Key = ProbeKey;
+
+    fn key(&self) -> ProbeKey {
+        ProbeKey(self.key)
+    }
+
+    fn atomic_ordering(&self) -> EventAtomicOrdering {
+        match self.ordering.as_str() {
+            "acquire" => EventAtomicOrdering::Acquire,
+            "release" => EventAtomicOrdering::Release,
+            "acq-rel" => EventAtomicOrdering::AcqRel,
+            _ => EventAtomicOrdering::Relaxed,
+        }
+    }
+}
+
 /// The probe module.
 pub struct Probe;
+
+impl Handler<Ledger> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[Ledger]) -> Result<(), HandlerError> {
+        for entry in events {
+            let class = match entry.fail.as_deref() {
+                None => None,
+                Some("trap") => panic!("ledger entry {} of key {} traps", entry.seq, entry.key),
+                Some("transient") => Some(ErrorClass::Transient),
+                Some("retryable") => Some(ErrorClass::Retryable),
+                Some(_) => Some(ErrorClass::Unrecoverable),
+            };
+            if let Some(class) = class {
+                return Err(HandlerError::new(class, format!("ledger entry {} of key {}", entry.seq, entry.key)));
+            }
+            if ctx.get::<u64>("seq")?.is_some_and(|last| last >= entry.seq) {
+                ctx.counter_add("out_of_order", 1);
+            }
+            ctx.set("seq", &entry.seq)?;
+            let balance = ctx.get::<i64>("balance")?.unwrap_or(0);
+            ctx.set("balance", &(balance + entry.amount))?;
+            ctx.counter_add("ledger", 1);
+        }
+        Ok(())
+    }
+}
 
 impl Handler<Spin> for Probe {
     fn handle(_: &mut Context<'_>, _: &[Spin]) -> Result<(), HandlerError> {
@@ -152,4 +218,4 @@ impl Handler<Peek> for Probe {
     }
 }
 
-wakuwaku_guest::export_module!(Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek);
+wakuwaku_guest::export_module!(Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger);

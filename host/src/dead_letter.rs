@@ -1,0 +1,241 @@
+//! Dead letters: reading a topic's dead-letter topic, and re-driving its
+//! records back through the normal path once the module is fixed.
+//!
+//! Rules kept here:
+//! - **A dead letter is never removed.** The dead-letter topic is a log;
+//!   re-driving a record marks it done in the projection's state (the
+//!   `done` table, [`crate::state::BatchCommit::done`]) in the same
+//!   transaction that queues its copy, so it is re-driven once.
+//! - **Re-driven records take the retry path.** They are appended to the
+//!   projection's retry topic (same partition) with no attempts made, so the
+//!   consumer picks them up at once, behind any work of their key already
+//!   waiting, and only the projection that dead-lettered them applies them
+//!   again: a shared topic's other projections never see them.
+//! - **Per-key order among re-driven records is the dead-letter order.**
+//!   Each re-driven record acquires ([`routing::rewrite_orderings`] with one
+//!   stage per record), so planning them again runs them one after another.
+//! - **Nothing is half done.** The copies go through the projection's
+//!   outbox: committed with the marks, then appended exactly once.
+
+use crate::consumer::{ConsumerError, publish_outbox, stat};
+use crate::event::{EventHeaders, HeaderError, KeyHash};
+use crate::log::{EventLog, LogError, Record};
+use crate::routing::{self, Routed, dlq_topic, retry_topic};
+use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
+
+/// One record of a dead-letter topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its partition in the dead-letter topic (the partition it came from).
+    pub partition: u32,
+    /// Its offset in the dead-letter topic.
+    pub offset: u64,
+    /// Where it came from and why it failed.
+    pub routed: Routed,
+    /// Its event envelope, or why that cannot be read (a malformed message).
+    pub envelope: Result<EventHeaders, HeaderError>,
+    /// The record as stored.
+    pub record: Record,
+    /// Whether it was re-driven already.
+    pub redriven: bool,
+}
+
+/// Which dead letters to act on. Empty fields select everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Only these partitions.
+    pub partitions: Vec<u32>,
+    /// Only these (partition, offset) records.
+    pub records: Vec<(u32, u64)>,
+    /// Only this key.
+    pub key: Option<KeyHash>,
+}
+
+impl Selection {
+    fn picks(&self, letter: &DeadLetter) -> bool {
+        (self.partitions.is_empty() || self.partitions.contains(&letter.partition))
+            && (self.records.is_empty() || self.records.contains(&(letter.partition, letter.offset)))
+            && self.key.is_none_or(|key| letter.envelope.as_ref().is_ok_and(|e| e.key_hash == key))
+    }
+}
+
+/// What a re-drive did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Redriven {
+    /// Records queued for another attempt.
+    pub records: u64,
+    /// Events they account for.
+    pub events: u64,
+    /// Selected records skipped because they were re-driven before.
+    pub already: u64,
+}
+
+/// Why reading or re-driving dead letters failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// The log failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The projection's state failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Publishing the re-driven records failed after they were committed;
+    /// they are published when the projection next runs.
+    #[error("the re-driven records are committed but not yet appended (the next `waku run` appends them)")]
+    Publish(#[source] ConsumerError),
+    /// A record of the dead-letter topic has unreadable routing headers.
+    #[error("record {offset} of `{topic}` partition {partition} is not a dead letter: {error}")]
+    NotADeadLetter {
+        /// The dead-letter topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The offset.
+        offset: u64,
+        /// What is wrong with it.
+        error: HeaderError,
+    },
+    /// No dead letter of the projection is at that place.
+    #[error("projection `{projection}` has no dead letter at partition {partition}, offset {offset}")]
+    NotFound {
+        /// The projection.
+        projection: String,
+        /// The partition asked for.
+        partition: u32,
+        /// The offset asked for.
+        offset: u64,
+    },
+    /// The selected record cannot go back through the normal path.
+    #[error("dead letter at partition {partition}, offset {offset} cannot be re-driven: {reason}")]
+    CannotRedrive {
+        /// The partition.
+        partition: u32,
+        /// The offset.
+        offset: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The dead letters of `projection` on `topic`, in partition and offset
+/// order, marked when they were re-driven already.
+pub async fn list<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    store: &StateStore,
+) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    let dlq = dlq_topic(topic);
+    let mut letters = Vec::new();
+    for partition in 0..log.partitions(&dlq).await? {
+        let redriven = store.done(&dlq, partition)?;
+        let end = log.end_offset(&dlq, partition).await?;
+        let mut from = 0;
+        while from < end {
+            let records = log.read(&dlq, partition, from, 4096).await?;
+            let Some(last) = records.last().map(|r| r.offset) else { break };
+            for stored in records {
+                let routed = Routed::parse(&stored.record.headers).map_err(|error| {
+                    DeadLetterError::NotADeadLetter { topic: dlq.clone(), partition, offset: stored.offset, error }
+                })?;
+                if routed.projection != projection {
+                    continue;
+                }
+                letters.push(DeadLetter {
+                    partition,
+                    offset: stored.offset,
+                    routed,
+                    envelope: EventHeaders::parse_stored(&stored.record.headers),
+                    record: stored.record,
+                    redriven: redriven.binary_search(&stored.offset).is_ok(),
+                });
+            }
+            from = last + 1;
+        }
+    }
+    Ok(letters)
+}
+
+/// One dead letter of `projection`.
+pub async fn show<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    store: &StateStore,
+    partition: u32,
+    offset: u64,
+) -> Result<DeadLetter, DeadLetterError> {
+    list(log, topic, projection, store)
+        .await?
+        .into_iter()
+        .find(|l| l.partition == partition && l.offset == offset)
+        .ok_or_else(|| DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset })
+}
+
+/// Re-drives the selected dead letters of `projection`: queues each, in
+/// dead-letter order, in the retry topic for another attempt, and marks it
+/// re-driven, in one commit; then appends the queued records.
+///
+/// A record asked for by place that cannot be re-driven (its headers are
+/// unreadable) is an error and nothing is re-driven; one that was re-driven
+/// before is counted in [`Redriven::already`] and left alone.
+pub async fn redrive<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    store: &StateStore,
+    selection: &Selection,
+) -> Result<Redriven, DeadLetterError> {
+    let letters = list(log, topic, projection, store).await?;
+    if let Some(&(partition, offset)) =
+        selection.records.iter().find(|&&(p, o)| !letters.iter().any(|l| l.partition == p && l.offset == o))
+    {
+        return Err(DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset });
+    }
+    let mut report = Redriven::default();
+    let mut chosen = Vec::new();
+    for letter in letters.into_iter().filter(|l| selection.picks(l)) {
+        if letter.redriven {
+            report.already += 1;
+            continue;
+        }
+        match &letter.envelope {
+            Ok(_) => chosen.push(letter),
+            Err(error) if !selection.records.is_empty() => {
+                return Err(DeadLetterError::CannotRedrive {
+                    partition: letter.partition,
+                    offset: letter.offset,
+                    reason: format!("its headers cannot be read ({error}); publish a corrected message instead"),
+                });
+            }
+            Err(_) => {} // malformed: only a corrected message can replace it
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(report);
+    }
+
+    let now = routing::now_ms();
+    let (dlq, retry) = (dlq_topic(topic), retry_topic(topic));
+    let orderings = routing::rewrite_orderings(0..chosen.len());
+    let mut commit = BatchCommit::default();
+    for (letter, ordering) in chosen.into_iter().zip(orderings) {
+        let envelope = EventHeaders { ordering, ..letter.envelope.expect("chosen only when readable") };
+        let routed = Routed { attempts: 0, failed_at_ms: now, ..letter.routed };
+        report.records += 1;
+        report.events += routed.events;
+        commit.outbox.push(OutboxEntry {
+            topic: retry.clone(),
+            partition_key: envelope.key_hash,
+            partition: Some(letter.partition),
+            record: routing::routed_record(&envelope, &routed, letter.record.body),
+        });
+        commit.done.push((dlq.clone(), letter.partition, letter.offset));
+    }
+    commit.stat_deltas =
+        [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
+    store.commit(commit)?;
+    publish_outbox(log, store, projection).await.map_err(DeadLetterError::Publish)?;
+    Ok(report)
+}

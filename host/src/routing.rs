@@ -1,0 +1,605 @@
+//! Retry routing: where events go when they cannot be applied, and the
+//! records that take them there.
+//!
+//! | failure | what the consumer does |
+//! | --- | --- |
+//! | transient | the chunk is retried in place, [`RetryPolicy::transient_retries`] times with a doubling backoff, then treated as retryable |
+//! | retryable, trap | the key stops; its unfinished work goes to `retry_<topic>` and later events of the key are diverted behind it |
+//! | unrecoverable | the chunk goes to `dlq_<topic>`; the key goes on |
+//! | retries exhausted | as unrecoverable |
+//! | unreadable headers | the message goes to `dlq_<topic>` |
+//!
+//! Rules kept here:
+//! - **Records say where they came from.** Every retry and dead-letter
+//!   record carries the envelope of its event plus the [`Routed`] headers:
+//!   the projection it belongs to (several projections may share a topic and
+//!   so its retry and dead-letter topics), the origin partition and offset,
+//!   how many events it accounts for (a folded run is one record), the
+//!   attempts made, when it failed, and why.
+//! - **Order survives retries.** Unfinished work is written in the order it
+//!   would have executed, and its orderings are rewritten
+//!   ([`rewrite_orderings`]) so that planning it again keeps that order:
+//!   each stage becomes a segment of its own. Everything of a key waiting in
+//!   retry is taken together in one attempt, so re-appended work never
+//!   passes work of the same key written before it.
+//! - **Delays are measured from the failure**, in wall-clock time written
+//!   into the record, so they survive restarts: a record is due at
+//!   `failed-at + delay(attempts)`.
+//! - **The queue lives in the log.** Which keys are in retry is rebuilt
+//!   from the retry topic at start-up ([`RetryQueue`]); the projection's
+//!   state only holds the retry position and the offsets above it that are
+//!   done, committed with the batch that did them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustc_hash::FxHashMap;
+
+use crate::event::{EventAtomicOrdering, EventHeaders, Header, HeaderError, KeyHash};
+use crate::handler::{CallError, ErrorClass};
+use crate::log::{Record, StoredRecord};
+use crate::reduce::Origin;
+
+/// The retry topic of `topic`.
+pub fn retry_topic(topic: &str) -> String {
+    format!("retry_{topic}")
+}
+
+/// The dead-letter topic of `topic`.
+pub fn dlq_topic(topic: &str) -> String {
+    format!("dlq_{topic}")
+}
+
+/// Why an event left the normal path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// The handler said "try again right away", more often than allowed.
+    Transient,
+    /// The handler said "try again later".
+    Retryable,
+    /// The handler said "this will never succeed".
+    Unrecoverable,
+    /// The guest trapped (panic, CPU budget, memory, stack) or broke the
+    /// contract.
+    Trap,
+    /// The message's headers could not be read.
+    Malformed,
+}
+
+impl FailureClass {
+    /// Every class.
+    pub const ALL: [Self; 5] = [Self::Transient, Self::Retryable, Self::Unrecoverable, Self::Trap, Self::Malformed];
+
+    /// Its name on the wire and in output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Retryable => "retryable",
+            Self::Unrecoverable => "unrecoverable",
+            Self::Trap => "trap",
+            Self::Malformed => "malformed",
+        }
+    }
+
+    /// The class a failed call is routed as.
+    pub fn of(error: &CallError) -> Self {
+        match error {
+            CallError::Handler { class: ErrorClass::Transient, .. } => Self::Transient,
+            CallError::Handler { class: ErrorClass::Retryable, .. } => Self::Retryable,
+            CallError::Handler { class: ErrorClass::Unrecoverable, .. } => Self::Unrecoverable,
+            CallError::Trap { .. } | CallError::Host(_) => Self::Trap,
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How failures are retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// How often a chunk that failed transiently is retried in place before
+    /// it is treated as retryable. Default 3.
+    pub transient_retries: u32,
+    /// The first in-place backoff; it doubles with every try. Default 10 ms.
+    pub transient_backoff: Duration,
+    /// The delay before attempt n + 1 is `delays[n - 1]`, the last entry
+    /// repeating. Default 1 s, 5 s, 30 s, 2 min, 10 min.
+    pub delays: Vec<Duration>,
+    /// Attempts (the first one included) before a retryable failure goes to
+    /// the dead-letter topic. Default 6; 1 sends it there at once.
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            transient_retries: 3,
+            transient_backoff: Duration::from_millis(10),
+            delays: [1, 5, 30, 120, 600].map(Duration::from_secs).to_vec(),
+            max_attempts: 6,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// How long after a failure a record that has had `attempts` attempts
+    /// is tried again. Zero for records that have not failed (attempts 0).
+    pub fn delay(&self, attempts: u32) -> Duration {
+        match attempts {
+            0 => Duration::ZERO,
+            n => self.delays.get(n as usize - 1).or(self.delays.last()).copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the clock retry delays are measured
+/// on, so they survive restarts.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Why an event failed, as its retry or dead-letter record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The class.
+    pub class: FailureClass,
+    /// The handler's (or the host's) message.
+    pub message: String,
+    /// The module that failed; empty when no module was involved.
+    pub module: String,
+    /// Its version (content hash); empty when no module was involved.
+    pub version: String,
+}
+
+/// The headers a retry or dead-letter record carries beside the event's
+/// envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routed {
+    /// The projection the record belongs to.
+    pub projection: String,
+    /// The partition the event was first read from.
+    pub origin_partition: u32,
+    /// Its offset there (the earliest, for a folded run).
+    pub origin_offset: u64,
+    /// Events the record accounts for.
+    pub events: u64,
+    /// Attempts made so far; 0 for an event diverted behind its key.
+    pub attempts: u32,
+    /// When it failed (or was diverted, or re-driven), in ms since the epoch.
+    pub failed_at_ms: u64,
+    /// Why; `None` for an event diverted behind its key.
+    pub failure: Option<Failure>,
+}
+
+/// Names of the routing headers.
+pub mod header_name {
+    /// The projection, UTF-8.
+    pub const PROJECTION: &str = "waku-projection";
+    /// Origin partition, u32 little-endian.
+    pub const ORIGIN_PARTITION: &str = "waku-origin-partition";
+    /// Origin offset, u64 little-endian.
+    pub const ORIGIN_OFFSET: &str = "waku-origin-offset";
+    /// Events accounted for, u64 little-endian.
+    pub const EVENTS: &str = "waku-events";
+    /// Attempts made, u32 little-endian.
+    pub const ATTEMPTS: &str = "waku-attempts";
+    /// Failure time, u64 little-endian milliseconds since the epoch.
+    pub const FAILED_AT: &str = "waku-failed-at";
+    /// Failure class name, UTF-8.
+    pub const CLASS: &str = "waku-failure-class";
+    /// Failure message, UTF-8.
+    pub const MESSAGE: &str = "waku-failure";
+    /// Module name, UTF-8.
+    pub const MODULE: &str = "waku-module";
+    /// Module version, UTF-8.
+    pub const VERSION: &str = "waku-module-version";
+
+    /// Every routing header.
+    pub const ALL: [&str; 10] =
+        [PROJECTION, ORIGIN_PARTITION, ORIGIN_OFFSET, EVENTS, ATTEMPTS, FAILED_AT, CLASS, MESSAGE, MODULE, VERSION];
+}
+
+impl Routed {
+    /// The routing headers, in a fixed order.
+    pub fn to_headers(&self) -> Vec<Header> {
+        use header_name::*;
+        let header = |name: &str, value: &[u8]| Header { name: name.to_owned(), value: value.to_vec() };
+        let mut headers = vec![
+            header(PROJECTION, self.projection.as_bytes()),
+            header(ORIGIN_PARTITION, &self.origin_partition.to_le_bytes()),
+            header(ORIGIN_OFFSET, &self.origin_offset.to_le_bytes()),
+            header(EVENTS, &self.events.to_le_bytes()),
+            header(ATTEMPTS, &self.attempts.to_le_bytes()),
+            header(FAILED_AT, &self.failed_at_ms.to_le_bytes()),
+        ];
+        if let Some(failure) = &self.failure {
+            headers.extend([
+                header(CLASS, failure.class.name().as_bytes()),
+                header(MESSAGE, failure.message.as_bytes()),
+                header(MODULE, failure.module.as_bytes()),
+                header(VERSION, failure.version.as_bytes()),
+            ]);
+        }
+        headers
+    }
+
+    /// Reads the routing headers, strictly: every header present exactly
+    /// once with the right length, the four failure headers all or none.
+    pub fn parse(headers: &[Header]) -> Result<Self, HeaderError> {
+        let mut fields: [Option<&[u8]>; 10] = [None; 10];
+        for h in headers {
+            if let Some(slot) = header_name::ALL.iter().position(|name| *name == h.name)
+                && fields[slot].replace(&h.value).is_some()
+            {
+                return Err(HeaderError::Duplicate { name: header_name::ALL[slot] });
+            }
+        }
+        let field = |slot: usize| fields[slot].ok_or(HeaderError::Missing { name: header_name::ALL[slot] });
+        let text = |slot: usize| -> Result<String, HeaderError> {
+            String::from_utf8(field(slot)?.to_vec())
+                .map_err(|_| HeaderError::Invalid { name: header_name::ALL[slot], reason: "not UTF-8".into() })
+        };
+        let failure = if fields[6..].iter().all(Option::is_none) {
+            None
+        } else {
+            let class = text(6)?;
+            let class = FailureClass::ALL.into_iter().find(|c| c.name() == class).ok_or_else(|| {
+                HeaderError::Invalid { name: header_name::CLASS, reason: format!("unknown class {class:?}") }
+            })?;
+            Some(Failure { class, message: text(7)?, module: text(8)?, version: text(9)? })
+        };
+        Ok(Self {
+            projection: text(0)?,
+            origin_partition: u32::from_le_bytes(fixed(header_name::ALL[1], field(1)?)?),
+            origin_offset: u64::from_le_bytes(fixed(header_name::ALL[2], field(2)?)?),
+            events: u64::from_le_bytes(fixed(header_name::ALL[3], field(3)?)?),
+            attempts: u32::from_le_bytes(fixed(header_name::ALL[4], field(4)?)?),
+            failed_at_ms: u64::from_le_bytes(fixed(header_name::ALL[5], field(5)?)?),
+            failure,
+        })
+    }
+
+    /// When the record is due again under `policy`, in ms since the epoch.
+    pub fn due_ms(&self, policy: &RetryPolicy) -> u64 {
+        self.failed_at_ms.saturating_add(policy.delay(self.attempts).as_millis() as u64)
+    }
+}
+
+fn fixed<const N: usize>(name: &'static str, value: &[u8]) -> Result<[u8; N], HeaderError> {
+    value.try_into().map_err(|_| HeaderError::WrongLength { name, expected: N, found: value.len() })
+}
+
+/// A record routed to the retry or dead-letter topic: the event's envelope
+/// and body, plus the routing headers.
+pub fn routed_record(envelope: &EventHeaders, routed: &Routed, body: Vec<u8>) -> Record {
+    let mut headers = envelope.to_headers();
+    headers.extend(routed.to_headers());
+    Record { headers, body }
+}
+
+/// The dead-letter record of a message whose headers could not be read: its
+/// own headers as they were (minus any that pose as routing headers) and
+/// its body, plus the routing headers naming the parse error.
+pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, error: &HeaderError) -> Record {
+    let routed = Routed {
+        projection: projection.to_owned(),
+        origin_partition: partition,
+        origin_offset: stored.offset,
+        events: 1,
+        attempts: 0,
+        failed_at_ms: now_ms(),
+        failure: Some(Failure {
+            class: FailureClass::Malformed,
+            message: error.to_string(),
+            module: String::new(),
+            version: String::new(),
+        }),
+    };
+    let mut headers: Vec<Header> =
+        stored.record.headers.into_iter().filter(|h| !header_name::ALL.contains(&h.name.as_str())).collect();
+    headers.extend(routed.to_headers());
+    Record { headers, body: stored.record.body }
+}
+
+/// Rewrites the orderings of unfinished work, given as `(stage, ordering)`
+/// per record in execution order, so that planning the records again puts
+/// every stage in a segment of its own, in the same order: the first record
+/// of a stage acquires (it starts a segment, its run becomes the head), the
+/// others are relaxed (same-type records join that head run, the rest
+/// become body runs).
+pub fn rewrite_orderings(stages: impl IntoIterator<Item = usize>) -> Vec<EventAtomicOrdering> {
+    let mut previous = None;
+    stages
+        .into_iter()
+        .map(|stage| {
+            let first = previous != Some(stage);
+            previous = Some(stage);
+            if first { EventAtomicOrdering::Acquire } else { EventAtomicOrdering::Relaxed }
+        })
+        .collect()
+}
+
+/// The origin a routed record stands for.
+pub fn origin_of(routed: &Routed) -> Origin {
+    Origin { offset: routed.origin_offset, events: routed.events }
+}
+
+/// One record of a key waiting in retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// Its offset in the retry partition.
+    pub offset: u64,
+    /// Events it accounts for.
+    pub events: u64,
+}
+
+/// A key in retry: its records in the retry partition, in order, and when
+/// the first of them is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInRetry {
+    /// Its records, in partition order.
+    pub records: Vec<Waiting>,
+    /// When the first record is due (ms since the epoch).
+    pub due_ms: u64,
+    /// Attempts the first record has had.
+    pub attempts: u32,
+}
+
+/// The keys of one partition waiting in retry, rebuilt from the retry topic.
+///
+/// The consumer feeds it every record of its projection appended to the
+/// retry partition ([`RetryQueue::index`]), takes due keys out
+/// ([`RetryQueue::take_due`]) and reads where the retry position can move
+/// ([`RetryQueue::position`]).
+#[derive(Debug, Default)]
+pub struct RetryQueue {
+    keys: FxHashMap<KeyHash, KeyInRetry>,
+    /// Retry offsets of waiting records, to find the lowest quickly.
+    waiting: BTreeMap<u64, KeyHash>,
+    /// Everything below this retry offset has been indexed.
+    scanned: u64,
+}
+
+impl RetryQueue {
+    /// An empty queue that starts indexing at `position`.
+    pub fn starting_at(position: u64) -> Self {
+        Self { scanned: position, ..Self::default() }
+    }
+
+    /// The offset indexing continues from.
+    pub fn scanned(&self) -> u64 {
+        self.scanned
+    }
+
+    /// Whether `key` has records waiting: its new events must be diverted.
+    pub fn holds(&self, key: KeyHash) -> bool {
+        self.keys.contains_key(&key)
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Keys waiting.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Events waiting.
+    pub fn events(&self) -> u64 {
+        self.keys.values().flat_map(|k| &k.records).map(|w| w.events).sum()
+    }
+
+    /// Adds one retry record at `offset` for `key`, due as `routed` says.
+    /// Records must come in partition order; `scanned` moves past them.
+    pub fn index(&mut self, offset: u64, key: KeyHash, routed: &Routed, policy: &RetryPolicy) {
+        let entry = self.keys.entry(key).or_insert_with(|| KeyInRetry {
+            records: Vec::new(),
+            due_ms: routed.due_ms(policy),
+            attempts: routed.attempts,
+        });
+        entry.records.push(Waiting { offset, events: routed.events });
+        self.waiting.insert(offset, key);
+        self.scanned = self.scanned.max(offset + 1);
+    }
+
+    /// Moves `scanned` to `end` (records below it that are not ours, or done).
+    pub fn skip_to(&mut self, end: u64) {
+        self.scanned = self.scanned.max(end);
+    }
+
+    /// The earliest due time of any key.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.keys.values().map(|k| k.due_ms).min()
+    }
+
+    /// Removes and returns keys due at `now_ms`, oldest first, until they
+    /// hold at least `max_records` records (at least one key).
+    pub fn take_due(&mut self, now_ms: u64, max_records: usize) -> Vec<(KeyHash, KeyInRetry)> {
+        let mut due: Vec<(KeyHash, u64)> =
+            self.keys.iter().filter(|(_, k)| k.due_ms <= now_ms).map(|(&key, k)| (key, k.due_ms)).collect();
+        due.sort_unstable_by_key(|&(key, due_ms)| (due_ms, key));
+        let mut taken = Vec::new();
+        let mut records = 0;
+        for (key, _) in due {
+            if records >= max_records && !taken.is_empty() {
+                break;
+            }
+            let in_retry = self.keys.remove(&key).expect("listed above");
+            for waiting in &in_retry.records {
+                self.waiting.remove(&waiting.offset);
+            }
+            records += in_retry.records.len();
+            taken.push((key, in_retry));
+        }
+        taken
+    }
+
+    /// The retry position: the lowest offset still waiting, or the end of
+    /// what was indexed.
+    pub fn position(&self) -> u64 {
+        self.waiting.keys().next().copied().unwrap_or(self.scanned)
+    }
+}
+
+/// Groups sorted offsets into runs of consecutive ones, as `(first, count)`,
+/// to read them back with as few reads as possible.
+pub fn consecutive(offsets: impl IntoIterator<Item = u64>) -> Vec<(u64, usize)> {
+    let mut ranges: Vec<(u64, usize)> = Vec::new();
+    for offset in offsets {
+        match ranges.last_mut() {
+            Some((first, count)) if *first + *count as u64 == offset => *count += 1,
+            _ => ranges.push((offset, 1)),
+        }
+    }
+    ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventTypeTag;
+
+    fn routed(attempts: u32, failure: bool) -> Routed {
+        Routed {
+            projection: "bank".into(),
+            origin_partition: 2,
+            origin_offset: 41,
+            events: 3,
+            attempts,
+            failed_at_ms: 1_000,
+            failure: failure.then(|| Failure {
+                class: FailureClass::Trap,
+                message: "module trapped: out of fuel".into(),
+                module: "bank".into(),
+                version: "0123456789abcdef".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn routing_headers_round_trip_with_and_without_a_failure() {
+        for value in [routed(2, true), routed(0, false)] {
+            assert_eq!(Routed::parse(&value.to_headers()), Ok(value));
+        }
+    }
+
+    #[test]
+    fn routing_headers_are_parsed_strictly() {
+        let headers = routed(1, true).to_headers();
+        let without = |name: &str| headers.iter().filter(|h| h.name != name).cloned().collect::<Vec<_>>();
+        assert_eq!(
+            Routed::parse(&without(header_name::ATTEMPTS)),
+            Err(HeaderError::Missing { name: header_name::ATTEMPTS })
+        );
+        // One failure header missing is an error, not "no failure".
+        assert_eq!(
+            Routed::parse(&without(header_name::MODULE)),
+            Err(HeaderError::Missing { name: header_name::MODULE })
+        );
+        let mut bad = headers.clone();
+        bad.iter_mut().find(|h| h.name == header_name::CLASS).unwrap().value = b"sad".to_vec();
+        assert!(Routed::parse(&bad).unwrap_err().to_string().contains("unknown class \"sad\""));
+        let mut short = headers.clone();
+        short.iter_mut().find(|h| h.name == header_name::EVENTS).unwrap().value.pop();
+        assert_eq!(
+            Routed::parse(&short),
+            Err(HeaderError::WrongLength { name: header_name::EVENTS, expected: 8, found: 7 })
+        );
+        let mut twice = headers.clone();
+        twice.push(headers[0].clone());
+        assert_eq!(Routed::parse(&twice), Err(HeaderError::Duplicate { name: header_name::PROJECTION }));
+    }
+
+    #[test]
+    fn a_malformed_message_keeps_its_headers_but_not_forged_routing_ones() {
+        let forged = Header { name: header_name::ATTEMPTS.into(), value: vec![9, 9, 9, 9] };
+        let stored = StoredRecord {
+            offset: 17,
+            record: Record { headers: vec![Header { name: "waku-tag".into(), value: vec![1] }, forged], body: vec![7] },
+        };
+        let error = HeaderError::Missing { name: "waku-version" };
+        let record = malformed_record("bank", 3, stored, &error);
+        let routed = Routed::parse(&record.headers).unwrap();
+        assert_eq!((routed.origin_partition, routed.origin_offset, routed.attempts), (3, 17, 0));
+        let failure = routed.failure.unwrap();
+        assert_eq!(failure.class, FailureClass::Malformed);
+        assert_eq!(failure.message, "missing header `waku-version`");
+        assert_eq!(record.headers[0].name, "waku-tag");
+        assert_eq!(record.body, vec![7]);
+    }
+
+    #[test]
+    fn delays_follow_the_schedule_and_repeat_the_last() {
+        let policy = RetryPolicy { delays: vec![Duration::from_secs(1), Duration::from_secs(5)], ..Default::default() };
+        assert_eq!(policy.delay(0), Duration::ZERO);
+        assert_eq!(policy.delay(1), Duration::from_secs(1));
+        assert_eq!(policy.delay(2), Duration::from_secs(5));
+        assert_eq!(policy.delay(7), Duration::from_secs(5));
+        assert_eq!(routed(1, true).due_ms(&policy), 2_000);
+        let none = RetryPolicy { delays: vec![], ..Default::default() };
+        assert_eq!(none.delay(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn rewritten_orderings_make_each_stage_a_segment() {
+        use crate::plan::{Plan, PlanRecord};
+        let tag = EventTypeTag::new;
+        // Unfinished work in execution order: stage 0 = body runs A, B;
+        // stage 1 = tail run C; stage 2 = head A.
+        let work = [(0, tag(1)), (0, tag(1)), (0, tag(2)), (1, tag(3)), (2, tag(1))];
+        let orderings = rewrite_orderings(work.iter().map(|&(stage, _)| stage));
+        let records: Vec<PlanRecord> =
+            work.iter().zip(&orderings).map(|(&(_, tag), &ordering)| PlanRecord { key: 5, tag, ordering }).collect();
+        let plan = Plan::new(&records);
+        let segments = plan.segments(&plan.keys()[0]);
+        assert_eq!(segments.len(), 3);
+        let stage_records = |s| -> Vec<usize> {
+            let mut all: Vec<usize> = plan
+                .stages(&segments[s])
+                .flat_map(|stage| match stage {
+                    crate::plan::Stage::Head(run) | crate::plan::Stage::Tail(run) => plan.records(run).to_vec(),
+                    crate::plan::Stage::Body(runs) => runs.iter().flat_map(|r| plan.records(r).to_vec()).collect(),
+                })
+                .collect();
+            all.sort();
+            all
+        };
+        assert_eq!([stage_records(0), stage_records(1), stage_records(2)], [vec![0, 1, 2], vec![3], vec![4]]);
+    }
+
+    #[test]
+    fn the_queue_takes_due_keys_whole_and_moves_the_position() {
+        let policy = RetryPolicy { delays: vec![Duration::from_secs(10)], ..Default::default() };
+        let mut queue = RetryQueue::starting_at(5);
+        queue.index(5, 1, &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy); // due at 10 s
+        queue.index(6, 2, &Routed { failed_at_ms: 0, attempts: 0, ..routed(0, false) }, &policy); // due now
+        queue.index(7, 1, &Routed { attempts: 0, ..routed(0, false) }, &policy); // behind key 1
+        assert!(queue.holds(1) && queue.holds(2) && !queue.holds(3));
+        assert_eq!(queue.position(), 5);
+        assert_eq!(queue.events(), 9);
+
+        let taken = queue.take_due(1_000, 100);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].0, 2);
+        assert_eq!(queue.position(), 5, "key 1 still waits at offset 5");
+
+        let taken = queue.take_due(10_000, 100);
+        assert_eq!(taken[0].0, 1);
+        assert_eq!(taken[0].1.records.iter().map(|w| w.offset).collect::<Vec<_>>(), [5, 7]);
+        assert!(queue.is_empty());
+        assert_eq!(queue.position(), 8);
+    }
+
+    #[test]
+    fn consecutive_offsets_are_grouped() {
+        assert_eq!(consecutive([3, 4, 5, 9, 11, 12]), [(3, 3), (9, 1), (11, 2)]);
+        assert!(consecutive([]).is_empty());
+    }
+}

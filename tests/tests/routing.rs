@@ -1,0 +1,414 @@
+//! Failures go somewhere: every row of the error table end to end on the
+//! embedded log, the order of a key across retries and diversion, the
+//! isolation of a poisoned key, retries surviving a restart, and the
+//! accounting that says where every event went.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use wakuwaku::consumer::{Consumer, ConsumerConfig, RunCall, stat};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, KeyHash, partition_for};
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, Record};
+use wakuwaku::plan::PlanRecord;
+use wakuwaku::projection::Projection;
+use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::flaky::{Flaky, OTHER, STEP, SUM, Step};
+use wakuwaku_tests::{Recorder, check_call_order};
+
+use EventAtomicOrdering::{AcqRel, Acquire, Relaxed, Release};
+
+const TOPIC: &str = "steps";
+
+/// One event to publish.
+struct Event {
+    key: KeyHash,
+    tag: EventTypeTag,
+    ordering: EventAtomicOrdering,
+    step: Step,
+}
+
+fn event(key: KeyHash, tag: EventTypeTag, ordering: EventAtomicOrdering, seq: u64, fail: &[&str]) -> Event {
+    let fail = fail.iter().map(|s| (*s).to_owned()).collect();
+    Event { key, tag, ordering, step: Step { seq, amount: 1, fail, ..Step::default() } }
+}
+
+fn record(e: &Event) -> Record {
+    let algebra = if e.tag == SUM { Algebra::Associative } else { Algebra::NonAssociative };
+    let headers = EventHeaders { tag: e.tag, key_hash: e.key, ordering: e.ordering, algebra };
+    Record { headers: headers.to_headers(), body: e.step.body() }
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    log: Arc<EmbeddedLog>,
+    module: Flaky,
+    partitions: u32,
+}
+
+impl Setup {
+    async fn new(partitions: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+        log.create_topic(TOPIC, partitions).await.unwrap();
+        Self { dir, log, module: Flaky::new(), partitions }
+    }
+
+    /// Appends events, each to its key's partition, in the order given.
+    async fn publish(&self, events: &[Event]) {
+        for e in events {
+            self.log.append(TOPIC, vec![(partition_for(e.key, self.partitions), vec![record(e)])]).await.unwrap();
+        }
+    }
+
+    /// A projection over the topic, with its state in the test directory:
+    /// opening it again is a restart.
+    fn projection(&self) -> Arc<Projection> {
+        let store = StateStore::open(&self.dir.path().join("flaky.redb")).unwrap();
+        Arc::new(Projection::new("flaky", TOPIC, vec![Arc::new(self.module.clone())], store).unwrap())
+    }
+
+    fn consumer(&self, projection: &Arc<Projection>, batch_size: usize, retry: RetryPolicy) -> Consumer<EmbeddedLog> {
+        let config = ConsumerConfig { batch_size, workers: 2, retry, ..ConsumerConfig::default() };
+        Consumer::new(self.log.clone(), projection.clone(), config)
+    }
+
+    /// Every record of `topic`, all partitions, with routing headers parsed.
+    async fn routed(&self, topic: &str) -> Vec<(Record, Routed)> {
+        let mut all = Vec::new();
+        for partition in 0..self.partitions {
+            let end = self.log.end_offset(topic, partition).await.unwrap();
+            for stored in self.log.read(topic, partition, 0, end as usize).await.unwrap() {
+                let routed = Routed::parse(&stored.record.headers).unwrap();
+                all.push((stored.record, routed));
+            }
+        }
+        all
+    }
+}
+
+/// No waiting between attempts.
+fn eager(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        transient_retries: 2,
+        transient_backoff: Duration::from_millis(1),
+        delays: vec![Duration::ZERO],
+        max_attempts,
+    }
+}
+
+fn stats(store: &StateStore) -> HashMap<String, u64> {
+    store.stats().unwrap().into_iter().collect()
+}
+
+/// consumed + re-driven = applied + skipped + dead-lettered + waiting in retry.
+fn assert_accounted(store: &StateStore, consumed: u64, in_retry: u64) {
+    let s = stats(store);
+    let get = |name: &str| s.get(name).copied().unwrap_or(0);
+    assert_eq!(get(stat::RETRY_IN) - get(stat::RETRY_OUT), in_retry, "events waiting in retry: {s:?}");
+    assert_eq!(
+        consumed + get(stat::REDRIVEN),
+        get(stat::APPLIED) + get(stat::SKIPPED) + get(stat::DEAD_LETTERED) + in_retry,
+        "every event is applied, skipped, dead-lettered or in retry: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_of_the_error_table_lands_where_it_should() {
+    let setup = Setup::new(1).await;
+    let events = [
+        // transient, once: retried in place, applied in the same batch.
+        event(1, STEP, Relaxed, 1, &["transient"]),
+        // transient, always: in place twice, then retryable; after the
+        // third attempt, dead-lettered as transient.
+        event(2, STEP, Relaxed, 2, &["transient"; 20]),
+        // retryable, once: the key stops, its later events wait behind it,
+        // and all three are applied in order from the retry topic.
+        event(3, STEP, Relaxed, 3, &["retryable"]),
+        event(3, STEP, Relaxed, 4, &[]),
+        event(3, OTHER, Acquire, 5, &[]),
+        // unrecoverable: the chunk is dead-lettered, the key goes on.
+        event(4, STEP, Relaxed, 6, &[]),
+        event(4, STEP, Relaxed, 7, &["unrecoverable"]),
+        event(4, STEP, Relaxed, 8, &[]),
+        // a trap, once: retryable with the trap as the reason.
+        event(5, STEP, Relaxed, 9, &["trap"]),
+        // a trap every time: dead-lettered after the last attempt.
+        event(6, STEP, Relaxed, 10, &["trap"; 20]),
+        // an unknown tag: skipped.
+        Event { key: 7, tag: EventTypeTag::new(99), ordering: Relaxed, step: Step::default() },
+    ];
+    setup.publish(&events).await;
+    // A message whose headers cannot be read.
+    let garbled = Record { headers: vec![Header { name: "waku-version".into(), value: vec![7] }], body: b"?".to_vec() };
+    setup.log.append(TOPIC, vec![(0, vec![garbled])]).await.unwrap();
+
+    let projection = setup.projection();
+    let summary = setup.consumer(&projection, 100, eager(3)).catch_up().await.unwrap();
+    let store = projection.store();
+
+    assert_eq!(Flaky::applied(store, 1), [1]);
+    assert_eq!(Flaky::applied(store, 2), Vec::<u64>::new());
+    assert_eq!(Flaky::applied(store, 3), [3, 4, 5]);
+    assert_eq!(Flaky::applied(store, 4), [6, 8]);
+    assert_eq!(Flaky::applied(store, 5), [9]);
+    assert_eq!(Flaky::applied(store, 6), Vec::<u64>::new());
+
+    let dead = setup.routed("dlq_steps").await;
+    let mut lines: Vec<(u64, FailureClass, u32, String)> = dead
+        .iter()
+        .map(|(_, r)| {
+            let failure = r.failure.clone().unwrap();
+            (r.origin_offset, failure.class, r.attempts, failure.message)
+        })
+        .collect();
+    lines.sort_by_key(|l| l.0);
+    assert_eq!(
+        lines,
+        [
+            (1, FailureClass::Transient, 3, "transient handler error: step 2".to_owned()),
+            (6, FailureClass::Unrecoverable, 1, "unrecoverable handler error: step 7".to_owned()),
+            (9, FailureClass::Trap, 3, "module trapped: wasm trap: step 10 hit unreachable".to_owned()),
+            (
+                11,
+                FailureClass::Malformed,
+                0,
+                "header format version 7 is not supported (this build reads version 1)".to_owned()
+            ),
+        ]
+    );
+    for (_, routed) in &dead {
+        let failure = routed.failure.as_ref().unwrap();
+        if failure.class != FailureClass::Malformed {
+            assert_eq!((failure.module.as_str(), failure.version.as_str()), ("flaky", "flaky-1"));
+        }
+        assert_eq!((routed.projection.as_str(), routed.origin_partition, routed.events), ("flaky", 0, 1));
+    }
+    // The garbled message kept its own headers and body.
+    let garbled = &dead.iter().find(|(_, r)| r.origin_offset == 11).unwrap().0;
+    assert_eq!(garbled.body, b"?");
+    assert_eq!(garbled.headers[0], Header { name: "waku-version".into(), value: vec![7] });
+
+    assert_eq!((summary.consumed, summary.applied, summary.skipped, summary.dead_lettered), (12, 7, 1, 4));
+    assert_accounted(store, 12, 0);
+    assert_eq!(store.position(TOPIC, 0).unwrap(), Some(12));
+    assert_eq!(store.position("retry_steps", 0).unwrap(), Some(setup.log.end_offset("retry_steps", 0).await.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_keeps_its_order_across_retries_and_diversion() {
+    let mut diverted = 0;
+    for seed in 0..12 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let setup = Setup::new(2).await;
+        let orderings = [Relaxed, Relaxed, Relaxed, Acquire, Release, AcqRel];
+        let events: Vec<Event> = (0..300)
+            .map(|seq| {
+                let key = rng.random_range(0..6u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let tag = [STEP, OTHER, SUM][rng.random_range(0..3)];
+                let ordering = orderings[rng.random_range(0..orderings.len())];
+                let fail: &[&str] = match rng.random_range(0..25) {
+                    0 => &["retryable"],
+                    1 => &["trap", "retryable"],
+                    2 => &["transient"],
+                    _ => &[],
+                };
+                event(key, tag, ordering, seq, fail)
+            })
+            .collect();
+        setup.publish(&events).await;
+        let projection = setup.projection();
+        let batch_size = rng.random_range(3..40);
+        // A short delay, so later batches are polled while keys wait.
+        let retry = RetryPolicy { delays: vec![Duration::from_millis(15)], ..eager(10) };
+        let consumer = setup.consumer(&projection, batch_size, retry);
+        let mut summary = consumer.catch_up().await.unwrap();
+        while summary.retry_in > summary.retry_out {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            let more = consumer.catch_up().await.unwrap();
+            summary.retry_in += more.retry_in;
+            summary.retry_out += more.retry_out;
+            summary.applied += more.applied;
+        }
+        assert_eq!(
+            summary.applied,
+            300,
+            "seed {seed}: {:?}",
+            setup
+                .routed("dlq_steps")
+                .await
+                .iter()
+                .map(|(r, x)| (String::from_utf8_lossy(&r.body).into_owned(), x.clone()))
+                .collect::<Vec<_>>()
+        );
+        assert_accounted(projection.store(), 300, 0);
+        diverted += setup.routed("retry_steps").await.iter().filter(|(_, r)| r.attempts == 0).count();
+
+        // Every pair of events the spec orders was handled in that order,
+        // and every event exactly once (sequence numbers stand in for
+        // offsets: they follow log order within a partition).
+        let calls: Vec<RunCall> = setup
+            .module
+            .handled()
+            .into_iter()
+            .map(|(key, tag, seqs)| RunCall {
+                partition: partition_for(key, 2),
+                key,
+                tag,
+                reduced: 1,
+                calls: 1,
+                offsets: seqs,
+            })
+            .collect();
+        for partition in 0..2 {
+            let log: Vec<(u64, PlanRecord)> = events
+                .iter()
+                .filter(|e| partition_for(e.key, 2) == partition)
+                .map(|e| (e.step.seq, PlanRecord { key: e.key, tag: e.tag, ordering: e.ordering }))
+                .collect();
+            check_call_order(partition, &log, &calls)
+                .unwrap_or_else(|e| panic!("seed {seed}, batch size {batch_size}, partition {partition}: {e}"));
+        }
+    }
+    assert!(diverted > 0, "no event was ever diverted behind a key in retry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_key_delays_no_other_key() {
+    let setup = Setup::new(1).await;
+    // Key 666 fails on every call; 20 other keys carry on around it.
+    let events: Vec<Event> = (0..200)
+        .map(|seq| match seq % 5 {
+            0 => event(666, STEP, Relaxed, seq, &["retryable"; 100]),
+            _ => event(seq % 20, OTHER, Relaxed, seq, &[]),
+        })
+        .collect();
+    setup.publish(&events).await;
+    let projection = setup.projection();
+    let recorder = Arc::new(Recorder::default());
+    let retry = RetryPolicy { delays: vec![Duration::from_secs(3600)], ..eager(5) };
+    let consumer = setup.consumer(&projection, 10, retry).with_observer(recorder.clone());
+    let summary = consumer.catch_up().await.unwrap();
+
+    // Twenty batches of ten, no more: nothing waited for the poisoned key,
+    // whose first event waits an hour in retry with the rest behind it.
+    assert_eq!(summary.batches, 20);
+    assert_eq!((summary.applied, summary.retry_in, summary.retry_out), (160, 40, 0));
+    assert_eq!(projection.store().position(TOPIC, 0).unwrap(), Some(200));
+    assert_accounted(projection.store(), 200, 40);
+    // Every other event was handled in the batch that polled it: calls
+    // arrive in batch order, so an event of batch b is never reported after
+    // one of a later batch.
+    let batches: Vec<u64> = recorder.calls().iter().flat_map(|c| c.offsets.iter().map(|o| o / 10)).collect();
+    assert!(batches.windows(2).all(|w| w[0] <= w[1]), "{batches:?}");
+    assert_eq!(batches.len(), 160);
+    let waiting = setup.routed("retry_steps").await;
+    assert_eq!(waiting.len(), 40);
+    // The failed event has had an attempt and says why; the rest (the one
+    // behind it in its batch, then the diverted ones) wait without one.
+    assert_eq!(waiting[0].1.attempts, 1);
+    assert_eq!(waiting[0].1.failure.as_ref().unwrap().class, FailureClass::Retryable);
+    assert!(waiting[1..].iter().all(|(_, r)| r.attempts == 0 && r.failure.is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
+    let setup = Setup::new(1).await;
+    setup.publish(&[event(1, STEP, Relaxed, 1, &["retryable"]), event(2, STEP, Relaxed, 2, &[])]).await;
+    let retry = RetryPolicy { delays: vec![Duration::from_millis(1500)], ..eager(5) };
+    {
+        let projection = setup.projection();
+        let summary = setup.consumer(&projection, 100, retry.clone()).catch_up().await.unwrap();
+        assert_eq!((summary.applied, summary.retry_in), (1, 1));
+    }
+    // Restart, with a later event of key 1 published meanwhile: it is
+    // diverted behind the waiting one, which is not due yet.
+    setup.publish(&[event(1, OTHER, Relaxed, 3, &[])]).await;
+    let projection = setup.projection();
+    let summary = setup.consumer(&projection, 100, retry.clone()).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.retry_in), (0, 1), "the key was not known to be in retry");
+    assert_eq!(Flaky::applied(projection.store(), 1), Vec::<u64>::new());
+    drop(projection);
+
+    // Once the delay (measured from the failure) has passed, both are
+    // applied, in order, after another restart.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let projection = setup.projection();
+    let summary = setup.consumer(&projection, 100, retry).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.retry_out), (2, 2));
+    assert_eq!(Flaky::applied(projection.store(), 1), [1, 3]);
+    assert_accounted(projection.store(), 3, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
+    let setup = Setup::new(1).await;
+    let mut events: Vec<Event> = (1..=5).map(|seq| event(1, SUM, Relaxed, seq, &[])).collect();
+    events[2].step.fail = vec!["retryable".into()];
+    setup.publish(&events).await;
+    let projection = setup.projection();
+    let summary = setup.consumer(&projection, 100, eager(5)).catch_up().await.unwrap();
+    // One fold of five failed once, went to retry as one record standing
+    // for five events, and was applied from there.
+    assert_eq!((summary.retry_in, summary.retry_out, summary.applied), (5, 5, 5));
+    let retried = setup.routed("retry_steps").await;
+    assert_eq!(retried.len(), 1);
+    assert_eq!((retried[0].1.origin_offset, retried[0].1.events), (0, 5));
+    let total: i64 = serde_json::from_slice(&projection.store().get(1, "total").unwrap().unwrap()).unwrap();
+    assert_eq!(total, 5);
+    assert_accounted(projection.store(), 5, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
+    use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
+    let setup = Setup::new(2).await;
+    let (one, two) = (0x1111_0000_0000_0000, 0xF000_0000_0000_0000);
+    setup
+        .publish(&[
+            event(one, STEP, Relaxed, 1, &[]),
+            event(one, OTHER, Relaxed, 2, &[]),
+            event(two, STEP, Relaxed, 3, &[]),
+            event(one, STEP, Acquire, 4, &[]),
+        ])
+        .await;
+    // Before the fix, every call fails unrecoverably: all four are dead.
+    setup.module.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+    let projection = setup.projection();
+    let consumer = setup.consumer(&projection, 100, eager(3));
+    assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, 4);
+    let store = projection.store();
+    let letters = dead_letter::list(&*setup.log, TOPIC, "flaky", store).await.unwrap();
+    assert_eq!(letters.len(), 4);
+    assert!(letters.iter().all(|l| !l.redriven && l.routed.failure.as_ref().unwrap().message.contains("not fixed")));
+
+    // After the fix: re-drive key one's three, in dead-letter order.
+    setup.module.broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    let key_one = Selection { key: Some(one), ..Selection::default() };
+    let done = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &key_one).await.unwrap();
+    assert_eq!((done.records, done.events, done.already), (3, 3, 0));
+    let again = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &key_one).await.unwrap();
+    assert_eq!((again.records, again.already), (0, 3), "a dead letter is re-driven once");
+    let summary = consumer.catch_up().await.unwrap();
+    assert_eq!((summary.consumed, summary.retry_out, summary.applied), (0, 3, 3));
+    assert_eq!(Flaky::applied(store, one), [1, 2, 4]);
+    assert_eq!(Flaky::applied(store, two), Vec::<u64>::new());
+    let redriven: Vec<bool> =
+        dead_letter::list(&*setup.log, TOPIC, "flaky", store).await.unwrap().iter().map(|l| l.redriven).collect();
+    assert_eq!(redriven.iter().filter(|&&r| r).count(), 3);
+
+    // The rest, by place; a place with no dead letter is refused by name.
+    let place = letters.iter().find(|l| l.envelope.as_ref().is_ok_and(|e| e.key_hash == two)).unwrap();
+    let missing = Selection { records: vec![(0, 999)], ..Selection::default() };
+    let error = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &missing).await.unwrap_err();
+    assert!(matches!(error, DeadLetterError::NotFound { partition: 0, offset: 999, .. }), "{error}");
+    let by_place = Selection { records: vec![(place.partition, place.offset)], ..Selection::default() };
+    assert_eq!(dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &by_place).await.unwrap().records, 1);
+    consumer.catch_up().await.unwrap();
+    assert_eq!(Flaky::applied(store, two), [3]);
+    assert_accounted(store, 4, 0);
+}
