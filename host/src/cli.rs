@@ -27,13 +27,17 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
+use crate::admin::{self, Admin};
 use crate::consumer::{Consumer, ConsumerConfig, Summary, stat};
 use crate::dead_letter::{self, DeadLetter, Selection};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
 use crate::handler::{HandlerModule, PayloadLimits};
+use crate::lifecycle::{Library, LifecycleError, Reloader};
 use crate::log::EventLog;
 use crate::log::embedded::EmbeddedLog;
+use crate::metrics::Metrics;
+use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError, load_module_file};
 use crate::publish::{self, Outgoing};
 use crate::routing::RetryPolicy;
@@ -62,6 +66,12 @@ enum Command {
     /// List, inspect and re-drive a projection's dead letters.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Show a projection's module versions, or roll one back.
+    #[command(subcommand)]
+    Modules(ModulesCommand),
+    /// Where a projection stands: per partition position, end, lag; module
+    /// versions; counts of applied, skipped, retrying, dead-lettered events.
+    Status(StatusArgs),
     /// Build the bank example, publish a seeded workload, consume it, and
     /// check the read model against an oracle.
     Demo(DemoArgs),
@@ -296,8 +306,77 @@ struct RunArgs {
     /// Stop once the end offsets read at start-up are reached.
     #[arg(long)]
     until_caught_up: bool,
+    /// Run the module versions in the directory even where the projection
+    /// recorded others (by default a restart runs the recorded versions and
+    /// reports the difference).
+    #[arg(long)]
+    adopt_modules: bool,
+    /// Do not watch the module directory for new versions.
+    #[arg(long)]
+    no_watch: bool,
+    /// Keep compiled modules here (default: `<data>/cache`).
+    #[arg(long, conflicts_with = "no_compile_cache")]
+    compile_cache: Option<PathBuf>,
+    /// Compile every module at start-up instead of using the cache.
+    #[arg(long)]
+    no_compile_cache: bool,
+    /// Serve the admin endpoint (health, readiness, metrics, modules,
+    /// state, status) on this address, e.g. `127.0.0.1:9100`.
+    #[arg(long)]
+    admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     consume: ConsumeArgs,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    projection: String,
+    /// The topic it consumes.
+    #[arg(long)]
+    topic: String,
+    /// Ask the running host's admin endpoint instead of reading the files
+    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
+    #[arg(long)]
+    admin: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum ModulesCommand {
+    /// Each module's active version and the versions kept for rollback.
+    List(ModulesListArgs),
+    /// Make an earlier kept version of a module active (the next `waku run`
+    /// runs it). Stop `waku run` first.
+    Rollback(ModulesRollbackArgs),
+}
+
+#[derive(Args)]
+struct ModulesListArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    projection: String,
+    /// Also compare with the files of this module directory.
+    #[arg(long)]
+    modules: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ModulesRollbackArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    projection: String,
+    /// The module.
+    module: String,
+    /// The version (or a prefix of it); default: the one before the active.
+    #[arg(value_name = "VERSION")]
+    target: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -403,6 +482,9 @@ struct DemoArgs {
     /// Use this bank module instead of building examples/bank.
     #[arg(long)]
     module: Option<PathBuf>,
+    /// Serve the admin endpoint on this address while the demo runs.
+    #[arg(long)]
+    admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     consume: ConsumeArgs,
 }
@@ -437,6 +519,8 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Run(args) => run(args).await.map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Get(args)) => state_get(args).map(|()| ExitCode::SUCCESS),
         Command::Dlq(command) => dlq(command).await.map(|()| ExitCode::SUCCESS),
+        Command::Modules(command) => modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => run_demo(args).await,
     }
 }
@@ -460,8 +544,9 @@ fn load_module(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn HandlerModule>>
 }
 
 /// Says which flags raise the limits when a module does not fit them.
-fn hint_at_limit_flags(error: ProjectionError) -> anyhow::Error {
-    let too_small = matches!(error, ProjectionError::Load(LoadError::Instantiate { .. }));
+fn hint_at_limit_flags(error: impl Into<LifecycleError>) -> anyhow::Error {
+    let error = error.into();
+    let too_small = matches!(error, LifecycleError::Projection(ProjectionError::Load(LoadError::Instantiate { .. })));
     let error = anyhow::Error::new(error);
     if too_small {
         error.context(
@@ -501,29 +586,116 @@ async fn publish_file(args: PublishArgs) -> Result<()> {
 async fn run(args: RunArgs) -> Result<()> {
     // Caught before anything slow happens.
     let signals = ShutdownSignals::install()?;
-    let sandbox = args.consume.sandbox()?;
-    let modules = Projection::load_modules(&sandbox, &args.modules).map_err(hint_at_limit_flags)?;
+    let loading = Instant::now();
+    let mut sandbox = args.consume.sandbox()?;
+    if !args.no_compile_cache {
+        let cache = args.compile_cache.clone().unwrap_or_else(|| args.data.data.join("cache"));
+        sandbox = sandbox.with_compile_cache(&cache);
+    }
+    let metrics = Arc::new(Metrics::default());
     let store = args.data.state(&args.projection)?;
+    let library = Arc::new(
+        Library::new(&args.data.data, &args.projection, store.clone(), sandbox.clone()).with_metrics(metrics.clone()),
+    );
+    let (modules, differences) = library.start(&args.modules, args.adopt_modules).map_err(hint_at_limit_flags)?;
+    for difference in &differences {
+        eprintln!("waku: {difference}");
+    }
     let projection = Arc::new(Projection::new(&args.projection, &args.topic, modules, store)?);
+    let _reloader = match args.no_watch {
+        true => None,
+        false => Some(Reloader::watch(library.clone(), projection.clone(), &args.modules)?),
+    };
     let log = Arc::new(args.data.log()?);
-    let consumer = Consumer::new(log, projection.clone(), args.consume.config(args.partitions.clone())?);
+    let consumer = Consumer::new(log.clone(), projection.clone(), args.consume.config(args.partitions.clone())?)
+        .with_metrics(metrics.clone());
     eprintln!(
-        "waku: projection `{}` on topic `{}`: {} ({} event types), batch {}, {} workers",
+        "waku: projection `{}` on topic `{}`: {} ({} event types, loaded in {:.2} s), batch {}, {} workers",
         args.projection,
         args.topic,
         projection.modules().iter().map(|m| format!("{}@{}", m.name(), m.version())).collect::<Vec<_>>().join(", "),
         projection.modules().iter().map(|m| m.event_types().len()).sum::<usize>(),
+        loading.elapsed().as_secs_f64(),
         args.consume.batch_size,
         args.consume.workers.unwrap_or_else(available_threads),
     );
     eprintln!("waku: sandbox limits: {}", sandbox.limits());
+    let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(address) = args.admin {
+        let listener = admin::bind(address).await?;
+        eprintln!("waku: admin endpoint on http://{}", listener.local_addr()?);
+        let admin = Admin {
+            log,
+            projection: projection.clone(),
+            progress: consumer.progress(),
+            metrics,
+            library: Some(library.clone()),
+        };
+        tokio::spawn(async move {
+            if let Err(error) = admin::serve(listener, admin, async {
+                let _ = admin_stopped.await;
+            })
+            .await
+            {
+                eprintln!("waku: the admin endpoint stopped: {error}");
+            }
+        });
+    }
+    let display = show_progress(&args.projection, consumer.progress());
     let started = Instant::now();
     let summary = if args.until_caught_up {
-        consumer.catch_up_or_stop(signals.first()).await?
+        consumer.catch_up_or_stop(signals.first()).await
     } else {
-        consumer.follow(signals.first()).await?
+        consumer.follow(signals.first()).await
     };
-    print_summary(&summary, started.elapsed().as_secs_f64(), projection.store())
+    drop(display);
+    let _ = stop_admin.send(());
+    print_summary(&summary?, started.elapsed().as_secs_f64(), projection.store())
+}
+
+/// While the start-up backlog is replayed, a progress bar on a terminal:
+/// events done of the backlog, events/s, time left. Nothing when standard
+/// error is not a terminal. Stops when dropped or caught up.
+fn show_progress(projection: &str, progress: Arc<Progress>) -> Option<ProgressDisplay> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {human_pos}/{human_len} events, {per_sec}, {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("replaying `{projection}`"));
+    let shown = bar.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (done, total) = progress.replayed();
+            shown.set_length(total);
+            shown.set_position(done);
+            if progress.caught_up() {
+                shown.finish_with_message("caught up");
+                break;
+            }
+        }
+    });
+    Some(ProgressDisplay { bar, task })
+}
+
+/// A progress bar and the task that feeds it.
+struct ProgressDisplay {
+    bar: indicatif::ProgressBar,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ProgressDisplay {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.bar.finish_and_clear();
+    }
 }
 
 /// SIGINT and SIGTERM, caught from the moment [`ShutdownSignals::install`]
@@ -595,19 +767,105 @@ fn state_get(args: StateGetArgs) -> Result<()> {
         }
         _ => bail!("give --key-hash, or --event with --module"),
     };
-    let mut entries = serde_json::Map::new();
-    for (name, value) in store.entries(key)? {
-        if args.entry.as_ref().is_some_and(|only| *only != name) {
-            continue;
-        }
-        let value = serde_json::from_slice(&value)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&value).into_owned()));
-        entries.insert(name, value);
-    }
-    let counters: serde_json::Map<String, serde_json::Value> =
-        store.counters()?.into_iter().map(|(name, value)| (name, value.into())).collect();
-    let output = serde_json::json!({ "key_hash": format!("{key:#018x}"), "entries": entries, "counters": counters });
+    let output = admin::key_state_json(&store, key, args.entry.as_deref())?;
     println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
+}
+
+async fn status(args: StatusArgs) -> Result<()> {
+    let status = match &args.admin {
+        Some(url) => {
+            let url = format!("{}/status", url.trim_end_matches('/'));
+            let body = ureq::get(&url)
+                .call()
+                .and_then(|mut response| response.body_mut().read_to_string())
+                .with_context(|| format!("asking {url}"))?;
+            let status: admin::Status =
+                serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
+            if status.projection != args.projection {
+                bail!("{url} runs projection `{}`, not `{}`", status.projection, args.projection);
+            }
+            status
+        }
+        None => {
+            let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
+            let log = args.data.log().context(hint)?;
+            let store = args.data.state(&args.projection).context(hint)?;
+            let library =
+                Library::new(&args.data.data, &args.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
+            let versions = library.recorded()?.active;
+            admin::status(&log, &args.projection, &args.topic, &store, None, versions).await?
+        }
+    };
+    let caught_up = status.partitions.iter().all(|p| p.caught_up);
+    println!(
+        "projection `{}` on topic `{}`: {}",
+        status.projection,
+        status.topic,
+        if caught_up { "caught up" } else { "catching up" }
+    );
+    let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+    println!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") });
+    println!(
+        "events: {} applied, {} skipped, {} retrying, {} dead-lettered",
+        status.applied, status.skipped, status.retrying, status.dead_lettered
+    );
+    println!("partition\tposition\tstart-up end\tend\tlag\tcaught up");
+    for p in &status.partitions {
+        let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
+        let caught_up = if p.caught_up { "yes" } else { "no" };
+        println!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag);
+    }
+    Ok(())
+}
+
+fn modules(command: ModulesCommand) -> Result<()> {
+    let (data, projection) = match &command {
+        ModulesCommand::List(args) => (&args.data, &args.projection),
+        ModulesCommand::Rollback(args) => (&args.data, &args.projection),
+    };
+    let store = data.state(projection).context("is `waku run` using it? stop it first")?;
+    let library = Library::new(&data.data, projection, store, Sandbox::new(SandboxLimits::default())?);
+    match &command {
+        ModulesCommand::List(args) => {
+            let recorded = library.recorded()?;
+            if recorded.active.is_empty() {
+                println!("projection `{projection}` has run no module yet");
+            }
+            let in_directory: std::collections::BTreeMap<String, String> = match &args.modules {
+                None => Default::default(),
+                Some(dir) => std::fs::read_dir(dir)
+                    .with_context(|| format!("reading {}", dir.display()))?
+                    .filter_map(Result::ok)
+                    .map(|entry| entry.path())
+                    .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+                    .filter_map(|path| {
+                        let bytes = std::fs::read(&path).ok()?;
+                        Some((
+                            path.file_stem()?.to_string_lossy().into_owned(),
+                            crate::runtime::content_version(&bytes),
+                        ))
+                    })
+                    .collect(),
+            };
+            for (module, active) in &recorded.active {
+                let kept = recorded.kept.get(module).map(Vec::as_slice).unwrap_or_default();
+                let kept: Vec<String> =
+                    kept.iter().map(|v| if v == active { format!("{v} (active)") } else { v.clone() }).collect();
+                let directory = match in_directory.get(module) {
+                    Some(version) if version == active => "; the directory holds the active version".to_owned(),
+                    Some(version) => format!("; the directory holds {version}"),
+                    None if args.modules.is_some() => "; not in the directory".to_owned(),
+                    None => String::new(),
+                };
+                println!("{module}: {active}{directory}\n  kept, newest first: {}", kept.join(", "));
+            }
+        }
+        ModulesCommand::Rollback(args) => {
+            let (from, to) = library.rollback(&args.module, args.target.as_deref())?;
+            println!("module `{}`: {from} → {to}; the next `waku run` runs {to}", args.module);
+        }
+    }
     Ok(())
 }
 
@@ -734,11 +992,8 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
 }
 
 fn parse_key_hash(text: &str) -> Result<u64> {
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => text.parse(),
-    };
-    parsed.with_context(|| format!("`{text}` is not a key hash (a decimal or 0x-hex 64-bit number)"))
+    admin::parse_key_hash(text)
+        .with_context(|| format!("`{text}` is not a key hash (a decimal or 0x-hex 64-bit number)"))
 }
 
 async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
@@ -776,7 +1031,7 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
         .map_err(hint_at_limit_flags)
         .with_context(|| format!("loading module {}", module_path.display()))?;
     let spec = WorkloadSpec { events: args.events, accounts: args.accounts, seed: args.seed };
-    let report = demo_run(&data, module, spec, args.partitions, args.consume.config(None)?).await?;
+    let report = demo_run(&data, module, spec, args.partitions, args.consume.config(None)?, args.admin).await?;
     println!("{}", report.lines.join("\n"));
     println!("{}", report.check.report(5));
     Ok(if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) })
@@ -793,6 +1048,7 @@ async fn demo_run(
     spec: WorkloadSpec,
     partitions: u32,
     config: ConsumerConfig,
+    admin_address: Option<std::net::SocketAddr>,
 ) -> Result<DemoReport> {
     const TOPIC: &str = "accounts";
     let (events, oracle) = demo::workload(spec);
@@ -810,13 +1066,25 @@ async fn demo_run(
     let publish_secs = started.elapsed().as_secs_f64();
 
     let projection = Arc::new(Projection::new("bank", TOPIC, vec![module.clone()], data.state("bank")?)?);
-    let consumer = Consumer::new(log, projection.clone(), config.clone());
+    let metrics = Arc::new(Metrics::default());
+    let consumer = Consumer::new(log.clone(), projection.clone(), config.clone()).with_metrics(metrics.clone());
+    let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(address) = admin_address {
+        let listener = admin::bind(address).await?;
+        eprintln!("waku: admin endpoint on http://{}", listener.local_addr()?);
+        let admin =
+            Admin { log, projection: projection.clone(), progress: consumer.progress(), metrics, library: None };
+        tokio::spawn(admin::serve(listener, admin, async {
+            let _ = admin_stopped.await;
+        }));
+    }
     if std::io::stderr().is_terminal() {
         eprintln!("waku: consuming {published} events ...");
     }
     let started = Instant::now();
     let summary = consumer.catch_up().await?;
     let consume_secs = started.elapsed().as_secs_f64();
+    let _ = stop_admin.send(());
 
     let store = projection.store();
     let check = demo::check_projection(&oracle, &*module, store)?;
@@ -890,6 +1158,12 @@ mod tests {
             Command::Run(args) => args.consume,
             _ => unreachable!("parsed a run command"),
         }
+    }
+
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]

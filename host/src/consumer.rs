@@ -41,8 +41,10 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash, partition_for};
 use crate::handler::{CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
 use crate::log::{EventLog, LogError, StoredRecord};
+use crate::metrics::{BatchTally, Metrics};
 use crate::plan::{Plan, PlanRecord, Stage};
-use crate::projection::Projection;
+use crate::progress::Progress;
+use crate::projection::{Instances, ModuleSet, Projection};
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::routing::{
     self, Failure, FailureClass, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic,
@@ -222,6 +224,8 @@ pub struct Consumer<L> {
     /// Partitions commit to one outbox; one publisher at a time, or two
     /// could publish the same entries before either clears them.
     outbox: Arc<tokio::sync::Mutex<()>>,
+    progress: Arc<Progress>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -232,6 +236,8 @@ impl<L> Clone for Consumer<L> {
             config: self.config.clone(),
             observer: self.observer.clone(),
             outbox: self.outbox.clone(),
+            progress: self.progress.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -239,13 +245,33 @@ impl<L> Clone for Consumer<L> {
 impl<L: EventLog> Consumer<L> {
     /// A consumer of `projection`'s topic on `log`.
     pub fn new(log: Arc<L>, projection: Arc<Projection>, config: ConsumerConfig) -> Self {
-        Self { log, projection, config, observer: None, outbox: Arc::default() }
+        Self {
+            log,
+            projection,
+            config,
+            observer: None,
+            outbox: Arc::default(),
+            progress: Arc::default(),
+            metrics: None,
+        }
     }
 
     /// Reports every handled run to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
         self.observer = Some(observer);
         self
+    }
+
+    /// Records what every committed batch did in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The caught-up gate: filled when consuming starts, advanced after
+    /// every commit.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// The partitions this consumer owns, checked against the topic.
@@ -309,10 +335,18 @@ impl<L: EventLog> Consumer<L> {
             shutdown.await;
             let _ = stop_on_shutdown.send(true);
         });
+        // The gate: every partition's end offset, read once at start-up.
+        let partitions = self.partitions().await?;
+        let mut gate = Vec::with_capacity(partitions.len());
+        for &partition in &partitions {
+            let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
+            gate.push((partition, position, self.log.end_offset(topic, partition).await?));
+        }
+        self.progress.begin(gate.iter().copied());
         let mut tasks = tokio::task::JoinSet::new();
-        for partition in self.partitions().await? {
+        for (partition, _, end_at_start) in gate {
             let end = match until {
-                Until::EndOffsets => Some(self.log.end_offset(self.projection.topic(), partition).await?),
+                Until::EndOffsets => Some(end_at_start),
                 Until::Shutdown => None,
             };
             let consumer = self.clone();
@@ -378,6 +412,7 @@ impl<L: EventLog> Consumer<L> {
             queue = returned;
             summary.add(&batch?);
             position = next;
+            self.progress.advance(partition, position);
             self.publish_outbox().await?;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), &topic, partition, position).await?;
@@ -468,8 +503,11 @@ impl<L: EventLog> Consumer<L> {
         queue: &RetryQueue,
     ) -> Result<Summary, ConsumerError> {
         let projection = &*self.projection;
+        // The modules of this batch, whatever is swapped in meanwhile.
+        let modules = projection.current();
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
+        let mut tally = BatchTally::default();
         let mut input = BatchInput::default();
         let now = routing::now_ms();
         for stored in records {
@@ -488,6 +526,9 @@ impl<L: EventLog> Consumer<L> {
                     let record = routing::routed_record(&headers, &routed, stored.record.body);
                     commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key_hash, record));
                     summary.retry_in += 1;
+                    if let Some(route) = modules.route(headers.tag) {
+                        tally.of(route.module, headers.tag).retried += 1;
+                    }
                 }
                 Ok(headers) => input.push(headers, Origin::single(stored.offset), 0, stored.record.body),
                 Err(error) => {
@@ -505,7 +546,7 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
-        self.execute_and_commit(partition, input, summary, commit)
+        self.execute_and_commit(partition, &modules, input, summary, commit, tally)
     }
 
     /// Plans, executes and commits records taken from the retry topic. Runs
@@ -541,7 +582,7 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         commit.positions.push((retry, partition, retry_position));
-        self.execute_and_commit(partition, input, summary, commit)
+        self.execute_and_commit(partition, &projection.current(), input, summary, commit, BatchTally::default())
     }
 
     /// Plans `input`, executes it across workers and commits everything in
@@ -549,18 +590,21 @@ impl<L: EventLog> Consumer<L> {
     fn execute_and_commit(
         &self,
         partition: u32,
+        modules: &ModuleSet,
         mut input: BatchInput,
         mut summary: Summary,
         mut commit: BatchCommit,
+        mut tally: BatchTally,
     ) -> Result<Summary, ConsumerError> {
         let store = self.projection.store();
         let plan = Plan::new(&input.plan);
         let work = split_work(&plan, &mut input, self.config.workers.max(1));
         let snapshot = Arc::new(store.reader()?);
-        let outcomes = self.execute(partition, work, &snapshot)?;
+        let outcomes = self.execute(partition, work, &snapshot, modules)?;
         drop(snapshot);
         for outcome in outcomes {
             summary.add(&outcome.summary);
+            tally.absorb(outcome.tally);
             for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
                 if !writes.is_empty() {
                     commit.writes.push((key, writes));
@@ -574,6 +618,9 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.stat_deltas = summary.stat_deltas();
         store.commit(commit)?;
+        if let Some(metrics) = &self.metrics {
+            metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
+        }
         Ok(summary)
     }
 
@@ -583,10 +630,13 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         work: Vec<Vec<KeyWork>>,
         snapshot: &Arc<StateReader>,
+        modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         std::thread::scope(|scope| {
-            let handles: Vec<_> =
-                work.into_iter().map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot))).collect();
+            let handles: Vec<_> = work
+                .into_iter()
+                .map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot, modules)))
+                .collect();
             handles
                 .into_iter()
                 .map(|handle| {
@@ -604,13 +654,19 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// Handles the keys given to one worker, one key after another.
-    fn run_worker(&self, partition: u32, keys: Vec<KeyWork>, snapshot: &Arc<StateReader>) -> WorkerOutcome {
-        let mut instances = self.projection.instances();
+    fn run_worker(
+        &self,
+        partition: u32,
+        keys: Vec<KeyWork>,
+        snapshot: &Arc<StateReader>,
+        modules: &ModuleSet,
+    ) -> WorkerOutcome {
+        let mut instances = modules.instances();
         let mut outcome = WorkerOutcome::default();
         for work in keys {
             let key = work.key;
             let mut scope = KeyScope::new(key, snapshot.clone(), self.config.payload);
-            self.run_key(partition, work, &mut scope, &mut instances, &mut outcome);
+            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
         outcome
@@ -624,14 +680,15 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         work: KeyWork,
         scope: &mut KeyScope,
-        instances: &mut crate::projection::Instances<'_>,
+        modules: &ModuleSet,
+        instances: &mut Instances<'_>,
         out: &mut WorkerOutcome,
     ) {
         let projection = &*self.projection;
         let KeyWork { key, runs } = work;
         let mut runs = runs.into_iter();
         while let Some(run) = runs.next() {
-            let Some(route) = projection.route(run.tag) else {
+            let Some(route) = modules.route(run.tag) else {
                 out.summary.skipped += run.origins.iter().map(|o| o.events).sum::<u64>();
                 continue;
             };
@@ -658,15 +715,21 @@ impl<L: EventLog> Consumer<L> {
             let (mut start, mut calls, mut all_applied) = (0, 0, true);
             while start < reduced.bodies.len() {
                 let end = reduced.bodies.len().min(start.saturating_add(chunk_len));
+                let started = self.metrics.as_ref().map(|_| std::time::Instant::now());
                 let result = match &fold_error {
                     Some(error) => Err(error.clone()),
                     None => instances
                         .get(route.module)
                         .and_then(|instance| self.call(instance, scope, tag, &reduced.bodies[start..end])),
                 };
+                if let Some(started) = started {
+                    out.tally.of(route.module, tag).call_times.push(started.elapsed());
+                }
                 let error = match result {
                     Ok(()) => {
-                        out.summary.applied += reduced.origins[start..end].iter().map(|o| o.events).sum::<u64>();
+                        let events = reduced.origins[start..end].iter().map(|o| o.events).sum::<u64>();
+                        out.summary.applied += events;
+                        out.tally.of(route.module, tag).applied += events;
                         out.summary.calls += 1;
                         calls += 1;
                         // Unreduced chunks are reported one by one, so a
@@ -692,7 +755,10 @@ impl<L: EventLog> Consumer<L> {
                 all_applied = false;
                 let attempt = attempts[start..end].iter().copied().max().unwrap_or(0).saturating_add(1);
                 let class = FailureClass::of(&error);
-                let module = &projection.modules()[route.module];
+                if class == FailureClass::Trap {
+                    out.tally.of(route.module, tag).traps += 1;
+                }
+                let module = &modules.modules()[route.module];
                 let failure = Failure {
                     class,
                     message: error.to_string(),
@@ -713,6 +779,7 @@ impl<L: EventLog> Consumer<L> {
                         let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
                         out.routed.push(self.routed_entry(dlq_topic, partition, key, record));
                         out.summary.dead_lettered += origin.events;
+                        out.tally.of(route.module, tag).dead_lettered += origin.events;
                     }
                     start = end;
                     continue;
@@ -739,7 +806,7 @@ impl<L: EventLog> Consumer<L> {
                         unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
                     }
                 }
-                self.retry_later(partition, key, unfinished, out);
+                self.retry_later(partition, key, modules, unfinished, out);
                 return;
             }
             if all_applied
@@ -775,7 +842,14 @@ impl<L: EventLog> Consumer<L> {
 
     /// Writes a key's unfinished work to the retry topic, in execution
     /// order, with orderings rewritten so each stage stays a segment.
-    fn retry_later(&self, partition: u32, key: KeyHash, unfinished: Vec<Unfinished>, out: &mut WorkerOutcome) {
+    fn retry_later(
+        &self,
+        partition: u32,
+        key: KeyHash,
+        modules: &ModuleSet,
+        unfinished: Vec<Unfinished>,
+        out: &mut WorkerOutcome,
+    ) {
         let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
         for (item, ordering) in unfinished.into_iter().zip(orderings) {
             let routed = self.routed(partition, item.origin, item.attempts, item.failure);
@@ -783,6 +857,9 @@ impl<L: EventLog> Consumer<L> {
             let record = routing::routed_record(&envelope, &routed, item.body);
             out.routed.push(self.routed_entry(retry_topic, partition, key, record));
             out.summary.retry_in += item.origin.events;
+            if let Some(route) = modules.route(item.shape.tag) {
+                out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
+            }
         }
     }
 
@@ -977,6 +1054,7 @@ struct WorkerOutcome {
     /// Records for the retry and dead-letter topics.
     routed: Vec<OutboxEntry>,
     summary: Summary,
+    tally: BatchTally,
 }
 
 /// Turns the plan into per-worker lists of keys, moving each body into the

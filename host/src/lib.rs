@@ -22,13 +22,20 @@
 //! - [`runtime`]: the WASM sandbox: the one place that builds engines,
 //!   linkers and stores, and the limits every instance runs under.
 //! - [`projection`]: modules over one topic, their routing and state.
+//! - [`lifecycle`]: module versions (recorded, kept, rolled back) and hot
+//!   reload from a watched directory.
 //! - [`consumer`]: the loop: poll → plan → reduce → invoke → commit.
 //! - [`routing`]: where failed events go: the retry and dead-letter
 //!   topics, their records, the delay schedule and the retry queue.
 //! - [`dead_letter`]: listing dead letters and re-driving them.
+//! - [`metrics`]: Prometheus metrics, tallied per batch.
+//! - [`progress`]: the caught-up gate (start-up end offsets vs. committed
+//!   positions).
 //! - [`publish`]: events in, messages with headers from the module out.
 //! - [`guest_build`]: building a guest crate into a component.
 //! - [`demo`]: the bank workload and its oracle.
+//! - [`admin`]: the HTTP admin endpoint (health, readiness, metrics,
+//!   modules, state, status).
 //! - [`cli`]: the `waku` command line.
 //! - [`log`]: the [`log::EventLog`] trait every log backend implements, and
 //!   the embedded backend (one redb file).
@@ -38,13 +45,17 @@
 //! The [`iggy`] module is the public facade the user documentation
 //! (`spec/ordering.md`) imports from; it re-exports, it holds no code.
 
+pub mod admin;
 pub mod cli;
 pub mod consumer;
 pub mod dead_letter;
 pub mod demo;
 pub mod guest_build;
 pub mod handler;
+pub mod lifecycle;
 pub mod log;
+pub mod metrics;
+pub mod progress;
 pub mod projection;
 pub mod publish;
 pub mod routing;

@@ -10,9 +10,15 @@
 //! - **Instances are pooled.** A worker checks out one instance per module
 //!   it needs and gives it back when its batch is done, so stores are reused
 //!   across calls and batches instead of being created per call.
+//! - **Modules change between batches.** The modules, their routes and
+//!   their pools form one [`ModuleSet`]. A batch takes the current set when
+//!   it starts ([`Projection::current`]) and keeps it to the end;
+//!   [`Projection::replace_modules`] puts a new set in place for the batches
+//!   that start after it. The old set, and the instances of modules that
+//!   left it, are dropped when the last batch using them finishes.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rustc_hash::FxHashMap;
 
@@ -50,9 +56,6 @@ pub enum ProjectionError {
     /// A module could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
-    /// The module directory holds no `.wasm` file.
-    #[error("no module (*.wasm) found in {0}")]
-    NoModules(PathBuf),
     /// The state store could not be opened.
     #[error(transparent)]
     State(#[from] StateError),
@@ -62,19 +65,63 @@ pub enum ProjectionError {
 pub struct Projection {
     name: String,
     topic: String,
+    current: RwLock<Arc<ModuleSet>>,
+    store: StateStore,
+}
+
+/// A set of modules with unique tags: the routing table and the instance
+/// pools of one version of a projection.
+pub struct ModuleSet {
     modules: Vec<Arc<dyn HandlerModule>>,
     routes: FxHashMap<EventTypeTag, Route>,
     pools: Vec<Mutex<Vec<Box<dyn HandlerInstance>>>>,
-    store: StateStore,
 }
 
 /// Where events of one tag go.
 #[derive(Debug, Clone)]
 pub struct Route {
-    /// Index of the module in [`Projection::modules`].
+    /// Index of the module in [`ModuleSet::modules`].
     pub module: usize,
     /// The event type as the module declared it.
     pub event_type: EventType,
+}
+
+impl ModuleSet {
+    /// Puts modules together for `projection`, checking that tags are
+    /// unique.
+    pub fn new(projection: &str, modules: Vec<Arc<dyn HandlerModule>>) -> Result<Self, ProjectionError> {
+        let mut routes: FxHashMap<EventTypeTag, Route> = FxHashMap::default();
+        for (index, module) in modules.iter().enumerate() {
+            for event_type in module.event_types() {
+                if let Some(existing) = routes.get(&event_type.tag) {
+                    return Err(ProjectionError::DuplicateTag {
+                        projection: projection.to_owned(),
+                        tag: event_type.tag,
+                        first: modules[existing.module].name().to_owned(),
+                        second: module.name().to_owned(),
+                    });
+                }
+                routes.insert(event_type.tag, Route { module: index, event_type: event_type.clone() });
+            }
+        }
+        let pools = modules.iter().map(|_| Mutex::new(Vec::new())).collect();
+        Ok(Self { modules, routes, pools })
+    }
+
+    /// The modules, in load order.
+    pub fn modules(&self) -> &[Arc<dyn HandlerModule>] {
+        &self.modules
+    }
+
+    /// Where events of `tag` go, if any module declares it.
+    pub fn route(&self, tag: EventTypeTag) -> Option<&Route> {
+        self.routes.get(&tag)
+    }
+
+    /// Borrows pooled instances for one worker; they return on drop.
+    pub fn instances(&self) -> Instances<'_> {
+        Instances { set: self, checked_out: self.modules.iter().map(|_| None).collect() }
+    }
 }
 
 impl Projection {
@@ -85,39 +132,8 @@ impl Projection {
         modules: Vec<Arc<dyn HandlerModule>>,
         store: StateStore,
     ) -> Result<Self, ProjectionError> {
-        let mut routes: FxHashMap<EventTypeTag, Route> = FxHashMap::default();
-        for (index, module) in modules.iter().enumerate() {
-            for event_type in module.event_types() {
-                if let Some(existing) = routes.get(&event_type.tag) {
-                    return Err(ProjectionError::DuplicateTag {
-                        projection: name.to_owned(),
-                        tag: event_type.tag,
-                        first: modules[existing.module].name().to_owned(),
-                        second: module.name().to_owned(),
-                    });
-                }
-                routes.insert(event_type.tag, Route { module: index, event_type: event_type.clone() });
-            }
-        }
-        let pools = modules.iter().map(|_| Mutex::new(Vec::new())).collect();
-        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), modules, routes, pools, store })
-    }
-
-    /// Loads every `*.wasm` file of `dir` (sorted by name; the module's name
-    /// is the file stem) into `sandbox`.
-    pub fn load_modules(sandbox: &Sandbox, dir: &Path) -> Result<Vec<Arc<dyn HandlerModule>>, ProjectionError> {
-        let read_error = |source| ProjectionError::ReadModule { path: dir.to_owned(), source };
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(read_error)?
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
-            .collect();
-        paths.sort();
-        if paths.is_empty() {
-            return Err(ProjectionError::NoModules(dir.to_owned()));
-        }
-        paths.iter().map(|path| load_module_file(sandbox, path)).collect()
+        let set = ModuleSet::new(name, modules)?;
+        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), current: RwLock::new(Arc::new(set)), store })
     }
 
     /// The projection's name.
@@ -130,24 +146,46 @@ impl Projection {
         &self.topic
     }
 
-    /// Its modules, in load order.
-    pub fn modules(&self) -> &[Arc<dyn HandlerModule>] {
-        &self.modules
+    /// The module set batches starting now use.
+    pub fn current(&self) -> Arc<ModuleSet> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Its modules now, in load order.
+    pub fn modules(&self) -> Vec<Arc<dyn HandlerModule>> {
+        self.current().modules.clone()
+    }
+
+    /// Where events of `tag` go now, if any module declares it.
+    pub fn route(&self, tag: EventTypeTag) -> Option<Route> {
+        self.current().route(tag).cloned()
+    }
+
+    /// Replaces the modules for the batches that start after this call,
+    /// checking tags are unique first (on error nothing changes).
+    ///
+    /// Done off the hot path, so the first batches after the swap do not
+    /// pay for instances: modules that stay keep their pooled instances,
+    /// and new modules get one instance per core made here.
+    pub fn replace_modules(&self, modules: Vec<Arc<dyn HandlerModule>>) -> Result<(), ProjectionError> {
+        let set = ModuleSet::new(&self.name, modules)?;
+        let old = self.current();
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for (index, module) in set.modules.iter().enumerate() {
+            let mut pool = set.pools[index].lock().unwrap_or_else(|e| e.into_inner());
+            match old.modules.iter().position(|m| Arc::ptr_eq(m, module)) {
+                Some(kept) => pool.append(&mut old.pools[kept].lock().unwrap_or_else(|e| e.into_inner())),
+                // A failure here shows again, with its reason, at first use.
+                None => pool.extend((0..cores).map_while(|_| module.instantiate().ok())),
+            }
+        }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+        Ok(())
     }
 
     /// Its state store.
     pub fn store(&self) -> &StateStore {
         &self.store
-    }
-
-    /// Where events of `tag` go, if any module declares it.
-    pub fn route(&self, tag: EventTypeTag) -> Option<&Route> {
-        self.routes.get(&tag)
-    }
-
-    /// Borrows pooled instances for one worker; they return on drop.
-    pub fn instances(&self) -> Instances<'_> {
-        Instances { projection: self, checked_out: self.modules.iter().map(|_| None).collect() }
     }
 }
 
@@ -160,9 +198,9 @@ pub fn load_module_file(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn Handle
 }
 
 /// Instances one worker holds, one per module at most, taken from the
-/// projection's pool on first use and returned when dropped.
+/// set's pool on first use and returned when dropped.
 pub struct Instances<'a> {
-    projection: &'a Projection,
+    set: &'a ModuleSet,
     checked_out: Vec<Option<Box<dyn HandlerInstance>>>,
 }
 
@@ -171,10 +209,10 @@ impl Instances<'_> {
     pub fn get(&mut self, module: usize) -> Result<&mut dyn HandlerInstance, CallError> {
         let slot = &mut self.checked_out[module];
         if slot.is_none() {
-            let pooled = self.projection.pools[module].lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let pooled = self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner()).pop();
             *slot = Some(match pooled {
                 Some(instance) => instance,
-                None => self.projection.modules[module].instantiate()?,
+                None => self.set.modules[module].instantiate()?,
             });
         }
         Ok(slot.as_deref_mut().expect("filled above"))
@@ -185,7 +223,7 @@ impl Drop for Instances<'_> {
     fn drop(&mut self) {
         for (module, slot) in self.checked_out.iter_mut().enumerate() {
             if let Some(instance) = slot.take() {
-                self.projection.pools[module].lock().unwrap_or_else(|e| e.into_inner()).push(instance);
+                self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner()).push(instance);
             }
         }
     }

@@ -20,7 +20,15 @@
 //! - **Compile once, instantiate cheaply.** A component is compiled and
 //!   pre-linked once per [`WasmModule`]; instances come from that template
 //!   and keep their store across calls.
+//! - **A cached artifact is checked, never trusted.** With a compile cache
+//!   ([`Sandbox::with_compile_cache`]) compiled components are kept on disk,
+//!   keyed by the SHA-256 of the component and the engine's settings, and
+//!   framed with the SHA-256 of the artifact itself. An entry that is
+//!   corrupt, truncated or made by an incompatible engine is compiled again
+//!   and rewritten; only an entry whose checksum matches reaches wasmtime's
+//!   `deserialize` (which checks version and settings once more).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
@@ -183,6 +191,8 @@ pub enum LoadError {
 #[derive(Clone)]
 pub struct Sandbox {
     shared: Arc<Shared>,
+    /// Where compiled components are kept between runs, if anywhere.
+    cache: Option<Arc<Path>>,
 }
 
 struct Shared {
@@ -212,7 +222,14 @@ impl Sandbox {
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        Ok(Self { shared: Arc::new(Shared { engine, linker, limits, ticker_stop }) })
+        Ok(Self { shared: Arc::new(Shared { engine, linker, limits, ticker_stop }), cache: None })
+    }
+
+    /// The same sandbox, keeping compiled components in `dir` (created when
+    /// first written) so that loading a module seen before skips compiling.
+    pub fn with_compile_cache(mut self, dir: &Path) -> Self {
+        self.cache = Some(Arc::from(dir));
+        self
     }
 
     /// The limits instances run under.
@@ -223,8 +240,7 @@ impl Sandbox {
     /// Compiles a component, checks its imports, pre-links it and asks it
     /// to describe its event types.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
-        let component = Component::new(&self.shared.engine, bytes)
-            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") })?;
+        let (component, from_cache) = self.compile(name, bytes)?;
         self.check_imports(name, &component)?;
         let pre = self
             .shared
@@ -238,6 +254,7 @@ impl Sandbox {
             pre,
             sandbox: self.clone(),
             event_types: Vec::new(),
+            from_cache,
         };
         let mut instance = module.instantiate_wasm().map_err(|error| LoadError::Instantiate {
             module: name.to_owned(),
@@ -251,6 +268,55 @@ impl Sandbox {
             .describe()
             .map_err(|error| LoadError::Describe { module: name.to_owned(), reason: error.to_string() })?;
         Ok(module)
+    }
+
+    /// Compiles `bytes`, or takes the compiled component from the cache;
+    /// says which.
+    fn compile(&self, name: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
+        let engine = &self.shared.engine;
+        let compile = || {
+            Component::new(engine, bytes)
+                .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") })
+        };
+        let Some(dir) = &self.cache else { return Ok((compile()?, false)) };
+        let path = dir.join(format!("{}-{}.cwasm", sha256_hex(bytes), self.engine_fingerprint()));
+        match std::fs::read(&path).ok().map(|file| compile_cache::unframe(&file).map(<[u8]>::to_vec)) {
+            Some(Some(artifact)) => {
+                // SAFETY: the artifact's checksum matches the one written
+                // beside it when this host serialized it, so these are bytes
+                // `Component::serialize` produced; `deserialize` itself
+                // refuses artifacts of another wasmtime version or settings.
+                match unsafe { Component::deserialize(engine, &artifact) } {
+                    Ok(component) => return Ok((component, true)),
+                    Err(e) => tracing::warn!(
+                        module = name,
+                        "cached component {} is unusable, compiling: {e:#}",
+                        path.display()
+                    ),
+                }
+            }
+            Some(None) => tracing::warn!(module = name, "cached component {} is corrupt, compiling", path.display()),
+            None => {}
+        }
+        let component = compile()?;
+        match component.serialize() {
+            Ok(artifact) => {
+                if let Err(e) = compile_cache::write(dir, &path, &artifact) {
+                    tracing::warn!(module = name, "cannot write the compile cache {}: {e}", path.display());
+                }
+            }
+            Err(e) => tracing::warn!(module = name, "cannot serialize the compiled component: {e:#}"),
+        }
+        Ok((component, false))
+    }
+
+    /// A short digest of everything in the engine's configuration that
+    /// decides whether a compiled artifact can be reused.
+    fn engine_fingerprint(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.shared.engine.precompile_compatibility_hash().hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
     }
 
     fn check_imports(&self, name: &str, component: &Component) -> Result<(), LoadError> {
@@ -351,9 +417,43 @@ impl HostMonotonicClock for FrozenClock {
 /// The content version of a module: the first 16 hex digits of the SHA-256
 /// of its bytes. Equal files share a version; a changed file never does.
 pub fn content_version(bytes: &[u8]) -> String {
+    sha256_hex(bytes)[..16].to_owned()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    digest[..8].iter().map(|byte| format!("{byte:02x}")).collect()
+    sha2::Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The on-disk frame of a cached artifact: a magic tag, the SHA-256 of the
+/// artifact, the artifact.
+mod compile_cache {
+    use std::path::Path;
+
+    use sha2::Digest;
+
+    const MAGIC: &[u8; 8] = b"wakuCW01";
+
+    /// The artifact inside `file`, if the frame and checksum are intact.
+    pub(super) fn unframe(file: &[u8]) -> Option<&[u8]> {
+        let rest = file.strip_prefix(MAGIC)?;
+        let (checksum, artifact) = rest.split_at_checked(32)?;
+        (sha2::Sha256::digest(artifact).as_slice() == checksum).then_some(artifact)
+    }
+
+    /// Writes `artifact` framed to `path`, through a temporary file and a
+    /// rename, so a crash never leaves half an entry under the real name.
+    pub(super) fn write(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut framed = Vec::with_capacity(MAGIC.len() + 32 + artifact.len());
+        framed.extend_from_slice(MAGIC);
+        framed.extend_from_slice(&sha2::Sha256::digest(artifact));
+        framed.extend_from_slice(artifact);
+        let temporary = tempfile::NamedTempFile::new_in(dir)?;
+        std::fs::write(temporary.path(), &framed)?;
+        temporary.persist(path).map_err(|e| e.error)?;
+        Ok(())
+    }
 }
 
 /// What one store holds: the WASI context, limits, and the scope of the key
@@ -464,9 +564,15 @@ pub struct WasmModule {
     pre: bindings::ModulePre<StoreData>,
     sandbox: Sandbox,
     event_types: Vec<EventType>,
+    from_cache: bool,
 }
 
 impl WasmModule {
+    /// Whether the compiled component came from the compile cache.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+
     fn instantiate_wasm(&self) -> Result<WasmInstance, CallError> {
         let mut store = self.sandbox.new_store(&self.name);
         store.set_epoch_deadline(self.sandbox.deadline_ticks());

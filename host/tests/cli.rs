@@ -382,3 +382,97 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert_eq!(listing.lines().filter(|l| l.ends_with("[re-driven]")).count(), 2, "{listing}");
     assert_eq!(listing.lines().count(), 4, "{listing}");
 }
+
+/// The bank component with a custom section appended: same behaviour,
+/// another version.
+fn bank_variant() -> Vec<u8> {
+    let mut bytes = std::fs::read(bank_wasm()).unwrap();
+    let name = b"variant";
+    bytes.extend([0x00, (1 + name.len() + 1) as u8, name.len() as u8]);
+    bytes.extend(name);
+    bytes.push(1);
+    bytes
+}
+
+#[test]
+fn status_modules_and_the_admin_endpoint_from_the_command_line() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[
+            r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#,
+            r#"{"type": "Deposited", "body": {"account": 1, "amount": 10}}"#,
+        ],
+    );
+    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "2", "--module", &module, &file];
+    assert!(waku(&publish, dir.path()).status.success());
+    assert!(run_bank_until_caught_up(dir.path()).status.success());
+    let v0 = wakuwaku::runtime::content_version(&std::fs::read(bank_wasm()).unwrap());
+
+    let status = waku(&["status", "--data", "data", "--projection", "bank", "--topic", "accounts"], dir.path());
+    let out = text(&status.stdout);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    assert!(out.starts_with("projection `bank` on topic `accounts`: caught up"), "{out}");
+    assert!(out.contains(&format!("modules: bank@{v0}")), "{out}");
+    assert!(out.contains("events: 2 applied, 0 skipped, 0 retrying, 0 dead-lettered"), "{out}");
+
+    // A new version in the directory while stopped: the recorded one runs,
+    // and the difference is said; --adopt-modules takes the new one.
+    std::fs::write(dir.path().join("modules/bank.wasm"), bank_variant()).unwrap();
+    let v1 = wakuwaku::runtime::content_version(&bank_variant());
+    let out = run_bank_until_caught_up(dir.path());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&format!("the directory holds version {v1}, but {v0} is recorded")), "{stderr}");
+    assert!(stderr.contains(&format!("bank@{v0}")), "{stderr}");
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let out = waku(&[&args[..], &["--until-caught-up", "--adopt-modules"]].concat(), dir.path());
+    assert!(text(&out.stderr).contains(&format!("bank@{v1}")), "{}", text(&out.stderr));
+    let list = waku(&["modules", "list", "--data", "data", "--projection", "bank", "--modules", "modules"], dir.path());
+    let out = text(&list.stdout);
+    assert!(out.contains(&format!("bank: {v1}; the directory holds the active version")), "{out}");
+    assert!(out.contains(&format!("kept, newest first: {v1} (active), {v0}")), "{out}");
+    let rollback = waku(&["modules", "rollback", "--data", "data", "--projection", "bank", "bank"], dir.path());
+    assert!(text(&rollback.stdout).contains(&format!("module `bank`: {v1} → {v0}")), "{}", text(&rollback.stdout));
+    let rollback = waku(&["modules", "rollback", "--data", "data", "--projection", "bank", "ledger"], dir.path());
+    assert!(text(&rollback.stderr).contains("projection `bank` has no module `ledger` (it has: bank)"));
+
+    // Following with the admin endpoint on: status asks it over HTTP.
+    let mut child = common::waku_command(dir.path())
+        .args(args)
+        .args(["--admin", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "`waku run` named no admin endpoint");
+        if let Some(url) = line.trim().strip_prefix("waku: admin endpoint on ") {
+            break url.to_owned();
+        }
+    };
+    let started = std::time::Instant::now();
+    let status = loop {
+        let out = waku(&["status", "--projection", "bank", "--topic", "accounts", "--admin", &url], dir.path());
+        let stdout = text(&out.stdout);
+        if stdout.contains(": caught up") || started.elapsed() > std::time::Duration::from_secs(30) {
+            break stdout;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.contains(&format!("modules: bank@{v0}")), "the rolled-back version runs: {status}");
+    // Both partitions, with the end offsets read when `run` started.
+    let partitions: Vec<&str> = status.lines().skip_while(|l| !l.starts_with("partition\t")).skip(1).collect();
+    assert_eq!(partitions.len(), 2, "{status}");
+    assert!(partitions.iter().all(|l| l.ends_with("\t0\tyes")), "{status}");
+    let out = waku(&["status", "--projection", "other", "--topic", "accounts", "--admin", &url], dir.path());
+    assert!(text(&out.stderr).contains("runs projection `bank`, not `other`"), "{}", text(&out.stderr));
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    assert!(child.wait().unwrap().success());
+}

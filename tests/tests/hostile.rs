@@ -132,7 +132,8 @@ fn two_module_projection(dir: &std::path::Path) -> Arc<Projection> {
 fn a_module_trapping_on_every_call_does_not_stop_the_other_module() {
     let dir = tempfile::tempdir().unwrap();
     let projection = two_module_projection(dir.path());
-    let [probe, liar] = projection.modules() else { panic!("two modules") };
+    let modules = projection.modules();
+    let [probe, liar] = &modules[..] else { panic!("two modules") };
     assert_eq!(projection.route(NOTE).map(|r| r.module), Some(0));
     assert_eq!(projection.route(TRAP).map(|r| r.module), Some(1));
     let reader = Arc::new(projection.store().reader().unwrap());
@@ -166,7 +167,8 @@ fn a_module_trapping_on_every_call_does_not_stop_the_other_module() {
 fn a_module_burning_its_cpu_budget_does_not_stall_the_other_module_on_another_thread() {
     let dir = tempfile::tempdir().unwrap();
     let projection = two_module_projection(dir.path());
-    let [probe, liar] = projection.modules() else { panic!("two modules") };
+    let modules = projection.modules();
+    let [probe, liar] = &modules[..] else { panic!("two modules") };
     let reader = Arc::new(projection.store().reader().unwrap());
     let spinning = AtomicBool::new(true);
 

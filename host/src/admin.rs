@@ -1,0 +1,279 @@
+//! The admin endpoint: health, readiness, metrics and a look at modules,
+//! state and progress over HTTP, for operators and their tools.
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /health` | 200 while the process serves requests |
+//! | `GET /ready` | 503 until the projection is caught up ([`crate::progress`]), then 200 |
+//! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
+//! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
+//! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
+//! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts (JSON) |
+//!
+//! Rules it keeps: it only reads (nothing here changes state or modules);
+//! bad input is a 4xx naming the problem; the log is asked for end offsets
+//! at request time, so lag is current.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::consumer::stat;
+use crate::event::KeyHash;
+use crate::lifecycle::Library;
+use crate::log::EventLog;
+use crate::metrics::Metrics;
+use crate::progress::Progress;
+use crate::projection::Projection;
+use crate::state::{StateError, StateStore};
+
+/// What the endpoint serves from.
+pub struct Admin<L> {
+    /// The log (for current end offsets).
+    pub log: Arc<L>,
+    /// The projection.
+    pub projection: Arc<Projection>,
+    /// Its consumer's caught-up gate.
+    pub progress: Arc<Progress>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// Its module versions, when it has a library.
+    pub library: Option<Arc<Library>>,
+}
+
+/// Serves the endpoint on `listener` until `shutdown` resolves.
+pub async fn serve<L: EventLog>(
+    listener: tokio::net::TcpListener,
+    admin: Admin<L>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready::<L>))
+        .route("/metrics", get(metrics::<L>))
+        .route("/modules", get(modules::<L>))
+        .route("/state/{projection}/{key}", get(state::<L>))
+        .route("/status", get(status_route::<L>))
+        .with_state(Arc::new(admin));
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+/// Binds the endpoint's address, with an error that names it.
+pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, std::io::Error> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
+}
+
+async fn ready<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
+    if admin.progress.caught_up() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        let (done, total) = admin.progress.replayed();
+        (StatusCode::SERVICE_UNAVAILABLE, format!("catching up: {done} of {total} events replayed\n")).into_response()
+    }
+}
+
+async fn metrics<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
+    let topic = admin.projection.topic();
+    for partition in admin.progress.partitions() {
+        if let Ok(end) = admin.log.end_offset(topic, partition.partition).await {
+            admin.metrics.set_lag(admin.projection.name(), partition.partition, end.saturating_sub(partition.position));
+        }
+    }
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], admin.metrics.encode()).into_response()
+}
+
+/// One running module, for `/modules`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModuleView {
+    /// Its name.
+    pub name: String,
+    /// Its running version.
+    pub version: String,
+    /// Its event types: (tag, name, algebra, max batch).
+    pub event_types: Vec<(u32, String, String, u32)>,
+    /// The versions kept for rollback, newest first.
+    pub kept: Vec<String>,
+}
+
+/// What `/modules` answers.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModulesView {
+    /// The running modules.
+    pub running: Vec<ModuleView>,
+    /// The last reload attempt of each module file: its version, and the
+    /// error if it was refused.
+    pub reloads: BTreeMap<String, (String, Option<String>)>,
+}
+
+async fn modules<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
+    let recorded = admin.library.as_ref().and_then(|library| library.recorded().ok()).unwrap_or_default();
+    let running = admin
+        .projection
+        .modules()
+        .iter()
+        .map(|m| ModuleView {
+            name: m.name().to_owned(),
+            version: m.version().to_owned(),
+            event_types: m
+                .event_types()
+                .iter()
+                .map(|t| (t.tag.get(), t.name.clone(), t.algebra.name().to_owned(), t.max_batch))
+                .collect(),
+            kept: recorded.kept.get(m.name()).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let reloads = admin
+        .library
+        .as_ref()
+        .map(|library| library.reloads().into_iter().map(|(name, r)| (name, (r.version, r.error))).collect())
+        .unwrap_or_default();
+    Json(ModulesView { running, reloads }).into_response()
+}
+
+async fn state<L: EventLog>(
+    State(admin): State<Arc<Admin<L>>>,
+    Path((projection, key)): Path<(String, String)>,
+) -> Response {
+    if projection != admin.projection.name() {
+        let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
+        return (StatusCode::NOT_FOUND, message).into_response();
+    }
+    let Some(key) = parse_key_hash(&key) else {
+        return (StatusCode::BAD_REQUEST, format!("`{key}` is not a key hash (a decimal or 0x-hex 64-bit number)\n"))
+            .into_response();
+    };
+    match key_state_json(admin.projection.store(), key, None) {
+        Ok(json) => Json(json).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
+    }
+}
+
+async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
+    let versions = admin.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+    let projection = &admin.projection;
+    match status(
+        &*admin.log,
+        projection.name(),
+        projection.topic(),
+        projection.store(),
+        Some(&admin.progress),
+        versions,
+    )
+    .await
+    {
+        Ok(status) => Json(status).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
+    }
+}
+
+/// A key hash in decimal or `0x` hex.
+pub fn parse_key_hash(text: &str) -> Option<KeyHash> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// A key's state entries as JSON (values that are JSON stay JSON, others
+/// become strings), with the shared counters; only `entry` if given.
+pub fn key_state_json(store: &StateStore, key: KeyHash, entry: Option<&str>) -> Result<serde_json::Value, StateError> {
+    let mut entries = serde_json::Map::new();
+    for (name, value) in store.entries(key)? {
+        if entry.is_some_and(|only| only != name) {
+            continue;
+        }
+        let value = serde_json::from_slice(&value)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&value).into_owned()));
+        entries.insert(name, value);
+    }
+    let counters: serde_json::Map<String, serde_json::Value> =
+        store.counters()?.into_iter().map(|(name, value)| (name, value.into())).collect();
+    Ok(serde_json::json!({ "key_hash": format!("{key:#018x}"), "entries": entries, "counters": counters }))
+}
+
+/// One partition in a [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionStatus {
+    /// The partition.
+    pub partition: u32,
+    /// The committed position.
+    pub position: u64,
+    /// The end offset when the running consumer started (unknown offline).
+    pub end_at_start: Option<u64>,
+    /// The end offset now.
+    pub end: u64,
+    /// `end - position`.
+    pub lag: u64,
+    /// Whether the position reached the start-up end (offline: the end).
+    pub caught_up: bool,
+}
+
+/// What `waku status` shows about one projection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The projection.
+    pub projection: String,
+    /// Its topic.
+    pub topic: String,
+    /// Every partition of the topic.
+    pub partitions: Vec<PartitionStatus>,
+    /// Module name → running (or recorded) version.
+    pub modules: BTreeMap<String, String>,
+    /// Events applied.
+    pub applied: u64,
+    /// Events skipped.
+    pub skipped: u64,
+    /// Events waiting in retry.
+    pub retrying: u64,
+    /// Events dead-lettered.
+    pub dead_lettered: u64,
+}
+
+/// The status of a projection from its state and the log; with the running
+/// consumer's `progress`, readiness uses its start-up end offsets.
+pub async fn status<L: EventLog>(
+    log: &L,
+    projection: &str,
+    topic: &str,
+    store: &StateStore,
+    progress: Option<&Progress>,
+    modules: BTreeMap<String, String>,
+) -> Result<Status, crate::consumer::ConsumerError> {
+    let gate = progress.map(Progress::partitions).unwrap_or_default();
+    let mut partitions = Vec::new();
+    for partition in 0..log.partitions(topic).await? {
+        let position = store.position(topic, partition)?.unwrap_or(0);
+        let end = log.end_offset(topic, partition).await?;
+        let end_at_start = gate.iter().find(|p| p.partition == partition).map(|p| p.end_at_start);
+        partitions.push(PartitionStatus {
+            partition,
+            position,
+            end_at_start,
+            end,
+            lag: end.saturating_sub(position),
+            caught_up: position >= end_at_start.unwrap_or(end),
+        });
+    }
+    let stats: BTreeMap<String, u64> = store.stats()?.into_iter().collect();
+    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    Ok(Status {
+        projection: projection.to_owned(),
+        topic: topic.to_owned(),
+        partitions,
+        modules,
+        applied: count(stat::APPLIED),
+        skipped: count(stat::SKIPPED),
+        retrying: count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT)),
+        dead_lettered: count(stat::DEAD_LETTERED),
+    })
+}

@@ -1,0 +1,508 @@
+//! Module lifecycle: which version of each module a projection runs, where
+//! the bytes of its versions are kept, what a restart runs, and how new
+//! versions arrive while it runs (hot reload).
+//!
+//! Rules kept here:
+//! - **A version is a content hash** ([`crate::runtime::content_version`]).
+//! - **The active versions are recorded with the projection's state** (its
+//!   `meta` entry `modules`), with the last [`KEPT_VERSIONS`] versions of
+//!   each module, whose bytes are kept under `<data>/modules/<projection>/`.
+//!   A restart runs the recorded versions from those copies, even if the
+//!   module directory changed while the host was down; the differences are
+//!   reported ([`Difference`]), and `adopt` takes the directory's versions
+//!   instead. `rollback` makes an earlier kept version active again.
+//! - **Hot reload never stops the consumer.** [`Reloader`] watches the
+//!   module directory; a new or changed file is compiled and validated on a
+//!   blocking thread (it must load under the sandbox, and its tags must not
+//!   clash with the other modules), then swapped in between batches
+//!   ([`Projection::replace_modules`]). A file that fails leaves the old
+//!   version running, and the error is kept for the admin endpoint and
+//!   counted. A removed file takes its module, and so the handling of its
+//!   event types, out of the projection.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::handler::HandlerModule;
+use crate::metrics::Metrics;
+use crate::projection::{Projection, ProjectionError};
+use crate::runtime::{Sandbox, content_version};
+use crate::state::{StateError, StateStore};
+
+/// Versions kept per module (the active one included).
+pub const KEPT_VERSIONS: usize = 5;
+
+/// The `meta` entry holding the recorded versions.
+const META: &str = "modules";
+
+/// Why a lifecycle operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LifecycleError {
+    /// A module could not be loaded, or the set is not valid.
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    /// The state store failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Reading or writing module files failed.
+    #[error("{what} `{}`: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The recorded versions cannot be read.
+    #[error("the recorded module versions are unreadable: {0}")]
+    Corrupt(String),
+    /// No such module is recorded.
+    #[error("projection `{projection}` has no module `{module}` (it has: {known})")]
+    UnknownModule {
+        /// The projection.
+        projection: String,
+        /// The module asked for.
+        module: String,
+        /// The modules it has.
+        known: String,
+    },
+    /// The version asked for is not kept.
+    #[error("module `{module}` has no kept version {version} (kept: {kept})")]
+    UnknownVersion {
+        /// The module.
+        module: String,
+        /// The version asked for.
+        version: String,
+        /// The kept versions, newest first.
+        kept: String,
+    },
+    /// There is nothing earlier to roll back to.
+    #[error("module `{module}` has no version before {active} to roll back to")]
+    NothingToRollBackTo {
+        /// The module.
+        module: String,
+        /// Its active version.
+        active: String,
+    },
+    /// Neither the directory nor the record has a module.
+    #[error("no module (*.wasm) found in {} and none recorded for projection `{projection}`", dir.display())]
+    NoModules {
+        /// The module directory.
+        dir: PathBuf,
+        /// The projection.
+        projection: String,
+    },
+}
+
+/// The versions a projection runs and keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// The active version of each module.
+    pub active: BTreeMap<String, String>,
+    /// The kept versions of each module, newest first.
+    pub kept: BTreeMap<String, Vec<String>>,
+}
+
+/// How the module directory differs from what the projection runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// The directory holds another version than the one running.
+    Changed {
+        /// The module.
+        module: String,
+        /// The version running (recorded).
+        running: String,
+        /// The version in the directory.
+        in_directory: String,
+    },
+    /// The directory no longer holds a module that runs.
+    Missing {
+        /// The module.
+        module: String,
+        /// The version running (recorded).
+        running: String,
+    },
+    /// The directory's version was taken (`adopt`).
+    Adopted {
+        /// The module.
+        module: String,
+        /// The version before, if it ran.
+        from: Option<String>,
+        /// The version now running.
+        to: String,
+    },
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Changed { module, running, in_directory } => write!(
+                f,
+                "module `{module}`: the directory holds version {in_directory}, but {running} is recorded and runs \
+                 (restart with --adopt-modules, or change the file while running, to take the directory's)"
+            ),
+            Self::Missing { module, running } => write!(
+                f,
+                "module `{module}`: its file is gone from the directory; recorded version {running} runs (restart \
+                 with --adopt-modules to drop it)"
+            ),
+            Self::Adopted { module, from: Some(from), to } => write!(f, "module `{module}`: {from} → {to}"),
+            Self::Adopted { module, from: None, to } => write!(f, "module `{module}`: dropped {to}"),
+        }
+    }
+}
+
+/// The modules to run at start-up, and how the directory differs from
+/// what runs.
+pub type Started = (Vec<Arc<dyn HandlerModule>>, Vec<Difference>);
+
+/// What the last reload attempt of a module said.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadStatus {
+    /// The version the file had.
+    pub version: String,
+    /// The error, when it was refused.
+    pub error: Option<String>,
+}
+
+/// A projection's module versions: the record, the kept copies, loading.
+pub struct Library {
+    projection: String,
+    /// `<data>/modules/<projection>`.
+    dir: PathBuf,
+    store: StateStore,
+    sandbox: Sandbox,
+    /// The last reload attempt per module file.
+    reloads: Mutex<BTreeMap<String, ReloadStatus>>,
+    loads_ok: AtomicU64,
+    loads_failed: AtomicU64,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Library {
+    /// The library of `projection`, keeping copies under
+    /// `<data_dir>/modules/<projection>`.
+    pub fn new(data_dir: &Path, projection: &str, store: StateStore, sandbox: Sandbox) -> Self {
+        Self {
+            projection: projection.to_owned(),
+            dir: data_dir.join("modules").join(projection),
+            store,
+            sandbox,
+            reloads: Mutex::default(),
+            loads_ok: AtomicU64::new(0),
+            loads_failed: AtomicU64::new(0),
+            metrics: None,
+        }
+    }
+
+    /// Counts module loads in `metrics` too.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The recorded versions.
+    pub fn recorded(&self) -> Result<Recorded, LifecycleError> {
+        match self.store.meta(META)? {
+            None => Ok(Recorded::default()),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| LifecycleError::Corrupt(e.to_string())),
+        }
+    }
+
+    fn save(&self, recorded: &Recorded) -> Result<(), LifecycleError> {
+        let bytes = serde_json::to_vec(recorded).map_err(|e| LifecycleError::Corrupt(e.to_string()))?;
+        Ok(self.store.set_meta(META, &bytes)?)
+    }
+
+    /// Module loads that succeeded and failed since start-up.
+    pub fn load_counts(&self) -> (u64, u64) {
+        (self.loads_ok.load(Ordering::Relaxed), self.loads_failed.load(Ordering::Relaxed))
+    }
+
+    /// The last reload attempt of each module file.
+    pub fn reloads(&self) -> BTreeMap<String, ReloadStatus> {
+        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn kept_path(&self, module: &str, version: &str) -> PathBuf {
+        self.dir.join(module).join(format!("{version}.wasm"))
+    }
+
+    /// Compiles and checks `bytes` as module `name`, counting the outcome.
+    fn load(&self, name: &str, bytes: &[u8]) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
+        let loaded = self.sandbox.load(name, bytes).map_err(ProjectionError::from);
+        let counter = if loaded.is_ok() { &self.loads_ok } else { &self.loads_failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.module_loaded(&self.projection, loaded.is_ok());
+        }
+        Ok(Arc::new(loaded?))
+    }
+
+    /// Loads a kept version.
+    fn load_kept(&self, name: &str, version: &str) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
+        let path = self.kept_path(name, version);
+        let bytes = std::fs::read(&path).map_err(|source| LifecycleError::Io { what: "reading", path, source })?;
+        if content_version(&bytes) != version {
+            return Err(LifecycleError::Corrupt(format!("the kept copy of `{name}` version {version} was altered")));
+        }
+        self.load(name, &bytes)
+    }
+
+    /// Keeps `bytes` as `version` of `name` and makes it active; versions
+    /// past [`KEPT_VERSIONS`] are forgotten and their copies deleted.
+    fn activate(&self, recorded: &mut Recorded, name: &str, version: &str, bytes: &[u8]) -> Result<(), LifecycleError> {
+        let path = self.kept_path(name, version);
+        if !path.exists() {
+            let dir = path.parent().expect("a kept path has a parent");
+            std::fs::create_dir_all(dir).map_err(|source| LifecycleError::Io {
+                what: "creating",
+                path: dir.to_owned(),
+                source,
+            })?;
+            let temporary = tempfile::NamedTempFile::new_in(dir).map_err(|source| LifecycleError::Io {
+                what: "writing",
+                path: path.clone(),
+                source,
+            })?;
+            std::fs::write(temporary.path(), bytes).map_err(|source| LifecycleError::Io {
+                what: "writing",
+                path: path.clone(),
+                source,
+            })?;
+            temporary.persist(&path).map_err(|e| LifecycleError::Io {
+                what: "writing",
+                path: path.clone(),
+                source: e.error,
+            })?;
+        }
+        recorded.active.insert(name.to_owned(), version.to_owned());
+        let kept = recorded.kept.entry(name.to_owned()).or_default();
+        kept.retain(|v| v != version);
+        kept.insert(0, version.to_owned());
+        for forgotten in kept.split_off(KEPT_VERSIONS.min(kept.len())) {
+            let _ = std::fs::remove_file(self.kept_path(name, &forgotten));
+        }
+        Ok(())
+    }
+
+    /// The modules to run at start-up: the recorded versions, from their
+    /// kept copies, and any module the record does not know yet from the
+    /// directory. With `adopt`, the directory's versions win, and recorded
+    /// modules without a file are dropped. Returns what differs.
+    pub fn start(&self, module_dir: &Path, adopt: bool) -> Result<Started, LifecycleError> {
+        let files = scan(module_dir)?;
+        let mut recorded = self.recorded()?;
+        if files.is_empty() && recorded.active.is_empty() {
+            return Err(LifecycleError::NoModules { dir: module_dir.to_owned(), projection: self.projection.clone() });
+        }
+        let mut modules = Vec::new();
+        let mut differences = Vec::new();
+        for (name, bytes) in &files {
+            let version = content_version(bytes);
+            match recorded.active.get(name).cloned() {
+                Some(running) if running != version && !adopt => {
+                    modules.push(self.load_kept(name, &running)?);
+                    differences.push(Difference::Changed { module: name.clone(), running, in_directory: version });
+                }
+                running => {
+                    modules.push(self.load(name, bytes)?);
+                    self.activate(&mut recorded, name, &version, bytes)?;
+                    if let Some(from) = running.filter(|r| *r != version) {
+                        differences.push(Difference::Adopted { module: name.clone(), from: Some(from), to: version });
+                    }
+                }
+            }
+        }
+        let missing: Vec<(String, String)> = recorded
+            .active
+            .iter()
+            .filter(|(name, _)| !files.contains_key(*name))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        for (name, running) in missing {
+            if adopt {
+                recorded.active.remove(&name);
+                differences.push(Difference::Adopted { module: name, from: None, to: running });
+            } else {
+                modules.push(self.load_kept(&name, &running)?);
+                differences.push(Difference::Missing { module: name, running });
+            }
+        }
+        self.save(&recorded)?;
+        Ok((modules, differences))
+    }
+
+    /// Makes `version` of `module` active again (default: the kept version
+    /// before the active one). Returns (from, to). Takes effect when the
+    /// projection next starts.
+    pub fn rollback(&self, module: &str, version: Option<&str>) -> Result<(String, String), LifecycleError> {
+        let mut recorded = self.recorded()?;
+        let Some(active) = recorded.active.get(module).cloned() else {
+            return Err(LifecycleError::UnknownModule {
+                projection: self.projection.clone(),
+                module: module.to_owned(),
+                known: recorded.active.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        };
+        let kept = recorded.kept.get(module).cloned().unwrap_or_default();
+        let target = match version {
+            Some(version) => {
+                kept.iter().find(|v| v.starts_with(version)).cloned().ok_or_else(|| LifecycleError::UnknownVersion {
+                    module: module.to_owned(),
+                    version: version.to_owned(),
+                    kept: kept.join(", "),
+                })?
+            }
+            None => {
+                let position = kept.iter().position(|v| *v == active).unwrap_or(0);
+                kept.get(position + 1).cloned().ok_or_else(|| LifecycleError::NothingToRollBackTo {
+                    module: module.to_owned(),
+                    active: active.clone(),
+                })?
+            }
+        };
+        // Loading it proves the kept copy is intact before it is recorded.
+        self.load_kept(module, &target)?;
+        // Keep the rolled-back-from version, so rolling forward is possible.
+        recorded.active.insert(module.to_owned(), target.clone());
+        self.save(&recorded)?;
+        Ok((active, target))
+    }
+
+    /// Brings the projection in line with the module directory: every new
+    /// or changed file is loaded and swapped in on its own (a file that
+    /// fails leaves its module as it was), every removed file takes its
+    /// module out. Returns the modules that changed.
+    pub fn reload(&self, projection: &Projection, module_dir: &Path) -> Result<Vec<String>, LifecycleError> {
+        let files = scan(module_dir)?;
+        let mut recorded = self.recorded()?;
+        let mut changed = Vec::new();
+        for (name, bytes) in &files {
+            let version = content_version(bytes);
+            let current = projection.modules();
+            if current.iter().any(|m| m.name() == name && m.version() == version) {
+                continue;
+            }
+            let attempt = self.load(name, bytes).and_then(|module| {
+                let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
+                next.push(module);
+                Ok(projection.replace_modules(next)?)
+            });
+            let status =
+                ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
+            self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), status);
+            match attempt {
+                Ok(()) => {
+                    self.activate(&mut recorded, name, &version, bytes)?;
+                    tracing::info!(projection = self.projection, module = name, version, "module swapped in");
+                    changed.push(name.clone());
+                }
+                Err(error) => tracing::error!(
+                    projection = self.projection,
+                    module = name,
+                    version,
+                    "the new version is refused, the old one keeps running: {error}"
+                ),
+            }
+        }
+        let current = projection.modules();
+        if current.iter().any(|m| !files.contains_key(m.name())) {
+            let (kept, removed): (Vec<_>, Vec<_>) = current.into_iter().partition(|m| files.contains_key(m.name()));
+            projection.replace_modules(kept)?;
+            for module in removed {
+                tracing::info!(
+                    projection = self.projection,
+                    module = module.name(),
+                    "module file removed; its event types are no longer handled"
+                );
+                recorded.active.remove(module.name());
+                changed.push(module.name().to_owned());
+            }
+        }
+        self.save(&recorded)?;
+        Ok(changed)
+    }
+}
+
+/// The `*.wasm` files of `dir` by module name (the file stem).
+fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
+    let io = |what, path: &Path| {
+        let path = path.to_owned();
+        move |source| LifecycleError::Io { what, path, source }
+    };
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).map_err(io("reading the module directory", dir))? {
+        let path = entry.map_err(io("reading the module directory", dir))?.path();
+        if path.extension().is_none_or(|ext| ext != "wasm") || !path.is_file() {
+            continue;
+        }
+        let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+        let bytes = std::fs::read(&path).map_err(io("reading", &path))?;
+        files.insert(name, bytes);
+    }
+    Ok(files)
+}
+
+/// Watches a projection's module directory and swaps changed modules in.
+/// Dropping it stops the watching.
+pub struct Reloader {
+    _watcher: notify::RecommendedWatcher,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Reloader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Reloader {
+    /// How long the directory must be quiet before a reload, so a file
+    /// being copied is read once it is complete.
+    pub const SETTLE: Duration = Duration::from_millis(50);
+
+    /// Starts watching `module_dir` for `projection`. Must be called inside
+    /// a tokio runtime.
+    pub fn watch(
+        library: Arc<Library>,
+        projection: Arc<Projection>,
+        module_dir: &Path,
+    ) -> Result<Self, LifecycleError> {
+        use notify::Watcher;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok_and(|e| !e.kind.is_access()) {
+                let _ = tx.send(());
+            }
+        })
+        .map_err(|e| watch_error(module_dir, e))?;
+        watcher.watch(module_dir, notify::RecursiveMode::NonRecursive).map_err(|e| watch_error(module_dir, e))?;
+        let dir = module_dir.to_owned();
+        let task = tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                // Wait until the directory has been quiet for a moment.
+                while let Ok(Some(())) = tokio::time::timeout(Self::SETTLE, rx.recv()).await {}
+                let (library, projection, dir) = (library.clone(), projection.clone(), dir.clone());
+                let reloaded = tokio::task::spawn_blocking(move || library.reload(&projection, &dir)).await;
+                match reloaded {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => tracing::error!("reloading modules failed: {error}"),
+                    Err(panic) => tracing::error!("reloading modules panicked: {panic}"),
+                }
+            }
+        });
+        Ok(Self { _watcher: watcher, task })
+    }
+}
+
+fn watch_error(dir: &Path, error: notify::Error) -> LifecycleError {
+    LifecycleError::Io { what: "watching", path: dir.to_owned(), source: std::io::Error::other(error) }
+}

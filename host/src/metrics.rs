@@ -1,0 +1,244 @@
+//! Metrics in the Prometheus text format, served by the admin endpoint.
+//!
+//! | metric | labels | what |
+//! | --- | --- | --- |
+//! | `waku_events_applied_total` | projection, module, event_type | events handed to a handler successfully |
+//! | `waku_events_retried_total` | projection, module, event_type | events sent to the retry topic (failed, or behind a failed event of their key) |
+//! | `waku_events_dead_lettered_total` | projection, module, event_type | events sent to the dead-letter topic (`event_type="malformed"` for unreadable headers) |
+//! | `waku_events_skipped_total` | projection | events whose type no module declares |
+//! | `waku_handler_call_seconds` | projection, module, event_type | handler call latency |
+//! | `waku_traps_total` | projection, module | calls that trapped |
+//! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
+//! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
+//!
+//! The consumer tallies what a batch did per event type ([`BatchTally`])
+//! and records it once the batch is committed, so the hot path touches no
+//! shared metric and the counts never run ahead of the state.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use rustc_hash::FxHashMap;
+
+use crate::event::EventTypeTag;
+use crate::projection::ModuleSet;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabels {
+    projection: String,
+    module: String,
+    event_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProjectionLabels {
+    projection: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModuleLabels {
+    projection: String,
+    module: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    projection: String,
+    partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoadLabels {
+    projection: String,
+    result: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to about 5 s.
+    Histogram::new(exponential_buckets(1e-5, 2.5, 15))
+}
+
+/// Every metric of the host, registered once.
+pub struct Metrics {
+    registry: Registry,
+    applied: Family<TypeLabels, Counter>,
+    retried: Family<TypeLabels, Counter>,
+    dead_lettered: Family<TypeLabels, Counter>,
+    skipped: Family<ProjectionLabels, Counter>,
+    calls: Family<TypeLabels, Histogram, fn() -> Histogram>,
+    traps: Family<ModuleLabels, Counter>,
+    lag: Family<PartitionLabels, Gauge>,
+    loads: Family<LoadLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let metrics = Self {
+            applied: Family::default(),
+            retried: Family::default(),
+            dead_lettered: Family::default(),
+            skipped: Family::default(),
+            calls: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            traps: Family::default(),
+            lag: Family::default(),
+            loads: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
+        registry.register("waku_events_retried", "Events sent to the retry topic", metrics.retried.clone());
+        registry.register(
+            "waku_events_dead_lettered",
+            "Events sent to the dead-letter topic",
+            metrics.dead_lettered.clone(),
+        );
+        registry.register("waku_events_skipped", "Events whose type no module declares", metrics.skipped.clone());
+        registry.register("waku_handler_call_seconds", "Handler call latency", metrics.calls.clone());
+        registry.register("waku_traps", "Handler calls that trapped", metrics.traps.clone());
+        registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
+        registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
+        Self { registry, ..metrics }
+    }
+}
+
+impl Metrics {
+    /// Everything, in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Records what one committed batch did: its per-type tally, and the
+    /// events it skipped and the messages it could not read.
+    pub fn record(&self, projection: &str, modules: &ModuleSet, tally: &BatchTally, skipped: u64, malformed: u64) {
+        for (&(module, tag), counts) in &tally.types {
+            let (module_name, event_type) = match modules.modules().get(module) {
+                Some(m) => (
+                    m.name().to_owned(),
+                    m.event_types().iter().find(|t| t.tag == tag).map_or_else(|| tag.to_string(), |t| t.name.clone()),
+                ),
+                None => (String::new(), tag.to_string()),
+            };
+            let labels = TypeLabels { projection: projection.to_owned(), module: module_name.clone(), event_type };
+            if counts.applied > 0 {
+                self.applied.get_or_create(&labels).inc_by(counts.applied);
+            }
+            if counts.retried > 0 {
+                self.retried.get_or_create(&labels).inc_by(counts.retried);
+            }
+            if counts.dead_lettered > 0 {
+                self.dead_lettered.get_or_create(&labels).inc_by(counts.dead_lettered);
+            }
+            if !counts.call_times.is_empty() {
+                let histogram = self.calls.get_or_create(&labels);
+                counts.call_times.iter().for_each(|t| histogram.observe(t.as_secs_f64()));
+            }
+            if counts.traps > 0 {
+                let labels = ModuleLabels { projection: projection.to_owned(), module: module_name };
+                self.traps.get_or_create(&labels).inc_by(counts.traps);
+            }
+        }
+        if skipped > 0 {
+            self.skipped.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(skipped);
+        }
+        if malformed > 0 {
+            let labels =
+                TypeLabels { projection: projection.to_owned(), module: String::new(), event_type: "malformed".into() };
+            self.dead_lettered.get_or_create(&labels).inc_by(malformed);
+        }
+    }
+
+    /// Sets a partition's lag.
+    pub fn set_lag(&self, projection: &str, partition: u32, lag: u64) {
+        let labels = PartitionLabels { projection: projection.to_owned(), partition };
+        self.lag.get_or_create(&labels).set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a module load.
+    pub fn module_loaded(&self, projection: &str, ok: bool) {
+        let labels = LoadLabels { projection: projection.to_owned(), result: if ok { "ok" } else { "failed" } };
+        self.loads.get_or_create(&labels).inc();
+    }
+}
+
+/// What a batch did, per (module index in its [`ModuleSet`], event type).
+#[derive(Debug, Default)]
+pub struct BatchTally {
+    /// Per module and type.
+    pub types: FxHashMap<(usize, EventTypeTag), TypeTally>,
+}
+
+impl BatchTally {
+    /// The tally of one module's event type.
+    pub fn of(&mut self, module: usize, tag: EventTypeTag) -> &mut TypeTally {
+        self.types.entry((module, tag)).or_default()
+    }
+
+    /// Adds `other` in.
+    pub fn absorb(&mut self, other: BatchTally) {
+        for (key, counts) in other.types {
+            let mine = self.types.entry(key).or_default();
+            mine.applied += counts.applied;
+            mine.retried += counts.retried;
+            mine.dead_lettered += counts.dead_lettered;
+            mine.traps += counts.traps;
+            mine.call_times.extend(counts.call_times);
+        }
+    }
+}
+
+/// What a batch did to one event type of one module.
+#[derive(Debug, Default)]
+pub struct TypeTally {
+    /// Events applied.
+    pub applied: u64,
+    /// Events sent to retry.
+    pub retried: u64,
+    /// Events dead-lettered.
+    pub dead_lettered: u64,
+    /// Calls that trapped.
+    pub traps: u64,
+    /// How long each call took.
+    pub call_times: Vec<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_names_every_metric_with_its_labels() {
+        let metrics = Metrics::default();
+        let modules = ModuleSet::new("bank", Vec::new()).unwrap();
+        let mut tally = BatchTally::default();
+        let counts = tally.of(0, EventTypeTag::new(3));
+        counts.applied = 5;
+        counts.call_times.push(Duration::from_millis(3));
+        metrics.record("bank", &modules, &tally, 2, 1);
+        metrics.set_lag("bank", 1, 42);
+        metrics.module_loaded("bank", true);
+        let text = metrics.encode();
+        for line in [
+            r#"waku_events_applied_total{projection="bank",module="",event_type="3"} 5"#,
+            r#"waku_events_skipped_total{projection="bank"} 2"#,
+            r#"waku_events_dead_lettered_total{projection="bank",module="",event_type="malformed"} 1"#,
+            r#"waku_handler_call_seconds_count{projection="bank",module="",event_type="3"} 1"#,
+            r#"waku_partition_lag{projection="bank",partition="1"} 42"#,
+            r#"waku_module_loads_total{projection="bank",result="ok"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Knowing when history is replayed: the caught-up gate.
+//!
+//! A silent partition may be done or merely slow; a timeout cannot tell.
+//! So when a consumer starts, it reads every partition's end offset once
+//! and keeps it ([`Progress::begin`]). A partition is caught up when its
+//! committed position reaches that offset; the projection is caught up when
+//! every partition is. Readiness (`/ready`), the progress display and
+//! `waku status` read this gate; no timer decides anything.
+//!
+//! Positions are published after each commit ([`Progress::advance`]), so
+//! the gate never claims more than the state holds.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// One partition as the gate sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionProgress {
+    /// The partition.
+    pub partition: u32,
+    /// The committed position when the consumer started.
+    pub start: u64,
+    /// The end offset when the consumer started: the gate.
+    pub end_at_start: u64,
+    /// The committed position now.
+    pub position: u64,
+}
+
+impl PartitionProgress {
+    /// Whether the partition reached its start-up end offset.
+    pub fn caught_up(&self) -> bool {
+        self.position >= self.end_at_start
+    }
+}
+
+/// The caught-up gate of one consumer; cheap to share.
+#[derive(Debug, Default)]
+pub struct Progress {
+    started: OnceLock<Started>,
+}
+
+#[derive(Debug)]
+struct Started {
+    at: Instant,
+    partitions: Vec<(u32, u64, u64, AtomicU64)>,
+}
+
+impl Progress {
+    /// Records the partitions' positions and end offsets at start-up, as
+    /// (partition, committed position, end offset). Only the first call
+    /// counts: the gate is the end offsets of the first start.
+    pub fn begin(&self, partitions: impl IntoIterator<Item = (u32, u64, u64)>) {
+        let partitions = partitions.into_iter().map(|(p, start, end)| (p, start, end, AtomicU64::new(start))).collect();
+        let _ = self.started.set(Started { at: Instant::now(), partitions });
+    }
+
+    /// Records a partition's committed position.
+    pub fn advance(&self, partition: u32, position: u64) {
+        if let Some(started) = self.started.get()
+            && let Some((.., now)) = started.partitions.iter().find(|(p, ..)| *p == partition)
+        {
+            now.fetch_max(position, Ordering::Relaxed);
+        }
+    }
+
+    /// Every partition, once the consumer has started.
+    pub fn partitions(&self) -> Vec<PartitionProgress> {
+        self.started.get().map_or_else(Vec::new, |started| {
+            started
+                .partitions
+                .iter()
+                .map(|(partition, start, end, now)| PartitionProgress {
+                    partition: *partition,
+                    start: *start,
+                    end_at_start: *end,
+                    position: now.load(Ordering::Relaxed),
+                })
+                .collect()
+        })
+    }
+
+    /// Whether the consumer has started and every partition is caught up.
+    pub fn caught_up(&self) -> bool {
+        self.started.get().is_some() && self.partitions().iter().all(PartitionProgress::caught_up)
+    }
+
+    /// Events of the start-up backlog consumed, and the backlog's size.
+    pub fn replayed(&self) -> (u64, u64) {
+        self.partitions().iter().fold((0, 0), |(done, total), p| {
+            let backlog = p.end_at_start.saturating_sub(p.start);
+            (done + p.position.min(p.end_at_start).saturating_sub(p.start), total + backlog)
+        })
+    }
+
+    /// Seconds since the consumer started.
+    pub fn elapsed_secs(&self) -> f64 {
+        self.started.get().map_or(0.0, |started| started.at.elapsed().as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caught_up_only_when_every_partition_reaches_its_start_up_end() {
+        let progress = Progress::default();
+        assert!(!progress.caught_up(), "not before the consumer starts");
+        progress.begin([(0, 10, 50), (1, 0, 0), (2, 7, 7)]);
+        assert!(!progress.caught_up());
+        assert_eq!(progress.replayed(), (0, 40));
+        progress.advance(0, 49);
+        assert!(!progress.caught_up());
+        progress.advance(0, 50);
+        assert!(progress.caught_up());
+        assert_eq!(progress.replayed(), (40, 40));
+        // Later messages do not move the gate; an older position never
+        // moves a partition back.
+        progress.advance(0, 70);
+        progress.advance(0, 60);
+        assert_eq!(progress.partitions()[0].position, 70);
+        assert_eq!(progress.replayed(), (40, 40));
+        progress.begin([(0, 0, 1000)]);
+        assert!(progress.caught_up(), "the first start's end offsets are the gate");
+    }
+}

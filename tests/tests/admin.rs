@@ -1,0 +1,120 @@
+//! The admin endpoint over real HTTP: readiness follows the caught-up gate,
+//! metrics count what was applied, and modules, state and status answer in
+//! JSON; bad requests get a 4xx that names the problem.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wakuwaku::admin::{self, Admin, ModulesView, Status};
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::demo::WorkloadSpec;
+use wakuwaku::metrics::Metrics;
+use wakuwaku::projection::Projection;
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::{bank_log, bank_module};
+
+/// GETs `path`, returning the status code and the body.
+fn get(base: &str, path: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = agent.get(&format!("{base}{path}")).call().unwrap();
+    (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+}
+
+async fn get_async(base: &str, path: &str) -> (u16, String) {
+    let (base, path) = (base.to_owned(), path.to_owned());
+    tokio::task::spawn_blocking(move || get(&base, &path)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_answers_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let spec = WorkloadSpec { events: 5_000, accounts: 40, seed: 8 };
+    let (log, _) = bank_log(dir.path(), module.clone(), spec, 2).await;
+    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let consumer =
+        Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 256, ..ConsumerConfig::default() })
+            .with_metrics(metrics.clone());
+
+    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let admin = Admin {
+        log: log.clone(),
+        projection: projection.clone(),
+        progress: consumer.progress(),
+        metrics,
+        library: None,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(admin::serve(listener, admin, async {
+        let _ = stopped.await;
+    }));
+
+    assert_eq!(get_async(&base, "/health").await, (200, "ok\n".to_owned()));
+    // Not started: not ready.
+    let (code, body) = get_async(&base, "/ready").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.starts_with("catching up"), "{body}");
+
+    let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
+    let following = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = consumer_stopped.await;
+            })
+            .await
+    });
+    let started = Instant::now();
+    while get_async(&base, "/ready").await.0 != 200 {
+        assert!(started.elapsed() < Duration::from_secs(30), "never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get_async(&base, "/ready").await.1, "ready\n");
+
+    let (code, text) = get_async(&base, "/metrics").await;
+    assert_eq!(code, 200);
+    let applied: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("waku_events_applied_total{projection=\"bank\",module=\"bank\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(applied, 5_000, "{text}");
+    assert!(
+        text.contains(r#"waku_handler_call_seconds_count{projection="bank",module="bank",event_type="Deposited"}"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"waku_partition_lag{projection="bank",partition="0"} 0"#), "{text}");
+
+    let (code, body) = get_async(&base, "/modules").await;
+    assert_eq!(code, 200);
+    let modules: ModulesView = serde_json::from_str(&body).unwrap();
+    assert_eq!(modules.running.len(), 1);
+    assert_eq!(modules.running[0].version, module.version());
+    assert!(modules.running[0].event_types.iter().any(|t| t.1 == "Deposited" && t.2 == "associative"));
+
+    let key = projection.store().keys().unwrap()[0];
+    let (code, body) = get_async(&base, &format!("/state/bank/{key:#x}")).await;
+    assert_eq!(code, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(state["entries"]["account"].is_object(), "{state}");
+    assert_eq!(get_async(&base, &format!("/state/bank/{key}")).await.1, body, "decimal and hex name the same key");
+    let (code, body) = get_async(&base, "/state/ledger/1").await;
+    assert_eq!((code, body.as_str()), (404, "no projection `ledger` here (this host runs `bank`)\n"));
+    let (code, body) = get_async(&base, "/state/bank/forty-two").await;
+    assert_eq!(code, 400);
+    assert!(body.contains("`forty-two` is not a key hash"), "{body}");
+
+    let (code, body) = get_async(&base, "/status").await;
+    assert_eq!(code, 200);
+    let status: Status = serde_json::from_str(&body).unwrap();
+    assert_eq!(status.applied, 5_000);
+    assert!(status.partitions.iter().all(|p| p.caught_up && p.lag == 0 && p.end_at_start == Some(p.end)));
+    assert_eq!(status.modules["bank"], module.version());
+
+    stop_consumer.send(()).unwrap();
+    following.await.unwrap().unwrap();
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

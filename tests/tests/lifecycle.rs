@@ -1,0 +1,319 @@
+//! Module lifecycle: versions recorded with the state and run again after a
+//! restart, rollback, the compile cache, and hot reload from a watched
+//! directory, including 100 swaps under load that lose nothing.
+
+use std::path::Path;
+
+use sha2::Digest;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::lifecycle::{Difference, KEPT_VERSIONS, Library, LifecycleError, Reloader};
+use wakuwaku::log::EventLog;
+use wakuwaku::projection::Projection;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::{Recorder, bank_log, bank_wasm, check_call_order, read_partition};
+
+/// The bank component with a custom section appended: the same behaviour,
+/// another content hash, so another version.
+fn bank_variant(n: u8) -> Vec<u8> {
+    let mut bytes = std::fs::read(bank_wasm()).unwrap();
+    if n > 0 {
+        let name = b"waku-test-variant";
+        let payload = [n];
+        let size = 1 + name.len() + payload.len();
+        bytes.extend([0x00, size as u8, name.len() as u8]);
+        bytes.extend(name);
+        bytes.extend(payload);
+    }
+    bytes
+}
+
+/// Writes a file whole, through a rename, as a deployment tool would.
+fn install(dir: &Path, name: &str, bytes: &[u8]) {
+    let temporary = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&temporary, bytes).unwrap();
+    std::fs::rename(temporary, dir.join(name)).unwrap();
+}
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxLimits::default()).unwrap()
+}
+
+struct Dirs {
+    root: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("modules")).unwrap();
+        Self { root }
+    }
+    fn modules(&self) -> std::path::PathBuf {
+        self.root.path().join("modules")
+    }
+    fn library(&self) -> Library {
+        let store = StateStore::open(&self.root.path().join("bank.redb")).unwrap();
+        Library::new(self.root.path(), "bank", store, sandbox().with_compile_cache(&self.root.path().join("cache")))
+    }
+}
+
+fn versions(modules: &[Arc<dyn HandlerModule>]) -> Vec<(String, String)> {
+    modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect()
+}
+
+#[test]
+fn a_restart_runs_the_recorded_versions_and_reports_what_the_directory_changed() {
+    let dirs = Dirs::new();
+    let (v0, v1) = (bank_variant(0), bank_variant(1));
+    let (h0, h1) = (content_version(&v0), content_version(&v1));
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let (modules, differences) = dirs.library().start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h0.clone())]);
+    assert!(differences.is_empty());
+
+    // Changed while down: the recorded version still runs, and it is said.
+    install(&dirs.modules(), "bank.wasm", &v1);
+    let (modules, differences) = dirs.library().start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h0.clone())]);
+    assert_eq!(
+        differences,
+        [Difference::Changed { module: "bank".into(), running: h0.clone(), in_directory: h1.clone() }]
+    );
+    assert!(differences[0].to_string().contains("--adopt-modules"));
+
+    // Adopting takes the directory's version and records it.
+    let (modules, differences) = dirs.library().start(&dirs.modules(), true).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h1.clone())]);
+    assert_eq!(differences, [Difference::Adopted { module: "bank".into(), from: Some(h0.clone()), to: h1.clone() }]);
+
+    // Removed while down: the recorded version runs from its kept copy.
+    std::fs::remove_file(dirs.modules().join("bank.wasm")).unwrap();
+    let (modules, differences) = dirs.library().start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h1.clone())]);
+    assert_eq!(differences, [Difference::Missing { module: "bank".into(), running: h1.clone() }]);
+
+    // Rollback returns to the version before; the next start runs it.
+    let library = dirs.library();
+    assert_eq!(library.rollback("bank", None).unwrap(), (h1.clone(), h0.clone()));
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h0.clone())]);
+    // … and forward again, by a prefix of the version.
+    assert_eq!(library.rollback("bank", Some(&h1[..6])).unwrap(), (h0.clone(), h1.clone()));
+    let error = library.rollback("bank", Some("ffff")).unwrap_err();
+    assert!(matches!(error, LifecycleError::UnknownVersion { .. }), "{error}");
+    let error = library.rollback("ledger", None).unwrap_err();
+    assert_eq!(error.to_string(), "projection `bank` has no module `ledger` (it has: bank)");
+}
+
+#[test]
+fn only_the_last_versions_are_kept() {
+    let dirs = Dirs::new();
+    let library = dirs.library();
+    for n in 0..(KEPT_VERSIONS as u8 + 2) {
+        install(&dirs.modules(), "bank.wasm", &bank_variant(n));
+        library.start(&dirs.modules(), true).unwrap();
+    }
+    let recorded = library.recorded().unwrap();
+    let kept = &recorded.kept["bank"];
+    assert_eq!(kept.len(), KEPT_VERSIONS);
+    assert_eq!(kept[0], content_version(&bank_variant(KEPT_VERSIONS as u8 + 1)));
+    let copies = std::fs::read_dir(dirs.root.path().join("modules/bank/bank")).unwrap().count();
+    assert_eq!(copies, KEPT_VERSIONS, "copies of forgotten versions are deleted");
+}
+
+#[test]
+fn the_compile_cache_is_used_and_a_damaged_entry_is_compiled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let bytes = std::fs::read(bank_wasm()).unwrap();
+    let load = |limits: SandboxLimits| -> WasmModule {
+        Sandbox::new(limits).unwrap().with_compile_cache(&cache).load("bank", &bytes).unwrap()
+    };
+    assert!(!load(SandboxLimits::default()).from_cache(), "a cold cache compiles");
+    assert!(load(SandboxLimits::default()).from_cache(), "a warm cache is used");
+
+    let entry = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .unwrap();
+    type Damage = fn(&mut Vec<u8>);
+    let damages: [(&str, Damage); 3] = [
+        ("a flipped byte", |file| {
+            let middle = file.len() / 2;
+            file[middle] ^= 0xff;
+        }),
+        ("a truncated file", |file| file.truncate(file.len() / 3)),
+        ("garbage", |file| *file = b"not a cached component".to_vec()),
+    ];
+    for (what, damage) in damages {
+        let mut file = std::fs::read(&entry).unwrap();
+        damage(&mut file);
+        std::fs::write(&entry, file).unwrap();
+        let module = load(SandboxLimits::default());
+        assert!(!module.from_cache(), "{what}: the damaged entry was trusted");
+        assert_eq!(module.event_types().len(), 5, "{what}: the recompiled module works");
+        assert!(load(SandboxLimits::default()).from_cache(), "{what}: the entry was rewritten");
+    }
+    // An entry whose frame is intact but whose artifact wasmtime refuses
+    // (another engine's, say) is compiled again too.
+    let artifact = b"an artifact of some other engine".to_vec();
+    let mut framed = b"wakuCW01".to_vec();
+    framed.extend(sha2::Sha256::digest(&artifact));
+    framed.extend(artifact);
+    std::fs::write(&entry, framed).unwrap();
+    assert!(!load(SandboxLimits::default()).from_cache(), "wasmtime's refusal was not noticed");
+    assert!(load(SandboxLimits::default()).from_cache());
+}
+
+/// Waits until `f` holds, or fails after a while.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_directory_swaps_new_versions_in_and_refuses_broken_ones() {
+    let dirs = Dirs::new();
+    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
+    let library = Arc::new(dirs.library());
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+    let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
+    let running = |version: &str| projection.modules().iter().any(|m| m.version() == version);
+
+    let v1 = bank_variant(1);
+    install(&dirs.modules(), "bank.wasm", &v1);
+    eventually("version 1 runs", || running(&content_version(&v1)));
+    assert_eq!(library.recorded().unwrap().active["bank"], content_version(&v1), "the swap is recorded");
+
+    // A broken file: the old version keeps running, the error is kept.
+    install(&dirs.modules(), "bank.wasm", b"\0asm broken");
+    eventually("the broken file is refused", || library.reloads().get("bank").is_some_and(|r| r.error.is_some()));
+    assert!(running(&content_version(&v1)));
+    let status = &library.reloads()["bank"];
+    assert!(status.error.as_ref().unwrap().contains("not a valid WebAssembly component"), "{status:?}");
+    assert!(library.load_counts().1 >= 1);
+
+    // A second module whose tags clash with the first is refused too.
+    install(&dirs.modules(), "twin.wasm", &bank_variant(2));
+    eventually("the clashing module is refused", || library.reloads().get("twin").is_some_and(|r| r.error.is_some()));
+    assert!(library.reloads()["twin"].error.as_ref().unwrap().contains("tags must be unique"));
+    assert_eq!(projection.modules().len(), 1);
+
+    // Removing the file takes the module out: its types are unhandled.
+    std::fs::remove_file(dirs.modules().join("twin.wasm")).unwrap();
+    std::fs::remove_file(dirs.modules().join("bank.wasm")).unwrap();
+    eventually("the module is gone", || projection.modules().is_empty());
+    assert!(library.recorded().unwrap().active.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
+    let dirs = Dirs::new();
+    let (v0, v1) = (bank_variant(0), bank_variant(1));
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let library = Arc::new(dirs.library());
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let module = modules[0].clone();
+
+    // The log starts with part of the workload; the rest is published
+    // while the consumer follows and the modules swap.
+    let spec = WorkloadSpec { events: 60_000, accounts: 200, seed: 3 };
+    let (log, _) = bank_log(dirs.root.path(), module.clone(), WorkloadSpec { events: 0, ..spec }, 2).await;
+    let (events, oracle) = demo::workload(spec);
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+    let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let config = ConsumerConfig { batch_size: 512, idle_poll: Duration::from_millis(5), ..ConsumerConfig::default() };
+    let consumer = Consumer::new(log.clone(), projection.clone(), config).with_observer(recorder.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let following = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+
+    // Events arrive in small chunks all through the swaps, then the rest.
+    let swapping = Arc::new(AtomicBool::new(true));
+    let producer = {
+        let (log, module, swapping) = (log.clone(), module.clone(), swapping.clone());
+        tokio::spawn(async move {
+            let mut published_while_swapping = 0;
+            for chunk in events.chunks(100) {
+                let outgoing = chunk
+                    .iter()
+                    .map(|e| Outgoing {
+                        tag: demo::bank_tag(&*module, e.type_name).unwrap(),
+                        body: serde_json::to_vec(&e.body).unwrap(),
+                    })
+                    .collect();
+                publish::publish(&*log, "accounts", module.clone(), outgoing, None, 1).await.unwrap();
+                if swapping.load(Ordering::SeqCst) {
+                    published_while_swapping += chunk.len();
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            }
+            published_while_swapping
+        })
+    };
+
+    let mut swaps = 0;
+    while swaps < 100 {
+        let next = if swaps % 2 == 0 { &v1 } else { &v0 };
+        install(&dirs.modules(), "bank.wasm", next);
+        let version = content_version(next);
+        let projection = projection.clone();
+        tokio::task::spawn_blocking(move || {
+            eventually("the swap is applied", || projection.modules().iter().any(|m| m.version() == version))
+        })
+        .await
+        .unwrap();
+        swaps += 1;
+    }
+    swapping.store(false, Ordering::SeqCst);
+    let published_while_swapping = producer.await.unwrap();
+    // Let the consumer reach the end, then stop it.
+    let ends: u64 = log.end_offset("accounts", 0).await.unwrap() + log.end_offset("accounts", 1).await.unwrap();
+    let store = projection.store().clone();
+    tokio::task::spawn_blocking(move || {
+        eventually("the consumer caught up", || {
+            (0..2).map(|p| store.position("accounts", p).unwrap().unwrap_or(0)).sum::<u64>() == ends
+        })
+    })
+    .await
+    .unwrap();
+    stop_tx.send(()).unwrap();
+    following.await.unwrap().unwrap();
+
+    assert!(
+        published_while_swapping < spec.events,
+        "the load ended before the swaps did; publish more slowly or more events"
+    );
+    assert!(published_while_swapping > 0);
+    assert_eq!(library.load_counts(), (101, 0));
+    let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+    assert!(check.matches(), "{}", check.report(5));
+    let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
+    assert_eq!(stats[stat::APPLIED], spec.events as u64);
+    let calls = recorder.calls();
+    for partition in 0..2 {
+        let records = read_partition(&log, "accounts", partition).await;
+        check_call_order(partition, &records, &calls).unwrap_or_else(|e| panic!("partition {partition}: {e}"));
+    }
+}
