@@ -331,13 +331,7 @@ struct RunArgs {
 #[derive(Args)]
 struct StatusArgs {
     #[command(flatten)]
-    data: DataArgs,
-    /// The projection.
-    #[arg(long)]
-    projection: String,
-    /// The topic it consumes.
-    #[arg(long)]
-    topic: String,
+    target: ProjectionArgs,
     /// Ask the running host's admin endpoint instead of reading the files
     /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
     #[arg(long)]
@@ -409,7 +403,7 @@ struct StateGetArgs {
 #[derive(Subcommand)]
 enum DlqCommand {
     /// List the dead letters of a projection, one per line.
-    List(DlqArgs),
+    List(ProjectionArgs),
     /// Print one dead letter in full: where it came from, why, its body.
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
@@ -419,14 +413,16 @@ enum DlqCommand {
     Redrive(DlqRedriveArgs),
 }
 
+/// A projection and the topic it consumes (its retry and dead-letter
+/// topics are `retry_<topic>` and `dlq_<topic>`).
 #[derive(Args)]
-struct DlqArgs {
+struct ProjectionArgs {
     #[command(flatten)]
     data: DataArgs,
     /// The projection.
     #[arg(long)]
     projection: String,
-    /// The topic it consumes (its dead letters are in `dlq_<topic>`).
+    /// The topic it consumes.
     #[arg(long)]
     topic: String,
 }
@@ -434,7 +430,7 @@ struct DlqArgs {
 #[derive(Args)]
 struct DlqShowArgs {
     #[command(flatten)]
-    dlq: DlqArgs,
+    dlq: ProjectionArgs,
     /// The dead letter's partition.
     #[arg(long)]
     partition: u32,
@@ -446,7 +442,7 @@ struct DlqShowArgs {
 #[derive(Args)]
 struct DlqRedriveArgs {
     #[command(flatten)]
-    dlq: DlqArgs,
+    dlq: ProjectionArgs,
     /// Only these partitions (comma-separated).
     #[arg(long, value_delimiter = ',')]
     partition: Vec<u32>,
@@ -773,6 +769,7 @@ fn state_get(args: StateGetArgs) -> Result<()> {
 }
 
 async fn status(args: StatusArgs) -> Result<()> {
+    let target = &args.target;
     let status = match &args.admin {
         Some(url) => {
             let url = format!("{}/status", url.trim_end_matches('/'));
@@ -782,19 +779,23 @@ async fn status(args: StatusArgs) -> Result<()> {
                 .with_context(|| format!("asking {url}"))?;
             let status: admin::Status =
                 serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
-            if status.projection != args.projection {
-                bail!("{url} runs projection `{}`, not `{}`", status.projection, args.projection);
+            if status.projection != target.projection {
+                bail!("{url} runs projection `{}`, not `{}`", status.projection, target.projection);
             }
             status
         }
         None => {
             let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
-            let log = args.data.log().context(hint)?;
-            let store = args.data.state(&args.projection).context(hint)?;
-            let library =
-                Library::new(&args.data.data, &args.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
+            let log = target.data.log().context(hint)?;
+            let store = target.data.state(&target.projection).context(hint)?;
+            let library = Library::new(
+                &target.data.data,
+                &target.projection,
+                store.clone(),
+                Sandbox::new(SandboxLimits::default())?,
+            );
             let versions = library.recorded()?.active;
-            admin::status(&log, &args.projection, &args.topic, &store, None, versions).await?
+            admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?
         }
     };
     let caught_up = status.partitions.iter().all(|p| p.caught_up);

@@ -25,7 +25,7 @@ use wakuwaku::log::EventLog;
 use wakuwaku::projection::Projection;
 use wakuwaku::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::{bank_log, bank_module, bank_wasm, check_call_order, read_partition};
+use wakuwaku_tests::{bank_log, bank_module, bank_variant, check_call_order, read_partition};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -34,17 +34,6 @@ const BATCH: usize = 4096;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// The bank component with a custom section appended: another version.
-fn variant(n: u8) -> Vec<u8> {
-    let mut bytes = std::fs::read(bank_wasm()).unwrap();
-    if n > 0 {
-        bytes.extend([0x00, 9, 7]);
-        bytes.extend(b"variant");
-        bytes.push(n);
-    }
-    bytes
 }
 
 fn install(dir: &Path, bytes: &[u8]) {
@@ -80,7 +69,7 @@ async fn cold_start(dir: &Path, cache: &Path) -> Duration {
     let spec = WorkloadSpec { events: 1, accounts: 1, seed: 1 };
     let run = dir.join(format!("run-{}", std::time::SystemTime::now().elapsed().unwrap_or_default().as_nanos()));
     std::fs::create_dir_all(run.join("modules")).unwrap();
-    install(&run.join("modules"), &variant(0));
+    install(&run.join("modules"), &bank_variant(0));
     let (log, _) = bank_log(&run, bank_module(), spec, 1).await;
     let started = Instant::now();
     let store = StateStore::open(&run.join("bank.redb")).unwrap();
@@ -122,7 +111,7 @@ async fn main() {
     let root = dir.path().join("swaps");
     let modules_dir = root.join("modules");
     std::fs::create_dir_all(&modules_dir).unwrap();
-    install(&modules_dir, &variant(0));
+    install(&modules_dir, &bank_variant(0));
     let store = StateStore::open(&root.join("bank.redb")).unwrap();
     let sandbox = Sandbox::new(SandboxLimits::default()).unwrap().with_compile_cache(&root.join("cache"));
     let library = Arc::new(Library::new(&root, "bank", store.clone(), sandbox));
@@ -143,7 +132,7 @@ async fn main() {
     let swaps_from = Instant::now();
     let mut apply_times = Vec::new();
     for swap in 0..swaps {
-        let bytes = variant(if swap % 2 == 0 { 1 } else { 0 });
+        let bytes = bank_variant(if swap % 2 == 0 { 1 } else { 0 });
         let version = content_version(&bytes);
         let written = Instant::now();
         install(&modules_dir, &bytes);

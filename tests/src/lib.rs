@@ -65,6 +65,19 @@ pub fn bank_wasm() -> PathBuf {
     guest_wasm("examples/bank")
 }
 
+/// The bank component with a custom section holding `n` appended (for
+/// `n > 0`): the same behaviour, another content hash, so another version.
+pub fn bank_variant(n: u8) -> Vec<u8> {
+    let mut bytes = std::fs::read(bank_wasm()).expect("the bank component");
+    if n > 0 {
+        let name = b"waku-test-variant";
+        bytes.extend([0x00, (1 + name.len() + 1) as u8, name.len() as u8]);
+        bytes.extend(name);
+        bytes.push(n);
+    }
+    bytes
+}
+
 /// The probe test module (`tests/guests/probe`) as a component.
 pub fn probe_wasm() -> PathBuf {
     guest_wasm("tests/guests/probe")

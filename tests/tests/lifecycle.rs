@@ -18,22 +18,7 @@ use wakuwaku::projection::Projection;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::{Recorder, bank_log, bank_wasm, check_call_order, read_partition};
-
-/// The bank component with a custom section appended: the same behaviour,
-/// another content hash, so another version.
-fn bank_variant(n: u8) -> Vec<u8> {
-    let mut bytes = std::fs::read(bank_wasm()).unwrap();
-    if n > 0 {
-        let name = b"waku-test-variant";
-        let payload = [n];
-        let size = 1 + name.len() + payload.len();
-        bytes.extend([0x00, size as u8, name.len() as u8]);
-        bytes.extend(name);
-        bytes.extend(payload);
-    }
-    bytes
-}
+use wakuwaku_tests::{Recorder, bank_log, bank_variant, bank_wasm, check_call_order, read_partition};
 
 /// Writes a file whole, through a rename, as a deployment tool would.
 fn install(dir: &Path, name: &str, bytes: &[u8]) {
