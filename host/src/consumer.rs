@@ -907,31 +907,38 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
     let pending = store.outbox()?;
     let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
     let producer = outbox_producer(projection);
-    let mut by_topic: FxHashMap<String, TopicAppend> = FxHashMap::default();
+    let mut partitions: FxHashMap<String, u32> = FxHashMap::default();
+    // Per (topic, partition): the last sequence already appended there, the
+    // records still to append, and the highest sequence among them.
+    let mut appends: FxHashMap<(String, u32), (Option<u64>, Vec<crate::log::Record>, u64)> = FxHashMap::default();
     for (sequence, entry) in pending {
-        if !by_topic.contains_key(&entry.topic) {
-            let append = TopicAppend {
-                partitions: log.partitions(&entry.topic).await?,
-                appended: log.producer_sequence(&entry.topic, &producer).await?,
-                ..TopicAppend::default()
-            };
-            by_topic.insert(entry.topic.clone(), append);
+        if !partitions.contains_key(&entry.topic) {
+            partitions.insert(entry.topic.clone(), log.partitions(&entry.topic).await?);
         }
-        let append = by_topic.get_mut(&entry.topic).expect("inserted above");
-        if append.appended.is_some_and(|appended| sequence <= appended) {
+        let count = partitions[&entry.topic];
+        let partition = entry.partition.unwrap_or_else(|| partition_for(entry.partition_key, count));
+        let key = (entry.topic, partition);
+        if !appends.contains_key(&key) {
+            let appended = log.producer_sequence(&key.0, partition, &producer).await?;
+            appends.insert(key.clone(), (appended, Vec::new(), 0));
+        }
+        let (appended, records, last) = appends.get_mut(&key).expect("inserted above");
+        if appended.is_some_and(|appended| sequence <= appended) {
             continue;
         }
-        let partition = entry.partition.unwrap_or_else(|| partition_for(entry.partition_key, append.partitions));
-        match append.batches.iter_mut().find(|(p, _)| *p == partition) {
-            Some((_, records)) => records.push(entry.record),
-            None => append.batches.push((partition, vec![entry.record])),
-        }
-        append.last = sequence;
+        records.push(entry.record);
+        *last = sequence;
     }
-    for (topic, append) in by_topic {
-        if !append.batches.is_empty() {
-            log.append_as(&topic, append.batches, &producer, append.last).await?;
+    let mut by_topic: FxHashMap<String, (Vec<(u32, Vec<crate::log::Record>)>, u64)> = FxHashMap::default();
+    for ((topic, partition), (_, records, last)) in appends {
+        if !records.is_empty() {
+            let (batches, highest) = by_topic.entry(topic).or_default();
+            batches.push((partition, records));
+            *highest = (*highest).max(last);
         }
+    }
+    for (topic, (batches, highest)) in by_topic {
+        log.append_as(&topic, batches, &producer, highest).await?;
     }
     store.remove_outbox(last_seq)?;
     Ok(())
@@ -941,17 +948,6 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
 /// ([`EventLog::append_as`]).
 pub fn outbox_producer(projection: &str) -> String {
     format!("projection:{projection}")
-}
-
-/// What the outbox sends to one topic.
-#[derive(Default)]
-struct TopicAppend {
-    partitions: u32,
-    /// The last outbox sequence number already appended to the topic.
-    appended: Option<u64>,
-    batches: Vec<(u32, Vec<crate::log::Record>)>,
-    /// The highest sequence number in `batches`.
-    last: u64,
 }
 
 /// How far [`Consumer::consume`] goes.

@@ -43,8 +43,8 @@ impl EventLog for BrokenPartition {
     ) -> Result<bool, LogError> {
         self.log.append_as(topic, batches, producer, sequence).await
     }
-    async fn producer_sequence(&self, topic: &str, producer: &str) -> Result<Option<u64>, LogError> {
-        self.log.producer_sequence(topic, producer).await
+    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+        self.log.producer_sequence(topic, partition, producer).await
     }
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         if partition == self.broken {

@@ -40,7 +40,7 @@ const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
 /// (consumer, topic, partition) → next offset.
 const CONSUMER_OFFSETS: TableDefinition<(&str, &str, u32), u64> = TableDefinition::new("consumer-offsets");
 /// (topic, producer) → the highest sequence number appended with `append_as`.
-const PRODUCERS: TableDefinition<(&str, &str), u64> = TableDefinition::new("producers");
+const PRODUCERS: TableDefinition<(&str, u32, &str), u64> = TableDefinition::new("producers");
 
 /// The longest topic name accepted, in bytes.
 pub const MAX_TOPIC_NAME_LEN: usize = 255;
@@ -140,7 +140,7 @@ impl EventLog for EmbeddedLog {
         self.blocking(move |inner| inner.append(&topic, batches, Some((&producer, sequence)))).await
     }
 
-    async fn producer_sequence(&self, topic: &str, producer: &str) -> Result<Option<u64>, LogError> {
+    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
         validate_topic_name(topic)?;
         let (topic, producer) = (topic.to_owned(), producer.to_owned());
         self.blocking(move |inner| {
@@ -150,7 +150,7 @@ impl EventLog for EmbeddedLog {
                 Err(TableError::TableDoesNotExist(_)) => return Ok(None),
                 Err(e) => return Err(inner.storage(e)),
             };
-            let sequence = table.get((topic.as_str(), producer.as_str())).map_err(|e| inner.storage(e))?;
+            let sequence = table.get((topic.as_str(), partition, producer.as_str())).map_err(|e| inner.storage(e))?;
             Ok(sequence.map(|s| s.value()))
         })
         .await
@@ -308,12 +308,21 @@ impl Inner {
                 return Err(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions });
             }
             if let Some((producer, sequence)) = stamp {
+                // Partitions that already hold this stamp append nothing.
                 let mut producers = txn.open_table(PRODUCERS).map_err(|e| self.storage(e))?;
-                let known = producers.get((topic, producer)).map_err(|e| self.storage(e))?.map(|s| s.value());
-                if known.is_some_and(|known| known >= sequence) {
+                let mut fresh = Vec::with_capacity(encoded.len());
+                for (partition, blocks) in encoded {
+                    let key = (topic, partition, producer);
+                    let known = producers.get(key).map_err(|e| self.storage(e))?.map(|s| s.value());
+                    if known.is_none_or(|known| known < sequence) {
+                        producers.insert(key, sequence).map_err(|e| self.storage(e))?;
+                        fresh.push((partition, blocks));
+                    }
+                }
+                if fresh.is_empty() {
                     return Ok(false);
                 }
-                producers.insert((topic, producer), sequence).map_err(|e| self.storage(e))?;
+                encoded = fresh;
             } else if encoded.iter().all(|(_, blocks)| blocks.is_empty()) {
                 return Ok(true);
             }
@@ -654,18 +663,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn append_as_appends_each_sequence_number_once_per_producer_and_topic() {
+    async fn append_as_appends_each_sequence_number_once_per_producer_and_partition() {
         let dir = tempfile::tempdir().unwrap();
         let log = open(&dir);
         log.create_topic("t", 2).await.unwrap();
         log.create_topic("u", 1).await.unwrap();
-        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), None);
+        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), None);
         assert!(log.append_as("t", vec![(0, records(0..3))], "p", 5).await.unwrap());
-        // The same stamp again, or an older one: nothing is appended.
+        // The same stamp again, or an older one: nothing is appended there.
         assert!(!log.append_as("t", vec![(0, records(3..6))], "p", 5).await.unwrap());
-        assert!(!log.append_as("t", vec![(1, records(3..6))], "p", 4).await.unwrap());
+        assert!(!log.append_as("t", vec![(0, records(3..6))], "p", 4).await.unwrap());
         assert_eq!((log.end_offset("t", 0).await.unwrap(), log.end_offset("t", 1).await.unwrap()), (3, 0));
-        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), Some(5));
+        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), Some(5));
+        // A partition the earlier stamp never reached takes it.
+        assert!(log.append_as("t", vec![(0, records(3..6)), (1, records(3..5))], "p", 5).await.unwrap());
+        assert_eq!((log.end_offset("t", 0).await.unwrap(), log.end_offset("t", 1).await.unwrap()), (3, 2));
+        assert_eq!(log.producer_sequence("t", 1, "p").await.unwrap(), Some(5));
         // Other producers and other topics keep their own numbers.
         assert!(log.append_as("t", vec![(1, records(0..1))], "q", 1).await.unwrap());
         assert!(log.append_as("u", vec![(0, records(0..1))], "p", 1).await.unwrap());
@@ -673,7 +686,7 @@ mod tests {
         assert_eq!(log.end_offset("t", 0).await.unwrap(), 4);
         // A refused append (no such partition) remembers nothing.
         assert!(log.append_as("t", vec![(9, records(0..1))], "p", 7).await.is_err());
-        assert_eq!(log.producer_sequence("t", "p").await.unwrap(), Some(6));
+        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), Some(6));
         // And the numbers survive a reopen.
         drop(log);
         let log = open(&dir);

@@ -172,12 +172,13 @@ pub trait EventLog: Send + Sync + 'static {
         batches: Vec<(u32, Vec<Record>)>,
     ) -> impl Future<Output = Result<(), LogError>> + Send;
 
-    /// [`EventLog::append`] as `producer`, stamped with `sequence`: the
-    /// records are stored and the sequence number remembered together, and
-    /// nothing is appended (`Ok(false)`) when `sequence` is not above the one
-    /// already remembered for this producer and topic. A producer that
-    /// retries after a crash or a lost answer therefore never appends the
-    /// same records twice.
+    /// [`EventLog::append`] as `producer`, stamped with `sequence`: each
+    /// partition of the call stores its records and remembers the sequence
+    /// number for this producer together, and a partition whose remembered
+    /// number is already at or above `sequence` appends nothing. Returns
+    /// whether anything was appended. A producer that retries after a crash
+    /// or a lost answer therefore never appends the same records twice, even
+    /// where an earlier try reached only some partitions.
     fn append_as(
         &self,
         topic: &str,
@@ -186,11 +187,12 @@ pub trait EventLog: Send + Sync + 'static {
         sequence: u64,
     ) -> impl Future<Output = Result<bool, LogError>> + Send;
 
-    /// The highest sequence number `producer` appended to `topic` with
+    /// The highest sequence number `producer` appended to a partition with
     /// [`EventLog::append_as`], if any.
     fn producer_sequence(
         &self,
         topic: &str,
+        partition: u32,
         producer: &str,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
 
