@@ -4,7 +4,7 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET /health` | 200 while the process serves requests |
-//! | `GET /ready` | 503 until the projection is caught up ([`crate::progress`]), then 200 |
+//! | `GET /ready` | 503 until the projection is caught up ([`crate::progress`]) and while the log is unreachable, else 200 |
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
 //! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
@@ -73,7 +73,9 @@ pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, std::i
 }
 
 async fn ready<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
-    if admin.progress.caught_up() {
+    if !admin.progress.log_available() {
+        (StatusCode::SERVICE_UNAVAILABLE, "the log is unavailable; reconnecting\n").into_response()
+    } else if admin.progress.caught_up() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         let (done, total) = admin.progress.replayed();

@@ -35,7 +35,7 @@ use crate::guest_build::GuestBuild;
 use crate::handler::{HandlerModule, PayloadLimits};
 use crate::lifecycle::{Library, LifecycleError, Reloader};
 use crate::log::EventLog;
-use crate::log::embedded::EmbeddedLog;
+use crate::log::{AnyLog, EmbeddedLog, IggyLog};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError, load_module_file};
@@ -82,12 +82,31 @@ struct DataArgs {
     /// The data directory (embedded log and projection state).
     #[arg(long, default_value = "waku-data")]
     data: PathBuf,
+    /// Use an Apache Iggy server as the log instead of the embedded one:
+    /// `iggy://user:password@host:port` (client options such as
+    /// `?reconnection_retries=10&reconnection_interval=1s` may follow).
+    #[arg(long)]
+    iggy: Option<String>,
+    /// The Iggy stream holding the topics (created if missing).
+    #[arg(long, default_value = "waku", requires = "iggy")]
+    stream: String,
 }
 
 impl DataArgs {
-    fn log(&self) -> Result<EmbeddedLog> {
-        let path = self.data.join("log.redb");
-        EmbeddedLog::open(&path).with_context(|| format!("opening the embedded log {}", path.display()))
+    async fn log(&self) -> Result<AnyLog> {
+        match &self.iggy {
+            Some(url) => Ok(AnyLog::Iggy(
+                IggyLog::connect(url, &self.stream)
+                    .await
+                    .with_context(|| format!("connecting to Iggy, stream `{}`", self.stream))?,
+            )),
+            None => {
+                let path = self.data.join("log.redb");
+                let log =
+                    EmbeddedLog::open(&path).with_context(|| format!("opening the embedded log {}", path.display()))?;
+                Ok(AnyLog::Embedded(log))
+            }
+        }
     }
 
     fn state(&self, projection: &str) -> Result<StateStore> {
@@ -481,6 +500,11 @@ struct DemoArgs {
     /// Serve the admin endpoint on this address while the demo runs.
     #[arg(long)]
     admin: Option<std::net::SocketAddr>,
+    /// Run the demo on an Apache Iggy server instead of the embedded log
+    /// (`iggy://user:password@host:port`), in a fresh stream
+    /// `waku-demo-<time>`; the projection's state stays local.
+    #[arg(long)]
+    iggy: Option<String>,
     #[command(flatten)]
     consume: ConsumeArgs,
 }
@@ -564,7 +588,7 @@ async fn publish_file(args: PublishArgs) -> Result<()> {
     };
     let sandbox = Sandbox::new(SandboxLimits::default())?;
     let module = load_module(&sandbox, &args.module)?;
-    let log = args.data.log()?;
+    let log = args.data.log().await?;
     if let Some(partitions) = args.partitions {
         log.create_topic(&args.topic, partitions).await?;
     }
@@ -602,7 +626,7 @@ async fn run(args: RunArgs) -> Result<()> {
         true => None,
         false => Some(Reloader::watch(library.clone(), projection.clone(), &args.modules)?),
     };
-    let log = Arc::new(args.data.log()?);
+    let log = Arc::new(args.data.log().await?);
     let consumer = Consumer::new(log.clone(), projection.clone(), args.consume.config(args.partitions.clone())?)
         .with_metrics(metrics.clone());
     eprintln!(
@@ -786,7 +810,7 @@ async fn status(args: StatusArgs) -> Result<()> {
         }
         None => {
             let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
-            let log = target.data.log().context(hint)?;
+            let log = target.data.log().await.context(hint)?;
             let store = target.data.state(&target.projection).context(hint)?;
             let library = Library::new(
                 &target.data.data,
@@ -876,7 +900,7 @@ async fn dlq(command: DlqCommand) -> Result<()> {
         DlqCommand::Show(show) => &show.dlq,
         DlqCommand::Redrive(redrive) => &redrive.dlq,
     };
-    let log = args.data.log().context("is `waku run` using it? stop it first")?;
+    let log = args.data.log().await.context("is `waku run` using it? stop it first")?;
     let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
     match &command {
@@ -1025,7 +1049,8 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
             temp.path().to_owned()
         }
     };
-    let data = DataArgs { data: data_dir };
+    let stream = format!("waku-demo-{}", std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
+    let data = DataArgs { data: data_dir, iggy: args.iggy.clone(), stream };
 
     let sandbox = args.consume.sandbox()?;
     let module = load_module_file(&sandbox, &module_path)
@@ -1060,7 +1085,7 @@ async fn demo_run(
         })
         .collect::<Result<Vec<_>>>()?;
 
-    let log = Arc::new(data.log()?);
+    let log = Arc::new(data.log().await?);
     log.create_topic(TOPIC, partitions).await?;
     let started = Instant::now();
     let published = publish::publish(&*log, TOPIC, module.clone(), outgoing, None, available_threads()).await?;

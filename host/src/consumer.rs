@@ -94,6 +94,9 @@ pub struct ConsumerConfig {
     pub payload: PayloadLimits,
     /// How failed events are retried.
     pub retry: RetryPolicy,
+    /// The first and the longest wait before trying an unavailable log
+    /// again; the wait doubles in between. Default 100 ms and 5 s.
+    pub log_backoff: (Duration, Duration),
 }
 
 impl Default for ConsumerConfig {
@@ -105,6 +108,7 @@ impl Default for ConsumerConfig {
             idle_poll: Duration::from_millis(50),
             payload: PayloadLimits::default(),
             retry: RetryPolicy::default(),
+            log_backoff: (Duration::from_millis(100), Duration::from_secs(5)),
         }
     }
 }
@@ -367,6 +371,11 @@ impl<L: EventLog> Consumer<L> {
 
     /// Consumes one partition until `end` (if given) or until `stop` is set.
     /// Keys whose retry is due are taken before the next batch is polled.
+    ///
+    /// When the log is unavailable ([`LogError::Unavailable`]), the partition
+    /// waits with a growing backoff and tries again from what it committed:
+    /// the outbox and retry index owed by the last commit are settled first,
+    /// and a retry queue that was being worked on is rebuilt from the log.
     async fn consume_partition(
         &self,
         partition: u32,
@@ -374,50 +383,114 @@ impl<L: EventLog> Consumer<L> {
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Summary, ConsumerError> {
         let topic = self.projection.topic().to_owned();
-        let mut position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
-        let mut queue = self.rebuild_retry_queue(partition).await?;
+        let mut state = PartitionState {
+            position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
+            queue: None,
+            settle: false,
+        };
         let mut summary = Summary::default();
+        let mut backoff = Duration::ZERO;
         loop {
             if *stop.borrow() {
                 break;
             }
-            let due = queue.take_due(routing::now_ms(), self.config.batch_size);
-            if !due.is_empty() {
-                let (batch, returned) = self.retry_batch(partition, due, queue).await?;
-                queue = returned;
-                summary.add(&batch);
-                continue;
+            match self.step(partition, end, &mut state, &mut summary).await {
+                Ok(Step::Worked) => {}
+                Ok(Step::Done) => break,
+                Ok(Step::Idle(wait)) => {
+                    let _ = tokio::time::timeout(wait, stop.changed()).await;
+                }
+                Err(ConsumerError::Log(error @ LogError::Unavailable { .. })) => {
+                    let (first, longest) = self.config.log_backoff;
+                    backoff = (backoff * 2).clamp(first, longest);
+                    tracing::warn!(
+                        projection = self.projection.name(),
+                        partition,
+                        "{error}; trying again in {backoff:?}"
+                    );
+                    self.progress.set_log_available(false);
+                    if let Some(metrics) = &self.metrics {
+                        metrics.log_unavailable(self.projection.name());
+                    }
+                    let _ = tokio::time::timeout(backoff, stop.changed()).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
             }
-            let want = match end {
-                Some(end) if position >= end => break,
-                Some(end) => self.config.batch_size.min((end - position) as usize),
-                None => self.config.batch_size,
-            };
-            let records = self.log.read(&topic, partition, position, want).await?;
-            let Some(last) = records.last() else {
-                let until_due =
-                    queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
-                let wait = until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll));
-                let _ = tokio::time::timeout(wait, stop.changed()).await;
-                continue;
-            };
-            let next = last.offset + 1;
-            let consumer = self.clone();
-            let (batch, returned) = tokio::task::spawn_blocking(move || {
-                let batch = consumer.process_batch(partition, records, next, &queue);
-                (batch, queue)
-            })
-            .await
-            .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
-            queue = returned;
-            summary.add(&batch?);
-            position = next;
-            self.progress.advance(partition, position);
-            self.publish_outbox().await?;
-            self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
-            self.log.store_consumer_offset(self.projection.name(), &topic, partition, position).await?;
+            if !backoff.is_zero() {
+                backoff = Duration::ZERO;
+                self.progress.set_log_available(true);
+                tracing::info!(projection = self.projection.name(), partition, "the log is available again");
+            }
         }
         Ok(summary)
+    }
+
+    /// One step of [`Consumer::consume_partition`]: settle what the last
+    /// commit owes, or give due keys another attempt, or consume a batch.
+    async fn step(
+        &self,
+        partition: u32,
+        end: Option<u64>,
+        state: &mut PartitionState,
+        summary: &mut Summary,
+    ) -> Result<Step, ConsumerError> {
+        let topic = self.projection.topic();
+        let mut queue = match state.queue.take() {
+            Some(queue) => queue,
+            None => self.rebuild_retry_queue(partition).await?,
+        };
+        if state.settle {
+            // After a commit: its outbox out, its retry records indexed (so
+            // the next batch diverts their keys), the log's offset updated.
+            self.publish_outbox().await?;
+            self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
+            self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
+            state.settle = false;
+        }
+        let due = queue.take_due(routing::now_ms(), self.config.batch_size);
+        if !due.is_empty() {
+            // On an error the queue is rebuilt from the log next time.
+            let (batch, settled) = self.retry_batch(partition, due, queue).await?;
+            summary.add(&batch);
+            state.queue = Some(settled);
+            state.settle = true;
+            return Ok(Step::Worked);
+        }
+        let want = match end {
+            Some(end) if state.position >= end => {
+                state.queue = Some(queue);
+                return Ok(Step::Done);
+            }
+            Some(end) => self.config.batch_size.min((end - state.position) as usize),
+            None => self.config.batch_size,
+        };
+        let records = match self.log.read(topic, partition, state.position, want).await {
+            Ok(records) => records,
+            Err(error) => {
+                state.queue = Some(queue);
+                return Err(error.into());
+            }
+        };
+        let Some(last) = records.last() else {
+            let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+            state.queue = Some(queue);
+            return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
+        };
+        let next = last.offset + 1;
+        let consumer = self.clone();
+        let (batch, returned) = tokio::task::spawn_blocking(move || {
+            let batch = consumer.process_batch(partition, records, next, &queue);
+            (batch, queue)
+        })
+        .await
+        .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+        state.queue = Some(returned);
+        summary.add(&batch?);
+        state.position = next;
+        state.settle = true;
+        self.progress.advance(partition, next);
+        Ok(Step::Worked)
     }
 
     /// The keys of `partition` waiting in retry, read from the retry topic
@@ -468,12 +541,13 @@ impl<L: EventLog> Consumer<L> {
 
     /// Gives keys whose retry is due another attempt: reads all their
     /// waiting records, executes them like a batch, and commits the outcome
-    /// with the retry position and the offsets now done.
+    /// with the retry position and the offsets now done. The caller then
+    /// publishes the outbox and indexes what it added to the retry topic.
     async fn retry_batch(
         &self,
         partition: u32,
         due: Vec<(KeyHash, KeyInRetry)>,
-        mut queue: RetryQueue,
+        queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
         let retry = retry_topic(self.projection.topic());
         let mut records = Vec::new();
@@ -488,8 +562,6 @@ impl<L: EventLog> Consumer<L> {
             tokio::task::spawn_blocking(move || consumer.process_retry_batch(partition, records, retry_position))
                 .await
                 .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
-        self.publish_outbox().await?;
-        self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
         Ok((summary, queue))
     }
 
@@ -908,9 +980,7 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
     let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
     let producer = outbox_producer(projection);
     let mut partitions: FxHashMap<String, u32> = FxHashMap::default();
-    // Per (topic, partition): the last sequence already appended there, the
-    // records still to append, and the highest sequence among them.
-    let mut appends: FxHashMap<(String, u32), (Option<u64>, Vec<crate::log::Record>, u64)> = FxHashMap::default();
+    let mut appends: FxHashMap<(String, u32), PartitionAppend> = FxHashMap::default();
     for (sequence, entry) in pending {
         if !partitions.contains_key(&entry.topic) {
             partitions.insert(entry.topic.clone(), log.partitions(&entry.topic).await?);
@@ -920,34 +990,62 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
         let key = (entry.topic, partition);
         if !appends.contains_key(&key) {
             let appended = log.producer_sequence(&key.0, partition, &producer).await?;
-            appends.insert(key.clone(), (appended, Vec::new(), 0));
+            appends.insert(key.clone(), PartitionAppend { appended, records: Vec::new(), last: 0 });
         }
-        let (appended, records, last) = appends.get_mut(&key).expect("inserted above");
-        if appended.is_some_and(|appended| sequence <= appended) {
-            continue;
-        }
-        records.push(entry.record);
-        *last = sequence;
-    }
-    let mut by_topic: FxHashMap<String, (Vec<(u32, Vec<crate::log::Record>)>, u64)> = FxHashMap::default();
-    for ((topic, partition), (_, records, last)) in appends {
-        if !records.is_empty() {
-            let (batches, highest) = by_topic.entry(topic).or_default();
-            batches.push((partition, records));
-            *highest = (*highest).max(last);
+        let append = appends.get_mut(&key).expect("inserted above");
+        if append.appended.is_none_or(|appended| sequence > appended) {
+            append.records.push(entry.record);
+            append.last = sequence;
         }
     }
-    for (topic, (batches, highest)) in by_topic {
+    // One stamped append per topic, with the highest sequence number in it.
+    let mut topics: FxHashMap<String, Vec<(u32, PartitionAppend)>> = FxHashMap::default();
+    for ((topic, partition), append) in appends.into_iter().filter(|(_, a)| !a.records.is_empty()) {
+        topics.entry(topic).or_default().push((partition, append));
+    }
+    for (topic, appends) in topics {
+        let highest = appends.iter().map(|(_, a)| a.last).max().unwrap_or_default();
+        let batches = appends.into_iter().map(|(partition, a)| (partition, a.records)).collect();
         log.append_as(&topic, batches, &producer, highest).await?;
     }
     store.remove_outbox(last_seq)?;
     Ok(())
 }
 
+/// What the outbox sends to one partition of one topic.
+struct PartitionAppend {
+    /// The last sequence number already appended there.
+    appended: Option<u64>,
+    records: Vec<crate::log::Record>,
+    /// The highest sequence number in `records`.
+    last: u64,
+}
+
 /// The producer name a projection's outbox appends as
 /// ([`EventLog::append_as`]).
 pub fn outbox_producer(projection: &str) -> String {
     format!("projection:{projection}")
+}
+
+/// Where one partition's consuming stands between steps.
+struct PartitionState {
+    /// The committed position.
+    position: u64,
+    /// The keys in retry; `None` when it must be rebuilt from the log.
+    queue: Option<RetryQueue>,
+    /// Whether the last commit's outbox and retry records still have to be
+    /// published and indexed.
+    settle: bool,
+}
+
+/// What one step did.
+enum Step {
+    /// Committed something (or settled a commit).
+    Worked,
+    /// Nothing to do for now; look again after this long.
+    Idle(Duration),
+    /// Reached the end it was given.
+    Done,
 }
 
 /// How far [`Consumer::consume`] goes.

@@ -10,6 +10,7 @@
 //! | `waku_traps_total` | projection, module | calls that trapped |
 //! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
+//! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
 //! and records it once the batch is committed, so the hot path touches no
@@ -74,6 +75,7 @@ pub struct Metrics {
     traps: Family<ModuleLabels, Counter>,
     lag: Family<PartitionLabels, Gauge>,
     loads: Family<LoadLabels, Counter>,
+    unavailable: Family<ProjectionLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -94,6 +96,7 @@ impl Default for Metrics {
             traps: Family::default(),
             lag: Family::default(),
             loads: Family::default(),
+            unavailable: Family::default(),
             registry: Registry::default(),
         };
         registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
@@ -108,6 +111,7 @@ impl Default for Metrics {
         registry.register("waku_traps", "Handler calls that trapped", metrics.traps.clone());
         registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
         registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
+        registry.register("waku_log_unavailable", "Times the log was unreachable", metrics.unavailable.clone());
         Self { registry, ..metrics }
     }
 }
@@ -164,6 +168,11 @@ impl Metrics {
     pub fn set_lag(&self, projection: &str, partition: u32, lag: u64) {
         let labels = PartitionLabels { projection: projection.to_owned(), partition };
         self.lag.get_or_create(&labels).set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a time the log could not be reached.
+    pub fn log_unavailable(&self, projection: &str) {
+        self.unavailable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
     }
 
     /// Counts a module load.

@@ -38,6 +38,8 @@ impl PartitionProgress {
 #[derive(Debug, Default)]
 pub struct Progress {
     started: OnceLock<Started>,
+    /// Set while the log cannot be reached.
+    log_unavailable: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -83,6 +85,16 @@ impl Progress {
     /// Whether the consumer has started and every partition is caught up.
     pub fn caught_up(&self) -> bool {
         self.started.get().is_some() && self.partitions().iter().all(PartitionProgress::caught_up)
+    }
+
+    /// Records whether the log can be reached.
+    pub fn set_log_available(&self, available: bool) {
+        self.log_unavailable.store(!available, Ordering::Relaxed);
+    }
+
+    /// Whether the log could be reached at the last try.
+    pub fn log_available(&self) -> bool {
+        !self.log_unavailable.load(Ordering::Relaxed)
     }
 
     /// Events of the start-up backlog consumed, and the backlog's size.

@@ -28,7 +28,8 @@
 //!
 //! Backends:
 //! - [`EmbeddedLog`]: one redb file on this machine, the default.
-//! - Apache Iggy, for more than one machine (later, same trait).
+//! - [`IggyLog`]: a stream of an Apache Iggy server, for production and
+//!   for more than one host.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -38,8 +39,10 @@ use serde::{Deserialize, Serialize};
 use crate::event::Header;
 
 pub mod embedded;
+pub mod iggy;
 
 pub use embedded::EmbeddedLog;
+pub use iggy::IggyLog;
 
 /// One message as the log stores it: user headers and an opaque body.
 ///
@@ -139,6 +142,16 @@ pub enum LogError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The log cannot be reached right now (a server went away, a
+    /// connection dropped); trying again later may succeed. The consumer
+    /// retries these with a backoff instead of stopping.
+    #[error("the log at `{}` is unavailable: {reason}", address.display())]
+    Unavailable {
+        /// The server's address (without credentials).
+        address: PathBuf,
+        /// What failed.
+        reason: String,
+    },
     /// The operation was cancelled before it ran, because the runtime is
     /// shutting down.
     #[error("log operation cancelled (runtime shutting down)")]
@@ -230,4 +243,71 @@ pub trait EventLog: Send + Sync + 'static {
         topic: &str,
         partition: u32,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+}
+
+/// Either backend, chosen at run time (the command line's `--iggy`).
+pub enum AnyLog {
+    /// The embedded log.
+    Embedded(EmbeddedLog),
+    /// An Iggy server.
+    Iggy(IggyLog),
+}
+
+macro_rules! delegate {
+    ($self:ident, $log:ident => $call:expr) => {
+        match $self {
+            AnyLog::Embedded($log) => $call.await,
+            AnyLog::Iggy($log) => $call.await,
+        }
+    };
+}
+
+impl EventLog for AnyLog {
+    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
+        delegate!(self, log => log.create_topic(topic, partitions))
+    }
+
+    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+        delegate!(self, log => log.partitions(topic))
+    }
+
+    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+        delegate!(self, log => log.append(topic, batches))
+    }
+
+    async fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, LogError> {
+        delegate!(self, log => log.append_as(topic, batches, producer, sequence))
+    }
+
+    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+        delegate!(self, log => log.producer_sequence(topic, partition, producer))
+    }
+
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        delegate!(self, log => log.read(topic, partition, from, max))
+    }
+
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+        delegate!(self, log => log.end_offset(topic, partition))
+    }
+
+    async fn store_consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> Result<(), LogError> {
+        delegate!(self, log => log.store_consumer_offset(consumer, topic, partition, next))
+    }
+
+    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
+        delegate!(self, log => log.consumer_offset(consumer, topic, partition))
+    }
 }

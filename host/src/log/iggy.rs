@@ -1,0 +1,466 @@
+//! Apache Iggy as the log: a stream of an Iggy server, its topics and
+//! partitions, over the `iggy` client crate.
+//!
+//! How the [`EventLog`] promises map onto Iggy:
+//! - **Topics live in one stream**, named when connecting
+//!   ([`IggyLog::connect`]); the stream is created if it does not exist.
+//! - **Partitions are addressed explicitly.** Iggy numbers partitions from
+//!   0, like this crate; every append names its partition
+//!   ([`crate::event::partition_for`] picked it), so both backends agree on
+//!   where a key lives.
+//! - **End offsets come from message counts.** Iggy's `current_offset` is
+//!   the offset of the last message and is also 0 for an empty partition;
+//!   the message count tells them apart and is the end offset.
+//! - **Headers are Iggy user headers.** The tag and key hash travel as typed
+//!   `u32` and `u64` values, everything else as raw bytes. Iggy refuses empty
+//!   values and values over 255 bytes, so such values are split over
+//!   numbered keys (`name`, `name~1`, …) or, when empty, stored as
+//!   `name~empty`, and joined again when read. Iggy refuses empty bodies:
+//!   appending one is an error that says so.
+//! - **Appends are per partition.** A call that fails part-way may have
+//!   reached some partitions. [`EventLog::append_as`] therefore stamps every
+//!   message with its producer and sequence number (headers `waku-producer`
+//!   and `waku-sequence`) and a deterministic message id, and
+//!   [`EventLog::producer_sequence`] reads the stamp back from the tail of
+//!   the partition, so a retry completes the partitions the first try
+//!   missed and skips the others.
+//! - **Unreadable headers are a header error.** The client answers a
+//!   malformed header block with "no headers"; the record then has none, and
+//!   the consumer dead-letters it for its missing envelope.
+//! - **Errors carry codes, not text** over TCP: they are matched by variant.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use iggy::prelude::{
+    Client, Consumer, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier, IggyClient, IggyError,
+    IggyMessage, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
+};
+
+use super::{EventLog, LogError, Record, StoredRecord};
+use crate::event::Header;
+use crate::event::header_name::{KEY_HASH, TAG};
+
+/// The header naming the producer of an [`EventLog::append_as`].
+const PRODUCER: &str = "waku-producer";
+/// The header holding the sequence number of an [`EventLog::append_as`].
+const SEQUENCE: &str = "waku-sequence";
+/// Most messages per send and per poll.
+const CHUNK: usize = 1000;
+/// How far back from a partition's end [`EventLog::producer_sequence`]
+/// looks for the producer's last stamp.
+const STAMP_WINDOW: u64 = 100_000;
+
+/// An Iggy server's stream, as a log.
+pub struct IggyLog {
+    client: IggyClient,
+    stream: Identifier,
+    address: PathBuf,
+}
+
+impl IggyLog {
+    /// Connects to the server at `url` (`iggy://user:password@host:port`,
+    /// with the client's options such as `?reconnection_retries=…`) and
+    /// uses `stream`, creating it if it does not exist.
+    pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
+        let address = PathBuf::from(redact(url));
+        let failed = |e: IggyError| storage(&address, "connecting", e);
+        let client = IggyClient::from_connection_string(url).map_err(failed)?;
+        client.connect().await.map_err(failed)?;
+        let stream_id = Identifier::named(stream).map_err(|_| LogError::InvalidTopicName {
+            topic: stream.to_owned(),
+            reason: "Iggy cannot name a stream so",
+        })?;
+        if client.get_stream(&stream_id).await.map_err(failed)?.is_none() {
+            match client.create_stream(stream).await {
+                Ok(_) | Err(IggyError::StreamNameAlreadyExists(_)) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Ok(Self { client, stream: stream_id, address })
+    }
+
+    fn storage(&self, what: &str, error: IggyError) -> LogError {
+        storage(&self.address, what, error)
+    }
+
+    fn topic_id(&self, topic: &str) -> Result<Identifier, LogError> {
+        Identifier::named(topic)
+            .map_err(|_| LogError::InvalidTopicName { topic: topic.to_owned(), reason: "Iggy cannot name a topic so" })
+    }
+
+    async fn topic_details(&self, topic: &str) -> Result<iggy::prelude::TopicDetails, LogError> {
+        let id = self.topic_id(topic)?;
+        match self.client.get_topic(&self.stream, &id).await {
+            Ok(Some(details)) => Ok(details),
+            Ok(None) | Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
+                Err(LogError::TopicNotFound { topic: topic.to_owned() })
+            }
+            Err(e) => Err(self.storage("reading a topic", e)),
+        }
+    }
+
+    async fn check_partition(&self, topic: &str, partition: u32) -> Result<(), LogError> {
+        let partitions = self.partitions(topic).await?;
+        if partition >= partitions {
+            return Err(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions });
+        }
+        Ok(())
+    }
+
+    async fn send(&self, topic: &str, partition: u32, mut messages: Vec<IggyMessage>) -> Result<(), LogError> {
+        let id = self.topic_id(topic)?;
+        let partitioning = Partitioning::partition_id(partition);
+        for chunk in messages.chunks_mut(CHUNK) {
+            self.client
+                .send_messages(&self.stream, &id, &partitioning, chunk)
+                .await
+                .map_err(|e| self.storage("appending", e))?;
+        }
+        Ok(())
+    }
+
+    async fn append_stamped(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        stamp: Option<(&str, u64)>,
+    ) -> Result<bool, LogError> {
+        let partitions = self.partitions(topic).await?;
+        if let Some(&(partition, _)) = batches.iter().find(|(partition, _)| *partition >= partitions) {
+            return Err(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions });
+        }
+        let mut appended = false;
+        for (partition, records) in batches {
+            if let Some((producer, sequence)) = stamp
+                && self.producer_sequence(topic, partition, producer).await?.is_some_and(|known| known >= sequence)
+            {
+                continue;
+            }
+            let messages = records
+                .into_iter()
+                .enumerate()
+                .map(|(index, record)| to_message(topic, partition, record, stamp, index))
+                .collect::<Result<Vec<_>, _>>()?;
+            appended |= !messages.is_empty();
+            self.send(topic, partition, messages).await?;
+        }
+        Ok(appended)
+    }
+}
+
+impl EventLog for IggyLog {
+    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
+        if partitions == 0 {
+            return Err(LogError::InvalidPartitionCount { topic: topic.to_owned(), requested: partitions });
+        }
+        let existing = match self.partitions(topic).await {
+            Err(LogError::TopicNotFound { .. }) => {
+                let options =
+                    TopicCreateOptions { partitions_count: Some(partitions), ..TopicCreateOptions::default() };
+                match self.client.create_topic(&self.stream, topic, &options).await {
+                    Ok(_) => return Ok(()),
+                    // Created meanwhile by another host: check it like any.
+                    Err(IggyError::TopicNameAlreadyExists(..)) => self.partitions(topic).await?,
+                    Err(e) => return Err(self.storage("creating a topic", e)),
+                }
+            }
+            other => other?,
+        };
+        if existing != partitions {
+            return Err(LogError::PartitionCountMismatch { topic: topic.to_owned(), existing, requested: partitions });
+        }
+        Ok(())
+    }
+
+    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+        Ok(self.topic_details(topic).await?.partitions_count)
+    }
+
+    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+        self.append_stamped(topic, batches, None).await.map(drop)
+    }
+
+    async fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, LogError> {
+        self.append_stamped(topic, batches, Some((producer, sequence))).await
+    }
+
+    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+        let end = self.end_offset(topic, partition).await?;
+        let from = end.saturating_sub(STAMP_WINDOW);
+        let mut highest = None;
+        let mut at = from;
+        while at < end {
+            let records = self.read(topic, partition, at, CHUNK).await?;
+            let Some(last) = records.last().map(|r| r.offset) else { break };
+            for record in &records {
+                let header = |name: &str| record.record.headers.iter().find(|h| h.name == name);
+                if header(PRODUCER).is_some_and(|h| h.value == producer.as_bytes())
+                    && let Some(sequence) = header(SEQUENCE).and_then(|h| <[u8; 8]>::try_from(h.value.as_slice()).ok())
+                {
+                    highest = highest.max(Some(u64::from_le_bytes(sequence)));
+                }
+            }
+            at = last + 1;
+        }
+        Ok(highest)
+    }
+
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        if max == 0 {
+            self.check_partition(topic, partition).await?;
+            return Ok(Vec::new());
+        }
+        let id = self.topic_id(topic)?;
+        let consumer = Consumer::new(Identifier::named("waku-reader").expect("a valid name"));
+        let mut records = Vec::new();
+        let mut at = from;
+        while records.len() < max {
+            let count = (max - records.len()).min(CHUNK) as u32;
+            let polled = self
+                .client
+                .poll_messages(
+                    &self.stream,
+                    &id,
+                    Some(partition),
+                    &consumer,
+                    &PollingStrategy::offset(at),
+                    count,
+                    false,
+                )
+                .await
+                .map_err(|e| match e {
+                    IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => {
+                        LogError::TopicNotFound { topic: topic.to_owned() }
+                    }
+                    e => self.storage("reading", e),
+                })?;
+            let Some(last) = polled.messages.last().map(|m| m.header.offset) else { break };
+            for message in polled.messages {
+                if message.header.offset >= at {
+                    records.push(from_message(message));
+                }
+            }
+            at = last + 1;
+        }
+        records.truncate(max);
+        Ok(records)
+    }
+
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+        let details = self.topic_details(topic).await?;
+        let partitions = details.partitions_count;
+        details
+            .partitions
+            .iter()
+            .find(|p| p.id == partition)
+            .map(|p| p.messages_count)
+            .ok_or(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions })
+    }
+
+    async fn store_consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> Result<(), LogError> {
+        self.check_partition(topic, partition).await?;
+        if next == 0 {
+            return Ok(()); // Iggy stores the last consumed offset; nothing consumed yet.
+        }
+        let consumer = Consumer::new(self.topic_id(consumer)?);
+        let id = self.topic_id(topic)?;
+        self.client
+            .store_consumer_offset(&consumer, &self.stream, &id, Some(partition), next - 1)
+            .await
+            .map_err(|e| self.storage("storing a consumer offset", e))
+    }
+
+    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
+        self.check_partition(topic, partition).await?;
+        let consumer = Consumer::new(self.topic_id(consumer)?);
+        let id = self.topic_id(topic)?;
+        let info = self
+            .client
+            .get_consumer_offset(&consumer, &self.stream, &id, Some(partition))
+            .await
+            .map_err(|e| self.storage("reading a consumer offset", e))?;
+        Ok(info.map(|info| info.stored_offset + 1))
+    }
+}
+
+/// A record as an Iggy message: headers as user headers (see the module
+/// docs), stamped when `stamp` is given, with a deterministic id then.
+fn to_message(
+    topic: &str,
+    partition: u32,
+    record: Record,
+    stamp: Option<(&str, u64)>,
+    index: usize,
+) -> Result<IggyMessage, LogError> {
+    let invalid = |reason: String| LogError::Storage {
+        path: PathBuf::from(topic),
+        source: format!("cannot append to partition {partition}: {reason}").into(),
+    };
+    if record.body.is_empty() {
+        return Err(invalid("Iggy refuses messages with an empty body".into()));
+    }
+    let mut headers = BTreeMap::new();
+    let mut put = |name: &str, value: HeaderValue| -> Result<(), LogError> {
+        let key =
+            HeaderKey::from_str(name).map_err(|_| invalid(format!("header name {name:?} is not valid in Iggy")))?;
+        headers.insert(key, value);
+        Ok(())
+    };
+    for Header { name, value } in &record.headers {
+        match (name.as_str(), value.len()) {
+            (TAG, 4) => put(name, HeaderValue::from(u32::from_le_bytes(value[..].try_into().expect("4 bytes"))))?,
+            (KEY_HASH, 8) => put(name, HeaderValue::from(u64::from_le_bytes(value[..].try_into().expect("8 bytes"))))?,
+            (_, 0) => put(&format!("{name}~empty"), HeaderValue::from(0u8))?,
+            _ => {
+                for (index, piece) in value.chunks(255).enumerate() {
+                    let key = if index == 0 { name.clone() } else { format!("{name}~{index}") };
+                    let piece = HeaderValue::from_raw(HeaderKind::Raw, piece).expect("1 to 255 bytes");
+                    put(&key, piece)?;
+                }
+            }
+        }
+    }
+    let id = match stamp {
+        Some((producer, sequence)) => {
+            put(
+                PRODUCER,
+                HeaderValue::from_raw(HeaderKind::Raw, producer.as_bytes())
+                    .map_err(|_| invalid(format!("producer name {producer:?} must have 1 to 255 bytes")))?,
+            )?;
+            put(SEQUENCE, HeaderValue::from_raw(HeaderKind::Raw, &sequence.to_le_bytes()).expect("8 bytes"))?;
+            Some(message_id(producer, partition, sequence, index))
+        }
+        None => None,
+    };
+    IggyMessage::builder()
+        .maybe_id(id)
+        .payload(Bytes::from(record.body))
+        .user_headers(headers)
+        .build()
+        .map_err(|e| invalid(format!("{e}")))
+}
+
+/// A message id that is the same every time the same producer appends the
+/// same record again, so a resend can be recognised.
+fn message_id(producer: &str, partition: u32, sequence: u64, index: usize) -> u128 {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(producer.as_bytes());
+    hasher.update(partition.to_le_bytes());
+    hasher.update(sequence.to_le_bytes());
+    hasher.update((index as u64).to_le_bytes());
+    u128::from_le_bytes(hasher.finalize()[..16].try_into().expect("16 bytes")).max(1)
+}
+
+/// An Iggy message as a stored record: user headers back to the names and
+/// little-endian bytes this crate writes, split values joined.
+fn from_message(message: IggyMessage) -> StoredRecord {
+    let mut headers: Vec<Header> = Vec::new();
+    // Malformed header bytes come back as "no headers": the record then has
+    // no envelope, which the consumer reports as a header error.
+    if let Ok(Some(map)) = message.user_headers_map() {
+        let mut pieces: BTreeMap<String, Vec<(usize, Vec<u8>)>> = BTreeMap::new();
+        for (key, value) in map {
+            let key = key.as_str().map_or_else(|_| String::from_utf8_lossy(key.as_bytes()).into_owned(), str::to_owned);
+            let bytes = match value.kind() {
+                HeaderKind::Uint32 => value.as_uint32().map(|v| v.to_le_bytes().to_vec()).unwrap_or_default(),
+                HeaderKind::Uint64 => value.as_uint64().map(|v| v.to_le_bytes().to_vec()).unwrap_or_default(),
+                _ => value.as_bytes().to_vec(),
+            };
+            match key.rsplit_once('~') {
+                Some((name, "empty")) => pieces.entry(name.to_owned()).or_default().push((0, Vec::new())),
+                Some((name, index)) if index.parse::<usize>().is_ok() => {
+                    pieces.entry(name.to_owned()).or_default().push((index.parse().expect("checked"), bytes))
+                }
+                _ => pieces.entry(key).or_default().push((0, bytes)),
+            }
+        }
+        for (name, mut parts) in pieces {
+            parts.sort_by_key(|(index, _)| *index);
+            headers.push(Header { name, value: parts.into_iter().flat_map(|(_, bytes)| bytes).collect() });
+        }
+    }
+    StoredRecord { offset: message.header.offset, record: Record { headers, body: message.payload.to_vec() } }
+}
+
+fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError {
+    let reason = format!("{what} failed: {error} (Iggy error {})", error.as_code());
+    match error {
+        IggyError::Disconnected
+        | IggyError::NotConnected
+        | IggyError::CannotEstablishConnection
+        | IggyError::StaleClient
+        | IggyError::TcpError
+        | IggyError::Unauthenticated
+        | IggyError::TransientNotCommitted
+        | IggyError::TransientNotAccepted => LogError::Unavailable { address: address.to_owned(), reason },
+        _ => LogError::Storage { path: address.to_owned(), source: reason.into() },
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if scheme < at => {
+            let credentials = &url[scheme + 3..at];
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_survive_the_trip_through_iggy_user_headers() {
+        let long = vec![7u8; 600];
+        let record = Record {
+            headers: vec![
+                Header { name: TAG.into(), value: 9u32.to_le_bytes().to_vec() },
+                Header { name: KEY_HASH.into(), value: 42u64.to_le_bytes().to_vec() },
+                Header { name: "waku-failure".into(), value: long.clone() },
+                Header { name: "waku-module".into(), value: Vec::new() },
+                Header { name: "trace".into(), value: b"abc".to_vec() },
+            ],
+            body: b"{}".to_vec(),
+        };
+        let mut message = to_message("t", 0, record.clone(), Some(("p", 3)), 0).unwrap();
+        message.header.offset = 5;
+        let stored = from_message(message);
+        assert_eq!(stored.offset, 5);
+        let find = |name: &str| stored.record.headers.iter().find(|h| h.name == name).map(|h| h.value.clone());
+        for header in &record.headers {
+            assert_eq!(find(&header.name), Some(header.value.clone()), "{}", header.name);
+        }
+        assert_eq!(find(SEQUENCE), Some(3u64.to_le_bytes().to_vec()));
+        assert_eq!(find(PRODUCER), Some(b"p".to_vec()));
+        assert_eq!(stored.record.body, b"{}");
+    }
+
+    #[test]
+    fn an_empty_body_is_refused_by_name_and_ids_are_deterministic() {
+        let error = to_message("t", 1, Record { headers: vec![], body: vec![] }, None, 0).unwrap_err();
+        assert!(error.to_string().contains("`t`") || format!("{error:?}").contains("empty body"), "{error:?}");
+        assert_eq!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 1));
+        assert_ne!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 2));
+        assert_eq!(redact("iggy://iggy:secret@127.0.0.1:8090"), "iggy://iggy:***@127.0.0.1:8090");
+    }
+}

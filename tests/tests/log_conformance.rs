@@ -1,0 +1,125 @@
+//! One conformance suite for every log backend: the embedded log always,
+//! Apache Iggy when `WAKU_IGGY_URL` names a server (for example
+//! `iggy://iggy:iggy@127.0.0.1:8090`); without it the Iggy half prints one
+//! line saying it was skipped.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
+use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, Record};
+
+fn record(key: u64, n: u32) -> Record {
+    let headers = EventHeaders {
+        tag: EventTypeTag::new(n),
+        key_hash: key,
+        ordering: EventAtomicOrdering::Acquire,
+        algebra: Algebra::Associative,
+    };
+    let mut headers = headers.to_headers();
+    headers.push(Header { name: "trace".into(), value: format!("t{n}").into_bytes() });
+    Record { headers, body: format!("{{\"n\":{n}}}").into_bytes() }
+}
+
+fn sorted(mut headers: Vec<Header>) -> Vec<Header> {
+    headers.sort_by(|a, b| a.name.cmp(&b.name));
+    headers
+}
+
+/// Every promise of the `EventLog` trait, on topics named after `prefix`.
+async fn conformance<L: EventLog>(log: &L, prefix: &str) {
+    let topic = format!("{prefix}-events");
+    let missing = format!("{prefix}-missing");
+
+    // Topics: created once, checked after, refused with a bad count.
+    log.create_topic(&topic, 3).await.unwrap();
+    log.create_topic(&topic, 3).await.unwrap();
+    let mismatch = log.create_topic(&topic, 4).await.unwrap_err();
+    assert!(matches!(mismatch, LogError::PartitionCountMismatch { existing: 3, requested: 4, .. }), "{mismatch}");
+    assert!(matches!(log.create_topic(&missing, 0).await, Err(LogError::InvalidPartitionCount { .. })));
+    assert_eq!(log.partitions(&topic).await.unwrap(), 3);
+    assert!(matches!(log.partitions(&missing).await, Err(LogError::TopicNotFound { .. })));
+    for partition in 0..3 {
+        assert_eq!(log.end_offset(&topic, partition).await.unwrap(), 0, "an empty partition ends at 0");
+    }
+
+    // Appends: in order, offsets dense from 0, per partition.
+    log.append(&topic, vec![(0, (0..5).map(|n| record(1, n)).collect()), (2, vec![record(2, 100)])]).await.unwrap();
+    log.append(&topic, vec![(0, (5..2500).map(|n| record(1, n)).collect())]).await.unwrap();
+    assert_eq!(log.end_offset(&topic, 0).await.unwrap(), 2500);
+    assert_eq!(log.end_offset(&topic, 1).await.unwrap(), 0);
+    assert_eq!(log.end_offset(&topic, 2).await.unwrap(), 1);
+    let all = log.read(&topic, 0, 0, 10_000).await.unwrap();
+    assert_eq!(all.len(), 2500);
+    for (index, stored) in all.iter().enumerate() {
+        assert_eq!(stored.offset, index as u64);
+        let expected = record(1, index as u32);
+        assert_eq!(stored.record.body, expected.body);
+        assert_eq!(sorted(stored.record.headers.clone()), sorted(expected.headers));
+        assert_eq!(EventHeaders::parse_stored(&stored.record.headers).unwrap().tag.get(), index as u32);
+    }
+    let middle = log.read(&topic, 0, 1200, 7).await.unwrap();
+    assert_eq!(middle.iter().map(|r| r.offset).collect::<Vec<_>>(), (1200..1207).collect::<Vec<_>>());
+    assert!(log.read(&topic, 0, 2500, 10).await.unwrap().is_empty());
+    assert!(log.read(&topic, 0, 0, 0).await.unwrap().is_empty());
+    assert!(matches!(log.read(&topic, 3, 0, 1).await, Err(LogError::PartitionNotFound { partitions: 3, .. })));
+    assert!(matches!(log.append(&topic, vec![(7, vec![record(1, 1)])]).await, Err(LogError::PartitionNotFound { .. })));
+
+    // Producer stamps: once per partition, and a partial first try is
+    // completed, not repeated.
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), None);
+    assert!(log.append_as(&topic, vec![(1, vec![record(3, 1), record(3, 2)])], "outbox", 4).await.unwrap());
+    assert!(!log.append_as(&topic, vec![(1, vec![record(3, 1), record(3, 2)])], "outbox", 4).await.unwrap());
+    assert!(
+        log.append_as(&topic, vec![(1, vec![record(3, 1), record(3, 2)]), (2, vec![record(4, 1)])], "outbox", 4)
+            .await
+            .unwrap()
+    );
+    assert_eq!((log.end_offset(&topic, 1).await.unwrap(), log.end_offset(&topic, 2).await.unwrap()), (2, 2));
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), Some(4));
+    assert_eq!(log.producer_sequence(&topic, 1, "other").await.unwrap(), None);
+    assert!(log.append_as(&topic, vec![(1, vec![record(3, 3)])], "outbox", 5).await.unwrap());
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), Some(5));
+
+    // Consumer offsets: informational, per consumer and partition.
+    assert_eq!(log.consumer_offset("bank", &topic, 0).await.unwrap(), None);
+    log.store_consumer_offset("bank", &topic, 0, 1200).await.unwrap();
+    log.store_consumer_offset("bank", &topic, 0, 2500).await.unwrap();
+    assert_eq!(log.consumer_offset("bank", &topic, 0).await.unwrap(), Some(2500));
+    assert_eq!(log.consumer_offset("bank", &topic, 1).await.unwrap(), None);
+
+    // Keys land where `partition_for` says, whichever backend.
+    let keyed = format!("{prefix}-keyed");
+    log.create_topic(&keyed, 4).await.unwrap();
+    let keys: Vec<u64> = (0..64u64).map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let batches = keys.iter().map(|&k| (partition_for(k, 4), vec![record(k, 1)])).collect();
+    log.append(&keyed, batches).await.unwrap();
+    for partition in 0..4 {
+        for stored in log.read(&keyed, partition, 0, 100).await.unwrap() {
+            let key = EventHeaders::parse_stored(&stored.record.headers).unwrap().key_hash;
+            assert_eq!(partition_for(key, 4), partition);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_log_keeps_every_promise() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+    conformance(&log, "t").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iggy_keeps_every_promise() {
+    let Ok(url) = std::env::var("WAKU_IGGY_URL") else {
+        // Straight to stderr, past the test harness's capture, so it shows.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: the Iggy conformance suite needs WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
+        );
+        return;
+    };
+    let run = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let log = IggyLog::connect(&url, &format!("waku-conformance-{run}")).await.unwrap();
+    conformance(&log, "t").await;
+}
