@@ -32,6 +32,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use iggy::prelude::{
@@ -55,7 +57,11 @@ const STAMP_WINDOW: u64 = 100_000;
 
 /// An Iggy server's stream, as a log.
 pub struct IggyLog {
-    client: IggyClient,
+    /// The connection; replaced by a fresh one after the session broke.
+    client: tokio::sync::RwLock<Arc<IggyClient>>,
+    /// Set when an error showed the session is gone.
+    broken: AtomicBool,
+    url: String,
     stream: Identifier,
     address: PathBuf,
 }
@@ -67,8 +73,7 @@ impl IggyLog {
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
         let address = PathBuf::from(redact(url));
         let failed = |e: IggyError| storage(&address, "connecting", e);
-        let client = IggyClient::from_connection_string(url).map_err(failed)?;
-        client.connect().await.map_err(failed)?;
+        let client = new_client(url).await.map_err(failed)?;
         let stream_id = Identifier::named(stream).map_err(|_| LogError::InvalidTopicName {
             topic: stream.to_owned(),
             reason: "Iggy cannot name a stream so",
@@ -79,11 +84,37 @@ impl IggyLog {
                 Err(e) => return Err(failed(e)),
             }
         }
-        Ok(Self { client, stream: stream_id, address })
+        Ok(Self {
+            client: tokio::sync::RwLock::new(Arc::new(client)),
+            broken: AtomicBool::new(false),
+            url: url.to_owned(),
+            stream: stream_id,
+            address,
+        })
+    }
+
+    /// The client, reconnected first if the last error showed the session
+    /// is gone (a restarted server does not know it; the old client cannot
+    /// bind a new one).
+    async fn client(&self) -> Result<Arc<IggyClient>, LogError> {
+        if self.broken.load(Ordering::SeqCst) {
+            let mut client = self.client.write().await;
+            if self.broken.load(Ordering::SeqCst) {
+                let fresh = new_client(&self.url).await.map_err(|e| self.storage("reconnecting", e))?;
+                let _ = client.disconnect().await;
+                *client = Arc::new(fresh);
+                self.broken.store(false, Ordering::SeqCst);
+            }
+        }
+        Ok(self.client.read().await.clone())
     }
 
     fn storage(&self, what: &str, error: IggyError) -> LogError {
-        storage(&self.address, what, error)
+        let error = storage(&self.address, what, error);
+        if matches!(error, LogError::Unavailable { .. }) {
+            self.broken.store(true, Ordering::SeqCst);
+        }
+        error
     }
 
     fn topic_id(&self, topic: &str) -> Result<Identifier, LogError> {
@@ -93,7 +124,7 @@ impl IggyLog {
 
     async fn topic_details(&self, topic: &str) -> Result<iggy::prelude::TopicDetails, LogError> {
         let id = self.topic_id(topic)?;
-        match self.client.get_topic(&self.stream, &id).await {
+        match self.client().await?.get_topic(&self.stream, &id).await {
             Ok(Some(details)) => Ok(details),
             Ok(None) | Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
                 Err(LogError::TopicNotFound { topic: topic.to_owned() })
@@ -113,8 +144,9 @@ impl IggyLog {
     async fn send(&self, topic: &str, partition: u32, mut messages: Vec<IggyMessage>) -> Result<(), LogError> {
         let id = self.topic_id(topic)?;
         let partitioning = Partitioning::partition_id(partition);
+        let client = self.client().await?;
         for chunk in messages.chunks_mut(CHUNK) {
-            self.client
+            client
                 .send_messages(&self.stream, &id, &partitioning, chunk)
                 .await
                 .map_err(|e| self.storage("appending", e))?;
@@ -160,7 +192,7 @@ impl EventLog for IggyLog {
             Err(LogError::TopicNotFound { .. }) => {
                 let options =
                     TopicCreateOptions { partitions_count: Some(partitions), ..TopicCreateOptions::default() };
-                match self.client.create_topic(&self.stream, topic, &options).await {
+                match self.client().await?.create_topic(&self.stream, topic, &options).await {
                     Ok(_) => return Ok(()),
                     // Created meanwhile by another host: check it like any.
                     Err(IggyError::TopicNameAlreadyExists(..)) => self.partitions(topic).await?,
@@ -226,7 +258,8 @@ impl EventLog for IggyLog {
         while records.len() < max {
             let count = (max - records.len()).min(CHUNK) as u32;
             let polled = self
-                .client
+                .client()
+                .await?
                 .poll_messages(
                     &self.stream,
                     &id,
@@ -241,8 +274,22 @@ impl EventLog for IggyLog {
                     IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => {
                         LogError::TopicNotFound { topic: topic.to_owned() }
                     }
+                    IggyError::PartitionNotFound(..) => {
+                        LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions: 0 }
+                    }
                     e => self.storage("reading", e),
-                })?;
+                });
+            let polled = match polled {
+                // Name the real partition count in the error.
+                Err(LogError::PartitionNotFound { .. }) => {
+                    self.check_partition(topic, partition).await?;
+                    return Err(self.storage(
+                        "reading",
+                        IggyError::PartitionNotFound(partition as usize, self.stream.clone(), id),
+                    ));
+                }
+                other => other?,
+            };
             let Some(last) = polled.messages.last().map(|m| m.header.offset) else { break };
             for message in polled.messages {
                 if message.header.offset >= at {
@@ -279,7 +326,8 @@ impl EventLog for IggyLog {
         }
         let consumer = Consumer::new(self.topic_id(consumer)?);
         let id = self.topic_id(topic)?;
-        self.client
+        self.client()
+            .await?
             .store_consumer_offset(&consumer, &self.stream, &id, Some(partition), next - 1)
             .await
             .map_err(|e| self.storage("storing a consumer offset", e))
@@ -290,12 +338,20 @@ impl EventLog for IggyLog {
         let consumer = Consumer::new(self.topic_id(consumer)?);
         let id = self.topic_id(topic)?;
         let info = self
-            .client
+            .client()
+            .await?
             .get_consumer_offset(&consumer, &self.stream, &id, Some(partition))
             .await
             .map_err(|e| self.storage("reading a consumer offset", e))?;
         Ok(info.map(|info| info.stored_offset + 1))
     }
+}
+
+/// A connected client for `url`.
+async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
+    let client = IggyClient::from_connection_string(url)?;
+    client.connect().await?;
+    Ok(client)
 }
 
 /// A record as an Iggy message: headers as user headers (see the module
@@ -402,6 +458,7 @@ fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError 
     let reason = format!("{what} failed: {error} (Iggy error {})", error.as_code());
     match error {
         IggyError::Disconnected
+        | IggyError::AlreadyAuthenticated
         | IggyError::NotConnected
         | IggyError::CannotEstablishConnection
         | IggyError::StaleClient
