@@ -978,7 +978,7 @@ impl<L: EventLog> Consumer<L> {
 pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection: &str) -> Result<(), ConsumerError> {
     let pending = store.outbox()?;
     let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
-    let producer = outbox_producer(projection);
+    let producer = outbox_producer(store, projection)?;
     let mut partitions: FxHashMap<String, u32> = FxHashMap::default();
     let mut appends: FxHashMap<(String, u32), PartitionAppend> = FxHashMap::default();
     for (sequence, entry) in pending {
@@ -1022,9 +1022,18 @@ struct PartitionAppend {
 }
 
 /// The producer name a projection's outbox appends as
-/// ([`EventLog::append_as`]).
-pub fn outbox_producer(projection: &str) -> String {
-    format!("projection:{projection}")
+/// ([`EventLog::append_as`]): the projection's name and an id made once
+/// per state store and kept in it. Hosts that share a log each run their
+/// partitions of a projection with their own state, so their stamps never
+/// hide each other's appends; a restart keeps its name.
+pub fn outbox_producer(store: &StateStore, projection: &str) -> Result<String, StateError> {
+    const META: &str = "outbox-producer";
+    if let Some(id) = store.meta(META)? {
+        return Ok(format!("projection:{projection}:{}", String::from_utf8_lossy(&id)));
+    }
+    let id = format!("{:016x}", rand::random::<u64>());
+    store.set_meta(META, id.as_bytes())?;
+    Ok(format!("projection:{projection}:{id}"))
 }
 
 /// Where one partition's consuming stands between steps.

@@ -127,11 +127,39 @@ async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
     let pending = projection.store().outbox().unwrap();
     let appended =
         pending[..2].iter().map(|(_, e)| (partition_for(e.partition_key, 2), vec![e.record.clone()])).collect();
-    assert!(log.append_as("notes-out", appended, &outbox_producer("probe"), pending[1].0).await.unwrap());
+    assert!(
+        log.append_as("notes-out", appended, &outbox_producer(projection.store(), "probe").unwrap(), pending[1].0)
+            .await
+            .unwrap()
+    );
 
     // Starting again publishes the third, and only the third.
     Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
     let published = log.end_offset("notes-out", 0).await.unwrap() + log.end_offset("notes-out", 1).await.unwrap();
     assert_eq!(published, 3);
     assert!(projection.store().outbox().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_of_one_projection_never_hide_each_others_emits() {
+    // One log, two partitions; each "host" runs the same projection over
+    // one partition with its own state, and both emit to one topic.
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    log.create_topic("notes-out", 1).await.unwrap();
+    for partition in 0..2u32 {
+        let notes = (0..30u64)
+            .map(|i| record(NOTE, i, json!({ "key": i, "text": format!("p{partition}-{i}"), "emit_to": "notes-out" })))
+            .collect();
+        log.append("probes", vec![(partition, notes)]).await.unwrap();
+    }
+    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    for host in 0..2u32 {
+        let store = StateStore::open(&dir.path().join(format!("host{host}.redb"))).unwrap();
+        let projection = Arc::new(Projection::new("probe", "probes", vec![module.clone()], store).unwrap());
+        let config = ConsumerConfig { partitions: Some(vec![host]), batch_size: 7, ..ConsumerConfig::default() };
+        Consumer::new(log.clone(), projection, config).catch_up().await.unwrap();
+    }
+    assert_eq!(log.end_offset("notes-out", 0).await.unwrap(), 60);
 }
