@@ -38,7 +38,7 @@
 //!   modules, state, status).
 //! - [`cli`]: the `waku` command line.
 //! - [`log`]: the [`log::EventLog`] trait every log backend implements, and
-//!   the embedded backend (one redb file).
+//!   the backends: embedded (one redb file) and Apache Iggy.
 //! - [`state`]: a projection's state store: read model, counters, consumer
 //!   positions and outbox, committed in one transaction per batch.
 //!
