@@ -10,6 +10,7 @@
 //! - [`bank_log`] publishes a seeded bank workload into a fresh embedded log.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
+//! - [`faulty`] is the embedded log with faults on cue.
 //! - [`flaky`] is a native module that fails on cue, for the retry and
 //!   dead-letter tests.
 //! - [`liar`] builds hand-written components that break the contract
@@ -30,6 +31,7 @@ use wakuwaku::plan::{PlanRecord, must_precede};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
+pub mod faulty;
 pub mod flaky;
 pub mod liar;
 pub mod native;

@@ -8,78 +8,13 @@ use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
+use wakuwaku::log::{EventLog, LogError, Record};
 use wakuwaku::metrics::Metrics;
 use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::probe_wasm;
-
-/// The embedded log, unreachable for calls number `from..to`.
-struct Outage {
-    log: EmbeddedLog,
-    calls: AtomicU64,
-    from: u64,
-    to: u64,
-}
-
-impl Outage {
-    fn reachable(&self) -> Result<(), LogError> {
-        let call = self.calls.fetch_add(1, Ordering::SeqCst);
-        if (self.from..self.to).contains(&call) {
-            return Err(LogError::Unavailable { address: "test".into(), reason: format!("call {call} dropped") });
-        }
-        Ok(())
-    }
-}
-
-impl EventLog for Outage {
-    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-        self.log.create_topic(topic, partitions).await
-    }
-    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-        self.log.partitions(topic).await
-    }
-    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        self.reachable()?;
-        self.log.append(topic, batches).await
-    }
-    async fn append_as(
-        &self,
-        topic: &str,
-        batches: Vec<(u32, Vec<Record>)>,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<bool, LogError> {
-        self.reachable()?;
-        self.log.append_as(topic, batches, producer, sequence).await
-    }
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
-        self.reachable()?;
-        self.log.producer_sequence(topic, partition, producer).await
-    }
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
-        self.reachable()?;
-        self.log.read(topic, partition, from, max).await
-    }
-    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        self.reachable()?;
-        self.log.end_offset(topic, partition).await
-    }
-    async fn store_consumer_offset(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-        next: u64,
-    ) -> Result<(), LogError> {
-        self.reachable()?;
-        self.log.store_consumer_offset(consumer, topic, partition, next).await
-    }
-    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-        self.log.consumer_offset(consumer, topic, partition).await
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
@@ -106,7 +41,18 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
         log.append("probes", vec![(partition, records)]).await.unwrap();
     }
     log.create_topic("out", 2).await.unwrap();
-    let log = Arc::new(Outage { log, calls: AtomicU64::new(0), from: 40, to: 120 });
+    // Unreachable for calls number 40..120 (setup calls aside).
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
+    let log = Arc::new(FaultyLog::new(log, move |call| {
+        let call = match call {
+            Call::Setup => return None,
+            _ => counted.fetch_add(1, Ordering::SeqCst),
+        };
+        (40..120)
+            .contains(&call)
+            .then(|| LogError::Unavailable { address: "test".into(), reason: format!("call {call} dropped") })
+    }));
     let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
@@ -116,7 +62,7 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
     let consumer = Consumer::new(log.clone(), projection.clone(), config).with_metrics(metrics.clone());
     let summary = consumer.catch_up().await.unwrap();
 
-    assert!(log.calls.load(Ordering::SeqCst) > 120, "the outage did not happen");
+    assert!(calls.load(Ordering::SeqCst) > 120, "the outage did not happen");
     assert_eq!((summary.applied, summary.dead_lettered), (1200, 2));
     assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 1200)], "applied exactly once");
     let out: u64 = log.log.end_offset("out", 0).await.unwrap() + log.log.end_offset("out", 1).await.unwrap();

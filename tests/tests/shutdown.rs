@@ -10,69 +10,14 @@ use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
+use wakuwaku::log::{EventLog, LogError, Record};
 use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::probe_wasm;
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
-
-/// The embedded log, except that reading one partition fails.
-struct BrokenPartition {
-    log: EmbeddedLog,
-    broken: u32,
-}
-
-impl EventLog for BrokenPartition {
-    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-        self.log.create_topic(topic, partitions).await
-    }
-    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-        self.log.partitions(topic).await
-    }
-    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        self.log.append(topic, batches).await
-    }
-    async fn append_as(
-        &self,
-        topic: &str,
-        batches: Vec<(u32, Vec<Record>)>,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<bool, LogError> {
-        self.log.append_as(topic, batches, producer, sequence).await
-    }
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
-        self.log.producer_sequence(topic, partition, producer).await
-    }
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
-        if partition == self.broken {
-            return Err(LogError::Corrupt {
-                topic: topic.to_owned(),
-                partition,
-                offset: from,
-                reason: "broken on purpose".into(),
-            });
-        }
-        self.log.read(topic, partition, from, max).await
-    }
-    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        self.log.end_offset(topic, partition).await
-    }
-    async fn store_consumer_offset(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-        next: u64,
-    ) -> Result<(), LogError> {
-        self.log.store_consumer_offset(consumer, topic, partition, next).await
-    }
-    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-        self.log.consumer_offset(consumer, topic, partition).await
-    }
-}
 
 fn note(key: u64) -> Record {
     let headers = EventHeaders {
@@ -118,7 +63,16 @@ async fn follow_returns_promptly_when_shutdown_resolves_on_idle_partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_partition_stops_follow_without_waiting_for_a_shutdown() {
     let dir = tempfile::tempdir().unwrap();
-    let log = BrokenPartition { log: EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), broken: 1 };
+    // Reading partition 1 fails.
+    let log = FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), |call| match call {
+        Call::Read { topic, partition: 1, from } => Some(LogError::Corrupt {
+            topic: topic.to_owned(),
+            partition: 1,
+            offset: from,
+            reason: "broken on purpose".into(),
+        }),
+        _ => None,
+    });
     log.create_topic("probes", 2).await.unwrap();
     log.append("probes", vec![(0, vec![note(1)]), (1, vec![note(2)])]).await.unwrap();
     let projection = projection(dir.path()).await;

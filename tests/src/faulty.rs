@@ -1,0 +1,94 @@
+//! The embedded log with faults on cue, for tests of what the consumer does
+//! when its log misbehaves.
+
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
+
+/// A call a [`FaultyLog`] is about to make.
+#[derive(Debug, Clone, Copy)]
+pub enum Call<'a> {
+    /// `read` of a partition.
+    Read {
+        /// The topic.
+        topic: &'a str,
+        /// The partition.
+        partition: u32,
+        /// The first offset asked for.
+        from: u64,
+    },
+    /// `append`, `append_as` or `store_consumer_offset`.
+    Write,
+    /// `producer_sequence` or `end_offset`.
+    Query,
+    /// `create_topic`, `partitions` or `consumer_offset`: never faulted.
+    Setup,
+}
+
+/// The embedded log, except where `fault` returns an error for a call.
+pub struct FaultyLog {
+    /// The log underneath, to check what reached it.
+    pub log: EmbeddedLog,
+    fault: Box<dyn Fn(Call<'_>) -> Option<LogError> + Send + Sync>,
+}
+
+impl FaultyLog {
+    /// `log`, failing each call for which `fault` returns an error.
+    pub fn new(log: EmbeddedLog, fault: impl Fn(Call<'_>) -> Option<LogError> + Send + Sync + 'static) -> Self {
+        Self { log, fault: Box::new(fault) }
+    }
+
+    fn check(&self, call: Call<'_>) -> Result<(), LogError> {
+        (self.fault)(call).map_or(Ok(()), Err)
+    }
+}
+
+impl EventLog for FaultyLog {
+    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
+        self.check(Call::Setup)?;
+        self.log.create_topic(topic, partitions).await
+    }
+    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+        self.check(Call::Setup)?;
+        self.log.partitions(topic).await
+    }
+    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+        self.check(Call::Write)?;
+        self.log.append(topic, batches).await
+    }
+    async fn append_as(
+        &self,
+        topic: &str,
+        batches: Vec<(u32, Vec<Record>)>,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, LogError> {
+        self.check(Call::Write)?;
+        self.log.append_as(topic, batches, producer, sequence).await
+    }
+    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+        self.check(Call::Query)?;
+        self.log.producer_sequence(topic, partition, producer).await
+    }
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        self.check(Call::Read { topic, partition, from })?;
+        self.log.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+        self.check(Call::Query)?;
+        self.log.end_offset(topic, partition).await
+    }
+    async fn store_consumer_offset(
+        &self,
+        consumer: &str,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> Result<(), LogError> {
+        self.check(Call::Write)?;
+        self.log.store_consumer_offset(consumer, topic, partition, next).await
+    }
+    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
+        self.check(Call::Setup)?;
+        self.log.consumer_offset(consumer, topic, partition).await
+    }
+}
