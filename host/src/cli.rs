@@ -28,14 +28,14 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::admin::{self, Admin};
-use crate::consumer::{Consumer, ConsumerConfig, Summary, stat};
+use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
 use crate::dead_letter::{self, DeadLetter, Selection};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
 use crate::handler::{HandlerModule, PayloadLimits};
 use crate::lifecycle::{Library, LifecycleError, Reloader};
 use crate::log::EventLog;
-use crate::log::{AnyLog, EmbeddedLog, IggyLog};
+use crate::log::{AnyLog, EmbeddedLog, IggyLog, LogError};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError, load_module_file};
@@ -325,6 +325,11 @@ struct RunArgs {
     /// Stop once the end offsets read at start-up are reached.
     #[arg(long)]
     until_caught_up: bool,
+    /// Create the topic with this many partitions if it does not exist (an
+    /// existing one must have as many). Without it a missing topic is an
+    /// error: `run` never creates the topic it consumes unasked.
+    #[arg(long, value_name = "PARTITIONS")]
+    create_topic: Option<u32>,
     /// Run the module versions in the directory even where the projection
     /// recorded others (by default a restart runs the recorded versions and
     /// reports the difference).
@@ -627,6 +632,9 @@ async fn run(args: RunArgs) -> Result<()> {
         false => Some(Reloader::watch(library.clone(), projection.clone(), &args.modules)?),
     };
     let log = Arc::new(args.data.log().await?);
+    if let Some(partitions) = args.create_topic {
+        log.create_topic(&args.topic, partitions).await?;
+    }
     let consumer = Consumer::new(log.clone(), projection.clone(), args.consume.config(args.partitions.clone())?)
         .with_metrics(metrics.clone());
     eprintln!(
@@ -670,7 +678,14 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     drop(display);
     let _ = stop_admin.send(());
-    print_summary(&summary?, started.elapsed().as_secs_f64(), projection.store())
+    let summary = summary.map_err(|error| match error {
+        ConsumerError::Log(LogError::TopicNotFound { topic }) if topic == args.topic => anyhow::anyhow!(
+            "topic `{topic}` does not exist; create it with `waku run --create-topic <partitions>` or `waku publish \
+             --partitions <partitions>`"
+        ),
+        other => other.into(),
+    })?;
+    print_summary(&summary, started.elapsed().as_secs_f64(), projection.store())
 }
 
 /// While the start-up backlog is replayed, a progress bar on a terminal:

@@ -133,6 +133,22 @@ pub enum ConsumerError {
         /// How many the topic has.
         partitions: u32,
     },
+    /// A retry or dead-letter topic exists with another partition count
+    /// than its main topic; records could not keep their partition.
+    #[error(
+        "topic `{routed}` has {existing} partitions but its main topic `{topic}` has {partitions}; they must match \
+         (delete `{routed}` or give it {partitions} partitions)"
+    )]
+    RoutedTopicMismatch {
+        /// The main topic.
+        topic: String,
+        /// Its partition count.
+        partitions: u32,
+        /// The retry or dead-letter topic.
+        routed: String,
+        /// Its partition count.
+        existing: u32,
+    },
     /// A worker thread panicked (a bug in the host, never in a module).
     #[error("a consumer worker panicked: {0}")]
     WorkerPanicked(String),
@@ -329,8 +345,14 @@ impl<L: EventLog> Consumer<L> {
         self.publish_outbox().await?;
         let topic = self.projection.topic();
         let count = self.log.partitions(topic).await?;
-        for routed_topic in [retry_topic(topic), dlq_topic(topic)] {
-            self.log.create_topic(&routed_topic, count).await?;
+        for routed in [retry_topic(topic), dlq_topic(topic)] {
+            match self.log.create_topic(&routed, count).await {
+                Err(LogError::PartitionCountMismatch { existing, .. }) => {
+                    let topic = topic.to_owned();
+                    return Err(ConsumerError::RoutedTopicMismatch { topic, partitions: count, routed, existing });
+                }
+                other => other?,
+            }
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);

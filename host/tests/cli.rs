@@ -145,6 +145,27 @@ fn bad_input_gets_a_clear_error() {
 }
 
 #[test]
+fn run_creates_the_topic_it_consumes_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_bank_until_caught_up(dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("topic `accounts` does not exist; create it with `waku run --create-topic"), "{stderr}");
+
+    let create = |partitions: &str| {
+        let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+        waku(&[&args[..], &["--until-caught-up", "--create-topic", partitions]].concat(), dir.path())
+    };
+    let out = create("3");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
+    let out = create("4");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("topic `accounts` has 3 partitions, not 4"), "{}", text(&out.stderr));
+    assert_eq!(run_bank_until_caught_up(dir.path()).status.code(), Some(0), "the topic exists now");
+}
+
+#[test]
 fn sandbox_limit_flags_reach_the_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     let modules = dir.path().join("modules");

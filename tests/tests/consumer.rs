@@ -1,6 +1,7 @@
 //! The consumer's accounting: unknown tags are skipped and counted,
 //! unreadable headers are dead-lettered and counted, and a failing handler
-//! sends its event to retry while the rest of the batch commits.
+//! sends its event to retry while the rest of the batch commits; retry and
+//! dead-letter topics must have the partition count of their main topic.
 
 use std::sync::Arc;
 
@@ -162,4 +163,17 @@ async fn two_hosts_of_one_projection_never_hide_each_others_emits() {
         Consumer::new(log.clone(), projection, config).catch_up().await.unwrap();
     }
     assert_eq!(log.end_offset("notes-out", 0).await.unwrap(), 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_topic_with_another_partition_count_is_refused_naming_both() {
+    let (_dir, log, projection) = setup(vec![record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null }))]).await;
+    log.create_topic("dlq_probes", 3).await.unwrap();
+    let error = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "topic `dlq_probes` has 3 partitions but its main topic `probes` has 1; they must match (delete \
+         `dlq_probes` or give it 1 partitions)"
+    );
+    assert_eq!(projection.store().position("probes", 0).unwrap(), None, "nothing was consumed");
 }

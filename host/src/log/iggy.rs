@@ -68,8 +68,13 @@ pub struct IggyLog {
 
 impl IggyLog {
     /// Connects to the server at `url` (`iggy://user:password@host:port`,
-    /// with the client's options such as `?reconnection_retries=…`) and
+    /// with the client's options such as `?reconnection_interval=2s`) and
     /// uses `stream`, creating it if it does not exist.
+    ///
+    /// The client gives up a lost connection after 3 tries unless the URL
+    /// sets `reconnection_retries` (see [`with_bounded_reconnection`]); the
+    /// consumer keeps trying after that, with its own backoff, and reports
+    /// the outage.
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
         let address = PathBuf::from(redact(url));
         let failed = |e: IggyError| storage(&address, "connecting", e);
@@ -349,7 +354,7 @@ impl EventLog for IggyLog {
 
 /// A connected client for `url`.
 async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
-    let client = IggyClient::from_connection_string(url)?;
+    let client = IggyClient::from_connection_string(&with_bounded_reconnection(url))?;
     client.connect().await?;
     Ok(client)
 }
@@ -470,6 +475,25 @@ fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError 
     }
 }
 
+/// `url`, with `reconnection_retries` bounded unless the URL sets it.
+///
+/// The client otherwise retries a lost connection forever inside whichever
+/// call noticed it, so a server that is down would stall the host without a
+/// word. Bounded, the call fails as [`LogError::Unavailable`] after a few
+/// seconds; the consumer then reports the outage and keeps trying with its
+/// own backoff, and start-up against an unreachable server ends with an
+/// error instead of waiting silently.
+fn with_bounded_reconnection(url: &str) -> String {
+    const DEFAULT: &str = "reconnection_retries=3";
+    match url.split_once('?') {
+        None => format!("{url}?{DEFAULT}"),
+        Some((_, query)) if query.split('&').any(|option| option.starts_with("reconnection_retries=")) => {
+            url.to_owned()
+        }
+        Some(_) => format!("{url}&{DEFAULT}"),
+    }
+}
+
 /// The URL without its password, for messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
@@ -519,5 +543,17 @@ mod tests {
         assert_eq!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 1));
         assert_ne!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 2));
         assert_eq!(redact("iggy://iggy:secret@127.0.0.1:8090"), "iggy://iggy:***@127.0.0.1:8090");
+    }
+
+    #[test]
+    fn reconnection_is_bounded_unless_the_url_says_otherwise() {
+        let url = "iggy://u:p@h:1";
+        assert_eq!(with_bounded_reconnection(url), "iggy://u:p@h:1?reconnection_retries=3");
+        assert_eq!(
+            with_bounded_reconnection("iggy://u:p@h:1?nodelay=true"),
+            format!("{url}?nodelay=true&reconnection_retries=3")
+        );
+        let unlimited = "iggy://u:p@h:1?nodelay=true&reconnection_retries=unlimited";
+        assert_eq!(with_bounded_reconnection(unlimited), unlimited);
     }
 }
