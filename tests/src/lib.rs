@@ -7,7 +7,10 @@
 //! - [`check_call_order`] checks recorded calls against the spec: every
 //!   pair of events that `spec/ordering.md` orders was handled in that
 //!   order.
-//! - [`bank_log`] publishes a seeded bank workload into a fresh embedded log.
+//! - [`bank_log`] publishes a seeded bank workload into a fresh embedded
+//!   log, [`publish_bank`] into any log.
+//! - [`iggy_url`] names the Iggy server tests may use, or says they were
+//!   skipped; [`proxy`] cuts connections to it on cue.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
 //! - [`faulty`] is the embedded log with faults on cue.
@@ -35,6 +38,7 @@ pub mod faulty;
 pub mod flaky;
 pub mod liar;
 pub mod native;
+pub mod proxy;
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -180,6 +184,19 @@ pub async fn bank_log(
     spec: WorkloadSpec,
     partitions: u32,
 ) -> (Arc<EmbeddedLog>, Oracle) {
+    let log = Arc::new(EmbeddedLog::open(dir.join("log.redb")).expect("open log"));
+    let oracle = publish_bank(&*log, module, spec, partitions).await;
+    (log, oracle)
+}
+
+/// Publishes a seeded bank workload to topic `accounts` of `log` (created
+/// with `partitions` partitions) and returns its oracle.
+pub async fn publish_bank(
+    log: &impl EventLog,
+    module: Arc<dyn HandlerModule>,
+    spec: WorkloadSpec,
+    partitions: u32,
+) -> Oracle {
     let (events, oracle) = demo::workload(spec);
     let outgoing = events
         .iter()
@@ -188,8 +205,29 @@ pub async fn bank_log(
             body: serde_json::to_vec(&e.body).unwrap(),
         })
         .collect();
-    let log = Arc::new(EmbeddedLog::open(dir.join("log.redb")).expect("open log"));
     log.create_topic("accounts", partitions).await.expect("create topic");
-    publish::publish(&*log, "accounts", module, outgoing, None, 2).await.expect("publish");
-    (log, oracle)
+    publish::publish(log, "accounts", module, outgoing, None, 2).await.expect("publish");
+    oracle
+}
+
+/// The Iggy server the tests may use (`WAKU_IGGY_URL`, for example
+/// `iggy://iggy:iggy@127.0.0.1:8090`). Without one, prints one line saying
+/// `what` was skipped and returns `None`.
+pub fn iggy_url(what: &str) -> Option<String> {
+    let url = std::env::var("WAKU_IGGY_URL").ok();
+    if url.is_none() {
+        // Straight to stderr, past the test harness's capture, so it shows.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {what} needs an Iggy server named by WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
+        );
+    }
+    url
+}
+
+/// A stream name no earlier run used, for tests against a shared server.
+pub fn fresh_stream(prefix: &str) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    format!("{prefix}-{}", now.as_nanos())
 }

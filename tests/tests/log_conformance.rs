@@ -3,8 +3,6 @@
 //! `iggy://iggy:iggy@127.0.0.1:8090`); without it the Iggy half prints one
 //! line saying it was skipped.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, Record};
 
@@ -110,16 +108,7 @@ async fn the_embedded_log_keeps_every_promise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iggy_keeps_every_promise() {
-    let Ok(url) = std::env::var("WAKU_IGGY_URL") else {
-        // Straight to stderr, past the test harness's capture, so it shows.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: the Iggy conformance suite needs WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
-        );
-        return;
-    };
-    let run = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
-    let log = IggyLog::connect(&url, &format!("waku-conformance-{run}")).await.unwrap();
+    let Some(url) = wakuwaku_tests::iggy_url("the Iggy conformance suite") else { return };
+    let log = IggyLog::connect(&url, &wakuwaku_tests::fresh_stream("waku-conformance")).await.unwrap();
     conformance(&log, "t").await;
 }

@@ -1,0 +1,270 @@
+//! The platform on Apache Iggy, end to end: the bank projection against the
+//! oracle, Iggy's own consumer offsets, two hosts sharing a topic, and a
+//! server that goes away mid-run.
+//!
+//! Every test needs a server named by `WAKU_IGGY_URL` (for example
+//! `iggy://iggy:iggy@127.0.0.1:8090`) and otherwise prints one line saying
+//! it was skipped. Each uses a stream of its own. The restart test also
+//! needs `WAKU_IGGY_RESTART`, a shell command that restarts that server.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::partition_for;
+use wakuwaku::log::{EventLog, IggyLog};
+use wakuwaku::metrics::Metrics;
+use wakuwaku::projection::Projection;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
+use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, publish_bank};
+
+const TOPIC: &str = "accounts";
+const PARTITIONS: u32 = 4;
+
+fn bank_projection(dir: &std::path::Path, host: &str) -> Arc<Projection> {
+    let store = StateStore::open(&dir.join(host).join("bank.redb")).unwrap();
+    Arc::new(Projection::new("bank", TOPIC, vec![bank_module()], store).unwrap())
+}
+
+fn config(batch_size: usize) -> ConsumerConfig {
+    ConsumerConfig {
+        batch_size,
+        log_backoff: (Duration::from_millis(50), Duration::from_millis(500)),
+        ..ConsumerConfig::default()
+    }
+}
+
+/// The oracle check over the stores of several hosts, each holding the
+/// accounts of its partitions; every store must hold positions for its
+/// own partitions only.
+fn check_hosts(oracle: &Oracle, hosts: &[(&[u32], &StateStore)]) -> demo::OracleCheck {
+    let module = bank_module();
+    let opened = demo::bank_tag(&*module, demo::event_name::OPENED).unwrap();
+    let mut instance = module.instantiate().unwrap();
+    let counter = |store: &StateStore| {
+        store.counters().unwrap().into_iter().find(|(name, _)| name == demo::OPEN_ACCOUNTS).map_or(0, |(_, v)| v)
+    };
+    for (partitions, store) in hosts {
+        for partition in 0..PARTITIONS {
+            let position = store.position(TOPIC, partition).unwrap();
+            assert_eq!(position.is_some(), partitions.contains(&partition), "partition {partition}: {position:?}");
+        }
+    }
+    let open_accounts = hosts.iter().map(|(_, store)| counter(store)).sum();
+    demo::check(oracle, open_accounts, |account| -> Result<_, ()> {
+        let body = serde_json::to_vec(&serde_json::json!({ "account": account, "owner": "" })).unwrap();
+        let key = instance.key(opened, &body).unwrap();
+        let partition = partition_for(key, PARTITIONS);
+        let (_, store) = hosts.iter().find(|(partitions, _)| partitions.contains(&partition)).expect("an owner");
+        Ok(store.get(key, demo::ACCOUNT_ENTRY).unwrap())
+    })
+    .unwrap()
+}
+
+/// Every partition's position in `store` has reached the log's end.
+async fn caught_up(log: &IggyLog, stores: &[&StateStore]) -> bool {
+    for partition in 0..PARTITIONS {
+        let end = log.end_offset(TOPIC, partition).await.unwrap();
+        let position = stores.iter().find_map(|store| store.position(TOPIC, partition).unwrap()).unwrap_or(0);
+        if position < end {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bank_projection_on_iggy_matches_the_oracle_and_iggy_shows_its_progress() {
+    let Some(url) = iggy_url("the bank projection on Iggy") else { return };
+    let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-bank")).await.unwrap());
+    let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 11 };
+    let oracle = publish_bank(&*log, bank_module(), spec, PARTITIONS).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let projection = bank_projection(dir.path(), "host");
+    let summary = Consumer::new(log.clone(), projection.clone(), config(1000)).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (20_000, 0));
+    let check = check_hosts(&oracle, &[(&[0, 1, 2, 3], projection.store())]);
+    assert!(check.matches(), "{}", check.report(5));
+    for partition in 0..PARTITIONS {
+        let end = log.end_offset(TOPIC, partition).await.unwrap();
+        assert!(end > 0);
+        assert_eq!(projection.store().position(TOPIC, partition).unwrap(), Some(end));
+        // What Iggy's own tools read as the consumer group's progress.
+        assert_eq!(log.consumer_offset("bank", TOPIC, partition).await.unwrap(), Some(end), "partition {partition}");
+    }
+    for routed in ["retry_accounts", "dlq_accounts"] {
+        assert_eq!(log.partitions(routed).await.unwrap(), PARTITIONS, "{routed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_disjoint_partitions_apply_every_event_once_while_events_arrive() {
+    let Some(url) = iggy_url("the two-host test") else { return };
+    let stream = fresh_stream("waku-test-hosts");
+    let publisher = IggyLog::connect(&url, &stream).await.unwrap();
+    publisher.create_topic(TOPIC, PARTITIONS).await.unwrap();
+    let module = bank_module();
+    let (events, oracle) = demo::workload(WorkloadSpec { events: 20_000, accounts: 500, seed: 12 });
+    let mut outgoing: Vec<Outgoing> = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&*module, e.type_name).unwrap(),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    let later = outgoing.split_off(outgoing.len() / 2);
+    publish::publish(&publisher, TOPIC, module.clone(), outgoing, None, 2).await.unwrap();
+
+    // Two hosts of one projection: their own connection, their own state,
+    // their own partitions.
+    let dir = tempfile::tempdir().unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut hosts = Vec::new();
+    for (name, partitions) in [("a", vec![0, 2]), ("b", vec![1, 3])] {
+        let log = Arc::new(IggyLog::connect(&url, &stream).await.unwrap());
+        let projection = bank_projection(dir.path(), name);
+        let config = ConsumerConfig { partitions: Some(partitions.clone()), ..config(500) };
+        let consumer = Consumer::new(log, projection.clone(), config);
+        let mut stopped = stopped.clone();
+        let run = tokio::spawn(async move {
+            consumer
+                .follow(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                })
+                .await
+        });
+        hosts.push((partitions, projection, run));
+    }
+
+    for chunk in later.chunks(1000) {
+        publish::publish(&publisher, TOPIC, module.clone(), chunk.to_vec(), None, 2).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let stores: Vec<&StateStore> = hosts.iter().map(|(_, projection, _)| projection.store()).collect();
+    while !caught_up(&publisher, &stores).await {
+        assert!(Instant::now() < deadline, "the hosts did not catch up in 2 minutes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(true).unwrap();
+
+    let mut applied = 0;
+    for (_, _, run) in hosts.iter_mut() {
+        let summary: Summary = run.await.unwrap().unwrap();
+        assert!(summary.applied > 0, "each host did its share");
+        applied += summary.applied;
+    }
+    assert_eq!(applied, 20_000, "every event applied once over both hosts");
+    let owned: Vec<(&[u32], &StateStore)> =
+        hosts.iter().map(|(partitions, projection, _)| (partitions.as_slice(), projection.store())).collect();
+    let check = check_hosts(&oracle, &owned);
+    assert!(check.matches(), "{}", check.report(5));
+    for partition in 0..PARTITIONS {
+        let end = publisher.end_offset(TOPIC, partition).await.unwrap();
+        assert_eq!(publisher.consumer_offset("bank", TOPIC, partition).await.unwrap(), Some(end));
+    }
+}
+
+/// Consumes `events` bank events from a fresh stream while `outage` makes
+/// the server go away once the consumer is under way, and checks nothing
+/// was lost or applied twice.
+async fn consume_through_an_outage<F>(
+    url: &str,
+    consumer_url: &str,
+    outage: impl FnOnce(Arc<wakuwaku::progress::Progress>) -> F,
+) where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let stream = fresh_stream("waku-test-outage");
+    let publisher = IggyLog::connect(url, &stream).await.unwrap();
+    let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 13 };
+    let oracle = publish_bank(&publisher, bank_module(), spec, PARTITIONS).await;
+    drop(publisher);
+
+    let dir = tempfile::tempdir().unwrap();
+    let projection = bank_projection(dir.path(), "host");
+    let log = Arc::new(IggyLog::connect(consumer_url, &stream).await.unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let consumer = Consumer::new(log.clone(), projection.clone(), config(200)).with_metrics(metrics.clone());
+    let outage = tokio::spawn(outage(consumer.progress()));
+    let summary = tokio::time::timeout(Duration::from_secs(180), consumer.catch_up())
+        .await
+        .expect("caught up within 3 minutes")
+        .unwrap();
+    outage.await.unwrap();
+
+    assert_eq!((summary.applied, summary.dead_lettered), (20_000, 0), "nothing lost, nothing applied twice");
+    let check = check_hosts(&oracle, &[(&[0, 1, 2, 3], projection.store())]);
+    assert!(check.matches(), "{}", check.report(5));
+    let reported = metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix("waku_log_unavailable_total{projection=\"bank\"} "))
+        .map(|count| count.parse::<u64>().unwrap());
+    assert!(reported.is_some_and(|count| count > 0), "the outage was counted: {reported:?}");
+}
+
+/// Waits until the consumer has replayed `events`, or 60 s.
+async fn replayed(progress: &wakuwaku::progress::Progress, events: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while progress.replayed().0 < events && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the consumer reports the log unavailable, or 30 s.
+async fn reported_unavailable(progress: &wakuwaku::progress::Progress) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while progress.log_available() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connections_and_a_server_that_refuses_them_lose_nothing_and_are_reported() {
+    let Some(url) = iggy_url("the dropped-connection test") else { return };
+    let proxy = Arc::new(CuttableProxy::start(upstream_of(&url).to_owned()).await.unwrap());
+    let via_proxy =
+        format!("{}{}reconnection_interval=200ms", proxy.url_for(&url), if url.contains('?') { "&" } else { "?" });
+    let cutter = proxy.clone(); // The proxy must outlive the cuts.
+    consume_through_an_outage(&url, &via_proxy, |progress| async move {
+        for at in [2_000, 8_000, 14_000] {
+            replayed(&progress, at).await;
+            let cut = cutter.cut_for(Duration::from_millis(1500));
+            let (_, reported) = tokio::join!(cut, reported_unavailable(&progress));
+            assert!(reported, "the consumer reported the log unavailable (cut at {at} events)");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_mid_run_loses_nothing() {
+    let Some(url) = iggy_url("the server-restart test") else { return };
+    let Ok(restart) = std::env::var("WAKU_IGGY_RESTART") else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: the server-restart test needs WAKU_IGGY_RESTART, a shell command that restarts the server"
+        );
+        return;
+    };
+    consume_through_an_outage(&url, &url, |progress| async move {
+        replayed(&progress, 4_000).await;
+        let status =
+            tokio::task::spawn_blocking(move || std::process::Command::new("sh").args(["-c", &restart]).status())
+                .await
+                .unwrap()
+                .expect("WAKU_IGGY_RESTART runs");
+        assert!(status.success(), "WAKU_IGGY_RESTART failed: {status}");
+    })
+    .await;
+}
