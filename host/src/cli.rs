@@ -516,9 +516,16 @@ struct DemoArgs {
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    main_with(std::env::args_os())
+}
+
+/// Runs the command line `args` (the first is the program's name), as
+/// the `waku` binary would; for benchmarks that time a command in-process.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let cli = Cli::parse_from(args);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // A second command in one process keeps the first one's subscriber.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),

@@ -995,14 +995,18 @@ impl<L: EventLog> Consumer<L> {
 ///
 /// Appends are stamped with the outbox's sequence numbers, as the producer
 /// [`outbox_producer`], so entries appended just before a crash are not
-/// appended again. Callers must not publish one projection's outbox from
-/// two places at once.
+/// appended again. Each append goes to one partition and is small enough
+/// for one request ([`STAMPED_APPEND_RECORDS`], [`STAMPED_APPEND_BYTES`]),
+/// stamped with the last sequence number in it, so a backend that stores
+/// only whole requests (Iggy) never holds half of a stamped append. Callers
+/// must not publish one projection's outbox from two places at once.
 pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection: &str) -> Result<(), ConsumerError> {
     let pending = store.outbox()?;
     let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
     let producer = outbox_producer(store, projection)?;
     let mut partitions: FxHashMap<String, u32> = FxHashMap::default();
-    let mut appends: FxHashMap<(String, u32), PartitionAppend> = FxHashMap::default();
+    let mut appends: FxHashMap<(String, u32), Vec<(u64, crate::log::Record)>> = FxHashMap::default();
+    let mut appended: FxHashMap<(String, u32), Option<u64>> = FxHashMap::default();
     for (sequence, entry) in pending {
         if !partitions.contains_key(&entry.topic) {
             partitions.insert(entry.topic.clone(), log.partitions(&entry.topic).await?);
@@ -1010,37 +1014,40 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
         let count = partitions[&entry.topic];
         let partition = entry.partition.unwrap_or_else(|| partition_for(entry.partition_key, count));
         let key = (entry.topic, partition);
-        if !appends.contains_key(&key) {
-            let appended = log.producer_sequence(&key.0, partition, &producer).await?;
-            appends.insert(key.clone(), PartitionAppend { appended, records: Vec::new(), last: 0 });
+        if !appended.contains_key(&key) {
+            appended.insert(key.clone(), log.producer_sequence(&key.0, partition, &producer).await?);
         }
-        let append = appends.get_mut(&key).expect("inserted above");
-        if append.appended.is_none_or(|appended| sequence > appended) {
-            append.records.push(entry.record);
-            append.last = sequence;
+        if appended[&key].is_none_or(|appended| sequence > appended) {
+            appends.entry(key).or_default().push((sequence, entry.record));
         }
     }
-    // One stamped append per topic, with the highest sequence number in it.
-    let mut topics: FxHashMap<String, Vec<(u32, PartitionAppend)>> = FxHashMap::default();
-    for ((topic, partition), append) in appends.into_iter().filter(|(_, a)| !a.records.is_empty()) {
-        topics.entry(topic).or_default().push((partition, append));
-    }
-    for (topic, appends) in topics {
-        let highest = appends.iter().map(|(_, a)| a.last).max().unwrap_or_default();
-        let batches = appends.into_iter().map(|(partition, a)| (partition, a.records)).collect();
-        log.append_as(&topic, batches, &producer, highest).await?;
+    for ((topic, partition), records) in appends {
+        let mut records = records.into_iter().peekable();
+        while records.peek().is_some() {
+            let (mut group, mut bytes, mut last) = (Vec::new(), 0, 0);
+            while let Some((sequence, record)) = records.next_if(|(_, record)| {
+                group.is_empty()
+                    || (group.len() < STAMPED_APPEND_RECORDS && bytes + record_size(record) <= STAMPED_APPEND_BYTES)
+            }) {
+                bytes += record_size(&record);
+                last = sequence;
+                group.push(record);
+            }
+            log.append_as(&topic, vec![(partition, group)], &producer, last).await?;
+        }
     }
     store.remove_outbox(last_seq)?;
     Ok(())
 }
 
-/// What the outbox sends to one partition of one topic.
-struct PartitionAppend {
-    /// The last sequence number already appended there.
-    appended: Option<u64>,
-    records: Vec<crate::log::Record>,
-    /// The highest sequence number in `records`.
-    last: u64,
+/// Most records in one stamped append of the outbox.
+pub const STAMPED_APPEND_RECORDS: usize = 1000;
+/// Most bytes (bodies and headers) in one stamped append of the outbox,
+/// unless a single record is larger; well inside Iggy's 64 MiB request.
+pub const STAMPED_APPEND_BYTES: usize = 8 << 20;
+
+fn record_size(record: &crate::log::Record) -> usize {
+    record.body.len() + record.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
 }
 
 /// The producer name a projection's outbox appends as

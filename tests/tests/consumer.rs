@@ -177,3 +177,51 @@ async fn a_routed_topic_with_another_partition_count_is_refused_naming_both() {
     );
     assert_eq!(projection.store().position("probes", 0).unwrap(), None, "nothing was consumed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_them_repeats_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use wakuwaku::consumer::publish_outbox;
+    use wakuwaku::log::LogError;
+    use wakuwaku_tests::faulty::{Call, FaultyLog};
+
+    let dir = tempfile::tempdir().unwrap();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let counted = writes.clone();
+    // The second append fails, as a server going away between two would.
+    let log = FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), move |call| match call {
+        Call::Write if counted.fetch_add(1, Ordering::SeqCst) == 1 => {
+            Some(LogError::Unavailable { address: "test".into(), reason: "gone".into() })
+        }
+        _ => None,
+    });
+    log.create_topic("out", 2).await.unwrap();
+    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+    let entry = |partition: u32, n: u64| OutboxEntry {
+        topic: "out".into(),
+        partition_key: 0,
+        partition: Some(partition),
+        record: record(NOTE, n, json!({ "n": n })),
+    };
+    let outbox = (0..2500).map(|n| entry(0, n)).chain((0..10).map(|n| entry(1, n))).collect();
+    store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+
+    assert!(publish_outbox(&log, &store, "probe").await.is_err());
+    publish_outbox(&log, &store, "probe").await.unwrap();
+    assert!(store.outbox().unwrap().is_empty());
+    // 3 appends of at most 1000 to partition 0 and 1 to partition 1, plus
+    // the one that failed.
+    assert_eq!(writes.load(Ordering::SeqCst), 5);
+    for (partition, count) in [(0, 2500), (1, 10)] {
+        let bodies: Vec<serde_json::Value> = log
+            .log
+            .read("out", partition, 0, 10_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_slice(&r.record.body).unwrap())
+            .collect();
+        let expected: Vec<serde_json::Value> = (0..count).map(|n| json!({ "n": n })).collect();
+        assert_eq!(bodies, expected, "partition {partition}: each record once, in order");
+    }
+}

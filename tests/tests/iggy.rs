@@ -1,6 +1,7 @@
 //! The platform on Apache Iggy, end to end: the bank projection against the
-//! oracle, Iggy's own consumer offsets, two hosts sharing a topic, and a
-//! server that goes away mid-run.
+//! oracle, Iggy's own consumer offsets, two hosts sharing a topic, a
+//! server that goes away mid-run, and producer stamps read back by a fresh
+//! client.
 //!
 //! Every test needs a server named by `WAKU_IGGY_URL` (for example
 //! `iggy://iggy:iggy@127.0.0.1:8090`) and otherwise prints one line saying
@@ -20,6 +21,10 @@ use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
 use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, publish_bank};
+
+/// Held shared by every test, and alone by the one that restarts the
+/// server, so no other test sees the restart.
+static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 const TOPIC: &str = "accounts";
 const PARTITIONS: u32 = 4;
@@ -79,6 +84,7 @@ async fn caught_up(log: &IggyLog, stores: &[&StateStore]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bank_projection_on_iggy_matches_the_oracle_and_iggy_shows_its_progress() {
     let Some(url) = iggy_url("the bank projection on Iggy") else { return };
+    let _shared = SERVER.read().await;
     let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-bank")).await.unwrap());
     let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 11 };
     let oracle = publish_bank(&*log, bank_module(), spec, PARTITIONS).await;
@@ -104,6 +110,7 @@ async fn the_bank_projection_on_iggy_matches_the_oracle_and_iggy_shows_its_progr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_on_disjoint_partitions_apply_every_event_once_while_events_arrive() {
     let Some(url) = iggy_url("the two-host test") else { return };
+    let _shared = SERVER.read().await;
     let stream = fresh_stream("waku-test-hosts");
     let publisher = IggyLog::connect(&url, &stream).await.unwrap();
     publisher.create_topic(TOPIC, PARTITIONS).await.unwrap();
@@ -231,6 +238,7 @@ async fn reported_unavailable(progress: &wakuwaku::progress::Progress) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_connections_and_a_server_that_refuses_them_lose_nothing_and_are_reported() {
     let Some(url) = iggy_url("the dropped-connection test") else { return };
+    let _shared = SERVER.read().await;
     let proxy = Arc::new(CuttableProxy::start(upstream_of(&url).to_owned()).await.unwrap());
     let via_proxy =
         format!("{}{}reconnection_interval=200ms", proxy.url_for(&url), if url.contains('?') { "&" } else { "?" });
@@ -257,6 +265,7 @@ async fn a_server_restart_mid_run_loses_nothing() {
         );
         return;
     };
+    let _alone = SERVER.write().await;
     consume_through_an_outage(&url, &url, |progress| async move {
         replayed(&progress, 4_000).await;
         let status =
@@ -267,4 +276,39 @@ async fn a_server_restart_mid_run_loses_nothing() {
         assert!(status.success(), "WAKU_IGGY_RESTART failed: {status}");
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages() {
+    use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+    use wakuwaku::log::Record;
+    let Some(url) = iggy_url("the producer-stamp test") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-stamps");
+    let record = |n: u32| Record {
+        headers: EventHeaders {
+            tag: EventTypeTag::new(n),
+            key_hash: 7,
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+        }
+        .to_headers(),
+        body: n.to_le_bytes().to_vec(),
+    };
+    let first = IggyLog::connect(&url, &stream).await.unwrap();
+    first.create_topic("out", 2).await.unwrap();
+    // A whole outbox group (1000 records, one request), then others' messages.
+    assert!(first.append_as("out", vec![(0, (0..1000).map(record).collect())], "host-a", 5).await.unwrap());
+    first.append("out", vec![(0, (0..4500).map(record).collect())]).await.unwrap();
+
+    let fresh = IggyLog::connect(&url, &stream).await.unwrap();
+    assert_eq!(fresh.producer_sequence("out", 0, "host-a").await.unwrap(), Some(5));
+    assert_eq!(fresh.producer_sequence("out", 1, "host-a").await.unwrap(), None);
+    assert!(!fresh.append_as("out", vec![(0, vec![record(1)])], "host-a", 5).await.unwrap(), "already there");
+    assert!(fresh.append_as("out", vec![(0, vec![record(2)])], "host-a", 6).await.unwrap());
+    assert_eq!(first.end_offset("out", 0).await.unwrap(), 5501);
+    assert_eq!(
+        IggyLog::connect(&url, &stream).await.unwrap().producer_sequence("out", 0, "host-a").await.unwrap(),
+        Some(6)
+    );
 }

@@ -17,13 +17,18 @@
 //!   numbered keys (`name`, `name~1`, …) or, when empty, stored as
 //!   `name~empty`, and joined again when read. Iggy refuses empty bodies:
 //!   appending one is an error that says so.
-//! - **Appends are per partition.** A call that fails part-way may have
-//!   reached some partitions. [`EventLog::append_as`] therefore stamps every
-//!   message with its producer and sequence number (headers `waku-producer`
-//!   and `waku-sequence`) and a deterministic message id, and
+//! - **Appends are per partition and per request.** Iggy stores a request
+//!   whole or not at all, but a call that fails part-way may have reached
+//!   some partitions, and plain appends go 1 000 messages per request.
+//!   [`EventLog::append_as`] therefore sends each partition's records in one
+//!   request, stamps every message with its producer and sequence number
+//!   (headers `waku-producer` and `waku-sequence`) and a deterministic
+//!   message id, and
 //!   [`EventLog::producer_sequence`] reads the stamp back from the tail of
-//!   the partition, so a retry completes the partitions the first try
-//!   missed and skips the others.
+//!   the partition (at most the last 100 000 messages, once per producer
+//!   and partition; after that the client remembers what it appended), so
+//!   a retry completes the partitions the first try missed and skips the
+//!   others.
 //! - **Unreadable headers are a header error.** The client answers a
 //!   malformed header block with "no headers"; the record then has none, and
 //!   the consumer dead-letters it for its missing envelope.
@@ -40,6 +45,7 @@ use iggy::prelude::{
     Client, Consumer, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier, IggyClient, IggyError,
     IggyMessage, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
 };
+use rustc_hash::FxHashMap;
 
 use super::{EventLog, LogError, Record, StoredRecord};
 use crate::event::Header;
@@ -64,6 +70,10 @@ pub struct IggyLog {
     url: String,
     stream: Identifier,
     address: PathBuf,
+    /// The last sequence each producer stamped on a partition, as read from
+    /// the partition once and then as appended by this client: a producer
+    /// name belongs to one state store, which one process holds.
+    stamps: std::sync::Mutex<FxHashMap<(String, u32, String), Option<u64>>>,
 }
 
 impl IggyLog {
@@ -95,6 +105,7 @@ impl IggyLog {
             url: url.to_owned(),
             stream: stream_id,
             address,
+            stamps: Default::default(),
         })
     }
 
@@ -146,11 +157,19 @@ impl IggyLog {
         Ok(())
     }
 
-    async fn send(&self, topic: &str, partition: u32, mut messages: Vec<IggyMessage>) -> Result<(), LogError> {
+    /// Sends `messages` to a partition, `per_request` at a time (Iggy
+    /// stores each request whole or not at all).
+    async fn send(
+        &self,
+        topic: &str,
+        partition: u32,
+        mut messages: Vec<IggyMessage>,
+        per_request: usize,
+    ) -> Result<(), LogError> {
         let id = self.topic_id(topic)?;
         let partitioning = Partitioning::partition_id(partition);
         let client = self.client().await?;
-        for chunk in messages.chunks_mut(CHUNK) {
+        for chunk in messages.chunks_mut(per_request) {
             client
                 .send_messages(&self.stream, &id, &partitioning, chunk)
                 .await
@@ -182,7 +201,20 @@ impl IggyLog {
                 .map(|(index, record)| to_message(topic, partition, record, stamp, index))
                 .collect::<Result<Vec<_>, _>>()?;
             appended |= !messages.is_empty();
-            self.send(topic, partition, messages).await?;
+            let stamp_key = stamp.map(|(producer, _)| (topic.to_owned(), partition, producer.to_owned()));
+            // A stamped append is one request, so its stamp never marks half
+            // of it: the outbox keeps each small enough.
+            let per_request = if stamp.is_some() { messages.len().max(1) } else { CHUNK };
+            let sent = self.send(topic, partition, messages, per_request).await;
+            if let Some((key, (_, sequence))) = stamp_key.zip(stamp) {
+                // After a failed send the partition's stamp is unknown.
+                let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+                match sent {
+                    Ok(()) => stamps.insert(key, Some(sequence)),
+                    Err(_) => stamps.remove(&key),
+                };
+            }
+            sent?;
         }
         Ok(appended)
     }
@@ -231,14 +263,19 @@ impl EventLog for IggyLog {
     }
 
     async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+        let key = (topic.to_owned(), partition, producer.to_owned());
+        if let Some(&known) = self.stamps.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(known);
+        }
+        // A producer's stamps rise with the offset: the last one found,
+        // reading back from the end, is the highest.
         let end = self.end_offset(topic, partition).await?;
-        let from = end.saturating_sub(STAMP_WINDOW);
+        let window = end.saturating_sub(STAMP_WINDOW);
         let mut highest = None;
-        let mut at = from;
-        while at < end {
-            let records = self.read(topic, partition, at, CHUNK).await?;
-            let Some(last) = records.last().map(|r| r.offset) else { break };
-            for record in &records {
+        let mut upto = end;
+        while upto > window && highest.is_none() {
+            let from = upto.saturating_sub(CHUNK as u64).max(window);
+            for record in self.read(topic, partition, from, (upto - from) as usize).await? {
                 let header = |name: &str| record.record.headers.iter().find(|h| h.name == name);
                 if header(PRODUCER).is_some_and(|h| h.value == producer.as_bytes())
                     && let Some(sequence) = header(SEQUENCE).and_then(|h| <[u8; 8]>::try_from(h.value.as_slice()).ok())
@@ -246,8 +283,9 @@ impl EventLog for IggyLog {
                     highest = highest.max(Some(u64::from_le_bytes(sequence)));
                 }
             }
-            at = last + 1;
+            upto = from;
         }
+        self.stamps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, highest);
         Ok(highest)
     }
 

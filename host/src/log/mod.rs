@@ -192,6 +192,11 @@ pub trait EventLog: Send + Sync + 'static {
     /// whether anything was appended. A producer that retries after a crash
     /// or a lost answer therefore never appends the same records twice, even
     /// where an earlier try reached only some partitions.
+    ///
+    /// A networked backend sends each partition's records in one request,
+    /// so callers keep them small (the outbox sends at most
+    /// [`crate::consumer::STAMPED_APPEND_RECORDS`] records and
+    /// [`crate::consumer::STAMPED_APPEND_BYTES`] per append).
     fn append_as(
         &self,
         topic: &str,

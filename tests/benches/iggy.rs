@@ -1,0 +1,155 @@
+//! `WAKU_IGGY_URL=iggy://… cargo bench -p wakuwaku-tests --bench iggy`:
+//! the platform against one Iggy server, in one run, on one seeded bank
+//! workload in a fresh stream:
+//!
+//! 1. **`waku publish`**: the command, run in-process on a JSON-lines file
+//!    (parsing, headers from the module, appends per partition), module
+//!    loading included.
+//! 2. **raw poll**: the topic read back with the `iggy` client alone, one
+//!    task per partition on one connection, every message's user headers
+//!    decoded and its tag and key read; no planning, no handlers.
+//! 3. **host**: the bank projection consuming the same topic through
+//!    `IggyLog` (poll, plan, reduce, WASM calls, commits, Iggy consumer
+//!    offsets), checked against the oracle so a fast wrong answer cannot
+//!    win.
+//!
+//! Prints events/s and the ratios. `WAKU_BENCH_EVENTS` and
+//! `WAKU_BENCH_ACCOUNTS` resize the workload (default 1 000 000 events over
+//! 10 000 accounts). Without `WAKU_IGGY_URL` it prints one line and stops.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use iggy::prelude::{
+    Client, Consumer as IggyConsumer, HeaderKey, Identifier, IggyClient, MessageClient, PollingStrategy,
+};
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::event::header_name::{KEY_HASH, TAG};
+use wakuwaku::log::IggyLog;
+use wakuwaku::projection::Projection;
+use wakuwaku::state::StateStore;
+use wakuwaku_tests::{bank_module, bank_wasm, fresh_stream, iggy_url};
+
+// The allocator the `waku` command uses, so figures match the demo.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const TOPIC: &str = "accounts";
+const PARTITIONS: u32 = 4;
+/// Messages per poll, as `IggyLog` asks for.
+const POLL: u32 = 1000;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let Some(url) = iggy_url("the Iggy benchmark") else { return };
+    let spec = WorkloadSpec {
+        events: env_or("WAKU_BENCH_EVENTS", 1_000_000),
+        accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000) as u64,
+        seed: 42,
+    };
+    let stream = fresh_stream("waku-bench");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+
+    // 1. `waku publish`, in-process.
+    let (events, oracle) = demo::workload(spec);
+    let lines: String =
+        events.iter().map(|e| serde_json::json!({ "type": e.type_name, "body": e.body }).to_string() + "\n").collect();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines).expect("write the events");
+    let (bank, partitions) = (bank_wasm(), PARTITIONS.to_string());
+    let args = [
+        "waku",
+        "publish",
+        "--iggy",
+        &url,
+        "--stream",
+        &stream,
+        "--topic",
+        TOPIC,
+        "--partitions",
+        &partitions,
+        "--module",
+        bank.to_str().expect("a UTF-8 path"),
+        file.to_str().expect("a UTF-8 path"),
+    ];
+    let started = Instant::now();
+    let code = wakuwaku::cli::main_with(args.iter().map(Into::into));
+    let publish_secs = started.elapsed().as_secs_f64();
+    assert_eq!(code, std::process::ExitCode::SUCCESS, "waku publish failed");
+    let publish_rate = spec.events as f64 / publish_secs;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        // 2. Raw poll with header decoding.
+        let client = Arc::new(IggyClient::from_connection_string(&url).expect("a valid URL"));
+        client.connect().await.expect("connect");
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for partition in 0..PARTITIONS {
+            let (client, stream) = (client.clone(), stream.clone());
+            tasks.spawn(async move { raw_poll(&client, &stream, partition).await });
+        }
+        let polled: u64 = tasks.join_all().await.into_iter().sum();
+        let raw_secs = started.elapsed().as_secs_f64();
+        assert_eq!(polled, spec.events as u64, "the raw poll read every event");
+        let raw_rate = spec.events as f64 / raw_secs;
+
+        // 3. The host consuming into the bank projection.
+        let log = Arc::new(IggyLog::connect(&url, &stream).await.expect("connect"));
+        let store = StateStore::open(&dir.path().join("bank.redb")).expect("a state store");
+        let module = bank_module();
+        let projection = Arc::new(Projection::new("bank", TOPIC, vec![module.clone()], store).expect("a projection"));
+        let started = Instant::now();
+        let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default())
+            .catch_up()
+            .await
+            .expect("consumed");
+        let host_secs = started.elapsed().as_secs_f64();
+        assert_eq!(summary.applied, spec.events as u64);
+        let check = demo::check_projection(&oracle, &*module, projection.store()).expect("checked");
+        assert!(check.matches(), "{}", check.report(5));
+        let host_rate = spec.events as f64 / host_secs;
+
+        println!(
+            "workload: {} events over {} accounts, {PARTITIONS} partitions, stream `{stream}`",
+            spec.events, spec.accounts
+        );
+        println!("waku publish:  {:>10.0} events/s ({publish_secs:.2} s)", publish_rate);
+        println!("raw poll:      {:>10.0} events/s ({raw_secs:.2} s)", raw_rate);
+        println!("host (bank):   {:>10.0} events/s ({host_secs:.2} s), oracle: match", host_rate);
+        println!("host / raw poll: {:.2}", host_rate / raw_rate);
+        println!("publish / raw poll: {:.2}", publish_rate / raw_rate);
+    });
+}
+
+/// Polls a partition from offset 0 to its end, decoding every message's
+/// user headers and reading its tag and key; returns how many were read.
+async fn raw_poll(client: &IggyClient, stream: &str, partition: u32) -> u64 {
+    let stream = Identifier::named(stream).expect("a stream name");
+    let topic = Identifier::named(TOPIC).expect("a topic name");
+    let consumer = IggyConsumer::new(Identifier::named("waku-bench").expect("a name"));
+    let (tag, key) = (HeaderKey::from_str(TAG).expect("a key"), HeaderKey::from_str(KEY_HASH).expect("a key"));
+    let (mut offset, mut read, mut checksum) = (0, 0, 0u64);
+    loop {
+        let polled = client
+            .poll_messages(&stream, &topic, Some(partition), &consumer, &PollingStrategy::offset(offset), POLL, false)
+            .await
+            .expect("poll");
+        let Some(last) = polled.messages.last().map(|m| m.header.offset) else { break };
+        for message in &polled.messages {
+            let headers = message.user_headers_map().expect("headers").expect("headers present");
+            let tag = headers[&tag].as_uint32().expect("a u32 tag");
+            let key = headers[&key].as_uint64().expect("a u64 key");
+            checksum = checksum.wrapping_add(u64::from(tag) ^ key);
+        }
+        read += polled.messages.len() as u64;
+        offset = last + 1;
+    }
+    std::hint::black_box(checksum);
+    read
+}
