@@ -29,6 +29,11 @@
 //!   and partition; after that the client remembers what it appended), so
 //!   a retry completes the partitions the first try missed and skips the
 //!   others.
+//! - **Every message has a deterministic id.** Stamped ones from the
+//!   producer, partition, sequence and index (the same for any client that
+//!   resends them); plain ones from this client, the append call, the
+//!   partition and the index, so a request the client replays after a
+//!   reconnect carries the same ids.
 //! - **Unreadable headers are a header error.** The client answers a
 //!   malformed header block with "no headers"; the record then has none, and
 //!   the consumer dead-letters it for its missing envelope.
@@ -38,7 +43,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use iggy::prelude::{
@@ -74,6 +79,10 @@ pub struct IggyLog {
     /// the partition once and then as appended by this client: a producer
     /// name belongs to one state store, which one process holds.
     stamps: std::sync::Mutex<FxHashMap<(String, u32, String), Option<u64>>>,
+    /// Names this client in the ids of plain appends' messages.
+    client_id: u64,
+    /// Plain appends made so far, numbering them in message ids.
+    appends: AtomicU64,
 }
 
 impl IggyLog {
@@ -106,6 +115,8 @@ impl IggyLog {
             stream: stream_id,
             address,
             stamps: Default::default(),
+            client_id: rand::random(),
+            appends: AtomicU64::new(0),
         })
     }
 
@@ -188,6 +199,7 @@ impl IggyLog {
         if let Some(&(partition, _)) = batches.iter().find(|(partition, _)| *partition >= partitions) {
             return Err(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions });
         }
+        let call = self.appends.fetch_add(1, Ordering::Relaxed);
         let mut appended = false;
         for (partition, records) in batches {
             if let Some((producer, sequence)) = stamp
@@ -198,7 +210,13 @@ impl IggyLog {
             let messages = records
                 .into_iter()
                 .enumerate()
-                .map(|(index, record)| to_message(topic, partition, record, stamp, index))
+                .map(|(index, record)| {
+                    let id = match stamp {
+                        Some((producer, sequence)) => stamped_message_id(producer, partition, sequence, index),
+                        None => plain_message_id(self.client_id, call, partition, index),
+                    };
+                    to_message(topic, partition, record, stamp, id)
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             appended |= !messages.is_empty();
             let stamp_key = stamp.map(|(producer, _)| (topic.to_owned(), partition, producer.to_owned()));
@@ -397,14 +415,14 @@ async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
     Ok(client)
 }
 
-/// A record as an Iggy message: headers as user headers (see the module
-/// docs), stamped when `stamp` is given, with a deterministic id then.
+/// A record as an Iggy message with id `id`: headers as user headers (see
+/// the module docs), stamped when `stamp` is given.
 fn to_message(
     topic: &str,
     partition: u32,
     record: Record,
     stamp: Option<(&str, u64)>,
-    index: usize,
+    id: u128,
 ) -> Result<IggyMessage, LogError> {
     let invalid = |reason: String| LogError::Storage {
         path: PathBuf::from(topic),
@@ -434,29 +452,34 @@ fn to_message(
             }
         }
     }
-    let id = match stamp {
-        Some((producer, sequence)) => {
-            put(
-                PRODUCER,
-                HeaderValue::from_raw(HeaderKind::Raw, producer.as_bytes())
-                    .map_err(|_| invalid(format!("producer name {producer:?} must have 1 to 255 bytes")))?,
-            )?;
-            put(SEQUENCE, HeaderValue::from_raw(HeaderKind::Raw, &sequence.to_le_bytes()).expect("8 bytes"))?;
-            Some(message_id(producer, partition, sequence, index))
-        }
-        None => None,
-    };
+    if let Some((producer, sequence)) = stamp {
+        put(
+            PRODUCER,
+            HeaderValue::from_raw(HeaderKind::Raw, producer.as_bytes())
+                .map_err(|_| invalid(format!("producer name {producer:?} must have 1 to 255 bytes")))?,
+        )?;
+        put(SEQUENCE, HeaderValue::from_raw(HeaderKind::Raw, &sequence.to_le_bytes()).expect("8 bytes"))?;
+    }
     IggyMessage::builder()
-        .maybe_id(id)
+        .id(id)
         .payload(Bytes::from(record.body))
         .user_headers(headers)
         .build()
         .map_err(|e| invalid(format!("{e}")))
 }
 
-/// A message id that is the same every time the same producer appends the
-/// same record again, so a resend can be recognised.
-fn message_id(producer: &str, partition: u32, sequence: u64, index: usize) -> u128 {
+/// The id of a plain append's message: the client, the append call, the
+/// partition and the index in it. A resend of the same call (the client
+/// replays requests after a reconnect) carries the same ids.
+fn plain_message_id(client: u64, call: u64, partition: u32, index: usize) -> u128 {
+    let high = (u128::from(client >> 16) << 80) | (u128::from(call as u32) << 48);
+    (high | (u128::from(partition as u16) << 32) | u128::from(index as u32)).max(1)
+}
+
+/// A stamped message's id: the same every time the same producer appends
+/// the same record again, so a resend can be recognised, even by another
+/// client after a crash.
+fn stamped_message_id(producer: &str, partition: u32, sequence: u64, index: usize) -> u128 {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     hasher.update(producer.as_bytes());
@@ -561,7 +584,8 @@ mod tests {
             ],
             body: b"{}".to_vec(),
         };
-        let mut message = to_message("t", 0, record.clone(), Some(("p", 3)), 0).unwrap();
+        let mut message = to_message("t", 0, record.clone(), Some(("p", 3)), 9).unwrap();
+        assert_eq!(message.header.id, 9);
         message.header.offset = 5;
         let stored = from_message(message);
         assert_eq!(stored.offset, 5);
@@ -576,10 +600,16 @@ mod tests {
 
     #[test]
     fn an_empty_body_is_refused_by_name_and_ids_are_deterministic() {
-        let error = to_message("t", 1, Record { headers: vec![], body: vec![] }, None, 0).unwrap_err();
+        let error = to_message("t", 1, Record { headers: vec![], body: vec![] }, None, 1).unwrap_err();
         assert!(error.to_string().contains("`t`") || format!("{error:?}").contains("empty body"), "{error:?}");
-        assert_eq!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 1));
-        assert_ne!(message_id("p", 0, 7, 1), message_id("p", 0, 7, 2));
+        assert_eq!(stamped_message_id("p", 0, 7, 1), stamped_message_id("p", 0, 7, 1));
+        assert_ne!(stamped_message_id("p", 0, 7, 1), stamped_message_id("p", 0, 7, 2));
+        let ids: std::collections::HashSet<u128> = (0..4)
+            .flat_map(|call| (0..3).flat_map(move |partition| (0..100).map(move |i| (call, partition, i))))
+            .map(|(call, partition, index)| plain_message_id(0xabcd_ef01_2345_6789, call, partition, index))
+            .collect();
+        assert_eq!(ids.len(), 4 * 3 * 100, "plain ids differ by call, partition and index");
+        assert_eq!(plain_message_id(5, 1, 2, 3), plain_message_id(5, 1, 2, 3));
         assert_eq!(redact("iggy://iggy:secret@127.0.0.1:8090"), "iggy://iggy:***@127.0.0.1:8090");
     }
 
