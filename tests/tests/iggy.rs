@@ -1,7 +1,7 @@
 //! The platform on Apache Iggy, end to end: the bank projection against the
 //! oracle, Iggy's own consumer offsets, two hosts sharing a topic, a
-//! server that goes away mid-run, and producer stamps read back by a fresh
-//! client.
+//! server that goes away mid-run, producer stamps read back by a fresh
+//! client, and emits, retries and dead letters through Iggy topics.
 //!
 //! Every test needs a server named by `WAKU_IGGY_URL` (for example
 //! `iggy://iggy:iggy@127.0.0.1:8090`) and otherwise prints one line saying
@@ -310,5 +310,97 @@ async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages(
     assert_eq!(
         IggyLog::connect(&url, &stream).await.unwrap().producer_sequence("out", 0, "host-a").await.unwrap(),
         Some(6)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
+    use serde_json::json;
+    use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+    use wakuwaku::log::Record;
+    use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
+    let Some(url) = iggy_url("the routing test on Iggy") else { return };
+    let _shared = SERVER.read().await;
+    let record = |tag: u32, key: u64, body: serde_json::Value| Record {
+        headers: EventHeaders {
+            tag: EventTypeTag::new(tag),
+            key_hash: key,
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+        }
+        .to_headers(),
+        body: serde_json::to_vec(&body).unwrap(),
+    };
+    let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-routing")).await.unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    log.create_topic("notes-out", 1).await.unwrap();
+    for partition in 0..2u64 {
+        let mut records: Vec<Record> = (0..20)
+            .map(|i| record(4, i, json!({ "key": i, "text": format!("p{partition}-{i}"), "emit_to": "notes-out" })))
+            .collect();
+        records.insert(5, record(5, 100, json!({ "key": 100, "class": "retryable", "message": "busy" })));
+        records.insert(9, record(5, 101, json!({ "key": 101, "class": "unrecoverable", "message": "bad" })));
+        log.append("probes", vec![(partition as u32, records)]).await.unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let module = wakuwaku::projection::load_module_file(
+        &wakuwaku::runtime::Sandbox::new(wakuwaku::runtime::SandboxLimits::default()).unwrap(),
+        &wakuwaku_tests::probe_wasm(),
+    )
+    .unwrap();
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
+    let retry = RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() };
+    let consumer = Consumer::new(log.clone(), projection, ConsumerConfig { retry, ..config(8) });
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(async move {
+        consumer
+            .follow(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ends = |topic: &'static str| {
+        let log = log.clone();
+        async move {
+            let mut sum = 0;
+            // The consumer creates the routed topics once it starts.
+            for partition in 0..log.partitions(topic).await.unwrap_or(0) {
+                sum += log.end_offset(topic, partition).await.unwrap();
+            }
+            sum
+        }
+    };
+    while ends("dlq_probes").await < 4 || ends("notes-out").await < 40 {
+        assert!(Instant::now() < deadline, "the failures were not dead-lettered in a minute");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // Room for anything extra to show.
+    stop.send(true).unwrap();
+    let summary = run.await.unwrap().unwrap();
+
+    assert_eq!((summary.applied, summary.dead_lettered), (40, 4));
+    assert_eq!((summary.retry_in, summary.retry_out), (2, 2));
+    assert_eq!(ends("notes-out").await, 40, "every emit once");
+    assert_eq!(ends("retry_probes").await, 2, "one retry per retryable failure");
+    let mut classes = Vec::new();
+    for partition in 0..2 {
+        for letter in log.read("dlq_probes", partition, 0, 10).await.unwrap() {
+            let routed = Routed::parse(&letter.record.headers).unwrap();
+            assert_eq!(routed.origin_partition, partition);
+            classes.push((routed.failure.unwrap().class, routed.attempts));
+        }
+    }
+    classes.sort_by_key(|(class, _)| format!("{class:?}"));
+    assert_eq!(
+        classes,
+        [
+            (FailureClass::Retryable, 2),
+            (FailureClass::Retryable, 2),
+            (FailureClass::Unrecoverable, 1),
+            (FailureClass::Unrecoverable, 1)
+        ]
     );
 }
