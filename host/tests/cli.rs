@@ -140,6 +140,10 @@ fn bad_input_gets_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no Cargo.toml in no-such-crate"), "{}", text(&out.stderr));
 
+    let out = waku(&["status", "--iggy", "http://x:1", "--projection", "bank", "--topic", "t"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("the URL must read iggy://user:password@host:port"), "{}", text(&out.stderr));
+
     let out = waku(&["frobnicate"], dir.path());
     assert_eq!(out.status.code(), Some(2), "usage errors exit 2");
 }

@@ -96,7 +96,15 @@ impl IggyLog {
     /// the outage.
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
         let address = PathBuf::from(redact(url));
-        let failed = |e: IggyError| storage(&address, "connecting", e);
+        let failed = |e: IggyError| match e {
+            IggyError::InvalidConnectionString | IggyError::InvalidNumberValue => storage(
+                &address,
+                "connecting (the URL must read iggy://user:password@host:port, optionally followed by \
+                 ?option=value&… with the Iggy client's options)",
+                e,
+            ),
+            e => storage(&address, "connecting", e),
+        };
         let client = new_client(url).await.map_err(failed)?;
         let stream_id = Identifier::named(stream).map_err(|_| LogError::InvalidTopicName {
             topic: stream.to_owned(),
