@@ -995,11 +995,13 @@ impl<L: EventLog> Consumer<L> {
 ///
 /// Appends are stamped with the outbox's sequence numbers, as the producer
 /// [`outbox_producer`], so entries appended just before a crash are not
-/// appended again. Each append goes to one partition and is small enough
+/// appended again. A partition's records are sent in pieces small enough
 /// for one request ([`STAMPED_APPEND_RECORDS`], [`STAMPED_APPEND_BYTES`]),
-/// stamped with the last sequence number in it, so a backend that stores
-/// only whole requests (Iggy) never holds half of a stamped append. Callers
-/// must not publish one projection's outbox from two places at once.
+/// each stamped with a sequence number no lower than any in it and lower
+/// than any of that partition's records left out, so a backend that
+/// stores only whole requests (Iggy) never holds half of a stamped append.
+/// Callers must not publish one projection's outbox from two places at
+/// once.
 pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection: &str) -> Result<(), ConsumerError> {
     let pending = store.outbox()?;
     let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
@@ -1021,7 +1023,19 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
             appends.entry(key).or_default().push((sequence, entry.record));
         }
     }
+    // Partitions whose records fit one request share one append per topic,
+    // stamped with the highest sequence in it (every pending entry of those
+    // partitions is in it); larger ones go in groups of their own.
+    let mut whole: FxHashMap<String, (PartitionBatches, u64)> = FxHashMap::default();
     for ((topic, partition), records) in appends {
+        let fits = records.len() <= STAMPED_APPEND_RECORDS
+            && records.iter().map(|(_, record)| record_size(record)).sum::<usize>() <= STAMPED_APPEND_BYTES;
+        if fits {
+            let (batches, highest) = whole.entry(topic).or_default();
+            *highest = (*highest).max(records.last().map_or(0, |(sequence, _)| *sequence));
+            batches.push((partition, records.into_iter().map(|(_, record)| record).collect()));
+            continue;
+        }
         let mut records = records.into_iter().peekable();
         while records.peek().is_some() {
             let (mut group, mut bytes, mut last) = (Vec::new(), 0, 0);
@@ -1036,9 +1050,15 @@ pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection
             log.append_as(&topic, vec![(partition, group)], &producer, last).await?;
         }
     }
+    for (topic, (batches, highest)) in whole {
+        log.append_as(&topic, batches, &producer, highest).await?;
+    }
     store.remove_outbox(last_seq)?;
     Ok(())
 }
+
+/// Records per partition, as [`EventLog::append_as`] takes them.
+type PartitionBatches = Vec<(u32, Vec<crate::log::Record>)>;
 
 /// Most records in one stamped append of the outbox.
 pub const STAMPED_APPEND_RECORDS: usize = 1000;
