@@ -13,6 +13,8 @@
 //!   skipped; [`proxy`] cuts connections to it on cue.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
+//! - [`json_record`] makes the Relaxed, JSON-bodied messages most tests
+//!   publish; [`bank_module`] and [`probe_module`] load the test modules.
 //! - [`faulty`] is the embedded log with faults on cue.
 //! - [`flaky`] is a native module that fails on cue, for the retry and
 //!   dead-letter tests.
@@ -25,11 +27,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rustc_hash::FxHashMap;
 use wakuwaku::consumer::{CallObserver, RunCall};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::event::EventHeaders;
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use wakuwaku::guest_build::GuestBuild;
 use wakuwaku::handler::HandlerModule;
-use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, Record};
 use wakuwaku::plan::{PlanRecord, must_precede};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
@@ -93,6 +95,20 @@ pub fn probe_wasm() -> PathBuf {
 pub fn bank_module() -> Arc<dyn HandlerModule> {
     let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
     wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads")
+}
+
+/// Loads the probe component into a default sandbox.
+pub fn probe_module() -> Arc<dyn HandlerModule> {
+    let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
+    wakuwaku::projection::load_module_file(&sandbox, &probe_wasm()).expect("the probe module loads")
+}
+
+/// A message of type `tag` for key `key` with a JSON body, Relaxed and
+/// non-associative: what most tests publish.
+pub fn json_record(tag: EventTypeTag, key: u64, body: serde_json::Value) -> Record {
+    let headers =
+        EventHeaders { tag, key_hash: key, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
+    Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).expect("JSON") }
 }
 
 /// Records every handled run.

@@ -7,30 +7,23 @@ use std::sync::Arc;
 
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, outbox_producer, stat};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
+use wakuwaku::event::{EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
-use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
-use wakuwaku_tests::probe_wasm;
+use wakuwaku_tests::{json_record as record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 const FAIL: EventTypeTag = EventTypeTag::new(5);
-
-fn record(tag: EventTypeTag, key_hash: u64, body: serde_json::Value) -> Record {
-    let headers =
-        EventHeaders { tag, key_hash, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
-    Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
-}
 
 async fn setup(records: Vec<Record>) -> (tempfile::TempDir, Arc<EmbeddedLog>, Arc<Projection>) {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic("probes", 1).await.unwrap();
     log.append("probes", vec![(0, records)]).await.unwrap();
-    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let module = probe_module();
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
     (dir, log, projection)
@@ -155,7 +148,7 @@ async fn two_hosts_of_one_projection_never_hide_each_others_emits() {
             .collect();
         log.append("probes", vec![(partition, notes)]).await.unwrap();
     }
-    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let module = probe_module();
     for host in 0..2u32 {
         let store = StateStore::open(&dir.path().join(format!("host{host}.redb"))).unwrap();
         let projection = Arc::new(Projection::new("probe", "probes", vec![module.clone()], store).unwrap());

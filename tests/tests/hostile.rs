@@ -18,7 +18,7 @@ use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::liar::{self, Describe, LIE, TRAP, TRUTH};
-use wakuwaku_tests::probe_wasm;
+use wakuwaku_tests::{json_record, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
 const PANIC: EventTypeTag = EventTypeTag::new(3);
@@ -204,7 +204,7 @@ fn a_module_burning_its_cpu_budget_does_not_stall_the_other_module_on_another_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_rest_is_applied() {
     use wakuwaku::consumer::{Consumer, ConsumerConfig};
-    use wakuwaku::event::{Algebra, EventHeaders};
+    use wakuwaku::event::EventHeaders;
     use wakuwaku::log::embedded::EmbeddedLog;
     use wakuwaku::log::{EventLog, Record};
     use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
@@ -223,15 +223,7 @@ async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_
     let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
     let projection = Arc::new(Projection::new("both", "mixed", vec![probe, liar], store).unwrap());
 
-    let record = |key: u64, tag: EventTypeTag, body: serde_json::Value| {
-        let headers = EventHeaders {
-            tag,
-            key_hash: key,
-            ordering: EventAtomicOrdering::Relaxed,
-            algebra: Algebra::NonAssociative,
-        };
-        Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
-    };
+    let record = |key: u64, tag: EventTypeTag, body: serde_json::Value| json_record(tag, key, body);
     let big = "x".repeat(4096);
     let hostile = [
         (1, record(1, SPIN, json!({ "key": 1 })), FailureClass::Trap, "CPU budget"),

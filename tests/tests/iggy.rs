@@ -20,7 +20,7 @@ use wakuwaku::projection::Projection;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
-use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, publish_bank};
+use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, json_record, probe_module, publish_bank};
 
 /// Held shared by every test, and alone by the one that restarts the
 /// server, so no other test sees the restart.
@@ -280,21 +280,11 @@ async fn a_server_restart_mid_run_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages() {
-    use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
-    use wakuwaku::log::Record;
+    use wakuwaku::event::EventTypeTag;
     let Some(url) = iggy_url("the producer-stamp test") else { return };
     let _shared = SERVER.read().await;
     let stream = fresh_stream("waku-test-stamps");
-    let record = |n: u32| Record {
-        headers: EventHeaders {
-            tag: EventTypeTag::new(n),
-            key_hash: 7,
-            ordering: EventAtomicOrdering::Relaxed,
-            algebra: Algebra::NonAssociative,
-        }
-        .to_headers(),
-        body: n.to_le_bytes().to_vec(),
-    };
+    let record = |n: u32| json_record(EventTypeTag::new(n), 7, serde_json::json!(n));
     let first = IggyLog::connect(&url, &stream).await.unwrap();
     first.create_topic("out", 2).await.unwrap();
     // A whole outbox group (1000 records, one request), then others' messages.
@@ -316,21 +306,12 @@ async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     use serde_json::json;
-    use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+    use wakuwaku::event::EventTypeTag;
     use wakuwaku::log::Record;
     use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
     let Some(url) = iggy_url("the routing test on Iggy") else { return };
     let _shared = SERVER.read().await;
-    let record = |tag: u32, key: u64, body: serde_json::Value| Record {
-        headers: EventHeaders {
-            tag: EventTypeTag::new(tag),
-            key_hash: key,
-            ordering: EventAtomicOrdering::Relaxed,
-            algebra: Algebra::NonAssociative,
-        }
-        .to_headers(),
-        body: serde_json::to_vec(&body).unwrap(),
-    };
+    let record = |tag: u32, key: u64, body: serde_json::Value| json_record(EventTypeTag::new(tag), key, body);
     let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-routing")).await.unwrap());
     log.create_topic("probes", 2).await.unwrap();
     log.create_topic("notes-out", 1).await.unwrap();
@@ -344,11 +325,7 @@ async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let module = wakuwaku::projection::load_module_file(
-        &wakuwaku::runtime::Sandbox::new(wakuwaku::runtime::SandboxLimits::default()).unwrap(),
-        &wakuwaku_tests::probe_wasm(),
-    )
-    .unwrap();
+    let module = probe_module();
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
     let retry = RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() };

@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use wakuwaku::event::EventTypeTag;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record};
 use wakuwaku::metrics::Metrics;
-use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::projection::Projection;
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::probe_wasm;
+use wakuwaku_tests::{json_record as record, probe_module};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
@@ -23,15 +22,6 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
     let dir = tempfile::tempdir().unwrap();
     let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
     log.create_topic("probes", 2).await.unwrap();
-    let record = |tag, key: u64, body: serde_json::Value| {
-        let headers = EventHeaders {
-            tag,
-            key_hash: key,
-            ordering: EventAtomicOrdering::Relaxed,
-            algebra: Algebra::NonAssociative,
-        };
-        Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
-    };
     for partition in 0..2u32 {
         let mut records: Vec<Record> = (0..600u64)
             .map(|i| record(NOTE, i % 40, json!({ "key": i % 40, "text": format!("n{i}"), "emit_to": "out" })))
@@ -53,7 +43,7 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
             .contains(&call)
             .then(|| LogError::Unavailable { address: "test".into(), reason: format!("call {call} dropped") })
     }));
-    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let module = probe_module();
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
     let metrics = Arc::new(Metrics::default());

@@ -8,30 +8,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use wakuwaku::event::EventTypeTag;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record};
-use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::projection::Projection;
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::probe_wasm;
+use wakuwaku_tests::{json_record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 
 fn note(key: u64) -> Record {
-    let headers = EventHeaders {
-        tag: NOTE,
-        key_hash: key,
-        ordering: EventAtomicOrdering::Relaxed,
-        algebra: Algebra::NonAssociative,
-    };
-    let body = json!({ "key": key, "text": format!("note {key}"), "emit_to": null });
-    Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() }
+    json_record(NOTE, key, json!({ "key": key, "text": format!("note {key}"), "emit_to": null }))
 }
 
 async fn projection(dir: &std::path::Path) -> Arc<Projection> {
-    let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
+    let module = probe_module();
     let store = StateStore::open(&dir.join("probe.redb")).unwrap();
     Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap())
 }
