@@ -19,11 +19,14 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The 64-bit hash of an event's key, as written by the publisher.
+use crate::key::{Key, KeyError};
+
+/// The 64-bit hash the host derives from a key's canonical bytes
+/// ([`crate::key::key_hash`]).
 ///
-/// Order is scoped to it: events with equal key hashes are ordered as the
-/// spec says, events with different ones never are. It also picks the
-/// partition, so equal keys always share a partition.
+/// It picks the partition, so equal keys always share a partition, and it
+/// buckets keys in memory. It never identifies a key: that is the
+/// [`Key`]'s bytes.
 pub type KeyHash = u64;
 
 /// Identifies an event type; unique among the event types of one topic.
@@ -168,7 +171,10 @@ impl fmt::Display for Algebra {
 }
 
 /// The header envelope version this build writes and the only one it reads.
-pub const HEADER_FORMAT_VERSION: u8 = 1;
+///
+/// Version 2 carries the key's canonical bytes in `waku-key`; version 1
+/// carried a 64-bit hash, which could not tell colliding keys apart.
+pub const HEADER_FORMAT_VERSION: u8 = 2;
 
 /// Names of the user headers that make up the envelope.
 pub mod header_name {
@@ -176,8 +182,9 @@ pub mod header_name {
     pub const VERSION: &str = "waku-version";
     /// Event type tag, u32 little-endian.
     pub const TAG: &str = "waku-tag";
-    /// Key hash, u64 little-endian.
-    pub const KEY_HASH: &str = "waku-key";
+    /// The key's canonical bytes ([`crate::key`]), 1 to
+    /// [`crate::key::MAX_KEY_BYTES`] bytes.
+    pub const KEY: &str = "waku-key";
     /// Ordering, 1 byte (relaxed 0, acquire 1, release 2, acq-rel 3).
     pub const ORDERING: &str = "waku-ordering";
     /// Algebra, 1 byte (non-associative 0 … associative 4).
@@ -237,6 +244,9 @@ pub enum HeaderError {
         /// The value found.
         found: u8,
     },
+    /// The key header does not hold a canonical key.
+    #[error("header `waku-key` is not a canonical key: {0}")]
+    InvalidKey(#[from] KeyError),
     /// A header's value is not one the format allows.
     #[error("header `{name}` is invalid: {reason}")]
     Invalid {
@@ -249,12 +259,12 @@ pub enum HeaderError {
 
 /// The metadata every message carries: enough to plan and reduce it without
 /// decoding its body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EventHeaders {
     /// The event type.
     pub tag: EventTypeTag,
-    /// The hash of the event's key.
-    pub key_hash: KeyHash,
+    /// The event's key: what its order and state are scoped to.
+    pub key: Key,
     /// The ordering this message asks for.
     pub ordering: EventAtomicOrdering,
     /// The algebra its type declares.
@@ -268,7 +278,7 @@ impl EventHeaders {
         vec![
             header(header_name::VERSION, &[HEADER_FORMAT_VERSION]),
             header(header_name::TAG, &self.tag.get().to_le_bytes()),
-            header(header_name::KEY_HASH, &self.key_hash.to_le_bytes()),
+            header(header_name::KEY, self.key.as_bytes()),
             header(header_name::ORDERING, &[self.ordering.to_wire()]),
             header(header_name::ALGEBRA, &[self.algebra.to_wire()]),
         ]
@@ -283,7 +293,7 @@ impl EventHeaders {
         const NAMES: [&str; 5] = [
             header_name::VERSION,
             header_name::TAG,
-            header_name::KEY_HASH,
+            header_name::KEY,
             header_name::ORDERING,
             header_name::ALGEBRA,
         ];
@@ -300,13 +310,13 @@ impl EventHeaders {
             return Err(HeaderError::UnknownVersion { found: version });
         }
         let tag = u32::from_le_bytes(fixed(NAMES[1], field(1)?)?);
-        let key_hash = u64::from_le_bytes(fixed(NAMES[2], field(2)?)?);
+        let key = Key::from_canonical(field(2)?)?;
         let [ordering] = fixed::<1>(NAMES[3], field(3)?)?;
         let ordering =
             EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
         let [algebra] = fixed::<1>(NAMES[4], field(4)?)?;
         let algebra = Algebra::from_wire(algebra).ok_or(HeaderError::UnknownAlgebra { found: algebra })?;
-        Ok(Self { tag: EventTypeTag::new(tag), key_hash, ordering, algebra })
+        Ok(Self { tag: EventTypeTag::new(tag), key, ordering, algebra })
     }
 
     /// [`EventHeaders::parse`] over stored [`Header`]s.
@@ -340,7 +350,7 @@ mod tests {
     fn sample() -> EventHeaders {
         EventHeaders {
             tag: EventTypeTag::new(7),
-            key_hash: 0x0102_0304_0506_0708,
+            key: Key::int(0x0102_0304_0506_0708_u64),
             ordering: EventAtomicOrdering::AcqRel,
             algebra: Algebra::Associative,
         }
@@ -370,7 +380,7 @@ mod tests {
     #[test]
     fn missing_header_is_named() {
         for name in
-            [header_name::VERSION, header_name::TAG, header_name::KEY_HASH, header_name::ORDERING, header_name::ALGEBRA]
+            [header_name::VERSION, header_name::TAG, header_name::KEY, header_name::ORDERING, header_name::ALGEBRA]
         {
             let headers: Vec<_> = sample().to_headers().into_iter().filter(|h| h.name != name).collect();
             assert_eq!(parse(&headers), Err(HeaderError::Missing { name }));
@@ -381,21 +391,39 @@ mod tests {
     #[test]
     fn wrong_length_is_named() {
         let mut headers = sample().to_headers();
-        headers[2].value.pop();
-        assert_eq!(
-            parse(&headers),
-            Err(HeaderError::WrongLength { name: header_name::KEY_HASH, expected: 8, found: 7 })
-        );
-        let mut headers = sample().to_headers();
         headers[1].value.push(0);
         assert_eq!(parse(&headers), Err(HeaderError::WrongLength { name: header_name::TAG, expected: 4, found: 5 }));
     }
 
     #[test]
     fn unknown_version_is_refused() {
-        let mut headers = sample().to_headers();
-        headers[0].value = vec![2];
-        assert_eq!(parse(&headers), Err(HeaderError::UnknownVersion { found: 2 }));
+        for version in [1, 3] {
+            let mut headers = sample().to_headers();
+            headers[0].value = vec![version];
+            assert_eq!(parse(&headers), Err(HeaderError::UnknownVersion { found: version }));
+        }
+    }
+
+    #[test]
+    fn a_key_that_is_not_canonical_is_refused_with_the_reason() {
+        for (bytes, reason) in [
+            (vec![], KeyError::Empty),
+            (vec![0x01, 0x54, 0x00], KeyError::TrailingBytes { extra: 1 }),
+            (vec![0x09], KeyError::UnknownTag { tag: 9, at: 0 }),
+        ] {
+            let mut headers = sample().to_headers();
+            headers[2].value = bytes;
+            let error = parse(&headers).unwrap_err();
+            assert_eq!(error, HeaderError::InvalidKey(reason.clone()));
+            assert!(error.to_string().contains("waku-key"), "{error}");
+        }
+    }
+
+    #[test]
+    fn keys_round_trip_whatever_their_hash() {
+        let key = Key::parse_text(r#"[42, "eur", {"bytes": "00"}]"#).unwrap();
+        let headers = EventHeaders { key: key.clone(), ..sample() };
+        assert_eq!(parse(&headers.to_headers()).unwrap().key, key);
     }
 
     #[test]
