@@ -16,8 +16,14 @@
 //!
 //! ## Layout
 //!
-//! - [`event`]: type tags, orderings, algebras, key hashes and the strict
-//!   header envelope every message carries.
+//! - [`event`]: type tags, orderings, algebras and the strict header
+//!   envelope every message carries.
+//! - [`key`]: keys as canonical bytes, their text form and their hash.
+//! - [`key_serde`]: keys from any `Serialize` value of a key's shape (the
+//!   guest SDK's keys).
+//! - [`limits`]: the rules and limits of the module boundary: what a module
+//!   may hand the host and return to it, per value, per call and per batch
+//!   (shared by the host and the guest SDK's test host).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
 //!
@@ -29,5 +35,8 @@
 //!   API that normal builds see; this crate's own tests always have it.
 
 pub mod event;
+pub mod key;
+pub mod key_serde;
+pub mod limits;
 pub mod plan;
 pub mod reduce;

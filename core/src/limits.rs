@@ -1,0 +1,884 @@
+//! The rules and limits of the module boundary: what a module may hand the
+//! host through the contract's imports, what its exports may return, and
+//! how much one call and one batch may make the host hold.
+//!
+//! The host's key scopes and WASM runtime apply these, and so does the guest
+//! SDK's test host, so a module's native unit tests meet the same rules,
+//! with the same messages, as the module in production.
+//!
+//! Rules kept here:
+//! - **Every refusal names its rule.** A [`Refusal`] (a value an import
+//!   refused) and a [`ContractError`] (a return value the host cannot use)
+//!   display as `<rule>: <what is wrong>`, where `<rule>` is a stable id
+//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler.wit`.
+//!   Tests and operators can match on it.
+//! - **A refused value leaves nothing behind.** [`CallTally`] counts a
+//!   value against the per-call limits only when it is accepted.
+//! - **Per call, then per batch.** [`PayloadLimits`] bounds each value, each
+//!   call's totals (counts and bytes of state writes, counter changes,
+//!   emits, log lines) and what one batch may hold in all
+//!   ([`PayloadLimits::max_batch_held`]); the host checks the last one when
+//!   a call ends, with what [`CallTally::held`] says the call holds.
+//! - **Counters stay in the s64 range as each key sees them**: a change is
+//!   refused when the value the key would read afterwards (committed value,
+//!   plus its own pending changes, plus the delta) leaves `i64`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::{Key, KeyError};
+
+/// The WIT package and version of the contract, e.g.
+/// `wakuwaku:handler@0.2.0`, read from `wit/handler.wit`: the same file the
+/// host's and the SDK's bindings are generated from, so the version is
+/// written down once.
+pub const CONTRACT: &str = package_of(include_str!("../../wit/handler.wit"));
+
+/// The longest state entry or counter name, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The most event types one module may declare.
+pub const MAX_EVENT_TYPES: usize = 256;
+/// The longest event type name, in bytes.
+pub const MAX_EVENT_TYPE_NAME_BYTES: usize = 128;
+/// The most topics one module may declare it emits to.
+pub const MAX_EMIT_TOPICS: usize = 64;
+/// The longest topic name, in bytes.
+pub const MAX_TOPIC_NAME_BYTES: usize = 255;
+/// The longest handler-error message kept, in bytes; longer ones are cut
+/// (they end up in dead-letter headers).
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 4 << 10;
+/// What the host counts against the batch budget for each state write or
+/// counter change besides its name and value: the bookkeeping it keeps per
+/// entry.
+pub const WRITE_OVERHEAD: usize = 64;
+/// What the host counts against the batch budget for each emitted message
+/// besides its topic, key and body: the headers and bookkeeping it keeps.
+pub const EMIT_OVERHEAD: usize = 512;
+
+/// The package declared by the `package …;` line of WIT text.
+const fn package_of(wit: &'static str) -> &'static str {
+    let bytes = wit.as_bytes();
+    let marker = b"\npackage ";
+    let mut at = 0;
+    while at + marker.len() <= bytes.len() {
+        let mut matched = 0;
+        while matched < marker.len() && bytes[at + matched] == marker[matched] {
+            matched += 1;
+        }
+        if matched == marker.len() {
+            let start = at + marker.len();
+            let mut end = start;
+            while end < bytes.len() && bytes[end] != b';' {
+                end += 1;
+            }
+            let (_, rest) = bytes.split_at(start);
+            let (package, _) = rest.split_at(end - start);
+            return match std::str::from_utf8(package) {
+                Ok(package) => package,
+                Err(_) => panic!("the package line of wit/handler.wit is not UTF-8"),
+            };
+        }
+        at += 1;
+    }
+    panic!("wit/handler.wit declares no package")
+}
+
+/// Whether `topic` is a valid topic name: 1 to 255 bytes of ASCII letters,
+/// digits, `_`, `-` and `.`.
+pub const fn is_topic_name(topic: &str) -> bool {
+    let bytes = topic.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_TOPIC_NAME_BYTES {
+        return false;
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.') {
+            return false;
+        }
+        at += 1;
+    }
+    true
+}
+
+/// Whether `topic` is one of the host's own topics (`retry_*`, `dlq_*`),
+/// which modules may never write to.
+pub const fn is_host_topic(topic: &str) -> bool {
+    const fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
+        if bytes.len() < prefix.len() {
+            return false;
+        }
+        let mut at = 0;
+        while at < prefix.len() {
+            if bytes[at] != prefix[at] {
+                return false;
+            }
+            at += 1;
+        }
+        true
+    }
+    starts_with(topic.as_bytes(), b"retry_") || starts_with(topic.as_bytes(), b"dlq_")
+}
+
+/// Whether `name` is a valid event type name: 1 to 128 bytes of ASCII
+/// letters, digits, `_`, `-`, `.` and `:`.
+pub const fn is_event_type_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_EVENT_TYPE_NAME_BYTES {
+        return false;
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.' || byte == b':') {
+            return false;
+        }
+        at += 1;
+    }
+    true
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, and whether
+/// it was cut.
+pub fn cut(text: &str, max: usize) -> (&str, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&text[..end], true)
+}
+
+/// A handler-error message as the host keeps it: at most
+/// [`MAX_ERROR_MESSAGE_BYTES`], marked when cut.
+pub fn error_message(message: String) -> String {
+    match cut(&message, MAX_ERROR_MESSAGE_BYTES) {
+        (_, false) => message,
+        (kept, true) => format!("{kept} […cut]"),
+    }
+}
+
+/// A name, topic or similar taken from a module, short enough to quote in
+/// a message.
+fn quoted(text: &str) -> String {
+    match cut(text, 64) {
+        (text, false) => text.to_owned(),
+        (text, true) => format!("{text}…"),
+    }
+}
+
+/// How much a module may hand the host: per value, per `handle` call, and
+/// per batch. All have defaults (see each field); together they keep one
+/// call under about 9 MiB and one batch under 64 MiB of what the host
+/// holds for modules.
+///
+/// Counts and bytes per call count every accepted call of the import, also
+/// when it writes the same entry again; refused calls count nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PayloadLimits {
+    /// Largest state value a handler may set, in bytes. Default 1 MiB.
+    pub max_state_value: usize,
+    /// Most state writes (`set` and `delete`) in one call. Default 1 000.
+    pub max_state_writes_per_call: usize,
+    /// Most bytes of entry names and values written in one call. Default
+    /// 4 MiB.
+    pub max_state_bytes_per_call: usize,
+    /// Most counter changes (`counter-add`) in one call. Default 1 000.
+    pub max_counter_changes_per_call: usize,
+    /// Largest body a handler may emit, or `combine` may return, in bytes.
+    /// Default 1 MiB.
+    pub max_emit_body: usize,
+    /// Most messages emitted in one call. Default 1 000.
+    pub max_emits_per_call: usize,
+    /// Most bytes of topics, keys and bodies emitted in one call. Default
+    /// 4 MiB.
+    pub max_emit_bytes_per_call: usize,
+    /// Longest log line kept, in bytes; longer ones are cut and marked.
+    /// Default 4 KiB.
+    pub max_log_line: usize,
+    /// Most log lines kept per call; later ones are dropped and counted in
+    /// one closing line. Default 100.
+    pub max_log_lines_per_call: usize,
+    /// Most bytes the host holds for the state writes, counter changes and
+    /// emits of one batch (every key's, with [`WRITE_OVERHEAD`] and
+    /// [`EMIT_OVERHEAD`] each). A call that would take the batch past it
+    /// fails as retryable, decided by the host: its key is tried again in a
+    /// later batch. At least what one call may hold
+    /// ([`most_held_by_one_call`](Self::most_held_by_one_call)). Default
+    /// 64 MiB.
+    pub max_batch_held: usize,
+}
+
+impl Default for PayloadLimits {
+    fn default() -> Self {
+        Self {
+            max_state_value: 1 << 20,
+            max_state_writes_per_call: 1_000,
+            max_state_bytes_per_call: 4 << 20,
+            max_counter_changes_per_call: 1_000,
+            max_emit_body: 1 << 20,
+            max_emits_per_call: 1_000,
+            max_emit_bytes_per_call: 4 << 20,
+            max_log_line: 4 << 10,
+            max_log_lines_per_call: 100,
+            max_batch_held: 64 << 20,
+        }
+    }
+}
+
+/// Why a set of [`PayloadLimits`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// A limit is zero.
+    #[error("limit `{0}` must be at least 1")]
+    Zero(&'static str),
+    /// The batch budget is smaller than one call may hold, so such a call
+    /// could never succeed.
+    #[error(
+        "the batch budget of {batch} bytes is smaller than one call may hold ({call} bytes with the per-call limits)"
+    )]
+    BatchBelowCall {
+        /// The batch budget.
+        batch: usize,
+        /// The most one call may hold.
+        call: usize,
+    },
+}
+
+impl PayloadLimits {
+    /// The most bytes one call may make the host hold under the per-call
+    /// limits, counted as [`max_batch_held`](Self::max_batch_held) counts.
+    pub fn most_held_by_one_call(&self) -> usize {
+        let writes = self.max_state_bytes_per_call + self.max_state_writes_per_call.saturating_mul(WRITE_OVERHEAD);
+        let counters = self.max_counter_changes_per_call.saturating_mul(MAX_NAME_BYTES + WRITE_OVERHEAD);
+        let emits = self.max_emit_bytes_per_call + self.max_emits_per_call.saturating_mul(EMIT_OVERHEAD);
+        writes.saturating_add(counters).saturating_add(emits)
+    }
+
+    /// Checks that every limit is at least 1 and that the batch budget
+    /// holds at least one call.
+    pub fn check(&self) -> Result<(), LimitsError> {
+        let fields = [
+            ("max_state_value", self.max_state_value),
+            ("max_state_writes_per_call", self.max_state_writes_per_call),
+            ("max_state_bytes_per_call", self.max_state_bytes_per_call),
+            ("max_counter_changes_per_call", self.max_counter_changes_per_call),
+            ("max_emit_body", self.max_emit_body),
+            ("max_emits_per_call", self.max_emits_per_call),
+            ("max_emit_bytes_per_call", self.max_emit_bytes_per_call),
+            ("max_log_line", self.max_log_line),
+            ("max_log_lines_per_call", self.max_log_lines_per_call),
+            ("max_batch_held", self.max_batch_held),
+        ];
+        if let Some((name, _)) = fields.iter().find(|(_, value)| *value == 0) {
+            return Err(LimitsError::Zero(name));
+        }
+        let call = self.most_held_by_one_call();
+        if self.max_batch_held < call {
+            return Err(LimitsError::BatchBelowCall { batch: self.max_batch_held, call });
+        }
+        Ok(())
+    }
+}
+
+/// A value an import refused, naming the rule it broke. The module sees the
+/// message (WIT `refusal`); nothing of the value is kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// `state` or `emit` called outside `handle`.
+    #[error("outside-handle: `{interface}` is only available while `handle` runs")]
+    OutsideHandle {
+        /// The interface called.
+        interface: &'static str,
+    },
+    /// An entry or counter name of the wrong length.
+    #[error("name-length: an entry or counter name is 1 to {MAX_NAME_BYTES} bytes; this one has {length}")]
+    NameLength {
+        /// Its length.
+        length: usize,
+    },
+    /// A state value over [`PayloadLimits::max_state_value`].
+    #[error("state-value-size: state value `{name}` has {length} bytes, over the limit of {limit} bytes")]
+    StateValueSize {
+        /// The entry.
+        name: String,
+        /// The value's length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Past [`PayloadLimits::max_state_writes_per_call`].
+    #[error("state-writes-per-call: one call may write (set or delete) at most {limit} entries")]
+    StateWritesPerCall {
+        /// The limit.
+        limit: usize,
+    },
+    /// Past [`PayloadLimits::max_state_bytes_per_call`].
+    #[error(
+        "state-bytes-per-call: one call may write at most {limit} bytes of names and values; this write would make \
+         {would}"
+    )]
+    StateBytesPerCall {
+        /// The limit.
+        limit: usize,
+        /// The call's total with this write.
+        would: usize,
+    },
+    /// Past [`PayloadLimits::max_counter_changes_per_call`].
+    #[error("counter-changes-per-call: one call may change counters at most {limit} times")]
+    CounterChangesPerCall {
+        /// The limit.
+        limit: usize,
+    },
+    /// A counter change that would leave the s64 range.
+    #[error("counter-range: counter `{name}` is {value} as this key sees it; adding {delta} leaves the s64 range")]
+    CounterOverflow {
+        /// The counter.
+        name: String,
+        /// Its value as the key sees it (committed plus its own changes).
+        value: i128,
+        /// The refused delta.
+        delta: i64,
+    },
+    /// A counter read whose value is outside the s64 range (several keys'
+    /// changes committed together took it there).
+    #[error("counter-range: counter `{name}` is {value}, outside the s64 range")]
+    CounterOutOfRange {
+        /// The counter.
+        name: String,
+        /// Its value as the key sees it.
+        value: i128,
+    },
+    /// An emit to a topic the module did not declare.
+    #[error("emit-topic: `{topic}` is not among the topics the module declared in `module-info.emits` ({declared})")]
+    EmitTopic {
+        /// The topic asked for.
+        topic: String,
+        /// The declared topics, comma-separated, or `none`.
+        declared: String,
+    },
+    /// An emitted message whose key is not canonical.
+    #[error("emit-key: the message's key is not canonical: {reason}")]
+    EmitKey {
+        /// Why.
+        reason: KeyError,
+    },
+    /// An emitted body that is empty or over [`PayloadLimits::max_emit_body`].
+    #[error("emit-body-size: an emitted body is 1 to {limit} bytes; this one has {length}")]
+    EmitBodySize {
+        /// The body's length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Past [`PayloadLimits::max_emits_per_call`].
+    #[error("emits-per-call: one call may emit at most {limit} messages")]
+    EmitsPerCall {
+        /// The limit.
+        limit: usize,
+    },
+    /// Past [`PayloadLimits::max_emit_bytes_per_call`].
+    #[error(
+        "emit-bytes-per-call: one call may emit at most {limit} bytes of topics, keys and bodies; this message would \
+         make {would}"
+    )]
+    EmitBytesPerCall {
+        /// The limit.
+        limit: usize,
+        /// The call's total with this message.
+        would: usize,
+    },
+}
+
+/// The rule an entry or counter name keeps: 1 to [`MAX_NAME_BYTES`] bytes.
+pub fn check_name(name: &str) -> Result<(), Refusal> {
+    match name.len() {
+        1..=MAX_NAME_BYTES => Ok(()),
+        length => Err(Refusal::NameLength { length }),
+    }
+}
+
+/// A counter's value as a key reads it: refused when outside `i64`.
+pub fn counter_value(name: &str, value: i128) -> Result<i64, Refusal> {
+    i64::try_from(value).map_err(|_| Refusal::CounterOutOfRange { name: name.to_owned(), value })
+}
+
+/// What one `handle` call has handed the host so far, checked against
+/// [`PayloadLimits`]. Each method checks one import call's values and, when
+/// they pass, counts them; a refused call counts nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallTally {
+    /// Accepted `set` and `delete` calls.
+    pub state_writes: usize,
+    /// Bytes of their names and values.
+    pub state_bytes: usize,
+    /// Accepted `counter-add` calls.
+    pub counter_changes: usize,
+    /// Accepted emits.
+    pub emits: usize,
+    /// Bytes of their topics, keys and bodies.
+    pub emit_bytes: usize,
+    /// What the host holds for all of it, as the batch budget counts.
+    pub held: usize,
+}
+
+impl CallTally {
+    /// Checks a `set` of `name` to a value of `value_len` bytes.
+    pub fn set(&mut self, limits: &PayloadLimits, name: &str, value_len: usize) -> Result<(), Refusal> {
+        check_name(name)?;
+        if value_len > limits.max_state_value {
+            return Err(Refusal::StateValueSize {
+                name: name.to_owned(),
+                length: value_len,
+                limit: limits.max_state_value,
+            });
+        }
+        self.write(limits, name.len() + value_len)
+    }
+
+    /// Checks a `delete` of `name`.
+    pub fn delete(&mut self, limits: &PayloadLimits, name: &str) -> Result<(), Refusal> {
+        check_name(name)?;
+        self.write(limits, name.len())
+    }
+
+    fn write(&mut self, limits: &PayloadLimits, bytes: usize) -> Result<(), Refusal> {
+        if self.state_writes >= limits.max_state_writes_per_call {
+            return Err(Refusal::StateWritesPerCall { limit: limits.max_state_writes_per_call });
+        }
+        let would = self.state_bytes.saturating_add(bytes);
+        if would > limits.max_state_bytes_per_call {
+            return Err(Refusal::StateBytesPerCall { limit: limits.max_state_bytes_per_call, would });
+        }
+        self.state_writes += 1;
+        self.state_bytes = would;
+        self.held = self.held.saturating_add(bytes + WRITE_OVERHEAD);
+        Ok(())
+    }
+
+    /// Checks a `counter-add` of `delta` to counter `name`, whose value as
+    /// the key sees it is `current`; returns the value afterwards.
+    pub fn counter_add(
+        &mut self,
+        limits: &PayloadLimits,
+        name: &str,
+        current: i128,
+        delta: i64,
+    ) -> Result<i128, Refusal> {
+        check_name(name)?;
+        if self.counter_changes >= limits.max_counter_changes_per_call {
+            return Err(Refusal::CounterChangesPerCall { limit: limits.max_counter_changes_per_call });
+        }
+        let next = current.saturating_add(i128::from(delta));
+        if i64::try_from(next).is_err() {
+            return Err(Refusal::CounterOverflow { name: name.to_owned(), value: current, delta });
+        }
+        self.counter_changes += 1;
+        self.held = self.held.saturating_add(name.len() + WRITE_OVERHEAD);
+        Ok(next)
+    }
+
+    /// Checks an emit of `body` with key bytes `key` to `topic`, which must
+    /// be among `declared`; returns the checked key.
+    pub fn emit(
+        &mut self,
+        limits: &PayloadLimits,
+        declared: &[impl AsRef<str>],
+        topic: &str,
+        key: &[u8],
+        body: &[u8],
+    ) -> Result<Key, Refusal> {
+        if !declared.iter().any(|known| known.as_ref() == topic) {
+            let declared: Vec<&str> = declared.iter().map(AsRef::as_ref).collect();
+            return Err(Refusal::EmitTopic {
+                topic: quoted(topic),
+                declared: if declared.is_empty() { "none".to_owned() } else { declared.join(", ") },
+            });
+        }
+        if body.is_empty() || body.len() > limits.max_emit_body {
+            return Err(Refusal::EmitBodySize { length: body.len(), limit: limits.max_emit_body });
+        }
+        let key = Key::from_canonical(key).map_err(|reason| Refusal::EmitKey { reason })?;
+        if self.emits >= limits.max_emits_per_call {
+            return Err(Refusal::EmitsPerCall { limit: limits.max_emits_per_call });
+        }
+        let bytes = topic.len() + key.as_bytes().len() + body.len();
+        let would = self.emit_bytes.saturating_add(bytes);
+        if would > limits.max_emit_bytes_per_call {
+            return Err(Refusal::EmitBytesPerCall { limit: limits.max_emit_bytes_per_call, would });
+        }
+        self.emits += 1;
+        self.emit_bytes = would;
+        self.held = self.held.saturating_add(bytes + EMIT_OVERHEAD);
+        Ok(key)
+    }
+}
+
+/// The log lines of one call: each cut to [`PayloadLimits::max_log_line`],
+/// at most [`PayloadLimits::max_log_lines_per_call`] of them, the rest
+/// counted. Logging never fails a call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogTally {
+    lines: usize,
+    dropped: usize,
+}
+
+/// A log line as it is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine<'a> {
+    /// The line, cut to the limit.
+    pub text: &'a str,
+    /// Whether it was cut (show it marked).
+    pub cut: bool,
+}
+
+impl fmt::Display for LogLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.cut { write!(f, "{} […cut]", self.text) } else { f.write_str(self.text) }
+    }
+}
+
+impl LogTally {
+    /// The line to keep for `message`, or `None` when the call has logged
+    /// its limit of lines (it is counted for the closing line).
+    pub fn admit<'a>(&mut self, limits: &PayloadLimits, message: &'a str) -> Option<LogLine<'a>> {
+        if self.lines >= limits.max_log_lines_per_call {
+            self.dropped += 1;
+            return None;
+        }
+        self.lines += 1;
+        let (text, cut) = cut(message, limits.max_log_line);
+        Some(LogLine { text, cut })
+    }
+
+    /// Ends a call: the closing line saying how many lines were dropped, if
+    /// any; the tally starts again at zero.
+    pub fn finish(&mut self, limits: &PayloadLimits) -> Option<String> {
+        let dropped = std::mem::take(self).dropped;
+        (dropped > 0).then(|| {
+            format!(
+                "log-lines-per-call: {dropped} more log lines of this call dropped (at most {} per call)",
+                limits.max_log_lines_per_call
+            )
+        })
+    }
+}
+
+/// A value a module's export returned that the host cannot use, naming the
+/// rule it broke. At load ([`check_description`]) it refuses the module; in
+/// a call it fails the call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContractError {
+    /// Too few or too many event types.
+    #[error("event-type-count: a module handles 1 to {MAX_EVENT_TYPES} event types; this one declares {count}")]
+    EventTypeCount {
+        /// How many it declares.
+        count: usize,
+    },
+    /// One tag declared twice.
+    #[error("event-type-tag: tag {tag} is declared twice")]
+    DuplicateTag {
+        /// The tag.
+        tag: u32,
+    },
+    /// A name that breaks the rule for event type names.
+    #[error(
+        "event-type-name: tag {tag} is named `{name}`; a name is 1 to {MAX_EVENT_TYPE_NAME_BYTES} bytes of letters, \
+         digits, `_`, `-`, `.` and `:`"
+    )]
+    EventTypeName {
+        /// The tag.
+        tag: u32,
+        /// Its name (cut when long).
+        name: String,
+    },
+    /// A max batch of 0.
+    #[error("max-batch: event type `{name}` declares max-batch 0 (it must be at least 1)")]
+    MaxBatch {
+        /// The event type's name.
+        name: String,
+    },
+    /// Too many emit topics.
+    #[error("emit-topic-count: a module declares at most {MAX_EMIT_TOPICS} emit topics; this one declares {count}")]
+    EmitTopicCount {
+        /// How many it declares.
+        count: usize,
+    },
+    /// A declared emit topic that is not a topic name.
+    #[error(
+        "emit-topic-name: `{topic}` is not a topic name (1 to {MAX_TOPIC_NAME_BYTES} bytes of letters, digits, `_`, \
+         `-` and `.`)"
+    )]
+    EmitTopicName {
+        /// The topic (cut when long).
+        topic: String,
+    },
+    /// A declared emit topic that belongs to the host.
+    #[error("emit-topic-host-owned: `{topic}` is the host's own (modules never write to `retry_*` or `dlq_*` topics)")]
+    HostOwnedTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// One emit topic declared twice.
+    #[error("emit-topic-duplicate: `{topic}` is declared twice")]
+    DuplicateTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// A `key` answer that is not a canonical key.
+    #[error("key-canonical: the key the module returned is not canonical: {reason}")]
+    KeyNotCanonical {
+        /// Why.
+        reason: KeyError,
+    },
+    /// A `combine` answer that is empty or over
+    /// [`PayloadLimits::max_emit_body`].
+    #[error("combine-body-size: `combine` returns a body of 1 to {limit} bytes; this one has {length}")]
+    CombinedBodySize {
+        /// Its length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Checks what `describe` returned: 1 to [`MAX_EVENT_TYPES`] event types
+/// given as `(tag, name, max_batch)`, tags unique, names valid, max batch at
+/// least 1; at most [`MAX_EMIT_TOPICS`] emit topics, each a valid topic
+/// name, none of the host's own, none twice.
+pub fn check_description<'a>(
+    event_types: impl ExactSizeIterator<Item = (u32, &'a str, u32)>,
+    emits: &[impl AsRef<str>],
+) -> Result<(), ContractError> {
+    let count = event_types.len();
+    if count == 0 || count > MAX_EVENT_TYPES {
+        return Err(ContractError::EventTypeCount { count });
+    }
+    let mut tags = Vec::with_capacity(count);
+    for (tag, name, max_batch) in event_types {
+        if tags.contains(&tag) {
+            return Err(ContractError::DuplicateTag { tag });
+        }
+        tags.push(tag);
+        if !is_event_type_name(name) {
+            return Err(ContractError::EventTypeName { tag, name: quoted(name) });
+        }
+        if max_batch == 0 {
+            return Err(ContractError::MaxBatch { name: name.to_owned() });
+        }
+    }
+    if emits.len() > MAX_EMIT_TOPICS {
+        return Err(ContractError::EmitTopicCount { count: emits.len() });
+    }
+    for (index, topic) in emits.iter().map(AsRef::as_ref).enumerate() {
+        if !is_topic_name(topic) {
+            return Err(ContractError::EmitTopicName { topic: quoted(topic) });
+        }
+        if is_host_topic(topic) {
+            return Err(ContractError::HostOwnedTopic { topic: topic.to_owned() });
+        }
+        if emits[..index].iter().any(|earlier| earlier.as_ref() == topic) {
+            return Err(ContractError::DuplicateTopic { topic: topic.to_owned() });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a key the module's `key` export returned.
+pub fn check_key(bytes: &[u8]) -> Result<Key, ContractError> {
+    Key::from_canonical(bytes).map_err(|reason| ContractError::KeyNotCanonical { reason })
+}
+
+/// Checks a body `combine` returned: 1 byte to
+/// [`PayloadLimits::max_emit_body`].
+pub fn check_combined_body(limits: &PayloadLimits, body: &[u8]) -> Result<(), ContractError> {
+    if body.is_empty() || body.len() > limits.max_emit_body {
+        return Err(ContractError::CombinedBodySize { length: body.len(), limit: limits.max_emit_body });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> PayloadLimits {
+        PayloadLimits {
+            max_state_value: 8,
+            max_state_writes_per_call: 3,
+            max_state_bytes_per_call: 20,
+            max_counter_changes_per_call: 2,
+            max_emit_body: 8,
+            max_emits_per_call: 2,
+            max_emit_bytes_per_call: 24,
+            max_log_line: 5,
+            max_log_lines_per_call: 2,
+            max_batch_held: 64 << 20,
+        }
+    }
+
+    /// The rule id a refusal's message starts with.
+    fn rule(error: impl fmt::Display) -> String {
+        error.to_string().split(':').next().unwrap().to_owned()
+    }
+
+    #[test]
+    fn the_contract_is_read_from_the_wit_file() {
+        assert!(CONTRACT.starts_with("wakuwaku:handler@"), "{CONTRACT}");
+        assert!(include_str!("../../wit/handler.wit").contains(&format!("package {CONTRACT};")));
+        assert_eq!(package_of("// x\npackage a:b@1.2.3;\nworld w {}"), "a:b@1.2.3");
+    }
+
+    #[test]
+    fn names_are_one_to_256_bytes() {
+        assert_eq!(rule(check_name("").unwrap_err()), "name-length");
+        assert_eq!(rule(check_name(&"n".repeat(257)).unwrap_err()), "name-length");
+        check_name("n").unwrap();
+        check_name(&"n".repeat(256)).unwrap();
+    }
+
+    #[test]
+    fn state_writes_are_checked_then_counted() {
+        let limits = small();
+        let mut tally = CallTally::default();
+        let refusal = tally.set(&limits, "big", 9).unwrap_err();
+        assert_eq!(refusal.to_string(), "state-value-size: state value `big` has 9 bytes, over the limit of 8 bytes");
+        assert_eq!(tally, CallTally::default(), "a refused write counts nothing");
+        tally.set(&limits, "a", 8).unwrap();
+        tally.delete(&limits, "bb").unwrap();
+        assert_eq!((tally.state_writes, tally.state_bytes), (2, 11));
+        assert_eq!(tally.held, 11 + 2 * WRITE_OVERHEAD);
+        // 11 + 1 + 8 = 20 fits; one more write of anything does not.
+        let refusal = tally.set(&limits, "c", 9).unwrap_err();
+        assert_eq!(rule(&refusal), "state-value-size");
+        tally.set(&limits, "c", 8).unwrap();
+        assert_eq!(rule(tally.delete(&limits, "d").unwrap_err()), "state-writes-per-call");
+        let mut tally = CallTally::default();
+        tally.set(&limits, "aaaaaaaaaaaa", 8).unwrap();
+        let refusal = tally.set(&limits, "b", 1).unwrap_err();
+        assert_eq!(refusal, Refusal::StateBytesPerCall { limit: 20, would: 22 });
+        assert_eq!(rule(tally.delete(&limits, "").unwrap_err()), "name-length");
+    }
+
+    #[test]
+    fn counters_stay_in_range_as_the_key_sees_them() {
+        let limits = small();
+        let mut tally = CallTally::default();
+        assert_eq!(tally.counter_add(&limits, "c", i128::from(i64::MAX) - 1, 1), Ok(i128::from(i64::MAX)));
+        let refusal = tally.counter_add(&limits, "c", i128::from(i64::MAX), 1).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "counter-range: counter `c` is 9223372036854775807 as this key sees it; adding 1 leaves the s64 range"
+        );
+        assert_eq!(tally.counter_changes, 1, "the refused change is not counted");
+        // A committed value outside the range (several keys' changes) may
+        // come back into it, and reads of it are refused.
+        assert_eq!(tally.counter_add(&limits, "c", i128::from(i64::MAX) + 5, -5), Ok(i128::from(i64::MAX)));
+        assert_eq!(rule(tally.counter_add(&limits, "c", 0, 1).unwrap_err()), "counter-changes-per-call");
+        assert_eq!(rule(counter_value("c", i128::from(i64::MIN) - 1).unwrap_err()), "counter-range");
+        assert_eq!(counter_value("c", -3), Ok(-3));
+    }
+
+    #[test]
+    fn emits_go_to_declared_topics_with_canonical_keys_and_bounded_bodies() {
+        let limits = small();
+        let declared = ["out"];
+        let key = Key::int(7).as_bytes().to_vec();
+        let mut tally = CallTally::default();
+        let refusal = tally.emit(&limits, &declared, "dlq_in", &key, b"b").unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "emit-topic: `dlq_in` is not among the topics the module declared in `module-info.emits` (out)"
+        );
+        let none: [&str; 0] = [];
+        assert!(tally.emit(&limits, &none, "out", &key, b"b").unwrap_err().to_string().ends_with("(none)"));
+        assert_eq!(rule(tally.emit(&limits, &declared, "out", &key, b"").unwrap_err()), "emit-body-size");
+        assert_eq!(rule(tally.emit(&limits, &declared, "out", &key, &[1; 9]).unwrap_err()), "emit-body-size");
+        let refusal = tally.emit(&limits, &declared, "out", &[0x01, 0x80, 0x00], b"b").unwrap_err();
+        assert_eq!(refusal, Refusal::EmitKey { reason: KeyError::NotShortest { at: 1 } });
+        assert_eq!(tally, CallTally::default());
+        assert_eq!(tally.emit(&limits, &declared, "out", &key, b"12345678"), Ok(Key::int(7)));
+        // 3 + 2 + 8 = 13; another 13 would make 26 > 24.
+        let refusal = tally.emit(&limits, &declared, "out", &key, b"12345678").unwrap_err();
+        assert_eq!(refusal, Refusal::EmitBytesPerCall { limit: 24, would: 26 });
+        tally.emit(&limits, &declared, "out", &key, b"1").unwrap();
+        assert_eq!(rule(tally.emit(&limits, &declared, "out", &key, b"1").unwrap_err()), "emits-per-call");
+        assert_eq!(tally.held, 13 + 6 + 2 * EMIT_OVERHEAD);
+    }
+
+    #[test]
+    fn log_lines_are_cut_and_counted() {
+        let limits = small();
+        let mut tally = LogTally::default();
+        assert_eq!(tally.admit(&limits, "short").map(|l| l.to_string()), Some("short".to_owned()));
+        assert_eq!(tally.admit(&limits, "ééé").map(|l| l.to_string()), Some("éé […cut]".to_owned()));
+        assert_eq!(tally.admit(&limits, "third"), None);
+        assert_eq!(tally.admit(&limits, "fourth"), None);
+        assert_eq!(
+            tally.finish(&limits).as_deref(),
+            Some("log-lines-per-call: 2 more log lines of this call dropped (at most 2 per call)")
+        );
+        assert!(tally.admit(&limits, "again").is_some(), "the next call starts afresh");
+        assert_eq!(tally.finish(&limits), None);
+    }
+
+    #[test]
+    fn descriptions_are_checked_rule_by_rule() {
+        let ok = |tag| (tag, "Type", 1);
+        let none: [&str; 0] = [];
+        check_description([ok(1), ok(2)].into_iter(), &["out", "a.b-c_d"]).unwrap();
+        let cases: [(Vec<(u32, &str, u32)>, Vec<String>, &str); 9] = [
+            (vec![], vec![], "event-type-count"),
+            (vec![ok(1); MAX_EVENT_TYPES + 1], vec![], "event-type-count"),
+            (vec![ok(1), ok(1)], vec![], "event-type-tag"),
+            (vec![(1, "", 1)], vec![], "event-type-name"),
+            (vec![(1, "no spaces", 1)], vec![], "event-type-name"),
+            (vec![(1, "Type", 0)], vec![], "max-batch"),
+            (vec![ok(1)], (0..=MAX_EMIT_TOPICS).map(|i| format!("t{i}")).collect(), "emit-topic-count"),
+            (vec![ok(1)], vec!["a/b".into()], "emit-topic-name"),
+            (vec![ok(1)], vec!["retry_x".into()], "emit-topic-host-owned"),
+        ];
+        for (types, emits, expected) in cases {
+            let error = check_description(types.into_iter(), &emits).unwrap_err();
+            assert_eq!(rule(&error), expected, "{error}");
+        }
+        assert_eq!(rule(check_description([ok(1)].into_iter(), &["dlq_x"]).unwrap_err()), "emit-topic-host-owned");
+        assert_eq!(rule(check_description([ok(1)].into_iter(), &["a", "a"]).unwrap_err()), "emit-topic-duplicate");
+        assert_eq!(rule(check_description([ok(1)].into_iter(), &[&"t".repeat(256)]).unwrap_err()), "emit-topic-name");
+        check_description([ok(1)].into_iter(), &none).unwrap();
+        assert!(is_event_type_name(&"n".repeat(128)) && !is_event_type_name(&"n".repeat(129)));
+        assert!(is_event_type_name("bank:Deposited.v2"));
+    }
+
+    #[test]
+    fn return_values_keys_combined_bodies_and_error_messages() {
+        assert_eq!(check_key(&[0x01, 0x54]), Ok(Key::int(42)));
+        assert_eq!(rule(check_key(&[0x01, 0x80, 0x00]).unwrap_err()), "key-canonical");
+        assert_eq!(rule(check_key(&vec![0x03; 2000]).unwrap_err()), "key-canonical");
+        let limits = small();
+        check_combined_body(&limits, b"x").unwrap();
+        assert_eq!(rule(check_combined_body(&limits, b"").unwrap_err()), "combine-body-size");
+        assert_eq!(rule(check_combined_body(&limits, &[0; 9]).unwrap_err()), "combine-body-size");
+        let long = "é".repeat(MAX_ERROR_MESSAGE_BYTES);
+        let kept = error_message(long);
+        assert!(kept.len() <= MAX_ERROR_MESSAGE_BYTES + " […cut]".len() && kept.ends_with(" […cut]"));
+        assert_eq!(error_message("short".into()), "short");
+    }
+
+    #[test]
+    fn limits_are_checked_whole() {
+        PayloadLimits::default().check().unwrap();
+        assert!(PayloadLimits::default().most_held_by_one_call() < 10 << 20, "one call stays under 10 MiB");
+        let zero = PayloadLimits { max_emits_per_call: 0, ..PayloadLimits::default() };
+        assert_eq!(zero.check(), Err(LimitsError::Zero("max_emits_per_call")));
+        let tight = PayloadLimits { max_batch_held: 1 << 20, ..PayloadLimits::default() };
+        assert!(matches!(tight.check(), Err(LimitsError::BatchBelowCall { .. })));
+    }
+}
