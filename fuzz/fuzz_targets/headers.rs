@@ -6,8 +6,9 @@
 //! - neither function panics, and both give the same answer;
 //! - the answer is right, judged by the format alone (not by the parser's
 //!   order of checks): it succeeds exactly when each envelope header appears
-//!   once, with the right length and a known value, and then decodes those
-//!   values; otherwise its error is one the input really has;
+//!   once, with the right length (the key: canonical key bytes) and a known
+//!   value, and then decodes those values; otherwise its error is one the
+//!   input really has;
 //! - a parsed value round-trips: `to_headers` writes the same bytes the
 //!   input carried for the envelope, and parsing them gives the same value.
 
@@ -18,13 +19,14 @@ use libfuzzer_sys::fuzz_target;
 use wakuwaku_core::event::{
     Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, HEADER_FORMAT_VERSION, Header, HeaderError, header_name,
 };
+use wakuwaku_core::key::Key;
 
 /// The envelope's headers, in the order `to_headers` writes them, and the
-/// length of each value.
+/// length of each value (0: any length, the key's canonical bytes).
 const ENVELOPE: [(&str, usize); 5] = [
     (header_name::VERSION, 1),
     (header_name::TAG, 4),
-    (header_name::KEY_HASH, 8),
+    (header_name::KEY, 0),
     (header_name::ORDERING, 1),
     (header_name::ALGEBRA, 1),
 ];
@@ -90,7 +92,7 @@ impl Input {
                 let mut headers = vec![
                     header(header_name::VERSION, &[version.unwrap_or(HEADER_FORMAT_VERSION)]),
                     header(header_name::TAG, &tag.to_le_bytes()),
-                    header(header_name::KEY_HASH, &key.to_le_bytes()),
+                    header(header_name::KEY, Key::int(key).as_bytes()),
                     header(header_name::ORDERING, &[ordering % 5]),
                     header(header_name::ALGEBRA, &[algebra % 6]),
                 ];
@@ -145,7 +147,7 @@ fuzz_target!(|input: Input| {
             });
             assert_eq!(version, [HEADER_FORMAT_VERSION]);
             assert_eq!(event.tag, EventTypeTag::new(u32::from_le_bytes(tag.try_into().unwrap())));
-            assert_eq!(event.key_hash, u64::from_le_bytes(key.try_into().unwrap()));
+            assert_eq!(event.key.as_bytes(), key);
             assert_eq!(ordering, [EventAtomicOrdering::ALL.iter().position(|o| *o == event.ordering).unwrap() as u8]);
             assert_eq!(algebra, [Algebra::ALL.iter().position(|a| *a == event.algebra).unwrap() as u8]);
 
@@ -178,6 +180,9 @@ fuzz_target!(|input: Input| {
                 }
                 HeaderError::UnknownAlgebra { found } => {
                     usize::from(found) >= Algebra::ALL.len() && one_byte(found, &values[4])
+                }
+                HeaderError::InvalidKey(ref reason) => {
+                    values[2].iter().any(|v| Key::from_canonical(v).as_ref().err() == Some(reason))
                 }
                 other => panic!("an error this target does not know: {other:?}"),
             };

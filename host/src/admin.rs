@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::consumer::stat;
-use crate::event::KeyHash;
+use crate::key::Key;
 use crate::lifecycle::Library;
 use crate::log::EventLog;
 use crate::metrics::Metrics;
@@ -150,11 +150,11 @@ async fn state<L: EventLog>(
         let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
         return (StatusCode::NOT_FOUND, message).into_response();
     }
-    let Some(key) = parse_key_hash(&key) else {
-        return (StatusCode::BAD_REQUEST, format!("`{key}` is not a key hash (a decimal or 0x-hex 64-bit number)\n"))
-            .into_response();
+    let key = match Key::parse_text(&key) {
+        Ok(key) => key,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("`{key}`: {error}\n")).into_response(),
     };
-    match key_state_json(admin.projection.store(), key, None) {
+    match key_state_json(admin.projection.store(), &key, None) {
         Ok(json) => Json(json).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
@@ -178,17 +178,10 @@ async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Respon
     }
 }
 
-/// A key hash in decimal or `0x` hex.
-pub fn parse_key_hash(text: &str) -> Option<KeyHash> {
-    match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => text.parse().ok(),
-    }
-}
-
 /// A key's state entries as JSON (values that are JSON stay JSON, others
-/// become strings), with the shared counters; only `entry` if given.
-pub fn key_state_json(store: &StateStore, key: KeyHash, entry: Option<&str>) -> Result<serde_json::Value, StateError> {
+/// become strings), with the key in its text form and the shared counters;
+/// only `entry` if given.
+pub fn key_state_json(store: &StateStore, key: &Key, entry: Option<&str>) -> Result<serde_json::Value, StateError> {
     let mut entries = serde_json::Map::new();
     for (name, value) in store.entries(key)? {
         if entry.is_some_and(|only| only != name) {
@@ -199,8 +192,14 @@ pub fn key_state_json(store: &StateStore, key: KeyHash, entry: Option<&str>) -> 
         entries.insert(name, value);
     }
     let counters: serde_json::Map<String, serde_json::Value> =
-        store.counters()?.into_iter().map(|(name, value)| (name, value.into())).collect();
-    Ok(serde_json::json!({ "key_hash": format!("{key:#018x}"), "entries": entries, "counters": counters }))
+        store.counters()?.into_iter().map(|(name, value)| (name, counter_json(value))).collect();
+    Ok(serde_json::json!({ "key": key.value().to_json(), "entries": entries, "counters": counters }))
+}
+
+/// A counter as a JSON number; the rare value past the i64 range (several
+/// keys' changes summed in one batch) as a string of its digits.
+pub fn counter_json(value: i128) -> serde_json::Value {
+    i64::try_from(value).map_or_else(|_| value.to_string().into(), serde_json::Value::from)
 }
 
 /// One partition in a [`Status`].

@@ -32,8 +32,9 @@ use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
 use crate::dead_letter::{self, DeadLetter, Selection};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
-use crate::handler::{HandlerModule, PayloadLimits};
-use crate::lifecycle::{Library, LifecycleError, Reloader};
+use crate::handler::{HandlerModule, LimitsError, PayloadLimits};
+use crate::key::Key;
+use crate::lifecycle::{Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics};
 use crate::log::EventLog;
 use crate::log::{AnyLog, EmbeddedLog, IggyLog, LogError};
 use crate::metrics::Metrics;
@@ -158,6 +159,11 @@ struct ConsumeArgs {
     /// Worker threads per batch (default: the number of cores).
     #[arg(long)]
     workers: Option<usize>,
+    /// Create the topics a module declares it emits to, with this many
+    /// partitions, when they do not exist. Without it a missing emit topic
+    /// refuses the module (at start-up, or the new version on reload).
+    #[arg(long, value_name = "PARTITIONS")]
+    create_emit_topics: Option<u32>,
     #[command(flatten)]
     retry: RetryArgs,
     #[command(flatten)]
@@ -200,7 +206,8 @@ impl RetryArgs {
     }
 }
 
-/// One flag per limit of [`SandboxLimits`]; the defaults are the library's.
+/// One flag per limit of [`SandboxLimits`] and of [`PayloadLimits`]; the
+/// defaults are the library's.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 #[command(next_help_heading = "Sandbox limits (per module instance)")]
 struct LimitArgs {
@@ -219,64 +226,114 @@ struct LimitArgs {
     /// Most core instances (and memories, and tables) one module instance may create.
     #[arg(long, default_value_t = SandboxLimits::default().instances)]
     max_instances: usize,
-    /// Largest state value a handler may write, in KiB; a larger write is an
-    /// unrecoverable error naming the limit.
-    #[arg(long, default_value_t = PayloadLimits::default().max_state_value >> 10)]
+    /// Largest state value a handler may write, in KiB; a larger write is
+    /// refused (`state-value-size`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_value >> 10, help_heading = PAYLOAD)]
     max_state_value_kib: usize,
-    /// Largest body a handler may emit, in KiB; a larger emit is an
-    /// unrecoverable error naming the limit.
-    #[arg(long, default_value_t = PayloadLimits::default().max_emit_body >> 10)]
+    /// Most state writes (set or delete) one handler call may make.
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_writes_per_call, help_heading = PAYLOAD)]
+    max_state_writes_per_call: usize,
+    /// Most KiB of entry names and values one handler call may write.
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_bytes_per_call >> 10, help_heading = PAYLOAD)]
+    max_state_kib_per_call: usize,
+    /// Most counter changes one handler call may make.
+    #[arg(long, default_value_t = PayloadLimits::default().max_counter_changes_per_call, help_heading = PAYLOAD)]
+    max_counter_changes_per_call: usize,
+    /// Largest body a handler may emit (or `combine` may return), in KiB; a
+    /// larger emit is refused (`emit-body-size`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_emit_body >> 10, help_heading = PAYLOAD)]
     max_emit_kib: usize,
+    /// Most messages one handler call may emit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_emits_per_call, help_heading = PAYLOAD)]
+    max_emits_per_call: usize,
+    /// Most KiB of topics, keys and bodies one handler call may emit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_emit_bytes_per_call >> 10, help_heading = PAYLOAD)]
+    max_emit_kib_per_call: usize,
     /// Longest handler log line kept, in bytes; longer lines are cut and
     /// marked, never an error.
-    #[arg(long, default_value_t = PayloadLimits::default().max_log_line)]
+    #[arg(long, default_value_t = PayloadLimits::default().max_log_line, help_heading = PAYLOAD)]
     max_log_line_bytes: usize,
+    /// Most log lines one handler call may write; later ones are dropped
+    /// and counted.
+    #[arg(long, default_value_t = PayloadLimits::default().max_log_lines_per_call, help_heading = PAYLOAD)]
+    max_log_lines_per_call: usize,
+    /// Most MiB the host holds for the state writes, counter changes and
+    /// emits of one batch; a call past it is retried in a later batch.
+    #[arg(long, default_value_t = PayloadLimits::default().max_batch_held >> 20, help_heading = PAYLOAD)]
+    max_batch_held_mib: usize,
 }
 
+/// The help heading of the payload limits.
+const PAYLOAD: &str = "Payload limits (what a module may hand the host)";
+
 impl LimitArgs {
-    /// The sandbox's limits the flags ask for; every flag must be at least 1.
-    fn limits(&self) -> Result<SandboxLimits> {
-        let flags = [
+    /// Every limit flag with its value, to refuse zeros by name.
+    fn flags(&self) -> [(&'static str, u64); 15] {
+        [
             ("--memory-mib", self.memory_mib as u64),
             ("--call-budget-ms", self.call_budget_ms),
             ("--max-wasm-stack-kib", self.max_wasm_stack_kib as u64),
             ("--max-table-elements", self.max_table_elements as u64),
             ("--max-instances", self.max_instances as u64),
             ("--max-state-value-kib", self.max_state_value_kib as u64),
+            ("--max-state-writes-per-call", self.max_state_writes_per_call as u64),
+            ("--max-state-kib-per-call", self.max_state_kib_per_call as u64),
+            ("--max-counter-changes-per-call", self.max_counter_changes_per_call as u64),
             ("--max-emit-kib", self.max_emit_kib as u64),
+            ("--max-emits-per-call", self.max_emits_per_call as u64),
+            ("--max-emit-kib-per-call", self.max_emit_kib_per_call as u64),
             ("--max-log-line-bytes", self.max_log_line_bytes as u64),
-        ];
-        if let Some((flag, _)) = flags.iter().find(|(_, value)| *value == 0) {
+            ("--max-log-lines-per-call", self.max_log_lines_per_call as u64),
+            ("--max-batch-held-mib", self.max_batch_held_mib as u64),
+        ]
+    }
+
+    /// The sandbox's limits the flags ask for; every flag must be at least 1.
+    fn limits(&self) -> Result<SandboxLimits> {
+        if let Some((flag, _)) = self.flags().iter().find(|(_, value)| *value == 0) {
             bail!("{flag} must be at least 1");
         }
-        let mebibytes = |value: usize, flag: &str| {
-            value.checked_mul(1 << 20).with_context(|| format!("{flag} {value} is too large"))
-        };
-        let kibibytes = |value: usize, flag: &str| {
-            value.checked_mul(1 << 10).with_context(|| format!("{flag} {value} is too large"))
-        };
         Ok(SandboxLimits {
-            memory_bytes: mebibytes(self.memory_mib, "--memory-mib")?,
+            memory_bytes: scaled(self.memory_mib, 20, "--memory-mib")?,
             call_budget: std::time::Duration::from_millis(self.call_budget_ms),
-            max_wasm_stack: kibibytes(self.max_wasm_stack_kib, "--max-wasm-stack-kib")?,
+            max_wasm_stack: scaled(self.max_wasm_stack_kib, 10, "--max-wasm-stack-kib")?,
             table_elements: self.max_table_elements,
             instances: self.max_instances,
         })
     }
 
-    /// The payload limits the flags ask for; the consumer's key scopes
-    /// enforce them.
+    /// The payload limits the flags ask for; the consumer's key scopes and
+    /// the sandbox enforce them.
     fn payload(&self) -> Result<PayloadLimits> {
         self.limits()?; // checks every flag
-        let kibibytes = |value: usize, flag: &str| {
-            value.checked_mul(1 << 10).with_context(|| format!("{flag} {value} is too large"))
-        };
-        Ok(PayloadLimits {
-            max_state_value: kibibytes(self.max_state_value_kib, "--max-state-value-kib")?,
-            max_emit_body: kibibytes(self.max_emit_kib, "--max-emit-kib")?,
+        let payload = PayloadLimits {
+            max_state_value: scaled(self.max_state_value_kib, 10, "--max-state-value-kib")?,
+            max_state_writes_per_call: self.max_state_writes_per_call,
+            max_state_bytes_per_call: scaled(self.max_state_kib_per_call, 10, "--max-state-kib-per-call")?,
+            max_counter_changes_per_call: self.max_counter_changes_per_call,
+            max_emit_body: scaled(self.max_emit_kib, 10, "--max-emit-kib")?,
+            max_emits_per_call: self.max_emits_per_call,
+            max_emit_bytes_per_call: scaled(self.max_emit_kib_per_call, 10, "--max-emit-kib-per-call")?,
             max_log_line: self.max_log_line_bytes,
-        })
+            max_log_lines_per_call: self.max_log_lines_per_call,
+            max_batch_held: scaled(self.max_batch_held_mib, 20, "--max-batch-held-mib")?,
+        };
+        if let Err(LimitsError::BatchBelowCall { call, .. }) = payload.check() {
+            bail!(
+                "--max-batch-held-mib {} is less than one handler call may hold with the per-call limits ({} MiB); \
+                 raise it or lower the per-call limits",
+                self.max_batch_held_mib,
+                call.div_ceil(1 << 20)
+            );
+        }
+        Ok(payload)
     }
+}
+
+/// `value << shift` (a size in KiB or MiB, in bytes), or an error naming
+/// the flag when it does not fit.
+fn scaled(value: usize, shift: u32, flag: &str) -> Result<usize> {
+    value.checked_mul(1 << shift).with_context(|| format!("{flag} {value} is too large"))
 }
 
 impl ConsumeArgs {
@@ -301,8 +358,10 @@ impl ConsumeArgs {
         Ok(config)
     }
 
+    /// The sandbox of the flags' limits (its payload limits apply to the
+    /// calls outside `handle`).
     fn sandbox(&self) -> Result<Sandbox> {
-        Ok(Sandbox::new(self.limits.limits()?)?)
+        Ok(Sandbox::new(self.limits.limits()?)?.with_payload_limits(self.limits.payload()?))
     }
 }
 
@@ -410,9 +469,10 @@ struct StateGetArgs {
     /// The projection.
     #[arg(long)]
     projection: String,
-    /// The key hash (decimal or 0x-hex).
+    /// The key, as the module's log lines and `waku dlq list` print it
+    /// (JSON: `42`, `'"ann"'`, `'[42,"eur"]'`).
     #[arg(long, conflicts_with = "event", required_unless_present = "event")]
-    key_hash: Option<String>,
+    key: Option<String>,
     /// Find the key from an event body: `<event type>=<JSON body>`, e.g.
     /// `AccountOpened={"account":42,"owner":""}`; needs --module.
     #[arg(long, requires = "module")]
@@ -473,11 +533,11 @@ struct DlqRedriveArgs {
     /// Only these records, as `<partition>:<offset>` (comma-separated).
     #[arg(long, value_delimiter = ',', value_parser = parse_place)]
     record: Vec<(u32, u64)>,
-    /// Only this key (decimal or 0x-hex).
+    /// Only this key, as `waku dlq list` prints it (JSON: `42`, `'"ann"'`).
     #[arg(long)]
-    key_hash: Option<String>,
+    key: Option<String>,
     /// Every dead letter of the projection not re-driven yet.
-    #[arg(long, conflicts_with_all = ["partition", "record", "key_hash"])]
+    #[arg(long, conflicts_with_all = ["partition", "record", "key"])]
     all: bool,
 }
 
@@ -626,10 +686,27 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let metrics = Arc::new(Metrics::default());
     let store = args.data.state(&args.projection)?;
+    let log = Arc::new(args.data.log().await?);
+    // Every module loaded, now or on reload, must find its emit topics.
+    let emit_topics = LogEmitTopics {
+        log: log.clone(),
+        create: args.consume.create_emit_topics,
+        runtime: tokio::runtime::Handle::current(),
+    };
     let library = Arc::new(
-        Library::new(&args.data.data, &args.projection, store.clone(), sandbox.clone()).with_metrics(metrics.clone()),
+        Library::new(&args.data.data, &args.projection, store.clone(), sandbox.clone())
+            .with_metrics(metrics.clone())
+            .with_emit_topics(Arc::new(emit_topics)),
     );
-    let (modules, differences) = library.start(&args.modules, args.adopt_modules).map_err(hint_at_limit_flags)?;
+    // Loading compiles and asks the log about emit topics: off the async
+    // runtime's threads.
+    let (modules, differences) = tokio::task::spawn_blocking({
+        let (library, dir, adopt) = (library.clone(), args.modules.clone(), args.adopt_modules);
+        move || library.start(&dir, adopt)
+    })
+    .await
+    .context("loading the modules")?
+    .map_err(hint_at_limit_flags)?;
     for difference in &differences {
         eprintln!("waku: {difference}");
     }
@@ -638,7 +715,6 @@ async fn run(args: RunArgs) -> Result<()> {
         true => None,
         false => Some(Reloader::watch(library.clone(), projection.clone(), &args.modules)?),
     };
-    let log = Arc::new(args.data.log().await?);
     if let Some(partitions) = args.create_topic {
         log.create_topic(&args.topic, partitions).await?;
     }
@@ -792,8 +868,8 @@ impl ShutdownSignals {
 
 fn state_get(args: StateGetArgs) -> Result<()> {
     let store = args.data.state(&args.projection)?;
-    let key = match (&args.key_hash, &args.event, &args.module) {
-        (Some(hash), _, _) => parse_key_hash(hash)?,
+    let key = match (&args.key, &args.event, &args.module) {
+        (Some(text), _, _) => parse_key(text)?,
         (None, Some(event), Some(module)) => {
             let (type_name, body) = event.split_once('=').context("--event takes `<event type>=<JSON body>`")?;
             let sandbox = Sandbox::new(SandboxLimits::default())?;
@@ -807,9 +883,9 @@ fn state_get(args: StateGetArgs) -> Result<()> {
             let body = serde_json::to_vec(&body)?;
             module.instantiate()?.key(event_type.tag, &body).context("the module could not compute the key")?
         }
-        _ => bail!("give --key-hash, or --event with --module"),
+        _ => bail!("give --key, or --event with --module"),
     };
-    let output = admin::key_state_json(&store, key, args.entry.as_deref())?;
+    let output = admin::key_state_json(&store, &key, args.entry.as_deref())?;
     println!("{}", serde_json::to_string_pretty(&output)?);
     Ok(())
 }
@@ -942,10 +1018,10 @@ async fn dlq(command: DlqCommand) -> Result<()> {
             let selection = Selection {
                 partitions: redrive.partition.clone(),
                 records: redrive.record.clone(),
-                key: redrive.key_hash.as_deref().map(parse_key_hash).transpose()?,
+                key: redrive.key.as_deref().map(parse_key).transpose()?,
             };
             if !redrive.all && selection == Selection::default() {
-                bail!("say which dead letters to re-drive: --partition, --record, --key-hash, or --all");
+                bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
             }
             let done = dead_letter::redrive(&log, topic, projection, &store, &selection).await?;
             println!(
@@ -981,7 +1057,7 @@ fn dead_letter_line(letter: &DeadLetter) -> String {
     let routed = &letter.routed;
     let failure = routed.failure.as_ref();
     let event = match &letter.envelope {
-        Ok(envelope) => format!("key {:#018x} tag {}", envelope.key_hash, envelope.tag),
+        Ok(envelope) => format!("key {} tag {}", envelope.key, envelope.tag),
         Err(_) => "unreadable headers".to_owned(),
     };
     format!(
@@ -1021,7 +1097,7 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
     }
     match &letter.envelope {
         Ok(e) => {
-            lines.push(format!("event:        key {:#018x}, tag {}, {}, {}", e.key_hash, e.tag, e.ordering, e.algebra))
+            lines.push(format!("event:        key {}, tag {}, {}, {}", e.key, e.tag, e.ordering, e.algebra))
         }
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
@@ -1038,9 +1114,8 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
     lines.join("\n")
 }
 
-fn parse_key_hash(text: &str) -> Result<u64> {
-    admin::parse_key_hash(text)
-        .with_context(|| format!("`{text}` is not a key hash (a decimal or 0x-hex 64-bit number)"))
+fn parse_key(text: &str) -> Result<Key> {
+    Key::parse_text(text).with_context(|| format!("--key `{text}`"))
 }
 
 async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
@@ -1079,7 +1154,9 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
         .map_err(hint_at_limit_flags)
         .with_context(|| format!("loading module {}", module_path.display()))?;
     let spec = WorkloadSpec { events: args.events, accounts: args.accounts, seed: args.seed };
-    let report = demo_run(&data, module, spec, args.partitions, args.consume.config(None)?, args.admin).await?;
+    let config = args.consume.config(None)?;
+    let create_emit_topics = args.consume.create_emit_topics;
+    let report = demo_run(&data, module, spec, args.partitions, config, create_emit_topics, args.admin).await?;
     println!("{}", report.lines.join("\n"));
     println!("{}", report.check.report(5));
     Ok(if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) })
@@ -1096,6 +1173,7 @@ async fn demo_run(
     spec: WorkloadSpec,
     partitions: u32,
     config: ConsumerConfig,
+    create_emit_topics: Option<u32>,
     admin_address: Option<std::net::SocketAddr>,
 ) -> Result<DemoReport> {
     const TOPIC: &str = "accounts";
@@ -1109,6 +1187,7 @@ async fn demo_run(
 
     let log = Arc::new(data.log().await?);
     log.create_topic(TOPIC, partitions).await?;
+    ensure_emit_topics(&*log, &*module, create_emit_topics).await?;
     let started = Instant::now();
     let published = publish::publish(&*log, TOPIC, module.clone(), outgoing, None, available_threads()).await?;
     let publish_secs = started.elapsed().as_secs_f64();
@@ -1230,11 +1309,30 @@ mod tests {
             ("--max-table-elements", "11"),
             ("--max-instances", "13"),
             ("--max-state-value-kib", "17"),
+            ("--max-state-writes-per-call", "29"),
+            ("--max-state-kib-per-call", "31"),
+            ("--max-counter-changes-per-call", "37"),
             ("--max-emit-kib", "19"),
+            ("--max-emits-per-call", "41"),
+            ("--max-emit-kib-per-call", "43"),
             ("--max-log-line-bytes", "23"),
+            ("--max-log-lines-per-call", "47"),
+            ("--max-batch-held-mib", "53"),
         ];
         let args = consume_args(&flags.iter().flat_map(|(flag, value)| [*flag, *value]).collect::<Vec<_>>());
-        let payload = PayloadLimits { max_state_value: 17 << 10, max_emit_body: 19 << 10, max_log_line: 23 };
+        assert_eq!(args.limits.flags().len(), flags.len(), "a flag of LimitArgs is not tested here");
+        let payload = PayloadLimits {
+            max_state_value: 17 << 10,
+            max_state_writes_per_call: 29,
+            max_state_bytes_per_call: 31 << 10,
+            max_counter_changes_per_call: 37,
+            max_emit_body: 19 << 10,
+            max_emits_per_call: 41,
+            max_emit_bytes_per_call: 43 << 10,
+            max_log_line: 23,
+            max_log_lines_per_call: 47,
+            max_batch_held: 53 << 20,
+        };
         let expected = SandboxLimits {
             memory_bytes: 3 << 20,
             call_budget: Duration::from_millis(7),
@@ -1243,8 +1341,19 @@ mod tests {
             instances: 13,
         };
         assert_eq!(args.limits.limits().unwrap(), expected);
-        assert_eq!(*args.sandbox().unwrap().limits(), expected);
+        let sandbox = args.sandbox().unwrap();
+        assert_eq!((*sandbox.limits(), *sandbox.payload_limits()), (expected, payload));
         assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
+        assert_eq!(args.create_emit_topics, None);
+        assert_eq!(consume_args(&["--create-emit-topics", "3"]).create_emit_topics, Some(3));
+    }
+
+    #[test]
+    fn a_batch_budget_below_one_call_is_refused_naming_the_flag() {
+        let error = consume_args(&["--max-batch-held-mib", "2"]).config(None).err().unwrap().to_string();
+        assert!(error.starts_with("--max-batch-held-mib 2 is less than one handler call may hold"), "{error}");
+        let small_calls = ["--max-batch-held-mib", "2", "--max-state-kib-per-call", "64", "--max-emit-kib-per-call", "64"];
+        consume_args(&small_calls).config(None).unwrap();
     }
 
     #[test]
@@ -1291,8 +1400,15 @@ mod tests {
             "--max-table-elements",
             "--max-instances",
             "--max-state-value-kib",
+            "--max-state-writes-per-call",
+            "--max-state-kib-per-call",
+            "--max-counter-changes-per-call",
             "--max-emit-kib",
+            "--max-emits-per-call",
+            "--max-emit-kib-per-call",
             "--max-log-line-bytes",
+            "--max-log-lines-per-call",
+            "--max-batch-held-mib",
         ] {
             let args = consume_args(&[flag, "0"]);
             let error = args.sandbox().err().expect("a zero limit is refused").to_string();

@@ -2,8 +2,11 @@
 //!
 //! For each polled batch of one partition:
 //! 1. **Plan** from headers alone ([`crate::plan`]); bodies stay opaque.
-//!    A message whose headers cannot be parsed goes to the dead-letter topic
-//!    with the parse error. Events of a key that is waiting in retry are
+//!    Records are grouped by key, and a key is its canonical bytes, never
+//!    its hash: each distinct key of the batch gets a planning number of
+//!    its own, so keys whose hashes collide never share a run, a fold, a
+//!    state scope or a retry diversion. A message whose headers cannot be
+//!    parsed goes to the dead-letter topic with the parse error. Events of a key that is waiting in retry are
 //!    diverted behind it, to the retry topic ([`crate::routing`]).
 //! 2. **Execute per key.** Keys are spread over worker threads; one key's
 //!    runs execute one after another (head, body runs, tail, segment after
@@ -29,6 +32,11 @@
 //! Every event ends applied, skipped, in retry or dead-lettered, and the
 //! counts in [`stat`] say which.
 //!
+//! A host fault ([`CallError::HostFault`]: the state store failed under a
+//! call) is never counted against a module: the batch is not committed,
+//! and the partition tries it again after the same backoff as an
+//! unavailable log.
+//!
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
@@ -38,8 +46,9 @@ use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash, partition_for};
-use crate::handler::{CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
+use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, partition_for};
+use crate::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
+use crate::key::Key;
 use crate::log::{EventLog, LogError, StoredRecord};
 use crate::metrics::{BatchTally, Metrics};
 use crate::plan::{Plan, PlanRecord, Stage};
@@ -149,6 +158,11 @@ pub enum ConsumerError {
         /// Its partition count.
         existing: u32,
     },
+    /// The host failed under a handler call (its state store could not be
+    /// read). Not the module's doing: the batch is not committed, and the
+    /// partition tries it again after a backoff.
+    #[error("host fault while handling a batch: {0}")]
+    HostFault(String),
     /// A worker thread panicked (a bug in the host, never in a module).
     #[error("a consumer worker panicked: {0}")]
     WorkerPanicked(String),
@@ -160,7 +174,7 @@ pub struct RunCall {
     /// The partition.
     pub partition: u32,
     /// The key.
-    pub key: KeyHash,
+    pub key: Key,
     /// The event type.
     pub tag: EventTypeTag,
     /// Offsets of the run's events, in log order.
@@ -422,7 +436,7 @@ impl<L: EventLog> Consumer<L> {
                 Ok(Step::Idle(wait)) => {
                     let _ = tokio::time::timeout(wait, stop.changed()).await;
                 }
-                Err(ConsumerError::Log(error @ LogError::Unavailable { .. })) => {
+                Err(error @ (ConsumerError::Log(LogError::Unavailable { .. }) | ConsumerError::HostFault(_))) => {
                     let (first, longest) = self.config.log_backoff;
                     backoff = (backoff * 2).clamp(first, longest);
                     tracing::warn!(
@@ -430,9 +444,11 @@ impl<L: EventLog> Consumer<L> {
                         partition,
                         "{error}; trying again in {backoff:?}"
                     );
-                    self.progress.set_log_available(false);
-                    if let Some(metrics) = &self.metrics {
-                        metrics.log_unavailable(self.projection.name());
+                    if matches!(error, ConsumerError::Log(_)) {
+                        self.progress.set_log_available(false);
+                        if let Some(metrics) = &self.metrics {
+                            metrics.log_unavailable(self.projection.name());
+                        }
                     }
                     let _ = tokio::time::timeout(backoff, stop.changed()).await;
                     continue;
@@ -441,8 +457,10 @@ impl<L: EventLog> Consumer<L> {
             }
             if !backoff.is_zero() {
                 backoff = Duration::ZERO;
-                self.progress.set_log_available(true);
-                tracing::info!(projection = self.projection.name(), partition, "the log is available again");
+                if !self.progress.log_available() {
+                    self.progress.set_log_available(true);
+                    tracing::info!(projection = self.projection.name(), partition, "the log is available again");
+                }
             }
         }
         Ok(summary)
@@ -545,7 +563,7 @@ impl<L: EventLog> Consumer<L> {
                     .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
                 match parsed {
                     Ok((routed, headers)) if routed.projection == self.projection.name() => {
-                        queue.index(stored.offset, headers.key_hash, &routed, &self.config.retry);
+                        queue.index(stored.offset, headers.key, &routed, &self.config.retry);
                     }
                     Ok(_) => {} // another projection's
                     Err(error) => tracing::warn!(
@@ -568,7 +586,7 @@ impl<L: EventLog> Consumer<L> {
     async fn retry_batch(
         &self,
         partition: u32,
-        due: Vec<(KeyHash, KeyInRetry)>,
+        due: Vec<(Key, KeyInRetry)>,
         queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
         let retry = retry_topic(self.projection.topic());
@@ -606,7 +624,7 @@ impl<L: EventLog> Consumer<L> {
         let now = routing::now_ms();
         for stored in records {
             match EventHeaders::parse_stored(&stored.record.headers) {
-                Ok(headers) if queue.holds(headers.key_hash) => {
+                Ok(headers) if queue.holds(&headers.key) => {
                     // Behind its key's retry, so its order is kept.
                     let routed = Routed {
                         projection: projection.name().to_owned(),
@@ -618,7 +636,7 @@ impl<L: EventLog> Consumer<L> {
                         failure: None,
                     };
                     let record = routing::routed_record(&headers, &routed, stored.record.body);
-                    commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key_hash, record));
+                    commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key.key_hash(), record));
                     summary.retry_in += 1;
                     if let Some(route) = modules.route(headers.tag) {
                         tally.of(route.module, headers.tag).retried += 1;
@@ -694,8 +712,15 @@ impl<L: EventLog> Consumer<L> {
         let plan = Plan::new(&input.plan);
         let work = split_work(&plan, &mut input, self.config.workers.max(1));
         let snapshot = Arc::new(store.reader()?);
-        let outcomes = self.execute(partition, work, &snapshot, modules)?;
+        let budget = BatchBudget::new(&self.config.payload);
+        let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
         drop(snapshot);
+        // A host fault (the state store failed under a call) is not the
+        // module's doing: nothing of the batch is committed, and the
+        // partition tries it again after a backoff.
+        if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
+            return Err(ConsumerError::HostFault(fault));
+        }
         for outcome in outcomes {
             summary.add(&outcome.summary);
             tally.absorb(outcome.tally);
@@ -724,12 +749,13 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         work: Vec<Vec<KeyWork>>,
         snapshot: &Arc<StateReader>,
+        budget: &BatchBudget,
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         std::thread::scope(|scope| {
             let handles: Vec<_> = work
                 .into_iter()
-                .map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot, modules)))
+                .map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot, budget, modules)))
                 .collect();
             handles
                 .into_iter()
@@ -753,13 +779,17 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         keys: Vec<KeyWork>,
         snapshot: &Arc<StateReader>,
+        budget: &BatchBudget,
         modules: &ModuleSet,
     ) -> WorkerOutcome {
         let mut instances = modules.instances();
         let mut outcome = WorkerOutcome::default();
         for work in keys {
-            let key = work.key;
-            let mut scope = KeyScope::new(key, snapshot.clone(), self.config.payload);
+            if outcome.host_fault.is_some() {
+                break; // the batch will not commit
+            }
+            let key = work.key.clone();
+            let mut scope = KeyScope::new(key.clone(), snapshot.clone(), self.config.payload, budget.clone());
             self.run_key(partition, work, &mut scope, modules, &mut instances, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
@@ -834,7 +864,7 @@ impl<L: EventLog> Consumer<L> {
                             let offsets = offsets[start..end].to_vec();
                             observer.run_handled(&RunCall {
                                 partition,
-                                key,
+                                key: key.clone(),
                                 tag,
                                 offsets,
                                 reduced: end - start,
@@ -843,6 +873,11 @@ impl<L: EventLog> Consumer<L> {
                         }
                         start = end;
                         continue;
+                    }
+                    Err(CallError::HostFault(fault)) => {
+                        tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
+                        out.host_fault.get_or_insert(fault);
+                        return;
                     }
                     Err(error) => error,
                 };
@@ -862,7 +897,7 @@ impl<L: EventLog> Consumer<L> {
                 tracing::warn!(
                     projection = projection.name(),
                     partition,
-                    key,
+                    %key,
                     event_type = route.event_type.name,
                     attempt,
                     "{error}"
@@ -870,8 +905,8 @@ impl<L: EventLog> Consumer<L> {
                 if class == FailureClass::Unrecoverable || attempt >= self.config.retry.max_attempts {
                     for (body, &origin) in reduced.bodies[start..end].iter().zip(&reduced.origins[start..end]) {
                         let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
-                        let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
-                        out.routed.push(self.routed_entry(dlq_topic, partition, key, record));
+                        let record = routing::routed_record(&shape.envelope(&key), &routed, body.clone());
+                        out.routed.push(self.routed_entry(dlq_topic, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
                         out.tally.of(route.module, tag).dead_lettered += origin.events;
                     }
@@ -900,13 +935,14 @@ impl<L: EventLog> Consumer<L> {
                         unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
                     }
                 }
-                self.retry_later(partition, key, modules, unfinished, out);
+                self.retry_later(partition, &key, modules, unfinished, out);
                 return;
             }
             if all_applied
                 && let (Some(observer), Some(offsets)) = (&self.observer, observed)
                 && offsets.len() != reduced.bodies.len()
             {
+                let key = key.clone();
                 observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
             }
         }
@@ -939,7 +975,7 @@ impl<L: EventLog> Consumer<L> {
     fn retry_later(
         &self,
         partition: u32,
-        key: KeyHash,
+        key: &Key,
         modules: &ModuleSet,
         unfinished: Vec<Unfinished>,
         out: &mut WorkerOutcome,
@@ -949,7 +985,7 @@ impl<L: EventLog> Consumer<L> {
             let routed = self.routed(partition, item.origin, item.attempts, item.failure);
             let envelope = RunShape { ordering, ..item.shape }.envelope(key);
             let record = routing::routed_record(&envelope, &routed, item.body);
-            out.routed.push(self.routed_entry(retry_topic, partition, key, record));
+            out.routed.push(self.routed_entry(retry_topic, partition, key.key_hash(), record));
             out.summary.retry_in += item.origin.events;
             if let Some(route) = modules.route(item.shape.tag) {
                 out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
@@ -976,10 +1012,15 @@ impl<L: EventLog> Consumer<L> {
         &self,
         topic_of: fn(&str) -> String,
         partition: u32,
-        key: KeyHash,
+        key_hash: u64,
         record: crate::log::Record,
     ) -> OutboxEntry {
-        OutboxEntry { topic: topic_of(self.projection.topic()), partition_key: key, partition: Some(partition), record }
+        OutboxEntry {
+            topic: topic_of(self.projection.topic()),
+            partition_key: key_hash,
+            partition: Some(partition),
+            record,
+        }
     }
 
     /// Publishes the outbox: what committed batches emitted or routed.
@@ -1130,9 +1171,17 @@ async fn collect(mut tasks: tokio::task::JoinSet<Result<Summary, ConsumerError>>
 }
 
 /// What a batch hands the planner and the workers, index for index.
+///
+/// The planner groups records by a number per key: each distinct key of
+/// the batch (its canonical bytes) gets its own, in order of first
+/// appearance, so two keys never share one whatever their hashes.
 #[derive(Default)]
 struct BatchInput {
     plan: Vec<PlanRecord>,
+    /// The batch's keys, by the number their records carry in `plan`.
+    keys: Vec<Key>,
+    /// Each key's number.
+    numbers: FxHashMap<Key, u64>,
     algebras: Vec<Algebra>,
     origins: Vec<Origin>,
     bodies: Vec<Option<Vec<u8>>>,
@@ -1142,7 +1191,12 @@ struct BatchInput {
 
 impl BatchInput {
     fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
-        self.plan.push(PlanRecord { key: headers.key_hash, tag: headers.tag, ordering: headers.ordering });
+        let next = self.keys.len() as u64;
+        let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {
+            self.keys.push(key.clone());
+            next
+        });
+        self.plan.push(PlanRecord { key: number, tag: headers.tag, ordering: headers.ordering });
         self.algebras.push(headers.algebra);
         self.origins.push(origin);
         self.attempts.push(attempts);
@@ -1152,7 +1206,7 @@ impl BatchInput {
 
 /// One key's runs, in execution order, with their bodies moved in.
 struct KeyWork {
-    key: KeyHash,
+    key: Key,
     runs: Vec<RunWork>,
 }
 
@@ -1185,8 +1239,8 @@ struct RunShape {
 }
 
 impl RunShape {
-    fn envelope(&self, key: KeyHash) -> EventHeaders {
-        EventHeaders { tag: self.tag, key_hash: key, ordering: self.ordering, algebra: self.algebra }
+    fn envelope(&self, key: &Key) -> EventHeaders {
+        EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra }
     }
 }
 
@@ -1202,9 +1256,12 @@ struct Unfinished {
 
 #[derive(Default)]
 struct WorkerOutcome {
-    keys: Vec<(KeyHash, KeyOutcome)>,
+    keys: Vec<(Key, KeyOutcome)>,
     /// Records for the retry and dead-letter topics.
     routed: Vec<OutboxEntry>,
+    /// Why the host itself failed under a call, if it did: the batch is not
+    /// committed.
+    host_fault: Option<String>,
     summary: Summary,
     tally: BatchTally,
 }
@@ -1242,7 +1299,9 @@ fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<Ke
                 stage_index += 1;
             }
         }
-        work[index % worker_count].push(KeyWork { key: key.key_hash(), runs });
+        // The planner's key is the number `BatchInput::push` gave the key.
+        let key = input.keys[key.key_hash() as usize].clone();
+        work[index % worker_count].push(KeyWork { key, runs });
     }
     work
 }

@@ -18,7 +18,8 @@
 //!   outbox: committed with the marks, then appended exactly once.
 
 use crate::consumer::{ConsumerError, publish_outbox, stat};
-use crate::event::{EventHeaders, HeaderError, KeyHash};
+use crate::event::{EventHeaders, HeaderError};
+use crate::key::Key;
 use crate::log::{EventLog, LogError, Record};
 use crate::routing::{self, Routed, dlq_topic, retry_topic};
 use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
@@ -48,14 +49,14 @@ pub struct Selection {
     /// Only these (partition, offset) records.
     pub records: Vec<(u32, u64)>,
     /// Only this key.
-    pub key: Option<KeyHash>,
+    pub key: Option<Key>,
 }
 
 impl Selection {
     fn picks(&self, letter: &DeadLetter) -> bool {
         (self.partitions.is_empty() || self.partitions.contains(&letter.partition))
             && (self.records.is_empty() || self.records.contains(&(letter.partition, letter.offset)))
-            && self.key.is_none_or(|key| letter.envelope.as_ref().is_ok_and(|e| e.key_hash == key))
+            && self.key.as_ref().is_none_or(|key| letter.envelope.as_ref().is_ok_and(|e| e.key == *key))
     }
 }
 
@@ -227,7 +228,7 @@ pub async fn redrive<L: EventLog>(
         report.events += routed.events;
         commit.outbox.push(OutboxEntry {
             topic: retry.clone(),
-            partition_key: envelope.key_hash,
+            partition_key: envelope.key.key_hash(),
             partition: Some(letter.partition),
             record: routing::routed_record(&envelope, &routed, letter.record.body),
         });

@@ -55,7 +55,7 @@ pub fn bank_tag(module: &dyn HandlerModule, name: &'static str) -> Result<EventT
 }
 
 /// Compares a bank projection's state with the oracle. The module computes
-/// each account's key hash from an `AccountOpened` body, as a publisher would.
+/// each account's key from an `AccountOpened` body, as a publisher would.
 pub fn check_projection(
     oracle: &Oracle,
     module: &dyn HandlerModule,
@@ -68,7 +68,7 @@ pub fn check_projection(
     check(oracle, open_accounts, |account| -> Result<_, CheckError> {
         let body = serde_json::to_vec(&json!({ "account": account, "owner": "" })).expect("JSON");
         let key = instance.key(opened, &body)?;
-        Ok(store.get(key, ACCOUNT_ENTRY)?)
+        Ok(store.get(&key, ACCOUNT_ENTRY)?)
     })
 }
 
@@ -245,7 +245,7 @@ pub struct OracleCheck {
     /// Accounts that differ, in account order.
     pub differences: Vec<Difference>,
     /// The open-accounts counter: expected and found.
-    pub open_accounts: (i64, i64),
+    pub open_accounts: (i128, i128),
 }
 
 impl OracleCheck {
@@ -281,7 +281,7 @@ impl OracleCheck {
 /// `account` entry (JSON bytes), if any; `open_accounts` is the counter.
 pub fn check<E>(
     oracle: &Oracle,
-    open_accounts: i64,
+    open_accounts: i128,
     mut read: impl FnMut(u64) -> Result<Option<Vec<u8>>, E>,
 ) -> Result<OracleCheck, E> {
     let mut differences = Vec::new();
@@ -296,7 +296,7 @@ pub fn check<E>(
     Ok(OracleCheck {
         accounts: oracle.accounts.len(),
         differences,
-        open_accounts: (oracle.open_accounts, open_accounts),
+        open_accounts: (oracle.open_accounts.into(), open_accounts),
     })
 }
 
@@ -332,9 +332,9 @@ mod tests {
     fn check_reports_differences() {
         let (_, oracle) = workload(WorkloadSpec { events: 500, accounts: 10, seed: 3 });
         let exact = |account: u64| Ok::<_, ()>(Some(serde_json::to_vec(&oracle.accounts[&account]).unwrap()));
-        assert!(check(&oracle, oracle.open_accounts, exact).unwrap().matches());
+        assert!(check(&oracle, oracle.open_accounts.into(), exact).unwrap().matches());
         let wrong = |account: u64| Ok::<_, ()>(if account == 3 { None } else { exact(account)? });
-        let result = check(&oracle, oracle.open_accounts, wrong).unwrap();
+        let result = check(&oracle, oracle.open_accounts.into(), wrong).unwrap();
         assert!(!result.matches());
         assert_eq!(result.differences.len(), 1);
         assert!(result.report(5).contains("account 3: expected"), "{}", result.report(5));

@@ -62,7 +62,7 @@ pub mod routing;
 pub mod runtime;
 pub mod state;
 
-pub use wakuwaku_core::{event, plan, reduce};
+pub use wakuwaku_core::{event, key, plan, reduce};
 
 /// The facade documented in `spec/ordering.md`: `wakuwaku::iggy::...`.
 pub mod iggy {

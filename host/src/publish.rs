@@ -173,7 +173,7 @@ fn envelope_all(
                                 PublishError::Rejected { line, event_type: event_type.name.clone(), error }
                             })?;
                             let record = Record { headers: headers.to_headers(), body: event.body.clone() };
-                            Ok((partition_for(headers.key_hash, partitions), record))
+                            Ok((partition_for(headers.key.key_hash(), partitions), record))
                         })
                         .collect()
                 })
@@ -201,7 +201,7 @@ pub fn headers_for(
 ) -> Result<EventHeaders, CallError> {
     Ok(EventHeaders {
         tag: event_type.tag,
-        key_hash: instance.key(event_type.tag, body)?,
+        key: instance.key(event_type.tag, body)?,
         ordering: instance.ordering(event_type.tag, body)?,
         algebra: event_type.algebra,
     })

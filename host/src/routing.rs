@@ -36,8 +36,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustc_hash::FxHashMap;
 
-use crate::event::{EventAtomicOrdering, EventHeaders, Header, HeaderError, KeyHash};
+use crate::event::{EventAtomicOrdering, EventHeaders, Header, HeaderError};
 use crate::handler::{CallError, ErrorClass};
+use crate::key::Key;
 use crate::log::{Record, StoredRecord};
 use crate::reduce::Origin;
 
@@ -88,7 +89,10 @@ impl FailureClass {
             CallError::Handler { class: ErrorClass::Transient, .. } => Self::Transient,
             CallError::Handler { class: ErrorClass::Retryable, .. } => Self::Retryable,
             CallError::Handler { class: ErrorClass::Unrecoverable, .. } => Self::Unrecoverable,
-            CallError::Trap { .. } | CallError::Host(_) => Self::Trap,
+            // A broken contract is the module misbehaving, like a trap.
+            CallError::Trap { .. } | CallError::Contract(_) => Self::Trap,
+            // Decided by the host: the key is tried again in a later batch.
+            CallError::BatchBudget { .. } | CallError::HostFault(_) => Self::Retryable,
         }
     }
 }
@@ -358,9 +362,9 @@ pub struct KeyInRetry {
 /// ([`RetryQueue::position`]).
 #[derive(Debug, Default)]
 pub struct RetryQueue {
-    keys: FxHashMap<KeyHash, KeyInRetry>,
+    keys: FxHashMap<Key, KeyInRetry>,
     /// Retry offsets of waiting records, to find the lowest quickly.
-    waiting: BTreeMap<u64, KeyHash>,
+    waiting: BTreeMap<u64, Key>,
     /// Everything below this retry offset has been indexed.
     scanned: u64,
 }
@@ -377,8 +381,8 @@ impl RetryQueue {
     }
 
     /// Whether `key` has records waiting: its new events must be diverted.
-    pub fn holds(&self, key: KeyHash) -> bool {
-        self.keys.contains_key(&key)
+    pub fn holds(&self, key: &Key) -> bool {
+        self.keys.contains_key(key)
     }
 
     /// Whether nothing waits.
@@ -398,8 +402,8 @@ impl RetryQueue {
 
     /// Adds one retry record at `offset` for `key`, due as `routed` says.
     /// Records must come in partition order; `scanned` moves past them.
-    pub fn index(&mut self, offset: u64, key: KeyHash, routed: &Routed, policy: &RetryPolicy) {
-        let entry = self.keys.entry(key).or_insert_with(|| KeyInRetry {
+    pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, policy: &RetryPolicy) {
+        let entry = self.keys.entry(key.clone()).or_insert_with(|| KeyInRetry {
             records: Vec::new(),
             due_ms: routed.due_ms(policy),
             attempts: routed.attempts,
@@ -421,10 +425,10 @@ impl RetryQueue {
 
     /// Removes and returns keys due at `now_ms`, oldest first, until they
     /// hold at least `max_records` records (at least one key).
-    pub fn take_due(&mut self, now_ms: u64, max_records: usize) -> Vec<(KeyHash, KeyInRetry)> {
-        let mut due: Vec<(KeyHash, u64)> =
-            self.keys.iter().filter(|(_, k)| k.due_ms <= now_ms).map(|(&key, k)| (key, k.due_ms)).collect();
-        due.sort_unstable_by_key(|&(key, due_ms)| (due_ms, key));
+    pub fn take_due(&mut self, now_ms: u64, max_records: usize) -> Vec<(Key, KeyInRetry)> {
+        let mut due: Vec<(Key, u64)> =
+            self.keys.iter().filter(|(_, k)| k.due_ms <= now_ms).map(|(key, k)| (key.clone(), k.due_ms)).collect();
+        due.sort_unstable_by(|(a, a_due), (b, b_due)| (a_due, a).cmp(&(b_due, b)));
         let mut taken = Vec::new();
         let mut records = 0;
         for (key, _) in due {
@@ -578,23 +582,41 @@ mod tests {
     fn the_queue_takes_due_keys_whole_and_moves_the_position() {
         let policy = RetryPolicy { delays: vec![Duration::from_secs(10)], ..Default::default() };
         let mut queue = RetryQueue::starting_at(5);
-        queue.index(5, 1, &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy); // due at 10 s
-        queue.index(6, 2, &Routed { failed_at_ms: 0, attempts: 0, ..routed(0, false) }, &policy); // due now
-        queue.index(7, 1, &Routed { attempts: 0, ..routed(0, false) }, &policy); // behind key 1
-        assert!(queue.holds(1) && queue.holds(2) && !queue.holds(3));
+        let key = Key::int;
+        queue.index(5, key(1), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy); // due at 10 s
+        queue.index(6, key(2), &Routed { failed_at_ms: 0, attempts: 0, ..routed(0, false) }, &policy); // due now
+        queue.index(7, key(1), &Routed { attempts: 0, ..routed(0, false) }, &policy); // behind key 1
+        assert!(queue.holds(&key(1)) && queue.holds(&key(2)) && !queue.holds(&key(3)));
         assert_eq!(queue.position(), 5);
         assert_eq!(queue.events(), 9);
 
         let taken = queue.take_due(1_000, 100);
         assert_eq!(taken.len(), 1);
-        assert_eq!(taken[0].0, 2);
+        assert_eq!(taken[0].0, key(2));
         assert_eq!(queue.position(), 5, "key 1 still waits at offset 5");
 
         let taken = queue.take_due(10_000, 100);
-        assert_eq!(taken[0].0, 1);
+        assert_eq!(taken[0].0, key(1));
         assert_eq!(taken[0].1.records.iter().map(|w| w.offset).collect::<Vec<_>>(), [5, 7]);
         assert!(queue.is_empty());
         assert_eq!(queue.position(), 8);
+    }
+
+    #[test]
+    fn keys_whose_hashes_collide_wait_apart() {
+        use crate::key::{KeyValue, test_support::key_with_hash};
+        let policy = RetryPolicy::default();
+        let ann = key_with_hash(&KeyValue::Str("ann".into()), 7);
+        let bob = key_with_hash(&KeyValue::Str("bob".into()), 7);
+        let mut queue = RetryQueue::starting_at(0);
+        queue.index(0, ann.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy);
+        assert!(queue.holds(&ann));
+        assert!(!queue.holds(&bob), "bob's events are not diverted behind ann's retry");
+        queue.index(1, bob.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy);
+        let taken = queue.take_due(u64::MAX, 100);
+        let keys: Vec<&Key> = taken.iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, [&ann, &bob]);
+        assert!(taken.iter().all(|(_, in_retry)| in_retry.records.len() == 1));
     }
 
     #[test]

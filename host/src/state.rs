@@ -33,8 +33,11 @@
 //! be shared between threads; redb serializes write transactions, and a
 //! reader never waits for a writer.
 //!
-//! Tables in the file: `state` ((key hash, name) → bytes), `counters`
-//! (name → i64), `stats` (name → u64), `positions` ((topic, partition) →
+//! Tables in the file: `state` ((key bytes, name) → bytes; the key's
+//! canonical bytes, so keys whose hashes collide never share an entry),
+//! `counters` (name → i128: deltas are checked against the i64 range at the
+//! call that adds them, and a commit that sums several keys' deltas never
+//! overflows), `stats` (name → u64), `positions` ((topic, partition) →
 //! next offset), `outbox` (sequence → postcard [`OutboxEntry`]), `meta`
 //! (name → bytes, for the host's own bookkeeping such as module versions)
 //! `sequences` (the next outbox sequence number, so numbers are never
@@ -47,15 +50,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::KeyHash;
+use crate::key::Key;
 use crate::log::Record;
 
-const STATE: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("state");
-const COUNTERS: TableDefinition<&str, i64> = TableDefinition::new("counters");
+const STATE: TableDefinition<(&[u8], &str), &[u8]> = TableDefinition::new("state");
+const COUNTERS: TableDefinition<&str, i128> = TableDefinition::new("counters");
 const STATS: TableDefinition<&str, u64> = TableDefinition::new("stats");
 const POSITIONS: TableDefinition<(&str, u32), u64> = TableDefinition::new("positions");
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
@@ -65,6 +69,12 @@ const DONE: TableDefinition<(&str, u32, u64), ()> = TableDefinition::new("done")
 
 /// The `sequences` entry holding the next outbox sequence number.
 const OUTBOX_NEXT: &str = "outbox";
+
+/// The `meta` entry naming the file's format, and the format this build
+/// writes. Format 2 keys state by canonical key bytes; format 1 (unmarked)
+/// keyed it by a 64-bit hash.
+const FORMAT: &str = "state-format";
+const FORMAT_VERSION: &[u8] = b"2";
 
 /// Why a state operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,16 +107,17 @@ pub enum StateError {
         /// What could not be read, and why.
         what: String,
     },
-    /// Adding a delta would take a counter out of the i64 range; the whole
-    /// commit is refused.
-    #[error("counter `{name}` would overflow: {value} + {delta}")]
-    CounterOverflow {
-        /// The counter.
-        name: String,
-        /// Its stored value.
-        value: i64,
-        /// The delta that does not fit.
-        delta: i64,
+    /// The file was written in a format this build does not read.
+    #[error(
+        "`{}` holds state in format {found}, this build reads format 2 (keys as canonical bytes); \
+         rebuild the projection into a fresh --data directory",
+        path.display()
+    )]
+    UnknownFormat {
+        /// The state file.
+        path: PathBuf,
+        /// The format found (`1` for a file without a mark).
+        found: String,
     },
 }
 
@@ -196,9 +207,9 @@ impl KeyWrites {
 pub struct BatchCommit {
     /// The buffered writes of each key. A key listed twice has its writes
     /// applied in list order.
-    pub writes: Vec<(KeyHash, KeyWrites)>,
+    pub writes: Vec<(Key, KeyWrites)>,
     /// Amounts to add to counters (a missing counter starts at 0).
-    pub counter_deltas: FxHashMap<String, i64>,
+    pub counter_deltas: FxHashMap<String, i128>,
     /// Amounts to add to statistics (saturating at `u64::MAX`).
     pub stat_deltas: FxHashMap<String, u64>,
     /// For each (topic, partition) consumed, the next offset to consume.
@@ -253,6 +264,7 @@ impl StateStore {
         }
         let db = Database::create(&path).map_err(|e| storage(&path, e))?;
         let store = Self { inner: Arc::new(Inner { db, path }) };
+        store.check_format()?;
         // Create every table now, so readers never meet a missing one.
         let txn = store.inner.db.begin_write().map_err(|e| store.storage(e))?;
         txn.open_table(STATE).map_err(|e| store.storage(e))?;
@@ -263,8 +275,31 @@ impl StateStore {
         txn.open_table(META).map_err(|e| store.storage(e))?;
         txn.open_table(SEQUENCES).map_err(|e| store.storage(e))?;
         txn.open_table(DONE).map_err(|e| store.storage(e))?;
+        txn.open_table(META).map_err(|e| store.storage(e))?.insert(FORMAT, FORMAT_VERSION).map_err(|e| store.storage(e))?;
         txn.commit().map_err(|e| store.storage(e))?;
         Ok(store)
+    }
+
+    /// Refuses a file of another format before any table is opened with
+    /// types it was not written with. A new file has no tables at all.
+    fn check_format(&self) -> Result<(), StateError> {
+        let txn = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let tables: Vec<String> =
+            txn.list_tables().map_err(|e| self.storage(e))?.map(|table| table.name().to_owned()).collect();
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let found = match tables.iter().any(|name| name == META.name()) {
+            true => txn.open_table(META).map_err(|e| self.storage(e))?.get(FORMAT).map_err(|e| self.storage(e))?.map(|v| v.value().to_vec()),
+            false => None,
+        };
+        match found {
+            Some(format) if format == FORMAT_VERSION => Ok(()),
+            other => Err(StateError::UnknownFormat {
+                path: self.inner.path.clone(),
+                found: other.map_or_else(|| "1".to_owned(), |format| String::from_utf8_lossy(&format).into_owned()),
+            }),
+        }
     }
 
     /// The file this state is stored in.
@@ -288,8 +323,9 @@ impl StateStore {
 
     /// Applies a batch in one durable transaction: all of it, or nothing.
     ///
-    /// Fails without writing anything if a counter would overflow. An
-    /// empty commit writes nothing.
+    /// Counters are summed in i128, so no batch overflows them (each delta
+    /// was checked against the i64 range where it was added). An empty
+    /// commit writes nothing.
     pub fn commit(&self, commit: BatchCommit) -> Result<(), StateError> {
         if commit.is_empty() {
             return Ok(());
@@ -310,9 +346,10 @@ impl StateStore {
             let mut state = txn.open_table(STATE).map_err(|e| self.storage(e))?;
             for (key, key_writes) in &writes {
                 for (name, value) in &key_writes.entries {
+                    let entry = (key.as_bytes(), name.as_str());
                     match value {
-                        Some(value) => state.insert((*key, name.as_str()), value.as_slice()).map(drop),
-                        None => state.remove((*key, name.as_str())).map(drop),
+                        Some(value) => state.insert(entry, value.as_slice()).map(drop),
+                        None => state.remove(entry).map(drop),
                     }
                     .map_err(|e| self.storage(e))?;
                 }
@@ -321,12 +358,9 @@ impl StateStore {
             let mut counters = txn.open_table(COUNTERS).map_err(|e| self.storage(e))?;
             for (name, &delta) in &counter_deltas {
                 let value = counters.get(name.as_str()).map_err(|e| self.storage(e))?.map_or(0, |v| v.value());
-                let sum = value.checked_add(delta).ok_or_else(|| StateError::CounterOverflow {
-                    name: name.clone(),
-                    value,
-                    delta,
-                })?;
-                counters.insert(name.as_str(), sum).map_err(|e| self.storage(e))?;
+                // Saturation is unreachable: reaching i128's bounds takes
+                // 2^64 deltas of i64's size.
+                counters.insert(name.as_str(), value.saturating_add(delta)).map_err(|e| self.storage(e))?;
             }
 
             let mut stats = txn.open_table(STATS).map_err(|e| self.storage(e))?;
@@ -360,31 +394,35 @@ impl StateStore {
         txn.commit().map_err(|e| self.storage(e))
     }
 
-    /// Every key hash that has at least one entry, in ascending order.
-    pub fn keys(&self) -> Result<Vec<KeyHash>, StateError> {
+    /// Every key that has at least one entry, in the order of their bytes.
+    pub fn keys(&self) -> Result<Vec<Key>, StateError> {
         let txn = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(STATE).map_err(|e| self.storage(e))?;
-        // Jump from key to key instead of visiting every entry.
+        // Jump from key to key instead of visiting every entry: the first
+        // byte string after `key` is `key` followed by a zero byte.
         let mut keys = Vec::new();
-        let mut from = Some(0u64);
-        while let Some(start) = from {
-            let Some(first) = table.range((start, "")..).map_err(|e| self.storage(e))?.next() else { break };
-            let key = first.map_err(|e| self.storage(e))?.0.value().0;
+        let mut from = Vec::new();
+        loop {
+            let Some(first) = table.range((from.as_slice(), "")..).map_err(|e| self.storage(e))?.next() else { break };
+            let bytes = first.map_err(|e| self.storage(e))?.0.value().0.to_vec();
+            let key = Key::from_canonical(&bytes)
+                .map_err(|e| self.corrupt(format!("a state key is not canonical: {e}")))?;
             keys.push(key);
-            from = key.checked_add(1);
+            from = bytes;
+            from.push(0);
         }
         Ok(keys)
     }
 
     /// Every entry of `key`, by name.
-    pub fn entries(&self, key: KeyHash) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+    pub fn entries(&self, key: &Key) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         let txn = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
         let table = txn.open_table(STATE).map_err(|e| self.storage(e))?;
         let mut entries = Vec::new();
-        for entry in table.range((key, "")..).map_err(|e| self.storage(e))? {
+        for entry in table.range((key.as_bytes(), "")..).map_err(|e| self.storage(e))? {
             let (k, v) = entry.map_err(|e| self.storage(e))?;
             let (entry_key, name) = k.value();
-            if entry_key != key {
+            if entry_key != key.as_bytes() {
                 break;
             }
             entries.push((name.to_owned(), v.value().to_vec()));
@@ -393,12 +431,12 @@ impl StateStore {
     }
 
     /// One committed entry of `key`.
-    pub fn get(&self, key: KeyHash, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+    pub fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
         self.reader()?.get(key, name)
     }
 
     /// Every counter with its value, by name.
-    pub fn counters(&self) -> Result<Vec<(String, i64)>, StateError> {
+    pub fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
         self.list(COUNTERS)
     }
 
@@ -504,8 +542,8 @@ fn storage(path: &Path, e: impl Into<redb::Error>) -> StateError {
 /// reference. It sees only committed state; the caller overlays the
 /// batch's own [`KeyWrites`] on top.
 pub struct StateReader {
-    state: ReadOnlyTable<(u64, &'static str), &'static [u8]>,
-    counters: ReadOnlyTable<&'static str, i64>,
+    state: ReadOnlyTable<(&'static [u8], &'static str), &'static [u8]>,
+    counters: ReadOnlyTable<&'static str, i128>,
     store: StateStore,
 }
 
@@ -517,13 +555,13 @@ impl std::fmt::Debug for StateReader {
 
 impl StateReader {
     /// An entry of `key` as of the snapshot.
-    pub fn get(&self, key: KeyHash, name: &str) -> Result<Option<Vec<u8>>, StateError> {
-        let value = self.state.get((key, name)).map_err(|e| self.store.storage(e))?;
+    pub fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let value = self.state.get((key.as_bytes(), name)).map_err(|e| self.store.storage(e))?;
         Ok(value.map(|v| v.value().to_vec()))
     }
 
     /// A counter as of the snapshot; 0 if it was never written.
-    pub fn counter(&self, name: &str) -> Result<i64, StateError> {
+    pub fn counter(&self, name: &str) -> Result<i128, StateError> {
         let value = self.counters.get(name).map_err(|e| self.store.storage(e))?;
         Ok(value.map_or(0, |v| v.value()))
     }
@@ -533,6 +571,10 @@ impl StateReader {
 mod tests {
     use super::*;
     use crate::event::Header;
+
+    fn k(n: u64) -> Key {
+        Key::int(n)
+    }
 
     fn open(dir: &tempfile::TempDir) -> StateStore {
         StateStore::open(&dir.path().join("state.redb")).unwrap()
@@ -573,69 +615,102 @@ mod tests {
     fn commit_then_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir);
-        assert_eq!(store.keys().unwrap(), Vec::<u64>::new());
+        assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
         let commit = BatchCommit {
             writes: vec![
-                (7, writes(&[("balance", Some("10")), ("owner", Some("ann"))])),
-                (u64::MAX, writes(&[("x", Some("max"))])),
-                (0, writes(&[("x", Some("zero"))])),
+                (k(7), writes(&[("balance", Some("10")), ("owner", Some("ann"))])),
+                (k(u64::MAX), writes(&[("x", Some("max"))])),
+                (k(0), writes(&[("x", Some("zero"))])),
             ],
             positions: vec![("accounts".into(), 2, 100)],
             ..BatchCommit::default()
         };
         store.commit(commit).unwrap();
-        assert_eq!(store.keys().unwrap(), vec![0, 7, u64::MAX]);
-        assert_eq!(store.get(7, "balance").unwrap(), bytes("10"));
-        assert_eq!(store.get(7, "missing").unwrap(), None);
-        assert_eq!(store.get(8, "balance").unwrap(), None);
+        assert_eq!(store.keys().unwrap(), vec![k(0), k(7), k(u64::MAX)]);
+        assert_eq!(store.get(&k(7), "balance").unwrap(), bytes("10"));
+        assert_eq!(store.get(&k(7), "missing").unwrap(), None);
+        assert_eq!(store.get(&k(8), "balance").unwrap(), None);
         assert_eq!(
-            store.entries(7).unwrap(),
+            store.entries(&k(7)).unwrap(),
             vec![("balance".to_owned(), b"10".to_vec()), ("owner".to_owned(), b"ann".to_vec())]
         );
-        assert_eq!(store.entries(u64::MAX).unwrap(), vec![("x".to_owned(), b"max".to_vec())]);
-        assert_eq!(store.entries(3).unwrap(), vec![]);
+        assert_eq!(store.entries(&k(u64::MAX)).unwrap(), vec![("x".to_owned(), b"max".to_vec())]);
+        assert_eq!(store.entries(&k(3)).unwrap(), vec![]);
         assert_eq!(store.position("accounts", 2).unwrap(), Some(100));
         assert_eq!(store.position("accounts", 1).unwrap(), None);
         let reader = store.reader().unwrap();
-        assert_eq!(reader.get(0, "x").unwrap(), bytes("zero"));
+        assert_eq!(reader.get(&k(0), "x").unwrap(), bytes("zero"));
         assert_eq!(reader.counter("nothing").unwrap(), 0);
     }
 
     #[test]
-    fn a_commit_is_all_or_nothing_and_survives_reopen() {
+    fn a_commit_survives_reopen_and_counters_pass_the_i64_range() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p/state.redb");
         {
             let store = StateStore::open(&path).unwrap();
             store
                 .commit(BatchCommit {
-                    writes: vec![(1, writes(&[("a", Some("1"))]))],
-                    counter_deltas: [("total".to_owned(), i64::MAX - 1)].into_iter().collect(),
+                    writes: vec![(k(1), writes(&[("a", Some("1"))]))],
+                    counter_deltas: [("total".to_owned(), i128::from(i64::MAX) - 1)].into_iter().collect(),
                     positions: vec![("t".into(), 0, 5)],
                     outbox: vec![entry("out", 1)],
                     ..BatchCommit::default()
                 })
                 .unwrap();
-            // This one overflows a counter: nothing of it may land.
-            let err = store
+            // Several keys' deltas may sum past i64 in one batch (each was
+            // checked on its own): the commit still lands, nothing wraps.
+            store
                 .commit(BatchCommit {
-                    writes: vec![(1, writes(&[("a", Some("2")), ("b", Some("2"))]))],
-                    counter_deltas: [("total".to_owned(), 2), ("other".to_owned(), 1)].into_iter().collect(),
-                    stat_deltas: [("applied".to_owned(), 3)].into_iter().collect(),
-                    positions: vec![("t".into(), 0, 9)],
-                    outbox: vec![entry("out", 2)],
-                    done: vec![("t".into(), 0, 12)],
+                    counter_deltas: [("total".to_owned(), 2)].into_iter().collect(),
+                    ..BatchCommit::default()
                 })
-                .unwrap_err();
-            assert!(matches!(err, StateError::CounterOverflow { ref name, delta: 2, .. } if name == "total"), "{err}");
+                .unwrap();
         }
         let store = StateStore::open(&path).unwrap();
-        assert_eq!(store.entries(1).unwrap(), vec![("a".to_owned(), b"1".to_vec())]);
+        assert_eq!(store.entries(&k(1)).unwrap(), vec![("a".to_owned(), b"1".to_vec())]);
         assert_eq!(store.position("t", 0).unwrap(), Some(5));
-        assert_eq!(store.counters().unwrap(), vec![("total".to_owned(), i64::MAX - 1)]);
-        assert_eq!(store.stats().unwrap(), vec![]);
-        assert!(store.done("t", 0).unwrap().is_empty());
+        assert_eq!(store.counters().unwrap(), vec![("total".to_owned(), i128::from(i64::MAX) + 1)]);
         assert_eq!(store.outbox().unwrap(), vec![(0, entry("out", 1))]);
+    }
+
+    #[test]
+    fn keys_are_their_bytes_and_are_listed_in_byte_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir);
+        let text = |t: &str| Key::parse_text(t).unwrap();
+        let keys = [text(r#""b""#), text(r#""a""#), text(r#"["a", 1]"#), text(r#""ab""#), k(3)];
+        let commit = BatchCommit {
+            writes: keys.iter().map(|key| (key.clone(), writes(&[("v", Some(&key.to_string()))]))).collect(),
+            ..BatchCommit::default()
+        };
+        store.commit(commit).unwrap();
+        let mut sorted = keys.to_vec();
+        sorted.sort();
+        assert_eq!(store.keys().unwrap(), sorted);
+        for key in &keys {
+            assert_eq!(store.entries(key).unwrap(), vec![("v".to_owned(), key.to_string().into_bytes())]);
+        }
+    }
+
+    #[test]
+    fn a_file_of_the_old_format_is_refused_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            let old: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("state");
+            txn.open_table(old).unwrap().insert((7, "balance"), b"1".as_slice()).unwrap();
+            txn.commit().unwrap();
+        }
+        let error = StateStore::open(&path).unwrap_err();
+        assert!(matches!(error, StateError::UnknownFormat { ref found, .. } if found == "1"), "{error}");
+        assert!(error.to_string().contains("fresh --data"), "{error}");
+        // A file this build wrote opens again.
+        let fresh = dir.path().join("fresh.redb");
+        drop(StateStore::open(&fresh).unwrap());
+        StateStore::open(&fresh).unwrap();
     }
 
     #[test]
@@ -644,17 +719,17 @@ mod tests {
         let store = open(&dir);
         store
             .commit(BatchCommit {
-                writes: vec![(1, writes(&[("a", Some("1")), ("b", Some("2"))]))],
+                writes: vec![(k(1), writes(&[("a", Some("1")), ("b", Some("2"))]))],
                 ..Default::default()
             })
             .unwrap();
         store
-            .commit(BatchCommit { writes: vec![(1, writes(&[("a", None), ("zz", None)]))], ..Default::default() })
+            .commit(BatchCommit { writes: vec![(k(1), writes(&[("a", None), ("zz", None)]))], ..Default::default() })
             .unwrap();
-        assert_eq!(store.get(1, "a").unwrap(), None);
-        assert_eq!(store.entries(1).unwrap(), vec![("b".to_owned(), b"2".to_vec())]);
-        store.commit(BatchCommit { writes: vec![(1, writes(&[("b", None)]))], ..Default::default() }).unwrap();
-        assert_eq!(store.keys().unwrap(), Vec::<u64>::new());
+        assert_eq!(store.get(&k(1), "a").unwrap(), None);
+        assert_eq!(store.entries(&k(1)).unwrap(), vec![("b".to_owned(), b"2".to_vec())]);
+        store.commit(BatchCommit { writes: vec![(k(1), writes(&[("b", None)]))], ..Default::default() }).unwrap();
+        assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
     }
 
     #[test]
@@ -744,7 +819,7 @@ mod tests {
         let store = open(&dir);
         store
             .commit(BatchCommit {
-                writes: vec![(1, writes(&[("a", Some("old"))]))],
+                writes: vec![(k(1), writes(&[("a", Some("old"))]))],
                 counter_deltas: [("c".to_owned(), 1)].into_iter().collect(),
                 ..Default::default()
             })
@@ -752,7 +827,7 @@ mod tests {
         let before = store.reader().unwrap();
         store
             .commit(BatchCommit {
-                writes: vec![(1, writes(&[("a", Some("new")), ("b", Some("new"))]))],
+                writes: vec![(k(1), writes(&[("a", Some("new")), ("b", Some("new"))]))],
                 counter_deltas: [("c".to_owned(), 10)].into_iter().collect(),
                 ..Default::default()
             })
@@ -760,13 +835,13 @@ mod tests {
         // Shared by reference across threads, as the workers of a batch do.
         std::thread::scope(|s| {
             s.spawn(|| {
-                assert_eq!(before.get(1, "a").unwrap(), bytes("old"));
-                assert_eq!(before.get(1, "b").unwrap(), None);
+                assert_eq!(before.get(&k(1), "a").unwrap(), bytes("old"));
+                assert_eq!(before.get(&k(1), "b").unwrap(), None);
                 assert_eq!(before.counter("c").unwrap(), 1);
             });
         });
         let after = store.reader().unwrap();
-        assert_eq!(after.get(1, "a").unwrap(), bytes("new"));
+        assert_eq!(after.get(&k(1), "a").unwrap(), bytes("new"));
         assert_eq!(after.counter("c").unwrap(), 11);
     }
 

@@ -8,6 +8,7 @@ mod common;
 
 use common::{bank_wasm, text, waku};
 use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::key::Key;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
@@ -110,12 +111,10 @@ fn publish_run_and_state_get_work_end_to_end() {
     assert_eq!(account["owner"], "ann");
     assert_eq!(state["counters"]["open_accounts"], 2);
 
-    // The key hash printed can be used directly.
-    let key_hash = state["key_hash"].as_str().unwrap().to_owned();
-    let out = waku(
-        &["state", "get", "--data", "data", "--projection", "bank", "--key-hash", &key_hash, "account"],
-        dir.path(),
-    );
+    // The key printed can be used directly.
+    assert_eq!(state["key"], 42);
+    let key = state["key"].to_string();
+    let out = waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "account"], dir.path());
     let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(&again["entries"]["account"], account);
 
@@ -193,11 +192,11 @@ fn sandbox_limit_flags_reach_the_sandbox() {
 
 /// What a projection's state file holds: every key's entries, the counters,
 /// and the counts of applied/skipped/malformed events.
-type StateDump = (BTreeMap<u64, Vec<(String, Vec<u8>)>>, Vec<(String, i64)>, Vec<(String, u64)>);
+type StateDump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Vec<(String, u64)>);
 
 fn dump_state(data: &Path, projection: &str) -> StateDump {
     let store = StateStore::open(&data.join("projections").join(format!("{projection}.redb"))).unwrap();
-    let entries = store.keys().unwrap().into_iter().map(|key| (key, store.entries(key).unwrap())).collect();
+    let entries = store.keys().unwrap().into_iter().map(|key| (key.clone(), store.entries(&key).unwrap())).collect();
     (entries, store.counters().unwrap(), store.stats().unwrap())
 }
 

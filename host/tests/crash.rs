@@ -154,13 +154,13 @@ async fn killing_the_host_at_random_moments_with_failures_loses_nothing_and_repe
     assert!(started.elapsed() < Duration::from_secs(120));
 
     let store = StateStore::open(&state_path).unwrap();
-    // The module says which key hash an account number has.
+    // The module says which key an account number is.
     let mut instance = module.instantiate().unwrap();
     let tag = wakuwaku::event::EventTypeTag::new(LEDGER_TAG);
     let mut balance = |key: u64| -> i64 {
         let body = serde_json::json!({ "key": key, "seq": 0, "amount": 0, "fail": null, "ordering": "relaxed" });
-        let hash = instance.key(tag, &serde_json::to_vec(&body).unwrap()).unwrap();
-        store.get(hash, "balance").unwrap().map_or(0, |b| serde_json::from_slice(&b).unwrap())
+        let key = instance.key(tag, &serde_json::to_vec(&body).unwrap()).unwrap();
+        store.get(&key, "balance").unwrap().map_or(0, |b| serde_json::from_slice(&b).unwrap())
     };
     let wrong: Vec<(u64, i64, i64)> = oracle
         .balances
@@ -170,9 +170,9 @@ async fn killing_the_host_at_random_moments_with_failures_loses_nothing_and_repe
         .take(5)
         .collect();
     assert!(wrong.is_empty(), "after {killed} kills, balances differ (key, expected, found): {wrong:?}");
-    let counters: HashMap<String, i64> = store.counters().unwrap().into_iter().collect();
+    let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     assert_eq!(counters.get("out_of_order"), None, "a key saw its entries out of order");
-    assert_eq!(counters.get("ledger").copied(), Some(oracle.applied as i64), "every entry applied exactly once");
+    assert_eq!(counters.get("ledger").copied(), Some(oracle.applied as i128), "every entry applied exactly once");
 
     let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);

@@ -22,7 +22,8 @@ use rustc_hash::FxHashMap;
 use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::EventHeaders;
-use wakuwaku::handler::{HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::handler::{BatchBudget, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::Projection;
@@ -121,12 +122,13 @@ async fn per_event(log: &Arc<EmbeddedLog>, module: Arc<dyn HandlerModule>, store
         while position < end {
             let records = log.read("accounts", partition, position, BATCH).await.unwrap();
             let snapshot = Arc::new(store.reader().unwrap());
-            let mut scopes: FxHashMap<u64, KeyScope> = FxHashMap::default();
+            let mut scopes: FxHashMap<Key, KeyScope> = FxHashMap::default();
+            let budget = BatchBudget::new(&PayloadLimits::default());
             for stored in &records {
                 let headers = EventHeaders::parse_stored(&stored.record.headers).unwrap();
-                let scope = scopes
-                    .entry(headers.key_hash)
-                    .or_insert_with(|| KeyScope::new(headers.key_hash, snapshot.clone(), PayloadLimits::default()));
+                let scope = scopes.entry(headers.key.clone()).or_insert_with(|| {
+                    KeyScope::new(headers.key, snapshot.clone(), PayloadLimits::default(), budget.clone())
+                });
                 let body = std::slice::from_ref(&stored.record.body);
                 instance.handle(scope, headers.tag, body).unwrap();
             }

@@ -26,7 +26,7 @@ use iggy::prelude::{
 };
 use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::event::header_name::{KEY_HASH, TAG};
+use wakuwaku::event::header_name::{KEY, TAG};
 use wakuwaku::log::IggyLog;
 use wakuwaku::projection::Projection;
 use wakuwaku::state::StateStore;
@@ -133,7 +133,7 @@ async fn raw_poll(client: &IggyClient, stream: &str, partition: u32) -> u64 {
     let stream = Identifier::named(stream).expect("a stream name");
     let topic = Identifier::named(TOPIC).expect("a topic name");
     let consumer = IggyConsumer::new(Identifier::named("waku-bench").expect("a name"));
-    let (tag, key) = (HeaderKey::from_str(TAG).expect("a key"), HeaderKey::from_str(KEY_HASH).expect("a key"));
+    let (tag, key) = (HeaderKey::from_str(TAG).expect("a key"), HeaderKey::from_str(KEY).expect("a key"));
     let (mut offset, mut read, mut checksum) = (0, 0, 0u64);
     loop {
         let polled = client
@@ -144,7 +144,8 @@ async fn raw_poll(client: &IggyClient, stream: &str, partition: u32) -> u64 {
         for message in &polled.messages {
             let headers = message.user_headers_map().expect("headers").expect("headers present");
             let tag = headers[&tag].as_uint32().expect("a u32 tag");
-            let key = headers[&key].as_uint64().expect("a u64 key");
+            // The key's canonical bytes, hashed as the host does.
+            let key = wakuwaku::key::key_hash(headers[&key].as_bytes());
             checksum = checksum.wrapping_add(u64::from(tag) ^ key);
         }
         read += polled.messages.len() as u64;

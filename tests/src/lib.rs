@@ -30,6 +30,7 @@ use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use wakuwaku::guest_build::GuestBuild;
 use wakuwaku::handler::HandlerModule;
+use wakuwaku::key::Key;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::plan::{PlanRecord, must_precede};
@@ -38,6 +39,7 @@ use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
 pub mod faulty;
 pub mod flaky;
+pub mod hostile;
 pub mod liar;
 pub mod native;
 pub mod proxy;
@@ -106,8 +108,8 @@ pub fn probe_module() -> Arc<dyn HandlerModule> {
 /// A message of type `tag` for key `key` with a JSON body, Relaxed and
 /// non-associative: what most tests publish.
 pub fn json_record(tag: EventTypeTag, key: u64, body: serde_json::Value) -> Record {
-    let headers =
-        EventHeaders { tag, key_hash: key, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
+    let key = Key::int(key);
+    let headers = EventHeaders { tag, key, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
     Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).expect("JSON") }
 }
 
@@ -132,18 +134,18 @@ impl CallObserver for Recorder {
 
 /// Checks recorded runs against the spec for every key.
 ///
-/// `log` holds one partition's records in log order as (offset, planning
-/// headers). Within a key, runs are handled one after another, so the
+/// `log` holds one partition's records in log order as (offset, key,
+/// planning headers). Within a key, runs are handled one after another, so the
 /// recorded order of a key's runs is a total order; every pair the spec
 /// orders must appear in that order (or in one run, in log order, which a
 /// run always keeps). Also checks that every record was handled exactly once.
-pub fn check_call_order(partition: u32, log: &[(u64, PlanRecord)], calls: &[RunCall]) -> Result<(), String> {
+pub fn check_call_order(partition: u32, log: &[(u64, Key, PlanRecord)], calls: &[RunCall]) -> Result<(), String> {
     // Position of every handled offset: (index of its run among its key's
     // runs, index inside the run).
     let mut position: FxHashMap<u64, (usize, usize)> = FxHashMap::default();
-    let mut runs_per_key: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut runs_per_key: FxHashMap<&Key, usize> = FxHashMap::default();
     for call in calls.iter().filter(|c| c.partition == partition) {
-        let run_index = runs_per_key.entry(call.key).or_default();
+        let run_index = runs_per_key.entry(&call.key).or_default();
         for (inside, &offset) in call.offsets.iter().enumerate() {
             if position.insert(offset, (*run_index, inside)).is_some() {
                 return Err(format!("offset {offset} was handled twice"));
@@ -151,19 +153,19 @@ pub fn check_call_order(partition: u32, log: &[(u64, PlanRecord)], calls: &[RunC
         }
         *run_index += 1;
     }
-    if let Some((offset, _)) = log.iter().find(|(offset, _)| !position.contains_key(offset)) {
+    if let Some((offset, ..)) = log.iter().find(|(offset, ..)| !position.contains_key(offset)) {
         return Err(format!("offset {offset} was never handled"));
     }
-    let mut by_key: FxHashMap<u64, Vec<(u64, PlanRecord)>> = FxHashMap::default();
-    for &(offset, record) in log {
-        by_key.entry(record.key).or_default().push((offset, record));
+    let mut by_key: FxHashMap<&Key, Vec<(u64, PlanRecord)>> = FxHashMap::default();
+    for (offset, key, record) in log {
+        by_key.entry(key).or_default().push((*offset, *record));
     }
     for (key, events) in by_key {
         for (i, (earlier_offset, earlier)) in events.iter().enumerate() {
             for (later_offset, later) in &events[i + 1..] {
                 if must_precede(earlier, later) && position[earlier_offset] >= position[later_offset] {
                     return Err(format!(
-                        "key {key:#x}: offset {earlier_offset} ({:?}, tag {}) must be handled before offset \
+                        "key {key}: offset {earlier_offset} ({:?}, tag {}) must be handled before offset \
                          {later_offset} ({:?}, tag {}) but was not: positions {:?} vs {:?}",
                         earlier.ordering,
                         earlier.tag,
@@ -179,15 +181,16 @@ pub fn check_call_order(partition: u32, log: &[(u64, PlanRecord)], calls: &[RunC
     Ok(())
 }
 
-/// Reads a whole partition back as planning records.
-pub async fn read_partition(log: &EmbeddedLog, topic: &str, partition: u32) -> Vec<(u64, PlanRecord)> {
+/// Reads a whole partition back as keys and planning records (whose `key`
+/// is the key's hash: compare keys by the [`Key`]).
+pub async fn read_partition(log: &EmbeddedLog, topic: &str, partition: u32) -> Vec<(u64, Key, PlanRecord)> {
     let end = log.end_offset(topic, partition).await.expect("end offset");
     let stored = log.read(topic, partition, 0, end as usize).await.expect("read back");
     stored
         .into_iter()
         .map(|s| {
             let h = EventHeaders::parse_stored(&s.record.headers).expect("headers written by publish parse");
-            (s.offset, PlanRecord { key: h.key_hash, tag: h.tag, ordering: h.ordering })
+            (s.offset, h.key.clone(), PlanRecord { key: h.key.key_hash(), tag: h.tag, ordering: h.ordering })
         })
         .collect()
 }

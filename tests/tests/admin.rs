@@ -94,17 +94,19 @@ async fn the_admin_endpoint_answers_over_http() {
     assert_eq!(modules.running[0].version, module.version());
     assert!(modules.running[0].event_types.iter().any(|t| t.1 == "Deposited" && t.2 == "associative"));
 
-    let key = projection.store().keys().unwrap()[0];
-    let (code, body) = get_async(&base, &format!("/state/bank/{key:#x}")).await;
+    let key = projection.store().keys().unwrap()[0].clone();
+    let (code, body) = get_async(&base, &format!("/state/bank/{key}")).await;
     assert_eq!(code, 200, "{body}");
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(state["entries"]["account"].is_object(), "{state}");
-    assert_eq!(get_async(&base, &format!("/state/bank/{key}")).await.1, body, "decimal and hex name the same key");
+    assert_eq!(state["key"].to_string(), key.to_string(), "the answer names the key in its text form");
+    let spaced = format!("/state/bank/%20{key}%20");
+    assert_eq!(get_async(&base, &spaced).await.1, body, "the key's text is read as JSON");
     let (code, body) = get_async(&base, "/state/ledger/1").await;
     assert_eq!((code, body.as_str()), (404, "no projection `ledger` here (this host runs `bank`)\n"));
     let (code, body) = get_async(&base, "/state/bank/forty-two").await;
     assert_eq!(code, 400);
-    assert!(body.contains("`forty-two` is not a key hash"), "{body}");
+    assert!(body.contains("`forty-two`: not a key"), "{body}");
 
     let (code, body) = get_async(&base, "/status").await;
     assert_eq!(code, 200);

@@ -82,8 +82,8 @@ async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
     // The batch committed: position, both notes, the counts.
     let store = projection.store();
     assert_eq!(store.position("probes", 0).unwrap(), Some(3));
-    assert_eq!(store.get(2, "last").unwrap(), Some(b"\"other key\"".to_vec()));
-    assert_eq!(store.get(1, "before-failure").unwrap(), None, "the failed call left a write");
+    assert_eq!(store.get(&wakuwaku::key::Key::int(2u64), "last").unwrap(), Some(b"\"other key\"".to_vec()));
+    assert_eq!(store.get(&wakuwaku::key::Key::int(1u64), "before-failure").unwrap(), None, "the failed call left a write");
     let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
     assert_eq!((stats[stat::APPLIED], stats[stat::RETRY_IN]), (2, 1));
 
@@ -99,7 +99,7 @@ async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
     assert_eq!(failure.message, "retryable handler error: the ledger is busy");
     assert_eq!(failure.module, "probe");
     assert_eq!(failure.version, projection.modules()[0].version());
-    assert_eq!(EventHeaders::parse_stored(&waiting[0].record.headers).unwrap().key_hash, 1);
+    assert_eq!(EventHeaders::parse_stored(&waiting[0].record.headers).unwrap().key, wakuwaku::key::Key::int(1u64));
     assert_eq!(log.end_offset("dlq_probes", 0).await.unwrap(), 0);
 }
 

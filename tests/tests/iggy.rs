@@ -62,9 +62,9 @@ fn check_hosts(oracle: &Oracle, hosts: &[(&[u32], &StateStore)]) -> demo::Oracle
     demo::check(oracle, open_accounts, |account| -> Result<_, ()> {
         let body = serde_json::to_vec(&serde_json::json!({ "account": account, "owner": "" })).unwrap();
         let key = instance.key(opened, &body).unwrap();
-        let partition = partition_for(key, PARTITIONS);
+        let partition = partition_for(key.key_hash(), PARTITIONS);
         let (_, store) = hosts.iter().find(|(partitions, _)| partitions.contains(&partition)).expect("an owner");
-        Ok(store.get(key, demo::ACCOUNT_ENTRY).unwrap())
+        Ok(store.get(&key, demo::ACCOUNT_ENTRY).unwrap())
     })
     .unwrap()
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, RunCall, stat};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, KeyHash, partition_for};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
+use wakuwaku::key::Key;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::plan::PlanRecord;
@@ -26,20 +27,21 @@ const TOPIC: &str = "steps";
 
 /// One event to publish.
 struct Event {
-    key: KeyHash,
+    /// The key's integer (`Key::int`).
+    key: u64,
     tag: EventTypeTag,
     ordering: EventAtomicOrdering,
     step: Step,
 }
 
-fn event(key: KeyHash, tag: EventTypeTag, ordering: EventAtomicOrdering, seq: u64, fail: &[&str]) -> Event {
+fn event(key: u64, tag: EventTypeTag, ordering: EventAtomicOrdering, seq: u64, fail: &[&str]) -> Event {
     let fail = fail.iter().map(|s| (*s).to_owned()).collect();
     Event { key, tag, ordering, step: Step { seq, amount: 1, fail, ..Step::default() } }
 }
 
 fn record(e: &Event) -> Record {
     let algebra = if e.tag == SUM { Algebra::Associative } else { Algebra::NonAssociative };
-    let headers = EventHeaders { tag: e.tag, key_hash: e.key, ordering: e.ordering, algebra };
+    let headers = EventHeaders { tag: e.tag, key: Key::int(e.key), ordering: e.ordering, algebra };
     Record { headers: headers.to_headers(), body: e.step.body() }
 }
 
@@ -61,7 +63,7 @@ impl Setup {
     /// Appends events, each to its key's partition, in the order given.
     async fn publish(&self, events: &[Event]) {
         for e in events {
-            self.log.append(TOPIC, vec![(partition_for(e.key, self.partitions), vec![record(e)])]).await.unwrap();
+            self.log.append(TOPIC, vec![(partition_for(Key::int(e.key).key_hash(), self.partitions), vec![record(e)])]).await.unwrap();
         }
     }
 
@@ -151,12 +153,12 @@ async fn every_row_of_the_error_table_lands_where_it_should() {
     let summary = setup.consumer(&projection, 100, eager(3)).catch_up().await.unwrap();
     let store = projection.store();
 
-    assert_eq!(Flaky::applied(store, 1), [1]);
-    assert_eq!(Flaky::applied(store, 2), Vec::<u64>::new());
-    assert_eq!(Flaky::applied(store, 3), [3, 4, 5]);
-    assert_eq!(Flaky::applied(store, 4), [6, 8]);
-    assert_eq!(Flaky::applied(store, 5), [9]);
-    assert_eq!(Flaky::applied(store, 6), Vec::<u64>::new());
+    assert_eq!(Flaky::applied(store, &Key::int(1u64)), [1]);
+    assert_eq!(Flaky::applied(store, &Key::int(2u64)), Vec::<u64>::new());
+    assert_eq!(Flaky::applied(store, &Key::int(3u64)), [3, 4, 5]);
+    assert_eq!(Flaky::applied(store, &Key::int(4u64)), [6, 8]);
+    assert_eq!(Flaky::applied(store, &Key::int(5u64)), [9]);
+    assert_eq!(Flaky::applied(store, &Key::int(6u64)), Vec::<u64>::new());
 
     let dead = setup.routed("dlq_steps").await;
     let mut lines: Vec<(u64, FailureClass, u32, String)> = dead
@@ -256,7 +258,7 @@ async fn a_key_keeps_its_order_across_retries_and_diversion() {
             .handled()
             .into_iter()
             .map(|(key, tag, seqs)| RunCall {
-                partition: partition_for(key, 2),
+                partition: partition_for(key.key_hash(), 2),
                 key,
                 tag,
                 reduced: 1,
@@ -265,10 +267,10 @@ async fn a_key_keeps_its_order_across_retries_and_diversion() {
             })
             .collect();
         for partition in 0..2 {
-            let log: Vec<(u64, PlanRecord)> = events
+            let log: Vec<(u64, Key, PlanRecord)> = events
                 .iter()
-                .filter(|e| partition_for(e.key, 2) == partition)
-                .map(|e| (e.step.seq, PlanRecord { key: e.key, tag: e.tag, ordering: e.ordering }))
+                .filter(|e| partition_for(Key::int(e.key).key_hash(), 2) == partition)
+                .map(|e| (e.step.seq, Key::int(e.key), PlanRecord { key: e.key, tag: e.tag, ordering: e.ordering }))
                 .collect();
             check_call_order(partition, &log, &calls)
                 .unwrap_or_else(|e| panic!("seed {seed}, batch size {batch_size}, partition {partition}: {e}"));
@@ -331,7 +333,7 @@ async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let projection = setup.projection();
     let summary = setup.consumer(&projection, 100, retry.clone()).catch_up().await.unwrap();
     assert_eq!((summary.applied, summary.retry_in), (0, 1), "the key was not known to be in retry");
-    assert_eq!(Flaky::applied(projection.store(), 1), Vec::<u64>::new());
+    assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), Vec::<u64>::new());
     drop(projection);
 
     // Once the delay (measured from the failure) has passed, both are
@@ -340,7 +342,7 @@ async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let projection = setup.projection();
     let summary = setup.consumer(&projection, 100, retry).catch_up().await.unwrap();
     assert_eq!((summary.applied, summary.retry_out), (2, 2));
-    assert_eq!(Flaky::applied(projection.store(), 1), [1, 3]);
+    assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), [1, 3]);
     assert_accounted(projection.store(), 3, 0);
 }
 
@@ -358,7 +360,7 @@ async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
     let retried = setup.routed("retry_steps").await;
     assert_eq!(retried.len(), 1);
     assert_eq!((retried[0].1.origin_offset, retried[0].1.events), (0, 5));
-    let total: i64 = serde_json::from_slice(&projection.store().get(1, "total").unwrap().unwrap()).unwrap();
+    let total: i64 = serde_json::from_slice(&projection.store().get(&Key::int(1u64), "total").unwrap().unwrap()).unwrap();
     assert_eq!(total, 5);
     assert_accounted(projection.store(), 5, 0);
 }
@@ -367,7 +369,7 @@ async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
 async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
     use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
     let setup = Setup::new(2).await;
-    let (one, two) = (0x1111_0000_0000_0000, 0xF000_0000_0000_0000);
+    let (one, two) = (0x1111_0000_0000_0000u64, 0xF000_0000_0000_0000u64);
     setup
         .publish(&[
             event(one, STEP, Relaxed, 1, &[]),
@@ -388,27 +390,27 @@ async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
 
     // After the fix: re-drive key one's three, in dead-letter order.
     setup.module.broken.store(false, std::sync::atomic::Ordering::SeqCst);
-    let key_one = Selection { key: Some(one), ..Selection::default() };
+    let key_one = Selection { key: Some(Key::int(one)), ..Selection::default() };
     let done = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &key_one).await.unwrap();
     assert_eq!((done.records, done.events, done.already), (3, 3, 0));
     let again = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &key_one).await.unwrap();
     assert_eq!((again.records, again.already), (0, 3), "a dead letter is re-driven once");
     let summary = consumer.catch_up().await.unwrap();
     assert_eq!((summary.consumed, summary.retry_out, summary.applied), (0, 3, 3));
-    assert_eq!(Flaky::applied(store, one), [1, 2, 4]);
-    assert_eq!(Flaky::applied(store, two), Vec::<u64>::new());
+    assert_eq!(Flaky::applied(store, &Key::int(one)), [1, 2, 4]);
+    assert_eq!(Flaky::applied(store, &Key::int(two)), Vec::<u64>::new());
     let redriven: Vec<bool> =
         dead_letter::list(&*setup.log, TOPIC, "flaky", store).await.unwrap().iter().map(|l| l.redriven).collect();
     assert_eq!(redriven.iter().filter(|&&r| r).count(), 3);
 
     // The rest, by place; a place with no dead letter is refused by name.
-    let place = letters.iter().find(|l| l.envelope.as_ref().is_ok_and(|e| e.key_hash == two)).unwrap();
+    let place = letters.iter().find(|l| l.envelope.as_ref().is_ok_and(|e| e.key == Key::int(two))).unwrap();
     let missing = Selection { records: vec![(0, 999)], ..Selection::default() };
     let error = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &missing).await.unwrap_err();
     assert!(matches!(error, DeadLetterError::NotFound { partition: 0, offset: 999, .. }), "{error}");
     let by_place = Selection { records: vec![(place.partition, place.offset)], ..Selection::default() };
     assert_eq!(dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &by_place).await.unwrap().records, 1);
     consumer.catch_up().await.unwrap();
-    assert_eq!(Flaky::applied(store, two), [3]);
+    assert_eq!(Flaky::applied(store, &Key::int(two)), [3]);
     assert_accounted(store, 4, 0);
 }

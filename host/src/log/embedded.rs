@@ -869,7 +869,7 @@ mod tests {
         log.create_topic("bench", 1).await.unwrap();
         let headers = crate::event::EventHeaders {
             tag: crate::event::EventTypeTag::new(1),
-            key_hash: 42,
+            key: crate::key::Key::int(42u64),
             ordering: crate::event::EventAtomicOrdering::Relaxed,
             algebra: crate::event::Algebra::NonAssociative,
         }

@@ -11,8 +11,8 @@
 //! - **End offsets come from message counts.** Iggy's `current_offset` is
 //!   the offset of the last message and is also 0 for an empty partition;
 //!   the message count tells them apart and is the end offset.
-//! - **Headers are Iggy user headers.** The tag and key hash travel as typed
-//!   `u32` and `u64` values, everything else as raw bytes. Iggy refuses empty
+//! - **Headers are Iggy user headers.** The tag travels as a typed `u32`
+//!   value, everything else (the key's canonical bytes too) as raw bytes. Iggy refuses empty
 //!   values and values over 255 bytes, so such values are split over
 //!   numbered keys (`name`, `name~1`, …) or, when empty, stored as
 //!   `name~empty`, and joined again when read. Iggy refuses empty bodies:
@@ -54,7 +54,7 @@ use rustc_hash::FxHashMap;
 
 use super::{EventLog, LogError, Record, StoredRecord};
 use crate::event::Header;
-use crate::event::header_name::{KEY_HASH, TAG};
+use crate::event::header_name::TAG;
 
 /// The header naming the producer of an [`EventLog::append_as`].
 const PRODUCER: &str = "waku-producer";
@@ -449,7 +449,6 @@ fn to_message(
     for Header { name, value } in &record.headers {
         match (name.as_str(), value.len()) {
             (TAG, 4) => put(name, HeaderValue::from(u32::from_le_bytes(value[..].try_into().expect("4 bytes"))))?,
-            (KEY_HASH, 8) => put(name, HeaderValue::from(u64::from_le_bytes(value[..].try_into().expect("8 bytes"))))?,
             (_, 0) => put(&format!("{name}~empty"), HeaderValue::from(0u8))?,
             _ => {
                 for (index, piece) in value.chunks(255).enumerate() {
@@ -578,6 +577,7 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::header_name::KEY;
 
     #[test]
     fn headers_survive_the_trip_through_iggy_user_headers() {
@@ -585,7 +585,7 @@ mod tests {
         let record = Record {
             headers: vec![
                 Header { name: TAG.into(), value: 9u32.to_le_bytes().to_vec() },
-                Header { name: KEY_HASH.into(), value: 42u64.to_le_bytes().to_vec() },
+                Header { name: KEY.into(), value: vec![0x01, 0x54] },
                 Header { name: "waku-failure".into(), value: long.clone() },
                 Header { name: "waku-module".into(), value: Vec::new() },
                 Header { name: "trace".into(), value: b"abc".to_vec() },
