@@ -179,7 +179,7 @@ async fn every_row_of_the_error_table_lands_where_it_should() {
                 11,
                 FailureClass::Malformed,
                 0,
-                "header format version 7 is not supported (this build reads version 1)".to_owned()
+                "header format version 7 is not supported (this build reads version 2)".to_owned()
             ),
         ]
     );
