@@ -219,11 +219,7 @@ impl<'a> ser::Serializer for &'a mut Encoder {
         self.text(variant)
     }
 
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        value: &T,
-    ) -> Result<KeyValue, KeyError> {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<KeyValue, KeyError> {
         value.serialize(self)
     }
 
@@ -410,7 +406,10 @@ mod tests {
         assert_eq!(text(&(42u64, "eur")), r#"[42,"eur"]"#);
         assert_eq!(text(&Pair(-1, 'x')), r#"[-1,"x"]"#);
         assert_eq!(text(&Holding { account: 42, currency: "eur", _cache: 9 }), r#"[42,"eur"]"#);
-        assert_eq!(to_key(&Holding { account: 42, currency: "eur", _cache: 0 }).unwrap(), to_key(&(42, "eur")).unwrap());
+        assert_eq!(
+            to_key(&Holding { account: 42, currency: "eur", _cache: 0 }).unwrap(),
+            to_key(&(42, "eur")).unwrap()
+        );
         assert_eq!(text(&vec![1u8, 2]), "[1,2]", "a Vec<u8> is a sequence, not a byte string");
         assert_eq!(text(&[7u16; 3]), "[7,7,7]");
         assert_eq!(text(&()), "[]");

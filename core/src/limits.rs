@@ -834,7 +834,8 @@ mod tests {
         let ok = |tag| (tag, "Type", 1);
         let none: [&str; 0] = [];
         check_description([ok(1), ok(2)].into_iter(), &["out", "a.b-c_d"]).unwrap();
-        let cases: [(Vec<(u32, &str, u32)>, Vec<String>, &str); 9] = [
+        type Case = (Vec<(u32, &'static str, u32)>, Vec<String>, &'static str);
+        let cases: [Case; 9] = [
             (vec![], vec![], "event-type-count"),
             (vec![ok(1); MAX_EVENT_TYPES + 1], vec![], "event-type-count"),
             (vec![ok(1), ok(1)], vec![], "event-type-tag"),
