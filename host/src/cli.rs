@@ -1352,7 +1352,8 @@ mod tests {
     fn a_batch_budget_below_one_call_is_refused_naming_the_flag() {
         let error = consume_args(&["--max-batch-held-mib", "2"]).config(None).err().unwrap().to_string();
         assert!(error.starts_with("--max-batch-held-mib 2 is less than one handler call may hold"), "{error}");
-        let small_calls = ["--max-batch-held-mib", "2", "--max-state-kib-per-call", "64", "--max-emit-kib-per-call", "64"];
+        let small_calls =
+            ["--max-batch-held-mib", "2", "--max-state-kib-per-call", "64", "--max-emit-kib-per-call", "64"];
         consume_args(&small_calls).config(None).unwrap();
     }
 

@@ -2,30 +2,45 @@
 //! key-scoped view of state a call may touch.
 //!
 //! The consumer never sees WebAssembly. It sees a [`HandlerModule`] (the
-//! event types a module declares, and a way to make instances) and a
-//! [`HandlerInstance`] (something that can `handle`, `combine`, and answer
-//! `key`/`ordering` for a body). The WASM runtime implements both; so can
-//! native Rust code, which is how the benchmark compares the two inside the
-//! same host.
+//! event types a module declares, the topics it may emit to, and a way to
+//! make instances) and a [`HandlerInstance`] (something that can `handle`,
+//! `combine`, and answer `key`/`ordering` for a body). The WASM runtime
+//! implements both; so can native Rust code, which is how the benchmark
+//! compares the two inside the same host.
 //!
 //! Rules kept here:
 //! - **A call sees one key.** A [`KeyScope`] holds the state writes, counter
 //!   changes and emitted messages of one key during one batch. Reads see the
 //!   key's own earlier writes first, then the committed snapshot.
+//! - **Every value is checked at the call**, against the rules of
+//!   [`wakuwaku_core::limits`]: a value that breaks one is a [`Refusal`]
+//!   returned to the module, naming the rule, and nothing of it is kept.
 //! - **A failed call leaves no trace.** Writes of a call are staged and only
 //!   join the key's buffer when the call succeeds ([`KeyScope::finish_call`]).
-//! - **Limits are the host's.** Oversized state values, emits and log lines
-//!   are refused with a message naming the limit, never truncated silently.
+//! - **What a batch holds is bounded.** Each call counts what it hands the
+//!   host against the per-call limits of [`PayloadLimits`] as it goes, and,
+//!   when it ends, against the batch's shared [`BatchBudget`]. A call that
+//!   would take the batch past its budget fails as
+//!   [`CallError::BatchBudget`] (retryable: its key is tried again in a
+//!   later batch), whatever the module did with it.
+//! - **Host faults are not the module's.** A state read that fails in the
+//!   host fails the call as [`CallError::HostFault`], which the consumer
+//!   never counts against the module.
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash};
+use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use crate::key::Key;
 use crate::log::Record;
 use crate::state::{KeyWrites, OutboxEntry, StateError, StateReader};
+pub use wakuwaku_core::limits;
+use wakuwaku_core::limits::{CallTally, counter_value};
+pub use wakuwaku_core::limits::{ContractError, LimitsError, PayloadLimits, Refusal};
 
 /// One event type as a module declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +81,8 @@ impl fmt::Display for ErrorClass {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
-    /// The handler returned an error.
+    /// The handler returned an error (its message cut to
+    /// [`wakuwaku_core::limits::MAX_ERROR_MESSAGE_BYTES`]).
     #[error("{class} handler error: {message}")]
     Handler {
         /// What kind of failure the handler reported.
@@ -75,26 +91,57 @@ pub enum CallError {
         message: String,
     },
     /// The guest trapped: a panic, out of CPU budget, a memory limit, a
-    /// stack overflow. The instance is replaced before its next call.
+    /// stack overflow, a value the host could not lift. The instance is
+    /// replaced before its next call.
     #[error("module trapped: {reason}")]
     Trap {
         /// What the trap was, with the guest's last stderr output if any.
         reason: String,
     },
-    /// The module broke the contract (for example it returned a body for a
-    /// type it does not declare, or a state read failed in the host).
-    #[error("{0}")]
-    Host(String),
+    /// The module returned a value the host cannot use (a key that is not
+    /// canonical, an oversized `combine` body); the message names the rule.
+    #[error("the module broke the contract: {0}")]
+    Contract(ContractError),
+    /// The call would take what the batch holds past the batch's budget
+    /// ([`PayloadLimits::max_batch_held`]). Decided by the host, not the
+    /// module: retryable, so the key is tried again in a later batch.
+    #[error(
+        "batch-budget: the batch already holds {held} bytes of state writes and emits and this call adds {adds}, \
+         over the budget of {limit} bytes; the key is tried again in a later batch"
+    )]
+    BatchBudget {
+        /// What the batch held before the call.
+        held: usize,
+        /// What the call would add.
+        adds: usize,
+        /// The budget.
+        limit: usize,
+    },
+    /// The host's own state store failed under the call. Not the module's
+    /// doing: the consumer does not commit the batch and tries it again,
+    /// and counts nothing against the module.
+    #[error("host-fault: {0}")]
+    HostFault(String),
 }
 
 impl CallError {
-    /// The class that decides where the failed events go. A trap is
-    /// retryable: the module may be fixed, or the limit raised.
+    /// The class that decides where the failed events go. A trap, a broken
+    /// contract, the batch budget and a host fault are retryable: the
+    /// module may be fixed, a limit raised, the batch smaller, the store
+    /// back.
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Handler { class, .. } => *class,
-            Self::Trap { .. } | Self::Host(_) => ErrorClass::Retryable,
+            Self::Trap { .. } | Self::Contract(_) | Self::BatchBudget { .. } | Self::HostFault(_) => {
+                ErrorClass::Retryable
+            }
         }
+    }
+}
+
+impl From<ContractError> for CallError {
+    fn from(error: ContractError) -> Self {
+        Self::Contract(error)
     }
 }
 
@@ -106,6 +153,11 @@ pub trait HandlerModule: Send + Sync {
     fn version(&self) -> &str;
     /// The event types it handles.
     fn event_types(&self) -> &[EventType];
+    /// The topics it declared it may emit to (WIT `module-info.emits`); an
+    /// emit to any other topic is refused. None by default.
+    fn emits(&self) -> &[String] {
+        &[]
+    }
     /// A fresh instance, ready for calls.
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError>;
 }
@@ -116,28 +168,10 @@ pub trait HandlerInstance: Send {
     fn handle(&mut self, scope: &mut KeyScope, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<(), CallError>;
     /// Folds a run of an associative type into one body.
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError>;
-    /// The key hash of a body.
-    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<KeyHash, CallError>;
+    /// The key of a body, checked canonical.
+    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError>;
     /// The ordering a body asks for.
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError>;
-}
-
-/// Size limits the host enforces on what a handler hands it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PayloadLimits {
-    /// Largest state value a handler may set, in bytes. Default 1 MiB.
-    pub max_state_value: usize,
-    /// Largest body a handler may emit, in bytes. Default 1 MiB.
-    pub max_emit_body: usize,
-    /// Longest log line kept, in bytes; longer ones are cut and marked.
-    /// Default 4 KiB.
-    pub max_log_line: usize,
-}
-
-impl Default for PayloadLimits {
-    fn default() -> Self {
-        Self { max_state_value: 1 << 20, max_emit_body: 1 << 20, max_log_line: 4 << 10 }
-    }
 }
 
 /// Severity of a line a handler logs.
@@ -155,15 +189,67 @@ pub enum LogLevel {
     Error,
 }
 
-/// A message a handler wants published; see [`KeyScope::emit`].
+/// A message a handler wants published, as it handed it over (the key not
+/// yet checked); see [`KeyScope::emit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emitted {
     /// The target topic.
     pub topic: String,
-    /// Its envelope.
-    pub headers: EventHeaders,
+    /// Its event type.
+    pub tag: EventTypeTag,
+    /// Its key's canonical bytes (checked by [`KeyScope::emit`]).
+    pub key: Vec<u8>,
+    /// The ordering it asks for.
+    pub ordering: EventAtomicOrdering,
+    /// Its type's algebra.
+    pub algebra: Algebra,
     /// Its body.
     pub body: Vec<u8>,
+}
+
+/// What the state capability answers besides a value: a refusal the module
+/// sees, or a host fault, which fails the call whatever the module does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// The value broke a rule.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The host's state store failed.
+    #[error("host-fault: the host's state store failed: {0}")]
+    HostFault(String),
+}
+
+/// What one batch may make the host hold, shared by the key scopes of the
+/// batch ([`PayloadLimits::max_batch_held`]). Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct BatchBudget {
+    limit: usize,
+    held: Arc<AtomicUsize>,
+}
+
+impl BatchBudget {
+    /// A fresh budget for one batch: make one per batch and clone it into
+    /// each [`KeyScope`].
+    pub fn new(limits: &PayloadLimits) -> Self {
+        Self { limit: limits.max_batch_held, held: Arc::default() }
+    }
+
+    /// What the batch holds so far, in bytes.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` from the budget, or says what the batch held when they
+    /// do not fit.
+    fn reserve(&self, bytes: usize) -> Result<(), CallError> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&total| total <= self.limit)
+            })
+            .map(drop)
+            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit })
+    }
 }
 
 /// The state one key sees while its events are handled in one batch.
@@ -171,19 +257,21 @@ pub struct Emitted {
 /// It lives for one key and one batch: the consumer makes it, passes it to
 /// every call for that key, and turns it into part of the batch's commit.
 pub struct KeyScope {
-    key: KeyHash,
+    key: Key,
     snapshot: Arc<StateReader>,
     limits: PayloadLimits,
+    budget: BatchBudget,
     committed: Staged,
     call: Staged,
-    host_fault: Option<StateError>,
+    tally: CallTally,
+    host_fault: Option<String>,
 }
 
 /// Writes, counter changes and emits not yet committed.
 #[derive(Default)]
 struct Staged {
     writes: KeyWrites,
-    counters: FxHashMap<String, i64>,
+    counters: FxHashMap<String, i128>,
     outbox: Vec<OutboxEntry>,
 }
 
@@ -202,49 +290,70 @@ impl Staged {
 pub struct KeyOutcome {
     /// State writes of the key.
     pub writes: KeyWrites,
-    /// Changes to shared counters.
-    pub counters: FxHashMap<String, i64>,
+    /// Changes to shared counters (each key's stay within the s64 range as
+    /// that key saw the counter; summed over keys they may not).
+    pub counters: FxHashMap<String, i128>,
     /// Messages to publish once the batch commits.
     pub outbox: Vec<OutboxEntry>,
 }
 
 impl KeyScope {
-    /// A scope for `key` over a committed `snapshot`.
-    pub fn new(key: KeyHash, snapshot: Arc<StateReader>, limits: PayloadLimits) -> Self {
-        Self { key, snapshot, limits, committed: Staged::default(), call: Staged::default(), host_fault: None }
+    /// A scope for `key` over a committed `snapshot`, checking values
+    /// against `limits` and counting what its calls hold against the
+    /// batch's `budget`.
+    pub fn new(key: Key, snapshot: Arc<StateReader>, limits: PayloadLimits, budget: BatchBudget) -> Self {
+        Self {
+            key,
+            snapshot,
+            limits,
+            budget,
+            committed: Staged::default(),
+            call: Staged::default(),
+            tally: CallTally::default(),
+            host_fault: None,
+        }
     }
 
     /// The key being handled.
-    pub fn key(&self) -> KeyHash {
-        self.key
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The limits its calls run under.
+    pub fn limits(&self) -> &PayloadLimits {
+        &self.limits
     }
 
     /// Moves the scope's contents out (to hand them to a `'static` store
     /// for one call), leaving an empty scope of the same key behind.
     pub(crate) fn take_for_call(&mut self) -> KeyScope {
         KeyScope {
-            key: self.key,
+            key: self.key.clone(),
             snapshot: self.snapshot.clone(),
             limits: self.limits,
+            budget: self.budget.clone(),
             committed: std::mem::take(&mut self.committed),
             call: std::mem::take(&mut self.call),
+            tally: std::mem::take(&mut self.tally),
             host_fault: self.host_fault.take(),
         }
     }
 
-    /// Ends a call: its staged changes join the key's buffer when it
-    /// succeeded and are dropped when it failed. A state read that failed in
-    /// the host during the call turns success into [`CallError::Host`].
+    /// Ends a call. Its staged changes join the key's buffer when it
+    /// succeeded and fit the batch budget; otherwise they are dropped. A
+    /// host fault during the call fails it as [`CallError::HostFault`], and
+    /// a call that does not fit the budget as [`CallError::BatchBudget`],
+    /// whatever the module returned.
     pub fn finish_call(&mut self, result: Result<(), CallError>) -> Result<(), CallError> {
         let call = std::mem::take(&mut self.call);
-        let result = match self.host_fault.take() {
-            Some(fault) => Err(CallError::Host(format!("state read failed: {fault}"))),
-            None => result,
-        };
-        if result.is_ok() {
-            self.committed.absorb(call);
+        let tally = std::mem::take(&mut self.tally);
+        if let Some(fault) = self.host_fault.take() {
+            return Err(CallError::HostFault(fault));
         }
-        result
+        result?;
+        self.budget.reserve(tally.held)?;
+        self.committed.absorb(call);
+        Ok(())
     }
 
     /// Everything the key's successful calls changed.
@@ -253,101 +362,259 @@ impl KeyScope {
         KeyOutcome { writes, counters, outbox }
     }
 
+    /// Notes a host fault (the first one of the call wins) and says so.
+    fn fault(&mut self, error: StateError) -> ScopeError {
+        let message = format!("{error}");
+        self.host_fault.get_or_insert_with(|| message.clone());
+        ScopeError::HostFault(message)
+    }
+
     /// Reads an entry of the key: this call's writes, then the batch's, then
     /// the committed state.
-    pub fn get(&mut self, name: &str) -> Option<Vec<u8>> {
+    pub fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, ScopeError> {
+        limits::check_name(name)?;
         for staged in [&self.call, &self.committed] {
             if let Some(value) = staged.writes.get(name) {
-                return value.map(<[u8]>::to_vec);
+                return Ok(value.map(<[u8]>::to_vec));
             }
         }
-        match self.snapshot.get(self.key, name) {
-            Ok(value) => value,
-            Err(fault) => {
-                self.host_fault.get_or_insert(fault);
-                None
-            }
-        }
+        self.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
     }
 
     /// Writes an entry of the key.
-    pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), String> {
-        if value.len() > self.limits.max_state_value {
-            return Err(format!(
-                "state value `{name}` has {} bytes, over the limit of {} bytes",
-                value.len(),
-                self.limits.max_state_value
-            ));
-        }
+    pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), Refusal> {
+        self.tally.set(&self.limits, name, value.len())?;
         self.call.writes.set(name, value);
         Ok(())
     }
 
     /// Removes an entry of the key.
-    pub fn delete(&mut self, name: &str) {
+    pub fn delete(&mut self, name: &str) -> Result<(), Refusal> {
+        self.tally.delete(&self.limits, name)?;
         self.call.writes.delete(name);
-    }
-
-    /// Adds to a counter shared by all keys.
-    pub fn counter_add(&mut self, name: &str, delta: i64) {
-        *self.call.counters.entry(name.to_owned()).or_default() += delta;
-    }
-
-    /// A shared counter: committed value plus this key's changes.
-    pub fn counter_get(&mut self, name: &str) -> i64 {
-        let committed = match self.snapshot.counter(name) {
-            Ok(value) => value,
-            Err(fault) => {
-                self.host_fault.get_or_insert(fault);
-                0
-            }
-        };
-        let own: i64 = [&self.call, &self.committed].iter().filter_map(|s| s.counters.get(name)).sum();
-        committed.wrapping_add(own)
-    }
-
-    /// Queues a message for publication when the batch commits.
-    pub fn emit(&mut self, message: Emitted) -> Result<(), String> {
-        if message.body.len() > self.limits.max_emit_body {
-            return Err(format!(
-                "emitted body has {} bytes, over the limit of {} bytes",
-                message.body.len(),
-                self.limits.max_emit_body
-            ));
-        }
-        self.call.outbox.push(OutboxEntry {
-            topic: message.topic,
-            partition_key: message.headers.key_hash,
-            partition: None,
-            record: Record { headers: message.headers.to_headers(), body: message.body },
-        });
         Ok(())
     }
 
-    /// Writes a handler's log line through `tracing`, cut to the limit.
-    pub fn log(&self, module: &str, level: LogLevel, message: &str) {
-        log_line(module, Some(self.key), level, message, self.limits.max_log_line);
+    /// A shared counter as this key sees it: committed value plus this
+    /// key's changes in the batch.
+    fn counter_seen(&mut self, name: &str) -> Result<i128, ScopeError> {
+        limits::check_name(name)?;
+        let committed = self.snapshot.counter(name).map_err(|error| self.fault(error))?;
+        let own: i128 = [&self.call, &self.committed].iter().filter_map(|staged| staged.counters.get(name)).sum();
+        Ok(committed.saturating_add(own))
+    }
+
+    /// Adds to a counter shared by all keys; refused when the counter as
+    /// this key sees it would leave the s64 range.
+    pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), ScopeError> {
+        let current = self.counter_seen(name)?;
+        self.tally.counter_add(&self.limits, name, current, delta)?;
+        *self.call.counters.entry(name.to_owned()).or_default() += i128::from(delta);
+        Ok(())
+    }
+
+    /// A shared counter: committed value plus this key's changes; refused
+    /// when that is outside the s64 range.
+    pub fn counter_get(&mut self, name: &str) -> Result<i64, ScopeError> {
+        let value = self.counter_seen(name)?;
+        Ok(counter_value(name, value)?)
+    }
+
+    /// Queues a message for publication when the batch commits. Its topic
+    /// must be one of `declared` (the module's [`HandlerModule::emits`]).
+    pub fn emit(&mut self, declared: &[String], message: Emitted) -> Result<(), Refusal> {
+        let Emitted { topic, tag, key, ordering, algebra, body } = message;
+        let key = self.tally.emit(&self.limits, declared, &topic, &key, &body)?;
+        let partition_key = key.key_hash();
+        let headers = EventHeaders { tag, key, ordering, algebra };
+        self.call.outbox.push(OutboxEntry {
+            topic,
+            partition_key,
+            partition: None,
+            record: Record { headers: headers.to_headers(), body },
+        });
+        Ok(())
     }
 }
 
-/// Emits a handler's log line through `tracing`, cut at `max` bytes.
-pub(crate) fn log_line(module: &str, key: Option<KeyHash>, level: LogLevel, message: &str, max: usize) {
-    let mut cut = message.len().min(max);
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{BatchCommit, StateStore};
+
+    struct Store {
+        _dir: tempfile::TempDir,
+        store: StateStore,
     }
-    let ellipsis = if cut < message.len() { " […cut]" } else { "" };
-    let message = &message[..cut];
-    macro_rules! emit {
-        ($level:ident) => {
-            tracing::$level!(target: "waku::guest", module, key, "{message}{ellipsis}")
-        };
+
+    impl Store {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+            Self { _dir: dir, store }
+        }
+
+        fn scope(&self, key: u64, limits: PayloadLimits, budget: &BatchBudget) -> KeyScope {
+            KeyScope::new(Key::int(key), Arc::new(self.store.reader().unwrap()), limits, budget.clone())
+        }
     }
-    match level {
-        LogLevel::Trace => emit!(trace),
-        LogLevel::Debug => emit!(debug),
-        LogLevel::Info => emit!(info),
-        LogLevel::Warn => emit!(warn),
-        LogLevel::Error => emit!(error),
+
+    fn emitted(topic: &str, key: &Key, body: &[u8]) -> Emitted {
+        Emitted {
+            topic: topic.into(),
+            tag: EventTypeTag::new(1),
+            key: key.as_bytes().to_vec(),
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+            body: body.to_vec(),
+        }
+    }
+
+    fn rule(error: impl fmt::Display) -> String {
+        error.to_string().split(':').next().unwrap().to_owned()
+    }
+
+    #[test]
+    fn refused_values_leave_nothing_and_the_call_may_still_succeed() {
+        let store = Store::new();
+        let limits = PayloadLimits { max_state_value: 4, ..PayloadLimits::default() };
+        let budget = BatchBudget::new(&limits);
+        let mut scope = store.scope(1, limits, &budget);
+        assert_eq!(rule(scope.set("big", vec![0; 5]).unwrap_err()), "state-value-size");
+        assert_eq!(rule(scope.set("", vec![]).unwrap_err()), "name-length");
+        assert_eq!(rule(scope.get(&"n".repeat(300)).unwrap_err()), "name-length");
+        scope.set("ok", b"1".to_vec()).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        assert_eq!(scope.get("big"), Ok(None));
+        assert_eq!(scope.get("ok"), Ok(Some(b"1".to_vec())));
+        let outcome = scope.into_outcome();
+        assert_eq!(outcome.writes.len(), 1);
+        assert_eq!(budget.held(), "ok".len() + 1 + wakuwaku_core::limits::WRITE_OVERHEAD);
+    }
+
+    #[test]
+    fn per_call_counts_start_again_with_each_call() {
+        let store = Store::new();
+        let limits = PayloadLimits { max_state_writes_per_call: 2, ..PayloadLimits::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        for call in 0..3 {
+            scope.set("a", vec![call]).unwrap();
+            scope.delete("b").unwrap();
+            assert_eq!(rule(scope.set("c", vec![]).unwrap_err()), "state-writes-per-call");
+            scope.finish_call(Ok(())).unwrap();
+        }
+        // A failed call's count does not carry over either.
+        scope.set("a", vec![9]).unwrap();
+        scope.set("a", vec![9]).unwrap();
+        scope.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        scope.set("a", vec![7]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        assert_eq!(scope.get("a"), Ok(Some(vec![7])));
+    }
+
+    #[test]
+    fn counters_are_checked_against_the_committed_value_and_the_keys_own_changes() {
+        let store = Store::new();
+        store
+            .store
+            .commit(BatchCommit {
+                counter_deltas: [("c".to_owned(), i128::from(i64::MAX) - 10)].into_iter().collect(),
+                ..BatchCommit::default()
+            })
+            .unwrap();
+        let limits = PayloadLimits::default();
+        let budget = BatchBudget::new(&limits);
+        let mut first = store.scope(1, limits, &budget);
+        let mut second = store.scope(2, limits, &budget);
+        first.counter_add("c", 6).unwrap();
+        first.finish_call(Ok(())).unwrap();
+        first.counter_add("c", 4).unwrap();
+        assert_eq!(first.counter_get("c"), Ok(i64::MAX));
+        assert_eq!(rule(first.counter_add("c", 1).unwrap_err()), "counter-range");
+        first.finish_call(Ok(())).unwrap();
+        // Another key sees only the committed value, so it may add too: the
+        // store sums the deltas as i128 and never fails the commit.
+        second.counter_add("c", 10).unwrap();
+        second.finish_call(Ok(())).unwrap();
+        let mut deltas: FxHashMap<String, i128> = FxHashMap::default();
+        for scope in [first, second] {
+            for (name, delta) in scope.into_outcome().counters {
+                *deltas.entry(name).or_default() += delta;
+            }
+        }
+        assert_eq!(deltas["c"], 20);
+        store.store.commit(BatchCommit { counter_deltas: deltas, ..BatchCommit::default() }).unwrap();
+        // Now outside the s64 range: reads are refused, a step back in is not.
+        let mut third = store.scope(3, limits, &BatchBudget::new(&limits));
+        assert_eq!(rule(third.counter_get("c").unwrap_err()), "counter-range");
+        assert_eq!(rule(third.counter_add("c", 1).unwrap_err()), "counter-range");
+        third.counter_add("c", -10).unwrap();
+        assert_eq!(third.counter_get("c"), Ok(i64::MAX));
+    }
+
+    #[test]
+    fn emits_are_checked_and_queued_with_the_keys_hash() {
+        let store = Store::new();
+        let limits = PayloadLimits::default();
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        let declared = vec!["out".to_owned()];
+        let key = Key::parse_text(r#"[1,"a"]"#).unwrap();
+        assert_eq!(rule(scope.emit(&declared, emitted("dlq_in", &key, b"x")).unwrap_err()), "emit-topic");
+        assert_eq!(rule(scope.emit(&[], emitted("out", &key, b"x")).unwrap_err()), "emit-topic");
+        assert_eq!(rule(scope.emit(&declared, emitted("out", &key, b"")).unwrap_err()), "emit-body-size");
+        let mut bad = emitted("out", &key, b"x");
+        bad.key = vec![0x01, 0x80, 0x00];
+        assert_eq!(rule(scope.emit(&declared, bad).unwrap_err()), "emit-key");
+        scope.emit(&declared, emitted("out", &key, b"x")).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        let outbox = scope.into_outcome().outbox;
+        assert_eq!(outbox.len(), 1);
+        assert_eq!((outbox[0].topic.as_str(), outbox[0].partition_key), ("out", key.key_hash()));
+        let headers = EventHeaders::parse_stored(&outbox[0].record.headers).unwrap();
+        assert_eq!(headers.key, key);
+    }
+
+    #[test]
+    fn a_call_past_the_batch_budget_fails_as_retryable_and_keeps_nothing() {
+        let store = Store::new();
+        let one_call = PayloadLimits::default().most_held_by_one_call();
+        let limits = PayloadLimits { max_batch_held: one_call, ..PayloadLimits::default() };
+        let budget = BatchBudget::new(&limits);
+        let value = vec![0; 1 << 20];
+        // Two calls of 3 MiB fit the budget of about 9 MiB; a third does not.
+        let mut first = store.scope(1, limits, &budget);
+        for _call in 0..2 {
+            for name in ["a", "b", "c"] {
+                first.set(name, value.clone()).unwrap();
+            }
+            first.finish_call(Ok(())).unwrap();
+        }
+        let held = budget.held();
+        let mut second = store.scope(2, limits, &budget);
+        for name in ["a", "b", "c"] {
+            second.set(name, value.clone()).unwrap();
+        }
+        let error = second.finish_call(Ok(())).unwrap_err();
+        assert!(matches!(error, CallError::BatchBudget { held: h, .. } if h == held), "{error}");
+        assert_eq!(error.class(), ErrorClass::Retryable);
+        assert!(error.to_string().starts_with("batch-budget:"), "{error}");
+        assert_eq!(budget.held(), held, "a failed call takes nothing from the budget");
+        assert!(second.into_outcome().writes.is_empty());
+        // A smaller call still fits.
+        let mut third = store.scope(3, limits, &budget);
+        third.set("a", vec![1]).unwrap();
+        third.finish_call(Ok(())).unwrap();
+    }
+
+    #[test]
+    fn a_host_fault_fails_the_call_whatever_the_module_returns() {
+        let store = Store::new();
+        let limits = PayloadLimits::default();
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("kept", vec![1]).unwrap();
+        scope.host_fault = Some("disk on fire".into());
+        let error = scope.finish_call(Ok(())).unwrap_err();
+        assert_eq!(error, CallError::HostFault("disk on fire".into()));
+        assert_eq!(scope.get("kept"), Ok(None), "nothing of the call is kept");
     }
 }

@@ -19,6 +19,15 @@
 //!   version running, and the error is kept for the admin endpoint and
 //!   counted. A removed file takes its module, and so the handling of its
 //!   event types, out of the projection.
+//! - **A module's emit topics exist before it runs.** With an
+//!   [`EmitTopics`] check ([`Library::with_emit_topics`]), every load (at
+//!   start-up and on reload) checks that the topics the module declares in
+//!   `module-info.emits` exist in the log, or creates them when the
+//!   operator asked for it ([`LogEmitTopics`]). A missing topic fails the
+//!   load naming the module and the topic, so a reload that needs one is
+//!   refused like any other, and the old version keeps running; nothing a
+//!   module emits can then wait in the outbox for a topic that is not
+//!   there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +38,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::handler::HandlerModule;
+use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
 use crate::projection::{Projection, ProjectionError};
 use crate::runtime::{Sandbox, content_version};
@@ -90,6 +100,28 @@ pub enum LifecycleError {
         module: String,
         /// Its active version.
         active: String,
+    },
+    /// A module declares it emits to a topic the log does not have.
+    #[error(
+        "module `{module}` declares it emits to topic `{topic}`, which does not exist; create it, or pass \
+         --create-emit-topics <PARTITIONS> to have the host create it"
+    )]
+    MissingEmitTopic {
+        /// The module.
+        module: String,
+        /// The missing topic.
+        topic: String,
+    },
+    /// The log could not be asked about, or could not create, a module's
+    /// emit topic.
+    #[error("checking emit topic `{topic}` of module `{module}`: {source}")]
+    EmitTopicLog {
+        /// The module.
+        module: String,
+        /// The topic.
+        topic: String,
+        /// What the log said.
+        source: LogError,
     },
     /// Neither the directory nor the record has a module.
     #[error("no module (*.wasm) found in {} and none recorded for projection `{projection}`", dir.display())]
@@ -184,6 +216,7 @@ pub struct Library {
     loads_ok: AtomicU64,
     loads_failed: AtomicU64,
     metrics: Option<Arc<Metrics>>,
+    emit_topics: Option<Arc<dyn EmitTopics>>,
 }
 
 impl Library {
@@ -199,7 +232,15 @@ impl Library {
             loads_ok: AtomicU64::new(0),
             loads_failed: AtomicU64::new(0),
             metrics: None,
+            emit_topics: None,
         }
+    }
+
+    /// Checks every module it loads against `topics`: the topics a module
+    /// declares it emits to must exist (or be created).
+    pub fn with_emit_topics(mut self, topics: Arc<dyn EmitTopics>) -> Self {
+        self.emit_topics = Some(topics);
+        self
     }
 
     /// Counts module loads in `metrics` too.
@@ -235,9 +276,14 @@ impl Library {
         self.dir.join(module).join(format!("{version}.wasm"))
     }
 
-    /// Compiles and checks `bytes` as module `name`, counting the outcome.
+    /// Compiles and checks `bytes` as module `name` (and its emit topics,
+    /// with an [`EmitTopics`] check), counting the outcome.
     fn load(&self, name: &str, bytes: &[u8]) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
-        let loaded = self.sandbox.load(name, bytes).map_err(ProjectionError::from);
+        let loaded = self.sandbox.load(name, bytes).map_err(|e| LifecycleError::from(ProjectionError::from(e)));
+        let loaded = loaded.and_then(|module| match &self.emit_topics {
+            Some(topics) => topics.ensure(&module).map(|()| module),
+            None => Ok(module),
+        });
         let counter = if loaded.is_ok() { &self.loads_ok } else { &self.loads_failed };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Some(metrics) = &self.metrics {
@@ -430,6 +476,66 @@ impl Library {
         self.save(&recorded)?;
         Ok(changed)
     }
+}
+
+/// A check that the topics a module declares it emits to can be written:
+/// run on every module a [`Library`] loads.
+pub trait EmitTopics: Send + Sync {
+    /// Succeeds when every topic `module` declares exists (or was created).
+    fn ensure(&self, module: &dyn HandlerModule) -> Result<(), LifecycleError>;
+}
+
+/// Checks emit topics against a log, creating missing ones with
+/// `create` partitions when the operator asked for it
+/// (`--create-emit-topics`).
+///
+/// [`Library`] loads modules on blocking threads, so this waits for the log
+/// on `runtime`; call [`Library::start`] and [`Library::reload`] off the
+/// async runtime's threads (e.g. in `spawn_blocking`).
+pub struct LogEmitTopics<L> {
+    /// The log.
+    pub log: Arc<L>,
+    /// Partitions of a created topic; `None` makes a missing topic an error.
+    pub create: Option<u32>,
+    /// The runtime the log's calls run on.
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl<L: EventLog> EmitTopics for LogEmitTopics<L> {
+    fn ensure(&self, module: &dyn HandlerModule) -> Result<(), LifecycleError> {
+        self.runtime.block_on(ensure_emit_topics(&*self.log, module, self.create))
+    }
+}
+
+/// Checks that every topic `module` declares it emits to exists in `log`;
+/// creates a missing one with `create` partitions, or fails naming it.
+pub async fn ensure_emit_topics(
+    log: &impl EventLog,
+    module: &dyn HandlerModule,
+    create: Option<u32>,
+) -> Result<(), LifecycleError> {
+    let failed = |topic: &str, source| LifecycleError::EmitTopicLog {
+        module: module.name().to_owned(),
+        topic: topic.to_owned(),
+        source,
+    };
+    for topic in module.emits() {
+        match (log.partitions(topic).await, create) {
+            (Ok(_), _) => {}
+            (Err(LogError::TopicNotFound { .. }), Some(partitions)) => {
+                log.create_topic(topic, partitions).await.map_err(|e| failed(topic, e))?;
+                tracing::info!(module = module.name(), topic, partitions, "created emit topic");
+            }
+            (Err(LogError::TopicNotFound { .. }), None) => {
+                return Err(LifecycleError::MissingEmitTopic {
+                    module: module.name().to_owned(),
+                    topic: topic.clone(),
+                });
+            }
+            (Err(error), _) => return Err(failed(topic, error)),
+        }
+    }
+    Ok(())
 }
 
 /// The `*.wasm` files of `dir` by module name (the file stem).

@@ -3,11 +3,27 @@
 //! [`Sandbox`] is the one place that builds engines, linkers and stores, so
 //! everything a module is allowed to do is decided here:
 //!
-//! - **Only the contract is linked.** The `state`, `emit` and `log`
-//!   interfaces of `wit/handler.wit`, plus WASI with an empty context: no
-//!   preopened directory, no environment, no arguments, no network, a frozen
-//!   clock. A component that imports anything else is refused at load, and
-//!   the error lists the imports.
+//! - **Only the contract is linked, one capability at a time.** Each import
+//!   of `wit/handler.wit` is a unit of its own, with its rules: [`state`]
+//!   (the key's entries and shared counters), [`emit`] (messages to the
+//!   module's declared topics), [`log`] (diagnostics), and [`wasi`] (WASI
+//!   with an empty context: no preopened directory, no environment, no
+//!   arguments, no network, a frozen clock, stderr kept as a bounded tail).
+//!   One table ([`capabilities`]) links them and decides at load which
+//!   imports a component may have: anything else is refused, and the error
+//!   lists the imports. A component built for another version of the
+//!   contract is refused with both versions named.
+//! - **Every value crossing the boundary is checked.** What a module hands
+//!   an import is checked at the call (the rules of
+//!   [`wakuwaku_core::limits`], applied by the [`KeyScope`] of the call);
+//!   a broken rule is a `refusal` the module sees. What its exports return
+//!   is checked too: `describe` at load, `key` (canonical), `combine` (body
+//!   size) and `handle` (its error message is cut to 4 KiB) at each call.
+//! - **Host faults are not traps of the module.** When the host's state
+//!   store fails under an import, the import traps the guest with a host
+//!   fault (Spin's pattern: the outer result is the host's, the inner one
+//!   the guest's), and the call fails as [`CallError::HostFault`], never as
+//!   a [`CallError::Trap`] counted against the module.
 //! - **Each instance has limits.** A memory limit (linear memories, tables
 //!   and instances), a wasm stack limit and a CPU budget per call, enforced
 //!   with epoch interruption: a background thread ticks the engine's epoch
@@ -34,34 +50,40 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wakuwaku_core::limits::{check_combined_body, check_description, check_key, error_message};
+use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag, KeyHash};
-use crate::handler::{
-    CallError, Emitted, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, LogLevel, PayloadLimits,
-};
+use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+use crate::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
+use crate::key::Key;
+
+mod cache;
+pub mod capabilities;
+pub mod emit;
+pub mod log;
+pub mod state;
+pub mod wasi;
 
 mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "module",
+        // State reads may fail in the host; those imports trap with a host
+        // fault instead of answering the guest.
+        imports: { "wakuwaku:handler/state": trappable },
     });
 }
 
 use bindings::exports::wakuwaku::handler::handler as guest;
-use bindings::wakuwaku::handler::{emit, log, state, types};
+use bindings::wakuwaku::handler::types;
 
-/// The version of the WIT package this host implements.
-pub const CONTRACT: &str = "wakuwaku:handler@0.1.0";
+/// The WIT package and version this host implements, read from
+/// `wit/handler.wit`.
+pub const CONTRACT: &str = wakuwaku_core::limits::CONTRACT;
 
 /// How often the epoch ticks; the CPU budget is rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
-
-/// Bytes of a guest's stderr kept for error reports (the tail of the call
-/// that failed; where a Rust panic message lands).
-const STDERR_TAIL: usize = 4 << 10;
 
 /// Limits every instance runs under. All have defaults; see each field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,8 +166,23 @@ pub enum LoadError {
         /// What the compiler said.
         reason: String,
     },
+    /// The component was built for another version of the contract.
+    #[error(
+        "module `{module}` was built for {found}, but this host implements {CONTRACT}; rebuild it with a \
+         wakuwaku-guest SDK for {CONTRACT}"
+    )]
+    ContractVersion {
+        /// The module's name.
+        module: String,
+        /// The contract it uses.
+        found: String,
+    },
     /// The component imports something outside the contract.
-    #[error("module `{module}` imports what the host does not grant: {}", imports.join(", "))]
+    #[error(
+        "module `{module}` imports what the host does not grant: {} (granted: {})",
+        imports.join(", "),
+        capabilities::granted()
+    )]
     ForbiddenImports {
         /// The module's name.
         module: String,
@@ -172,8 +209,9 @@ pub enum LoadError {
         /// What failed.
         reason: String,
     },
-    /// `describe` failed or returned something unusable.
-    #[error("module `{module}` failed to describe its event types: {reason}")]
+    /// `describe` failed or returned something unusable; the reason names
+    /// the rule it broke.
+    #[error("module `{module}` failed to describe itself: {reason}")]
     Describe {
         /// The module's name.
         module: String,
@@ -185,6 +223,12 @@ pub enum LoadError {
     Engine(String),
 }
 
+/// A host fault raised inside an import: it traps the guest, and the call
+/// fails as [`CallError::HostFault`].
+#[derive(Debug, thiserror::Error)]
+#[error("host-fault: {0}")]
+struct HostFault(String);
+
 /// Compiles and instantiates handler components under [`SandboxLimits`].
 ///
 /// Cloning is cheap; clones share the engine and linker.
@@ -193,6 +237,9 @@ pub struct Sandbox {
     shared: Arc<Shared>,
     /// Where compiled components are kept between runs, if anywhere.
     cache: Option<Arc<Path>>,
+    /// The payload limits of calls outside `handle` (inside it, the key
+    /// scope's apply): log lines of any call, `combine`'s body.
+    payload: PayloadLimits,
 }
 
 struct Shared {
@@ -209,20 +256,21 @@ impl Drop for Shared {
 }
 
 impl Sandbox {
-    /// A sandbox with these limits; starts the epoch ticker thread.
+    /// A sandbox with these limits and the default [`PayloadLimits`];
+    /// starts the epoch ticker thread.
     pub fn new(limits: SandboxLimits) -> Result<Self, LoadError> {
         let mut config = Config::new();
         config.epoch_interruption(true).max_wasm_stack(limits.max_wasm_stack).parallel_compilation(true);
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
-
         let mut linker = Linker::<StoreData>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
-        bindings::Module::add_to_linker::<StoreData, HasSelf<StoreData>>(&mut linker, |data| data)
-            .map_err(|e| LoadError::Engine(format!("{e:#}")))?;
-
+        capabilities::link(&mut linker).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        Ok(Self { shared: Arc::new(Shared { engine, linker, limits, ticker_stop }), cache: None })
+        Ok(Self {
+            shared: Arc::new(Shared { engine, linker, limits, ticker_stop }),
+            cache: None,
+            payload: PayloadLimits::default(),
+        })
     }
 
     /// The same sandbox, keeping compiled components in `dir` (created when
@@ -232,16 +280,30 @@ impl Sandbox {
         self
     }
 
+    /// The same sandbox, with these payload limits for what calls outside
+    /// `handle` hand the host: log lines of `describe`, `key`, `ordering`
+    /// and `combine`, and the size of `combine`'s body. Give it the limits
+    /// the consumer's key scopes use.
+    pub fn with_payload_limits(mut self, payload: PayloadLimits) -> Self {
+        self.payload = payload;
+        self
+    }
+
     /// The limits instances run under.
     pub fn limits(&self) -> &SandboxLimits {
         &self.shared.limits
     }
 
+    /// The payload limits of calls outside `handle`.
+    pub fn payload_limits(&self) -> &PayloadLimits {
+        &self.payload
+    }
+
     /// Compiles a component, checks its imports, pre-links it and asks it
-    /// to describe its event types.
+    /// to describe itself (checking the answer).
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
-        let (component, from_cache) = self.compile(name, bytes)?;
-        self.check_imports(name, &component)?;
+        let (component, from_cache) = cache::compile(self, name, bytes)?;
+        capabilities::check_imports(&self.shared.engine, name, &component)?;
         let pre = self
             .shared
             .linker
@@ -249,10 +311,8 @@ impl Sandbox {
             .and_then(bindings::ModulePre::new)
             .map_err(|e| LoadError::NotAHandler { module: name.to_owned(), reason: format!("{e:#}") })?;
         let mut module = WasmModule {
-            name: name.to_owned(),
+            handle: ModuleHandle { name: name.to_owned(), pre, sandbox: self.clone(), emits: Arc::from([]) },
             version: content_version(bytes),
-            pre,
-            sandbox: self.clone(),
             event_types: Vec::new(),
             from_cache,
         };
@@ -264,92 +324,15 @@ impl Sandbox {
                 other => other.to_string(),
             },
         })?;
-        module.event_types = instance
-            .describe()
-            .map_err(|error| LoadError::Describe { module: name.to_owned(), reason: error.to_string() })?;
+        let (event_types, emits) =
+            instance.describe().map_err(|reason| LoadError::Describe { module: name.to_owned(), reason })?;
+        module.event_types = event_types;
+        module.handle.emits = emits.into();
         Ok(module)
     }
 
-    /// Compiles `bytes`, or takes the compiled component from the cache;
-    /// says which.
-    fn compile(&self, name: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
-        let engine = &self.shared.engine;
-        let compile = || {
-            Component::new(engine, bytes)
-                .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") })
-        };
-        let Some(dir) = &self.cache else { return Ok((compile()?, false)) };
-        let path = dir.join(format!("{}-{}.cwasm", sha256_hex(bytes), self.engine_fingerprint()));
-        match std::fs::read(&path).ok().map(|file| compile_cache::unframe(&file).map(<[u8]>::to_vec)) {
-            Some(Some(artifact)) => {
-                // SAFETY: the artifact's checksum matches the one written
-                // beside it when this host serialized it, so these are bytes
-                // `Component::serialize` produced; `deserialize` itself
-                // refuses artifacts of another wasmtime version or settings.
-                match unsafe { Component::deserialize(engine, &artifact) } {
-                    Ok(component) => return Ok((component, true)),
-                    Err(e) => tracing::warn!(
-                        module = name,
-                        "cached component {} is unusable, compiling: {e:#}",
-                        path.display()
-                    ),
-                }
-            }
-            Some(None) => tracing::warn!(module = name, "cached component {} is corrupt, compiling", path.display()),
-            None => {}
-        }
-        let component = compile()?;
-        match component.serialize() {
-            Ok(artifact) => {
-                if let Err(e) = compile_cache::write(dir, &path, &artifact) {
-                    tracing::warn!(module = name, "cannot write the compile cache {}: {e}", path.display());
-                }
-            }
-            Err(e) => tracing::warn!(module = name, "cannot serialize the compiled component: {e:#}"),
-        }
-        Ok((component, false))
-    }
-
-    /// A short digest of everything in the engine's configuration that
-    /// decides whether a compiled artifact can be reused.
-    fn engine_fingerprint(&self) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.shared.engine.precompile_compatibility_hash().hash(&mut hasher);
-        format!("{:016x}", hasher.finish())
-    }
-
-    fn check_imports(&self, name: &str, component: &Component) -> Result<(), LoadError> {
-        let granted = |import: &str| {
-            import.starts_with("wasi:")
-                || ["state", "emit", "log", "types"]
-                    .iter()
-                    .any(|interface| import == format!("wakuwaku:handler/{interface}@0.1.0"))
-        };
-        let forbidden: Vec<String> = component
-            .component_type()
-            .imports(&self.shared.engine)
-            .map(|(import, _)| import.to_owned())
-            .filter(|import| !granted(import))
-            .collect();
-        if forbidden.is_empty() {
-            Ok(())
-        } else {
-            Err(LoadError::ForbiddenImports { module: name.to_owned(), imports: forbidden })
-        }
-    }
-
-    fn new_store(&self, module: &str) -> Store<StoreData> {
+    fn new_store(&self, module: &str, emits: Arc<[String]>) -> Store<StoreData> {
         let limits = &self.shared.limits;
-        let stderr = stderr::Tail::new(STDERR_TAIL);
-        let wasi = WasiCtx::builder()
-            .stderr(stderr.clone())
-            .wall_clock(FrozenClock)
-            .monotonic_clock(FrozenClock)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
         let store_limits = StoreLimitsBuilder::new()
             .memory_size(limits.memory_bytes)
             .table_elements(limits.table_elements)
@@ -359,12 +342,11 @@ impl Sandbox {
             .trap_on_grow_failure(true)
             .build();
         let data = StoreData {
-            wasi,
-            table: ResourceTable::new(),
+            wasi: wasi::WasiState::new(),
             limits: store_limits,
             scope: None,
-            stderr,
-            module: module.to_owned(),
+            emits,
+            log: log::LogUnit::new(module, self.payload),
         };
         let mut store = Store::new(&self.shared.engine, data);
         store.limiter(|data| &mut data.limits);
@@ -393,149 +375,23 @@ fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
         .expect("spawning the epoch ticker thread");
 }
 
-/// A clock that never moves: modules get no time unless the host grants it.
-struct FrozenClock;
-
-impl HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
 /// The content version of a module: the first 16 hex digits of the SHA-256
 /// of its bytes. Equal files share a version; a changed file never does.
 pub fn content_version(bytes: &[u8]) -> String {
-    sha256_hex(bytes)[..16].to_owned()
+    cache::sha256_hex(bytes)[..16].to_owned()
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-/// The on-disk frame of a cached artifact: a magic tag, the SHA-256 of the
-/// artifact, the artifact.
-mod compile_cache {
-    use std::path::Path;
-
-    use sha2::Digest;
-
-    const MAGIC: &[u8; 8] = b"wakuCW01";
-
-    /// The artifact inside `file`, if the frame and checksum are intact.
-    pub(super) fn unframe(file: &[u8]) -> Option<&[u8]> {
-        let rest = file.strip_prefix(MAGIC)?;
-        let (checksum, artifact) = rest.split_at_checked(32)?;
-        (sha2::Sha256::digest(artifact).as_slice() == checksum).then_some(artifact)
-    }
-
-    /// Writes `artifact` framed to `path`, through a temporary file and a
-    /// rename, so a crash never leaves half an entry under the real name.
-    pub(super) fn write(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        let mut framed = Vec::with_capacity(MAGIC.len() + 32 + artifact.len());
-        framed.extend_from_slice(MAGIC);
-        framed.extend_from_slice(&sha2::Sha256::digest(artifact));
-        framed.extend_from_slice(artifact);
-        let temporary = tempfile::NamedTempFile::new_in(dir)?;
-        std::fs::write(temporary.path(), &framed)?;
-        temporary.persist(path).map_err(|e| e.error)?;
-        Ok(())
-    }
-}
-
-/// What one store holds: the WASI context, limits, and the scope of the key
-/// being handled (only during `handle`).
-struct StoreData {
-    wasi: WasiCtx,
-    table: ResourceTable,
+/// What one store holds: each capability's state, the store's limits, and
+/// the scope of the key being handled (only during `handle`).
+pub(crate) struct StoreData {
+    wasi: wasi::WasiState,
     limits: StoreLimits,
+    /// The key scope of the `handle` call running; `None` in any other
+    /// call, where `state` and `emit` refuse everything.
     scope: Option<KeyScope>,
-    stderr: stderr::Tail,
-    module: String,
-}
-
-impl WasiView for StoreData {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
-    }
-}
-
-const NO_SCOPE: &str = "state is only available while handling events";
-
-impl types::Host for StoreData {}
-
-impl state::Host for StoreData {
-    fn get(&mut self, name: String) -> Option<Vec<u8>> {
-        self.scope.as_mut().and_then(|scope| scope.get(&name))
-    }
-
-    fn set(&mut self, name: String, value: Vec<u8>) -> Result<(), String> {
-        self.scope.as_mut().ok_or_else(|| NO_SCOPE.to_owned())?.set(&name, value)
-    }
-
-    fn delete(&mut self, name: String) {
-        if let Some(scope) = self.scope.as_mut() {
-            scope.delete(&name);
-        }
-    }
-
-    fn counter_add(&mut self, name: String, delta: i64) {
-        if let Some(scope) = self.scope.as_mut() {
-            scope.counter_add(&name, delta);
-        }
-    }
-
-    fn counter_get(&mut self, name: String) -> i64 {
-        self.scope.as_mut().map_or(0, |scope| scope.counter_get(&name))
-    }
-}
-
-impl emit::Host for StoreData {
-    fn emit(&mut self, message: types::Outgoing) -> Result<(), String> {
-        let scope = self.scope.as_mut().ok_or_else(|| NO_SCOPE.to_owned())?;
-        scope.emit(Emitted {
-            topic: message.topic,
-            headers: crate::event::EventHeaders {
-                tag: EventTypeTag::new(message.tag),
-                key_hash: message.key_hash,
-                ordering: ordering_from_wit(message.ordering),
-                algebra: algebra_from_wit(message.algebra),
-            },
-            body: message.body,
-        })
-    }
-}
-
-impl log::Host for StoreData {
-    fn log(&mut self, level: log::Level, message: String) {
-        let level = match level {
-            log::Level::Trace => LogLevel::Trace,
-            log::Level::Debug => LogLevel::Debug,
-            log::Level::Info => LogLevel::Info,
-            log::Level::Warn => LogLevel::Warn,
-            log::Level::Error => LogLevel::Error,
-        };
-        match &self.scope {
-            Some(scope) => scope.log(&self.module, level, &message),
-            // Outside `handle` (describe, key, …) no scope sets the limit.
-            None => {
-                crate::handler::log_line(&self.module, None, level, &message, PayloadLimits::default().max_log_line)
-            }
-        }
-    }
+    /// The topics the module declared it may emit to.
+    emits: Arc<[String]>,
+    log: log::LogUnit,
 }
 
 fn ordering_from_wit(ordering: types::Ordering) -> EventAtomicOrdering {
@@ -557,12 +413,18 @@ fn algebra_from_wit(algebra: types::Algebra) -> Algebra {
     }
 }
 
+fn class_from_wit(class: types::ErrorClass) -> ErrorClass {
+    match class {
+        types::ErrorClass::Transient => ErrorClass::Transient,
+        types::ErrorClass::Retryable => ErrorClass::Retryable,
+        types::ErrorClass::Unrecoverable => ErrorClass::Unrecoverable,
+    }
+}
+
 /// A compiled, pre-linked handler component.
 pub struct WasmModule {
-    name: String,
+    handle: ModuleHandle,
     version: String,
-    pre: bindings::ModulePre<StoreData>,
-    sandbox: Sandbox,
     event_types: Vec<EventType>,
     from_cache: bool,
 }
@@ -574,22 +436,14 @@ impl WasmModule {
     }
 
     fn instantiate_wasm(&self) -> Result<WasmInstance, CallError> {
-        let mut store = self.sandbox.new_store(&self.name);
-        store.set_epoch_deadline(self.sandbox.deadline_ticks());
-        match self.pre.instantiate(&mut store) {
-            Ok(bindings) => Ok(WasmInstance { store, bindings, module: self.clone_handle(), poisoned: false }),
-            Err(error) => Err(trap_error(&store, error)),
-        }
-    }
-
-    fn clone_handle(&self) -> ModuleHandle {
-        ModuleHandle { name: self.name.clone(), pre: self.pre.clone(), sandbox: self.sandbox.clone() }
+        let (store, bindings) = self.handle.instantiate()?;
+        Ok(WasmInstance { store, bindings, module: self.handle.clone(), poisoned: false })
     }
 }
 
 impl HandlerModule for WasmModule {
     fn name(&self) -> &str {
-        &self.name
+        &self.handle.name
     }
 
     fn version(&self) -> &str {
@@ -600,16 +454,35 @@ impl HandlerModule for WasmModule {
         &self.event_types
     }
 
+    fn emits(&self) -> &[String] {
+        &self.handle.emits
+    }
+
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
         Ok(Box::new(self.instantiate_wasm()?))
     }
 }
 
 /// What an instance needs to replace itself after a trap.
+#[derive(Clone)]
 struct ModuleHandle {
     name: String,
     pre: bindings::ModulePre<StoreData>,
     sandbox: Sandbox,
+    emits: Arc<[String]>,
+}
+
+impl ModuleHandle {
+    /// A fresh store and instance, its start-up code run under the CPU
+    /// budget.
+    fn instantiate(&self) -> Result<(Store<StoreData>, bindings::Module), CallError> {
+        let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
+        store.set_epoch_deadline(self.sandbox.deadline_ticks());
+        match self.pre.instantiate(&mut store) {
+            Ok(bindings) => Ok((store, bindings)),
+            Err(error) => Err(call_failure(&store, error)),
+        }
+    }
 }
 
 /// One instance of a [`WasmModule`], with its own store.
@@ -621,55 +494,66 @@ pub struct WasmInstance {
 }
 
 impl WasmInstance {
-    /// Re-arms the CPU budget and replaces a trapped instance.
+    /// Replaces a trapped instance and re-arms the CPU budget.
     fn prepare(&mut self) -> Result<(), CallError> {
         if self.poisoned {
-            let mut store = self.module.sandbox.new_store(&self.module.name);
-            store.set_epoch_deadline(self.module.sandbox.deadline_ticks());
-            self.bindings = self.module.pre.instantiate(&mut store).map_err(|e| trap_error(&store, e))?;
-            self.store = store;
+            (self.store, self.bindings) = self.module.instantiate()?;
             self.poisoned = false;
         }
-        self.store.data().stderr.clear();
+        self.store.data().wasi.clear_stderr();
         self.store.set_epoch_deadline(self.module.sandbox.deadline_ticks());
         Ok(())
     }
 
-    /// Runs one export call, turning traps into [`CallError::Trap`] and
-    /// guest errors into [`CallError::Handler`].
+    /// Runs one export call outside `handle`.
     fn call<R>(
         &mut self,
         f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>>,
     ) -> Result<R, CallError> {
         self.prepare()?;
-        match f(self.bindings.wakuwaku_handler_handler(), &mut self.store) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(CallError::Handler { class: class_from_wit(error.class), message: error.message }),
-            Err(error) => {
-                self.poisoned = true;
-                Err(trap_error(&self.store, error))
-            }
-        }
+        let payload = self.module.sandbox.payload;
+        self.store.data_mut().log.begin(None, payload);
+        self.invoke(f)
     }
 
-    fn describe(&mut self) -> Result<Vec<EventType>, CallError> {
-        let described = self.call(|guest, store| guest.call_describe(store).map(Ok))?;
-        let mut event_types = Vec::with_capacity(described.len());
-        for event_type in described {
-            if event_type.max_batch == 0 {
-                return Err(CallError::Host(format!("event type `{}` declares max-batch 0", event_type.name)));
+    /// Runs one export call on a prepared instance, turning guest errors
+    /// into [`CallError::Handler`] (message cut to 4 KiB), host faults into
+    /// [`CallError::HostFault`] and traps into [`CallError::Trap`].
+    fn invoke<R>(
+        &mut self,
+        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>>,
+    ) -> Result<R, CallError> {
+        let result = match f(self.bindings.wakuwaku_handler_handler(), &mut self.store) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                Err(CallError::Handler { class: class_from_wit(error.class), message: error_message(error.message) })
             }
-            if event_types.iter().any(|known: &EventType| known.tag.get() == event_type.tag) {
-                return Err(CallError::Host(format!("tag {} is declared twice", event_type.tag)));
+            Err(error) => {
+                self.poisoned = true;
+                Err(call_failure(&self.store, error))
             }
-            event_types.push(EventType {
-                tag: EventTypeTag::new(event_type.tag),
-                name: event_type.name,
-                algebra: algebra_from_wit(event_type.algebra),
-                max_batch: event_type.max_batch,
-            });
-        }
-        Ok(event_types)
+        };
+        self.store.data_mut().log.finish();
+        result
+    }
+
+    /// Asks the module what it handles and where it emits, and checks the
+    /// answer against the rules of `module-info`.
+    fn describe(&mut self) -> Result<(Vec<EventType>, Vec<String>), String> {
+        let info = self.call(|guest, store| guest.call_describe(store).map(Ok)).map_err(|error| error.to_string())?;
+        let types = info.event_types.iter().map(|t| (t.tag, t.name.as_str(), t.max_batch));
+        check_description(types, &info.emits).map_err(|error| error.to_string())?;
+        let event_types = info
+            .event_types
+            .into_iter()
+            .map(|t| EventType {
+                tag: EventTypeTag::new(t.tag),
+                name: t.name,
+                algebra: algebra_from_wit(t.algebra),
+                max_batch: t.max_batch,
+            })
+            .collect();
+        Ok((event_types, info.emits))
     }
 }
 
@@ -679,9 +563,11 @@ impl HandlerInstance for WasmInstance {
         // store that makes the call. The store is 'static, so the scope
         // moves in for the call and back out after it.
         self.prepare()?;
-        let key = scope.key();
-        self.store.data_mut().scope = Some(scope.take_for_call());
-        let result = self.call(|guest, store| guest.call_handle(store, tag.get(), key, bodies));
+        let key: Key = scope.key().clone();
+        let data = self.store.data_mut();
+        data.log.begin(Some(key.clone()), *scope.limits());
+        data.scope = Some(scope.take_for_call());
+        let result = self.invoke(|guest, store| guest.call_handle(store, tag.get(), key.as_bytes(), bodies));
         if let Some(taken) = self.store.data_mut().scope.take() {
             *scope = taken;
         }
@@ -689,11 +575,14 @@ impl HandlerInstance for WasmInstance {
     }
 
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
-        self.call(|guest, store| guest.call_combine(store, tag.get(), bodies))
+        let body = self.call(|guest, store| guest.call_combine(store, tag.get(), bodies))?;
+        check_combined_body(&self.module.sandbox.payload, &body)?;
+        Ok(body)
     }
 
-    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<KeyHash, CallError> {
-        self.call(|guest, store| guest.call_key(store, tag.get(), body))
+    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError> {
+        let bytes = self.call(|guest, store| guest.call_key(store, tag.get(), body))?;
+        Ok(check_key(&bytes)?)
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
@@ -701,17 +590,13 @@ impl HandlerInstance for WasmInstance {
     }
 }
 
-fn class_from_wit(class: types::ErrorClass) -> ErrorClass {
-    match class {
-        types::ErrorClass::Transient => ErrorClass::Transient,
-        types::ErrorClass::Retryable => ErrorClass::Retryable,
-        types::ErrorClass::Unrecoverable => ErrorClass::Unrecoverable,
+/// What a failed call or instantiation was: a host fault raised by an
+/// import, or a trap of the guest, described by its kind, root cause, and
+/// the tail of the guest's stderr (where a Rust panic message lands).
+fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
+    if let Some(HostFault(fault)) = error.downcast_ref::<HostFault>() {
+        return CallError::HostFault(fault.clone());
     }
-}
-
-/// Describes a wasmtime error as a trap: its kind, root cause, and the tail
-/// of the guest's stderr (where a Rust panic message lands).
-fn trap_error(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
     let kind = match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => "CPU budget exhausted (call deadline passed)".to_owned(),
         Some(Trap::StackOverflow) => "wasm stack overflow".to_owned(),
@@ -719,131 +604,24 @@ fn trap_error(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
         Some(trap) => trap.to_string(),
         None => format!("{}", error.root_cause()),
     };
-    let stderr = store.data().stderr.contents();
+    let stderr = store.data().wasi.stderr();
     let stderr = stderr.trim();
     let reason = if stderr.is_empty() { kind } else { format!("{kind}; guest stderr: {stderr}") };
     CallError::Trap { reason }
 }
 
-/// The guest's stderr: keeps the last bytes written and never refuses a
-/// write, so a chatty guest cannot fail by printing (Rust's `eprintln!`
-/// panics when stderr fails) and a trap report shows the latest output.
-mod stderr {
-    use std::collections::VecDeque;
-    use std::io;
-    use std::pin::Pin;
-    use std::sync::{Arc, Mutex, MutexGuard};
-    use std::task::{Context, Poll};
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    use bytes::Bytes;
-    use tokio::io::AsyncWrite;
-    use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-    use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
-
-    /// A shared, bounded tail of everything written.
-    #[derive(Clone)]
-    pub(super) struct Tail {
-        bytes: Arc<Mutex<VecDeque<u8>>>,
-        capacity: usize,
-    }
-
-    impl Tail {
-        pub(super) fn new(capacity: usize) -> Self {
-            Self { bytes: Arc::default(), capacity }
-        }
-
-        fn lock(&self) -> MutexGuard<'_, VecDeque<u8>> {
-            self.bytes.lock().unwrap_or_else(|e| e.into_inner())
-        }
-
-        fn push(&self, data: &[u8]) {
-            let mut bytes = self.lock();
-            let data = &data[data.len().saturating_sub(self.capacity)..];
-            let overflow = (bytes.len() + data.len()).saturating_sub(self.capacity);
-            bytes.drain(..overflow);
-            bytes.extend(data);
-        }
-
-        /// Forgets what was written (before each call).
-        pub(super) fn clear(&self) {
-            self.lock().clear();
-        }
-
-        /// What is kept, as text.
-        pub(super) fn contents(&self) -> String {
-            let bytes = self.lock();
-            let (front, back) = bytes.as_slices();
-            String::from_utf8_lossy(&[front, back].concat()).into_owned()
-        }
-    }
-
-    impl IsTerminal for Tail {
-        fn is_terminal(&self) -> bool {
-            false
-        }
-    }
-
-    impl StdoutStream for Tail {
-        fn p2_stream(&self) -> Box<dyn OutputStream> {
-            Box::new(self.clone())
-        }
-
-        fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
-            Box::new(self.clone())
-        }
-    }
-
-    impl OutputStream for Tail {
-        fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-            self.push(&bytes);
-            Ok(())
-        }
-
-        fn flush(&mut self) -> StreamResult<()> {
-            Ok(())
-        }
-
-        fn check_write(&mut self) -> StreamResult<usize> {
-            Ok(64 << 10)
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl Pollable for Tail {
-        async fn ready(&mut self) {}
-    }
-
-    impl AsyncWrite for Tail {
-        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-            self.push(data);
-            Poll::Ready(Ok(data.len()))
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn keeps_the_last_bytes_and_never_refuses() {
-            let tail = Tail::new(8);
-            let mut stream = tail.p2_stream();
-            for chunk in ["0123", "4567", "89ab"] {
-                stream.write(Bytes::from(chunk)).unwrap();
-            }
-            assert_eq!(tail.contents(), "456789ab");
-            stream.write(Bytes::from("a longer line than the tail")).unwrap();
-            assert_eq!(tail.contents(), "the tail");
-            tail.clear();
-            assert_eq!(tail.contents(), "");
-        }
+    #[test]
+    fn a_host_fault_raised_in_an_import_fails_the_call_as_a_host_fault_not_a_trap() {
+        let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+        let store = sandbox.new_store("m", Arc::from([]));
+        // Wasmtime adds context (the wasm backtrace) on the way out.
+        let fault = wasmtime::Error::new(HostFault("disk gone".into())).context("wasm backtrace");
+        assert_eq!(call_failure(&store, fault), CallError::HostFault("disk gone".into()));
+        let trap = wasmtime::Error::new(Trap::UnreachableCodeReached).context("wasm backtrace");
+        assert!(matches!(call_failure(&store, trap), CallError::Trap { reason } if reason.contains("unreachable")));
     }
 }

@@ -1,0 +1,203 @@
+//! The WASI capability: WASI preview 2 with an empty context.
+//!
+//! Rust guests need WASI to start (their standard library imports it), so
+//! it is linked, but it grants nothing: no preopened directory, no
+//! environment variables, no arguments, no network (TCP, UDP and name
+//! lookup denied), and clocks frozen at zero, so a module's behaviour
+//! depends on its input alone. Standard output is discarded. Standard
+//! error is kept as a bounded tail ([`Tail`]): printing never fails a
+//! call, and a trap's report shows the latest output (where a Rust panic
+//! message lands).
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::AsyncWrite;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
+
+use super::StoreData;
+
+/// Bytes of a guest's stderr kept for error reports (the tail of the call
+/// that failed).
+const STDERR_TAIL: usize = 4 << 10;
+
+/// Links all of WASI preview 2; what it can reach is decided by the
+/// context each store gets ([`WasiState::new`]).
+pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)
+}
+
+/// One store's WASI context, its resource table and its stderr tail.
+pub(super) struct WasiState {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    stderr: Tail,
+}
+
+impl WasiState {
+    /// The empty context: nothing granted, clocks frozen, stderr kept.
+    pub(super) fn new() -> Self {
+        let stderr = Tail::new(STDERR_TAIL);
+        let ctx = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .wall_clock(FrozenClock)
+            .monotonic_clock(FrozenClock)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        Self { ctx, table: ResourceTable::new(), stderr }
+    }
+
+    /// The guest's latest stderr output, as text.
+    pub(super) fn stderr(&self) -> String {
+        self.stderr.contents()
+    }
+
+    /// Forgets the stderr output (before each call).
+    pub(super) fn clear_stderr(&self) {
+        self.stderr.clear();
+    }
+}
+
+impl WasiView for StoreData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi.ctx, table: &mut self.wasi.table }
+    }
+}
+
+/// A clock that never moves: modules get no time unless the host grants it.
+struct FrozenClock;
+
+impl HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// A shared, bounded tail of everything written.
+#[derive(Clone)]
+pub(super) struct Tail {
+    bytes: Arc<Mutex<VecDeque<u8>>>,
+    capacity: usize,
+}
+
+impl Tail {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self { bytes: Arc::default(), capacity }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<u8>> {
+        self.bytes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, data: &[u8]) {
+        let mut bytes = self.lock();
+        let data = &data[data.len().saturating_sub(self.capacity)..];
+        let overflow = (bytes.len() + data.len()).saturating_sub(self.capacity);
+        bytes.drain(..overflow);
+        bytes.extend(data);
+    }
+
+    /// Forgets what was written (before each call).
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// What is kept, as text.
+    pub(super) fn contents(&self) -> String {
+        let bytes = self.lock();
+        let (front, back) = bytes.as_slices();
+        String::from_utf8_lossy(&[front, back].concat()).into_owned()
+    }
+}
+
+impl IsTerminal for Tail {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Tail {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutputStream for Tail {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for Tail {
+    async fn ready(&mut self) {}
+}
+
+impl AsyncWrite for Tail {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.push(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_last_bytes_and_never_refuses() {
+        let tail = Tail::new(8);
+        let mut stream = tail.p2_stream();
+        for chunk in ["0123", "4567", "89ab"] {
+            stream.write(Bytes::from(chunk)).unwrap();
+        }
+        assert_eq!(tail.contents(), "456789ab");
+        stream.write(Bytes::from("a longer line than the tail")).unwrap();
+        assert_eq!(tail.contents(), "the tail");
+        tail.clear();
+        assert_eq!(tail.contents(), "");
+    }
+}
