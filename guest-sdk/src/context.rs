@@ -2,9 +2,15 @@
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use wakuwaku_core::key::Key;
 
-use crate::event::{Event, PartitionKey};
+use crate::event::Event;
 use crate::types::{Algebra, EventAtomicOrdering, HandlerError, Level};
+
+/// Why the host refused a value a handler handed it: the rule broken, as
+/// text that starts with the rule's id (e.g. `state-value-size: …`; the
+/// rules are in `wit/handler.wit` and [`wakuwaku_core::limits`]).
+pub type Refusal = String;
 
 /// The host's side of a handler call, as raw bytes: what the WIT imports
 /// `state`, `emit` and `log` offer.
@@ -16,23 +22,24 @@ use crate::types::{Algebra, EventAtomicOrdering, HandlerError, Level};
 /// [`Module::handle`](crate::Module::handle) without a sandbox.
 ///
 /// State entries belong to the key being handled; counters are shared by all
-/// keys of the projection.
+/// keys of the projection. Every call but `log` may be refused, with a
+/// [`Refusal`] naming the rule; a refused value is not kept.
 pub trait HostApi {
     /// Reads an entry of the current key.
-    fn get(&mut self, name: &str) -> Option<Vec<u8>>;
-    /// Writes an entry of the current key; fails when the host's size limit
-    /// is exceeded, with a message naming the limit.
-    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), String>;
+    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, Refusal>;
+    /// Writes an entry of the current key.
+    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Refusal>;
     /// Removes an entry of the current key (no error if it is absent).
-    fn delete(&mut self, name: &str);
-    /// Adds `delta` to a counter shared by every key.
-    fn counter_add(&mut self, name: &str, delta: i64);
+    fn delete(&mut self, name: &str) -> Result<(), Refusal>;
+    /// Adds `delta` to a counter shared by every key; refused when the
+    /// counter as this key sees it would leave the `i64` range.
+    fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), Refusal>;
     /// Reads a shared counter: its committed value plus this key's changes.
-    fn counter_get(&mut self, name: &str) -> i64;
-    /// Queues a message for another topic, sent when the batch commits;
-    /// fails when the host's size limit is exceeded.
-    fn emit(&mut self, message: Outgoing) -> Result<(), String>;
-    /// Writes a line to the host's log.
+    fn counter_get(&mut self, name: &str) -> Result<i64, Refusal>;
+    /// Queues a message for a declared topic, sent when the batch commits.
+    fn emit(&mut self, message: Outgoing) -> Result<(), Refusal>;
+    /// Writes a line to the host's log (cut and counted by the host; never
+    /// fails).
     fn log(&mut self, level: Level, message: &str);
 }
 
@@ -40,12 +47,13 @@ pub trait HostApi {
 /// host writes for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {
-    /// The topic to publish to.
+    /// The topic to publish to: one the module declares in
+    /// [`export_module!`](crate::export_module) (`emits: [...]`).
     pub topic: String,
     /// The event type's tag.
     pub tag: u32,
-    /// The hash of the event's key.
-    pub key_hash: u64,
+    /// The event's key.
+    pub key: Key,
     /// The ordering the event asks for.
     pub ordering: EventAtomicOrdering,
     /// The event type's algebra.
@@ -55,17 +63,18 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// The message for `event` on `topic`: tag, key hash, ordering and
-    /// algebra come from the event.
-    pub fn new<E: Event>(topic: impl Into<String>, event: &E) -> Self {
-        Self {
+    /// The message for `event` on `topic`: tag, key, ordering and algebra
+    /// come from the event. Fails (unrecoverably) when the event's key has
+    /// no key shape.
+    pub fn new<E: Event>(topic: impl Into<String>, event: &E) -> Result<Self, HandlerError> {
+        Ok(Self {
             topic: topic.into(),
             tag: E::TYPE_TAG.get(),
-            key_hash: event.key().key_hash(),
+            key: crate::module::__private::key_of(event)?,
             ordering: event.atomic_ordering(),
             algebra: E::ALGEBRA,
             body: event.encode(),
-        }
+        })
     }
 
     /// Decodes the body as `E`; an unrecoverable error if the tag is not
@@ -83,32 +92,39 @@ impl Outgoing {
     }
 }
 
-/// A handler's view of the host during one call: the state of the key being
-/// handled, the shared counters, emit and log.
+/// A handler's view of the host during one call: the key being handled,
+/// its state, the shared counters, emit and log.
 ///
 /// Typed state entries are JSON. Writes become visible to later reads of the
 /// same key at once and are committed with the batch; if the call fails,
-/// they are discarded.
+/// they are discarded. A value the host refuses (see [`HostApi`]) is an
+/// unrecoverable error naming the entry and the rule: the events go to the
+/// dead-letter topic with it.
 pub struct Context<'a> {
     host: &'a mut dyn HostApi,
-    key_hash: u64,
+    key: &'a Key,
+}
+
+/// A refusal as the error a handler returns.
+fn refused(what: String, refusal: Refusal) -> HandlerError {
+    HandlerError::unrecoverable(format!("{what}: {refusal}"))
 }
 
 impl<'a> Context<'a> {
-    /// A context for a call about the key with hash `key_hash`.
-    pub fn new(host: &'a mut dyn HostApi, key_hash: u64) -> Self {
-        Self { host, key_hash }
+    /// A context for a call about `key`.
+    pub fn new(host: &'a mut dyn HostApi, key: &'a Key) -> Self {
+        Self { host, key }
     }
 
-    /// The hash of the key being handled.
-    pub fn key_hash(&self) -> u64 {
-        self.key_hash
+    /// The key being handled.
+    pub fn key(&self) -> &Key {
+        self.key
     }
 
     /// Reads a JSON entry of the current key. An entry that does not decode
     /// as `T` is an unrecoverable error naming the entry.
     pub fn get<T: DeserializeOwned>(&mut self, name: &str) -> Result<Option<T>, HandlerError> {
-        match self.host.get(name) {
+        match self.get_bytes(name)? {
             None => Ok(None),
             Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
                 HandlerError::unrecoverable(format!(
@@ -119,8 +135,7 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Writes a JSON entry of the current key. Exceeding the host's size
-    /// limit is an unrecoverable error.
+    /// Writes a JSON entry of the current key.
     pub fn set<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), HandlerError> {
         let bytes = serde_json::to_vec(value)
             .map_err(|e| HandlerError::unrecoverable(format!("cannot encode state entry `{name}` as JSON: {e}")))?;
@@ -128,43 +143,45 @@ impl<'a> Context<'a> {
     }
 
     /// Reads an entry of the current key as bytes.
-    pub fn get_bytes(&mut self, name: &str) -> Option<Vec<u8>> {
-        self.host.get(name)
+    pub fn get_bytes(&mut self, name: &str) -> Result<Option<Vec<u8>>, HandlerError> {
+        self.host.get(name).map_err(|refusal| refused(format!("cannot read state entry `{name}`"), refusal))
     }
 
-    /// Writes an entry of the current key as bytes. Exceeding the host's
-    /// size limit is an unrecoverable error.
+    /// Writes an entry of the current key as bytes.
     pub fn set_bytes(&mut self, name: &str, value: &[u8]) -> Result<(), HandlerError> {
-        self.host
-            .set(name, value)
-            .map_err(|e| HandlerError::unrecoverable(format!("cannot write state entry `{name}`: {e}")))
+        self.host.set(name, value).map_err(|refusal| refused(format!("cannot write state entry `{name}`"), refusal))
     }
 
     /// Removes an entry of the current key (nothing happens if it is absent).
-    pub fn delete(&mut self, name: &str) {
-        self.host.delete(name);
+    pub fn delete(&mut self, name: &str) -> Result<(), HandlerError> {
+        self.host.delete(name).map_err(|refusal| refused(format!("cannot delete state entry `{name}`"), refusal))
     }
 
     /// Adds `delta` (possibly negative) to a counter shared by every key.
     /// Counters are the only state shared across keys: additions commute, so
-    /// keys handled at the same time lose no update.
-    pub fn counter_add(&mut self, name: &str, delta: i64) {
-        self.host.counter_add(name, delta);
+    /// keys handled at the same time lose no update. An addition that would
+    /// take the counter, as this key sees it, out of the `i64` range is
+    /// refused (`counter-range`), and nothing is added.
+    pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), HandlerError> {
+        self.host
+            .counter_add(name, delta)
+            .map_err(|refusal| refused(format!("cannot add {delta} to counter `{name}`"), refusal))
     }
 
     /// Reads a shared counter: its committed value plus this key's changes.
     /// Other keys' changes in the same batch may or may not be included.
-    pub fn counter_get(&mut self, name: &str) -> i64 {
-        self.host.counter_get(name)
+    pub fn counter_get(&mut self, name: &str) -> Result<i64, HandlerError> {
+        self.host.counter_get(name).map_err(|refusal| refused(format!("cannot read counter `{name}`"), refusal))
     }
 
     /// Publishes `event` to `topic` when the batch commits; its headers (tag,
-    /// key hash, ordering, algebra) come from the event. Exceeding the
-    /// host's size limit is an unrecoverable error.
+    /// key, ordering, algebra) come from the event. `topic` must be one the
+    /// module declares (`emits: [...]` in
+    /// [`export_module!`](crate::export_module)).
     pub fn emit<E: Event>(&mut self, topic: &str, event: &E) -> Result<(), HandlerError> {
         self.host
-            .emit(Outgoing::new(topic, event))
-            .map_err(|e| HandlerError::unrecoverable(format!("cannot emit {} to `{topic}`: {e}", E::NAME)))
+            .emit(Outgoing::new(topic, event)?)
+            .map_err(|refusal| refused(format!("cannot emit {} to `{topic}`", E::NAME), refusal))
     }
 
     /// Writes a line to the host's log.

@@ -1,10 +1,8 @@
 //! Events, their keys and the handlers that apply them.
 
-use std::hash::{Hash, Hasher};
-
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use siphasher::sip::SipHasher13;
+use wakuwaku_core::key::{Key, KeyError};
 
 use crate::context::Context;
 use crate::types::{Algebra, EventAtomicOrdering, EventTypeTag, HandlerError};
@@ -12,102 +10,60 @@ use crate::types::{Algebra, EventAtomicOrdering, EventTypeTag, HandlerError};
 /// What order is scoped to: one account, one order, one user.
 ///
 /// Events with equal keys keep the order the spec promises and are handled
-/// one call after another; events of different keys are independent. The
-/// log carries only [`key_hash`](PartitionKey::key_hash), a 64-bit hash of
-/// the key, in every message's header: the host plans, partitions and stores
-/// state by that number and never sees the key itself.
+/// one call after another; events of different keys are independent. A key
+/// travels as its canonical bytes (see the crate docs, "Keys"): the host
+/// keeps them with every message, in state, and in retry and dead-letter
+/// records, and two keys are the same exactly when their bytes are.
 ///
-/// The default `key_hash` is [`stable_hash`] of the [`Hash`] impl (SipHash-1-3
-/// with zero keys, integers fed as fixed-width little-endian). It is the same
-/// on `wasm32` and on 64-bit native targets, so a publisher, the host and a
-/// native test all compute the same hash. Changing a key's `Hash` impl (or
-/// overriding `key_hash`) changes every hash: the state of existing keys is
+/// The default [`to_key`](PartitionKey::to_key) serializes the value with
+/// serde ([`wakuwaku_core::key_serde::to_key`]): a newtype is its inner
+/// value, a struct or tuple is a tuple of its fields, so
+/// `#[derive(Serialize)] struct AccountId(u64)` has the bytes of `42u64`,
+/// and of the integer 42 in any guest language. Changing a key type's shape
+/// (adding a field, say) changes its bytes: the state of existing keys is
 /// then no longer found.
 ///
 /// ```
+/// use serde::Serialize;
 /// use wakuwaku_guest::PartitionKey;
 ///
-/// #[derive(Hash)]
+/// #[derive(Serialize)]
 /// struct AccountId(u64);
 ///
 /// impl PartitionKey for AccountId {}
 ///
-/// assert_eq!(AccountId(42).key_hash(), 42u64.key_hash());
+/// assert_eq!(AccountId(42).to_key().unwrap(), 42u64.to_key().unwrap());
+/// assert_eq!(AccountId(42).to_key().unwrap().as_bytes(), [0x01, 0x54]);
 /// ```
-pub trait PartitionKey: Hash {
-    /// The 64-bit hash the log carries for this key.
-    fn key_hash(&self) -> u64 {
-        stable_hash(self)
+pub trait PartitionKey: Serialize {
+    /// The key's canonical bytes. Fails for values of no key shape
+    /// (floats, maps, options, enum variants with data).
+    fn to_key(&self) -> Result<Key, KeyError> {
+        wakuwaku_core::key_serde::to_key(self)
     }
 }
 
 macro_rules! partition_keys {
     ($($t:ty),* $(,)?) => { $(impl PartitionKey for $t {})* };
 }
-partition_keys!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, bool, char, String, str);
+partition_keys!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char, String, str);
+
+macro_rules! tuple_keys {
+    ($(($($name:ident),+)),* $(,)?) => { $(impl<$($name: PartitionKey),+> PartitionKey for ($($name,)+) {})* };
+}
+tuple_keys!((A), (A, B), (A, B, C), (A, B, C, D));
 
 impl<T: PartitionKey + ?Sized> PartitionKey for &T {
-    fn key_hash(&self) -> u64 {
-        (**self).key_hash()
+    fn to_key(&self) -> Result<Key, KeyError> {
+        (**self).to_key()
     }
 }
 
-/// SipHash-1-3 with both keys zero over a value's [`Hash`] impl, made
-/// independent of the platform: every integer is fed as its little-endian
-/// bytes, and `usize`/`isize` (lengths of slices, enum discriminants) as
-/// 64-bit. This is the default [`PartitionKey::key_hash`].
-pub fn stable_hash<T: Hash + ?Sized>(value: &T) -> u64 {
-    let mut hasher = StableHasher(SipHasher13::new_with_keys(0, 0));
-    value.hash(&mut hasher);
-    hasher.finish()
-}
-
-/// Feeds integers to `SipHash` in a fixed width and byte order, so a hash does
-/// not depend on the pointer width or endianness of the target.
-struct StableHasher(SipHasher13);
-
-impl Hasher for StableHasher {
-    fn finish(&self) -> u64 {
-        self.0.finish()
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.write(bytes);
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.0.write(&[i]);
-    }
-    fn write_u16(&mut self, i: u16) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_u128(&mut self, i: u128) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.write_u64(i as u64);
-    }
-    fn write_i8(&mut self, i: i8) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_i16(&mut self, i: i16) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_i32(&mut self, i: i32) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_i64(&mut self, i: i64) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_i128(&mut self, i: i128) {
-        self.0.write(&i.to_le_bytes());
-    }
-    fn write_isize(&mut self, i: isize) {
-        self.write_i64(i as i64);
+/// A [`Key`] is already canonical. (Inside another key type, a `Key`
+/// field serializes as a byte string of its bytes, not as the key itself.)
+impl PartitionKey for Key {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        Ok(self.clone())
     }
 }
 
@@ -181,41 +137,35 @@ pub trait Handler<E: Event> {
 mod tests {
     use super::*;
 
-    #[derive(Hash)]
-    struct Id(u64);
-    impl PartitionKey for Id {}
+    #[derive(Serialize)]
+    struct AccountId(u64);
+    impl PartitionKey for AccountId {}
 
-    #[derive(Hash)]
-    enum Composite {
-        #[allow(dead_code)]
-        A,
-        B(Vec<u16>, String, usize),
+    #[derive(Serialize)]
+    struct Holding {
+        account: u64,
+        currency: String,
     }
-    impl PartitionKey for Composite {}
+    impl PartitionKey for Holding {}
 
     #[test]
-    fn key_hash_is_siphash13_of_little_endian_bytes() {
-        let expected = {
-            let mut h = SipHasher13::new_with_keys(0, 0);
-            h.write(&42u64.to_le_bytes());
-            h.finish()
-        };
-        assert_eq!(Id(42).key_hash(), expected);
-        assert_eq!(42u64.key_hash(), expected);
-    }
-
-    #[test]
-    fn key_hash_is_pinned() {
-        // These numbers are on the wire and in stored state: they must never
-        // change, on any target.
-        assert_eq!(Id(42).key_hash(), 0x7b3e_724b_36eb_df51, "{:#x}", Id(42).key_hash());
-        let composite = Composite::B(vec![1, 2], "x".into(), 7).key_hash();
-        assert_eq!(composite, 0x3002_856f_ff66_d3f9, "{composite:#x}");
+    fn newtypes_and_integers_of_every_width_share_their_bytes() {
+        let expected = Key::int(42u64);
+        assert_eq!(AccountId(42).to_key().unwrap(), expected);
+        for key in
+            [42u8.to_key(), 42u32.to_key(), 42i64.to_key(), 42usize.to_key(), <&u16 as PartitionKey>::to_key(&&42)]
+        {
+            assert_eq!(key.unwrap(), expected);
+        }
+        assert_eq!(true.to_key().unwrap(), Key::int(1));
+        assert_eq!(expected.to_key().unwrap(), expected, "a Key is its own key");
     }
 
     #[test]
-    fn usize_hashes_as_u64() {
-        assert_eq!(stable_hash(&7usize), stable_hash(&7u64));
-        assert_eq!(stable_hash(&-7isize), stable_hash(&-7i64));
+    fn structs_and_tuples_are_tuples() {
+        let holding = Holding { account: 42, currency: "eur".into() }.to_key().unwrap();
+        assert_eq!(holding, (42u64, "eur".to_owned()).to_key().unwrap());
+        assert_eq!(holding.to_string(), r#"[42,"eur"]"#);
+        assert_eq!("ann".to_key().unwrap().as_bytes(), b"\x02\x03ann");
     }
 }

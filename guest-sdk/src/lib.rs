@@ -4,7 +4,8 @@
 //! A handler module is a Rust type. Each event type is a serde struct that
 //! implements [`Event`] (its tag, name, key, ordering and algebra); the module
 //! implements [`Handler<E>`](Handler) once per event type; one
-//! [`export_module!`] line ties them together. Build with
+//! [`export_module!`] line ties them together (and lists the topics the
+//! module may emit to). Build with
 //! `cargo build --target wasm32-wasip2 --release` and hand the `.wasm` to the
 //! host; test with a plain `cargo test`, using [`testing::MemoryHost`].
 //!
@@ -15,7 +16,7 @@
 //! use wakuwaku_guest::{Context, Event, EventTypeTag, Handler, HandlerError, PartitionKey};
 //!
 //! /// What order is scoped to: one user.
-//! #[derive(Hash)]
+//! #[derive(Serialize)]
 //! pub struct UserId(pub u64);
 //!
 //! impl PartitionKey for UserId {}
@@ -44,7 +45,7 @@
 //!     fn handle(ctx: &mut Context<'_>, events: &[Visited]) -> Result<(), HandlerError> {
 //!         let seen: u64 = ctx.get("visits")?.unwrap_or(0);
 //!         ctx.set("visits", &(seen + events.len() as u64))?;
-//!         ctx.counter_add("all_visits", events.len() as i64);
+//!         ctx.counter_add("all_visits", events.len() as i64)?;
 //!         Ok(())
 //!     }
 //! }
@@ -64,7 +65,48 @@
 //! `cdylib` becomes the component, the `rlib` lets tests and native hosts
 //! call it.
 //!
-//! # Errors
+//! # Keys
+//!
+//! A key is what order and state are scoped to. It crosses the boundary as
+//! **canonical bytes**, the same in every guest language, so that a
+//! publisher, the host and any module agree on which events share a key.
+//! The host keeps the bytes with every message, in state, and in retry and
+//! dead-letter records; two keys are one exactly when their bytes are
+//! equal (it derives a 64-bit hash from them only to pick a partition).
+//! It shows a key as JSON text: `42`, `"ann"`, `[42,"eur"]`,
+//! `{"bytes":"00ff"}`; `waku state get --key` takes that text.
+//!
+//! A key is one value: an integer, a string, a byte string, or a tuple of
+//! those, encoded as:
+//!
+//! | value | bytes |
+//! | --- | --- |
+//! | integer from `i64::MIN` to `u64::MAX` | `0x01`, then the zigzag form of the value (`n ≥ 0` → `2n`, `n < 0` → `−2n − 1`) as unsigned LEB128, shortest form |
+//! | string (UTF-8) | `0x02`, the byte length as unsigned LEB128, the bytes |
+//! | byte string | `0x03`, the length as unsigned LEB128, the bytes |
+//! | tuple | `0x04`, the element count as unsigned LEB128, each element |
+//!
+//! At most 1024 bytes in all, tuples nested at most 16 deep, nothing after
+//! the value. So `42` is `01 54`, `-1` is `01 01`, `"ann"` is
+//! `02 03 61 6e 6e`, and `[42, "eur"]` is `04 02 01 54 02 03 65 75 72`. The
+//! host refuses anything else (a `key` export returning such bytes fails
+//! the call, an emit with them is refused). Test vectors for other
+//! languages, text form to bytes, are in `core/tests/key_vectors.json`.
+//!
+//! In Rust a key type derives `Serialize` and implements [`PartitionKey`];
+//! its bytes come from its serde shape
+//! ([`wakuwaku_core::key_serde`]): integers of every width and `bool`
+//! (0 or 1) are integers, `char` and `str` strings, `serialize_bytes`
+//! (e.g. `serde_bytes::ByteBuf`) byte strings, a newtype is its inner value,
+//! and structs, tuples and sequences are tuples of their fields; a unit
+//! enum variant is its name. So `AccountId(42)` has the bytes of `42u64`.
+//! Floats, maps, options and enum variants with data are no keys: the
+//! `key` export fails with an error naming the type. A `Vec<u8>` is a
+//! sequence (a tuple of integers), not a byte string. Changing a key
+//! type's shape changes its bytes, and the state of existing keys is then
+//! no longer found.
+//!
+//! # Errors and refusals
 //!
 //! A handler returns a [`HandlerError`]; its [`ErrorClass`] decides where the
 //! host sends the events of the failed call:
@@ -75,21 +117,36 @@
 //! - [`HandlerError::retryable`]: may succeed later; the key's unfinished work
 //!   goes to the retry topic and its later events queue behind it.
 //! - [`HandlerError::unrecoverable`]: will never succeed; the events go to the
-//!   dead-letter topic with the message, and the key goes on.
+//!   dead-letter topic with the message (cut to 4 KiB), and the key goes on.
+//!
+//! The host checks every value a handler hands it, and refuses one that
+//! breaks a rule with a message starting with the rule's id (the rules, and
+//! their limits, are in `wit/handler.wit` and
+//! [`wakuwaku_core::limits`]): entry and counter names of 1 to 256 bytes
+//! (`name-length`), state values up to the host's limit
+//! (`state-value-size`), per call at most so many state writes, bytes,
+//! counter changes, emits and emitted bytes (`state-writes-per-call`,
+//! `state-bytes-per-call`, `counter-changes-per-call`, `emits-per-call`,
+//! `emit-bytes-per-call`), counters within `i64` (`counter-range`), emits
+//! only to declared topics (`emit-topic`) with a body of 1 byte to the
+//! host's limit (`emit-body-size`). [`Context`] turns a refusal into an
+//! unrecoverable error naming the entry and the rule. Log lines are cut and
+//! counted, never refused. [`testing::MemoryHost`] keeps the same rules
+//! with the same limits and messages.
 //!
 //! The SDK itself returns unrecoverable errors for a body that does not
 //! decode (naming the event type), a tag the module does not handle (naming
-//! the tag), a state entry that does not decode as the requested type or
-//! exceeds the host's size limit (naming the entry), and a `combine` on a
-//! type that is not associative. A panic in a handler traps the component:
-//! the host treats a trap as retryable, with the panic message as the reason.
+//! the tag), a state entry that does not decode as the requested type
+//! (naming the entry), a key of no key shape, and a `combine` on a type
+//! that is not associative. A panic in a handler traps the component: the
+//! host treats a trap as retryable, with the panic message as the reason.
 //! Whatever the error, nothing the failed call wrote is kept.
 //!
 //! # Layout
 //!
 //! - [`Event`], [`PartitionKey`] and [`Handler`]: what an author implements.
-//! - [`Context`]: what a handler can do during a call (state, counters, emit,
-//!   log), over the raw [`HostApi`].
+//! - [`Context`]: what a handler can do during a call (its key, state,
+//!   counters, emit, log), over the raw [`HostApi`].
 //! - [`Module`] and [`export_module!`]: dispatch by tag over encoded bodies;
 //!   the WIT `handler` interface in plain Rust, and the native entry point.
 //! - [`testing`]: an in-memory host for unit tests.
@@ -104,15 +161,18 @@ pub mod testing;
 mod types;
 mod wasm;
 
-pub use context::{Context, HostApi, Outgoing};
-pub use event::{Event, Handler, PartitionKey, stable_hash};
+pub use context::{Context, HostApi, Outgoing, Refusal};
+pub use event::{Event, Handler, PartitionKey};
 #[doc(hidden)]
 pub use module::__private;
-pub use module::{EventTypeInfo, Module};
+pub use module::{EventTypeInfo, Module, ModuleInfo};
 pub use types::{Algebra, ErrorClass, EventAtomicOrdering, EventTypeTag, HandlerError, Level};
+pub use wakuwaku_core::key::{Key, KeyError, KeyValue};
+pub use wakuwaku_core::limits::PayloadLimits;
 
-/// The WIT package and version this SDK's components implement.
-pub const WIT_PACKAGE: &str = "wakuwaku:handler@0.1.0";
+/// The WIT package and version this SDK's components implement, read from
+/// `wit/handler.wit`.
+pub const WIT_PACKAGE: &str = wakuwaku_core::limits::CONTRACT;
 
 /// Bindings generated from `wit/` (world `module`); used by
 /// [`export_module!`], not meant to be used directly.

@@ -3,7 +3,12 @@
 //! [`MemoryHost`] keeps state, counters, emitted messages and log lines in
 //! memory, and drives a module through the same byte path the component
 //! uses: events are encoded, dispatched by tag through [`Module::handle`],
-//! and decoded again.
+//! and decoded again. It keeps the host's rules, with the host's limits
+//! ([`PayloadLimits`], default or [`MemoryHost::with_limits`]) and the
+//! host's messages: names, value and body sizes, per-call counts and bytes,
+//! declared emit topics, canonical keys, counters within `i64`, log lines
+//! cut and counted. So a module that passes its native tests meets no new
+//! refusal in production.
 //!
 //! ```
 //! # use serde::{Deserialize, Serialize};
@@ -36,19 +41,21 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-
-use crate::context::{HostApi, Outgoing};
-use crate::event::{Event, Handler, PartitionKey};
-use crate::module::Module;
+use wakuwaku_core::key::Key;
+use wakuwaku_core::limits::{CallTally, LogTally, PayloadLimits, check_combined_body, check_name, error_message};
 use wakuwaku_core::reduce::{chunks, reduce};
 
+use crate::context::{HostApi, Outgoing, Refusal};
+use crate::event::{Event, Handler, PartitionKey};
+use crate::module::{__private::key_of, Module};
 use crate::types::{HandlerError, Level};
 
-/// A line a handler logged.
+/// A line a handler logged, as the host keeps it (cut to the limit and
+/// marked; a closing `log-lines-per-call` warning when lines were dropped).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogLine {
     /// The key being handled when it was logged.
-    pub key_hash: u64,
+    pub key: Key,
     /// Its level.
     pub level: Level,
     /// Its text.
@@ -56,29 +63,29 @@ pub struct LogLine {
 }
 
 /// An in-memory host for native tests: per-key state, shared counters,
-/// emitted messages and log lines.
+/// emitted messages and log lines, under the host's rules and limits.
 ///
 /// Like the real host, a failed call leaves no trace in state, counters or
 /// emitted messages (its log lines are kept).
 #[derive(Clone, Debug, Default)]
 pub struct MemoryHost {
-    state: BTreeMap<u64, BTreeMap<String, Vec<u8>>>,
+    state: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
     counters: BTreeMap<String, i64>,
     emitted: Vec<Outgoing>,
     logs: Vec<LogLine>,
-    value_limit: Option<usize>,
+    limits: PayloadLimits,
 }
 
 impl MemoryHost {
-    /// An empty host with no size limit on state values.
+    /// An empty host with the host's default limits.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Makes writes of state values longer than `bytes` fail, as the host's
-    /// size limit does.
-    pub fn with_value_limit(mut self, bytes: usize) -> Self {
-        self.value_limit = Some(bytes);
+    /// The same host with these limits (e.g. the ones your deployment
+    /// passes to `waku run`).
+    pub fn with_limits(mut self, limits: PayloadLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -91,8 +98,8 @@ impl MemoryHost {
         M: Module + Handler<E>,
         E: Event,
     {
-        for (key_hash, bodies) in runs(events) {
-            self.deliver::<M>(E::TYPE_TAG.get(), E::MAX_BATCH, key_hash, &bodies)?;
+        for (key, bodies) in runs(events)? {
+            self.deliver::<M>(E::TYPE_TAG.get(), E::MAX_BATCH, &key, &bodies)?;
         }
         Ok(())
     }
@@ -100,17 +107,24 @@ impl MemoryHost {
     /// Like [`handle`](Self::handle), but first reduces each run with `E`'s
     /// algebra with the host's own reduction (`wakuwaku_core::reduce`): an
     /// associative run of two or more events is folded into one with
-    /// [`Module::combine`], an idempotent one loses adjacent duplicates, an
-    /// idempotent-commutative one is sorted and loses all duplicates.
+    /// [`Module::combine`] (whose body must be 1 byte to the emit body
+    /// limit, as in the host), an idempotent one loses adjacent duplicates,
+    /// an idempotent-commutative one is sorted and loses all duplicates.
     pub fn handle_reduced<M, E>(&mut self, events: &[E]) -> Result<(), HandlerError>
     where
         M: Module + Handler<E>,
         E: Event,
     {
         let tag = E::TYPE_TAG.get();
-        for (key_hash, bodies) in runs(events) {
-            let bodies = reduce(E::ALGEBRA, bodies, |bodies| M::combine(tag, bodies))?;
-            self.deliver::<M>(tag, E::MAX_BATCH, key_hash, &bodies)?;
+        let limits = self.limits;
+        let combine = |bodies: &[Vec<u8>]| {
+            let body = M::combine(tag, bodies)?;
+            check_combined_body(&limits, &body).map_err(|e| HandlerError::retryable(e.to_string()))?;
+            Ok(body)
+        };
+        for (key, bodies) in runs(events)? {
+            let bodies = reduce(E::ALGEBRA, bodies, combine)?;
+            self.deliver::<M>(tag, E::MAX_BATCH, &key, &bodies)?;
         }
         Ok(())
     }
@@ -119,52 +133,57 @@ impl MemoryHost {
         &mut self,
         tag: u32,
         max_batch: u32,
-        key_hash: u64,
+        key: &Key,
         bodies: &[Vec<u8>],
     ) -> Result<(), HandlerError> {
         for chunk in chunks(bodies, max_batch) {
-            self.handle_bodies::<M>(tag, key_hash, chunk)?;
+            self.handle_bodies::<M>(tag, key, chunk)?;
         }
         Ok(())
     }
 
     /// One [`Module::handle`] call with encoded bodies, as the host makes it.
     /// On error, the call's state writes, counter changes and emitted
-    /// messages are rolled back.
-    pub fn handle_bodies<M: Module>(
-        &mut self,
-        tag: u32,
-        key_hash: u64,
-        bodies: &[Vec<u8>],
-    ) -> Result<(), HandlerError> {
-        let state = self.state.get(&key_hash).cloned();
+    /// messages are rolled back, and the error's message is cut to 4 KiB as
+    /// the host cuts it.
+    pub fn handle_bodies<M: Module>(&mut self, tag: u32, key: &Key, bodies: &[Vec<u8>]) -> Result<(), HandlerError> {
+        let state = self.state.get(key).cloned();
         let counters = self.counters.clone();
         let emitted = self.emitted.len();
-        let result = M::handle(&mut self.scope(key_hash), tag, key_hash, bodies);
-        if result.is_err() {
+        let result = M::handle(&mut self.scope::<M>(key), tag, key, bodies);
+        if let Err(error) = result {
             match state {
-                Some(state) => self.state.insert(key_hash, state),
-                None => self.state.remove(&key_hash),
+                Some(state) => self.state.insert(key.clone(), state),
+                None => self.state.remove(key),
             };
             self.counters = counters;
             self.emitted.truncate(emitted);
+            return Err(HandlerError::new(error.class, error_message(error.message)));
         }
-        result
+        Ok(())
     }
 
-    /// The [`HostApi`] of one key, to call [`Module::handle`] or build a
-    /// [`Context`](crate::Context) by hand.
-    pub fn scope(&mut self, key_hash: u64) -> KeyScope<'_> {
-        KeyScope { host: self, key_hash }
+    /// The [`HostApi`] of one call of module `M` about `key`, to call
+    /// [`Module::handle`] or build a [`Context`](crate::Context) by hand.
+    /// Its per-call counts start at zero; its writes apply at once.
+    pub fn scope<M: Module>(&mut self, key: &Key) -> KeyScope<'_> {
+        KeyScope {
+            host: self,
+            key: key.clone(),
+            emits: M::describe().emits,
+            tally: CallTally::default(),
+            log: LogTally::default(),
+        }
     }
 
     /// A JSON state entry of `key`.
     ///
     /// # Panics
     ///
-    /// If the entry exists but does not decode as `T`.
+    /// If `key` has no key shape, or the entry exists but does not decode
+    /// as `T`.
     pub fn get<T: DeserializeOwned>(&self, key: &impl PartitionKey, name: &str) -> Option<T> {
-        let bytes = self.get_bytes(key.key_hash(), name)?;
+        let bytes = self.get_bytes(&key.to_key().expect("a key"), name)?;
         Some(
             serde_json::from_slice(bytes)
                 .unwrap_or_else(|e| panic!("state entry `{name}` is not a valid {}: {e}", std::any::type_name::<T>())),
@@ -176,15 +195,15 @@ impl MemoryHost {
     ///
     /// # Panics
     ///
-    /// If `value` cannot be encoded as JSON.
+    /// If `key` has no key shape or `value` cannot be encoded as JSON.
     pub fn set<T: Serialize + ?Sized>(&mut self, key: &impl PartitionKey, name: &str, value: &T) {
         let bytes = serde_json::to_vec(value).expect("state value encodes as JSON");
-        self.state.entry(key.key_hash()).or_default().insert(name.to_owned(), bytes);
+        self.state.entry(key.to_key().expect("a key")).or_default().insert(name.to_owned(), bytes);
     }
 
-    /// A state entry of the key with hash `key_hash`, as bytes.
-    pub fn get_bytes(&self, key_hash: u64, name: &str) -> Option<&[u8]> {
-        self.state.get(&key_hash)?.get(name).map(Vec::as_slice)
+    /// A state entry of `key`, as bytes.
+    pub fn get_bytes(&self, key: &Key, name: &str) -> Option<&[u8]> {
+        self.state.get(key)?.get(name).map(Vec::as_slice)
     }
 
     /// The value of a shared counter (0 if never touched).
@@ -203,54 +222,228 @@ impl MemoryHost {
     }
 }
 
-/// Consecutive events of one key, encoded.
-fn runs<E: Event>(events: &[E]) -> Vec<(u64, Vec<Vec<u8>>)> {
-    let mut runs: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+/// Consecutive events of one key: the key and the encoded bodies.
+type Run = (Key, Vec<Vec<u8>>);
+
+/// The runs of `events`.
+fn runs<E: Event>(events: &[E]) -> Result<Vec<Run>, HandlerError> {
+    let mut runs: Vec<Run> = Vec::new();
     for event in events {
-        let key_hash = event.key().key_hash();
+        let key = key_of(event)?;
         match runs.last_mut() {
-            Some((last, bodies)) if *last == key_hash => bodies.push(event.encode()),
-            _ => runs.push((key_hash, vec![event.encode()])),
+            Some((last, bodies)) if *last == key => bodies.push(event.encode()),
+            _ => runs.push((key, vec![event.encode()])),
         }
     }
-    runs
+    Ok(runs)
 }
 
-/// [`MemoryHost`] seen by a call about one key; see [`MemoryHost::scope`].
+/// [`MemoryHost`] seen by one call about one key; see
+/// [`MemoryHost::scope`]. When it is dropped, a closing log line says how
+/// many lines the call dropped, if any.
 #[derive(Debug)]
 pub struct KeyScope<'a> {
     host: &'a mut MemoryHost,
-    key_hash: u64,
+    key: Key,
+    emits: &'static [&'static str],
+    tally: CallTally,
+    log: LogTally,
+}
+
+impl KeyScope<'_> {
+    fn push_log(&mut self, level: Level, message: String) {
+        self.host.logs.push(LogLine { key: self.key.clone(), level, message });
+    }
+}
+
+impl Drop for KeyScope<'_> {
+    fn drop(&mut self) {
+        if let Some(closing) = self.log.finish(&self.host.limits) {
+            self.push_log(Level::Warn, closing);
+        }
+    }
 }
 
 impl HostApi for KeyScope<'_> {
-    fn get(&mut self, name: &str) -> Option<Vec<u8>> {
-        self.host.get_bytes(self.key_hash, name).map(<[u8]>::to_vec)
+    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, Refusal> {
+        check_name(name).map_err(|refusal| refusal.to_string())?;
+        Ok(self.host.get_bytes(&self.key, name).map(<[u8]>::to_vec))
     }
-    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), String> {
-        if let Some(limit) = self.host.value_limit.filter(|&limit| value.len() > limit) {
-            return Err(format!("value of {} bytes exceeds the limit of {limit} bytes", value.len()));
-        }
-        self.host.state.entry(self.key_hash).or_default().insert(name.to_owned(), value.to_vec());
+
+    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Refusal> {
+        self.tally.set(&self.host.limits, name, value.len()).map_err(|refusal| refusal.to_string())?;
+        self.host.state.entry(self.key.clone()).or_default().insert(name.to_owned(), value.to_vec());
         Ok(())
     }
-    fn delete(&mut self, name: &str) {
-        if let Some(entries) = self.host.state.get_mut(&self.key_hash) {
+
+    fn delete(&mut self, name: &str) -> Result<(), Refusal> {
+        self.tally.delete(&self.host.limits, name).map_err(|refusal| refusal.to_string())?;
+        if let Some(entries) = self.host.state.get_mut(&self.key) {
             entries.remove(name);
         }
+        Ok(())
     }
-    fn counter_add(&mut self, name: &str, delta: i64) {
-        let counter = self.host.counters.entry(name.to_owned()).or_default();
-        *counter = counter.wrapping_add(delta);
+
+    fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), Refusal> {
+        let current = i128::from(self.host.counter(name));
+        let next = self.tally.counter_add(&self.host.limits, name, current, delta).map_err(|r| r.to_string())?;
+        let next = i64::try_from(next).expect("the tally keeps counters within i64");
+        self.host.counters.insert(name.to_owned(), next);
+        Ok(())
     }
-    fn counter_get(&mut self, name: &str) -> i64 {
-        self.host.counter(name)
+
+    fn counter_get(&mut self, name: &str) -> Result<i64, Refusal> {
+        check_name(name).map_err(|refusal| refusal.to_string())?;
+        Ok(self.host.counter(name))
     }
-    fn emit(&mut self, message: Outgoing) -> Result<(), String> {
+
+    fn emit(&mut self, message: Outgoing) -> Result<(), Refusal> {
+        let limits = self.host.limits;
+        let key = message.key.as_bytes();
+        self.tally.emit(&limits, self.emits, &message.topic, key, &message.body).map_err(|r| r.to_string())?;
         self.host.emitted.push(message);
         Ok(())
     }
+
     fn log(&mut self, level: Level, message: &str) {
-        self.host.logs.push(LogLine { key_hash: self.key_hash, level, message: message.to_owned() });
+        if let Some(line) = self.log.admit(&self.host.limits, message) {
+            let line = line.to_string();
+            self.push_log(level, line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::{Deserialize, Serialize};
+    use wakuwaku_core::limits::MAX_ERROR_MESSAGE_BYTES;
+
+    use super::*;
+    use crate::context::Context;
+    use crate::types::{ErrorClass, EventTypeTag};
+
+    /// A test event: its `op` says what the handler does, `n` times.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Op {
+        key: u64,
+        op: String,
+        n: u64,
+        #[serde(default)]
+        arg: i64,
+    }
+
+    impl Event for Op {
+        const TYPE_TAG: EventTypeTag = EventTypeTag::new(1);
+        const NAME: &'static str = "Op";
+        type Key = u64;
+        fn key(&self) -> u64 {
+            self.key
+        }
+    }
+
+    struct Ops;
+
+    impl Handler<Op> for Ops {
+        fn handle(ctx: &mut Context<'_>, events: &[Op]) -> Result<(), HandlerError> {
+            for event in events {
+                for i in 0..event.n {
+                    match event.op.as_str() {
+                        "set" => ctx.set_bytes(&format!("e{i}"), &vec![1; event.arg as usize])?,
+                        "add" => ctx.counter_add("c", event.arg)?,
+                        "emit" => ctx.emit("out", &Op { op: "x".repeat(event.arg as usize), ..event.clone() })?,
+                        "emit-elsewhere" => ctx.emit("dlq_in", event)?,
+                        "log" => ctx.info(&"l".repeat(event.arg as usize)),
+                        "fail" => return Err(HandlerError::retryable("e".repeat(event.arg as usize))),
+                        other => panic!("unknown op {other}"),
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    crate::export_module!(Ops: Op; emits: ["out"]);
+
+    fn op(op: &str, n: u64, arg: i64) -> Op {
+        Op { key: 7, op: op.into(), n, arg }
+    }
+
+    fn rule_of(error: &HandlerError) -> &str {
+        // "<what>: <rule>: <detail>"
+        error.message.split(": ").nth(1).unwrap_or_default()
+    }
+
+    #[test]
+    fn state_writes_meet_the_hosts_limits_and_a_failed_call_keeps_nothing() {
+        let limits = PayloadLimits { max_state_value: 8, max_state_writes_per_call: 3, ..PayloadLimits::default() };
+        let mut host = MemoryHost::new().with_limits(limits);
+        let error = host.handle::<Ops, _>(&[op("set", 1, 9)]).unwrap_err();
+        assert_eq!(error.class, ErrorClass::Unrecoverable);
+        assert_eq!(rule_of(&error), "state-value-size", "{error}");
+        let error = host.handle::<Ops, _>(&[op("set", 4, 1)]).unwrap_err();
+        assert_eq!(rule_of(&error), "state-writes-per-call", "{error}");
+        assert_eq!(host.get_bytes(&Key::int(7), "e0"), None, "the failed call's writes are rolled back");
+        // Each call counts afresh.
+        host.handle::<Ops, _>(&[op("set", 3, 1)]).unwrap();
+        host.handle::<Ops, _>(&[op("set", 3, 1)]).unwrap();
+        assert_eq!(host.get_bytes(&Key::int(7), "e2"), Some(&[1][..]));
+    }
+
+    #[test]
+    fn counters_overflow_as_a_refusal_not_a_wrap() {
+        let mut host = MemoryHost::new();
+        host.handle::<Ops, _>(&[op("add", 1, i64::MAX)]).unwrap();
+        let error = host.handle::<Ops, _>(&[op("add", 1, 1)]).unwrap_err();
+        assert_eq!(rule_of(&error), "counter-range", "{error}");
+        assert_eq!(host.counter("c"), i64::MAX);
+        let limits = PayloadLimits { max_counter_changes_per_call: 2, ..PayloadLimits::default() };
+        let mut host = MemoryHost::new().with_limits(limits);
+        let error = host.handle::<Ops, _>(&[op("add", 3, 1)]).unwrap_err();
+        assert_eq!(rule_of(&error), "counter-changes-per-call", "{error}");
+        assert_eq!(host.counter("c"), 0, "the failed call's changes are rolled back");
+    }
+
+    #[test]
+    fn emits_go_only_to_declared_topics_within_the_limits() {
+        let limits = PayloadLimits { max_emit_body: 100, max_emits_per_call: 2, ..PayloadLimits::default() };
+        let mut host = MemoryHost::new().with_limits(limits);
+        let error = host.handle::<Ops, _>(&[op("emit-elsewhere", 1, 0)]).unwrap_err();
+        assert_eq!(rule_of(&error), "emit-topic", "{error}");
+        let error = host.handle::<Ops, _>(&[op("emit", 1, 100)]).unwrap_err();
+        assert_eq!(rule_of(&error), "emit-body-size", "{error}");
+        let error = host.handle::<Ops, _>(&[op("emit", 3, 1)]).unwrap_err();
+        assert_eq!(rule_of(&error), "emits-per-call", "{error}");
+        assert!(host.emitted().is_empty());
+        host.handle::<Ops, _>(&[op("emit", 2, 1)]).unwrap();
+        assert_eq!(host.emitted().len(), 2);
+        assert_eq!(host.emitted()[0].key, Key::int(7));
+        assert_eq!(Ops::describe().emits, ["out"]);
+    }
+
+    #[test]
+    fn log_lines_are_cut_and_counted_and_error_messages_cut() {
+        let limits = PayloadLimits { max_log_line: 4, max_log_lines_per_call: 2, ..PayloadLimits::default() };
+        let mut host = MemoryHost::new().with_limits(limits);
+        host.handle::<Ops, _>(&[op("log", 5, 6)]).unwrap();
+        let messages: Vec<&str> = host.logs().iter().map(|line| line.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "llll […cut]",
+                "llll […cut]",
+                "log-lines-per-call: 3 more log lines of this call dropped (at most 2 per call)"
+            ]
+        );
+        assert_eq!(host.logs()[2].level, Level::Warn);
+        let error = host.handle::<Ops, _>(&[op("fail", 1, 10_000)]).unwrap_err();
+        assert!(error.message.len() <= MAX_ERROR_MESSAGE_BYTES + " […cut]".len() && error.message.ends_with("[…cut]"));
+    }
+
+    #[test]
+    fn state_is_kept_by_key_bytes() {
+        let mut host = MemoryHost::new();
+        host.set(&7u64, "a", &1);
+        assert_eq!(host.get::<i32>(&7u8, "a"), Some(1), "7u8 and 7u64 are one key");
+        assert_eq!(host.get::<i32>(&"7", "a"), None, "the string \"7\" is another key");
     }
 }

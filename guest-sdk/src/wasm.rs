@@ -8,7 +8,9 @@ use std::marker::PhantomData;
 
 use crate::bindings::exports::wakuwaku::handler::handler as wit_handler;
 use crate::bindings::wakuwaku::handler::{emit, log, state, types as wit};
-use crate::context::{HostApi, Outgoing};
+use wakuwaku_core::key::Key;
+
+use crate::context::{HostApi, Outgoing, Refusal};
 use crate::module::{EventTypeInfo, Module};
 use crate::types::{Algebra, ErrorClass, EventAtomicOrdering, HandlerError, Level};
 
@@ -17,26 +19,26 @@ use crate::types::{Algebra, ErrorClass, EventAtomicOrdering, HandlerError, Level
 pub struct WasmHost;
 
 impl HostApi for WasmHost {
-    fn get(&mut self, name: &str) -> Option<Vec<u8>> {
+    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, Refusal> {
         state::get(name)
     }
-    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), String> {
+    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Refusal> {
         state::set(name, value)
     }
-    fn delete(&mut self, name: &str) {
-        state::delete(name);
+    fn delete(&mut self, name: &str) -> Result<(), Refusal> {
+        state::delete(name)
     }
-    fn counter_add(&mut self, name: &str, delta: i64) {
-        state::counter_add(name, delta);
+    fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), Refusal> {
+        state::counter_add(name, delta)
     }
-    fn counter_get(&mut self, name: &str) -> i64 {
+    fn counter_get(&mut self, name: &str) -> Result<i64, Refusal> {
         state::counter_get(name)
     }
-    fn emit(&mut self, message: Outgoing) -> Result<(), String> {
+    fn emit(&mut self, message: Outgoing) -> Result<(), Refusal> {
         emit::emit(&wit::Outgoing {
             topic: message.topic,
             tag: message.tag,
-            key_hash: message.key_hash,
+            key: message.key.as_bytes().to_vec(),
             ordering: ordering_to_wit(message.ordering),
             algebra: algebra_to_wit(message.algebra),
             body: message.body,
@@ -58,12 +60,16 @@ impl HostApi for WasmHost {
 pub struct Export<M>(PhantomData<M>);
 
 impl<M: Module> wit_handler::Guest for Export<M> {
-    fn describe() -> Vec<wit::EventType> {
-        M::describe().into_iter().map(event_type_to_wit).collect()
+    fn describe() -> wit::ModuleInfo {
+        let info = M::describe();
+        wit::ModuleInfo {
+            event_types: info.event_types.into_iter().map(event_type_to_wit).collect(),
+            emits: info.emits.iter().map(|topic| (*topic).to_owned()).collect(),
+        }
     }
 
-    fn key(tag: u32, body: Vec<u8>) -> Result<u64, wit::HandlerError> {
-        M::key(tag, &body).map_err(error_to_wit)
+    fn key(tag: u32, body: Vec<u8>) -> Result<Vec<u8>, wit::HandlerError> {
+        M::key(tag, &body).map(|key| key.as_bytes().to_vec()).map_err(error_to_wit)
     }
 
     fn ordering(tag: u32, body: Vec<u8>) -> Result<wit::Ordering, wit::HandlerError> {
@@ -74,8 +80,11 @@ impl<M: Module> wit_handler::Guest for Export<M> {
         M::combine(tag, &bodies).map_err(error_to_wit)
     }
 
-    fn handle(tag: u32, key_hash: u64, bodies: Vec<Vec<u8>>) -> Result<(), wit::HandlerError> {
-        M::handle(&mut WasmHost, tag, key_hash, &bodies).map_err(error_to_wit)
+    fn handle(tag: u32, key: Vec<u8>, bodies: Vec<Vec<u8>>) -> Result<(), wit::HandlerError> {
+        // The host hands over canonical bytes; anything else is its bug.
+        let key = Key::from_canonical(&key)
+            .map_err(|e| error_to_wit(HandlerError::unrecoverable(format!("the host passed a bad key: {e}"))))?;
+        M::handle(&mut WasmHost, tag, &key, &bodies).map_err(error_to_wit)
     }
 }
 
