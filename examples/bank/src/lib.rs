@@ -30,7 +30,9 @@ pub const ACCOUNT: &str = "account";
 /// [`AccountOpened`], −1 per [`AccountClosed`].
 pub const OPEN_ACCOUNTS: &str = "open_accounts";
 
-/// The key of every bank event: one account.
+/// The key of every bank event: one account. Its canonical key is the
+/// account number as an integer (`AccountId(42)` has the bytes of `42u64`),
+/// so `waku state get --key 42` shows account 42.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct AccountId(pub u64);
 
@@ -258,8 +260,7 @@ fn update<E>(ctx: &mut Context<'_>, events: &[E], apply_one: fn(&mut Account, &E
 impl Handler<AccountOpened> for Bank {
     fn handle(ctx: &mut Context<'_>, events: &[AccountOpened]) -> Result<(), HandlerError> {
         update(ctx, events, apply_opened)?;
-        ctx.counter_add(OPEN_ACCOUNTS, events.len() as i64);
-        Ok(())
+        ctx.counter_add(OPEN_ACCOUNTS, events.len() as i64)
     }
 }
 
@@ -278,8 +279,7 @@ impl Handler<Withdrawn> for Bank {
 impl Handler<AccountClosed> for Bank {
     fn handle(ctx: &mut Context<'_>, events: &[AccountClosed]) -> Result<(), HandlerError> {
         update(ctx, events, apply_closed)?;
-        ctx.counter_add(OPEN_ACCOUNTS, -(events.len() as i64));
-        Ok(())
+        ctx.counter_add(OPEN_ACCOUNTS, -(events.len() as i64))
     }
 }
 
@@ -294,7 +294,7 @@ wakuwaku_guest::export_module!(Bank: AccountOpened, Deposited, Withdrawn, Accoun
 #[cfg(test)]
 mod tests {
     use wakuwaku_guest::testing::MemoryHost;
-    use wakuwaku_guest::{ErrorClass, EventTypeInfo, Module};
+    use wakuwaku_guest::{ErrorClass, EventTypeInfo, Key, Module};
 
     use super::*;
 
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn describes_its_five_event_types() {
-        let described = Bank::describe();
+        let described = Bank::describe().event_types;
         let summary: Vec<_> = described.iter().map(|t| (t.tag, t.name, t.algebra, t.max_batch)).collect();
         assert_eq!(
             summary,
@@ -324,6 +324,7 @@ mod tests {
             ]
         );
         assert_eq!(described[1], EventTypeInfo::of::<Deposited>());
+        assert!(Bank::describe().emits.is_empty(), "the bank emits nowhere");
     }
 
     #[test]
@@ -368,9 +369,12 @@ mod tests {
     }
 
     #[test]
-    fn key_is_the_account_hash() {
-        assert_eq!(Bank::key(3, br#"{"account":42,"amount":1}"#).unwrap(), AccountId(42).key_hash());
-        assert_eq!(AccountId(42).key_hash(), 42u64.key_hash());
+    fn the_key_is_the_account_number() {
+        // `AccountId(42)` has the canonical bytes of the integer 42.
+        let key = Bank::key(3, br#"{"account":42,"amount":1}"#).unwrap();
+        assert_eq!(key, AccountId(42).to_key().unwrap());
+        assert_eq!(key.as_bytes(), [0x01, 0x54]);
+        assert_eq!(key.to_string(), "42");
     }
 
     #[test]
@@ -420,7 +424,7 @@ mod tests {
     #[test]
     fn an_unknown_tag_is_unrecoverable_and_named() {
         let mut host = MemoryHost::new();
-        let error = host.handle_bodies::<Bank>(99, 1, &[b"{}".to_vec()]).unwrap_err();
+        let error = host.handle_bodies::<Bank>(99, &Key::int(1), &[b"{}".to_vec()]).unwrap_err();
         assert_eq!(error.class, ErrorClass::Unrecoverable);
         assert!(error.message.contains("99"), "{error}");
         for error in [Bank::key(99, b"{}").unwrap_err(), Bank::ordering(0, b"{}").unwrap_err()] {
@@ -433,7 +437,7 @@ mod tests {
         let mut host = MemoryHost::new();
         host.handle::<Bank, _>(&[Deposited::new(ALICE, 1)]).unwrap();
         let bodies = [Deposited::new(ALICE, 1).encode(), b"{\"account\":42}".to_vec()];
-        let error = host.handle_bodies::<Bank>(2, AccountId(ALICE).key_hash(), &bodies).unwrap_err();
+        let error = host.handle_bodies::<Bank>(2, &AccountId(ALICE).to_key().unwrap(), &bodies).unwrap_err();
         assert_eq!(error.class, ErrorClass::Unrecoverable);
         assert!(error.message.contains("Deposited"), "{error}");
         // Nothing of the failed call was applied.

@@ -2,7 +2,10 @@
 //! one thing, well or badly, so tests can check what the sandbox and the
 //! consumer do about it: spin, hog memory, panic, note (state, counter,
 //! log, emit), fail by class, recurse, chatter on stderr, peek at its
-//! surroundings, or keep a ledger that fails on cue.
+//! surroundings, keep a ledger that fails on cue, or call an import raw,
+//! many times, with values the SDK would never send.
+//!
+//! It declares that it emits to `notes-out` and `out`.
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{
@@ -10,7 +13,7 @@ use wakuwaku_guest::{
 };
 
 /// Every probe event is keyed by a plain number.
-#[derive(Hash)]
+#[derive(Serialize)]
 pub struct ProbeKey(pub u64);
 
 impl PartitionKey for ProbeKey {}
@@ -45,6 +48,16 @@ probe_event!(Fail, 5, { class: String, message: String });
 probe_event!(Recurse, 6, { depth: u64 });
 probe_event!(Peek, 7, {});
 probe_event!(Chatter, 40, { lines: u64 });
+probe_event!(Raw, 8, {
+    op: String,
+    name: String,
+    len: u64,
+    delta: i64,
+    topic: String,
+    emit_key: Vec<u8>,
+    count: u64,
+    ignore: bool
+});
 
 /// A ledger entry for the crash test: `amount` is added to the key's
 /// `balance`, unless `fail` names a failure to cause instead
@@ -102,12 +115,12 @@ impl Handler<Ledger> for Probe {
                 return Err(HandlerError::new(class, format!("ledger entry {} of key {}", entry.seq, entry.key)));
             }
             if ctx.get::<u64>("seq")?.is_some_and(|last| last >= entry.seq) {
-                ctx.counter_add("out_of_order", 1);
+                ctx.counter_add("out_of_order", 1)?;
             }
             ctx.set("seq", &entry.seq)?;
             let balance = ctx.get::<i64>("balance")?.unwrap_or(0);
             ctx.set("balance", &(balance + entry.amount))?;
-            ctx.counter_add("ledger", 1);
+            ctx.counter_add("ledger", 1)?;
         }
         Ok(())
     }
@@ -144,7 +157,7 @@ impl Handler<Note> for Probe {
     fn handle(ctx: &mut Context<'_>, events: &[Note]) -> Result<(), HandlerError> {
         for note in events {
             ctx.set("last", &note.text)?;
-            ctx.counter_add("notes", 1);
+            ctx.counter_add("notes", 1)?;
             ctx.info(&format!("noted {}", note.text));
             if let Some(topic) = &note.emit_to {
                 ctx.emit(topic, &Note { emit_to: None, ..note.clone() })?;
@@ -218,4 +231,65 @@ impl Handler<Peek> for Probe {
     }
 }
 
-wakuwaku_guest::export_module!(Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger);
+/// Calls one import `count` times straight through the WIT bindings,
+/// bypassing the SDK: `op` is `get`, `set` (a value of `len` bytes),
+/// `delete`, `counter-add` (`delta`), `counter-get`, `emit` (to `topic`,
+/// key bytes `emit_key` as given, a body of `len` bytes) or `log` (a line
+/// of `len` bytes), or `key` (writes the key being handled, in its text
+/// form, to the entry `key`, through the SDK). `{i}` in `name` becomes the
+/// call's index. The first
+/// refusal fails the call (unrecoverable, "`n` accepted, then refused:
+/// <refusal>"), unless `ignore` is set: then every call is made, and the
+/// call succeeds whatever was refused.
+impl Handler<Raw> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[Raw]) -> Result<(), HandlerError> {
+        use wakuwaku_guest::bindings::wakuwaku::handler::{emit, log, state, types};
+        for raw in events {
+            if raw.op == "key" {
+                let key = ctx.key().to_string();
+                ctx.set("key", &key)?;
+                continue;
+            }
+            let mut accepted = 0u64;
+            for i in 0..raw.count {
+                let name = raw.name.replace("{i}", &i.to_string());
+                let bytes = vec![b'r'; raw.len as usize];
+                let result = match raw.op.as_str() {
+                    "get" => state::get(&name).map(drop),
+                    "set" => state::set(&name, &bytes),
+                    "delete" => state::delete(&name),
+                    "counter-add" => state::counter_add(&name, raw.delta),
+                    "counter-get" => state::counter_get(&name).map(drop),
+                    "emit" => emit::emit(&types::Outgoing {
+                        topic: raw.topic.clone(),
+                        tag: Note::TYPE_TAG.get(),
+                        key: raw.emit_key.clone(),
+                        ordering: types::Ordering::Relaxed,
+                        algebra: types::Algebra::NonAssociative,
+                        body: bytes,
+                    }),
+                    "log" => {
+                        log::log(log::Level::Info, &String::from_utf8(bytes).unwrap_or_default());
+                        Ok(())
+                    }
+                    other => return Err(HandlerError::unrecoverable(format!("unknown raw op `{other}`"))),
+                };
+                match result {
+                    Ok(()) => accepted += 1,
+                    Err(refusal) if !raw.ignore => {
+                        return Err(HandlerError::unrecoverable(format!(
+                            "{accepted} accepted, then refused: {refusal}"
+                        )));
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+wakuwaku_guest::export_module!(
+    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, Raw;
+    emits: ["notes-out", "out"]
+);
