@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
-use wakuwaku::event::{Algebra, EventAtomicOrdering, EventTypeTag, KeyHash};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventTypeTag};
 use wakuwaku::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope};
+use wakuwaku::key::Key;
 
 /// A non-associative type, one event per call.
 pub const STEP: EventTypeTag = EventTypeTag::new(1);
@@ -54,7 +55,7 @@ impl Step {
 }
 
 /// One successful call: the key, the type and the sequence numbers handled.
-pub type Handled = (KeyHash, EventTypeTag, Vec<u64>);
+pub type Handled = (Key, EventTypeTag, Vec<u64>);
 
 /// The module. Clones share their call counts, their record and switch.
 #[derive(Clone, Default)]
@@ -93,7 +94,7 @@ impl Flaky {
     }
 
     /// Sequence numbers applied to `key`, in order, from committed state.
-    pub fn applied(store: &wakuwaku::state::StateStore, key: KeyHash) -> Vec<u64> {
+    pub fn applied(store: &wakuwaku::state::StateStore, key: &Key) -> Vec<u64> {
         store.get(key, "seqs").unwrap().map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
     }
 }
@@ -114,6 +115,11 @@ impl HandlerModule for Flaky {
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
         Ok(Box::new(self.clone()))
     }
+}
+
+/// A JSON entry of the scope's key, or the default.
+fn read<T: serde::de::DeserializeOwned + Default>(scope: &mut KeyScope, name: &str) -> T {
+    scope.get(name).unwrap().map(|bytes| serde_json::from_slice(&bytes).unwrap()).unwrap_or_default()
 }
 
 impl HandlerInstance for Flaky {
@@ -145,15 +151,14 @@ impl HandlerInstance for Flaky {
                 _ => CallError::Handler { class: ErrorClass::Unrecoverable, message: format!("step {seq}") },
             }),
             None => {
-                let mut seqs: Vec<u64> =
-                    scope.get("seqs").map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default();
+                let mut seqs: Vec<u64> = read(scope, "seqs");
                 seqs.extend(steps.iter().map(|s| s.seq));
-                let total: i64 = scope.get("total").map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default();
+                let total: i64 = read(scope, "total");
                 let total = total + steps.iter().map(|s| s.amount).sum::<i64>();
                 scope.set("seqs", serde_json::to_vec(&seqs).unwrap()).unwrap();
                 scope.set("total", serde_json::to_vec(&total).unwrap()).unwrap();
                 let seqs = steps.iter().flat_map(Step::seqs).collect();
-                self.handled.lock().unwrap().push((scope.key(), tag, seqs));
+                self.handled.lock().unwrap().push((scope.key().clone(), tag, seqs));
                 Ok(())
             }
         };
@@ -171,8 +176,11 @@ impl HandlerInstance for Flaky {
         .body())
     }
 
-    fn key(&mut self, _tag: EventTypeTag, _body: &[u8]) -> Result<KeyHash, CallError> {
-        Err(CallError::Host("the flaky module's keys come from the test".into()))
+    fn key(&mut self, _tag: EventTypeTag, _body: &[u8]) -> Result<Key, CallError> {
+        Err(CallError::Handler {
+            class: ErrorClass::Unrecoverable,
+            message: "the flaky module's keys come from the test".into(),
+        })
     }
 
     fn ordering(&mut self, _tag: EventTypeTag, _body: &[u8]) -> Result<EventAtomicOrdering, CallError> {

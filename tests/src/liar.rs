@@ -1,25 +1,30 @@
 //! Hand-written components that break the contract in ways the SDK never
 //! would: they describe themselves badly, or return values the host cannot
 //! lift (out-of-bounds pointers, unknown enum cases, unknown variant
-//! discriminants), or trap on every call.
+//! discriminants), or values it can lift but must refuse (a key that is not
+//! canonical, an empty `combine` body, a huge error message), or trap on
+//! every call.
 //!
 //! [`liar`] builds one from component text: a core module with a bump
-//! allocator, lifted as the `wakuwaku:handler/handler@0.1.0` interface. It
-//! imports nothing, so it loads into any sandbox. What `describe` returns is
-//! chosen with [`Describe`]; the other exports answer by tag:
+//! allocator, lifted as the `handler` interface of the contract's current
+//! version ([`wakuwaku::runtime::CONTRACT`]). It imports nothing, so it
+//! loads into any sandbox. What `describe` returns is chosen with
+//! [`Describe`]; the other exports answer by tag:
 //!
 //! | tag | name | every export |
 //! | --- | --- | --- |
-//! | [`TRUTH`] (100) | `Truth` | behaves: `key` is 42, `ordering` relaxed, `combine` an empty body, `handle` ok |
+//! | [`TRUTH`] (100) | `Truth` | behaves: `key` is the integer 42 (`01 54`), `ordering` relaxed, `combine` the body `{}`, `handle` ok |
 //! | [`LIE`] (101) | `Lie` | returns garbage: `key` an unknown result discriminant, `ordering` enum case 9, `combine` a list far out of bounds, `handle` an error whose message is out of bounds |
 //! | [`TRAP`] (102) | `Trap` | executes `unreachable` |
+//! | [`BAD`] (103) | `Bad` | returns values that lift but break a rule: `key` the non-canonical `01 80 00`, `combine` an empty body, `handle` an unrecoverable error with a 16 KiB message |
 //!
 //! Any other tag behaves like [`TRUTH`]. The tags do not collide with the
 //! probe module's, so a projection can hold both.
 //!
 //! [`other_world`] and [`wrong_shape`] are components that are not handlers
 //! at all: one exports some other interface, the other exports the handler
-//! interface's name with functions of the wrong types.
+//! interface's name with functions of the wrong types. [`old_contract`] is
+//! a well-formed handler of the previous contract version, 0.1.0.
 
 use wakuwaku::event::EventTypeTag;
 
@@ -29,12 +34,17 @@ pub const TRUTH: EventTypeTag = EventTypeTag::new(100);
 pub const LIE: EventTypeTag = EventTypeTag::new(101);
 /// The tag on which a liar traps on every call.
 pub const TRAP: EventTypeTag = EventTypeTag::new(102);
+/// The tag on which a liar returns values the host must refuse.
+pub const BAD: EventTypeTag = EventTypeTag::new(103);
+
+/// The length of the error message `handle` returns for [`BAD`].
+pub const BAD_MESSAGE_LEN: usize = 16 << 10;
 
 /// What a liar's `describe` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Describe {
-    /// `Truth`, `Lie` and `Trap` (tags 100, 101, 102), max batch 16 each:
-    /// a well-formed description.
+    /// `Truth`, `Lie`, `Trap` and `Bad` (tags 100 to 103), max batch 16
+    /// each, no emit topic: a well-formed description.
     Honest,
     /// Tag 100 twice, as `Truth` and as `Lie`.
     DuplicateTag,
@@ -42,14 +52,38 @@ pub enum Describe {
     ZeroMaxBatch,
     /// A list whose pointer lies outside the module's memory.
     OutOfBounds,
+    /// An event type named `no spaces`.
+    BadName,
+    /// No event type at all.
+    NoEventTypes,
+    /// 257 event types.
+    TooManyEventTypes,
+    /// `Truth`, emitting to the host's own `dlq_mixed`.
+    HostTopic,
+    /// `Truth`, emitting to `a/b`, which is no topic name.
+    BadTopic,
 }
 
-/// Where `describe`'s list header (pointer, length) lies in memory.
-const DESCRIBE_LIST: u32 = 0x80;
-/// Where the event-type records lie.
-const EVENT_TYPES: u32 = 0x100;
-/// Where the names lie.
+/// Where each export writes its result (8-aligned, 16 bytes).
+const RESULT: u32 = 0x40;
+/// Where `describe`'s record (two list headers) lies.
+const DESCRIBE: u32 = 0x80;
+/// Where the event type names lie.
 const NAMES: u32 = 0x200;
+/// Where the emit topic names lie.
+const TOPIC_NAMES: u32 = 0x280;
+/// Where the emit topics' list of strings lies.
+const TOPICS: u32 = 0x2c0;
+/// Where the body `{}` of `combine` lies.
+const COMBINED: u32 = 0x300;
+/// Where the canonical key 42 lies.
+const KEY_42: u32 = 0x380;
+/// Where the non-canonical key lies.
+const KEY_BAD: u32 = 0x388;
+/// Where the event-type records lie.
+const EVENT_TYPES: u32 = 0x1000;
+/// Where the long error message is written.
+const BIG_MESSAGE: u32 = 0x8000;
 /// A pointer far past the single page of memory the module has.
 const FAR_AWAY: u32 = 0xffff_0000;
 
@@ -59,9 +93,9 @@ pub fn liar(describe: Describe) -> Vec<u8> {
 }
 
 /// One event-type record as the canonical ABI lays it out (20 bytes).
-fn event_type_record(tag: u32, name_at: u32, name_len: u32, max_batch: u32) -> Vec<u8> {
+fn event_type_record(tag: u32, name: (u32, u32), max_batch: u32) -> Vec<u8> {
     let algebra_non_associative = 0u32;
-    [tag, name_at, name_len, algebra_non_associative, max_batch].iter().flat_map(|word| word.to_le_bytes()).collect()
+    [tag, name.0, name.1, algebra_non_associative, max_batch].iter().flat_map(|word| word.to_le_bytes()).collect()
 }
 
 /// Bytes as a WAT data string.
@@ -69,38 +103,61 @@ fn wat_bytes(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("\\{byte:02x}")).collect()
 }
 
+/// The package and version of the contract, e.g. `wakuwaku:handler` and
+/// `0.2.0`.
+fn contract() -> (&'static str, &'static str) {
+    wakuwaku::runtime::CONTRACT.split_once('@').expect("a versioned package")
+}
+
 fn liar_text(describe: Describe) -> String {
-    // Names: "Truth" at NAMES, "Lie" at NAMES + 5, "Trap" at NAMES + 8.
-    let (truth, lie, trap) = ((NAMES, 5), (NAMES + 5, 3), (NAMES + 8, 4));
-    let (records, list_at, count): (Vec<Vec<u8>>, u32, u32) = match describe {
-        Describe::Honest => (
-            vec![
-                event_type_record(TRUTH.get(), truth.0, truth.1, 16),
-                event_type_record(LIE.get(), lie.0, lie.1, 16),
-                event_type_record(TRAP.get(), trap.0, trap.1, 16),
-            ],
-            EVENT_TYPES,
-            3,
-        ),
-        Describe::DuplicateTag => (
-            vec![
-                event_type_record(TRUTH.get(), truth.0, truth.1, 16),
-                event_type_record(TRUTH.get(), lie.0, lie.1, 16),
-            ],
-            EVENT_TYPES,
-            2,
-        ),
-        Describe::ZeroMaxBatch => (vec![event_type_record(TRUTH.get(), truth.0, truth.1, 0)], EVENT_TYPES, 1),
-        Describe::OutOfBounds => (Vec::new(), FAR_AWAY, 3),
+    // Names: "Truth" at NAMES, "Lie" at +5, "Trap" at +8, "Bad" at +12,
+    // "no spaces" at +15.
+    let (truth, lie, trap, bad, spaced) =
+        ((NAMES, 5), (NAMES + 5, 3), (NAMES + 8, 4), (NAMES + 12, 3), (NAMES + 15, 9));
+    let honest = || {
+        vec![
+            event_type_record(100, truth, 16),
+            event_type_record(101, lie, 16),
+            event_type_record(102, trap, 16),
+            event_type_record(103, bad, 16),
+        ]
     };
+    let one_truth = || vec![event_type_record(100, truth, 16)];
+    let (records, types_at, topics): (Vec<Vec<u8>>, u32, &[&str]) = match describe {
+        Describe::Honest => (honest(), EVENT_TYPES, &[]),
+        Describe::DuplicateTag => {
+            (vec![event_type_record(100, truth, 16), event_type_record(100, lie, 16)], EVENT_TYPES, &[])
+        }
+        Describe::ZeroMaxBatch => (vec![event_type_record(100, truth, 0)], EVENT_TYPES, &[]),
+        Describe::OutOfBounds => (honest(), FAR_AWAY, &[]),
+        Describe::BadName => (vec![event_type_record(100, spaced, 16)], EVENT_TYPES, &[]),
+        Describe::NoEventTypes => (Vec::new(), EVENT_TYPES, &[]),
+        Describe::TooManyEventTypes => {
+            ((0..257).map(|tag| event_type_record(tag, truth, 16)).collect(), EVENT_TYPES, &[])
+        }
+        Describe::HostTopic => (one_truth(), EVENT_TYPES, &["dlq_mixed"]),
+        Describe::BadTopic => (one_truth(), EVENT_TYPES, &["a/b"]),
+    };
+    let types_len = records.len() as u32;
     let records = wat_bytes(&records.concat());
-    let list = wat_bytes(&[list_at.to_le_bytes(), count.to_le_bytes()].concat());
-    let (lie_tag, trap_tag) = (LIE.get(), TRAP.get());
+    let mut topic_names = Vec::new();
+    let mut topic_list = Vec::new();
+    for topic in topics {
+        topic_list.extend((TOPIC_NAMES + topic_names.len() as u32).to_le_bytes());
+        topic_list.extend((topic.len() as u32).to_le_bytes());
+        topic_names.extend(topic.as_bytes());
+    }
+    let describe_record = wat_bytes(
+        &[types_at, types_len, TOPICS, topics.len() as u32].iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>(),
+    );
+    let (topic_names, topic_list) = (wat_bytes(&topic_names), wat_bytes(&topic_list));
+    let (lie_tag, trap_tag, bad_tag) = (LIE.get(), TRAP.get(), BAD.get());
+    let (package, version) = contract();
     format!(
         r#"(component
   (core module $liar
     (memory (export "memory") 1)
-    (global $heap (mut i32) (i32.const 4096))
+    (global $heap (mut i32) (i32.const 0xc000))
     ;; A bump allocator for the arguments the host lowers into memory; it is
     ;; reset by every export call, since no export keeps its arguments.
     (func (export "realloc") (param $old i32) (param $old_size i32) (param $align i32) (param $size i32) (result i32)
@@ -111,46 +168,69 @@ fn liar_text(describe: Describe) -> String {
         (then (drop (memory.grow (i32.add (i32.div_u (local.get $size) (i32.const 65536)) (i32.const 1))))))
       (global.set $heap (local.get $end))
       (local.get $at))
-    (func $reset (global.set $heap (i32.const 4096)))
-    (data (i32.const {NAMES}) "TruthLieTrap")
+    (func $reset (global.set $heap (i32.const 0xc000)))
+    (data (i32.const {NAMES}) "TruthLieTrapBadno spaces")
+    (data (i32.const {TOPIC_NAMES}) "{topic_names}")
+    (data (i32.const {TOPICS}) "{topic_list}")
+    (data (i32.const {COMBINED}) "{{}}")
+    (data (i32.const {KEY_42}) "\01\54")
+    (data (i32.const {KEY_BAD}) "\01\80\00")
     (data (i32.const {EVENT_TYPES}) "{records}")
-    (data (i32.const {DESCRIBE_LIST}) "{list}")
-    ;; Every result is written at 0x40 (8-aligned, 16 bytes).
-    (func (export "describe") (result i32) (i32.const {DESCRIBE_LIST}))
+    (data (i32.const {DESCRIBE}) "{describe_record}")
+    (func (export "describe") (result i32) (i32.const {DESCRIBE}))
+    ;; ok(list) or the lie: an unknown discriminant.
     (func (export "key") (param $tag i32) (param i32 i32) (result i32)
       (call $reset)
       (if (i32.eq (local.get $tag) (i32.const {trap_tag})) (then unreachable))
       (if (i32.eq (local.get $tag) (i32.const {lie_tag}))
-        (then (i32.store8 (i32.const 0x40) (i32.const 7)) (return (i32.const 0x40))))
-      (i32.store8 (i32.const 0x40) (i32.const 0))
-      (i64.store (i32.const 0x48) (i64.const 42))
-      (i32.const 0x40))
+        (then (i32.store8 (i32.const {RESULT}) (i32.const 7)) (return (i32.const {RESULT}))))
+      (i32.store8 (i32.const {RESULT}) (i32.const 0))
+      (if (i32.eq (local.get $tag) (i32.const {bad_tag}))
+        (then
+          (i32.store (i32.const 0x44) (i32.const {KEY_BAD}))
+          (i32.store (i32.const 0x48) (i32.const 3))
+          (return (i32.const {RESULT}))))
+      (i32.store (i32.const 0x44) (i32.const {KEY_42}))
+      (i32.store (i32.const 0x48) (i32.const 2))
+      (i32.const {RESULT}))
     (func (export "ordering") (param $tag i32) (param i32 i32) (result i32)
       (call $reset)
       (if (i32.eq (local.get $tag) (i32.const {trap_tag})) (then unreachable))
-      (i32.store8 (i32.const 0x40) (i32.const 0))
+      (i32.store8 (i32.const {RESULT}) (i32.const 0))
       (i32.store8 (i32.const 0x44) (select (i32.const 9) (i32.const 0) (i32.eq (local.get $tag) (i32.const {lie_tag}))))
-      (i32.const 0x40))
+      (i32.const {RESULT}))
     (func (export "combine") (param $tag i32) (param i32 i32) (result i32)
       (call $reset)
       (if (i32.eq (local.get $tag) (i32.const {trap_tag})) (then unreachable))
-      (i32.store8 (i32.const 0x40) (i32.const 0))
-      (i32.store (i32.const 0x44) (select (i32.const {FAR_AWAY}) (i32.const 0x300) (i32.eq (local.get $tag) (i32.const {lie_tag}))))
-      (i32.store (i32.const 0x48) (select (i32.const 0x10000) (i32.const 0) (i32.eq (local.get $tag) (i32.const {lie_tag}))))
-      (i32.const 0x40))
-    (func (export "handle") (param $tag i32) (param i64 i32 i32) (result i32)
+      (i32.store8 (i32.const {RESULT}) (i32.const 0))
+      (i32.store (i32.const 0x44) (select (i32.const {FAR_AWAY}) (i32.const {COMBINED}) (i32.eq (local.get $tag) (i32.const {lie_tag}))))
+      (i32.store (i32.const 0x48)
+        (if (result i32) (i32.eq (local.get $tag) (i32.const {lie_tag}))
+          (then (i32.const 0x10000))
+          (else (select (i32.const 0) (i32.const 2) (i32.eq (local.get $tag) (i32.const {bad_tag}))))))
+      (i32.const {RESULT}))
+    (func (export "handle") (param $tag i32) (param i32 i32 i32 i32) (result i32)
       (call $reset)
       (if (i32.eq (local.get $tag) (i32.const {trap_tag})) (then unreachable))
       (if (i32.eq (local.get $tag) (i32.const {lie_tag}))
         (then
           ;; err({{ class: unrecoverable, message: <64 bytes far away> }})
-          (i32.store8 (i32.const 0x40) (i32.const 1))
+          (i32.store8 (i32.const {RESULT}) (i32.const 1))
           (i32.store8 (i32.const 0x44) (i32.const 2))
           (i32.store (i32.const 0x48) (i32.const {FAR_AWAY}))
           (i32.store (i32.const 0x4c) (i32.const 64))
-          (return (i32.const 0x40))))
-      (i32.store8 (i32.const 0x40) (i32.const 0))
-      (i32.const 0x40))
+          (return (i32.const {RESULT}))))
+      (if (i32.eq (local.get $tag) (i32.const {bad_tag}))
+        (then
+          ;; err({{ class: unrecoverable, message: "mmm…" ({BAD_MESSAGE_LEN} bytes) }})
+          (memory.fill (i32.const {BIG_MESSAGE}) (i32.const 109) (i32.const {BAD_MESSAGE_LEN}))
+          (i32.store8 (i32.const {RESULT}) (i32.const 1))
+          (i32.store8 (i32.const 0x44) (i32.const 2))
+          (i32.store (i32.const 0x48) (i32.const {BIG_MESSAGE}))
+          (i32.store (i32.const 0x4c) (i32.const {BAD_MESSAGE_LEN}))
+          (return (i32.const {RESULT}))))
+      (i32.store8 (i32.const {RESULT}) (i32.const 0))
+      (i32.const {RESULT}))
   )
   (core instance $core (instantiate $liar))
   (alias core export $core "memory" (core memory $memory))
@@ -159,29 +239,31 @@ fn liar_text(describe: Describe) -> String {
   (type $ordering (enum "relaxed" "acquire" "release" "acq-rel"))
   (type $error-class (enum "transient" "retryable" "unrecoverable"))
   (type $event-type (record (field "tag" u32) (field "name" string) (field "algebra" $algebra) (field "max-batch" u32)))
+  (type $module-info (record (field "event-types" (list $event-type)) (field "emits" (list string))))
   (type $handler-error (record (field "class" $error-class) (field "message" string)))
-  (func $describe (result (list $event-type))
+  (func $describe (result $module-info)
     (canon lift (core func $core "describe") (memory $memory) (realloc $realloc)))
-  (func $key (param "tag" u32) (param "body" (list u8)) (result (result u64 (error $handler-error)))
+  (func $key (param "tag" u32) (param "body" (list u8)) (result (result (list u8) (error $handler-error)))
     (canon lift (core func $core "key") (memory $memory) (realloc $realloc)))
   (func $ordering (param "tag" u32) (param "body" (list u8)) (result (result $ordering (error $handler-error)))
     (canon lift (core func $core "ordering") (memory $memory) (realloc $realloc)))
   (func $combine (param "tag" u32) (param "bodies" (list (list u8))) (result (result (list u8) (error $handler-error)))
     (canon lift (core func $core "combine") (memory $memory) (realloc $realloc)))
-  (func $handle (param "tag" u32) (param "key-hash" u64) (param "bodies" (list (list u8))) (result (result (error $handler-error)))
+  (func $handle (param "tag" u32) (param "key" (list u8)) (param "bodies" (list (list u8))) (result (result (error $handler-error)))
     (canon lift (core func $core "handle") (memory $memory) (realloc $realloc)))
   (instance $handler
     (export "algebra" (type $algebra))
+    (export "event-type" (type $event-type))
+    (export "module-info" (type $module-info))
     (export "message-ordering" (type $ordering))
     (export "error-class" (type $error-class))
-    (export "event-type" (type $event-type))
     (export "handler-error" (type $handler-error))
     (export "describe" (func $describe))
     (export "key" (func $key))
     (export "ordering" (func $ordering))
     (export "combine" (func $combine))
     (export "handle" (func $handle)))
-  (export "wakuwaku:handler/handler@0.1.0" (instance $handler))
+  (export "{package}/handler@{version}" (instance $handler))
 )"#
     )
 }
@@ -204,14 +286,32 @@ pub fn other_world() -> Vec<u8> {
 /// A component that exports the contract's interface name, but whose
 /// `describe` returns a `u32` and which has none of the other functions.
 pub fn wrong_shape() -> Vec<u8> {
-    wat::parse_str(
+    let (package, version) = contract();
+    wat::parse_str(format!(
         r#"(component
             (core module $impostor (func (export "describe") (result i32) (i32.const 3)))
             (core instance $core (instantiate $impostor))
             (func $describe (result u32) (canon lift (core func $core "describe")))
             (instance $handler (export "describe" (func $describe)))
+            (export "{package}/handler@{version}" (instance $handler))
+        )"#
+    ))
+    .expect("the impostor's component text is valid")
+}
+
+/// A handler of the previous contract, `wakuwaku:handler@0.1.0`: it
+/// imports that version's `log` and exports its `handler` (reduced to
+/// `describe`), as a module built with an older SDK would.
+pub fn old_contract() -> Vec<u8> {
+    wat::parse_str(
+        r#"(component
+            (import "wakuwaku:handler/log@0.1.0" (instance))
+            (core module $old (func (export "describe") (result i32) (i32.const 3)))
+            (core instance $core (instantiate $old))
+            (func $describe (result u32) (canon lift (core func $core "describe")))
+            (instance $handler (export "describe" (func $describe)))
             (export "wakuwaku:handler/handler@0.1.0" (instance $handler))
         )"#,
     )
-    .expect("the impostor's component text is valid")
+    .expect("the old contract's component text is valid")
 }

@@ -3,27 +3,44 @@
 //! with the host's own key scope as its state, minus the sandbox.
 //!
 //! The benchmark uses it to measure what WebAssembly costs on top of the
-//! same projection.
+//! same projection. Values are checked as for a component: the key scope
+//! applies the same rules, the module's declared emit topics bound its
+//! emits, and the host's log unit cuts and counts its lines.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
-use wakuwaku::event::{EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash};
+use wakuwaku::event::{EventAtomicOrdering, EventTypeTag};
 use wakuwaku::handler::{
-    CallError, Emitted, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, LogLevel,
+    CallError, Emitted, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, LogLevel, limits,
 };
+use wakuwaku::key::Key;
+use wakuwaku::runtime::log::LogUnit;
 use wakuwaku_guest as guest;
 
 /// A native module built from `M`'s `Module` implementation.
 pub struct NativeModule<M> {
     name: String,
     event_types: Vec<EventType>,
+    emits: Arc<[String]>,
     module: PhantomData<fn() -> M>,
 }
 
 impl<M: guest::Module + 'static> NativeModule<M> {
     /// A native module named `name`.
+    ///
+    /// # Panics
+    ///
+    /// If `M` describes itself in a way the sandbox would refuse (which
+    /// `export_module!` already rules out at compile time).
     pub fn new(name: &str) -> Self {
-        let event_types = M::describe()
+        let info = M::describe();
+        let types = info.event_types.iter().map(|t| (t.tag, t.name, t.max_batch));
+        if let Err(error) = limits::check_description(types, info.emits) {
+            panic!("module `{name}` describes itself wrongly: {error}");
+        }
+        let event_types = info
+            .event_types
             .into_iter()
             .map(|info| EventType {
                 tag: EventTypeTag::new(info.tag),
@@ -32,7 +49,8 @@ impl<M: guest::Module + 'static> NativeModule<M> {
                 max_batch: info.max_batch,
             })
             .collect();
-        Self { name: name.to_owned(), event_types, module: PhantomData }
+        let emits = info.emits.iter().map(|topic| (*topic).to_owned()).collect();
+        Self { name: name.to_owned(), event_types, emits, module: PhantomData }
     }
 }
 
@@ -49,21 +67,32 @@ impl<M: guest::Module + 'static> HandlerModule for NativeModule<M> {
         &self.event_types
     }
 
+    fn emits(&self) -> &[String] {
+        &self.emits
+    }
+
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
-        Ok(Box::new(NativeInstance::<M> { name: self.name.clone(), module: PhantomData }))
+        Ok(Box::new(NativeInstance::<M> {
+            log: LogUnit::new(&self.name, Default::default()),
+            emits: self.emits.clone(),
+            module: PhantomData,
+        }))
     }
 }
 
 struct NativeInstance<M> {
-    name: String,
+    log: LogUnit,
+    emits: Arc<[String]>,
     module: PhantomData<fn() -> M>,
 }
 
 impl<M: guest::Module> HandlerInstance for NativeInstance<M> {
     fn handle(&mut self, scope: &mut KeyScope, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<(), CallError> {
-        let key = scope.key();
-        let mut host = ScopeHost { scope: &mut *scope, module: &self.name };
-        let result = M::handle(&mut host, tag.get(), key, bodies).map_err(call_error);
+        let key = scope.key().clone();
+        self.log.begin(Some(key.clone()), *scope.limits());
+        let mut host = ScopeHost { scope: &mut *scope, emits: &self.emits, log: &mut self.log };
+        let result = M::handle(&mut host, tag.get(), &key, bodies).map_err(call_error);
+        self.log.finish();
         scope.finish_call(result)
     }
 
@@ -71,7 +100,7 @@ impl<M: guest::Module> HandlerInstance for NativeInstance<M> {
         M::combine(tag.get(), bodies).map_err(call_error)
     }
 
-    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<KeyHash, CallError> {
+    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError> {
         M::key(tag.get(), body).map_err(call_error)
     }
 
@@ -83,41 +112,41 @@ impl<M: guest::Module> HandlerInstance for NativeInstance<M> {
 /// The guest SDK's host interface over the host's key scope.
 struct ScopeHost<'a> {
     scope: &'a mut KeyScope,
-    module: &'a str,
+    emits: &'a [String],
+    log: &'a mut LogUnit,
 }
 
 impl guest::HostApi for ScopeHost<'_> {
-    fn get(&mut self, name: &str) -> Option<Vec<u8>> {
-        self.scope.get(name)
+    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, guest::Refusal> {
+        self.scope.get(name).map_err(|e| e.to_string())
     }
 
-    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), String> {
-        self.scope.set(name, value.to_vec())
+    fn set(&mut self, name: &str, value: &[u8]) -> Result<(), guest::Refusal> {
+        self.scope.set(name, value.to_vec()).map_err(|e| e.to_string())
     }
 
-    fn delete(&mut self, name: &str) {
-        self.scope.delete(name);
+    fn delete(&mut self, name: &str) -> Result<(), guest::Refusal> {
+        self.scope.delete(name).map_err(|e| e.to_string())
     }
 
-    fn counter_add(&mut self, name: &str, delta: i64) {
-        self.scope.counter_add(name, delta);
+    fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), guest::Refusal> {
+        self.scope.counter_add(name, delta).map_err(|e| e.to_string())
     }
 
-    fn counter_get(&mut self, name: &str) -> i64 {
-        self.scope.counter_get(name)
+    fn counter_get(&mut self, name: &str) -> Result<i64, guest::Refusal> {
+        self.scope.counter_get(name).map_err(|e| e.to_string())
     }
 
-    fn emit(&mut self, message: guest::Outgoing) -> Result<(), String> {
-        self.scope.emit(Emitted {
+    fn emit(&mut self, message: guest::Outgoing) -> Result<(), guest::Refusal> {
+        let emitted = Emitted {
             topic: message.topic,
-            headers: EventHeaders {
-                tag: EventTypeTag::new(message.tag),
-                key_hash: message.key_hash,
-                ordering: message.ordering,
-                algebra: message.algebra,
-            },
+            tag: EventTypeTag::new(message.tag),
+            key: message.key.as_bytes().to_vec(),
+            ordering: message.ordering,
+            algebra: message.algebra,
             body: message.body,
-        })
+        };
+        self.scope.emit(self.emits, emitted).map_err(|e| e.to_string())
     }
 
     fn log(&mut self, level: guest::Level, message: &str) {
@@ -128,7 +157,7 @@ impl guest::HostApi for ScopeHost<'_> {
             guest::Level::Warn => LogLevel::Warn,
             guest::Level::Error => LogLevel::Error,
         };
-        self.scope.log(self.module, level, message);
+        self.log.log(level, message);
     }
 }
 
@@ -138,5 +167,5 @@ fn call_error(error: guest::HandlerError) -> CallError {
         guest::ErrorClass::Retryable => ErrorClass::Retryable,
         guest::ErrorClass::Unrecoverable => ErrorClass::Unrecoverable,
     };
-    CallError::Handler { class, message: error.message }
+    CallError::Handler { class, message: limits::error_message(error.message) }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::{CallError, KeyScope, PayloadLimits};
+use wakuwaku::handler::{BatchBudget, CallError, KeyScope, PayloadLimits};
+use wakuwaku::key::Key;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
@@ -20,13 +21,14 @@ fn printing_a_lot_never_fails_and_traps_report_the_latest_output() {
     let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
     let module = load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), &probe_wasm()).unwrap();
     let mut instance = module.instantiate().unwrap();
-    let mut scope = KeyScope::new(1, Arc::new(store.reader().unwrap()), PayloadLimits::default());
+    let limits = PayloadLimits::default();
+    let mut scope = KeyScope::new(Key::int(1), Arc::new(store.reader().unwrap()), limits, BatchBudget::new(&limits));
     let body = |value: serde_json::Value| vec![serde_json::to_vec(&value).unwrap()];
     // About 1 MiB of stderr over ten calls, far beyond what is kept.
     for _ in 0..10 {
         instance.handle(&mut scope, CHATTER, &body(json!({ "key": 1, "lines": 2000 }))).unwrap();
     }
-    assert_eq!(scope.get("chattered"), Some(b"2000".to_vec()));
+    assert_eq!(scope.get("chattered"), Ok(Some(b"2000".to_vec())));
     match instance.handle(&mut scope, PANIC, &body(json!({ "key": 1, "message": "the last words" }))) {
         Err(CallError::Trap { reason }) => {
             assert!(reason.contains("the last words"), "{reason}");

@@ -1,5 +1,7 @@
 //! The sandbox: limits hold, a trap costs an instance and never the host,
-//! a failed call leaves no trace, and only the contract can be imported.
+//! a failed call leaves no trace, only the contract can be imported, and
+//! every value a real component hands an import is checked at the call,
+//! with a refusal naming the rule.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,7 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::{CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::{Projection, load_module_file};
@@ -44,7 +47,11 @@ impl Harness {
     }
 
     fn scope(&self, key: u64) -> KeyScope {
-        KeyScope::new(key, Arc::new(self.store.reader().unwrap()), PayloadLimits::default())
+        self.scope_with(key, PayloadLimits::default())
+    }
+
+    fn scope_with(&self, key: u64, limits: PayloadLimits) -> KeyScope {
+        KeyScope::new(Key::int(key), Arc::new(self.store.reader().unwrap()), limits, BatchBudget::new(&limits))
     }
 }
 
@@ -76,7 +83,7 @@ fn an_endless_loop_runs_out_of_cpu_budget_and_the_instance_recovers() {
     assert!(started.elapsed() < Duration::from_secs(10), "the deadline did not stop the loop");
     // The same instance object serves the next call from a fresh instance.
     note(&mut *instance, &mut scope, "after the loop").unwrap();
-    assert_eq!(scope.get("last"), Some(b"\"after the loop\"".to_vec()));
+    assert_eq!(scope.get("last"), Ok(Some(b"\"after the loop\"".to_vec())));
 }
 
 #[test]
@@ -87,10 +94,10 @@ fn a_memory_bomb_hits_the_memory_limit() {
     let mut scope = harness.scope(1);
     let result = instance.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 64 })));
     assert!(matches!(result, Err(CallError::Trap { .. })), "{result:?}");
-    assert_eq!(scope.get("hogged"), None, "a trapped call left a write");
+    assert_eq!(scope.get("hogged"), Ok(None), "a trapped call left a write");
     // Within the limit the same request works.
     instance.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 4 }))).unwrap();
-    assert_eq!(scope.get("hogged"), Some(b"4".to_vec()));
+    assert_eq!(scope.get("hogged"), Ok(Some(b"4".to_vec())));
 }
 
 #[test]
@@ -129,7 +136,7 @@ fn a_handler_error_keeps_its_class_and_drops_the_calls_writes() {
         let result = instance.handle(&mut scope, FAIL, &body(json!({ "key": 1, "class": class, "message": "no" })));
         assert_eq!(result, Err(CallError::Handler { class: expected, message: "no".into() }));
     }
-    assert_eq!(scope.get("before-failure"), None);
+    assert_eq!(scope.get("before-failure"), Ok(None));
     let outcome = scope.into_outcome();
     assert!(outcome.writes.is_empty() && outcome.counters.is_empty() && outcome.outbox.is_empty());
 }
@@ -139,14 +146,11 @@ fn oversized_state_values_are_refused_with_the_limit_named() {
     let module = probe(limits());
     let harness = Harness::new();
     let mut instance = module.instantiate().unwrap();
-    let mut scope = KeyScope::new(
-        1,
-        Arc::new(harness.store.reader().unwrap()),
-        PayloadLimits { max_state_value: 8, ..PayloadLimits::default() },
-    );
+    let mut scope = harness.scope_with(1, PayloadLimits { max_state_value: 8, ..PayloadLimits::default() });
     let result = note(&mut *instance, &mut scope, "far more than eight bytes");
     match result {
         Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => {
+            assert!(message.contains("state-value-size: state value `last`"), "{message}");
             assert!(message.contains("limit of 8 bytes"), "{message}")
         }
         other => panic!("expected an unrecoverable error naming the limit, got {other:?}"),
@@ -210,7 +214,7 @@ async fn emitted_messages_are_published_after_the_commit() {
             .await
             .unwrap();
     assert_eq!(summary.applied, 20);
-    assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 20)]);
+    assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 20i128)]);
     assert!(projection.store().outbox().unwrap().is_empty(), "the outbox was not cleared");
     let mut emitted = 0;
     for partition in 0..3 {
@@ -231,18 +235,18 @@ fn oversized_emits_are_refused_with_the_limit_named() {
     let module = probe(limits());
     let harness = Harness::new();
     let mut instance = module.instantiate().unwrap();
-    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), payload);
+    let mut scope = harness.scope_with(1, payload);
     match note_to(&mut *instance, &mut scope, &"x".repeat(100), "out") {
         Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => {
-            assert!(message.contains("over the limit of 64 bytes"), "{message}");
+            assert!(message.contains("emit-body-size: an emitted body is 1 to 64 bytes"), "{message}");
             assert!(message.contains("cannot emit Note to `out`"), "{message}");
         }
         other => panic!("expected an unrecoverable error naming the limit, got {other:?}"),
     }
-    assert_eq!(scope.get("last"), None, "the refused call left a write");
+    assert_eq!(scope.get("last"), Ok(None), "the refused call left a write");
     // A body within the limit is queued, and the call's writes are kept.
     note_to(&mut *instance, &mut scope, "short", "out").unwrap();
-    assert_eq!(scope.get("last"), Some(b"\"short\"".to_vec()));
+    assert_eq!(scope.get("last"), Ok(Some(b"\"short\"".to_vec())));
     let outbox = scope.into_outcome().outbox;
     assert_eq!(outbox.len(), 1);
     assert_eq!(outbox[0].topic, "out");
@@ -279,7 +283,7 @@ fn oversized_log_lines_are_cut_and_the_call_succeeds() {
     let harness = Harness::new();
     let mut instance = module.instantiate().unwrap();
     let payload = PayloadLimits { max_log_line: 32, ..PayloadLimits::default() };
-    let mut scope = KeyScope::new(1, Arc::new(harness.store.reader().unwrap()), payload);
+    let mut scope = harness.scope_with(1, payload);
     let text = "y".repeat(10_000);
     let logs = capture_logs(|| note(&mut *instance, &mut scope, &text).unwrap());
     let line = logs.lines().find(|line| line.contains("noted")).unwrap_or_else(|| panic!("no log line in {logs:?}"));
@@ -287,7 +291,7 @@ fn oversized_log_lines_are_cut_and_the_call_succeeds() {
     assert!(line.contains("[…cut]"), "{line}");
     assert!(!line.contains(&"y".repeat(32)), "the line was not cut at 32 bytes: {line}");
     // The call succeeded: its write is kept in full.
-    assert_eq!(scope.get("last").map(|value| value.len()), Some(text.len() + 2));
+    assert_eq!(scope.get("last").unwrap().map(|value| value.len()), Some(text.len() + 2));
 }
 
 #[test]
@@ -298,7 +302,7 @@ fn the_wasi_context_grants_no_environment_arguments_clock_files_or_network() {
     let mut instance = module.instantiate().unwrap();
     let mut scope = harness.scope(1);
     instance.handle(&mut scope, PEEK, &body(json!({ "key": 1 }))).unwrap();
-    let seen: serde_json::Value = serde_json::from_slice(&scope.get("surroundings").unwrap()).unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&scope.get("surroundings").unwrap().unwrap()).unwrap();
     assert_eq!(seen["env_vars"], 0, "{seen}");
     assert_eq!(seen["args"], 0, "{seen}");
     assert_eq!(seen["wall_clock_secs"], 0, "the wall clock is not frozen at the epoch: {seen}");
@@ -355,4 +359,169 @@ fn table_and_instance_limits_are_enforced_at_instantiation() {
             Ok(_) => panic!("the probe loaded under a {what} limit of 1"),
         }
     }
+}
+
+const RAW: EventTypeTag = EventTypeTag::new(8);
+
+/// A probe `Raw` event: `op` called `count` times straight through the
+/// WIT imports (see the probe's docs).
+fn raw(op: &str, count: u64, fields: serde_json::Value) -> Vec<Vec<u8>> {
+    let mut event = json!({
+        "key": 1, "op": op, "name": "n", "len": 1, "delta": 1, "topic": "out",
+        "emit_key": [1, 2], "count": count, "ignore": false,
+    });
+    for (field, value) in fields.as_object().unwrap() {
+        event[field] = value.clone();
+    }
+    body(event)
+}
+
+/// Runs a raw event and returns the message of the unrecoverable error the
+/// probe makes of the first refusal.
+fn refused(instance: &mut dyn HandlerInstance, scope: &mut KeyScope, bodies: &[Vec<u8>]) -> String {
+    match instance.handle(scope, RAW, bodies) {
+        Err(CallError::Handler { class: ErrorClass::Unrecoverable, message }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_value_a_component_hands_an_import_is_checked_at_the_call() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits {
+        max_state_value: 16,
+        max_state_writes_per_call: 3,
+        max_state_bytes_per_call: 40,
+        max_counter_changes_per_call: 2,
+        max_emit_body: 16,
+        max_emits_per_call: 3,
+        max_emit_bytes_per_call: 40,
+        ..PayloadLimits::default()
+    };
+    let mut scope = harness.scope_with(1, payload);
+    let canonical = Key::int(7).as_bytes().to_vec();
+    let cases = [
+        (raw("set", 1, json!({ "name": "" })), "0 accepted, then refused: name-length:"),
+        (raw("get", 1, json!({ "name": "n".repeat(257) })), "0 accepted, then refused: name-length:"),
+        (raw("counter-get", 1, json!({ "name": "" })), "0 accepted, then refused: name-length:"),
+        (raw("set", 1, json!({ "len": 17 })), "0 accepted, then refused: state-value-size:"),
+        (raw("set", 4, json!({ "name": "e{i}" })), "3 accepted, then refused: state-writes-per-call:"),
+        (raw("delete", 4, json!({})), "3 accepted, then refused: state-writes-per-call:"),
+        (raw("set", 3, json!({ "name": "e{i}", "len": 15 })), "2 accepted, then refused: state-bytes-per-call:"),
+        (raw("counter-add", 3, json!({})), "2 accepted, then refused: counter-changes-per-call:"),
+        (raw("counter-add", 2, json!({ "delta": i64::MAX })), "1 accepted, then refused: counter-range:"),
+        (raw("counter-add", 2, json!({ "delta": i64::MIN })), "1 accepted, then refused: counter-range:"),
+        (
+            raw("emit", 1, json!({ "topic": "elsewhere", "emit_key": canonical })),
+            "0 accepted, then refused: emit-topic:",
+        ),
+        (
+            raw("emit", 1, json!({ "topic": "dlq_probes", "emit_key": canonical })),
+            "0 accepted, then refused: emit-topic:",
+        ),
+        (
+            raw("emit", 1, json!({ "topic": "retry_probes", "emit_key": canonical })),
+            "0 accepted, then refused: emit-topic:",
+        ),
+        (raw("emit", 1, json!({ "emit_key": [1, 128, 0] })), "0 accepted, then refused: emit-key:"),
+        (raw("emit", 1, json!({ "emit_key": [] })), "0 accepted, then refused: emit-key:"),
+        (raw("emit", 1, json!({ "emit_key": canonical, "len": 0 })), "0 accepted, then refused: emit-body-size:"),
+        (raw("emit", 1, json!({ "emit_key": canonical, "len": 17 })), "0 accepted, then refused: emit-body-size:"),
+        (raw("emit", 4, json!({ "emit_key": canonical })), "3 accepted, then refused: emits-per-call:"),
+        (raw("emit", 3, json!({ "emit_key": canonical, "len": 16 })), "1 accepted, then refused: emit-bytes-per-call:"),
+    ];
+    for (bodies, expected) in cases {
+        let message = refused(&mut *instance, &mut scope, &bodies);
+        assert!(message.starts_with(expected), "`{message}` does not start with `{expected}`");
+    }
+    let outcome = scope.into_outcome();
+    assert!(outcome.writes.is_empty() && outcome.counters.is_empty() && outcome.outbox.is_empty());
+}
+
+#[test]
+fn a_component_may_ignore_a_refusal_and_only_what_was_accepted_is_kept() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits { max_emits_per_call: 5, max_state_writes_per_call: 4, ..PayloadLimits::default() };
+    let mut scope = harness.scope_with(1, payload);
+    let key = Key::parse_text(r#"[7,"x"]"#).unwrap();
+    // Ten thousand emits and writes, each past the limit refused and ignored.
+    let flood = |op: &str| raw(op, 10_000, json!({ "ignore": true, "name": "e{i}", "emit_key": key.as_bytes() }));
+    instance.handle(&mut scope, RAW, &flood("emit")).unwrap();
+    instance.handle(&mut scope, RAW, &flood("set")).unwrap();
+    let outcome = scope.into_outcome();
+    assert_eq!(outbox_keys(&outcome.outbox), vec![key; 5]);
+    assert_eq!(outcome.outbox[0].topic, "out");
+    assert_eq!(outcome.writes.len(), 4);
+}
+
+fn outbox_keys(outbox: &[wakuwaku::state::OutboxEntry]) -> Vec<Key> {
+    outbox.iter().map(|entry| wakuwaku::event::EventHeaders::parse_stored(&entry.record.headers).unwrap().key).collect()
+}
+
+#[test]
+fn a_flood_of_log_lines_keeps_the_limit_and_says_how_many_were_dropped() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope_with(1, PayloadLimits { max_log_lines_per_call: 10, ..PayloadLimits::default() });
+    let logs = capture_logs(|| instance.handle(&mut scope, RAW, &raw("log", 5_000, json!({ "len": 3 }))).unwrap());
+    let kept = logs.lines().filter(|line| line.contains("rrr")).count();
+    assert_eq!(kept, 10, "{logs}");
+    assert!(logs.contains("log-lines-per-call: 4990 more log lines of this call dropped"), "{logs}");
+    assert!(logs.contains("key=1"), "the lines carry the key in its text form: {logs}");
+}
+
+#[test]
+fn the_key_export_answers_canonical_bytes_and_handle_receives_them() {
+    let module = probe(limits());
+    assert_eq!(module.emits(), ["notes-out", "out"]);
+    let mut instance = module.instantiate().unwrap();
+    let body = serde_json::to_vec(&json!({ "key": 42, "text": "t", "emit_to": null })).unwrap();
+    assert_eq!(instance.key(NOTE, &body), Ok(Key::int(42u64)));
+    // `handle` receives the scope's key, whatever its shape.
+    let harness = Harness::new();
+    let key = Key::parse_text(r#"[7,"eur",{"bytes":"00ff"}]"#).unwrap();
+    let payload = PayloadLimits::default();
+    let reader = Arc::new(harness.store.reader().unwrap());
+    let mut scope = KeyScope::new(key.clone(), reader, payload, BatchBudget::new(&payload));
+    instance.handle(&mut scope, RAW, &raw("key", 1, json!({}))).unwrap();
+    assert_eq!(scope.get("key"), Ok(Some(serde_json::to_vec(&key.to_string()).unwrap())));
+}
+
+#[test]
+fn a_call_past_the_batch_budget_fails_retryable_and_the_next_batch_takes_it() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits {
+        max_state_bytes_per_call: 64 << 10,
+        max_emit_bytes_per_call: 64 << 10,
+        max_batch_held: 1 << 20,
+        ..PayloadLimits::default()
+    };
+    payload.check().unwrap();
+    let budget = BatchBudget::new(&payload);
+    let reader = Arc::new(harness.store.reader().unwrap());
+    let write_60k = raw("set", 60, json!({ "name": "e{i}", "len": 1000 }));
+    let mut failed = None;
+    for key in 0..100u64 {
+        let mut scope = KeyScope::new(Key::int(key), reader.clone(), payload, budget.clone());
+        if let Err(error) = instance.handle(&mut scope, RAW, &write_60k) {
+            failed = Some((key, error));
+            break;
+        }
+    }
+    let (key, error) = failed.expect("the batch budget stopped a call");
+    assert!(matches!(error, CallError::BatchBudget { .. }), "{error}");
+    assert_eq!(error.class(), ErrorClass::Retryable);
+    assert!(key > 10, "the budget held {key} calls of 60 KB only");
+    assert!(budget.held() <= 1 << 20);
+    // A fresh batch takes the same call.
+    let fresh = BatchBudget::new(&payload);
+    let mut scope = KeyScope::new(Key::int(key), reader, payload, fresh);
+    instance.handle(&mut scope, RAW, &write_60k).unwrap();
 }
