@@ -56,10 +56,13 @@
 //! - **[`Relaxed`]** joins the open segment, in the run of its type, which
 //!   may be the head run. With no open segment it starts a new one, as a body
 //!   run.
-//! - **[`Acquire`]** always starts a new segment; its run is the head. The
-//!   segment stays open.
-//! - **[`AcqRel`]** starts a new segment whose head is its run, and closes
-//!   it: a full barrier, nothing passes it in either direction.
+//! - **[`Acquire`]** and **[`AcqRel`]** always start a new segment; their
+//!   run is the head. The segment stays open, so later Relaxed records join
+//!   it and a later Release may end it. Only a Release closes a segment.
+//!   That is all the full barrier of AcqRel (nothing passes it in either
+//!   direction) needs: every earlier record of the key is in an earlier
+//!   segment, and every later one follows it in the head run, or is in a
+//!   later stage of its segment, or in a later segment.
 //! - **[`Release`]** joins the open segment, its run becomes the tail (a body
 //!   run of its type moves there), and the segment closes. With no open
 //!   segment it gets a segment of its own, whose tail is its run.
@@ -501,11 +504,10 @@ impl SegmentBuilder {
                 self.slot(tag)
             }
             EventAtomicOrdering::Acquire | EventAtomicOrdering::AcqRel => {
+                // AcqRel releases too, but starting the segment is enough:
+                // everything before it is in earlier segments.
                 self.begin(position, out, by_key);
                 self.has_head = true;
-                if ordering == EventAtomicOrdering::AcqRel {
-                    self.state = State::Closed;
-                }
                 self.slot(tag)
             }
             EventAtomicOrdering::Release => {
@@ -881,18 +883,33 @@ mod tests {
     }
 
     #[test]
-    fn acq_rel_is_a_full_barrier() {
+    fn acq_rel_starts_a_segment_and_heads_it_without_closing_it() {
+        // The page: "An Acquire or AcqRel event starts a new segment, and
+        // the run of its type becomes that segment's head." Only a Release
+        // ends a segment, so a later Relaxed event joins the AcqRel's one.
+        let batch = [record(1, A, AcqRel), record(1, B, Relaxed)];
+        assert_eq!(shape(&plan(&batch)), [(Some(vec![0]), vec![vec![1]], None)]);
+
+        // Nothing passes it either way: what came before is in an earlier
+        // segment, what comes after runs after its head run.
         let batch = [
             record(1, A, Relaxed),
             record(1, B, Relaxed),
             record(1, C, AcqRel),
             record(1, A, Relaxed),
             record(1, C, Relaxed),
+            record(1, B, Release),
         ];
         assert_eq!(
             shape(&plan(&batch)),
-            [(None, vec![vec![0], vec![1]], None), (Some(vec![2]), vec![], None), (None, vec![vec![3], vec![4]], None)]
+            [(None, vec![vec![0], vec![1]], None), (Some(vec![2, 4]), vec![vec![3]], Some(vec![5]))]
         );
+    }
+
+    #[test]
+    fn acq_rel_after_acq_rel_starts_another_segment() {
+        let batch = [record(1, A, AcqRel), record(1, B, Relaxed), record(1, B, AcqRel), record(1, A, Relaxed)];
+        assert_eq!(shape(&plan(&batch)), [(Some(vec![0]), vec![vec![1]], None), (Some(vec![2]), vec![vec![3]], None)]);
     }
 
     #[test]
@@ -909,12 +926,16 @@ mod tests {
             record(9, DEPOSITED, Relaxed), // 5
             record(9, STATUS, Release),    // 6 closed
         ];
+        // The freeze starts a segment and heads it; the re-activation after
+        // it joins that head run and the deposit is its body. The close is
+        // of the head's type while the segment holds another type: the
+        // corner case, a segment of its own.
         assert_eq!(
             shape(&plan(&batch)),
             [
                 (None, vec![vec![0, 2], vec![1]], None),
-                (Some(vec![3]), vec![], None),
-                (None, vec![vec![5]], Some(vec![4, 6])),
+                (Some(vec![3, 4]), vec![vec![5]], None),
+                (None, vec![], Some(vec![6])),
             ]
         );
     }
