@@ -2,10 +2,24 @@
 //! errors into messages a person can act on.
 //!
 //! Exit codes (stable): 0 success, including `run` stopped by SIGINT or
-//! SIGTERM after committing the batch in flight; 1 an error (printed as
-//! `waku: error: …` with its causes); 2 a usage error (from the argument
-//! parser); 3 the demo's oracle check failed; 130 `run` aborted by a second
-//! signal (as after a crash, nothing committed is lost).
+//! SIGTERM after committing the batch in flight, and a command whose
+//! standard output was closed by its reader (`waku dlq list | head`); 1 an
+//! error (printed as `waku: error: …` with its causes); 2 a usage error
+//! (from the argument parser); 3 the demo's oracle check failed (even when
+//! its report could not be printed); 130 `run` aborted by a second signal
+//! (as after a crash, nothing committed is lost).
+//!
+//! Output: results go to standard output through `outln!`, which returns
+//! write errors instead of panicking as `println!` does; a closed pipe ends
+//! the command quietly with exit 0 (as a Unix tool killed by SIGPIPE would,
+//! but through an error, as ripgrep does). SIGPIPE itself stays ignored, as
+//! Rust sets it: a `run` must not die because the admin endpoint's client or
+//! the Iggy server closed a socket, and it writes to standard output only its
+//! final summary, so a closed pipe never stops it before its work is
+//! committed. Messages go to standard error through `errln!`, which
+//! ignores write errors: nobody reading them is no reason to stop. Log
+//! lines are coloured only when standard error is a terminal and `NO_COLOR`
+//! is unset or empty (<https://no-color.org>).
 //!
 //! Every limit is a flag of `run` and `demo`, one per field of
 //! [`SandboxLimits`] (what the engine enforces) and of [`PayloadLimits`]
@@ -18,7 +32,7 @@
 //! beside each consumed topic); `projections/<name>.redb` is a projection's
 //! state, consumer positions, counts and retry bookkeeping.
 
-use std::io::{IsTerminal, Read};
+use std::io::{ErrorKind, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -45,9 +59,39 @@ use crate::routing::RetryPolicy;
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::StateStore;
 
+/// `println!` for a command's results, returning the write error instead of
+/// panicking, so that `?` ends the command; `report` ends a closed pipe
+/// quietly.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    };
+}
+
+/// `eprintln!` for messages, ignoring write errors: when nobody reads
+/// standard error any more the command still does its work.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// A command's result could not be written to standard output.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output")]
+struct StdoutError(#[source] std::io::Error);
+
+impl StdoutError {
+    /// Whether the reader closed its end (`| head`): the command ends
+    /// quietly with exit 0.
+    fn reader_gone(&self) -> bool {
+        self.0.kind() == ErrorKind::BrokenPipe
+    }
+}
+
 /// Runs event handlers as WebAssembly components over a partitioned log.
 #[derive(Parser)]
-#[command(name = "waku", version, about, propagate_version = true)]
+#[command(name = "waku", version, about, propagate_version = true, after_help = EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -574,6 +618,11 @@ struct DemoArgs {
     consume: ConsumeArgs,
 }
 
+/// The exit codes, for `waku --help`.
+const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
+                          error, 2 usage error, 3 the demo's oracle check failed, 130 `run` aborted by a second \
+                          signal.";
+
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
     main_with(std::env::args_os())
@@ -585,7 +634,9 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     let cli = Cli::parse_from(args);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     // A second command in one process keeps the first one's subscriber.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colours).try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
@@ -596,12 +647,30 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     }
 }
 
+/// Whether log lines get colours: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string
+/// (<https://no-color.org>).
+fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// Prints `error` with its causes and returns exit code 1; nothing, and 0,
+/// when standard output was closed by its reader.
 fn report(error: &anyhow::Error) -> ExitCode {
-    eprintln!("waku: error: {error}");
+    if stdout_closed(error) {
+        return ExitCode::SUCCESS;
+    }
+    errln!("waku: error: {error}");
     for cause in error.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        errln!("  caused by: {cause}");
     }
     ExitCode::from(1)
+}
+
+/// Whether `error` is a write to a standard output whose reader is gone; a
+/// broken pipe anywhere else (a socket to the log) is a real error.
+fn stdout_closed(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<StdoutError>().is_some_and(StdoutError::reader_gone))
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
@@ -627,7 +696,7 @@ fn build(args: BuildArgs) -> Result<()> {
         }
         None => built,
     };
-    println!("{}", path.display());
+    outln!("{}", path.display())?;
     Ok(())
 }
 
@@ -671,7 +740,7 @@ async fn publish_file(args: PublishArgs) -> Result<()> {
     let count = publish::publish(&log, &args.topic, module, events, Some(lines), available_threads())
         .await
         .with_context(|| format!("nothing was published from {}", args.file.display()))?;
-    println!("published {count} events to `{}`", args.topic);
+    outln!("published {count} events to `{}`", args.topic)?;
     Ok(())
 }
 
@@ -708,7 +777,7 @@ async fn run(args: RunArgs) -> Result<()> {
     .context("loading the modules")?
     .map_err(hint_at_limit_flags)?;
     for difference in &differences {
-        eprintln!("waku: {difference}");
+        errln!("waku: {difference}");
     }
     let projection = Arc::new(Projection::new(&args.projection, &args.topic, modules, store)?);
     let _reloader = match args.no_watch {
@@ -720,7 +789,7 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let consumer = Consumer::new(log.clone(), projection.clone(), args.consume.config(args.partitions.clone())?)
         .with_metrics(metrics.clone());
-    eprintln!(
+    errln!(
         "waku: projection `{}` on topic `{}`: {} ({} event types, loaded in {:.2} s), batch {}, {} workers",
         args.projection,
         args.topic,
@@ -730,11 +799,11 @@ async fn run(args: RunArgs) -> Result<()> {
         args.consume.batch_size,
         args.consume.workers.unwrap_or_else(available_threads),
     );
-    eprintln!("waku: sandbox limits: {}", sandbox.limits());
+    errln!("waku: sandbox limits: {}", sandbox.limits());
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(address) = args.admin {
         let listener = admin::bind(address).await?;
-        eprintln!("waku: admin endpoint on http://{}", listener.local_addr()?);
+        errln!("waku: admin endpoint on http://{}", listener.local_addr()?);
         let admin = Admin {
             log,
             projection: projection.clone(),
@@ -748,7 +817,7 @@ async fn run(args: RunArgs) -> Result<()> {
             })
             .await
             {
-                eprintln!("waku: the admin endpoint stopped: {error}");
+                errln!("waku: the admin endpoint stopped: {error}");
             }
         });
     }
@@ -857,10 +926,10 @@ impl ShutdownSignals {
     /// nothing committed is lost, the batch in flight is consumed again.
     async fn first(mut self) {
         self.next().await;
-        eprintln!("waku: stopping after the batch in flight (signal again to abort)");
+        errln!("waku: stopping after the batch in flight (signal again to abort)");
         tokio::spawn(async move {
             self.next().await;
-            eprintln!("waku: aborted; the batch in flight was not committed");
+            errln!("waku: aborted; the batch in flight was not committed");
             std::process::exit(130);
         });
     }
@@ -886,7 +955,7 @@ fn state_get(args: StateGetArgs) -> Result<()> {
         _ => bail!("give --key, or --event with --module"),
     };
     let output = admin::key_state_json(&store, &key, args.entry.as_deref())?;
-    println!("{}", serde_json::to_string_pretty(&output)?);
+    outln!("{}", serde_json::to_string_pretty(&output)?)?;
     Ok(())
 }
 
@@ -921,23 +990,26 @@ async fn status(args: StatusArgs) -> Result<()> {
         }
     };
     let caught_up = status.partitions.iter().all(|p| p.caught_up);
-    println!(
+    outln!(
         "projection `{}` on topic `{}`: {}",
         status.projection,
         status.topic,
         if caught_up { "caught up" } else { "catching up" }
-    );
+    )?;
     let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
-    println!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") });
-    println!(
+    outln!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") })?;
+    outln!(
         "events: {} applied, {} skipped, {} retrying, {} dead-lettered",
-        status.applied, status.skipped, status.retrying, status.dead_lettered
-    );
-    println!("partition\tposition\tstart-up end\tend\tlag\tcaught up");
+        status.applied,
+        status.skipped,
+        status.retrying,
+        status.dead_lettered
+    )?;
+    outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
         let caught_up = if p.caught_up { "yes" } else { "no" };
-        println!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag);
+        outln!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag)?;
     }
     Ok(())
 }
@@ -953,7 +1025,7 @@ fn modules(command: ModulesCommand) -> Result<()> {
         ModulesCommand::List(args) => {
             let recorded = library.recorded()?;
             if recorded.active.is_empty() {
-                println!("projection `{projection}` has run no module yet");
+                outln!("projection `{projection}` has run no module yet")?;
             }
             let in_directory: std::collections::BTreeMap<String, String> = match &args.modules {
                 None => Default::default(),
@@ -981,12 +1053,12 @@ fn modules(command: ModulesCommand) -> Result<()> {
                     None if args.modules.is_some() => "; not in the directory".to_owned(),
                     None => String::new(),
                 };
-                println!("{module}: {active}{directory}\n  kept, newest first: {}", kept.join(", "));
+                outln!("{module}: {active}{directory}\n  kept, newest first: {}", kept.join(", "))?;
             }
         }
         ModulesCommand::Rollback(args) => {
             let (from, to) = library.rollback(&args.module, args.target.as_deref())?;
-            println!("module `{}`: {from} → {to}; the next `waku run` runs {to}", args.module);
+            outln!("module `{}`: {from} → {to}; the next `waku run` runs {to}", args.module)?;
         }
     }
     Ok(())
@@ -1005,14 +1077,14 @@ async fn dlq(command: DlqCommand) -> Result<()> {
         DlqCommand::List(_) => {
             let letters = dead_letter::list(&log, topic, projection, &store).await?;
             for letter in &letters {
-                println!("{}", dead_letter_line(letter));
+                outln!("{}", dead_letter_line(letter))?;
             }
             let waiting = letters.iter().filter(|l| !l.redriven).count();
-            eprintln!("{} dead letters of `{projection}` ({waiting} not re-driven)", letters.len());
+            errln!("{} dead letters of `{projection}` ({waiting} not re-driven)", letters.len());
         }
         DlqCommand::Show(show) => {
             let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
-            println!("{}", dead_letter_details(&letter));
+            outln!("{}", dead_letter_details(&letter))?;
         }
         DlqCommand::Redrive(redrive) => {
             let selection = Selection {
@@ -1024,7 +1096,7 @@ async fn dlq(command: DlqCommand) -> Result<()> {
                 bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
             }
             let done = dead_letter::redrive(&log, topic, projection, &store, &selection).await?;
-            println!(
+            outln!(
                 "re-drove {} dead letters ({} events) of `{projection}` into `retry_{topic}`{}; the next `waku run` \
                  applies them",
                 done.records,
@@ -1034,7 +1106,7 @@ async fn dlq(command: DlqCommand) -> Result<()> {
                 } else {
                     String::new()
                 }
-            );
+            )?;
         }
     }
     Ok(())
@@ -1127,7 +1199,7 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
             if !crate_dir.is_dir() {
                 bail!("cannot find {}; run from a clone of the repository or pass --module", crate_dir.display());
             }
-            eprintln!("waku: building {} ...", crate_dir.display());
+            errln!("waku: building {} ...", crate_dir.display());
             let build =
                 GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
             build.run()?
@@ -1157,9 +1229,12 @@ async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     let config = args.consume.config(None)?;
     let create_emit_topics = args.consume.create_emit_topics;
     let report = demo_run(&data, module, spec, args.partitions, config, create_emit_topics, args.admin).await?;
-    println!("{}", report.lines.join("\n"));
-    println!("{}", report.check.report(5));
-    Ok(if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) })
+    let verdict = if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) };
+    // The verdict stands even when the report could not be printed.
+    match outln!("{}", report.lines.join("\n")).and_then(|()| outln!("{}", report.check.report(5))) {
+        Err(error) if !error.reader_gone() => Err(error.into()),
+        _ => Ok(verdict),
+    }
 }
 
 struct DemoReport {
@@ -1198,7 +1273,7 @@ async fn demo_run(
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(address) = admin_address {
         let listener = admin::bind(address).await?;
-        eprintln!("waku: admin endpoint on http://{}", listener.local_addr()?);
+        errln!("waku: admin endpoint on http://{}", listener.local_addr()?);
         let admin =
             Admin { log, projection: projection.clone(), progress: consumer.progress(), metrics, library: None };
         tokio::spawn(admin::serve(listener, admin, async {
@@ -1206,7 +1281,7 @@ async fn demo_run(
         }));
     }
     if std::io::stderr().is_terminal() {
-        eprintln!("waku: consuming {published} events ...");
+        errln!("waku: consuming {published} events ...");
     }
     let started = Instant::now();
     let summary = consumer.catch_up().await?;
@@ -1244,7 +1319,7 @@ async fn demo_run(
 }
 
 fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()> {
-    println!(
+    outln!(
         "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} dead-lettered ({} malformed), \
          {} sent to retry, {} taken back",
         summary.consumed,
@@ -1256,15 +1331,15 @@ fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()>
         summary.malformed,
         summary.retry_in,
         summary.retry_out,
-    );
+    )?;
     let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);
     let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
     if waiting > 0 {
-        println!("{waiting} events wait in retry; the next `waku run` takes them when they are due");
+        outln!("{waiting} events wait in retry; the next `waku run` takes them when they are due")?;
     }
     if count(stat::DEAD_LETTERED) > 0 {
-        println!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED));
+        outln!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED))?;
     }
     Ok(())
 }
@@ -1285,6 +1360,28 @@ mod tests {
             Command::Run(args) => args.consume,
             _ => unreachable!("parsed a run command"),
         }
+    }
+
+    #[test]
+    fn log_lines_are_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some(OsStr::new(""))), "an empty NO_COLOR does not count");
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        assert!(!log_colours(false, None));
+        assert!(!log_colours(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn only_a_closed_standard_output_ends_a_command_quietly() {
+        let closed = anyhow::Error::new(StdoutError(ErrorKind::BrokenPipe.into())).context("listing");
+        assert!(stdout_closed(&closed));
+        assert_eq!(report(&closed), ExitCode::SUCCESS);
+        let full = anyhow::Error::new(StdoutError(std::io::Error::other("disk full")));
+        assert!(!stdout_closed(&full));
+        // A broken pipe elsewhere (a socket to the log) is an error.
+        let socket = anyhow::Error::new(std::io::Error::from(ErrorKind::BrokenPipe));
+        assert!(!stdout_closed(&socket));
     }
 
     #[test]

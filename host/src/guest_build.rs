@@ -6,7 +6,7 @@
 //! `rustup target add wasm32-wasip2`. The built component's path comes from
 //! cargo's own JSON messages, never from a guessed file name.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -134,7 +134,9 @@ fn ensure_target(quiet: bool) -> Result<(), BuildError> {
     if String::from_utf8_lossy(&installed.stdout).lines().any(|line| line.trim() == GUEST_TARGET) {
         return Ok(());
     }
-    eprintln!(
+    // Not `eprintln!`, which panics when standard error is a closed pipe.
+    let _ = writeln!(
+        std::io::stderr(),
         "waku: the {GUEST_TARGET} target is not installed; installing it with `rustup target add {GUEST_TARGET}`"
     );
     let mut add = Command::new("rustup");

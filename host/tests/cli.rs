@@ -25,6 +25,15 @@ fn run_bank_until_caught_up(dir: &Path) -> std::process::Output {
     waku(&[&args[..], &["--until-caught-up"]].concat(), dir)
 }
 
+/// Runs `waku` with `args` in `dir`, its standard output a pipe whose
+/// reader is gone before it starts (as `| head` after its lines): the first
+/// write fails with a broken pipe.
+fn waku_into_closed_pipe(args: &[&str], dir: &Path) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    common::waku_command(dir).args(args).stdout(writer).output().expect("waku runs")
+}
+
 fn write_lines(dir: &Path, name: &str, lines: &[&str]) -> String {
     let path = dir.join(name);
     std::fs::write(&path, lines.join("\n")).unwrap();
@@ -121,6 +130,52 @@ fn publish_run_and_state_get_work_end_to_end() {
     // Running again consumes nothing: the position was committed.
     let out = run_bank_until_caught_up(dir.path());
     assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_closed_standard_output_ends_a_command_quietly_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[
+            r#"{"type": "AccountOpened", "body": {"account": 42, "owner": "ann"}}"#,
+            r#"{"type": "Deposited", "body": {"account": 42, "amount": 100}}"#,
+        ],
+    );
+    let quiet = |out: &std::process::Output, what: &str| {
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), "", "{what} says nothing about the closed pipe");
+    };
+    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "2", "--module", &module, &file];
+    quiet(&waku_into_closed_pipe(&publish, dir.path()), "publish");
+
+    // `run` writes only its summary to standard output: the work is done
+    // and committed before that write fails.
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    std::fs::copy(bank_wasm(), dir.path().join("modules/bank.wasm")).unwrap();
+    let run = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let out = waku_into_closed_pipe(&[&run[..], &["--until-caught-up"]].concat(), dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+    let out = run_bank_until_caught_up(dir.path());
+    assert!(text(&out.stdout).contains("consumed 0 events"), "the closed pipe cost nothing: {}", text(&out.stdout));
+
+    for (what, args) in [
+        ("status", &["status", "--data", "data", "--projection", "bank", "--topic", "accounts"][..]),
+        ("modules list", &["modules", "list", "--data", "data", "--projection", "bank"][..]),
+        ("state get", &["state", "get", "--data", "data", "--projection", "bank", "--key-hash", "1"][..]),
+    ] {
+        quiet(&waku_into_closed_pipe(args, dir.path()), what);
+    }
+    // An error is still an error, whatever became of standard output.
+    let out = waku_into_closed_pipe(
+        &["state", "get", "--data", "data", "--projection", "bank", "--key-hash", "?"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("is not a key hash"), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -363,6 +418,10 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(stdout.contains("1 applied, 0 skipped, 2 dead-lettered"), "{stdout}");
     assert!(stdout.contains("see `waku dlq list`"), "{stdout}");
+    // The failures were logged, without colour codes: stderr is no terminal.
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("WARN"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "escape codes on a pipe: {stderr:?}");
 
     let dlq = |args: &[&str]| {
         let base = ["dlq", args[0], "--data", "data", "--projection", "ledger", "--topic", "ledger"];
@@ -379,6 +438,10 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert!(lines[1].starts_with("0:1\ttrap\t") && lines[1].contains("attempts 2"), "{listing}");
     assert!(lines[1].contains("ledger entry 1 of key 2 traps"), "{listing}");
     assert!(text(&out.stderr).contains("2 dead letters of `ledger` (2 not re-driven)"));
+    // `waku dlq list | head -0`: stops at the first line, quietly.
+    let base = ["dlq", "list", "--data", "data", "--projection", "ledger", "--topic", "ledger"];
+    let out = waku_into_closed_pipe(&base, dir.path());
+    assert_eq!((out.status.code(), text(&out.stderr)), (Some(0), String::new()));
 
     let out = dlq(&["show", "--partition", "0", "--offset", "1"]);
     let shown = text(&out.stdout);
