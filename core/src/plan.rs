@@ -5,7 +5,7 @@
 //!
 //! A log partition is totally ordered, but business logic only cares about
 //! the order of the events of one key. The planner reads three headers of
-//! every record of a batch (key hash, type tag, ordering; bodies are never
+//! every record of a batch (key, type tag, ordering; bodies are never
 //! decoded) and groups the records so that the consumer can process keys
 //! concurrently and hand every handler call a run of events of one key and
 //! one type, which its algebra may then reduce.
@@ -125,12 +125,15 @@ use rustc_hash::FxHashMap;
 
 use crate::event::{EventAtomicOrdering, EventTypeTag, KeyHash};
 
-/// What the planner reads from one message: its key hash, type tag and
+/// What the planner reads from one message: its key, type tag and
 /// ordering, all from headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PlanRecord {
-    /// The hash of the event's key. Records with equal hashes are planned as
-    /// one key; since a collision only adds order, hashing is safe.
+    /// Which key the event belongs to: records with equal numbers are
+    /// planned as one key. The consumer gives each distinct key of a batch
+    /// (its canonical bytes, [`crate::key::Key`]) a number of its own, so
+    /// two keys never share a run, whatever their hashes; the page's tests
+    /// use the account number itself.
     pub key: KeyHash,
     /// The event type; a run holds records of one tag.
     pub tag: EventTypeTag,
@@ -172,7 +175,7 @@ pub struct PlanKey {
 }
 
 impl PlanKey {
-    /// The key hash every record of this key carries.
+    /// The key number ([`PlanRecord::key`]) every record of this key carries.
     pub fn key_hash(&self) -> KeyHash {
         self.hash
     }
@@ -419,7 +422,7 @@ impl fmt::Debug for Plan {
 /// Buffers that only live during [`Plan::rebuild`], kept for the next batch.
 #[derive(Default, Clone)]
 struct Scratch {
-    /// Key hash → dense key index.
+    /// Key number → dense key index.
     key_index: FxHashMap<KeyHash, u32>,
     /// Per record: its dense key index.
     key_of: Vec<u32>,
