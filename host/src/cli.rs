@@ -43,7 +43,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::admin::{self, Admin};
 use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
-use crate::dead_letter::{self, DeadLetter, Selection};
+use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection};
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
 use crate::handler::{HandlerModule, LimitsError, PayloadLimits};
@@ -536,8 +536,11 @@ enum DlqCommand {
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
     /// module): they join the retry topic, in dead-letter order per key, and
-    /// the next `waku run` applies them. Stop `waku run` first: the embedded
-    /// log and state files are open in one process at a time.
+    /// the next `waku run` applies them. Only the partitions this host's
+    /// state store owns (those it holds a position for: the ones its `waku
+    /// run` consumes) are re-driven; it says which, and which it left to
+    /// other hosts. Stop `waku run` first: the embedded log and state files
+    /// are open in one process at a time.
     Redrive(DlqRedriveArgs),
 }
 
@@ -571,16 +574,19 @@ struct DlqShowArgs {
 struct DlqRedriveArgs {
     #[command(flatten)]
     dlq: ProjectionArgs,
-    /// Only these partitions (comma-separated).
+    /// Only these partitions (comma-separated); each must be one this
+    /// state store owns.
     #[arg(long, value_delimiter = ',')]
     partition: Vec<u32>,
-    /// Only these records, as `<partition>:<offset>` (comma-separated).
+    /// Only these records, as `<partition>:<offset>` (comma-separated); each
+    /// must be in a partition this state store owns.
     #[arg(long, value_delimiter = ',', value_parser = parse_place)]
     record: Vec<(u32, u64)>,
     /// Only this key, as `waku dlq list` prints it (JSON: `42`, `'"ann"'`).
     #[arg(long)]
     key: Option<String>,
-    /// Every dead letter of the projection not re-driven yet.
+    /// Every dead letter of the projection not re-driven yet, in the
+    /// partitions this state store owns.
     #[arg(long, conflicts_with_all = ["partition", "record", "key"])]
     all: bool,
 }
@@ -1079,8 +1085,17 @@ async fn dlq(command: DlqCommand) -> Result<()> {
             for letter in &letters {
                 outln!("{}", dead_letter_line(letter))?;
             }
-            let waiting = letters.iter().filter(|l| !l.redriven).count();
-            errln!("{} dead letters of `{projection}` ({waiting} not re-driven)", letters.len());
+            let waiting = letters.iter().filter(|l| l.owned && !l.redriven).count();
+            let others: Vec<u32> = letters.iter().filter(|l| !l.owned).map(|l| l.partition).collect();
+            let elsewhere = match others.len() {
+                0 => String::new(),
+                count => {
+                    let mut partitions = others;
+                    partitions.dedup();
+                    format!("; {count} in {}, which this state store does not own", partition_list(&partitions))
+                }
+            };
+            errln!("{} dead letters of `{projection}` ({waiting} not re-driven{elsewhere})", letters.len());
         }
         DlqCommand::Show(show) => {
             let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
@@ -1095,21 +1110,45 @@ async fn dlq(command: DlqCommand) -> Result<()> {
             if !redrive.all && selection == Selection::default() {
                 bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
             }
-            let done = dead_letter::redrive(&log, topic, projection, &store, &selection).await?;
+            let done = match dead_letter::redrive(&log, topic, projection, &store, &selection).await {
+                Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
+                    let state = store.path().display();
+                    return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
+                }
+                done => done?,
+            };
             outln!(
-                "re-drove {} dead letters ({} events) of `{projection}` into `retry_{topic}`{}; the next `waku run` \
-                 applies them",
+                "re-drove {} dead letters ({} events) of `{projection}` from {} into `retry_{topic}`{}; the next \
+                 `waku run` applies them",
                 done.records,
                 done.events,
+                partition_list(&done.partitions),
                 if done.already > 0 {
                     format!(" ({} re-driven before, left alone)", done.already)
                 } else {
                     String::new()
                 }
             )?;
+            if done.left > 0 {
+                outln!(
+                    "left {} dead letters in {} to the hosts that own them (this state store holds no position there)",
+                    done.left,
+                    partition_list(&done.others)
+                )?;
+            }
         }
     }
     Ok(())
+}
+
+/// `partition 0`, `partitions 0, 2`, or `no partition`.
+fn partition_list(partitions: &[u32]) -> String {
+    let numbers: Vec<String> = partitions.iter().map(u32::to_string).collect();
+    match partitions.len() {
+        0 => "no partition".to_owned(),
+        1 => format!("partition {}", numbers[0]),
+        _ => format!("partitions {}", numbers.join(", ")),
+    }
 }
 
 /// `partition:offset`.
@@ -1143,7 +1182,11 @@ fn dead_letter_line(letter: &DeadLetter) -> String {
         routed.attempts,
         failed_at(routed.failed_at_ms),
         failure.map_or(String::new(), |f| f.message.replace(['\n', '\t'], " ")),
-        if letter.redriven { "\t[re-driven]" } else { "" },
+        match (letter.owned, letter.redriven) {
+            (false, _) => "\t[not this host's]",
+            (true, true) => "\t[re-driven]",
+            (true, false) => "",
+        },
     )
 }
 
@@ -1173,7 +1216,14 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
         }
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
-    lines.push(format!("re-driven:    {}", if letter.redriven { "yes" } else { "no" }));
+    lines.push(format!(
+        "re-driven:    {}",
+        match (letter.owned, letter.redriven) {
+            (false, _) => "unknown here: this state store does not own the partition",
+            (true, true) => "yes",
+            (true, false) => "no",
+        }
+    ));
     let body = &letter.record.body;
     lines.push(match std::str::from_utf8(body) {
         Ok(text) => format!("body ({} bytes):\n{text}", body.len()),

@@ -16,6 +16,18 @@
 //!   stage per record), so planning them again runs them one after another.
 //! - **Nothing is half done.** The copies go through the projection's
 //!   outbox: committed with the marks, then appended exactly once.
+//! - **A host re-drives only the partitions it owns.** Hosts that spread a
+//!   topic over disjoint partitions share its dead-letter topic but each
+//!   keeps its own state store, and so its own marks. A host owns the
+//!   partitions its store consumes: those it holds a position for. A dead
+//!   letter is written in the commit that moves its partition's position,
+//!   so every dead letter of a partition was written by a store that owns
+//!   it. Re-driving another host's letter would queue a copy that host
+//!   applies while only this store marks it, and the owner's own re-drive
+//!   would apply it again; so [`redrive`] leaves other partitions alone and
+//!   says which they are, refuses a partition or record it does not own,
+//!   and refuses to act at all for a store that owns nothing. Running it
+//!   twice, on one host or on each, applies every letter at most once.
 
 use crate::consumer::{ConsumerError, publish_outbox, stat};
 use crate::event::{EventHeaders, HeaderError};
@@ -37,8 +49,12 @@ pub struct DeadLetter {
     pub envelope: Result<EventHeaders, HeaderError>,
     /// The record as stored.
     pub record: Record,
-    /// Whether it was re-driven already.
+    /// Whether it was re-driven already (by this state store).
     pub redriven: bool,
+    /// Whether its partition is owned by this state store (see the
+    /// [module documentation](self)): only then may it be re-driven here,
+    /// and only then does [`DeadLetter::redriven`] tell.
+    pub owned: bool,
 }
 
 /// Which dead letters to act on. Empty fields select everything.
@@ -54,21 +70,35 @@ pub struct Selection {
 
 impl Selection {
     fn picks(&self, letter: &DeadLetter) -> bool {
-        (self.partitions.is_empty() || self.partitions.contains(&letter.partition))
+        self.covers(letter.partition)
             && (self.records.is_empty() || self.records.contains(&(letter.partition, letter.offset)))
             && self.key.as_ref().is_none_or(|key| letter.envelope.as_ref().is_ok_and(|e| e.key == *key))
+    }
+
+    /// Whether letters of `partition` may be selected.
+    fn covers(&self, partition: u32) -> bool {
+        (self.partitions.is_empty() || self.partitions.contains(&partition))
+            && (self.records.is_empty() || self.records.iter().any(|&(p, _)| p == partition))
     }
 }
 
 /// What a re-drive did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Redriven {
+    /// The partitions it re-drove from: those this state store owns, as far
+    /// as the selection reaches, in order.
+    pub partitions: Vec<u32>,
     /// Records queued for another attempt.
     pub records: u64,
     /// Events they account for.
     pub events: u64,
     /// Selected records skipped because they were re-driven before.
     pub already: u64,
+    /// Partitions holding selected dead letters that this state store does
+    /// not own, left to the hosts that run them, in order.
+    pub others: Vec<u32>,
+    /// The selected dead letters in those partitions.
+    pub left: u64,
 }
 
 /// Why reading or re-driving dead letters failed.
@@ -107,6 +137,30 @@ pub enum DeadLetterError {
         /// The offset asked for.
         offset: u64,
     },
+    /// This state store owns no partition of the topic: it never consumed
+    /// it, so none of its dead letters is this store's to re-drive.
+    #[error(
+        "this state store of projection `{projection}` holds no position in topic `{topic}`: it owns no partition, \
+         so no dead letter is its to re-drive"
+    )]
+    NothingOwned {
+        /// The projection.
+        projection: String,
+        /// The topic.
+        topic: String,
+    },
+    /// A partition or record named for re-drive is in a partition this
+    /// state store does not own.
+    #[error(
+        "partition {partition} of topic `{topic}` is not this state store's (it holds no position there); re-drive \
+         it on the host that runs it"
+    )]
+    NotOwned {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+    },
     /// The selected record cannot go back through the normal path.
     #[error("dead letter at partition {partition}, offset {offset} cannot be re-driven: {reason}")]
     CannotRedrive {
@@ -130,6 +184,7 @@ pub async fn list<L: EventLog>(
     let dlq = dlq_topic(topic);
     let mut letters = Vec::new();
     for partition in 0..log.partitions(&dlq).await? {
+        let owned = owns(store, topic, partition)?;
         let redriven = store.done(&dlq, partition)?;
         let end = log.end_offset(&dlq, partition).await?;
         let mut from = 0;
@@ -150,12 +205,19 @@ pub async fn list<L: EventLog>(
                     envelope: EventHeaders::parse_stored(&stored.record.headers),
                     record: stored.record,
                     redriven: redriven.binary_search(&stored.offset).is_ok(),
+                    owned,
                 });
             }
             from = last + 1;
         }
     }
     Ok(letters)
+}
+
+/// Whether this state store owns `partition` of `topic`: it holds a
+/// position there, so it consumes it (see the [module documentation](self)).
+fn owns(store: &StateStore, topic: &str, partition: u32) -> Result<bool, StateError> {
+    Ok(store.position(topic, partition)?.is_some())
 }
 
 /// One dead letter of `projection`.
@@ -174,13 +236,18 @@ pub async fn show<L: EventLog>(
         .ok_or_else(|| DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset })
 }
 
-/// Re-drives the selected dead letters of `projection`: queues each, in
-/// dead-letter order, in the retry topic for another attempt, and marks it
-/// re-driven, in one commit; then appends the queued records.
+/// Re-drives the selected dead letters of `projection` in the partitions
+/// this state store owns: queues each, in dead-letter order, in the retry
+/// topic for another attempt, and marks it re-driven, in one commit; then
+/// appends the queued records.
 ///
-/// A record asked for by place that cannot be re-driven (its headers are
-/// unreadable) is an error and nothing is re-driven; one that was re-driven
-/// before is counted in [`Redriven::already`] and left alone.
+/// A store that owns no partition of the topic, and a partition or record
+/// named in `selection` that it does not own, are errors and nothing is
+/// re-driven; selected letters of other partitions are left alone and
+/// counted ([`Redriven::others`], [`Redriven::left`]). A record asked for by
+/// place that cannot be re-driven (its headers are unreadable) is an error
+/// and nothing is re-driven; one that was re-driven before is counted in
+/// [`Redriven::already`] and left alone.
 pub async fn redrive<L: EventLog>(
     log: &L,
     topic: &str,
@@ -188,15 +255,38 @@ pub async fn redrive<L: EventLog>(
     store: &StateStore,
     selection: &Selection,
 ) -> Result<Redriven, DeadLetterError> {
+    let mut owned = Vec::new();
+    for partition in 0..log.partitions(&dlq_topic(topic)).await? {
+        if owns(store, topic, partition)? {
+            owned.push(partition);
+        }
+    }
+    if owned.is_empty() {
+        return Err(DeadLetterError::NothingOwned { projection: projection.to_owned(), topic: topic.to_owned() });
+    }
     let letters = list(log, topic, projection, store).await?;
     if let Some(&(partition, offset)) =
         selection.records.iter().find(|&&(p, o)| !letters.iter().any(|l| l.partition == p && l.offset == o))
     {
         return Err(DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset });
     }
-    let mut report = Redriven::default();
+    let mut named = selection.partitions.iter().chain(selection.records.iter().map(|(partition, _)| partition));
+    if let Some(&partition) = named.find(|partition| !owned.contains(partition)) {
+        return Err(DeadLetterError::NotOwned { topic: topic.to_owned(), partition });
+    }
+    let mut report = Redriven {
+        partitions: owned.into_iter().filter(|&partition| selection.covers(partition)).collect(),
+        ..Redriven::default()
+    };
     let mut chosen = Vec::new();
     for letter in letters.into_iter().filter(|l| selection.picks(l)) {
+        if !letter.owned {
+            if report.others.last() != Some(&letter.partition) {
+                report.others.push(letter.partition);
+            }
+            report.left += 1;
+            continue;
+        }
         if letter.redriven {
             report.already += 1;
             continue;

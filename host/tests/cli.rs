@@ -165,17 +165,17 @@ fn a_closed_standard_output_ends_a_command_quietly_with_exit_0() {
     for (what, args) in [
         ("status", &["status", "--data", "data", "--projection", "bank", "--topic", "accounts"][..]),
         ("modules list", &["modules", "list", "--data", "data", "--projection", "bank"][..]),
-        ("state get", &["state", "get", "--data", "data", "--projection", "bank", "--key-hash", "1"][..]),
+        ("state get", &["state", "get", "--data", "data", "--projection", "bank", "--key", "1"][..]),
     ] {
         quiet(&waku_into_closed_pipe(args, dir.path()), what);
     }
     // An error is still an error, whatever became of standard output.
     let out = waku_into_closed_pipe(
-        &["state", "get", "--data", "data", "--projection", "bank", "--key-hash", "?"],
+        &["state", "get", "--data", "data", "--projection", "bank", "--key", "?"],
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("is not a key hash"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--key `?`: not a key"), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -186,9 +186,10 @@ fn bad_input_gets_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("nowhere"), "{}", text(&out.stderr));
 
-    let out = waku(&["state", "get", "--projection", "bank", "--key-hash", "0xzz"], dir.path());
+    let out = waku(&["state", "get", "--projection", "bank", "--key", "0xzz"], dir.path());
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("`0xzz` is not a key hash"), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--key `0xzz`: not a key") && stderr.contains("written as JSON"), "{stderr}");
 
     let out = waku(&["build", "no-such-crate"], dir.path());
     assert_eq!(out.status.code(), Some(1));
@@ -468,6 +469,100 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let listing = text(&dlq(&["list"]).stdout);
     assert_eq!(listing.lines().filter(|l| l.ends_with("[re-driven]")).count(), 2, "{listing}");
     assert_eq!(listing.lines().count(), 4, "{listing}");
+}
+
+/// Two hosts share one log (here: one file, linked into both data
+/// directories) and run disjoint partitions with their own state; each
+/// re-drives only the dead letters of its partitions, once, and says so.
+#[cfg(unix)]
+#[test]
+fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = common::probe_wasm().to_string_lossy().into_owned();
+    let lines: Vec<String> = (1..=8)
+        .map(|key| {
+            format!(
+                r#"{{"type": "Ledger", "body": {{"key": {key}, "seq": 1, "amount": 1, "fail": "unrecoverable", "ordering": "relaxed"}}}}"#
+            )
+        })
+        .collect();
+    let file = write_lines(dir.path(), "ledger.jsonl", &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = waku(
+        &["publish", "--data", "a", "--topic", "ledger", "--partitions", "2", "--module", &probe, &file],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for other in ["b", "stranger"] {
+        std::fs::create_dir(dir.path().join(other)).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("a/log.redb"), dir.path().join(other).join("log.redb")).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    std::fs::copy(&probe, dir.path().join("modules/probe.wasm")).unwrap();
+    let run = |data: &str, partition: &str| {
+        let args = ["run", "--data", data, "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
+        let out = waku(&[&args[..], &["--until-caught-up", "--partitions", partition]].concat(), dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let dlq = |data: &str, args: &[&str]| {
+        let base = ["dlq", args[0], "--data", data, "--projection", "ledger", "--topic", "ledger"];
+        waku(&[&base[..], &args[1..]].concat(), dir.path())
+    };
+    run("a", "0");
+    run("b", "1");
+
+    // Host A lists all eight; those of partition 1 are host B's.
+    let out = dlq("a", &["list"]);
+    let listing = text(&out.stdout);
+    let of = |partition: &str| listing.lines().filter(|l| l.starts_with(&format!("{partition}:"))).count();
+    let (on_0, on_1) = (of("0"), of("1"));
+    assert_eq!(on_0 + on_1, 8, "{listing}");
+    assert!(on_0 > 0 && on_1 > 0, "the keys spread over both partitions: {listing}");
+    assert_eq!(listing.lines().filter(|l| l.ends_with("[not this host's]")).count(), on_1, "{listing}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("({on_0} not re-driven; {on_1} in partition 1, which this state store")),
+        "{stderr}"
+    );
+
+    // Another host's partition, and a store that owns nothing, are refused.
+    let out = dlq("a", &["redrive", "--partition", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("partition 1 of topic `ledger` is not this state store's"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dlq("stranger", &["redrive", "--all"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("holds no position in topic `ledger`"), "{}", text(&out.stderr));
+
+    // Each host re-drives its own, and says which it touched and left.
+    let redrive_all = |data: &str| {
+        let out = dlq(data, &["redrive", "--all"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let out = redrive_all("a");
+    assert!(
+        out.starts_with(&format!("re-drove {on_0} dead letters ({on_0} events) of `ledger` from partition 0 into")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("left {on_1} dead letters in partition 1 to the hosts that own them")), "{out}");
+    let out = redrive_all("b");
+    assert!(out.starts_with(&format!("re-drove {on_1} dead letters ({on_1} events) of `ledger` from partition 1")));
+    // Again: nothing new.
+    let out = redrive_all("a");
+    assert!(out.starts_with("re-drove 0 dead letters"), "{out}");
+    assert!(out.contains(&format!("({on_0} re-driven before, left alone)")), "{out}");
+
+    // Each letter was applied once more (and, the module being the same,
+    // failed once more): one new dead letter per old one, no more.
+    assert!(run("a", "0").contains(&format!("0 applied, 0 skipped, {on_0} dead-lettered")));
+    assert!(run("b", "1").contains(&format!("0 applied, 0 skipped, {on_1} dead-lettered")));
+    let listing = text(&dlq("b", &["list"]).stdout);
+    assert_eq!(listing.lines().count(), 16, "{listing}");
+    assert_eq!(listing.lines().filter(|l| l.ends_with("[re-driven]")).count(), on_1, "{listing}");
 }
 
 /// The bank component with a custom section appended: same behaviour,

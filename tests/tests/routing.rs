@@ -414,3 +414,85 @@ async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
     assert_eq!(Flaky::applied(store, &Key::int(two)), [3]);
     assert_accounted(store, 4, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
+    use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
+    let setup = Setup::new(2).await;
+    // Two keys per partition, two events each; host A runs partition 0,
+    // host B partition 1, each with its own state store, on one topic.
+    let partition_of = |n: u64| partition_for(Key::int(n).key_hash(), 2);
+    let first_two = |partition| -> Vec<u64> { (0..).filter(|&n| partition_of(n) == partition).take(2).collect() };
+    let (zero, one) = (first_two(0), first_two(1));
+    let keys = [zero[0], zero[1], one[0], one[1]];
+    assert_eq!(keys.map(partition_of), [0, 0, 1, 1]);
+    let events: Vec<Event> = (0..8)
+        .map(|seq| event(keys[seq as usize % 4], if seq < 4 { STEP } else { OTHER }, Relaxed, seq, &[]))
+        .collect();
+    setup.publish(&events).await;
+    let host = |name: &str, partition: u32| {
+        let store = StateStore::open(&setup.dir.path().join(format!("{name}.redb"))).unwrap();
+        let projection =
+            Arc::new(Projection::new("flaky", TOPIC, vec![Arc::new(setup.module.clone())], store).unwrap());
+        let config = ConsumerConfig {
+            batch_size: 100,
+            workers: 2,
+            partitions: Some(vec![partition]),
+            retry: eager(3),
+            ..ConsumerConfig::default()
+        };
+        (Consumer::new(setup.log.clone(), projection.clone(), config), projection)
+    };
+    let ((consumer_a, projection_a), (consumer_b, projection_b)) = (host("a", 0), host("b", 1));
+    let (a, b) = (projection_a.store(), projection_b.store());
+    setup.module.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(consumer_a.catch_up().await.unwrap().dead_lettered, 4);
+    assert_eq!(consumer_b.catch_up().await.unwrap().dead_lettered, 4);
+
+    // Both hosts see all eight letters; each owns those of its partition.
+    let letters = dead_letter::list(&*setup.log, TOPIC, "flaky", a).await.unwrap();
+    assert_eq!(letters.len(), 8);
+    assert!(letters.iter().all(|l| l.owned == (l.partition == 0)), "{letters:?}");
+    let of_b = letters.iter().find(|l| l.partition == 1).unwrap();
+
+    // Naming another host's partition or record is refused, and does nothing.
+    for named in [
+        Selection { partitions: vec![1], ..Selection::default() },
+        Selection { records: vec![(1, of_b.offset)], ..Selection::default() },
+        Selection { partitions: vec![0, 1], ..Selection::default() },
+    ] {
+        let error = dead_letter::redrive(&*setup.log, TOPIC, "flaky", a, &named).await.unwrap_err();
+        assert!(matches!(error, DeadLetterError::NotOwned { partition: 1, .. }), "{error}");
+    }
+    // A store that owns nothing re-drives nothing.
+    let stranger = StateStore::open(&setup.dir.path().join("stranger.redb")).unwrap();
+    let all = Selection::default();
+    let error = dead_letter::redrive(&*setup.log, TOPIC, "flaky", &stranger, &all).await.unwrap_err();
+    assert!(matches!(error, DeadLetterError::NothingOwned { .. }), "{error}");
+    assert_eq!(setup.log.end_offset("retry_steps", 0).await.unwrap(), 0);
+    assert_eq!(setup.log.end_offset("retry_steps", 1).await.unwrap(), 0);
+
+    // Everything, on each host, twice: each re-drives its own, once.
+    setup.module.broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    let done = dead_letter::redrive(&*setup.log, TOPIC, "flaky", a, &all).await.unwrap();
+    assert_eq!((done.partitions, done.records, done.already, done.others, done.left), (vec![0], 4, 0, vec![1], 4));
+    let done = dead_letter::redrive(&*setup.log, TOPIC, "flaky", b, &all).await.unwrap();
+    assert_eq!((done.partitions, done.records, done.already, done.others, done.left), (vec![1], 4, 0, vec![0], 4));
+    for store in [a, b] {
+        let again = dead_letter::redrive(&*setup.log, TOPIC, "flaky", store, &all).await.unwrap();
+        assert_eq!((again.records, again.already, again.left), (0, 4, 4), "a dead letter is re-driven once");
+    }
+    assert_eq!(setup.log.end_offset("retry_steps", 0).await.unwrap(), 4);
+    assert_eq!(setup.log.end_offset("retry_steps", 1).await.unwrap(), 4);
+
+    // Each host applies its own letters, each once and in order.
+    assert_eq!(consumer_a.catch_up().await.unwrap().applied, 4);
+    assert_eq!(consumer_b.catch_up().await.unwrap().applied, 4);
+    for (nth, &key) in keys.iter().enumerate() {
+        let (mine, theirs) = if nth < 2 { (a, b) } else { (b, a) };
+        assert_eq!(Flaky::applied(mine, &Key::int(key)), [nth as u64, nth as u64 + 4], "key {key}");
+        assert_eq!(Flaky::applied(theirs, &Key::int(key)), Vec::<u64>::new(), "key {key} on the other host");
+    }
+    assert_accounted(a, 4, 0);
+    assert_accounted(b, 4, 0);
+}
