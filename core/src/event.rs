@@ -290,13 +290,8 @@ impl EventHeaders {
     /// tools may add their own.
     pub fn parse<'a>(headers: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Result<Self, HeaderError> {
         let mut fields: [Option<&[u8]>; 5] = [None; 5];
-        const NAMES: [&str; 5] = [
-            header_name::VERSION,
-            header_name::TAG,
-            header_name::KEY,
-            header_name::ORDERING,
-            header_name::ALGEBRA,
-        ];
+        const NAMES: [&str; 5] =
+            [header_name::VERSION, header_name::TAG, header_name::KEY, header_name::ORDERING, header_name::ALGEBRA];
         for (name, value) in headers {
             if let Some(slot) = NAMES.iter().position(|known| *known == name)
                 && fields[slot].replace(value).is_some()

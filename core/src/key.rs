@@ -224,7 +224,9 @@ impl KeyValue {
                 .map(Self::Int)
                 .ok_or_else(|| text(format!("{number} is not an integer from i64::MIN to u64::MAX"))),
             serde_json::Value::String(value) => Ok(Self::Str(value.clone())),
-            serde_json::Value::Array(items) => items.iter().map(Self::from_json).collect::<Result<_, _>>().map(Self::Tuple),
+            serde_json::Value::Array(items) => {
+                items.iter().map(Self::from_json).collect::<Result<_, _>>().map(Self::Tuple)
+            }
             serde_json::Value::Object(object) => match (object.len(), object.get("bytes")) {
                 (1, Some(serde_json::Value::String(hex))) => decode_hex(hex).map(Self::Bytes).map_err(text),
                 _ => Err(text("an object must be {\"bytes\": \"<hex>\"}".to_owned())),
@@ -518,7 +520,10 @@ mod tests {
             (int(u64::MAX.into()), &[0x01, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x03]),
             (KeyValue::Str("ann".into()), &[0x02, 0x03, b'a', b'n', b'n']),
             (KeyValue::Bytes(vec![0, 255]), &[0x03, 0x02, 0x00, 0xff]),
-            (KeyValue::Tuple(vec![int(42), KeyValue::Str("eur".into())]), &[0x04, 0x02, 0x01, 0x54, 0x02, 0x03, b'e', b'u', b'r']),
+            (
+                KeyValue::Tuple(vec![int(42), KeyValue::Str("eur".into())]),
+                &[0x04, 0x02, 0x01, 0x54, 0x02, 0x03, b'e', b'u', b'r'],
+            ),
         ];
         for (value, bytes) in cases {
             assert_eq!(value.encode().unwrap(), bytes, "{value:?}");
@@ -550,25 +555,35 @@ mod tests {
             (&[0x02, 0x05, b'a'], KeyError::Truncated { at: 1 }),
             (&[0x02, 0x01, 0xff], KeyError::NotUtf8 { at: 2 }),
             (&[0x04, 0xff, 0xff, 0xff, 0xff, 0x0f], KeyError::Truncated { at: 1 }),
-            (&[0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], KeyError::IntOutOfRange { at: 1 }),
+            (
+                &[
+                    0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                    0xff, 0xff, 0xff, 0x7f,
+                ],
+                KeyError::IntOutOfRange { at: 1 },
+            ),
         ];
         for (bytes, error) in cases {
             assert_eq!(Key::from_canonical(bytes).unwrap_err(), error, "{bytes:02x?}");
         }
-        assert_eq!(KeyValue::decode(&vec![0x03; MAX_KEY_BYTES + 1]), Err(KeyError::TooLong { length: MAX_KEY_BYTES + 1 }));
+        assert_eq!(
+            KeyValue::decode(&vec![0x03; MAX_KEY_BYTES + 1]),
+            Err(KeyError::TooLong { length: MAX_KEY_BYTES + 1 })
+        );
         let mut deep = KeyValue::Int(1);
         for _ in 0..=MAX_KEY_DEPTH {
             deep = KeyValue::Tuple(vec![deep]);
         }
         assert_eq!(deep.encode(), Err(KeyError::TooDeep));
-        let bytes: Vec<u8> = std::iter::repeat_n([0x04, 0x01], MAX_KEY_DEPTH + 1).flatten().chain([0x01, 0x02]).collect();
+        let bytes: Vec<u8> =
+            std::iter::repeat_n([0x04, 0x01], MAX_KEY_DEPTH + 1).flatten().chain([0x01, 0x02]).collect();
         assert_eq!(KeyValue::decode(&bytes), Err(KeyError::TooDeep));
     }
 
     #[test]
     fn text_form_is_json() {
-        let key = Key::of(&KeyValue::Tuple(vec![int(42), KeyValue::Str("eur".into()), KeyValue::Bytes(vec![0xab])]))
-            .unwrap();
+        let key =
+            Key::of(&KeyValue::Tuple(vec![int(42), KeyValue::Str("eur".into()), KeyValue::Bytes(vec![0xab])])).unwrap();
         assert_eq!(key.to_string(), r#"[42,"eur",{"bytes":"ab"}]"#);
         assert_eq!(Key::parse_text(r#" [42, "eur", {"bytes": "AB"}] "#).unwrap(), key);
         for bad in ["4.5", "true", "{\"x\": 1}", "[1,", "18446744073709551616", "{\"bytes\": \"abc\"}"] {

@@ -1211,9 +1211,7 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
         }
     }
     match &letter.envelope {
-        Ok(e) => {
-            lines.push(format!("event:        key {}, tag {}, {}, {}", e.key, e.tag, e.ordering, e.algebra))
-        }
+        Ok(e) => lines.push(format!("event:        key {}, tag {}, {}, {}", e.key, e.tag, e.ordering, e.algebra)),
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
     lines.push(format!(

@@ -170,10 +170,8 @@ fn a_closed_standard_output_ends_a_command_quietly_with_exit_0() {
         quiet(&waku_into_closed_pipe(args, dir.path()), what);
     }
     // An error is still an error, whatever became of standard output.
-    let out = waku_into_closed_pipe(
-        &["state", "get", "--data", "data", "--projection", "bank", "--key", "?"],
-        dir.path(),
-    );
+    let out =
+        waku_into_closed_pipe(&["state", "get", "--data", "data", "--projection", "bank", "--key", "?"], dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--key `?`: not a key"), "{}", text(&out.stderr));
 }

@@ -63,7 +63,10 @@ impl Setup {
     /// Appends events, each to its key's partition, in the order given.
     async fn publish(&self, events: &[Event]) {
         for e in events {
-            self.log.append(TOPIC, vec![(partition_for(Key::int(e.key).key_hash(), self.partitions), vec![record(e)])]).await.unwrap();
+            self.log
+                .append(TOPIC, vec![(partition_for(Key::int(e.key).key_hash(), self.partitions), vec![record(e)])])
+                .await
+                .unwrap();
         }
     }
 
@@ -360,7 +363,8 @@ async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
     let retried = setup.routed("retry_steps").await;
     assert_eq!(retried.len(), 1);
     assert_eq!((retried[0].1.origin_offset, retried[0].1.events), (0, 5));
-    let total: i64 = serde_json::from_slice(&projection.store().get(&Key::int(1u64), "total").unwrap().unwrap()).unwrap();
+    let total: i64 =
+        serde_json::from_slice(&projection.store().get(&Key::int(1u64), "total").unwrap().unwrap()).unwrap();
     assert_eq!(total, 5);
     assert_accounted(projection.store(), 5, 0);
 }
