@@ -278,44 +278,24 @@ fn data_variant(name: &str, variant: &str) -> KeyError {
     not_a_key(format!("enum variant {name}::{variant} carries data (only unit variants are keys)"))
 }
 
-impl ser::SerializeSeq for Tuple<'_> {
-    type Ok = KeyValue;
-    type Error = KeyError;
+/// The compound serializers whose parts are values in order.
+macro_rules! tuple_parts {
+    ($($trait:ident :: $method:ident),* $(,)?) => {$(
+        impl ser::$trait for Tuple<'_> {
+            type Ok = KeyValue;
+            type Error = KeyError;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
-        self.push(value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
+                self.push(value)
+            }
 
-    fn end(self) -> Result<KeyValue, KeyError> {
-        self.close()
-    }
+            fn end(self) -> Result<KeyValue, KeyError> {
+                self.close()
+            }
+        }
+    )*};
 }
-
-impl ser::SerializeTuple for Tuple<'_> {
-    type Ok = KeyValue;
-    type Error = KeyError;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
-        self.push(value)
-    }
-
-    fn end(self) -> Result<KeyValue, KeyError> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleStruct for Tuple<'_> {
-    type Ok = KeyValue;
-    type Error = KeyError;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), KeyError> {
-        self.push(value)
-    }
-
-    fn end(self) -> Result<KeyValue, KeyError> {
-        self.close()
-    }
-}
+tuple_parts!(SerializeSeq::serialize_element, SerializeTuple::serialize_element, SerializeTupleStruct::serialize_field);
 
 impl ser::SerializeStruct for Tuple<'_> {
     type Ok = KeyValue;

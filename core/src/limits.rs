@@ -84,22 +84,28 @@ const fn package_of(wit: &'static str) -> &'static str {
     panic!("wit/handler.wit declares no package")
 }
 
-/// Whether `topic` is a valid topic name: 1 to 255 bytes of ASCII letters,
-/// digits, `_`, `-` and `.`.
-pub const fn is_topic_name(topic: &str) -> bool {
-    let bytes = topic.as_bytes();
-    if bytes.is_empty() || bytes.len() > MAX_TOPIC_NAME_BYTES {
+/// Whether `text` is 1 to `max` bytes of ASCII letters, digits, `_`, `-`,
+/// `.`, and `:` when `colon`.
+const fn is_name(text: &str, max: usize, colon: bool) -> bool {
+    let bytes = text.as_bytes();
+    if bytes.is_empty() || bytes.len() > max {
         return false;
     }
     let mut at = 0;
     while at < bytes.len() {
         let byte = bytes[at];
-        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.') {
+        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.' || (colon && byte == b':')) {
             return false;
         }
         at += 1;
     }
     true
+}
+
+/// Whether `topic` is a valid topic name: 1 to 255 bytes of ASCII letters,
+/// digits, `_`, `-` and `.`.
+pub const fn is_topic_name(topic: &str) -> bool {
+    is_name(topic, MAX_TOPIC_NAME_BYTES, false)
 }
 
 /// Whether `topic` is one of the host's own topics (`retry_*`, `dlq_*`),
@@ -124,19 +130,7 @@ pub const fn is_host_topic(topic: &str) -> bool {
 /// Whether `name` is a valid event type name: 1 to 128 bytes of ASCII
 /// letters, digits, `_`, `-`, `.` and `:`.
 pub const fn is_event_type_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.len() > MAX_EVENT_TYPE_NAME_BYTES {
-        return false;
-    }
-    let mut at = 0;
-    while at < bytes.len() {
-        let byte = bytes[at];
-        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.' || byte == b':') {
-            return false;
-        }
-        at += 1;
-    }
-    true
+    is_name(name, MAX_EVENT_TYPE_NAME_BYTES, true)
 }
 
 /// `text` cut to at most `max` bytes at a character boundary, and whether

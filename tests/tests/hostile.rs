@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use wakuwaku::event::{EventAtomicOrdering, EventTypeTag};
-use wakuwaku::handler::{BatchBudget, CallError, ContractError, ErrorClass, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::handler::{
+    BatchBudget, CallError, ContractError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
+};
 use wakuwaku::key::Key;
 use wakuwaku::lifecycle::{Library, LifecycleError, LogEmitTopics, ensure_emit_topics};
 use wakuwaku::log::EventLog;
@@ -90,13 +92,19 @@ fn a_description_the_host_cannot_use_refuses_the_load_naming_the_rule() {
     }
 }
 
-#[test]
-fn garbage_return_values_trap_cleanly_and_the_same_instance_works_next() {
+/// An honest liar's instance, and a scope for key 42 over an empty store
+/// (kept in the directory returned first).
+fn honest_liar() -> (tempfile::TempDir, KeyScope, Box<dyn HandlerInstance>) {
     let module = load_liar(&sandbox(), Describe::Honest).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-    let mut scope = scope(&Arc::new(store.reader().unwrap()), 42);
-    let mut instance = module.instantiate().unwrap();
+    let scope = scope(&Arc::new(store.reader().unwrap()), 42);
+    (dir, scope, module.instantiate().unwrap())
+}
+
+#[test]
+fn garbage_return_values_trap_cleanly_and_the_same_instance_works_next() {
+    let (_dir, mut scope, mut instance) = honest_liar();
     let body = b"{}".to_vec();
     let many = vec![body.clone(); 3];
 
@@ -125,11 +133,7 @@ fn garbage_return_values_trap_cleanly_and_the_same_instance_works_next() {
 
 #[test]
 fn values_that_lift_but_break_a_rule_fail_the_call_without_a_trap() {
-    let module = load_liar(&sandbox(), Describe::Honest).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-    let mut scope = scope(&Arc::new(store.reader().unwrap()), 42);
-    let mut instance = module.instantiate().unwrap();
+    let (_dir, mut scope, mut instance) = honest_liar();
     let body = b"{}".to_vec();
 
     let error = instance.key(BAD, &body).unwrap_err();

@@ -5,8 +5,8 @@
 //! emit to in `module-info.emits` (checked when it is loaded: valid names,
 //! none of the host's own `retry_*`/`dlq_*` topics; the lifecycle checks
 //! they exist in the log). At each call (each broken rule is a `refusal`
-//! returned to the call, naming it; checked by the call's [`KeyScope`]
-//! against [`wakuwaku_core::limits`]):
+//! returned to the call, naming it; checked by the call's
+//! [`KeyScope`](crate::handler::KeyScope) against [`wakuwaku_core::limits`]):
 //! - `outside-handle`: only during `handle`.
 //! - `emit-topic`: the topic is one the module declared.
 //! - `emit-body-size`: the body is 1 byte to

@@ -5,9 +5,9 @@
 //! environment variables, no arguments, no network (TCP, UDP and name
 //! lookup denied), and clocks frozen at zero, so a module's behaviour
 //! depends on its input alone. Standard output is discarded. Standard
-//! error is kept as a bounded tail ([`Tail`]): printing never fails a
-//! call, and a trap's report shows the latest output (where a Rust panic
-//! message lands).
+//! error is kept as a bounded tail: printing never fails a call, and a
+//! trap's report shows the latest output (where a Rust panic message
+//! lands).
 
 use std::collections::VecDeque;
 use std::io;
