@@ -108,6 +108,8 @@ async fn killing_the_host_at_random_moments_with_failures_loses_nothing_and_repe
             .args(["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"])
             .args(["--until-caught-up", "--batch-size", "97", "--max-attempts", "3", "--retry-delays", "0s"])
             .args(["--transient-retries", "1", "--transient-backoff", "1ms"])
+            // The probe declares the topics it may emit to; they must exist.
+            .args(["--create-emit-topics", "1"])
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
