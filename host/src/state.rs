@@ -275,7 +275,10 @@ impl StateStore {
         txn.open_table(META).map_err(|e| store.storage(e))?;
         txn.open_table(SEQUENCES).map_err(|e| store.storage(e))?;
         txn.open_table(DONE).map_err(|e| store.storage(e))?;
-        txn.open_table(META).map_err(|e| store.storage(e))?.insert(FORMAT, FORMAT_VERSION).map_err(|e| store.storage(e))?;
+        txn.open_table(META)
+            .map_err(|e| store.storage(e))?
+            .insert(FORMAT, FORMAT_VERSION)
+            .map_err(|e| store.storage(e))?;
         txn.commit().map_err(|e| store.storage(e))?;
         Ok(store)
     }
@@ -290,7 +293,12 @@ impl StateStore {
             return Ok(());
         }
         let found = match tables.iter().any(|name| name == META.name()) {
-            true => txn.open_table(META).map_err(|e| self.storage(e))?.get(FORMAT).map_err(|e| self.storage(e))?.map(|v| v.value().to_vec()),
+            true => txn
+                .open_table(META)
+                .map_err(|e| self.storage(e))?
+                .get(FORMAT)
+                .map_err(|e| self.storage(e))?
+                .map(|v| v.value().to_vec()),
             false => None,
         };
         match found {
@@ -405,8 +413,8 @@ impl StateStore {
         loop {
             let Some(first) = table.range((from.as_slice(), "")..).map_err(|e| self.storage(e))?.next() else { break };
             let bytes = first.map_err(|e| self.storage(e))?.0.value().0.to_vec();
-            let key = Key::from_canonical(&bytes)
-                .map_err(|e| self.corrupt(format!("a state key is not canonical: {e}")))?;
+            let key =
+                Key::from_canonical(&bytes).map_err(|e| self.corrupt(format!("a state key is not canonical: {e}")))?;
             keys.push(key);
             from = bytes;
             from.push(0);

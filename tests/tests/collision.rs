@@ -39,8 +39,11 @@ async fn keys_whose_hashes_collide_share_no_state_run_or_retry() {
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let recorder = Arc::new(Recorder::default());
     let config = ConsumerConfig { batch_size: 256, workers: 2, ..ConsumerConfig::default() };
-    let summary =
-        Consumer::new(log.clone(), projection.clone(), config).with_observer(recorder.clone()).catch_up().await.unwrap();
+    let summary = Consumer::new(log.clone(), projection.clone(), config)
+        .with_observer(recorder.clone())
+        .catch_up()
+        .await
+        .unwrap();
     assert_eq!(summary.applied, spec.events as u64);
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "{}", check.report(10));
@@ -52,11 +55,8 @@ async fn keys_whose_hashes_collide_share_no_state_run_or_retry() {
     check_call_order(0, &records, &calls).unwrap();
     // A folded run never spans two accounts: each call is about one key.
     for call in &calls {
-        let keys: std::collections::HashSet<&Key> = call
-            .offsets
-            .iter()
-            .map(|offset| &records.iter().find(|(o, ..)| o == offset).unwrap().1)
-            .collect();
+        let keys: std::collections::HashSet<&Key> =
+            call.offsets.iter().map(|offset| &records.iter().find(|(o, ..)| o == offset).unwrap().1).collect();
         assert_eq!(keys.into_iter().collect::<Vec<_>>(), [&call.key]);
     }
 

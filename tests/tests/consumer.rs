@@ -65,7 +65,8 @@ async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
     assert_eq!(
         reasons,
         [
-            (2, "header `waku-key` is not a canonical key: the key's bytes end inside a value (at byte 1)".to_owned()),             (4, "missing header `waku-version`".to_owned())
+            (2, "header `waku-key` is not a canonical key: the key's bytes end inside a value (at byte 1)".to_owned()),
+            (4, "missing header `waku-version`".to_owned())
         ]
     );
 }
@@ -85,7 +86,11 @@ async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
     let store = projection.store();
     assert_eq!(store.position("probes", 0).unwrap(), Some(3));
     assert_eq!(store.get(&wakuwaku::key::Key::int(2u64), "last").unwrap(), Some(b"\"other key\"".to_vec()));
-    assert_eq!(store.get(&wakuwaku::key::Key::int(1u64), "before-failure").unwrap(), None, "the failed call left a write");
+    assert_eq!(
+        store.get(&wakuwaku::key::Key::int(1u64), "before-failure").unwrap(),
+        None,
+        "the failed call left a write"
+    );
     let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
     assert_eq!((stats[stat::APPLIED], stats[stat::RETRY_IN]), (2, 1));
 
