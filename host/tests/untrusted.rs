@@ -1,0 +1,421 @@
+//! Untrusted modules through the real `waku` binary (issue 10, Tests): the
+//! hostile module (`tests/guests/hostile`, written against the raw WIT)
+//! beside the bank module.
+//!
+//! **Placement.** Both modules are in one projection on one topic: the
+//! hostile events (tags 200 and up) sit between the bank's on the same
+//! partitions. That is the hardest placement for the host: the hostile
+//! module shares every batch, its budget, the worker threads, the outbox
+//! and the process with the bank, so anything it exhausts or wedges the
+//! bank would feel. (A topic of its own would need a second projection,
+//! hence a second `waku run`, and would share only the process.) Modules
+//! of one projection share its state by design, so this checks resources,
+//! not names: the hostile module writes no entry or counter the bank uses.
+//!
+//! What is checked, as a user relies on it:
+//! - `waku run --until-caught-up` exits 0, and the bank's read model
+//!   equals its oracle;
+//! - every event is accounted for: `waku status` counts applied + skipped
+//!   + retrying + dead-lettered = published, and none waits in retry;
+//! - `waku dlq list` works and lists exactly the dead letters;
+//! - a second `waku run` (a restart) exits 0 and consumes nothing new;
+//! - the peak resident memory of `waku run` (the kernel's `ru_maxrss`,
+//!   read with `wait4` as the process is reaped: exact, not sampled) stays
+//!   under [`PEAK_RSS_BOUND`].
+//!
+//! Also: a module's log lines and error messages reach the operator only
+//! as text (no terminal control sequences, no forged lines); a module
+//! whose declared emit topic does not exist is refused at start-up with
+//! the topic's name and the way out. The ignored test
+//! [`peak_rss_under_a_flooding_module`] measures the figure BENCHMARKS.md
+//! records.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::json;
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::EventTypeTag;
+use wakuwaku::guest_build::GuestBuild;
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::projection::load_module_file;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+
+mod common;
+
+use common::{bank_wasm, text, waku, waku_command};
+
+/// The bound on the peak RSS of `waku run` in the combined test, in MiB,
+/// from the limits it runs under (the defaults):
+/// - what the host needs with no module at all (wasmtime's compiled code,
+///   the polled batch, redb): the bank alone peaks at 150–200 MiB in
+///   BENCHMARKS.md; 256 are allowed;
+/// - what a batch holds is bounded by the batch budget (64 MiB), and the
+///   host keeps about five copies of it at once (the key scopes, the
+///   encoded outbox, redb's dirty pages, the outbox read back and
+///   appended; measured as about 4.5 on one partition), one batch in
+///   flight per partition (2 here): 2 × 5 × 64;
+/// - each of the 2 workers' instances may grow to its 64 MiB memory
+///   limit, and the host lifts what a call hands it (an 8 MiB error
+///   message, a 1 MiB log line) before checking it: 2 × (64 + 16).
+///
+/// About 1 GiB in all; the run measures about a quarter of it. Before
+/// issue 10 one flooding call alone could take the host past it (1.9 GB
+/// seen). redb's caches (1 GiB per file by default) are not counted: this
+/// test writes far less than they hold, and bounding them is still open
+/// (BENCHMARKS.md, "Peak memory under a flooding module").
+const PEAK_RSS_BOUND: u64 = (256 + 2 * 5 * 64 + 2 * (64 + 16)) << 20;
+
+/// Parts of what the module puts in its log lines and error messages to
+/// take over a terminal or forge a log line (its `ESCAPES`): raw clear
+/// screen and window title sequences, a carriage return over the line, a
+/// line break before a line of its own. The host's own colouring uses none.
+const MODULE_ESCAPES: [&str; 4] = ["\u{1b}[2J", "\u{1b}]0;", "\roverwritten", "\nwaku: forged line"];
+
+/// The topic the hostile module emits to.
+const OUT: &str = "hostile_out";
+
+/// The hostile module, built once for this test binary.
+fn hostile_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        GuestBuild {
+            target_dir: Some(root.join("target/guests")),
+            quiet: true,
+            ..GuestBuild::new(root.join("tests/guests/hostile"))
+        }
+        .run()
+        .unwrap_or_else(|e| panic!("the hostile module builds: {e}"))
+    })
+}
+
+fn load(path: &Path) -> Arc<dyn HandlerModule> {
+    load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), path).expect("the module loads")
+}
+
+/// One hostile event: the attack named `attack`, on integer key `key`.
+fn hostile(module: &dyn HandlerModule, attack: &str, key: u64, params: serde_json::Value) -> Outgoing {
+    let tag = tag_of(module, attack);
+    let mut body = params.as_object().cloned().unwrap_or_default();
+    body.insert("key".into(), key.into());
+    Outgoing { tag, body: serde_json::to_vec(&body).unwrap() }
+}
+
+fn tag_of(module: &dyn HandlerModule, name: &str) -> EventTypeTag {
+    module.event_types().iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no attack `{name}`")).tag
+}
+
+/// Every attack of the module at once, with sizes at or past the default
+/// limits, on keys from `first_key`: the events of one round.
+fn every_attack(module: &dyn HandlerModule, first_key: u64) -> Vec<Outgoing> {
+    let mib = 1u64 << 20;
+    let attacks = [
+        ("EmitUndeclared", json!({ "topic": "nowhere" })),
+        ("EmitUndeclared", json!({ "topic": "accounts", "then": "return" })),
+        ("EmitHostTopic", json!({ "topic": "accounts" })),
+        ("EmitHostTopic", json!({ "topic": "accounts", "then": "return" })),
+        ("EmitBadTopic", json!({})),
+        ("EmitBadBody", json!({ "size": mib + 1 })),
+        ("EmitBadKey", json!({})),
+        ("EmitFlood", json!({ "size": 4096 })),
+        ("SetFlood", json!({ "size": 4096 })),
+        ("BigValues", json!({})),
+        ("DeleteFlood", json!({})),
+        ("CounterNames", json!({})),
+        ("CounterOverflow", json!({ "name": "overflow" })),
+        ("CounterOverflow", json!({ "name": "underflow", "mode": "min" })),
+        ("SharedCounter", json!({ "delta": i64::MAX })),
+        ("BadNames", json!({})),
+        ("LogFlood", json!({ "n": 200, "size": mib })),
+        ("LogFlood", json!({ "mode": "escape" })),
+        ("HugeError", json!({})),
+        ("HugeError", json!({ "mode": "escape" })),
+        ("HugeError", json!({ "class": "retryable" })),
+        ("RefusalSpin", json!({ "n": 0 })),
+        ("NotUtf8", json!({})),
+        ("Transient", json!({})),
+        ("CollidingNames", json!({ "n": 1000 })),
+        ("BadKeyExport", json!({ "mode": "max" })),
+        ("Behave", json!({ "mode": "emit" })),
+    ];
+    let mut events: Vec<Outgoing> = attacks
+        .into_iter()
+        .enumerate()
+        .map(|(index, (attack, params))| hostile(module, attack, first_key + index as u64, params))
+        .collect();
+    // A run `combine` folds into 2 MiB.
+    let fold_key = first_key + events.len() as u64;
+    events.extend((0..3).map(|_| hostile(module, "HugeCombine", fold_key, json!({ "size": 2 * mib }))));
+    events
+}
+
+/// Publishes the bank's workload (`spec`) to `accounts` of `dir/data`, with
+/// `rounds` rounds of every attack spread between its chunks, and creates
+/// the hostile module's emit topic; returns the oracle and how many events
+/// were published.
+async fn publish_bank_and_attacks(dir: &Path, spec: WorkloadSpec, rounds: u64) -> (Oracle, usize) {
+    let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
+    log.create_topic("accounts", 2).await.unwrap();
+    log.create_topic(OUT, 1).await.unwrap();
+    let (bank, hostile) = (load(bank_wasm()), load(hostile_wasm()));
+    let (events, oracle) = demo::workload(spec);
+    let bank_events: Vec<Outgoing> = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&*bank, e.type_name).unwrap(),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    let chunk = bank_events.len().div_ceil(rounds as usize + 1);
+    let mut published = 0;
+    for (round, bank_chunk) in bank_events.chunks(chunk).enumerate() {
+        published += publish::publish(&log, "accounts", bank.clone(), bank_chunk.to_vec(), None, 2).await.unwrap();
+        if (round as u64) < rounds {
+            let attacks = every_attack(&*hostile, 1_000_000 + round as u64 * 1_000);
+            published += publish::publish(&log, "accounts", hostile.clone(), attacks, None, 2).await.unwrap();
+        }
+    }
+    (oracle, published)
+}
+
+/// The modules directory with the bank, and the hostile module if asked.
+fn modules_dir(dir: &Path, with_hostile: bool) {
+    let modules = dir.join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    if with_hostile {
+        std::fs::copy(hostile_wasm(), modules.join("hostile.wasm")).unwrap();
+    }
+}
+
+/// `waku run --until-caught-up` of projection `bank` on `accounts`.
+const RUN: [&str; 13] = [
+    "run",
+    "--data",
+    "data",
+    "--projection",
+    "bank",
+    "--topic",
+    "accounts",
+    "--modules",
+    "modules",
+    "--until-caught-up",
+    "--retry-delays",
+    "0s",
+    "--no-watch",
+];
+
+/// What a measured run of `waku` left.
+struct Measured {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// The process's peak resident set size, in bytes.
+    peak_rss: u64,
+}
+
+/// Runs `waku` with `args` in `dir` and reaps it with `wait4`, which hands
+/// back the kernel's record of its peak resident set size.
+fn waku_measured(args: &[&str], dir: &Path) -> Measured {
+    let (stdout_path, stderr_path) = (dir.join("stdout.txt"), dir.join("stderr.txt"));
+    let child = waku_command(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("waku starts");
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data the kernel fills in; an all-zero value
+    // is a valid one.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, whose `Child` handle is never waited
+    // on again (it is dropped without `wait`), with valid out-pointers.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
+    drop(child);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    Measured {
+        code,
+        stdout: std::fs::read_to_string(stdout_path).unwrap(),
+        stderr: std::fs::read_to_string(stderr_path).unwrap(),
+        peak_rss: u64::try_from(usage.ru_maxrss).expect("a size") << 10,
+    }
+}
+
+/// The numbers of `waku status`'s `events:` line: applied, skipped,
+/// retrying, dead-lettered.
+fn status_counts(dir: &Path) -> [u64; 4] {
+    let out = waku(&["status", "--data", "data", "--projection", "bank", "--topic", "accounts"], dir);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with("events: ")).unwrap_or_else(|| panic!("{stdout}"));
+    let numbers: Vec<u64> = line.split([' ', ',']).filter_map(|word| word.parse().ok()).collect();
+    numbers.try_into().unwrap_or_else(|_| panic!("four counts in `{line}`"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attack_at_once_beside_the_bank_never_stops_wedges_or_exhausts_waku_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 10 };
+    let (oracle, published) = publish_bank_and_attacks(dir.path(), spec, 3).await;
+    modules_dir(dir.path(), true);
+
+    let run = waku_measured(&[&RUN[..], &["--max-attempts", "3", "--call-budget-ms", "200"]].concat(), dir.path());
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains(&format!("consumed {published} events")), "{}", run.stdout);
+    eprintln!("peak RSS of waku run: {} MiB", run.peak_rss >> 20);
+    assert!(
+        run.peak_rss < PEAK_RSS_BOUND,
+        "peak RSS {} MiB, over the bound of {} MiB",
+        run.peak_rss >> 20,
+        PEAK_RSS_BOUND >> 20
+    );
+
+    // The bank's read model equals its oracle.
+    {
+        let store = StateStore::open(&dir.path().join("data/projections/bank.redb")).unwrap();
+        let check = demo::check_projection(&oracle, &*load(bank_wasm()), &store).unwrap();
+        assert!(check.matches(), "{}", check.report(5));
+    }
+
+    // Every event is accounted for, none waits.
+    let [applied, skipped, retrying, dead] = status_counts(dir.path());
+    assert_eq!(applied + skipped + retrying + dead, published as u64, "{applied} {skipped} {retrying} {dead}");
+    assert_eq!((skipped, retrying), (0, 0));
+    assert!(dead > 0, "the attacks that return their refusals are dead-lettered");
+
+    // Each round adds i64::MAX to a shared counter: it reaches i64::MAX,
+    // past it when keys of one batch add together (summed in i128), and
+    // never wraps; `waku state get` shows it either way.
+    let out = waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", "1000014"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // (A value outside the s64 range prints as a JSON string.)
+    let shared: i128 = state["counters"]["shared"].to_string().trim_matches('"').parse().expect("a number");
+    assert!(shared >= i128::from(i64::MAX), "{shared}");
+
+    // The dead letters list, every one a hostile event.
+    let out = waku(&["dlq", "list", "--data", "data", "--projection", "bank", "--topic", "accounts"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert_eq!(listed.lines().count() as u64, dead, "{listed}");
+    assert!(
+        listed.lines().all(|line| line.split('\t').nth(2).is_some_and(|event| event.contains("tag 2"))),
+        "{listed}"
+    );
+
+    // A restart goes on and has nothing left to do.
+    let again = waku_command(dir.path()).args(RUN).output().unwrap();
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("consumed 0 events"), "{}", text(&again.stdout));
+}
+
+/// What a module writes in its log lines and error messages reaches the
+/// operator only as text: no control sequence that would redraw the
+/// terminal, no line break that would forge a line of the host's log,
+/// neither in `waku run`'s log nor in `waku dlq list` and `waku dlq show`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "host bug (notes/keys.md, C finding 3): a module's `\\r` and `\\n` reach the host's log raw"]
+async fn a_modules_log_lines_and_errors_cannot_take_over_the_terminal_or_forge_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+    log.create_topic("accounts", 1).await.unwrap();
+    log.create_topic(OUT, 1).await.unwrap();
+    let hostile_module = load(hostile_wasm());
+    let events = vec![
+        hostile(&*hostile_module, "LogFlood", 1, json!({ "mode": "escape", "n": 5 })),
+        hostile(&*hostile_module, "HugeError", 2, json!({ "mode": "escape" })),
+    ];
+    publish::publish(&log, "accounts", hostile_module, events, None, 1).await.unwrap();
+    drop(log);
+    modules_dir(dir.path(), true);
+    let run = waku_command(dir.path()).args(RUN).env("NO_COLOR", "1").output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let dlq = ["--data", "data", "--projection", "bank", "--topic", "accounts"];
+    let listed = waku(&[&["dlq", "list"][..], &dlq[..]].concat(), dir.path());
+    let shown = waku(&[&["dlq", "show"][..], &dlq[..], &["--partition", "0", "--offset", "0"]].concat(), dir.path());
+    let mut raw = Vec::new();
+    for (what, output) in [("waku run", &run), ("waku dlq list", &listed), ("waku dlq show", &shown)] {
+        assert!(output.status.success(), "{what}: {}", text(&output.stderr));
+        let all = text(&output.stdout) + &text(&output.stderr);
+        raw.extend(MODULE_ESCAPES.into_iter().filter(|sequence| all.contains(sequence)).map(|s| (what, s)));
+    }
+    assert!(raw.is_empty(), "printed raw: {raw:?}");
+}
+
+#[test]
+fn a_declared_emit_topic_that_does_not_exist_refuses_the_module_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    modules_dir(dir.path(), true);
+    let out = waku(&[&RUN[..], &["--create-topic", "1"]].concat(), dir.path());
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("`{OUT}`")) && stderr.contains("--create-emit-topics"), "{stderr}");
+    let out = waku(&[&RUN[..], &["--create-topic", "1", "--create-emit-topics", "1"]].concat(), dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// The figure of BENCHMARKS.md ("Peak memory under a flooding module"):
+/// the peak RSS of `waku run --until-caught-up` over the bank's workload
+/// alone, then over the same workload with floods of `emit` and `set`
+/// between its events (each call flooding up to the per-call limits within
+/// its CPU budget: 1 000 messages or entries of 4 KiB), twice as many the
+/// second time. One run of each, printed as a table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for BENCHMARKS.md: cargo test -p wakuwaku --test untrusted -- --ignored --nocapture peak_rss"]
+async fn peak_rss_under_a_flooding_module() {
+    let spec = WorkloadSpec { events: 100_000, accounts: 10_000, seed: 42 };
+    let rounds = 10;
+    let mut rows = Vec::new();
+    for floods_per_round in [0, 8, 16] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+        log.create_topic("accounts", 4).await.unwrap();
+        log.create_topic(OUT, 1).await.unwrap();
+        let (bank, hostile_module) = (load(bank_wasm()), load(hostile_wasm()));
+        let (events, _) = demo::workload(spec);
+        let bank_events: Vec<Outgoing> = events
+            .iter()
+            .map(|e| Outgoing {
+                tag: demo::bank_tag(&*bank, e.type_name).unwrap(),
+                body: serde_json::to_vec(&e.body).unwrap(),
+            })
+            .collect();
+        let mut floods = 0;
+        for (round, chunk) in bank_events.chunks(bank_events.len() / rounds).enumerate() {
+            publish::publish(&log, "accounts", bank.clone(), chunk.to_vec(), None, 2).await.unwrap();
+            let attacks: Vec<Outgoing> = (0..floods_per_round)
+                .map(|i| {
+                    let key = 1_000_000 + (round * floods_per_round + i) as u64;
+                    let attack = if i % 2 == 0 { "EmitFlood" } else { "SetFlood" };
+                    hostile(&*hostile_module, attack, key, json!({ "size": 4096, "seq": key }))
+                })
+                .collect();
+            if !attacks.is_empty() {
+                floods += publish::publish(&log, "accounts", hostile_module.clone(), attacks, None, 2).await.unwrap();
+            }
+        }
+        drop(log);
+        modules_dir(dir.path(), floods > 0);
+        let started = std::time::Instant::now();
+        let run = waku_measured(&RUN, dir.path());
+        let secs = started.elapsed().as_secs_f64();
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        rows.push((floods, run.peak_rss, secs));
+    }
+    println!("| run | flood events | peak RSS | ratio to the bank alone | time |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (floods, peak, secs) in &rows {
+        let what = if *floods > 0 { "bank + flooding module" } else { "bank alone" };
+        let ratio = *peak as f64 / rows[0].1 as f64;
+        println!("| {what} | {floods} | {} MiB | {ratio:.2} | {secs:.1} s |", peak >> 20);
+    }
+}
