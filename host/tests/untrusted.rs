@@ -155,13 +155,20 @@ fn every_attack(module: &dyn HandlerModule, first_key: u64) -> Vec<Outgoing> {
     events
 }
 
-/// Publishes the bank's workload (`spec`) to `accounts` of `dir/data`, with
-/// `rounds` rounds of every attack spread between its chunks, and creates
-/// the hostile module's emit topic; returns the oracle and how many events
-/// were published.
-async fn publish_bank_and_attacks(dir: &Path, spec: WorkloadSpec, rounds: u64) -> (Oracle, usize) {
+/// Publishes the bank's workload (`spec`) to `accounts` (with `partitions`)
+/// of `dir/data` in `rounds` chunks, each followed by the hostile events
+/// `attacks` makes for that round, and creates the hostile module's emit
+/// topic; returns the oracle and how many bank and hostile events were
+/// published.
+async fn publish_bank_and_attacks(
+    dir: &Path,
+    spec: WorkloadSpec,
+    partitions: u32,
+    rounds: usize,
+    attacks: impl Fn(&dyn HandlerModule, usize) -> Vec<Outgoing>,
+) -> (Oracle, usize, usize) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
-    log.create_topic("accounts", 2).await.unwrap();
+    log.create_topic("accounts", partitions).await.unwrap();
     log.create_topic(OUT, 1).await.unwrap();
     let (bank, hostile) = (load(bank_wasm()), load(hostile_wasm()));
     let (events, oracle) = demo::workload(spec);
@@ -172,16 +179,15 @@ async fn publish_bank_and_attacks(dir: &Path, spec: WorkloadSpec, rounds: u64) -
             body: serde_json::to_vec(&e.body).unwrap(),
         })
         .collect();
-    let chunk = bank_events.len().div_ceil(rounds as usize + 1);
-    let mut published = 0;
-    for (round, bank_chunk) in bank_events.chunks(chunk).enumerate() {
-        published += publish::publish(&log, "accounts", bank.clone(), bank_chunk.to_vec(), None, 2).await.unwrap();
-        if (round as u64) < rounds {
-            let attacks = every_attack(&*hostile, 1_000_000 + round as u64 * 1_000);
-            published += publish::publish(&log, "accounts", hostile.clone(), attacks, None, 2).await.unwrap();
+    let (mut bank_published, mut hostile_published) = (0, 0);
+    for (round, chunk) in bank_events.chunks(bank_events.len().div_ceil(rounds)).enumerate() {
+        bank_published += publish::publish(&log, "accounts", bank.clone(), chunk.to_vec(), None, 2).await.unwrap();
+        let attacks = attacks(&*hostile, round);
+        if !attacks.is_empty() {
+            hostile_published += publish::publish(&log, "accounts", hostile.clone(), attacks, None, 2).await.unwrap();
         }
     }
-    (oracle, published)
+    (oracle, bank_published, hostile_published)
 }
 
 /// The modules directory with the bank, and the hostile module if asked.
@@ -265,7 +271,9 @@ fn status_counts(dir: &Path) -> [u64; 4] {
 async fn every_attack_at_once_beside_the_bank_never_stops_wedges_or_exhausts_waku_run() {
     let dir = tempfile::tempdir().unwrap();
     let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 10 };
-    let (oracle, published) = publish_bank_and_attacks(dir.path(), spec, 3).await;
+    let every_round = |hostile: &dyn HandlerModule, round| every_attack(hostile, 1_000_000 + round as u64 * 1_000);
+    let (oracle, bank_events, hostile_events) = publish_bank_and_attacks(dir.path(), spec, 2, 3, every_round).await;
+    let published = bank_events + hostile_events;
     modules_dir(dir.path(), true);
 
     let run = waku_measured(&[&RUN[..], &["--max-attempts", "3", "--call-budget-ms", "200"]].concat(), dir.path());
@@ -377,33 +385,16 @@ async fn peak_rss_under_a_flooding_module() {
     let mut rows = Vec::new();
     for floods_per_round in [0, 8, 16] {
         let dir = tempfile::tempdir().unwrap();
-        let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
-        log.create_topic("accounts", 4).await.unwrap();
-        log.create_topic(OUT, 1).await.unwrap();
-        let (bank, hostile_module) = (load(bank_wasm()), load(hostile_wasm()));
-        let (events, _) = demo::workload(spec);
-        let bank_events: Vec<Outgoing> = events
-            .iter()
-            .map(|e| Outgoing {
-                tag: demo::bank_tag(&*bank, e.type_name).unwrap(),
-                body: serde_json::to_vec(&e.body).unwrap(),
-            })
-            .collect();
-        let mut floods = 0;
-        for (round, chunk) in bank_events.chunks(bank_events.len() / rounds).enumerate() {
-            publish::publish(&log, "accounts", bank.clone(), chunk.to_vec(), None, 2).await.unwrap();
-            let attacks: Vec<Outgoing> = (0..floods_per_round)
+        let flood = |module: &dyn HandlerModule, round: usize| -> Vec<Outgoing> {
+            (0..floods_per_round)
                 .map(|i| {
                     let key = 1_000_000 + (round * floods_per_round + i) as u64;
                     let attack = if i % 2 == 0 { "EmitFlood" } else { "SetFlood" };
-                    hostile(&*hostile_module, attack, key, json!({ "size": 4096, "seq": key }))
+                    hostile(module, attack, key, json!({ "size": 4096, "seq": key }))
                 })
-                .collect();
-            if !attacks.is_empty() {
-                floods += publish::publish(&log, "accounts", hostile_module.clone(), attacks, None, 2).await.unwrap();
-            }
-        }
-        drop(log);
+                .collect()
+        };
+        let (_, _, floods) = publish_bank_and_attacks(dir.path(), spec, 4, rounds, flood).await;
         modules_dir(dir.path(), floods > 0);
         let started = std::time::Instant::now();
         let run = waku_measured(&RUN, dir.path());
