@@ -58,6 +58,7 @@ use crate::publish::{self, Outgoing};
 use crate::routing::RetryPolicy;
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::StateStore;
+use wakuwaku_core::limits::printable;
 
 /// `println!` for a command's results, returning the write error instead of
 /// panicking, so that `?` ends the command; `report` ends a closed pipe
@@ -1163,12 +1164,15 @@ fn failed_at(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-/// One line per dead letter, for `waku dlq list`.
+/// One line per dead letter, for `waku dlq list`. What a module or a
+/// publisher wrote (keys, messages) is shown escaped
+/// ([`wakuwaku_core::limits::printable`]): it never drives the terminal or
+/// breaks the line.
 fn dead_letter_line(letter: &DeadLetter) -> String {
     let routed = &letter.routed;
     let failure = routed.failure.as_ref();
     let event = match &letter.envelope {
-        Ok(envelope) => format!("key {} tag {}", envelope.key, envelope.tag),
+        Ok(envelope) => printable(&format!("key {} tag {}", envelope.key, envelope.tag)).into_owned(),
         Err(_) => "unreadable headers".to_owned(),
     };
     format!(
@@ -1181,7 +1185,7 @@ fn dead_letter_line(letter: &DeadLetter) -> String {
         routed.events,
         routed.attempts,
         failed_at(routed.failed_at_ms),
-        failure.map_or(String::new(), |f| f.message.replace(['\n', '\t'], " ")),
+        failure.map_or(String::new(), |f| printable(&f.message).into_owned()),
         match (letter.owned, letter.redriven) {
             (false, _) => "\t[not this host's]",
             (true, true) => "\t[re-driven]",
@@ -1190,7 +1194,8 @@ fn dead_letter_line(letter: &DeadLetter) -> String {
     )
 }
 
-/// Everything about one dead letter, for `waku dlq show`.
+/// Everything about one dead letter, for `waku dlq show`, each line and the
+/// body's lines escaped as in [`dead_letter_line`].
 fn dead_letter_details(letter: &DeadLetter) -> String {
     let routed = &letter.routed;
     let mut lines = vec![
@@ -1222,15 +1227,19 @@ fn dead_letter_details(letter: &DeadLetter) -> String {
             (true, false) => "no",
         }
     ));
+    let mut lines: Vec<String> = lines.iter().map(|line| printable(line).into_owned()).collect();
     let body = &letter.record.body;
-    lines.push(match std::str::from_utf8(body) {
-        Ok(text) => format!("body ({} bytes):\n{text}", body.len()),
-        Err(_) => format!(
+    match std::str::from_utf8(body) {
+        Ok(text) => {
+            lines.push(format!("body ({} bytes):", body.len()));
+            lines.extend(text.split('\n').map(|line| printable(line).into_owned()));
+        }
+        Err(_) => lines.push(format!(
             "body ({} bytes, hex):\n{}",
             body.len(),
             body.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ),
-    });
+        )),
+    }
     lines.join("\n")
 }
 

@@ -41,6 +41,7 @@
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -882,7 +883,9 @@ impl<L: EventLog> Consumer<L> {
                     Err(error) => error,
                 };
                 all_applied = false;
-                let attempt = attempts[start..end].iter().copied().max().unwrap_or(0).saturating_add(1);
+                // A key that only shared a batch with a flood loses no attempt.
+                let counted = u32::from(error.counts_as_attempt());
+                let attempt = attempts[start..end].iter().copied().max().unwrap_or(0).saturating_add(counted);
                 let class = FailureClass::of(&error);
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
@@ -900,7 +903,8 @@ impl<L: EventLog> Consumer<L> {
                     %key,
                     event_type = route.event_type.name,
                     attempt,
-                    "{error}"
+                    "{}",
+                    wakuwaku_core::limits::printable(&error.to_string())
                 );
                 if class == FailureClass::Unrecoverable || attempt >= self.config.retry.max_attempts {
                     for (body, &origin) in reduced.bodies[start..end].iter().zip(&reduced.origins[start..end]) {
@@ -1180,8 +1184,9 @@ struct BatchInput {
     plan: Vec<PlanRecord>,
     /// The batch's keys, by the number their records carry in `plan`.
     keys: Vec<Key>,
-    /// Each key's number.
-    numbers: FxHashMap<Key, u64>,
+    /// Each key's number. Keys (and so their hashes) are chosen by
+    /// publishers, so the table's hash is seeded per process.
+    numbers: HashMap<Key, u64>,
     algebras: Vec<Algebra>,
     origins: Vec<Origin>,
     bodies: Vec<Option<Vec<u8>>>,

@@ -27,11 +27,11 @@
 //!   host fails the call as [`CallError::HostFault`], which the consumer
 //!   never counts against the module.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
@@ -116,6 +116,8 @@ pub enum CallError {
         adds: usize,
         /// The budget.
         limit: usize,
+        /// What the call's own key held of it before the call.
+        key_held: usize,
     },
     /// The host's own state store failed under the call. Not the module's
     /// doing: the consumer does not commit the batch and tries it again,
@@ -135,6 +137,24 @@ impl CallError {
             Self::Trap { .. } | Self::Contract(_) | Self::BatchBudget { .. } | Self::HostFault(_) => {
                 ErrorClass::Retryable
             }
+        }
+    }
+}
+
+impl CallError {
+    /// Whether the failure is the key's own doing, so that it counts as an
+    /// attempt (and, past the most attempts, dead-letters the events).
+    ///
+    /// A call that finds the batch's budget used up counts only when its
+    /// key holds more than a fair share of it (a quarter, with the call):
+    /// a module flooding one key uses up that key's attempts, while the
+    /// keys that merely share its batch are retried without losing any.
+    /// A key that could never fit a batch on its own is therefore
+    /// dead-lettered in the end, never retried forever.
+    pub fn counts_as_attempt(&self) -> bool {
+        match self {
+            Self::BatchBudget { adds, limit, key_held, .. } => key_held.saturating_add(*adds) > limit / 4,
+            _ => true,
         }
     }
 }
@@ -240,15 +260,15 @@ impl BatchBudget {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Takes `bytes` from the budget, or says what the batch held when they
-    /// do not fit.
-    fn reserve(&self, bytes: usize) -> Result<(), CallError> {
+    /// Takes `bytes` from the budget for a key that holds `key_held`
+    /// already, or says what the batch held when they do not fit.
+    fn reserve(&self, bytes: usize, key_held: usize) -> Result<(), CallError> {
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&total| total <= self.limit)
             })
             .map(drop)
-            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit })
+            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held })
     }
 }
 
@@ -261,6 +281,8 @@ pub struct KeyScope {
     snapshot: Arc<StateReader>,
     limits: PayloadLimits,
     budget: BatchBudget,
+    /// What this key's successful calls took from the budget.
+    held: usize,
     committed: Staged,
     call: Staged,
     tally: CallTally,
@@ -271,7 +293,7 @@ pub struct KeyScope {
 #[derive(Default)]
 struct Staged {
     writes: KeyWrites,
-    counters: FxHashMap<String, i128>,
+    counters: HashMap<String, i128>,
     outbox: Vec<OutboxEntry>,
 }
 
@@ -292,7 +314,7 @@ pub struct KeyOutcome {
     pub writes: KeyWrites,
     /// Changes to shared counters (each key's stay within the s64 range as
     /// that key saw the counter; summed over keys they may not).
-    pub counters: FxHashMap<String, i128>,
+    pub counters: HashMap<String, i128>,
     /// Messages to publish once the batch commits.
     pub outbox: Vec<OutboxEntry>,
 }
@@ -307,6 +329,7 @@ impl KeyScope {
             snapshot,
             limits,
             budget,
+            held: 0,
             committed: Staged::default(),
             call: Staged::default(),
             tally: CallTally::default(),
@@ -332,6 +355,7 @@ impl KeyScope {
             snapshot: self.snapshot.clone(),
             limits: self.limits,
             budget: self.budget.clone(),
+            held: self.held,
             committed: std::mem::take(&mut self.committed),
             call: std::mem::take(&mut self.call),
             tally: std::mem::take(&mut self.tally),
@@ -351,7 +375,8 @@ impl KeyScope {
             return Err(CallError::HostFault(fault));
         }
         result?;
-        self.budget.reserve(tally.held)?;
+        self.budget.reserve(tally.held, self.held)?;
+        self.held += tally.held;
         self.committed.absorb(call);
         Ok(())
     }
@@ -536,7 +561,7 @@ mod tests {
         // store sums the deltas as i128 and never fails the commit.
         second.counter_add("c", 10).unwrap();
         second.finish_call(Ok(())).unwrap();
-        let mut deltas: FxHashMap<String, i128> = FxHashMap::default();
+        let mut deltas: HashMap<String, i128> = HashMap::default();
         for scope in [first, second] {
             for (name, delta) in scope.into_outcome().counters {
                 *deltas.entry(name).or_default() += delta;

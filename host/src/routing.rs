@@ -30,11 +30,9 @@
 //!   state only holds the retry position and the offsets above it that are
 //!   done, committed with the batch that did them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use rustc_hash::FxHashMap;
 
 use crate::event::{EventAtomicOrdering, EventHeaders, Header, HeaderError};
 use crate::handler::{CallError, ErrorClass};
@@ -362,7 +360,8 @@ pub struct KeyInRetry {
 /// ([`RetryQueue::position`]).
 #[derive(Debug, Default)]
 pub struct RetryQueue {
-    keys: FxHashMap<Key, KeyInRetry>,
+    /// Keyed with a seeded hash: keys are chosen by publishers.
+    keys: HashMap<Key, KeyInRetry>,
     /// Retry offsets of waiting records, to find the lowest quickly.
     waiting: BTreeMap<u64, Key>,
     /// Everything below this retry offset has been indexed.

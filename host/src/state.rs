@@ -51,6 +51,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use std::collections::HashMap;
+
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +68,11 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
 const DONE: TableDefinition<(&str, u32, u64), ()> = TableDefinition::new("done");
+
+/// The page cache of a state file. redb's default (1 GiB) would let the
+/// cache grow with everything a module writes; 64 MiB holds the hot keys
+/// of a large projection and keeps the host's memory bounded.
+const CACHE_BYTES: usize = 64 << 20;
 
 /// The `sequences` entry holding the next outbox sequence number.
 const OUTBOX_NEXT: &str = "outbox";
@@ -143,7 +150,9 @@ pub struct OutboxEntry {
 /// Last write wins: a set after a delete sets, a delete after a set deletes.
 #[derive(Debug, Default, Clone)]
 pub struct KeyWrites {
-    entries: FxHashMap<String, Option<Vec<u8>>>,
+    // Names are the module's choice: a seeded hash, so that no module can
+    // make them collide (rustc-hash's string hash has no seed).
+    entries: HashMap<String, Option<Vec<u8>>>,
 }
 
 impl KeyWrites {
@@ -209,7 +218,7 @@ pub struct BatchCommit {
     /// applied in list order.
     pub writes: Vec<(Key, KeyWrites)>,
     /// Amounts to add to counters (a missing counter starts at 0).
-    pub counter_deltas: FxHashMap<String, i128>,
+    pub counter_deltas: HashMap<String, i128>,
     /// Amounts to add to statistics (saturating at `u64::MAX`).
     pub stat_deltas: FxHashMap<String, u64>,
     /// For each (topic, partition) consumed, the next offset to consume.
@@ -262,7 +271,7 @@ impl StateStore {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|source| StateError::Io { path: path.clone(), source })?;
         }
-        let db = Database::create(&path).map_err(|e| storage(&path, e))?;
+        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| storage(&path, e))?;
         let store = Self { inner: Arc::new(Inner { db, path }) };
         store.check_format()?;
         // Create every table now, so readers never meet a missing one.

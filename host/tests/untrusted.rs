@@ -331,7 +331,6 @@ async fn every_attack_at_once_beside_the_bank_never_stops_wedges_or_exhausts_wak
 /// terminal, no line break that would forge a line of the host's log,
 /// neither in `waku run`'s log nor in `waku dlq list` and `waku dlq show`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "host bug (notes/keys.md, C finding 3): a module's `\\r` and `\\n` reach the host's log raw"]
 async fn a_modules_log_lines_and_errors_cannot_take_over_the_terminal_or_forge_lines() {
     let dir = tempfile::tempdir().unwrap();
     let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();

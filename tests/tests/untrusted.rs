@@ -541,7 +541,6 @@ async fn name_flood(attack_tag: EventTypeTag, mode: &str, events: u64) -> (Durat
 /// batch of colliding names must cost about what plain names of the same
 /// length cost, not the square of their number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "host bug (notes/keys.md, C finding 2): module-chosen names in FxHash tables, quadratic"]
 async fn names_crafted_to_collide_in_the_hosts_hash_cost_what_plain_names_cost() {
     let events = 10;
     for attack_tag in [tag::COLLIDING_NAMES, tag::COLLIDING_COUNTERS] {
@@ -574,7 +573,6 @@ async fn names_crafted_to_collide_in_the_hosts_hash_cost_what_plain_names_cost()
 /// fills every batch's budget (small limits keep the test quick: one
 /// batch holds about three flooding calls).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "host bug (notes/keys.md, C finding 1): a batch-budget failure counts as an attempt"]
 async fn a_flood_beside_the_bank_never_fails_the_banks_events() {
     let small = PayloadLimits {
         max_state_value: 64 << 10,

@@ -75,7 +75,9 @@ impl EmbeddedLog {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|source| LogError::Io { path: path.clone(), source })?;
         }
-        let db = Database::create(&path).map_err(|e| storage(&path, e))?;
+        // The page cache: redb's default (1 GiB) grows with everything
+        // appended; consumers read a log front to back, so 64 MiB is plenty.
+        let db = redb::Builder::new().set_cache_size(64 << 20).create(&path).map_err(|e| storage(&path, e))?;
         let inner = Inner { db, path };
         let txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
         txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;

@@ -16,7 +16,7 @@
 //! [`LogUnit`] is public so that native modules (which run without a
 //! sandbox) log under the same rules.
 
-use wakuwaku_core::limits::LogTally;
+use wakuwaku_core::limits::{LogTally, printable};
 use wasmtime::component::{HasSelf, Linker};
 
 use super::StoreData;
@@ -81,10 +81,12 @@ impl LogUnit {
 }
 
 fn write(module: &str, key: Option<&Key>, level: LogLevel, line: &dyn std::fmt::Display) {
-    let key = key.map(tracing::field::display);
+    // Both are the module's text: shown escaped, never raw.
+    let key = key.map(|key| printable(&key.to_string()).into_owned());
+    let key = key.as_deref();
     macro_rules! emit {
         ($level:ident) => {
-            tracing::$level!(target: "waku::guest", module, key, "{line}")
+            tracing::$level!(target: "waku::guest", module, key, "{}", printable(&line.to_string()))
         };
     }
     match level {
