@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, KeyHash};
 use crate::log::Record;
-use crate::state::{KeyWrites, OutboxEntry, StateError, StateReader};
+use crate::state::{EmitOrigin, KeyWrites, OutboxEntry, StateError, StateReader};
 
 /// One event type as a module declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,6 +177,8 @@ pub struct KeyScope {
     committed: Staged,
     call: Staged,
     host_fault: Option<StateError>,
+    /// What emits of the next calls record as their origin.
+    emit_origin: Option<EmitOrigin>,
 }
 
 /// Writes, counter changes and emits not yet committed.
@@ -211,7 +213,15 @@ pub struct KeyOutcome {
 impl KeyScope {
     /// A scope for `key` over a committed `snapshot`.
     pub fn new(key: KeyHash, snapshot: Arc<StateReader>, limits: PayloadLimits) -> Self {
-        Self { key, snapshot, limits, committed: Staged::default(), call: Staged::default(), host_fault: None }
+        Self {
+            key,
+            snapshot,
+            limits,
+            committed: Staged::default(),
+            call: Staged::default(),
+            host_fault: None,
+            emit_origin: None,
+        }
     }
 
     /// The key being handled.
@@ -229,7 +239,14 @@ impl KeyScope {
             committed: std::mem::take(&mut self.committed),
             call: std::mem::take(&mut self.call),
             host_fault: self.host_fault.take(),
+            emit_origin: self.emit_origin.take(),
         }
+    }
+
+    /// Names the call about to be made as the origin of what it emits
+    /// ([`OutboxEntry::origin`]).
+    pub fn set_emit_origin(&mut self, origin: EmitOrigin) {
+        self.emit_origin = Some(origin);
     }
 
     /// Ends a call: its staged changes join the key's buffer when it
@@ -320,6 +337,7 @@ impl KeyScope {
             partition_key: message.headers.key_hash,
             partition: None,
             record: Record { headers: message.headers.to_headers(), body: message.body },
+            origin: self.emit_origin.clone(),
         });
         Ok(())
     }
