@@ -238,6 +238,12 @@ pub struct Status {
     pub retrying: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
+    /// Emitted messages dead-lettered because they could never be delivered.
+    #[serde(default)]
+    pub undeliverable: u64,
+    /// Outbox records committed but not yet appended to the log.
+    #[serde(default)]
+    pub outbox: u64,
 }
 
 /// The status of a projection from its state and the log; with the running
@@ -276,5 +282,7 @@ pub async fn status<L: EventLog>(
         skipped: count(stat::SKIPPED),
         retrying: count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT)),
         dead_lettered: count(stat::DEAD_LETTERED),
+        undeliverable: count(stat::UNDELIVERABLE),
+        outbox: store.outbox()?.len() as u64,
     })
 }

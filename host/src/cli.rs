@@ -1012,6 +1012,11 @@ async fn status(args: StatusArgs) -> Result<()> {
         status.retrying,
         status.dead_lettered
     )?;
+    outln!(
+        "emitted messages: {} undeliverable (dead-lettered); outbox: {} records not yet appended",
+        status.undeliverable,
+        status.outbox
+    )?;
     outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
@@ -1397,6 +1402,13 @@ fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()>
     }
     if count(stat::DEAD_LETTERED) > 0 {
         outln!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED))?;
+    }
+    if count(stat::UNDELIVERABLE) > 0 {
+        outln!(
+            "{} emitted messages could not be delivered and are dead letters in all (class `undeliverable` in `waku \
+             dlq list`)",
+            count(stat::UNDELIVERABLE)
+        )?;
     }
     Ok(())
 }

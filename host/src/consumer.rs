@@ -21,10 +21,11 @@
 //!    the retry bookkeeping go into the projection's store in one
 //!    transaction. A crash at any moment leaves the state exactly as if
 //!    every event before the committed offset had been applied once. The
-//!    outbox is then published to the log and cleared; a leftover outbox is
-//!    published again at start-up. Appends carry the outbox's sequence
-//!    numbers ([`EventLog::append_as`]), so an entry appended just before a
-//!    crash is not appended again.
+//!    outbox is then published to the log and cleared ([`crate::outbox`]):
+//!    each entry once, and a message that can never be delivered
+//!    dead-lettered instead of blocking the partition; a leftover outbox is
+//!    published again at start-up, once the retry and dead-letter topics
+//!    exist.
 //!
 //! Between batches, keys whose retry is due are taken from the retry topic
 //! (all of a key's waiting records at once), planned and executed the same
@@ -47,11 +48,12 @@ use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, partition_for};
+use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
 use crate::key::Key;
 use crate::log::{EventLog, LogError, StoredRecord};
 use crate::metrics::{BatchTally, Metrics};
+use crate::outbox::{self, OutboxError, Published};
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::progress::Progress;
 use crate::projection::{Instances, ModuleSet, Projection};
@@ -59,7 +61,7 @@ use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::routing::{
     self, Failure, FailureClass, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic,
 };
-use crate::state::{BatchCommit, OutboxEntry, StateError, StateReader, StateStore};
+use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateReader};
 
 /// Names of the per-projection counts kept with the state, in events
 /// (a folded run counts every event folded into it).
@@ -67,7 +69,9 @@ use crate::state::{BatchCommit, OutboxEntry, StateError, StateReader, StateStore
 /// Every event read from the topic ends in exactly one of `applied`,
 /// `skipped`, `dead_lettered` or the retry topic, where `retry_in −
 /// retry_out` events wait: consumed + re-driven = applied + skipped +
-/// dead-lettered + (retry_in − retry_out).
+/// dead-lettered + (retry_in − retry_out). `undeliverable` counts
+/// messages, not events: emitted by applied events, dead-lettered because
+/// they could never be delivered; they stand for no event in that sum.
 pub mod stat {
     /// Events handed to a handler successfully.
     pub const APPLIED: &str = "applied";
@@ -83,6 +87,9 @@ pub mod stat {
     pub const RETRY_OUT: &str = "retry_out";
     /// Dead letters re-driven into the retry topic.
     pub const REDRIVEN: &str = "redriven";
+    /// Emitted messages that could never be delivered and went to the
+    /// dead-letter topic instead ([`crate::outbox`]).
+    pub const UNDELIVERABLE: &str = "undeliverable";
 }
 
 /// How a consumer polls and executes.
@@ -167,6 +174,21 @@ pub enum ConsumerError {
     /// A worker thread panicked (a bug in the host, never in a module).
     #[error("a consumer worker panicked: {0}")]
     WorkerPanicked(String),
+    /// The outbox holds a record of the host's own it cannot append.
+    #[error(transparent)]
+    Outbox(OutboxError),
+}
+
+impl From<OutboxError> for ConsumerError {
+    /// Log and state failures stay what they are, so an unavailable log is
+    /// waited out wherever it happened.
+    fn from(error: OutboxError) -> Self {
+        match error {
+            OutboxError::Log(error) => Self::Log(error),
+            OutboxError::State(error) => Self::State(error),
+            error => Self::Outbox(error),
+        }
+    }
 }
 
 /// Events handed to a handler, as seen by a [`CallObserver`].
@@ -216,6 +238,8 @@ pub struct Summary {
     pub retry_in: u64,
     /// Events taken from the retry topic for another attempt.
     pub retry_out: u64,
+    /// Emitted messages that could never be delivered (dead-lettered).
+    pub undeliverable: u64,
     /// Handler calls made.
     pub calls: u64,
 }
@@ -230,6 +254,7 @@ impl Summary {
         self.dead_lettered += other.dead_lettered;
         self.retry_in += other.retry_in;
         self.retry_out += other.retry_out;
+        self.undeliverable += other.undeliverable;
         self.calls += other.calls;
     }
 
@@ -357,7 +382,6 @@ impl<L: EventLog> Consumer<L> {
         until: Until,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Summary, ConsumerError> {
-        self.publish_outbox().await?;
         let topic = self.projection.topic();
         let count = self.log.partitions(topic).await?;
         for routed in [retry_topic(topic), dlq_topic(topic)] {
@@ -369,6 +393,9 @@ impl<L: EventLog> Consumer<L> {
                 other => other?,
             }
         }
+        // What the last run left, now that its retry and dead-letter
+        // records have somewhere to go.
+        let left = self.publish_outbox().await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let stop_on_shutdown = stop_tx.clone();
@@ -403,7 +430,9 @@ impl<L: EventLog> Consumer<L> {
         }
         let summary = collect(tasks).await;
         watcher.abort();
-        summary
+        let mut summary = summary?;
+        summary.undeliverable += left.undeliverable;
+        Ok(summary)
     }
 
     /// Consumes one partition until `end` (if given) or until `stop` is set.
@@ -484,7 +513,7 @@ impl<L: EventLog> Consumer<L> {
         if state.settle {
             // After a commit: its outbox out, its retry records indexed (so
             // the next batch diverts their keys), the log's offset updated.
-            self.publish_outbox().await?;
+            summary.undeliverable += self.publish_outbox().await?.undeliverable;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
             state.settle = false;
@@ -843,9 +872,17 @@ impl<L: EventLog> Consumer<L> {
                 let started = self.metrics.as_ref().map(|_| std::time::Instant::now());
                 let result = match &fold_error {
                     Some(error) => Err(error.clone()),
-                    None => instances
-                        .get(route.module)
-                        .and_then(|instance| self.call(instance, scope, tag, &reduced.bodies[start..end])),
+                    None => {
+                        scope.set_emit_origin(self.emit_origin(
+                            partition,
+                            modules,
+                            route.module,
+                            &reduced.origins[start..end],
+                        ));
+                        instances
+                            .get(route.module)
+                            .and_then(|instance| self.call(instance, scope, tag, &reduced.bodies[start..end]))
+                    }
                 };
                 if let Some(started) = started {
                     out.tally.of(route.module, tag).call_times.push(started.elapsed());
@@ -997,6 +1034,18 @@ impl<L: EventLog> Consumer<L> {
         }
     }
 
+    /// The origin of what a call for `origins` emits: the earliest event,
+    /// and the module.
+    fn emit_origin(&self, partition: u32, modules: &ModuleSet, module: usize, origins: &[Origin]) -> EmitOrigin {
+        let module = &modules.modules()[module];
+        EmitOrigin {
+            partition,
+            offset: origins.iter().map(|o| o.offset).min().unwrap_or_default(),
+            module: module.name().to_owned(),
+            version: module.version().to_owned(),
+        }
+    }
+
     /// The routing headers of a record of this projection.
     fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
         Routed {
@@ -1019,115 +1068,20 @@ impl<L: EventLog> Consumer<L> {
         key_hash: u64,
         record: crate::log::Record,
     ) -> OutboxEntry {
-        OutboxEntry {
-            topic: topic_of(self.projection.topic()),
-            partition_key: key_hash,
-            partition: Some(partition),
-            record,
-        }
+        let topic = topic_of(self.projection.topic());
+        OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
     }
 
     /// Publishes the outbox: what committed batches emitted or routed.
-    async fn publish_outbox(&self) -> Result<(), ConsumerError> {
+    async fn publish_outbox(&self) -> Result<Published, ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
-        publish_outbox(&*self.log, self.projection.store(), self.projection.name()).await
-    }
-}
-
-/// Appends a projection's pending outbox to the log and clears it: the
-/// messages its handlers emitted and the records it routed to retry and
-/// dead-letter topics, in commit order.
-///
-/// Appends are stamped with the outbox's sequence numbers, as the producer
-/// [`outbox_producer`], so entries appended just before a crash are not
-/// appended again. A partition's records are sent in pieces small enough
-/// for one request ([`STAMPED_APPEND_RECORDS`], [`STAMPED_APPEND_BYTES`]),
-/// each stamped with a sequence number no lower than any in it and lower
-/// than any of that partition's records left out, so a backend that
-/// stores only whole requests (Iggy) never holds half of a stamped append.
-/// Callers must not publish one projection's outbox from two places at
-/// once.
-pub async fn publish_outbox<L: EventLog>(log: &L, store: &StateStore, projection: &str) -> Result<(), ConsumerError> {
-    let pending = store.outbox()?;
-    let Some(&(last_seq, _)) = pending.last() else { return Ok(()) };
-    let producer = outbox_producer(store, projection)?;
-    let mut partitions: FxHashMap<String, u32> = FxHashMap::default();
-    let mut appends: FxHashMap<(String, u32), Vec<(u64, crate::log::Record)>> = FxHashMap::default();
-    let mut appended: FxHashMap<(String, u32), Option<u64>> = FxHashMap::default();
-    for (sequence, entry) in pending {
-        if !partitions.contains_key(&entry.topic) {
-            partitions.insert(entry.topic.clone(), log.partitions(&entry.topic).await?);
+        let projection = &*self.projection;
+        let published = outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic()).await?;
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| published.undeliverable > 0) {
+            metrics.undeliverable(projection.name(), published.undeliverable);
         }
-        let count = partitions[&entry.topic];
-        let partition = entry.partition.unwrap_or_else(|| partition_for(entry.partition_key, count));
-        let key = (entry.topic, partition);
-        if !appended.contains_key(&key) {
-            appended.insert(key.clone(), log.producer_sequence(&key.0, partition, &producer).await?);
-        }
-        if appended[&key].is_none_or(|appended| sequence > appended) {
-            appends.entry(key).or_default().push((sequence, entry.record));
-        }
+        Ok(published)
     }
-    // Partitions whose records fit one request share one append per topic,
-    // stamped with the highest sequence in it (every pending entry of those
-    // partitions is in it); larger ones go in groups of their own.
-    let mut whole: FxHashMap<String, (PartitionBatches, u64)> = FxHashMap::default();
-    for ((topic, partition), records) in appends {
-        let fits = records.len() <= STAMPED_APPEND_RECORDS
-            && records.iter().map(|(_, record)| record_size(record)).sum::<usize>() <= STAMPED_APPEND_BYTES;
-        if fits {
-            let (batches, highest) = whole.entry(topic).or_default();
-            *highest = (*highest).max(records.last().map_or(0, |(sequence, _)| *sequence));
-            batches.push((partition, records.into_iter().map(|(_, record)| record).collect()));
-            continue;
-        }
-        let mut records = records.into_iter().peekable();
-        while records.peek().is_some() {
-            let (mut group, mut bytes, mut last) = (Vec::new(), 0, 0);
-            while let Some((sequence, record)) = records.next_if(|(_, record)| {
-                group.is_empty()
-                    || (group.len() < STAMPED_APPEND_RECORDS && bytes + record_size(record) <= STAMPED_APPEND_BYTES)
-            }) {
-                bytes += record_size(&record);
-                last = sequence;
-                group.push(record);
-            }
-            log.append_as(&topic, vec![(partition, group)], &producer, last).await?;
-        }
-    }
-    for (topic, (batches, highest)) in whole {
-        log.append_as(&topic, batches, &producer, highest).await?;
-    }
-    store.remove_outbox(last_seq)?;
-    Ok(())
-}
-
-/// Records per partition, as [`EventLog::append_as`] takes them.
-type PartitionBatches = Vec<(u32, Vec<crate::log::Record>)>;
-
-/// Most records in one stamped append of the outbox.
-pub const STAMPED_APPEND_RECORDS: usize = 1000;
-/// Most bytes (bodies and headers) in one stamped append of the outbox,
-/// unless a single record is larger; well inside Iggy's 64 MiB request.
-pub const STAMPED_APPEND_BYTES: usize = 8 << 20;
-
-fn record_size(record: &crate::log::Record) -> usize {
-    record.body.len() + record.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
-}
-
-/// The producer name a projection's outbox appends as
-/// ([`EventLog::append_as`]): the projection's name and an id made once
-/// per state store and kept in it. Hosts that share a log each run their
-/// partitions of a projection with their own state, so their stamps never
-/// hide each other's appends; a restart keeps its name.
-pub fn outbox_producer(store: &StateStore, projection: &str) -> Result<String, StateError> {
-    const META: &str = "outbox-producer";
-    if let Some(id) = store.meta(META)? {
-        return Ok(format!("projection:{projection}:{}", String::from_utf8_lossy(&id)));
-    }
-    let id = format!("{:016x}", rand::random::<u64>());
-    store.set_meta(META, id.as_bytes())?;
-    Ok(format!("projection:{projection}:{id}"))
 }
 
 /// Where one partition's consuming stands between steps.

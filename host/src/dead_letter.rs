@@ -29,11 +29,17 @@
 //!   and refuses to act at all for a store that owns nothing. Running it
 //!   twice, on one host or on each, applies every letter at most once.
 
-use crate::consumer::{ConsumerError, publish_outbox, stat};
+//! - **Only events are re-driven.** A message with unreadable headers needs
+//!   a corrected message; a message a module emitted that could not be
+//!   delivered (class `undeliverable`, 0 events, see [`crate::outbox`]) is
+//!   not an event of the topic and is listed, never re-driven.
+
+use crate::consumer::stat;
 use crate::event::{EventHeaders, HeaderError};
 use crate::key::Key;
 use crate::log::{EventLog, LogError, Record};
-use crate::routing::{self, Routed, dlq_topic, retry_topic};
+use crate::outbox::{self, OutboxError};
+use crate::routing::{self, FailureClass, Routed, dlq_topic, retry_topic};
 use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
 
 /// One record of a dead-letter topic.
@@ -114,7 +120,7 @@ pub enum DeadLetterError {
     /// Publishing the re-driven records failed after they were committed;
     /// they are published when the projection next runs.
     #[error("the re-driven records are committed but not yet appended (the next `waku run` appends them)")]
-    Publish(#[source] ConsumerError),
+    Publish(#[source] OutboxError),
     /// A record of the dead-letter topic has unreadable routing headers.
     #[error("record {offset} of `{topic}` partition {partition} is not a dead letter: {error}")]
     NotADeadLetter {
@@ -245,9 +251,10 @@ pub async fn show<L: EventLog>(
 /// named in `selection` that it does not own, are errors and nothing is
 /// re-driven; selected letters of other partitions are left alone and
 /// counted ([`Redriven::others`], [`Redriven::left`]). A record asked for by
-/// place that cannot be re-driven (its headers are unreadable) is an error
-/// and nothing is re-driven; one that was re-driven before is counted in
-/// [`Redriven::already`] and left alone.
+/// place that cannot be re-driven (its headers are unreadable, or it is an
+/// undeliverable emitted message) is an error and nothing is re-driven;
+/// unselected by place, such records are left out. One that was re-driven
+/// before is counted in [`Redriven::already`] and left alone.
 pub async fn redrive<L: EventLog>(
     log: &L,
     topic: &str,
@@ -291,16 +298,19 @@ pub async fn redrive<L: EventLog>(
             report.already += 1;
             continue;
         }
-        match &letter.envelope {
-            Ok(_) => chosen.push(letter),
-            Err(error) if !selection.records.is_empty() => {
-                return Err(DeadLetterError::CannotRedrive {
-                    partition: letter.partition,
-                    offset: letter.offset,
-                    reason: format!("its headers cannot be read ({error}); publish a corrected message instead"),
-                });
+        // Only events go back through the projection: an unreadable message
+        // needs a corrected one, an undeliverable message its own topic.
+        let emitted = letter.routed.failure.as_ref().is_some_and(|f| f.class == FailureClass::Undeliverable);
+        let reason = match &letter.envelope {
+            _ if emitted => "it is a message a module emitted, not an event of the topic".to_owned(),
+            Err(error) => format!("its headers cannot be read ({error}); publish a corrected message instead"),
+            Ok(_) => {
+                chosen.push(letter);
+                continue;
             }
-            Err(_) => {} // malformed: only a corrected message can replace it
+        };
+        if !selection.records.is_empty() {
+            return Err(DeadLetterError::CannotRedrive { partition: letter.partition, offset: letter.offset, reason });
         }
     }
     if chosen.is_empty() {
@@ -321,12 +331,13 @@ pub async fn redrive<L: EventLog>(
             partition_key: envelope.key.key_hash(),
             partition: Some(letter.partition),
             record: routing::routed_record(&envelope, &routed, letter.record.body),
+            origin: None,
         });
         commit.done.push((dlq.clone(), letter.partition, letter.offset));
     }
     commit.stat_deltas =
         [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
     store.commit(commit)?;
-    publish_outbox(log, store, projection).await.map_err(DeadLetterError::Publish)?;
+    outbox::publish(log, store, projection, topic).await.map_err(DeadLetterError::Publish)?;
     Ok(report)
 }

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::key::Key;
 use crate::log::Record;
-use crate::state::{KeyWrites, OutboxEntry, StateError, StateReader};
+use crate::state::{EmitOrigin, KeyWrites, OutboxEntry, StateError, StateReader};
 pub use wakuwaku_core::limits;
 use wakuwaku_core::limits::{CallTally, counter_value};
 pub use wakuwaku_core::limits::{ContractError, LimitsError, PayloadLimits, Refusal};
@@ -287,6 +287,8 @@ pub struct KeyScope {
     call: Staged,
     tally: CallTally,
     host_fault: Option<String>,
+    /// What emits of the next calls record as their origin.
+    emit_origin: Option<EmitOrigin>,
 }
 
 /// Writes, counter changes and emits not yet committed.
@@ -334,6 +336,7 @@ impl KeyScope {
             call: Staged::default(),
             tally: CallTally::default(),
             host_fault: None,
+            emit_origin: None,
         }
     }
 
@@ -360,7 +363,14 @@ impl KeyScope {
             call: std::mem::take(&mut self.call),
             tally: std::mem::take(&mut self.tally),
             host_fault: self.host_fault.take(),
+            emit_origin: self.emit_origin.take(),
         }
+    }
+
+    /// Names the call about to be made as the origin of what it emits
+    /// ([`OutboxEntry::origin`]).
+    pub fn set_emit_origin(&mut self, origin: EmitOrigin) {
+        self.emit_origin = Some(origin);
     }
 
     /// Ends a call. Its staged changes join the key's buffer when it
@@ -457,6 +467,7 @@ impl KeyScope {
             partition_key,
             partition: None,
             record: Record { headers: headers.to_headers(), body },
+            origin: self.emit_origin.clone(),
         });
         Ok(())
     }

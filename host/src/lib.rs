@@ -25,6 +25,9 @@
 //! - [`lifecycle`]: module versions (recorded, kept, rolled back) and hot
 //!   reload from a watched directory.
 //! - [`consumer`]: the loop: poll → plan → reduce → invoke → commit.
+//! - [`outbox`]: publishing what a committed batch owes the log (emitted
+//!   messages, retry and dead-letter records), each once, and
+//!   dead-lettering messages that can never be delivered.
 //! - [`routing`]: where failed events go: the retry and dead-letter
 //!   topics, their records, the delay schedule and the retry queue.
 //! - [`dead_letter`]: listing dead letters and re-driving them.
@@ -55,6 +58,7 @@ pub mod handler;
 pub mod lifecycle;
 pub mod log;
 pub mod metrics;
+pub mod outbox;
 pub mod progress;
 pub mod projection;
 pub mod publish;

@@ -11,6 +11,7 @@
 //! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
+//! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
 //! and records it once the batch is committed, so the hot path touches no
@@ -76,6 +77,7 @@ pub struct Metrics {
     lag: Family<PartitionLabels, Gauge>,
     loads: Family<LoadLabels, Counter>,
     unavailable: Family<ProjectionLabels, Counter>,
+    undeliverable: Family<ProjectionLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -97,6 +99,7 @@ impl Default for Metrics {
             lag: Family::default(),
             loads: Family::default(),
             unavailable: Family::default(),
+            undeliverable: Family::default(),
             registry: Registry::default(),
         };
         registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
@@ -112,6 +115,11 @@ impl Default for Metrics {
         registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
         registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
         registry.register("waku_log_unavailable", "Times the log was unreachable", metrics.unavailable.clone());
+        registry.register(
+            "waku_messages_undeliverable",
+            "Emitted messages dead-lettered because they could never be delivered",
+            metrics.undeliverable.clone(),
+        );
         Self { registry, ..metrics }
     }
 }
@@ -173,6 +181,11 @@ impl Metrics {
     /// Counts a time the log could not be reached.
     pub fn log_unavailable(&self, projection: &str) {
         self.unavailable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
+    }
+
+    /// Counts emitted messages dead-lettered as undeliverable.
+    pub fn undeliverable(&self, projection: &str, messages: u64) {
+        self.undeliverable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(messages);
     }
 
     /// Counts a module load.

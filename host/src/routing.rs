@@ -8,6 +8,7 @@
 //! | unrecoverable | the chunk goes to `dlq_<topic>`; the key goes on |
 //! | retries exhausted | as unrecoverable |
 //! | unreadable headers | the message goes to `dlq_<topic>` |
+//! | an emitted message can never be delivered | the message goes to `dlq_<topic>` ([`crate::outbox`]) |
 //!
 //! Rules kept here:
 //! - **Records say where they came from.** Every retry and dead-letter
@@ -64,11 +65,16 @@ pub enum FailureClass {
     Trap,
     /// The message's headers could not be read.
     Malformed,
+    /// A message a handler emitted can never be delivered (its topic is
+    /// missing or invalid, or the log refuses the record); the letter is the
+    /// message, not an event.
+    Undeliverable,
 }
 
 impl FailureClass {
     /// Every class.
-    pub const ALL: [Self; 5] = [Self::Transient, Self::Retryable, Self::Unrecoverable, Self::Trap, Self::Malformed];
+    pub const ALL: [Self; 6] =
+        [Self::Transient, Self::Retryable, Self::Unrecoverable, Self::Trap, Self::Malformed, Self::Undeliverable];
 
     /// Its name on the wire and in output.
     pub const fn name(self) -> &'static str {
@@ -78,6 +84,7 @@ impl FailureClass {
             Self::Unrecoverable => "unrecoverable",
             Self::Trap => "trap",
             Self::Malformed => "malformed",
+            Self::Undeliverable => "undeliverable",
         }
     }
 

@@ -24,9 +24,9 @@
 //! consumer offset is only a copy written after the commit. Messages to other
 //! topics cannot join this transaction, so they go through the outbox: the
 //! host appends the pending entries, then removes them with
-//! [`StateStore::remove_outbox`]. A crash in between appends them again, so
-//! the outbox gives at-least-once delivery to other topics, in order; each
-//! entry's sequence number lets a consumer drop the duplicates.
+//! [`StateStore::remove_outbox`]. The appends are stamped with the entries'
+//! sequence numbers, so after a crash in between only what is missing is
+//! appended again: each entry once, in order ([`crate::outbox`]).
 //!
 //! Calls block on file I/O (a commit waits for `fsync`); async callers should
 //! run them on a blocking thread. A [`StateStore`] is cheap to clone and may
@@ -142,6 +142,24 @@ pub struct OutboxEntry {
     pub partition: Option<u32>,
     /// The record to append.
     pub record: Record,
+    /// For a message a handler emitted, where it came from; `None` for the
+    /// host's own retry and dead-letter records.
+    pub origin: Option<EmitOrigin>,
+}
+
+/// The handler call that emitted an [`OutboxEntry`]: should the message
+/// never be deliverable, it is dead-lettered beside the events of that
+/// call ([`crate::outbox`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmitOrigin {
+    /// The partition of the projection's topic the events came from.
+    pub partition: u32,
+    /// The earliest of the call's events, as an offset of that partition.
+    pub offset: u64,
+    /// The module that emitted the message.
+    pub module: String,
+    /// Its version.
+    pub version: String,
 }
 
 /// The buffered writes of one key during a batch: for each entry name, the
@@ -229,6 +247,10 @@ pub struct BatchCommit {
     /// Records at or above their partition's position now dealt with, as
     /// (topic, partition, offset).
     pub done: Vec<(String, u32, u64)>,
+    /// Pending outbox entries up to and including this sequence number
+    /// are settled and removed, before `outbox` adds its entries (the
+    /// outbox publisher replaces undeliverable messages by dead letters so).
+    pub outbox_through: Option<u64>,
 }
 
 impl BatchCommit {
@@ -240,6 +262,7 @@ impl BatchCommit {
             && self.positions.is_empty()
             && self.outbox.is_empty()
             && self.done.is_empty()
+            && self.outbox_through.is_none()
     }
 }
 
@@ -347,7 +370,7 @@ impl StateStore {
         if commit.is_empty() {
             return Ok(());
         }
-        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done } = commit;
+        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through } = commit;
         let outbox = outbox
             .iter()
             .map(|entry| {
@@ -397,6 +420,10 @@ impl StateStore {
                 done_table.retain_in(below, |_, _| false).map_err(|e| self.storage(e))?;
             }
 
+            if let Some(through) = outbox_through {
+                let mut table = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
+                table.retain_in(..=through, |_, _| false).map_err(|e| self.storage(e))?;
+            }
             if !outbox.is_empty() {
                 let mut sequences = txn.open_table(SEQUENCES).map_err(|e| self.storage(e))?;
                 let mut seq = sequences.get(OUTBOX_NEXT).map_err(|e| self.storage(e))?.map_or(0, |v| v.value());
@@ -614,6 +641,12 @@ mod tests {
             partition_key: u64::from(n),
             partition: None,
             record: Record { headers: vec![Header { name: "h".into(), value: vec![n] }], body: vec![n; 3] },
+            origin: (n % 2 == 1).then(|| EmitOrigin {
+                partition: 1,
+                offset: u64::from(n) * 10,
+                module: "m".into(),
+                version: "v".into(),
+            }),
         }
     }
 
@@ -785,6 +818,11 @@ mod tests {
         assert_eq!(store.outbox().unwrap(), vec![(3, entry("c", 3))]);
         store.remove_outbox(0).unwrap();
         assert_eq!(store.outbox().unwrap().len(), 1);
+        // Settling replaces: entries up to 3 go, the new one gets 4.
+        store.commit(BatchCommit { outbox: vec![entry("d", 4)], ..Default::default() }).unwrap();
+        let settle = BatchCommit { outbox: vec![entry("dlq", 5)], outbox_through: Some(3), ..Default::default() };
+        store.commit(settle).unwrap();
+        assert_eq!(store.outbox().unwrap(), vec![(4, entry("d", 4)), (5, entry("dlq", 5))]);
     }
 
     #[test]

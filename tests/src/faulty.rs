@@ -1,5 +1,5 @@
-//! The embedded log with faults on cue, for tests of what the consumer does
-//! when its log misbehaves.
+//! A log (the embedded one unless told otherwise) with faults on cue, for
+//! tests of what the consumer does when its log misbehaves.
 
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
@@ -17,23 +17,29 @@ pub enum Call<'a> {
         from: u64,
     },
     /// `append`, `append_as` or `store_consumer_offset`.
-    Write,
-    /// `producer_sequence` or `end_offset`.
-    Query,
+    Write {
+        /// The topic.
+        topic: &'a str,
+    },
+    /// `producer_sequence`, `end_offset` or `end_offsets`.
+    Query {
+        /// The topic.
+        topic: &'a str,
+    },
     /// `create_topic`, `partitions` or `consumer_offset`: never faulted.
     Setup,
 }
 
-/// The embedded log, except where `fault` returns an error for a call.
-pub struct FaultyLog {
+/// A log, except where `fault` returns an error for a call.
+pub struct FaultyLog<L = EmbeddedLog> {
     /// The log underneath, to check what reached it.
-    pub log: EmbeddedLog,
+    pub log: L,
     fault: Box<dyn Fn(Call<'_>) -> Option<LogError> + Send + Sync>,
 }
 
-impl FaultyLog {
+impl<L> FaultyLog<L> {
     /// `log`, failing each call for which `fault` returns an error.
-    pub fn new(log: EmbeddedLog, fault: impl Fn(Call<'_>) -> Option<LogError> + Send + Sync + 'static) -> Self {
+    pub fn new(log: L, fault: impl Fn(Call<'_>) -> Option<LogError> + Send + Sync + 'static) -> Self {
         Self { log, fault: Box::new(fault) }
     }
 
@@ -42,7 +48,7 @@ impl FaultyLog {
     }
 }
 
-impl EventLog for FaultyLog {
+impl<L: EventLog> EventLog for FaultyLog<L> {
     async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
         self.check(Call::Setup)?;
         self.log.create_topic(topic, partitions).await
@@ -52,7 +58,7 @@ impl EventLog for FaultyLog {
         self.log.partitions(topic).await
     }
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        self.check(Call::Write)?;
+        self.check(Call::Write { topic })?;
         self.log.append(topic, batches).await
     }
     async fn append_as(
@@ -62,20 +68,30 @@ impl EventLog for FaultyLog {
         producer: &str,
         sequence: u64,
     ) -> Result<bool, LogError> {
-        self.check(Call::Write)?;
+        self.check(Call::Write { topic })?;
         self.log.append_as(topic, batches, producer, sequence).await
     }
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
-        self.check(Call::Query)?;
-        self.log.producer_sequence(topic, partition, producer).await
+    async fn producer_sequence(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer: &str,
+        since: u64,
+    ) -> Result<Option<u64>, LogError> {
+        self.check(Call::Query { topic })?;
+        self.log.producer_sequence(topic, partition, producer, since).await
     }
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         self.check(Call::Read { topic, partition, from })?;
         self.log.read(topic, partition, from, max).await
     }
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        self.check(Call::Query)?;
+        self.check(Call::Query { topic })?;
         self.log.end_offset(topic, partition).await
+    }
+    async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
+        self.check(Call::Query { topic })?;
+        self.log.end_offsets(topic).await
     }
     async fn store_consumer_offset(
         &self,
@@ -84,7 +100,7 @@ impl EventLog for FaultyLog {
         partition: u32,
         next: u64,
     ) -> Result<(), LogError> {
-        self.check(Call::Write)?;
+        self.check(Call::Write { topic })?;
         self.log.store_consumer_offset(consumer, topic, partition, next).await
     }
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {

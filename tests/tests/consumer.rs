@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, outbox_producer, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
 use wakuwaku::event::{EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
+use wakuwaku::outbox;
 use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed};
 use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
@@ -120,6 +121,7 @@ async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
         partition_key: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         partition: None,
         record: record(NOTE, i, json!({ "key": i, "text": "out", "emit_to": null })),
+        origin: None,
     };
     let commit = BatchCommit { outbox: vec![entry(1), entry(2), entry(3)], ..BatchCommit::default() };
     projection.store().commit(commit).unwrap();
@@ -128,11 +130,8 @@ async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
     let pending = projection.store().outbox().unwrap();
     let appended =
         pending[..2].iter().map(|(_, e)| (partition_for(e.partition_key, 2), vec![e.record.clone()])).collect();
-    assert!(
-        log.append_as("notes-out", appended, &outbox_producer(projection.store(), "probe").unwrap(), pending[1].0)
-            .await
-            .unwrap()
-    );
+    let producer = outbox::producer(projection.store(), "probe").unwrap();
+    assert!(log.append_as("notes-out", appended, &producer, pending[1].0).await.unwrap());
 
     // Starting again publishes the third, and only the third.
     Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
@@ -181,7 +180,6 @@ async fn a_routed_topic_with_another_partition_count_is_refused_naming_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_them_repeats_nothing() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use wakuwaku::consumer::publish_outbox;
     use wakuwaku::log::LogError;
     use wakuwaku_tests::faulty::{Call, FaultyLog};
 
@@ -190,7 +188,7 @@ async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_
     let counted = writes.clone();
     // The second append fails, as a server going away between two would.
     let log = FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), move |call| match call {
-        Call::Write if counted.fetch_add(1, Ordering::SeqCst) == 1 => {
+        Call::Write { .. } if counted.fetch_add(1, Ordering::SeqCst) == 1 => {
             Some(LogError::Unavailable { address: "test".into(), reason: "gone".into() })
         }
         _ => None,
@@ -202,12 +200,13 @@ async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_
         partition_key: 0,
         partition: Some(partition),
         record: record(NOTE, n, json!({ "n": n })),
+        origin: None,
     };
     let outbox = (0..2500).map(|n| entry(0, n)).chain((0..10).map(|n| entry(1, n))).collect();
     store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
 
-    assert!(publish_outbox(&log, &store, "probe").await.is_err());
-    publish_outbox(&log, &store, "probe").await.unwrap();
+    assert!(outbox::publish(&log, &store, "probe", "probes").await.is_err());
+    outbox::publish(&log, &store, "probe", "probes").await.unwrap();
     assert!(store.outbox().unwrap().is_empty());
     // 3 appends of at most 1000 to partition 0 and 1 to partition 1, plus
     // the one that failed.

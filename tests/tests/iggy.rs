@@ -292,13 +292,13 @@ async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages(
     first.append("out", vec![(0, (0..4500).map(record).collect())]).await.unwrap();
 
     let fresh = IggyLog::connect(&url, &stream).await.unwrap();
-    assert_eq!(fresh.producer_sequence("out", 0, "host-a").await.unwrap(), Some(5));
-    assert_eq!(fresh.producer_sequence("out", 1, "host-a").await.unwrap(), None);
+    assert_eq!(fresh.producer_sequence("out", 0, "host-a", 0).await.unwrap(), Some(5));
+    assert_eq!(fresh.producer_sequence("out", 1, "host-a", 0).await.unwrap(), None);
     assert!(!fresh.append_as("out", vec![(0, vec![record(1)])], "host-a", 5).await.unwrap(), "already there");
     assert!(fresh.append_as("out", vec![(0, vec![record(2)])], "host-a", 6).await.unwrap());
     assert_eq!(first.end_offset("out", 0).await.unwrap(), 5501);
     assert_eq!(
-        IggyLog::connect(&url, &stream).await.unwrap().producer_sequence("out", 0, "host-a").await.unwrap(),
+        IggyLog::connect(&url, &stream).await.unwrap().producer_sequence("out", 0, "host-a", 0).await.unwrap(),
         Some(6)
     );
 }
@@ -379,5 +379,128 @@ async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
             (FailureClass::Unrecoverable, 1),
             (FailureClass::Unrecoverable, 1)
         ]
+    );
+}
+
+/// An outbox entry the probe projection emitted from partition 0.
+fn emitted(topic: &str, key: u64, record: wakuwaku::log::Record) -> wakuwaku::state::OutboxEntry {
+    wakuwaku::state::OutboxEntry {
+        topic: topic.into(),
+        partition_key: key,
+        partition: Some(0),
+        record,
+        origin: Some(wakuwaku::state::EmitOrigin {
+            partition: 0,
+            offset: key,
+            module: "probe".into(),
+            version: "v".into(),
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_crash_is_recovered_exactly_behind_more_than_the_old_look_back() {
+    use wakuwaku::event::EventTypeTag;
+    use wakuwaku::log::LogError;
+    use wakuwaku::outbox::{self, Published};
+    use wakuwaku::state::BatchCommit;
+    use wakuwaku_tests::faulty::{Call, FaultyLog};
+    /// More than the 100 000 messages the old recovery looked back.
+    const LATER: u64 = 150_000;
+    let Some(url) = iggy_url("the outbox recovery test on Iggy") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-recovery");
+    let record = |n: u64| json_record(EventTypeTag::new(4), n, serde_json::json!({ "n": n }));
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let outbox = (0..5).map(|n| emitted("out", n, record(n))).chain([emitted("zz", 5, record(5))]).collect();
+    store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+
+    // The first host appends `out`'s part, then loses the server before
+    // `zz` (appended after `out`), so its outbox is not settled.
+    let first = FaultyLog::new(IggyLog::connect(&url, &stream).await.unwrap(), |call| match call {
+        Call::Write { topic: "zz" } => Some(LogError::Unavailable { address: "test".into(), reason: "gone".into() }),
+        _ => None,
+    });
+    for topic in ["out", "zz", "dlq_probes"] {
+        first.create_topic(topic, 1).await.unwrap();
+    }
+    first.append("out", vec![(0, (0..3).map(|n| record(100 + n)).collect())]).await.unwrap();
+    assert!(outbox::publish(&first, &store, "probe", "probes").await.is_err());
+    assert_eq!(store.outbox().unwrap().len(), 6);
+    assert_eq!(first.log.end_offset("out", 0).await.unwrap(), 3 + 5);
+
+    // Others keep appending, far past what the old look-back read.
+    let others = IggyLog::connect(&url, &stream).await.unwrap();
+    for _ in 0..LATER / 10_000 {
+        others.append("out", vec![(0, (0..10_000).map(|n| record(1000 + n)).collect())]).await.unwrap();
+    }
+
+    // A restarted host (a fresh client that remembers nothing) sends only
+    // what is missing.
+    let restarted = IggyLog::connect(&url, &stream).await.unwrap();
+    let published = outbox::publish(&restarted, &store, "probe", "probes").await.unwrap();
+    assert_eq!(published, Published { appended: 1, undeliverable: 0 });
+    assert!(store.outbox().unwrap().is_empty());
+    assert_eq!(restarted.end_offset("out", 0).await.unwrap(), 3 + 5 + LATER, "each of the five once");
+    assert_eq!(restarted.end_offset("zz", 0).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_iggy_cannot_take_is_dead_lettered_and_empty_bodies_travel() {
+    use wakuwaku::event::{EventTypeTag, Header};
+    use wakuwaku::outbox::{self, Published};
+    use wakuwaku::routing::{FailureClass, Routed};
+    use wakuwaku::state::BatchCommit;
+    let Some(url) = iggy_url("the undeliverable-message test on Iggy") else { return };
+    let _shared = SERVER.read().await;
+    let log = IggyLog::connect(&url, &fresh_stream("waku-test-undeliverable")).await.unwrap();
+    for topic in ["probes", "dlq_probes", "out"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let empty =
+        wakuwaku::log::Record { body: Vec::new(), ..json_record(EventTypeTag::new(4), 1, serde_json::json!({})) };
+    let mut unstorable = json_record(EventTypeTag::new(4), 2, serde_json::json!({ "n": 2 }));
+    unstorable.headers.push(Header { name: "x".repeat(300), value: b"v".to_vec() });
+    let fine = json_record(EventTypeTag::new(4), 4, serde_json::json!({ "n": 4 }));
+    let outbox = vec![
+        emitted("out", 1, empty.clone()),
+        emitted("out", 2, unstorable),
+        emitted("nowhere", 3, fine.clone()),
+        emitted("out", 4, fine),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+
+    let published = outbox::publish(&log, &store, "probe", "probes").await.unwrap();
+    assert_eq!(published, Published { appended: 4, undeliverable: 2 });
+    let out = log.read("out", 0, 0, 10).await.unwrap();
+    assert_eq!(out.len(), 2);
+    assert!(out[0].record.body.is_empty(), "an empty body comes back empty");
+    let mut reasons: Vec<(u64, FailureClass, String)> = log
+        .read("dlq_probes", 0, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|letter| {
+            let routed = Routed::parse(&letter.record.headers).unwrap();
+            let failure = routed.failure.unwrap();
+            (routed.origin_offset, failure.class, failure.message)
+        })
+        .collect();
+    reasons.sort_by_key(|(offset, _, _)| *offset);
+    assert_eq!(reasons.len(), 2);
+    assert_eq!((reasons[0].0, reasons[0].1), (2, FailureClass::Undeliverable));
+    assert!(reasons[0].2.contains("`out` partition 0 refuses the record: header key"), "{}", reasons[0].2);
+    // Its letter carried the header Iggy refused, so it went slim.
+    assert!(reasons[0].2.contains("its dead letter was refused too"), "{}", reasons[0].2);
+    assert_eq!(
+        (reasons[1].0, reasons[1].1, reasons[1].2.as_str()),
+        (
+            3,
+            FailureClass::Undeliverable,
+            "the message emitted to `nowhere` cannot be delivered: topic `nowhere` does not exist"
+        )
     );
 }

@@ -65,7 +65,7 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
 
     // Producer stamps: once per partition, and a partial first try is
     // completed, not repeated.
-    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), None);
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox", 0).await.unwrap(), None);
     assert!(log.append_as(&topic, vec![(1, vec![record(3, 1), record(3, 2)])], "outbox", 4).await.unwrap());
     assert!(!log.append_as(&topic, vec![(1, vec![record(3, 1), record(3, 2)])], "outbox", 4).await.unwrap());
     assert!(
@@ -74,10 +74,39 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
             .unwrap()
     );
     assert_eq!((log.end_offset(&topic, 1).await.unwrap(), log.end_offset(&topic, 2).await.unwrap()), (2, 2));
-    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), Some(4));
-    assert_eq!(log.producer_sequence(&topic, 1, "other").await.unwrap(), None);
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox", 0).await.unwrap(), Some(4));
+    assert_eq!(log.producer_sequence(&topic, 1, "other", 0).await.unwrap(), None);
     assert!(log.append_as(&topic, vec![(1, vec![record(3, 3)])], "outbox", 5).await.unwrap());
-    assert_eq!(log.producer_sequence(&topic, 1, "outbox").await.unwrap(), Some(5));
+    assert_eq!(log.producer_sequence(&topic, 1, "outbox", 0).await.unwrap(), Some(5));
+
+    // End offsets of a whole topic at once, in partition order.
+    assert_eq!(log.end_offsets(&topic).await.unwrap(), vec![2500, 3, 2]);
+    assert!(matches!(log.end_offsets(&missing).await, Err(LogError::TopicNotFound { .. })));
+
+    // Records come back exactly, whatever they hold: an empty body, empty
+    // and long header values, names that look like an encoding's own.
+    let header = |name: &str, value: &[u8]| Header { name: name.into(), value: value.to_vec() };
+    let odd = [
+        Record { headers: vec![], body: vec![] },
+        Record {
+            headers: vec![
+                header("~", &[]),
+                header("a~1", b"x"),
+                header("a", &[9; 600]),
+                header("~no-body", b"y"),
+                header("b~empty", &[]),
+            ],
+            body: vec![],
+        },
+        Record { headers: vec![header("z", b"0")], body: vec![0] },
+    ];
+    log.append(&topic, vec![(2, odd.to_vec())]).await.unwrap();
+    let back = log.read(&topic, 2, 2, 10).await.unwrap();
+    assert_eq!(back.len(), odd.len());
+    for (stored, expected) in back.into_iter().zip(odd) {
+        assert_eq!(stored.record.body, expected.body);
+        assert_eq!(sorted(stored.record.headers), sorted(expected.headers));
+    }
 
     // Consumer offsets: informational, per consumer and partition.
     assert_eq!(log.consumer_offset("bank", &topic, 0).await.unwrap(), None);

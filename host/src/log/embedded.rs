@@ -142,7 +142,14 @@ impl EventLog for EmbeddedLog {
         self.blocking(move |inner| inner.append(&topic, batches, Some((&producer, sequence)))).await
     }
 
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+    /// Exact, from the `producers` table: `since` is not needed.
+    async fn producer_sequence(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer: &str,
+        _since: u64,
+    ) -> Result<Option<u64>, LogError> {
         validate_topic_name(topic)?;
         let (topic, producer) = (topic.to_owned(), producer.to_owned());
         self.blocking(move |inner| {
@@ -171,11 +178,19 @@ impl EventLog for EmbeddedLog {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
             let topics = txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
             inner.check_partition(&topics, &topic, partition)?;
-            match txn.open_table(partition_table(&partition_table_name(&topic, partition))) {
-                Ok(table) => inner.end_of(&table, &topic, partition),
-                Err(TableError::TableDoesNotExist(_)) => Ok(0),
-                Err(e) => Err(inner.storage(e)),
-            }
+            inner.partition_end(&txn, &topic, partition)
+        })
+        .await
+    }
+
+    async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
+        validate_topic_name(topic)?;
+        let topic = topic.to_owned();
+        self.blocking(move |inner| {
+            let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
+            let topics = txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
+            let partitions = inner.partition_count(&topics, &topic)?;
+            (0..partitions).map(|partition| inner.partition_end(&txn, &topic, partition)).collect()
         })
         .await
     }
@@ -258,6 +273,15 @@ impl Inner {
         offset.checked_add(u64::from(block.count)).ok_or_else(|| corrupt("offsets overflow u64".to_owned()))
     }
 
+    /// The end offset of a partition known to exist.
+    fn partition_end(&self, txn: &redb::ReadTransaction, topic: &str, partition: u32) -> Result<u64, LogError> {
+        match txn.open_table(partition_table(&partition_table_name(topic, partition))) {
+            Ok(table) => self.end_of(&table, topic, partition),
+            Err(TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(self.storage(e)),
+        }
+    }
+
     fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
         if partitions == 0 {
             return Err(LogError::InvalidPartitionCount { topic: topic.to_owned(), requested: partitions });
@@ -293,9 +317,10 @@ impl Inner {
         // Encode everything before taking the writer lock.
         let mut encoded = Vec::with_capacity(batches.len());
         for (partition, records) in &batches {
-            let blocks = encode_blocks(records).map_err(|reason| LogError::Storage {
-                path: self.path.clone(),
-                source: format!("cannot encode a record for `{topic}` partition {partition}: {reason}").into(),
+            let blocks = encode_blocks(records).map_err(|reason| LogError::Refused {
+                topic: topic.to_owned(),
+                partition: *partition,
+                reason,
             })?;
             encoded.push((*partition, blocks));
         }
@@ -670,17 +695,19 @@ mod tests {
         let log = open(&dir);
         log.create_topic("t", 2).await.unwrap();
         log.create_topic("u", 1).await.unwrap();
-        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), None);
+        assert_eq!(log.producer_sequence("t", 0, "p", 0).await.unwrap(), None);
         assert!(log.append_as("t", vec![(0, records(0..3))], "p", 5).await.unwrap());
         // The same stamp again, or an older one: nothing is appended there.
         assert!(!log.append_as("t", vec![(0, records(3..6))], "p", 5).await.unwrap());
         assert!(!log.append_as("t", vec![(0, records(3..6))], "p", 4).await.unwrap());
         assert_eq!((log.end_offset("t", 0).await.unwrap(), log.end_offset("t", 1).await.unwrap()), (3, 0));
-        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), Some(5));
+        assert_eq!(log.producer_sequence("t", 0, "p", 0).await.unwrap(), Some(5));
+        // Exact wherever the stamp lies: `since` is not needed.
+        assert_eq!(log.producer_sequence("t", 0, "p", u64::MAX).await.unwrap(), Some(5));
         // A partition the earlier stamp never reached takes it.
         assert!(log.append_as("t", vec![(0, records(3..6)), (1, records(3..5))], "p", 5).await.unwrap());
         assert_eq!((log.end_offset("t", 0).await.unwrap(), log.end_offset("t", 1).await.unwrap()), (3, 2));
-        assert_eq!(log.producer_sequence("t", 1, "p").await.unwrap(), Some(5));
+        assert_eq!(log.producer_sequence("t", 1, "p", 0).await.unwrap(), Some(5));
         // Other producers and other topics keep their own numbers.
         assert!(log.append_as("t", vec![(1, records(0..1))], "q", 1).await.unwrap());
         assert!(log.append_as("u", vec![(0, records(0..1))], "p", 1).await.unwrap());
@@ -688,7 +715,7 @@ mod tests {
         assert_eq!(log.end_offset("t", 0).await.unwrap(), 4);
         // A refused append (no such partition) remembers nothing.
         assert!(log.append_as("t", vec![(9, records(0..1))], "p", 7).await.is_err());
-        assert_eq!(log.producer_sequence("t", 0, "p").await.unwrap(), Some(6));
+        assert_eq!(log.producer_sequence("t", 0, "p", 0).await.unwrap(), Some(6));
         // And the numbers survive a reopen.
         drop(log);
         let log = open(&dir);

@@ -11,24 +11,37 @@
 //! - **End offsets come from message counts.** Iggy's `current_offset` is
 //!   the offset of the last message and is also 0 for an empty partition;
 //!   the message count tells them apart and is the end offset.
-//! - **Headers are Iggy user headers.** The tag travels as a typed `u32`
-//!   value, everything else (the key's canonical bytes too) as raw bytes. Iggy refuses empty
-//!   values and values over 255 bytes, so such values are split over
-//!   numbered keys (`name`, `name~1`, …) or, when empty, stored as
-//!   `name~empty`, and joined again when read. Iggy refuses empty bodies:
-//!   appending one is an error that says so.
+//! - **Records round-trip exactly** (body, and headers as a set by name:
+//!   Iggy keeps no header order and one value per name). Headers are Iggy
+//!   user headers: the tag travels as a typed `u32` value, everything else
+//!   (the key's canonical bytes too) as raw bytes. Iggy refuses empty values, values
+//!   over 255 bytes and empty bodies, so the host encodes around them:
+//!   - a header's key is its name with every `~` doubled; a value over 255
+//!     bytes is split over the keys `name`, `name~1`, `name~2`, … and an
+//!     empty one is stored as `name~empty` (a lone `~` always starts such a
+//!     suffix, so no name can pose as another's piece);
+//!   - an empty body is stored as the one byte `0` with the header
+//!     `~no-body` (no header name encodes to it), and read back empty.
+//!
+//!   A header name longer than 255 bytes once encoded, headers over Iggy's
+//!   100 kB, or a body over 64 MB are [`LogError::Refused`], as are the
+//!   server's own refusals of a message.
 //! - **Appends are per partition and per request.** Iggy stores a request
 //!   whole or not at all, but a call that fails part-way may have reached
 //!   some partitions, and plain appends go 1 000 messages per request.
 //!   [`EventLog::append_as`] therefore sends each partition's records in one
 //!   request, stamps every message with its producer and sequence number
 //!   (headers `waku-producer` and `waku-sequence`) and a deterministic
-//!   message id, and
-//!   [`EventLog::producer_sequence`] reads the stamp back from the tail of
-//!   the partition (at most the last 100 000 messages, once per producer
-//!   and partition; after that the client remembers what it appended), so
-//!   a retry completes the partitions the first try missed and skips the
-//!   others.
+//!   message id, and [`EventLog::producer_sequence`] reads the stamp back
+//!   from the end of the partition down to the caller's `since` offset,
+//!   stopping at the first chunk that holds one (a producer's stamps rise
+//!   with the offset), once per producer and partition; after that the
+//!   client remembers what it appended. So a retry completes the partitions
+//!   the first try missed and skips the others, whatever was appended after
+//!   the stamp. Retention that deletes messages a producer has not seen
+//!   confirmed defeats this (as it defeats end offsets, which are message
+//!   counts): keep retry, dead-letter and emitted topics' messages at least
+//!   until the hosts writing them have confirmed them.
 //! - **Every message has a deterministic id.** Stamped ones from the
 //!   producer, partition, sequence and index (the same for any client that
 //!   resends them); plain ones from this client, the append call, the
@@ -62,9 +75,8 @@ const PRODUCER: &str = "waku-producer";
 const SEQUENCE: &str = "waku-sequence";
 /// Most messages per send and per poll.
 const CHUNK: usize = 1000;
-/// How far back from a partition's end [`EventLog::producer_sequence`]
-/// looks for the producer's last stamp.
-const STAMP_WINDOW: u64 = 100_000;
+/// The header key marking an empty body (see the module docs).
+const EMPTY_BODY: &str = "~no-body";
 
 /// An Iggy server's stream, as a log.
 pub struct IggyLog {
@@ -189,10 +201,32 @@ impl IggyLog {
         let partitioning = Partitioning::partition_id(partition);
         let client = self.client().await?;
         for chunk in messages.chunks_mut(per_request) {
-            client
-                .send_messages(&self.stream, &id, &partitioning, chunk)
-                .await
-                .map_err(|e| self.storage("appending", e))?;
+            if let Err(e) = client.send_messages(&self.stream, &id, &partitioning, chunk).await {
+                return Err(match e {
+                    IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => {
+                        LogError::TopicNotFound { topic: topic.to_owned() }
+                    }
+                    IggyError::PartitionNotFound(..) => {
+                        self.check_partition(topic, partition).await?;
+                        self.storage("appending", e)
+                    }
+                    IggyError::TooBigUserHeaders
+                    | IggyError::InvalidHeaderKey
+                    | IggyError::InvalidHeaderValue
+                    | IggyError::InvalidHeaderKind(..)
+                    | IggyError::CannotParseHeaderKind(..)
+                    | IggyError::TooBigMessagePayload
+                    | IggyError::EmptyMessagePayload
+                    | IggyError::InvalidMessagePayloadLength
+                    | IggyError::InvalidMessagesSize(..)
+                    | IggyError::TooSmallMessage(..) => LogError::Refused {
+                        topic: topic.to_owned(),
+                        partition,
+                        reason: format!("{e} (Iggy error {})", e.as_code()),
+                    },
+                    e => self.storage("appending", e),
+                });
+            }
         }
         Ok(())
     }
@@ -210,8 +244,11 @@ impl IggyLog {
         let call = self.appends.fetch_add(1, Ordering::Relaxed);
         let mut appended = false;
         for (partition, records) in batches {
+            // Known from an earlier question or append; otherwise read from
+            // the partition's start, which is sound but slow (callers ask
+            // with their mark first).
             if let Some((producer, sequence)) = stamp
-                && self.producer_sequence(topic, partition, producer).await?.is_some_and(|known| known >= sequence)
+                && self.producer_sequence(topic, partition, producer, 0).await?.is_some_and(|known| known >= sequence)
             {
                 continue;
             }
@@ -233,12 +270,16 @@ impl IggyLog {
             let per_request = if stamp.is_some() { messages.len().max(1) } else { CHUNK };
             let sent = self.send(topic, partition, messages, per_request).await;
             if let Some((key, (_, sequence))) = stamp_key.zip(stamp) {
-                // After a failed send the partition's stamp is unknown.
+                // After a failed send the partition's stamp is unknown, unless
+                // the failure says nothing was stored.
                 let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
-                match sent {
-                    Ok(()) => stamps.insert(key, Some(sequence)),
-                    Err(_) => stamps.remove(&key),
-                };
+                match &sent {
+                    Ok(()) => drop(stamps.insert(key, Some(sequence))),
+                    Err(
+                        LogError::Refused { .. } | LogError::TopicNotFound { .. } | LogError::PartitionNotFound { .. },
+                    ) => {}
+                    Err(_) => drop(stamps.remove(&key)),
+                }
             }
             sent?;
         }
@@ -288,29 +329,18 @@ impl EventLog for IggyLog {
         self.append_stamped(topic, batches, Some((producer, sequence))).await
     }
 
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
+    async fn producer_sequence(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer: &str,
+        since: u64,
+    ) -> Result<Option<u64>, LogError> {
         let key = (topic.to_owned(), partition, producer.to_owned());
         if let Some(&known) = self.stamps.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(known);
         }
-        // A producer's stamps rise with the offset: the last one found,
-        // reading back from the end, is the highest.
-        let end = self.end_offset(topic, partition).await?;
-        let window = end.saturating_sub(STAMP_WINDOW);
-        let mut highest = None;
-        let mut upto = end;
-        while upto > window && highest.is_none() {
-            let from = upto.saturating_sub(CHUNK as u64).max(window);
-            for record in self.read(topic, partition, from, (upto - from) as usize).await? {
-                let header = |name: &str| record.record.headers.iter().find(|h| h.name == name);
-                if header(PRODUCER).is_some_and(|h| h.value == producer.as_bytes())
-                    && let Some(sequence) = header(SEQUENCE).and_then(|h| <[u8; 8]>::try_from(h.value.as_slice()).ok())
-                {
-                    highest = highest.max(Some(u64::from_le_bytes(sequence)));
-                }
-            }
-            upto = from;
-        }
+        let highest = last_stamp(self, topic, partition, producer, since).await?;
         self.stamps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, highest);
         Ok(highest)
     }
@@ -372,14 +402,12 @@ impl EventLog for IggyLog {
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+        partition_end(topic, &self.topic_details(topic).await?, partition)
+    }
+
+    async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
         let details = self.topic_details(topic).await?;
-        let partitions = details.partitions_count;
-        details
-            .partitions
-            .iter()
-            .find(|p| p.id == partition)
-            .map(|p| p.messages_count)
-            .ok_or(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions })
+        (0..details.partitions_count).map(|partition| partition_end(topic, &details, partition)).collect()
     }
 
     async fn store_consumer_offset(
@@ -416,6 +444,55 @@ impl EventLog for IggyLog {
     }
 }
 
+/// A partition's end offset from its topic's details.
+fn partition_end(topic: &str, details: &iggy::prelude::TopicDetails, partition: u32) -> Result<u64, LogError> {
+    let partitions = details.partitions_count;
+    details.partitions.iter().find(|p| p.id == partition).map(|p| p.messages_count).ok_or(LogError::PartitionNotFound {
+        topic: topic.to_owned(),
+        partition,
+        partitions,
+    })
+}
+
+/// The highest stamp `producer` left in a partition at or after offset
+/// `since`, read back from the end in chunks: a producer's stamps rise with
+/// the offset, so the first chunk holding one holds the highest.
+pub(crate) async fn last_stamp<L: EventLog>(
+    log: &L,
+    topic: &str,
+    partition: u32,
+    producer: &str,
+    since: u64,
+) -> Result<Option<u64>, LogError> {
+    let mut upto = log.end_offset(topic, partition).await?;
+    while upto > since {
+        let from = upto.saturating_sub(CHUNK as u64).max(since);
+        let records = log.read(topic, partition, from, (upto - from) as usize).await?;
+        let highest = records.iter().filter_map(|stored| stamp_of(&stored.record, producer)).max();
+        if highest.is_some() {
+            return Ok(highest);
+        }
+        upto = from;
+    }
+    Ok(None)
+}
+
+/// The sequence number `producer` stamped on `record`, if it did.
+fn stamp_of(record: &Record, producer: &str) -> Option<u64> {
+    let header = |name: &str| record.headers.iter().find(|h| h.name == name);
+    header(PRODUCER).filter(|h| h.value == producer.as_bytes())?;
+    header(SEQUENCE).and_then(|h| <[u8; 8]>::try_from(h.value.as_slice()).ok()).map(u64::from_le_bytes)
+}
+
+/// The headers [`EventLog::append_as`] adds to each message, as they read
+/// back: producer and sequence number.
+pub(crate) fn stamp_headers(producer: &str, sequence: u64) -> [Header; 2] {
+    [
+        Header { name: PRODUCER.to_owned(), value: producer.as_bytes().to_vec() },
+        Header { name: SEQUENCE.to_owned(), value: sequence.to_le_bytes().to_vec() },
+    ]
+}
+
 /// A connected client for `url`.
 async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
     let client = IggyClient::from_connection_string(&with_bounded_reconnection(url))?;
@@ -423,8 +500,8 @@ async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
     Ok(client)
 }
 
-/// A record as an Iggy message with id `id`: headers as user headers (see
-/// the module docs), stamped when `stamp` is given.
+/// A record as an Iggy message with id `id`: headers as user headers and
+/// the body as payload (see the module docs), stamped when `stamp` is given.
 fn to_message(
     topic: &str,
     partition: u32,
@@ -432,47 +509,99 @@ fn to_message(
     stamp: Option<(&str, u64)>,
     id: u128,
 ) -> Result<IggyMessage, LogError> {
-    let invalid = |reason: String| LogError::Storage {
-        path: PathBuf::from(topic),
-        source: format!("cannot append to partition {partition}: {reason}").into(),
-    };
-    if record.body.is_empty() {
-        return Err(invalid("Iggy refuses messages with an empty body".into()));
-    }
+    let refused = |reason: String| LogError::Refused { topic: topic.to_owned(), partition, reason };
     let mut headers = BTreeMap::new();
-    let mut put = |name: &str, value: HeaderValue| -> Result<(), LogError> {
-        let key =
-            HeaderKey::from_str(name).map_err(|_| invalid(format!("header name {name:?} is not valid in Iggy")))?;
+    let mut put = |key: &str, value: HeaderValue| -> Result<(), LogError> {
+        let key = HeaderKey::from_str(key).map_err(|_| {
+            refused(format!("header key {key:?} cannot be stored in Iggy (1 to 255 bytes, `~` counting twice)"))
+        })?;
         headers.insert(key, value);
         Ok(())
     };
     for Header { name, value } in &record.headers {
         match (name.as_str(), value.len()) {
+            // Names without `~`: their keys are the names.
             (TAG, 4) => put(name, HeaderValue::from(u32::from_le_bytes(value[..].try_into().expect("4 bytes"))))?,
-            (_, 0) => put(&format!("{name}~empty"), HeaderValue::from(0u8))?,
+            (_, 0) => put(&header_key(name, Some("empty")), HeaderValue::from(0u8))?,
             _ => {
                 for (index, piece) in value.chunks(255).enumerate() {
-                    let key = if index == 0 { name.clone() } else { format!("{name}~{index}") };
+                    let suffix = (index > 0).then(|| index.to_string());
                     let piece = HeaderValue::from_raw(HeaderKind::Raw, piece).expect("1 to 255 bytes");
-                    put(&key, piece)?;
+                    put(&header_key(name, suffix.as_deref()), piece)?;
                 }
             }
         }
     }
+    let payload = if record.body.is_empty() {
+        put(EMPTY_BODY, HeaderValue::from(0u8))?;
+        Bytes::from_static(&[0])
+    } else {
+        Bytes::from(record.body)
+    };
     if let Some((producer, sequence)) = stamp {
-        put(
-            PRODUCER,
-            HeaderValue::from_raw(HeaderKind::Raw, producer.as_bytes())
-                .map_err(|_| invalid(format!("producer name {producer:?} must have 1 to 255 bytes")))?,
-        )?;
-        put(SEQUENCE, HeaderValue::from_raw(HeaderKind::Raw, &sequence.to_le_bytes()).expect("8 bytes"))?;
+        for Header { name, value } in stamp_headers(producer, sequence) {
+            let value = HeaderValue::from_raw(HeaderKind::Raw, &value)
+                .map_err(|_| refused(format!("producer name {producer:?} must have 1 to 255 bytes")))?;
+            put(&name, value)?;
+        }
     }
     IggyMessage::builder()
         .id(id)
-        .payload(Bytes::from(record.body))
+        .payload(payload)
         .user_headers(headers)
         .build()
-        .map_err(|e| invalid(format!("{e}")))
+        .map_err(|e| refused(format!("{e} (Iggy error {})", e.as_code())))
+}
+
+/// The user-header key of header `name`, or of its piece `suffix`: the name
+/// with every `~` doubled, then `~suffix`.
+fn header_key(name: &str, suffix: Option<&str>) -> String {
+    let mut key = name.replace('~', "~~");
+    if let Some(suffix) = suffix {
+        key.push('~');
+        key.push_str(suffix);
+    }
+    key
+}
+
+/// What a user-header key stands for.
+#[derive(Debug, PartialEq, Eq)]
+enum HeaderPiece {
+    /// Piece `index` of the value of header `name`.
+    Value { name: String, index: usize },
+    /// The header `name`, with an empty value.
+    Empty { name: String },
+    /// The record's body is empty.
+    EmptyBody,
+}
+
+/// Reads a key written by [`header_key`]. Keys no host wrote (another
+/// producer's) that do not follow the scheme are taken as names.
+fn parse_header_key(key: &str) -> HeaderPiece {
+    let mut name = String::with_capacity(key.len());
+    let mut chars = key.char_indices();
+    while let Some((at, c)) = chars.next() {
+        if c != '~' {
+            name.push(c);
+            continue;
+        }
+        let rest = &key[at + 1..];
+        if rest.starts_with('~') {
+            chars.next();
+            name.push('~');
+            continue;
+        }
+        return match rest {
+            "empty" => HeaderPiece::Empty { name },
+            _ if name.is_empty() && EMPTY_BODY.strip_prefix('~') == Some(rest) => HeaderPiece::EmptyBody,
+            _ if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) => match rest.parse() {
+                Ok(index) => HeaderPiece::Value { name, index },
+                Err(_) => HeaderPiece::Value { name: key.to_owned(), index: 0 },
+            },
+            _ => HeaderPiece::Value { name: key.to_owned(), index: 0 },
+        };
+    }
+    HeaderPiece::Value { name, index: 0 }
 }
 
 /// The id of a plain append's message: the client, the append call, the
@@ -497,9 +626,11 @@ fn stamped_message_id(producer: &str, partition: u32, sequence: u64, index: usiz
 }
 
 /// An Iggy message as a stored record: user headers back to the names and
-/// little-endian bytes this crate writes, split values joined.
+/// little-endian bytes this crate writes, split values joined, an empty
+/// body restored.
 fn from_message(message: IggyMessage) -> StoredRecord {
     let mut headers: Vec<Header> = Vec::new();
+    let mut empty_body = false;
     // Malformed header bytes come back as "no headers": the record then has
     // no envelope, which the consumer reports as a header error.
     if let Ok(Some(map)) = message.user_headers_map() {
@@ -511,12 +642,10 @@ fn from_message(message: IggyMessage) -> StoredRecord {
                 HeaderKind::Uint64 => value.as_uint64().map(|v| v.to_le_bytes().to_vec()).unwrap_or_default(),
                 _ => value.as_bytes().to_vec(),
             };
-            match key.rsplit_once('~') {
-                Some((name, "empty")) => pieces.entry(name.to_owned()).or_default().push((0, Vec::new())),
-                Some((name, index)) if index.parse::<usize>().is_ok() => {
-                    pieces.entry(name.to_owned()).or_default().push((index.parse().expect("checked"), bytes))
-                }
-                _ => pieces.entry(key).or_default().push((0, bytes)),
+            match parse_header_key(&key) {
+                HeaderPiece::Value { name, index } => pieces.entry(name).or_default().push((index, bytes)),
+                HeaderPiece::Empty { name } => pieces.entry(name).or_default().push((0, Vec::new())),
+                HeaderPiece::EmptyBody => empty_body = true,
             }
         }
         for (name, mut parts) in pieces {
@@ -524,7 +653,8 @@ fn from_message(message: IggyMessage) -> StoredRecord {
             headers.push(Header { name, value: parts.into_iter().flat_map(|(_, bytes)| bytes).collect() });
         }
     }
-    StoredRecord { offset: message.header.offset, record: Record { headers, body: message.payload.to_vec() } }
+    let body = if empty_body { Vec::new() } else { message.payload.to_vec() };
+    StoredRecord { offset: message.header.offset, record: Record { headers, body } }
 }
 
 fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError {
@@ -606,10 +736,74 @@ mod tests {
         assert_eq!(stored.record.body, b"{}");
     }
 
+    fn round_trip(record: &Record) -> Record {
+        let mut message = to_message("t", 0, record.clone(), None, 1).unwrap();
+        message.header.offset = 0;
+        from_message(message).record
+    }
+
+    fn sorted(mut record: Record) -> Record {
+        record.headers.sort_by(|a, b| a.name.cmp(&b.name));
+        record
+    }
+
     #[test]
-    fn an_empty_body_is_refused_by_name_and_ids_are_deterministic() {
-        let error = to_message("t", 1, Record { headers: vec![], body: vec![] }, None, 1).unwrap_err();
-        assert!(error.to_string().contains("`t`") || format!("{error:?}").contains("empty body"), "{error:?}");
+    fn empty_bodies_and_names_with_tildes_round_trip_exactly() {
+        let header = |name: &str, value: &[u8]| Header { name: name.into(), value: value.to_vec() };
+        let long = vec![3u8; 300];
+        let tricky = Record {
+            headers: vec![
+                header("a", &long),
+                header("a~1", b"not a piece"),
+                header("a~empty", b"not empty"),
+                header("~no-body", b"not the marker"),
+                header("~", &[]),
+                header("~~", &long),
+                header("b~", b"x"),
+                header("b", &[]),
+                header("~1", b"y"),
+            ],
+            body: Vec::new(),
+        };
+        assert_eq!(sorted(round_trip(&tricky)), sorted(tricky.clone()));
+        let one_zero = Record { headers: vec![], body: vec![0] };
+        assert_eq!(round_trip(&one_zero), one_zero, "a real one-byte body stays");
+        let bare = Record { headers: vec![], body: vec![] };
+        assert_eq!(round_trip(&bare), bare);
+        for name in ["plain", "a~b", "~", "x~~", "~1", "~empty", "~no-body"] {
+            for suffix in [None, Some("1"), Some("empty")] {
+                let parsed = parse_header_key(&header_key(name, suffix));
+                let expected = match suffix {
+                    None => HeaderPiece::Value { name: name.into(), index: 0 },
+                    Some("empty") => HeaderPiece::Empty { name: name.into() },
+                    Some(_) => HeaderPiece::Value { name: name.into(), index: 1 },
+                };
+                assert_eq!(parsed, expected, "{name:?} {suffix:?}");
+            }
+        }
+        // Another producer's keys that do not follow the scheme are names.
+        assert_eq!(parse_header_key("a~b"), HeaderPiece::Value { name: "a~b".into(), index: 0 });
+    }
+
+    #[test]
+    fn what_iggy_cannot_store_is_refused_naming_the_place() {
+        let named =
+            |name: String| Record { headers: vec![Header { name, value: b"v".to_vec() }], body: b"{}".to_vec() };
+        for record in [named("~".repeat(128)), named(String::new()), named("x".repeat(256))] {
+            let error = to_message("t", 3, record, None, 1).unwrap_err();
+            assert!(matches!(&error, LogError::Refused { topic, partition: 3, .. } if topic == "t"), "{error:?}");
+        }
+        assert!(to_message("t", 3, named("~".repeat(127)), None, 1).is_ok());
+        let heavy = Record {
+            headers: (0..500).map(|i| Header { name: format!("h{i}"), value: vec![1; 255] }).collect(),
+            body: b"{}".to_vec(),
+        };
+        let error = to_message("t", 0, heavy, None, 1).unwrap_err();
+        assert!(error.to_string().starts_with("`t` partition 0 refuses the record: "), "{error}");
+    }
+
+    #[test]
+    fn message_ids_are_deterministic() {
         assert_eq!(stamped_message_id("p", 0, 7, 1), stamped_message_id("p", 0, 7, 1));
         assert_ne!(stamped_message_id("p", 0, 7, 1), stamped_message_id("p", 0, 7, 2));
         let ids: std::collections::HashSet<u128> = (0..4)
@@ -619,6 +813,32 @@ mod tests {
         assert_eq!(ids.len(), 4 * 3 * 100, "plain ids differ by call, partition and index");
         assert_eq!(plain_message_id(5, 1, 2, 3), plain_message_id(5, 1, 2, 3));
         assert_eq!(redact("iggy://iggy:secret@127.0.0.1:8090"), "iggy://iggy:***@127.0.0.1:8090");
+    }
+
+    /// A producer's stamps are found from `since` on, however many
+    /// messages follow them, and never below it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stamps_are_found_from_the_mark_behind_any_amount_of_traffic() {
+        use crate::log::EmbeddedLog;
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+        log.create_topic("out", 1).await.unwrap();
+        let stamped = |sequence: u64| Record { headers: stamp_headers("host-a", sequence).to_vec(), body: vec![1] };
+        let other = || Record { headers: stamp_headers("host-b", 99).to_vec(), body: vec![2] };
+        log.append("out", vec![(0, vec![stamped(3), other()])]).await.unwrap();
+        let mark = log.end_offset("out", 0).await.unwrap();
+        log.append("out", vec![(0, vec![stamped(4), stamped(5), other()])]).await.unwrap();
+        // More traffic than the 100 000 messages the old look-back read.
+        for _ in 0..15 {
+            log.append("out", vec![(0, (0..10_000).map(|_| other()).collect())]).await.unwrap();
+        }
+        assert_eq!(last_stamp(&log, "out", 0, "host-a", mark).await.unwrap(), Some(5));
+        assert_eq!(last_stamp(&log, "out", 0, "host-a", 0).await.unwrap(), Some(5));
+        assert_eq!(last_stamp(&log, "out", 0, "host-b", mark).await.unwrap(), Some(99));
+        assert_eq!(last_stamp(&log, "out", 0, "host-c", mark).await.unwrap(), None);
+        // Below the mark is not looked at; past the end finds nothing.
+        assert_eq!(last_stamp(&log, "out", 0, "host-a", mark + 3).await.unwrap(), None);
+        assert_eq!(last_stamp(&log, "out", 0, "host-a", u64::MAX).await.unwrap(), None);
     }
 
     #[test]

@@ -19,6 +19,19 @@
 //!   partition fails the whole call before anything is written). A networked
 //!   backend may only promise this per partition; callers must not rely on
 //!   more than "a failed append may be retried".
+//! - **Producer stamps are found from a mark.**
+//!   [`append_as`](EventLog::append_as) stamps an append with a producer and
+//!   a sequence number, and [`producer_sequence`](EventLog::producer_sequence)
+//!   reads the highest stamp back, so a producer that lost an answer or
+//!   crashed resends only what is missing. The caller names an offset
+//!   (`since`) at or below every append of its own it has not seen
+//!   confirmed; the embedded log keeps stamps in a table and finds them
+//!   wherever they are, a backend that keeps them in the messages (Iggy)
+//!   reads from `since` on, however much was appended after it.
+//! - **A failure says whether trying again can help.** An unreachable log is
+//!   [`LogError::Unavailable`]; a missing topic or partition, an invalid
+//!   topic name, or a record the backend will never store
+//!   ([`LogError::Refused`]) fail the same way every time.
 //! - **Consumer offsets are informational.** A projection's position lives in
 //!   its own state, committed with its writes (see [`crate::state`]); the
 //!   offset stored in the log with
@@ -48,7 +61,7 @@ pub use iggy::IggyLog;
 ///
 /// The host never decodes the body; everything it needs to plan is in the
 /// headers (see [`crate::event::EventHeaders`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The user headers, in the order they were written.
     pub headers: Vec<Header>,
@@ -110,6 +123,18 @@ pub enum LogError {
         topic: String,
         /// Which rule it breaks.
         reason: &'static str,
+    },
+    /// The backend will never store this record as it is (too large, a
+    /// header it cannot represent); nothing of the append was stored on
+    /// that partition. Trying again fails the same way.
+    #[error("`{topic}` partition {partition} refuses the record: {reason}")]
+    Refused {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// Why.
+        reason: String,
     },
     /// A stored record cannot be decoded.
     #[error("corrupt record in `{topic}` partition {partition} at offset {offset}: {reason}")]
@@ -195,8 +220,11 @@ pub trait EventLog: Send + Sync + 'static {
     ///
     /// A networked backend sends each partition's records in one request,
     /// so callers keep them small (the outbox sends at most
-    /// [`crate::consumer::STAMPED_APPEND_RECORDS`] records and
-    /// [`crate::consumer::STAMPED_APPEND_BYTES`] per append).
+    /// [`crate::outbox::STAMPED_APPEND_RECORDS`] records and
+    /// [`crate::outbox::STAMPED_APPEND_BYTES`] per append). A backend that
+    /// finds stamps by reading (Iggy) reads the whole partition when it knows
+    /// nothing of the producer there yet; callers ask
+    /// [`EventLog::producer_sequence`] first, with their mark.
     fn append_as(
         &self,
         topic: &str,
@@ -206,12 +234,22 @@ pub trait EventLog: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, LogError>> + Send;
 
     /// The highest sequence number `producer` appended to a partition with
-    /// [`EventLog::append_as`], if any.
+    /// [`EventLog::append_as`], if any, looking no further back than offset
+    /// `since`.
+    ///
+    /// The caller promises that every append of `producer` it has not seen
+    /// confirmed lies at or after `since` (the outbox records the
+    /// partition's end offset before its first append there, see
+    /// [`crate::outbox`]); stamps below it belong to appends it knows about.
+    /// A backend that remembers stamps exactly (embedded) may answer from
+    /// before `since`: a higher stamp is still a true one. A `since` past the
+    /// end (the topic was deleted and created again) finds nothing.
     fn producer_sequence(
         &self,
         topic: &str,
         partition: u32,
         producer: &str,
+        since: u64,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
 
     /// Up to `max` records from offset `from` on, in offset order.
@@ -228,6 +266,10 @@ pub trait EventLog: Send + Sync + 'static {
     /// The offset the next record of the partition will get: the number of
     /// records in it.
     fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
+
+    /// The end offset of every partition of a topic, in partition order (so
+    /// its length is the partition count), read at once.
+    fn end_offsets(&self, topic: &str) -> impl Future<Output = Result<Vec<u64>, LogError>> + Send;
 
     /// Records that `consumer` will next read offset `next` of a partition.
     ///
@@ -290,8 +332,14 @@ impl EventLog for AnyLog {
         delegate!(self, log => log.append_as(topic, batches, producer, sequence))
     }
 
-    async fn producer_sequence(&self, topic: &str, partition: u32, producer: &str) -> Result<Option<u64>, LogError> {
-        delegate!(self, log => log.producer_sequence(topic, partition, producer))
+    async fn producer_sequence(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer: &str,
+        since: u64,
+    ) -> Result<Option<u64>, LogError> {
+        delegate!(self, log => log.producer_sequence(topic, partition, producer, since))
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
@@ -300,6 +348,10 @@ impl EventLog for AnyLog {
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
         delegate!(self, log => log.end_offset(topic, partition))
+    }
+
+    async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
+        delegate!(self, log => log.end_offsets(topic))
     }
 
     async fn store_consumer_offset(
