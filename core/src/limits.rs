@@ -221,10 +221,11 @@ pub struct PayloadLimits {
     /// one closing line. Default 100.
     pub max_log_lines_per_call: usize,
     /// Most bytes the host holds for the state writes, counter changes and
-    /// emits of one batch (every key's, with [`WRITE_OVERHEAD`] and
-    /// [`EMIT_OVERHEAD`] each). A call that would take the batch past it
-    /// fails as retryable, decided by the host: its key is tried again in a
-    /// later batch. At least what one call may hold
+    /// emits of the batches in flight (one per partition, every key's, with
+    /// [`WRITE_OVERHEAD`] and [`EMIT_OVERHEAD`] each). A call that would
+    /// take them past it fails as retryable, decided by the host: its key
+    /// is tried again in a later batch (without losing an attempt unless the
+    /// key itself holds over a quarter of the budget). At least what one call may hold
     /// ([`most_held_by_one_call`](Self::most_held_by_one_call)). Default
     /// 64 MiB.
     pub max_batch_held: usize,

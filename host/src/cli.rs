@@ -303,7 +303,8 @@ struct LimitArgs {
     #[arg(long, default_value_t = PayloadLimits::default().max_log_lines_per_call, help_heading = PAYLOAD)]
     max_log_lines_per_call: usize,
     /// Most MiB the host holds for the state writes, counter changes and
-    /// emits of one batch; a call past it is retried in a later batch.
+    /// emits of the batches in flight (one per partition) together; a call
+    /// past it is retried in a later batch.
     #[arg(long, default_value_t = PayloadLimits::default().max_batch_held >> 20, help_heading = PAYLOAD)]
     max_batch_held_mib: usize,
 }

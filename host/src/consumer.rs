@@ -286,6 +286,9 @@ pub struct Consumer<L> {
     outbox: Arc<tokio::sync::Mutex<()>>,
     progress: Arc<Progress>,
     metrics: Option<Arc<Metrics>>,
+    /// What the batches in flight (one per partition) may make the host
+    /// hold, together.
+    budget: BatchBudget,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -298,6 +301,7 @@ impl<L> Clone for Consumer<L> {
             outbox: self.outbox.clone(),
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
+            budget: self.budget.clone(),
         }
     }
 }
@@ -308,11 +312,12 @@ impl<L: EventLog> Consumer<L> {
         Self {
             log,
             projection,
-            config,
             observer: None,
             outbox: Arc::default(),
             progress: Arc::default(),
             metrics: None,
+            budget: BatchBudget::new(&config.payload),
+            config,
         }
     }
 
@@ -742,7 +747,9 @@ impl<L: EventLog> Consumer<L> {
         let plan = Plan::new(&input.plan);
         let work = split_work(&plan, &mut input, self.config.workers.max(1));
         let snapshot = Arc::new(store.reader()?);
-        let budget = BatchBudget::new(&self.config.payload);
+        // Held until the commit is done: what the batch holds counts
+        // against the budget every partition in flight shares.
+        let budget = self.budget.batch();
         let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
         drop(snapshot);
         // A host fault (the state store failed under a call) is not the

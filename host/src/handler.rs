@@ -240,35 +240,65 @@ pub enum ScopeError {
     HostFault(String),
 }
 
-/// What one batch may make the host hold, shared by the key scopes of the
-/// batch ([`PayloadLimits::max_batch_held`]). Cloning shares it.
+/// What the batches in flight may make the host hold
+/// ([`PayloadLimits::max_batch_held`]).
+///
+/// A consumer makes one and draws a [`BatchBudget::batch`] from it for each
+/// batch, which its key scopes share (cloning shares it). What a batch takes
+/// is given back when the batch is done (its last clone is dropped), so the
+/// bound holds for all partitions in flight together, not per partition.
 #[derive(Debug, Clone)]
 pub struct BatchBudget {
     limit: usize,
+    /// What every batch drawn from the same budget holds.
     held: Arc<AtomicUsize>,
+    /// What this batch took, given back on drop.
+    taken: Arc<Taken>,
+}
+
+/// One batch's share of a [`BatchBudget`].
+#[derive(Debug)]
+struct Taken {
+    bytes: AtomicUsize,
+    from: Arc<AtomicUsize>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.from.fetch_sub(*self.bytes.get_mut(), Ordering::AcqRel);
+    }
 }
 
 impl BatchBudget {
-    /// A fresh budget for one batch: make one per batch and clone it into
-    /// each [`KeyScope`].
+    /// A budget of `limits.max_batch_held` bytes, usable as one batch's.
     pub fn new(limits: &PayloadLimits) -> Self {
-        Self { limit: limits.max_batch_held, held: Arc::default() }
+        let held = Arc::<AtomicUsize>::default();
+        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: held.clone() });
+        Self { limit: limits.max_batch_held, held, taken }
     }
 
-    /// What the batch holds so far, in bytes.
+    /// A batch's budget, drawing on this one together with every other
+    /// batch drawn from it; what it takes is given back when it is dropped.
+    pub fn batch(&self) -> Self {
+        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: self.held.clone() });
+        Self { limit: self.limit, held: self.held.clone(), taken }
+    }
+
+    /// What the batches drawing on this budget hold, in bytes.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 
     /// Takes `bytes` from the budget for a key that holds `key_held`
-    /// already, or says what the batch held when they do not fit.
+    /// already, or says what was held when they do not fit.
     fn reserve(&self, bytes: usize, key_held: usize) -> Result<(), CallError> {
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&total| total <= self.limit)
             })
-            .map(drop)
-            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held })
+            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held })?;
+        self.taken.bytes.fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
     }
 }
 
@@ -475,6 +505,24 @@ impl KeyScope {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn batches_drawn_from_one_budget_share_it_and_give_back_what_they_took() {
+        let budget = BatchBudget::new(&PayloadLimits { max_batch_held: 100, ..PayloadLimits::default() });
+        let (one, two) = (budget.batch(), budget.batch());
+        one.reserve(60, 0).unwrap();
+        let error = two.clone().reserve(50, 0).unwrap_err();
+        assert!(matches!(error, CallError::BatchBudget { held: 60, adds: 50, limit: 100, .. }), "{error}");
+        two.reserve(40, 0).unwrap();
+        assert_eq!(budget.held(), 100);
+        drop(one);
+        assert_eq!(budget.held(), 40, "a finished batch gives back what it took");
+        let scope_copy = two.clone();
+        drop(two);
+        assert_eq!(budget.held(), 40, "a clone still in use keeps the batch's share");
+        drop(scope_copy);
+        assert_eq!(budget.held(), 0);
+    }
+
     use super::*;
     use crate::state::{BatchCommit, StateStore};
 
