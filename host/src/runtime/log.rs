@@ -83,7 +83,7 @@ impl LogUnit {
 fn write(module: &str, key: Option<&Key>, level: LogLevel, line: &dyn std::fmt::Display) {
     // Both are the module's text: shown escaped, never raw.
     let key = key.map(|key| printable(&key.to_string()).into_owned());
-    let key = key.as_deref();
+    let key = key.as_deref().map(tracing::field::display);
     macro_rules! emit {
         ($level:ident) => {
             tracing::$level!(target: "waku::guest", module, key, "{}", printable(&line.to_string()))
