@@ -62,7 +62,10 @@ async fn messages_to_a_missing_topic_or_an_invalid_name_become_dead_letters_and_
     }
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     let outbox = vec![emitted("out", 1, (0, 3)), emitted("nowhere", 2, (1, 7)), emitted("bad name!", 3, (0, 9))];
-    store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+    // Committed with the positions of both partitions, as a consumer of
+    // them would: this store owns their dead letters.
+    let positions = vec![("probes".to_owned(), 0, 10), ("probes".to_owned(), 1, 10)];
+    store.commit(BatchCommit { outbox, positions, ..BatchCommit::default() }).unwrap();
 
     let published = outbox::publish(&log, &store, "probe", "probes").await.unwrap();
     assert_eq!(published, Published { appended: 3, undeliverable: 2 });
