@@ -10,9 +10,11 @@
 //!
 //! Data flows one way: poll → plan → reduce → invoke → commit.
 //!
-//! - [`event`]: type tags, orderings, algebras, key hashes and the strict
-//!   header envelope every message carries (re-exported from
-//!   `wakuwaku-core`).
+//! - [`event`]: type tags, orderings, algebras and the strict header
+//!   envelope every message carries (re-exported from `wakuwaku-core`).
+//! - [`key`]: keys as canonical bytes (the identity of what order and state
+//!   are scoped to), their text form and the hash that picks a partition
+//!   (re-exported from `wakuwaku-core`).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O (re-exported
 //!   from `wakuwaku-core`).
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking
