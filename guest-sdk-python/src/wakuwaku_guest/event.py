@@ -1,0 +1,138 @@
+"""Event types: a body schema with a tag, a name, an algebra, a max batch,
+a key and a per-message ordering.
+
+An event type is a dataclass deriving from :class:`Event`; what the host
+needs to know about it is given as class keywords::
+
+    @dataclass
+    class Deposited(Event, tag=2, algebra=Algebra.ASSOCIATIVE):
+        account: int
+        amount: int
+
+        def key(self) -> int:
+            return self.account
+
+        @classmethod
+        def combine(cls, events: list["Deposited"]) -> "Deposited":
+            return Deposited(events[0].account, sum(e.amount for e in events))
+
+The keywords are checked when the class is created (so a bad one fails the
+import, and with it the component build): ``tag`` is a u32 unique among the
+types of one topic (uniqueness is checked by the module), ``name`` 1 to 128
+bytes of letters, digits, ``_``, ``-``, ``.`` and ``:`` (default: the class
+name), ``max_batch`` at least 1 (default 256), and an associative type must
+define ``combine``. They are read back as ``TAG``, ``NAME``, ``ALGEBRA`` and
+``MAX_BATCH``, as the Rust SDK's associated constants.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, TypeVar
+
+from . import codec
+from .key import KeyFormatError, encode_key
+from .limits import is_event_type_name
+from .types import Algebra, Ordering, UnrecoverableError
+
+__all__ = ["Event"]
+
+_U32_MAX = (1 << 32) - 1
+
+E = TypeVar("E", bound="Event")
+
+
+class Event:
+    """The base of every event type. Subclass it with class keywords (see
+    the module docs) and implement :meth:`key`; override :meth:`ordering`
+    when messages ask for a fence, :meth:`combine` for an associative type,
+    and :meth:`decode`/:meth:`encode` for a body format other than JSON."""
+
+    #: Unique among the event types of one topic; written into every
+    #: message's header.
+    TAG: ClassVar[int]
+    #: A human name used in logs, metrics and errors.
+    NAME: ClassVar[str]
+    #: How the host may reduce a run of this type.
+    ALGEBRA: ClassVar[Algebra] = Algebra.NON_ASSOCIATIVE
+    #: The most events one handler call receives.
+    MAX_BATCH: ClassVar[int] = 256
+
+    def __init_subclass__(
+        cls,
+        *,
+        tag: int | None = None,
+        name: str | None = None,
+        algebra: Algebra | None = None,
+        max_batch: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if tag is None:
+            if name is not None or algebra is not None or max_batch is not None:
+                raise TypeError(f"event type {cls.__name__} gives no tag (class {cls.__name__}(Event, tag=...))")
+            # A base class shared by event types: it declares nothing itself.
+            return
+        if type(tag) is not int or not 0 <= tag <= _U32_MAX:
+            raise TypeError(f"event type {cls.__name__}: tag {tag!r} is not a u32")
+        name = cls.__name__ if name is None else name
+        if not isinstance(name, str) or not is_event_type_name(name):
+            raise TypeError(
+                f"event type {cls.__name__}: name {name!r} is not 1 to 128 bytes of letters, digits, "
+                "`_`, `-`, `.` and `:`"
+            )
+        algebra = cls.ALGEBRA if algebra is None else algebra
+        if not isinstance(algebra, Algebra):
+            raise TypeError(f"event type {cls.__name__}: algebra {algebra!r} is not an Algebra")
+        max_batch = cls.MAX_BATCH if max_batch is None else max_batch
+        if type(max_batch) is not int or not 1 <= max_batch <= _U32_MAX:
+            raise TypeError(f"event type {cls.__name__}: max_batch {max_batch!r} is not from 1 to {_U32_MAX}")
+        if cls.key is Event.key:
+            raise TypeError(f"event type {cls.__name__} does not define key(self)")
+        if algebra is Algebra.ASSOCIATIVE and cls.combine.__func__ is Event.combine.__func__:
+            raise TypeError(f"event type {cls.__name__} is associative but does not define combine(cls, events)")
+        cls.TAG = tag
+        cls.NAME = name
+        cls.ALGEBRA = algebra
+        cls.MAX_BATCH = max_batch
+
+    def key(self) -> Any:
+        """The key of this message: an int, str, bytes, or a tuple of those
+        (see :mod:`wakuwaku_guest.key`). It may depend only on the body."""
+        raise NotImplementedError
+
+    def ordering(self) -> Ordering:
+        """How this message orders itself against other event types of its
+        key. It may depend on the message, but only on the message. Default:
+        ``RELAXED``."""
+        return Ordering.RELAXED
+
+    @classmethod
+    def combine(cls: type[E], events: list[E]) -> E:
+        """Folds a run of events (at least one, of one key, in log order)
+        into one event that the handler treats exactly like the whole run.
+        Called only for an associative type; the default fails as
+        unrecoverable."""
+        raise UnrecoverableError(f"{cls.NAME} is not associative")
+
+    @classmethod
+    def decode(cls: type[E], body: bytes) -> E:
+        """Decodes a body. Default: JSON read into the dataclass, checked
+        against its type hints (see :mod:`wakuwaku_guest.codec`); a body that
+        does not fit is an unrecoverable error naming the type."""
+        try:
+            return codec.from_json(cls, json.loads(body))
+        except (ValueError, TypeError) as error:
+            raise UnrecoverableError(f"malformed {cls.NAME} body: {error}") from None
+
+    def encode(self) -> bytes:
+        """Encodes the body. Default: compact JSON of the dataclass."""
+        return codec.to_json_bytes(self)
+
+    def key_bytes(self) -> bytes:
+        """The canonical bytes of :meth:`key`; a value that cannot be a key
+        is an unrecoverable error naming the type."""
+        try:
+            return encode_key(self.key())
+        except KeyFormatError as error:
+            raise UnrecoverableError(f"the key of a {type(self).NAME} is not a key: {error}") from None

@@ -1,0 +1,226 @@
+"""Unit-testing handlers with pytest: no component, no host.
+
+:class:`MemoryHost` keeps state, counters, emitted messages and log lines
+in memory, and drives a module through the same byte path the component
+uses: each event is encoded, its key taken with the module's ``key``, and
+the bodies dispatched by tag through :meth:`Module.handle
+<wakuwaku_guest.Module.handle>`, where they are decoded again. It applies
+the host's rules with the host's messages (:mod:`wakuwaku_guest.limits`):
+state, counter and emit calls are refused past the same limits, only
+during a call, and log lines are cut and counted. A failed call leaves no
+trace in state, counters or emitted messages (its log lines are kept).
+
+::
+
+    from wakuwaku_guest.testing import MemoryHost
+
+    host = MemoryHost(bank)
+    host.handle([Deposited(42, 100), Deposited(42, 50), Deposited(7, 9)])
+    assert host.get(42, "account", Account).balance == 150
+
+One difference from the host, on purpose: an exception that is not a
+:class:`~wakuwaku_guest.HandlerError` propagates as it is, with its
+traceback, where the component reports it as retryable (as a Rust panic
+traps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from . import codec
+from .context import Outgoing
+from .event import Event
+from .key import KeyValue, decode_key, encode_key
+from .limits import (
+    CallTally,
+    LogTally,
+    PayloadLimits,
+    check_combined_body,
+    check_key,
+    counter_value,
+)
+from .module import Module
+from .reduce import chunks, reduce
+from .types import Level, Refusal
+
+__all__ = ["MemoryHost", "LogLine"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLine:
+    """A line a handler logged (as kept: cut when long)."""
+
+    #: The key being handled when it was logged, decoded.
+    key: KeyValue
+    level: Level
+    message: str
+
+
+class MemoryHost:
+    """An in-memory host for unit tests of ``module``: per-key state,
+    shared counters, emitted messages and log lines, under ``limits`` (the
+    host's defaults unless given). The module's ``describe`` is checked
+    when the host is made, as the host checks it at load."""
+
+    def __init__(self, module: Module, *, limits: PayloadLimits | None = None) -> None:
+        module.describe()
+        self.module = module
+        self.limits = limits or PayloadLimits()
+        self._state: dict[bytes, dict[str, bytes]] = {}
+        self._counters: dict[str, int] = {}
+        #: The messages emitted so far, in order.
+        self.emitted: list[Outgoing] = []
+        #: The lines logged so far, in order.
+        self.logs: list[LogLine] = []
+
+    def handle(self, events: Iterable[Event]) -> None:
+        """Delivers ``events`` as they are, without reduction: consecutive
+        events of one type and one key form a run, cut into chunks of at
+        most the type's ``MAX_BATCH``, each handed to the module's
+        ``handle``. Stops at the first failing chunk (raising its error);
+        earlier chunks stay applied."""
+        for kind, key, bodies in self._runs(events):
+            self._deliver(kind, key, bodies)
+
+    def handle_reduced(self, events: Iterable[Event]) -> None:
+        """Like :meth:`handle`, but first reduces each run with its type's
+        algebra, by the host's rules (:mod:`wakuwaku_guest.reduce`): an
+        associative run of two or more is folded into one with the module's
+        ``combine``, an idempotent one loses adjacent duplicates, an
+        idempotent-commutative one is sorted and loses all duplicates."""
+        for kind, key, bodies in self._runs(events):
+            reduced = reduce(kind.ALGEBRA, bodies, lambda run, tag=kind.TAG: self._combine(tag, run))
+            self._deliver(kind, key, reduced)
+
+    def _combine(self, tag: int, bodies: list[bytes]) -> bytes:
+        body = self.module.combine(tag, bodies)
+        check_combined_body(self.limits, body)
+        return body
+
+    def _runs(self, events: Iterable[Event]) -> list[tuple[type[Event], bytes, list[bytes]]]:
+        runs: list[tuple[type[Event], bytes, list[bytes]]] = []
+        for event in events:
+            kind = type(event)
+            body = event.encode()
+            key = self.module.key(kind.TAG, body)
+            check_key(key)
+            if runs and runs[-1][0] is kind and runs[-1][1] == key:
+                runs[-1][2].append(body)
+            else:
+                runs.append((kind, key, [body]))
+        return runs
+
+    def _deliver(self, kind: type[Event], key: bytes, bodies: Sequence[bytes]) -> None:
+        for chunk in chunks(bodies, kind.MAX_BATCH):
+            self.handle_bodies(kind.TAG, key, chunk)
+
+    def handle_bodies(self, tag: int, key: bytes, bodies: Sequence[bytes]) -> None:
+        """One ``handle`` call with encoded bodies for the key with canonical
+        bytes ``key``, as the host makes it. On error, the call's state
+        writes, counter changes and emitted messages are rolled back and the
+        error is raised."""
+        check_key(key)
+        state = dict(self._state.get(key, {}))
+        counters = dict(self._counters)
+        emitted = len(self.emitted)
+        scope = _KeyScope(self, key)
+        try:
+            self.module.handle(scope, tag, key, bodies)
+        except BaseException:
+            self._state[key] = state
+            self._counters = counters
+            del self.emitted[emitted:]
+            raise
+        finally:
+            scope.close()
+
+    def get(self, key: Any, name: str, kind: type[T] | Any = Any) -> T | None:
+        """A JSON state entry of ``key`` (a key value: ``42``, ``"ann"``,
+        ``(42, "eur")``), as ``kind`` when given; ``None`` if absent."""
+        data = self.get_bytes(key, name)
+        return None if data is None else codec.from_json(kind, json.loads(data))
+
+    def set(self, key: Any, name: str, value: Any) -> None:
+        """Writes a JSON state entry of ``key``, e.g. to start a test from a
+        given read model."""
+        self._state.setdefault(encode_key(key), {})[name] = codec.to_json_bytes(value)
+
+    def get_bytes(self, key: Any, name: str) -> bytes | None:
+        """A state entry of ``key``, as bytes."""
+        return self._state.get(encode_key(key), {}).get(name)
+
+    def entries(self, key: Any) -> dict[str, bytes]:
+        """Every state entry of ``key``."""
+        return dict(self._state.get(encode_key(key), {}))
+
+    def keys(self) -> list[KeyValue]:
+        """Every key that has state, decoded, in canonical byte order."""
+        return [decode_key(key) for key in sorted(self._state) if self._state[key]]
+
+    def counter(self, name: str) -> int:
+        """The value of a shared counter (0 if never touched)."""
+        return self._counters.get(name, 0)
+
+
+class _KeyScope:
+    """The host as one call about one key sees it: the module's
+    :class:`~wakuwaku_guest.HostApi` during that call, refusing everything
+    once the call is over."""
+
+    def __init__(self, host: MemoryHost, key: bytes) -> None:
+        self._host = host
+        self._key = key
+        self._tally = CallTally()
+        self._log = LogTally()
+        self._open = True
+
+    def close(self) -> None:
+        closing = self._log.finish(self._host.limits)
+        if closing is not None:
+            self._host.logs.append(LogLine(decode_key(self._key), Level.WARN, closing))
+        self._open = False
+
+    def _check_open(self, interface: str) -> None:
+        if not self._open:
+            raise Refusal(f"outside-handle: `{interface}` is only available while `handle` runs")
+
+    def get(self, name: str) -> bytes | None:
+        self._check_open("state")
+        return self._host._state.get(self._key, {}).get(name)
+
+    def set(self, name: str, value: bytes) -> None:
+        self._check_open("state")
+        self._tally.set(self._host.limits, name, len(value))
+        self._host._state.setdefault(self._key, {})[name] = bytes(value)
+
+    def delete(self, name: str) -> None:
+        self._check_open("state")
+        self._tally.delete(self._host.limits, name)
+        self._host._state.get(self._key, {}).pop(name, None)
+
+    def counter_add(self, name: str, delta: int) -> None:
+        self._check_open("state")
+        current = self._host._counters.get(name, 0)
+        self._host._counters[name] = self._tally.counter_add(self._host.limits, name, current, delta)
+
+    def counter_get(self, name: str) -> int:
+        self._check_open("state")
+        return counter_value(name, self._host._counters.get(name, 0))
+
+    def emit(self, message: Outgoing) -> None:
+        self._check_open("emit")
+        self._tally.emit(self._host.limits, self._host.module.emits, message.topic, message.key, message.body)
+        self._host.emitted.append(message)
+
+    def log(self, level: Level, message: str) -> None:
+        if not self._open:
+            return
+        kept = self._log.admit(self._host.limits, message)
+        if kept is not None:
+            self._host.logs.append(LogLine(decode_key(self._key), level, kept))
