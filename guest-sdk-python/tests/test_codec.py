@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import pytest
 
-from wakuwaku_guest.codec import DecodeError, from_json, to_json, to_json_bytes
+from wakuwaku_guest.codec import DecodeError, from_json, prepare, to_json, to_json_bytes
 
 
 @dataclass
@@ -64,3 +64,27 @@ def test_encoding_refuses_what_json_cannot_hold():
     with pytest.raises(ValueError):
         to_json_bytes(float("nan"))
     assert to_json_bytes({"k": (1, 2), "é": "ü"}) == '{"k":[1,2],"é":"ü"}'.encode()
+
+
+@dataclass(kw_only=True)
+class Named:
+    a: int
+    b: str = "x"
+
+
+def test_keyword_only_fields_and_absent_defaults():
+    assert from_json(Named, {"a": 1}) == Named(a=1)
+    assert from_json(Named, {"a": 1, "b": "y"}) == Named(a=1, b="y")
+    with pytest.raises(DecodeError, match="missing field `a`"):
+        from_json(Named, {"b": "y"})
+
+
+def test_type_hints_that_cannot_be_resolved_fail_when_prepared():
+    @dataclass
+    class Broken:
+        when: Undefined  # not defined anywhere: the point of the test
+
+    with pytest.raises(TypeError, match="cannot read the type hints of Broken: name 'Undefined' is not defined"):
+        prepare(Broken)
+    with pytest.raises(TypeError, match="cannot read the type hints of Broken"):
+        prepare(Broken)

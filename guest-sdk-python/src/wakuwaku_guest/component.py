@@ -35,6 +35,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import codec
 from .context import Outgoing
 from .limits import error_message
 from .module import Module
@@ -56,6 +57,11 @@ def export(module: Module) -> type:
         return _stand_in(module)
 
     info = module.describe()
+    # Compiled now, while componentize-py snapshots the app: in the
+    # component from the first call, and a type hint that cannot be
+    # resolved fails the build rather than a call.
+    for kind in module.event_types:
+        codec.prepare(kind)
     described = wit.ModuleInfo(
         [wit.EventType(t.tag, t.name, wit.Algebra[t.algebra.name], t.max_batch) for t in info.event_types],
         list(info.emits),

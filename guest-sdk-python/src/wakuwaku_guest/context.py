@@ -18,7 +18,6 @@ succeed without what was refused. Left uncaught, it fails the call.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Protocol, TypeVar
 
 from . import codec
@@ -124,11 +123,16 @@ class Context:
         dataclass, an enum, a builtin or typing form); ``None`` if it is
         absent. An entry that does not decode is an unrecoverable error
         naming the entry."""
-        data = self.get_bytes(name)
+        # The host is called directly (not through get_bytes): this is the
+        # hot path of most handlers.
+        try:
+            data = self._host.get(name)
+        except Refusal as refusal:
+            raise Refused(f"cannot read state entry `{name}`", refusal) from None
         if data is None:
             return None
         try:
-            return codec.from_json(kind, json.loads(data))
+            return codec.from_json_bytes(kind, data)
         except (ValueError, TypeError) as error:
             raise UnrecoverableError(f"state entry `{name}` is not a valid {_type_name(kind)}: {error}") from None
 
@@ -138,7 +142,10 @@ class Context:
             data = codec.to_json_bytes(value)
         except (ValueError, TypeError) as error:
             raise UnrecoverableError(f"cannot encode state entry `{name}` as JSON: {error}") from None
-        self.set_bytes(name, data)
+        try:
+            self._host.set(name, data)
+        except Refusal as refusal:
+            raise Refused(f"cannot write state entry `{name}`", refusal) from None
 
     def get_bytes(self, name: str) -> bytes | None:
         """Reads an entry of the current key as bytes."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .context import Context, HostApi
-from .event import Event
+from .event import Event, decoder
 from .limits import ContractError, check_description, check_emits
 from .types import Algebra, Ordering, UnrecoverableError
 
@@ -114,7 +114,8 @@ class Module:
             check_emits(self.emits)
         except ContractError as error:
             raise TypeError(f"module {self.name}: {error}") from None
-        self._handlers: dict[int, tuple[type[Event], Callable[[Context, list[Any]], Any]]] = {}
+        # Per tag: the event type, its handler, and what decodes its bodies.
+        self._handlers: dict[int, tuple[type[Event], Callable[[Context, list[Any]], Any], Callable[..., list[Any]]]] = {}
         seen: set[str] = set()
         for klass in type(self).__mro__:
             for attribute, value in vars(klass).items():
@@ -143,12 +144,12 @@ class Module:
             raise TypeError(
                 f"module {self.name}: event types {known[0].__name__} and {kind.__name__} have the same tag {kind.TAG}"
             )
-        self._handlers[kind.TAG] = (kind, handler)
+        self._handlers[kind.TAG] = (kind, handler, decoder(kind))
 
     @property
     def event_types(self) -> list[type[Event]]:
         """The event types this module handles, in the order registered."""
-        return [kind for kind, _ in self._handlers.values()]
+        return [kind for kind, _, _ in self._handlers.values()]
 
     def event_type(self, tag: int) -> type[Event]:
         """The event type with ``tag``; an unrecoverable error naming the tag
@@ -179,7 +180,7 @@ class Module:
         kind = self.event_type(tag)
         if not bodies:
             raise UnrecoverableError(f"combine of no {kind.NAME} events")
-        combined = kind.combine([kind.decode(body) for body in bodies])
+        combined = kind.combine(self._handlers[tag][2](bodies))
         if not isinstance(combined, kind):
             raise UnrecoverableError(f"{kind.NAME}.combine returned a {type(combined).__name__}, not a {kind.NAME}")
         return combined.encode()
@@ -190,6 +191,5 @@ class Module:
         entry = self._handlers.get(tag)
         if entry is None:
             raise UnrecoverableError(f"module {self.name} has no event type with tag {tag}")
-        kind, handler = entry
-        decode = kind.decode
-        handler(Context(host, key), [decode(body) for body in bodies])
+        _, handler, decode_all = entry
+        handler(Context(host, key), decode_all(bodies))

@@ -27,7 +27,6 @@ traps).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -144,7 +143,7 @@ class MemoryHost:
         """A JSON state entry of ``key`` (a key value: ``42``, ``"ann"``,
         ``(42, "eur")``), as ``kind`` when given; ``None`` if absent."""
         data = self.get_bytes(key, name)
-        return None if data is None else codec.from_json(kind, json.loads(data))
+        return None if data is None else codec.from_json_bytes(kind, data)
 
     def set(self, key: Any, name: str, value: Any) -> None:
         """Writes a JSON state entry of ``key``, e.g. to start a test from a
