@@ -100,7 +100,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build a guest crate into a handler component (wasm32-wasip2).
+    /// Build a guest into a handler component: a Rust crate (cargo,
+    /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
     Build(BuildArgs),
     /// Publish JSON lines to a topic, with headers from the module.
     Publish(PublishArgs),
@@ -165,16 +166,18 @@ impl DataArgs {
 
 #[derive(Args)]
 struct BuildArgs {
-    /// The guest crate's directory.
+    /// The guest's directory: a crate (Cargo.toml) or a Python project
+    /// (pyproject.toml with a [tool.wakuwaku] table naming its module).
     #[arg(default_value = ".")]
     crate_dir: PathBuf,
     /// Copy the component to this file.
     #[arg(long, short)]
     out: Option<PathBuf>,
-    /// Build without optimisation.
+    /// Build without optimisation (Rust only).
     #[arg(long)]
     debug: bool,
-    /// Cargo's target directory.
+    /// Cargo's target directory; a Python component goes to
+    /// <it>/python/<module>.wasm (default: the project's target/).
     #[arg(long)]
     target_dir: Option<PathBuf>,
 }

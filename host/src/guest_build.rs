@@ -1,14 +1,22 @@
-//! Building a guest crate into a handler component with the plain
-//! `wasm32-wasip2` target: `cargo build --target wasm32-wasip2`, no extra
-//! tools.
+//! Building a guest into a handler component: a Rust crate (a directory
+//! with a `Cargo.toml`) or a Python project (a `pyproject.toml`, see
+//! [`python`]).
 //!
-//! If the target is missing, it says so and installs it with
-//! `rustup target add wasm32-wasip2`. The built component's path comes from
-//! cargo's own JSON messages, never from a guessed file name.
+//! A crate is built with the plain `wasm32-wasip2` target:
+//! `cargo build --target wasm32-wasip2`, no extra tools. If the target is
+//! missing, it says so and installs it with `rustup target add
+//! wasm32-wasip2`. The built component's path comes from cargo's own JSON
+//! messages, never from a guessed file name.
+//!
+//! A Python project is built with componentize-py, from PyPI, against the
+//! contract this host implements; when componentize-py is missing, the
+//! error says how to install it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+pub mod python;
 
 /// The target every guest is built for.
 pub const GUEST_TARGET: &str = "wasm32-wasip2";
@@ -17,8 +25,8 @@ pub const GUEST_TARGET: &str = "wasm32-wasip2";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// The crate has no Cargo.toml.
-    #[error("no Cargo.toml in {0}: pass the directory of a guest crate")]
+    /// The directory has neither a Cargo.toml nor a pyproject.toml.
+    #[error("no Cargo.toml or pyproject.toml in {0}: pass the directory of a guest crate or Python project")]
     NotACrate(PathBuf),
     /// A tool could not be started.
     #[error("could not run `{tool}` ({source}); is the Rust toolchain (rustup, cargo) installed and on PATH?")]
@@ -39,18 +47,59 @@ pub enum BuildError {
     /// The build succeeded but produced no component.
     #[error("building {0} produced no .wasm file: is it a library with crate-type [\"cdylib\"]?")]
     NoArtifact(PathBuf),
+    /// A Python project's `pyproject.toml` cannot be read or has no usable
+    /// `[tool.wakuwaku]` table.
+    #[error("{}: {reason}", path.display())]
+    PyProject {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// componentize-py is not installed where it was looked for.
+    #[error(
+        "componentize-py is needed to build the Python project {} and was not found ({looked}); install it from \
+         PyPI into a virtual environment: `python3 -m venv {}/.venv && {}/.venv/bin/pip install \
+         componentize-py=={}` (or set {} to its path)",
+        dir.display(), dir.display(), dir.display(), python::TESTED_COMPONENTIZE_PY, python::COMPONENTIZE_PY_ENV
+    )]
+    ComponentizePyMissing {
+        /// The project.
+        dir: PathBuf,
+        /// Where it was looked for.
+        looked: String,
+    },
+    /// componentize-py reported a failed build.
+    #[error("componentize-py could not build {}{output}", dir.display())]
+    Componentize {
+        /// The project.
+        dir: PathBuf,
+        /// The end of its output, when it was hidden (quiet builds).
+        output: String,
+    },
+    /// A file or directory of the build could not be written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
 }
 
 /// What to build and where.
 #[derive(Debug, Clone)]
 pub struct GuestBuild {
-    /// The guest crate's directory (holding Cargo.toml).
+    /// The guest's directory: a crate (holding Cargo.toml) or a Python
+    /// project (holding pyproject.toml).
     pub crate_dir: PathBuf,
     /// Cargo's target directory; `None` uses cargo's default for the crate.
+    /// A Python project's component is written to `<it>/python/<module>.wasm`
+    /// (default `<project>/target/python/<module>.wasm`).
     pub target_dir: Option<PathBuf>,
-    /// Optimised build (the default) or debug.
+    /// Optimised build (the default) or debug; Rust only.
     pub release: bool,
-    /// Hide cargo's progress output (errors are still shown).
+    /// Hide the build tool's progress output (errors are still shown).
     pub quiet: bool,
 }
 
@@ -60,18 +109,27 @@ impl GuestBuild {
         Self { crate_dir: crate_dir.into(), target_dir: None, release: true, quiet: false }
     }
 
-    /// Builds the crate and returns the path of the component.
+    /// Builds the guest and returns the path of the component: a crate
+    /// with cargo, else a Python project with componentize-py.
     pub fn run(&self) -> Result<PathBuf, BuildError> {
         let manifest = self.crate_dir.join("Cargo.toml");
-        if !manifest.is_file() {
-            return Err(BuildError::NotACrate(self.crate_dir.clone()));
+        if manifest.is_file() {
+            return self.run_cargo(&manifest);
         }
+        if self.crate_dir.join("pyproject.toml").is_file() {
+            let target = self.target_dir.clone().unwrap_or_else(|| self.crate_dir.join("target"));
+            return python::build(&self.crate_dir, &target.join("python"), self.quiet);
+        }
+        Err(BuildError::NotACrate(self.crate_dir.clone()))
+    }
+
+    fn run_cargo(&self, manifest: &Path) -> Result<PathBuf, BuildError> {
         ensure_target(self.quiet)?;
         let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         cargo
             .args(["build", "--target", GUEST_TARGET, "--message-format", "json-render-diagnostics"])
             .arg("--manifest-path")
-            .arg(&manifest)
+            .arg(manifest)
             .stdout(Stdio::piped())
             .stderr(if self.quiet { Stdio::null() } else { Stdio::inherit() });
         if self.release {
@@ -92,7 +150,7 @@ impl GuestBuild {
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut artifact = None;
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(path) = wasm_artifact(&line, &manifest) {
+            if let Some(path) = wasm_artifact(&line, manifest) {
                 artifact = Some(path);
             }
         }
