@@ -20,6 +20,8 @@
 //!   dead-letter tests.
 //! - [`liar`] builds hand-written components that break the contract
 //!   (garbage return values, bad descriptions, another world).
+//! - [`python`] builds and loads the Python bank (`examples/bank-py`) with
+//!   componentize-py, or says the test was skipped.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -43,6 +45,7 @@ pub mod hostile;
 pub mod liar;
 pub mod native;
 pub mod proxy;
+pub mod python;
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
