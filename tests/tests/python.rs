@@ -23,10 +23,10 @@ fn the_python_bank_describes_keys_and_orders_as_the_rust_bank() {
     let rust = bank_module();
     assert_eq!(python.event_types(), rust.event_types());
     assert!(python.emits().is_empty());
+    let types = rust.event_types().to_vec();
 
     let (mut python, mut rust) = (python.instantiate().unwrap(), rust.instantiate().unwrap());
     let (events, _) = demo::workload(WorkloadSpec { events: 2_000, accounts: 300, seed: 3 });
-    let types = bank_module().event_types().to_vec();
     for event in &events {
         let tag = types.iter().find(|t| t.name == event.type_name).unwrap().tag;
         let body = serde_json::to_vec(&event.body).unwrap();
@@ -35,8 +35,9 @@ fn the_python_bank_describes_keys_and_orders_as_the_rust_bank() {
     }
     // Folding: the same deposits fold to the same body bytes.
     let deposited = types.iter().find(|t| t.name == demo::event_name::DEPOSITED).unwrap().tag;
-    let deposits: Vec<Vec<u8>> =
-        [r#"{"account":4,"amount":10}"#, r#"{"account":4,"amount":-3,"count":2}"#].map(|b| b.as_bytes().to_vec()).into();
+    let deposits: Vec<Vec<u8>> = [r#"{"account":4,"amount":10}"#, r#"{"account":4,"amount":-3,"count":2}"#]
+        .map(|b| b.as_bytes().to_vec())
+        .into();
     assert_eq!(python.combine(deposited, &deposits).unwrap(), rust.combine(deposited, &deposits).unwrap());
     assert_eq!(python.combine(deposited, &deposits).unwrap(), br#"{"account":4,"amount":7,"count":3}"#);
 

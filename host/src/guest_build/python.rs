@@ -136,6 +136,15 @@ fn build_with(
     out_dir: &Path,
     quiet: bool,
 ) -> Result<PathBuf, BuildError> {
+    if let Some(missing) = project.python_path.iter().find(|path| !dir.join(path).is_dir()) {
+        return Err(BuildError::PyProject {
+            path: dir.join("pyproject.toml"),
+            reason: format!(
+                "tool.wakuwaku.python-path names `{}`, which is not a directory (paths are relative to the project)",
+                missing.display()
+            ),
+        });
+    }
     let out = out_dir.join(format!("{}.wasm", project.module));
     let stamp = out_dir.join(format!(".{}.wasm.inputs", project.module));
     let inputs = inputs_digest(version, project, dir)?;
@@ -151,11 +160,11 @@ fn build_with(
     let partial = out_dir.join(format!(".{}.wasm.partial", project.module));
 
     let mut command = Command::new(tool);
-    command.arg("-d").arg(&wit).args(["-w", WORLD, "componentize"]);
+    command.arg("-d").arg(&wit).args(["-w", WORLD]);
     if quiet {
         command.arg("--quiet");
     }
-    command.arg("-p").arg(dir);
+    command.arg("componentize").arg("-p").arg(dir);
     for path in &project.python_path {
         command.arg("-p").arg(dir.join(path));
     }
@@ -297,6 +306,7 @@ mod tests {
 
     /// A stand-in componentize-py: records its arguments and writes the
     /// file named by `-o`, or fails like a broken app when asked to.
+    #[cfg(unix)]
     fn fake_tool(dir: &Path, fails: bool) -> OsString {
         use std::os::unix::fs::PermissionsExt;
         let script = dir.join("componentize-py");
@@ -315,11 +325,17 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn builds_with_the_hosts_contract_and_every_import_path() {
         let dir = tempfile::tempdir().unwrap();
         let tool = fake_tool(dir.path(), false);
+        let project_dir = dir.path().join("project");
+        std::fs::create_dir_all(&project_dir).unwrap();
         let project = PythonProject { module: "bank".into(), python_path: vec!["../sdk".into()] };
-        let out = build_with(&tool, "0.25.1", &project, dir.path(), &dir.path().join("out"), true).unwrap();
+        let error = build_with(&tool, "0.25.1", &project, &project_dir, &dir.path().join("out"), true).unwrap_err();
+        assert!(error.to_string().contains("python-path names `../sdk`, which is not a directory"), "{error}");
+        std::fs::create_dir_all(dir.path().join("sdk")).unwrap();
+        let out = build_with(&tool, "0.25.1", &project, &project_dir, &dir.path().join("out"), true).unwrap();
         assert_eq!(out, dir.path().join("out/bank.wasm"));
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "component\n");
         let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
@@ -329,12 +345,12 @@ mod tests {
         let expected_tail = [
             "-w".to_owned(),
             "module".into(),
-            "componentize".into(),
             "--quiet".into(),
+            "componentize".into(),
             "-p".into(),
-            dir.path().display().to_string(),
+            project_dir.display().to_string(),
             "-p".into(),
-            dir.path().join("../sdk").display().to_string(),
+            project_dir.join("../sdk").display().to_string(),
             "bank".into(),
             "-o".into(),
             dir.path().join("out/.bank.wasm.partial").display().to_string(),
@@ -343,6 +359,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn an_unchanged_project_is_not_built_again() {
         let dir = tempfile::tempdir().unwrap();
         let project_dir = dir.path().join("project");
@@ -368,6 +385,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn a_failed_build_shows_the_end_of_its_output_and_keeps_the_last_component() {
         let dir = tempfile::tempdir().unwrap();
         let out_dir = dir.path().join("out");
@@ -383,6 +401,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn a_missing_componentize_py_says_how_to_install_it() {
         let dir = tempfile::tempdir().unwrap();
         let error = find_componentize_py(dir.path(), Some("/nonexistent/componentize-py".into())).unwrap_err();
