@@ -74,7 +74,7 @@ pub enum BuildError {
     Componentize {
         /// The project.
         dir: PathBuf,
-        /// The end of its output, when it was hidden (quiet builds).
+        /// The end of its output.
         output: String,
     },
     /// A file or directory of the build could not be written.

@@ -192,7 +192,20 @@ fn bad_input_gets_a_clear_error() {
 
     let out = waku(&["build", "no-such-crate"], dir.path());
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no Cargo.toml in no-such-crate"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no Cargo.toml or pyproject.toml in no-such-crate"), "{}", text(&out.stderr));
+
+    // A Python project without componentize-py: how to install it.
+    std::fs::create_dir(dir.path().join("py")).unwrap();
+    std::fs::write(dir.path().join("py/pyproject.toml"), "[tool.wakuwaku]\nmodule = \"app\"\n").unwrap();
+    let out = common::waku_command(dir.path())
+        .args(["build", "py"])
+        .env("WAKU_COMPONENTIZE_PY", "/nonexistent/componentize-py")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("componentize-py is needed to build the Python project"), "{stderr}");
+    assert!(stderr.contains("/py/.venv/bin/pip install componentize-py==0.25.1`"), "{stderr}");
 
     let out = waku(&["status", "--iggy", "http://x:1", "--projection", "bank", "--topic", "t"], dir.path());
     assert_eq!(out.status.code(), Some(1));

@@ -105,7 +105,8 @@ impl PythonProject {
 }
 
 /// Builds the Python project in `dir` into `<out_dir>/<module>.wasm` and
-/// returns that path. `quiet` hides componentize-py's output unless it fails.
+/// returns that path. componentize-py's output is shown when it is done
+/// (`quiet`: only when it fails, in the error).
 pub(super) fn build(dir: &Path, out_dir: &Path, quiet: bool) -> Result<PathBuf, BuildError> {
     // componentize-py gets absolute paths: what it reads and writes never
     // depends on its working directory.
@@ -170,15 +171,18 @@ fn build_with(
     }
     // Its own backtraces only bury the Python error that matters.
     command.arg(&project.module).arg("-o").arg(&partial).env("RUST_BACKTRACE", "0").env("RUST_LIB_BACKTRACE", "0");
-    let output = if quiet {
-        command.stdin(Stdio::null()).output()
-    } else {
-        command.stdin(Stdio::null()).status().map(|status| Output { status, stdout: Vec::new(), stderr: Vec::new() })
-    }
-    .map_err(|source| BuildError::Tool { tool: tool.to_string_lossy().into_owned(), source })?;
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| BuildError::Tool { tool: tool.to_string_lossy().into_owned(), source })?;
     if !output.status.success() {
         let _ = std::fs::remove_file(&partial);
-        return Err(BuildError::Componentize { dir: dir.to_owned(), output: tail(&output) });
+        return Err(BuildError::Componentize { dir: dir.to_owned(), output: failure_report(&output) });
+    }
+    if !quiet {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(&output.stdout);
+        let _ = std::io::stderr().write_all(&output.stderr);
     }
     std::fs::rename(&partial, &out).map_err(|e| io("moving the component to", &out, e))?;
     std::fs::write(&stamp, inputs).map_err(|e| io("writing", &stamp, e))?;
@@ -224,13 +228,21 @@ fn inputs_digest(version: &str, project: &PythonProject, dir: &Path) -> Result<S
     Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
-/// The last lines of a failed build's output, for the error (empty when
-/// it was shown as it ran).
-fn tail(output: &Output) -> String {
+/// The last lines of a failed build's output, and a hint when the SDK was
+/// not found.
+fn failure_report(output: &Output) -> String {
     let text = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
     let kept = &lines[lines.len().saturating_sub(20)..];
-    if kept.is_empty() { String::new() } else { format!(":\n{}", kept.join("\n")) }
+    let mut report = if kept.is_empty() { String::new() } else { format!(":\n{}", kept.join("\n")) };
+    if text.contains("No module named 'wakuwaku_guest'") {
+        report.push_str(
+            "\nthe Python SDK (wakuwaku_guest) is not importable: pip install it (the repository's \
+             guest-sdk-python directory) into componentize-py's environment, or add its src directory to \
+             tool.wakuwaku.python-path",
+        );
+    }
+    report
 }
 
 /// The componentize-py to run for the project in `dir`: `named` (the value
@@ -307,13 +319,12 @@ mod tests {
     /// A stand-in componentize-py: records its arguments and writes the
     /// file named by `-o`, or fails like a broken app when asked to.
     #[cfg(unix)]
-    fn fake_tool(dir: &Path, fails: bool) -> OsString {
+    fn fake_tool(dir: &Path, fails_with: Option<&str>) -> OsString {
         use std::os::unix::fs::PermissionsExt;
         let script = dir.join("componentize-py");
-        let body = if fails {
-            "echo 'Traceback (most recent call last):' >&2; echo 'NameError: name x is not defined' >&2; exit 1"
-        } else {
-            "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo component > \"$2\"; shift; done"
+        let body = match fails_with {
+            Some(error) => format!("echo 'Traceback (most recent call last):' >&2; echo \"{error}\" >&2; exit 1"),
+            None => "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo component > \"$2\"; shift; done".to_owned(),
         };
         let text = format!(
             "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'componentize-py 0.25.1'; exit 0; }}\necho \"$@\" > {}\n{body}\n",
@@ -328,7 +339,7 @@ mod tests {
     #[cfg(unix)]
     fn builds_with_the_hosts_contract_and_every_import_path() {
         let dir = tempfile::tempdir().unwrap();
-        let tool = fake_tool(dir.path(), false);
+        let tool = fake_tool(dir.path(), None);
         let project_dir = dir.path().join("project");
         std::fs::create_dir_all(&project_dir).unwrap();
         let project = PythonProject { module: "bank".into(), python_path: vec!["../sdk".into()] };
@@ -365,7 +376,7 @@ mod tests {
         let project_dir = dir.path().join("project");
         std::fs::create_dir_all(project_dir.join("__pycache__")).unwrap();
         std::fs::write(project_dir.join("bank.py"), "v1").unwrap();
-        let tool = fake_tool(dir.path(), false);
+        let tool = fake_tool(dir.path(), None);
         let project = PythonProject { module: "bank".into(), python_path: Vec::new() };
         let out_dir = project_dir.join("target/python");
         let build = |version: &str| {
@@ -391,13 +402,16 @@ mod tests {
         let out_dir = dir.path().join("out");
         std::fs::create_dir_all(&out_dir).unwrap();
         std::fs::write(out_dir.join("bank.wasm"), "last good").unwrap();
-        let tool = fake_tool(dir.path(), true);
+        let tool = fake_tool(dir.path(), Some("NameError: name x is not defined"));
         let project = PythonProject { module: "bank".into(), python_path: Vec::new() };
         let error = build_with(&tool, "0.25.1", &project, dir.path(), &out_dir, true).unwrap_err().to_string();
         assert!(error.starts_with("componentize-py could not build"), "{error}");
         assert!(error.ends_with("NameError: name x is not defined"), "{error}");
         assert_eq!(std::fs::read_to_string(out_dir.join("bank.wasm")).unwrap(), "last good");
         assert!(!out_dir.join(".bank.wasm.partial").exists());
+        let tool = fake_tool(dir.path(), Some("ModuleNotFoundError: No module named 'wakuwaku_guest'"));
+        let error = build_with(&tool, "0.25.1", &project, dir.path(), &out_dir, true).unwrap_err().to_string();
+        assert!(error.ends_with("or add its src directory to tool.wakuwaku.python-path"), "{error}");
     }
 
     #[test]
@@ -408,7 +422,7 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("WAKU_COMPONENTIZE_PY=/nonexistent/componentize-py"), "{message}");
         assert!(message.contains("/.venv/bin/pip install componentize-py==0.25.1"), "{message}");
-        let fake = fake_tool(dir.path(), false);
+        let fake = fake_tool(dir.path(), None);
         assert_eq!(find_componentize_py(dir.path(), Some(fake.clone())).unwrap(), fake);
         // The project's own .venv comes before PATH.
         let venv_bin = dir.path().join(".venv/bin");
