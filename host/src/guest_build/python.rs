@@ -33,7 +33,7 @@
 //! the environment are not in the digest: after upgrading one, delete the
 //! component to rebuild.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -169,6 +169,12 @@ fn build_with(
     for path in &project.python_path {
         command.arg("-p").arg(dir.join(path));
     }
+    // componentize-py finds installed packages (the SDK) through
+    // VIRTUAL_ENV, else through whatever `python` is on PATH: run from a
+    // virtual environment, it gets that environment, as if activated.
+    if let Some(venv) = virtual_env_of(tool) {
+        command.env("VIRTUAL_ENV", venv);
+    }
     // Its own backtraces only bury the Python error that matters.
     command.arg(&project.module).arg("-o").arg(&partial).env("RUST_BACKTRACE", "0").env("RUST_LIB_BACKTRACE", "0");
     let output = command
@@ -275,6 +281,20 @@ fn runs(tool: &OsString) -> bool {
     Command::new(tool).arg("--version").stdin(Stdio::null()).output().is_ok_and(|output| output.status.success())
 }
 
+/// The virtual environment `tool` is installed in (`<venv>/bin/<tool>`,
+/// with a `pyvenv.cfg` in `<venv>`), looked up on `PATH` when `tool` is a
+/// bare name.
+fn virtual_env_of(tool: &OsStr) -> Option<PathBuf> {
+    let tool = Path::new(tool);
+    let path = if tool.components().count() > 1 {
+        tool.to_owned()
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(tool)).find(|path| path.is_file())?
+    };
+    let venv = std::path::absolute(path).ok()?.parent()?.parent()?.to_owned();
+    venv.join("pyvenv.cfg").is_file().then_some(venv)
+}
+
 /// The version `tool --version` reports (`componentize-py 0.25.1`), or
 /// `unknown`.
 fn tool_version(tool: &OsString) -> String {
@@ -327,8 +347,10 @@ mod tests {
             None => "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo component > \"$2\"; shift; done".to_owned(),
         };
         let text = format!(
-            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'componentize-py 0.25.1'; exit 0; }}\necho \"$@\" > {}\n{body}\n",
-            dir.join("args").display()
+            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'componentize-py 0.25.1'; exit 0; }}\necho \"$@\" > {}\n\
+             echo \"$VIRTUAL_ENV\" > {}\n{body}\n",
+            dir.join("args").display(),
+            dir.join("virtual-env").display()
         );
         std::fs::write(&script, text).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -429,6 +451,23 @@ mod tests {
         std::fs::create_dir_all(&venv_bin).unwrap();
         std::fs::copy(&fake, venv_bin.join("componentize-py")).unwrap();
         assert_eq!(find_componentize_py(dir.path(), None).unwrap(), venv_bin.join("componentize-py").into_os_string());
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn componentize_py_in_a_virtual_environment_runs_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let venv = dir.path().join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        let tool = fake_tool(&venv.join("bin"), None);
+        let project = PythonProject { module: "bank".into(), python_path: Vec::new() };
+        let virtual_env = || std::fs::read_to_string(venv.join("bin/virtual-env")).unwrap().trim().to_owned();
+        build_with(&tool, "0.25.1", &project, dir.path(), &dir.path().join("out"), true).unwrap();
+        assert_eq!(virtual_env(), std::env::var("VIRTUAL_ENV").unwrap_or_default(), "no pyvenv.cfg: no venv");
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(dir.path().join("app.py"), "changed").unwrap();
+        build_with(&tool, "0.25.1", &project, dir.path(), &dir.path().join("out"), true).unwrap();
+        assert_eq!(virtual_env(), venv.display().to_string());
     }
 
     #[test]
