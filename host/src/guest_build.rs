@@ -27,7 +27,7 @@ pub const GUEST_TARGET: &str = "wasm32-wasip2";
 pub enum BuildError {
     /// The directory has neither a Cargo.toml nor a pyproject.toml.
     #[error("no Cargo.toml or pyproject.toml in {0}: pass the directory of a guest crate or Python project")]
-    NotACrate(PathBuf),
+    NotAGuest(PathBuf),
     /// A tool could not be started.
     #[error("could not run `{tool}` ({source}); is the Rust toolchain (rustup, cargo) installed and on PATH?")]
     Tool {
@@ -77,7 +77,8 @@ pub enum BuildError {
         /// The end of its output.
         output: String,
     },
-    /// A file or directory of the build could not be written.
+    /// A file or directory of the build could not be read or written, or
+    /// the build tool could not be started.
     #[error("{what}: {source}")]
     Io {
         /// What was being done, with the path.
@@ -120,7 +121,7 @@ impl GuestBuild {
             let target = self.target_dir.clone().unwrap_or_else(|| self.crate_dir.join("target"));
             return python::build(&self.crate_dir, &target.join("python"), self.quiet);
         }
-        Err(BuildError::NotACrate(self.crate_dir.clone()))
+        Err(BuildError::NotAGuest(self.crate_dir.clone()))
     }
 
     fn run_cargo(&self, manifest: &Path) -> Result<PathBuf, BuildError> {
@@ -230,6 +231,6 @@ mod tests {
     fn a_directory_without_a_manifest_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let error = GuestBuild::new(dir.path()).run().unwrap_err();
-        assert!(matches!(error, BuildError::NotACrate(_)), "{error}");
+        assert!(matches!(error, BuildError::NotAGuest(_)), "{error}");
     }
 }

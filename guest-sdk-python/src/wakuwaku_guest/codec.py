@@ -119,6 +119,8 @@ def _parse(text: str) -> Any:
     if end != len(text):
         return _decoder.decode(text)
     return value
+
+
 _ENCODERS: dict[type, Callable[[Any], Any]] = {}
 _CONVERTERS: dict[Any, Callable[[Any], Any]] = {}
 

@@ -130,7 +130,7 @@ pub(super) fn build(dir: &Path, out_dir: &Path, quiet: bool) -> Result<PathBuf, 
 /// Builds `project` (in `dir`) with the componentize-py `tool` of
 /// `version`, unless the component there was built from the same inputs.
 fn build_with(
-    tool: &OsString,
+    tool: &OsStr,
     version: &str,
     project: &PythonProject,
     dir: &Path,
@@ -177,10 +177,7 @@ fn build_with(
     }
     // Its own backtraces only bury the Python error that matters.
     command.arg(&project.module).arg("-o").arg(&partial).env("RUST_BACKTRACE", "0").env("RUST_LIB_BACKTRACE", "0");
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| BuildError::Tool { tool: tool.to_string_lossy().into_owned(), source })?;
+    let output = command.stdin(Stdio::null()).output().map_err(|e| io("running", Path::new(tool), e))?;
     if !output.status.success() {
         let _ = std::fs::remove_file(&partial);
         return Err(BuildError::Componentize { dir: dir.to_owned(), output: failure_report(&output) });
@@ -277,7 +274,7 @@ pub fn find_componentize_py(dir: &Path, named: Option<OsString>) -> Result<OsStr
 }
 
 /// Whether `tool --version` runs and succeeds.
-fn runs(tool: &OsString) -> bool {
+fn runs(tool: &OsStr) -> bool {
     Command::new(tool).arg("--version").stdin(Stdio::null()).output().is_ok_and(|output| output.status.success())
 }
 
@@ -297,7 +294,7 @@ fn virtual_env_of(tool: &OsStr) -> Option<PathBuf> {
 
 /// The version `tool --version` reports (`componentize-py 0.25.1`), or
 /// `unknown`.
-fn tool_version(tool: &OsString) -> String {
+fn tool_version(tool: &OsStr) -> String {
     let output = Command::new(tool).arg("--version").stdin(Stdio::null()).output();
     let text = output.map(|output| String::from_utf8_lossy(&output.stdout).into_owned()).unwrap_or_default();
     text.split_whitespace().nth(1).unwrap_or("unknown").to_owned()
