@@ -7,13 +7,18 @@
 //!    loading included.
 //! 2. **raw poll**: the topic read back with the `iggy` client alone, one
 //!    task per partition on one connection, every message's user headers
-//!    decoded and its tag and key read; no planning, no handlers.
+//!    decoded and its tag and key read; no planning, no handlers. Twice:
+//!    1 000 messages per poll, and 4 096 (what `IggyLog` asks for).
 //! 3. **host**: the bank projection consuming the same topic through
 //!    `IggyLog` (poll, plan, reduce, WASM calls, commits, Iggy consumer
 //!    offsets), checked against the oracle so a fast wrong answer cannot
 //!    win.
+//! 4. **host on the embedded log**: the same projection over the same
+//!    events in the embedded log, so what Iggy costs the host shows apart
+//!    from what the host's own work costs.
 //!
-//! Prints events/s and the ratios. `WAKU_BENCH_EVENTS` and
+//! Prints events/s and the ratios, host ÷ raw poll against the faster of
+//! the two raw polls. `WAKU_BENCH_EVENTS` and
 //! `WAKU_BENCH_ACCOUNTS` resize the workload (default 1 000 000 events over
 //! 10 000 accounts). Without `WAKU_IGGY_URL` it prints one line and stops.
 
@@ -30,7 +35,7 @@ use wakuwaku::event::header_name::{KEY, TAG};
 use wakuwaku::log::IggyLog;
 use wakuwaku::projection::Projection;
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::{bank_module, bank_wasm, fresh_stream, iggy_url};
+use wakuwaku_tests::{bank_log, bank_module, bank_wasm, fresh_stream, iggy_url};
 
 // The allocator the `waku` command uses, so figures match the demo.
 #[global_allocator]
@@ -38,8 +43,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const TOPIC: &str = "accounts";
 const PARTITIONS: u32 = 4;
-/// Messages per poll, as `IggyLog` asks for.
-const POLL: u32 = 1000;
+/// Messages per poll of the raw polls: the earlier figure's 1 000, and
+/// what `IggyLog` asks for.
+const POLLS: [u32; 2] = [1000, 4096];
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -88,16 +94,20 @@ fn main() {
         // 2. Raw poll with header decoding.
         let client = Arc::new(IggyClient::from_connection_string(&url).expect("a valid URL"));
         client.connect().await.expect("connect");
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for partition in 0..PARTITIONS {
-            let (client, stream) = (client.clone(), stream.clone());
-            tasks.spawn(async move { raw_poll(&client, &stream, partition).await });
+        let mut raw = Vec::new();
+        for poll in POLLS {
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for partition in 0..PARTITIONS {
+                let (client, stream) = (client.clone(), stream.clone());
+                tasks.spawn(async move { raw_poll(&client, &stream, partition, poll).await });
+            }
+            let polled: u64 = tasks.join_all().await.into_iter().sum();
+            let raw_secs = started.elapsed().as_secs_f64();
+            assert_eq!(polled, spec.events as u64, "the raw poll read every event");
+            raw.push((poll, raw_secs, spec.events as f64 / raw_secs));
         }
-        let polled: u64 = tasks.join_all().await.into_iter().sum();
-        let raw_secs = started.elapsed().as_secs_f64();
-        assert_eq!(polled, spec.events as u64, "the raw poll read every event");
-        let raw_rate = spec.events as f64 / raw_secs;
+        let raw_rate = raw.iter().map(|&(_, _, rate)| rate).fold(0.0, f64::max);
 
         // 3. The host consuming into the bank projection.
         let log = Arc::new(IggyLog::connect(&url, &stream).await.expect("connect"));
@@ -115,21 +125,40 @@ fn main() {
         assert!(check.matches(), "{}", check.report(5));
         let host_rate = spec.events as f64 / host_secs;
 
+        // 4. The same projection over the same events in the embedded log.
+        let embedded_dir = tempfile::tempdir().expect("a temporary directory");
+        let (embedded, oracle) = bank_log(embedded_dir.path(), module.clone(), spec, PARTITIONS).await;
+        let store = StateStore::open(&embedded_dir.path().join("bank.redb")).expect("a state store");
+        let projection = Arc::new(Projection::new("bank", TOPIC, vec![module.clone()], store).expect("a projection"));
+        let started = Instant::now();
+        let summary =
+            Consumer::new(embedded, projection.clone(), ConsumerConfig::default()).catch_up().await.expect("consumed");
+        let embedded_secs = started.elapsed().as_secs_f64();
+        assert_eq!(summary.applied, spec.events as u64);
+        let check = demo::check_projection(&oracle, &*module, projection.store()).expect("checked");
+        assert!(check.matches(), "{}", check.report(5));
+        let embedded_rate = spec.events as f64 / embedded_secs;
+
         println!(
             "workload: {} events over {} accounts, {PARTITIONS} partitions, stream `{stream}`",
             spec.events, spec.accounts
         );
         println!("waku publish:  {:>10.0} events/s ({publish_secs:.2} s)", publish_rate);
-        println!("raw poll:      {:>10.0} events/s ({raw_secs:.2} s)", raw_rate);
+        for (poll, raw_secs, rate) in raw {
+            println!("raw poll ({poll:>4}): {rate:>10.0} events/s ({raw_secs:.2} s)");
+        }
         println!("host (bank):   {:>10.0} events/s ({host_secs:.2} s), oracle: match", host_rate);
+        println!("host, embedded log: {:>10.0} events/s ({embedded_secs:.2} s), oracle: match", embedded_rate);
         println!("host / raw poll: {:.2}", host_rate / raw_rate);
+        println!("host on Iggy / host on the embedded log: {:.2}", host_rate / embedded_rate);
         println!("publish / raw poll: {:.2}", publish_rate / raw_rate);
     });
 }
 
-/// Polls a partition from offset 0 to its end, decoding every message's
-/// user headers and reading its tag and key; returns how many were read.
-async fn raw_poll(client: &IggyClient, stream: &str, partition: u32) -> u64 {
+/// Polls a partition from offset 0 to its end, `poll` messages at a time,
+/// decoding every message's user headers and reading its tag and key;
+/// returns how many were read.
+async fn raw_poll(client: &IggyClient, stream: &str, partition: u32, poll: u32) -> u64 {
     let stream = Identifier::named(stream).expect("a stream name");
     let topic = Identifier::named(TOPIC).expect("a topic name");
     let consumer = IggyConsumer::new(Identifier::named("waku-bench").expect("a name"));
@@ -137,7 +166,7 @@ async fn raw_poll(client: &IggyClient, stream: &str, partition: u32) -> u64 {
     let (mut offset, mut read, mut checksum) = (0, 0, 0u64);
     loop {
         let polled = client
-            .poll_messages(&stream, &topic, Some(partition), &consumer, &PollingStrategy::offset(offset), POLL, false)
+            .poll_messages(&stream, &topic, Some(partition), &consumer, &PollingStrategy::offset(offset), poll, false)
             .await
             .expect("poll");
         let Some(last) = polled.messages.last().map(|m| m.header.offset) else { break };

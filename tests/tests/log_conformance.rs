@@ -114,6 +114,31 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     log.store_consumer_offset("bank", &topic, 0, 2500).await.unwrap();
     assert_eq!(log.consumer_offset("bank", &topic, 0).await.unwrap(), Some(2500));
     assert_eq!(log.consumer_offset("bank", &topic, 1).await.unwrap(), None);
+    let stored = log.store_consumer_offset("bank", &topic, 3, 5).await;
+    assert!(matches!(stored, Err(LogError::PartitionNotFound { partitions: 3, .. })), "{stored:?}");
+    let stored = log.store_consumer_offset("bank", &missing, 0, 5).await;
+    assert!(matches!(stored, Err(LogError::TopicNotFound { .. })), "{stored:?}");
+
+    // Reads in sequence (which a backend may serve from a poll made ahead),
+    // broken by reads elsewhere, shorter reads and appends, return exactly
+    // the records at the offsets asked for.
+    let sequence = format!("{prefix}-sequence");
+    log.create_topic(&sequence, 1).await.unwrap();
+    log.append(&sequence, vec![(0, (0..2500).map(|n| record(5, n)).collect())]).await.unwrap();
+    let reads = [(0, 500), (500, 500), (1000, 200), (1200, 200), (100, 10), (1400, 600), (1800, 600), (2400, 600)];
+    for (step, (from, max)) in reads.into_iter().enumerate() {
+        if step == 7 {
+            log.append(&sequence, vec![(0, (2500..2800).map(|n| record(5, n)).collect())]).await.unwrap();
+        }
+        let read = log.read(&sequence, 0, from, max).await.unwrap();
+        let expected: Vec<u64> = (from..(from + max as u64).min(2800)).collect();
+        assert_eq!(read.iter().map(|r| r.offset).collect::<Vec<_>>(), expected, "read {step}: {max} from {from}");
+        for stored in read {
+            let tag = EventHeaders::parse_stored(&stored.record.headers).unwrap().tag.get();
+            assert_eq!(u64::from(tag), stored.offset, "read {step}: the record stored at its offset");
+        }
+    }
+    assert!(log.read(&sequence, 0, 2800, 600).await.unwrap().is_empty());
 
     // Keys land where `partition_for` says, whichever backend.
     let keyed = format!("{prefix}-keyed");

@@ -47,11 +47,23 @@
 //!   resends them); plain ones from this client, the append call, the
 //!   partition and the index, so a request the client replays after a
 //!   reconnect carries the same ids.
+//! - **Reads poll ahead.** A read that goes on where the partition's last
+//!   read ended and comes back full starts polling the range after it (as
+//!   many records) in the background, so a consumer's next batch is on its
+//!   way while it handles this one. That holds at most one read's records
+//!   per partition besides what the reader holds. A read elsewhere in the
+//!   partition drops it; a read-ahead that failed is forgotten and the read
+//!   polls itself, meeting the failure; one that came back short (the
+//!   partition's end then) is completed by a poll, so appends made since
+//!   are seen. Polls ask for 4 096 messages, and headers are decoded
+//!   straight from the message bytes, with the checks of the client's own
+//!   decoding.
 //! - **Unreadable headers are a header error.** The client answers a
 //!   malformed header block with "no headers"; the record then has none, and
 //!   the consumer dead-letters it for its missing envelope.
 //! - **Errors carry codes, not text** over TCP: they are matched by variant.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -63,6 +75,7 @@ use iggy::prelude::{
     Client, Consumer, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier, IggyClient, IggyError,
     IggyMessage, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
 };
+use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
 
 use super::{EventLog, LogError, Record, StoredRecord};
@@ -73,8 +86,10 @@ use crate::event::header_name::TAG;
 const PRODUCER: &str = "waku-producer";
 /// The header holding the sequence number of an [`EventLog::append_as`].
 const SEQUENCE: &str = "waku-sequence";
-/// Most messages per send and per poll.
+/// Most messages per plain send, and per read when looking for stamps.
 const CHUNK: usize = 1000;
+/// Most messages per poll request.
+const POLL: usize = 4096;
 /// The header key marking an empty body (see the module docs).
 const EMPTY_BODY: &str = "~no-body";
 
@@ -95,6 +110,28 @@ pub struct IggyLog {
     client_id: u64,
     /// Plain appends made so far, numbering them in message ids.
     appends: AtomicU64,
+    /// Per topic and partition, where the last read ended, and the poll of
+    /// the range after it when it was started ahead.
+    reading: std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>,
+}
+
+/// Where a partition's last read ended, and maybe the poll of what a reader
+/// that goes on from there will ask for next.
+struct ReadAhead {
+    /// The offset after the last record read.
+    from: u64,
+    /// The poll from `from` on, as many records as the last read asked
+    /// for, started when that read was one of a sequence and came back full.
+    poll: Option<tokio::task::JoinHandle<Result<Vec<StoredRecord>, IggyError>>>,
+}
+
+impl Drop for IggyLog {
+    fn drop(&mut self) {
+        let reading = self.reading.get_mut().unwrap_or_else(|e| e.into_inner());
+        for poll in reading.drain().filter_map(|(_, ahead)| ahead.poll) {
+            poll.abort();
+        }
+    }
 }
 
 impl IggyLog {
@@ -137,6 +174,7 @@ impl IggyLog {
             stamps: Default::default(),
             client_id: rand::random(),
             appends: AtomicU64::new(0),
+            reading: Default::default(),
         })
     }
 
@@ -351,53 +389,48 @@ impl EventLog for IggyLog {
             return Ok(Vec::new());
         }
         let id = self.topic_id(topic)?;
-        let consumer = Consumer::new(Identifier::named("waku-reader").expect("a valid name"));
-        let mut records = Vec::new();
-        let mut at = from;
-        while records.len() < max {
-            let count = (max - records.len()).min(CHUNK) as u32;
-            let polled = self
-                .client()
-                .await?
-                .poll_messages(
-                    &self.stream,
-                    &id,
-                    Some(partition),
-                    &consumer,
-                    &PollingStrategy::offset(at),
-                    count,
-                    false,
-                )
-                .await
-                .map_err(|e| match e {
-                    IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => {
-                        LogError::TopicNotFound { topic: topic.to_owned() }
-                    }
-                    IggyError::PartitionNotFound(..) => {
-                        LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions: 0 }
-                    }
-                    e => self.storage("reading", e),
-                });
-            let polled = match polled {
-                // Name the real partition count in the error.
-                Err(LogError::PartitionNotFound { .. }) => {
-                    self.check_partition(topic, partition).await?;
-                    return Err(self.storage(
-                        "reading",
-                        IggyError::PartitionNotFound(partition as usize, self.stream.clone(), id),
-                    ));
-                }
-                other => other?,
-            };
-            let Some(last) = polled.messages.last().map(|m| m.header.offset) else { break };
-            for message in polled.messages {
-                if message.header.offset >= at {
-                    records.push(from_message(message));
-                }
+        let place = (topic.to_owned(), partition);
+        let ahead = self.reading.lock().unwrap_or_else(|e| e.into_inner()).remove(&place);
+        let sequential = ahead.as_ref().is_some_and(|ahead| ahead.from == from);
+        let mut records = match ahead.and_then(|ahead| ahead.poll) {
+            // A failed read-ahead is forgotten: the poll below meets the
+            // failure again and reports it.
+            Some(poll) if sequential => poll.await.ok().and_then(Result::ok).unwrap_or_default(),
+            Some(poll) => {
+                poll.abort();
+                Vec::new()
             }
-            at = last + 1;
-        }
+            None => Vec::new(),
+        };
         records.truncate(max);
+        let at = records.last().map_or(from, |last: &StoredRecord| last.offset + 1);
+        let client = self.client().await?;
+        let polled = poll_range(&client, &self.stream, &id, partition, at, max - records.len()).await;
+        let polled = match polled {
+            Ok(polled) => polled,
+            Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
+                return Err(LogError::TopicNotFound { topic: topic.to_owned() });
+            }
+            // Name the real partition count in the error.
+            Err(e @ IggyError::PartitionNotFound(..)) => {
+                self.check_partition(topic, partition).await?;
+                return Err(self.storage("reading", e));
+            }
+            Err(e) => return Err(self.storage("reading", e)),
+        };
+        records.extend(polled);
+        let Some(next) = records.last().map(|last| last.offset + 1) else { return Ok(records) };
+        // A reader that went on where it left off and got all it asked for
+        // will likely ask for the next range: poll it while it works.
+        let poll = (sequential && records.len() == max).then(|| {
+            let stream = self.stream.clone();
+            tokio::spawn(async move { poll_range(&client, &stream, &id, partition, next, max).await })
+        });
+        let replaced =
+            self.reading.lock().unwrap_or_else(|e| e.into_inner()).insert(place, ReadAhead { from: next, poll });
+        if let Some(poll) = replaced.and_then(|other| other.poll) {
+            poll.abort(); // another reader of the partition meanwhile
+        }
         Ok(records)
     }
 
@@ -417,17 +450,23 @@ impl EventLog for IggyLog {
         partition: u32,
         next: u64,
     ) -> Result<(), LogError> {
-        self.check_partition(topic, partition).await?;
         if next == 0 {
-            return Ok(()); // Iggy stores the last consumed offset; nothing consumed yet.
+            // Iggy stores the last consumed offset; nothing consumed yet.
+            return self.check_partition(topic, partition).await;
         }
         let consumer = Consumer::new(self.topic_id(consumer)?);
         let id = self.topic_id(topic)?;
-        self.client()
-            .await?
-            .store_consumer_offset(&consumer, &self.stream, &id, Some(partition), next - 1)
-            .await
-            .map_err(|e| self.storage("storing a consumer offset", e))
+        let stored =
+            self.client().await?.store_consumer_offset(&consumer, &self.stream, &id, Some(partition), next - 1).await;
+        match stored.map_err(|e| self.storage("storing a consumer offset", e)) {
+            // Once per batch: the topic and partition are only looked up
+            // to name what is missing when the server refused.
+            Err(error @ LogError::Storage { .. }) => {
+                self.check_partition(topic, partition).await?;
+                Err(error)
+            }
+            other => other,
+        }
     }
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
@@ -452,6 +491,33 @@ fn partition_end(topic: &str, details: &iggy::prelude::TopicDetails, partition: 
         partition,
         partitions,
     })
+}
+
+/// Up to `max` records of a partition from offset `from` on, decoded:
+/// polled [`POLL`] messages at a time until there are `max` or a poll
+/// comes back empty.
+async fn poll_range(
+    client: &IggyClient,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition: u32,
+    from: u64,
+    max: usize,
+) -> Result<Vec<StoredRecord>, IggyError> {
+    let consumer = Consumer::new(Identifier::named("waku-reader").expect("a valid name"));
+    let mut records = Vec::with_capacity(max.min(4 * POLL));
+    let mut at = from;
+    while records.len() < max {
+        let count = (max - records.len()).min(POLL) as u32;
+        let strategy = PollingStrategy::offset(at);
+        let polled = client.poll_messages(stream, topic, Some(partition), &consumer, &strategy, count, false).await?;
+        // Nothing (more), or nothing new from a server that went back.
+        let Some(last) = polled.messages.last().map(|m| m.header.offset).filter(|&last| last >= at) else { break };
+        records.extend(polled.messages.into_iter().filter(|m| m.header.offset >= at).map(from_message));
+        at = last + 1;
+    }
+    records.truncate(max);
+    Ok(records)
 }
 
 /// The highest stamp `producer` left in a partition at or after offset
@@ -629,32 +695,73 @@ fn stamped_message_id(producer: &str, partition: u32, sequence: u64, index: usiz
 /// little-endian bytes this crate writes, split values joined, an empty
 /// body restored.
 fn from_message(message: IggyMessage) -> StoredRecord {
-    let mut headers: Vec<Header> = Vec::new();
-    let mut empty_body = false;
-    // Malformed header bytes come back as "no headers": the record then has
-    // no envelope, which the consumer reports as a header error.
-    if let Ok(Some(map)) = message.user_headers_map() {
-        let mut pieces: BTreeMap<String, Vec<(usize, Vec<u8>)>> = BTreeMap::new();
-        for (key, value) in map {
-            let key = key.as_str().map_or_else(|_| String::from_utf8_lossy(key.as_bytes()).into_owned(), str::to_owned);
-            let bytes = match value.kind() {
-                HeaderKind::Uint32 => value.as_uint32().map(|v| v.to_le_bytes().to_vec()).unwrap_or_default(),
-                HeaderKind::Uint64 => value.as_uint64().map(|v| v.to_le_bytes().to_vec()).unwrap_or_default(),
-                _ => value.as_bytes().to_vec(),
-            };
-            match parse_header_key(&key) {
-                HeaderPiece::Value { name, index } => pieces.entry(name).or_default().push((index, bytes)),
-                HeaderPiece::Empty { name } => pieces.entry(name).or_default().push((0, Vec::new())),
-                HeaderPiece::EmptyBody => empty_body = true,
-            }
-        }
-        for (name, mut parts) in pieces {
-            parts.sort_by_key(|(index, _)| *index);
-            headers.push(Header { name, value: parts.into_iter().flat_map(|(_, bytes)| bytes).collect() });
-        }
-    }
+    // Malformed header bytes read as "no headers", as the client reads
+    // them: the record then has no envelope, which the consumer reports as
+    // a header error.
+    let (headers, empty_body) = message.user_headers.as_deref().and_then(decode_headers).unwrap_or_default();
     let body = if empty_body { Vec::new() } else { message.payload.to_vec() };
     StoredRecord { offset: message.header.offset, record: Record { headers, body } }
+}
+
+/// The headers in a message's user-header bytes, by name (pieces of a split
+/// value joined in order), and whether they mark the body as empty; `None`
+/// for bytes the client's own decoding refuses (a malformed block, a kind
+/// it does not know, a fixed-size value of another size).
+///
+/// Read straight from the bytes, without the client's map of typed keys and
+/// values: every typed value this crate reads (the tag's `u32`, a
+/// sequence's `u64`) is the little-endian bytes it wrote, which is how Iggy
+/// carries them, so a value's bytes are taken as they are whatever its kind.
+fn decode_headers(bytes: &[u8]) -> Option<(Vec<Header>, bool)> {
+    validate_user_headers(bytes).ok()?;
+    let mut pieces: Vec<(Cow<'_, str>, usize, &[u8])> = Vec::new();
+    let mut empty_body = false;
+    for entry in WireUserHeaderIterator::new(bytes) {
+        if !fits_kind(entry.key_kind.0, entry.key) || !fits_kind(entry.value_kind.0, entry.value) {
+            return None;
+        }
+        let key = String::from_utf8_lossy(entry.key);
+        if !key.contains('~') {
+            pieces.push((key, 0, entry.value));
+            continue;
+        }
+        match parse_header_key(&key) {
+            HeaderPiece::Value { name, index } => pieces.push((name.into(), index, entry.value)),
+            HeaderPiece::Empty { name } => pieces.push((name.into(), 0, &[])),
+            HeaderPiece::EmptyBody => empty_body = true,
+        }
+    }
+    // By name, then piece; of a piece given twice (only another producer
+    // can write that), the last one.
+    pieces.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    let mut headers: Vec<Header> = Vec::with_capacity(pieces.len());
+    let mut pieces = pieces.into_iter().peekable();
+    while let Some((name, index, value)) = pieces.next() {
+        if pieces.peek().is_some_and(|(next, next_index, _)| *next == name && *next_index == index) {
+            continue;
+        }
+        match headers.last_mut() {
+            Some(last) if last.name == name => last.value.extend_from_slice(value),
+            _ => headers.push(Header { name: name.into_owned(), value: value.to_vec() }),
+        }
+    }
+    Some((headers, empty_body))
+}
+
+/// Whether `bytes` can be a header key or value of the kind coded `kind`:
+/// a kind Iggy knows, and the size it has if it has one (the checks of the
+/// client's `user_headers_map`).
+fn fits_kind(kind: u8, bytes: &[u8]) -> bool {
+    let size = match HeaderKind::from_code(kind) {
+        Ok(HeaderKind::Raw | HeaderKind::String) => return true,
+        Ok(HeaderKind::Bool | HeaderKind::Int8 | HeaderKind::Uint8) => 1,
+        Ok(HeaderKind::Int16 | HeaderKind::Uint16) => 2,
+        Ok(HeaderKind::Int32 | HeaderKind::Uint32 | HeaderKind::Float32) => 4,
+        Ok(HeaderKind::Int64 | HeaderKind::Uint64 | HeaderKind::Float64) => 8,
+        Ok(HeaderKind::Int128 | HeaderKind::Uint128) => 16,
+        Err(_) => return false,
+    };
+    bytes.len() == size
 }
 
 fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError {
@@ -783,6 +890,94 @@ mod tests {
         }
         // Another producer's keys that do not follow the scheme are names.
         assert_eq!(parse_header_key("a~b"), HeaderPiece::Value { name: "a~b".into(), index: 0 });
+    }
+
+    /// The headers as the client's own typed map gives them, joined the way
+    /// [`from_message`] joins them: what [`decode_headers`] must agree with.
+    fn through_the_clients_map(message: &IggyMessage) -> Option<(Vec<Header>, bool)> {
+        let map = message.user_headers_map().ok()??;
+        let mut pieces: BTreeMap<String, Vec<(usize, Vec<u8>)>> = BTreeMap::new();
+        let mut empty_body = false;
+        for (key, value) in map {
+            let bytes = match value.kind() {
+                HeaderKind::Uint32 => value.as_uint32().unwrap().to_le_bytes().to_vec(),
+                HeaderKind::Uint64 => value.as_uint64().unwrap().to_le_bytes().to_vec(),
+                _ => value.as_bytes().to_vec(),
+            };
+            match parse_header_key(&String::from_utf8_lossy(key.as_bytes())) {
+                HeaderPiece::Value { name, index } => pieces.entry(name).or_default().push((index, bytes)),
+                HeaderPiece::Empty { name } => pieces.entry(name).or_default().push((0, Vec::new())),
+                HeaderPiece::EmptyBody => empty_body = true,
+            }
+        }
+        let headers = pieces
+            .into_iter()
+            .map(|(name, mut parts)| {
+                parts.sort_by_key(|(index, _)| *index);
+                Header { name, value: parts.into_iter().flat_map(|(_, bytes)| bytes).collect() }
+            })
+            .collect();
+        Some((headers, empty_body))
+    }
+
+    /// A user-header block written by hand: (key kind, key, value kind, value).
+    fn block(entries: &[(u8, &[u8], u8, &[u8])]) -> Bytes {
+        let mut buf = bytes::BytesMut::new();
+        iggy_binary_protocol::encode_user_headers(entries, &mut buf);
+        buf.freeze()
+    }
+
+    #[test]
+    fn headers_decoded_from_the_bytes_match_the_clients_typed_map() {
+        let typed = |pairs: Vec<(&str, HeaderValue)>| {
+            let headers = pairs.into_iter().map(|(k, v)| (HeaderKey::from_str(k).unwrap(), v)).collect();
+            IggyMessage::builder().payload(Bytes::from_static(b"{}")).user_headers(headers).build().unwrap()
+        };
+        let long = Record {
+            headers: vec![
+                Header { name: TAG.into(), value: 7u32.to_le_bytes().to_vec() },
+                Header { name: "a".into(), value: vec![5; 700] },
+                Header { name: "e".into(), value: Vec::new() },
+                Header { name: "x~y".into(), value: b"z".to_vec() },
+            ],
+            body: Vec::new(),
+        };
+        let mut messages = vec![
+            to_message("t", 0, long, Some(("p", 9)), 1).unwrap(),
+            typed(vec![
+                ("u8", HeaderValue::from(7u8)),
+                ("i16", HeaderValue::from(-3i16)),
+                ("u32", HeaderValue::from(70_000u32)),
+                ("u64", HeaderValue::from(u64::MAX - 1)),
+                ("i128", HeaderValue::from(-5i128)),
+                ("f64", HeaderValue::from(1.5f64)),
+                ("bool", HeaderValue::from(true)),
+                ("s", HeaderValue::from_str("text").unwrap()),
+                ("raw~3", HeaderValue::from_raw(HeaderKind::Raw, b"piece").unwrap()),
+            ]),
+        ];
+        // Blocks the client refuses: an unknown kind, a fixed size broken,
+        // a block cut short, a key without its value, bytes after the end.
+        let refused = [
+            block(&[(2, b"k", 16, b"v")]),
+            block(&[(2, b"k", 11, b"abc")]),
+            block(&[(7, b"123", 1, b"v")]),
+            block(&[(2, b"k", 1, b"v")]).slice(..9),
+            Bytes::from(vec![2, 1, 0, 0, 0, b'k']),
+            [block(&[(2, b"k", 1, b"v")]), Bytes::from_static(&[1])].concat().into(),
+            block(&[(2, &[0xff, b'~', b'1'], 1, b"v"), (1, &[0xfe], 1, b"w")]),
+        ];
+        for bytes in refused {
+            let mut message = typed(vec![]);
+            message.user_headers = Some(bytes);
+            messages.push(message);
+        }
+        for message in &messages {
+            let decoded = message.user_headers.as_deref().and_then(decode_headers);
+            assert_eq!(decoded, through_the_clients_map(message), "{:?}", message.user_headers);
+        }
+        let refusals: Vec<_> = messages.iter().map(|m| through_the_clients_map(m).is_none()).collect();
+        assert_eq!(refusals, [false, false, true, true, true, true, true, true, false], "refusals tested");
     }
 
     #[test]
