@@ -99,7 +99,7 @@ pub struct IggyLog {
     client: tokio::sync::RwLock<Arc<IggyClient>>,
     /// Set when an error showed the session is gone.
     broken: AtomicBool,
-    url: String,
+    url: Box<str>,
     stream: Identifier,
     address: PathBuf,
     /// The last sequence each producer stamped on a partition, as read from
@@ -111,8 +111,9 @@ pub struct IggyLog {
     /// Plain appends made so far, numbering them in message ids.
     appends: AtomicU64,
     /// Per topic and partition, where the last read ended, and the poll of
-    /// the range after it when it was started ahead.
-    reading: std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>,
+    /// the range after it when it was started ahead. Boxed, as `url` is,
+    /// to keep [`super::AnyLog`]'s variants of similar size.
+    reading: Box<std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>>,
 }
 
 /// Where a partition's last read ended, and maybe the poll of what a reader
@@ -168,7 +169,7 @@ impl IggyLog {
         Ok(Self {
             client: tokio::sync::RwLock::new(Arc::new(client)),
             broken: AtomicBool::new(false),
-            url: url.to_owned(),
+            url: url.into(),
             stream: stream_id,
             address,
             stamps: Default::default(),
