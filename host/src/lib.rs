@@ -39,6 +39,8 @@
 //! - [`publish`]: events in, messages with headers from the module out.
 //! - [`guest_build`]: building a guest crate into a component.
 //! - [`demo`]: the bank workload and its oracle.
+//! - [`host`]: one running host (sandbox, library, projection, consumer,
+//!   reloader, admin endpoint) assembled from one settings value.
 //! - [`admin`]: the HTTP admin endpoint (health, readiness, metrics,
 //!   modules, state, status).
 //! - [`cli`]: the `waku` command line.
@@ -57,6 +59,7 @@ pub mod dead_letter;
 pub mod demo;
 pub mod guest_build;
 pub mod handler;
+pub mod host;
 pub mod lifecycle;
 pub mod log;
 pub mod metrics;

@@ -1,0 +1,235 @@
+//! The `waku` command line. It parses flags, calls the library, and turns
+//! errors into messages a person can act on.
+//!
+//! Exit codes (stable): 0 success, including `run` stopped by SIGINT or
+//! SIGTERM after committing the batch in flight, and a command whose
+//! standard output was closed by its reader (`waku dlq list | head`); 1 an
+//! error (printed as `waku: error: …` with its causes); 2 a usage error
+//! (from the argument parser); 3 the demo's oracle check failed (even when
+//! its report could not be printed); 130 `run` aborted by a second signal
+//! (as after a crash, nothing committed is lost).
+//!
+//! Output: results go to standard output through `outln!`, which returns
+//! write errors instead of panicking as `println!` does; a closed pipe ends
+//! the command quietly with exit 0 (as a Unix tool killed by SIGPIPE would,
+//! but through an error, as ripgrep does). SIGPIPE itself stays ignored, as
+//! Rust sets it: a `run` must not die because the admin endpoint's client or
+//! the Iggy server closed a socket, and it writes to standard output only its
+//! final summary, so a closed pipe never stops it before its work is
+//! committed. Messages go to standard error through `errln!`, which
+//! ignores write errors: nobody reading them is no reason to stop. Log
+//! lines are coloured only when standard error is a terminal and `NO_COLOR`
+//! is unset or empty (<https://no-color.org>).
+//!
+//! Every limit is a flag of `run` and `demo`, one per field of
+//! [`SandboxLimits`] (what the engine enforces) and of [`PayloadLimits`]
+//! (what the consumer's key scopes enforce), defaulting to the library's
+//! values. So is the retry policy ([`RetryPolicy`]): `--max-attempts`,
+//! `--retry-delays`, `--transient-retries`, `--transient-backoff`.
+//!
+//! Data directory layout (`--data`, default `waku-data`):
+//! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
+//! beside each consumed topic); `projections/<name>.redb` is a projection's
+//!
+//! Layout: one file per command (`build`, `publish`, `run`, `state`,
+//! `status`, `modules`, `dlq`, `demo`), the arguments they share in
+//! [`args`], signal handling in [`signals`]. `run` and `demo` start their
+//! host with [`crate::host::Host`].
+
+use std::io::{ErrorKind, IsTerminal};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// `println!` for a command's results, returning the write error instead of
+/// panicking, so that `?` ends the command; `report` ends a closed pipe
+/// quietly.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        {
+            use std::io::Write as _;
+            writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)
+        }
+    };
+}
+
+/// `eprintln!` for messages, ignoring write errors: when nobody reads
+/// standard error any more the command still does its work.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// A command's result could not be written to standard output.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output")]
+struct StdoutError(#[source] std::io::Error);
+
+impl StdoutError {
+    /// Whether the reader closed its end (`| head`): the command ends
+    /// quietly with exit 0.
+    fn reader_gone(&self) -> bool {
+        self.0.kind() == ErrorKind::BrokenPipe
+    }
+}
+
+mod args;
+mod build;
+mod demo;
+mod dlq;
+mod modules;
+mod publish;
+mod run;
+mod signals;
+mod state;
+mod status;
+
+use build::BuildArgs;
+use demo::DemoArgs;
+use dlq::DlqCommand;
+use modules::ModulesCommand;
+use publish::PublishArgs;
+use run::RunArgs;
+use state::StateCommand;
+use status::StatusArgs;
+
+#[derive(Parser)]
+#[command(name = "waku", version, about, propagate_version = true, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a guest into a handler component: a Rust crate (cargo,
+    /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
+    Build(BuildArgs),
+    /// Publish JSON lines to a topic, with headers from the module.
+    Publish(PublishArgs),
+    /// Consume a topic into a projection.
+    Run(RunArgs),
+    /// Read a projection's state.
+    #[command(subcommand)]
+    State(StateCommand),
+    /// List, inspect and re-drive a projection's dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Show a projection's module versions, or roll one back.
+    #[command(subcommand)]
+    Modules(ModulesCommand),
+    /// Where a projection stands: per partition position, end, lag; module
+    /// versions; counts of applied, skipped, retrying, dead-lettered events.
+    Status(StatusArgs),
+    /// Build the bank example, publish a seeded workload, consume it, and
+    /// check the read model against an oracle.
+    Demo(DemoArgs),
+}
+
+/// The exit codes, for `waku --help`.
+const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
+                          error, 2 usage error, 3 the demo's oracle check failed, 130 `run` aborted by a second \
+                          signal.";
+
+/// Runs the command line and returns the process's exit code.
+pub fn main() -> ExitCode {
+    main_with(std::env::args_os())
+}
+
+/// Runs the command line `args` (the first is the program's name), as
+/// the `waku` binary would; for benchmarks that time a command in-process.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let cli = Cli::parse_from(args);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    // A second command in one process keeps the first one's subscriber.
+    let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colours).try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(error) => report(&error),
+    }
+}
+
+/// Whether log lines get colours: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string
+/// (<https://no-color.org>).
+fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// Prints `error` with its causes and returns exit code 1; nothing, and 0,
+/// when standard output was closed by its reader.
+fn report(error: &anyhow::Error) -> ExitCode {
+    if stdout_closed(error) {
+        return ExitCode::SUCCESS;
+    }
+    errln!("waku: error: {error}");
+    for cause in error.chain().skip(1) {
+        errln!("  caused by: {cause}");
+    }
+    ExitCode::from(1)
+}
+
+/// Whether `error` is a write to a standard output whose reader is gone; a
+/// broken pipe anywhere else (a socket to the log) is a real error.
+fn stdout_closed(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<StdoutError>().is_some_and(StdoutError::reader_gone))
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Build(args) => build::build(args).map(|()| ExitCode::SUCCESS),
+        Command::Publish(args) => publish::publish_file(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),
+        Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
+        Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => demo::run_demo(args).await,
+    }
+}
+
+fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_are_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some(OsStr::new(""))), "an empty NO_COLOR does not count");
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        assert!(!log_colours(false, None));
+        assert!(!log_colours(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn only_a_closed_standard_output_ends_a_command_quietly() {
+        let closed = anyhow::Error::new(StdoutError(ErrorKind::BrokenPipe.into())).context("listing");
+        assert!(stdout_closed(&closed));
+        assert_eq!(report(&closed), ExitCode::SUCCESS);
+        let full = anyhow::Error::new(StdoutError(std::io::Error::other("disk full")));
+        assert!(!stdout_closed(&full));
+        // A broken pipe elsewhere (a socket to the log) is an error.
+        let socket = anyhow::Error::new(std::io::Error::from(ErrorKind::BrokenPipe));
+        assert!(!stdout_closed(&socket));
+    }
+
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
