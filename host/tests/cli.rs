@@ -673,3 +673,68 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     assert!(kill.success());
     assert!(child.wait().unwrap().success());
 }
+
+/// The value and the source `waku run --print-config` shows for `setting`.
+fn shown<'a>(printed: &'a str, setting: &str) -> (&'a str, &'a str) {
+    let line = printed
+        .lines()
+        .find(|line| line.starts_with(&format!("{setting} = ")) || line.starts_with(&format!("# {setting} is not set")))
+        .unwrap_or_else(|| panic!("no line for {setting} in\n{printed}"));
+    let (value, source) = line.split_once(" # ").unwrap();
+    (value.split_once(" = ").map_or("", |(_, value)| value.trim()), source.trim())
+}
+
+#[test]
+fn settings_come_from_flags_the_environment_and_waku_toml_in_that_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("waku.toml"),
+        "projection = \"bank\"\ntopic = \"accounts\"\nmodules = \"modules\"\nbatch-size = 11\nworkers = 3\n\
+         max-attempts = 4\niggy = \"iggy://iggy:from-file@127.0.0.1:8090\"\n",
+    )
+    .unwrap();
+    let output = common::waku_command(dir.path())
+        .args(["run", "--print-config", "--batch-size", "33"])
+        .env("WAKU_WORKERS", "5")
+        .env("WAKU_IGGY", "iggy://iggy:from-env@127.0.0.1:8090")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert_eq!(shown(&printed, "batch-size"), ("33", "flag"));
+    assert_eq!(shown(&printed, "workers"), ("5", "environment variable WAKU_WORKERS"));
+    assert_eq!(shown(&printed, "max-attempts"), ("4", "file waku.toml"));
+    assert_eq!(shown(&printed, "projection"), ("\"bank\"", "file waku.toml"));
+    assert_eq!(shown(&printed, "memory-mib"), ("64", "default"));
+    assert_eq!(shown(&printed, "admin"), ("", "default"));
+    // The credential from the environment, masked.
+    assert_eq!(shown(&printed, "iggy"), ("\"iggy://iggy:****@127.0.0.1:8090\"", "environment variable WAKU_IGGY"));
+    assert!(!printed.contains("from-env") && !printed.contains("from-file"), "{printed}");
+
+    // --config names another file; it must exist.
+    std::fs::write(dir.path().join("other.toml"), "projection = \"other\"\n").unwrap();
+    let output =
+        waku(&["run", "--config", "other.toml", "--print-config", "--topic", "t", "--modules", "m"], dir.path());
+    assert_eq!(shown(&text(&output.stdout), "projection"), ("\"other\"", "file other.toml"));
+    let output = waku(&["run", "--config", "missing.toml", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).starts_with("waku: error: cannot read the config file missing.toml"));
+
+    // Unknown keys and bad values are usage errors that say where.
+    std::fs::write(dir.path().join("waku.toml"), "projection = \"bank\"\nbatchsize = 3\n").unwrap();
+    let output = waku(&["run", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).starts_with("waku: error: unknown setting `batchsize` in the config file waku.toml"),
+        "{}",
+        text(&output.stderr)
+    );
+    std::fs::write(dir.path().join("waku.toml"), "max-attempts = \"often\"\n").unwrap();
+    let output = waku(&["run", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    let error = text(&output.stderr);
+    assert!(
+        error.starts_with("waku: error: bad value `often` for setting `max-attempts` from file waku.toml: "),
+        "{error}"
+    );
+}

@@ -37,9 +37,10 @@
 //! host with [`crate::host::Host`].
 
 use std::io::{ErrorKind, IsTerminal};
+use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 /// `println!` for a command's results, returning the write error instead of
@@ -78,6 +79,7 @@ impl StdoutError {
 
 mod args;
 mod build;
+mod config;
 mod demo;
 mod dlq;
 mod modules;
@@ -101,6 +103,19 @@ use status::StatusArgs;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Read settings from this file instead of `waku.toml` in the working
+    /// directory (also `WAKU_CONFIG`). Keys are `run`'s flags without their
+    /// dashes; precedence: flag > environment (`WAKU_<FLAG>`) > file >
+    /// default. See `waku run --print-config`.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Which log lines to show on standard error: a level (`error`, `warn`,
+    /// `info`, `debug`, `trace`) or `tracing` directives
+    /// (`warn,waku::guest=debug`). Default: `RUST_LOG` if set, else
+    /// `warn,waku::guest=info` (the host's warnings, and the modules' log
+    /// lines from info up, marked with module and key).
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -142,8 +157,16 @@ pub fn main() -> ExitCode {
 /// Runs the command line `args` (the first is the program's name), as
 /// the `waku` binary would; for benchmarks that time a command in-process.
 pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
-    let cli = Cli::parse_from(args);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let environment = |name: &str| std::env::var_os(name);
+    let layered = match config::parse(args.into_iter().collect(), &environment, Path::new(config::DEFAULT_FILE)) {
+        Ok(layered) => layered,
+        Err(config::Failure::Clap(error)) => error.exit(),
+        Err(config::Failure::Config(error)) => return report_with(&anyhow::Error::new(error), ExitCode::from(2)),
+    };
+    let filter = match log_filter(layered.cli.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref()) {
+        Ok(filter) => filter,
+        Err(error) => return report_with(&error, ExitCode::from(2)),
+    };
     // A second command in one process keeps the first one's subscriber.
     let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
     let _ =
@@ -152,7 +175,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(layered.cli.command, &layered.settings)) {
         Ok(code) => code,
         Err(error) => report(&error),
     }
@@ -165,9 +188,33 @@ fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> 
     stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
+/// The default log filter: the host's warnings, and the modules' log lines
+/// from info up.
+const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info";
+
+/// The log filter: `--log-level`, else `RUST_LOG`, else
+/// [`DEFAULT_LOG_FILTER`]; a bad `--log-level` is an error, a bad
+/// `RUST_LOG` too (it would otherwise hide what the person asked to see).
+fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> Result<tracing_subscriber::EnvFilter> {
+    let (directives, source) = match (flag, rust_log) {
+        (Some(flag), _) => (flag, "--log-level"),
+        (None, Some(variable)) if !variable.trim().is_empty() => (variable, "RUST_LOG"),
+        _ => (DEFAULT_LOG_FILTER, "the default"),
+    };
+    tracing_subscriber::EnvFilter::builder()
+        .parse(directives)
+        .with_context(|| format!("bad log filter `{directives}` from {source}"))
+}
+
 /// Prints `error` with its causes and returns exit code 1; nothing, and 0,
 /// when standard output was closed by its reader.
 fn report(error: &anyhow::Error) -> ExitCode {
+    report_with(error, ExitCode::from(1))
+}
+
+/// Prints `error` with its causes and returns `code`; nothing, and 0, when
+/// standard output was closed by its reader.
+fn report_with(error: &anyhow::Error, code: ExitCode) -> ExitCode {
     if stdout_closed(error) {
         return ExitCode::SUCCESS;
     }
@@ -175,7 +222,7 @@ fn report(error: &anyhow::Error) -> ExitCode {
     for cause in error.chain().skip(1) {
         errln!("  caused by: {cause}");
     }
-    ExitCode::from(1)
+    code
 }
 
 /// Whether `error` is a write to a standard output whose reader is gone; a
@@ -184,8 +231,12 @@ fn stdout_closed(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<StdoutError>().is_some_and(StdoutError::reader_gone))
 }
 
-async fn dispatch(command: Command) -> Result<ExitCode> {
+async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<ExitCode> {
     match command {
+        Command::Run(args) if args.print_config => {
+            outln!("{}", config::render(settings))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Build(args) => build::build(args).map(|()| ExitCode::SUCCESS),
         Command::Publish(args) => publish::publish_file(args).await.map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run::run(args).await.map(|()| ExitCode::SUCCESS),

@@ -65,6 +65,11 @@ pub(super) struct RunArgs {
     pub(super) admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(super) consume: ConsumeArgs,
+    /// Print the effective settings and where each came from (flag,
+    /// environment variable, config file, default), secrets masked, and
+    /// exit.
+    #[arg(long)]
+    pub(super) print_config: bool,
 }
 
 impl RunArgs {
