@@ -51,6 +51,32 @@ impl DataArgs {
     }
 }
 
+/// How a command prints its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum Output {
+    /// Lines for people.
+    Table,
+    /// One JSON document, of the shape the README states
+    /// ("Output and exit codes").
+    Json,
+}
+
+/// `--output`.
+#[derive(Args)]
+pub(super) struct OutputArgs {
+    /// How to print the result: `table` for people, `json` for programs
+    /// (a stable shape, documented in the README).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub(super) output: Output,
+}
+
+impl OutputArgs {
+    /// Whether the result is printed as JSON.
+    pub(super) fn json(&self) -> bool {
+        self.output == Output::Json
+    }
+}
+
 /// A projection and the topic it consumes (its retry and dead-letter
 /// topics are `retry_<topic>` and `dlq_<topic>`).
 #[derive(Args)]

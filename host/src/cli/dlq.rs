@@ -5,15 +5,22 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
-use super::args::{ProjectionArgs, parse_key};
+use serde::Serialize;
+
+use super::args::{OutputArgs, ProjectionArgs, parse_key};
 use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection};
 use wakuwaku_core::limits::printable;
 
 #[derive(Subcommand)]
 pub(super) enum DlqCommand {
     /// List the dead letters of a projection, one per line.
-    List(ProjectionArgs),
+    #[command(after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
+    List(DlqListArgs),
     /// Print one dead letter in full: where it came from, why, its body.
+    #[command(
+        after_help = "Example:\n  waku dlq show --data waku-data --projection bank --topic accounts --partition 0 \
+                      --offset 3"
+    )]
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
     /// module): they join the retry topic, in dead-letter order per key, and
@@ -22,7 +29,16 @@ pub(super) enum DlqCommand {
     /// run` consumes) are re-driven; it says which, and which it left to
     /// other hosts. Stop `waku run` first: the embedded log and state files
     /// are open in one process at a time.
+    #[command(after_help = "Example:\n  waku dlq redrive --data waku-data --projection bank --topic accounts --key 42")]
     Redrive(DlqRedriveArgs),
+}
+
+#[derive(Args)]
+pub(super) struct DlqListArgs {
+    #[command(flatten)]
+    pub(super) dlq: ProjectionArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 #[derive(Args)]
@@ -35,6 +51,8 @@ pub(super) struct DlqShowArgs {
     /// Its offset in the dead-letter topic.
     #[arg(long)]
     pub(super) offset: u64,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 #[derive(Args)]
@@ -60,7 +78,7 @@ pub(super) struct DlqRedriveArgs {
 
 pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     let args = match &command {
-        DlqCommand::List(args) => args,
+        DlqCommand::List(list) => &list.dlq,
         DlqCommand::Show(show) => &show.dlq,
         DlqCommand::Redrive(redrive) => &redrive.dlq,
     };
@@ -68,10 +86,15 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
     match &command {
-        DlqCommand::List(_) => {
+        DlqCommand::List(list) => {
             let letters = dead_letter::list(&log, topic, projection, &store).await?;
-            for letter in &letters {
-                outln!("{}", dead_letter_line(letter))?;
+            if list.output.json() {
+                let views = letters.iter().map(|letter| DeadLetterView::new(letter, false)).collect();
+                outln!("{}", serde_json::to_string(&DeadLetterList { projection, topic, dead_letters: views })?)?;
+            } else {
+                for letter in &letters {
+                    outln!("{}", dead_letter_line(letter))?;
+                }
             }
             let waiting = letters.iter().filter(|l| l.owned && !l.redriven).count();
             let others: Vec<u32> = letters.iter().filter(|l| !l.owned).map(|l| l.partition).collect();
@@ -87,7 +110,10 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
         }
         DlqCommand::Show(show) => {
             let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
-            outln!("{}", dead_letter_details(&letter))?;
+            match show.output.json() {
+                true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&letter, true))?)?,
+                false => outln!("{}", dead_letter_details(&letter))?,
+            }
         }
         DlqCommand::Redrive(redrive) => {
             let selection = Selection {
@@ -228,4 +254,100 @@ pub(super) fn dead_letter_details(letter: &DeadLetter) -> String {
         )),
     }
     lines.join("\n")
+}
+
+/// `waku dlq list --output json`.
+#[derive(Serialize)]
+struct DeadLetterList<'a> {
+    projection: &'a str,
+    topic: &'a str,
+    dead_letters: Vec<DeadLetterView<'a>>,
+}
+
+/// One dead letter, for `waku dlq list|show --output json`.
+#[derive(Serialize)]
+struct DeadLetterView<'a> {
+    partition: u32,
+    offset: u64,
+    projection: &'a str,
+    origin: Place,
+    events: u64,
+    attempts: u32,
+    failed_at: String,
+    failed_at_ms: u64,
+    /// The failure's class, message, module and version; all null for an
+    /// event diverted behind its key.
+    class: Option<&'static str>,
+    message: Option<&'a str>,
+    module: Option<&'a str>,
+    version: Option<&'a str>,
+    /// Null when the headers are unreadable (then `headers_error` says why).
+    event: Option<EventView>,
+    headers_error: Option<String>,
+    /// Whether this state store owns the partition.
+    owned: bool,
+    /// Null when not owned: only the owner knows.
+    redriven: Option<bool>,
+    /// `dlq show` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<BodyView>,
+}
+
+#[derive(Serialize)]
+struct Place {
+    partition: u32,
+    offset: u64,
+}
+
+#[derive(Serialize)]
+struct EventView {
+    key: serde_json::Value,
+    tag: u32,
+    ordering: String,
+    algebra: String,
+}
+
+/// The body: its size, and its text when it is UTF-8, else its hex.
+#[derive(Serialize)]
+struct BodyView {
+    bytes: usize,
+    text: Option<String>,
+    hex: Option<String>,
+}
+
+impl<'a> DeadLetterView<'a> {
+    fn new(letter: &'a DeadLetter, with_body: bool) -> Self {
+        let routed = &letter.routed;
+        let failure = routed.failure.as_ref();
+        let body = &letter.record.body;
+        let text = std::str::from_utf8(body).ok().map(str::to_owned);
+        Self {
+            partition: letter.partition,
+            offset: letter.offset,
+            projection: &routed.projection,
+            origin: Place { partition: routed.origin_partition, offset: routed.origin_offset },
+            events: routed.events,
+            attempts: routed.attempts,
+            failed_at: failed_at(routed.failed_at_ms),
+            failed_at_ms: routed.failed_at_ms,
+            class: failure.map(|f| f.class.name()),
+            message: failure.map(|f| f.message.as_str()),
+            module: failure.filter(|f| !f.module.is_empty()).map(|f| f.module.as_str()),
+            version: failure.filter(|f| !f.version.is_empty()).map(|f| f.version.as_str()),
+            event: letter.envelope.as_ref().ok().map(|e| EventView {
+                key: e.key.value().to_json(),
+                tag: e.tag.get(),
+                ordering: e.ordering.to_string(),
+                algebra: e.algebra.to_string(),
+            }),
+            headers_error: letter.envelope.as_ref().err().map(ToString::to_string),
+            owned: letter.owned,
+            redriven: letter.owned.then_some(letter.redriven),
+            body: with_body.then(|| BodyView {
+                bytes: body.len(),
+                hex: text.is_none().then(|| body.iter().map(|b| format!("{b:02x}")).collect()),
+                text,
+            }),
+        }
+    }
 }

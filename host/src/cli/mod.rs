@@ -122,27 +122,41 @@ struct Cli {
 enum Command {
     /// Build a guest into a handler component: a Rust crate (cargo,
     /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
+    #[command(after_help = "Example:\n  waku build examples/bank --out modules/bank.wasm")]
     Build(BuildArgs),
     /// Publish JSON lines to a topic, with headers from the module.
+    #[command(after_help = "Example:\n  waku publish --data waku-data --topic accounts --partitions 4 --module \
+                            modules/bank.wasm events.jsonl")]
     Publish(PublishArgs),
     /// Consume a topic into a projection.
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Read a projection's state.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42")]
     State(StateCommand),
     /// List, inspect and re-drive a projection's dead letters.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
     Dlq(DlqCommand),
     /// Show a projection's module versions, or roll one back.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  waku modules list --data waku-data --projection bank")]
     Modules(ModulesCommand),
     /// Where a projection stands: per partition position, end, lag; module
     /// versions; counts of applied, skipped, retrying, dead-lettered events.
+    #[command(after_help = "Example:\n  waku status --data waku-data --projection bank --topic accounts --output json")]
     Status(StatusArgs),
     /// Build the bank example, publish a seeded workload, consume it, and
     /// check the read model against an oracle.
+    #[command(after_help = "Example:\n  waku demo --events 100000 --accounts 1000 --partitions 2")]
     Demo(DemoArgs),
 }
+
+/// `waku run --help`'s epilogue: an example and where else settings come
+/// from.
+const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank --topic accounts --modules modules \
+                        --until-caught-up\n\nEvery setting can also come from the environment, as WAKU_<FLAG> \
+                        (WAKU_BATCH_SIZE, WAKU_IGGY), or from waku.toml in the working directory (or --config \
+                        <FILE>), as `<flag> = <value>` (batch-size = 512). Precedence: flag > environment > file > \
+                        default; --print-config shows the effective settings and where each came from.";
 
 /// The exit codes, for `waku --help`.
 const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
@@ -276,6 +290,25 @@ mod tests {
         // A broken pipe elsewhere (a socket to the log) is an error.
         let socket = anyhow::Error::new(std::io::Error::from(ErrorKind::BrokenPipe));
         assert!(!stdout_closed(&socket));
+    }
+
+    #[test]
+    fn every_command_has_an_example_in_its_help() {
+        use clap::CommandFactory;
+        fn walk(command: &mut clap::Command, path: &str, checked: &mut Vec<String>) {
+            for sub in command.get_subcommands_mut().filter(|sub| sub.get_name() != "help") {
+                let path = format!("{path} {}", sub.get_name());
+                let help = sub.render_long_help().to_string();
+                let example = help.split_once("Example:\n").map(|(_, rest)| rest.lines().next().unwrap_or_default());
+                let example = example.unwrap_or_else(|| panic!("`{path} --help` has no example:\n{help}"));
+                assert!(example.trim_start().starts_with(&format!("{path} ")), "`{path} --help`: {example}");
+                checked.push(path.clone());
+                walk(sub, &path, checked);
+            }
+        }
+        let mut checked = Vec::new();
+        walk(&mut Cli::command(), "waku", &mut checked);
+        assert_eq!(checked.len(), 14, "{checked:?}");
     }
 
     #[test]

@@ -5,14 +5,16 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
-use super::args::{DataArgs, parse_key};
+use super::args::{DataArgs, OutputArgs, parse_key};
 use super::publish::load_module;
 use crate::admin;
 use crate::runtime::{Sandbox, SandboxLimits};
 
 #[derive(Subcommand)]
 pub(super) enum StateCommand {
-    /// Print a key's state entries (and the shared counters) as JSON.
+    /// Print a key's state entries (and the shared counters) as JSON:
+    /// indented for people, or on one line with `--output json`.
+    #[command(after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42 balance")]
     Get(StateGetArgs),
 }
 
@@ -36,6 +38,8 @@ pub(super) struct StateGetArgs {
     pub(super) module: Option<PathBuf>,
     /// Only this entry.
     pub(super) entry: Option<String>,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
@@ -58,6 +62,9 @@ pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
         _ => bail!("give --key, or --event with --module"),
     };
     let output = admin::key_state_json(&store, &key, args.entry.as_deref())?;
-    outln!("{}", serde_json::to_string_pretty(&output)?)?;
+    match args.output.json() {
+        true => outln!("{}", serde_json::to_string(&output)?)?,
+        false => outln!("{}", serde_json::to_string_pretty(&output)?)?,
+    }
     Ok(())
 }

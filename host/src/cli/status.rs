@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use super::args::ProjectionArgs;
+use super::args::{OutputArgs, ProjectionArgs};
 use crate::admin;
 use crate::lifecycle::Library;
 use crate::runtime::{Sandbox, SandboxLimits};
@@ -17,6 +17,8 @@ pub(super) struct StatusArgs {
     /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
     #[arg(long)]
     pub(super) admin: Option<String>,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
 }
 
 pub(super) async fn status(args: StatusArgs) -> Result<()> {
@@ -49,6 +51,10 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
             admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?
         }
     };
+    if args.output.json() {
+        outln!("{}", serde_json::to_string(&status)?)?;
+        return Ok(());
+    }
     let caught_up = status.partitions.iter().all(|p| p.caught_up);
     outln!(
         "projection `{}` on topic `{}`: {}",
