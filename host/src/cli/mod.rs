@@ -5,7 +5,8 @@
 //! SIGTERM after committing the batch in flight, and a command whose
 //! standard output was closed by its reader (`waku dlq list | head`); 1 an
 //! error (printed as `waku: error: …` with its causes); 2 a usage error
-//! (from the argument parser); 3 the demo's oracle check failed (even when
+//! (from the argument parser, or a bad setting from the environment or the
+//! config file); 3 the demo's oracle check failed (even when
 //! its report could not be printed); 130 `run` aborted by a second signal
 //! (as after a crash, nothing committed is lost).
 //!
@@ -22,18 +23,28 @@
 //! is unset or empty (<https://no-color.org>).
 //!
 //! Every limit is a flag of `run` and `demo`, one per field of
-//! [`SandboxLimits`] (what the engine enforces) and of [`PayloadLimits`]
-//! (what the consumer's key scopes enforce), defaulting to the library's
-//! values. So is the retry policy ([`RetryPolicy`]): `--max-attempts`,
+//! [`SandboxLimits`](crate::runtime::SandboxLimits) (what the engine
+//! enforces) and of [`PayloadLimits`](crate::handler::PayloadLimits) (what
+//! the consumer's key scopes enforce), defaulting to the library's values.
+//! So is the retry policy ([`RetryPolicy`](crate::routing::RetryPolicy)): `--max-attempts`,
 //! `--retry-delays`, `--transient-retries`, `--transient-backoff`.
 //!
 //! Data directory layout (`--data`, default `waku-data`):
 //! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
 //! beside each consumed topic); `projections/<name>.redb` is a projection's
+//! state, consumer positions, counts and retry bookkeeping.
+//!
+//! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
+//! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
+//! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info`, so the
+//! modules' own lines show from info up. `--output json` gives the results
+//! of `status`, `dlq list|show`, `modules list` and `state get` a stable
+//! JSON shape (README, "JSON output").
 //!
 //! Layout: one file per command (`build`, `publish`, `run`, `state`,
 //! `status`, `modules`, `dlq`, `demo`), the arguments they share in
-//! [`args`], signal handling in [`signals`]. `run` and `demo` start their
+//! `args.rs`, settings from the environment and the file in `config.rs`,
+//! signal handling in `signals.rs`. `run` and `demo` start their
 //! host with [`crate::host::Host`].
 
 use std::io::{ErrorKind, IsTerminal};
@@ -160,7 +171,7 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
 
 /// The exit codes, for `waku --help`.
 const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
-                          error, 2 usage error, 3 the demo's oracle check failed, 130 `run` aborted by a second \
+                          error, 2 usage error (also a bad setting in the environment or waku.toml), 3 the demo's oracle check failed, 130 `run` aborted by a second \
                           signal.";
 
 /// Runs the command line and returns the process's exit code.

@@ -14,7 +14,7 @@ use crate::runtime::{Sandbox, SandboxLimits};
 pub(super) enum StateCommand {
     /// Print a key's state entries (and the shared counters) as JSON:
     /// indented for people, or on one line with `--output json`.
-    #[command(after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42 balance")]
+    #[command(after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42 account")]
     Get(StateGetArgs),
 }
 
