@@ -119,9 +119,9 @@ pub(super) struct RetryArgs {
     #[arg(long, default_value_t = RetryPolicy::default().max_attempts)]
     pub(super) max_attempts: u32,
     /// Waits before attempts 2, 3, …, measured from the failure; the last
-    /// repeats. E.g. `1s,5s,30s,2m,10m` (the default) or `0s`.
-    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
-    pub(super) retry_delays: Option<Vec<Duration>>,
+    /// repeats. E.g. `0s` or `250ms,1m`.
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration, default_value = "1s,5s,30s,2m,10m")]
+    pub(super) retry_delays: Vec<Duration>,
     /// In-place retries of a transient failure before it counts as
     /// retryable.
     #[arg(long, default_value_t = RetryPolicy::default().transient_retries)]
@@ -136,11 +136,10 @@ impl RetryArgs {
         if self.max_attempts == 0 {
             bail!("--max-attempts must be at least 1");
         }
-        let delays = self.retry_delays.clone().unwrap_or_else(|| RetryPolicy::default().delays);
         Ok(RetryPolicy {
             transient_retries: self.transient_retries,
             transient_backoff: self.transient_backoff,
-            delays,
+            delays: self.retry_delays.clone(),
             max_attempts: self.max_attempts,
         })
     }

@@ -16,7 +16,8 @@
 //! - The settings that say where the data is (`data`, `iggy`, `stream`)
 //!   and what it is (`projection`, `topic`) apply to every command that
 //!   takes them; the others only to `run` (`--partitions` or `--admin`
-//!   mean something else elsewhere).
+//!   mean something else elsewhere). `demo` takes flags only: it makes
+//!   its own fresh data.
 //! - A key of the file that is no setting of `run` is an error naming the
 //!   key and the file; a value that does not parse is an error naming the
 //!   setting and where it came from (`environment variable WAKU_WORKERS`,
@@ -42,6 +43,9 @@ use super::Cli;
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
 const SHARED: [&str; 5] = ["data", "iggy", "stream", "projection", "topic"];
+
+/// Commands that take flags only: the demo makes its own fresh data.
+const FLAGS_ONLY: [&str; 1] = ["demo"];
 
 /// Flags of `run` that are no settings.
 const NOT_SETTINGS: [&str; 5] = ["help", "version", "config", "log-level", "print-config"];
@@ -155,7 +159,10 @@ pub(super) fn parse(
         return Err(Failure::Config(ConfigError::UnknownKey { key: key.clone(), path: path.clone() }));
     }
 
-    let applies = |name: &str| path == ["run"] || SHARED.contains(&name);
+    let applies = |name: &str| match path[0].as_str() {
+        "run" => true,
+        command => !FLAGS_ONLY.contains(&command) && SHARED.contains(&name),
+    };
     let mut sources = BTreeMap::new();
     let mut extra: Vec<OsString> = Vec::new();
     for arg in settings_of(leaf_command).filter(|arg| applies(long(arg))) {
@@ -396,7 +403,7 @@ mod tests {
         assert_eq!(args.partitions, Some(vec![0, 2]));
         assert!(args.until_caught_up && args.no_watch && !args.adopt_modules);
         assert_eq!(args.data.iggy.as_deref(), Some("iggy://u:secret@host:8090"));
-        let delays = args.consume.retry.retry_delays.clone().unwrap();
+        let delays = args.consume.retry.retry_delays.clone();
         assert_eq!(delays, [std::time::Duration::from_secs(1), std::time::Duration::from_secs(120)]);
         let shown = render(&layered.settings);
         assert!(shown.contains("iggy = \"iggy://u:****@host:8090\""), "{shown}");
@@ -420,6 +427,9 @@ mod tests {
         assert_eq!(args.target.data.stream, "s");
         assert_eq!(args.target.projection, "bank");
         assert_eq!(args.admin, None, "status's --admin is not run's");
+        let layered = parse_with(&["demo"], &[("WAKU_IGGY", "iggy://x@y")], Some(file)).unwrap();
+        let Command::Demo(args) = &layered.cli.command else { panic!("not demo") };
+        assert_eq!((&args.data, &args.iggy, args.partitions), (&None, &None, 4), "the demo takes flags only");
     }
 
     #[test]
