@@ -852,6 +852,14 @@ fn settings_come_from_flags_the_environment_and_waku_toml_in_that_order() {
         error.starts_with("waku: error: bad value `often` for setting `max-attempts` from file waku.toml: "),
         "{error}"
     );
+
+    // Missing settings: clap's message, and where else they may come from.
+    std::fs::remove_file(dir.path().join("waku.toml")).unwrap();
+    let output = waku(&["run"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    let error = text(&output.stderr);
+    assert!(error.contains("--projection <PROJECTION>"), "{error}");
+    assert!(error.contains("tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml"), "{error}");
 }
 
 #[test]

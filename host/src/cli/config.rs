@@ -5,6 +5,7 @@
 //! `WAKU_` and the flag in capitals with `_` for `-` (`--batch-size` is
 //! `WAKU_BATCH_SIZE`, `--iggy` is `WAKU_IGGY`), or from a key of the
 //! config file named as the flag without its dashes (`batch-size = 512`).
+//! An empty variable counts as unset.
 //! The config file is the one `--config <FILE>` (or `WAKU_CONFIG`) names,
 //! else `waku.toml` in the working directory if there is one.
 //!
@@ -148,7 +149,7 @@ pub(super) fn parse(
     };
     let explicit_file = match leaf_matches.get_one::<PathBuf>("config") {
         Some(path) => Some(path.clone()),
-        None => env("WAKU_CONFIG").map(PathBuf::from),
+        None => env("WAKU_CONFIG").filter(|path| !path.is_empty()).map(PathBuf::from),
     };
     let file = read_file(explicit_file.as_deref(), default_file).map_err(Failure::Config)?;
     let run = find(&command, &["run".to_owned()]).expect("waku has a run command");
@@ -171,7 +172,7 @@ pub(super) fn parse(
         let variable = env_name(name);
         let (source, given) = if from_flag {
             (Source::Flag, None)
-        } else if let Some(value) = env(&variable) {
+        } else if let Some(value) = env(&variable).filter(|value| !value.is_empty()) {
             let text = value.into_string().map_err(|value| {
                 let value = value.to_string_lossy().into_owned();
                 bad(name, value, Source::Env(variable.clone()), "not valid UTF-8".into())
@@ -377,12 +378,12 @@ mod tests {
     #[test]
     fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
         let file = "batch-size = 11\nworkers = 3\nmax-attempts = 4\ndata = \"from-file\"\n";
-        let env = [("WAKU_BATCH_SIZE", "22"), ("WAKU_WORKERS", "5")];
+        let env = [("WAKU_BATCH_SIZE", "22"), ("WAKU_WORKERS", "5"), ("WAKU_MAX_ATTEMPTS", "")];
         let layered = parse_with(&[&BASE[..], &["--batch-size", "33"]].concat(), &env, Some(file)).unwrap();
         let Command::Run(args) = &layered.cli.command else { panic!("not run") };
         assert_eq!(args.consume.batch_size, 33, "the flag wins");
         assert_eq!(args.consume.workers, Some(5), "the environment beats the file");
-        assert_eq!(args.consume.retry.max_attempts, 4, "the file beats the default");
+        assert_eq!(args.consume.retry.max_attempts, 4, "the file beats the default (an empty variable is unset)");
         assert_eq!(args.data.data, PathBuf::from("from-file"));
         assert_eq!(args.consume.retry.transient_retries, 3, "the default stands");
         assert_eq!(source(&layered, "batch-size").source, Source::Flag);

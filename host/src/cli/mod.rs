@@ -185,6 +185,13 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     let environment = |name: &str| std::env::var_os(name);
     let layered = match config::parse(args.into_iter().collect(), &environment, Path::new(config::DEFAULT_FILE)) {
         Ok(layered) => layered,
+        Err(config::Failure::Clap(error)) if error.kind() == clap::error::ErrorKind::MissingRequiredArgument => {
+            let _ = error.print();
+            errln!(
+                "tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml (see `waku help run`)"
+            );
+            return ExitCode::from(2);
+        }
         Err(config::Failure::Clap(error)) => error.exit(),
         Err(config::Failure::Config(error)) => return report_with(&anyhow::Error::new(error), ExitCode::from(2)),
     };
