@@ -303,38 +303,9 @@ impl Host {
         let sandbox = settings.sandbox()?;
         let metrics = Arc::new(Metrics::default());
         let store = settings.open_state()?;
-        let (modules, library, differences) = match &settings.modules {
-            ModuleSource::Directory { path, adopt, .. } => {
-                // Every module loaded, now or on reload, must find its emit topics.
-                let emit_topics = LogEmitTopics {
-                    log: log.clone(),
-                    create: settings.create_emit_topics,
-                    runtime: tokio::runtime::Handle::current(),
-                };
-                let library = Arc::new(
-                    Library::new(&settings.data, &settings.projection, store.clone(), sandbox.clone())
-                        .with_metrics(metrics.clone())
-                        .with_emit_topics(Arc::new(emit_topics)),
-                );
-                // Loading compiles and asks the log about emit topics: off
-                // the async runtime's threads.
-                let (modules, differences) = tokio::task::spawn_blocking({
-                    let (library, dir, adopt) = (library.clone(), path.clone(), *adopt);
-                    move || library.start(&dir, adopt)
-                })
-                .await
-                .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
-                (modules, Some(library), differences)
-            }
-            ModuleSource::Loaded(modules) => {
-                for module in modules {
-                    ensure_emit_topics(&*log, &**module, settings.create_emit_topics).await?;
-                }
-                (modules.clone(), None, Vec::new())
-            }
-        };
-        let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, modules, store)?);
-        let reloader = match (&settings.modules, &library) {
+        let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
+        let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
+        let reloader = match (&settings.modules, &loaded.library) {
             (ModuleSource::Directory { path, watch: true, .. }, Some(library)) => {
                 Some(Reloader::watch(library.clone(), projection.clone(), path)?)
             }
@@ -354,24 +325,14 @@ impl Host {
         let (stop_admin, admin_address) = match settings.admin {
             None => (None, None),
             Some(address) => {
-                let listener = admin::bind(address).await?;
-                let address = listener.local_addr()?;
                 let admin = Admin {
                     log: log.clone(),
                     projection: projection.clone(),
                     progress: progress.clone(),
                     metrics: metrics.clone(),
-                    library: library.clone(),
+                    library: loaded.library.clone(),
                 };
-                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                tokio::spawn(async move {
-                    let stopped = async {
-                        let _ = stopped.await;
-                    };
-                    if let Err(error) = admin::serve(listener, admin, stopped).await {
-                        tracing::error!("the admin endpoint stopped: {error}");
-                    }
-                });
+                let (stop, address) = serve_admin(address, admin).await?;
                 (Some(stop), Some(address))
             }
         };
@@ -390,11 +351,11 @@ impl Host {
         Ok(RunningHost {
             log,
             projection,
-            library,
+            library: loaded.library,
             metrics,
             progress,
             sandbox,
-            differences,
+            differences: loaded.differences,
             admin_address,
             stop: Some(stop),
             stop_admin,
@@ -402,6 +363,73 @@ impl Host {
             _reloader: reloader,
         })
     }
+}
+
+/// What [`load_modules`] found.
+struct Loaded {
+    modules: Vec<Arc<dyn HandlerModule>>,
+    /// For modules from a directory.
+    library: Option<Arc<Library>>,
+    differences: Vec<Difference>,
+}
+
+/// The modules of `settings`, each checked for its emit topics: from a
+/// directory through the projection's library (recorded versions first),
+/// or as loaded.
+async fn load_modules<L: EventLog>(
+    log: &Arc<L>,
+    settings: &HostSettings,
+    sandbox: &Sandbox,
+    store: &StateStore,
+    metrics: &Arc<Metrics>,
+) -> Result<Loaded, HostError> {
+    let (path, adopt) = match &settings.modules {
+        ModuleSource::Directory { path, adopt, .. } => (path.clone(), *adopt),
+        ModuleSource::Loaded(modules) => {
+            for module in modules {
+                ensure_emit_topics(&**log, &**module, settings.create_emit_topics).await?;
+            }
+            return Ok(Loaded { modules: modules.clone(), library: None, differences: Vec::new() });
+        }
+    };
+    // Every module loaded, now or on reload, must find its emit topics.
+    let emit_topics = LogEmitTopics {
+        log: log.clone(),
+        create: settings.create_emit_topics,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let library = Arc::new(
+        Library::new(&settings.data, &settings.projection, store.clone(), sandbox.clone())
+            .with_metrics(metrics.clone())
+            .with_emit_topics(Arc::new(emit_topics)),
+    );
+    // Loading compiles and asks the log about emit topics: off the async
+    // runtime's threads.
+    let starting = library.clone();
+    let (modules, differences) = tokio::task::spawn_blocking(move || starting.start(&path, adopt))
+        .await
+        .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
+    Ok(Loaded { modules, library: Some(library), differences })
+}
+
+/// Serves `admin` on `address` until the returned sender is dropped;
+/// returns it and the address bound (port 0 picks one).
+async fn serve_admin<L: EventLog>(
+    address: SocketAddr,
+    admin: Admin<L>,
+) -> Result<(tokio::sync::oneshot::Sender<()>, SocketAddr), HostError> {
+    let listener = admin::bind(address).await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        if let Err(error) = admin::serve(listener, admin, stopped).await {
+            tracing::error!("the admin endpoint stopped: {error}");
+        }
+    });
+    Ok((stop, address))
 }
 
 /// A host that consumes; see the [module docs](self).

@@ -167,50 +167,61 @@ pub(super) fn parse(
     let mut sources = BTreeMap::new();
     let mut extra: Vec<OsString> = Vec::new();
     for arg in settings_of(leaf_command).filter(|arg| applies(long(arg))) {
-        let name = long(arg);
         let from_flag = leaf_matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine);
-        let variable = env_name(name);
-        let (source, given) = if from_flag {
-            (Source::Flag, None)
-        } else if let Some(value) = env(&variable).filter(|value| !value.is_empty()) {
-            let text = value.into_string().map_err(|value| {
-                let value = value.to_string_lossy().into_owned();
-                bad(name, value, Source::Env(variable.clone()), "not valid UTF-8".into())
-            });
-            (Source::Env(variable.clone()), Some(text.map_err(Failure::Config)?))
-        } else if let Some((path, value)) = file.as_ref().and_then(|(path, table)| Some((path, table.get(name)?))) {
-            let source = Source::File(path.clone());
-            let text = toml_text(arg, value).map_err(|reason| bad(name, value.to_string(), source.clone(), reason));
-            (source, Some(text.map_err(Failure::Config)?))
-        } else {
-            (Source::Default, None)
+        let (source, given) = match from_flag {
+            true => (Source::Flag, Vec::new()),
+            false => layered(arg, env, file.as_ref()).map_err(Failure::Config)?,
         };
-        if let Some(text) = given {
-            extra.extend(checked(arg, &text, &source).map_err(Failure::Config)?);
-        }
-        sources.insert(name.to_owned(), source);
+        extra.extend(given);
+        sources.insert(long(arg).to_owned(), source);
     }
 
     let strict = command.clone().try_get_matches_from(args.into_iter().chain(extra)).map_err(Failure::Clap)?;
     let cli = Cli::from_arg_matches(&strict).map_err(Failure::Clap)?;
     let (_, leaf_matches) = leaf(&strict);
     let settings = settings_of(leaf_command)
-        .filter(|arg| sources.contains_key(long(arg)))
-        .map(|arg| {
-            let name = long(arg);
-            let id = arg.get_id().as_str();
-            let mut values: Vec<String> = match leaf_matches.get_raw(id) {
-                Some(raw) => raw.map(|v| v.to_string_lossy().into_owned()).collect(),
-                None => Vec::new(),
-            };
-            if values.is_empty() && is_switch(arg) {
-                values.push("false".into());
-            }
-            let list = arg.get_value_delimiter().is_some();
-            Setting { name: name.to_owned(), values, list, source: sources[name].clone() }
-        })
+        .filter_map(|arg| Some(effective(arg, leaf_matches, sources.get(long(arg))?.clone())))
         .collect();
     Ok(Layered { cli, settings })
+}
+
+/// Where a setting not given as a flag comes from, and the arguments that
+/// give it: its environment variable, else its key in `file`, else its
+/// default (no arguments).
+fn layered(
+    arg: &clap::Arg,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    file: Option<&(PathBuf, toml::Table)>,
+) -> Result<(Source, Vec<OsString>), ConfigError> {
+    let name = long(arg);
+    let variable = env_name(name);
+    let (source, text) = if let Some(value) = env(&variable).filter(|value| !value.is_empty()) {
+        let source = Source::Env(variable);
+        let text = value.into_string().map_err(|value| {
+            bad(name, value.to_string_lossy().into_owned(), source.clone(), "not valid UTF-8".into())
+        })?;
+        (source, text)
+    } else if let Some((path, value)) = file.and_then(|(path, table)| Some((path, table.get(name)?))) {
+        let source = Source::File(path.clone());
+        let text = toml_text(arg, value).map_err(|reason| bad(name, value.to_string(), source.clone(), reason))?;
+        (source, text)
+    } else {
+        return Ok((Source::Default, Vec::new()));
+    };
+    let given = checked(arg, &text, &source)?;
+    Ok((source, given))
+}
+
+/// A setting's effective values in the final `matches`.
+fn effective(arg: &clap::Arg, matches: &ArgMatches, source: Source) -> Setting {
+    let mut values: Vec<String> = match matches.get_raw(arg.get_id().as_str()) {
+        Some(raw) => raw.map(|value| value.to_string_lossy().into_owned()).collect(),
+        None => Vec::new(),
+    };
+    if values.is_empty() && is_switch(arg) {
+        values.push("false".into());
+    }
+    Setting { name: long(arg).to_owned(), values, list: arg.get_value_delimiter().is_some(), source }
 }
 
 /// The environment variable of a setting: `batch-size` → `WAKU_BATCH_SIZE`.
