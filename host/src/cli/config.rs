@@ -332,6 +332,34 @@ pub(super) fn masked(setting: &str, value: &str) -> String {
     }
 }
 
+/// One line saying how many settings came from the environment and from
+/// the file, when any did: `settings: 3 from file waku.toml, 1 from the
+/// environment (WAKU_IGGY)`.
+pub(super) fn summary(settings: &[Setting]) -> Option<String> {
+    let mut parts = Vec::new();
+    let files: Vec<&PathBuf> = settings
+        .iter()
+        .filter_map(|s| match &s.source {
+            Source::File(path) => Some(path),
+            _ => None,
+        })
+        .collect();
+    if let Some(path) = files.first() {
+        parts.push(format!("{} from file {}", files.len(), path.display()));
+    }
+    let variables: Vec<&str> = settings
+        .iter()
+        .filter_map(|s| match &s.source {
+            Source::Env(name) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    if !variables.is_empty() {
+        parts.push(format!("{} from the environment ({})", variables.len(), variables.join(", ")));
+    }
+    (!parts.is_empty()).then(|| format!("settings: {} (`waku run --print-config` shows them all)", parts.join(", ")))
+}
+
 /// The effective settings as a config file would hold them, each with its
 /// source in a comment; secrets masked, unset settings commented out.
 pub(super) fn render(settings: &[Setting]) -> String {
@@ -391,6 +419,7 @@ mod tests {
         let file = "batch-size = 11\nworkers = 3\nmax-attempts = 4\ndata = \"from-file\"\n";
         let env = [("WAKU_BATCH_SIZE", "22"), ("WAKU_WORKERS", "5"), ("WAKU_MAX_ATTEMPTS", "")];
         let layered = parse_with(&[&BASE[..], &["--batch-size", "33"]].concat(), &env, Some(file)).unwrap();
+        assert_eq!(summary(&parse_with(&BASE, &[], None).unwrap().settings), None, "flags and defaults only");
         let Command::Run(args) = &layered.cli.command else { panic!("not run") };
         assert_eq!(args.consume.batch_size, 33, "the flag wins");
         assert_eq!(args.consume.workers, Some(5), "the environment beats the file");
@@ -417,6 +446,14 @@ mod tests {
         assert_eq!(args.data.iggy.as_deref(), Some("iggy://u:secret@host:8090"));
         let delays = args.consume.retry.retry_delays.clone();
         assert_eq!(delays, [std::time::Duration::from_secs(1), std::time::Duration::from_secs(120)]);
+        let said = summary(&layered.settings).unwrap();
+        assert!(said.starts_with("settings: 6 from file "), "{said}");
+        assert!(
+            said.ends_with(
+                ", 2 from the environment (WAKU_IGGY, WAKU_NO_WATCH) (`waku run --print-config` shows them all)"
+            ),
+            "{said}"
+        );
         let shown = render(&layered.settings);
         assert!(shown.contains("iggy = \"iggy://u:****@host:8090\""), "{shown}");
         assert!(!shown.contains("secret"), "{shown}");

@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::args::{ConsumeArgs, DataArgs};
 use super::available_threads;
+use super::config;
 use super::signals::ShutdownSignals;
 use crate::consumer::{ConsumerError, Summary, stat};
 use crate::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
@@ -93,9 +94,12 @@ impl RunArgs {
     }
 }
 
-pub(super) async fn run(args: RunArgs) -> Result<()> {
+pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()> {
     // Caught before anything slow happens.
     let signals = ShutdownSignals::install()?;
+    if let Some(summary) = config::summary(layered) {
+        errln!("waku: {summary}");
+    }
     let loading = Instant::now();
     let settings = args.settings()?;
     let host = Host::start(settings).await.map_err(|error| explain(error, &args.topic))?;
