@@ -853,6 +853,15 @@ fn settings_come_from_flags_the_environment_and_waku_toml_in_that_order() {
         "{error}"
     );
 
+    // A value that parses but is refused names its source too.
+    std::fs::write(dir.path().join("waku.toml"), "memory-mib = 0\n").unwrap();
+    let args = ["run", "--projection", "p", "--topic", "t", "--modules", "m"];
+    let output = waku(&args, dir.path());
+    assert_eq!(output.status.code(), Some(1));
+    let error = text(&output.stderr);
+    assert!(error.contains("\nwaku: error: bad value for setting `memory-mib` from file waku.toml\n"), "{error}");
+    assert!(error.contains("caused by: --memory-mib must be at least 1"), "{error}");
+
     // Missing settings: clap's message, and where else they may come from.
     std::fs::remove_file(dir.path().join("waku.toml")).unwrap();
     let output = waku(&["run"], dir.path());

@@ -101,7 +101,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
         errln!("waku: {summary}");
     }
     let loading = Instant::now();
-    let settings = args.settings()?;
+    let settings = args.settings().map_err(|error| name_the_source(error, layered))?;
     let host = Host::start(settings).await.map_err(|error| explain(error, &args.topic))?;
     for difference in host.differences() {
         errln!("waku: {difference}");
@@ -128,6 +128,22 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     drop(display);
     let summary = summary.map_err(|error| explain(error, &args.topic))?;
     print_summary(&summary, started.elapsed().as_secs_f64(), &store)
+}
+
+/// Names where a refused setting came from when it was not its flag: the
+/// checks of [`RunArgs::settings`] name the flag (`--workers must be at
+/// least 1`), which misleads when the value came from the environment or
+/// the file.
+fn name_the_source(error: anyhow::Error, layered: &[config::Setting]) -> anyhow::Error {
+    let message = error.to_string();
+    let from_elsewhere = layered.iter().find(|setting| {
+        message.starts_with(&format!("--{} ", setting.name))
+            && matches!(setting.source, config::Source::Env(_) | config::Source::File(_))
+    });
+    match from_elsewhere {
+        Some(setting) => error.context(format!("bad value for setting `{}` from {}", setting.name, setting.source)),
+        None => error,
+    }
 }
 
 /// Turns a host's error into one that says what to do where the flags can
