@@ -40,6 +40,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use super::Cli;
+use wakuwaku_core::limits::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
@@ -157,7 +158,9 @@ pub(super) fn parse(
     if let Some((path, table)) = &file
         && let Some(key) = table.keys().find(|key| !known.contains(key))
     {
-        return Err(Failure::Config(ConfigError::UnknownKey { key: key.clone(), path: path.clone() }));
+        // The file is anyone's: what it holds is shown escaped.
+        let key = printable(key).into_owned();
+        return Err(Failure::Config(ConfigError::UnknownKey { key, path: path.clone() }));
     }
 
     let applies = |name: &str| match path[0].as_str() {
@@ -260,8 +263,16 @@ fn is_switch(arg: &clap::Arg) -> bool {
     matches!(arg.get_action(), ArgAction::SetTrue)
 }
 
+/// A bad value; the value, from the environment or a file, is shown
+/// escaped.
 fn bad(setting: &str, value: String, source: Source, reason: String) -> ConfigError {
-    ConfigError::BadValue { setting: setting.to_owned(), value, source_: source, reason }
+    let value = printable(&value).into_owned();
+    ConfigError::BadValue {
+        setting: setting.to_owned(),
+        value,
+        source_: source,
+        reason: printable(&reason).into_owned(),
+    }
 }
 
 /// The config file `explicit` names (which must exist), else `default` if
@@ -502,6 +513,10 @@ mod tests {
         assert!(error.contains("setting `until-caught-up` from file <file>: expected true or false"), "{error}");
         let error = parse_with(&BASE, &[], Some("memory-mib = [1, 2]\n")).err().unwrap();
         assert!(error.contains("`memory-mib` from file <file>: expected one value, not a list"), "{error}");
+        let error = parse_with(&BASE, &[("WAKU_WORKERS", "\u{1b}[31m")], None).err().unwrap();
+        assert!(!error.contains('\u{1b}'), "shown escaped: {error:?}");
+        let error = parse_with(&BASE, &[], Some("\"\\u001b[2J\" = 1\n")).err().unwrap();
+        assert!(error.starts_with("unknown setting `") && !error.contains('\u{1b}'), "shown escaped: {error:?}");
         let error = parse_with(&BASE, &[], Some("workers = \n")).err().unwrap();
         assert!(error.starts_with("the config file <file> is not valid TOML"), "{error}");
         // A bad value in a file a flag overrides is never read.
