@@ -326,7 +326,9 @@ mod tests {
         }
         let mut checked = Vec::new();
         walk(&mut Cli::command(), "waku", &mut checked);
-        assert_eq!(checked.len(), 14, "{checked:?}");
+        for command in ["waku run", "waku state get", "waku dlq show", "waku modules rollback", "waku demo"] {
+            assert!(checked.iter().any(|c| c == command), "{command} was not checked: {checked:?}");
+        }
     }
 
     #[test]
