@@ -17,7 +17,7 @@
 //! - The settings that say where the data is (`data`, `iggy`, `stream`)
 //!   and what it is (`projection`, `topic`) apply to every command that
 //!   takes them; the others only to `run` (`--partitions` or `--admin`
-//!   mean something else elsewhere). `demo` takes flags only: it makes
+//!   mean something else elsewhere). `demo` takes only `iggy`: it makes
 //!   its own fresh data.
 //! - A key of the file that is no setting of `run` is an error naming the
 //!   key and the file; a value that does not parse is an error naming the
@@ -46,8 +46,9 @@ use wakuwaku_core::limits::printable;
 /// and the file; the others are `run`'s alone.
 const SHARED: [&str; 5] = ["data", "iggy", "stream", "projection", "topic"];
 
-/// Commands that take flags only: the demo makes its own fresh data.
-const FLAGS_ONLY: [&str; 1] = ["demo"];
+/// What `demo` takes from the environment and the file: the credential
+/// only, as it makes its own fresh data (and stream).
+const DEMO: [&str; 1] = ["iggy"];
 
 /// Flags of `run` that are no settings.
 const NOT_SETTINGS: [&str; 5] = ["help", "version", "config", "log-level", "print-config"];
@@ -165,7 +166,8 @@ pub(super) fn parse(
 
     let applies = |name: &str| match path[0].as_str() {
         "run" => true,
-        command => !FLAGS_ONLY.contains(&command) && SHARED.contains(&name),
+        "demo" => DEMO.contains(&name),
+        _ => SHARED.contains(&name),
     };
     let mut sources = BTreeMap::new();
     let mut extra: Vec<OsString> = Vec::new();
@@ -489,7 +491,8 @@ mod tests {
         assert_eq!(args.admin, None, "status's --admin is not run's");
         let layered = parse_with(&["demo"], &[("WAKU_IGGY", "iggy://x@y")], Some(file)).unwrap();
         let Command::Demo(args) = &layered.cli.command else { panic!("not demo") };
-        assert_eq!((&args.data, &args.iggy, args.partitions), (&None, &None, 4), "the demo takes flags only");
+        assert_eq!((&args.data, args.partitions), (&None, 4), "the demo makes its own data");
+        assert_eq!(args.iggy.as_deref(), Some("iggy://x@y"), "the demo takes the credential");
     }
 
     #[test]
