@@ -38,6 +38,8 @@
 //!   positions).
 //! - [`publish`]: events in, messages with headers from the module out.
 //! - [`guest_build`]: building a guest crate into a component.
+//! - [`scaffold`]: `waku new`, a handler project (Rust or Python) with a
+//!   copy of the guest SDK, that builds anywhere.
 //! - [`demo`]: the bank workload and its oracle.
 //! - [`host`]: one running host (sandbox, library, projection, consumer,
 //!   reloader, admin endpoint) assembled from one settings value.
@@ -69,6 +71,7 @@ pub mod projection;
 pub mod publish;
 pub mod routing;
 pub mod runtime;
+pub mod scaffold;
 pub mod state;
 
 pub use wakuwaku_core::{event, key, plan, reduce};
