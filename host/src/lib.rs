@@ -40,6 +40,8 @@
 //! - [`guest_build`]: building a guest crate into a component.
 //! - [`scaffold`]: `waku new`, a handler project (Rust or Python) with a
 //!   copy of the guest SDK, that builds anywhere.
+//! - [`trial`]: `waku test`, a built component run on sample events in a
+//!   throwaway store, its outcome and how it differs from an expected one.
 //! - [`demo`]: the bank workload and its oracle.
 //! - [`host`]: one running host (sandbox, library, projection, consumer,
 //!   reloader, admin endpoint) assembled from one settings value.
@@ -73,6 +75,7 @@ pub mod routing;
 pub mod runtime;
 pub mod scaffold;
 pub mod state;
+pub mod trial;
 
 pub use wakuwaku_core::{event, key, plan, reduce};
 
