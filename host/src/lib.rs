@@ -42,6 +42,8 @@
 //!   copy of the guest SDK, that builds anywhere.
 //! - [`trial`]: `waku test`, a built component run on sample events in a
 //!   throwaway store, its outcome and how it differs from an expected one.
+//! - [`dev`]: `waku dev`, a guest rebuilt on every change of its sources
+//!   and hot-reloaded into a running local projection.
 //! - [`demo`]: the bank workload and its oracle.
 //! - [`host`]: one running host (sandbox, library, projection, consumer,
 //!   reloader, admin endpoint) assembled from one settings value.
@@ -61,6 +63,7 @@ pub mod cli;
 pub mod consumer;
 pub mod dead_letter;
 pub mod demo;
+pub mod dev;
 pub mod guest_build;
 pub mod handler;
 pub mod host;
