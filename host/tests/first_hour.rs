@@ -172,3 +172,144 @@ fn waku_new_refuses_a_non_empty_directory_and_a_bad_name() {
     let out = waku(&["new", "visits", "--lang", "cobol"], dir.path());
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
+
+/// Lines of a child's standard error, as they come.
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (up to ten minutes: a cold build) for a line containing `wanted`;
+/// returns the lines read until then.
+fn wait_for(lines: &std::sync::mpsc::Receiver<String>, wanted: &str, seen: &mut Vec<String>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while std::time::Instant::now() < deadline {
+        match lines.recv_timeout(std::time::Duration::from_secs(1)) {
+            Ok(line) => {
+                let found = line.contains(wanted);
+                seen.push(line);
+                if found {
+                    return;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    panic!("no line with `{wanted}`; waku dev wrote:\n{}", seen.join("\n"));
+}
+
+/// Kills the child when dropped, so a failed assertion leaves no process.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() {
+    let (_outside, project) = new_project("visits", "rust");
+    let lib = project.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    let edit = |from: &str, to: &str| {
+        let now = std::fs::read_to_string(&lib).unwrap();
+        assert!(now.contains(from), "{from}");
+        std::fs::write(&lib, now.replace(from, to)).unwrap();
+    };
+    let target = shared_target();
+    let mut child = KillOnDrop(
+        common::waku_command(&project)
+            .args(["dev", ".", "--topic", "visits", "--events", "events.jsonl"])
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = stderr_lines(&mut child.0);
+    let mut seen = Vec::new();
+    wait_for(&lines, "2 visits module=\"visits\" key=7", &mut seen);
+
+    // An edit: the new version is swapped in, runs the sample events again
+    // on the state the old one left, and says so in its own words.
+    assert!(source.contains("ctx.info(&format!(\"{now} visits\"));"));
+    edit("\"{now} visits\"", "\"edited: {now} visits\"");
+    wait_for(&lines, "swapped in visits@", &mut seen);
+    wait_for(&lines, "edited: 4 visits module=\"visits\" key=7", &mut seen);
+
+    // A build error: reported, and the running version stays.
+    edit("Ok(())\n    }\n}", "Ok(()) oops\n    }\n}");
+    wait_for(&lines, "the build failed, the previous version keeps running", &mut seen);
+    let swaps = |seen: &[String]| seen.iter().filter(|line| line.contains("swapped in")).count();
+    assert_eq!(swaps(&seen), 1, "{}", seen.join("\n"));
+
+    // Fixed: the next version takes over from the state the edited one
+    // kept running on.
+    edit("Ok(()) oops", "Ok(())");
+    edit("\"edited: {now} visits\"", "\"fixed: {now} visits\"");
+    wait_for(&lines, "fixed: 6 visits module=\"visits\" key=7", &mut seen);
+    assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
+}
+
+/// A componentize-py and a python with pytest, found as `waku build` finds
+/// componentize-py (the python beside it, else `python3`); `None` after a
+/// `skipped:` line, or a panic under CI, which installs both.
+fn python_tools(project: &Path) -> Option<(std::ffi::OsString, PathBuf)> {
+    use wakuwaku::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
+    let skip = |why: String| {
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("the Python scaffold: CI installs componentize-py and pytest (.ci/run), but {why}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: the Python scaffold's pytest and build: {why}");
+        None
+    };
+    let tool = match find_componentize_py(project, std::env::var_os(COMPONENTIZE_PY_ENV)) {
+        Ok(tool) => tool,
+        Err(error) => return skip(error.to_string()),
+    };
+    let beside = Path::new(&tool).parent().map(|bin| bin.join("python")).filter(|p| p.is_file());
+    let python = beside.unwrap_or_else(|| PathBuf::from("python3"));
+    let has_pytest = Command::new(&python).args(["-m", "pytest", "--version"]).output();
+    if !has_pytest.is_ok_and(|out| out.status.success()) {
+        return skip(format!("{} has no pytest", python.display()));
+    }
+    Some((tool, python))
+}
+
+#[test]
+fn a_new_python_project_tests_with_pytest_and_builds_at_once() {
+    let (_outside, project) = new_project("py-visits", "python");
+    let Some((componentize_py, python)) = python_tools(&project) else { return };
+    let out =
+        Command::new(&python).args(["-m", "pytest", "-q", "-p", "no:cacheprovider"]).current_dir(&project).output();
+    let out = out.unwrap();
+    succeeded("pytest in the new project", &out);
+    assert!(text(&out.stdout).contains("1 passed"), "{}", text(&out.stdout));
+
+    let out = common::waku_command(&project)
+        .args(["build", ".", "--out", "module.wasm"])
+        .env("WAKU_COMPONENTIZE_PY", &componentize_py)
+        .output()
+        .unwrap();
+    succeeded("waku build (Python)", &out);
+    let out = waku(&["test", "module.wasm", "events.jsonl"], &project);
+    succeeded("waku test (Python)", &out);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("key 7\n  state visits = 2\n  log info 2 visits\n"), "{stdout}");
+    assert!(stdout.contains("counter all_visits = 3"), "{stdout}");
+}
