@@ -2,10 +2,10 @@
 //! into a running local projection.
 //!
 //! Rules it keeps:
-//! - **The real host.** The projection runs as `waku run` runs it: an
-//!   embedded log and state in a data directory, the module [`Library`]
-//!   (recorded versions, emit topics created as needed), a consumer
-//!   following the topic. A new build is swapped in by the library's hot
+//! - **The real host.** The projection runs in a host started as `waku
+//!   run` starts one ([`crate::host::Host`]): an embedded log and state in
+//!   a data directory, the module [`Library`] (recorded versions, emit
+//!   topics created as needed), a consumer following the topic. A new build is swapped in by the library's hot
 //!   reload ([`Library::reload`]), between batches, nothing lost or applied
 //!   twice.
 //! - **The previous version keeps running** when a build fails or the new
@@ -29,15 +29,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::consumer::{Consumer, ConsumerConfig, ConsumerError};
 use crate::guest_build::{BuildError, GuestBuild};
 use crate::handler::HandlerModule;
-use crate::lifecycle::{Library, LifecycleError, LogEmitTopics};
-use crate::log::{EmbeddedLog, EventLog, LogError};
-use crate::projection::{Projection, ProjectionError};
+use crate::host::{Host, HostError, HostSettings, ModuleSource, RunningHost};
+use crate::lifecycle::{Library, LifecycleError};
+use crate::log::{EmbeddedLog, LogError};
 use crate::publish::{self, PublishError};
-use crate::runtime::Sandbox;
-use crate::state::{StateError, StateStore};
 
 /// How long the sources must be quiet before a build.
 pub const SETTLE: Duration = Duration::from_millis(200);
@@ -59,6 +56,8 @@ pub struct DevSettings {
     pub events: Option<PathBuf>,
     /// The build's target directory (`None`: the guest's default).
     pub target_dir: Option<PathBuf>,
+    /// Serve the admin endpoint (state, status, modules) here.
+    pub admin: Option<std::net::SocketAddr>,
 }
 
 /// What `waku dev` did, for the person watching.
@@ -73,6 +72,8 @@ pub enum DevEvent {
         module: String,
         /// The data directory.
         data_dir: PathBuf,
+        /// Where the admin endpoint listens, if it does.
+        admin: Option<std::net::SocketAddr>,
     },
     /// Sources changed; building.
     Rebuilding {
@@ -105,11 +106,13 @@ pub enum DevEvent {
 impl std::fmt::Display for DevEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Started { projection, module, data_dir } => write!(
-                f,
-                "projection `{projection}` runs {module} (data in {}); watching the sources",
-                data_dir.display()
-            ),
+            Self::Started { projection, module, data_dir, admin } => {
+                write!(f, "projection `{projection}` runs {module} (data in {}", data_dir.display())?;
+                if let Some(address) = admin {
+                    write!(f, ", admin endpoint on http://{address}")?;
+                }
+                write!(f, "); watching the sources")
+            }
             Self::Rebuilding { changed } => write!(f, "{} changed; building", changed.display()),
             Self::Swapped { module } => write!(f, "swapped in {module}"),
             Self::BuildFailed(error) => write!(f, "the build failed, the previous version keeps running: {error}"),
@@ -148,18 +151,12 @@ pub enum DevError {
     /// The log failed.
     #[error(transparent)]
     Log(#[from] LogError),
-    /// The state store failed.
-    #[error(transparent)]
-    State(#[from] StateError),
-    /// The module could not be loaded or recorded.
+    /// The module could not be reloaded or recorded.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
-    /// The module does not fit a projection.
+    /// The host could not start, or stopped with an error.
     #[error(transparent)]
-    Projection(#[from] ProjectionError),
-    /// The consumer stopped.
-    #[error(transparent)]
-    Consumer(#[from] ConsumerError),
+    Host(#[from] HostError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DevError {
@@ -170,9 +167,8 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DevErro
 /// The running parts of a dev session.
 struct Session {
     settings: DevSettings,
+    host: RunningHost<EmbeddedLog>,
     library: Arc<Library>,
-    projection: Arc<Projection>,
-    log: Arc<EmbeddedLog>,
     module_dir: PathBuf,
     report: Arc<dyn Fn(DevEvent) + Send + Sync>,
 }
@@ -182,67 +178,42 @@ struct Session {
 /// runtime with more than one thread.
 pub async fn run(
     settings: DevSettings,
-    sandbox: Sandbox,
     report: impl Fn(DevEvent) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DevError> {
     let report: Arc<dyn Fn(DevEvent) + Send + Sync> = Arc::new(report);
     let built = build(&settings).await?;
     let name = built.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_else(|| "module".into());
-    let projection_name = settings.projection.clone().unwrap_or_else(|| name.clone());
-    let data_dir = &settings.data_dir;
-    let module_dir = data_dir.join("dev-modules");
+    let projection = settings.projection.clone().unwrap_or_else(|| name.clone());
+    let module_dir = settings.data_dir.join("dev-modules");
     std::fs::create_dir_all(&module_dir).map_err(io("creating", &module_dir))?;
     install(&built, &module_dir, &name)?;
 
-    let log = Arc::new(EmbeddedLog::open(data_dir.join("log.redb"))?);
-    log.create_topic(&settings.topic, settings.partitions).await?;
-    crate::log::embedded::validate_topic_name(&projection_name)?;
-    let store = StateStore::open(&data_dir.join("projections").join(format!("{projection_name}.redb")))?;
-    let emit_topics = LogEmitTopics {
-        log: log.clone(),
-        create: Some(settings.partitions),
-        runtime: tokio::runtime::Handle::current(),
-    };
-    let library = Arc::new(
-        Library::new(data_dir, &projection_name, store.clone(), sandbox).with_emit_topics(Arc::new(emit_topics)),
-    );
-    let (modules, _) = tokio::task::spawn_blocking({
-        let (library, module_dir) = (library.clone(), module_dir.clone());
-        move || library.start(&module_dir, true)
-    })
-    .await
-    .expect("loading modules does not panic")?;
-    let projection = Arc::new(Projection::new(&projection_name, &settings.topic, modules, store)?);
-    let session = Session { settings, library, projection, log, module_dir, report };
+    // The host of `waku run`, over the module directory this session
+    // writes; it swaps new builds in itself, right after installing them.
+    let source = ModuleSource::Directory { path: module_dir.clone(), adopt: true, watch: false };
+    let mut host_settings = HostSettings::new(&settings.data_dir, &projection, &settings.topic, source);
+    host_settings.create_topic = Some(settings.partitions);
+    host_settings.create_emit_topics = Some(settings.partitions);
+    host_settings.admin = settings.admin;
+    let log = Arc::new(EmbeddedLog::open(settings.data_dir.join("log.redb"))?);
+    let host = Host::start_on(log, host_settings).await?;
+    let library = host.library().expect("a host of a module directory has a library").clone();
+    let session = Session { settings, host, library, module_dir, report };
     (session.report)(DevEvent::Started {
-        projection: projection_name,
+        projection,
         module: session.running(&name),
         data_dir: session.settings.data_dir.clone(),
-    });
-
-    let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
-    let consumer = Consumer::new(session.log.clone(), session.projection.clone(), ConsumerConfig::default());
-    let consuming = tokio::spawn(async move {
-        consumer
-            .follow(async {
-                let _ = consumer_stopped.await;
-            })
-            .await
+        admin: session.host.admin_address(),
     });
     session.publish_events().await;
 
-    let watching = session.watch(name);
     tokio::pin!(shutdown);
     let result = tokio::select! {
         () = &mut shutdown => Ok(()),
-        result = watching => result,
+        result = session.watch(name.clone()) => result,
     };
-    let _ = stop_consumer.send(());
-    match consuming.await {
-        Ok(consumed) => consumed.map(|_| ())?,
-        Err(panic) => std::panic::resume_unwind(panic.into_panic()),
-    }
+    session.host.stop().await?;
     result
 }
 
@@ -264,7 +235,7 @@ fn install(built: &Path, module_dir: &Path, name: &str) -> Result<(), DevError> 
 impl Session {
     /// `name@version` of the running module.
     fn running(&self, name: &str) -> String {
-        let modules = self.projection.modules();
+        let modules = self.host.projection().modules();
         let module = modules.iter().find(|m| m.name() == name).or(modules.first());
         module.map_or_else(|| name.to_owned(), |m| format!("{}@{}", m.name(), m.version()))
     }
@@ -273,7 +244,7 @@ impl Session {
     /// headers; a failure is reported, never fatal.
     async fn publish_events(&self) {
         let Some(file) = &self.settings.events else { return };
-        let Some(module) = self.projection.modules().into_iter().next() else { return };
+        let Some(module) = self.host.projection().modules().into_iter().next() else { return };
         match self.publish_with(file, module).await {
             Ok(events) => (self.report)(DevEvent::Published { events }),
             Err(error) => (self.report)(DevEvent::PublishFailed(error)),
@@ -284,8 +255,8 @@ impl Session {
         let text = std::fs::read_to_string(file).map_err(io("reading", file))?;
         let bad = |error| DevError::Events { file: file.to_owned(), error };
         let events = publish::parse_json_lines(&text, &*module).map_err(bad)?;
-        let lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, _)| i + 1).collect();
-        publish::publish(&*self.log, &self.settings.topic, module, events, Some(lines), 1).await.map_err(bad)
+        let lines = publish::event_lines(&text);
+        publish::publish(&**self.host.log(), &self.settings.topic, module, events, Some(lines), 1).await.map_err(bad)
     }
 
     /// Watches the sources; rebuilds and swaps on every settled change.
@@ -336,7 +307,8 @@ impl Session {
     async fn swap(&self, built: &Path, name: &str) -> Result<(), DevError> {
         let before = self.running(name);
         install(built, &self.module_dir, name)?;
-        let (library, projection, dir) = (self.library.clone(), self.projection.clone(), self.module_dir.clone());
+        let (library, projection, dir) =
+            (self.library.clone(), self.host.projection().clone(), self.module_dir.clone());
         tokio::task::spawn_blocking(move || library.reload(&projection, &dir))
             .await
             .expect("a reload does not panic")?;
@@ -392,6 +364,7 @@ mod tests {
             data_dir: "/p/dev-data".into(),
             events: None,
             target_dir: None,
+            admin: None,
         };
         let ignored = Ignored::new(Path::new("/p"), &settings);
         for path in ["/p/target/release/x.rlib", "/p/.git/index", "/p/pkg/__pycache__/a.pyc", "/p/dev-data/log.redb"] {

@@ -5,7 +5,8 @@
 //! - **The real path.** Events are published as `waku publish` does (the
 //!   module's `key` and `ordering` exports write the headers; a bad line is
 //!   refused with its number and nothing runs), into an embedded log in a
-//!   temporary directory, and consumed by the real consumer: plan, reduce,
+//!   temporary directory, and consumed by a host started as `waku run`
+//!   starts one ([`crate::host::Host`]): plan, reduce,
 //!   `combine`, `handle`, state, counters, emits, routing. Nothing of it
 //!   outlives the call.
 //! - **Failures end at once.** A retryable failure or a trap is
@@ -28,16 +29,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary};
+use crate::consumer::Summary;
 use crate::dead_letter::{self, DeadLetterError};
 use crate::event::EventHeaders;
 use crate::handler::HandlerModule;
-use crate::lifecycle::{LifecycleError, ensure_emit_topics};
+use crate::host::{Host, HostError, HostSettings, ModuleSource};
 use crate::log::{EmbeddedLog, EventLog, LogError};
-use crate::projection::{Projection, ProjectionError};
 use crate::publish::{self, PublishError};
 use crate::routing::RetryPolicy;
-use crate::state::{StateError, StateStore};
+use crate::state::StateError;
 
 /// The topic the sample events are published to.
 const TOPIC: &str = "events";
@@ -66,15 +66,10 @@ pub enum TrialError {
     /// The state store failed.
     #[error(transparent)]
     State(#[from] StateError),
-    /// The module does not fit a projection, or its emit topics.
+    /// The host could not start (the module does not fit a projection, its
+    /// emit topics could not be made) or stopped with an error.
     #[error(transparent)]
-    Module(#[from] ProjectionError),
-    /// Its emit topics could not be created.
-    #[error(transparent)]
-    EmitTopics(#[from] LifecycleError),
-    /// The consumer stopped.
-    #[error(transparent)]
-    Consumer(#[from] ConsumerError),
+    Host(#[from] HostError),
     /// The dead letters could not be read.
     #[error(transparent)]
     DeadLetters(#[from] DeadLetterError),
@@ -140,25 +135,28 @@ pub struct Emitted {
 pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> Result<Outcome, TrialError> {
     let bad_events = |error| TrialError::Events { file: file.to_owned(), error };
     let outgoing = publish::parse_json_lines(events, &*module).map_err(bad_events)?;
-    let lines: Vec<usize> =
-        events.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).map(|(index, _)| index + 1).collect();
+    let lines = publish::event_lines(events);
     let temp = tempfile::tempdir().map_err(TrialError::Temp)?;
     let log = Arc::new(EmbeddedLog::open(temp.path().join("log.redb"))?);
     log.create_topic(TOPIC, 1).await?;
-    ensure_emit_topics(&*log, &*module, Some(1)).await?;
     let published =
         publish::publish(&*log, TOPIC, module.clone(), outgoing, Some(lines), 1).await.map_err(bad_events)?;
 
-    let store = StateStore::open(&temp.path().join("state.redb"))?;
-    let projection = Arc::new(Projection::new(PROJECTION, TOPIC, vec![module.clone()], store)?);
-    let config = ConsumerConfig {
-        retry: RetryPolicy { max_attempts: 1, transient_backoff: Duration::from_millis(1), ..RetryPolicy::default() },
-        ..ConsumerConfig::default()
-    };
+    let mut settings = HostSettings::new(temp.path(), PROJECTION, TOPIC, ModuleSource::Loaded(vec![module.clone()]));
+    settings.create_emit_topics = Some(1);
+    settings.until_caught_up = true;
+    settings.consumer.retry =
+        RetryPolicy { max_attempts: 1, transient_backoff: Duration::from_millis(1), ..RetryPolicy::default() };
     let capture = GuestLogCapture::start();
-    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await;
+    let summary = match Host::start_on(log.clone(), settings).await {
+        Ok(host) => {
+            let projection = host.projection().clone();
+            host.finished().await.map(|summary| (summary, projection))
+        }
+        Err(error) => Err(error),
+    };
     let lines = capture.finish();
-    let summary = summary?;
+    let (summary, projection) = summary?;
 
     let store = projection.store();
     let mut keys: BTreeMap<String, KeyOutcome> = BTreeMap::new();

@@ -6,8 +6,9 @@
 //! standard output was closed by its reader (`waku dlq list | head`); 1 an
 //! error (printed as `waku: error: …` with its causes); 2 a usage error
 //! (from the argument parser, or a bad setting from the environment or the
-//! config file); 3 the demo's oracle check failed (even when
-//! its report could not be printed); 130 `run` aborted by a second signal
+//! config file); 3 a check failed: the demo's oracle check (even when its
+//! report could not be printed) or `waku test --expect` found a difference;
+//! 130 `run` aborted by a second signal
 //! (as after a crash, nothing committed is lost).
 //!
 //! Output: results go to standard output through `outln!`, which returns
@@ -41,10 +42,10 @@
 //! of `status`, `dlq list|show`, `modules list` and `state get` a stable
 //! JSON shape (README, "JSON output").
 //!
-//! Layout: one file per command (`build`, `publish`, `run`, `state`,
-//! `status`, `modules`, `dlq`, `demo`), the arguments they share in
-//! `args.rs`, settings from the environment and the file in `config.rs`,
-//! signal handling in `signals.rs`. `run` and `demo` start their
+//! Layout: one file per command (`new`, `build`, `test`, `dev`, `publish`,
+//! `run`, `state`, `status`, `modules`, `dlq`, `demo`), the arguments they
+//! share in `args.rs`, settings from the environment and the file in
+//! `config.rs`, signal handling in `signals.rs`. `run` and `demo` start their
 //! host with [`crate::host::Host`].
 
 use std::io::{ErrorKind, IsTerminal};
@@ -53,6 +54,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// `println!` for a command's results, returning the write error instead of
 /// panicking, so that `?` ends the command; `report` ends a closed pipe
@@ -92,22 +96,28 @@ mod args;
 mod build;
 mod config;
 mod demo;
+mod dev;
 mod dlq;
 mod modules;
+mod new;
 mod publish;
 mod run;
 mod signals;
 mod state;
 mod status;
+mod test;
 
 use build::BuildArgs;
 use demo::DemoArgs;
+use dev::DevArgs;
 use dlq::DlqCommand;
 use modules::ModulesCommand;
+use new::NewArgs;
 use publish::PublishArgs;
 use run::RunArgs;
 use state::StateCommand;
 use status::StatusArgs;
+use test::TestArgs;
 
 #[derive(Parser)]
 #[command(name = "waku", version, about, propagate_version = true, after_help = EXIT_CODES)]
@@ -131,10 +141,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create a handler project (Rust or Python) with one event type, a
+    /// unit test, sample events and a copy of the guest SDK, in a new
+    /// directory anywhere.
+    #[command(after_help = "Example:\n  waku new visits && cd visits && cargo test && waku build . --out visits.wasm")]
+    New(NewArgs),
     /// Build a guest into a handler component: a Rust crate (cargo,
     /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
     #[command(after_help = "Example:\n  waku build examples/bank --out modules/bank.wasm")]
     Build(BuildArgs),
+    /// Run a built component on sample events through the real host path,
+    /// in a throwaway store, and print per key its state, log lines and
+    /// failures, the counters and the emitted messages.
+    #[command(
+        after_help = "Example:\n  waku test visits.wasm events.jsonl --expect expected.json   # --update writes it"
+    )]
+    Test(TestArgs),
+    /// Watch a guest's sources, rebuild on change and swap each new build
+    /// into a running local projection (a failed build keeps the previous
+    /// version running); shows the module's log lines.
+    #[command(after_help = "Example:\n  waku dev visits --topic visits --events visits/events.jsonl")]
+    Dev(DevArgs),
     /// Publish JSON lines to a topic, with headers from the module.
     #[command(after_help = "Example:\n  waku publish --data waku-data --topic accounts --partitions 4 --module \
                             modules/bank.wasm events.jsonl")]
@@ -171,8 +198,9 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
 
 /// The exit codes, for `waku --help`.
 const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
-                          error, 2 usage error (also a bad setting in the environment or waku.toml), 3 the demo's oracle check failed, 130 `run` aborted by a second \
-                          signal.";
+                          error, 2 usage error (also a bad setting in the environment or waku.toml), 3 a check \
+                          failed (the demo's oracle check, or a difference found by `waku test --expect`), 130 \
+                          `run` aborted by a second signal.";
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
@@ -201,8 +229,10 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     };
     // A second command in one process keeps the first one's subscriber.
     let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colours).try_init();
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(colours).with_filter(filter);
+    // `waku test` keeps the module's log lines for its outcome.
+    let capture = matches!(layered.cli.command, Command::Test(_)).then(crate::trial::GuestLogCapture::layer);
+    let _ = tracing_subscriber::registry().with(lines).with(capture).try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
@@ -269,7 +299,10 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
             outln!("{}", config::render(settings))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::New(args) => new::new_project(args).map(|()| ExitCode::SUCCESS),
         Command::Build(args) => build::build(args).map(|()| ExitCode::SUCCESS),
+        Command::Test(args) => test::test_module(args).await,
+        Command::Dev(args) => dev::dev(args).await.map(|()| ExitCode::SUCCESS),
         Command::Publish(args) => publish::publish_file(args).await.map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run::run(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),

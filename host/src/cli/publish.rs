@@ -48,8 +48,7 @@ pub(super) async fn publish_file(args: PublishArgs) -> Result<()> {
     }
     let events = publish::parse_json_lines(&text, &*module)
         .with_context(|| format!("nothing was published from {}", args.file.display()))?;
-    let lines =
-        text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).map(|(index, _)| index + 1).collect();
+    let lines = publish::event_lines(&text);
     let count = publish::publish(&log, &args.topic, module, events, Some(lines), available_threads())
         .await
         .with_context(|| format!("nothing was published from {}", args.file.display()))?;
