@@ -159,6 +159,9 @@ impl Names {
         if RESERVED.contains(&snake.as_str()) {
             return Err(bad("it is a keyword or the name of a crate or module it depends on"));
         }
+        if lang == Lang::Python && PYTHON_STDLIB.split_whitespace().any(|module| module == snake) {
+            return Err(bad("the handler module would shadow Python's standard module of that name"));
+        }
         let module = match lang {
             Lang::Rust => snake
                 .split('_')
@@ -259,6 +262,15 @@ const RESERVED: &[&str] = &[
     "pytest",
 ];
 
+/// Python standard modules a handler module must not shadow (those the
+/// SDK, componentize-py's bindings and common handlers import), separated
+/// by spaces.
+const PYTHON_STDLIB: &str = "abc array ast asyncio base64 binascii bisect builtins codecs collections contextlib \
+    copy csv dataclasses datetime decimal dis email enum errno fractions functools gc glob hashlib heapq http \
+    inspect io itertools json keyword linecache logging marshal math numbers operator os pathlib pickle platform \
+    queue random re secrets select shutil signal site socket sqlite3 string struct sys tempfile textwrap threading \
+    time token tokenize traceback types typing unittest uuid warnings weakref zipfile";
+
 /// Writes a new `lang` project called `name` into `dir` (created if
 /// missing; refused if not empty).
 pub fn create(name: &str, lang: Lang, dir: &Path) -> Result<Created, ScaffoldError> {
@@ -331,6 +343,9 @@ mod tests {
             assert!(error.contains(reason), "{name}: {error}");
             assert!(error.starts_with(&format!("`{name}` cannot name a handler project")), "{error}");
         }
+        let error = Names::new("json", Lang::Python).unwrap_err().to_string();
+        assert!(error.contains("would shadow Python's standard module"), "{error}");
+        assert_eq!(Names::new("json", Lang::Rust).unwrap().module, "Json");
     }
 
     #[test]

@@ -182,7 +182,7 @@ pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> R
     }
     let mut emitted = Vec::new();
     for topic in module.emits() {
-        emitted.extend(read_emitted(&*log, topic).await?);
+        emitted.extend(read_emitted(&log, topic).await?);
     }
     let counters = store.counters()?.into_iter().collect();
     Ok(Outcome { published, summary, keys, counters, emitted, log: outside })
@@ -448,9 +448,9 @@ mod tests {
         assert_eq!(
             differences(&expected, &found),
             [
-                "keys.7.state.visits: expected 2, found 3",
-                r#"keys.7.log: expected ["info a"], found ["info a","info b"]"#,
                 r#"keys."\"ann\"": expected {"state":{}}, found nothing"#,
+                r#"keys.7.log: expected ["info a"], found ["info a","info b"]"#,
+                "keys.7.state.visits: expected 2, found 3",
                 r#"keys.8: expected nothing, found {"state":{}}"#,
             ]
         );

@@ -359,7 +359,16 @@ mod tests {
         }
         let mut checked = Vec::new();
         walk(&mut Cli::command(), "waku", &mut checked);
-        for command in ["waku run", "waku state get", "waku dlq show", "waku modules rollback", "waku demo"] {
+        for command in [
+            "waku run",
+            "waku state get",
+            "waku dlq show",
+            "waku modules rollback",
+            "waku demo",
+            "waku new",
+            "waku test",
+            "waku dev",
+        ] {
             assert!(checked.iter().any(|c| c == command), "{command} was not checked: {checked:?}");
         }
     }
