@@ -182,16 +182,18 @@ pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> R
     }
     let mut emitted = Vec::new();
     for topic in module.emits() {
-        emitted.extend(read_emitted(&log, topic).await?);
+        // A module may emit to the topic it consumes: its messages follow
+        // the sample events there.
+        let from = if topic == TOPIC { published as u64 } else { 0 };
+        emitted.extend(read_emitted(&log, topic, from).await?);
     }
     let counters = store.counters()?.into_iter().collect();
     Ok(Outcome { published, summary, keys, counters, emitted, log: outside })
 }
 
-/// Every message of `topic` (one partition).
-async fn read_emitted(log: &EmbeddedLog, topic: &str) -> Result<Vec<Emitted>, LogError> {
+/// Every message of `topic` (one partition) from offset `from`.
+async fn read_emitted(log: &EmbeddedLog, topic: &str, mut from: u64) -> Result<Vec<Emitted>, LogError> {
     let mut emitted = Vec::new();
-    let mut from = 0;
     loop {
         let records = log.read(topic, 0, from, 1024).await?;
         let Some(last) = records.last() else { return Ok(emitted) };
