@@ -16,8 +16,8 @@
 //!   every swap, so each version shows what it does with them (state
 //!   accumulates over the runs: it is one projection).
 //! - **Only sources count.** Changes under `target/`, hidden directories,
-//!   `__pycache__`, the data directory and `*.wasm` files do not start a
-//!   build (the build writes there). Changes are collected until the
+//!   `__pycache__`, the data directory, `*.wasm` files and `Cargo.lock` do
+//!   not start a build (builds write there). Changes are collected until the
 //!   sources have been quiet for [`SETTLE`], so a save of several files
 //!   builds once.
 //!
@@ -267,6 +267,11 @@ impl Session {
             std::path::absolute(&self.settings.guest_dir).map_err(io("resolving", &self.settings.guest_dir))?;
         let ignored = Ignored::new(&guest_dir, &self.settings);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
+        let watch_error = |e: notify::Error| DevError::Io {
+            what: "watching",
+            path: guest_dir.clone(),
+            source: std::io::Error::other(e),
+        };
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let Ok(event) = event else { return };
             if event.kind.is_access() {
@@ -276,16 +281,8 @@ impl Session {
                 let _ = tx.send(path);
             }
         })
-        .map_err(|e| DevError::Io {
-            what: "watching",
-            path: guest_dir.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        watcher.watch(&guest_dir, notify::RecursiveMode::Recursive).map_err(|e| DevError::Io {
-            what: "watching",
-            path: guest_dir.clone(),
-            source: std::io::Error::other(e),
-        })?;
+        .map_err(watch_error)?;
+        watcher.watch(&guest_dir, notify::RecursiveMode::Recursive).map_err(watch_error)?;
         while let Some(changed) = rx.recv().await {
             while let Ok(Some(_)) = tokio::time::timeout(SETTLE, rx.recv()).await {}
             (self.report)(DevEvent::Rebuilding { changed });
@@ -296,8 +293,6 @@ impl Session {
                     continue;
                 }
             };
-            // What the build wrote inside the sources is no change of theirs.
-            while rx.try_recv().is_ok() {}
             self.swap(&built, &name).await?;
         }
         Ok(())
@@ -339,7 +334,9 @@ impl Ignored {
         if self.data_dir.as_ref().is_some_and(|data| path.starts_with(data)) {
             return true;
         }
-        if path.extension().is_some_and(|ext| ext == "wasm") {
+        // What builds write: components, and cargo's lock file (it changes
+        // only with Cargo.toml, which counts).
+        if path.extension().is_some_and(|ext| ext == "wasm") || path.file_name().is_some_and(|n| n == "Cargo.lock") {
             return true;
         }
         let inside = path.strip_prefix(&self.guest_dir).unwrap_or(path);
@@ -370,7 +367,7 @@ mod tests {
         for path in ["/p/target/release/x.rlib", "/p/.git/index", "/p/pkg/__pycache__/a.pyc", "/p/dev-data/log.redb"] {
             assert!(ignored.covers(Path::new(path)), "{path}");
         }
-        assert!(ignored.covers(Path::new("/p/visits.wasm")));
+        assert!(ignored.covers(Path::new("/p/visits.wasm")) && ignored.covers(Path::new("/p/Cargo.lock")));
         for path in ["/p/src/lib.rs", "/p/Cargo.toml", "/p/handler.py", "/p/vendor/wakuwaku/core/src/key.rs"] {
             assert!(!ignored.covers(Path::new(path)), "{path}");
         }
