@@ -283,8 +283,13 @@ impl Session {
         })
         .map_err(watch_error)?;
         watcher.watch(&guest_dir, notify::RecursiveMode::Recursive).map_err(watch_error)?;
-        while let Some(changed) = rx.recv().await {
-            while let Ok(Some(_)) = tokio::time::timeout(SETTLE, rx.recv()).await {}
+        while let Some(mut changed) = rx.recv().await {
+            // Editors save through temporary files: name one that is there.
+            while let Ok(Some(path)) = tokio::time::timeout(SETTLE, rx.recv()).await {
+                if path.exists() || !changed.exists() {
+                    changed = path;
+                }
+            }
             (self.report)(DevEvent::Rebuilding { changed });
             let built = match build(&self.settings).await {
                 Ok(built) => built,
