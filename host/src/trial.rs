@@ -6,9 +6,8 @@
 //!   module's `key` and `ordering` exports write the headers; a bad line is
 //!   refused with its number and nothing runs), into an embedded log in a
 //!   temporary directory, and consumed by a host started as `waku run`
-//!   starts one ([`crate::host::Host`]): plan, reduce,
-//!   `combine`, `handle`, state, counters, emits, routing. Nothing of it
-//!   outlives the call.
+//!   starts one ([`crate::host::Host`]): plan, reduce, `combine`, `handle`,
+//!   state, counters, emits, routing. Nothing of it outlives the call.
 //! - **Failures end at once.** A retryable failure or a trap is
 //!   dead-lettered at its first attempt (transient ones are still retried
 //!   in place), so the outcome is known when the log is consumed; each is
