@@ -32,7 +32,8 @@ pub enum Lang {
     Python,
 }
 
-/// Why a project could not be created. Nothing was left behind.
+/// Why a project could not be created (a directory the call created is
+/// removed again).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScaffoldError {
