@@ -324,9 +324,8 @@ async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     let dir = tempfile::tempdir().unwrap();
     let retry = RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() };
     let config = ConsumerConfig { retry, ..config(8) };
-    let mut settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
-    settings.until_caught_up = false;
-    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let host = Host::start_on(log.clone(), HostSettings { until_caught_up: false, ..settings }).await.unwrap();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let run = tokio::spawn(host.stop_when(async move {
         let _ = stopped.wait_for(|stop| *stop).await;

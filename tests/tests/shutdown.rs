@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::Host;
+use wakuwaku::host::{Host, HostSettings};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record};
 use wakuwaku::projection::Projection;
@@ -37,9 +37,8 @@ async fn follow_returns_promptly_when_shutdown_resolves_on_idle_partitions() {
     log.create_topic("probes", 3).await.unwrap();
     log.append("probes", vec![(0, vec![note(1), note(2)]), (2, vec![note(3)])]).await.unwrap();
     let config = ConsumerConfig { idle_poll: Duration::from_secs(30), ..ConsumerConfig::default() };
-    let mut settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
-    settings.until_caught_up = false;
-    let host = Host::start_on(log, settings).await.unwrap();
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let host = Host::start_on(log, HostSettings { until_caught_up: false, ..settings }).await.unwrap();
     let projection = host.projection().clone();
 
     // Everything is consumed long before the shutdown; the partitions then
