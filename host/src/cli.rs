@@ -1380,6 +1380,7 @@ async fn demo_run(
             summary.calls,
         ),
         format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
+        format!("time per phase (summed over partitions and workers): {}", summary.phases),
     ];
     Ok(DemoReport { lines, check })
 }
@@ -1398,6 +1399,7 @@ fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()>
         summary.retry_in,
         summary.retry_out,
     )?;
+    outln!("time per phase (summed over partitions and workers): {}", summary.phases)?;
     let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);
     let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));

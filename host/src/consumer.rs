@@ -44,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -62,6 +62,11 @@ use crate::routing::{
     self, Failure, FailureClass, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic,
 };
 use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateReader};
+
+pub mod phase;
+
+use phase::Laps;
+pub use phase::{Phase, PhaseTimes};
 
 /// Names of the per-projection counts kept with the state, in events
 /// (a folded run counts every event folded into it).
@@ -242,6 +247,8 @@ pub struct Summary {
     pub undeliverable: u64,
     /// Handler calls made.
     pub calls: u64,
+    /// Where the time went, per phase of a batch (see [`phase`]).
+    pub phases: PhaseTimes,
 }
 
 impl Summary {
@@ -256,6 +263,7 @@ impl Summary {
         self.retry_out += other.retry_out;
         self.undeliverable += other.undeliverable;
         self.calls += other.calls;
+        self.phases.absorb(&other.phases);
     }
 
     /// The counts to add to the projection's statistics.
@@ -518,15 +526,21 @@ impl<L: EventLog> Consumer<L> {
         if state.settle {
             // After a commit: its outbox out, its retry records indexed (so
             // the next batch diverts their keys), the log's offset updated.
+            let started = Instant::now();
             summary.undeliverable += self.publish_outbox().await?.undeliverable;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
             state.settle = false;
+            let mut phases = PhaseTimes::default();
+            phases.add(Phase::Outbox, started.elapsed());
+            self.record_phases(&phases);
+            summary.phases.absorb(&phases);
         }
         let due = queue.take_due(routing::now_ms(), self.config.batch_size);
         if !due.is_empty() {
             // On an error the queue is rebuilt from the log next time.
             let (batch, settled) = self.retry_batch(partition, due, queue).await?;
+            self.record_phases(&batch.phases);
             summary.add(&batch);
             state.queue = Some(settled);
             state.settle = true;
@@ -540,6 +554,7 @@ impl<L: EventLog> Consumer<L> {
             Some(end) => self.config.batch_size.min((end - state.position) as usize),
             None => self.config.batch_size,
         };
+        let polling = Instant::now();
         let records = match self.log.read(topic, partition, state.position, want).await {
             Ok(records) => records,
             Err(error) => {
@@ -552,6 +567,7 @@ impl<L: EventLog> Consumer<L> {
             state.queue = Some(queue);
             return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
         };
+        let polled = polling.elapsed();
         let next = last.offset + 1;
         let consumer = self.clone();
         let (batch, returned) = tokio::task::spawn_blocking(move || {
@@ -561,7 +577,10 @@ impl<L: EventLog> Consumer<L> {
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
-        summary.add(&batch?);
+        let mut batch = batch?;
+        batch.phases.add(Phase::Poll, polled);
+        self.record_phases(&batch.phases);
+        summary.add(&batch);
         state.position = next;
         state.settle = true;
         self.progress.advance(partition, next);
@@ -625,18 +644,21 @@ impl<L: EventLog> Consumer<L> {
         queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
         let retry = retry_topic(self.projection.topic());
+        let polling = Instant::now();
         let mut records = Vec::new();
         for (_, in_retry) in &due {
             for (first, count) in routing::consecutive(in_retry.records.iter().map(|w| w.offset)) {
                 records.extend(self.log.read(&retry, partition, first, count).await?);
             }
         }
+        let polled = polling.elapsed();
         let retry_position = queue.position();
         let consumer = self.clone();
-        let summary =
+        let mut summary =
             tokio::task::spawn_blocking(move || consumer.process_retry_batch(partition, records, retry_position))
                 .await
                 .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
+        summary.phases.add(Phase::Poll, polled);
         Ok((summary, queue))
     }
 
@@ -651,6 +673,7 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         let projection = &*self.projection;
         // The modules of this batch, whatever is swapped in meanwhile.
+        let decoding = Instant::now();
         let modules = projection.current();
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
@@ -693,6 +716,7 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
+        summary.phases.add(Phase::Decode, decoding.elapsed());
         self.execute_and_commit(partition, &modules, input, summary, commit, tally)
     }
 
@@ -704,6 +728,7 @@ impl<L: EventLog> Consumer<L> {
         records: Vec<StoredRecord>,
         retry_position: u64,
     ) -> Result<Summary, ConsumerError> {
+        let decoding = Instant::now();
         let projection = &*self.projection;
         let retry = retry_topic(projection.topic());
         let mut summary = Summary { batches: 1, ..Summary::default() };
@@ -729,6 +754,7 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         commit.positions.push((retry, partition, retry_position));
+        summary.phases.add(Phase::Decode, decoding.elapsed());
         self.execute_and_commit(partition, &projection.current(), input, summary, commit, BatchTally::default())
     }
 
@@ -744,14 +770,18 @@ impl<L: EventLog> Consumer<L> {
         mut tally: BatchTally,
     ) -> Result<Summary, ConsumerError> {
         let store = self.projection.store();
+        let mut laps = Laps::start();
         let plan = Plan::new(&input.plan);
         let work = split_work(&plan, &mut input, self.config.workers.max(1));
+        laps.lap(&mut summary.phases, Phase::Plan);
         let snapshot = Arc::new(store.reader()?);
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();
         let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
         drop(snapshot);
+        // The workers time their own reduce and calls phases.
+        let mut laps = Laps::start();
         // A host fault (the state store failed under a call) is not the
         // module's doing: nothing of the batch is committed, and the
         // partition tries it again after a backoff.
@@ -774,6 +804,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.stat_deltas = summary.stat_deltas();
         store.commit(commit)?;
+        laps.lap(&mut summary.phases, Phase::Commit);
         if let Some(metrics) = &self.metrics {
             metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
         }
@@ -821,21 +852,25 @@ impl<L: EventLog> Consumer<L> {
     ) -> WorkerOutcome {
         let mut instances = modules.instances();
         let mut outcome = WorkerOutcome::default();
+        // Everything between two reductions is charged to the calls.
+        let mut laps = Laps::start();
         for work in keys {
             if outcome.host_fault.is_some() {
                 break; // the batch will not commit
             }
             let key = work.key.clone();
             let mut scope = KeyScope::new(key.clone(), snapshot.clone(), self.config.payload, budget.clone());
-            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut outcome);
+            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut laps, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
+        laps.lap(&mut outcome.summary.phases, Phase::Calls);
         outcome
     }
 
     /// Runs one key's runs in order. A failed chunk is dead-lettered (the
     /// key goes on) or sent to retry with everything after it (the key
     /// stops), as its class and the attempts its records have had say.
+    #[allow(clippy::too_many_arguments)]
     fn run_key(
         &self,
         partition: u32,
@@ -843,6 +878,7 @@ impl<L: EventLog> Consumer<L> {
         scope: &mut KeyScope,
         modules: &ModuleSet,
         instances: &mut Instances<'_>,
+        laps: &mut Laps,
         out: &mut WorkerOutcome,
     ) {
         let projection = &*self.projection;
@@ -856,6 +892,7 @@ impl<L: EventLog> Consumer<L> {
             let observed = self.observer.as_ref().map(|_| run.origins.iter().map(|o| o.offset).collect::<Vec<_>>());
             let shape = run.shape();
             let RunWork { tag, origins, bodies, mut attempts, .. } = run;
+            laps.lap(&mut out.summary.phases, Phase::Calls);
             // A failed fold fails the whole run, unreduced.
             let (reduced, fold_error) = match instances.get(route.module) {
                 Err(error) => (Traced { bodies, origins }, Some(error)),
@@ -866,6 +903,7 @@ impl<L: EventLog> Consumer<L> {
                     Err((error, run)) => (run, Some(error)),
                 },
             };
+            laps.lap(&mut out.summary.phases, Phase::Reduce);
             if attempts.len() != reduced.bodies.len() {
                 // Reduced records stand for several: they carry the most
                 // attempts any of them had.
@@ -1077,6 +1115,13 @@ impl<L: EventLog> Consumer<L> {
     ) -> OutboxEntry {
         let topic = topic_of(self.projection.topic());
         OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
+    }
+
+    /// Observes a batch's (or a settle step's) phases in the metrics.
+    fn record_phases(&self, phases: &PhaseTimes) {
+        if let Some(metrics) = &self.metrics {
+            metrics.batch_phases(self.projection.name(), phases);
+        }
     }
 
     /// Publishes the outbox: what committed batches emitted or routed.
