@@ -196,7 +196,10 @@ pub mod header_name {
 pub struct Header {
     /// The header's name.
     pub name: String,
-    /// The header's raw value.
+    /// The header's raw value. Encoded as a byte string (`serde_bytes`):
+    /// in postcard the same bytes as a sequence of `u8`, decoded with one
+    /// copy.
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
 }
 
