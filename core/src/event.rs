@@ -196,10 +196,7 @@ pub mod header_name {
 pub struct Header {
     /// The header's name.
     pub name: String,
-    /// The header's raw value. Encoded as a byte string (`serde_bytes`):
-    /// in postcard the same bytes as a sequence of `u8`, decoded with one
-    /// copy.
-    #[serde(with = "serde_bytes")]
+    /// The header's raw value.
     pub value: Vec<u8>,
 }
 

@@ -125,7 +125,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Plans `input`, executes it across workers and commits everything in
     /// one transaction together with what `commit` already holds.
-    pub(super) fn execute_and_commit(
+    fn execute_and_commit(
         &self,
         partition: u32,
         modules: &ModuleSet,
@@ -177,7 +177,7 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// Runs every worker's keys on its own thread.
-    pub(super) fn execute(
+    fn execute(
         &self,
         partition: u32,
         work: Vec<Vec<KeyWork>>,
@@ -213,22 +213,22 @@ impl<L: EventLog> Consumer<L> {
 /// the batch (its canonical bytes) gets its own, in order of first
 /// appearance, so two keys never share one whatever their hashes.
 #[derive(Default)]
-pub(super) struct BatchInput {
-    pub(super) plan: Vec<PlanRecord>,
+struct BatchInput {
+    plan: Vec<PlanRecord>,
     /// The batch's keys, by the number their records carry in `plan`.
-    pub(super) keys: Vec<Key>,
+    keys: Vec<Key>,
     /// Each key's number. Keys (and so their hashes) are chosen by
     /// publishers, so the table's hash is seeded per process.
-    pub(super) numbers: HashMap<Key, u64>,
-    pub(super) algebras: Vec<Algebra>,
-    pub(super) origins: Vec<Origin>,
-    pub(super) bodies: Vec<Option<Vec<u8>>>,
+    numbers: HashMap<Key, u64>,
+    algebras: Vec<Algebra>,
+    origins: Vec<Origin>,
+    bodies: Vec<Option<Vec<u8>>>,
     /// Attempts each record has had (records taken from retry).
-    pub(super) attempts: Vec<u32>,
+    attempts: Vec<u32>,
 }
 
 impl BatchInput {
-    pub(super) fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
+    fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
         let next = self.keys.len() as u64;
         let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {
             self.keys.push(key.clone());
@@ -247,7 +247,7 @@ impl BatchInput {
 /// appearance; body runs of a segment are executed in plan order, which the
 /// spec allows (they may run in any order). Stages are numbered per key in
 /// execution order.
-pub(super) fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<KeyWork>> {
+fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<KeyWork>> {
     let mut work: Vec<Vec<KeyWork>> = (0..workers.min(plan.keys().len()).max(1)).map(|_| Vec::new()).collect();
     let worker_count = work.len();
     for (index, key) in plan.keys().iter().enumerate() {

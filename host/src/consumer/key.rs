@@ -57,7 +57,7 @@ impl<L: EventLog> Consumer<L> {
     /// key goes on) or sent to retry with everything after it (the key
     /// stops), as its class and the attempts its records have had say.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_key(
+    fn run_key(
         &self,
         partition: u32,
         work: KeyWork,

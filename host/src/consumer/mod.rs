@@ -41,6 +41,11 @@
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
+//!
+//! Layout: this module holds the partition loop (poll, settle, retries due);
+//! `batch` takes a polled batch to its one commit; `key` runs one worker's
+//! keys; `failure` decides where a failed chunk goes; [`phase`] times
+//! every batch phase by phase.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
