@@ -33,7 +33,7 @@
 //! Every event ends applied, skipped, in retry or dead-lettered, and the
 //! counts in [`stat`] say which.
 //!
-//! A host fault ([`CallError::HostFault`]: the state store failed under a
+//! A host fault ([`CallError::HostFault`](crate::handler::CallError::HostFault): the state store failed under a
 //! call) is never counted against a module: the batch is not committed,
 //! and the partition tries it again after the same backoff as an
 //! unavailable log.
