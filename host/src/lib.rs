@@ -54,6 +54,7 @@
 //!   the backends: embedded (one redb file) and Apache Iggy.
 //! - [`state`]: a projection's state store: read model, counters, consumer
 //!   positions and outbox, committed in one transaction per batch.
+//! - [`memory`]: how the process takes memory pages from the kernel.
 //!
 //! The [`iggy`] module is the public facade the user documentation
 //! (`spec/ordering.md`) imports from; it re-exports, it holds no code.
@@ -69,6 +70,7 @@ pub mod handler;
 pub mod host;
 pub mod lifecycle;
 pub mod log;
+pub mod memory;
 pub mod metrics;
 pub mod outbox;
 pub mod progress;

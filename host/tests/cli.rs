@@ -124,6 +124,12 @@ fn publish_run_and_state_get_work_end_to_end() {
     let out = run_bank_until_caught_up(dir.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("consumed 6 events"), "{}", text(&out.stdout));
+    // Where the batches' time went, phase by phase.
+    let phases = text(&out.stdout).lines().find(|line| line.starts_with("time per phase")).map(str::to_owned);
+    let phases = phases.unwrap_or_else(|| panic!("no phase line in {}", text(&out.stdout)));
+    for phase in ["poll", "decode", "plan", "calls", "commit", "outbox"] {
+        assert!(phases.contains(&format!("{phase} ")), "{phase} missing from {phases}");
+    }
 
     let out = waku(
         &[

@@ -173,6 +173,7 @@ pub(super) async fn demo_run(
             summary.calls,
         ),
         format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
+        format!("time per phase (summed over partitions and workers): {}", summary.phases),
     ];
     Ok(DemoReport { lines, check })
 }

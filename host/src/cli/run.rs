@@ -235,6 +235,9 @@ pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) ->
         summary.retry_in,
         summary.retry_out,
     )?;
+    if !summary.phases.total().is_zero() {
+        outln!("time per phase (summed over partitions and workers): {}", summary.phases)?;
+    }
     let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);
     let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
