@@ -38,7 +38,15 @@
 //!   positions).
 //! - [`publish`]: events in, messages with headers from the module out.
 //! - [`guest_build`]: building a guest crate into a component.
+//! - [`scaffold`]: `waku new`, a handler project (Rust or Python) with a
+//!   copy of the guest SDK, that builds anywhere.
+//! - [`trial`]: `waku test`, a built component run on sample events in a
+//!   throwaway store, its outcome and how it differs from an expected one.
+//! - [`dev`]: `waku dev`, a guest rebuilt on every change of its sources
+//!   and hot-reloaded into a running local projection.
 //! - [`demo`]: the bank workload and its oracle.
+//! - [`host`]: one running host (sandbox, library, projection, consumer,
+//!   reloader, admin endpoint) assembled from one settings value.
 //! - [`admin`]: the HTTP admin endpoint (health, readiness, metrics,
 //!   modules, state, status).
 //! - [`cli`]: the `waku` command line.
@@ -46,6 +54,7 @@
 //!   the backends: embedded (one redb file) and Apache Iggy.
 //! - [`state`]: a projection's state store: read model, counters, consumer
 //!   positions and outbox, committed in one transaction per batch.
+//! - [`memory`]: how the process takes memory pages from the kernel.
 //!
 //! The [`iggy`] module is the public facade the user documentation
 //! (`spec/ordering.md`) imports from; it re-exports, it holds no code.
@@ -55,10 +64,13 @@ pub mod cli;
 pub mod consumer;
 pub mod dead_letter;
 pub mod demo;
+pub mod dev;
 pub mod guest_build;
 pub mod handler;
+pub mod host;
 pub mod lifecycle;
 pub mod log;
+pub mod memory;
 pub mod metrics;
 pub mod outbox;
 pub mod progress;
@@ -66,7 +78,9 @@ pub mod projection;
 pub mod publish;
 pub mod routing;
 pub mod runtime;
+pub mod scaffold;
 pub mod state;
+pub mod trial;
 
 pub use wakuwaku_core::{event, key, plan, reduce};
 

@@ -12,6 +12,7 @@
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
+//! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
 //! and records it once the batch is committed, so the hot path touches no
@@ -27,6 +28,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
 
+use crate::consumer::PhaseTimes;
 use crate::event::EventTypeTag;
 use crate::projection::ModuleSet;
 
@@ -55,6 +57,12 @@ struct PartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    projection: String,
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LoadLabels {
     projection: String,
     result: &'static str,
@@ -78,6 +86,7 @@ pub struct Metrics {
     loads: Family<LoadLabels, Counter>,
     unavailable: Family<ProjectionLabels, Counter>,
     undeliverable: Family<ProjectionLabels, Counter>,
+    phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -100,6 +109,7 @@ impl Default for Metrics {
             loads: Family::default(),
             unavailable: Family::default(),
             undeliverable: Family::default(),
+            phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
         };
         registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
@@ -120,6 +130,7 @@ impl Default for Metrics {
             "Emitted messages dead-lettered because they could never be delivered",
             metrics.undeliverable.clone(),
         );
+        registry.register("waku_batch_phase_seconds", "Time per batch in each phase", metrics.phases.clone());
         Self { registry, ..metrics }
     }
 }
@@ -169,6 +180,15 @@ impl Metrics {
             let labels =
                 TypeLabels { projection: projection.to_owned(), module: String::new(), event_type: "malformed".into() };
             self.dead_lettered.get_or_create(&labels).inc_by(malformed);
+        }
+    }
+
+    /// Observes the phases a batch (or the outbox step after its commit)
+    /// spent time in; phases it did not go through are left alone.
+    pub fn batch_phases(&self, projection: &str, phases: &PhaseTimes) {
+        for (phase, time) in phases.iter() {
+            let labels = PhaseLabels { projection: projection.to_owned(), phase: phase.name() };
+            self.phases.get_or_create(&labels).observe(time.as_secs_f64());
         }
     }
 
@@ -239,6 +259,7 @@ pub struct TypeTally {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::Phase;
 
     #[test]
     fn the_text_format_names_every_metric_with_its_labels() {
@@ -251,6 +272,9 @@ mod tests {
         metrics.record("bank", &modules, &tally, 2, 1);
         metrics.set_lag("bank", 1, 42);
         metrics.module_loaded("bank", true);
+        let mut phases = PhaseTimes::default();
+        phases.add(Phase::Commit, Duration::from_millis(2));
+        metrics.batch_phases("bank", &phases);
         let text = metrics.encode();
         for line in [
             r#"waku_events_applied_total{projection="bank",module="",event_type="3"} 5"#,
@@ -259,8 +283,10 @@ mod tests {
             r#"waku_handler_call_seconds_count{projection="bank",module="",event_type="3"} 1"#,
             r#"waku_partition_lag{projection="bank",partition="1"} 42"#,
             r#"waku_module_loads_total{projection="bank",result="ok"} 1"#,
+            r#"waku_batch_phase_seconds_count{projection="bank",phase="commit"} 1"#,
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+        assert!(!text.contains(r#"phase="poll""#), "a phase the batch did not go through is observed:\n{text}");
     }
 }

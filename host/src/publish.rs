@@ -109,6 +109,13 @@ pub fn parse_json_lines(text: &str, module: &dyn HandlerModule) -> Result<Vec<Ou
     Ok(events)
 }
 
+/// The line number (from 1) of every event of a JSON-lines `text`, as
+/// [`parse_json_lines`] reads them (blank lines skipped): what
+/// [`publish`] names in its errors.
+pub fn event_lines(text: &str) -> Vec<usize> {
+    text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).map(|(index, _)| index + 1).collect()
+}
+
 /// Computes every event's headers with the module, then appends them all to
 /// `topic`, each to the partition of its key. Event `i` is reported as line
 /// `lines[i]` in errors (pass `None` to number events from 1).

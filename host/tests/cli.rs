@@ -7,11 +7,40 @@ use std::process::Command;
 mod common;
 
 use common::{bank_wasm, text, waku};
+use serde_json::json;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::key::Key;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+
+/// The fields of a dead letter in `waku dlq list --output json`, sorted
+/// (`dlq show` adds `body`).
+const DEAD_LETTER_FIELDS: [&str; 16] = [
+    "attempts",
+    "class",
+    "event",
+    "events",
+    "failed_at",
+    "failed_at_ms",
+    "headers_error",
+    "message",
+    "module",
+    "offset",
+    "origin",
+    "owned",
+    "partition",
+    "projection",
+    "redriven",
+    "version",
+];
+
+/// The keys of a JSON object, sorted.
+fn keys(value: &serde_json::Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value.as_object().expect("an object").keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    keys
+}
 
 /// `waku run --until-caught-up` of projection `bank` on topic `accounts` of
 /// `dir/data`, with the bank module in `dir/modules`.
@@ -95,6 +124,12 @@ fn publish_run_and_state_get_work_end_to_end() {
     let out = run_bank_until_caught_up(dir.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("consumed 6 events"), "{}", text(&out.stdout));
+    // Where the batches' time went, phase by phase.
+    let phases = text(&out.stdout).lines().find(|line| line.starts_with("time per phase")).map(str::to_owned);
+    let phases = phases.unwrap_or_else(|| panic!("no phase line in {}", text(&out.stdout)));
+    for phase in ["poll", "decode", "plan", "calls", "commit", "outbox"] {
+        assert!(phases.contains(&format!("{phase} ")), "{phase} missing from {phases}");
+    }
 
     let out = waku(
         &[
@@ -453,6 +488,41 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert!(lines[1].starts_with("0:1\ttrap\t") && lines[1].contains("attempts 2"), "{listing}");
     assert!(lines[1].contains("ledger entry 1 of key 2 traps"), "{listing}");
     assert!(text(&out.stderr).contains("2 dead letters of `ledger` (2 not re-driven)"));
+    // The same as JSON, field by field.
+    let out = dlq(&["list", "--output", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(keys(&listing), ["dead_letters", "projection", "topic"]);
+    assert_eq!((&listing["projection"], &listing["topic"]), (&json!("ledger"), &json!("ledger")));
+    let letters = listing["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 2, "{listing}");
+    let first = &letters[0];
+    assert_eq!(keys(first), DEAD_LETTER_FIELDS);
+    assert_eq!((&first["partition"], &first["offset"], &first["projection"]), (&json!(0), &json!(0), &json!("ledger")));
+    assert_eq!(first["origin"], json!({ "partition": 0, "offset": 1 }));
+    assert_eq!((&first["events"], &first["attempts"]), (&json!(1), &json!(1)));
+    assert_eq!((&first["class"], &first["module"]), (&json!("unrecoverable"), &json!("probe")));
+    assert!(first["message"].as_str().unwrap().contains("ledger entry 2 of key 1"), "{first}");
+    assert_eq!(first["version"].as_str().unwrap().len(), 16, "{first}");
+    assert!(first["failed_at"].as_str().unwrap().ends_with('Z'), "{first}");
+    assert!(first["failed_at_ms"].as_u64().unwrap() > 1_600_000_000_000, "{first}");
+    assert_eq!(keys(&first["event"]), ["algebra", "key", "ordering", "tag"]);
+    assert_eq!((&first["event"]["key"], &first["event"]["ordering"]), (&json!(1), &json!("relaxed")));
+    assert!(first["event"]["tag"].is_u64() && first["event"]["algebra"].is_string(), "{first}");
+    assert_eq!(first["headers_error"], serde_json::Value::Null);
+    assert_eq!((&first["owned"], &first["redriven"]), (&json!(true), &json!(false)));
+    assert_eq!((&letters[1]["class"], &letters[1]["attempts"]), (&json!("trap"), &json!(2)));
+    assert_eq!(letters[1]["event"]["key"], json!(2));
+    let out = dlq(&["show", "--partition", "0", "--offset", "1", "--output", "json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let mut fields = DEAD_LETTER_FIELDS.to_vec();
+    fields.insert(1, "body");
+    assert_eq!(keys(&shown), fields);
+    assert_eq!((&shown["offset"], &shown["class"]), (&json!(1), &json!("trap")));
+    let body = shown["body"]["text"].as_str().unwrap();
+    assert!(body.contains(r#""fail":"trap""#), "{shown}");
+    assert_eq!((&shown["body"]["bytes"], &shown["body"]["hex"]), (&json!(body.len()), &serde_json::Value::Null));
+
     // `waku dlq list | head -0`: stops at the first line, quietly.
     let base = ["dlq", "list", "--data", "data", "--projection", "ledger", "--topic", "ledger"];
     let out = waku_into_closed_pipe(&base, dir.path());
@@ -616,6 +686,47 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     assert!(out.contains(&format!("modules: bank@{v0}")), "{out}");
     assert!(out.contains("events: 2 applied, 0 skipped, 0 retrying, 0 dead-lettered"), "{out}");
 
+    let status = waku(
+        &["status", "--data", "data", "--projection", "bank", "--topic", "accounts", "--output", "json"],
+        dir.path(),
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("one JSON document");
+    assert_eq!(
+        keys(&status),
+        [
+            "applied",
+            "dead_lettered",
+            "modules",
+            "outbox",
+            "partitions",
+            "projection",
+            "retrying",
+            "skipped",
+            "topic",
+            "undeliverable"
+        ]
+    );
+    assert_eq!((&status["projection"], &status["topic"]), (&json!("bank"), &json!("accounts")));
+    assert_eq!(status["modules"], json!({ "bank": v0 }));
+    let counts = ["applied", "skipped", "retrying", "dead_lettered", "undeliverable", "outbox"].map(|k| &status[k]);
+    assert_eq!(counts, [&json!(2), &json!(0), &json!(0), &json!(0), &json!(0), &json!(0)]);
+    let partitions = status["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 2);
+    for (number, partition) in partitions.iter().enumerate() {
+        assert_eq!(keys(partition), ["caught_up", "end", "end_at_start", "lag", "partition", "position"]);
+        assert_eq!(partition["partition"], json!(number));
+        assert_eq!((&partition["lag"], &partition["caught_up"]), (&json!(0), &json!(true)));
+        assert_eq!(partition["position"], partition["end"]);
+        assert_eq!(partition["end_at_start"], serde_json::Value::Null, "unknown offline");
+    }
+    let state =
+        waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", "1", "--output", "json"], dir.path());
+    assert_eq!(text(&state.stdout).lines().count(), 1, "one line");
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("one JSON document");
+    assert_eq!(keys(&state), ["counters", "entries", "key"]);
+    assert_eq!(state["key"], json!(1));
+    assert!(!state["entries"].as_object().unwrap().is_empty(), "{state}");
+
     // A new version in the directory while stopped: the recorded one runs,
     // and the difference is said; --adopt-modules takes the new one.
     std::fs::write(dir.path().join("modules/bank.wasm"), bank_variant()).unwrap();
@@ -631,6 +742,16 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     let out = text(&list.stdout);
     assert!(out.contains(&format!("bank: {v1}; the directory holds the active version")), "{out}");
     assert!(out.contains(&format!("kept, newest first: {v1} (active), {v0}")), "{out}");
+    let list = ["modules", "list", "--data", "data", "--projection", "bank", "--output", "json"];
+    let compared: serde_json::Value =
+        serde_json::from_slice(&waku(&[&list[..], &["--modules", "modules"]].concat(), dir.path()).stdout).unwrap();
+    let expected = json!({ "projection": "bank", "modules": [
+        { "module": "bank", "active": v1, "kept": [v1, v0], "in_directory": v1 },
+    ]});
+    assert_eq!(compared, expected);
+    let alone: serde_json::Value = serde_json::from_slice(&waku(&list, dir.path()).stdout).unwrap();
+    let expected = json!({ "projection": "bank", "modules": [{ "module": "bank", "active": v1, "kept": [v1, v0] }]});
+    assert_eq!(alone, expected, "without --modules, no in_directory");
     let rollback = waku(&["modules", "rollback", "--data", "data", "--projection", "bank", "bank"], dir.path());
     assert!(text(&rollback.stdout).contains(&format!("module `bank`: {v1} → {v0}")), "{}", text(&rollback.stdout));
     let rollback = waku(&["modules", "rollback", "--data", "data", "--projection", "bank", "ledger"], dir.path());
@@ -672,4 +793,118 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
     assert!(child.wait().unwrap().success());
+}
+
+/// The value and the source `waku run --print-config` shows for `setting`.
+fn shown<'a>(printed: &'a str, setting: &str) -> (&'a str, &'a str) {
+    let line = printed
+        .lines()
+        .find(|line| line.starts_with(&format!("{setting} = ")) || line.starts_with(&format!("# {setting} is not set")))
+        .unwrap_or_else(|| panic!("no line for {setting} in\n{printed}"));
+    let (value, source) = line.split_once(" # ").unwrap();
+    (value.split_once(" = ").map_or("", |(_, value)| value.trim()), source.trim())
+}
+
+#[test]
+fn settings_come_from_flags_the_environment_and_waku_toml_in_that_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("waku.toml"),
+        "projection = \"bank\"\ntopic = \"accounts\"\nmodules = \"modules\"\nbatch-size = 11\nworkers = 3\n\
+         max-attempts = 4\niggy = \"iggy://iggy:from-file@127.0.0.1:8090\"\n",
+    )
+    .unwrap();
+    let output = common::waku_command(dir.path())
+        .args(["run", "--print-config", "--batch-size", "33"])
+        .env("WAKU_WORKERS", "5")
+        .env("WAKU_IGGY", "iggy://iggy:from-env@127.0.0.1:8090")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert_eq!(shown(&printed, "batch-size"), ("33", "flag"));
+    assert_eq!(shown(&printed, "workers"), ("5", "environment variable WAKU_WORKERS"));
+    assert_eq!(shown(&printed, "max-attempts"), ("4", "file waku.toml"));
+    assert_eq!(shown(&printed, "projection"), ("\"bank\"", "file waku.toml"));
+    assert_eq!(shown(&printed, "memory-mib"), ("64", "default"));
+    assert_eq!(shown(&printed, "admin"), ("", "default"));
+    // The credential from the environment, masked.
+    assert_eq!(shown(&printed, "iggy"), ("\"iggy://iggy:****@127.0.0.1:8090\"", "environment variable WAKU_IGGY"));
+    assert!(!printed.contains("from-env") && !printed.contains("from-file"), "{printed}");
+
+    // --config names another file; it must exist.
+    std::fs::write(dir.path().join("other.toml"), "projection = \"other\"\n").unwrap();
+    let output =
+        waku(&["run", "--config", "other.toml", "--print-config", "--topic", "t", "--modules", "m"], dir.path());
+    assert_eq!(shown(&text(&output.stdout), "projection"), ("\"other\"", "file other.toml"));
+    let output = waku(&["run", "--config", "missing.toml", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).starts_with("waku: error: cannot read the config file missing.toml"));
+
+    // Unknown keys and bad values are usage errors that say where.
+    std::fs::write(dir.path().join("waku.toml"), "projection = \"bank\"\nbatchsize = 3\n").unwrap();
+    let output = waku(&["run", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).starts_with("waku: error: unknown setting `batchsize` in the config file waku.toml"),
+        "{}",
+        text(&output.stderr)
+    );
+    std::fs::write(dir.path().join("waku.toml"), "max-attempts = \"often\"\n").unwrap();
+    let output = waku(&["run", "--print-config"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    let error = text(&output.stderr);
+    assert!(
+        error.starts_with("waku: error: bad value `often` for setting `max-attempts` from file waku.toml: "),
+        "{error}"
+    );
+
+    // A value that parses but is refused names its source too.
+    std::fs::write(dir.path().join("waku.toml"), "memory-mib = 0\n").unwrap();
+    let args = ["run", "--projection", "p", "--topic", "t", "--modules", "m"];
+    let output = waku(&args, dir.path());
+    assert_eq!(output.status.code(), Some(1));
+    let error = text(&output.stderr);
+    assert!(error.contains("\nwaku: error: bad value for setting `memory-mib` from file waku.toml\n"), "{error}");
+    assert!(error.contains("caused by: --memory-mib must be at least 1"), "{error}");
+
+    // Missing settings: clap's message, and where else they may come from.
+    std::fs::remove_file(dir.path().join("waku.toml")).unwrap();
+    let output = waku(&["run"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    let error = text(&output.stderr);
+    assert!(error.contains("--projection <PROJECTION>"), "{error}");
+    assert!(error.contains("tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml"), "{error}");
+}
+
+#[test]
+fn guest_log_lines_show_at_info_by_default_marked_with_module_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = common::probe_wasm().to_string_lossy().into_owned();
+    let body = r#"{"key": 7, "op": "log", "name": "x", "len": 5, "delta": 0, "topic": "", "emit_key": [], "count": 1, "ignore": false}"#;
+    let file = write_lines(dir.path(), "raw.jsonl", &[&format!(r#"{{"type": "Raw", "body": {body}}}"#)]);
+    let publish = ["publish", "--data", "data", "--topic", "raw", "--partitions", "1", "--module", &probe, &file];
+    assert!(waku(&publish, dir.path()).status.success());
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    std::fs::copy(&probe, dir.path().join("modules/probe.wasm")).unwrap();
+    let run = |projection: &str, flags: &[&str], rust_log: Option<&str>| {
+        let args = ["run", "--data", "data", "--projection", projection, "--topic", "raw", "--modules", "modules"];
+        let mut command = common::waku_command(dir.path());
+        command.args(args).args(["--until-caught-up", "--create-emit-topics", "1"]).args(flags);
+        command.env_remove("RUST_LOG");
+        if let Some(filter) = rust_log {
+            command.env("RUST_LOG", filter);
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    // Each run is a fresh projection, so the event is handled again.
+    let stderr = run("a", &[], None);
+    let line = stderr.lines().find(|line| line.contains("rrrrr")).unwrap_or_else(|| panic!("no guest line: {stderr}"));
+    assert!(line.contains("INFO") && line.contains("waku::guest"), "{line}");
+    assert!(line.contains(r#"module="probe""#) && line.contains("key=7"), "{line}");
+    assert!(!run("b", &["--log-level", "warn"], None).contains("rrrrr"), "--log-level warn hides it");
+    assert!(!run("c", &[], Some("error")).contains("rrrrr"), "RUST_LOG=error hides it");
+    assert!(run("d", &["--log-level", "info"], Some("error")).contains("rrrrr"), "the flag beats RUST_LOG");
 }

@@ -50,6 +50,8 @@ fn main() {
         println!("bank bench: run with `cargo bench -p wakuwaku-tests --bench bank`");
         return;
     }
+    // As the `waku` command does, so the figures match it.
+    wakuwaku::memory::prefer_small_pages();
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 1_000_000) as usize,
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),

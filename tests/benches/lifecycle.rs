@@ -87,6 +87,8 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return; // `cargo test` builds benches too; only run under `cargo bench`
     }
+    // As the `waku` command does, so the figures match it.
+    wakuwaku::memory::prefer_small_pages();
     let dir = tempfile::tempdir().unwrap();
 
     // 1. Cold start.

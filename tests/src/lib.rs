@@ -13,6 +13,8 @@
 //!   skipped; [`proxy`] cuts connections to it on cue.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
+//! - [`host_settings`] and [`catch_up`] start a host of loaded modules
+//!   and run it until caught up: how most tests consume.
 //! - [`json_record`] makes the Relaxed, JSON-bodied messages most tests
 //!   publish; [`bank_module`] and [`probe_module`] load the test modules.
 //! - [`faulty`] is the embedded log with faults on cue.
@@ -27,15 +29,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::FxHashMap;
-use wakuwaku::consumer::{CallObserver, RunCall};
+use wakuwaku::consumer::{CallObserver, ConsumerConfig, RunCall, Summary};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use wakuwaku::guest_build::GuestBuild;
 use wakuwaku::handler::HandlerModule;
+use wakuwaku::host::{Host, HostError, HostSettings, ModuleSource};
 use wakuwaku::key::Key;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::plan::{PlanRecord, must_precede};
+use wakuwaku::projection::Projection;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
@@ -114,6 +118,38 @@ pub fn json_record(tag: EventTypeTag, key: u64, body: serde_json::Value) -> Reco
     let key = Key::int(key);
     let headers = EventHeaders { tag, key, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
     Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).expect("JSON") }
+}
+
+/// Settings for a host of the loaded `modules` as projection `projection`
+/// over `topic`, its data (state) in `data`, consuming with `consumer`
+/// until caught up. A topic a module declares it emits to is created with
+/// one partition if missing, so tests need not create topics they never
+/// read.
+pub fn host_settings(
+    data: &Path,
+    projection: &str,
+    topic: &str,
+    modules: Vec<Arc<dyn HandlerModule>>,
+    consumer: ConsumerConfig,
+) -> HostSettings {
+    let mut settings = HostSettings::new(data, projection, topic, ModuleSource::Loaded(modules));
+    settings.consumer = consumer;
+    settings.create_emit_topics = Some(1);
+    settings.until_caught_up = true;
+    settings
+}
+
+/// Starts a host on `log` with `settings` (see [`host_settings`]) and
+/// waits until it stops; returns what it did and its projection, whose
+/// store the test then checks. Starting it again with the same settings
+/// (once the projection is dropped) is a restart.
+pub async fn catch_up<L: EventLog>(
+    log: &Arc<L>,
+    settings: HostSettings,
+) -> Result<(Summary, Arc<Projection>), HostError> {
+    let host = Host::start_on(log.clone(), settings).await?;
+    let projection = host.projection().clone();
+    Ok((host.finished().await?, projection))
 }
 
 /// Records every handled run.

@@ -34,6 +34,7 @@ async fn the_admin_endpoint_answers_over_http() {
     let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let metrics = Arc::new(Metrics::default());
+    // A bare consumer: the test checks readiness before consuming starts, which a host does at once.
     let consumer =
         Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 256, ..ConsumerConfig::default() })
             .with_metrics(metrics.clone());

@@ -4,23 +4,23 @@
 
 use std::sync::Arc;
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
-use wakuwaku_tests::{Recorder, bank_log, bank_module, check_call_order, read_partition};
+use wakuwaku::host::HostSettings;
+use wakuwaku_tests::{Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, read_partition};
 
 async fn consume_and_check(spec: WorkloadSpec, partitions: u32, batch_size: usize, workers: usize) {
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, oracle) = bank_log(dir.path(), module.clone(), spec, partitions).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let recorder = Arc::new(Recorder::default());
     let config = ConsumerConfig { batch_size, workers, ..ConsumerConfig::default() };
-    let consumer = Consumer::new(log.clone(), projection.clone(), config).with_observer(recorder.clone());
+    let settings = HostSettings {
+        observer: Some(recorder.clone()),
+        ..host_settings(dir.path(), "bank", "accounts", vec![module.clone()], config)
+    };
 
-    let summary = consumer.catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!(summary.consumed, spec.events as u64);
     assert_eq!(summary.applied, spec.events as u64);
     assert_eq!((summary.skipped, summary.malformed), (0, 0));
@@ -66,19 +66,13 @@ async fn restarting_from_the_committed_position_applies_nothing_twice() {
     let module = bank_module();
     let spec = WorkloadSpec { events: 6_000, accounts: 50, seed: 9 };
     let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 2).await;
-    let state_path = dir.path().join("bank.redb");
+    let settings = |config| host_settings(dir.path(), "bank", "accounts", vec![module.clone()], config);
     // First run: consume only partition 0, then stop.
-    {
-        let store = StateStore::open(&state_path).unwrap();
-        let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
-        let config = ConsumerConfig { batch_size: 500, partitions: Some(vec![0]), ..ConsumerConfig::default() };
-        Consumer::new(log.clone(), projection, config).catch_up().await.unwrap();
-    }
+    let config = ConsumerConfig { batch_size: 500, partitions: Some(vec![0]), ..ConsumerConfig::default() };
+    catch_up(&log, settings(config)).await.unwrap();
     // Second run over all partitions: partition 0 resumes at its end.
-    let store = StateStore::open(&state_path).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let config = ConsumerConfig { batch_size: 500, ..ConsumerConfig::default() };
-    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&log, settings(config)).await.unwrap();
     let end0 = wakuwaku::log::EventLog::end_offset(&*log, "accounts", 0).await.unwrap();
     assert_eq!(summary.consumed, spec.events as u64 - end0, "partition 0 was not consumed again");
 

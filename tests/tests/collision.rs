@@ -10,17 +10,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::event::EventTypeTag;
+use wakuwaku::host::HostSettings;
 use wakuwaku::key::Key;
 use wakuwaku::key::test_support::force_key_hash;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::Projection;
 use wakuwaku::routing::RetryPolicy;
-use wakuwaku::state::StateStore;
-use wakuwaku_tests::{Recorder, bank_log, bank_module, check_call_order, json_record, probe_module, read_partition};
+use wakuwaku_tests::{
+    Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, json_record, probe_module,
+    read_partition,
+};
 
 const COLLIDING: u64 = 7;
 
@@ -35,15 +37,13 @@ async fn keys_whose_hashes_collide_share_no_state_run_or_retry() {
     let module = bank_module();
     let spec = WorkloadSpec { events: 3_000, accounts: 40, seed: 3 };
     let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 2).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let recorder = Arc::new(Recorder::default());
     let config = ConsumerConfig { batch_size: 256, workers: 2, ..ConsumerConfig::default() };
-    let summary = Consumer::new(log.clone(), projection.clone(), config)
-        .with_observer(recorder.clone())
-        .catch_up()
-        .await
-        .unwrap();
+    let settings = HostSettings {
+        observer: Some(recorder.clone()),
+        ..host_settings(dir.path(), "bank", "accounts", vec![module.clone()], config)
+    };
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!(summary.applied, spec.events as u64);
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "{}", check.report(10));
@@ -71,14 +71,13 @@ async fn keys_whose_hashes_collide_share_no_state_run_or_retry() {
         json_record(note, 2, json!({ "key": 2, "text": "two", "emit_to": null })),
     ];
     log.append("probes", vec![(0, records)]).await.unwrap();
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
-    let projection = Arc::new(Projection::new("probe", "probes", vec![probe_module()], store).unwrap());
     let config = ConsumerConfig {
         batch_size: 1, // key 1 is in retry before its note and key 2's are polled
         retry: RetryPolicy { delays: vec![Duration::from_secs(3600)], ..RetryPolicy::default() },
         ..ConsumerConfig::default()
     };
-    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.applied, summary.retry_in), (1, 2), "{summary:?}");
     let store = projection.store();
     assert_eq!(store.get(&Key::int(2u64), "last").unwrap(), Some(br#""two""#.to_vec()));

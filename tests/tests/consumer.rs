@@ -6,28 +6,28 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::event::{EventHeaders, EventTypeTag, Header, partition_for};
+use wakuwaku::host::{Host, HostSettings};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::outbox;
-use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed};
 use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
-use wakuwaku_tests::{json_record as record, probe_module};
+use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 const FAIL: EventTypeTag = EventTypeTag::new(5);
 
-async fn setup(records: Vec<Record>) -> (tempfile::TempDir, Arc<EmbeddedLog>, Arc<Projection>) {
+/// A log holding `records` in topic `probes`, and the settings of a host
+/// of the probe over it.
+async fn setup(records: Vec<Record>) -> (tempfile::TempDir, Arc<EmbeddedLog>, HostSettings) {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic("probes", 1).await.unwrap();
     log.append("probes", vec![(0, records)]).await.unwrap();
-    let module = probe_module();
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
-    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
-    (dir, log, projection)
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], ConsumerConfig::default());
+    (dir, log, settings)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,8 +43,8 @@ async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
         missing,
         record(EventTypeTag::new(99), 3, json!({})),
     ];
-    let (_dir, log, projection) = setup(records).await;
-    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    let (_dir, log, settings) = setup(records).await;
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.skipped, summary.malformed), (6, 2, 2, 2));
     let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
     assert_eq!(stats[stat::APPLIED], 2);
@@ -79,8 +79,8 @@ async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
         record(NOTE, 2, json!({ "key": 2, "text": "other key", "emit_to": null })),
         record(FAIL, 1, json!({ "key": 1, "class": "retryable", "message": "the ledger is busy" })),
     ];
-    let (_dir, log, projection) = setup(records).await;
-    let summary = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    let (_dir, log, settings) = setup(records).await;
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.retry_in, summary.dead_lettered), (3, 2, 1, 0));
 
     // The batch committed: position, both notes, the counts.
@@ -113,8 +113,9 @@ async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
-    let (_dir, log, projection) = setup(Vec::new()).await;
+    let (_dir, log, settings) = setup(Vec::new()).await;
     log.create_topic("notes-out", 2).await.unwrap();
+    let store = settings.open_state().unwrap();
     // Three emitted messages, committed with a batch…
     let entry = |i: u64| OutboxEntry {
         topic: "notes-out".into(),
@@ -124,17 +125,18 @@ async fn an_outbox_appended_just_before_a_crash_is_not_published_again() {
         origin: None,
     };
     let commit = BatchCommit { outbox: vec![entry(1), entry(2), entry(3)], ..BatchCommit::default() };
-    projection.store().commit(commit).unwrap();
+    store.commit(commit).unwrap();
     // …of which the first two reached the log before the host crashed,
     // before it could clear its outbox.
-    let pending = projection.store().outbox().unwrap();
+    let pending = store.outbox().unwrap();
     let appended =
         pending[..2].iter().map(|(_, e)| (partition_for(e.partition_key, 2), vec![e.record.clone()])).collect();
-    let producer = outbox::producer(projection.store(), "probe").unwrap();
+    let producer = outbox::producer(&store, "probe").unwrap();
     assert!(log.append_as("notes-out", appended, &producer, pending[1].0).await.unwrap());
+    drop(store);
 
     // Starting again publishes the third, and only the third.
-    Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap();
+    let (_, projection) = catch_up(&log, settings).await.unwrap();
     let published = log.end_offset("notes-out", 0).await.unwrap() + log.end_offset("notes-out", 1).await.unwrap();
     assert_eq!(published, 3);
     assert!(projection.store().outbox().unwrap().is_empty());
@@ -156,19 +158,20 @@ async fn two_hosts_of_one_projection_never_hide_each_others_emits() {
     }
     let module = probe_module();
     for host in 0..2u32 {
-        let store = StateStore::open(&dir.path().join(format!("host{host}.redb"))).unwrap();
-        let projection = Arc::new(Projection::new("probe", "probes", vec![module.clone()], store).unwrap());
+        let data = dir.path().join(format!("host{host}"));
         let config = ConsumerConfig { partitions: Some(vec![host]), batch_size: 7, ..ConsumerConfig::default() };
-        Consumer::new(log.clone(), projection, config).catch_up().await.unwrap();
+        catch_up(&log, host_settings(&data, "probe", "probes", vec![module.clone()], config)).await.unwrap();
     }
     assert_eq!(log.end_offset("notes-out", 0).await.unwrap(), 60);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_topic_with_another_partition_count_is_refused_naming_both() {
-    let (_dir, log, projection) = setup(vec![record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null }))]).await;
+    let (_dir, log, settings) = setup(vec![record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null }))]).await;
     log.create_topic("dlq_probes", 3).await.unwrap();
-    let error = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()).catch_up().await.unwrap_err();
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let projection = host.projection().clone();
+    let error = host.finished().await.unwrap_err();
     assert_eq!(
         error.to_string(),
         "topic `dlq_probes` has 3 partitions but its main topic `probes` has 1; they must match (delete \

@@ -63,6 +63,7 @@ async fn consume(
     // Reset the peak to the current resident set.
     std::fs::write("/proc/self/clear_refs", "5").expect("resetting the peak RSS");
     let before = status_mib("VmRSS:");
+    // A bare consumer: a host's own set-up (sandbox, state) would fall inside the figure.
     let summary = Consumer::new(log.clone(), projection, config).catch_up().await.unwrap();
     let peak = status_mib("VmHWM:");
     eprintln!("peak RSS {peak} MiB, {} MiB above the {before} MiB before", peak.saturating_sub(before));

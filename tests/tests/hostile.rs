@@ -28,7 +28,7 @@ use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::liar::{self, BAD, BAD_MESSAGE_LEN, Describe, LIE, TRAP, TRUTH};
-use wakuwaku_tests::{json_record, probe_wasm};
+use wakuwaku_tests::{catch_up, host_settings, json_record, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
 const PANIC: EventTypeTag = EventTypeTag::new(3);
@@ -347,7 +347,7 @@ fn raw(key: u64, op: &str, count: u64, fields: serde_json::Value) -> serde_json:
 /// and every other key of both modules is applied in the same run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_rest_is_applied() {
-    use wakuwaku::consumer::{Consumer, ConsumerConfig};
+    use wakuwaku::consumer::ConsumerConfig;
     use wakuwaku::event::EventHeaders;
     use wakuwaku::log::Record;
     use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
@@ -363,8 +363,6 @@ async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_
     .unwrap();
     let probe = load_module_file(&sandbox, &probe_wasm()).unwrap();
     let liar = load_liar(&sandbox, Describe::Honest).unwrap();
-    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("both", "mixed", vec![probe, liar], store).unwrap());
 
     let record = |key: u64, tag: EventTypeTag, body: serde_json::Value| json_record(tag, key, body);
     let big = "x".repeat(4096);
@@ -404,7 +402,8 @@ async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_
         retry: RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() },
         ..ConsumerConfig::default()
     };
-    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    let settings = host_settings(dir.path(), "both", "mixed", vec![probe, liar], config);
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.applied, summary.dead_lettered), (11, hostile.len() as u64));
     assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 10i128)]);
     assert_eq!(log.end_offset("out", 0).await.unwrap(), 0, "no refused emit reached a topic");

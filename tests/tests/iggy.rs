@@ -11,16 +11,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::consumer::{ConsumerConfig, Summary};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::partition_for;
+use wakuwaku::host::{Host, HostSettings};
 use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::metrics::Metrics;
-use wakuwaku::projection::Projection;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
-use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, json_record, probe_module, publish_bank};
+use wakuwaku_tests::{
+    bank_module, catch_up, fresh_stream, host_settings, iggy_url, json_record, probe_module, publish_bank,
+};
 
 /// Held shared by every test, and alone by the one that restarts the
 /// server, so no other test sees the restart.
@@ -29,9 +30,10 @@ static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 const TOPIC: &str = "accounts";
 const PARTITIONS: u32 = 4;
 
-fn bank_projection(dir: &std::path::Path, host: &str) -> Arc<Projection> {
-    let store = StateStore::open(&dir.join(host).join("bank.redb")).unwrap();
-    Arc::new(Projection::new("bank", TOPIC, vec![bank_module()], store).unwrap())
+/// A host of the bank projection (its state in `dir/<host>`) that runs
+/// until caught up.
+fn bank_host(dir: &std::path::Path, host: &str, config: ConsumerConfig) -> HostSettings {
+    host_settings(&dir.join(host), "bank", TOPIC, vec![bank_module()], config)
 }
 
 fn config(batch_size: usize) -> ConsumerConfig {
@@ -90,8 +92,7 @@ async fn the_bank_projection_on_iggy_matches_the_oracle_and_iggy_shows_its_progr
     let oracle = publish_bank(&*log, bank_module(), spec, PARTITIONS).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let projection = bank_projection(dir.path(), "host");
-    let summary = Consumer::new(log.clone(), projection.clone(), config(1000)).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&log, bank_host(dir.path(), "host", config(1000))).await.unwrap();
     assert_eq!((summary.applied, summary.dead_lettered), (20_000, 0));
     let check = check_hosts(&oracle, &[(&[0, 1, 2, 3], projection.store())]);
     assert!(check.matches(), "{}", check.report(5));
@@ -133,17 +134,14 @@ async fn two_hosts_on_disjoint_partitions_apply_every_event_once_while_events_ar
     let mut hosts = Vec::new();
     for (name, partitions) in [("a", vec![0, 2]), ("b", vec![1, 3])] {
         let log = Arc::new(IggyLog::connect(&url, &stream).await.unwrap());
-        let projection = bank_projection(dir.path(), name);
         let config = ConsumerConfig { partitions: Some(partitions.clone()), ..config(500) };
-        let consumer = Consumer::new(log, projection.clone(), config);
+        let settings = HostSettings { until_caught_up: false, ..bank_host(dir.path(), name, config) };
+        let host = Host::start_on(log, settings).await.unwrap();
+        let projection = host.projection().clone();
         let mut stopped = stopped.clone();
-        let run = tokio::spawn(async move {
-            consumer
-                .follow(async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        let run = tokio::spawn(host.stop_when(async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
         hosts.push((partitions, projection, run));
     }
 
@@ -193,12 +191,11 @@ async fn consume_through_an_outage<F>(
     drop(publisher);
 
     let dir = tempfile::tempdir().unwrap();
-    let projection = bank_projection(dir.path(), "host");
     let log = Arc::new(IggyLog::connect(consumer_url, &stream).await.unwrap());
-    let metrics = Arc::new(Metrics::default());
-    let consumer = Consumer::new(log.clone(), projection.clone(), config(200)).with_metrics(metrics.clone());
-    let outage = tokio::spawn(outage(consumer.progress()));
-    let summary = tokio::time::timeout(Duration::from_secs(180), consumer.catch_up())
+    let host = Host::start_on(log.clone(), bank_host(dir.path(), "host", config(200))).await.unwrap();
+    let (projection, metrics) = (host.projection().clone(), host.metrics().clone());
+    let outage = tokio::spawn(outage(host.progress().clone()));
+    let summary = tokio::time::timeout(Duration::from_secs(180), host.finished())
         .await
         .expect("caught up within 3 minutes")
         .unwrap();
@@ -325,19 +322,14 @@ async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let module = probe_module();
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
-    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
     let retry = RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() };
-    let consumer = Consumer::new(log.clone(), projection, ConsumerConfig { retry, ..config(8) });
+    let config = ConsumerConfig { retry, ..config(8) };
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let host = Host::start_on(log.clone(), HostSettings { until_caught_up: false, ..settings }).await.unwrap();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn(async move {
-        consumer
-            .follow(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let run = tokio::spawn(host.stop_when(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    }));
     let deadline = Instant::now() + Duration::from_secs(60);
     let ends = |topic: &'static str| {
         let log = log.clone();

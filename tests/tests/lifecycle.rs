@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::handler::HandlerModule;
+use wakuwaku::host::{Host, HostSettings, ModuleSource};
 use wakuwaku::lifecycle::{Difference, KEPT_VERSIONS, Library, LifecycleError, Reloader};
 use wakuwaku::log::EventLog;
-use wakuwaku::projection::Projection;
+use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
 use wakuwaku::state::StateStore;
@@ -211,29 +212,19 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
     let dirs = Dirs::new();
     let (v0, v1) = (bank_variant(0), bank_variant(1));
     install(&dirs.modules(), "bank.wasm", &v0);
-    let library = Arc::new(dirs.library());
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let module = modules[0].clone();
+    let module = load_module_file(&sandbox(), &dirs.modules().join("bank.wasm")).unwrap();
 
     // The log starts with part of the workload; the rest is published
-    // while the consumer follows and the modules swap.
+    // while the host follows and the modules swap.
     let spec = WorkloadSpec { events: 60_000, accounts: 200, seed: 3 };
     let (log, _) = bank_log(dirs.root.path(), module.clone(), WorkloadSpec { events: 0, ..spec }, 2).await;
     let (events, oracle) = demo::workload(spec);
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
-    let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
     let recorder = Arc::new(Recorder::default());
-    let config = ConsumerConfig { batch_size: 512, idle_poll: Duration::from_millis(5), ..ConsumerConfig::default() };
-    let consumer = Consumer::new(log.clone(), projection.clone(), config).with_observer(recorder.clone());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let following = tokio::spawn(async move {
-        consumer
-            .follow(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let mut settings = HostSettings::new(dirs.root.path(), "bank", "accounts", ModuleSource::directory(dirs.modules()));
+    settings.consumer = ConsumerConfig { batch_size: 512, idle_poll: Duration::from_millis(5), ..Default::default() };
+    settings.observer = Some(recorder.clone());
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let (projection, library) = (host.projection().clone(), host.library().unwrap().clone());
 
     // Events arrive in small chunks all through the swaps, then the rest.
     let swapping = Arc::new(AtomicBool::new(true));
@@ -284,8 +275,7 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
     })
     .await
     .unwrap();
-    stop_tx.send(()).unwrap();
-    following.await.unwrap().unwrap();
+    host.stop().await.unwrap();
 
     assert!(
         published_while_swapping < spec.events,

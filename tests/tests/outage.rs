@@ -5,13 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::event::EventTypeTag;
+use wakuwaku::host::{Host, HostSettings, ModuleSource};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record};
-use wakuwaku::metrics::Metrics;
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{json_record as record, probe_module};
 
@@ -31,6 +29,8 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
         log.append("probes", vec![(partition, records)]).await.unwrap();
     }
     log.create_topic("out", 2).await.unwrap();
+    // The probe module declares it; a host refuses a module without its emit topics.
+    log.create_topic("notes-out", 1).await.unwrap();
     // Unreachable for calls number 40..120 (setup calls aside).
     let calls = Arc::new(AtomicU64::new(0));
     let counted = calls.clone();
@@ -43,14 +43,13 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
             .contains(&call)
             .then(|| LogError::Unavailable { address: "test".into(), reason: format!("call {call} dropped") })
     }));
-    let module = probe_module();
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
-    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
-    let metrics = Arc::new(Metrics::default());
+    let mut settings = HostSettings::new(dir.path(), "probe", "probes", ModuleSource::Loaded(vec![probe_module()]));
     let backoff = (std::time::Duration::from_millis(1), std::time::Duration::from_millis(20));
-    let config = ConsumerConfig { batch_size: 25, log_backoff: backoff, ..ConsumerConfig::default() };
-    let consumer = Consumer::new(log.clone(), projection.clone(), config).with_metrics(metrics.clone());
-    let summary = consumer.catch_up().await.unwrap();
+    settings.consumer = ConsumerConfig { batch_size: 25, log_backoff: backoff, ..ConsumerConfig::default() };
+    settings.until_caught_up = true;
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let (projection, progress, metrics) = (host.projection().clone(), host.progress().clone(), host.metrics().clone());
+    let summary = host.finished().await.unwrap();
 
     assert!(calls.load(Ordering::SeqCst) > 120, "the outage did not happen");
     assert_eq!((summary.applied, summary.dead_lettered), (1200, 2));
@@ -59,7 +58,7 @@ async fn an_unavailable_log_is_waited_out_and_nothing_is_lost_or_repeated() {
     assert_eq!(out, 1200, "every emitted message published exactly once");
     let dead = log.log.end_offset("dlq_probes", 0).await.unwrap() + log.log.end_offset("dlq_probes", 1).await.unwrap();
     assert_eq!(dead, 2);
-    assert!(consumer.progress().log_available());
+    assert!(progress.log_available());
     assert!(
         metrics.encode().contains("waku_log_unavailable_total{projection=\"probe\"}"),
         "the outage was not counted"

@@ -19,7 +19,7 @@ use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed};
 use wakuwaku::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::{json_record as record, probe_module};
+use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 
@@ -154,6 +154,7 @@ async fn a_topic_deleted_after_the_commit_does_not_stop_the_consumer() {
     deleted.store(true, Ordering::SeqCst);
 
     let config = ConsumerConfig { batch_size: 4, ..ConsumerConfig::default() };
+    // A bare consumer: a host would refuse the module for its deleted emit topic.
     let summary = Consumer::new(log.clone(), projection.clone(), config.clone()).catch_up().await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.undeliverable), (20, 20, 20));
     let counts = stats(projection.store());
@@ -225,7 +226,8 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic("probes", 1).await.unwrap();
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], ConsumerConfig::default());
+    let store = settings.open_state().unwrap();
     store.commit(BatchCommit { outbox: vec![emitted("nowhere", 5, (0, 0))], ..BatchCommit::default() }).unwrap();
 
     // The message becomes a dead letter, which has nowhere to go.
@@ -241,9 +243,10 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     assert_eq!(pending[0].1.topic, "dlq_probes");
     assert_eq!(stats(&store)[stat::UNDELIVERABLE], 1, "counted once, with the letter");
 
-    // Starting a consumer creates the routed topics, then publishes.
-    let projection = Arc::new(Projection::new("probe", "probes", vec![probe_module()], store.clone()).unwrap());
-    Consumer::new(log.clone(), projection, ConsumerConfig::default()).catch_up().await.unwrap();
+    // Starting a host creates the routed topics, then publishes.
+    drop(store);
+    let (_, projection) = catch_up(&log, settings).await.unwrap();
+    let store = projection.store().clone();
     assert!(store.outbox().unwrap().is_empty());
     let dead = letters(&*log, "dlq_probes").await;
     assert_eq!(dead.len(), 1);

@@ -9,13 +9,12 @@
 
 use std::sync::Arc;
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::handler::{CallError, ErrorClass};
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::host::HostSettings;
 use wakuwaku_tests::python::bank_py_module;
-use wakuwaku_tests::{Recorder, bank_log, bank_module, check_call_order, read_partition};
+use wakuwaku_tests::{Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, read_partition};
 
 #[test]
 fn the_python_bank_describes_keys_and_orders_as_the_rust_bank() {
@@ -67,15 +66,13 @@ async fn the_python_bank_read_model_matches_the_oracle_and_keeps_order() {
     let spec = WorkloadSpec { events: 20_000, accounts: 300, seed: 13 };
     let partitions = 4;
     let (log, oracle) = bank_log(dir.path(), module.clone(), spec, partitions).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let recorder = Arc::new(Recorder::default());
     let config = ConsumerConfig { batch_size: 2048, workers: 2, ..ConsumerConfig::default() };
-    let summary = Consumer::new(log.clone(), projection.clone(), config)
-        .with_observer(recorder.clone())
-        .catch_up()
-        .await
-        .unwrap();
+    let settings = HostSettings {
+        observer: Some(recorder.clone()),
+        ..host_settings(dir.path(), "bank", "accounts", vec![module.clone()], config)
+    };
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.consumed, summary.applied), (spec.events as u64, spec.events as u64), "{summary:?}");
     assert_eq!((summary.skipped, summary.malformed), (0, 0), "{summary:?}");
     assert!(summary.calls < summary.applied, "deposits were folded: {summary:?}");

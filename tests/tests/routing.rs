@@ -11,6 +11,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, RunCall, stat};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
+use wakuwaku::host::HostSettings;
 use wakuwaku::key::Key;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
@@ -19,7 +20,7 @@ use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::flaky::{Flaky, OTHER, STEP, SUM, Step};
-use wakuwaku_tests::{Recorder, check_call_order};
+use wakuwaku_tests::{Recorder, catch_up, check_call_order, host_settings};
 
 use EventAtomicOrdering::{AcqRel, Acquire, Relaxed, Release};
 
@@ -77,9 +78,18 @@ impl Setup {
         Arc::new(Projection::new("flaky", TOPIC, vec![Arc::new(self.module.clone())], store).unwrap())
     }
 
+    /// A bare consumer of `projection`, for tests that catch up with it
+    /// more than once while holding its store; the others start a host of
+    /// [`Self::settings`].
     fn consumer(&self, projection: &Arc<Projection>, batch_size: usize, retry: RetryPolicy) -> Consumer<EmbeddedLog> {
-        let config = ConsumerConfig { batch_size, workers: 2, retry, ..ConsumerConfig::default() };
-        Consumer::new(self.log.clone(), projection.clone(), config)
+        Consumer::new(self.log.clone(), projection.clone(), consumer_config(batch_size, retry))
+    }
+
+    /// The settings of a host of the projection, with its state in the
+    /// test directory: starting another is a restart.
+    fn settings(&self, batch_size: usize, retry: RetryPolicy) -> HostSettings {
+        let modules = vec![Arc::new(self.module.clone()) as _];
+        host_settings(self.dir.path(), "flaky", TOPIC, modules, consumer_config(batch_size, retry))
     }
 
     /// Every record of `topic`, all partitions, with routing headers parsed.
@@ -94,6 +104,11 @@ impl Setup {
         }
         all
     }
+}
+
+/// Two workers, batches of `batch_size`, `retry`.
+fn consumer_config(batch_size: usize, retry: RetryPolicy) -> ConsumerConfig {
+    ConsumerConfig { batch_size, workers: 2, retry, ..ConsumerConfig::default() }
 }
 
 /// No waiting between attempts.
@@ -152,8 +167,7 @@ async fn every_row_of_the_error_table_lands_where_it_should() {
     let garbled = Record { headers: vec![Header { name: "waku-version".into(), value: vec![7] }], body: b"?".to_vec() };
     setup.log.append(TOPIC, vec![(0, vec![garbled])]).await.unwrap();
 
-    let projection = setup.projection();
-    let summary = setup.consumer(&projection, 100, eager(3)).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&setup.log, setup.settings(100, eager(3))).await.unwrap();
     let store = projection.store();
 
     assert_eq!(Flaky::applied(store, &Key::int(1u64)), [1]);
@@ -230,6 +244,7 @@ async fn a_key_keeps_its_order_across_retries_and_diversion() {
         let batch_size = rng.random_range(3..40);
         // A short delay, so later batches are polled while keys wait.
         let retry = RetryPolicy { delays: vec![Duration::from_millis(15)], ..eager(10) };
+        // A bare consumer: it catches up again and again until no key waits in retry.
         let consumer = setup.consumer(&projection, batch_size, retry);
         let mut summary = consumer.catch_up().await.unwrap();
         while summary.retry_in > summary.retry_out {
@@ -293,11 +308,10 @@ async fn a_poisoned_key_delays_no_other_key() {
         })
         .collect();
     setup.publish(&events).await;
-    let projection = setup.projection();
     let recorder = Arc::new(Recorder::default());
     let retry = RetryPolicy { delays: vec![Duration::from_secs(3600)], ..eager(5) };
-    let consumer = setup.consumer(&projection, 10, retry).with_observer(recorder.clone());
-    let summary = consumer.catch_up().await.unwrap();
+    let settings = HostSettings { observer: Some(recorder.clone()), ..setup.settings(10, retry) };
+    let (summary, projection) = catch_up(&setup.log, settings).await.unwrap();
 
     // Twenty batches of ten, no more: nothing waited for the poisoned key,
     // whose first event waits an hour in retry with the rest behind it.
@@ -326,15 +340,13 @@ async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     setup.publish(&[event(1, STEP, Relaxed, 1, &["retryable"]), event(2, STEP, Relaxed, 2, &[])]).await;
     let retry = RetryPolicy { delays: vec![Duration::from_millis(1500)], ..eager(5) };
     {
-        let projection = setup.projection();
-        let summary = setup.consumer(&projection, 100, retry.clone()).catch_up().await.unwrap();
+        let (summary, _) = catch_up(&setup.log, setup.settings(100, retry.clone())).await.unwrap();
         assert_eq!((summary.applied, summary.retry_in), (1, 1));
     }
     // Restart, with a later event of key 1 published meanwhile: it is
     // diverted behind the waiting one, which is not due yet.
     setup.publish(&[event(1, OTHER, Relaxed, 3, &[])]).await;
-    let projection = setup.projection();
-    let summary = setup.consumer(&projection, 100, retry.clone()).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&setup.log, setup.settings(100, retry.clone())).await.unwrap();
     assert_eq!((summary.applied, summary.retry_in), (0, 1), "the key was not known to be in retry");
     assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), Vec::<u64>::new());
     drop(projection);
@@ -342,8 +354,7 @@ async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     // Once the delay (measured from the failure) has passed, both are
     // applied, in order, after another restart.
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    let projection = setup.projection();
-    let summary = setup.consumer(&projection, 100, retry).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&setup.log, setup.settings(100, retry)).await.unwrap();
     assert_eq!((summary.applied, summary.retry_out), (2, 2));
     assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), [1, 3]);
     assert_accounted(projection.store(), 3, 0);
@@ -355,8 +366,7 @@ async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
     let mut events: Vec<Event> = (1..=5).map(|seq| event(1, SUM, Relaxed, seq, &[])).collect();
     events[2].step.fail = vec!["retryable".into()];
     setup.publish(&events).await;
-    let projection = setup.projection();
-    let summary = setup.consumer(&projection, 100, eager(5)).catch_up().await.unwrap();
+    let (summary, projection) = catch_up(&setup.log, setup.settings(100, eager(5))).await.unwrap();
     // One fold of five failed once, went to retry as one record standing
     // for five events, and was applied from there.
     assert_eq!((summary.retry_in, summary.retry_out, summary.applied), (5, 5, 5));
@@ -385,6 +395,7 @@ async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
     // Before the fix, every call fails unrecoverably: all four are dead.
     setup.module.broken.store(true, std::sync::atomic::Ordering::SeqCst);
     let projection = setup.projection();
+    // A bare consumer: it catches up three times while the test re-drives through its store.
     let consumer = setup.consumer(&projection, 100, eager(3));
     assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, 4);
     let store = projection.store();
@@ -434,6 +445,7 @@ async fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
         .map(|seq| event(keys[seq as usize % 4], if seq < 4 { STEP } else { OTHER }, Relaxed, seq, &[]))
         .collect();
     setup.publish(&events).await;
+    // Bare consumers: each catches up twice while the test re-drives through its store.
     let host = |name: &str, partition: u32| {
         let store = StateStore::open(&setup.dir.path().join(format!("{name}.redb"))).unwrap();
         let projection =

@@ -7,17 +7,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::event::EventTypeTag;
 use wakuwaku::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
 use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::{Projection, load_module_file};
+use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::probe_wasm;
+use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
 const HOG: EventTypeTag = EventTypeTag::new(2);
@@ -206,13 +206,9 @@ async fn emitted_messages_are_published_after_the_commit() {
         .collect();
     publish::publish(&*log, "probes", module.clone(), events, None, 2).await.unwrap();
 
-    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
-    let projection = Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap());
-    let summary =
-        Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 8, ..Default::default() })
-            .catch_up()
-            .await
-            .unwrap();
+    let config = ConsumerConfig { batch_size: 8, ..Default::default() };
+    let (summary, projection) =
+        catch_up(&log, host_settings(dir.path(), "probe", "probes", vec![module], config)).await.unwrap();
     assert_eq!(summary.applied, 20);
     assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 20i128)]);
     assert!(projection.store().outbox().unwrap().is_empty(), "the outbox was not cleared");

@@ -1,7 +1,8 @@
-//! `Consumer::follow` stops promptly: when its shutdown future resolves
-//! (even with every partition idle), and when one partition fails (the
-//! others stop too, so the error is returned at once, not at the next
-//! signal). The signal path end to end is in host/tests/cli.rs.
+//! A host (`Consumer::follow` underneath) stops promptly: when its
+//! shutdown future resolves (even with every partition idle), and when one
+//! partition fails (the others stop too, so the error is returned at once,
+//! not at the next signal). The signal path end to end is in
+//! host/tests/cli.rs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,12 +10,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
 use wakuwaku::event::EventTypeTag;
+use wakuwaku::host::{Host, HostSettings};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, LogError, Record};
 use wakuwaku::projection::Projection;
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::{json_record, probe_module};
+use wakuwaku_tests::{catch_up, host_settings, json_record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 
@@ -22,7 +24,7 @@ fn note(key: u64) -> Record {
     json_record(NOTE, key, json!({ "key": key, "text": format!("note {key}"), "emit_to": null }))
 }
 
-async fn projection(dir: &std::path::Path) -> Arc<Projection> {
+fn projection(dir: &std::path::Path) -> Arc<Projection> {
     let module = probe_module();
     let store = StateStore::open(&dir.join("probe.redb")).unwrap();
     Arc::new(Projection::new("probe", "probes", vec![module], store).unwrap())
@@ -34,15 +36,16 @@ async fn follow_returns_promptly_when_shutdown_resolves_on_idle_partitions() {
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic("probes", 3).await.unwrap();
     log.append("probes", vec![(0, vec![note(1), note(2)]), (2, vec![note(3)])]).await.unwrap();
-    let projection = projection(dir.path()).await;
     let config = ConsumerConfig { idle_poll: Duration::from_secs(30), ..ConsumerConfig::default() };
-    let consumer = Consumer::new(log, projection.clone(), config);
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let host = Host::start_on(log, HostSettings { until_caught_up: false, ..settings }).await.unwrap();
+    let projection = host.projection().clone();
 
     // Everything is consumed long before the shutdown; the partitions then
     // idle with a poll interval far longer than the test may take.
     let shutdown = tokio::time::sleep(Duration::from_millis(500));
     let started = Instant::now();
-    let summary = tokio::time::timeout(Duration::from_secs(10), consumer.follow(shutdown))
+    let summary = tokio::time::timeout(Duration::from_secs(10), host.stop_when(shutdown))
         .await
         .expect("follow did not return after the shutdown")
         .unwrap();
@@ -67,8 +70,8 @@ async fn a_failing_partition_stops_follow_without_waiting_for_a_shutdown() {
     });
     log.create_topic("probes", 2).await.unwrap();
     log.append("probes", vec![(0, vec![note(1)]), (1, vec![note(2)])]).await.unwrap();
-    let projection = projection(dir.path()).await;
-    let consumer = Consumer::new(Arc::new(log), projection, ConsumerConfig::default());
+    // A bare consumer: the assertion matches the consumer's own error.
+    let consumer = Consumer::new(Arc::new(log), projection(dir.path()), ConsumerConfig::default());
 
     let never = std::future::pending::<()>();
     let result = tokio::time::timeout(Duration::from_secs(10), consumer.follow(never))
@@ -91,22 +94,18 @@ async fn catching_up_stops_on_shutdown_and_a_second_run_finishes_the_rest() {
     let module = bank_module();
     let spec = WorkloadSpec { events: 20_000, accounts: 200, seed: 4 };
     let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 2).await;
-    let open = || {
-        let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-        Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap())
-    };
     let config = ConsumerConfig { batch_size: 50, ..ConsumerConfig::default() };
+    let settings = host_settings(dir.path(), "bank", "accounts", vec![module.clone()], config);
 
-    let projection = open();
-    let consumer = Consumer::new(log.clone(), projection.clone(), config.clone());
-    let first = consumer.catch_up_or_stop(tokio::time::sleep(Duration::from_millis(300))).await.unwrap();
+    let host = Host::start_on(log.clone(), settings.clone()).await.unwrap();
+    let projection = host.projection().clone();
+    let first = host.stop_when(tokio::time::sleep(Duration::from_millis(300))).await.unwrap();
     assert!(first.consumed < spec.events as u64, "the shutdown did not stop catching up");
     let committed: u64 = (0..2).map(|p| projection.store().position("accounts", p).unwrap().unwrap_or(0)).sum();
     assert_eq!(committed, first.consumed, "what was consumed is exactly what was committed");
-    drop((consumer, projection));
+    drop(projection);
 
-    let projection = open();
-    let second = Consumer::new(log, projection.clone(), config).catch_up().await.unwrap();
+    let (second, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!(first.consumed + second.consumed, spec.events as u64);
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "{}", check.report(5));

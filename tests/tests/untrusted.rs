@@ -105,6 +105,7 @@ impl Bed {
     /// Consumes what the topic holds now, as `waku run --until-caught-up`
     /// does, and checks the counts add up.
     async fn run(&self) -> Summary {
+        // A bare consumer: the bed holds one projection across runs, whose store a host would open again.
         let summary = Consumer::new(self.log.clone(), self.projection.clone(), self.config.clone())
             .catch_up()
             .await

@@ -10,16 +10,15 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::event::EventHeaders;
 use wakuwaku::key::Key;
 use wakuwaku::key::test_support::force_key_hash;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::Projection;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
 use wakuwaku_tests::hostile::{Accounts, OUT, attack, counter, hostile_module, tag};
+use wakuwaku_tests::{catch_up, host_settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_whose_hashes_collide_keep_their_own_state_and_emits_through_the_boundary() {
@@ -35,10 +34,9 @@ async fn keys_whose_hashes_collide_keep_their_own_state_and_emits_through_the_bo
         .collect();
     log.append("hostile", vec![(0, records)]).await.unwrap();
     let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
-    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("collide", "hostile", vec![hostile_module(&sandbox)], store).unwrap());
     let config = ConsumerConfig { workers: 2, ..ConsumerConfig::default() };
-    let summary = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    let settings = host_settings(dir.path(), "collide", "hostile", vec![hostile_module(&sandbox)], config);
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.applied, summary.dead_lettered), (60, 0), "{summary:?}");
     Accounts::of(projection.store(), "hostile", 1).check().unwrap();
 

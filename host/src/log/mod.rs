@@ -65,7 +65,10 @@ pub use iggy::IggyLog;
 pub struct Record {
     /// The user headers, in the order they were written.
     pub headers: Vec<Header>,
-    /// The body, as the publisher encoded it.
+    /// The body, as the publisher encoded it. Encoded as a byte string
+    /// (`serde_bytes`): in postcard the same bytes as a sequence of `u8`,
+    /// so stored records read back unchanged, decoded with one copy.
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
 }
 
@@ -366,5 +369,35 @@ impl EventLog for AnyLog {
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
         delegate!(self, log => log.consumer_offset(consumer, topic, partition))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape records had when their bytes were sequences of `u8`.
+    #[derive(Serialize)]
+    struct SequenceHeader {
+        name: String,
+        value: Vec<u8>,
+    }
+
+    #[derive(Serialize)]
+    struct SequenceRecord {
+        headers: Vec<SequenceHeader>,
+        body: Vec<u8>,
+    }
+
+    #[test]
+    fn stored_records_keep_their_bytes_with_byte_strings() {
+        let body: Vec<u8> = (0..=255).chain(0..200).collect();
+        let value = vec![0, 1, 127, 128, 255];
+        let record =
+            Record { headers: vec![Header { name: "waku-key".into(), value: value.clone() }], body: body.clone() };
+        let before = SequenceRecord { headers: vec![SequenceHeader { name: "waku-key".into(), value }], body };
+        let stored = postcard::to_allocvec(&before).unwrap();
+        assert_eq!(postcard::to_allocvec(&record).unwrap(), stored);
+        assert_eq!(postcard::from_bytes::<Record>(&stored).unwrap(), record);
     }
 }

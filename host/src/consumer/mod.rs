@@ -33,7 +33,7 @@
 //! Every event ends applied, skipped, in retry or dead-lettered, and the
 //! counts in [`stat`] say which.
 //!
-//! A host fault ([`CallError::HostFault`]: the state store failed under a
+//! A host fault ([`CallError::HostFault`](crate::handler::CallError::HostFault): the state store failed under a
 //! call) is never counted against a module: the batch is not committed,
 //! and the partition tries it again after the same backoff as an
 //! unavailable log.
@@ -41,27 +41,34 @@
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
+//!
+//! Layout: this module holds the partition loop (poll, settle, retries due);
+//! `batch` takes a polled batch to its one commit; `key` runs one worker's
+//! keys; `failure` decides where a failed chunk goes; [`phase`] times
+//! every batch phase by phase.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
-use crate::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, PayloadLimits};
+use crate::event::{EventHeaders, EventTypeTag};
+use crate::handler::{BatchBudget, PayloadLimits};
 use crate::key::Key;
-use crate::log::{EventLog, LogError, StoredRecord};
-use crate::metrics::{BatchTally, Metrics};
+use crate::log::{EventLog, LogError};
+use crate::metrics::Metrics;
 use crate::outbox::{self, OutboxError, Published};
-use crate::plan::{Plan, PlanRecord, Stage};
 use crate::progress::Progress;
-use crate::projection::{Instances, ModuleSet, Projection};
-use crate::reduce::{Origin, Traced, reduce_traced};
-use crate::routing::{
-    self, Failure, FailureClass, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic,
-};
-use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateReader};
+use crate::projection::Projection;
+use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic};
+use crate::state::StateError;
+
+mod batch;
+mod failure;
+mod key;
+pub mod phase;
+
+pub use phase::{Phase, PhaseTimes};
 
 /// Names of the per-projection counts kept with the state, in events
 /// (a folded run counts every event folded into it).
@@ -242,6 +249,8 @@ pub struct Summary {
     pub undeliverable: u64,
     /// Handler calls made.
     pub calls: u64,
+    /// Where the time went, per phase of a batch (see [`phase`]).
+    pub phases: PhaseTimes,
 }
 
 impl Summary {
@@ -256,6 +265,7 @@ impl Summary {
         self.retry_out += other.retry_out;
         self.undeliverable += other.undeliverable;
         self.calls += other.calls;
+        self.phases.absorb(&other.phases);
     }
 
     /// The counts to add to the projection's statistics.
@@ -518,15 +528,21 @@ impl<L: EventLog> Consumer<L> {
         if state.settle {
             // After a commit: its outbox out, its retry records indexed (so
             // the next batch diverts their keys), the log's offset updated.
+            let started = Instant::now();
             summary.undeliverable += self.publish_outbox().await?.undeliverable;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
             state.settle = false;
+            let mut phases = PhaseTimes::default();
+            phases.add(Phase::Outbox, started.elapsed());
+            self.record_phases(&phases);
+            summary.phases.absorb(&phases);
         }
         let due = queue.take_due(routing::now_ms(), self.config.batch_size);
         if !due.is_empty() {
             // On an error the queue is rebuilt from the log next time.
             let (batch, settled) = self.retry_batch(partition, due, queue).await?;
+            self.record_phases(&batch.phases);
             summary.add(&batch);
             state.queue = Some(settled);
             state.settle = true;
@@ -540,6 +556,7 @@ impl<L: EventLog> Consumer<L> {
             Some(end) => self.config.batch_size.min((end - state.position) as usize),
             None => self.config.batch_size,
         };
+        let polling = Instant::now();
         let records = match self.log.read(topic, partition, state.position, want).await {
             Ok(records) => records,
             Err(error) => {
@@ -552,6 +569,7 @@ impl<L: EventLog> Consumer<L> {
             state.queue = Some(queue);
             return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
         };
+        let polled = polling.elapsed();
         let next = last.offset + 1;
         let consumer = self.clone();
         let (batch, returned) = tokio::task::spawn_blocking(move || {
@@ -561,7 +579,10 @@ impl<L: EventLog> Consumer<L> {
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
-        summary.add(&batch?);
+        let mut batch = batch?;
+        batch.phases.add(Phase::Poll, polled);
+        self.record_phases(&batch.phases);
+        summary.add(&batch);
         state.position = next;
         state.settle = true;
         self.progress.advance(partition, next);
@@ -625,458 +646,29 @@ impl<L: EventLog> Consumer<L> {
         queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
         let retry = retry_topic(self.projection.topic());
+        let polling = Instant::now();
         let mut records = Vec::new();
         for (_, in_retry) in &due {
             for (first, count) in routing::consecutive(in_retry.records.iter().map(|w| w.offset)) {
                 records.extend(self.log.read(&retry, partition, first, count).await?);
             }
         }
+        let polled = polling.elapsed();
         let retry_position = queue.position();
         let consumer = self.clone();
-        let summary =
+        let mut summary =
             tokio::task::spawn_blocking(move || consumer.process_retry_batch(partition, records, retry_position))
                 .await
                 .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
+        summary.phases.add(Phase::Poll, polled);
         Ok((summary, queue))
     }
 
-    /// Plans, executes and commits one batch polled from the topic. Runs on
-    /// a blocking thread.
-    fn process_batch(
-        &self,
-        partition: u32,
-        records: Vec<StoredRecord>,
-        next: u64,
-        queue: &RetryQueue,
-    ) -> Result<Summary, ConsumerError> {
-        let projection = &*self.projection;
-        // The modules of this batch, whatever is swapped in meanwhile.
-        let modules = projection.current();
-        let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
-        let mut commit = BatchCommit::default();
-        let mut tally = BatchTally::default();
-        let mut input = BatchInput::default();
-        let now = routing::now_ms();
-        for stored in records {
-            match EventHeaders::parse_stored(&stored.record.headers) {
-                Ok(headers) if queue.holds(&headers.key) => {
-                    // Behind its key's retry, so its order is kept.
-                    let routed = Routed {
-                        projection: projection.name().to_owned(),
-                        origin_partition: partition,
-                        origin_offset: stored.offset,
-                        events: 1,
-                        attempts: 0,
-                        failed_at_ms: now,
-                        failure: None,
-                    };
-                    let record = routing::routed_record(&headers, &routed, stored.record.body);
-                    commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key.key_hash(), record));
-                    summary.retry_in += 1;
-                    if let Some(route) = modules.route(headers.tag) {
-                        tally.of(route.module, headers.tag).retried += 1;
-                    }
-                }
-                Ok(headers) => input.push(headers, Origin::single(stored.offset), 0, stored.record.body),
-                Err(error) => {
-                    tracing::warn!(
-                        projection = projection.name(),
-                        partition,
-                        offset = stored.offset,
-                        "message has unreadable headers and goes to the dead-letter topic: {error}"
-                    );
-                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
-                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
-                    summary.malformed += 1;
-                    summary.dead_lettered += 1;
-                }
-            }
-        }
-        commit.positions.push((projection.topic().to_owned(), partition, next));
-        self.execute_and_commit(partition, &modules, input, summary, commit, tally)
-    }
-
-    /// Plans, executes and commits records taken from the retry topic. Runs
-    /// on a blocking thread.
-    fn process_retry_batch(
-        &self,
-        partition: u32,
-        records: Vec<StoredRecord>,
-        retry_position: u64,
-    ) -> Result<Summary, ConsumerError> {
-        let projection = &*self.projection;
-        let retry = retry_topic(projection.topic());
-        let mut summary = Summary { batches: 1, ..Summary::default() };
-        let mut commit = BatchCommit::default();
-        let mut input = BatchInput::default();
-        for stored in records {
-            commit.done.push((retry.clone(), partition, stored.offset));
-            let parsed = Routed::parse(&stored.record.headers)
-                .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
-            match parsed {
-                Ok((routed, headers)) => {
-                    summary.retry_out += routed.events;
-                    input.push(headers, routing::origin_of(&routed), routed.attempts, stored.record.body);
-                }
-                Err(error) => {
-                    // It was readable when it was indexed: the log changed
-                    // under the host. Keep it, with the reason.
-                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
-                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
-                    summary.retry_out += 1;
-                    summary.dead_lettered += 1;
-                }
-            }
-        }
-        commit.positions.push((retry, partition, retry_position));
-        self.execute_and_commit(partition, &projection.current(), input, summary, commit, BatchTally::default())
-    }
-
-    /// Plans `input`, executes it across workers and commits everything in
-    /// one transaction together with what `commit` already holds.
-    fn execute_and_commit(
-        &self,
-        partition: u32,
-        modules: &ModuleSet,
-        mut input: BatchInput,
-        mut summary: Summary,
-        mut commit: BatchCommit,
-        mut tally: BatchTally,
-    ) -> Result<Summary, ConsumerError> {
-        let store = self.projection.store();
-        let plan = Plan::new(&input.plan);
-        let work = split_work(&plan, &mut input, self.config.workers.max(1));
-        let snapshot = Arc::new(store.reader()?);
-        // Held until the commit is done: what the batch holds counts
-        // against the budget every partition in flight shares.
-        let budget = self.budget.batch();
-        let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
-        drop(snapshot);
-        // A host fault (the state store failed under a call) is not the
-        // module's doing: nothing of the batch is committed, and the
-        // partition tries it again after a backoff.
-        if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
-            return Err(ConsumerError::HostFault(fault));
-        }
-        for outcome in outcomes {
-            summary.add(&outcome.summary);
-            tally.absorb(outcome.tally);
-            for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
-                if !writes.is_empty() {
-                    commit.writes.push((key, writes));
-                }
-                for (name, delta) in counters {
-                    *commit.counter_deltas.entry(name).or_default() += delta;
-                }
-                commit.outbox.extend(outbox);
-            }
-            commit.outbox.extend(outcome.routed);
-        }
-        commit.stat_deltas = summary.stat_deltas();
-        store.commit(commit)?;
+    /// Observes a batch's (or a settle step's) phases in the metrics.
+    fn record_phases(&self, phases: &PhaseTimes) {
         if let Some(metrics) = &self.metrics {
-            metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
+            metrics.batch_phases(self.projection.name(), phases);
         }
-        Ok(summary)
-    }
-
-    /// Runs every worker's keys on its own thread.
-    fn execute(
-        &self,
-        partition: u32,
-        work: Vec<Vec<KeyWork>>,
-        snapshot: &Arc<StateReader>,
-        budget: &BatchBudget,
-        modules: &ModuleSet,
-    ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = work
-                .into_iter()
-                .map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot, budget, modules)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| {
-                    handle.join().map_err(|panic| {
-                        let message = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                            .unwrap_or_default();
-                        ConsumerError::WorkerPanicked(message)
-                    })
-                })
-                .collect()
-        })
-    }
-
-    /// Handles the keys given to one worker, one key after another.
-    fn run_worker(
-        &self,
-        partition: u32,
-        keys: Vec<KeyWork>,
-        snapshot: &Arc<StateReader>,
-        budget: &BatchBudget,
-        modules: &ModuleSet,
-    ) -> WorkerOutcome {
-        let mut instances = modules.instances();
-        let mut outcome = WorkerOutcome::default();
-        for work in keys {
-            if outcome.host_fault.is_some() {
-                break; // the batch will not commit
-            }
-            let key = work.key.clone();
-            let mut scope = KeyScope::new(key.clone(), snapshot.clone(), self.config.payload, budget.clone());
-            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut outcome);
-            outcome.keys.push((key, scope.into_outcome()));
-        }
-        outcome
-    }
-
-    /// Runs one key's runs in order. A failed chunk is dead-lettered (the
-    /// key goes on) or sent to retry with everything after it (the key
-    /// stops), as its class and the attempts its records have had say.
-    fn run_key(
-        &self,
-        partition: u32,
-        work: KeyWork,
-        scope: &mut KeyScope,
-        modules: &ModuleSet,
-        instances: &mut Instances<'_>,
-        out: &mut WorkerOutcome,
-    ) {
-        let projection = &*self.projection;
-        let KeyWork { key, runs } = work;
-        let mut runs = runs.into_iter();
-        while let Some(run) = runs.next() {
-            let Some(route) = modules.route(run.tag) else {
-                out.summary.skipped += run.origins.iter().map(|o| o.events).sum::<u64>();
-                continue;
-            };
-            let observed = self.observer.as_ref().map(|_| run.origins.iter().map(|o| o.offset).collect::<Vec<_>>());
-            let shape = run.shape();
-            let RunWork { tag, origins, bodies, mut attempts, .. } = run;
-            // A failed fold fails the whole run, unreduced.
-            let (reduced, fold_error) = match instances.get(route.module) {
-                Err(error) => (Traced { bodies, origins }, Some(error)),
-                Ok(instance) => match reduce_traced(route.event_type.algebra, Traced { bodies, origins }, |bodies| {
-                    instance.combine(tag, bodies)
-                }) {
-                    Ok(reduced) => (reduced, None),
-                    Err((error, run)) => (run, Some(error)),
-                },
-            };
-            if attempts.len() != reduced.bodies.len() {
-                // Reduced records stand for several: they carry the most
-                // attempts any of them had.
-                let most = attempts.iter().copied().max().unwrap_or(0);
-                attempts = vec![most; reduced.bodies.len()];
-            }
-            let chunk_len = if fold_error.is_some() { usize::MAX } else { route.event_type.max_batch.max(1) as usize };
-            let (mut start, mut calls, mut all_applied) = (0, 0, true);
-            while start < reduced.bodies.len() {
-                let end = reduced.bodies.len().min(start.saturating_add(chunk_len));
-                let started = self.metrics.as_ref().map(|_| std::time::Instant::now());
-                let result = match &fold_error {
-                    Some(error) => Err(error.clone()),
-                    None => {
-                        scope.set_emit_origin(self.emit_origin(
-                            partition,
-                            modules,
-                            route.module,
-                            &reduced.origins[start..end],
-                        ));
-                        instances
-                            .get(route.module)
-                            .and_then(|instance| self.call(instance, scope, tag, &reduced.bodies[start..end]))
-                    }
-                };
-                if let Some(started) = started {
-                    out.tally.of(route.module, tag).call_times.push(started.elapsed());
-                }
-                let error = match result {
-                    Ok(()) => {
-                        let events = reduced.origins[start..end].iter().map(|o| o.events).sum::<u64>();
-                        out.summary.applied += events;
-                        out.tally.of(route.module, tag).applied += events;
-                        out.summary.calls += 1;
-                        calls += 1;
-                        // Unreduced chunks are reported one by one, so a
-                        // failure later in the run hides none of them.
-                        if let (Some(observer), Some(offsets)) = (&self.observer, &observed)
-                            && offsets.len() == reduced.bodies.len()
-                        {
-                            let offsets = offsets[start..end].to_vec();
-                            observer.run_handled(&RunCall {
-                                partition,
-                                key: key.clone(),
-                                tag,
-                                offsets,
-                                reduced: end - start,
-                                calls: 1,
-                            });
-                        }
-                        start = end;
-                        continue;
-                    }
-                    Err(CallError::HostFault(fault)) => {
-                        tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
-                        out.host_fault.get_or_insert(fault);
-                        return;
-                    }
-                    Err(error) => error,
-                };
-                all_applied = false;
-                // A key that only shared a batch with a flood loses no attempt.
-                let counted = u32::from(error.counts_as_attempt());
-                let attempt = attempts[start..end].iter().copied().max().unwrap_or(0).saturating_add(counted);
-                let class = FailureClass::of(&error);
-                if class == FailureClass::Trap {
-                    out.tally.of(route.module, tag).traps += 1;
-                }
-                let module = &modules.modules()[route.module];
-                let failure = Failure {
-                    class,
-                    message: error.to_string(),
-                    module: module.name().to_owned(),
-                    version: module.version().to_owned(),
-                };
-                tracing::warn!(
-                    projection = projection.name(),
-                    partition,
-                    %key,
-                    event_type = route.event_type.name,
-                    attempt,
-                    "{}",
-                    wakuwaku_core::limits::printable(&error.to_string())
-                );
-                if class == FailureClass::Unrecoverable || attempt >= self.config.retry.max_attempts {
-                    for (body, &origin) in reduced.bodies[start..end].iter().zip(&reduced.origins[start..end]) {
-                        let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
-                        let record = routing::routed_record(&shape.envelope(&key), &routed, body.clone());
-                        out.routed.push(self.routed_entry(dlq_topic, partition, key.key_hash(), record));
-                        out.summary.dead_lettered += origin.events;
-                        out.tally.of(route.module, tag).dead_lettered += origin.events;
-                    }
-                    start = end;
-                    continue;
-                }
-                // Retry later: the failed chunk with its attempt counted,
-                // then everything after it as it was.
-                let rest = reduced.bodies[start..].iter().zip(&reduced.origins[start..]).zip(&attempts[start..]);
-                let mut unfinished: Vec<Unfinished> = rest
-                    .enumerate()
-                    .map(|(index, ((body, &origin), &attempts))| {
-                        let failed = start + index < end;
-                        Unfinished {
-                            shape,
-                            origin,
-                            attempts: if failed { attempt } else { attempts },
-                            failure: failed.then(|| failure.clone()),
-                            body: body.clone(),
-                        }
-                    })
-                    .collect();
-                for run in runs {
-                    let shape = run.shape();
-                    for ((origin, body), attempts) in run.origins.into_iter().zip(run.bodies).zip(run.attempts) {
-                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
-                    }
-                }
-                self.retry_later(partition, &key, modules, unfinished, out);
-                return;
-            }
-            if all_applied
-                && let (Some(observer), Some(offsets)) = (&self.observer, observed)
-                && offsets.len() != reduced.bodies.len()
-            {
-                let key = key.clone();
-                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
-            }
-        }
-    }
-
-    /// Calls `handle`, retrying in place while it fails transiently, as
-    /// often as the policy allows, with a doubling backoff.
-    fn call(
-        &self,
-        instance: &mut dyn HandlerInstance,
-        scope: &mut KeyScope,
-        tag: EventTypeTag,
-        bodies: &[Vec<u8>],
-    ) -> Result<(), CallError> {
-        let mut backoff = self.config.retry.transient_backoff;
-        for _ in 0..self.config.retry.transient_retries {
-            match instance.handle(scope, tag, bodies) {
-                Err(CallError::Handler { class: ErrorClass::Transient, .. }) => {
-                    std::thread::sleep(backoff);
-                    backoff = backoff.saturating_mul(2);
-                }
-                result => return result,
-            }
-        }
-        instance.handle(scope, tag, bodies)
-    }
-
-    /// Writes a key's unfinished work to the retry topic, in execution
-    /// order, with orderings rewritten so each stage stays a segment.
-    fn retry_later(
-        &self,
-        partition: u32,
-        key: &Key,
-        modules: &ModuleSet,
-        unfinished: Vec<Unfinished>,
-        out: &mut WorkerOutcome,
-    ) {
-        let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
-        for (item, ordering) in unfinished.into_iter().zip(orderings) {
-            let routed = self.routed(partition, item.origin, item.attempts, item.failure);
-            let envelope = RunShape { ordering, ..item.shape }.envelope(key);
-            let record = routing::routed_record(&envelope, &routed, item.body);
-            out.routed.push(self.routed_entry(retry_topic, partition, key.key_hash(), record));
-            out.summary.retry_in += item.origin.events;
-            if let Some(route) = modules.route(item.shape.tag) {
-                out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
-            }
-        }
-    }
-
-    /// The origin of what a call for `origins` emits: the earliest event,
-    /// and the module.
-    fn emit_origin(&self, partition: u32, modules: &ModuleSet, module: usize, origins: &[Origin]) -> EmitOrigin {
-        let module = &modules.modules()[module];
-        EmitOrigin {
-            partition,
-            offset: origins.iter().map(|o| o.offset).min().unwrap_or_default(),
-            module: module.name().to_owned(),
-            version: module.version().to_owned(),
-        }
-    }
-
-    /// The routing headers of a record of this projection.
-    fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
-        Routed {
-            projection: self.projection.name().to_owned(),
-            origin_partition: partition,
-            origin_offset: origin.offset,
-            events: origin.events,
-            attempts,
-            failed_at_ms: routing::now_ms(),
-            failure,
-        }
-    }
-
-    /// An outbox entry for the retry or dead-letter topic (`topic_of` the
-    /// projection's topic), to the partition the event came from.
-    fn routed_entry(
-        &self,
-        topic_of: fn(&str) -> String,
-        partition: u32,
-        key_hash: u64,
-        record: crate::log::Record,
-    ) -> OutboxEntry {
-        let topic = topic_of(self.projection.topic());
-        OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
     }
 
     /// Publishes the outbox: what committed batches emitted or routed.
@@ -1133,141 +725,4 @@ async fn collect(mut tasks: tokio::task::JoinSet<Result<Summary, ConsumerError>>
         }
     }
     first_error.map_or(Ok(total), Err)
-}
-
-/// What a batch hands the planner and the workers, index for index.
-///
-/// The planner groups records by a number per key: each distinct key of
-/// the batch (its canonical bytes) gets its own, in order of first
-/// appearance, so two keys never share one whatever their hashes.
-#[derive(Default)]
-struct BatchInput {
-    plan: Vec<PlanRecord>,
-    /// The batch's keys, by the number their records carry in `plan`.
-    keys: Vec<Key>,
-    /// Each key's number. Keys (and so their hashes) are chosen by
-    /// publishers, so the table's hash is seeded per process.
-    numbers: HashMap<Key, u64>,
-    algebras: Vec<Algebra>,
-    origins: Vec<Origin>,
-    bodies: Vec<Option<Vec<u8>>>,
-    /// Attempts each record has had (records taken from retry).
-    attempts: Vec<u32>,
-}
-
-impl BatchInput {
-    fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
-        let next = self.keys.len() as u64;
-        let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {
-            self.keys.push(key.clone());
-            next
-        });
-        self.plan.push(PlanRecord { key: number, tag: headers.tag, ordering: headers.ordering });
-        self.algebras.push(headers.algebra);
-        self.origins.push(origin);
-        self.attempts.push(attempts);
-        self.bodies.push(Some(body));
-    }
-}
-
-/// One key's runs, in execution order, with their bodies moved in.
-struct KeyWork {
-    key: Key,
-    runs: Vec<RunWork>,
-}
-
-struct RunWork {
-    tag: EventTypeTag,
-    /// Which stage of the key's execution the run belongs to.
-    stage: usize,
-    /// The ordering and algebra its first record carried.
-    ordering: EventAtomicOrdering,
-    algebra: Algebra,
-    origins: Vec<Origin>,
-    bodies: Vec<Vec<u8>>,
-    /// Attempts each record has had.
-    attempts: Vec<u32>,
-}
-
-impl RunWork {
-    fn shape(&self) -> RunShape {
-        RunShape { tag: self.tag, stage: self.stage, ordering: self.ordering, algebra: self.algebra }
-    }
-}
-
-/// What a routed record of a run needs besides its body and origin.
-#[derive(Clone, Copy)]
-struct RunShape {
-    tag: EventTypeTag,
-    stage: usize,
-    ordering: EventAtomicOrdering,
-    algebra: Algebra,
-}
-
-impl RunShape {
-    fn envelope(&self, key: &Key) -> EventHeaders {
-        EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra }
-    }
-}
-
-/// A record of a key's work that did not run, on its way to retry.
-struct Unfinished {
-    shape: RunShape,
-    origin: Origin,
-    attempts: u32,
-    /// Why, for the chunk that failed.
-    failure: Option<Failure>,
-    body: Vec<u8>,
-}
-
-#[derive(Default)]
-struct WorkerOutcome {
-    keys: Vec<(Key, KeyOutcome)>,
-    /// Records for the retry and dead-letter topics.
-    routed: Vec<OutboxEntry>,
-    /// Why the host itself failed under a call, if it did: the batch is not
-    /// committed.
-    host_fault: Option<String>,
-    summary: Summary,
-    tally: BatchTally,
-}
-
-/// Turns the plan into per-worker lists of keys, moving each body into the
-/// run that holds it. Keys go round-robin to workers in order of first
-/// appearance; body runs of a segment are executed in plan order, which the
-/// spec allows (they may run in any order). Stages are numbered per key in
-/// execution order.
-fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<KeyWork>> {
-    let mut work: Vec<Vec<KeyWork>> = (0..workers.min(plan.keys().len()).max(1)).map(|_| Vec::new()).collect();
-    let worker_count = work.len();
-    for (index, key) in plan.keys().iter().enumerate() {
-        let mut runs = Vec::new();
-        let mut stage_index = 0;
-        for segment in plan.segments(key) {
-            for stage in plan.stages(segment) {
-                let stage_runs = match stage {
-                    Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
-                    Stage::Body(body) => body,
-                };
-                for run in stage_runs {
-                    let records = plan.records(run);
-                    let first = records[0];
-                    runs.push(RunWork {
-                        tag: run.tag(),
-                        stage: stage_index,
-                        ordering: input.plan[first].ordering,
-                        algebra: input.algebras[first],
-                        origins: records.iter().map(|&i| input.origins[i]).collect(),
-                        attempts: records.iter().map(|&i| input.attempts[i]).collect(),
-                        bodies: records.iter().map(|&i| input.bodies[i].take().unwrap_or_default()).collect(),
-                    });
-                }
-                stage_index += 1;
-            }
-        }
-        // The planner's key is the number `BatchInput::push` gave the key.
-        let key = input.keys[key.key_hash() as usize].clone();
-        work[index % worker_count].push(KeyWork { key, runs });
-    }
-    work
 }

@@ -1,0 +1,466 @@
+//! Arguments shared by several commands: where the data is (the log and
+//! the projection's state), and how to consume (batches, workers, retries,
+//! one flag per sandbox and payload limit), checked and turned into the
+//! library's settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::consumer::ConsumerConfig;
+use crate::handler::{LimitsError, PayloadLimits};
+use crate::host::{HostError, HostSettings, LogSettings};
+use crate::key::Key;
+use crate::log::AnyLog;
+use crate::routing::RetryPolicy;
+use crate::runtime::SandboxLimits;
+use crate::state::StateStore;
+
+#[derive(Args)]
+pub(super) struct DataArgs {
+    /// The data directory (embedded log and projection state).
+    #[arg(long, default_value = "waku-data")]
+    pub(super) data: PathBuf,
+    /// Use an Apache Iggy server as the log instead of the embedded one:
+    /// `iggy://user:password@host:port` (client options such as
+    /// `?reconnection_retries=10&reconnection_interval=1s` may follow).
+    #[arg(long)]
+    pub(super) iggy: Option<String>,
+    /// The Iggy stream holding the topics (created if missing).
+    #[arg(long, default_value = "waku", requires = "iggy")]
+    pub(super) stream: String,
+}
+
+impl DataArgs {
+    /// Which log the flags name.
+    pub(super) fn log_settings(&self) -> LogSettings {
+        match &self.iggy {
+            Some(url) => LogSettings::Iggy { url: url.clone(), stream: self.stream.clone() },
+            None => LogSettings::Embedded,
+        }
+    }
+
+    pub(super) async fn log(&self) -> Result<AnyLog, HostError> {
+        self.log_settings().open(&self.data).await
+    }
+
+    pub(super) fn state(&self, projection: &str) -> Result<StateStore, HostError> {
+        crate::host::open_state(&self.data, projection)
+    }
+}
+
+/// How a command prints its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum Output {
+    /// Lines for people.
+    Table,
+    /// One JSON document, of the shape the README states
+    /// ("Output and exit codes").
+    Json,
+}
+
+/// `--output`.
+#[derive(Args)]
+pub(super) struct OutputArgs {
+    /// How to print the result: `table` for people, `json` for programs
+    /// (a stable shape, documented in the README).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub(super) output: Output,
+}
+
+impl OutputArgs {
+    /// Whether the result is printed as JSON.
+    pub(super) fn json(&self) -> bool {
+        self.output == Output::Json
+    }
+}
+
+/// A projection and the topic it consumes (its retry and dead-letter
+/// topics are `retry_<topic>` and `dlq_<topic>`).
+#[derive(Args)]
+pub(super) struct ProjectionArgs {
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    pub(super) projection: String,
+    /// The topic it consumes.
+    #[arg(long)]
+    pub(super) topic: String,
+}
+
+#[derive(Args)]
+pub(super) struct ConsumeArgs {
+    /// Most messages per batch.
+    #[arg(long, default_value_t = ConsumerConfig::default().batch_size)]
+    pub(super) batch_size: usize,
+    /// Worker threads per batch (default: the number of cores).
+    #[arg(long)]
+    pub(super) workers: Option<usize>,
+    /// Create the topics a module declares it emits to, with this many
+    /// partitions, when they do not exist. Without it a missing emit topic
+    /// refuses the module (at start-up, or the new version on reload).
+    #[arg(long, value_name = "PARTITIONS")]
+    pub(super) create_emit_topics: Option<u32>,
+    #[command(flatten)]
+    pub(super) retry: RetryArgs,
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
+}
+
+/// How failed events are retried ([`RetryPolicy`]).
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[command(next_help_heading = "Retries")]
+pub(super) struct RetryArgs {
+    /// Attempts before a retryable failure or a trap is dead-lettered
+    /// (1: at once).
+    #[arg(long, default_value_t = RetryPolicy::default().max_attempts)]
+    pub(super) max_attempts: u32,
+    /// Waits before attempts 2, 3, …, measured from the failure; the last
+    /// repeats. E.g. `0s` or `250ms,1m`.
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration, default_value = "1s,5s,30s,2m,10m")]
+    pub(super) retry_delays: Vec<Duration>,
+    /// In-place retries of a transient failure before it counts as
+    /// retryable.
+    #[arg(long, default_value_t = RetryPolicy::default().transient_retries)]
+    pub(super) transient_retries: u32,
+    /// The first in-place backoff (it doubles), e.g. `10ms`.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub(super) transient_backoff: Duration,
+}
+
+impl RetryArgs {
+    pub(super) fn policy(&self) -> Result<RetryPolicy> {
+        if self.max_attempts == 0 {
+            bail!("--max-attempts must be at least 1");
+        }
+        Ok(RetryPolicy {
+            transient_retries: self.transient_retries,
+            transient_backoff: self.transient_backoff,
+            delays: self.retry_delays.clone(),
+            max_attempts: self.max_attempts,
+        })
+    }
+}
+
+/// One flag per limit of [`SandboxLimits`] and of [`PayloadLimits`]; the
+/// defaults are the library's.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[command(next_help_heading = "Sandbox limits (per module instance)")]
+pub(super) struct LimitArgs {
+    /// Memory limit per module instance, in MiB.
+    #[arg(long, default_value_t = SandboxLimits::default().memory_bytes >> 20)]
+    pub(super) memory_mib: usize,
+    /// CPU budget per handler call, in milliseconds.
+    #[arg(long, default_value_t = SandboxLimits::default().call_budget.as_millis() as u64)]
+    pub(super) call_budget_ms: u64,
+    /// Most wasm stack one call may use, in KiB (deep recursion traps).
+    #[arg(long, default_value_t = SandboxLimits::default().max_wasm_stack >> 10)]
+    pub(super) max_wasm_stack_kib: usize,
+    /// Most table elements (function references) per instance.
+    #[arg(long, default_value_t = SandboxLimits::default().table_elements)]
+    pub(super) max_table_elements: usize,
+    /// Most core instances (and memories, and tables) one module instance may create.
+    #[arg(long, default_value_t = SandboxLimits::default().instances)]
+    pub(super) max_instances: usize,
+    /// Largest state value a handler may write, in KiB; a larger write is
+    /// refused (`state-value-size`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_value >> 10, help_heading = PAYLOAD)]
+    pub(super) max_state_value_kib: usize,
+    /// Most state writes (set or delete) one handler call may make.
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_writes_per_call, help_heading = PAYLOAD)]
+    pub(super) max_state_writes_per_call: usize,
+    /// Most KiB of entry names and values one handler call may write.
+    #[arg(long, default_value_t = PayloadLimits::default().max_state_bytes_per_call >> 10, help_heading = PAYLOAD)]
+    pub(super) max_state_kib_per_call: usize,
+    /// Most counter changes one handler call may make.
+    #[arg(long, default_value_t = PayloadLimits::default().max_counter_changes_per_call, help_heading = PAYLOAD)]
+    pub(super) max_counter_changes_per_call: usize,
+    /// Largest body a handler may emit (or `combine` may return), in KiB; a
+    /// larger emit is refused (`emit-body-size`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_emit_body >> 10, help_heading = PAYLOAD)]
+    pub(super) max_emit_kib: usize,
+    /// Most messages one handler call may emit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_emits_per_call, help_heading = PAYLOAD)]
+    pub(super) max_emits_per_call: usize,
+    /// Most KiB of topics, keys and bodies one handler call may emit.
+    #[arg(long, default_value_t = PayloadLimits::default().max_emit_bytes_per_call >> 10, help_heading = PAYLOAD)]
+    pub(super) max_emit_kib_per_call: usize,
+    /// Longest handler log line kept, in bytes; longer lines are cut and
+    /// marked, never an error.
+    #[arg(long, default_value_t = PayloadLimits::default().max_log_line, help_heading = PAYLOAD)]
+    pub(super) max_log_line_bytes: usize,
+    /// Most log lines one handler call may write; later ones are dropped
+    /// and counted.
+    #[arg(long, default_value_t = PayloadLimits::default().max_log_lines_per_call, help_heading = PAYLOAD)]
+    pub(super) max_log_lines_per_call: usize,
+    /// Most MiB the host holds for the state writes, counter changes and
+    /// emits of the batches in flight (one per partition) together; a call
+    /// past it is retried in a later batch.
+    #[arg(long, default_value_t = PayloadLimits::default().max_batch_held >> 20, help_heading = PAYLOAD)]
+    pub(super) max_batch_held_mib: usize,
+}
+
+/// The help heading of the payload limits.
+pub(super) const PAYLOAD: &str = "Payload limits (what a module may hand the host)";
+
+impl LimitArgs {
+    /// Every limit flag with its value, to refuse zeros by name.
+    pub(super) fn flags(&self) -> [(&'static str, u64); 15] {
+        [
+            ("--memory-mib", self.memory_mib as u64),
+            ("--call-budget-ms", self.call_budget_ms),
+            ("--max-wasm-stack-kib", self.max_wasm_stack_kib as u64),
+            ("--max-table-elements", self.max_table_elements as u64),
+            ("--max-instances", self.max_instances as u64),
+            ("--max-state-value-kib", self.max_state_value_kib as u64),
+            ("--max-state-writes-per-call", self.max_state_writes_per_call as u64),
+            ("--max-state-kib-per-call", self.max_state_kib_per_call as u64),
+            ("--max-counter-changes-per-call", self.max_counter_changes_per_call as u64),
+            ("--max-emit-kib", self.max_emit_kib as u64),
+            ("--max-emits-per-call", self.max_emits_per_call as u64),
+            ("--max-emit-kib-per-call", self.max_emit_kib_per_call as u64),
+            ("--max-log-line-bytes", self.max_log_line_bytes as u64),
+            ("--max-log-lines-per-call", self.max_log_lines_per_call as u64),
+            ("--max-batch-held-mib", self.max_batch_held_mib as u64),
+        ]
+    }
+
+    /// The sandbox's limits the flags ask for; every flag must be at least 1.
+    pub(super) fn limits(&self) -> Result<SandboxLimits> {
+        if let Some((flag, _)) = self.flags().iter().find(|(_, value)| *value == 0) {
+            bail!("{flag} must be at least 1");
+        }
+        Ok(SandboxLimits {
+            memory_bytes: scaled(self.memory_mib, 20, "--memory-mib")?,
+            call_budget: std::time::Duration::from_millis(self.call_budget_ms),
+            max_wasm_stack: scaled(self.max_wasm_stack_kib, 10, "--max-wasm-stack-kib")?,
+            table_elements: self.max_table_elements,
+            instances: self.max_instances,
+        })
+    }
+
+    /// The payload limits the flags ask for; the consumer's key scopes and
+    /// the sandbox enforce them.
+    pub(super) fn payload(&self) -> Result<PayloadLimits> {
+        self.limits()?; // checks every flag
+        let payload = PayloadLimits {
+            max_state_value: scaled(self.max_state_value_kib, 10, "--max-state-value-kib")?,
+            max_state_writes_per_call: self.max_state_writes_per_call,
+            max_state_bytes_per_call: scaled(self.max_state_kib_per_call, 10, "--max-state-kib-per-call")?,
+            max_counter_changes_per_call: self.max_counter_changes_per_call,
+            max_emit_body: scaled(self.max_emit_kib, 10, "--max-emit-kib")?,
+            max_emits_per_call: self.max_emits_per_call,
+            max_emit_bytes_per_call: scaled(self.max_emit_kib_per_call, 10, "--max-emit-kib-per-call")?,
+            max_log_line: self.max_log_line_bytes,
+            max_log_lines_per_call: self.max_log_lines_per_call,
+            max_batch_held: scaled(self.max_batch_held_mib, 20, "--max-batch-held-mib")?,
+        };
+        if let Err(LimitsError::BatchBelowCall { call, .. }) = payload.check() {
+            bail!(
+                "--max-batch-held-mib {} is less than one handler call may hold with the per-call limits ({} MiB); \
+                 raise it or lower the per-call limits",
+                self.max_batch_held_mib,
+                call.div_ceil(1 << 20)
+            );
+        }
+        Ok(payload)
+    }
+}
+
+/// `value << shift` (a size in KiB or MiB, in bytes), or an error naming
+/// the flag when it does not fit.
+pub(super) fn scaled(value: usize, shift: u32, flag: &str) -> Result<usize> {
+    value.checked_mul(1 << shift).with_context(|| format!("{flag} {value} is too large"))
+}
+
+impl ConsumeArgs {
+    /// The consumer's configuration, with the payload limits of the flags.
+    pub(super) fn config(&self, partitions: Option<Vec<u32>>) -> Result<ConsumerConfig> {
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        let mut config = ConsumerConfig {
+            batch_size: self.batch_size,
+            partitions,
+            payload: self.limits.payload()?,
+            retry: self.retry.policy()?,
+            ..ConsumerConfig::default()
+        };
+        if let Some(workers) = self.workers {
+            if workers == 0 {
+                bail!("--workers must be at least 1");
+            }
+            config.workers = workers;
+        }
+        Ok(config)
+    }
+
+    /// Sets the limits, the consumer's configuration (keeping its
+    /// partitions) and the emit-topic creation of `settings` from the flags.
+    pub(super) fn apply(&self, settings: &mut HostSettings) -> Result<()> {
+        settings.limits = self.limits.limits()?;
+        settings.consumer = self.config(settings.consumer.partitions.take())?;
+        settings.create_emit_topics = self.create_emit_topics;
+        Ok(())
+    }
+}
+
+pub(super) fn parse_key(text: &str) -> Result<Key> {
+    Key::parse_text(text).with_context(|| format!("--key `{text}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::host::{CompileCache, ModuleSource};
+    use crate::runtime::Sandbox;
+    use clap::Parser;
+
+    fn consume_args(flags: &[&str]) -> ConsumeArgs {
+        let base = ["waku", "run", "--projection", "p", "--topic", "t", "--modules", "m"];
+        match Cli::try_parse_from(base.iter().chain(flags)).expect("the flags parse").command {
+            Command::Run(args) => args.consume,
+            _ => unreachable!("parsed a run command"),
+        }
+    }
+
+    /// The sandbox a host started with these flags runs modules in.
+    fn sandbox(args: &ConsumeArgs) -> Result<Sandbox> {
+        let mut settings = HostSettings::new("data", "p", "t", ModuleSource::Loaded(Vec::new()));
+        args.apply(&mut settings)?;
+        settings.compile_cache = CompileCache::Off;
+        Ok(settings.sandbox()?)
+    }
+
+    #[test]
+    fn limit_flags_default_to_the_library_defaults() {
+        let args = consume_args(&[]);
+        assert_eq!(args.limits.limits().unwrap(), SandboxLimits::default());
+        assert_eq!(args.config(None).unwrap().payload, PayloadLimits::default());
+    }
+
+    #[test]
+    fn every_limit_flag_sets_its_limit_for_the_sandbox_and_the_consumer() {
+        let flags = [
+            ("--memory-mib", "3"),
+            ("--call-budget-ms", "7"),
+            ("--max-wasm-stack-kib", "5"),
+            ("--max-table-elements", "11"),
+            ("--max-instances", "13"),
+            ("--max-state-value-kib", "17"),
+            ("--max-state-writes-per-call", "29"),
+            ("--max-state-kib-per-call", "31"),
+            ("--max-counter-changes-per-call", "37"),
+            ("--max-emit-kib", "19"),
+            ("--max-emits-per-call", "41"),
+            ("--max-emit-kib-per-call", "43"),
+            ("--max-log-line-bytes", "23"),
+            ("--max-log-lines-per-call", "47"),
+            ("--max-batch-held-mib", "53"),
+        ];
+        let args = consume_args(&flags.iter().flat_map(|(flag, value)| [*flag, *value]).collect::<Vec<_>>());
+        assert_eq!(args.limits.flags().len(), flags.len(), "a flag of LimitArgs is not tested here");
+        let payload = PayloadLimits {
+            max_state_value: 17 << 10,
+            max_state_writes_per_call: 29,
+            max_state_bytes_per_call: 31 << 10,
+            max_counter_changes_per_call: 37,
+            max_emit_body: 19 << 10,
+            max_emits_per_call: 41,
+            max_emit_bytes_per_call: 43 << 10,
+            max_log_line: 23,
+            max_log_lines_per_call: 47,
+            max_batch_held: 53 << 20,
+        };
+        let expected = SandboxLimits {
+            memory_bytes: 3 << 20,
+            call_budget: Duration::from_millis(7),
+            max_wasm_stack: 5 << 10,
+            table_elements: 11,
+            instances: 13,
+        };
+        assert_eq!(args.limits.limits().unwrap(), expected);
+        let sandbox = sandbox(&args).unwrap();
+        assert_eq!((*sandbox.limits(), *sandbox.payload_limits()), (expected, payload));
+        assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
+        assert_eq!(args.create_emit_topics, None);
+        assert_eq!(consume_args(&["--create-emit-topics", "3"]).create_emit_topics, Some(3));
+    }
+
+    #[test]
+    fn a_batch_budget_below_one_call_is_refused_naming_the_flag() {
+        let error = consume_args(&["--max-batch-held-mib", "2"]).config(None).err().unwrap().to_string();
+        assert!(error.starts_with("--max-batch-held-mib 2 is less than one handler call may hold"), "{error}");
+        let small_calls =
+            ["--max-batch-held-mib", "2", "--max-state-kib-per-call", "64", "--max-emit-kib-per-call", "64"];
+        consume_args(&small_calls).config(None).unwrap();
+    }
+
+    #[test]
+    fn retry_flags_set_the_policy_and_zero_attempts_are_refused() {
+        assert_eq!(consume_args(&[]).config(None).unwrap().retry, RetryPolicy::default());
+        let args = consume_args(&[
+            "--max-attempts",
+            "2",
+            "--retry-delays",
+            "250ms,3s,1m",
+            "--transient-retries",
+            "0",
+            "--transient-backoff",
+            "5ms",
+        ]);
+        let expected = RetryPolicy {
+            transient_retries: 0,
+            transient_backoff: Duration::from_millis(5),
+            delays: vec![Duration::from_millis(250), Duration::from_secs(3), Duration::from_secs(60)],
+            max_attempts: 2,
+        };
+        assert_eq!(args.config(None).unwrap().retry, expected);
+        let error = consume_args(&["--max-attempts", "0"]).config(None).err().unwrap();
+        assert_eq!(error.to_string(), "--max-attempts must be at least 1");
+        let base = ["waku", "run", "--projection", "p", "--topic", "t", "--modules", "m"];
+        let error = Cli::try_parse_from(base.iter().chain(&["--retry-delays", "soon"])).err().unwrap();
+        assert!(error.to_string().contains("--retry-delays"), "{error}");
+    }
+
+    #[test]
+    fn the_demo_takes_the_same_limit_flags() {
+        let cli = Cli::try_parse_from(["waku", "demo", "--max-emit-kib", "2", "--max-instances", "9"]).unwrap();
+        let Command::Demo(args) = cli.command else { unreachable!("parsed a demo command") };
+        let limits = &args.consume.limits;
+        assert_eq!((limits.payload().unwrap().max_emit_body, limits.limits().unwrap().instances), (2 << 10, 9));
+    }
+
+    #[test]
+    fn a_zero_limit_is_refused_naming_its_flag() {
+        for flag in [
+            "--memory-mib",
+            "--call-budget-ms",
+            "--max-wasm-stack-kib",
+            "--max-table-elements",
+            "--max-instances",
+            "--max-state-value-kib",
+            "--max-state-writes-per-call",
+            "--max-state-kib-per-call",
+            "--max-counter-changes-per-call",
+            "--max-emit-kib",
+            "--max-emits-per-call",
+            "--max-emit-kib-per-call",
+            "--max-log-line-bytes",
+            "--max-log-lines-per-call",
+            "--max-batch-held-mib",
+        ] {
+            let args = consume_args(&[flag, "0"]);
+            let error = sandbox(&args).err().expect("a zero limit is refused").to_string();
+            assert_eq!(error, format!("{flag} must be at least 1"));
+        }
+        let args = consume_args(&["--memory-mib", &usize::MAX.to_string()]);
+        assert!(sandbox(&args).err().unwrap().to_string().contains("--memory-mib"));
+    }
+}

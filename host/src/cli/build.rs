@@ -1,0 +1,40 @@
+//! `waku build`: a guest crate or Python project into a component.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::guest_build::GuestBuild;
+
+#[derive(Args)]
+pub(super) struct BuildArgs {
+    /// The guest's directory: a crate (Cargo.toml) or a Python project
+    /// (pyproject.toml with a [tool.wakuwaku] table naming its module).
+    #[arg(default_value = ".")]
+    pub(super) crate_dir: PathBuf,
+    /// Copy the component to this file.
+    #[arg(long, short)]
+    pub(super) out: Option<PathBuf>,
+    /// Build without optimisation (Rust only).
+    #[arg(long)]
+    pub(super) debug: bool,
+    /// Cargo's target directory; a Python component goes to
+    /// <it>/python/<module>.wasm (default: the project's target/).
+    #[arg(long)]
+    pub(super) target_dir: Option<PathBuf>,
+}
+
+pub(super) fn build(args: BuildArgs) -> Result<()> {
+    let built =
+        GuestBuild { target_dir: args.target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }.run()?;
+    let path = match args.out {
+        Some(out) => {
+            std::fs::copy(&built, &out).with_context(|| format!("copying {} to {}", built.display(), out.display()))?;
+            out
+        }
+        None => built,
+    };
+    outln!("{}", path.display())?;
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! `waku demo`: build the bank example, publish a seeded workload, consume
+//! it, and check the read model against an oracle.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Instant, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use super::args::ConsumeArgs;
+use super::available_threads;
+use super::run::{explain, hint_at_limit_flags};
+use crate::consumer::stat;
+use crate::demo::{self, WorkloadSpec};
+use crate::guest_build::GuestBuild;
+use crate::handler::HandlerModule;
+use crate::host::{CompileCache, Host, HostSettings, LogSettings, ModuleSource};
+use crate::log::EventLog;
+use crate::projection::load_module_file;
+use crate::publish::{self, Outgoing};
+
+#[derive(Args)]
+pub(super) struct DemoArgs {
+    /// Events to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(super) events: usize,
+    /// Accounts to spread them over.
+    #[arg(long, default_value_t = 10_000)]
+    pub(super) accounts: u64,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 42)]
+    pub(super) seed: u64,
+    /// Partitions of the `accounts` topic.
+    #[arg(long, default_value_t = 4)]
+    pub(super) partitions: u32,
+    /// Keep the log and state here (must not exist yet) instead of a
+    /// temporary directory.
+    #[arg(long)]
+    pub(super) data: Option<PathBuf>,
+    /// Use this bank module instead of building examples/bank.
+    #[arg(long)]
+    pub(super) module: Option<PathBuf>,
+    /// Serve the admin endpoint on this address while the demo runs.
+    #[arg(long)]
+    pub(super) admin: Option<std::net::SocketAddr>,
+    /// Run the demo on an Apache Iggy server instead of the embedded log
+    /// (`iggy://user:password@host:port`), in a fresh stream
+    /// `waku-demo-<time>`; the projection's state stays local.
+    #[arg(long)]
+    pub(super) iggy: Option<String>,
+    #[command(flatten)]
+    pub(super) consume: ConsumeArgs,
+}
+
+/// The topic of the bank workload.
+const TOPIC: &str = "accounts";
+
+pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
+    let module_path = match &args.module {
+        Some(path) => path.clone(),
+        None => {
+            let crate_dir = repo.join("examples").join("bank");
+            if !crate_dir.is_dir() {
+                bail!("cannot find {}; run from a clone of the repository or pass --module", crate_dir.display());
+            }
+            errln!("waku: building {} ...", crate_dir.display());
+            let build =
+                GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
+            build.run()?
+        }
+    };
+    let temp;
+    let data_dir = match &args.data {
+        Some(dir) => {
+            if dir.exists() {
+                bail!("{} already exists; the demo needs a fresh directory", dir.display());
+            }
+            dir.clone()
+        }
+        None => {
+            temp = tempfile::tempdir().context("creating a temporary directory")?;
+            temp.path().to_owned()
+        }
+    };
+    let stream = format!("waku-demo-{}", std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
+    let mut settings = HostSettings::new(data_dir, "bank", TOPIC, ModuleSource::Loaded(Vec::new()));
+    if let Some(url) = &args.iggy {
+        settings.log = LogSettings::Iggy { url: url.clone(), stream };
+    }
+    args.consume.apply(&mut settings)?;
+    settings.compile_cache = CompileCache::Off;
+    settings.admin = args.admin;
+    settings.until_caught_up = true;
+    let module = load_module_file(&settings.sandbox()?, &module_path)
+        .map_err(hint_at_limit_flags)
+        .with_context(|| format!("loading module {}", module_path.display()))?;
+    settings.modules = ModuleSource::Loaded(vec![module.clone()]);
+    let spec = WorkloadSpec { events: args.events, accounts: args.accounts, seed: args.seed };
+    let report = demo_run(settings, module, spec, args.partitions).await?;
+    let verdict = if report.check.matches() { ExitCode::SUCCESS } else { ExitCode::from(3) };
+    // The verdict stands even when the report could not be printed.
+    match outln!("{}", report.lines.join("\n")).and_then(|()| outln!("{}", report.check.report(5))) {
+        Err(error) if !error.reader_gone() => Err(error.into()),
+        _ => Ok(verdict),
+    }
+}
+
+pub(super) struct DemoReport {
+    lines: Vec<String>,
+    check: demo::OracleCheck,
+}
+
+pub(super) async fn demo_run(
+    settings: HostSettings,
+    module: Arc<dyn HandlerModule>,
+    spec: WorkloadSpec,
+    partitions: u32,
+) -> Result<DemoReport> {
+    let (events, oracle) = demo::workload(spec);
+    let outgoing = events
+        .iter()
+        .map(|event| {
+            Ok(Outgoing { tag: demo::bank_tag(&*module, event.type_name)?, body: serde_json::to_vec(&event.body)? })
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    let log = Arc::new(settings.log.open(&settings.data).await?);
+    log.create_topic(TOPIC, partitions).await?;
+    let started = Instant::now();
+    let published = publish::publish(&*log, TOPIC, module.clone(), outgoing, None, available_threads()).await?;
+    let publish_secs = started.elapsed().as_secs_f64();
+
+    let workers = settings.consumer.workers;
+    let host = Host::start_on(log, settings).await.map_err(|error| explain(error, TOPIC))?;
+    if let Some(address) = host.admin_address() {
+        errln!("waku: admin endpoint on http://{address}");
+    }
+    let projection = host.projection().clone();
+    if std::io::stderr().is_terminal() {
+        errln!("waku: consuming {published} events ...");
+    }
+    let started = Instant::now();
+    let summary = host.finished().await?;
+    let consume_secs = started.elapsed().as_secs_f64();
+
+    let store = projection.store();
+    let check = demo::check_projection(&oracle, &*module, store)?;
+
+    let stats: std::collections::BTreeMap<String, u64> = store.stats()?.into_iter().collect();
+    let lines = vec![
+        format!(
+            "workload: {} events over {} accounts (seed {}), {} partitions of topic `{TOPIC}`",
+            spec.events, spec.accounts, spec.seed, partitions
+        ),
+        format!("module: {}@{} ({} event types)", module.name(), module.version(), module.event_types().len()),
+        format!(
+            "published: {published} events in {publish_secs:.2} s ({:.0} events/s)",
+            published as f64 / publish_secs
+        ),
+        format!(
+            "consumed: {} events in {} batches with {} workers: {} applied, {} skipped, {} dead-lettered, {} handler \
+             calls",
+            summary.consumed,
+            summary.batches,
+            workers,
+            stats.get(stat::APPLIED).copied().unwrap_or(0),
+            stats.get(stat::SKIPPED).copied().unwrap_or(0),
+            stats.get(stat::DEAD_LETTERED).copied().unwrap_or(0),
+            summary.calls,
+        ),
+        format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
+        format!("time per phase (summed over partitions and workers): {}", summary.phases),
+    ];
+    Ok(DemoReport { lines, check })
+}

@@ -1,0 +1,65 @@
+//! `waku dev`: a guest rebuilt on every change and swapped into a running
+//! local projection.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::signals::ShutdownSignals;
+use crate::dev::{self, DevSettings};
+
+#[derive(Args)]
+pub(super) struct DevArgs {
+    /// The guest's directory: a crate or a Python project.
+    #[arg(default_value = ".")]
+    crate_dir: PathBuf,
+    /// The topic the projection consumes (created if missing).
+    #[arg(long)]
+    topic: String,
+    /// Partitions of the topic, and of emit topics, when created.
+    #[arg(long, default_value_t = 1)]
+    partitions: u32,
+    /// The projection's name (default: the module's).
+    #[arg(long)]
+    projection: Option<String>,
+    /// Sample events (JSON lines, as `waku publish` reads them), published
+    /// at start and again after each swap.
+    #[arg(long)]
+    events: Option<PathBuf>,
+    /// Keep the log and state here (default: a temporary directory, removed
+    /// at exit).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Cargo's target directory for the builds.
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+    /// Serve the admin endpoint (state, status, modules) on this address,
+    /// e.g. `127.0.0.1:9100`.
+    #[arg(long)]
+    admin: Option<std::net::SocketAddr>,
+}
+
+pub(super) async fn dev(args: DevArgs) -> Result<()> {
+    let signals = ShutdownSignals::install()?;
+    let temp;
+    let data_dir = match args.data {
+        Some(dir) => dir,
+        None => {
+            temp = tempfile::tempdir().context("creating a temporary directory")?;
+            temp.path().to_owned()
+        }
+    };
+    let settings = DevSettings {
+        guest_dir: args.crate_dir,
+        topic: args.topic,
+        partitions: args.partitions,
+        projection: args.projection,
+        data_dir,
+        events: args.events,
+        target_dir: args.target_dir,
+        admin: args.admin,
+    };
+    dev::run(settings, |event| errln!("waku dev: {event}"), signals.first()).await?;
+    Ok(())
+}

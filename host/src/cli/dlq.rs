@@ -1,0 +1,353 @@
+//! `waku dlq list|show|redrive`: a projection's dead letters.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+
+use serde::Serialize;
+
+use super::args::{OutputArgs, ProjectionArgs, parse_key};
+use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection};
+use wakuwaku_core::limits::printable;
+
+#[derive(Subcommand)]
+pub(super) enum DlqCommand {
+    /// List the dead letters of a projection, one per line.
+    #[command(after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
+    List(DlqListArgs),
+    /// Print one dead letter in full: where it came from, why, its body.
+    #[command(
+        after_help = "Example:\n  waku dlq show --data waku-data --projection bank --topic accounts --partition 0 \
+                      --offset 3"
+    )]
+    Show(DlqShowArgs),
+    /// Send dead letters back through the normal path (after fixing the
+    /// module): they join the retry topic, in dead-letter order per key, and
+    /// the next `waku run` applies them. Only the partitions this host's
+    /// state store owns (those it holds a position for: the ones its `waku
+    /// run` consumes) are re-driven; it says which, and which it left to
+    /// other hosts. Stop `waku run` first: the embedded log and state files
+    /// are open in one process at a time.
+    #[command(after_help = "Example:\n  waku dlq redrive --data waku-data --projection bank --topic accounts --key 42")]
+    Redrive(DlqRedriveArgs),
+}
+
+#[derive(Args)]
+pub(super) struct DlqListArgs {
+    #[command(flatten)]
+    pub(super) dlq: ProjectionArgs,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
+#[derive(Args)]
+pub(super) struct DlqShowArgs {
+    #[command(flatten)]
+    pub(super) dlq: ProjectionArgs,
+    /// The dead letter's partition.
+    #[arg(long)]
+    pub(super) partition: u32,
+    /// Its offset in the dead-letter topic.
+    #[arg(long)]
+    pub(super) offset: u64,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
+#[derive(Args)]
+pub(super) struct DlqRedriveArgs {
+    #[command(flatten)]
+    pub(super) dlq: ProjectionArgs,
+    /// Only these partitions (comma-separated); each must be one this
+    /// state store owns.
+    #[arg(long, value_delimiter = ',')]
+    pub(super) partition: Vec<u32>,
+    /// Only these records, as `<partition>:<offset>` (comma-separated); each
+    /// must be in a partition this state store owns.
+    #[arg(long, value_delimiter = ',', value_parser = parse_place)]
+    pub(super) record: Vec<(u32, u64)>,
+    /// Only this key, as `waku dlq list` prints it (JSON: `42`, `'"ann"'`).
+    #[arg(long)]
+    pub(super) key: Option<String>,
+    /// Every dead letter of the projection not re-driven yet, in the
+    /// partitions this state store owns.
+    #[arg(long, conflicts_with_all = ["partition", "record", "key"])]
+    pub(super) all: bool,
+}
+
+pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
+    let args = match &command {
+        DlqCommand::List(list) => &list.dlq,
+        DlqCommand::Show(show) => &show.dlq,
+        DlqCommand::Redrive(redrive) => &redrive.dlq,
+    };
+    let log = args.data.log().await.context("is `waku run` using it? stop it first")?;
+    let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
+    let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
+    match &command {
+        DlqCommand::List(list) => {
+            let letters = dead_letter::list(&log, topic, projection, &store).await?;
+            if list.output.json() {
+                let views = letters.iter().map(|letter| DeadLetterView::new(letter, false)).collect();
+                outln!("{}", serde_json::to_string(&DeadLetterList { projection, topic, dead_letters: views })?)?;
+            } else {
+                for letter in &letters {
+                    outln!("{}", dead_letter_line(letter))?;
+                }
+            }
+            let waiting = letters.iter().filter(|l| l.owned && !l.redriven).count();
+            let others: Vec<u32> = letters.iter().filter(|l| !l.owned).map(|l| l.partition).collect();
+            let elsewhere = match others.len() {
+                0 => String::new(),
+                count => {
+                    let mut partitions = others;
+                    partitions.dedup();
+                    format!("; {count} in {}, which this state store does not own", partition_list(&partitions))
+                }
+            };
+            errln!("{} dead letters of `{projection}` ({waiting} not re-driven{elsewhere})", letters.len());
+        }
+        DlqCommand::Show(show) => {
+            let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
+            match show.output.json() {
+                true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&letter, true))?)?,
+                false => outln!("{}", dead_letter_details(&letter))?,
+            }
+        }
+        DlqCommand::Redrive(redrive) => {
+            let selection = Selection {
+                partitions: redrive.partition.clone(),
+                records: redrive.record.clone(),
+                key: redrive.key.as_deref().map(parse_key).transpose()?,
+            };
+            if !redrive.all && selection == Selection::default() {
+                bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
+            }
+            let done = match dead_letter::redrive(&log, topic, projection, &store, &selection).await {
+                Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
+                    let state = store.path().display();
+                    return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
+                }
+                done => done?,
+            };
+            outln!(
+                "re-drove {} dead letters ({} events) of `{projection}` from {} into `retry_{topic}`{}; the next \
+                 `waku run` applies them",
+                done.records,
+                done.events,
+                partition_list(&done.partitions),
+                if done.already > 0 {
+                    format!(" ({} re-driven before, left alone)", done.already)
+                } else {
+                    String::new()
+                }
+            )?;
+            if done.left > 0 {
+                outln!(
+                    "left {} dead letters in {} to the hosts that own them (this state store holds no position there)",
+                    done.left,
+                    partition_list(&done.others)
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `partition 0`, `partitions 0, 2`, or `no partition`.
+pub(super) fn partition_list(partitions: &[u32]) -> String {
+    let numbers: Vec<String> = partitions.iter().map(u32::to_string).collect();
+    match partitions.len() {
+        0 => "no partition".to_owned(),
+        1 => format!("partition {}", numbers[0]),
+        _ => format!("partitions {}", numbers.join(", ")),
+    }
+}
+
+/// `partition:offset`.
+pub(super) fn parse_place(text: &str) -> Result<(u32, u64), String> {
+    let (partition, offset) = text.split_once(':').ok_or_else(|| format!("`{text}` is not <partition>:<offset>"))?;
+    let partition = partition.parse().map_err(|_| format!("`{partition}` is not a partition number"))?;
+    let offset = offset.parse().map_err(|_| format!("`{offset}` is not an offset"))?;
+    Ok((partition, offset))
+}
+
+pub(super) fn failed_at(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// One line per dead letter, for `waku dlq list`. What a module or a
+/// publisher wrote (keys, messages) is shown escaped
+/// ([`wakuwaku_core::limits::printable`]): it never drives the terminal or
+/// breaks the line.
+pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
+    let routed = &letter.routed;
+    let failure = routed.failure.as_ref();
+    let event = match &letter.envelope {
+        Ok(envelope) => printable(&format!("key {} tag {}", envelope.key, envelope.tag)).into_owned(),
+        Err(_) => "unreadable headers".to_owned(),
+    };
+    format!(
+        "{}:{}\t{}\t{event}\tfrom {}:{} ({} events)\tattempts {}\t{}\t{}{}",
+        letter.partition,
+        letter.offset,
+        failure.map_or("-", |f| f.class.name()),
+        routed.origin_partition,
+        routed.origin_offset,
+        routed.events,
+        routed.attempts,
+        failed_at(routed.failed_at_ms),
+        failure.map_or(String::new(), |f| printable(&f.message).into_owned()),
+        match (letter.owned, letter.redriven) {
+            (false, _) => "\t[not this host's]",
+            (true, true) => "\t[re-driven]",
+            (true, false) => "",
+        },
+    )
+}
+
+/// Everything about one dead letter, for `waku dlq show`, each line and the
+/// body's lines escaped as in [`dead_letter_line`].
+pub(super) fn dead_letter_details(letter: &DeadLetter) -> String {
+    let routed = &letter.routed;
+    let mut lines = vec![
+        format!("dead letter:  partition {}, offset {}", letter.partition, letter.offset),
+        format!("projection:   {}", routed.projection),
+        format!(
+            "origin:       partition {}, offset {} ({} events)",
+            routed.origin_partition, routed.origin_offset, routed.events
+        ),
+        format!("attempts:     {}", routed.attempts),
+        format!("failed at:    {}", failed_at(routed.failed_at_ms)),
+    ];
+    if let Some(failure) = &routed.failure {
+        lines.push(format!("class:        {}", failure.class));
+        lines.push(format!("message:      {}", failure.message));
+        if !failure.module.is_empty() {
+            lines.push(format!("module:       {}@{}", failure.module, failure.version));
+        }
+    }
+    match &letter.envelope {
+        Ok(e) => lines.push(format!("event:        key {}, tag {}, {}, {}", e.key, e.tag, e.ordering, e.algebra)),
+        Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
+    }
+    lines.push(format!(
+        "re-driven:    {}",
+        match (letter.owned, letter.redriven) {
+            (false, _) => "unknown here: this state store does not own the partition",
+            (true, true) => "yes",
+            (true, false) => "no",
+        }
+    ));
+    let mut lines: Vec<String> = lines.iter().map(|line| printable(line).into_owned()).collect();
+    let body = &letter.record.body;
+    match std::str::from_utf8(body) {
+        Ok(text) => {
+            lines.push(format!("body ({} bytes):", body.len()));
+            lines.extend(text.split('\n').map(|line| printable(line).into_owned()));
+        }
+        Err(_) => lines.push(format!(
+            "body ({} bytes, hex):\n{}",
+            body.len(),
+            body.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )),
+    }
+    lines.join("\n")
+}
+
+/// `waku dlq list --output json`.
+#[derive(Serialize)]
+struct DeadLetterList<'a> {
+    projection: &'a str,
+    topic: &'a str,
+    dead_letters: Vec<DeadLetterView<'a>>,
+}
+
+/// One dead letter, for `waku dlq list|show --output json`.
+#[derive(Serialize)]
+struct DeadLetterView<'a> {
+    partition: u32,
+    offset: u64,
+    projection: &'a str,
+    origin: Place,
+    events: u64,
+    attempts: u32,
+    failed_at: String,
+    failed_at_ms: u64,
+    /// The failure's class, message, module and version; all null for an
+    /// event diverted behind its key.
+    class: Option<&'static str>,
+    message: Option<&'a str>,
+    module: Option<&'a str>,
+    version: Option<&'a str>,
+    /// Null when the headers are unreadable (then `headers_error` says why).
+    event: Option<EventView>,
+    headers_error: Option<String>,
+    /// Whether this state store owns the partition.
+    owned: bool,
+    /// Null when not owned: only the owner knows.
+    redriven: Option<bool>,
+    /// `dlq show` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<BodyView>,
+}
+
+#[derive(Serialize)]
+struct Place {
+    partition: u32,
+    offset: u64,
+}
+
+#[derive(Serialize)]
+struct EventView {
+    key: serde_json::Value,
+    tag: u32,
+    ordering: String,
+    algebra: String,
+}
+
+/// The body: its size, and its text when it is UTF-8, else its hex.
+#[derive(Serialize)]
+struct BodyView {
+    bytes: usize,
+    text: Option<String>,
+    hex: Option<String>,
+}
+
+impl<'a> DeadLetterView<'a> {
+    fn new(letter: &'a DeadLetter, with_body: bool) -> Self {
+        let routed = &letter.routed;
+        let failure = routed.failure.as_ref();
+        let body = &letter.record.body;
+        let text = std::str::from_utf8(body).ok().map(str::to_owned);
+        Self {
+            partition: letter.partition,
+            offset: letter.offset,
+            projection: &routed.projection,
+            origin: Place { partition: routed.origin_partition, offset: routed.origin_offset },
+            events: routed.events,
+            attempts: routed.attempts,
+            failed_at: failed_at(routed.failed_at_ms),
+            failed_at_ms: routed.failed_at_ms,
+            class: failure.map(|f| f.class.name()),
+            message: failure.map(|f| f.message.as_str()),
+            module: failure.filter(|f| !f.module.is_empty()).map(|f| f.module.as_str()),
+            version: failure.filter(|f| !f.version.is_empty()).map(|f| f.version.as_str()),
+            event: letter.envelope.as_ref().ok().map(|e| EventView {
+                key: e.key.value().to_json(),
+                tag: e.tag.get(),
+                ordering: e.ordering.to_string(),
+                algebra: e.algebra.to_string(),
+            }),
+            headers_error: letter.envelope.as_ref().err().map(ToString::to_string),
+            owned: letter.owned,
+            redriven: letter.owned.then_some(letter.redriven),
+            body: with_body.then(|| BodyView {
+                bytes: body.len(),
+                hex: text.is_none().then(|| body.iter().map(|b| format!("{b:02x}")).collect()),
+                text,
+            }),
+        }
+    }
+}

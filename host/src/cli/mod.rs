@@ -1,0 +1,381 @@
+//! The `waku` command line. It parses flags, calls the library, and turns
+//! errors into messages a person can act on.
+//!
+//! Exit codes (stable): 0 success, including `run` stopped by SIGINT or
+//! SIGTERM after committing the batch in flight, and a command whose
+//! standard output was closed by its reader (`waku dlq list | head`); 1 an
+//! error (printed as `waku: error: …` with its causes); 2 a usage error
+//! (from the argument parser, or a bad setting from the environment or the
+//! config file); 3 a check failed: the demo's oracle check (even when its
+//! report could not be printed) or `waku test --expect` found a difference;
+//! 130 `run` aborted by a second signal
+//! (as after a crash, nothing committed is lost).
+//!
+//! Output: results go to standard output through `outln!`, which returns
+//! write errors instead of panicking as `println!` does; a closed pipe ends
+//! the command quietly with exit 0 (as a Unix tool killed by SIGPIPE would,
+//! but through an error, as ripgrep does). SIGPIPE itself stays ignored, as
+//! Rust sets it: a `run` must not die because the admin endpoint's client or
+//! the Iggy server closed a socket, and it writes to standard output only its
+//! final summary, so a closed pipe never stops it before its work is
+//! committed. Messages go to standard error through `errln!`, which
+//! ignores write errors: nobody reading them is no reason to stop. Log
+//! lines are coloured only when standard error is a terminal and `NO_COLOR`
+//! is unset or empty (<https://no-color.org>).
+//!
+//! Every limit is a flag of `run` and `demo`, one per field of
+//! [`SandboxLimits`](crate::runtime::SandboxLimits) (what the engine
+//! enforces) and of [`PayloadLimits`](crate::handler::PayloadLimits) (what
+//! the consumer's key scopes enforce), defaulting to the library's values.
+//! So is the retry policy ([`RetryPolicy`](crate::routing::RetryPolicy)): `--max-attempts`,
+//! `--retry-delays`, `--transient-retries`, `--transient-backoff`.
+//!
+//! Data directory layout (`--data`, default `waku-data`):
+//! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
+//! beside each consumed topic); `projections/<name>.redb` is a projection's
+//! state, consumer positions, counts and retry bookkeeping.
+//!
+//! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
+//! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
+//! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info`, so the
+//! modules' own lines show from info up. `--output json` gives the results
+//! of `status`, `dlq list|show`, `modules list` and `state get` a stable
+//! JSON shape (README, "JSON output").
+//!
+//! Layout: one file per command (`new`, `build`, `test`, `dev`, `publish`,
+//! `run`, `state`, `status`, `modules`, `dlq`, `demo`), the arguments they
+//! share in `args.rs`, settings from the environment and the file in
+//! `config.rs`, signal handling in `signals.rs`. `run` and `demo` start their
+//! host with [`crate::host::Host`].
+
+use std::io::{ErrorKind, IsTerminal};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// `println!` for a command's results, returning the write error instead of
+/// panicking, so that `?` ends the command; `report` ends a closed pipe
+/// quietly.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        {
+            use std::io::Write as _;
+            writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)
+        }
+    };
+}
+
+/// `eprintln!` for messages, ignoring write errors: when nobody reads
+/// standard error any more the command still does its work.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// A command's result could not be written to standard output.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output")]
+struct StdoutError(#[source] std::io::Error);
+
+impl StdoutError {
+    /// Whether the reader closed its end (`| head`): the command ends
+    /// quietly with exit 0.
+    fn reader_gone(&self) -> bool {
+        self.0.kind() == ErrorKind::BrokenPipe
+    }
+}
+
+mod args;
+mod build;
+mod config;
+mod demo;
+mod dev;
+mod dlq;
+mod modules;
+mod new;
+mod publish;
+mod run;
+mod signals;
+mod state;
+mod status;
+mod test;
+
+use build::BuildArgs;
+use demo::DemoArgs;
+use dev::DevArgs;
+use dlq::DlqCommand;
+use modules::ModulesCommand;
+use new::NewArgs;
+use publish::PublishArgs;
+use run::RunArgs;
+use state::StateCommand;
+use status::StatusArgs;
+use test::TestArgs;
+
+#[derive(Parser)]
+#[command(name = "waku", version, about, propagate_version = true, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Read settings from this file instead of `waku.toml` in the working
+    /// directory (also `WAKU_CONFIG`). Keys are `run`'s flags without their
+    /// dashes; precedence: flag > environment (`WAKU_<FLAG>`) > file >
+    /// default. See `waku run --print-config`.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Which log lines to show on standard error: a level (`error`, `warn`,
+    /// `info`, `debug`, `trace`) or `tracing` directives
+    /// (`warn,waku::guest=debug`). Default: `RUST_LOG` if set, else
+    /// `warn,waku::guest=info` (the host's warnings, and the modules' log
+    /// lines from info up, marked with module and key).
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a handler project (Rust or Python) with one event type, a
+    /// unit test, sample events and a copy of the guest SDK, in a new
+    /// directory anywhere.
+    #[command(after_help = "Example:\n  waku new visits && cd visits && cargo test && waku build . --out visits.wasm")]
+    New(NewArgs),
+    /// Build a guest into a handler component: a Rust crate (cargo,
+    /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
+    #[command(after_help = "Example:\n  waku build examples/bank --out modules/bank.wasm")]
+    Build(BuildArgs),
+    /// Run a built component on sample events through the real host path,
+    /// in a throwaway store, and print per key its state, log lines and
+    /// failures, the counters and the emitted messages.
+    #[command(
+        after_help = "Example:\n  waku test visits.wasm events.jsonl --expect expected.json   # --update writes it"
+    )]
+    Test(TestArgs),
+    /// Watch a guest's sources, rebuild on change and swap each new build
+    /// into a running local projection (a failed build keeps the previous
+    /// version running); shows the module's log lines.
+    #[command(after_help = "Example:\n  waku dev visits --topic visits --events visits/events.jsonl")]
+    Dev(DevArgs),
+    /// Publish JSON lines to a topic, with headers from the module.
+    #[command(after_help = "Example:\n  waku publish --data waku-data --topic accounts --partitions 4 --module \
+                            modules/bank.wasm events.jsonl")]
+    Publish(PublishArgs),
+    /// Consume a topic into a projection.
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Read a projection's state.
+    #[command(subcommand, after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42")]
+    State(StateCommand),
+    /// List, inspect and re-drive a projection's dead letters.
+    #[command(subcommand, after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
+    Dlq(DlqCommand),
+    /// Show a projection's module versions, or roll one back.
+    #[command(subcommand, after_help = "Example:\n  waku modules list --data waku-data --projection bank")]
+    Modules(ModulesCommand),
+    /// Where a projection stands: per partition position, end, lag; module
+    /// versions; counts of applied, skipped, retrying, dead-lettered events.
+    #[command(after_help = "Example:\n  waku status --data waku-data --projection bank --topic accounts --output json")]
+    Status(StatusArgs),
+    /// Build the bank example, publish a seeded workload, consume it, and
+    /// check the read model against an oracle.
+    #[command(after_help = "Example:\n  waku demo --events 100000 --accounts 1000 --partitions 2")]
+    Demo(DemoArgs),
+}
+
+/// `waku run --help`'s epilogue: an example and where else settings come
+/// from.
+const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank --topic accounts --modules modules \
+                        --until-caught-up\n\nEvery setting can also come from the environment, as WAKU_<FLAG> \
+                        (WAKU_BATCH_SIZE, WAKU_IGGY), or from waku.toml in the working directory (or --config \
+                        <FILE>), as `<flag> = <value>` (batch-size = 512). Precedence: flag > environment > file > \
+                        default; --print-config shows the effective settings and where each came from.";
+
+/// The exit codes, for `waku --help`.
+const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
+                          error, 2 usage error (also a bad setting in the environment or waku.toml), 3 a check \
+                          failed (the demo's oracle check, or a difference found by `waku test --expect`), 130 \
+                          `run` aborted by a second signal.";
+
+/// Runs the command line and returns the process's exit code.
+pub fn main() -> ExitCode {
+    main_with(std::env::args_os())
+}
+
+/// Runs the command line `args` (the first is the program's name), as
+/// the `waku` binary would; for benchmarks that time a command in-process.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let environment = |name: &str| std::env::var_os(name);
+    let layered = match config::parse(args.into_iter().collect(), &environment, Path::new(config::DEFAULT_FILE)) {
+        Ok(layered) => layered,
+        Err(config::Failure::Clap(error)) if error.kind() == clap::error::ErrorKind::MissingRequiredArgument => {
+            let _ = error.print();
+            errln!(
+                "tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml (see `waku help run`)"
+            );
+            return ExitCode::from(2);
+        }
+        Err(config::Failure::Clap(error)) => error.exit(),
+        Err(config::Failure::Config(error)) => return report_with(&anyhow::Error::new(error), ExitCode::from(2)),
+    };
+    let filter = match log_filter(layered.cli.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref()) {
+        Ok(filter) => filter,
+        Err(error) => return report_with(&error, ExitCode::from(2)),
+    };
+    // A second command in one process keeps the first one's subscriber.
+    let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(colours).with_filter(filter);
+    // `waku test` keeps the module's log lines for its outcome.
+    let capture = matches!(layered.cli.command, Command::Test(_)).then(crate::trial::GuestLogCapture::layer);
+    let _ = tracing_subscriber::registry().with(lines).with(capture).try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
+    };
+    match runtime.block_on(dispatch(layered.cli.command, &layered.settings)) {
+        Ok(code) => code,
+        Err(error) => report(&error),
+    }
+}
+
+/// Whether log lines get colours: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string
+/// (<https://no-color.org>).
+fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// The default log filter: the host's warnings, and the modules' log lines
+/// from info up.
+const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info";
+
+/// The log filter: `--log-level`, else `RUST_LOG`, else
+/// [`DEFAULT_LOG_FILTER`]; a bad `--log-level` is an error, a bad
+/// `RUST_LOG` too (it would otherwise hide what the person asked to see).
+fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> Result<tracing_subscriber::EnvFilter> {
+    let (directives, source) = match (flag, rust_log) {
+        (Some(flag), _) => (flag, "--log-level"),
+        (None, Some(variable)) if !variable.trim().is_empty() => (variable, "RUST_LOG"),
+        _ => (DEFAULT_LOG_FILTER, "the default"),
+    };
+    tracing_subscriber::EnvFilter::builder()
+        .parse(directives)
+        .with_context(|| format!("bad log filter `{directives}` from {source}"))
+}
+
+/// Prints `error` with its causes and returns exit code 1; nothing, and 0,
+/// when standard output was closed by its reader.
+fn report(error: &anyhow::Error) -> ExitCode {
+    report_with(error, ExitCode::from(1))
+}
+
+/// Prints `error` with its causes and returns `code`; nothing, and 0, when
+/// standard output was closed by its reader.
+fn report_with(error: &anyhow::Error, code: ExitCode) -> ExitCode {
+    if stdout_closed(error) {
+        return ExitCode::SUCCESS;
+    }
+    errln!("waku: error: {error}");
+    for cause in error.chain().skip(1) {
+        errln!("  caused by: {cause}");
+    }
+    code
+}
+
+/// Whether `error` is a write to a standard output whose reader is gone; a
+/// broken pipe anywhere else (a socket to the log) is a real error.
+fn stdout_closed(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<StdoutError>().is_some_and(StdoutError::reader_gone))
+}
+
+async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<ExitCode> {
+    match command {
+        Command::Run(args) if args.print_config => {
+            outln!("{}", config::render(settings))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::New(args) => new::new_project(args).map(|()| ExitCode::SUCCESS),
+        Command::Build(args) => build::build(args).map(|()| ExitCode::SUCCESS),
+        Command::Test(args) => test::test_module(args).await,
+        Command::Dev(args) => dev::dev(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Publish(args) => publish::publish_file(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run::run(args, settings).await.map(|()| ExitCode::SUCCESS),
+        Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),
+        Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
+        Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => demo::run_demo(args).await,
+    }
+}
+
+fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_are_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some(OsStr::new(""))), "an empty NO_COLOR does not count");
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        assert!(!log_colours(false, None));
+        assert!(!log_colours(false, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn only_a_closed_standard_output_ends_a_command_quietly() {
+        let closed = anyhow::Error::new(StdoutError(ErrorKind::BrokenPipe.into())).context("listing");
+        assert!(stdout_closed(&closed));
+        assert_eq!(report(&closed), ExitCode::SUCCESS);
+        let full = anyhow::Error::new(StdoutError(std::io::Error::other("disk full")));
+        assert!(!stdout_closed(&full));
+        // A broken pipe elsewhere (a socket to the log) is an error.
+        let socket = anyhow::Error::new(std::io::Error::from(ErrorKind::BrokenPipe));
+        assert!(!stdout_closed(&socket));
+    }
+
+    #[test]
+    fn every_command_has_an_example_in_its_help() {
+        use clap::CommandFactory;
+        fn walk(command: &mut clap::Command, path: &str, checked: &mut Vec<String>) {
+            for sub in command.get_subcommands_mut().filter(|sub| sub.get_name() != "help") {
+                let path = format!("{path} {}", sub.get_name());
+                let help = sub.render_long_help().to_string();
+                let example = help.split_once("Example:\n").map(|(_, rest)| rest.lines().next().unwrap_or_default());
+                let example = example.unwrap_or_else(|| panic!("`{path} --help` has no example:\n{help}"));
+                assert!(example.trim_start().starts_with(&format!("{path} ")), "`{path} --help`: {example}");
+                checked.push(path.clone());
+                walk(sub, &path, checked);
+            }
+        }
+        let mut checked = Vec::new();
+        walk(&mut Cli::command(), "waku", &mut checked);
+        for command in [
+            "waku run",
+            "waku state get",
+            "waku dlq show",
+            "waku modules rollback",
+            "waku demo",
+            "waku new",
+            "waku test",
+            "waku dev",
+        ] {
+            assert!(checked.iter().any(|c| c == command), "{command} was not checked: {checked:?}");
+        }
+    }
+
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

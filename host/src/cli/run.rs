@@ -1,0 +1,258 @@
+//! `waku run`: consume a topic into a projection until stopped (or caught
+//! up), with a progress bar while the start-up backlog is replayed.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Args;
+
+use super::args::{ConsumeArgs, DataArgs};
+use super::available_threads;
+use super::config;
+use super::signals::ShutdownSignals;
+use crate::consumer::{ConsumerError, Summary, stat};
+use crate::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
+use crate::lifecycle::LifecycleError;
+use crate::log::LogError;
+use crate::progress::Progress;
+use crate::projection::ProjectionError;
+use crate::runtime::LoadError;
+use crate::state::StateStore;
+
+#[derive(Args)]
+pub(super) struct RunArgs {
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    /// The projection's name (its state file is named after it).
+    #[arg(long)]
+    pub(super) projection: String,
+    /// The topic to consume.
+    #[arg(long)]
+    pub(super) topic: String,
+    /// The directory of the projection's modules (*.wasm).
+    #[arg(long)]
+    pub(super) modules: PathBuf,
+    /// Only these partitions (comma-separated), e.g. `0,2`.
+    #[arg(long, value_delimiter = ',')]
+    pub(super) partitions: Option<Vec<u32>>,
+    /// Stop once the end offsets read at start-up are reached.
+    #[arg(long)]
+    pub(super) until_caught_up: bool,
+    /// Create the topic with this many partitions if it does not exist (an
+    /// existing one must have as many). Without it a missing topic is an
+    /// error: `run` never creates the topic it consumes unasked.
+    #[arg(long, value_name = "PARTITIONS")]
+    pub(super) create_topic: Option<u32>,
+    /// Run the module versions in the directory even where the projection
+    /// recorded others (by default a restart runs the recorded versions and
+    /// reports the difference).
+    #[arg(long)]
+    pub(super) adopt_modules: bool,
+    /// Do not watch the module directory for new versions.
+    #[arg(long)]
+    pub(super) no_watch: bool,
+    /// Keep compiled modules here (default: `<data>/cache`).
+    #[arg(long, conflicts_with = "no_compile_cache")]
+    pub(super) compile_cache: Option<PathBuf>,
+    /// Compile every module at start-up instead of using the cache.
+    #[arg(long)]
+    pub(super) no_compile_cache: bool,
+    /// Serve the admin endpoint (health, readiness, metrics, modules,
+    /// state, status) on this address, e.g. `127.0.0.1:9100`.
+    #[arg(long)]
+    pub(super) admin: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(super) consume: ConsumeArgs,
+    /// Print the effective settings and where each came from (flag,
+    /// environment variable, config file, default), secrets masked, and
+    /// exit.
+    #[arg(long)]
+    pub(super) print_config: bool,
+}
+
+impl RunArgs {
+    /// The host these flags ask for.
+    pub(super) fn settings(&self) -> Result<HostSettings> {
+        let modules =
+            ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
+        let mut settings = HostSettings::new(&self.data.data, &self.projection, &self.topic, modules);
+        settings.log = self.data.log_settings();
+        settings.consumer.partitions = self.partitions.clone();
+        self.consume.apply(&mut settings)?;
+        settings.create_topic = self.create_topic;
+        settings.compile_cache = match (&self.compile_cache, self.no_compile_cache) {
+            (_, true) => CompileCache::Off,
+            (Some(dir), false) => CompileCache::At(dir.clone()),
+            (None, false) => CompileCache::InData,
+        };
+        settings.admin = self.admin;
+        settings.until_caught_up = self.until_caught_up;
+        Ok(settings)
+    }
+}
+
+pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()> {
+    // Caught before anything slow happens.
+    let signals = ShutdownSignals::install()?;
+    if let Some(summary) = config::summary(layered) {
+        errln!("waku: {summary}");
+    }
+    let loading = Instant::now();
+    let settings = args.settings().map_err(|error| name_the_source(error, layered))?;
+    let host = Host::start(settings).await.map_err(|error| explain(error, &args.topic))?;
+    for difference in host.differences() {
+        errln!("waku: {difference}");
+    }
+    let projection = host.projection();
+    errln!(
+        "waku: projection `{}` on topic `{}`: {} ({} event types, loaded in {:.2} s), batch {}, {} workers",
+        args.projection,
+        args.topic,
+        projection.modules().iter().map(|m| format!("{}@{}", m.name(), m.version())).collect::<Vec<_>>().join(", "),
+        projection.modules().iter().map(|m| m.event_types().len()).sum::<usize>(),
+        loading.elapsed().as_secs_f64(),
+        args.consume.batch_size,
+        args.consume.workers.unwrap_or_else(available_threads),
+    );
+    errln!("waku: sandbox limits: {}", host.sandbox().limits());
+    if let Some(address) = host.admin_address() {
+        errln!("waku: admin endpoint on http://{address}");
+    }
+    let store = projection.store().clone();
+    let display = show_progress(&args.projection, host.progress().clone());
+    let started = Instant::now();
+    let summary = host.stop_when(signals.first()).await;
+    drop(display);
+    let summary = summary.map_err(|error| explain(error, &args.topic))?;
+    print_summary(&summary, started.elapsed().as_secs_f64(), &store)
+}
+
+/// Names where a refused setting came from when it was not its flag: the
+/// checks of [`RunArgs::settings`] name the flag (`--workers must be at
+/// least 1`), which misleads when the value came from the environment or
+/// the file.
+fn name_the_source(error: anyhow::Error, layered: &[config::Setting]) -> anyhow::Error {
+    let message = error.to_string();
+    let from_elsewhere = layered.iter().find(|setting| {
+        message.starts_with(&format!("--{} ", setting.name))
+            && matches!(setting.source, config::Source::Env(_) | config::Source::File(_))
+    });
+    match from_elsewhere {
+        Some(setting) => error.context(format!("bad value for setting `{}` from {}", setting.name, setting.source)),
+        None => error,
+    }
+}
+
+/// Turns a host's error into one that says what to do where the flags can
+/// help: a missing topic, a module that does not fit the sandbox limits.
+pub(super) fn explain(error: HostError, topic: &str) -> anyhow::Error {
+    match error {
+        HostError::Consumer(ConsumerError::Log(LogError::TopicNotFound { topic: missing })) if missing == topic => {
+            anyhow::anyhow!(
+                "topic `{missing}` does not exist; create it with `waku run --create-topic <partitions>` or `waku \
+                 publish --partitions <partitions>`"
+            )
+        }
+        HostError::Modules(error) => hint_at_limit_flags(error),
+        other => other.into(),
+    }
+}
+
+/// While the start-up backlog is replayed, a progress bar on a terminal:
+/// events done of the backlog, events/s, time left. Nothing when standard
+/// error is not a terminal. Stops when dropped or caught up.
+pub(super) fn show_progress(projection: &str, progress: Arc<Progress>) -> Option<ProgressDisplay> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {human_pos}/{human_len} events, {per_sec}, {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("replaying `{projection}`"));
+    let shown = bar.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (done, total) = progress.replayed();
+            shown.set_length(total);
+            shown.set_position(done);
+            if progress.caught_up() {
+                shown.finish_with_message("caught up");
+                break;
+            }
+        }
+    });
+    Some(ProgressDisplay { bar, task })
+}
+
+/// A progress bar and the task that feeds it.
+pub(super) struct ProgressDisplay {
+    bar: indicatif::ProgressBar,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ProgressDisplay {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.bar.finish_and_clear();
+    }
+}
+
+/// Says which flags raise the limits when a module does not fit them.
+pub(super) fn hint_at_limit_flags(error: impl Into<LifecycleError>) -> anyhow::Error {
+    let error = error.into();
+    let too_small = matches!(error, LifecycleError::Projection(ProjectionError::Load(LoadError::Instantiate { .. })));
+    let error = anyhow::Error::new(error);
+    if too_small {
+        error.context(
+            "a module does not fit the sandbox limits; raise them with --memory-mib, --max-table-elements or \
+             --max-instances (see `waku help run`)",
+        )
+    } else {
+        error
+    }
+}
+
+pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()> {
+    outln!(
+        "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} dead-lettered ({} malformed), \
+         {} sent to retry, {} taken back",
+        summary.consumed,
+        summary.batches,
+        summary.consumed as f64 / secs.max(1e-9),
+        summary.applied,
+        summary.skipped,
+        summary.dead_lettered,
+        summary.malformed,
+        summary.retry_in,
+        summary.retry_out,
+    )?;
+    if !summary.phases.total().is_zero() {
+        outln!("time per phase (summed over partitions and workers): {}", summary.phases)?;
+    }
+    let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
+    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    if waiting > 0 {
+        outln!("{waiting} events wait in retry; the next `waku run` takes them when they are due")?;
+    }
+    if count(stat::DEAD_LETTERED) > 0 {
+        outln!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED))?;
+    }
+    if count(stat::UNDELIVERABLE) > 0 {
+        outln!(
+            "{} emitted messages could not be delivered and are dead letters in all (class `undeliverable` in `waku \
+             dlq list`)",
+            count(stat::UNDELIVERABLE)
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! `waku status`: where a projection stands, from the files or from the
+//! running host's admin endpoint.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use super::args::{OutputArgs, ProjectionArgs};
+use crate::admin;
+use crate::lifecycle::Library;
+use crate::runtime::{Sandbox, SandboxLimits};
+
+#[derive(Args)]
+pub(super) struct StatusArgs {
+    #[command(flatten)]
+    pub(super) target: ProjectionArgs,
+    /// Ask the running host's admin endpoint instead of reading the files
+    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
+    #[arg(long)]
+    pub(super) admin: Option<String>,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
+pub(super) async fn status(args: StatusArgs) -> Result<()> {
+    let target = &args.target;
+    let status = match &args.admin {
+        Some(url) => {
+            let url = format!("{}/status", url.trim_end_matches('/'));
+            let body = ureq::get(&url)
+                .call()
+                .and_then(|mut response| response.body_mut().read_to_string())
+                .with_context(|| format!("asking {url}"))?;
+            let status: admin::Status =
+                serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
+            if status.projection != target.projection {
+                bail!("{url} runs projection `{}`, not `{}`", status.projection, target.projection);
+            }
+            status
+        }
+        None => {
+            let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
+            let log = target.data.log().await.context(hint)?;
+            let store = target.data.state(&target.projection).context(hint)?;
+            let library = Library::new(
+                &target.data.data,
+                &target.projection,
+                store.clone(),
+                Sandbox::new(SandboxLimits::default())?,
+            );
+            let versions = library.recorded()?.active;
+            admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?
+        }
+    };
+    if args.output.json() {
+        outln!("{}", serde_json::to_string(&status)?)?;
+        return Ok(());
+    }
+    let caught_up = status.partitions.iter().all(|p| p.caught_up);
+    outln!(
+        "projection `{}` on topic `{}`: {}",
+        status.projection,
+        status.topic,
+        if caught_up { "caught up" } else { "catching up" }
+    )?;
+    let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+    outln!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") })?;
+    outln!(
+        "events: {} applied, {} skipped, {} retrying, {} dead-lettered",
+        status.applied,
+        status.skipped,
+        status.retrying,
+        status.dead_lettered
+    )?;
+    outln!(
+        "emitted messages: {} undeliverable (dead-lettered); outbox: {} records not yet appended",
+        status.undeliverable,
+        status.outbox
+    )?;
+    outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
+    for p in &status.partitions {
+        let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
+        let caught_up = if p.caught_up { "yes" } else { "no" };
+        outln!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag)?;
+    }
+    Ok(())
+}

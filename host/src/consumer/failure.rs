@@ -1,0 +1,100 @@
+//! Where a failed chunk goes: the retry-or-dead-letter decision, as a pure
+//! function of the failure and the attempts its events have had.
+//!
+//! Rules (DESIGN.md, "Errors and where events go"):
+//! - The attempt a failure makes is one more than the most attempts any
+//!   event of the chunk had before, unless the failure does not count as
+//!   an attempt (a key that merely shared a batch with a flood,
+//!   [`CallError::counts_as_attempt`](crate::handler::CallError::counts_as_attempt)).
+//! - An unrecoverable failure is dead-lettered at once.
+//! - Any other failure (retryable, a trap, a transient one that stayed so
+//!   after its retries in place) goes to the retry topic, until its
+//!   attempt reaches `max_attempts`: then it is dead-lettered, never
+//!   retried forever.
+
+use crate::routing::FailureClass;
+
+/// Where a failed chunk goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// To the dead-letter topic; the key goes on.
+    DeadLetter,
+    /// To the retry topic, with the key's unfinished work; the key stops.
+    Retry,
+}
+
+/// The decision for one failed chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Decision {
+    /// The attempt this failure was, as the routed records carry it.
+    pub(super) attempt: u32,
+    /// Where the chunk goes.
+    pub(super) route: Route,
+}
+
+/// Decides where a chunk that failed with `class` goes. `prior` are the
+/// attempts its events had before this call.
+pub(super) fn decide(
+    class: FailureClass,
+    counts_as_attempt: bool,
+    prior: impl IntoIterator<Item = u32>,
+    max_attempts: u32,
+) -> Decision {
+    let attempt = prior.into_iter().max().unwrap_or(0).saturating_add(u32::from(counts_as_attempt));
+    let route =
+        if class == FailureClass::Unrecoverable || attempt >= max_attempts { Route::DeadLetter } else { Route::Retry };
+    Decision { attempt, route }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: u32 = 6;
+
+    #[test]
+    fn unrecoverable_is_dead_lettered_at_once() {
+        assert_eq!(
+            decide(FailureClass::Unrecoverable, true, [0, 0], MAX),
+            Decision { attempt: 1, route: Route::DeadLetter }
+        );
+    }
+
+    #[test]
+    fn retryable_failures_are_retried_until_the_last_attempt() {
+        for class in [FailureClass::Retryable, FailureClass::Trap, FailureClass::Transient] {
+            for prior in 0..MAX - 1 {
+                let decision = decide(class, true, [prior], MAX);
+                assert_eq!(decision, Decision { attempt: prior + 1, route: Route::Retry }, "{class:?} after {prior}");
+            }
+            let last = decide(class, true, [MAX - 1], MAX);
+            assert_eq!(last, Decision { attempt: MAX, route: Route::DeadLetter }, "{class:?}");
+        }
+    }
+
+    #[test]
+    fn the_chunk_carries_the_most_attempts_of_its_events() {
+        assert_eq!(decide(FailureClass::Retryable, true, [0, 4, 2], MAX).attempt, 5);
+        assert_eq!(decide(FailureClass::Retryable, true, [1, MAX - 1, 0], MAX).route, Route::DeadLetter);
+        assert_eq!(decide(FailureClass::Retryable, true, [], MAX).attempt, 1);
+    }
+
+    #[test]
+    fn a_failure_that_does_not_count_loses_no_attempt() {
+        let decision = decide(FailureClass::Retryable, false, [MAX - 1], MAX);
+        assert_eq!(decision, Decision { attempt: MAX - 1, route: Route::Retry });
+        // ...but an event already out of attempts is not retried forever.
+        assert_eq!(decide(FailureClass::Retryable, false, [MAX], MAX).route, Route::DeadLetter);
+    }
+
+    #[test]
+    fn attempts_saturate_instead_of_wrapping() {
+        let decision = decide(FailureClass::Retryable, true, [u32::MAX], u32::MAX);
+        assert_eq!(decision, Decision { attempt: u32::MAX, route: Route::DeadLetter });
+    }
+
+    #[test]
+    fn one_attempt_allowed_dead_letters_the_first_failure() {
+        assert_eq!(decide(FailureClass::Trap, true, [0], 1).route, Route::DeadLetter);
+    }
+}

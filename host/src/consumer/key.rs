@@ -1,0 +1,369 @@
+//! One worker's part of a batch: its keys, one after another, and for each
+//! key its runs in execution order (head, body runs, tail, segment after
+//! segment), so a key never races with itself.
+//!
+//! Each run is reduced with its type's algebra and handed to the module in
+//! chunks of at most `max-batch` events ([`reduce::chunks`]). A failed
+//! chunk goes where [`failure::decide`] says: dead-lettered (the key goes
+//! on), or sent to the retry topic with all of the key's unfinished work
+//! (the key stops). A host fault stops the worker: its batch will not
+//! commit.
+
+use std::sync::Arc;
+
+use wakuwaku_core::reduce;
+
+use super::failure::{self, Route};
+use super::phase::{Laps, Phase};
+use super::{Consumer, RunCall, Summary};
+use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use crate::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope};
+use crate::key::Key;
+use crate::log::EventLog;
+use crate::metrics::BatchTally;
+use crate::projection::{Instances, ModuleSet};
+use crate::reduce::{Origin, Traced, reduce_traced};
+use crate::routing::{self, Failure, FailureClass, Routed, dlq_topic, retry_topic};
+use crate::state::{EmitOrigin, OutboxEntry, StateReader};
+
+impl<L: EventLog> Consumer<L> {
+    /// Handles the keys given to one worker, one key after another.
+    pub(super) fn run_worker(
+        &self,
+        partition: u32,
+        keys: Vec<KeyWork>,
+        snapshot: &Arc<StateReader>,
+        budget: &BatchBudget,
+        modules: &ModuleSet,
+    ) -> WorkerOutcome {
+        let mut instances = modules.instances();
+        let mut outcome = WorkerOutcome::default();
+        // Everything between two reductions is charged to the calls.
+        let mut laps = Laps::start();
+        for work in keys {
+            if outcome.host_fault.is_some() {
+                break; // the batch will not commit
+            }
+            let key = work.key.clone();
+            let mut scope = KeyScope::new(key.clone(), snapshot.clone(), self.config.payload, budget.clone());
+            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut laps, &mut outcome);
+            outcome.keys.push((key, scope.into_outcome()));
+        }
+        laps.lap(&mut outcome.summary.phases, Phase::Calls);
+        outcome
+    }
+
+    /// Runs one key's runs in order. A failed chunk is dead-lettered (the
+    /// key goes on) or sent to retry with everything after it (the key
+    /// stops), as its class and the attempts its records have had say.
+    #[allow(clippy::too_many_arguments)]
+    fn run_key(
+        &self,
+        partition: u32,
+        work: KeyWork,
+        scope: &mut KeyScope,
+        modules: &ModuleSet,
+        instances: &mut Instances<'_>,
+        laps: &mut Laps,
+        out: &mut WorkerOutcome,
+    ) {
+        let projection = &*self.projection;
+        let KeyWork { key, runs } = work;
+        let mut runs = runs.into_iter();
+        while let Some(run) = runs.next() {
+            let Some(route) = modules.route(run.tag) else {
+                out.summary.skipped += run.origins.iter().map(|o| o.events).sum::<u64>();
+                continue;
+            };
+            let observed = self.observer.as_ref().map(|_| run.origins.iter().map(|o| o.offset).collect::<Vec<_>>());
+            let shape = run.shape();
+            let RunWork { tag, origins, bodies, mut attempts, .. } = run;
+            laps.lap(&mut out.summary.phases, Phase::Calls);
+            // A failed fold fails the whole run, unreduced.
+            let (reduced, fold_error) = match instances.get(route.module) {
+                Err(error) => (Traced { bodies, origins }, Some(error)),
+                Ok(instance) => match reduce_traced(route.event_type.algebra, Traced { bodies, origins }, |bodies| {
+                    instance.combine(tag, bodies)
+                }) {
+                    Ok(reduced) => (reduced, None),
+                    Err((error, run)) => (run, Some(error)),
+                },
+            };
+            laps.lap(&mut out.summary.phases, Phase::Reduce);
+            if attempts.len() != reduced.bodies.len() {
+                // Reduced records stand for several: they carry the most
+                // attempts any of them had.
+                let most = attempts.iter().copied().max().unwrap_or(0);
+                attempts = vec![most; reduced.bodies.len()];
+            }
+            // A failed fold is one failure of the whole run.
+            let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
+            let (mut start, mut calls, mut all_applied) = (0, 0, true);
+            for chunk in reduce::chunks(&reduced.bodies, max_batch) {
+                let (begin, end) = (start, start + chunk.len());
+                start = end;
+                let started = self.metrics.as_ref().map(|_| std::time::Instant::now());
+                let result = match &fold_error {
+                    Some(error) => Err(error.clone()),
+                    None => {
+                        scope.set_emit_origin(self.emit_origin(
+                            partition,
+                            modules,
+                            route.module,
+                            &reduced.origins[begin..end],
+                        ));
+                        instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
+                    }
+                };
+                if let Some(started) = started {
+                    out.tally.of(route.module, tag).call_times.push(started.elapsed());
+                }
+                let error = match result {
+                    Ok(()) => {
+                        let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
+                        out.summary.applied += events;
+                        out.tally.of(route.module, tag).applied += events;
+                        out.summary.calls += 1;
+                        calls += 1;
+                        // Unreduced chunks are reported one by one, so a
+                        // failure later in the run hides none of them.
+                        if let (Some(observer), Some(offsets)) = (&self.observer, &observed)
+                            && offsets.len() == reduced.bodies.len()
+                        {
+                            let offsets = offsets[begin..end].to_vec();
+                            observer.run_handled(&RunCall {
+                                partition,
+                                key: key.clone(),
+                                tag,
+                                offsets,
+                                reduced: end - begin,
+                                calls: 1,
+                            });
+                        }
+                        continue;
+                    }
+                    Err(CallError::HostFault(fault)) => {
+                        tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
+                        out.host_fault.get_or_insert(fault);
+                        return;
+                    }
+                    Err(error) => error,
+                };
+                all_applied = false;
+                let class = FailureClass::of(&error);
+                // A key that only shared a batch with a flood loses no attempt.
+                let failure::Decision { attempt, route: next } = failure::decide(
+                    class,
+                    error.counts_as_attempt(),
+                    attempts[begin..end].iter().copied(),
+                    self.config.retry.max_attempts,
+                );
+                if class == FailureClass::Trap {
+                    out.tally.of(route.module, tag).traps += 1;
+                }
+                let module = &modules.modules()[route.module];
+                let failure = Failure {
+                    class,
+                    message: error.to_string(),
+                    module: module.name().to_owned(),
+                    version: module.version().to_owned(),
+                };
+                tracing::warn!(
+                    projection = projection.name(),
+                    partition,
+                    %key,
+                    event_type = route.event_type.name,
+                    attempt,
+                    "{}",
+                    wakuwaku_core::limits::printable(&error.to_string())
+                );
+                if next == Route::DeadLetter {
+                    for (body, &origin) in reduced.bodies[begin..end].iter().zip(&reduced.origins[begin..end]) {
+                        let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
+                        let record = routing::routed_record(&shape.envelope(&key), &routed, body.clone());
+                        out.routed.push(self.routed_entry(dlq_topic, partition, key.key_hash(), record));
+                        out.summary.dead_lettered += origin.events;
+                        out.tally.of(route.module, tag).dead_lettered += origin.events;
+                    }
+                    continue;
+                }
+                // Retry later: the failed chunk with its attempt counted,
+                // then everything after it as it was.
+                let rest = reduced.bodies[begin..].iter().zip(&reduced.origins[begin..]).zip(&attempts[begin..]);
+                let mut unfinished: Vec<Unfinished> = rest
+                    .enumerate()
+                    .map(|(index, ((body, &origin), &attempts))| {
+                        let failed = begin + index < end;
+                        Unfinished {
+                            shape,
+                            origin,
+                            attempts: if failed { attempt } else { attempts },
+                            failure: failed.then(|| failure.clone()),
+                            body: body.clone(),
+                        }
+                    })
+                    .collect();
+                for run in runs {
+                    let shape = run.shape();
+                    for ((origin, body), attempts) in run.origins.into_iter().zip(run.bodies).zip(run.attempts) {
+                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
+                    }
+                }
+                self.retry_later(partition, &key, modules, unfinished, out);
+                return;
+            }
+            if all_applied
+                && let (Some(observer), Some(offsets)) = (&self.observer, observed)
+                && offsets.len() != reduced.bodies.len()
+            {
+                let key = key.clone();
+                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
+            }
+        }
+    }
+
+    /// Calls `handle`, retrying in place while it fails transiently, as
+    /// often as the policy allows, with a doubling backoff.
+    fn call(
+        &self,
+        instance: &mut dyn HandlerInstance,
+        scope: &mut KeyScope,
+        tag: EventTypeTag,
+        bodies: &[Vec<u8>],
+    ) -> Result<(), CallError> {
+        let mut backoff = self.config.retry.transient_backoff;
+        for _ in 0..self.config.retry.transient_retries {
+            match instance.handle(scope, tag, bodies) {
+                Err(CallError::Handler { class: ErrorClass::Transient, .. }) => {
+                    std::thread::sleep(backoff);
+                    backoff = backoff.saturating_mul(2);
+                }
+                result => return result,
+            }
+        }
+        instance.handle(scope, tag, bodies)
+    }
+
+    /// Writes a key's unfinished work to the retry topic, in execution
+    /// order, with orderings rewritten so each stage stays a segment.
+    fn retry_later(
+        &self,
+        partition: u32,
+        key: &Key,
+        modules: &ModuleSet,
+        unfinished: Vec<Unfinished>,
+        out: &mut WorkerOutcome,
+    ) {
+        let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
+        for (item, ordering) in unfinished.into_iter().zip(orderings) {
+            let routed = self.routed(partition, item.origin, item.attempts, item.failure);
+            let envelope = RunShape { ordering, ..item.shape }.envelope(key);
+            let record = routing::routed_record(&envelope, &routed, item.body);
+            out.routed.push(self.routed_entry(retry_topic, partition, key.key_hash(), record));
+            out.summary.retry_in += item.origin.events;
+            if let Some(route) = modules.route(item.shape.tag) {
+                out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
+            }
+        }
+    }
+
+    /// The origin of what a call for `origins` emits: the earliest event,
+    /// and the module.
+    fn emit_origin(&self, partition: u32, modules: &ModuleSet, module: usize, origins: &[Origin]) -> EmitOrigin {
+        let module = &modules.modules()[module];
+        EmitOrigin {
+            partition,
+            offset: origins.iter().map(|o| o.offset).min().unwrap_or_default(),
+            module: module.name().to_owned(),
+            version: module.version().to_owned(),
+        }
+    }
+
+    /// The routing headers of a record of this projection.
+    fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
+        Routed {
+            projection: self.projection.name().to_owned(),
+            origin_partition: partition,
+            origin_offset: origin.offset,
+            events: origin.events,
+            attempts,
+            failed_at_ms: routing::now_ms(),
+            failure,
+        }
+    }
+
+    /// An outbox entry for the retry or dead-letter topic (`topic_of` the
+    /// projection's topic), to the partition the event came from.
+    pub(super) fn routed_entry(
+        &self,
+        topic_of: fn(&str) -> String,
+        partition: u32,
+        key_hash: u64,
+        record: crate::log::Record,
+    ) -> OutboxEntry {
+        let topic = topic_of(self.projection.topic());
+        OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
+    }
+}
+
+/// One key's runs, in execution order, with their bodies moved in.
+pub(super) struct KeyWork {
+    pub(super) key: Key,
+    pub(super) runs: Vec<RunWork>,
+}
+
+pub(super) struct RunWork {
+    pub(super) tag: EventTypeTag,
+    /// Which stage of the key's execution the run belongs to.
+    pub(super) stage: usize,
+    /// The ordering and algebra its first record carried.
+    pub(super) ordering: EventAtomicOrdering,
+    pub(super) algebra: Algebra,
+    pub(super) origins: Vec<Origin>,
+    pub(super) bodies: Vec<Vec<u8>>,
+    /// Attempts each record has had.
+    pub(super) attempts: Vec<u32>,
+}
+
+impl RunWork {
+    fn shape(&self) -> RunShape {
+        RunShape { tag: self.tag, stage: self.stage, ordering: self.ordering, algebra: self.algebra }
+    }
+}
+
+/// What a routed record of a run needs besides its body and origin.
+#[derive(Clone, Copy)]
+struct RunShape {
+    tag: EventTypeTag,
+    stage: usize,
+    ordering: EventAtomicOrdering,
+    algebra: Algebra,
+}
+
+impl RunShape {
+    fn envelope(&self, key: &Key) -> EventHeaders {
+        EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra }
+    }
+}
+
+/// A record of a key's work that did not run, on its way to retry.
+struct Unfinished {
+    shape: RunShape,
+    origin: Origin,
+    attempts: u32,
+    /// Why, for the chunk that failed.
+    failure: Option<Failure>,
+    body: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(super) struct WorkerOutcome {
+    pub(super) keys: Vec<(Key, KeyOutcome)>,
+    /// Records for the retry and dead-letter topics.
+    pub(super) routed: Vec<OutboxEntry>,
+    /// Why the host itself failed under a call, if it did: the batch is not
+    /// committed.
+    pub(super) host_fault: Option<String>,
+    pub(super) summary: Summary,
+    pub(super) tally: BatchTally,
+}

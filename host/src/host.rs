@@ -1,0 +1,529 @@
+//! One running host, assembled from one settings value.
+//!
+//! A host is the sandbox, the projection's library of modules (recorded
+//! versions, kept copies, compile cache), the projection itself, its
+//! consumer, the reloader that watches the module directory, and the admin
+//! endpoint. [`Host::start`] puts them together from a [`HostSettings`] and
+//! starts consuming; the [`RunningHost`] it returns is how the caller
+//! watches it ([`RunningHost::progress`], [`RunningHost::status`]) and ends
+//! it ([`RunningHost::stop`], [`RunningHost::stop_when`],
+//! [`RunningHost::finished`]). `waku run`, `waku demo` and the tests start a
+//! host this way instead of wiring the parts by hand.
+//!
+//! Rules it keeps:
+//! - Nothing is consumed before every module loaded and the projection was
+//!   put together; a failure there is returned and nothing runs.
+//! - Stopping finishes and commits the batch in flight, then stops the
+//!   admin endpoint; dropping a [`RunningHost`] asks the same, without
+//!   waiting.
+//! - Modules from a directory go through the projection's [`Library`]: a
+//!   restart runs the recorded versions unless
+//!   [`ModuleSource::Directory::adopt`] says otherwise, and what differs is
+//!   reported in [`RunningHost::differences`].
+//! - Every module loaded, at start-up or on reload, must find the topics it
+//!   declares it emits to (or they are created with
+//!   [`HostSettings::create_emit_topics`] partitions).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), wakuwaku::host::HostError> {
+//! use wakuwaku::host::{Host, HostSettings, ModuleSource};
+//!
+//! let mut settings = HostSettings::new("waku-data", "bank", "accounts", ModuleSource::directory("modules"));
+//! settings.until_caught_up = true;
+//! let host = Host::start(settings).await?;
+//! let summary = host.finished().await?;
+//! println!("{} events applied", summary.applied);
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::admin::{self, Admin, Status};
+use crate::consumer::{CallObserver, Consumer, ConsumerConfig, ConsumerError, Summary};
+use crate::handler::HandlerModule;
+use crate::lifecycle::{Difference, Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics};
+use crate::log::{AnyLog, EmbeddedLog, EventLog, IggyLog, LogError};
+use crate::metrics::Metrics;
+use crate::progress::Progress;
+use crate::projection::{Projection, ProjectionError};
+use crate::runtime::{LoadError, Sandbox, SandboxLimits};
+use crate::state::{StateError, StateStore};
+
+/// Everything a host needs to start; [`HostSettings::new`] lists the
+/// defaults.
+#[derive(Clone)]
+pub struct HostSettings {
+    /// The data directory: the embedded log (`log.redb`), the projection's
+    /// state (`projections/<projection>.redb`), kept module versions
+    /// (`modules/<projection>/`) and the compile cache (`cache/`).
+    pub data: PathBuf,
+    /// Which log to consume. Default: the embedded log in [`Self::data`].
+    pub log: LogSettings,
+    /// The projection's name (its state file is named after it).
+    pub projection: String,
+    /// The topic it consumes.
+    pub topic: String,
+    /// Where its modules come from.
+    pub modules: ModuleSource,
+    /// Create the consumed topic with this many partitions if missing (an
+    /// existing one must have as many). Default `None`: a missing topic is
+    /// an error.
+    pub create_topic: Option<u32>,
+    /// Create a topic a module declares it emits to with this many
+    /// partitions if missing. Default `None`: a missing emit topic refuses
+    /// the module.
+    pub create_emit_topics: Option<u32>,
+    /// Where compiled modules are kept. Default: `<data>/cache`.
+    pub compile_cache: CompileCache,
+    /// What one module instance may use. Default: [`SandboxLimits::default`].
+    pub limits: SandboxLimits,
+    /// How the consumer polls, executes and retries, and what a module may
+    /// hand the host (`consumer.payload`, which the sandbox applies too).
+    /// Default: [`ConsumerConfig::default`].
+    pub consumer: ConsumerConfig,
+    /// Serve the admin endpoint on this address (port 0 picks one; see
+    /// [`RunningHost::admin_address`]). Default `None`.
+    pub admin: Option<SocketAddr>,
+    /// Stop once the end offsets read at start-up are reached. Default
+    /// `false`: follow the topic until stopped.
+    pub until_caught_up: bool,
+    /// Told of every run handled (tests check the order of calls with it).
+    /// Default `None`.
+    pub observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl HostSettings {
+    /// Settings for `projection` over `topic` with its modules from
+    /// `modules`, data in `data`, and every other setting at its default:
+    /// the embedded log, no topic created, the compile cache in
+    /// `<data>/cache`, the library's limits, [`ConsumerConfig::default`], no
+    /// admin endpoint, following the topic until stopped, no observer.
+    pub fn new(data: impl Into<PathBuf>, projection: &str, topic: &str, modules: ModuleSource) -> Self {
+        Self {
+            data: data.into(),
+            log: LogSettings::Embedded,
+            projection: projection.to_owned(),
+            topic: topic.to_owned(),
+            modules,
+            create_topic: None,
+            create_emit_topics: None,
+            compile_cache: CompileCache::InData,
+            limits: SandboxLimits::default(),
+            consumer: ConsumerConfig::default(),
+            admin: None,
+            until_caught_up: false,
+            observer: None,
+        }
+    }
+
+    /// The sandbox these settings run modules in: [`Self::limits`], the
+    /// payload limits of [`Self::consumer`], and the compile cache. Load
+    /// modules for [`ModuleSource::Loaded`] with it.
+    pub fn sandbox(&self) -> Result<Sandbox, HostError> {
+        let sandbox = Sandbox::new(self.limits)?.with_payload_limits(self.consumer.payload);
+        Ok(match &self.compile_cache {
+            CompileCache::InData => sandbox.with_compile_cache(&self.data.join("cache")),
+            CompileCache::At(dir) => sandbox.with_compile_cache(dir),
+            CompileCache::Off => sandbox,
+        })
+    }
+
+    /// The projection's state store, `<data>/projections/<projection>.redb`.
+    pub fn open_state(&self) -> Result<StateStore, HostError> {
+        open_state(&self.data, &self.projection)
+    }
+}
+
+/// The state store of `projection` in the data directory `data`.
+pub fn open_state(data: &Path, projection: &str) -> Result<StateStore, HostError> {
+    crate::log::embedded::validate_topic_name(projection)
+        .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
+    let path = data.join("projections").join(format!("{projection}.redb"));
+    StateStore::open(&path).map_err(|source| HostError::State { projection: projection.to_owned(), source })
+}
+
+/// Which log a host reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogSettings {
+    /// The embedded log, `<data>/log.redb`.
+    Embedded,
+    /// An Apache Iggy server.
+    Iggy {
+        /// `iggy://user:password@host:port`, client options may follow.
+        url: String,
+        /// The stream holding the topics (created if missing).
+        stream: String,
+    },
+}
+
+impl LogSettings {
+    /// Opens the log (for the embedded one, in `data`).
+    pub async fn open(&self, data: &Path) -> Result<AnyLog, HostError> {
+        match self {
+            Self::Iggy { url, stream } => IggyLog::connect(url, stream)
+                .await
+                .map(AnyLog::Iggy)
+                .map_err(|source| HostError::Iggy { stream: stream.clone(), source }),
+            Self::Embedded => {
+                let path = data.join("log.redb");
+                EmbeddedLog::open(&path).map(AnyLog::Embedded).map_err(|source| HostError::EmbeddedLog { path, source })
+            }
+        }
+    }
+}
+
+/// Where compiled modules are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompileCache {
+    /// `<data>/cache`.
+    InData,
+    /// This directory.
+    At(PathBuf),
+    /// Nowhere: every module is compiled at load.
+    Off,
+}
+
+/// Where a host's modules come from.
+#[derive(Clone)]
+pub enum ModuleSource {
+    /// The `*.wasm` files of a directory, through the projection's
+    /// [`Library`] (versions recorded and kept, hot reload).
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Run the directory's versions even where the projection recorded
+        /// others (by default a restart runs the recorded versions).
+        adopt: bool,
+        /// Watch the directory and swap changed modules in between batches.
+        watch: bool,
+    },
+    /// Modules already loaded (with [`HostSettings::sandbox`]); no versions
+    /// are recorded and nothing is watched.
+    Loaded(Vec<Arc<dyn HandlerModule>>),
+}
+
+impl ModuleSource {
+    /// The modules of `path`, watched, recorded versions first.
+    pub fn directory(path: impl Into<PathBuf>) -> Self {
+        Self::Directory { path: path.into(), adopt: false, watch: true }
+    }
+}
+
+/// Why a host could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The embedded log could not be opened.
+    #[error("opening the embedded log {}", path.display())]
+    EmbeddedLog {
+        /// Its file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: LogError,
+    },
+    /// The Iggy server could not be reached or refused the stream.
+    #[error("connecting to Iggy, stream `{stream}`")]
+    Iggy {
+        /// The stream.
+        stream: String,
+        /// Why.
+        #[source]
+        source: LogError,
+    },
+    /// The projection's name cannot name a state file.
+    #[error("`{projection}` cannot name a projection")]
+    ProjectionName {
+        /// The name.
+        projection: String,
+        /// The rule it breaks.
+        #[source]
+        source: LogError,
+    },
+    /// The projection's state store could not be opened.
+    #[error("opening the state of projection `{projection}`")]
+    State {
+        /// The projection.
+        projection: String,
+        /// Why.
+        #[source]
+        source: StateError,
+    },
+    /// The sandbox could not be built (invalid limits).
+    #[error(transparent)]
+    Sandbox(#[from] LoadError),
+    /// A module could not be loaded, recorded or watched.
+    #[error(transparent)]
+    Modules(#[from] LifecycleError),
+    /// The modules do not make a projection (tags clash).
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    /// The consumed topic could not be created.
+    #[error("creating topic `{topic}`")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// Why.
+        #[source]
+        source: LogError,
+    },
+    /// The admin endpoint could not be bound.
+    #[error(transparent)]
+    Admin(#[from] std::io::Error),
+    /// Consuming failed.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    /// A task of the host panicked.
+    #[error("{what} panicked: {message}")]
+    Panicked {
+        /// Which task.
+        what: &'static str,
+        /// The panic.
+        message: String,
+    },
+}
+
+/// Starts hosts.
+pub struct Host;
+
+impl Host {
+    /// Opens the log of `settings` and starts a host on it.
+    pub async fn start(settings: HostSettings) -> Result<RunningHost<AnyLog>, HostError> {
+        let log = Arc::new(settings.log.open(&settings.data).await?);
+        Self::start_on(log, settings).await
+    }
+
+    /// Starts a host on `log`, which the caller opened (and may use beside
+    /// it, e.g. to publish); [`HostSettings::log`] is not used. Must be
+    /// called inside a tokio runtime.
+    pub async fn start_on<L: EventLog>(log: Arc<L>, settings: HostSettings) -> Result<RunningHost<L>, HostError> {
+        let sandbox = settings.sandbox()?;
+        let metrics = Arc::new(Metrics::default());
+        let store = settings.open_state()?;
+        let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
+        let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
+        let reloader = match (&settings.modules, &loaded.library) {
+            (ModuleSource::Directory { path, watch: true, .. }, Some(library)) => {
+                Some(Reloader::watch(library.clone(), projection.clone(), path)?)
+            }
+            _ => None,
+        };
+        if let Some(partitions) = settings.create_topic {
+            log.create_topic(&settings.topic, partitions)
+                .await
+                .map_err(|source| HostError::CreateTopic { topic: settings.topic.clone(), source })?;
+        }
+        let mut consumer =
+            Consumer::new(log.clone(), projection.clone(), settings.consumer.clone()).with_metrics(metrics.clone());
+        if let Some(observer) = &settings.observer {
+            consumer = consumer.with_observer(observer.clone());
+        }
+        let progress = consumer.progress();
+        let (stop_admin, admin_address) = match settings.admin {
+            None => (None, None),
+            Some(address) => {
+                let admin = Admin {
+                    log: log.clone(),
+                    projection: projection.clone(),
+                    progress: progress.clone(),
+                    metrics: metrics.clone(),
+                    library: loaded.library.clone(),
+                };
+                let (stop, address) = serve_admin(address, admin).await?;
+                (Some(stop), Some(address))
+            }
+        };
+        // Dropping the sender (with the host) stops the consumer too.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let until_caught_up = settings.until_caught_up;
+        let consuming = tokio::spawn(async move {
+            match until_caught_up {
+                true => consumer.catch_up_or_stop(stopped).await,
+                false => consumer.follow(stopped).await,
+            }
+        });
+        Ok(RunningHost {
+            log,
+            projection,
+            library: loaded.library,
+            metrics,
+            progress,
+            sandbox,
+            differences: loaded.differences,
+            admin_address,
+            stop: Some(stop),
+            stop_admin,
+            consuming: Some(consuming),
+            _reloader: reloader,
+        })
+    }
+}
+
+/// What [`load_modules`] found.
+struct Loaded {
+    modules: Vec<Arc<dyn HandlerModule>>,
+    /// For modules from a directory.
+    library: Option<Arc<Library>>,
+    differences: Vec<Difference>,
+}
+
+/// The modules of `settings`, each checked for its emit topics: from a
+/// directory through the projection's library (recorded versions first),
+/// or as loaded.
+async fn load_modules<L: EventLog>(
+    log: &Arc<L>,
+    settings: &HostSettings,
+    sandbox: &Sandbox,
+    store: &StateStore,
+    metrics: &Arc<Metrics>,
+) -> Result<Loaded, HostError> {
+    let (path, adopt) = match &settings.modules {
+        ModuleSource::Directory { path, adopt, .. } => (path.clone(), *adopt),
+        ModuleSource::Loaded(modules) => {
+            for module in modules {
+                ensure_emit_topics(&**log, &**module, settings.create_emit_topics).await?;
+            }
+            return Ok(Loaded { modules: modules.clone(), library: None, differences: Vec::new() });
+        }
+    };
+    // Every module loaded, now or on reload, must find its emit topics.
+    let emit_topics = LogEmitTopics {
+        log: log.clone(),
+        create: settings.create_emit_topics,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let library = Arc::new(
+        Library::new(&settings.data, &settings.projection, store.clone(), sandbox.clone())
+            .with_metrics(metrics.clone())
+            .with_emit_topics(Arc::new(emit_topics)),
+    );
+    // Loading compiles and asks the log about emit topics: off the async
+    // runtime's threads.
+    let starting = library.clone();
+    let (modules, differences) = tokio::task::spawn_blocking(move || starting.start(&path, adopt))
+        .await
+        .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
+    Ok(Loaded { modules, library: Some(library), differences })
+}
+
+/// Serves `admin` on `address` until the returned sender is dropped;
+/// returns it and the address bound (port 0 picks one).
+async fn serve_admin<L: EventLog>(
+    address: SocketAddr,
+    admin: Admin<L>,
+) -> Result<(tokio::sync::oneshot::Sender<()>, SocketAddr), HostError> {
+    let listener = admin::bind(address).await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        if let Err(error) = admin::serve(listener, admin, stopped).await {
+            tracing::error!("the admin endpoint stopped: {error}");
+        }
+    });
+    Ok((stop, address))
+}
+
+/// A host that consumes; see the [module docs](self).
+pub struct RunningHost<L = AnyLog> {
+    log: Arc<L>,
+    projection: Arc<Projection>,
+    library: Option<Arc<Library>>,
+    metrics: Arc<Metrics>,
+    progress: Arc<Progress>,
+    sandbox: Sandbox,
+    differences: Vec<Difference>,
+    admin_address: Option<SocketAddr>,
+    /// Dropping it (or the host) stops the consumer after the batch in
+    /// flight; likewise `stop_admin` for the admin endpoint.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop_admin: Option<tokio::sync::oneshot::Sender<()>>,
+    consuming: Option<tokio::task::JoinHandle<Result<Summary, ConsumerError>>>,
+    _reloader: Option<Reloader>,
+}
+
+impl<L: EventLog> RunningHost<L> {
+    /// The log it consumes.
+    pub fn log(&self) -> &Arc<L> {
+        &self.log
+    }
+
+    /// The projection: its modules (swapped on reload) and state store.
+    pub fn projection(&self) -> &Arc<Projection> {
+        &self.projection
+    }
+
+    /// The library of its modules, when they come from a directory.
+    pub fn library(&self) -> Option<&Arc<Library>> {
+        self.library.as_ref()
+    }
+
+    /// Its Prometheus metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The caught-up gate: start-up end offsets against committed positions.
+    pub fn progress(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    /// The sandbox its modules run in.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// How the modules it runs differ from the module directory (a restart
+    /// runs the recorded versions).
+    pub fn differences(&self) -> &[Difference] {
+        &self.differences
+    }
+
+    /// Where the admin endpoint listens, when it serves one.
+    pub fn admin_address(&self) -> Option<SocketAddr> {
+        self.admin_address
+    }
+
+    /// Where the projection stands: positions, lag, module versions and
+    /// the counts of applied, skipped, retrying and dead-lettered events.
+    pub async fn status(&self) -> Result<Status, HostError> {
+        let modules = self.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+        let (name, topic) = (self.projection.name(), self.projection.topic());
+        let store = self.projection.store();
+        Ok(admin::status(&*self.log, name, topic, store, Some(&self.progress), modules).await?)
+    }
+
+    /// Asks it to stop after the batch in flight and waits until it has.
+    pub async fn stop(self) -> Result<Summary, HostError> {
+        self.stop_when(std::future::ready(())).await
+    }
+
+    /// Waits until it stops by itself ([`HostSettings::until_caught_up`]) or
+    /// fails; a host that follows its topic runs until dropped.
+    pub async fn finished(self) -> Result<Summary, HostError> {
+        self.stop_when(std::future::pending()).await
+    }
+
+    /// Runs until it stops by itself or fails, or until `signal` resolves,
+    /// which stops it after the batch in flight.
+    pub async fn stop_when(mut self, signal: impl Future<Output = ()>) -> Result<Summary, HostError> {
+        let mut consuming = self.consuming.take().expect("a running host has its consumer");
+        let ended = tokio::select! {
+            ended = &mut consuming => ended,
+            () = signal => {
+                self.stop.take();
+                consuming.await
+            }
+        };
+        self.stop_admin.take();
+        ended.map_err(|e| HostError::Panicked { what: "the consumer", message: e.to_string() })?.map_err(Into::into)
+    }
+}
