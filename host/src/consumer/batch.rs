@@ -18,7 +18,7 @@ use super::{Consumer, ConsumerError, Summary};
 use crate::event::{Algebra, EventHeaders};
 use crate::handler::{BatchBudget, KeyOutcome};
 use crate::key::Key;
-use crate::log::{EventLog, StoredRecord};
+use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::projection::ModuleSet;
@@ -32,7 +32,7 @@ impl<L: EventLog> Consumer<L> {
     pub(super) fn process_batch(
         &self,
         partition: u32,
-        records: Vec<StoredRecord>,
+        records: &PolledBatch,
         next: u64,
         queue: &RetryQueue,
     ) -> Result<Summary, ConsumerError> {
@@ -45,34 +45,35 @@ impl<L: EventLog> Consumer<L> {
         let mut tally = BatchTally::default();
         let mut input = BatchInput::default();
         let now = routing::now_ms();
-        for stored in records {
-            match EventHeaders::parse_stored(&stored.record.headers) {
+        for view in records.iter() {
+            match EventHeaders::parse(view.headers()) {
                 Ok(headers) if queue.holds(&headers.key) => {
                     // Behind its key's retry, so its order is kept.
                     let routed = Routed {
                         projection: projection.name().to_owned(),
                         origin_partition: partition,
-                        origin_offset: stored.offset,
+                        origin_offset: view.offset(),
                         events: 1,
                         attempts: 0,
                         failed_at_ms: now,
                         failure: None,
                     };
-                    let record = routing::routed_record(&headers, &routed, stored.record.body);
+                    let record = routing::routed_record(&headers, &routed, view.body().to_vec());
                     commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key.key_hash(), record));
                     summary.retry_in += 1;
                     if let Some(route) = modules.route(headers.tag) {
                         tally.of(route.module, headers.tag).retried += 1;
                     }
                 }
-                Ok(headers) => input.push(headers, Origin::single(stored.offset), 0, stored.record.body),
+                Ok(headers) => input.push(headers, Origin::single(view.offset()), 0, view.body().to_vec()),
                 Err(error) => {
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
-                        offset = stored.offset,
+                        offset = view.offset(),
                         "message has unreadable headers and goes to the dead-letter topic: {error}"
                     );
+                    let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
                     let record = routing::malformed_record(projection.name(), partition, stored, &error);
                     commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
                     summary.malformed += 1;

@@ -55,7 +55,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::event::{EventHeaders, EventTypeTag};
 use crate::handler::{BatchBudget, PayloadLimits};
 use crate::key::Key;
-use crate::log::{EventLog, LogError};
+use crate::log::{EventLog, LogError, PolledBatch};
 use crate::metrics::Metrics;
 use crate::outbox::{self, OutboxError, Published};
 use crate::progress::Progress;
@@ -468,6 +468,7 @@ impl<L: EventLog> Consumer<L> {
             position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
             queue: None,
             settle: false,
+            spare: PolledBatch::new(),
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -557,7 +558,8 @@ impl<L: EventLog> Consumer<L> {
             None => self.config.batch_size,
         };
         let polling = Instant::now();
-        let records = match self.log.read(topic, partition, state.position, want).await {
+        let spare = std::mem::take(&mut state.spare);
+        let records = match self.log.poll(topic, partition, state.position, want, spare).await {
             Ok(records) => records,
             Err(error) => {
                 state.queue = Some(queue);
@@ -567,18 +569,20 @@ impl<L: EventLog> Consumer<L> {
         let Some(last) = records.last() else {
             let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
             state.queue = Some(queue);
+            state.spare = records;
             return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
         };
         let polled = polling.elapsed();
-        let next = last.offset + 1;
+        let next = last.offset() + 1;
         let consumer = self.clone();
-        let (batch, returned) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, records, next, &queue);
-            (batch, queue)
+        let (batch, returned, records) = tokio::task::spawn_blocking(move || {
+            let batch = consumer.process_batch(partition, &records, next, &queue);
+            (batch, queue, records)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
+        state.spare = records;
         let mut batch = batch?;
         batch.phases.add(Phase::Poll, polled);
         self.record_phases(&batch.phases);
@@ -692,6 +696,9 @@ struct PartitionState {
     /// Whether the last commit's outbox and retry records still have to be
     /// published and indexed.
     settle: bool,
+    /// The last polled batch, emptied by the next poll, which reuses its
+    /// buffers.
+    spare: PolledBatch,
 }
 
 /// What one step did.
