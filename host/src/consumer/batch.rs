@@ -35,6 +35,7 @@ impl<L: EventLog> Consumer<L> {
         records: &PolledBatch,
         next: u64,
         queue: &RetryQueue,
+        buffers: &mut BatchBuffers,
     ) -> Result<Summary, ConsumerError> {
         let projection = &*self.projection;
         // The modules of this batch, whatever is swapped in meanwhile.
@@ -43,7 +44,8 @@ impl<L: EventLog> Consumer<L> {
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
         let mut tally = BatchTally::default();
-        let mut input = BatchInput::default();
+        let input = &mut buffers.input;
+        input.clear();
         let now = routing::now_ms();
         for view in records.iter() {
             match EventHeaders::parse(view.headers()) {
@@ -83,7 +85,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        self.execute_and_commit(partition, &modules, input, summary, commit, tally)
+        self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)
     }
 
     /// Plans, executes and commits records taken from the retry topic. Runs
@@ -99,7 +101,8 @@ impl<L: EventLog> Consumer<L> {
         let retry = retry_topic(projection.topic());
         let mut summary = Summary { batches: 1, ..Summary::default() };
         let mut commit = BatchCommit::default();
-        let mut input = BatchInput::default();
+        let mut buffers = BatchBuffers::default();
+        let input = &mut buffers.input;
         for stored in records {
             commit.done.push((retry.clone(), partition, stored.offset));
             let parsed = Routed::parse(&stored.record.headers)
@@ -121,7 +124,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.positions.push((retry, partition, retry_position));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        self.execute_and_commit(partition, &projection.current(), input, summary, commit, BatchTally::default())
+        self.execute_and_commit(partition, &projection.current(), &mut buffers, summary, commit, BatchTally::default())
     }
 
     /// Plans `input`, executes it across workers and commits everything in
@@ -130,15 +133,16 @@ impl<L: EventLog> Consumer<L> {
         &self,
         partition: u32,
         modules: &ModuleSet,
-        mut input: BatchInput,
+        buffers: &mut BatchBuffers,
         mut summary: Summary,
         mut commit: BatchCommit,
         mut tally: BatchTally,
     ) -> Result<Summary, ConsumerError> {
         let store = self.projection.store();
         let mut laps = Laps::start();
-        let plan = Plan::new(&input.plan);
-        let work = split_work(&plan, &mut input, self.config.workers.max(1));
+        let BatchBuffers { input, plan } = buffers;
+        plan.rebuild(&input.plan);
+        let work = split_work(plan, input, self.config.workers.max(1));
         laps.lap(&mut summary.phases, Phase::Plan);
         let snapshot = Arc::new(store.reader()?);
         // Held until the commit is done: what the batch holds counts
@@ -208,6 +212,16 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
+/// What a partition keeps from one batch to the next, so that the next
+/// batch refills these vectors, maps and the plan instead of allocating
+/// them again. Emptied at the start of each batch: nothing of one batch is
+/// read by the next.
+#[derive(Default)]
+pub(super) struct BatchBuffers {
+    input: BatchInput,
+    plan: Plan,
+}
+
 /// What a batch hands the planner and the workers, index for index.
 ///
 /// The planner groups records by a number per key: each distinct key of
@@ -229,6 +243,18 @@ struct BatchInput {
 }
 
 impl BatchInput {
+    /// Empties every vector and the key table, keeping their allocations.
+    fn clear(&mut self) {
+        let Self { plan, keys, numbers, algebras, origins, bodies, attempts } = self;
+        plan.clear();
+        keys.clear();
+        numbers.clear();
+        algebras.clear();
+        origins.clear();
+        bodies.clear();
+        attempts.clear();
+    }
+
     fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
         let next = self.keys.len() as u64;
         let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {

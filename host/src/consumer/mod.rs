@@ -64,6 +64,7 @@ use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topi
 use crate::state::StateError;
 
 mod batch;
+use batch::BatchBuffers;
 mod failure;
 mod key;
 pub mod phase;
@@ -469,6 +470,7 @@ impl<L: EventLog> Consumer<L> {
             queue: None,
             settle: false,
             spare: PolledBatch::new(),
+            buffers: BatchBuffers::default(),
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -575,14 +577,16 @@ impl<L: EventLog> Consumer<L> {
         let polled = polling.elapsed();
         let next = last.offset() + 1;
         let consumer = self.clone();
-        let (batch, returned, records) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, &records, next, &queue);
-            (batch, queue, records)
+        let mut buffers = std::mem::take(&mut state.buffers);
+        let (batch, returned, records, buffers) = tokio::task::spawn_blocking(move || {
+            let batch = consumer.process_batch(partition, &records, next, &queue, &mut buffers);
+            (batch, queue, records, buffers)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
         state.spare = records;
+        state.buffers = buffers;
         let mut batch = batch?;
         batch.phases.add(Phase::Poll, polled);
         self.record_phases(&batch.phases);
@@ -699,6 +703,8 @@ struct PartitionState {
     /// The last polled batch, emptied by the next poll, which reuses its
     /// buffers.
     spare: PolledBatch,
+    /// The planner's input and the plan, refilled by the next batch.
+    buffers: BatchBuffers,
 }
 
 /// What one step did.
