@@ -118,30 +118,56 @@ struct Layout {
 }
 
 /// Checks one postcard-encoded [`Record`]: a header count, each header's
-/// name (UTF-8) and value, the body, nothing after.
+/// name (UTF-8) and value, the body, nothing after. Accepts exactly what
+/// postcard's own decoding of a [`Record`] accepts (a test checks it).
 fn check(encoded: &[u8]) -> Result<Layout, String> {
     // Where `rest` starts in `encoded`.
     let at = |rest: &[u8]| encoded.len() - rest.len();
-    let (count, mut rest) = postcard::take_from_bytes::<usize>(encoded).map_err(|e| e.to_string())?;
+    let (count, mut rest) = take_len(encoded).ok_or("bad header count")?;
     let headers = at(rest);
-    for _ in 0..count {
-        let (name, value) = take_header(rest)?;
-        std::str::from_utf8(name).map_err(|e| format!("header name: {e}"))?;
-        rest = value.1;
+    for index in 0..count {
+        let (name, _, after) = take_header(rest).ok_or_else(|| format!("header {index} is cut short"))?;
+        std::str::from_utf8(name).map_err(|e| format!("header {index}: name is not UTF-8: {e}"))?;
+        rest = after;
     }
-    let (body, after) = postcard::take_from_bytes::<&[u8]>(rest).map_err(|e| format!("body: {e}"))?;
+    let (body, after) = take_bytes(rest).ok_or("the body is cut short")?;
     if !after.is_empty() {
         return Err(format!("{} trailing bytes", after.len()));
     }
     Ok(Layout { headers, count, body: (at(after) - body.len(), at(after)) })
 }
 
-/// One header off the front of `bytes`: its name, and its value with what
-/// follows it.
-fn take_header(bytes: &[u8]) -> Result<(&[u8], (&[u8], &[u8])), String> {
-    let (name, rest) = postcard::take_from_bytes::<&[u8]>(bytes).map_err(|e| format!("header name: {e}"))?;
-    let value = postcard::take_from_bytes::<&[u8]>(rest).map_err(|e| format!("header value: {e}"))?;
-    Ok((name, value))
+/// One header off the front of `bytes`: its name, its value, what follows.
+fn take_header(bytes: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let (name, rest) = take_bytes(bytes)?;
+    let (value, rest) = take_bytes(rest)?;
+    Some((name, value, rest))
+}
+
+/// A length-prefixed byte string off the front of `bytes`, and what follows.
+fn take_bytes(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = take_len(bytes)?;
+    (len <= rest.len()).then(|| rest.split_at(len))
+}
+
+/// A length off the front of `bytes`, as postcard writes a `usize`:
+/// unsigned LEB128 of a u64, at most 10 bytes, no bits past the 64th.
+/// Read here rather than through postcard's deserializer because it runs
+/// a dozen times per record on the consumer's hot path.
+fn take_len(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    const MAX_BYTES: usize = 10;
+    let mut value = 0u64;
+    for (index, &byte) in bytes.iter().enumerate().take(MAX_BYTES) {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            // The tenth byte holds only the 64th bit.
+            if index == MAX_BYTES - 1 && byte > 1 {
+                return None;
+            }
+            return Some((usize::try_from(value).ok()?, &bytes[index + 1..]));
+        }
+    }
+    None
 }
 
 /// One record of a [`PolledBatch`], borrowed from its buffer.
@@ -163,7 +189,7 @@ impl<'a> RecordView<'a> {
         // Checked when pushed, so every header is there.
         let rest = &self.batch.bytes[self.entry.headers..];
         (0..self.entry.count).scan(rest, |rest, _| {
-            let (name, (value, after)) = take_header(rest).ok()?;
+            let (name, value, after) = take_header(rest)?;
             *rest = after;
             Some((name, value))
         })
@@ -232,9 +258,9 @@ mod tests {
         for (bytes, reason) in [
             (&good[..good.len() - 1], "body"),
             (&trailing[..], "1 trailing bytes"),
-            (&bad_name[..], "header name"),
-            (&[][..], ""),
-            (&[200, 1][..], "header name"), // 200 headers announced, none there
+            (&bad_name[..], "header 0: name is not UTF-8"),
+            (&[][..], "header count"),
+            (&[200, 1][..], "header 0 is cut short"), // 200 headers announced, none there
         ] {
             let error = batch.push_encoded(1, bytes).unwrap_err();
             assert!(error.contains(reason), "{error}");
@@ -243,5 +269,35 @@ mod tests {
         }
         batch.push_encoded(1, &good).unwrap();
         assert_eq!(batch.last().unwrap().to_record(), record(b"body"));
+    }
+
+    #[test]
+    fn accepts_exactly_what_postcard_decodes() {
+        let postcard_accepts =
+            |bytes: &[u8]| matches!(postcard::take_from_bytes::<Record>(bytes), Ok((_, rest)) if rest.is_empty());
+        let records = [record(b"body"), Record::default(), record(&[0x80; 130])];
+        let mut cases = 0;
+        for encoded in records.iter().map(|r| postcard::to_allocvec(r).unwrap()) {
+            let mut variants: Vec<Vec<u8>> = (0..=encoded.len()).map(|end| encoded[..end].to_vec()).collect();
+            for at in 0..encoded.len() {
+                for byte in [0x00, 0x01, 0x02, 0x7f, 0x80, 0xc3, 0xff] {
+                    let mut changed = encoded.clone();
+                    changed[at] = byte;
+                    variants.push(changed);
+                }
+            }
+            for bytes in variants {
+                let ours = PolledBatch::new().push_encoded(0, &bytes);
+                assert_eq!(ours.is_ok(), postcard_accepts(&bytes), "{bytes:?}: {ours:?}");
+                cases += 1;
+            }
+        }
+        // Lengths at the edges of the varint encoding.
+        for bytes in
+            [&[0xff; 10][..], &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], &[0x80, 0x00, 0x00]]
+        {
+            assert_eq!(PolledBatch::new().push_encoded(0, bytes).is_ok(), postcard_accepts(bytes), "{bytes:?}");
+        }
+        assert!(cases > 1000, "{cases}");
     }
 }
