@@ -66,11 +66,11 @@ impl PolledBatch {
         self.index(offset, start)
     }
 
-    /// Appends an owned record.
+    /// Appends an owned record (encoded apart first, so that a failure
+    /// leaves the buffer as it was).
     pub fn push(&mut self, offset: u64, record: &Record) -> Result<(), String> {
-        let start = self.bytes.len();
-        self.bytes = postcard::to_extend(record, std::mem::take(&mut self.bytes)).map_err(|e| e.to_string())?;
-        self.index(offset, start)
+        let encoded = postcard::to_allocvec(record).map_err(|e| e.to_string())?;
+        self.push_encoded(offset, &encoded)
     }
 
     /// Checks and indexes the encoded record that starts at `start` and
