@@ -61,10 +61,12 @@ use crate::key::Key;
 use crate::log::Record;
 
 pub mod embedded;
+pub mod postgres;
 #[cfg(test)]
 mod suite;
 
 pub use embedded::EmbeddedStore;
+pub use postgres::PostgresStore;
 
 /// Why a state operation failed.
 #[derive(Debug, thiserror::Error)]
