@@ -371,6 +371,9 @@ impl StateBackend for PostgresStore {
     }
 }
 
+/// The key's text and the last value written to an entry (`None`: deleted).
+type LastWrite = (String, Option<Vec<u8>>);
+
 /// A batch folded into one array per column, ready for `unnest`.
 #[derive(Default)]
 struct CommitRows {
@@ -399,7 +402,8 @@ impl CommitRows {
     /// decimal text (PostgreSQL has no 128-bit integer to bind).
     fn fold(commit: BatchCommit, location: &str) -> Result<Self, StateError> {
         let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through } = commit;
-        let mut last: BTreeMap<(Vec<u8>, String), (String, Option<Vec<u8>>)> = BTreeMap::new();
+        // (key bytes, name) → (key text, last value written).
+        let mut last: BTreeMap<(Vec<u8>, String), LastWrite> = BTreeMap::new();
         for (key, key_writes) in &writes {
             let text = key.to_string();
             for (name, value) in key_writes.iter() {
