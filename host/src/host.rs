@@ -50,7 +50,7 @@ use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError};
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
-use crate::state::{StateError, StateStore};
+use crate::state::{PostgresStore, StateError, StateStore};
 
 /// Everything a host needs to start; [`HostSettings::new`] lists the
 /// defaults.
@@ -62,6 +62,9 @@ pub struct HostSettings {
     pub data: PathBuf,
     /// Which log to consume. Default: the embedded log in [`Self::data`].
     pub log: LogSettings,
+    /// Where the projection's state lives. Default: the embedded store in
+    /// [`Self::data`].
+    pub state: StateSettings,
     /// The projection's name (its state file is named after it).
     pub projection: String,
     /// The topic it consumes.
@@ -105,6 +108,7 @@ impl HostSettings {
         Self {
             data: data.into(),
             log: LogSettings::Embedded,
+            state: StateSettings::Embedded,
             projection: projection.to_owned(),
             topic: topic.to_owned(),
             modules,
@@ -131,18 +135,35 @@ impl HostSettings {
         })
     }
 
-    /// The projection's state store, `<data>/projections/<projection>.redb`.
+    /// The projection's state store ([`open_state`]).
     pub fn open_state(&self) -> Result<StateStore, HostError> {
-        open_state(&self.data, &self.projection)
+        open_state(&self.data, &self.state, &self.projection)
     }
 }
 
-/// The state store of `projection` in the data directory `data`.
-pub fn open_state(data: &Path, projection: &str) -> Result<StateStore, HostError> {
+/// Where a projection's state lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateSettings {
+    /// The embedded store: `<data>/projections/<projection>.redb`.
+    Embedded,
+    /// A PostgreSQL database, `postgres://user:password@host:port/db`,
+    /// which several hosts may share ([`crate::state::postgres`]).
+    Postgres {
+        /// The database URL.
+        url: String,
+    },
+}
+
+/// The state store of `projection`: in the data directory `data`, or in
+/// the database `state` names (its schema created or migrated on the way).
+pub fn open_state(data: &Path, state: &StateSettings, projection: &str) -> Result<StateStore, HostError> {
     crate::log::embedded::validate_topic_name(projection)
         .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
-    let path = data.join("projections").join(format!("{projection}.redb"));
-    StateStore::open(&path).map_err(|source| HostError::State { projection: projection.to_owned(), source })
+    let opened = match state {
+        StateSettings::Embedded => StateStore::open(&data.join("projections").join(format!("{projection}.redb"))),
+        StateSettings::Postgres { url } => PostgresStore::connect(url, projection).map(StateStore::from_backend),
+    };
+    opened.map_err(|source| HostError::State { projection: projection.to_owned(), source })
 }
 
 /// Which log a host reads and writes.

@@ -491,7 +491,7 @@ impl Marks {
     fn load(store: &StateStore) -> Result<Self, StateError> {
         let Some(bytes) = store.meta(MARKS)? else { return Ok(Self::default()) };
         let marks: Vec<(String, u32, u64)> = postcard::from_bytes(&bytes).map_err(|e| StateError::Corrupt {
-            path: store.path().to_owned(),
+            store: store.location().to_owned(),
             what: format!("the outbox marks: {e}"),
         })?;
         Ok(Self(marks.into_iter().map(|(topic, partition, mark)| ((topic, partition), mark)).collect()))
@@ -501,7 +501,7 @@ impl Marks {
         let marks: Vec<(&str, u32, u64)> =
             self.0.iter().map(|((topic, partition), mark)| (topic.as_str(), *partition, *mark)).collect();
         let bytes = postcard::to_allocvec(&marks).map_err(|e| StateError::Storage {
-            path: store.path().to_owned(),
+            store: store.location().to_owned(),
             source: format!("cannot encode the outbox marks: {e}").into(),
         })?;
         store.set_meta(MARKS, &bytes)

@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::consumer::ConsumerConfig;
 use crate::handler::{LimitsError, PayloadLimits};
-use crate::host::{HostError, HostSettings, LogSettings};
+use crate::host::{HostError, HostSettings, LogSettings, StateSettings};
 use crate::key::Key;
 use crate::log::AnyLog;
 use crate::routing::RetryPolicy;
@@ -31,6 +31,19 @@ pub(super) struct DataArgs {
     /// The Iggy stream holding the topics (created if missing).
     #[arg(long, default_value = "waku", requires = "iggy")]
     pub(super) stream: String,
+    /// Keep the projection's state in PostgreSQL instead of the data
+    /// directory: `postgres://user:password@host:port/db` (the host creates
+    /// its tables; several hosts may share it).
+    #[arg(long, value_parser = postgres_url)]
+    pub(super) state: Option<String>,
+}
+
+/// A `--state` value: a PostgreSQL URL.
+fn postgres_url(value: &str) -> Result<String, String> {
+    match value.starts_with("postgres://") || value.starts_with("postgresql://") {
+        true => Ok(value.to_owned()),
+        false => Err(format!("`{value}` is no PostgreSQL URL (postgres://user:password@host:port/db)")),
+    }
 }
 
 impl DataArgs {
@@ -46,8 +59,16 @@ impl DataArgs {
         self.log_settings().open(&self.data).await
     }
 
+    /// Where the flags keep the state.
+    pub(super) fn state_settings(&self) -> StateSettings {
+        match &self.state {
+            Some(url) => StateSettings::Postgres { url: url.clone() },
+            None => StateSettings::Embedded,
+        }
+    }
+
     pub(super) fn state(&self, projection: &str) -> Result<StateStore, HostError> {
-        crate::host::open_state(&self.data, projection)
+        crate::host::open_state(&self.data, &self.state_settings(), projection)
     }
 }
 

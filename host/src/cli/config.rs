@@ -14,7 +14,8 @@
 //!   default. So a credential (the Iggy URL with its password) never has to
 //!   be on the command line, and a flag still overrides everything for one
 //!   run.
-//! - The settings that say where the data is (`data`, `iggy`, `stream`)
+//! - The settings that say where the data is (`data`, `iggy`, `stream`,
+//!   `state`)
 //!   and what it is (`projection`, `topic`) apply to every command that
 //!   takes them; the others only to `run` (`--partitions` or `--admin`
 //!   mean something else elsewhere). `demo` takes only `iggy`: it makes
@@ -44,7 +45,7 @@ use wakuwaku_core::limits::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
-const SHARED: [&str; 5] = ["data", "iggy", "stream", "projection", "topic"];
+const SHARED: [&str; 6] = ["data", "iggy", "stream", "state", "projection", "topic"];
 
 /// What `demo` takes from the environment and the file: the credential
 /// only, as it makes its own fresh data (and stream).
@@ -54,7 +55,7 @@ const DEMO: [&str; 1] = ["iggy"];
 const NOT_SETTINGS: [&str; 5] = ["help", "version", "config", "log-level", "print-config"];
 
 /// Settings whose value is masked when shown.
-const SECRETS: [&str; 1] = ["iggy"];
+const SECRETS: [&str; 2] = ["iggy", "state"];
 
 /// The default config file, in the working directory.
 pub(super) const DEFAULT_FILE: &str = "waku.toml";
@@ -331,7 +332,7 @@ fn checked(arg: &clap::Arg, text: &str, source: &Source) -> Result<Vec<OsString>
     Ok(vec![given.into()])
 }
 
-/// `iggy://user:password@host` with the password masked.
+/// `iggy://user:password@host` (or `postgres://...`) with the password masked.
 pub(super) fn masked(setting: &str, value: &str) -> String {
     if !SECRETS.contains(&setting) {
         return value.to_owned();

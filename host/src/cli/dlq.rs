@@ -126,7 +126,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             }
             let done = match dead_letter::redrive(&log, topic, projection, &store, &selection).await {
                 Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
-                    let state = store.path().display();
+                    let state = store.location();
                     return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
                 }
                 done => done?,

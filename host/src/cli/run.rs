@@ -80,6 +80,7 @@ impl RunArgs {
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
         let mut settings = HostSettings::new(&self.data.data, &self.projection, &self.topic, modules);
         settings.log = self.data.log_settings();
+        settings.state = self.data.state_settings();
         settings.consumer.partitions = self.partitions.clone();
         self.consume.apply(&mut settings)?;
         settings.create_topic = self.create_topic;

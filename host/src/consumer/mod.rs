@@ -420,9 +420,12 @@ impl<L: EventLog> Consumer<L> {
             let _ = stop_on_shutdown.send(true);
         });
         // The gate: every partition's end offset, read once at start-up.
+        // Each partition is claimed first: a host that held it before can
+        // no longer commit to it (a no-op for the embedded store).
         let partitions = self.partitions().await?;
         let mut gate = Vec::with_capacity(partitions.len());
         for &partition in &partitions {
+            self.projection.store().claim(partition)?;
             let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
             gate.push((partition, position, self.log.end_offset(topic, partition).await?));
         }

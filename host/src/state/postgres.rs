@@ -1,0 +1,902 @@
+//! The PostgreSQL state store: the state of a projection shared by several
+//! hosts, in tables of one database.
+//!
+//! **Schema.** The host creates and migrates the schema itself when it
+//! connects ([`PostgresStore::connect`]): the versions applied are rows of
+//! `waku_schema`, and [`MIGRATIONS`] are applied in order, in one
+//! transaction under an advisory lock, so hosts starting together never
+//! race. A database with a newer version than this build knows is refused
+//! ([`StateError::SchemaTooNew`]). Every table has a `projection` column,
+//! so projections share one database:
+//!
+//! | table | holds |
+//! | --- | --- |
+//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text (generated; `NULL` otherwise) |
+//! | `waku_counters`, `waku_stats` | name → value (`numeric`) |
+//! | `waku_positions` | (topic, partition) → next offset |
+//! | `waku_done` | (topic, partition, record): records at or above the position already dealt with |
+//! | `waku_outbox`, `waku_outbox_next` | pending emitted records by sequence number, and the next number |
+//! | `waku_meta` | the host's bookkeeping (module versions, outbox marks) |
+//! | `waku_epochs` | partition → epoch of its current owner (fencing) |
+//!
+//! **A read model for SQL.** Each projection gets a view `waku_state_<projection>`
+//! (key, name, json, value), created at connect:
+//!
+//! ```sql
+//! SELECT json->'balance' FROM "waku_state_bank" WHERE key = '42' AND name = 'account';
+//! ```
+//!
+//! **One batch, one transaction.** A commit folds the batch (last write of
+//! each entry wins, deltas summed) and sends one statement per table with
+//! arrays (`unnest`), inside one transaction, so its cost grows with the
+//! number of tables, not of rows.
+//!
+//! **Fencing.** [`StateBackend::claim`] bumps the partition's row in
+//! `waku_epochs` and remembers the epoch. A commit whose positions or done
+//! marks touch a claimed partition first reads its epoch `FOR SHARE` in the
+//! same transaction: a claim by another host waits for the commit, and a
+//! commit after such a claim finds a newer epoch and is refused whole
+//! ([`StateError::Fenced`]). Partitions this store never claimed are not
+//! fenced (one host, or a command such as `waku dlq`).
+//!
+//! **Bridging.** tokio-postgres is async and the [`StateBackend`] trait is
+//! not (see [`super`]): the store owns a small runtime (two threads) that
+//! drives the connections, and each call spawns its queries there and
+//! waits for the answer on a channel. That works from any thread, a
+//! runtime's included, and never nests runtimes.
+//!
+//! **Snapshots.** A [`StateBackend::reader`] holds one pooled connection in
+//! a `REPEATABLE READ READ ONLY` transaction, started at once, so it sees
+//! the commits before it and none after; the workers of a batch share it
+//! (tokio-postgres pipelines their queries). Dropping the reader rolls the
+//! transaction back before the connection returns to the pool.
+//!
+//! Connections are plain TCP or Unix sockets (no TLS yet).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
+use crate::key::Key;
+
+/// The schema, one migration per version: `MIGRATIONS[n]` takes the
+/// database from version `n` to `n + 1`. Append; never edit a published one.
+pub const MIGRATIONS: &[&str] = &[r#"
+CREATE FUNCTION waku_json(value bytea) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+BEGIN
+    RETURN convert_from(value, 'UTF8')::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+CREATE TABLE waku_state (
+    projection text COLLATE "C" NOT NULL,
+    key bytea NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    key_text text NOT NULL,
+    value bytea NOT NULL,
+    json jsonb GENERATED ALWAYS AS (waku_json(value)) STORED,
+    PRIMARY KEY (projection, key, name)
+);
+CREATE TABLE waku_counters (
+    projection text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    value numeric(40, 0) NOT NULL,
+    PRIMARY KEY (projection, name)
+);
+CREATE TABLE waku_stats (
+    projection text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    value numeric(20, 0) NOT NULL,
+    PRIMARY KEY (projection, name)
+);
+CREATE TABLE waku_positions (
+    projection text COLLATE "C" NOT NULL,
+    topic text COLLATE "C" NOT NULL,
+    partition integer NOT NULL,
+    next bigint NOT NULL,
+    PRIMARY KEY (projection, topic, partition)
+);
+CREATE TABLE waku_done (
+    projection text COLLATE "C" NOT NULL,
+    topic text COLLATE "C" NOT NULL,
+    partition integer NOT NULL,
+    record bigint NOT NULL,
+    PRIMARY KEY (projection, topic, partition, record)
+);
+CREATE TABLE waku_outbox (
+    projection text COLLATE "C" NOT NULL,
+    seq bigint NOT NULL,
+    entry bytea NOT NULL,
+    PRIMARY KEY (projection, seq)
+);
+CREATE TABLE waku_outbox_next (
+    projection text COLLATE "C" PRIMARY KEY,
+    next bigint NOT NULL
+);
+CREATE TABLE waku_meta (
+    projection text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (projection, name)
+);
+CREATE TABLE waku_epochs (
+    projection text COLLATE "C" NOT NULL,
+    partition integer NOT NULL,
+    epoch bigint NOT NULL,
+    PRIMARY KEY (projection, partition)
+);
+"#];
+
+/// The advisory lock held while the schema is migrated ("waku" in ASCII).
+const MIGRATION_LOCK: i64 = 0x7761_6b75;
+
+/// Connections kept per store: the batch workers share the reader's, so
+/// a few serve a host.
+const POOL_SIZE: usize = 8;
+
+/// The state of one projection in a PostgreSQL database.
+pub struct PostgresStore {
+    pool: Pool,
+    bridge: Bridge,
+    projection: Arc<str>,
+    location: Arc<str>,
+    /// The epoch of each partition this store claimed.
+    claims: Mutex<HashMap<u32, i64>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore").field("location", &self.location).finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user@host:port/db`,
+    /// or key=value pairs), creates or migrates the schema, and creates the
+    /// projection's view.
+    pub fn connect(url: &str, projection: &str) -> Result<Self, StateError> {
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StateError::Storage { store: "the PostgreSQL URL".to_owned(), source: Box::new(e) })?;
+        Self::connect_with(config, projection)
+    }
+
+    /// [`connect`](Self::connect) with a parsed configuration.
+    pub fn connect_with(config: tokio_postgres::Config, projection: &str) -> Result<Self, StateError> {
+        let location: Arc<str> = describe(&config, projection).into();
+        crate::log::embedded::validate_topic_name(projection)
+            .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
+        let bridge =
+            Bridge::new().map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
+        let store = Self { pool, bridge, projection: projection.into(), location, claims: Mutex::default() };
+        store.run(|db| async move { db.migrate().await })?;
+        Ok(store)
+    }
+
+    /// Runs `work` on the store's runtime with a pooled connection and
+    /// waits for it.
+    fn run<T, F>(&self, work: impl FnOnce(Db) -> F + Send + 'static) -> Result<T, StateError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, StateError>> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        let db = Db { projection: self.projection.clone(), location: self.location.clone(), client: None };
+        let location = self.location.clone();
+        self.bridge.run(&location, async move {
+            let client = pool.get().await.map_err(|e| db.error(e))?;
+            work(Db { client: Some(Arc::new(client)), ..db }).await
+        })
+    }
+
+    /// The claimed epochs of the partitions `commit` touches.
+    fn held_epochs(&self, commit: &BatchCommit) -> Vec<(u32, i64)> {
+        let claims = self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let touched: HashSet<u32> =
+            commit.positions.iter().chain(&commit.done).map(|(_, partition, _)| *partition).collect();
+        let mut held: Vec<(u32, i64)> =
+            touched.into_iter().filter_map(|partition| Some((partition, *claims.get(&partition)?))).collect();
+        held.sort_unstable();
+        held
+    }
+}
+
+impl StateBackend for PostgresStore {
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn claim(&self, partition: u32) -> Result<u64, StateError> {
+        let epoch = self.run(move |db| async move {
+            let row = db
+                .client()
+                .query_one(
+                    "INSERT INTO waku_epochs (projection, partition, epoch) VALUES ($1, $2, 1) \
+                     ON CONFLICT (projection, partition) DO UPDATE SET epoch = waku_epochs.epoch + 1 \
+                     RETURNING epoch",
+                    &[&&*db.projection, &i32_of(partition)],
+                )
+                .await
+                .map_err(|e| db.error(e))?;
+            Ok(row.get::<_, i64>(0))
+        })?;
+        self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, epoch);
+        Ok(epoch.unsigned_abs())
+    }
+
+    fn reader(&self) -> Result<StateReader, StateError> {
+        let client = self.run(|db| async move {
+            db.client()
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+                .await
+                .map_err(|e| db.error(e))?;
+            Ok(db.client.clone())
+        })?;
+        Ok(StateReader::new(PostgresSnapshot {
+            db: Db { projection: self.projection.clone(), location: self.location.clone(), client },
+            bridge: self.bridge.handle(),
+        }))
+    }
+
+    fn commit(&self, commit: BatchCommit) -> Result<(), StateError> {
+        if commit.is_empty() {
+            return Ok(());
+        }
+        let held = self.held_epochs(&commit);
+        let rows = CommitRows::fold(commit, &self.location)?;
+        self.run(move |db| async move { db.commit(held, rows).await })
+    }
+
+    fn keys(&self) -> Result<Vec<Key>, StateError> {
+        self.run(|db| async move {
+            let rows = db
+                .query("SELECT DISTINCT key FROM waku_state WHERE projection = $1 ORDER BY key", &[&&*db.projection])
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Key::from_canonical(row.get::<_, &[u8]>(0))
+                        .map_err(|e| db.corrupt(format!("a state key is not canonical: {e}")))
+                })
+                .collect()
+        })
+    }
+
+    fn entries(&self, key: &Key) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        let key = key.as_bytes().to_vec();
+        self.run(move |db| async move {
+            let rows = db
+                .query(
+                    "SELECT name, value FROM waku_state WHERE projection = $1 AND key = $2 ORDER BY name",
+                    &[&&*db.projection, &key],
+                )
+                .await?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+
+    fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let (key, name) = (key.as_bytes().to_vec(), name.to_owned());
+        self.run(move |db| async move { db.get(&key, &name).await })
+    }
+
+    fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
+        self.run(|db| async move { db.numbers("waku_counters").await })
+    }
+
+    fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
+        self.run(|db| async move { db.numbers("waku_stats").await })
+    }
+
+    fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
+        let topic = topic.to_owned();
+        self.run(move |db| async move {
+            let rows = db
+                .query(
+                    "SELECT next FROM waku_positions WHERE projection = $1 AND topic = $2 AND partition = $3",
+                    &[&&*db.projection, &topic, &i32_of(partition)],
+                )
+                .await?;
+            Ok(rows.first().map(|row| row.get::<_, i64>(0).unsigned_abs()))
+        })
+    }
+
+    fn done(&self, topic: &str, partition: u32) -> Result<Vec<u64>, StateError> {
+        let topic = topic.to_owned();
+        self.run(move |db| async move {
+            let rows = db
+                .query(
+                    "SELECT record FROM waku_done WHERE projection = $1 AND topic = $2 AND partition = $3 \
+                     ORDER BY record",
+                    &[&&*db.projection, &topic, &i32_of(partition)],
+                )
+                .await?;
+            Ok(rows.iter().map(|row| row.get::<_, i64>(0).unsigned_abs()).collect())
+        })
+    }
+
+    fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
+        self.run(|db| async move {
+            let rows = db
+                .query("SELECT seq, entry FROM waku_outbox WHERE projection = $1 ORDER BY seq", &[&&*db.projection])
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let seq = row.get::<_, i64>(0).unsigned_abs();
+                    Ok((seq, decode_outbox(seq, row.get(1)).map_err(|what| db.corrupt(what))?))
+                })
+                .collect()
+        })
+    }
+
+    fn remove_outbox(&self, through_seq: u64) -> Result<(), StateError> {
+        let through = i64_of(through_seq, &self.location)?;
+        self.run(move |db| async move {
+            db.query("DELETE FROM waku_outbox WHERE projection = $1 AND seq <= $2", &[&&*db.projection, &through])
+                .await
+                .map(drop)
+        })
+    }
+
+    fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let name = name.to_owned();
+        self.run(move |db| async move {
+            let rows = db
+                .query("SELECT value FROM waku_meta WHERE projection = $1 AND name = $2", &[&&*db.projection, &name])
+                .await?;
+            Ok(rows.first().map(|row| row.get(0)))
+        })
+    }
+
+    fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError> {
+        let (name, value) = (name.to_owned(), value.to_vec());
+        self.run(move |db| async move {
+            db.query(
+                "INSERT INTO waku_meta (projection, name, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (projection, name) DO UPDATE SET value = excluded.value",
+                &[&&*db.projection, &name, &value],
+            )
+            .await
+            .map(drop)
+        })
+    }
+}
+
+/// The key's text and the last value written to an entry (`None`: deleted).
+type LastWrite = (String, Option<Vec<u8>>);
+
+/// A batch folded into one array per column, ready for `unnest`.
+#[derive(Default)]
+struct CommitRows {
+    set_keys: Vec<Vec<u8>>,
+    set_names: Vec<String>,
+    set_key_texts: Vec<String>,
+    set_values: Vec<Vec<u8>>,
+    deleted_keys: Vec<Vec<u8>>,
+    deleted_names: Vec<String>,
+    counter_names: Vec<String>,
+    counter_deltas: Vec<String>,
+    stat_names: Vec<String>,
+    stat_deltas: Vec<String>,
+    position_topics: Vec<String>,
+    position_partitions: Vec<i32>,
+    position_nexts: Vec<i64>,
+    done_topics: Vec<String>,
+    done_partitions: Vec<i32>,
+    done_records: Vec<i64>,
+    outbox_through: Option<i64>,
+    outbox: Vec<Vec<u8>>,
+}
+
+impl CommitRows {
+    /// Folds `commit`: one row per entry (the last write wins), deltas as
+    /// decimal text (PostgreSQL has no 128-bit integer to bind).
+    fn fold(commit: BatchCommit, location: &str) -> Result<Self, StateError> {
+        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through } = commit;
+        // (key bytes, name) → (key text, last value written).
+        let mut last: BTreeMap<(Vec<u8>, String), LastWrite> = BTreeMap::new();
+        for (key, key_writes) in &writes {
+            let text = key.to_string();
+            for (name, value) in key_writes.iter() {
+                last.insert((key.as_bytes().to_vec(), name.to_owned()), (text.clone(), value.map(<[u8]>::to_vec)));
+            }
+        }
+        let mut rows = Self::default();
+        for ((key, name), (text, value)) in last {
+            match value {
+                Some(value) => {
+                    rows.set_keys.push(key);
+                    rows.set_names.push(name);
+                    rows.set_key_texts.push(text);
+                    rows.set_values.push(value);
+                }
+                None => {
+                    rows.deleted_keys.push(key);
+                    rows.deleted_names.push(name);
+                }
+            }
+        }
+        (rows.counter_names, rows.counter_deltas) =
+            counter_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
+        (rows.stat_names, rows.stat_deltas) =
+            stat_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
+        for (topic, partition, next) in positions {
+            rows.position_topics.push(topic);
+            rows.position_partitions.push(i32_of(partition));
+            rows.position_nexts.push(i64_of(next, location)?);
+        }
+        for (topic, partition, record) in done {
+            rows.done_topics.push(topic);
+            rows.done_partitions.push(i32_of(partition));
+            rows.done_records.push(i64_of(record, location)?);
+        }
+        rows.outbox_through = outbox_through.map(|seq| i64_of(seq, location)).transpose()?;
+        rows.outbox = outbox.iter().map(|entry| encode_outbox(entry, location)).collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+}
+
+/// What a query on the store's runtime works with: a pooled connection and
+/// the names errors carry.
+struct Db {
+    projection: Arc<str>,
+    location: Arc<str>,
+    /// Shared with the batch workers when it is a snapshot's.
+    client: Option<Arc<Object>>,
+}
+
+impl Db {
+    fn client(&self) -> &tokio_postgres::Client {
+        // Every `Db` a query sees was built with its connection.
+        self.client.as_deref().map(|object| &***object).expect("a connection")
+    }
+
+    fn error(&self, e: impl std::error::Error + Send + Sync + 'static) -> StateError {
+        StateError::Storage { store: self.location.to_string(), source: Box::new(e) }
+    }
+
+    fn corrupt(&self, what: String) -> StateError {
+        StateError::Corrupt { store: self.location.to_string(), what }
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StateError> {
+        self.client().query(sql, params).await.map_err(|e| self.error(e))
+    }
+
+    async fn get(&self, key: &[u8], name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let rows = self
+            .query(
+                "SELECT value FROM waku_state WHERE projection = $1 AND key = $2 AND name = $3",
+                &[&&*self.projection, &key, &name],
+            )
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+
+    /// Every (name, value) of a table of numbers, by name.
+    async fn numbers<N: FromStr>(&self, table: &'static str) -> Result<Vec<(String, N)>, StateError> {
+        let sql = format!("SELECT name, value::text FROM {table} WHERE projection = $1 ORDER BY name");
+        let rows = self.query(&sql, &[&&*self.projection]).await?;
+        rows.iter()
+            .map(|row| {
+                let (name, value): (String, &str) = (row.get(0), row.get(1));
+                let value = value.parse().map_err(|_| self.corrupt(format!("{table} `{name}` holds {value}")))?;
+                Ok((name, value))
+            })
+            .collect()
+    }
+
+    /// The connection, owned: `run` hands each call its own.
+    fn take(&mut self) -> Result<Object, StateError> {
+        self.client.take().and_then(Arc::into_inner).ok_or_else(|| StateError::Storage {
+            store: self.location.to_string(),
+            source: "a shared connection cannot open a transaction".into(),
+        })
+    }
+
+    /// A second handle on the same connection, for a snapshot's queries.
+    fn share(&self) -> Self {
+        Self { projection: self.projection.clone(), location: self.location.clone(), client: self.client.clone() }
+    }
+
+    /// Creates or migrates the schema and the projection's view.
+    async fn migrate(mut self) -> Result<(), StateError> {
+        let mut client = self.take()?;
+        let txn = client.transaction().await.map_err(|e| self.error(e))?;
+        txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| self.error(e))?;
+        txn.batch_execute("CREATE TABLE IF NOT EXISTS waku_schema (version integer PRIMARY KEY)")
+            .await
+            .map_err(|e| self.error(e))?;
+        let row =
+            txn.query_one("SELECT coalesce(max(version), 0) FROM waku_schema", &[]).await.map_err(|e| self.error(e))?;
+        let found: i32 = row.get(0);
+        let known = MIGRATIONS.len() as i32;
+        if found > known {
+            return Err(StateError::SchemaTooNew { store: self.location.to_string(), found, known });
+        }
+        for (version, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+            txn.batch_execute(migration).await.map_err(|e| self.error(e))?;
+            txn.execute("INSERT INTO waku_schema (version) VALUES ($1)", &[&(version as i32 + 1)])
+                .await
+                .map_err(|e| self.error(e))?;
+        }
+        // The projection's name is checked (letters, digits, `.`, `_`, `-`),
+        // so it quotes safely as an identifier and as a literal.
+        let projection = &self.projection;
+        txn.batch_execute(&format!(
+            "CREATE OR REPLACE VIEW \"waku_state_{projection}\" AS \
+             SELECT key_text AS key, name, json, value FROM waku_state WHERE projection = '{projection}'"
+        ))
+        .await
+        .map_err(|e| self.error(e))?;
+        txn.commit().await.map_err(|e| self.error(e))
+    }
+
+    /// Applies one batch in one transaction, after checking the epochs of
+    /// the claimed partitions it touches.
+    async fn commit(mut self, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
+        let mut client = self.take()?;
+        let txn = client.transaction().await.map_err(|e| self.error(e))?;
+        let p = &*self.projection;
+        if !held.is_empty() {
+            let partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
+            let current: HashMap<i32, i64> = txn
+                .query(
+                    "SELECT partition, epoch FROM waku_epochs WHERE projection = $1 AND partition = ANY($2) FOR SHARE",
+                    &[&p, &partitions],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            for (partition, epoch) in held {
+                let now = current.get(&i32_of(partition)).copied().unwrap_or(0);
+                if now != epoch {
+                    return Err(StateError::Fenced {
+                        partition,
+                        held: epoch.unsigned_abs(),
+                        current: now.unsigned_abs(),
+                    });
+                }
+            }
+        }
+        let r = &rows;
+        let run = async |sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
+            txn.execute(sql, params).await.map(drop).map_err(|e| self.error(e))
+        };
+        if !r.set_keys.is_empty() {
+            run(
+                "INSERT INTO waku_state (projection, key, name, key_text, value) \
+                 SELECT $1, * FROM unnest($2::bytea[], $3::text[], $4::text[], $5::bytea[]) \
+                 ON CONFLICT (projection, key, name) DO UPDATE SET value = excluded.value",
+                &[&p, &r.set_keys, &r.set_names, &r.set_key_texts, &r.set_values],
+            )
+            .await?;
+        }
+        if !r.deleted_keys.is_empty() {
+            run(
+                "DELETE FROM waku_state s USING unnest($2::bytea[], $3::text[]) AS d(key, name) \
+                 WHERE s.projection = $1 AND s.key = d.key AND s.name = d.name",
+                &[&p, &r.deleted_keys, &r.deleted_names],
+            )
+            .await?;
+        }
+        if !r.counter_names.is_empty() {
+            run(
+                "INSERT INTO waku_counters (projection, name, value) \
+                 SELECT $1, n, d::numeric FROM unnest($2::text[], $3::text[]) AS u(n, d) \
+                 ON CONFLICT (projection, name) DO UPDATE SET value = waku_counters.value + excluded.value",
+                &[&p, &r.counter_names, &r.counter_deltas],
+            )
+            .await?;
+        }
+        if !r.stat_names.is_empty() {
+            run(
+                "INSERT INTO waku_stats (projection, name, value) \
+                 SELECT $1, n, least(d::numeric, 18446744073709551615) FROM unnest($2::text[], $3::text[]) AS u(n, d) \
+                 ON CONFLICT (projection, name) \
+                 DO UPDATE SET value = least(waku_stats.value + excluded.value, 18446744073709551615)",
+                &[&p, &r.stat_names, &r.stat_deltas],
+            )
+            .await?;
+        }
+        if !r.done_topics.is_empty() {
+            run(
+                "INSERT INTO waku_done (projection, topic, partition, record) \
+                 SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) ON CONFLICT DO NOTHING",
+                &[&p, &r.done_topics, &r.done_partitions, &r.done_records],
+            )
+            .await?;
+        }
+        // Positions, then the done marks below them go.
+        if !r.position_topics.is_empty() {
+            run(
+                "INSERT INTO waku_positions (projection, topic, partition, next) \
+                 SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) \
+                 ON CONFLICT (projection, topic, partition) DO UPDATE SET next = excluded.next",
+                &[&p, &r.position_topics, &r.position_partitions, &r.position_nexts],
+            )
+            .await?;
+            run(
+                "DELETE FROM waku_done d USING unnest($2::text[], $3::integer[], $4::bigint[]) AS p(topic, partition, next) \
+                 WHERE d.projection = $1 AND d.topic = p.topic AND d.partition = p.partition AND d.record < p.next",
+                &[&p, &r.position_topics, &r.position_partitions, &r.position_nexts],
+            )
+            .await?;
+        }
+        if let Some(through) = &r.outbox_through {
+            run("DELETE FROM waku_outbox WHERE projection = $1 AND seq <= $2", &[&p, through]).await?;
+        }
+        if !r.outbox.is_empty() {
+            let count = r.outbox.len() as i64;
+            let next: i64 = txn
+                .query_one(
+                    "INSERT INTO waku_outbox_next (projection, next) VALUES ($1, $2) \
+                     ON CONFLICT (projection) DO UPDATE SET next = waku_outbox_next.next + excluded.next \
+                     RETURNING next",
+                    &[&p, &count],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .get(0);
+            let seqs: Vec<i64> = (next - count..next).collect();
+            txn.execute(
+                "INSERT INTO waku_outbox (projection, seq, entry) SELECT $1, * FROM unnest($2::bigint[], $3::bytea[])",
+                &[&p, &seqs, &r.outbox],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        }
+        txn.commit().await.map_err(|e| self.error(e))
+    }
+}
+
+/// A reader's transaction, rolled back when it is dropped.
+struct PostgresSnapshot {
+    db: Db,
+    bridge: tokio::runtime::Handle,
+}
+
+impl Snapshot for PostgresSnapshot {
+    fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let (db, key, name) = (self.db.share(), key.as_bytes().to_vec(), name.to_owned());
+        wait(&self.db.location, &self.bridge, async move { db.get(&key, &name).await })
+    }
+
+    fn counter(&self, name: &str) -> Result<i128, StateError> {
+        let (db, name) = (self.db.share(), name.to_owned());
+        wait(&self.db.location, &self.bridge, async move {
+            let rows = db
+                .query(
+                    "SELECT value::text FROM waku_counters WHERE projection = $1 AND name = $2",
+                    &[&&*db.projection, &name],
+                )
+                .await?;
+            let Some(row) = rows.first() else { return Ok(0) };
+            let value: &str = row.get(0);
+            value.parse().map_err(|_| db.corrupt(format!("counter `{name}` holds {value}")))
+        })
+    }
+}
+
+impl Drop for PostgresSnapshot {
+    fn drop(&mut self) {
+        if let Some(client) = self.db.client.take() {
+            // The connection goes back to the pool once this ends.
+            self.bridge.spawn(async move {
+                let _ = client.batch_execute("ROLLBACK").await;
+            });
+        }
+    }
+}
+
+/// The runtime that drives the connections of one store.
+struct Bridge {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Bridge {
+    fn new() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("waku-postgres")
+            .enable_all()
+            .build()?;
+        Ok(Self { runtime: Some(runtime) })
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        // Only `drop` takes the runtime.
+        self.runtime.as_ref().map(|runtime| runtime.handle().clone()).expect("a runtime")
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        location: &str,
+        work: impl Future<Output = Result<T, StateError>> + Send + 'static,
+    ) -> Result<T, StateError> {
+        wait(location, &self.handle(), work)
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        // A runtime dropped on an async thread would panic; this does not.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Spawns `work` on `runtime` and blocks this thread until it answers.
+fn wait<T: Send + 'static>(
+    location: &str,
+    runtime: &tokio::runtime::Handle,
+    work: impl Future<Output = Result<T, StateError>> + Send + 'static,
+) -> Result<T, StateError> {
+    let (answer, answered) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = answer.send(work.await);
+    });
+    answered.recv().unwrap_or_else(|_| {
+        Err(StateError::Storage {
+            store: location.to_owned(),
+            source: "the database task ended without an answer".into(),
+        })
+    })
+}
+
+/// `postgres host:port/db projection `p``, without the password.
+fn describe(config: &tokio_postgres::Config, projection: &str) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().or(config.get_user()).unwrap_or("postgres");
+    format!("postgres `{host}:{port}/{db}` projection `{projection}`")
+}
+
+/// A partition as PostgreSQL's `integer` (partitions are far below 2^31;
+/// a larger one would wrap, so it is mapped to the same bits).
+fn i32_of(partition: u32) -> i32 {
+    partition as i32
+}
+
+fn i64_of(n: u64, location: &str) -> Result<i64, StateError> {
+    i64::try_from(n).map_err(|_| StateError::Storage {
+        store: location.to_owned(),
+        source: format!("{n} is past PostgreSQL's bigint").into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::state::suite::{Fixture, state_suite};
+    use crate::state::{KeyWrites, StateStore};
+
+    /// A schema of its own (so a version table of its own) in the database
+    /// named by `WAKU_POSTGRES_URL`.
+    struct Database {
+        config: tokio_postgres::Config,
+    }
+
+    impl Fixture for Database {
+        fn open(&self) -> StateStore {
+            StateStore::from_backend(self.connect().unwrap())
+        }
+
+        fn fences(&self) -> bool {
+            true
+        }
+    }
+
+    impl Database {
+        fn connect(&self) -> Result<PostgresStore, StateError> {
+            PostgresStore::connect_with(self.config.clone(), "bank")
+        }
+
+        /// Runs `sql` in the fixture's schema.
+        fn execute(&self, sql: &str) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let (client, connection) = self.config.connect(NoTls).await.unwrap();
+                tokio::spawn(connection);
+                client.batch_execute(sql).await.unwrap();
+            });
+        }
+    }
+
+    /// A fresh schema, or `None` (saying so once) without a server.
+    fn database() -> Option<Database> {
+        static SKIPPED: Once = Once::new();
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let Ok(url) = std::env::var("WAKU_POSTGRES_URL") else {
+            SKIPPED.call_once(|| {
+                // Straight to stderr, past the test harness's capture.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "skipped: the PostgreSQL state tests need a server named by WAKU_POSTGRES_URL \
+                     (e.g. postgres://postgres@127.0.0.1:5433/postgres)"
+                );
+            });
+            return None;
+        };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+        let schema = format!("test_{}_{}_{}", now.as_secs(), std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut config = tokio_postgres::Config::from_str(&url).expect("WAKU_POSTGRES_URL is a PostgreSQL URL");
+        let database = Database { config: config.clone() };
+        database.execute(&format!("CREATE SCHEMA {schema}"));
+        config.options(format!("-c search_path={schema}"));
+        Some(Database { config })
+    }
+
+    state_suite!(database());
+
+    #[test]
+    fn json_values_are_read_by_sql_through_the_projection_view() {
+        let Some(database) = database() else { return };
+        let store = database.connect().unwrap();
+        let mut writes = KeyWrites::default();
+        writes.set("account", br#"{"balance": 70, "owner": "ann"}"#.to_vec());
+        writes.set("raw", vec![0xff, 0x00]);
+        // JSON that jsonb refuses (a NUL in a string): kept as bytes, no json.
+        writes.set("nul", br#""a\u0000b""#.to_vec());
+        store.commit(BatchCommit { writes: vec![(Key::int(42), writes)], ..BatchCommit::default() }).unwrap();
+        let rows = store
+            .run(|db| async move {
+                let sql =
+                    "SELECT name, json->>'balance', json IS NULL FROM waku_state_bank WHERE key = '42' ORDER BY name";
+                let rows = db.query(sql, &[]).await?;
+                Ok(rows
+                    .iter()
+                    .map(|row| (row.get::<_, String>(0), row.get::<_, Option<String>>(1), row.get::<_, bool>(2)))
+                    .collect::<Vec<_>>())
+            })
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("account".to_owned(), Some("70".to_owned()), false),
+                ("nul".to_owned(), None, true),
+                ("raw".to_owned(), None, true),
+            ]
+        );
+        assert_eq!(store.get(&Key::int(42), "raw").unwrap(), Some(vec![0xff, 0x00]));
+    }
+
+    #[test]
+    fn the_schema_is_versioned_and_a_newer_one_is_refused() {
+        let Some(database) = database() else { return };
+        drop(database.connect().unwrap());
+        // A second host finds the schema in place and migrates nothing.
+        drop(database.connect().unwrap());
+        let known = MIGRATIONS.len() as i32;
+        database.execute(&format!("INSERT INTO waku_schema (version) VALUES ({})", known + 1));
+        let error = database.connect().unwrap_err();
+        assert!(
+            matches!(error, StateError::SchemaTooNew { found, known: k, .. } if found == known + 1 && k == known),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! The test suite every state backend passes: each test is a function over
+//! a [`Fixture`] that opens (and reopens) one store, and [`state_suite!`]
+//! turns the list into `#[test]`s inside a backend's test module.
+
+use super::*;
+use crate::event::Header;
+
+/// Opens a backend's store; a second call opens the same store again (the
+/// caller drops the first one before, as a restarting host does).
+pub(super) trait Fixture {
+    /// The store.
+    fn open(&self) -> StateStore;
+
+    /// Whether two open stores fence each other ([`StateBackend::claim`]).
+    fn fences(&self) -> bool;
+}
+
+/// One `#[test]` per suite function, over the fixture `$fixture` (an
+/// expression of type `Option<impl Fixture>`; `None` skips).
+macro_rules! state_suite {
+    ($fixture:expr) => {
+        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner);
+    };
+    (@tests $fixture:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(fixture) = $fixture {
+                    $crate::state::suite::$name(&fixture);
+                }
+            }
+        )*
+    };
+}
+pub(super) use state_suite;
+
+fn k(n: u64) -> Key {
+    Key::int(n)
+}
+
+fn writes(pairs: &[(&str, Option<&str>)]) -> KeyWrites {
+    let mut w = KeyWrites::default();
+    for (name, value) in pairs {
+        match value {
+            Some(v) => w.set(name, v.as_bytes().to_vec()),
+            None => w.delete(name),
+        }
+    }
+    w
+}
+
+fn entry(topic: &str, n: u8) -> OutboxEntry {
+    OutboxEntry {
+        topic: topic.into(),
+        partition_key: u64::from(n),
+        partition: None,
+        record: Record { headers: vec![Header { name: "h".into(), value: vec![n] }], body: vec![n; 3] },
+        origin: (n % 2 == 1).then(|| EmitOrigin {
+            partition: 1,
+            offset: u64::from(n) * 10,
+            module: "m".into(),
+            version: "v".into(),
+        }),
+    }
+}
+
+fn bytes(s: &str) -> Option<Vec<u8>> {
+    Some(s.as_bytes().to_vec())
+}
+
+pub(super) fn commit_then_read_back(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
+    let commit = BatchCommit {
+        writes: vec![
+            (k(7), writes(&[("balance", Some("10")), ("owner", Some("ann"))])),
+            (k(u64::MAX), writes(&[("x", Some("max"))])),
+            (k(0), writes(&[("x", Some("zero"))])),
+        ],
+        positions: vec![("accounts".into(), 2, 100)],
+        ..BatchCommit::default()
+    };
+    store.commit(commit).unwrap();
+    assert_eq!(store.keys().unwrap(), vec![k(0), k(7), k(u64::MAX)]);
+    assert_eq!(store.get(&k(7), "balance").unwrap(), bytes("10"));
+    assert_eq!(store.get(&k(7), "missing").unwrap(), None);
+    assert_eq!(store.get(&k(8), "balance").unwrap(), None);
+    assert_eq!(
+        store.entries(&k(7)).unwrap(),
+        vec![("balance".to_owned(), b"10".to_vec()), ("owner".to_owned(), b"ann".to_vec())]
+    );
+    assert_eq!(store.entries(&k(u64::MAX)).unwrap(), vec![("x".to_owned(), b"max".to_vec())]);
+    assert_eq!(store.entries(&k(3)).unwrap(), vec![]);
+    assert_eq!(store.position("accounts", 2).unwrap(), Some(100));
+    assert_eq!(store.position("accounts", 1).unwrap(), None);
+    let reader = store.reader().unwrap();
+    assert_eq!(reader.get(&k(0), "x").unwrap(), bytes("zero"));
+    assert_eq!(reader.counter("nothing").unwrap(), 0);
+}
+
+pub(super) fn a_commit_survives_reopen_and_counters_pass_the_i64_range(fixture: &dyn Fixture) {
+    {
+        let store = fixture.open();
+        store
+            .commit(BatchCommit {
+                writes: vec![(k(1), writes(&[("a", Some("1"))]))],
+                counter_deltas: [("total".to_owned(), i128::from(i64::MAX) - 1)].into_iter().collect(),
+                positions: vec![("t".into(), 0, 5)],
+                outbox: vec![entry("out", 1)],
+                ..BatchCommit::default()
+            })
+            .unwrap();
+        // Several keys' deltas may sum past i64 in one batch (each was
+        // checked on its own): the commit still lands, nothing wraps.
+        store
+            .commit(BatchCommit {
+                counter_deltas: [("total".to_owned(), 2)].into_iter().collect(),
+                ..BatchCommit::default()
+            })
+            .unwrap();
+    }
+    let store = fixture.open();
+    assert_eq!(store.entries(&k(1)).unwrap(), vec![("a".to_owned(), b"1".to_vec())]);
+    assert_eq!(store.position("t", 0).unwrap(), Some(5));
+    assert_eq!(store.counters().unwrap(), vec![("total".to_owned(), i128::from(i64::MAX) + 1)]);
+    assert_eq!(store.outbox().unwrap(), vec![(0, entry("out", 1))]);
+}
+
+pub(super) fn keys_are_their_bytes_and_are_listed_in_byte_order(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    let text = |t: &str| Key::parse_text(t).unwrap();
+    let keys = [text(r#""b""#), text(r#""a""#), text(r#"["a", 1]"#), text(r#""ab""#), k(3)];
+    let commit = BatchCommit {
+        writes: keys.iter().map(|key| (key.clone(), writes(&[("v", Some(&key.to_string()))]))).collect(),
+        ..BatchCommit::default()
+    };
+    store.commit(commit).unwrap();
+    let mut sorted = keys.to_vec();
+    sorted.sort();
+    assert_eq!(store.keys().unwrap(), sorted);
+    for key in &keys {
+        assert_eq!(store.entries(key).unwrap(), vec![("v".to_owned(), key.to_string().into_bytes())]);
+    }
+}
+
+pub(super) fn delete_removes_an_entry_and_an_empty_key(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    store
+        .commit(BatchCommit {
+            writes: vec![(k(1), writes(&[("a", Some("1")), ("b", Some("2"))]))],
+            ..Default::default()
+        })
+        .unwrap();
+    store
+        .commit(BatchCommit { writes: vec![(k(1), writes(&[("a", None), ("zz", None)]))], ..Default::default() })
+        .unwrap();
+    assert_eq!(store.get(&k(1), "a").unwrap(), None);
+    assert_eq!(store.entries(&k(1)).unwrap(), vec![("b".to_owned(), b"2".to_vec())]);
+    store.commit(BatchCommit { writes: vec![(k(1), writes(&[("b", None)]))], ..Default::default() }).unwrap();
+    assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
+}
+
+pub(super) fn counters_add_across_commits_and_stats_saturate(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    for (delta, stat) in [(5, 1), (-8, 2), (10, u64::MAX)] {
+        store
+            .commit(BatchCommit {
+                counter_deltas: [("c".to_owned(), delta), ("d".to_owned(), 1)].into_iter().collect(),
+                stat_deltas: [("applied".to_owned(), stat), ("retried".to_owned(), 1)].into_iter().collect(),
+                ..Default::default()
+            })
+            .unwrap();
+    }
+    assert_eq!(store.counters().unwrap(), vec![("c".to_owned(), 7), ("d".to_owned(), 3)]);
+    assert_eq!(store.reader().unwrap().counter("c").unwrap(), 7);
+    assert_eq!(store.stats().unwrap(), vec![("applied".to_owned(), u64::MAX), ("retried".to_owned(), 3)]);
+}
+
+pub(super) fn outbox_sequence_numbers_keep_increasing(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    store.commit(BatchCommit { outbox: vec![entry("a", 0), entry("b", 1)], ..Default::default() }).unwrap();
+    store.commit(BatchCommit { outbox: vec![entry("a", 2)], ..Default::default() }).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(0, entry("a", 0)), (1, entry("b", 1)), (2, entry("a", 2))]);
+    store.remove_outbox(1).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(2, entry("a", 2))]);
+    store.remove_outbox(2).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![]);
+    drop(store);
+    let store = fixture.open();
+    store.commit(BatchCommit { outbox: vec![entry("c", 3)], ..Default::default() }).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(3, entry("c", 3))]);
+    store.remove_outbox(0).unwrap();
+    assert_eq!(store.outbox().unwrap().len(), 1);
+    // Settling replaces: entries up to 3 go, the new one gets 4.
+    store.commit(BatchCommit { outbox: vec![entry("d", 4)], ..Default::default() }).unwrap();
+    let settle = BatchCommit { outbox: vec![entry("dlq", 5)], outbox_through: Some(3), ..Default::default() };
+    store.commit(settle).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(4, entry("d", 4)), (5, entry("dlq", 5))]);
+}
+
+pub(super) fn a_reader_sees_its_snapshot_only(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    store
+        .commit(BatchCommit {
+            writes: vec![(k(1), writes(&[("a", Some("old"))]))],
+            counter_deltas: [("c".to_owned(), 1)].into_iter().collect(),
+            ..Default::default()
+        })
+        .unwrap();
+    let before = store.reader().unwrap();
+    store
+        .commit(BatchCommit {
+            writes: vec![(k(1), writes(&[("a", Some("new")), ("b", Some("new"))]))],
+            counter_deltas: [("c".to_owned(), 10)].into_iter().collect(),
+            ..Default::default()
+        })
+        .unwrap();
+    // Shared by reference across threads, as the workers of a batch do.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_eq!(before.get(&k(1), "a").unwrap(), bytes("old"));
+            assert_eq!(before.get(&k(1), "b").unwrap(), None);
+            assert_eq!(before.counter("c").unwrap(), 1);
+        });
+    });
+    let after = store.reader().unwrap();
+    assert_eq!(after.get(&k(1), "a").unwrap(), bytes("new"));
+    assert_eq!(after.counter("c").unwrap(), 11);
+}
+
+pub(super) fn meta_round_trips(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    assert_eq!(store.meta("module/bank").unwrap(), None);
+    store.set_meta("module/bank", b"v1").unwrap();
+    store.set_meta("module/bank", b"v2").unwrap();
+    assert_eq!(store.meta("module/bank").unwrap(), Some(b"v2".to_vec()));
+}
+
+pub(super) fn done_offsets_are_dropped_once_the_position_passes_them(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    let done = |offsets: &[u64]| offsets.iter().map(|&o| ("retry_t".to_owned(), 1, o)).collect();
+    store.commit(BatchCommit { done: done(&[4, 7, 9]), ..BatchCommit::default() }).unwrap();
+    store.commit(BatchCommit { done: done(&[3]), ..BatchCommit::default() }).unwrap();
+    assert_eq!(store.done("retry_t", 1).unwrap(), [3, 4, 7, 9]);
+    assert!(store.done("retry_t", 0).unwrap().is_empty());
+    // Position 8 in the same commit as a new done offset: below 8 goes.
+    let commit = BatchCommit { done: done(&[12]), positions: vec![("retry_t".into(), 1, 8)], ..BatchCommit::default() };
+    store.commit(commit).unwrap();
+    assert_eq!(store.done("retry_t", 1).unwrap(), [9, 12]);
+}
+
+pub(super) fn a_claim_fences_the_previous_owner(fixture: &dyn Fixture) {
+    if !fixture.fences() {
+        // One process holds the store: a claim has nothing to bump.
+        assert_eq!(fixture.open().claim(3).unwrap(), 0);
+        return;
+    }
+    let old = fixture.open();
+    let new = fixture.open();
+    let batch = |next: u64, value: &str| BatchCommit {
+        writes: vec![(k(1), writes(&[("v", Some(value))]))],
+        counter_deltas: [("c".to_owned(), 1)].into_iter().collect(),
+        positions: vec![("t".into(), 3, next), ("retry_t".into(), 3, next)],
+        outbox: vec![entry("out", 1)],
+        ..BatchCommit::default()
+    };
+    let first = old.claim(3).unwrap();
+    old.commit(batch(10, "old")).unwrap();
+    let second = new.claim(3).unwrap();
+    assert!(second > first, "a claim bumps the epoch: {first} then {second}");
+    // The old owner's commit is refused whole: nothing of it lands.
+    let refused = old.commit(batch(20, "stale")).unwrap_err();
+    assert!(
+        matches!(refused, StateError::Fenced { partition: 3, held, current } if held == first && current == second),
+        "{refused}"
+    );
+    assert_eq!(new.position("t", 3).unwrap(), Some(10));
+    assert_eq!(new.get(&k(1), "v").unwrap(), bytes("old"));
+    assert_eq!(new.counters().unwrap(), vec![("c".to_owned(), 1)]);
+    assert_eq!(new.outbox().unwrap().len(), 1);
+    // The new owner commits; partitions nobody claimed are not fenced.
+    new.commit(batch(20, "new")).unwrap();
+    old.commit(BatchCommit { positions: vec![("t".into(), 4, 1)], ..BatchCommit::default() }).unwrap();
+    assert_eq!(new.position("t", 3).unwrap(), Some(20));
+    assert_eq!(new.get(&k(1), "v").unwrap(), bytes("new"));
+}
