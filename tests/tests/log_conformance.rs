@@ -166,6 +166,33 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     }
     assert!(log.read(&sequence, 0, 2800, 600).await.unwrap().is_empty());
 
+    // A follower's polls: one batch refilled poll after poll, to the end,
+    // then empty at the end, then, once more is appended (a record at a
+    // time and in a run), exactly the new records from where it stood.
+    let followed = format!("{prefix}-followed");
+    log.create_topic(&followed, 1).await.unwrap();
+    let mut batch = log.poll(&followed, 0, 0, 100, PolledBatch::new()).await.unwrap();
+    assert!(batch.is_empty(), "an empty partition polls empty");
+    let mut next = 0u64;
+    for (round, appended) in [3u32, 1, 1, 1500, 2, 1024, 1].into_iter().enumerate() {
+        let records = (0..appended).map(|n| record(6, next as u32 + n)).collect();
+        log.append(&followed, vec![(0, records)]).await.unwrap();
+        let end = next + u64::from(appended);
+        while next < end {
+            batch = log.poll(&followed, 0, next, 1000, batch).await.unwrap();
+            let offsets: Vec<u64> = batch.iter().map(|view| view.offset()).collect();
+            let expected: Vec<u64> = (next..end.min(next + 1000)).collect();
+            assert_eq!(offsets, expected, "round {round}: polled from {next}");
+            for view in batch.iter() {
+                let tag = EventHeaders::parse(view.headers()).unwrap().tag.get();
+                assert_eq!(u64::from(tag), view.offset(), "round {round}: the record stored at its offset");
+            }
+            next += offsets.len() as u64;
+        }
+        batch = log.poll(&followed, 0, next, 1000, batch).await.unwrap();
+        assert!(batch.is_empty(), "round {round}: nothing past the end at {next}");
+    }
+
     // Keys land where `partition_for` says, whichever backend.
     let keyed = format!("{prefix}-keyed");
     log.create_topic(&keyed, 4).await.unwrap();
