@@ -255,3 +255,29 @@ async fn a_following_host_applies_what_is_appended_after_it_caught_up() {
     let summary = host.stop().await.unwrap();
     assert_eq!(summary.applied, end);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_following_host_polls_at_once_when_the_embedded_log_is_appended_to() {
+    use std::time::{Duration, Instant};
+    let note = |key: u64| record(NOTE, key, json!({ "key": key, "text": "n", "emit_to": null }));
+    let (_dir, log, settings) = setup(vec![note(0)]).await;
+    // An idle wait far longer than the test may take: only the log's append
+    // signal can make the host see the second note in time.
+    let config = ConsumerConfig { idle_poll: Duration::from_secs(600), ..settings.consumer.clone() };
+    let host = Host::start_on(log.clone(), HostSettings { until_caught_up: false, consumer: config, ..settings })
+        .await
+        .unwrap();
+    let projection = host.projection().clone();
+    let store = projection.store();
+    for end in [1, 2, 3] {
+        if end > 1 {
+            log.append("probes", vec![(0, vec![note(end - 1)])]).await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while store.position("probes", 0).unwrap() != Some(end) {
+            assert!(Instant::now() < deadline, "the host did not poll after the append of offset {}", end - 1);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(host.stop().await.unwrap().applied, 3);
+}
