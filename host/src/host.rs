@@ -324,6 +324,8 @@ impl Host {
         let sandbox = settings.sandbox()?;
         let metrics = Arc::new(Metrics::default());
         let store = settings.open_state()?;
+        // A reset of the projection is refused while this host runs it.
+        store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
         let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
         let reloader = match (&settings.modules, &loaded.library) {

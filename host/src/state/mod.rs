@@ -132,6 +132,13 @@ pub enum StateError {
         /// The epoch in the store now.
         current: u64,
     },
+    /// Another process holds the projection: a `waku run` (the embedded
+    /// store's file lock, PostgreSQL's run lock) or a `waku reset`.
+    #[error("{store} is in use by another process (a `waku run` or `waku reset` of this projection)")]
+    InUse {
+        /// The store ([`StateStore::location`]).
+        store: String,
+    },
 }
 
 /// A record waiting in the outbox to be appended to the log once the batch
@@ -330,6 +337,38 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 
     /// Sets a host value, in its own durable transaction.
     fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError>;
+
+    // Reset (issue 14)
+
+    /// Marks the projection as run by this store for as long as it is open,
+    /// so that [`StateBackend::lock_for_reset`] is refused meanwhile; fails
+    /// with [`StateError::InUse`] while a reset holds it. Embedded: nothing
+    /// to do, the file lock already keeps every other process out.
+    fn hold_for_run(&self) -> Result<(), StateError>;
+
+    /// Takes the projection for a reset for as long as this store is open;
+    /// fails with [`StateError::InUse`] while a running host holds it
+    /// ([`StateBackend::hold_for_run`]). Embedded: nothing to do, opening
+    /// the file took its lock.
+    fn lock_for_reset(&self) -> Result<(), StateError>;
+
+    /// Every committed position, as (topic, partition, next offset), in
+    /// order.
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError>;
+
+    /// Every done mark ([`BatchCommit::done`]), as (topic, partition,
+    /// offset), in order.
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError>;
+
+    /// Every host value ([`StateBackend::meta`]), by name.
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
+
+    /// Starts the projection over, in one durable transaction: removes
+    /// every state entry, counter, statistic, done mark, pending outbox
+    /// entry and position, then stores `positions` (topic, partition, next
+    /// offset). Host values, outbox sequence numbers (never reused) and
+    /// claimed epochs stay.
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError>;
 }
 
 /// A read snapshot a backend hands out ([`StateBackend::reader`]).
