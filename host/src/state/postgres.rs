@@ -138,7 +138,8 @@ const MIGRATION_LOCK: i64 = 0x7761_6b75;
 
 /// The first key of the run lock, a shared advisory lock that running
 /// hosts hold and a reset takes exclusively ("wak" in ASCII); the second is
-/// the projection's `hashtext`.
+/// the `hashtext` of the schema and the projection (advisory locks are per
+/// database).
 const RUN_LOCK: i32 = 0x0077_616b;
 
 /// Connections kept per store: the batch workers share the reader's, so
@@ -233,8 +234,8 @@ impl PostgresStore {
             return Ok(());
         }
         let sql = match shared {
-            true => "SELECT pg_try_advisory_lock_shared($1, hashtext($2))",
-            false => "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            true => "SELECT pg_try_advisory_lock_shared($1, hashtext(current_schema() || '/' || $2))",
+            false => "SELECT pg_try_advisory_lock($1, hashtext(current_schema() || '/' || $2))",
         };
         let taken = self.run(move |mut db| async move {
             let client = db.take()?;

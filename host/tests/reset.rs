@@ -1,0 +1,271 @@
+//! `waku reset`, run as a person would: the real binary over the embedded
+//! log and state.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+mod common;
+
+use common::{bank_wasm, text, waku};
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::key::Key;
+use wakuwaku::log::{EmbeddedLog, EventLog};
+use wakuwaku::projection::load_module_file;
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+
+const PROJECTION: [&str; 6] = ["--data", "data", "--projection", "bank", "--topic", "accounts"];
+
+/// Publishes a bank workload (`seed` picks it) to `accounts` in `dir/data`.
+fn publish(dir: &Path, spec: WorkloadSpec, partitions: u32) -> Oracle {
+    let (events, oracle) = demo::workload(spec);
+    let lines: String =
+        events.iter().map(|e| serde_json::json!({ "type": e.type_name, "body": e.body }).to_string() + "\n").collect();
+    let file = dir.join(format!("events-{}.jsonl", spec.seed));
+    std::fs::write(&file, lines).unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let partitions = partitions.to_string();
+    let file = file.to_string_lossy().into_owned();
+    let args = ["publish", "--data", "data", "--topic", "accounts", "--partitions", &partitions, "--module", &module];
+    let out = waku(&[&args[..], &[file.as_str()]].concat(), dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    oracle
+}
+
+fn modules(dir: &Path) {
+    let modules = dir.join("modules");
+    if !modules.exists() {
+        std::fs::create_dir(&modules).unwrap();
+        std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    }
+}
+
+/// `waku run --until-caught-up`; the number of events it consumed.
+fn run_until_caught_up(dir: &Path) -> u64 {
+    modules(dir);
+    let out = waku(&[&["run"], &PROJECTION[..], &["--modules", "modules", "--until-caught-up"]].concat(), dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rest = stdout.split("consumed ").nth(1).unwrap_or_else(|| panic!("no summary in {stdout:?}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+fn reset(dir: &Path, args: &[&str]) -> std::process::Output {
+    waku(&[&["reset"], &PROJECTION[..], args].concat(), dir)
+}
+
+/// Every key's entries, the counters and the statistics of a state file.
+type Dump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Vec<(String, u64)>);
+
+fn dump(store: &StateStore) -> Dump {
+    let entries = store.keys().unwrap().into_iter().map(|key| (key.clone(), store.entries(&key).unwrap())).collect();
+    (entries, store.counters().unwrap(), store.stats().unwrap())
+}
+
+fn state(dir: &Path) -> StateStore {
+    StateStore::open(&dir.join("data/projections/bank.redb")).unwrap()
+}
+
+fn positions(dir: &Path, topic: &str) -> Vec<Option<u64>> {
+    let store = state(dir);
+    (0..3).map(|partition| store.position(topic, partition).unwrap()).collect()
+}
+
+/// The end offsets of `accounts`, read while no `waku` holds the log.
+fn ends(dir: &Path) -> Vec<u64> {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
+        log.end_offsets("accounts").await.unwrap()
+    })
+}
+
+fn check_oracle(store: &StateStore, oracle: &Oracle) {
+    let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+    let bank = load_module_file(&sandbox, bank_wasm()).unwrap();
+    let check = demo::check_projection(oracle, &*bank, store).unwrap();
+    assert!(check.matches(), "{}", check.report(5));
+}
+
+#[test]
+fn earliest_starts_the_bank_over_and_keeps_the_old_state_as_a_backup() {
+    const EVENTS: usize = 6_000;
+    let dir = tempfile::tempdir().unwrap();
+    let oracle = publish(dir.path(), WorkloadSpec { events: EVENTS, accounts: 60, seed: 3 }, 2);
+    assert_eq!(run_until_caught_up(dir.path()), EVENTS as u64);
+    let before = dump(&state(dir.path()));
+
+    let out = reset(dir.path(), &["--to", "earliest", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("every event of `accounts` is applied again"), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let backup = stdout.split("its old state is in ").nth(1).and_then(|rest| rest.split(" (").next());
+    // Named as `--data` was given: relative to the working directory.
+    let backup = dir.path().join(backup.unwrap_or_else(|| panic!("no backup named in {stdout}")));
+    {
+        let store = state(dir.path());
+        assert!(store.keys().unwrap().is_empty() && store.counters().unwrap().is_empty());
+        assert!(store.stats().unwrap().is_empty());
+        assert_eq!(store.position("accounts", 0).unwrap(), Some(0));
+    }
+
+    // The replay applies every event once more, onto an empty state.
+    assert_eq!(run_until_caught_up(dir.path()), EVENTS as u64);
+    let after = state(dir.path());
+    check_oracle(&after, &oracle);
+    let applied = after.stats().unwrap().into_iter().find(|(name, _)| name == "applied").map(|(_, n)| n);
+    assert_eq!(applied, Some(EVENTS as u64), "every event applied exactly once since the reset");
+    assert!(dump(&after) == before, "the replay gives the read model the first run gave");
+    drop(after);
+
+    // The backup opens, holds the state as it was, and commands read it.
+    let old = StateStore::open(&backup.join("projections/bank.redb")).unwrap();
+    assert!(dump(&old) == before, "the backup holds the state as it was");
+    check_oracle(&old, &oracle);
+    drop(old);
+    let backup = backup.strip_prefix(dir.path()).unwrap().to_string_lossy().into_owned();
+    let key = oracle.accounts.keys().next().unwrap().to_string();
+    let out = waku(&["state", "get", "--data", &backup, "--projection", "bank", "--key", &key], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("\"account\""), "{}", text(&out.stdout));
+
+    // --no-backup keeps none.
+    let out = reset(dir.path(), &["--to", "earliest", "--yes", "--no-backup"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("no backup was kept"), "{}", text(&out.stdout));
+    assert_eq!(std::fs::read_dir(dir.path().join("data/backups")).unwrap().count(), 1);
+}
+
+#[test]
+fn offset_latest_and_time_move_exactly_the_named_partitions_and_keep_state() {
+    let dir = tempfile::tempdir().unwrap();
+    publish(dir.path(), WorkloadSpec { events: 300, accounts: 20, seed: 1 }, 3);
+    let first = ends(dir.path());
+    // The second workload is appended strictly after `between`.
+    std::thread::sleep(Duration::from_millis(20));
+    let between = SystemTime::now();
+    std::thread::sleep(Duration::from_millis(20));
+    publish(dir.path(), WorkloadSpec { events: 300, accounts: 20, seed: 2 }, 3);
+    let end = ends(dir.path());
+    run_until_caught_up(dir.path());
+    let consumed = dump(&state(dir.path()));
+    let all: Vec<_> = end.iter().copied().map(Some).collect();
+    assert_eq!(positions(dir.path(), "accounts"), all);
+
+    // offset:N on partitions 0 and 2: partition 1 stays.
+    let out = reset(dir.path(), &["--to", "offset:5", "--partitions", "0,2", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&format!("partition 0: {} -> 5: {} events will be applied again", end[0], end[0] - 5)));
+    assert!(!stderr.contains("partition 1:"), "{stderr}");
+    assert_eq!(positions(dir.path(), "accounts"), [Some(5), Some(end[1]), Some(5)]);
+    assert_eq!(dump(&state(dir.path())), consumed, "a move keeps the state");
+
+    // latest: every partition to its end, skipping what is between.
+    let out = reset(dir.path(), &["--to", "latest", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("events skipped will never be applied"), "{stderr}");
+    assert!(stderr.contains(&format!("partition 0: 5 -> {}: {} events will never be applied", end[0], end[0] - 5)));
+    assert_eq!(positions(dir.path(), "accounts"), all);
+
+    // time: partition 1 to the first event of the second workload.
+    let time = format!("time:{}", humantime::format_rfc3339_micros(between));
+    let out = reset(dir.path(), &["--to", &time, "--partitions", "1", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(positions(dir.path(), "accounts"), [Some(end[0]), Some(first[1]), Some(end[2])]);
+    // A time before everything: the start; after everything: the end.
+    let out = reset(dir.path(), &["--to", "time:2000-01-01T00:00:00Z", "--partitions", "2", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(positions(dir.path(), "accounts"), [Some(end[0]), Some(first[1]), Some(0)]);
+    let out = reset(dir.path(), &["--to", "time:2999-01-01T00:00:00Z", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(positions(dir.path(), "accounts"), all);
+    assert_eq!(dump(&state(dir.path())), consumed);
+}
+
+#[test]
+fn without_a_terminal_and_without_yes_nothing_is_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    publish(dir.path(), WorkloadSpec { events: 100, accounts: 5, seed: 4 }, 3);
+    run_until_caught_up(dir.path());
+    let before = (positions(dir.path(), "accounts"), dump(&state(dir.path())));
+    for target in ["earliest", "offset:0"] {
+        let out = common::waku_command(dir.path())
+            .args([&["reset"], &PROJECTION[..], &["--to", target]].concat())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{target}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("add --yes"), "{}", text(&out.stderr));
+        assert_eq!((positions(dir.path(), "accounts"), dump(&state(dir.path()))), before, "{target}");
+    }
+    assert!(!dir.path().join("data/backups").exists(), "no backup either");
+}
+
+#[test]
+fn bad_targets_and_partitions_are_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    publish(dir.path(), WorkloadSpec { events: 60, accounts: 5, seed: 5 }, 3);
+    run_until_caught_up(dir.path());
+    for (value, says) in [
+        ("offset:minus", "the offset is not a whole number"),
+        ("time:yesterday", "RFC 3339"),
+        ("beginning", "expected earliest, latest, offset:N or time:RFC3339"),
+    ] {
+        let out = reset(dir.path(), &["--to", value, "--yes"]);
+        assert_eq!(out.status.code(), Some(2), "{value}: {}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(&format!("`{value}`")) && stderr.contains(says), "{value}: {stderr}");
+    }
+    for (args, says) in [
+        (&["--to", "earliest", "--partitions", "0"][..], "takes no partition list"),
+        (&["--to", "offset:100000"][..], "offset 100000 is past the end of `accounts` partition 0"),
+        (&["--to", "latest", "--partitions", "7"][..], "has no partition 7"),
+    ] {
+        let out = reset(dir.path(), &[args, &["--yes"]].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_reset_is_refused_while_a_run_holds_the_projection() {
+    let dir = tempfile::tempdir().unwrap();
+    publish(dir.path(), WorkloadSpec { events: 100, accounts: 5, seed: 6 }, 3);
+    run_until_caught_up(dir.path());
+    let before = dump(&state(dir.path()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
+        .args([&["run"], &PROJECTION[..], &["--modules", "modules"]].concat())
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The banner's last line comes once the run holds the state.
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("waku: sandbox limits") => break,
+            Some(Ok(_)) => {}
+            other => panic!("`waku run` ended before its banner: {other:?}"),
+        }
+    }
+    let out = reset(dir.path(), &["--to", "earliest", "--yes"]);
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("projection `bank` is in use") && stderr.contains("stop its `waku run` first"), "{stderr}");
+    assert!(status.success(), "{status}");
+    assert_eq!(dump(&state(dir.path())), before, "the refused reset changed nothing");
+    // Stopped, it resets.
+    let out = reset(dir.path(), &["--to", "earliest", "--yes", "--no-backup"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(state(dir.path()).keys().unwrap().is_empty());
+}
