@@ -33,7 +33,9 @@
 //! Data directory layout (`--data`, default `waku-data`):
 //! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
 //! beside each consumed topic); `projections/<name>.redb` is a projection's
-//! state, consumer positions, counts and retry bookkeeping.
+//! state, consumer positions, counts and retry bookkeeping;
+//! `backups/<projection>-<time>/` is the state a `waku reset --to earliest`
+//! cleared.
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
 //! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
