@@ -345,6 +345,13 @@ mod tests {
         Record { headers: Vec::new(), body: b"x".to_vec() }
     }
 
+    /// Key 1's entry `v` set to `1`.
+    fn one_entry() -> Vec<(Key, KeyWrites)> {
+        let mut writes = KeyWrites::default();
+        writes.set("v", b"1".to_vec());
+        vec![(Key::int(1), writes)]
+    }
+
     async fn log_with(dir: &Path, ends: &[u64]) -> EmbeddedLog {
         let log = EmbeddedLog::open(dir.join("log.redb")).unwrap();
         log.create_topic("t", ends.len() as u32).await.unwrap();
@@ -358,11 +365,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = log_with(dir.path(), &[10, 20, 30]).await;
         let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-        let mut writes = KeyWrites::default();
-        writes.set("v", b"1".to_vec());
         store
             .commit(BatchCommit {
-                writes: vec![(Key::int(1), writes)],
+                writes: one_entry(),
                 positions: vec![("t".into(), 0, 5), ("t".into(), 1, 5), ("t".into(), 2, 5)],
                 ..BatchCommit::default()
             })
@@ -397,11 +402,9 @@ mod tests {
         log.append("retry_t", vec![(1, vec![record(); 4])]).await.unwrap();
         log.append("dlq_t", vec![(0, vec![record(); 3])]).await.unwrap();
         let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
-        let mut writes = KeyWrites::default();
-        writes.set("v", b"1".to_vec());
         store
             .commit(BatchCommit {
-                writes: vec![(Key::int(1), writes)],
+                writes: one_entry(),
                 counter_deltas: [("c".to_owned(), 7)].into_iter().collect(),
                 positions: vec![("t".into(), 0, 10), ("t".into(), 1, 20), ("retry_t".into(), 1, 1)],
                 done: vec![("retry_t".into(), 1, 3)],

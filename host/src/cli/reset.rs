@@ -59,10 +59,6 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
     let log = data.log().await?;
     let plan = reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?;
     errln!("{}", describe(&plan, projection));
-    if plan.moves.is_empty() && plan.target != Target::Earliest {
-        outln!("nothing to move")?;
-        return Ok(());
-    }
     if !args.yes && !confirmed()? {
         bail!("nothing was reset: standard input is no terminal to ask on; add --yes to reset without asking");
     }
