@@ -1,18 +1,25 @@
-//! `waku reset` through the library on the backends that need a server:
-//! the bank started over on PostgreSQL state (gated on `WAKU_POSTGRES_URL`)
-//! and on an Iggy log, with a move by time (gated on `WAKU_IGGY_URL`). The
-//! embedded log and store are covered through the binary in
+//! `waku reset` through the library: what waits in the retry and
+//! dead-letter topics is not applied on top of a start-over; the bank
+//! started over on PostgreSQL state (gated on `WAKU_POSTGRES_URL`) and on an
+//! Iggy log, with a move by time (gated on `WAKU_IGGY_URL`). The command
+//! itself, on the embedded log and store, is tested through the binary in
 //! `host/tests/reset.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::dead_letter::{self, Selection};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders};
 use wakuwaku::host::{Host, HostSettings, StateSettings};
+use wakuwaku::key::Key;
+use wakuwaku::log::{EmbeddedLog, Record};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::reset::{self, Target};
+use wakuwaku::routing::RetryPolicy;
 use wakuwaku::state::{StateError, StateStore};
+use wakuwaku_tests::flaky::{Flaky, STEP, Step};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, host_settings, publish_bank};
 
 const EVENTS: usize = 3_000;
@@ -118,4 +125,55 @@ async fn the_bank_on_iggy_moves_by_time_and_starts_over() {
     reset::apply(&*log, &store, "bank", &plan, None).await.unwrap();
     assert_eq!(store.position("accounts", 1).unwrap(), Some(end[1]));
     assert_eq!(store.position("accounts", 0).unwrap(), Some(first[0]), "partition 0 stays");
+}
+
+/// A flaky step of key `key` (one partition): `fail` says how its calls fail.
+fn step(key: u64, seq: u64, fail: &[&str]) -> Record {
+    let headers = EventHeaders {
+        tag: STEP,
+        key: Key::int(key),
+        ordering: EventAtomicOrdering::Relaxed,
+        algebra: Algebra::NonAssociative,
+    };
+    let fail = fail.iter().map(|s| (*s).to_owned()).collect();
+    Record { headers: headers.to_headers(), body: Step { seq, amount: 1, fail, ..Step::default() }.body() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_waits_in_retry_and_the_dead_letters_are_not_applied_on_top_of_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("steps", 1).await.unwrap();
+    // Key 1 fails once, retryably: it waits in retry. Key 2 fails once,
+    // for good: it is dead-lettered. Key 3 is applied. Each call after the
+    // first succeeds.
+    let events = vec![step(1, 1, &["retryable"]), step(2, 2, &["unrecoverable"]), step(3, 3, &[])];
+    log.append("steps", vec![(0, events)]).await.unwrap();
+    let module = Flaky::new();
+    let retry = RetryPolicy { delays: vec![Duration::from_millis(300)], max_attempts: 5, ..RetryPolicy::default() };
+    let config = ConsumerConfig { retry, ..ConsumerConfig::default() };
+    let settings = host_settings(dir.path(), "flaky", "steps", vec![Arc::new(module.clone())], config);
+    let (summary, _) = catch_up(&log, settings.clone()).await.unwrap();
+    assert_eq!((summary.applied, summary.retry_in, summary.dead_lettered), (1, 1, 1), "{summary:?}");
+
+    let store = store_for_reset(&settings);
+    let plan = reset::plan(&*log, &store, "steps", Target::Earliest, None).await.unwrap();
+    reset::apply(&*log, &store, "flaky", &plan, None).await.unwrap();
+    let letters = dead_letter::list(&*log, "steps", "flaky", &store).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].redriven, "a dead letter from before the reset counts as re-driven");
+    let redriven = dead_letter::redrive(&*log, "steps", "flaky", &store, &Selection::default()).await.unwrap();
+    assert_eq!((redriven.records, redriven.already), (0, 1), "{redriven:?}");
+    drop(store);
+
+    // Past the retry's delay: the record waiting from before would be due.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.retry_in, summary.retry_out), (3, 0, 0), "{summary:?}");
+    for key in 1..=3u64 {
+        assert_eq!(Flaky::applied(projection.store(), &Key::int(key)), [key], "key {key}: applied once, by the replay");
+    }
+    let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::APPLIED), Some(&3));
+    assert_eq!(stats.get(stat::DEAD_LETTERED), None, "the replay dead-lettered nothing");
 }
