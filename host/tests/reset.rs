@@ -206,6 +206,46 @@ fn without_a_terminal_and_without_yes_nothing_is_reset() {
     assert!(!dir.path().join("data/backups").exists(), "no backup either");
 }
 
+/// `waku reset` on a terminal (a pseudo-terminal from util-linux's
+/// `script`), answering `answer`.
+#[cfg(unix)]
+fn reset_on_a_terminal(dir: &Path, args: &[&str], answer: &str) -> std::process::Output {
+    use std::io::Write;
+    let line = [&[env!("CARGO_BIN_EXE_waku"), "reset"], &PROJECTION[..], args].concat().join(" ");
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` runs");
+    child.stdin.take().unwrap().write_all(format!("{answer}\n").as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn on_a_terminal_it_asks_and_only_yes_resets() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: the terminal test needs util-linux `script`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    publish(dir.path(), WorkloadSpec { events: 100, accounts: 5, seed: 8 }, 3);
+    run_until_caught_up(dir.path());
+    let before = positions(dir.path(), "accounts");
+    // The terminal carries both streams: they come back on stdout.
+    let out = reset_on_a_terminal(dir.path(), &["--to", "offset:1"], "no");
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(shown.contains("Type `yes` to go on") && shown.contains("the answer was not `yes`"), "{shown}");
+    assert_eq!(positions(dir.path(), "accounts"), before);
+    let out = reset_on_a_terminal(dir.path(), &["--to", "offset:1"], "yes");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert_eq!(positions(dir.path(), "accounts"), [Some(1); 3]);
+}
+
 #[test]
 fn bad_targets_and_partitions_are_named_in_the_error() {
     let dir = tempfile::tempdir().unwrap();
