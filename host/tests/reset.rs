@@ -1,5 +1,6 @@
 //! `waku reset`, run as a person would: the real binary over the embedded
-//! log and state.
+//! log and state, and over PostgreSQL state when `WAKU_POSTGRES_URL` names
+//! a server.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -279,33 +280,101 @@ fn a_reset_is_refused_while_a_run_holds_the_projection() {
     publish(dir.path(), WorkloadSpec { events: 100, accounts: 5, seed: 6 }, 3);
     run_until_caught_up(dir.path());
     let before = dump(&state(dir.path()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
-        .args([&["run"], &PROJECTION[..], &["--modules", "modules"]].concat())
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The banner's last line comes once the run holds the state.
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) if line.starts_with("waku: sandbox limits") => break,
-            Some(Ok(_)) => {}
-            other => panic!("`waku run` ended before its banner: {other:?}"),
-        }
-    }
+    let running = start_run(dir.path(), &PROJECTION);
     let out = reset(dir.path(), &["--to", "earliest", "--yes"]);
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
-    let status = child.wait().unwrap();
+    stop_run(running);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("projection `bank` is in use") && stderr.contains("stop its `waku run` first"), "{stderr}");
-    assert!(status.success(), "{status}");
     assert_eq!(dump(&state(dir.path())), before, "the refused reset changed nothing");
     // Stopped, it resets.
     let out = reset(dir.path(), &["--to", "earliest", "--yes", "--no-backup"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(state(dir.path()).keys().unwrap().is_empty());
+}
+
+/// Starts `waku run` with `args` and returns once its banner's last line
+/// shows: from then on it holds the projection's state.
+#[cfg(unix)]
+fn start_run(dir: &Path, args: &[&str]) -> std::process::Child {
+    modules(dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
+        .args([&["run"], args, &["--modules", "modules"]].concat())
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("waku: sandbox limits") => return child,
+            Some(Ok(_)) => {}
+            other => panic!("`waku run` ended before its banner: {other:?}"),
+        }
+    }
+}
+
+/// Stops a run started by [`start_run`] with SIGTERM; it exits 0.
+#[cfg(unix)]
+fn stop_run(mut child: std::process::Child) {
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[cfg(unix)]
+#[test]
+fn on_postgresql_a_run_refuses_the_reset_and_earliest_keeps_the_rows_in_a_backup() {
+    let Ok(url) = std::env::var("WAKU_POSTGRES_URL") else {
+        eprintln!("skipped: the PostgreSQL reset command test needs a server named by WAKU_POSTGRES_URL");
+        return;
+    };
+    const EVENTS: usize = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let oracle = publish(dir.path(), WorkloadSpec { events: EVENTS, accounts: 20, seed: 9 }, 2);
+    // A projection of its own: the tables are shared.
+    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let projection = format!("reset-{stamp}");
+    let target = ["--data", "data", "--projection", &projection, "--topic", "accounts", "--state", &url];
+    let run = |dir: &Path| {
+        let out = waku(&[&["run"], &target[..], &["--modules", "modules", "--until-caught-up"]].concat(), dir);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    modules(dir.path());
+    assert!(run(dir.path()).contains(&format!("consumed {EVENTS} events")));
+    let key = oracle.accounts.keys().next().unwrap().to_string();
+    let state_get = |data: &str| {
+        let args = ["state", "get", "--data", data, "--projection", &projection, "--key", &key];
+        let out = match data {
+            "data" => waku(&[&args[..], &["--state", &url]].concat(), dir.path()),
+            _ => waku(&args, dir.path()),
+        };
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let consumed = state_get("data");
+
+    // A run holds the projection (a shared lock): the reset is refused.
+    let running = start_run(dir.path(), &target);
+    let out = waku(&[&["reset"], &target[..], &["--to", "earliest", "--yes"]].concat(), dir.path());
+    stop_run(running);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is in use"), "{}", text(&out.stderr));
+    assert_eq!(state_get("data"), consumed);
+
+    // Stopped, it starts over; the backup holds the projection's rows.
+    let out = waku(&[&["reset"], &target[..], &["--to", "earliest", "--yes"]].concat(), dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let backup = stdout.split("its old state is in ").nth(1).and_then(|rest| rest.split(" (").next()).unwrap();
+    assert!(backup.starts_with(&format!("data/backups/{projection}-")), "{backup}");
+    assert_eq!(state_get(backup), consumed);
+    assert!(!state_get("data").contains("\"account\""), "the state was cleared");
+
+    // The replay gives the same read model, every event applied once.
+    assert!(run(dir.path()).contains(&format!("consumed {EVENTS} events")));
+    assert_eq!(state_get("data"), consumed);
 }
