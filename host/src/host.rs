@@ -13,6 +13,9 @@
 //! Rules it keeps:
 //! - Nothing is consumed before every module loaded and the projection was
 //!   put together; a failure there is returned and nothing runs.
+//! - A host holds its projection's state for the run
+//!   ([`crate::state::StateBackend::hold_for_run`]): `waku reset` is
+//!   refused meanwhile, and a host does not start during a reset.
 //! - Stopping finishes and commits the batch in flight, then stops the
 //!   admin endpoint; dropping a [`RunningHost`] asks the same, without
 //!   waiting.

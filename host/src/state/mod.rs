@@ -41,6 +41,13 @@
 //! [`StateError::Fenced`] once another host has claimed it since. The
 //! embedded store has nothing to fence: one process holds its file lock.
 //!
+//! **Runs and resets exclude each other.** A running host holds its
+//! projection ([`StateBackend::hold_for_run`]) and `waku reset` takes it
+//! for itself ([`StateBackend::lock_for_reset`]): the embedded store's file
+//! lock does both, PostgreSQL has a run lock, shared by running hosts and
+//! taken exclusively by a reset. A reset that starts the projection over
+//! clears it in one transaction ([`StateBackend::start_over`]).
+//!
 //! **Blocking calls.** The trait is synchronous: the WASM host functions
 //! read state in the middle of a guest call, which cannot await, and the
 //! consumer already runs each batch on a blocking thread. Calls block on
@@ -136,7 +143,7 @@ pub enum StateError {
     /// store's file lock, PostgreSQL's run lock) or a `waku reset`.
     #[error("{store} is in use by another process (a `waku run` or `waku reset` of this projection)")]
     InUse {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
     },
 }
