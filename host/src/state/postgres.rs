@@ -439,9 +439,7 @@ impl StateBackend for PostgresStore {
     fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
         let mut rows = CommitRows::default();
         for (topic, partition, next) in positions {
-            rows.position_topics.push(topic);
-            rows.position_partitions.push(i32_of(partition));
-            rows.position_nexts.push(i64_of(next, &self.location)?);
+            rows.add_position(topic, partition, next, &self.location)?;
         }
         self.run(move |db| async move { db.start_over(rows).await })
     }
@@ -506,9 +504,7 @@ impl CommitRows {
         (rows.stat_names, rows.stat_deltas) =
             stat_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
         for (topic, partition, next) in positions {
-            rows.position_topics.push(topic);
-            rows.position_partitions.push(i32_of(partition));
-            rows.position_nexts.push(i64_of(next, location)?);
+            rows.add_position(topic, partition, next, location)?;
         }
         for (topic, partition, record) in done {
             rows.done_topics.push(topic);
@@ -518,6 +514,14 @@ impl CommitRows {
         rows.outbox_through = outbox_through.map(|seq| i64_of(seq, location)).transpose()?;
         rows.outbox = outbox.iter().map(|entry| encode_outbox(entry, location)).collect::<Result<_, _>>()?;
         Ok(rows)
+    }
+
+    /// Adds a position row: `next` is the next offset of `partition`.
+    fn add_position(&mut self, topic: String, partition: u32, next: u64, location: &str) -> Result<(), StateError> {
+        self.position_topics.push(topic);
+        self.position_partitions.push(i32_of(partition));
+        self.position_nexts.push(i64_of(next, location)?);
+        Ok(())
     }
 }
 
