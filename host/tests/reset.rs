@@ -22,6 +22,11 @@ const PROJECTION: [&str; 6] = ["--data", "data", "--projection", "bank", "--topi
 
 /// Publishes a bank workload (`seed` picks it) to `accounts` in `dir/data`.
 fn publish(dir: &Path, spec: WorkloadSpec, partitions: u32) -> Oracle {
+    publish_with(dir, spec, partitions, &[])
+}
+
+/// [`publish`] with `env` set (`WAKU_IGGY` for another log).
+fn publish_with(dir: &Path, spec: WorkloadSpec, partitions: u32, env: &[(&str, &str)]) -> Oracle {
     let (events, oracle) = demo::workload(spec);
     let lines: String =
         events.iter().map(|e| serde_json::json!({ "type": e.type_name, "body": e.body }).to_string() + "\n").collect();
@@ -31,7 +36,8 @@ fn publish(dir: &Path, spec: WorkloadSpec, partitions: u32) -> Oracle {
     let partitions = partitions.to_string();
     let file = file.to_string_lossy().into_owned();
     let args = ["publish", "--data", "data", "--topic", "accounts", "--partitions", &partitions, "--module", &module];
-    let out = waku(&[&args[..], &[file.as_str()]].concat(), dir);
+    let out = common::waku_command(dir).args([&args[..], &[file.as_str()]].concat()).envs(env.iter().copied()).output();
+    let out = out.unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     oracle
 }
@@ -377,4 +383,44 @@ fn on_postgresql_a_run_refuses_the_reset_and_earliest_keeps_the_rows_in_a_backup
     // The replay gives the same read model, every event applied once.
     assert!(run(dir.path()).contains(&format!("consumed {EVENTS} events")));
     assert_eq!(state_get("data"), consumed);
+}
+
+#[test]
+fn on_iggy_a_time_finds_each_named_partitions_offset() {
+    let Ok(url) = std::env::var("WAKU_IGGY_URL") else {
+        eprintln!("skipped: the Iggy reset command test needs a server named by WAKU_IGGY_URL");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let stream = format!("waku-reset-cli-{stamp}");
+    // Every command of the test reads the log from the environment.
+    let env = [("WAKU_IGGY", url.as_str()), ("WAKU_STREAM", stream.as_str())];
+    let ends = || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let log = wakuwaku::log::IggyLog::connect(&url, &stream).await.unwrap();
+            log.end_offsets("accounts").await.unwrap()
+        })
+    };
+    publish_with(dir.path(), WorkloadSpec { events: 300, accounts: 20, seed: 11 }, 3, &env);
+    let first = ends();
+    std::thread::sleep(Duration::from_millis(20));
+    let between = SystemTime::now();
+    std::thread::sleep(Duration::from_millis(20));
+    publish_with(dir.path(), WorkloadSpec { events: 300, accounts: 20, seed: 12 }, 3, &env);
+    let end = ends();
+    modules(dir.path());
+    let waku_iggy = |args: &[&str]| {
+        let out = common::waku_command(dir.path()).args(args).envs(env).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    };
+    waku_iggy(&[&["run"], &PROJECTION[..], &["--modules", "modules", "--until-caught-up"]].concat());
+    let consumed = dump(&state(dir.path()));
+    let time = format!("time:{}", humantime::format_rfc3339_micros(between));
+    waku_iggy(&[&["reset"], &PROJECTION[..], &["--to", &time, "--partitions", "0,2", "--yes"]].concat());
+    assert_eq!(positions(dir.path(), "accounts"), [Some(first[0]), Some(end[1]), Some(first[2])]);
+    waku_iggy(&[&["reset"], &PROJECTION[..], &["--to", "offset:3", "--partitions", "1", "--yes"]].concat());
+    assert_eq!(positions(dir.path(), "accounts"), [Some(first[0]), Some(3), Some(first[2])]);
+    assert_eq!(dump(&state(dir.path())), consumed, "moves keep the state");
 }
