@@ -12,12 +12,13 @@
 //!   would cost a B-tree insert per record; blocks make appends several
 //!   times cheaper.
 //! - `consumer-offsets`: (consumer, topic, partition) → next offset.
-//! - `append-times`: (topic, partition, first offset) → milliseconds since
-//!   the Unix epoch: the records from that offset on, up to the next entry,
-//!   were appended at that time. An append writes an entry only when the
-//!   clock has moved past the partition's last one, so a partition's times
-//!   never go backwards (a clock set back counts as the last time) and
-//!   appends within one millisecond share an entry. Logs written before
+//! - `append-times`: (topic, partition, milliseconds since the Unix epoch)
+//!   → first offset: the records from that offset on, up to the next
+//!   entry's, were appended at that time. An append writes an entry only
+//!   when the clock has moved past the partition's last one, so a
+//!   partition's times never go backwards (a clock set back counts as the
+//!   last time), appends within one millisecond share an entry, and the
+//!   first record at or after a time is one lookup away. Logs written before
 //!   append times were recorded open as they are; their untimed records
 //!   count as appended before every recorded time.
 //!
@@ -51,7 +52,8 @@ const CONSUMER_OFFSETS: TableDefinition<(&str, &str, u32), u64> = TableDefinitio
 /// (topic, producer) → the highest sequence number appended with `append_as`.
 const PRODUCERS: TableDefinition<(&str, u32, &str), u64> = TableDefinition::new("producers");
 
-/// (topic, partition, first offset) → append time, ms since the Unix epoch.
+/// (topic, partition, append time in ms since the Unix epoch) → the first
+/// offset appended then.
 const APPEND_TIMES: TableDefinition<(&str, u32, u64), u64> = TableDefinition::new("append-times");
 
 /// The longest topic name accepted, in bytes.
@@ -243,8 +245,8 @@ impl EventLog for EmbeddedLog {
         .await
     }
 
-    /// The first entry of `append-times` at or after `time`; records
-    /// without a time count as older than every time.
+    /// The first entry of `append-times` at or after `time`, in one
+    /// lookup; records without a time count as older than every time.
     async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();
@@ -260,15 +262,11 @@ impl EventLog for EmbeddedLog {
                 Err(e) => return Err(inner.storage(e)),
             };
             let topic = topic.as_str();
-            for entry in
-                times.range((topic, partition, 0)..=(topic, partition, u64::MAX)).map_err(|e| inner.storage(e))?
-            {
-                let (key, appended) = entry.map_err(|e| inner.storage(e))?;
-                if appended.value() >= wanted {
-                    return Ok(key.value().2.min(end));
-                }
+            let first = times.range((topic, partition, wanted)..=(topic, partition, u64::MAX));
+            match first.map_err(|e| inner.storage(e))?.next() {
+                Some(entry) => Ok(entry.map_err(|e| inner.storage(e))?.1.value().min(end)),
+                None => Ok(end),
             }
-            Ok(end)
         })
         .await
     }
@@ -428,9 +426,9 @@ impl Inner {
     ) -> Result<(), LogError> {
         let last =
             times.range((topic, partition, 0)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))?.next_back();
-        let last = last.transpose().map_err(|e| self.storage(e))?.map(|(_, time)| time.value());
+        let last = last.transpose().map_err(|e| self.storage(e))?.map(|(time, _)| time.value().2);
         if last.is_none_or(|last| now > last) {
-            times.insert((topic, partition, first), now).map_err(|e| self.storage(e))?;
+            times.insert((topic, partition, now), first).map_err(|e| self.storage(e))?;
         }
         Ok(())
     }
