@@ -8,7 +8,7 @@
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
 //! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
-//! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts (JSON) |
+//! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
@@ -32,6 +32,8 @@ use crate::log::EventLog;
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::Projection;
+use crate::rebuild::RebuildWatch;
+use crate::rebuild::conductor::RebuildStatus;
 use crate::state::{StateError, StateStore};
 
 /// What the endpoint serves from.
@@ -46,6 +48,8 @@ pub struct Admin<L> {
     pub metrics: Arc<Metrics>,
     /// Its module versions, when it has a library.
     pub library: Option<Arc<Library>>,
+    /// Its rebuilds' progress, when it can rebuild ([`crate::rebuild`]).
+    pub rebuild: Option<Arc<RebuildWatch>>,
 }
 
 /// Serves the endpoint on `listener` until `shutdown` resolves.
@@ -173,7 +177,9 @@ async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Respon
     )
     .await
     {
-        Ok(status) => Json(status).into_response(),
+        Ok(status) => {
+            Json(Status { rebuild: admin.rebuild.as_ref().and_then(|watch| watch.get()), ..status }).into_response()
+        }
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
 }
@@ -244,6 +250,10 @@ pub struct Status {
     /// Outbox records committed but not yet appended to the log.
     #[serde(default)]
     pub outbox: u64,
+    /// The last rebuild the running host ran: its phase and distance to
+    /// promotion ([`crate::rebuild`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildStatus>,
 }
 
 /// The status of a projection from its state and the log; with the running
@@ -284,5 +294,6 @@ pub async fn status<L: EventLog>(
         dead_lettered: count(stat::DEAD_LETTERED),
         undeliverable: count(stat::UNDELIVERABLE),
         outbox: store.outbox()?.len() as u64,
+        rebuild: None,
     })
 }

@@ -76,6 +76,7 @@ pub mod outbox;
 pub mod progress;
 pub mod projection;
 pub mod publish;
+pub mod rebuild;
 pub mod routing;
 pub mod runtime;
 pub mod scaffold;

@@ -230,8 +230,12 @@ fn apply_deposited(account: &mut Account, event: &Deposited) {
     account.deposits = account.deposits.wrapping_add(event.count);
 }
 
+/// What a withdrawal costs beside its amount: 0, or 1 with the
+/// `withdrawal-fee` feature (a changed rule the rebuild tests roll out).
+pub const WITHDRAWAL_FEE: i64 = if cfg!(feature = "withdrawal-fee") { 1 } else { 0 };
+
 fn apply_withdrawn(account: &mut Account, event: &Withdrawn) {
-    account.balance = account.balance.wrapping_sub(event.amount);
+    account.balance = account.balance.wrapping_sub(event.amount).wrapping_sub(WITHDRAWAL_FEE);
     account.withdrawals += 1;
 }
 

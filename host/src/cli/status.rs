@@ -76,6 +76,24 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         status.undeliverable,
         status.outbox
     )?;
+    if let Some(rebuild) = &status.rebuild {
+        let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+        outln!(
+            "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back",
+            rebuild.generation,
+            rebuild.promote,
+            modules.join(", "),
+            rebuild.phase,
+            rebuild.distance,
+            rebuild.held_back
+        )?;
+        if let Some(error) = &rebuild.error {
+            outln!("rebuild error: {error}")?;
+        }
+        for (partition, shadow, live) in &rebuild.partitions {
+            outln!("rebuild partition {partition}: shadow at {shadow}, live at {live}")?;
+        }
+    }
     outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());

@@ -1,0 +1,422 @@
+//! The running host's side of a rebuild: it consumes the live projection,
+//! runs the shadow beside it, and promotes or rolls back between two
+//! batches (see the [parent module](super) for the files and the rules).
+//!
+//! The conductor owns the live consumer: it follows the topic until the
+//! host stops, and is paused (after its batch in flight, which commits)
+//! only to promote or roll back, then follows again. A check every
+//! [`CHECK_EVERY`] looks at the request files and the shadow's progress;
+//! what it decides comes from positions and end offsets only. A rebuild
+//! that fails (a module that does not load, a shadow whose consumer
+//! fails) is dropped with its error in the status; the live projection
+//! never stops because of it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use super::stores::{HELD_BACK, HoldBackEmits, SwitchingStore};
+use super::{Pointer, Promote, RebuildPaths, Request};
+use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
+use crate::handler::HandlerModule;
+use crate::lifecycle::{EmitTopics, Library};
+use crate::log::EventLog;
+use crate::projection::Projection;
+use crate::routing::{Routed, retry_topic};
+use crate::runtime::Sandbox;
+use crate::state::{BatchCommit, StateStore};
+
+/// How often the conductor looks at the request files and the shadow.
+pub const CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// Where a rebuild stands, for `waku status` and the admin endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildStatus {
+    /// The rebuild's generation.
+    pub generation: u64,
+    /// `building`, `waiting for --promote`, `promoted`, `rolled back`, or
+    /// `failed`.
+    pub phase: String,
+    /// `auto` or `manual`.
+    pub promote: String,
+    /// Per partition: (partition, shadow position, live position).
+    pub partitions: Vec<(u32, u64, u64)>,
+    /// Events the shadow still has to consume to reach the live positions,
+    /// plus those waiting in its retry: its distance to promotion.
+    pub distance: u64,
+    /// Messages the shadow's handlers emitted that were held back.
+    pub held_back: u64,
+    /// The shadow's modules: name → version.
+    pub modules: BTreeMap<String, String>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}
+
+/// The latest [`RebuildStatus`], shared with the admin endpoint.
+#[derive(Debug, Default)]
+pub struct RebuildWatch(Mutex<Option<RebuildStatus>>);
+
+impl RebuildWatch {
+    /// The status of the last rebuild this host ran, if any.
+    pub fn get(&self) -> Option<RebuildStatus> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, status: RebuildStatus) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    fn set_phase(&self, phase: &str, error: Option<String>) {
+        let mut current = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let status = current.get_or_insert_with(RebuildStatus::default);
+        status.phase = phase.to_owned();
+        status.error = error;
+    }
+}
+
+/// What the conductor needs of the host.
+pub struct Conductor<L> {
+    /// The log.
+    pub log: Arc<L>,
+    /// The live consumer.
+    pub live: Consumer<L>,
+    /// The live projection, whose store is `switching`.
+    pub projection: Arc<Projection>,
+    /// The store handle every part of the host shares.
+    pub switching: SwitchingStore,
+    /// The live projection's library (its store is `switching`).
+    pub library: Arc<Library>,
+    /// The live module directory (a rollback runs the old store's recorded
+    /// versions, as a restart would).
+    pub module_dir: PathBuf,
+    /// The data directory.
+    pub data: PathBuf,
+    /// The sandbox modules run in.
+    pub sandbox: Sandbox,
+    /// How the shadow consumes (the live projection's settings).
+    pub config: ConsumerConfig,
+    /// The emit-topic check shadow modules pass, like live ones.
+    pub emit_topics: Arc<dyn EmitTopics>,
+    /// Where the status is shown.
+    pub watch: Arc<RebuildWatch>,
+}
+
+/// A shadow being built.
+struct Shadow<L> {
+    request: Request,
+    /// Its store, without the hold-back wrapper (what promotion switches to).
+    store: StateStore,
+    modules: Vec<Arc<dyn HandlerModule>>,
+    consumer: Consumer<L>,
+    following: Following,
+}
+
+type Following = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Summary, ConsumerError>>);
+
+/// What a check decided.
+enum Action {
+    Stop,
+    Promote,
+    Rollback,
+}
+
+fn follow<L: EventLog>(consumer: &Consumer<L>) -> Following {
+    let (pause, paused) = tokio::sync::oneshot::channel::<()>();
+    let consumer = consumer.clone();
+    let task = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = paused.await;
+            })
+            .await
+    });
+    (pause, task)
+}
+
+async fn pause((pause, task): Following) -> Result<Summary, ConsumerError> {
+    drop(pause);
+    task.await.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?
+}
+
+impl<L: EventLog> Conductor<L> {
+    fn paths(&self) -> RebuildPaths {
+        RebuildPaths::new(&self.data, self.projection.name())
+    }
+
+    /// Consumes until `stopped` resolves or the live consumer fails,
+    /// running rebuilds as they are asked for.
+    pub async fn run(self, stopped: impl Future<Output = ()> + Send + 'static) -> Result<Summary, ConsumerError> {
+        tokio::pin!(stopped);
+        let mut total = Summary::default();
+        let mut shadow: Option<Shadow<L>> = None;
+        loop {
+            let (pause_live, mut live) = follow(&self.live);
+            let action = loop {
+                tokio::select! {
+                    () = &mut stopped => break Action::Stop,
+                    ended = &mut live => {
+                        if let Some(shadow) = shadow.take() {
+                            let _ = pause(shadow.following).await;
+                        }
+                        total.add(&ended.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??);
+                        return Ok(total);
+                    }
+                    () = tokio::time::sleep(CHECK_EVERY) => {
+                        if let Some(action) = self.check(&mut shadow).await {
+                            break action;
+                        }
+                    }
+                }
+            };
+            total.add(&pause((pause_live, live)).await?);
+            match action {
+                Action::Stop => {
+                    if let Some(shadow) = shadow.take() {
+                        pause(shadow.following).await?;
+                    }
+                    return Ok(total);
+                }
+                Action::Promote => {
+                    let Some(ready) = shadow.take() else { continue };
+                    shadow = self.promote(ready).await?;
+                }
+                Action::Rollback => {
+                    if let Err(error) = self.rollback().await {
+                        tracing::error!(projection = self.projection.name(), "rollback failed: {error}");
+                        self.watch.set_phase("rollback failed", Some(error.to_string()));
+                        let _ = std::fs::remove_file(self.paths().rollback_path());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Looks at the request files and the shadow; says what to do, if
+    /// anything.
+    async fn check(&self, shadow: &mut Option<Shadow<L>>) -> Option<Action> {
+        let paths = self.paths();
+        if paths.rollback_path().exists() {
+            if let Some(running) = shadow.take() {
+                let _ = pause(running.following).await;
+            }
+            return Some(Action::Rollback);
+        }
+        let Some(running) = shadow else {
+            match self.start_shadow(&paths).await {
+                Ok(started) => *shadow = started,
+                Err(error) => self.fail(&paths, error),
+            }
+            return None;
+        };
+        if running.following.1.is_finished() {
+            let running = shadow.take().expect("checked above");
+            let error = match pause(running.following).await {
+                Err(error) => error.to_string(),
+                Ok(_) => "the shadow's consumer stopped".to_owned(),
+            };
+            self.fail(&paths, error);
+            return None;
+        }
+        let status = match self.shadow_status(running).await {
+            Ok(status) => status,
+            Err(error) => {
+                tracing::warn!(projection = self.projection.name(), "reading the rebuild's progress: {error}");
+                return None;
+            }
+        };
+        let caught_up = running.consumer.progress().caught_up() && status.distance <= self.config.batch_size as u64;
+        let waiting = status.phase == "waiting for --promote";
+        self.watch.set(status);
+        let go_ahead = match running.request.promote {
+            Promote::Auto => true,
+            Promote::Manual => paths.promote_path().exists(),
+        };
+        (caught_up && !waiting && go_ahead).then_some(Action::Promote)
+    }
+
+    /// Drops a rebuild that failed: its request is removed, the status
+    /// keeps the error.
+    fn fail(&self, paths: &RebuildPaths, error: String) {
+        tracing::error!(projection = self.projection.name(), "the rebuild failed and was dropped: {error}");
+        self.watch.set_phase("failed", Some(error));
+        if let Err(error) = paths.finish() {
+            tracing::error!(projection = self.projection.name(), "{error}");
+        }
+    }
+
+    /// Starts the shadow of the pending request, if there is one and it
+    /// was not promoted already (a crash after the pointer moved).
+    async fn start_shadow(&self, paths: &RebuildPaths) -> Result<Option<Shadow<L>>, String> {
+        let Some(request) = paths.request().map_err(|e| e.to_string())? else { return Ok(None) };
+        let store_path = paths.shadow_store(request.generation);
+        if paths.active_store().map_err(|e| e.to_string())? == store_path {
+            paths.finish().map_err(|e| e.to_string())?;
+            return Ok(None);
+        }
+        if request.topic != self.projection.topic() {
+            return Err(format!(
+                "the rebuild was asked for topic `{}`, but projection `{}` consumes `{}`",
+                request.topic,
+                self.projection.name(),
+                self.projection.topic()
+            ));
+        }
+        let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
+        let library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
+            .with_emit_topics(self.emit_topics.clone());
+        let modules_dir = paths.modules_dir(request.generation);
+        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&modules_dir, true))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let name = format!("{}.rebuild", self.projection.name());
+        let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
+        let projection =
+            Projection::new(&name, &request.topic, modules.clone(), held_back).map_err(|e| e.to_string())?;
+        let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
+        let following = follow(&consumer);
+        tracing::info!(
+            projection = self.projection.name(),
+            generation = request.generation,
+            "rebuilding in the shadow from offset 0"
+        );
+        Ok(Some(Shadow { request, store, modules, consumer, following }))
+    }
+
+    /// Where the shadow stands against the live projection.
+    async fn shadow_status(&self, shadow: &Shadow<L>) -> Result<RebuildStatus, ConsumerError> {
+        let topic = self.projection.topic();
+        let mut partitions = Vec::new();
+        let mut distance = 0;
+        for partition in 0..self.log.partitions(topic).await? {
+            let at = shadow.store.position(topic, partition)?.unwrap_or(0);
+            let live = self.switching.current().position(topic, partition)?.unwrap_or(0);
+            distance += live.saturating_sub(at);
+            partitions.push((partition, at, live));
+        }
+        let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
+        let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+        distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+        let manual = shadow.request.promote == Promote::Manual;
+        let phase = match manual && shadow.consumer.progress().caught_up() && !self.paths().promote_path().exists() {
+            true => "waiting for --promote",
+            false => "building",
+        };
+        Ok(RebuildStatus {
+            generation: shadow.request.generation,
+            phase: phase.to_owned(),
+            promote: if manual { "manual" } else { "auto" }.to_owned(),
+            partitions,
+            distance,
+            held_back: count(HELD_BACK),
+            modules: shadow.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect(),
+            error: None,
+        })
+    }
+
+    /// Promotes the shadow, the live consumer being paused: lines the two
+    /// up on the same positions, then switches. Returns the shadow, still
+    /// following, when it cannot be promoted yet (events waiting in its
+    /// retry).
+    async fn promote(&self, mut shadow: Shadow<L>) -> Result<Option<Shadow<L>>, ConsumerError> {
+        let (pause_shadow, stopped) = std::mem::replace(&mut shadow.following, follow_nothing());
+        pause((pause_shadow, stopped)).await?;
+        let topic = self.projection.topic().to_owned();
+        let partitions = self.log.partitions(&topic).await?;
+        let mut targets = FxHashMap::default();
+        for partition in 0..partitions {
+            let live = self.switching.current().position(&topic, partition)?.unwrap_or(0);
+            let at = shadow.store.position(&topic, partition)?.unwrap_or(0);
+            targets.insert(partition, live.max(at));
+        }
+        self.live.catch_up_to(targets.clone()).await?;
+        shadow.consumer.catch_up_to(targets).await?;
+        let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
+        let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+        if count(stat::RETRY_IN) > count(stat::RETRY_OUT) {
+            shadow.following = follow(&shadow.consumer);
+            return Ok(Some(shadow));
+        }
+        // The retry records from here on are the promoted projection's; the
+        // live projection's earlier ones concern events the shadow applied.
+        let retry = retry_topic(&topic);
+        let mut retry_ends = Vec::new();
+        let mut commit = BatchCommit::default();
+        for partition in 0..partitions {
+            let end = self.log.end_offset(&retry, partition).await?;
+            retry_ends.push(end);
+            commit.positions.push((retry.clone(), partition, end));
+        }
+        shadow.store.commit(commit)?;
+        let paths = self.paths();
+        let previous = paths.active_store().map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        let pointer =
+            Pointer { active: paths.shadow_store(shadow.request.generation), previous: Some(previous), retry_ends };
+        // The one step that decides, durable before anything else changes.
+        paths.set_pointer(&pointer).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        drop(self.switching.switch(shadow.store.clone()));
+        self.projection.replace_modules(shadow.modules.clone()).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        if let Err(error) = paths.finish() {
+            tracing::warn!(projection = self.projection.name(), "{error}");
+        }
+        self.watch.set_phase("promoted", None);
+        tracing::info!(projection = self.projection.name(), generation = shadow.request.generation, "promoted");
+        Ok(None)
+    }
+
+    /// Switches back to the previous store and its recorded module
+    /// versions, the live consumer being paused. The promoted store's retry
+    /// records are marked done in the previous one, which consumes again
+    /// every event since the promotion.
+    async fn rollback(&self) -> Result<(), String> {
+        let paths = self.paths();
+        let pointer = paths.pointer().map_err(|e| e.to_string())?;
+        let Some(Pointer { active, previous: Some(previous), retry_ends }) = pointer else {
+            return Err("there is no previous state to roll back to".to_owned());
+        };
+        let old = StateStore::open(&paths.absolute(&previous)).map_err(|e| e.to_string())?;
+        let retry = retry_topic(self.projection.topic());
+        let mut commit = BatchCommit::default();
+        for (partition, &from) in retry_ends.iter().enumerate() {
+            let partition = partition as u32;
+            let end = self.log.end_offset(&retry, partition).await.map_err(|e| e.to_string())?;
+            let mut next = from;
+            while next < end {
+                let records = self.log.read(&retry, partition, next, 4096).await.map_err(|e| e.to_string())?;
+                let Some(last) = records.last().map(|r| r.offset) else { break };
+                for record in &records {
+                    if Routed::parse(&record.record.headers).is_ok_and(|r| r.projection == self.projection.name()) {
+                        commit.done.push((retry.clone(), partition, record.offset));
+                    }
+                }
+                next = last + 1;
+            }
+        }
+        old.commit(commit).map_err(|e| e.to_string())?;
+        // One step back only: the promoted store stays on disk, not offered.
+        let _ = active;
+        let pointer = Pointer { active: previous, previous: None, retry_ends: Vec::new() };
+        paths.set_pointer(&pointer).map_err(|e| e.to_string())?;
+        drop(self.switching.switch(old));
+        let (library, dir) = (self.library.clone(), self.module_dir.clone());
+        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&dir, false))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(paths.rollback_path());
+        self.watch.set_phase("rolled back", None);
+        tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
+        Ok(())
+    }
+}
+
+/// A placeholder for a paused shadow's following.
+fn follow_nothing() -> Following {
+    let (pause, _) = tokio::sync::oneshot::channel();
+    (pause, tokio::spawn(async { Ok(Summary::default()) }))
+}
