@@ -230,6 +230,13 @@ impl<L: EventLog> Conductor<L> {
         };
         let caught_up = running.consumer.progress().caught_up() && status.distance <= self.config.batch_size as u64;
         let waiting = status.phase == "waiting for --promote";
+        if waiting && self.watch.get().is_none_or(|before| before.phase != status.phase) {
+            tracing::info!(
+                projection = self.projection.name(),
+                generation = status.generation,
+                "the shadow caught up; waiting for `waku rebuild --promote`"
+            );
+        }
         self.watch.set(status);
         let go_ahead = match running.request.promote {
             Promote::Auto => true,
@@ -323,6 +330,11 @@ impl<L: EventLog> Conductor<L> {
     /// following, when it cannot be promoted yet (events waiting in its
     /// retry).
     async fn promote(&self, mut shadow: Shadow<L>) -> Result<Option<Shadow<L>>, ConsumerError> {
+        tracing::info!(
+            projection = self.projection.name(),
+            generation = shadow.request.generation,
+            "promoting: the live consumer is paused; lining the shadow up with it"
+        );
         let (pause_shadow, stopped) = std::mem::replace(&mut shadow.following, follow_nothing());
         pause((pause_shadow, stopped)).await?;
         let topic = self.projection.topic().to_owned();
