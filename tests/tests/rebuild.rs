@@ -47,10 +47,14 @@ fn module_dirs(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     (old, new)
 }
 
-async fn start(log: &Arc<EmbeddedLog>, dir: &Path, modules: &Path) -> RunningHost<EmbeddedLog> {
+/// Starts a host following the topic; with `admin`, serving the admin
+/// endpoint (whose server lets go of the store a moment after the host
+/// stopped: no restart then).
+async fn start(log: &Arc<EmbeddedLog>, dir: &Path, modules: &Path, admin: bool) -> RunningHost<EmbeddedLog> {
     let source = ModuleSource::Directory { path: modules.to_owned(), adopt: false, watch: false };
     let mut settings = HostSettings::new(dir.join("data"), PROJECTION, TOPIC, source);
     settings.consumer.batch_size = 256;
+    settings.admin = admin.then(|| "127.0.0.1:0".parse().unwrap());
     Host::start_on(log.clone(), settings).await.expect("the host starts")
 }
 
@@ -114,31 +118,57 @@ async fn a_rebuild_under_load_keeps_the_old_logic_live_then_promotes_the_new_log
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic(TOPIC, 2).await.unwrap();
     let module = bank_module();
-    let (events, full) = demo::workload(WorkloadSpec { events: 12_000, accounts: 150, seed: 14 });
+    let (events, full) = demo::workload(WorkloadSpec { events: 40_000, accounts: 300, seed: 14 });
     assert!(full.accounts.values().any(|a| a.withdrawals > 0), "the workload withdraws");
-    let (first, rest) = events.split_at(4_000);
+    let (first, rest) = events.split_at(30_000);
     publish_events(&log, &module, first).await;
 
-    let host = start(&log, dir.path(), &old).await;
+    let host = start(&log, dir.path(), &old, false).await;
     caught_up_now(&host).await;
     assert_read_model(&host, &oracle_of(first), "the live projection before the rebuild");
     let old_version = module_version(&host);
 
     // The rebuild is asked for while events keep coming.
     RebuildPaths::new(&dir.path().join("data"), PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
+    // The publisher stops once, after two chunks, until the test looked.
+    let (paused, mut wait_paused) = tokio::sync::oneshot::channel::<()>();
+    let (resume, wait_resume) = tokio::sync::oneshot::channel::<()>();
     let publisher = {
         let (log, module, rest) = (log.clone(), module.clone(), rest.to_vec());
         tokio::spawn(async move {
-            for chunk in rest.chunks(500) {
+            let (mut paused, mut wait_resume) = (Some(paused), Some(wait_resume));
+            for (i, chunk) in rest.chunks(500).enumerate() {
+                if i == 2 {
+                    let _ = paused.take().unwrap().send(());
+                    let _ = wait_resume.take().unwrap().await;
+                }
                 publish_events(&log, &module, chunk).await;
                 tokio::time::sleep(Duration::from_millis(30)).await;
             }
         })
     };
-    // Until the promotion, the live projection is the old logic: every
-    // account it shows has no fee taken (a prefix of the log applied by the
-    // old rules, checked against the oracle of that prefix per partition is
-    // not needed: the bank's balances with a fee are always lower).
+    (&mut wait_paused).await.unwrap();
+    // Until the promotion, the live projection is the old logic: checked
+    // while the rebuild's phase says building before and after the look.
+    let published = &events[..first.len() + 1_000];
+    let phase = || host.rebuild().map(|status| status.phase).unwrap_or_default();
+    let checked_while_building = loop {
+        let before = phase();
+        caught_up_now(&host).await;
+        if before == "building" {
+            assert_read_model(&host, &oracle_of(published), "the live projection during the rebuild");
+            if phase() == "building" {
+                break true;
+            }
+        }
+        if before == "promoted" {
+            assert_read_model(&host, &with_fee(&oracle_of(published)), "promoted early");
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    println!("the live projection was checked while the shadow was building: {checked_while_building}");
+    resume.send(()).unwrap();
     rebuild_phase(&host, "promoted").await;
     publisher.await.unwrap();
     caught_up_now(&host).await;
@@ -149,7 +179,7 @@ async fn a_rebuild_under_load_keeps_the_old_logic_live_then_promotes_the_new_log
     assert_eq!(status.applied, events.len() as u64, "every event applied once: {status:?}");
     // The switch survives a restart: the pointer names the promoted store.
     host.stop().await.unwrap();
-    let host = start(&log, dir.path(), &old).await;
+    let host = start(&log, dir.path(), &old, false).await;
     caught_up_now(&host).await;
     assert_read_model(&host, &with_fee(&full), "the promoted projection after a restart");
     assert_ne!(module_version(&host), old_version, "a restart runs the promoted versions");
@@ -167,7 +197,7 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     let (events, full) = demo::workload(WorkloadSpec { events: 6_000, accounts: 100, seed: 15 });
     let (first, rest) = events.split_at(3_000);
     publish_events(&log, &module, first).await;
-    let host = start(&log, dir.path(), &old).await;
+    let host = start(&log, dir.path(), &old, true).await;
     caught_up_now(&host).await;
     let old_version = module_version(&host);
 
@@ -176,6 +206,18 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     rebuild_phase(&host, "waiting for --promote").await;
     let waiting = host.rebuild().unwrap();
     assert_eq!(waiting.distance, 0, "caught up: {waiting:?}");
+    // The admin endpoint shows it, and the host stays ready.
+    let base = format!("http://{}", host.admin_address().unwrap());
+    let (ready, status) = tokio::task::spawn_blocking(move || {
+        let get = |path: &str| ureq::get(&format!("{base}{path}")).call().map(|mut r| r.body_mut().read_to_string());
+        (get("/ready").is_ok(), get("/status").unwrap().unwrap())
+    })
+    .await
+    .unwrap();
+    assert!(ready, "/ready stays ready during a rebuild");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["rebuild"]["phase"], "waiting for --promote", "{status}");
+    assert_eq!(status["rebuild"]["distance"], 0, "{status}");
     assert!(waiting.partitions.iter().all(|&(_, shadow, live)| shadow == live), "{waiting:?}");
     // Caught up but not promoted: the live projection keeps the old logic.
     assert_read_model(&host, &oracle_of(first), "the live projection while the shadow waits");

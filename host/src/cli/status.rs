@@ -79,13 +79,15 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
     if let Some(rebuild) = &status.rebuild {
         let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
         outln!(
-            "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back",
+            "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back; {} \
+             events dead-lettered",
             rebuild.generation,
             rebuild.promote,
             modules.join(", "),
             rebuild.phase,
             rebuild.distance,
-            rebuild.held_back
+            rebuild.held_back,
+            rebuild.dead_lettered
         )?;
         if let Some(error) = &rebuild.error {
             outln!("rebuild error: {error}")?;

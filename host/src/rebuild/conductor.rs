@@ -38,8 +38,8 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(200);
 pub struct RebuildStatus {
     /// The rebuild's generation.
     pub generation: u64,
-    /// `building`, `waiting for --promote`, `promoted`, `rolled back`, or
-    /// `failed`.
+    /// `building`, `waiting for --promote`, `promoting`, `promoted`,
+    /// `rolled back`, or `failed`.
     pub phase: String,
     /// `auto` or `manual`.
     pub promote: String,
@@ -50,6 +50,9 @@ pub struct RebuildStatus {
     pub distance: u64,
     /// Messages the shadow's handlers emitted that were held back.
     pub held_back: u64,
+    /// Events the shadow dead-lettered (listed by `waku dlq list
+    /// --projection <projection>.rebuild`): the promoted state lacks them.
+    pub dead_lettered: u64,
     /// The shadow's modules: name → version.
     pub modules: BTreeMap<String, String>,
     /// Why it failed, when it did.
@@ -320,6 +323,7 @@ impl<L: EventLog> Conductor<L> {
             partitions,
             distance,
             held_back: count(HELD_BACK),
+            dead_lettered: count(stat::DEAD_LETTERED),
             modules: shadow.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect(),
             error: None,
         })
@@ -335,6 +339,7 @@ impl<L: EventLog> Conductor<L> {
             generation = shadow.request.generation,
             "promoting: the live consumer is paused; lining the shadow up with it"
         );
+        self.watch.set_phase("promoting", None);
         let (pause_shadow, stopped) = std::mem::replace(&mut shadow.following, follow_nothing());
         pause((pause_shadow, stopped)).await?;
         let topic = self.projection.topic().to_owned();
