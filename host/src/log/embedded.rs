@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::{EventLog, LogError, Record, StoredRecord};
+use super::{EventLog, LogError, PolledBatch, Record, StoredRecord};
 
 /// topic → partition count.
 const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
@@ -169,6 +169,24 @@ impl EventLog for EmbeddedLog {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| inner.read(&topic, partition, from, max)).await
+    }
+
+    async fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut batch: PolledBatch,
+    ) -> Result<PolledBatch, LogError> {
+        validate_topic_name(topic)?;
+        let topic = topic.to_owned();
+        self.blocking(move |inner| {
+            batch.clear();
+            inner.scan(&topic, partition, from, max, |offset, bytes| batch.push_encoded(offset, bytes))?;
+            Ok(batch)
+        })
+        .await
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
@@ -372,22 +390,46 @@ impl Inner {
     }
 
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        let mut records = Vec::new();
+        self.scan(topic, partition, from, max, |offset, bytes| {
+            let record = match postcard::take_from_bytes::<Record>(bytes) {
+                Ok((record, [])) => record,
+                Ok((_, rest)) => return Err(format!("{} trailing bytes", rest.len())),
+                Err(e) => return Err(e.to_string()),
+            };
+            records.push(StoredRecord { offset, record });
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Hands `visit` the stored encoding of up to `max` records from offset
+    /// `from` on, in offset order; a reason it returns makes the record
+    /// [`LogError::Corrupt`].
+    fn scan(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), LogError> {
         let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
         let topics = txn.open_table(TOPICS).map_err(|e| self.storage(e))?;
         self.check_partition(&topics, topic, partition)?;
         let table = match txn.open_table(partition_table(&partition_table_name(topic, partition))) {
             Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(TableError::TableDoesNotExist(_)) => return Ok(()),
             Err(e) => return Err(self.storage(e)),
         };
         let end = self.end_of(&table, topic, partition)?;
         if from >= end || max == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let corrupt =
             |offset: u64, reason: String| LogError::Corrupt { topic: topic.to_owned(), partition, offset, reason };
         let count = usize::try_from(end - from).map_or(max, |available| available.min(max));
-        let mut records = Vec::with_capacity(count);
+        let mut visited = 0;
 
         // The block holding `from` is the last one starting at or before it.
         let first = table.range(..=from).map_err(|e| self.storage(e))?.next_back();
@@ -404,14 +446,10 @@ impl Inner {
             for (offset, index) in (offset + skip..).zip(skip..u64::from(block.count)) {
                 // `index` < count ≤ u32::MAX, so it fits.
                 let bytes = block.record(index as u32).map_err(|reason| corrupt(offset, reason))?;
-                let record = match postcard::take_from_bytes::<Record>(bytes) {
-                    Ok((record, [])) => record,
-                    Ok((_, rest)) => return Err(corrupt(offset, format!("{} trailing bytes", rest.len()))),
-                    Err(e) => return Err(corrupt(offset, e.to_string())),
-                };
-                records.push(StoredRecord { offset, record });
-                if records.len() == count {
-                    return Ok(records);
+                visit(offset, bytes).map_err(|reason| corrupt(offset, reason))?;
+                visited += 1;
+                if visited == count {
+                    return Ok(());
                 }
             }
             expected = offset + u64::from(block.count);

@@ -53,9 +53,11 @@ use crate::event::Header;
 
 pub mod embedded;
 pub mod iggy;
+pub mod polled;
 
 pub use embedded::EmbeddedLog;
 pub use iggy::IggyLog;
+pub use polled::{PolledBatch, RecordView};
 
 /// One message as the log stores it: user headers and an opaque body.
 ///
@@ -266,6 +268,36 @@ pub trait EventLog: Send + Sync + 'static {
         max: usize,
     ) -> impl Future<Output = Result<Vec<StoredRecord>, LogError>> + Send;
 
+    /// [`EventLog::read`] into one [`PolledBatch`]: the same records, held
+    /// in one buffer instead of one allocation per header and body. What
+    /// the consumer polls with.
+    ///
+    /// `batch` is emptied and filled: pass the one the previous poll
+    /// returned, so its buffers are reused instead of grown again. The
+    /// default reads owned records and packs them; a backend that stores
+    /// records encoded (embedded) copies them in without decoding.
+    fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut batch: PolledBatch,
+    ) -> impl Future<Output = Result<PolledBatch, LogError>> + Send {
+        async move {
+            batch.clear();
+            for stored in self.read(topic, partition, from, max).await? {
+                batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
+                    topic: topic.to_owned(),
+                    partition,
+                    offset: stored.offset,
+                    reason,
+                })?;
+            }
+            Ok(batch)
+        }
+    }
+
     /// The offset the next record of the partition will get: the number of
     /// records in it.
     fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
@@ -347,6 +379,17 @@ impl EventLog for AnyLog {
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         delegate!(self, log => log.read(topic, partition, from, max))
+    }
+
+    async fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        batch: PolledBatch,
+    ) -> Result<PolledBatch, LogError> {
+        delegate!(self, log => log.poll(topic, partition, from, max, batch))
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
