@@ -33,6 +33,8 @@
 //! - [`routing`]: where failed events go: the retry and dead-letter
 //!   topics, their records, the delay schedule and the retry queue.
 //! - [`dead_letter`]: listing dead letters and re-driving them.
+//! - [`rebuild`]: rebuilding a projection in the shadow inside the running
+//!   host, promoting it between two batches, rolling it back.
 //! - [`metrics`]: Prometheus metrics, tallied per batch.
 //! - [`progress`]: the caught-up gate (start-up end offsets vs. committed
 //!   positions).

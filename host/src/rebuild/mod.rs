@@ -199,9 +199,17 @@ impl RebuildPaths {
         read_toml(&self.request_path())
     }
 
-    /// The pointer, if the projection was ever promoted.
+    /// The pointer, if the projection was ever promoted. Its stores must
+    /// be inside the data directory.
     pub fn pointer(&self) -> Result<Option<Pointer>, RebuildError> {
-        read_toml(&self.pointer_path())
+        let path = self.pointer_path();
+        let pointer: Option<Pointer> = read_toml(&path)?;
+        let stores = pointer.iter().flat_map(|p| std::iter::once(&p.active).chain(&p.previous));
+        if let Some(outside) = stores.into_iter().find(|store| !inside(store)) {
+            let message = format!("store {} is not a path inside the data directory", outside.display());
+            return Err(RebuildError::Corrupt { path, message });
+        }
+        Ok(pointer)
     }
 
     /// The active store, relative to the data directory.
@@ -318,6 +326,12 @@ fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), RebuildError> 
     Ok(())
 }
 
+/// Whether `relative` stays inside the directory it is relative to.
+fn inside(relative: &Path) -> bool {
+    relative.components().all(|part| matches!(part, std::path::Component::Normal(_)))
+        && relative.components().next().is_some()
+}
+
 fn touch(path: &Path) -> Result<(), RebuildError> {
     let io = |source| RebuildError::Io { path: path.to_owned(), source };
     std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).map_err(io)?;
@@ -353,12 +367,15 @@ mod tests {
     }
 
     #[test]
-    fn a_garbled_pointer_is_an_error_naming_the_file() {
+    fn a_garbled_pointer_or_one_naming_a_store_outside_the_data_is_an_error_naming_the_file() {
         let data = tempfile::tempdir().unwrap();
         let paths = RebuildPaths::new(data.path(), "bank");
         std::fs::create_dir_all(data.path().join("projections")).unwrap();
-        std::fs::write(data.path().join("projections/bank.active"), "active = 3").unwrap();
-        let error = paths.active_store().unwrap_err().to_string();
-        assert!(error.contains("bank.active"), "{error}");
+        for garbled in ["active = 3", "active = \"../../elsewhere.redb\"", "active = \"/etc/x.redb\"", "active = \"\""]
+        {
+            std::fs::write(data.path().join("projections/bank.active"), garbled).unwrap();
+            let error = paths.active_store().unwrap_err().to_string();
+            assert!(error.contains("bank.active"), "{garbled}: {error}");
+        }
     }
 }

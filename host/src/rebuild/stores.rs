@@ -152,3 +152,65 @@ impl StateBackend for HoldBackEmits {
         self.0.set_meta(name, value)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::Record;
+    use crate::state::{EmitOrigin, KeyWrites};
+
+    fn entry(topic: &str, emitted: bool) -> OutboxEntry {
+        let origin = EmitOrigin { partition: 0, offset: 0, module: "bank".into(), version: "v".into() };
+        OutboxEntry {
+            topic: topic.to_owned(),
+            partition_key: 0,
+            partition: Some(0),
+            record: Record { headers: Vec::new(), body: b"x".to_vec() },
+            origin: emitted.then_some(origin),
+        }
+    }
+
+    #[test]
+    fn a_shadow_commit_keeps_routed_records_and_holds_emitted_messages_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = StateStore::open(&dir.path().join("shadow.redb")).unwrap();
+        let shadow = StateStore::from_backend(HoldBackEmits(inner.clone()));
+        let mut writes = KeyWrites::default();
+        writes.set("account", b"1".to_vec());
+        let commit = BatchCommit {
+            writes: vec![(Key::int(1), writes)],
+            positions: vec![("accounts".into(), 0, 3)],
+            outbox: vec![entry("notifications", true), entry("retry_accounts", false), entry("audit", true)],
+            ..BatchCommit::default()
+        };
+        shadow.commit(commit).unwrap();
+        let outbox: Vec<String> = inner.outbox().unwrap().into_iter().map(|(_, e)| e.topic).collect();
+        assert_eq!(outbox, ["retry_accounts"]);
+        assert!(inner.stats().unwrap().contains(&(HELD_BACK.to_owned(), 2)));
+        assert_eq!(inner.position("accounts", 0).unwrap(), Some(3));
+        assert_eq!(inner.get(&Key::int(1), "account").unwrap(), Some(b"1".to_vec()));
+    }
+
+    #[test]
+    fn a_switch_is_seen_by_every_clone_of_the_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("old.redb"), dir.path().join("new.redb"));
+        let (old, new) = (StateStore::open(&old).unwrap(), StateStore::open(&new).unwrap());
+        let commit = |store: &StateStore, at: u64| {
+            let commit = BatchCommit { positions: vec![("accounts".into(), 0, at)], ..BatchCommit::default() };
+            store.commit(commit).unwrap();
+        };
+        commit(&old, 5);
+        commit(&new, 9);
+        let switching = SwitchingStore::new(old);
+        let handle = StateStore::from_backend(switching.clone());
+        let clone = handle.clone();
+        assert_eq!(clone.position("accounts", 0).unwrap(), Some(5));
+        let replaced = switching.switch(new);
+        assert_eq!(replaced.position("accounts", 0).unwrap(), Some(5));
+        assert_eq!(clone.position("accounts", 0).unwrap(), Some(9));
+        commit(&handle, 10);
+        assert_eq!(switching.current().position("accounts", 0).unwrap(), Some(10));
+        assert_eq!(replaced.position("accounts", 0).unwrap(), Some(5), "the old store is left as it was");
+    }
+}
