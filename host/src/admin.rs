@@ -8,6 +8,7 @@
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
 //! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
+//! | `GET /shadow/{projection}/{key}` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
 //! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
@@ -64,6 +65,7 @@ pub async fn serve<L: EventLog>(
         .route("/metrics", get(metrics::<L>))
         .route("/modules", get(modules::<L>))
         .route("/state/{projection}/{key}", get(state::<L>))
+        .route("/shadow/{projection}/{key}", get(shadow_state::<L>))
         .route("/status", get(status_route::<L>))
         .with_state(Arc::new(admin));
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
@@ -150,15 +152,32 @@ async fn state<L: EventLog>(
     State(admin): State<Arc<Admin<L>>>,
     Path((projection, key)): Path<(String, String)>,
 ) -> Response {
+    key_state_response(&admin, &projection, &key, Some(admin.projection.store().clone()))
+}
+
+async fn shadow_state<L: EventLog>(
+    State(admin): State<Arc<Admin<L>>>,
+    Path((projection, key)): Path<(String, String)>,
+) -> Response {
+    let shadow = admin.rebuild.as_ref().and_then(|watch| watch.shadow());
+    key_state_response(&admin, &projection, &key, shadow)
+}
+
+/// A key's state in `store` (`None`: no rebuild under way), for the
+/// projection this host runs.
+fn key_state_response<L>(admin: &Admin<L>, projection: &str, key: &str, store: Option<StateStore>) -> Response {
     if projection != admin.projection.name() {
         let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
         return (StatusCode::NOT_FOUND, message).into_response();
     }
-    let key = match Key::parse_text(&key) {
+    let Some(store) = store else {
+        return (StatusCode::NOT_FOUND, format!("no rebuild of `{projection}` is under way\n")).into_response();
+    };
+    let key = match Key::parse_text(key) {
         Ok(key) => key,
         Err(error) => return (StatusCode::BAD_REQUEST, format!("`{key}`: {error}\n")).into_response(),
     };
-    match key_state_json(admin.projection.store(), &key, None) {
+    match key_state_json(&store, &key, None) {
         Ok(json) => Json(json).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }

@@ -23,6 +23,11 @@
 //! - Every module loaded, at start-up or on reload, must find the topics it
 //!   declares it emits to (or they are created with
 //!   [`HostSettings::create_emit_topics`] partitions).
+//! - A host that follows an embedded store with modules from a directory
+//!   runs rebuilds ([`crate::rebuild`]): its consumer belongs to the
+//!   rebuild conductor, which pauses it between two batches to switch the
+//!   projection's state and modules; every part of the host reads the
+//!   state through one handle, so all of them see the switch at once.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), wakuwaku::host::HostError> {

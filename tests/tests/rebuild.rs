@@ -208,13 +208,23 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     assert_eq!(waiting.distance, 0, "caught up: {waiting:?}");
     // The admin endpoint shows it, and the host stays ready.
     let base = format!("http://{}", host.admin_address().unwrap());
-    let (ready, status) = tokio::task::spawn_blocking(move || {
+    let before = oracle_of(first);
+    let account = *before.accounts.iter().find(|(_, a)| a.withdrawals > 0).unwrap().0;
+    let (ready, status, live, shadow) = tokio::task::spawn_blocking(move || {
         let get = |path: &str| ureq::get(&format!("{base}{path}")).call().map(|mut r| r.body_mut().read_to_string());
-        (get("/ready").is_ok(), get("/status").unwrap().unwrap())
+        let balance = |path: String| {
+            let json: serde_json::Value = serde_json::from_str(&get(&path).unwrap().unwrap()).unwrap();
+            json["entries"]["account"]["balance"].as_i64().unwrap()
+        };
+        let (live, shadow) = (balance(format!("/state/bank/{account}")), balance(format!("/shadow/bank/{account}")));
+        (get("/ready").is_ok(), get("/status").unwrap().unwrap(), live, shadow)
     })
     .await
     .unwrap();
     assert!(ready, "/ready stays ready during a rebuild");
+    let expected = &before.accounts[&account];
+    assert_eq!(live, expected.balance, "/state: the live projection");
+    assert_eq!(shadow, expected.balance - expected.withdrawals as i64, "/shadow: the shadow, with the fee");
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["rebuild"]["phase"], "waiting for --promote", "{status}");
     assert_eq!(status["rebuild"]["distance"], 0, "{status}");

@@ -59,25 +59,38 @@ pub struct RebuildStatus {
     pub error: Option<String>,
 }
 
-/// The latest [`RebuildStatus`], shared with the admin endpoint.
+/// The latest [`RebuildStatus`] and the shadow's store while one is
+/// built, shared with the admin endpoint.
 #[derive(Debug, Default)]
-pub struct RebuildWatch(Mutex<Option<RebuildStatus>>);
+pub struct RebuildWatch {
+    status: Mutex<Option<RebuildStatus>>,
+    shadow: Mutex<Option<StateStore>>,
+}
 
 impl RebuildWatch {
     /// The status of the last rebuild this host ran, if any.
     pub fn get(&self) -> Option<RebuildStatus> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The store of the shadow being built, if one is (read only: the
+    /// admin endpoint's `/shadow/{projection}/{key}`).
+    pub fn shadow(&self) -> Option<StateStore> {
+        self.shadow.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn set(&self, status: RebuildStatus) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
     }
 
-    fn set_phase(&self, phase: &str, error: Option<String>) {
-        let mut current = self.0.lock().unwrap_or_else(|e| e.into_inner());
+    /// Sets the phase; a phase that ends the shadow (promoted, failed)
+    /// also lets go of its store.
+    fn set_phase(&self, phase: &str, error: Option<String>, shadow: Option<StateStore>) {
+        let mut current = self.status.lock().unwrap_or_else(|e| e.into_inner());
         let status = current.get_or_insert_with(RebuildStatus::default);
         status.phase = phase.to_owned();
         status.error = error;
+        *self.shadow.lock().unwrap_or_else(|e| e.into_inner()) = shadow;
     }
 }
 
@@ -190,7 +203,7 @@ impl<L: EventLog> Conductor<L> {
                 Action::Rollback => {
                     if let Err(error) = self.rollback().await {
                         tracing::error!(projection = self.projection.name(), "rollback failed: {error}");
-                        self.watch.set_phase("rollback failed", Some(error.to_string()));
+                        self.watch.set_phase("rollback failed", Some(error.to_string()), None);
                         let _ = std::fs::remove_file(self.paths().rollback_path());
                     }
                 }
@@ -252,7 +265,7 @@ impl<L: EventLog> Conductor<L> {
     /// keeps the error.
     fn fail(&self, paths: &RebuildPaths, error: String) {
         tracing::error!(projection = self.projection.name(), "the rebuild failed and was dropped: {error}");
-        self.watch.set_phase("failed", Some(error));
+        self.watch.set_phase("failed", Some(error), None);
         if let Err(error) = paths.finish() {
             tracing::error!(projection = self.projection.name(), "{error}");
         }
@@ -289,6 +302,7 @@ impl<L: EventLog> Conductor<L> {
             Projection::new(&name, &request.topic, modules.clone(), held_back).map_err(|e| e.to_string())?;
         let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
         let following = follow(&consumer);
+        self.watch.set_phase("building", None, Some(store.clone()));
         tracing::info!(
             projection = self.projection.name(),
             generation = request.generation,
@@ -339,7 +353,7 @@ impl<L: EventLog> Conductor<L> {
             generation = shadow.request.generation,
             "promoting: the live consumer is paused; lining the shadow up with it"
         );
-        self.watch.set_phase("promoting", None);
+        self.watch.set_phase("promoting", None, None);
         let (pause_shadow, stopped) = std::mem::replace(&mut shadow.following, follow_nothing());
         pause((pause_shadow, stopped)).await?;
         let topic = self.projection.topic().to_owned();
@@ -380,7 +394,7 @@ impl<L: EventLog> Conductor<L> {
         if let Err(error) = paths.finish() {
             tracing::warn!(projection = self.projection.name(), "{error}");
         }
-        self.watch.set_phase("promoted", None);
+        self.watch.set_phase("promoted", None, None);
         tracing::info!(projection = self.projection.name(), generation = shadow.request.generation, "promoted");
         Ok(None)
     }
@@ -426,7 +440,7 @@ impl<L: EventLog> Conductor<L> {
             .map_err(|e| e.to_string())?;
         self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(paths.rollback_path());
-        self.watch.set_phase("rolled back", None);
+        self.watch.set_phase("rolled back", None, None);
         tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
         Ok(())
     }
