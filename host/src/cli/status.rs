@@ -89,6 +89,9 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
             rebuild.held_back,
             rebuild.dead_lettered
         )?;
+        if let Some(note) = &rebuild.note {
+            outln!("rebuild: {note}")?;
+        }
         if let Some(error) = &rebuild.error {
             outln!("rebuild error: {error}")?;
         }

@@ -30,6 +30,39 @@ use crate::routing::{Routed, retry_topic};
 use crate::runtime::Sandbox;
 use crate::state::{BatchCommit, StateStore};
 
+/// The phase of a caught-up shadow waiting for a person.
+const WAITING: &str = "waiting for --promote";
+
+/// Whether a shadow may be promoted now.
+#[derive(Debug, PartialEq, Eq)]
+enum Readiness {
+    /// Not caught up yet.
+    Building,
+    /// Caught up, waiting for `waku rebuild --promote`, for this reason.
+    Waiting(String),
+    /// To be promoted.
+    Promote,
+}
+
+/// Decides from the shadow's progress: `caught_up` (it reached the end
+/// offsets read when it started, and is within a batch of the live
+/// positions), the promotion mode, whether a person gave the go-ahead,
+/// and how many events its handlers dead-lettered. An automatic
+/// promotion waits for a person when the new modules dead-lettered
+/// events, which the promoted state would lack.
+fn readiness(caught_up: bool, promote: Promote, go_ahead: bool, handler_dead_letters: u64) -> Readiness {
+    match (caught_up, promote, go_ahead) {
+        (false, ..) => Readiness::Building,
+        (true, _, true) => Readiness::Promote,
+        (true, Promote::Manual, false) => Readiness::Waiting("promotion is manual".to_owned()),
+        (true, Promote::Auto, false) if handler_dead_letters > 0 => Readiness::Waiting(format!(
+            "the new modules dead-lettered {handler_dead_letters} events, which the promoted state would lack; see \
+             them with `waku dlq list --projection <projection>.rebuild`"
+        )),
+        (true, Promote::Auto, false) => Readiness::Promote,
+    }
+}
+
 /// How often the conductor looks at the request files and the shadow.
 pub const CHECK_EVERY: Duration = Duration::from_millis(200);
 
@@ -53,6 +86,11 @@ pub struct RebuildStatus {
     /// Events the shadow dead-lettered (listed by `waku dlq list
     /// --projection <projection>.rebuild`): the promoted state lacks them.
     pub dead_lettered: u64,
+    /// Of those, messages whose headers could not be read (the live
+    /// projection dead-lettered them too).
+    pub malformed: u64,
+    /// Why a caught-up shadow waits for `waku rebuild --promote`.
+    pub note: Option<String>,
     /// The shadow's modules: name → version.
     pub modules: BTreeMap<String, String>,
     /// Why it failed, when it did.
@@ -245,20 +283,27 @@ impl<L: EventLog> Conductor<L> {
             }
         };
         let caught_up = running.consumer.progress().caught_up() && status.distance <= self.config.batch_size as u64;
-        let waiting = status.phase == "waiting for --promote";
-        if waiting && self.watch.get().is_none_or(|before| before.phase != status.phase) {
+        let go_ahead = paths.promote_path().exists();
+        let readiness = readiness(
+            caught_up,
+            running.request.promote,
+            go_ahead,
+            status.dead_lettered.saturating_sub(status.malformed),
+        );
+        let status = match &readiness {
+            Readiness::Waiting(why) => RebuildStatus { phase: WAITING.to_owned(), note: Some(why.clone()), ..status },
+            _ => status,
+        };
+        if status.phase == WAITING && self.watch.get().is_none_or(|before| before.phase != WAITING) {
             tracing::info!(
                 projection = self.projection.name(),
                 generation = status.generation,
-                "the shadow caught up; waiting for `waku rebuild --promote`"
+                "the shadow caught up; waiting for `waku rebuild --promote`: {}",
+                status.note.as_deref().unwrap_or_default()
             );
         }
         self.watch.set(status);
-        let go_ahead = match running.request.promote {
-            Promote::Auto => true,
-            Promote::Manual => paths.promote_path().exists(),
-        };
-        (caught_up && !waiting && go_ahead).then_some(Action::Promote)
+        matches!(readiness, Readiness::Promote).then_some(Action::Promote)
     }
 
     /// Drops a rebuild that failed: its request is removed, the status
@@ -325,20 +370,21 @@ impl<L: EventLog> Conductor<L> {
         let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
         let count = |name: &str| stats.get(name).copied().unwrap_or(0);
         distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
-        let manual = shadow.request.promote == Promote::Manual;
-        let phase = match manual && shadow.consumer.progress().caught_up() && !self.paths().promote_path().exists() {
-            true => "waiting for --promote",
-            false => "building",
-        };
         Ok(RebuildStatus {
             generation: shadow.request.generation,
-            phase: phase.to_owned(),
-            promote: if manual { "manual" } else { "auto" }.to_owned(),
+            phase: "building".to_owned(),
+            promote: match shadow.request.promote {
+                Promote::Auto => "auto",
+                Promote::Manual => "manual",
+            }
+            .to_owned(),
             partitions,
             distance,
             held_back: count(HELD_BACK),
             dead_lettered: count(stat::DEAD_LETTERED),
+            malformed: count(stat::MALFORMED),
             modules: shadow.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect(),
+            note: None,
             error: None,
         })
     }
@@ -450,4 +496,25 @@ impl<L: EventLog> Conductor<L> {
 fn follow_nothing() -> Following {
     let (pause, _) = tokio::sync::oneshot::channel();
     (pause, tokio::spawn(async { Ok(Summary::default()) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shadow_is_promoted_once_caught_up_automatically_or_on_the_go_ahead() {
+        assert_eq!(readiness(false, Promote::Auto, true, 0), Readiness::Building);
+        assert_eq!(readiness(false, Promote::Manual, true, 0), Readiness::Building);
+        assert_eq!(readiness(true, Promote::Auto, false, 0), Readiness::Promote);
+        assert!(matches!(readiness(true, Promote::Manual, false, 0), Readiness::Waiting(_)));
+        assert_eq!(readiness(true, Promote::Manual, true, 0), Readiness::Promote);
+    }
+
+    #[test]
+    fn an_automatic_promotion_waits_for_a_person_when_the_new_modules_dead_lettered_events() {
+        let Readiness::Waiting(why) = readiness(true, Promote::Auto, false, 3) else { panic!("not held") };
+        assert!(why.contains("dead-lettered 3 events"), "{why}");
+        assert_eq!(readiness(true, Promote::Auto, true, 3), Readiness::Promote, "the go-ahead accepts them");
+    }
 }
