@@ -35,6 +35,8 @@
 //! - [`dead_letter`]: listing dead letters and re-driving them.
 //! - [`rebuild`]: rebuilding a projection in the shadow inside the running
 //!   host, promoting it between two batches, rolling it back.
+//! - [`reset`]: `waku reset`, moving a stopped projection's positions or
+//!   starting it over (with a backup of its state).
 //! - [`metrics`]: Prometheus metrics, tallied per batch.
 //! - [`progress`]: the caught-up gate (start-up end offsets vs. committed
 //!   positions).
@@ -79,6 +81,7 @@ pub mod progress;
 pub mod projection;
 pub mod publish;
 pub mod rebuild;
+pub mod reset;
 pub mod routing;
 pub mod runtime;
 pub mod scaffold;

@@ -3,6 +3,8 @@
 //! `iggy://iggy:iggy@127.0.0.1:8090`); without it the Iggy half prints one
 //! line saying it was skipped.
 
+use std::time::{Duration, SystemTime};
+
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::key::Key;
 use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, PolledBatch, Record};
@@ -205,6 +207,20 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
             assert_eq!(partition_for(key.key_hash(), 4), partition);
         }
     }
+
+    // Times: the first offset appended at or after a time, else the end.
+    let timed = format!("{prefix}-timed");
+    log.create_topic(&timed, 2).await.unwrap();
+    let before = SystemTime::now();
+    log.append(&timed, vec![(0, (0..3).map(|n| record(1, n)).collect())]).await.unwrap();
+    // Past the first append's clock tick on either side.
+    std::thread::sleep(Duration::from_millis(20));
+    let between = SystemTime::now();
+    log.append(&timed, vec![(0, (3..5).map(|n| record(1, n)).collect())]).await.unwrap();
+    assert_eq!(log.offset_at(&timed, 0, before).await.unwrap(), 0);
+    assert_eq!(log.offset_at(&timed, 0, between).await.unwrap(), 3);
+    assert_eq!(log.offset_at(&timed, 0, SystemTime::now() + Duration::from_secs(3600)).await.unwrap(), 5);
+    assert_eq!(log.offset_at(&timed, 1, before).await.unwrap(), 0, "an empty partition: its end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,10 @@
 //!   [`LogError::Unavailable`]; a missing topic or partition, an invalid
 //!   topic name, or a record the backend will never store
 //!   ([`LogError::Refused`]) fail the same way every time.
+//! - **Times are found by offset.** [`offset_at`](EventLog::offset_at)
+//!   answers the first offset appended at or after a time: the embedded log
+//!   records append times (records appended before it did count as older
+//!   than every time), Iggy polls by its messages' timestamps.
 //! - **Consumer offsets are informational.** A projection's position lives in
 //!   its own state, committed with its writes (see [`crate::state`]); the
 //!   offset stored in the log with
@@ -46,6 +50,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -325,6 +330,15 @@ pub trait EventLog: Send + Sync + 'static {
         topic: &str,
         partition: u32,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+
+    /// The offset of the first record of a partition appended at or after
+    /// `time`; the end offset when none was (`waku reset --to time:…`).
+    fn offset_at(
+        &self,
+        topic: &str,
+        partition: u32,
+        time: SystemTime,
+    ) -> impl Future<Output = Result<u64, LogError>> + Send;
 }
 
 /// Either backend, chosen at run time (the command line's `--iggy`).
@@ -412,6 +426,10 @@ impl EventLog for AnyLog {
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
         delegate!(self, log => log.consumer_offset(consumer, topic, partition))
+    }
+
+    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
+        delegate!(self, log => log.offset_at(topic, partition, time))
     }
 }
 

@@ -91,6 +91,24 @@ impl StateBackend for SwitchingStore {
     fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError> {
         self.current().set_meta(name, value)
     }
+    fn hold_for_run(&self) -> Result<(), StateError> {
+        self.current().hold_for_run()
+    }
+    fn lock_for_reset(&self) -> Result<(), StateError> {
+        self.current().lock_for_reset()
+    }
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.current().positions()
+    }
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.current().done_marks()
+    }
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.current().meta_entries()
+    }
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
+        self.current().start_over(positions)
+    }
 }
 
 /// A shadow's store: commits drop emitted messages (see the module docs).
@@ -150,6 +168,24 @@ impl StateBackend for HoldBackEmits {
     }
     fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError> {
         self.0.set_meta(name, value)
+    }
+    fn hold_for_run(&self) -> Result<(), StateError> {
+        self.0.hold_for_run()
+    }
+    fn lock_for_reset(&self) -> Result<(), StateError> {
+        self.0.lock_for_reset()
+    }
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.0.positions()
+    }
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.0.done_marks()
+    }
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.0.meta_entries()
+    }
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
+        self.0.start_over(positions)
     }
 }
 
