@@ -403,13 +403,12 @@ impl Host {
             let _ = stopped.await;
         };
         let until_caught_up = settings.until_caught_up;
-        let conductor = match (rebuilds, &loaded.library, &rebuild_watch) {
-            (Some((switching, module_dir)), Some(library), Some(watch)) => Some(Conductor {
+        let conductor = match (rebuilds, &rebuild_watch) {
+            (Some((switching, module_dir)), Some(watch)) => Some(Conductor {
                 log: log.clone(),
                 live: consumer.clone(),
                 projection: projection.clone(),
                 switching,
-                library: library.clone(),
                 module_dir,
                 data: settings.data.clone(),
                 sandbox: sandbox.clone(),

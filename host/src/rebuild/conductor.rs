@@ -142,8 +142,6 @@ pub struct Conductor<L> {
     pub projection: Arc<Projection>,
     /// The store handle every part of the host shares.
     pub switching: SwitchingStore,
-    /// The live projection's library (its store is `switching`).
-    pub library: Arc<Library>,
     /// The live module directory (a rollback runs the old store's recorded
     /// versions, as a restart would).
     pub module_dir: PathBuf,
@@ -236,7 +234,13 @@ impl<L: EventLog> Conductor<L> {
                 }
                 Action::Promote => {
                     let Some(ready) = shadow.take() else { continue };
-                    shadow = self.promote(ready).await?;
+                    // Until the pointer's rename, a failure leaves the live
+                    // projection as it was: the rebuild is dropped, the
+                    // live one goes on.
+                    match self.promote(ready).await {
+                        Ok(not_yet) => shadow = not_yet,
+                        Err(error) => self.fail(&self.paths(), format!("promoting: {error}")),
+                    }
                 }
                 Action::Rollback => {
                     if let Err(error) = self.rollback().await {
@@ -334,13 +338,7 @@ impl<L: EventLog> Conductor<L> {
             ));
         }
         let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
-        let library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
-            .with_emit_topics(self.emit_topics.clone());
-        let modules_dir = paths.modules_dir(request.generation);
-        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&modules_dir, true))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let modules = self.load_modules(&store, paths.modules_dir(request.generation), true).await?;
         let name = format!("{}.rebuild", self.projection.name());
         let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
         let projection =
@@ -354,6 +352,24 @@ impl<L: EventLog> Conductor<L> {
             "rebuilding in the shadow from offset 0"
         );
         Ok(Some(Shadow { request, store, modules, consumer, following }))
+    }
+
+    /// The modules of `dir` through a library on `store` (recording them;
+    /// with `adopt` the directory's versions win, else the recorded ones,
+    /// as at a restart), compiled off the async threads.
+    async fn load_modules(
+        &self,
+        store: &StateStore,
+        dir: PathBuf,
+        adopt: bool,
+    ) -> Result<Vec<Arc<dyn HandlerModule>>, String> {
+        let library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
+            .with_emit_topics(self.emit_topics.clone());
+        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&dir, adopt))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(modules)
     }
 
     /// Where the shadow stands against the live projection.
@@ -433,10 +449,16 @@ impl<L: EventLog> Conductor<L> {
         let previous = paths.active_store().map_err(|e| ConsumerError::HostFault(e.to_string()))?;
         let pointer =
             Pointer { active: paths.shadow_store(shadow.request.generation), previous: Some(previous), retry_ends };
-        // The one step that decides, durable before anything else changes.
-        paths.set_pointer(&pointer).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
-        drop(self.switching.switch(shadow.store.clone()));
+        // The live consumer is paused: the modules change in memory first
+        // (and back if the pointer cannot be written), then the one durable
+        // step that decides, then the store.
+        let old_modules = self.projection.modules();
         self.projection.replace_modules(shadow.modules.clone()).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        if let Err(error) = paths.set_pointer(&pointer) {
+            let _ = self.projection.replace_modules(old_modules);
+            return Err(ConsumerError::HostFault(error.to_string()));
+        }
+        drop(self.switching.switch(shadow.store.clone()));
         if let Err(error) = paths.finish() {
             tracing::warn!(projection = self.projection.name(), "{error}");
         }
@@ -474,17 +496,18 @@ impl<L: EventLog> Conductor<L> {
             }
         }
         old.commit(commit).map_err(|e| e.to_string())?;
+        // The old store's recorded versions, loaded before anything changes.
+        let modules = self.load_modules(&old, self.module_dir.clone(), false).await?;
+        let old_modules = self.projection.modules();
+        self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
         // One step back only: the promoted store stays on disk, not offered.
         let _ = active;
         let pointer = Pointer { active: previous, previous: None, retry_ends: Vec::new() };
-        paths.set_pointer(&pointer).map_err(|e| e.to_string())?;
+        if let Err(error) = paths.set_pointer(&pointer) {
+            let _ = self.projection.replace_modules(old_modules);
+            return Err(error.to_string());
+        }
         drop(self.switching.switch(old));
-        let (library, dir) = (self.library.clone(), self.module_dir.clone());
-        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&dir, false))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(paths.rollback_path());
         self.watch.set_phase("rolled back", None, None);
         tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
