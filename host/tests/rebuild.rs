@@ -178,6 +178,12 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
     assert!(asked.status.success(), "{}", text(&asked.stderr));
     let again = rebuild(&["--topic", "accounts", "--modules", "new"]);
     assert!(text(&again.stderr).contains("already under way"), "{}", text(&again.stderr));
+    let status = || {
+        let out = waku(&["status", "--data", "data", "--projection", "bank", "--topic", "accounts"], dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert!(status().contains("rebuild 1 (manual promotion"), "{}", status());
     // The host builds the shadow, which then waits; stopped, its shadow can
     // be read.
     let mut child = follow(dir.path());
@@ -187,6 +193,10 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
     let consumed: u64 = (0..2).map(|p| shadow.position("accounts", p).unwrap().unwrap_or(0)).sum();
     assert_eq!(consumed, 2_000, "the shadow consumed every event");
     drop(shadow);
+    // With the host stopped, `waku status` reads the rebuild from its files.
+    let shown = status();
+    assert!(shown.contains("0 events to promotion"), "{shown}");
+    assert!(shown.contains("shadow at") && !shown.contains("shadow at 0,"), "{shown}");
     let account = *oracle.accounts.iter().find(|(_, a)| a.withdrawals > 0).unwrap().0;
     let key = account.to_string();
     let get = |shadow: bool| {

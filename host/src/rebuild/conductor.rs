@@ -279,7 +279,9 @@ impl<L: EventLog> Conductor<L> {
             self.fail(&paths, error);
             return None;
         }
-        let status = match self.shadow_status(running).await {
+        let live = self.switching.current();
+        let versions = running.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+        let status = match measure(&*self.log, &running.request, &running.store, &live, versions).await {
             Ok(status) => status,
             Err(error) => {
                 tracing::warn!(projection = self.projection.name(), "reading the rebuild's progress: {error}");
@@ -370,39 +372,6 @@ impl<L: EventLog> Conductor<L> {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         Ok(modules)
-    }
-
-    /// Where the shadow stands against the live projection.
-    async fn shadow_status(&self, shadow: &Shadow<L>) -> Result<RebuildStatus, ConsumerError> {
-        let topic = self.projection.topic();
-        let mut partitions = Vec::new();
-        let mut distance = 0;
-        for partition in 0..self.log.partitions(topic).await? {
-            let at = shadow.store.position(topic, partition)?.unwrap_or(0);
-            let live = self.switching.current().position(topic, partition)?.unwrap_or(0);
-            distance += live.saturating_sub(at);
-            partitions.push((partition, at, live));
-        }
-        let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
-        let count = |name: &str| stats.get(name).copied().unwrap_or(0);
-        distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
-        Ok(RebuildStatus {
-            generation: shadow.request.generation,
-            phase: "building".to_owned(),
-            promote: match shadow.request.promote {
-                Promote::Auto => "auto",
-                Promote::Manual => "manual",
-            }
-            .to_owned(),
-            partitions,
-            distance,
-            held_back: count(HELD_BACK),
-            dead_lettered: count(stat::DEAD_LETTERED),
-            malformed: count(stat::MALFORMED),
-            modules: shadow.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect(),
-            note: None,
-            error: None,
-        })
     }
 
     /// Promotes the shadow, the live consumer being paused: lines the two
@@ -513,6 +482,43 @@ impl<L: EventLog> Conductor<L> {
         tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
         Ok(())
     }
+}
+
+/// Where the shadow of `request` stands against the live projection: per
+/// partition its position and the live one, the distance to promotion,
+/// its counts; `modules` are its versions. The phase says `building`.
+pub async fn measure<L: EventLog>(
+    log: &L,
+    request: &Request,
+    shadow: &StateStore,
+    live: &StateStore,
+    modules: BTreeMap<String, String>,
+) -> Result<RebuildStatus, ConsumerError> {
+    let topic = &request.topic;
+    let mut partitions = Vec::new();
+    let mut distance = 0;
+    for partition in 0..log.partitions(topic).await? {
+        let at = shadow.position(topic, partition)?.unwrap_or(0);
+        let live = live.position(topic, partition)?.unwrap_or(0);
+        distance += live.saturating_sub(at);
+        partitions.push((partition, at, live));
+    }
+    let stats: BTreeMap<String, u64> = shadow.stats()?.into_iter().collect();
+    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    Ok(RebuildStatus {
+        generation: request.generation,
+        phase: "building".to_owned(),
+        promote: request.promote.name().to_owned(),
+        partitions,
+        distance,
+        held_back: count(HELD_BACK),
+        dead_lettered: count(stat::DEAD_LETTERED),
+        malformed: count(stat::MALFORMED),
+        modules,
+        note: None,
+        error: None,
+    })
 }
 
 /// A placeholder for a paused shadow's following.

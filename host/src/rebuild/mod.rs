@@ -58,6 +58,16 @@ pub enum Promote {
     Manual,
 }
 
+impl Promote {
+    /// `auto` or `manual`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Manual => "manual",
+        }
+    }
+}
+
 /// A rebuild asked for: `request.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
