@@ -227,8 +227,12 @@ impl<L: EventLog> Conductor<L> {
             total.add(&pause((pause_live, live)).await?);
             match action {
                 Action::Stop => {
-                    if let Some(shadow) = shadow.take() {
-                        pause(shadow.following).await?;
+                    // The shadow's own failure never fails the host; its
+                    // commits are kept and it resumes at the next start.
+                    if let Some(shadow) = shadow.take()
+                        && let Err(error) = pause(shadow.following).await
+                    {
+                        tracing::warn!(projection = self.projection.name(), "the shadow stopped with: {error}");
                     }
                     return Ok(total);
                 }

@@ -10,8 +10,8 @@
 //! - `<generation>/modules/`: a copy of the new module directory, taken when
 //!   the rebuild is asked for (later edits of the original do not leak in).
 //! - `<generation>/state.redb`: the shadow's store.
-//! - `promote`: a person's go-ahead for a rebuild asked with
-//!   `--promote manual`; `rollback`: a request to go back.
+//! - `promote`: a person's go-ahead (`waku rebuild --promote`) for a
+//!   shadow that waits for one; `rollback`: a request to go back.
 //!
 //! And `<data>/projections/<projection>.active` ([`Pointer`]): which store
 //! is the projection's (absent: the original `<projection>.redb`) and which
@@ -31,11 +31,20 @@
 //!   nothing waiting in retry, the live consumer is paused after its batch
 //!   in flight, whichever of the two is behind consumes up to exactly the
 //!   other's positions, and the host switches state and modules before the
-//!   next batch. No event is lost or applied twice across the switch.
+//!   next batch. No event is lost or applied twice across the switch. An
+//!   automatic promotion waits for a person when the new modules
+//!   dead-lettered events (the promoted state would lack them).
+//! - The promoted store takes the retry topic from its end at promotion:
+//!   the live projection's earlier retry records concern events the shadow
+//!   applied itself.
 //! - The previous store and its recorded module versions are kept;
-//!   rollback switches back the same way. The rolled-back store then
-//!   consumes again, with its old modules, every event the promoted one
-//!   applied (their emits are sent again).
+//!   rollback switches back the same way, one step back (the pointer then
+//!   names no previous store). The rolled-back store consumes again, with
+//!   its old modules, every event the promoted one applied (their emits are
+//!   sent again); the promoted store's retry records are marked done in it.
+//! - Both change the running host's modules in memory before the pointer's
+//!   rename, and back if it fails: a running host never serves one store
+//!   with the other's modules.
 //! - Only the embedded store can host a shadow; with PostgreSQL state a
 //!   rebuild is refused.
 
