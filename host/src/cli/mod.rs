@@ -215,13 +215,13 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
 
 /// `waku rebuild --help`'s epilogue.
 const REBUILD_HELP: &str = "Example:\n  waku rebuild --data waku-data --projection bank --topic accounts --modules \
-                            new-modules\n\nTo compare before promoting:\n  waku rebuild --data waku-data --projection \
-                            bank --topic accounts --modules new-modules --promote manual\n  waku state get --data \
-                            waku-data --projection bank --key 42 --shadow\n  waku rebuild --data waku-data --projection \
-                            bank --promote\n\nTo go back to the state and versions before the last promotion:\n  waku \
-                            rebuild --data waku-data --projection bank --rollback\n\nThe running `waku run` of the \
-                            projection does the work; `waku status --admin <endpoint>` shows the rebuild's phase and \
-                            distance to promotion. Emitted messages: see the README, \"Rebuilding a projection\".";
+                            new-modules\n\nTo compare before promoting (--data defaults to waku-data):\n  waku \
+                            rebuild --projection bank --topic accounts --modules new-modules --promote manual\n  waku \
+                            state get --projection bank --key 42 --shadow\n  waku rebuild --projection bank \
+                            --promote\n\nTo go back to the state and versions before the last promotion:\n  waku \
+                            rebuild --projection bank --rollback\n\nThe running `waku run` of the projection does the \
+                            work; `waku status --admin <endpoint>` shows the rebuild's phase and distance to promotion. \
+                            Emitted messages: see the README, \"Rebuilding a projection\".";
 
 /// `waku reset --help`'s epilogue.
 const RESET_HELP: &str = "Example:\n  waku reset --data waku-data --projection bank --topic accounts --to earliest \
