@@ -8,7 +8,8 @@
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
 //! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
-//! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts (JSON) |
+//! | `GET /shadow/{projection}/{key}` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
+//! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
@@ -32,6 +33,8 @@ use crate::log::EventLog;
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::Projection;
+use crate::rebuild::RebuildWatch;
+use crate::rebuild::conductor::RebuildStatus;
 use crate::state::{StateError, StateStore};
 
 /// What the endpoint serves from.
@@ -46,6 +49,8 @@ pub struct Admin<L> {
     pub metrics: Arc<Metrics>,
     /// Its module versions, when it has a library.
     pub library: Option<Arc<Library>>,
+    /// Its rebuilds' progress, when it can rebuild ([`crate::rebuild`]).
+    pub rebuild: Option<Arc<RebuildWatch>>,
 }
 
 /// Serves the endpoint on `listener` until `shutdown` resolves.
@@ -60,6 +65,7 @@ pub async fn serve<L: EventLog>(
         .route("/metrics", get(metrics::<L>))
         .route("/modules", get(modules::<L>))
         .route("/state/{projection}/{key}", get(state::<L>))
+        .route("/shadow/{projection}/{key}", get(shadow_state::<L>))
         .route("/status", get(status_route::<L>))
         .with_state(Arc::new(admin));
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
@@ -146,15 +152,32 @@ async fn state<L: EventLog>(
     State(admin): State<Arc<Admin<L>>>,
     Path((projection, key)): Path<(String, String)>,
 ) -> Response {
+    key_state_response(&admin, &projection, &key, Some(admin.projection.store().clone()))
+}
+
+async fn shadow_state<L: EventLog>(
+    State(admin): State<Arc<Admin<L>>>,
+    Path((projection, key)): Path<(String, String)>,
+) -> Response {
+    let shadow = admin.rebuild.as_ref().and_then(|watch| watch.shadow());
+    key_state_response(&admin, &projection, &key, shadow)
+}
+
+/// A key's state in `store` (`None`: no rebuild under way), for the
+/// projection this host runs.
+fn key_state_response<L>(admin: &Admin<L>, projection: &str, key: &str, store: Option<StateStore>) -> Response {
     if projection != admin.projection.name() {
         let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
         return (StatusCode::NOT_FOUND, message).into_response();
     }
-    let key = match Key::parse_text(&key) {
+    let Some(store) = store else {
+        return (StatusCode::NOT_FOUND, format!("no rebuild of `{projection}` is under way\n")).into_response();
+    };
+    let key = match Key::parse_text(key) {
         Ok(key) => key,
         Err(error) => return (StatusCode::BAD_REQUEST, format!("`{key}`: {error}\n")).into_response(),
     };
-    match key_state_json(admin.projection.store(), &key, None) {
+    match key_state_json(&store, &key, None) {
         Ok(json) => Json(json).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
@@ -173,7 +196,9 @@ async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Respon
     )
     .await
     {
-        Ok(status) => Json(status).into_response(),
+        Ok(status) => {
+            Json(Status { rebuild: admin.rebuild.as_ref().and_then(|watch| watch.get()), ..status }).into_response()
+        }
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
 }
@@ -244,6 +269,10 @@ pub struct Status {
     /// Outbox records committed but not yet appended to the log.
     #[serde(default)]
     pub outbox: u64,
+    /// The last rebuild the running host ran: its phase and distance to
+    /// promotion ([`crate::rebuild`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildStatus>,
 }
 
 /// The status of a projection from its state and the log; with the running
@@ -284,5 +313,6 @@ pub async fn status<L: EventLog>(
         dead_lettered: count(stat::DEAD_LETTERED),
         undeliverable: count(stat::UNDELIVERABLE),
         outbox: store.outbox()?.len() as u64,
+        rebuild: None,
     })
 }

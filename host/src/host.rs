@@ -26,6 +26,11 @@
 //! - Every module loaded, at start-up or on reload, must find the topics it
 //!   declares it emits to (or they are created with
 //!   [`HostSettings::create_emit_topics`] partitions).
+//! - A host that follows an embedded store with modules from a directory
+//!   runs rebuilds ([`crate::rebuild`]): its consumer belongs to the
+//!   rebuild conductor, which pauses it between two batches to switch the
+//!   projection's state and modules; every part of the host reads the
+//!   state through one handle, so all of them see the switch at once.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), wakuwaku::host::HostError> {
@@ -47,11 +52,14 @@ use std::sync::Arc;
 use crate::admin::{self, Admin, Status};
 use crate::consumer::{CallObserver, Consumer, ConsumerConfig, ConsumerError, Summary};
 use crate::handler::HandlerModule;
-use crate::lifecycle::{Difference, Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics};
+use crate::lifecycle::{Difference, EmitTopics, Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics};
 use crate::log::{AnyLog, EmbeddedLog, EventLog, IggyLog, LogError};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError};
+use crate::rebuild::conductor::{Conductor, RebuildStatus, RebuildWatch};
+use crate::rebuild::stores::SwitchingStore;
+use crate::rebuild::{RebuildError, RebuildPaths};
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::{PostgresStore, StateError, StateStore};
 
@@ -163,7 +171,13 @@ pub fn open_state(data: &Path, state: &StateSettings, projection: &str) -> Resul
     crate::log::embedded::validate_topic_name(projection)
         .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
     let opened = match state {
-        StateSettings::Embedded => StateStore::open(&data.join("projections").join(format!("{projection}.redb"))),
+        StateSettings::Embedded => {
+            // A promoted rebuild moved the projection to another store.
+            let active = RebuildPaths::new(data, projection)
+                .active_store()
+                .map_err(|source| HostError::Rebuild { projection: projection.to_owned(), source })?;
+            StateStore::open(&data.join(active))
+        }
         StateSettings::Postgres { url } => PostgresStore::connect(url, projection).map(StateStore::from_backend),
     };
     opened.map_err(|source| HostError::State { projection: projection.to_owned(), source })
@@ -276,6 +290,15 @@ pub enum HostError {
         #[source]
         source: StateError,
     },
+    /// The projection's rebuild files could not be read.
+    #[error("reading the rebuild files of projection `{projection}`")]
+    Rebuild {
+        /// The projection.
+        projection: String,
+        /// Why.
+        #[source]
+        source: RebuildError,
+    },
     /// The sandbox could not be built (invalid limits).
     #[error(transparent)]
     Sandbox(#[from] LoadError),
@@ -329,6 +352,16 @@ impl Host {
         let store = settings.open_state()?;
         // A reset of the projection is refused while this host runs it.
         store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
+        // A host that follows an embedded store, its modules from a
+        // directory, can rebuild in the shadow: every part of it shares one
+        // store handle that promotion switches.
+        let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
+            (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) => {
+                Some((SwitchingStore::new(store.clone()), path.clone()))
+            }
+            _ => None,
+        };
+        let store = rebuilds.as_ref().map_or(store, |(switching, _)| StateStore::from_backend(switching.clone()));
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
         let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
         let reloader = match (&settings.modules, &loaded.library) {
@@ -348,6 +381,7 @@ impl Host {
             consumer = consumer.with_observer(observer.clone());
         }
         let progress = consumer.progress();
+        let rebuild_watch = rebuilds.as_ref().map(|_| Arc::new(RebuildWatch::default()));
         let (stop_admin, admin_address) = match settings.admin {
             None => (None, None),
             Some(address) => {
@@ -357,6 +391,7 @@ impl Host {
                     progress: progress.clone(),
                     metrics: metrics.clone(),
                     library: loaded.library.clone(),
+                    rebuild: rebuild_watch.clone(),
                 };
                 let (stop, address) = serve_admin(address, admin).await?;
                 (Some(stop), Some(address))
@@ -368,10 +403,26 @@ impl Host {
             let _ = stopped.await;
         };
         let until_caught_up = settings.until_caught_up;
+        let conductor = match (rebuilds, &rebuild_watch) {
+            (Some((switching, module_dir)), Some(watch)) => Some(Conductor {
+                log: log.clone(),
+                live: consumer.clone(),
+                projection: projection.clone(),
+                switching,
+                module_dir,
+                data: settings.data.clone(),
+                sandbox: sandbox.clone(),
+                config: settings.consumer.clone(),
+                emit_topics: emit_topics(&log, &settings),
+                watch: watch.clone(),
+            }),
+            _ => None,
+        };
         let consuming = tokio::spawn(async move {
-            match until_caught_up {
-                true => consumer.catch_up_or_stop(stopped).await,
-                false => consumer.follow(stopped).await,
+            match (conductor, until_caught_up) {
+                (Some(conductor), _) => conductor.run(stopped).await,
+                (None, true) => consumer.catch_up_or_stop(stopped).await,
+                (None, false) => consumer.follow(stopped).await,
             }
         });
         Ok(RunningHost {
@@ -383,6 +434,7 @@ impl Host {
             sandbox,
             differences: loaded.differences,
             admin_address,
+            rebuild: rebuild_watch,
             stop: Some(stop),
             stop_admin,
             consuming: Some(consuming),
@@ -419,15 +471,10 @@ async fn load_modules<L: EventLog>(
         }
     };
     // Every module loaded, now or on reload, must find its emit topics.
-    let emit_topics = LogEmitTopics {
-        log: log.clone(),
-        create: settings.create_emit_topics,
-        runtime: tokio::runtime::Handle::current(),
-    };
     let library = Arc::new(
         Library::new(&settings.data, &settings.projection, store.clone(), sandbox.clone())
             .with_metrics(metrics.clone())
-            .with_emit_topics(Arc::new(emit_topics)),
+            .with_emit_topics(emit_topics(log, settings)),
     );
     // Loading compiles and asks the log about emit topics: off the async
     // runtime's threads.
@@ -436,6 +483,16 @@ async fn load_modules<L: EventLog>(
         .await
         .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
     Ok(Loaded { modules, library: Some(library), differences })
+}
+
+/// The check every module a library loads passes: its emit topics exist
+/// (or are created with [`HostSettings::create_emit_topics`] partitions).
+fn emit_topics<L: EventLog>(log: &Arc<L>, settings: &HostSettings) -> Arc<dyn EmitTopics> {
+    Arc::new(LogEmitTopics {
+        log: log.clone(),
+        create: settings.create_emit_topics,
+        runtime: tokio::runtime::Handle::current(),
+    })
 }
 
 /// Serves `admin` on `address` until the returned sender is dropped;
@@ -468,6 +525,7 @@ pub struct RunningHost<L = AnyLog> {
     sandbox: Sandbox,
     differences: Vec<Difference>,
     admin_address: Option<SocketAddr>,
+    rebuild: Option<Arc<RebuildWatch>>,
     /// Dropping it (or the host) stops the consumer after the batch in
     /// flight; likewise `stop_admin` for the admin endpoint.
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -513,6 +571,12 @@ impl<L: EventLog> RunningHost<L> {
         &self.differences
     }
 
+    /// The last rebuild's status, when the host can rebuild (it follows
+    /// an embedded store with modules from a directory; [`crate::rebuild`]).
+    pub fn rebuild(&self) -> Option<RebuildStatus> {
+        self.rebuild.as_ref().and_then(|watch| watch.get())
+    }
+
     /// Where the admin endpoint listens, when it serves one.
     pub fn admin_address(&self) -> Option<SocketAddr> {
         self.admin_address
@@ -524,7 +588,8 @@ impl<L: EventLog> RunningHost<L> {
         let modules = self.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
         let (name, topic) = (self.projection.name(), self.projection.topic());
         let store = self.projection.store();
-        Ok(admin::status(&*self.log, name, topic, store, Some(&self.progress), modules).await?)
+        let status = admin::status(&*self.log, name, topic, store, Some(&self.progress), modules).await?;
+        Ok(admin::Status { rebuild: self.rebuild(), ..status })
     }
 
     /// Asks it to stop after the batch in flight and waits until it has.

@@ -82,6 +82,12 @@ pub fn bank_wasm() -> PathBuf {
     guest_wasm("examples/bank")
 }
 
+/// The bank with a withdrawal fee (`tests/guests/bank-fee`), the changed
+/// logic the rebuild tests roll out, as a component.
+pub fn bank_fee_wasm() -> PathBuf {
+    guest_wasm("tests/guests/bank-fee")
+}
+
 /// The bank component with a custom section holding `n` appended (for
 /// `n > 0`): the same behaviour, another content hash, so another version.
 pub fn bank_variant(n: u8) -> Vec<u8> {

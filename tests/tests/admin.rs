@@ -47,6 +47,7 @@ async fn the_admin_endpoint_answers_over_http() {
         progress: consumer.progress(),
         metrics,
         library: None,
+        rebuild: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(admin::serve(listener, admin, async {

@@ -230,8 +230,12 @@ fn apply_deposited(account: &mut Account, event: &Deposited) {
     account.deposits = account.deposits.wrapping_add(event.count);
 }
 
+/// What a withdrawal costs beside its amount: 0, or 1 with the
+/// `withdrawal-fee` feature (a changed rule the rebuild tests roll out).
+pub const WITHDRAWAL_FEE: i64 = if cfg!(feature = "withdrawal-fee") { 1 } else { 0 };
+
 fn apply_withdrawn(account: &mut Account, event: &Withdrawn) {
-    account.balance = account.balance.wrapping_sub(event.amount);
+    account.balance = account.balance.wrapping_sub(event.amount).wrapping_sub(WITHDRAWAL_FEE);
     account.withdrawals += 1;
 }
 
@@ -390,7 +394,7 @@ mod tests {
         assert_eq!(host.counter(OPEN_ACCOUNTS), 1);
         let closed = account(&host, ALICE);
         assert_eq!(closed.status, AccountStatus::Closed);
-        assert_eq!(closed.balance, 120);
+        assert_eq!(closed.balance, 120 - WITHDRAWAL_FEE);
 
         host.handle::<Bank, _>(&[opened(ALICE, "alice b.")]).unwrap();
         host.handle::<Bank, _>(&[AccountStatusChanged { account: ALICE, status: AccountStatus::Frozen }]).unwrap();
@@ -398,7 +402,7 @@ mod tests {
             account(&host, ALICE),
             Account {
                 owner: "alice b.".into(),
-                balance: 120,
+                balance: 120 - WITHDRAWAL_FEE,
                 status: AccountStatus::Frozen,
                 opened: 2,
                 deposits: 2,
@@ -418,7 +422,8 @@ mod tests {
     fn events_before_opening_apply_to_a_default_account() {
         let mut host = MemoryHost::new();
         host.handle::<Bank, _>(&[Withdrawn { account: BOB, amount: 4 }]).unwrap();
-        assert_eq!(account(&host, BOB), Account { balance: -4, withdrawals: 1, ..Account::default() });
+        let balance = -4 - WITHDRAWAL_FEE;
+        assert_eq!(account(&host, BOB), Account { balance, withdrawals: 1, ..Account::default() });
     }
 
     #[test]

@@ -103,6 +103,7 @@ mod dlq;
 mod modules;
 mod new;
 mod publish;
+mod rebuild;
 mod reset;
 mod run;
 mod signals;
@@ -117,6 +118,7 @@ use dlq::DlqCommand;
 use modules::ModulesCommand;
 use new::NewArgs;
 use publish::PublishArgs;
+use rebuild::RebuildArgs;
 use reset::ResetArgs;
 use run::RunArgs;
 use state::StateCommand;
@@ -188,6 +190,11 @@ enum Command {
     /// Show a projection's module versions, or roll one back.
     #[command(subcommand, after_help = "Example:\n  waku modules list --data waku-data --projection bank")]
     Modules(ModulesCommand),
+    /// Rebuild a projection in the shadow with new module versions while
+    /// `waku run` keeps serving it, then promote it (automatically once
+    /// caught up, or with `--promote`); `--rollback` goes back.
+    #[command(after_help = REBUILD_HELP)]
+    Rebuild(RebuildArgs),
     /// Where a projection stands: per partition position, end, lag; module
     /// versions; counts of applied, skipped, retrying, dead-lettered events.
     #[command(after_help = "Example:\n  waku status --data waku-data --projection bank --topic accounts --output json")]
@@ -205,6 +212,16 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
                         (WAKU_BATCH_SIZE, WAKU_IGGY), or from waku.toml in the working directory (or --config \
                         <FILE>), as `<flag> = <value>` (batch-size = 512). Precedence: flag > environment > file > \
                         default; --print-config shows the effective settings and where each came from.";
+
+/// `waku rebuild --help`'s epilogue.
+const REBUILD_HELP: &str = "Example:\n  waku rebuild --data waku-data --projection bank --topic accounts --modules \
+                            new-modules\n\nTo compare before promoting (--data defaults to waku-data):\n  waku \
+                            rebuild --projection bank --topic accounts --modules new-modules --promote manual\n  waku \
+                            state get --projection bank --key 42 --shadow\n  waku rebuild --projection bank \
+                            --promote\n\nTo go back to the state and versions before the last promotion:\n  waku \
+                            rebuild --projection bank --rollback\n\nThe running `waku run` of the projection does the \
+                            work; `waku status --admin <endpoint>` shows the rebuild's phase and distance to promotion. \
+                            Emitted messages: see the README, \"Rebuilding a projection\".";
 
 /// `waku reset --help`'s epilogue.
 const RESET_HELP: &str = "Example:\n  waku reset --data waku-data --projection bank --topic accounts --to earliest \
@@ -325,6 +342,7 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
         Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Rebuild(args) => rebuild::rebuild(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run_demo(args).await,
     }
@@ -385,9 +403,23 @@ mod tests {
             "waku new",
             "waku test",
             "waku dev",
+            "waku rebuild",
             "waku reset",
         ] {
             assert!(checked.iter().any(|c| c == command), "{command} was not checked: {checked:?}");
+        }
+    }
+
+    #[test]
+    fn every_example_of_rebuild_help_parses() {
+        use clap::Parser;
+        let examples: Vec<&str> = REBUILD_HELP.lines().filter_map(|line| line.strip_prefix("  waku ")).collect();
+        assert_eq!(examples.len(), 5, "{REBUILD_HELP}");
+        for example in examples {
+            let args = std::iter::once("waku").chain(example.split_whitespace());
+            if let Err(error) = Cli::try_parse_from(args) {
+                panic!("`waku {example}` does not parse: {error}");
+            }
         }
     }
 

@@ -8,7 +8,9 @@ use clap::{Args, Subcommand};
 use super::args::{DataArgs, OutputArgs, parse_key};
 use super::publish::load_module;
 use crate::admin;
+use crate::rebuild::RebuildPaths;
 use crate::runtime::{Sandbox, SandboxLimits};
+use crate::state::StateStore;
 
 #[derive(Subcommand)]
 pub(super) enum StateCommand {
@@ -38,12 +40,36 @@ pub(super) struct StateGetArgs {
     pub(super) module: Option<PathBuf>,
     /// Only this entry.
     pub(super) entry: Option<String>,
+    /// Read the shadow of the rebuild under way instead (`waku rebuild`),
+    /// to compare before promoting it.
+    #[arg(long)]
+    pub(super) shadow: bool,
     #[command(flatten)]
     pub(super) output: OutputArgs,
 }
 
+/// The shadow store of the rebuild under way.
+fn shadow_store(args: &StateGetArgs) -> Result<StateStore> {
+    if args.data.state.is_some() {
+        bail!("--shadow reads a rebuild's shadow, which only the embedded state store has");
+    }
+    let paths = RebuildPaths::new(&args.data.data, &args.projection);
+    let Some(request) = paths.request()? else {
+        bail!("no rebuild of `{}` is under way, so it has no shadow", args.projection);
+    };
+    let path = paths.absolute(&paths.shadow_store(request.generation));
+    if !path.is_file() {
+        bail!("rebuild {} of `{}` has not started yet (is `waku run` running?)", request.generation, args.projection);
+    }
+    StateStore::open(&path)
+        .with_context(|| format!("is `waku run` holding {}? stop it to read the shadow", path.display()))
+}
+
 pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
-    let store = args.data.state(&args.projection)?;
+    let store = match args.shadow {
+        false => args.data.state(&args.projection)?,
+        true => shadow_store(&args)?,
+    };
     let key = match (&args.key, &args.event, &args.module) {
         (Some(text), _, _) => parse_key(text)?,
         (None, Some(event), Some(module)) => {

@@ -7,7 +7,11 @@ use clap::Args;
 use super::args::{OutputArgs, ProjectionArgs};
 use crate::admin;
 use crate::lifecycle::Library;
+use crate::log::AnyLog;
+use crate::rebuild::RebuildPaths;
+use crate::rebuild::conductor::{RebuildStatus, measure};
 use crate::runtime::{Sandbox, SandboxLimits};
+use crate::state::StateStore;
 
 #[derive(Args)]
 pub(super) struct StatusArgs {
@@ -48,7 +52,8 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
                 Sandbox::new(SandboxLimits::default())?,
             );
             let versions = library.recorded()?.active;
-            admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?
+            let status = admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?;
+            admin::Status { rebuild: pending_rebuild(&log, target, &store).await?, ..status }
         }
     };
     if args.output.json() {
@@ -76,6 +81,29 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         status.undeliverable,
         status.outbox
     )?;
+    if let Some(rebuild) = &status.rebuild {
+        let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+        outln!(
+            "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back; {} \
+             events dead-lettered",
+            rebuild.generation,
+            rebuild.promote,
+            modules.join(", "),
+            rebuild.phase,
+            rebuild.distance,
+            rebuild.held_back,
+            rebuild.dead_lettered
+        )?;
+        if let Some(note) = &rebuild.note {
+            outln!("rebuild: {note}")?;
+        }
+        if let Some(error) = &rebuild.error {
+            outln!("rebuild error: {error}")?;
+        }
+        for (partition, shadow, live) in &rebuild.partitions {
+            outln!("rebuild partition {partition}: shadow at {shadow}, live at {live}")?;
+        }
+    }
     outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
@@ -83,4 +111,28 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         outln!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag)?;
     }
     Ok(())
+}
+
+/// A rebuild asked for but not running (no host, or the host that builds
+/// it holds the files: then this is not reached), from its files.
+async fn pending_rebuild(log: &AnyLog, target: &ProjectionArgs, live: &StateStore) -> Result<Option<RebuildStatus>> {
+    let paths = RebuildPaths::new(&target.data.data, &target.projection);
+    let Some(request) = paths.request()? else { return Ok(None) };
+    let path = paths.absolute(&paths.shadow_store(request.generation));
+    let sandbox = Sandbox::new(SandboxLimits::default())?;
+    let mut status = match path.is_file() {
+        true => {
+            let shadow = StateStore::open(&path)?;
+            let versions =
+                Library::new(&target.data.data, &target.projection, shadow.clone(), sandbox).recorded()?.active;
+            measure(log, &request, &shadow, live, versions).await?
+        }
+        false => RebuildStatus {
+            generation: request.generation,
+            promote: request.promote.name().to_owned(),
+            ..RebuildStatus::default()
+        },
+    };
+    status.phase = "asked for; the next `waku run` builds it".to_owned();
+    Ok(Some(status))
 }

@@ -257,7 +257,8 @@ pub struct Summary {
 }
 
 impl Summary {
-    fn add(&mut self, other: &Summary) {
+    /// Adds what `other` did.
+    pub fn add(&mut self, other: &Summary) {
         self.batches += other.batches;
         self.consumed += other.consumed;
         self.applied += other.applied;
@@ -392,6 +393,14 @@ impl<L: EventLog> Consumer<L> {
         self.consume(Until::Shutdown, shutdown).await
     }
 
+    /// Consumes each partition up to exactly the position `ends` gives it
+    /// (partitions it does not name: up to the end offset read now), then
+    /// returns. A rebuild lines a shadow and the live projection up with it
+    /// ([`crate::rebuild`]).
+    pub async fn catch_up_to(&self, ends: FxHashMap<u32, u64>) -> Result<Summary, ConsumerError> {
+        self.consume(Until::Positions(ends), std::future::pending()).await
+    }
+
     /// Runs one task per partition until `until` or `shutdown`. A partition
     /// that fails stops the others the same way, so the error is returned at
     /// once instead of at the next shutdown.
@@ -434,8 +443,9 @@ impl<L: EventLog> Consumer<L> {
         self.progress.begin(gate.iter().copied());
         let mut tasks = tokio::task::JoinSet::new();
         for (partition, _, end_at_start) in gate {
-            let end = match until {
+            let end = match &until {
                 Until::EndOffsets => Some(end_at_start),
+                Until::Positions(ends) => Some(ends.get(&partition).copied().unwrap_or(end_at_start)),
                 Until::Shutdown => None,
             };
             let consumer = self.clone();
@@ -748,10 +758,11 @@ enum Step {
 }
 
 /// How far [`Consumer::consume`] goes.
-#[derive(Clone, Copy)]
 enum Until {
     /// The end offsets read at the start: catching up.
     EndOffsets,
+    /// Given positions: lining up with another consumer.
+    Positions(FxHashMap<u32, u64>),
     /// Only a shutdown: following.
     Shutdown,
 }

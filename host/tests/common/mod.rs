@@ -38,6 +38,13 @@ pub fn probe_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/probe"))
 }
 
+/// The bank with a withdrawal fee (`tests/guests/bank-fee`), built once
+/// for this test binary.
+pub fn bank_fee_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| guest("tests/guests/bank-fee"))
+}
+
 fn guest(crate_path: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     GuestBuild { target_dir: Some(root.join("target/guests")), quiet: true, ..GuestBuild::new(root.join(crate_path)) }

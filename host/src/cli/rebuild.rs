@@ -1,0 +1,99 @@
+//! `waku rebuild`: ask the running host to rebuild a projection in the
+//! shadow with new module versions, to promote a shadow waiting for a
+//! person, or to roll back to the state before the last promotion. The
+//! host does the work ([`crate::rebuild`]); this command only leaves the
+//! request in the data directory and says how to follow it.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use super::args::DataArgs;
+use crate::rebuild::{Promote, RebuildPaths};
+
+/// `--promote`'s value: a mode with `--modules`, alone the go-ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum PromoteArg {
+    /// Promote as soon as the shadow caught up (the default).
+    Auto,
+    /// Wait for `waku rebuild --promote`.
+    Manual,
+    /// The go-ahead for a shadow waiting for it (bare `--promote`).
+    Now,
+}
+
+#[derive(Args)]
+pub(super) struct RebuildArgs {
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    pub(super) projection: String,
+    /// The topic it consumes (with --modules).
+    #[arg(long, requires = "modules")]
+    pub(super) topic: Option<String>,
+    /// The directory of the new module versions (`*.wasm`, named like the
+    /// running ones); copied when the rebuild is asked for.
+    #[arg(long, requires = "topic", conflicts_with = "rollback")]
+    pub(super) modules: Option<PathBuf>,
+    /// With --modules: promote `auto` (as soon as the shadow caught up,
+    /// the default) or `manual`. Alone: promote the shadow now waiting.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "now", conflicts_with = "rollback")]
+    pub(super) promote: Option<PromoteArg>,
+    /// Go back to the state and module versions before the last promotion.
+    #[arg(long)]
+    pub(super) rollback: bool,
+}
+
+pub(super) fn rebuild(args: RebuildArgs) -> Result<()> {
+    if args.data.state.is_some() {
+        bail!(
+            "rebuilding in the shadow needs the embedded state store; a projection kept in PostgreSQL (--state) \
+             cannot be rebuilt yet: run the new modules under another projection name and switch readers instead"
+        );
+    }
+    crate::log::embedded::validate_topic_name(&args.projection)?;
+    let paths = RebuildPaths::new(&args.data.data, &args.projection);
+    let follow = format!(
+        "follow it with `waku status --admin <the host's admin endpoint>` or in `waku run`'s log lines ({})",
+        paths.dir().display()
+    );
+    match (&args.modules, args.promote, args.rollback) {
+        (_, _, true) => {
+            let previous = paths.ask_rollback()?;
+            outln!("asked the running host of `{}` to roll back to {}; {follow}", args.projection, previous.display())?;
+        }
+        (Some(modules), promote, false) => {
+            let promote = match promote {
+                None | Some(PromoteArg::Auto) => Promote::Auto,
+                Some(PromoteArg::Manual) => Promote::Manual,
+                Some(PromoteArg::Now) => bail!("with --modules, --promote takes `auto` or `manual`"),
+            };
+            let topic = args.topic.as_deref().unwrap_or_default();
+            let request = paths.ask(topic, modules, promote)?;
+            let when = match promote {
+                Promote::Auto => "it is promoted once it caught up with the live projection",
+                Promote::Manual => {
+                    "once it caught up, compare with `waku state get --shadow`, then `waku rebuild --promote`"
+                }
+            };
+            outln!(
+                "asked for rebuild {} of `{}`: the running `waku run` builds it in the shadow from offset 0 (or the next \
+                 one to start); {when}; {follow}",
+                request.generation,
+                args.projection
+            )?;
+        }
+        (None, Some(PromoteArg::Now), false) => {
+            let request = paths.ask_promotion()?;
+            outln!(
+                "asked the running host to promote rebuild {} of `{}`; {follow}",
+                request.generation,
+                args.projection
+            )?;
+        }
+        (None, _, false) => bail!("give --modules (with --topic), --promote or --rollback"),
+    }
+    Ok(())
+}

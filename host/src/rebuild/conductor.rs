@@ -1,0 +1,553 @@
+//! The running host's side of a rebuild: it consumes the live projection,
+//! runs the shadow beside it, and promotes or rolls back between two
+//! batches (see the [parent module](super) for the files and the rules).
+//!
+//! The conductor owns the live consumer: it follows the topic until the
+//! host stops, and is paused (after its batch in flight, which commits)
+//! only to promote or roll back, then follows again. A check every
+//! [`CHECK_EVERY`] looks at the request files and the shadow's progress;
+//! what it decides comes from positions and end offsets only. A rebuild
+//! that fails (a module that does not load, a shadow whose consumer
+//! fails) is dropped with its error in the status; the live projection
+//! never stops because of it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use super::stores::{HELD_BACK, HoldBackEmits, SwitchingStore};
+use super::{Pointer, Promote, RebuildPaths, Request};
+use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
+use crate::handler::HandlerModule;
+use crate::lifecycle::{EmitTopics, Library};
+use crate::log::EventLog;
+use crate::projection::Projection;
+use crate::routing::{Routed, retry_topic};
+use crate::runtime::Sandbox;
+use crate::state::{BatchCommit, StateStore};
+
+/// The phase of a caught-up shadow waiting for a person.
+const WAITING: &str = "waiting for --promote";
+
+/// Whether a shadow may be promoted now.
+#[derive(Debug, PartialEq, Eq)]
+enum Readiness {
+    /// Not caught up yet.
+    Building,
+    /// Caught up, waiting for `waku rebuild --promote`, for this reason.
+    Waiting(String),
+    /// To be promoted.
+    Promote,
+}
+
+/// Decides from the shadow's progress: `caught_up` (it reached the end
+/// offsets read when it started, and is within a batch of the live
+/// positions), the promotion mode, whether a person gave the go-ahead,
+/// and how many events its handlers dead-lettered. An automatic
+/// promotion waits for a person when the new modules dead-lettered
+/// events, which the promoted state would lack.
+fn readiness(caught_up: bool, promote: Promote, go_ahead: bool, handler_dead_letters: u64) -> Readiness {
+    match (caught_up, promote, go_ahead) {
+        (false, ..) => Readiness::Building,
+        (true, _, true) => Readiness::Promote,
+        (true, Promote::Manual, false) => Readiness::Waiting("promotion is manual".to_owned()),
+        (true, Promote::Auto, false) if handler_dead_letters > 0 => Readiness::Waiting(format!(
+            "the new modules dead-lettered {handler_dead_letters} events, which the promoted state would lack; see \
+             them with `waku dlq list --projection <projection>.rebuild`"
+        )),
+        (true, Promote::Auto, false) => Readiness::Promote,
+    }
+}
+
+/// How often the conductor looks at the request files and the shadow.
+pub const CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// Where a rebuild stands, for `waku status` and the admin endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildStatus {
+    /// The rebuild's generation.
+    pub generation: u64,
+    /// `building`, `waiting for --promote`, `promoting`, `promoted`,
+    /// `rolled back`, or `failed`.
+    pub phase: String,
+    /// `auto` or `manual`.
+    pub promote: String,
+    /// Per partition: (partition, shadow position, live position).
+    pub partitions: Vec<(u32, u64, u64)>,
+    /// Events the shadow still has to consume to reach the live positions,
+    /// plus those waiting in its retry: its distance to promotion.
+    pub distance: u64,
+    /// Messages the shadow's handlers emitted that were held back.
+    pub held_back: u64,
+    /// Events the shadow dead-lettered (listed by `waku dlq list
+    /// --projection <projection>.rebuild`): the promoted state lacks them.
+    pub dead_lettered: u64,
+    /// Of those, messages whose headers could not be read (the live
+    /// projection dead-lettered them too).
+    pub malformed: u64,
+    /// Why a caught-up shadow waits for `waku rebuild --promote`.
+    pub note: Option<String>,
+    /// The shadow's modules: name → version.
+    pub modules: BTreeMap<String, String>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}
+
+/// The latest [`RebuildStatus`] and the shadow's store while one is
+/// built, shared with the admin endpoint.
+#[derive(Debug, Default)]
+pub struct RebuildWatch {
+    status: Mutex<Option<RebuildStatus>>,
+    shadow: Mutex<Option<StateStore>>,
+}
+
+impl RebuildWatch {
+    /// The status of the last rebuild this host ran, if any.
+    pub fn get(&self) -> Option<RebuildStatus> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The store of the shadow being built, if one is (read only: the
+    /// admin endpoint's `/shadow/{projection}/{key}`).
+    pub fn shadow(&self) -> Option<StateStore> {
+        self.shadow.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, status: RebuildStatus) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    /// Sets the phase; a phase that ends the shadow (promoted, failed)
+    /// also lets go of its store.
+    fn set_phase(&self, phase: &str, error: Option<String>, shadow: Option<StateStore>) {
+        let mut current = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = current.get_or_insert_with(RebuildStatus::default);
+        status.phase = phase.to_owned();
+        status.error = error;
+        *self.shadow.lock().unwrap_or_else(|e| e.into_inner()) = shadow;
+    }
+}
+
+/// What the conductor needs of the host.
+pub struct Conductor<L> {
+    /// The log.
+    pub log: Arc<L>,
+    /// The live consumer.
+    pub live: Consumer<L>,
+    /// The live projection, whose store is `switching`.
+    pub projection: Arc<Projection>,
+    /// The store handle every part of the host shares.
+    pub switching: SwitchingStore,
+    /// The live module directory (a rollback runs the old store's recorded
+    /// versions, as a restart would).
+    pub module_dir: PathBuf,
+    /// The data directory.
+    pub data: PathBuf,
+    /// The sandbox modules run in.
+    pub sandbox: Sandbox,
+    /// How the shadow consumes (the live projection's settings).
+    pub config: ConsumerConfig,
+    /// The emit-topic check shadow modules pass, like live ones.
+    pub emit_topics: Arc<dyn EmitTopics>,
+    /// Where the status is shown.
+    pub watch: Arc<RebuildWatch>,
+}
+
+/// A shadow being built.
+struct Shadow<L> {
+    request: Request,
+    /// Its store, without the hold-back wrapper (what promotion switches to).
+    store: StateStore,
+    modules: Vec<Arc<dyn HandlerModule>>,
+    consumer: Consumer<L>,
+    following: Following,
+}
+
+type Following = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Summary, ConsumerError>>);
+
+/// What a check decided.
+enum Action {
+    Stop,
+    Promote,
+    Rollback,
+}
+
+fn follow<L: EventLog>(consumer: &Consumer<L>) -> Following {
+    let (pause, paused) = tokio::sync::oneshot::channel::<()>();
+    let consumer = consumer.clone();
+    let task = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = paused.await;
+            })
+            .await
+    });
+    (pause, task)
+}
+
+async fn pause((pause, task): Following) -> Result<Summary, ConsumerError> {
+    drop(pause);
+    task.await.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?
+}
+
+impl<L: EventLog> Conductor<L> {
+    fn paths(&self) -> RebuildPaths {
+        RebuildPaths::new(&self.data, self.projection.name())
+    }
+
+    /// Consumes until `stopped` resolves or the live consumer fails,
+    /// running rebuilds as they are asked for.
+    pub async fn run(self, stopped: impl Future<Output = ()> + Send + 'static) -> Result<Summary, ConsumerError> {
+        tokio::pin!(stopped);
+        let mut total = Summary::default();
+        let mut shadow: Option<Shadow<L>> = None;
+        loop {
+            let (pause_live, mut live) = follow(&self.live);
+            let action = loop {
+                tokio::select! {
+                    () = &mut stopped => break Action::Stop,
+                    ended = &mut live => {
+                        if let Some(shadow) = shadow.take() {
+                            let _ = pause(shadow.following).await;
+                        }
+                        total.add(&ended.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??);
+                        return Ok(total);
+                    }
+                    () = tokio::time::sleep(CHECK_EVERY) => {
+                        if let Some(action) = self.check(&mut shadow).await {
+                            break action;
+                        }
+                    }
+                }
+            };
+            total.add(&pause((pause_live, live)).await?);
+            match action {
+                Action::Stop => {
+                    // The shadow's own failure never fails the host; its
+                    // commits are kept and it resumes at the next start.
+                    if let Some(shadow) = shadow.take()
+                        && let Err(error) = pause(shadow.following).await
+                    {
+                        tracing::warn!(projection = self.projection.name(), "the shadow stopped with: {error}");
+                    }
+                    return Ok(total);
+                }
+                Action::Promote => {
+                    let Some(ready) = shadow.take() else { continue };
+                    // Until the pointer's rename, a failure leaves the live
+                    // projection as it was: the rebuild is dropped, the
+                    // live one goes on.
+                    match self.promote(ready).await {
+                        Ok(not_yet) => shadow = not_yet,
+                        Err(error) => self.fail(&self.paths(), format!("promoting: {error}")),
+                    }
+                }
+                Action::Rollback => {
+                    if let Err(error) = self.rollback().await {
+                        tracing::error!(projection = self.projection.name(), "rollback failed: {error}");
+                        self.watch.set_phase("rollback failed", Some(error.to_string()), None);
+                        let _ = std::fs::remove_file(self.paths().rollback_path());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Looks at the request files and the shadow; says what to do, if
+    /// anything.
+    async fn check(&self, shadow: &mut Option<Shadow<L>>) -> Option<Action> {
+        let paths = self.paths();
+        if paths.rollback_path().exists() {
+            if let Some(running) = shadow.take() {
+                let _ = pause(running.following).await;
+            }
+            return Some(Action::Rollback);
+        }
+        let Some(running) = shadow else {
+            match self.start_shadow(&paths).await {
+                Ok(started) => *shadow = started,
+                Err(error) => self.fail(&paths, error),
+            }
+            return None;
+        };
+        if running.following.1.is_finished() {
+            let running = shadow.take().expect("checked above");
+            let error = match pause(running.following).await {
+                Err(error) => error.to_string(),
+                Ok(_) => "the shadow's consumer stopped".to_owned(),
+            };
+            self.fail(&paths, error);
+            return None;
+        }
+        let live = self.switching.current();
+        let versions = running.modules.iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+        let status = match measure(&*self.log, &running.request, &running.store, &live, versions).await {
+            Ok(status) => status,
+            Err(error) => {
+                tracing::warn!(projection = self.projection.name(), "reading the rebuild's progress: {error}");
+                return None;
+            }
+        };
+        let caught_up = running.consumer.progress().caught_up() && status.distance <= self.config.batch_size as u64;
+        let go_ahead = paths.promote_path().exists();
+        let readiness = readiness(
+            caught_up,
+            running.request.promote,
+            go_ahead,
+            status.dead_lettered.saturating_sub(status.malformed),
+        );
+        let status = match &readiness {
+            Readiness::Waiting(why) => RebuildStatus { phase: WAITING.to_owned(), note: Some(why.clone()), ..status },
+            _ => status,
+        };
+        if status.phase == WAITING && self.watch.get().is_none_or(|before| before.phase != WAITING) {
+            tracing::info!(
+                projection = self.projection.name(),
+                generation = status.generation,
+                "the shadow caught up; waiting for `waku rebuild --promote`: {}",
+                status.note.as_deref().unwrap_or_default()
+            );
+        }
+        self.watch.set(status);
+        matches!(readiness, Readiness::Promote).then_some(Action::Promote)
+    }
+
+    /// Drops a rebuild that failed: its request is removed, the status
+    /// keeps the error.
+    fn fail(&self, paths: &RebuildPaths, error: String) {
+        tracing::error!(projection = self.projection.name(), "the rebuild failed and was dropped: {error}");
+        self.watch.set_phase("failed", Some(error), None);
+        if let Err(error) = paths.finish() {
+            tracing::error!(projection = self.projection.name(), "{error}");
+        }
+    }
+
+    /// Starts the shadow of the pending request, if there is one and it
+    /// was not promoted already (a crash after the pointer moved).
+    async fn start_shadow(&self, paths: &RebuildPaths) -> Result<Option<Shadow<L>>, String> {
+        let Some(request) = paths.request().map_err(|e| e.to_string())? else { return Ok(None) };
+        let store_path = paths.shadow_store(request.generation);
+        if paths.active_store().map_err(|e| e.to_string())? == store_path {
+            paths.finish().map_err(|e| e.to_string())?;
+            return Ok(None);
+        }
+        if request.topic != self.projection.topic() {
+            return Err(format!(
+                "the rebuild was asked for topic `{}`, but projection `{}` consumes `{}`",
+                request.topic,
+                self.projection.name(),
+                self.projection.topic()
+            ));
+        }
+        let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
+        let modules = self.load_modules(&store, paths.modules_dir(request.generation), true).await?;
+        let name = format!("{}.rebuild", self.projection.name());
+        let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
+        let projection =
+            Projection::new(&name, &request.topic, modules.clone(), held_back).map_err(|e| e.to_string())?;
+        let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
+        let following = follow(&consumer);
+        self.watch.set_phase("building", None, Some(store.clone()));
+        tracing::info!(
+            projection = self.projection.name(),
+            generation = request.generation,
+            "rebuilding in the shadow from offset 0"
+        );
+        Ok(Some(Shadow { request, store, modules, consumer, following }))
+    }
+
+    /// The modules of `dir` through a library on `store` (recording them;
+    /// with `adopt` the directory's versions win, else the recorded ones,
+    /// as at a restart), compiled off the async threads.
+    async fn load_modules(
+        &self,
+        store: &StateStore,
+        dir: PathBuf,
+        adopt: bool,
+    ) -> Result<Vec<Arc<dyn HandlerModule>>, String> {
+        let library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
+            .with_emit_topics(self.emit_topics.clone());
+        let (modules, _) = tokio::task::spawn_blocking(move || library.start(&dir, adopt))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(modules)
+    }
+
+    /// Promotes the shadow, the live consumer being paused: lines the two
+    /// up on the same positions, then switches. Returns the shadow, still
+    /// following, when it cannot be promoted yet (events waiting in its
+    /// retry).
+    async fn promote(&self, mut shadow: Shadow<L>) -> Result<Option<Shadow<L>>, ConsumerError> {
+        tracing::info!(
+            projection = self.projection.name(),
+            generation = shadow.request.generation,
+            "promoting: the live consumer is paused; lining the shadow up with it"
+        );
+        self.watch.set_phase("promoting", None, None);
+        let (pause_shadow, stopped) = std::mem::replace(&mut shadow.following, follow_nothing());
+        pause((pause_shadow, stopped)).await?;
+        let topic = self.projection.topic().to_owned();
+        let partitions = self.log.partitions(&topic).await?;
+        let mut targets = FxHashMap::default();
+        for partition in 0..partitions {
+            let live = self.switching.current().position(&topic, partition)?.unwrap_or(0);
+            let at = shadow.store.position(&topic, partition)?.unwrap_or(0);
+            targets.insert(partition, live.max(at));
+        }
+        self.live.catch_up_to(targets.clone()).await?;
+        shadow.consumer.catch_up_to(targets).await?;
+        let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
+        let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+        if count(stat::RETRY_IN) > count(stat::RETRY_OUT) {
+            shadow.following = follow(&shadow.consumer);
+            return Ok(Some(shadow));
+        }
+        // The retry records from here on are the promoted projection's; the
+        // live projection's earlier ones concern events the shadow applied.
+        let retry = retry_topic(&topic);
+        let mut retry_ends = Vec::new();
+        let mut commit = BatchCommit::default();
+        for partition in 0..partitions {
+            let end = self.log.end_offset(&retry, partition).await?;
+            retry_ends.push(end);
+            commit.positions.push((retry.clone(), partition, end));
+        }
+        shadow.store.commit(commit)?;
+        let paths = self.paths();
+        let previous = paths.active_store().map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        let pointer =
+            Pointer { active: paths.shadow_store(shadow.request.generation), previous: Some(previous), retry_ends };
+        // The live consumer is paused: the modules change in memory first
+        // (and back if the pointer cannot be written), then the one durable
+        // step that decides, then the store.
+        let old_modules = self.projection.modules();
+        self.projection.replace_modules(shadow.modules.clone()).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
+        if let Err(error) = paths.set_pointer(&pointer) {
+            let _ = self.projection.replace_modules(old_modules);
+            return Err(ConsumerError::HostFault(error.to_string()));
+        }
+        drop(self.switching.switch(shadow.store.clone()));
+        if let Err(error) = paths.finish() {
+            tracing::warn!(projection = self.projection.name(), "{error}");
+        }
+        self.watch.set_phase("promoted", None, None);
+        tracing::info!(projection = self.projection.name(), generation = shadow.request.generation, "promoted");
+        Ok(None)
+    }
+
+    /// Switches back to the previous store and its recorded module
+    /// versions, the live consumer being paused. The promoted store's retry
+    /// records are marked done in the previous one, which consumes again
+    /// every event since the promotion.
+    async fn rollback(&self) -> Result<(), String> {
+        let paths = self.paths();
+        let pointer = paths.pointer().map_err(|e| e.to_string())?;
+        let Some(Pointer { active, previous: Some(previous), retry_ends }) = pointer else {
+            return Err("there is no previous state to roll back to".to_owned());
+        };
+        let old = StateStore::open(&paths.absolute(&previous)).map_err(|e| e.to_string())?;
+        let retry = retry_topic(self.projection.topic());
+        let mut commit = BatchCommit::default();
+        for (partition, &from) in retry_ends.iter().enumerate() {
+            let partition = partition as u32;
+            let end = self.log.end_offset(&retry, partition).await.map_err(|e| e.to_string())?;
+            let mut next = from;
+            while next < end {
+                let records = self.log.read(&retry, partition, next, 4096).await.map_err(|e| e.to_string())?;
+                let Some(last) = records.last().map(|r| r.offset) else { break };
+                for record in &records {
+                    if Routed::parse(&record.record.headers).is_ok_and(|r| r.projection == self.projection.name()) {
+                        commit.done.push((retry.clone(), partition, record.offset));
+                    }
+                }
+                next = last + 1;
+            }
+        }
+        old.commit(commit).map_err(|e| e.to_string())?;
+        // The old store's recorded versions, loaded before anything changes.
+        let modules = self.load_modules(&old, self.module_dir.clone(), false).await?;
+        let old_modules = self.projection.modules();
+        self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
+        // One step back only: the promoted store stays on disk, not offered.
+        let _ = active;
+        let pointer = Pointer { active: previous, previous: None, retry_ends: Vec::new() };
+        if let Err(error) = paths.set_pointer(&pointer) {
+            let _ = self.projection.replace_modules(old_modules);
+            return Err(error.to_string());
+        }
+        drop(self.switching.switch(old));
+        let _ = std::fs::remove_file(paths.rollback_path());
+        self.watch.set_phase("rolled back", None, None);
+        tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
+        Ok(())
+    }
+}
+
+/// Where the shadow of `request` stands against the live projection: per
+/// partition its position and the live one, the distance to promotion,
+/// its counts; `modules` are its versions. The phase says `building`.
+pub async fn measure<L: EventLog>(
+    log: &L,
+    request: &Request,
+    shadow: &StateStore,
+    live: &StateStore,
+    modules: BTreeMap<String, String>,
+) -> Result<RebuildStatus, ConsumerError> {
+    let topic = &request.topic;
+    let mut partitions = Vec::new();
+    let mut distance = 0;
+    for partition in 0..log.partitions(topic).await? {
+        let at = shadow.position(topic, partition)?.unwrap_or(0);
+        let live = live.position(topic, partition)?.unwrap_or(0);
+        distance += live.saturating_sub(at);
+        partitions.push((partition, at, live));
+    }
+    let stats: BTreeMap<String, u64> = shadow.stats()?.into_iter().collect();
+    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    Ok(RebuildStatus {
+        generation: request.generation,
+        phase: "building".to_owned(),
+        promote: request.promote.name().to_owned(),
+        partitions,
+        distance,
+        held_back: count(HELD_BACK),
+        dead_lettered: count(stat::DEAD_LETTERED),
+        malformed: count(stat::MALFORMED),
+        modules,
+        note: None,
+        error: None,
+    })
+}
+
+/// A placeholder for a paused shadow's following.
+fn follow_nothing() -> Following {
+    let (pause, _) = tokio::sync::oneshot::channel();
+    (pause, tokio::spawn(async { Ok(Summary::default()) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shadow_is_promoted_once_caught_up_automatically_or_on_the_go_ahead() {
+        assert_eq!(readiness(false, Promote::Auto, true, 0), Readiness::Building);
+        assert_eq!(readiness(false, Promote::Manual, true, 0), Readiness::Building);
+        assert_eq!(readiness(true, Promote::Auto, false, 0), Readiness::Promote);
+        assert!(matches!(readiness(true, Promote::Manual, false, 0), Readiness::Waiting(_)));
+        assert_eq!(readiness(true, Promote::Manual, true, 0), Readiness::Promote);
+    }
+
+    #[test]
+    fn an_automatic_promotion_waits_for_a_person_when_the_new_modules_dead_lettered_events() {
+        let Readiness::Waiting(why) = readiness(true, Promote::Auto, false, 3) else { panic!("not held") };
+        assert!(why.contains("dead-lettered 3 events"), "{why}");
+        assert_eq!(readiness(true, Promote::Auto, true, 3), Readiness::Promote, "the go-ahead accepts them");
+    }
+}

@@ -1,0 +1,250 @@
+//! Rebuilding a projection in the shadow while its host keeps serving it
+//! (`crate::rebuild`): a bank projection is rebuilt with a changed module
+//! (a fee per withdrawal, `tests/guests/bank-fee`).
+//!
+//! - Under load (events published while the host runs), the live read
+//!   model keeps the old logic until the promotion, and the promoted one
+//!   equals an oracle of the new logic over every event: none lost, none
+//!   applied twice across the switch.
+//! - With manual promotion, the caught-up shadow waits while the live
+//!   projection keeps the old logic; promoted on the go-ahead; a rollback
+//!   then brings the old state and versions back, and the old logic over
+//!   every event.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::host::{Host, HostSettings, ModuleSource, RunningHost};
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::rebuild::{Promote, RebuildPaths};
+use wakuwaku_tests::{bank_fee_wasm, bank_module, bank_wasm};
+
+const TOPIC: &str = "accounts";
+const PROJECTION: &str = "bank";
+
+/// The fee oracle: the old oracle with every withdrawal costing 1 more.
+fn with_fee(oracle: &Oracle) -> Oracle {
+    let mut fee = oracle.clone();
+    for account in fee.accounts.values_mut() {
+        account.balance -= account.withdrawals as i64;
+    }
+    fee
+}
+
+/// Module directories: `old/bank.wasm` the bank, `new/bank.wasm` the bank
+/// with a fee (same file name: the new version of the same module).
+fn module_dirs(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (old, new) = (dir.join("old"), dir.join("new"));
+    for (path, wasm) in [(&old, bank_wasm()), (&new, bank_fee_wasm())] {
+        std::fs::create_dir_all(path).unwrap();
+        std::fs::copy(wasm, path.join("bank.wasm")).unwrap();
+    }
+    (old, new)
+}
+
+/// Starts a host following the topic; with `admin`, serving the admin
+/// endpoint (whose server lets go of the store a moment after the host
+/// stopped: no restart then).
+async fn start(log: &Arc<EmbeddedLog>, dir: &Path, modules: &Path, admin: bool) -> RunningHost<EmbeddedLog> {
+    let source = ModuleSource::Directory { path: modules.to_owned(), adopt: false, watch: false };
+    let mut settings = HostSettings::new(dir.join("data"), PROJECTION, TOPIC, source);
+    settings.consumer.batch_size = 256;
+    settings.admin = admin.then(|| "127.0.0.1:0".parse().unwrap());
+    Host::start_on(log.clone(), settings).await.expect("the host starts")
+}
+
+/// Publishes `events` of the workload.
+async fn publish_events(log: &EmbeddedLog, module: &Arc<dyn HandlerModule>, events: &[demo::WorkloadEvent]) {
+    let outgoing = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&**module, e.type_name).unwrap(),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    publish::publish(log, TOPIC, module.clone(), outgoing, None, 2).await.unwrap();
+}
+
+/// The oracle of the first `n` events.
+fn oracle_of(events: &[demo::WorkloadEvent]) -> Oracle {
+    let mut oracle = Oracle::default();
+    for event in events {
+        oracle.apply(event);
+    }
+    oracle
+}
+
+/// Waits until the host's committed positions reach the log's ends.
+async fn caught_up_now(host: &RunningHost<EmbeddedLog>) {
+    for _ in 0..3000 {
+        let status = host.status().await.unwrap();
+        if status.partitions.iter().all(|p| p.lag == 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the host never caught up: {:?}", host.status().await.unwrap());
+}
+
+/// Waits until the host's rebuild reaches `phase`.
+async fn rebuild_phase(host: &RunningHost<EmbeddedLog>, phase: &str) {
+    for _ in 0..3000 {
+        if host.rebuild().is_some_and(|status| status.phase == phase) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the rebuild never reached `{phase}`: {:?}", host.rebuild());
+}
+
+fn assert_read_model(host: &RunningHost<EmbeddedLog>, oracle: &Oracle, what: &str) {
+    let check = demo::check_projection(oracle, &*bank_module(), host.projection().store()).unwrap();
+    assert!(check.matches(), "{what}: {}", check.report(5));
+}
+
+fn module_version(host: &RunningHost<EmbeddedLog>) -> String {
+    host.projection().modules()[0].version().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_under_load_keeps_the_old_logic_live_then_promotes_the_new_logic_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = module_dirs(dir.path());
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic(TOPIC, 2).await.unwrap();
+    let module = bank_module();
+    let (events, full) = demo::workload(WorkloadSpec { events: 40_000, accounts: 300, seed: 14 });
+    assert!(full.accounts.values().any(|a| a.withdrawals > 0), "the workload withdraws");
+    let (first, rest) = events.split_at(30_000);
+    publish_events(&log, &module, first).await;
+
+    let host = start(&log, dir.path(), &old, false).await;
+    caught_up_now(&host).await;
+    assert_read_model(&host, &oracle_of(first), "the live projection before the rebuild");
+    let old_version = module_version(&host);
+
+    // The rebuild is asked for while events keep coming.
+    RebuildPaths::new(&dir.path().join("data"), PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
+    // The publisher stops once, after two chunks, until the test looked.
+    let (paused, mut wait_paused) = tokio::sync::oneshot::channel::<()>();
+    let (resume, wait_resume) = tokio::sync::oneshot::channel::<()>();
+    let publisher = {
+        let (log, module, rest) = (log.clone(), module.clone(), rest.to_vec());
+        tokio::spawn(async move {
+            let (mut paused, mut wait_resume) = (Some(paused), Some(wait_resume));
+            for (i, chunk) in rest.chunks(500).enumerate() {
+                if i == 2 {
+                    let _ = paused.take().unwrap().send(());
+                    let _ = wait_resume.take().unwrap().await;
+                }
+                publish_events(&log, &module, chunk).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        })
+    };
+    (&mut wait_paused).await.unwrap();
+    // Until the promotion, the live projection is the old logic: checked
+    // while the rebuild's phase says building before and after the look.
+    let published = &events[..first.len() + 1_000];
+    let phase = || host.rebuild().map(|status| status.phase).unwrap_or_default();
+    let checked_while_building = loop {
+        let before = phase();
+        caught_up_now(&host).await;
+        if before == "building" {
+            assert_read_model(&host, &oracle_of(published), "the live projection during the rebuild");
+            if phase() == "building" {
+                break true;
+            }
+        }
+        if before == "promoted" {
+            assert_read_model(&host, &with_fee(&oracle_of(published)), "promoted early");
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    println!("the live projection was checked while the shadow was building: {checked_while_building}");
+    resume.send(()).unwrap();
+    rebuild_phase(&host, "promoted").await;
+    publisher.await.unwrap();
+    caught_up_now(&host).await;
+
+    assert_ne!(module_version(&host), old_version, "the new version runs after the promotion");
+    assert_read_model(&host, &with_fee(&full), "the promoted projection against the new logic's oracle");
+    let status = host.status().await.unwrap();
+    assert_eq!(status.applied, events.len() as u64, "every event applied once: {status:?}");
+    // The switch survives a restart: the pointer names the promoted store.
+    host.stop().await.unwrap();
+    let host = start(&log, dir.path(), &old, false).await;
+    caught_up_now(&host).await;
+    assert_read_model(&host, &with_fee(&full), "the promoted projection after a restart");
+    assert_ne!(module_version(&host), old_version, "a restart runs the promoted versions");
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_old_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = module_dirs(dir.path());
+    let data = dir.path().join("data");
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic(TOPIC, 2).await.unwrap();
+    let module = bank_module();
+    let (events, full) = demo::workload(WorkloadSpec { events: 6_000, accounts: 100, seed: 15 });
+    let (first, rest) = events.split_at(3_000);
+    publish_events(&log, &module, first).await;
+    let host = start(&log, dir.path(), &old, true).await;
+    caught_up_now(&host).await;
+    let old_version = module_version(&host);
+
+    let paths = RebuildPaths::new(&data, PROJECTION);
+    paths.ask(TOPIC, &new, Promote::Manual).unwrap();
+    rebuild_phase(&host, "waiting for --promote").await;
+    let waiting = host.rebuild().unwrap();
+    assert_eq!(waiting.distance, 0, "caught up: {waiting:?}");
+    // The admin endpoint shows it, and the host stays ready.
+    let base = format!("http://{}", host.admin_address().unwrap());
+    let before = oracle_of(first);
+    let account = *before.accounts.iter().find(|(_, a)| a.withdrawals > 0).unwrap().0;
+    let (ready, status, live, shadow) = tokio::task::spawn_blocking(move || {
+        let get = |path: &str| ureq::get(&format!("{base}{path}")).call().map(|mut r| r.body_mut().read_to_string());
+        let balance = |path: String| {
+            let json: serde_json::Value = serde_json::from_str(&get(&path).unwrap().unwrap()).unwrap();
+            json["entries"]["account"]["balance"].as_i64().unwrap()
+        };
+        let (live, shadow) = (balance(format!("/state/bank/{account}")), balance(format!("/shadow/bank/{account}")));
+        (get("/ready").is_ok(), get("/status").unwrap().unwrap(), live, shadow)
+    })
+    .await
+    .unwrap();
+    assert!(ready, "/ready stays ready during a rebuild");
+    let expected = &before.accounts[&account];
+    assert_eq!(live, expected.balance, "/state: the live projection");
+    assert_eq!(shadow, expected.balance - expected.withdrawals as i64, "/shadow: the shadow, with the fee");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["rebuild"]["phase"], "waiting for --promote", "{status}");
+    assert_eq!(status["rebuild"]["distance"], 0, "{status}");
+    assert!(waiting.partitions.iter().all(|&(_, shadow, live)| shadow == live), "{waiting:?}");
+    // Caught up but not promoted: the live projection keeps the old logic.
+    assert_read_model(&host, &oracle_of(first), "the live projection while the shadow waits");
+    assert_eq!(module_version(&host), old_version);
+
+    paths.ask_promotion().unwrap();
+    rebuild_phase(&host, "promoted").await;
+    assert_read_model(&host, &with_fee(&oracle_of(first)), "the promoted projection");
+    publish_events(&log, &module, rest).await;
+    caught_up_now(&host).await;
+    assert_read_model(&host, &with_fee(&full), "the promoted projection after more events");
+
+    paths.ask_rollback().unwrap();
+    rebuild_phase(&host, "rolled back").await;
+    caught_up_now(&host).await;
+    assert_eq!(module_version(&host), old_version, "the old versions run again");
+    assert_read_model(&host, &full, "the rolled-back projection: the old logic over every event");
+    assert_eq!(host.status().await.unwrap().applied, events.len() as u64);
+    host.stop().await.unwrap();
+}
