@@ -408,9 +408,15 @@ impl<L: EventLog> Consumer<L> {
                 other => other?,
             }
         }
+        // Each partition is claimed first: a host that held it before can
+        // no longer commit to it (a no-op for the embedded store).
+        let partitions = self.partitions().await?;
+        for &partition in &partitions {
+            self.projection.store().claim(partition)?;
+        }
         // What the last run left, now that its retry and dead-letter
         // records have somewhere to go.
-        let left = self.publish_outbox().await?;
+        let left = self.publish_outbox(&partitions).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let stop_on_shutdown = stop_tx.clone();
@@ -419,12 +425,8 @@ impl<L: EventLog> Consumer<L> {
             let _ = stop_on_shutdown.send(true);
         });
         // The gate: every partition's end offset, read once at start-up.
-        // Each partition is claimed first: a host that held it before can
-        // no longer commit to it (a no-op for the embedded store).
-        let partitions = self.partitions().await?;
         let mut gate = Vec::with_capacity(partitions.len());
         for &partition in &partitions {
-            self.projection.store().claim(partition)?;
             let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
             gate.push((partition, position, self.log.end_offset(topic, partition).await?));
         }
@@ -532,7 +534,7 @@ impl<L: EventLog> Consumer<L> {
             // After a commit: its outbox out, its retry records indexed (so
             // the next batch diverts their keys), the log's offset updated.
             let started = Instant::now();
-            summary.undeliverable += self.publish_outbox().await?.undeliverable;
+            summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
             state.settle = false;
@@ -674,11 +676,13 @@ impl<L: EventLog> Consumer<L> {
         }
     }
 
-    /// Publishes the outbox: what committed batches emitted or routed.
-    async fn publish_outbox(&self) -> Result<Published, ConsumerError> {
+    /// Publishes the outbox entries of `partitions`: what their committed
+    /// batches emitted or routed.
+    async fn publish_outbox(&self, partitions: &[u32]) -> Result<Published, ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
         let projection = &*self.projection;
-        let published = outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic()).await?;
+        let published =
+            outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic(), partitions).await?;
         if let Some(metrics) = self.metrics.as_ref().filter(|_| published.undeliverable > 0) {
             metrics.undeliverable(projection.name(), published.undeliverable);
         }
