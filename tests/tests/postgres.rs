@@ -6,13 +6,21 @@
 //! Needs a server named by `WAKU_POSTGRES_URL` (`.ci/run` starts one);
 //! without it, the test prints one `skipped: …` line (under CI it fails).
 //! Each run uses a projection of its own, so runs share one database.
+//!
+//! Also: a host whose partition another host took drops that partition
+//! (its commit refused) and goes on with its others.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wakuwaku::consumer::{ConsumerConfig, stat};
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::host::StateSettings;
+use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::host::{Host, StateSettings};
 use wakuwaku::log::EventLog;
+use wakuwaku::progress::Progress;
+use wakuwaku::publish::{self, Outgoing};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, fresh_stream, host_settings, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,4 +69,79 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
         let row = client.query_one(&sql, &[&account.to_string()]).await.unwrap();
         assert_eq!(row.get::<_, i64>(0), expected.balance, "account {account}");
     }
+}
+
+/// Publishes a second seeded workload to `accounts` and folds it into
+/// `oracle`.
+async fn publish_more(log: &impl EventLog, module: &Arc<dyn HandlerModule>, spec: WorkloadSpec, oracle: &mut Oracle) {
+    let (events, _) = demo::workload(spec);
+    events.iter().for_each(|event| oracle.apply(event));
+    let outgoing = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&**module, e.type_name).unwrap(),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    publish::publish(log, "accounts", module.clone(), outgoing, None, 2).await.unwrap();
+}
+
+/// Waits (a guard against a hang, not a speed target) until `done`.
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Host A follows both partitions; host B takes partition 1. A's next
+/// commit to it is refused: A drops partition 1 (logged, counted), keeps
+/// consuming partition 0, and B consumes partition 1; every event is
+/// applied once and the read model equals the oracle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_partition_is_dropped_and_the_host_keeps_its_others() {
+    let Some(url) = postgres_url("a fenced partition is dropped") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let first = WorkloadSpec { events: 2_000, accounts: 60, seed: 31 };
+    let (log, mut oracle) = bank_log(dir.path(), module.clone(), first, 2).await;
+    let projection = fresh_stream("fenced").replace('-', "_");
+    let settings = |partitions: Option<Vec<u32>>, until_caught_up: bool| {
+        let config = ConsumerConfig { batch_size: 200, partitions, ..ConsumerConfig::default() };
+        let mut settings = host_settings(dir.path(), &projection, "accounts", vec![module.clone()], config);
+        settings.state = StateSettings::Postgres { url: url.clone() };
+        settings.until_caught_up = until_caught_up;
+        settings
+    };
+
+    let a = Host::start_on(log.clone(), settings(None, false)).await.unwrap();
+    let progress = a.progress().clone();
+    wait_for("A caught up", || progress.caught_up()).await;
+    // B claims partition 1 (and finds nothing left to consume there).
+    let (b_first, _) = catch_up(&log, settings(Some(vec![1]), true)).await.unwrap();
+    assert_eq!(b_first.consumed, 0);
+
+    publish_more(&*log, &module, WorkloadSpec { events: 2_000, accounts: 60, seed: 32 }, &mut oracle).await;
+    let held = |progress: &Progress| progress.partitions().iter().map(|p| p.partition).collect::<Vec<_>>();
+    wait_for("A dropped partition 1", || held(&progress) == [0]).await;
+    assert!(
+        a.metrics().encode().contains(&format!("waku_partitions_fenced_total{{projection=\"{projection}\"}} 1")),
+        "{}",
+        a.metrics().encode()
+    );
+    // A keeps consuming partition 0; B takes up partition 1.
+    let end0 = log.end_offset("accounts", 0).await.unwrap();
+    let store = a.projection().store().clone();
+    wait_for("A consumed partition 0", || store.position("accounts", 0).unwrap() == Some(end0)).await;
+    let (b_second, _) = catch_up(&log, settings(Some(vec![1]), true)).await.unwrap();
+    assert!(b_second.consumed > 0);
+    let end1 = log.end_offset("accounts", 1).await.unwrap();
+    assert_eq!(store.position("accounts", 1).unwrap(), Some(end1));
+    a.stop().await.unwrap();
+
+    let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
 }

@@ -38,6 +38,11 @@
 //! and the partition tries it again after the same backoff as an
 //! unavailable log.
 //!
+//! A partition another host took ([`StateError::Fenced`]: its commit was
+//! refused whole) is dropped: logged with the epochs, counted
+//! (`waku_partitions_fenced_total`), taken out of the caught-up gate, while
+//! the host keeps consuming its other partitions.
+//!
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
@@ -503,6 +508,10 @@ impl<L: EventLog> Consumer<L> {
                     let _ = tokio::time::timeout(backoff, stop.changed()).await;
                     continue;
                 }
+                Err(ConsumerError::State(StateError::Fenced { held, current, .. })) => {
+                    self.drop_fenced(partition, held, current);
+                    break;
+                }
                 Err(error) => return Err(error),
             }
             if !backoff.is_zero() {
@@ -667,6 +676,23 @@ impl<L: EventLog> Consumer<L> {
                 .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
         summary.phases.add(Phase::Poll, polled);
         Ok((summary, queue))
+    }
+
+    /// Drops a partition another host took (claimed epoch `current`, this
+    /// host's was `held`): its refused commit changed nothing, the
+    /// partition's new host resumes from the last commit, and this host
+    /// goes on with its other partitions.
+    fn drop_fenced(&self, partition: u32, held: u64, current: u64) {
+        tracing::warn!(
+            projection = self.projection.name(),
+            partition,
+            "partition {partition} was taken over by another host (epoch {current}, this host held {held}): \
+             its last batch was not committed and this host stops consuming it"
+        );
+        self.progress.release(partition);
+        if let Some(metrics) = &self.metrics {
+            metrics.partition_fenced(self.projection.name());
+        }
     }
 
     /// Observes a batch's (or a settle step's) phases in the metrics.

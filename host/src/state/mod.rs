@@ -87,7 +87,7 @@ pub enum StateError {
     /// damaged file, lost database connection, ...).
     #[error("state storage failed on {store}")]
     Storage {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// The cause.
         #[source]
@@ -96,7 +96,7 @@ pub enum StateError {
     /// A stored value cannot be decoded.
     #[error("corrupt state in {store}: {what}")]
     Corrupt {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// What could not be read, and why.
         what: String,
@@ -116,7 +116,7 @@ pub enum StateError {
     /// The database holds a schema newer than this build knows.
     #[error("{store} holds schema version {found}, this build knows up to {known}; run a newer waku")]
     SchemaTooNew {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// The version found.
         found: i32,
@@ -124,7 +124,7 @@ pub enum StateError {
         known: i32,
     },
     /// Another host took the partition since this store claimed it: the
-    /// commit was refused and nothing of it applied ([`StateStore::claim`]).
+    /// commit was refused and nothing of it applied ([`StateBackend::claim`]).
     #[error("partition {partition} was taken over (epoch {current}, this host holds {held}); commit refused")]
     Fenced {
         /// The partition.
