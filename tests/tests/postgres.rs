@@ -14,13 +14,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::host::{Host, StateSettings};
 use wakuwaku::log::EventLog;
 use wakuwaku::progress::Progress;
+use wakuwaku::projection::Projection;
 use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::state::{PostgresStore, StateStore};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, fresh_stream, host_settings, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,4 +146,74 @@ async fn a_fenced_partition_is_dropped_and_the_host_keeps_its_others() {
     assert!(check.matches(), "{}", check.report(10));
     let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
     assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
+}
+
+/// Two consumers of one PostgreSQL projection follow an assignment (as
+/// Iggy's consumer group hands one out): partitions moved from A to B stop
+/// on A and resume on B; then A dies mid-run (its task aborted, a batch
+/// perhaps in flight) and B takes all partitions. Every event is applied
+/// exactly once and the read model equals the oracle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_follow_the_assignment_and_a_dead_hosts_partitions_are_taken_over() {
+    let Some(url) = postgres_url("partitions following an assignment") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, mut oracle) =
+        bank_log(dir.path(), module.clone(), WorkloadSpec { events: 3_000, accounts: 80, seed: 41 }, 4).await;
+    let projection = fresh_stream("assigned").replace('-', "_");
+    let consumer = |assignment| {
+        let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+        let projection = Arc::new(Projection::new(&projection, "accounts", vec![module.clone()], store).unwrap());
+        let config = ConsumerConfig { batch_size: 100, ..ConsumerConfig::default() };
+        Consumer::new(log.clone(), projection, config).with_assignment(assignment)
+    };
+    let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+    let all_consumed = || async {
+        let ends = log.end_offsets("accounts").await.unwrap();
+        (0..4).all(|p| store.position("accounts", p).unwrap() == Some(ends[p as usize]))
+    };
+    let held = |progress: &Progress| progress.partitions().iter().map(|p| p.partition).collect::<Vec<_>>();
+
+    let (to_a, a_assigned) = tokio::sync::watch::channel(vec![0, 1, 2, 3]);
+    let (to_b, b_assigned) = tokio::sync::watch::channel(vec![]);
+    let (a, b) = (consumer(a_assigned), consumer(b_assigned));
+    let (a_progress, b_progress) = (a.progress(), b.progress());
+    let a_task = tokio::spawn(async move { a.follow(std::future::pending()).await });
+    let (stop_b, b_stopped) = tokio::sync::oneshot::channel::<()>();
+    let b_task = tokio::spawn(async move {
+        b.follow(async {
+            let _ = b_stopped.await;
+        })
+        .await
+    });
+    wait_for("A holds and caught up on 4 partitions", || held(&a_progress).len() == 4 && a_progress.caught_up()).await;
+
+    // Partitions 2 and 3 move to B.
+    to_a.send(vec![0, 1]).unwrap();
+    to_b.send(vec![2, 3]).unwrap();
+    wait_for("the move", || held(&a_progress) == [0, 1] && held(&b_progress) == [2, 3]).await;
+    publish_more(&*log, &module, WorkloadSpec { events: 3_000, accounts: 80, seed: 42 }, &mut oracle).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !all_consumed().await {
+        assert!(Instant::now() < deadline, "timed out consuming the second workload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A dies while events arrive; B is assigned everything.
+    publish_more(&*log, &module, WorkloadSpec { events: 3_000, accounts: 80, seed: 43 }, &mut oracle).await;
+    a_task.abort();
+    to_b.send(vec![0, 1, 2, 3]).unwrap();
+    wait_for("B took A's partitions", || held(&b_progress) == [0, 1, 2, 3]).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !all_consumed().await {
+        assert!(Instant::now() < deadline, "timed out consuming the third workload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_b.send(()).unwrap();
+    b_task.await.unwrap().unwrap();
+
+    let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::APPLIED).copied(), Some(9_000), "every event applied exactly once");
 }

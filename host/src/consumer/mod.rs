@@ -304,6 +304,9 @@ pub struct Consumer<L> {
     /// What the batches in flight (one per partition) may make the host
     /// hold, together.
     budget: BatchBudget,
+    /// When set, the partitions to hold while following, as they change
+    /// ([`Consumer::with_assignment`]).
+    assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -317,6 +320,7 @@ impl<L> Clone for Consumer<L> {
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
             budget: self.budget.clone(),
+            assignment: self.assignment.clone(),
         }
     }
 }
@@ -332,8 +336,20 @@ impl<L: EventLog> Consumer<L> {
             progress: Arc::default(),
             metrics: None,
             budget: BatchBudget::new(&config.payload),
+            assignment: None,
             config,
         }
+    }
+
+    /// Follows the partitions `assignment` names as it changes (Iggy's
+    /// consumer-group assignment) instead of a fixed set, when following
+    /// ([`Consumer::follow`]). Taking a partition claims it, publishes what
+    /// its outbox holds and resumes from its committed position, its gate
+    /// the position and end offset read then; losing one stops it between
+    /// batches. Needs a state store shared by the hosts (PostgreSQL).
+    pub fn with_assignment(mut self, assignment: tokio::sync::watch::Receiver<Vec<u32>>) -> Self {
+        self.assignment = Some(assignment);
+        self
     }
 
     /// Reports every handled run to `observer`.
@@ -413,6 +429,9 @@ impl<L: EventLog> Consumer<L> {
                 other => other?,
             }
         }
+        if let (Some(assignment), Until::Shutdown) = (&self.assignment, until) {
+            return self.consume_assigned(count, assignment.clone(), shutdown).await;
+        }
         // Each partition is claimed first: a host that held it before can
         // no longer commit to it (a no-op for the embedded store).
         let partitions = self.partitions().await?;
@@ -446,7 +465,7 @@ impl<L: EventLog> Consumer<L> {
             let stop = stop_rx.clone();
             let stop_all = stop_tx.clone();
             tasks.spawn(async move {
-                let result = consumer.consume_partition(partition, end, stop).await;
+                let result = consumer.consume_partition(partition, end, stop).await.map(|(summary, _)| summary);
                 if result.is_err() {
                     let _ = stop_all.send(true);
                 }
@@ -460,6 +479,105 @@ impl<L: EventLog> Consumer<L> {
         Ok(summary)
     }
 
+    /// Follows the partitions `assignment` names until `shutdown`
+    /// ([`Consumer::with_assignment`]): one task per partition held, started
+    /// when the partition is taken and stopped (between batches) when it is
+    /// lost. A partition another host took while it is still assigned here
+    /// is not taken back until the assignment drops it and names it again.
+    async fn consume_assigned(
+        &self,
+        count: u32,
+        mut assignment: tokio::sync::watch::Receiver<Vec<u32>>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, ConsumerError> {
+        self.progress.begin([]);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
+        let mut fenced: FxHashSet<u32> = FxHashSet::default();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut total = Summary::default();
+        let result = 'follow: loop {
+            let wanted: FxHashSet<u32> =
+                assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
+            fenced.retain(|partition| wanted.contains(partition));
+            for (&partition, stop) in &held {
+                if !wanted.contains(&partition) {
+                    tracing::info!(
+                        projection = self.projection.name(),
+                        partition,
+                        "partition {partition} unassigned: stopping it"
+                    );
+                    let _ = stop.send(true);
+                }
+            }
+            let mut taken: Vec<u32> =
+                wanted.iter().copied().filter(|p| !held.contains_key(p) && !fenced.contains(p)).collect();
+            taken.sort_unstable();
+            for partition in taken {
+                match self.take_partition(partition).await {
+                    Ok(left) => total.undeliverable += left,
+                    Err(error) => break 'follow Err(error),
+                }
+                let (stop, stopped) = tokio::sync::watch::channel(false);
+                held.insert(partition, stop);
+                let consumer = self.clone();
+                tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
+            }
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                changed = assignment.changed() => if changed.is_err() { break Ok(()) },
+                Some(joined) = tasks.join_next() => {
+                    let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+                    held.remove(&partition);
+                    self.progress.release(partition);
+                    match ended {
+                        Ok((summary, was_fenced)) => {
+                            total.add(&summary);
+                            if was_fenced {
+                                fenced.insert(partition);
+                            }
+                        }
+                        Err(error) => break Err(error),
+                    }
+                }
+            }
+        };
+        for stop in held.values() {
+            let _ = stop.send(true);
+        }
+        let mut first_error = result.err();
+        while let Some(joined) = tasks.join_next().await {
+            match joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string())) {
+                Ok((_, Ok((summary, _)))) => total.add(&summary),
+                Ok((_, Err(error))) | Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(total), Err)
+    }
+
+    /// Takes a partition: claims it (fencing its previous host), publishes
+    /// what its outbox holds, and gates it at its committed position and
+    /// the end offset read now. Returns the messages found undeliverable.
+    async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
+        let topic = self.projection.topic();
+        let epoch = self.projection.store().claim(partition)?;
+        let left = self.publish_outbox(&[partition]).await?;
+        let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
+        let end = self.log.end_offset(topic, partition).await?;
+        self.progress.take(partition, position, end);
+        tracing::info!(
+            projection = self.projection.name(),
+            partition,
+            epoch,
+            position,
+            end,
+            "took partition {partition}"
+        );
+        Ok(left.undeliverable)
+    }
+
     /// Consumes one partition until `end` (if given) or until `stop` is set.
     /// Keys whose retry is due are taken before the next batch is polled.
     ///
@@ -467,12 +585,14 @@ impl<L: EventLog> Consumer<L> {
     /// waits with a growing backoff and tries again from what it committed:
     /// the outbox and retry index owed by the last commit are settled first,
     /// and a retry queue that was being worked on is rebuilt from the log.
+    /// Says, with what it did, whether it ended because another host took
+    /// the partition.
     async fn consume_partition(
         &self,
         partition: u32,
         end: Option<u64>,
         mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<Summary, ConsumerError> {
+    ) -> Result<(Summary, bool), ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let mut state = PartitionState {
             position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
@@ -510,7 +630,7 @@ impl<L: EventLog> Consumer<L> {
                 }
                 Err(ConsumerError::State(StateError::Fenced { held, current, .. })) => {
                     self.drop_fenced(partition, held, current);
-                    break;
+                    return Ok((summary, true));
                 }
                 Err(error) => return Err(error),
             }
@@ -522,7 +642,7 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         }
-        Ok(summary)
+        Ok((summary, false))
     }
 
     /// One step of [`Consumer::consume_partition`]: settle what the last
