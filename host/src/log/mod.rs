@@ -85,6 +85,9 @@ pub struct StoredRecord {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LogError {
+    /// The log has no consumer groups (only Apache Iggy's has them).
+    #[error("this log has no consumer groups (they need Apache Iggy: --iggy)")]
+    NoConsumerGroups,
     /// The topic has not been created.
     #[error("topic `{topic}` does not exist")]
     TopicNotFound {
@@ -293,6 +296,16 @@ pub trait EventLog: Send + Sync + 'static {
         topic: &str,
         partition: u32,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+
+    /// The partitions of `topic` that consumer group `group` assigns to this
+    /// connection now, joining the group (created if missing) when this
+    /// connection is not a member: membership belongs to the connection, so
+    /// after a reconnect the next call joins again. Logs without consumer
+    /// groups answer [`LogError::NoConsumerGroups`].
+    fn group_partitions(&self, topic: &str, group: &str) -> impl Future<Output = Result<Vec<u32>, LogError>> + Send {
+        let _ = (topic, group);
+        async { Err(LogError::NoConsumerGroups) }
+    }
 }
 
 /// Either backend, chosen at run time (the command line's `--iggy`).
@@ -369,6 +382,10 @@ impl EventLog for AnyLog {
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
         delegate!(self, log => log.consumer_offset(consumer, topic, partition))
+    }
+
+    async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
+        delegate!(self, log => log.group_partitions(topic, group))
     }
 }
 
