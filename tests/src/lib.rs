@@ -45,6 +45,7 @@ use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
 pub mod faulty;
 pub mod flaky;
+pub mod group;
 pub mod hostile;
 pub mod liar;
 pub mod native;

@@ -9,16 +9,15 @@
 //! line. Each test uses a stream of its own.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::host::{Host, RunningHost, StateSettings};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::state::{PostgresStore, StateStore};
-use wakuwaku_tests::{bank_module, fresh_stream, host_settings, iggy_url, postgres_url, publish_bank};
+use wakuwaku_tests::group::GroupHost;
+use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, postgres_url, publish_bank};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_members_share_the_partitions_and_a_closed_members_go_to_the_rest() {
@@ -57,46 +56,6 @@ async fn group_members_share_the_partitions_and_a_closed_members_go_to_the_rest(
     ));
 }
 
-/// A `waku run` of the projection as the CLI starts it (a consumer group,
-/// state in PostgreSQL, its own Iggy connection), on a runtime of its own
-/// so that killing it ends its tasks and connections at once, as a dead
-/// process's.
-struct GroupHost {
-    runtime: Option<tokio::runtime::Runtime>,
-    host: Option<RunningHost<IggyLog>>,
-}
-
-impl GroupHost {
-    fn start(url: &str, stream: &str, postgres: &str, projection: &str, data: &std::path::Path) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let host = runtime.block_on(async {
-            let log = Arc::new(IggyLog::connect(url, stream).await.unwrap());
-            let config = ConsumerConfig { batch_size: 200, ..ConsumerConfig::default() };
-            let mut settings = host_settings(data, projection, "accounts", vec![bank_module()], config);
-            settings.state = StateSettings::Postgres { url: postgres.to_owned() };
-            settings.until_caught_up = false;
-            settings.group = Some("bank".to_owned());
-            Host::start_on(log, settings).await.unwrap()
-        });
-        Self { runtime: Some(runtime), host: Some(host) }
-    }
-
-    fn held(&self) -> Vec<u32> {
-        self.host.as_ref().unwrap().progress().partitions().iter().map(|p| p.partition).collect()
-    }
-
-    /// Ends it abruptly: no batch finished, nothing settled, connection cut.
-    fn kill(mut self) {
-        self.runtime.take().unwrap().shutdown_background();
-        drop(self.host.take());
-    }
-
-    fn stop(mut self) {
-        let (runtime, host) = (self.runtime.take().unwrap(), self.host.take().unwrap());
-        runtime.block_on(host.stop()).unwrap();
-    }
-}
-
 /// Waits (a guard against a hang, not a speed target) until `done`.
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -122,7 +81,10 @@ fn three_hosts_in_a_group_survive_a_killed_one_and_a_late_one_joins() {
     let log = runtime.block_on(IggyLog::connect(&url, &stream)).unwrap();
     let mut oracle =
         runtime.block_on(publish_bank(&log, module.clone(), WorkloadSpec { events: 4_000, accounts: 90, seed: 51 }, 6));
-    let host = |name: &str| GroupHost::start(&url, &stream, &postgres, &projection, &dir.path().join(name));
+    let config = ConsumerConfig { batch_size: 200, ..ConsumerConfig::default() };
+    let host = |name: &str| {
+        GroupHost::start(&url, &stream, &postgres, (&projection, "bank"), config.clone(), &dir.path().join(name))
+    };
     let (a, b, c) = (host("a"), host("b"), host("c"));
     wait_until("the group shares out all six partitions", || {
         let mut held: Vec<u32> = [&a, &b, &c].iter().flat_map(|h| h.held()).collect();
