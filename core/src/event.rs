@@ -287,13 +287,15 @@ impl EventHeaders {
     /// Reads the envelope from a message's user headers, strictly.
     ///
     /// Headers that are not part of the envelope are ignored, so other
-    /// tools may add their own.
-    pub fn parse<'a>(headers: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Result<Self, HeaderError> {
+    /// tools may add their own. Names are given as `&str` or as their
+    /// bytes (a view into a polled batch).
+    pub fn parse<'a, N: AsRef<[u8]>>(headers: impl IntoIterator<Item = (N, &'a [u8])>) -> Result<Self, HeaderError> {
         let mut fields: [Option<&[u8]>; 5] = [None; 5];
         const NAMES: [&str; 5] =
             [header_name::VERSION, header_name::TAG, header_name::KEY, header_name::ORDERING, header_name::ALGEBRA];
         for (name, value) in headers {
-            if let Some(slot) = NAMES.iter().position(|known| *known == name)
+            let name = name.as_ref();
+            if let Some(slot) = NAMES.iter().position(|known| known.as_bytes() == name)
                 && fields[slot].replace(value).is_some()
             {
                 return Err(HeaderError::Duplicate { name: NAMES[slot] });

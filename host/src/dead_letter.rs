@@ -28,6 +28,10 @@
 //!   says which they are, refuses a partition or record it does not own,
 //!   and refuses to act at all for a store that owns nothing. Running it
 //!   twice, on one host or on each, applies every letter at most once.
+//! - **A reset settles what came before.** `waku reset --to earliest`
+//!   moves the projection's position in the dead-letter topic to its end
+//!   ([`crate::reset`]): the events of the letters below it are replayed
+//!   from the topic, so those letters count as re-driven and stay readable.
 
 //! - **Only events are re-driven.** A message with unreadable headers needs
 //!   a corrected message; a message a module emitted that could not be
@@ -192,6 +196,9 @@ pub async fn list<L: EventLog>(
     for partition in 0..log.partitions(&dlq).await? {
         let owned = owns(store, topic, partition)?;
         let redriven = store.done(&dlq, partition)?;
+        // A reset to the earliest offset settles every dead letter before it
+        // (its event is replayed from the topic): they count as re-driven.
+        let settled_below = store.position(&dlq, partition)?.unwrap_or(0);
         let end = log.end_offset(&dlq, partition).await?;
         let mut from = 0;
         while from < end {
@@ -210,7 +217,7 @@ pub async fn list<L: EventLog>(
                     routed,
                     envelope: EventHeaders::parse_stored(&stored.record.headers),
                     record: stored.record,
-                    redriven: redriven.binary_search(&stored.offset).is_ok(),
+                    redriven: stored.offset < settled_below || redriven.binary_search(&stored.offset).is_ok(),
                     owned,
                 });
             }

@@ -15,6 +15,9 @@
 //! - **Sample events** (`events`) are published at start and again after
 //!   every swap, so each version shows what it does with them (state
 //!   accumulates over the runs: it is one projection).
+//! - **Watching starts first**, before the first build: an edit made while
+//!   it builds, or as soon as [`DevEvent::Started`] says the sources are
+//!   watched, starts the next build.
 //! - **Only sources count.** Changes under `target/`, hidden directories,
 //!   `__pycache__`, the data directory, `*.wasm` files and `Cargo.lock` do
 //!   not start a build (builds write there). Changes are collected until the
@@ -182,6 +185,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DevError> {
     let report: Arc<dyn Fn(DevEvent) + Send + Sync> = Arc::new(report);
+    // Watching starts before anything is built or reported: an edit made
+    // during the first build, or as soon as the person reads that the
+    // sources are watched, is built next instead of lost.
+    let changes = SourceChanges::watch(&settings)?;
     let built = build(&settings).await?;
     let name = built.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_else(|| "module".into());
     let projection = settings.projection.clone().unwrap_or_else(|| name.clone());
@@ -211,7 +218,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     let result = tokio::select! {
         () = &mut shutdown => Ok(()),
-        result = session.watch(name.clone()) => result,
+        result = session.rebuild_on(changes, name.clone()) => result,
     };
     session.host.stop().await?;
     result
@@ -259,30 +266,10 @@ impl Session {
         publish::publish(&**self.host.log(), &self.settings.topic, module, events, Some(lines), 1).await.map_err(bad)
     }
 
-    /// Watches the sources; rebuilds and swaps on every settled change.
-    /// Returns only when the watcher fails.
-    async fn watch(&self, name: String) -> Result<(), DevError> {
-        use notify::Watcher;
-        let guest_dir =
-            std::path::absolute(&self.settings.guest_dir).map_err(io("resolving", &self.settings.guest_dir))?;
-        let ignored = Ignored::new(&guest_dir, &self.settings);
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
-        let watch_error = |e: notify::Error| DevError::Io {
-            what: "watching",
-            path: guest_dir.clone(),
-            source: std::io::Error::other(e),
-        };
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let Ok(event) = event else { return };
-            if event.kind.is_access() {
-                return;
-            }
-            for path in event.paths.into_iter().filter(|path| !ignored.covers(path)) {
-                let _ = tx.send(path);
-            }
-        })
-        .map_err(watch_error)?;
-        watcher.watch(&guest_dir, notify::RecursiveMode::Recursive).map_err(watch_error)?;
+    /// Rebuilds and swaps on every settled change of the sources.
+    /// Returns only when the watcher stops.
+    async fn rebuild_on(&self, mut changes: SourceChanges, name: String) -> Result<(), DevError> {
+        let rx = &mut changes.changed;
         while let Some(mut changed) = rx.recv().await {
             // Editors save through temporary files: name one that is there.
             while let Ok(Some(path)) = tokio::time::timeout(SETTLE, rx.recv()).await {
@@ -321,6 +308,41 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+/// The guest's source files that changed, as the watcher reports them
+/// (paths [`Ignored`] covers left out), from the moment it was created.
+struct SourceChanges {
+    /// Kept alive: dropping it ends the watching.
+    _watcher: notify::RecommendedWatcher,
+    changed: tokio::sync::mpsc::UnboundedReceiver<PathBuf>,
+}
+
+impl SourceChanges {
+    /// Starts watching the guest directory, recursively.
+    fn watch(settings: &DevSettings) -> Result<Self, DevError> {
+        use notify::Watcher;
+        let guest_dir = std::path::absolute(&settings.guest_dir).map_err(io("resolving", &settings.guest_dir))?;
+        let ignored = Ignored::new(&guest_dir, settings);
+        let (tx, changed) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
+        let watch_error = |e: notify::Error| DevError::Io {
+            what: "watching",
+            path: guest_dir.clone(),
+            source: std::io::Error::other(e),
+        };
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            if event.kind.is_access() {
+                return;
+            }
+            for path in event.paths.into_iter().filter(|path| !ignored.covers(path)) {
+                let _ = tx.send(path);
+            }
+        })
+        .map_err(watch_error)?;
+        watcher.watch(&guest_dir, notify::RecursiveMode::Recursive).map_err(watch_error)?;
+        Ok(Self { _watcher: watcher, changed })
     }
 }
 

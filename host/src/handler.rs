@@ -398,9 +398,21 @@ impl KeyScope {
     }
 
     /// Names the call about to be made as the origin of what it emits
-    /// ([`OutboxEntry::origin`]).
-    pub fn set_emit_origin(&mut self, origin: EmitOrigin) {
-        self.emit_origin = Some(origin);
+    /// ([`OutboxEntry::origin`]): the partition, the earliest offset of the
+    /// call's events, and the module. The module's name and version are
+    /// kept from the previous call of the key when they are the same (one
+    /// module handles most of a key's runs), so a call does not copy them.
+    pub fn set_emit_origin(&mut self, partition: u32, offset: u64, module: &str, version: &str) {
+        match &mut self.emit_origin {
+            Some(origin) if origin.module == module && origin.version == version => {
+                origin.partition = partition;
+                origin.offset = offset;
+            }
+            _ => {
+                let (module, version) = (module.to_owned(), version.to_owned());
+                self.emit_origin = Some(EmitOrigin { partition, offset, module, version });
+            }
+        }
     }
 
     /// Ends a call. Its staged changes join the key's buffer when it
@@ -574,6 +586,29 @@ mod tests {
         let outcome = scope.into_outcome();
         assert_eq!(outcome.writes.len(), 1);
         assert_eq!(budget.held(), "ok".len() + 1 + wakuwaku_core::limits::WRITE_OVERHEAD);
+    }
+
+    #[test]
+    fn each_emit_names_the_call_it_came_from() {
+        let store = Store::new();
+        let limits = PayloadLimits::default();
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        let declared = ["out".to_owned()];
+        let key = Key::int(1);
+        for (offset, module, version) in [(7, "a", "1"), (9, "a", "1"), (12, "b", "1"), (15, "b", "2")] {
+            scope.set_emit_origin(3, offset, module, version);
+            scope.emit(&declared, emitted("out", &key, b"x")).unwrap();
+            scope.finish_call(Ok(())).unwrap();
+        }
+        let origins: Vec<_> = scope
+            .into_outcome()
+            .outbox
+            .into_iter()
+            .map(|entry| entry.origin.map(|o| (o.partition, o.offset, o.module, o.version)))
+            .collect();
+        let expected = [(7, "a", "1"), (9, "a", "1"), (12, "b", "1"), (15, "b", "2")]
+            .map(|(offset, module, version)| Some((3, offset, module.to_owned(), version.to_owned())));
+        assert_eq!(origins, expected);
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //! Rules it keeps:
 //! - Nothing is consumed before every module loaded and the projection was
 //!   put together; a failure there is returned and nothing runs.
+//! - A host holds its projection's state for the run
+//!   ([`crate::state::StateBackend::hold_for_run`]): `waku reset` is
+//!   refused meanwhile, and a host does not start during a reset.
 //! - Stopping finishes and commits the batch in flight, then stops the
 //!   admin endpoint; dropping a [`RunningHost`] asks the same, without
 //!   waiting.
@@ -354,6 +357,8 @@ impl Host {
         let sandbox = settings.sandbox()?;
         let metrics = Arc::new(Metrics::default());
         let store = settings.open_state()?;
+        // A reset of the projection is refused while this host runs it.
+        store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
         let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
         let reloader = match (&settings.modules, &loaded.library) {

@@ -33,6 +33,8 @@
 //! - [`routing`]: where failed events go: the retry and dead-letter
 //!   topics, their records, the delay schedule and the retry queue.
 //! - [`dead_letter`]: listing dead letters and re-driving them.
+//! - [`reset`]: `waku reset`, moving a stopped projection's positions or
+//!   starting it over (with a backup of its state).
 //! - [`metrics`]: Prometheus metrics, tallied per batch.
 //! - [`progress`]: the caught-up gate (start-up end offsets vs. committed
 //!   positions).
@@ -77,6 +79,7 @@ pub mod outbox;
 pub mod progress;
 pub mod projection;
 pub mod publish;
+pub mod reset;
 pub mod routing;
 pub mod runtime;
 pub mod scaffold;

@@ -696,6 +696,9 @@ mod tests {
         async fn consumer_offset(&self, c: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
             self.log.consumer_offset(c, topic, partition).await
         }
+        async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
+            self.log.offset_at(topic, partition, time).await
+        }
     }
 
     fn emitted(topic: &str, n: u64) -> OutboxEntry {

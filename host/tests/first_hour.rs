@@ -242,14 +242,17 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     );
     let lines = stderr_lines(&mut child.0);
     let mut seen = Vec::new();
-    wait_for(&lines, "2 visits module=\"visits\" key=7", &mut seen);
 
-    // An edit: the new version is swapped in, runs the sample events again
-    // on the state the old one left, and says so in its own words.
+    // An edit as soon as waku dev says it watches the sources (it must
+    // already): the new version is swapped in, runs the sample events
+    // again on the state the first run left, and says so in its own words.
+    wait_for(&lines, "watching the sources", &mut seen);
     assert!(source.contains("ctx.info(&format!(\"{now} visits\"));"));
     edit("\"{now} visits\"", "\"edited: {now} visits\"");
     wait_for(&lines, "swapped in visits@", &mut seen);
     wait_for(&lines, "edited: 4 visits module=\"visits\" key=7", &mut seen);
+    let first_run = |line: &String| line.contains("2 visits module=\"visits\" key=7");
+    assert!(seen.iter().any(first_run), "the first run's events were handled: {}", seen.join("\n"));
 
     // A build error: reported, and the running version stays.
     edit("Ok(())\n    }\n}", "Ok(()) oops\n    }\n}");

@@ -107,4 +107,8 @@ impl<L: EventLog> EventLog for FaultyLog<L> {
         self.check(Call::Setup)?;
         self.log.consumer_offset(consumer, topic, partition).await
     }
+    async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
+        self.check(Call::Query { topic })?;
+        self.log.offset_at(topic, partition, time).await
+    }
 }

@@ -227,3 +227,31 @@ async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_
         assert_eq!(bodies, expected, "partition {partition}: each record once, in order");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_following_host_applies_what_is_appended_after_it_caught_up() {
+    use std::time::Duration;
+    let note = |key: u64| record(NOTE, key, json!({ "key": key, "text": "n", "emit_to": null }));
+    let (_dir, log, settings) = setup((0..3).map(note).collect()).await;
+    let config = ConsumerConfig { idle_poll: Duration::from_millis(5), ..settings.consumer.clone() };
+    let host = Host::start_on(log.clone(), HostSettings { until_caught_up: false, consumer: config, ..settings })
+        .await
+        .unwrap();
+    let projection = host.projection().clone();
+    let store = projection.store();
+    // Caught up, idle, then more: a record at a time, then a run larger
+    // than a stored block; each is applied where it stands.
+    let mut end = 3u64;
+    for (round, appended) in [0u64, 1, 1, 2000, 5].into_iter().enumerate() {
+        log.append("probes", vec![(0, (end..end + appended).map(note).collect())]).await.unwrap();
+        end += appended;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.position("probes", 0).unwrap() != Some(end) {
+            assert!(std::time::Instant::now() < deadline, "round {round}: the host stopped short of offset {end}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(store.counters().unwrap(), [("notes".to_owned(), end as i128)], "round {round}");
+    }
+    let summary = host.stop().await.unwrap();
+    assert_eq!(summary.applied, end);
+}

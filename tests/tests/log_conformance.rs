@@ -3,9 +3,11 @@
 //! `iggy://iggy:iggy@127.0.0.1:8090`); without it the Iggy half prints one
 //! line saying it was skipped.
 
+use std::time::{Duration, SystemTime};
+
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::key::Key;
-use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, Record};
+use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, PolledBatch, Record};
 
 fn record(key: u64, n: u32) -> Record {
     let headers = EventHeaders {
@@ -22,6 +24,24 @@ fn record(key: u64, n: u32) -> Record {
 fn sorted(mut headers: Vec<Header>) -> Vec<Header> {
     headers.sort_by(|a, b| a.name.cmp(&b.name));
     headers
+}
+
+/// `poll` gives the records `read` gives: the same offsets, and each view
+/// the same record, header for header and byte for byte, whatever the batch
+/// it refills held before.
+async fn assert_poll_reads<L: EventLog>(log: &L, topic: &str, partition: u32, from: u64, max: usize) {
+    let read = log.read(topic, partition, from, max).await.unwrap();
+    let used = log.poll(topic, 0, 0, 100, PolledBatch::new()).await.unwrap();
+    let polled = log.poll(topic, partition, from, max, used).await.unwrap();
+    assert_eq!(polled.len(), read.len(), "{topic}/{partition}: {max} from {from}");
+    for (view, stored) in polled.iter().zip(read) {
+        assert_eq!(view.offset(), stored.offset);
+        assert_eq!(view.body(), stored.record.body.as_slice());
+        let record = view.to_record();
+        assert_eq!(record.body, stored.record.body);
+        assert_eq!(sorted(record.headers), sorted(stored.record.headers.clone()));
+        assert_eq!(EventHeaders::parse(view.headers()), EventHeaders::parse_stored(&stored.record.headers));
+    }
 }
 
 /// Every promise of the `EventLog` trait, on topics named after `prefix`.
@@ -61,6 +81,13 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     assert!(log.read(&topic, 0, 2500, 10).await.unwrap().is_empty());
     assert!(log.read(&topic, 0, 0, 0).await.unwrap().is_empty());
     assert!(matches!(log.read(&topic, 3, 0, 1).await, Err(LogError::PartitionNotFound { partitions: 3, .. })));
+    for (from, max) in [(0, 10_000), (1200, 7), (1023, 3), (2499, 5), (2500, 10), (0, 0)] {
+        assert_poll_reads(log, &topic, 0, from, max).await;
+    }
+    assert!(matches!(
+        log.poll(&topic, 3, 0, 1, PolledBatch::new()).await,
+        Err(LogError::PartitionNotFound { partitions: 3, .. })
+    ));
     assert!(matches!(log.append(&topic, vec![(7, vec![record(1, 1)])]).await, Err(LogError::PartitionNotFound { .. })));
 
     // Producer stamps: once per partition, and a partial first try is
@@ -101,6 +128,7 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
         Record { headers: vec![header("z", b"0")], body: vec![0] },
     ];
     log.append(&topic, vec![(2, odd.to_vec())]).await.unwrap();
+    assert_poll_reads(log, &topic, 2, 0, 10).await;
     let back = log.read(&topic, 2, 2, 10).await.unwrap();
     assert_eq!(back.len(), odd.len());
     for (stored, expected) in back.into_iter().zip(odd) {
@@ -140,6 +168,33 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     }
     assert!(log.read(&sequence, 0, 2800, 600).await.unwrap().is_empty());
 
+    // A follower's polls: one batch refilled poll after poll, to the end,
+    // then empty at the end, then, once more is appended (a record at a
+    // time and in a run), exactly the new records from where it stood.
+    let followed = format!("{prefix}-followed");
+    log.create_topic(&followed, 1).await.unwrap();
+    let mut batch = log.poll(&followed, 0, 0, 100, PolledBatch::new()).await.unwrap();
+    assert!(batch.is_empty(), "an empty partition polls empty");
+    let mut next = 0u64;
+    for (round, appended) in [3u32, 1, 1, 1500, 2, 1024, 1].into_iter().enumerate() {
+        let records = (0..appended).map(|n| record(6, next as u32 + n)).collect();
+        log.append(&followed, vec![(0, records)]).await.unwrap();
+        let end = next + u64::from(appended);
+        while next < end {
+            batch = log.poll(&followed, 0, next, 1000, batch).await.unwrap();
+            let offsets: Vec<u64> = batch.iter().map(|view| view.offset()).collect();
+            let expected: Vec<u64> = (next..end.min(next + 1000)).collect();
+            assert_eq!(offsets, expected, "round {round}: polled from {next}");
+            for view in batch.iter() {
+                let tag = EventHeaders::parse(view.headers()).unwrap().tag.get();
+                assert_eq!(u64::from(tag), view.offset(), "round {round}: the record stored at its offset");
+            }
+            next += offsets.len() as u64;
+        }
+        batch = log.poll(&followed, 0, next, 1000, batch).await.unwrap();
+        assert!(batch.is_empty(), "round {round}: nothing past the end at {next}");
+    }
+
     // Keys land where `partition_for` says, whichever backend.
     let keyed = format!("{prefix}-keyed");
     log.create_topic(&keyed, 4).await.unwrap();
@@ -152,6 +207,20 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
             assert_eq!(partition_for(key.key_hash(), 4), partition);
         }
     }
+
+    // Times: the first offset appended at or after a time, else the end.
+    let timed = format!("{prefix}-timed");
+    log.create_topic(&timed, 2).await.unwrap();
+    let before = SystemTime::now();
+    log.append(&timed, vec![(0, (0..3).map(|n| record(1, n)).collect())]).await.unwrap();
+    // Past the first append's clock tick on either side.
+    std::thread::sleep(Duration::from_millis(20));
+    let between = SystemTime::now();
+    log.append(&timed, vec![(0, (3..5).map(|n| record(1, n)).collect())]).await.unwrap();
+    assert_eq!(log.offset_at(&timed, 0, before).await.unwrap(), 0);
+    assert_eq!(log.offset_at(&timed, 0, between).await.unwrap(), 3);
+    assert_eq!(log.offset_at(&timed, 0, SystemTime::now() + Duration::from_secs(3600)).await.unwrap(), 5);
+    assert_eq!(log.offset_at(&timed, 1, before).await.unwrap(), 0, "an empty partition: its end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

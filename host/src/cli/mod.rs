@@ -33,7 +33,9 @@
 //! Data directory layout (`--data`, default `waku-data`):
 //! `log.redb` is the embedded log (with `retry_<topic>` and `dlq_<topic>`
 //! beside each consumed topic); `projections/<name>.redb` is a projection's
-//! state, consumer positions, counts and retry bookkeeping.
+//! state, consumer positions, counts and retry bookkeeping;
+//! `backups/<projection>-<time>/` is the state a `waku reset --to earliest`
+//! cleared.
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
 //! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
@@ -43,7 +45,7 @@
 //! JSON shape (README, "JSON output").
 //!
 //! Layout: one file per command (`new`, `build`, `test`, `dev`, `publish`,
-//! `run`, `state`, `status`, `modules`, `dlq`, `demo`), the arguments they
+//! `run`, `state`, `status`, `modules`, `dlq`, `reset`, `demo`), the arguments they
 //! share in `args.rs`, settings from the environment and the file in
 //! `config.rs`, signal handling in `signals.rs`. `run` and `demo` start their
 //! host with [`crate::host::Host`].
@@ -101,6 +103,7 @@ mod dlq;
 mod modules;
 mod new;
 mod publish;
+mod reset;
 mod run;
 mod signals;
 mod state;
@@ -114,6 +117,7 @@ use dlq::DlqCommand;
 use modules::ModulesCommand;
 use new::NewArgs;
 use publish::PublishArgs;
+use reset::ResetArgs;
 use run::RunArgs;
 use state::StateCommand;
 use status::StatusArgs;
@@ -175,6 +179,12 @@ enum Command {
     /// List, inspect and re-drive a projection's dead letters.
     #[command(subcommand, after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
     Dlq(DlqCommand),
+    /// Move a stopped projection's positions in its topic (latest,
+    /// offset:N, time:RFC3339; state kept), or start it over (earliest:
+    /// state cleared, old state kept as a backup). Says what will happen
+    /// and asks: --yes, or a question on a terminal.
+    #[command(after_help = RESET_HELP)]
+    Reset(ResetArgs),
     /// Show a projection's module versions, or roll one back.
     #[command(subcommand, after_help = "Example:\n  waku modules list --data waku-data --projection bank")]
     Modules(ModulesCommand),
@@ -195,6 +205,12 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
                         (WAKU_BATCH_SIZE, WAKU_IGGY), or from waku.toml in the working directory (or --config \
                         <FILE>), as `<flag> = <value>` (batch-size = 512). Precedence: flag > environment > file > \
                         default; --print-config shows the effective settings and where each came from.";
+
+/// `waku reset --help`'s epilogue.
+const RESET_HELP: &str = "Example:\n  waku reset --data waku-data --projection bank --topic accounts --to earliest \
+                          --yes\n\nOther targets: --to latest, --to offset:1200 --partitions 0,2, --to \
+                          time:2026-11-30T12:00:00Z. The projection must be stopped: a running `waku run` of it \
+                          holds its state, and the reset is refused.";
 
 /// The exit codes, for `waku --help`.
 const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is closed early, as by `| head`), 1 \
@@ -307,6 +323,7 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Run(args) => run::run(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
+        Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
         Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run_demo(args).await,
@@ -368,6 +385,7 @@ mod tests {
             "waku new",
             "waku test",
             "waku dev",
+            "waku reset",
         ] {
             assert!(checked.iter().any(|c| c == command), "{command} was not checked: {checked:?}");
         }

@@ -18,7 +18,7 @@ use super::{Consumer, ConsumerError, Summary};
 use crate::event::{Algebra, EventHeaders};
 use crate::handler::{BatchBudget, KeyOutcome};
 use crate::key::Key;
-use crate::log::{EventLog, StoredRecord};
+use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::projection::ModuleSet;
@@ -32,9 +32,10 @@ impl<L: EventLog> Consumer<L> {
     pub(super) fn process_batch(
         &self,
         partition: u32,
-        records: Vec<StoredRecord>,
+        records: &PolledBatch,
         next: u64,
         queue: &RetryQueue,
+        buffers: &mut BatchBuffers,
     ) -> Result<Summary, ConsumerError> {
         let projection = &*self.projection;
         // The modules of this batch, whatever is swapped in meanwhile.
@@ -43,36 +44,38 @@ impl<L: EventLog> Consumer<L> {
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
         let mut tally = BatchTally::default();
-        let mut input = BatchInput::default();
+        let input = &mut buffers.input;
+        input.clear();
         let now = routing::now_ms();
-        for stored in records {
-            match EventHeaders::parse_stored(&stored.record.headers) {
+        for view in records.iter() {
+            match EventHeaders::parse(view.headers()) {
                 Ok(headers) if queue.holds(&headers.key) => {
                     // Behind its key's retry, so its order is kept.
                     let routed = Routed {
                         projection: projection.name().to_owned(),
                         origin_partition: partition,
-                        origin_offset: stored.offset,
+                        origin_offset: view.offset(),
                         events: 1,
                         attempts: 0,
                         failed_at_ms: now,
                         failure: None,
                     };
-                    let record = routing::routed_record(&headers, &routed, stored.record.body);
+                    let record = routing::routed_record(&headers, &routed, view.body().to_vec());
                     commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key.key_hash(), record));
                     summary.retry_in += 1;
                     if let Some(route) = modules.route(headers.tag) {
                         tally.of(route.module, headers.tag).retried += 1;
                     }
                 }
-                Ok(headers) => input.push(headers, Origin::single(stored.offset), 0, stored.record.body),
+                Ok(headers) => input.push(headers, Origin::single(view.offset()), 0, view.body().to_vec()),
                 Err(error) => {
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
-                        offset = stored.offset,
+                        offset = view.offset(),
                         "message has unreadable headers and goes to the dead-letter topic: {error}"
                     );
+                    let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
                     let record = routing::malformed_record(projection.name(), partition, stored, &error);
                     commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
                     summary.malformed += 1;
@@ -82,7 +85,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        self.execute_and_commit(partition, &modules, input, summary, commit, tally)
+        self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)
     }
 
     /// Plans, executes and commits records taken from the retry topic. Runs
@@ -98,7 +101,8 @@ impl<L: EventLog> Consumer<L> {
         let retry = retry_topic(projection.topic());
         let mut summary = Summary { batches: 1, ..Summary::default() };
         let mut commit = BatchCommit::default();
-        let mut input = BatchInput::default();
+        let mut buffers = BatchBuffers::default();
+        let input = &mut buffers.input;
         for stored in records {
             commit.done.push((retry.clone(), partition, stored.offset));
             let parsed = Routed::parse(&stored.record.headers)
@@ -120,7 +124,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.positions.push((retry, partition, retry_position));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        self.execute_and_commit(partition, &projection.current(), input, summary, commit, BatchTally::default())
+        self.execute_and_commit(partition, &projection.current(), &mut buffers, summary, commit, BatchTally::default())
     }
 
     /// Plans `input`, executes it across workers and commits everything in
@@ -129,15 +133,16 @@ impl<L: EventLog> Consumer<L> {
         &self,
         partition: u32,
         modules: &ModuleSet,
-        mut input: BatchInput,
+        buffers: &mut BatchBuffers,
         mut summary: Summary,
         mut commit: BatchCommit,
         mut tally: BatchTally,
     ) -> Result<Summary, ConsumerError> {
         let store = self.projection.store();
         let mut laps = Laps::start();
-        let plan = Plan::new(&input.plan);
-        let work = split_work(&plan, &mut input, self.config.workers.max(1));
+        let BatchBuffers { input, plan } = buffers;
+        plan.rebuild(&input.plan);
+        let work = split_work(plan, input, self.config.workers.max(1));
         laps.lap(&mut summary.phases, Phase::Plan);
         let snapshot = Arc::new(store.reader()?);
         // Held until the commit is done: what the batch holds counts
@@ -207,6 +212,16 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
+/// What a partition keeps from one batch to the next, so that the next
+/// batch refills these vectors, maps and the plan instead of allocating
+/// them again. Emptied at the start of each batch: nothing of one batch is
+/// read by the next.
+#[derive(Default)]
+pub(super) struct BatchBuffers {
+    input: BatchInput,
+    plan: Plan,
+}
+
 /// What a batch hands the planner and the workers, index for index.
 ///
 /// The planner groups records by a number per key: each distinct key of
@@ -228,6 +243,18 @@ struct BatchInput {
 }
 
 impl BatchInput {
+    /// Empties every vector and the key table, keeping their allocations.
+    fn clear(&mut self) {
+        let Self { plan, keys, numbers, algebras, origins, bodies, attempts } = self;
+        plan.clear();
+        keys.clear();
+        numbers.clear();
+        algebras.clear();
+        origins.clear();
+        bodies.clear();
+        attempts.clear();
+    }
+
     fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
         let next = self.keys.len() as u64;
         let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {

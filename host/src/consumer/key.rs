@@ -24,7 +24,7 @@ use crate::metrics::BatchTally;
 use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::routing::{self, Failure, FailureClass, Routed, dlq_topic, retry_topic};
-use crate::state::{EmitOrigin, OutboxEntry, StateReader};
+use crate::state::{OutboxEntry, StateReader};
 
 impl<L: EventLog> Consumer<L> {
     /// Handles the keys given to one worker, one key after another.
@@ -106,12 +106,9 @@ impl<L: EventLog> Consumer<L> {
                 let result = match &fold_error {
                     Some(error) => Err(error.clone()),
                     None => {
-                        scope.set_emit_origin(self.emit_origin(
-                            partition,
-                            modules,
-                            route.module,
-                            &reduced.origins[begin..end],
-                        ));
+                        let module = &modules.modules()[route.module];
+                        let earliest = reduced.origins[begin..end].iter().map(|o| o.offset).min().unwrap_or_default();
+                        scope.set_emit_origin(partition, earliest, module.name(), module.version());
                         instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
                     }
                 };
@@ -264,18 +261,6 @@ impl<L: EventLog> Consumer<L> {
             if let Some(route) = modules.route(item.shape.tag) {
                 out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
             }
-        }
-    }
-
-    /// The origin of what a call for `origins` emits: the earliest event,
-    /// and the module.
-    fn emit_origin(&self, partition: u32, modules: &ModuleSet, module: usize, origins: &[Origin]) -> EmitOrigin {
-        let module = &modules.modules()[module];
-        EmitOrigin {
-            partition,
-            offset: origins.iter().map(|o| o.offset).min().unwrap_or_default(),
-            module: module.name().to_owned(),
-            version: module.version().to_owned(),
         }
     }
 

@@ -60,7 +60,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::event::{EventHeaders, EventTypeTag};
 use crate::handler::{BatchBudget, PayloadLimits};
 use crate::key::Key;
-use crate::log::{EventLog, LogError};
+use crate::log::{EventLog, LogError, PolledBatch};
 use crate::metrics::Metrics;
 use crate::outbox::{self, OutboxError, Published};
 use crate::progress::Progress;
@@ -69,6 +69,7 @@ use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topi
 use crate::state::StateError;
 
 mod batch;
+use batch::BatchBuffers;
 mod failure;
 mod key;
 pub mod phase;
@@ -598,6 +599,8 @@ impl<L: EventLog> Consumer<L> {
             position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
             queue: None,
             settle: false,
+            spare: PolledBatch::new(),
+            buffers: BatchBuffers::default(),
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -691,7 +694,8 @@ impl<L: EventLog> Consumer<L> {
             None => self.config.batch_size,
         };
         let polling = Instant::now();
-        let records = match self.log.read(topic, partition, state.position, want).await {
+        let spare = std::mem::take(&mut state.spare);
+        let records = match self.log.poll(topic, partition, state.position, want, spare).await {
             Ok(records) => records,
             Err(error) => {
                 state.queue = Some(queue);
@@ -701,18 +705,22 @@ impl<L: EventLog> Consumer<L> {
         let Some(last) = records.last() else {
             let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
             state.queue = Some(queue);
+            state.spare = records;
             return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
         };
         let polled = polling.elapsed();
-        let next = last.offset + 1;
+        let next = last.offset() + 1;
         let consumer = self.clone();
-        let (batch, returned) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, records, next, &queue);
-            (batch, queue)
+        let mut buffers = std::mem::take(&mut state.buffers);
+        let (batch, returned, records, buffers) = tokio::task::spawn_blocking(move || {
+            let batch = consumer.process_batch(partition, &records, next, &queue, &mut buffers);
+            (batch, queue, records, buffers)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
+        state.spare = records;
+        state.buffers = buffers;
         let mut batch = batch?;
         batch.phases.add(Phase::Poll, polled);
         self.record_phases(&batch.phases);
@@ -845,6 +853,11 @@ struct PartitionState {
     /// Whether the last commit's outbox and retry records still have to be
     /// published and indexed.
     settle: bool,
+    /// The last polled batch, emptied by the next poll, which reuses its
+    /// buffers.
+    spare: PolledBatch,
+    /// The planner's input and the plan, refilled by the next batch.
+    buffers: BatchBuffers,
 }
 
 /// What one step did.

@@ -12,6 +12,15 @@
 //!   would cost a B-tree insert per record; blocks make appends several
 //!   times cheaper.
 //! - `consumer-offsets`: (consumer, topic, partition) → next offset.
+//! - `append-times`: (topic, partition, milliseconds since the Unix epoch)
+//!   → first offset: the records from that offset on, up to the next
+//!   entry's, were appended at that time. An append writes an entry only
+//!   when the clock has moved past the partition's last one, so a
+//!   partition's times never go backwards (a clock set back counts as the
+//!   last time), appends within one millisecond share an entry, and the
+//!   first record at or after a time is one lookup away. Logs written before
+//!   append times were recorded open as they are; their untimed records
+//!   count as appended before every recorded time.
 //!
 //! Every write is one durable redb transaction: a committed append survives
 //! a crash, and a failed one leaves nothing behind. redb does blocking file
@@ -30,10 +39,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::{EventLog, LogError, Record, StoredRecord};
+use super::{EventLog, LogError, PolledBatch, Record, StoredRecord};
 
 /// topic → partition count.
 const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
@@ -41,6 +51,10 @@ const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
 const CONSUMER_OFFSETS: TableDefinition<(&str, &str, u32), u64> = TableDefinition::new("consumer-offsets");
 /// (topic, producer) → the highest sequence number appended with `append_as`.
 const PRODUCERS: TableDefinition<(&str, u32, &str), u64> = TableDefinition::new("producers");
+
+/// (topic, partition, append time in ms since the Unix epoch) → the first
+/// offset appended then.
+const APPEND_TIMES: TableDefinition<(&str, u32, u64), u64> = TableDefinition::new("append-times");
 
 /// The longest topic name accepted, in bytes.
 pub const MAX_TOPIC_NAME_LEN: usize = 255;
@@ -171,6 +185,24 @@ impl EventLog for EmbeddedLog {
         self.blocking(move |inner| inner.read(&topic, partition, from, max)).await
     }
 
+    async fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut batch: PolledBatch,
+    ) -> Result<PolledBatch, LogError> {
+        validate_topic_name(topic)?;
+        let topic = topic.to_owned();
+        self.blocking(move |inner| {
+            batch.clear();
+            inner.scan(&topic, partition, from, max, |offset, bytes| batch.push_encoded(offset, bytes))?;
+            Ok(batch)
+        })
+        .await
+    }
+
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();
@@ -227,6 +259,32 @@ impl EventLog for EmbeddedLog {
             let offsets = txn.open_table(CONSUMER_OFFSETS).map_err(|e| inner.storage(e))?;
             let next = offsets.get((consumer.as_str(), topic.as_str(), partition)).map_err(|e| inner.storage(e))?;
             Ok(next.map(|v| v.value()))
+        })
+        .await
+    }
+
+    /// The first entry of `append-times` at or after `time`, in one
+    /// lookup; records without a time count as older than every time.
+    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
+        validate_topic_name(topic)?;
+        let topic = topic.to_owned();
+        let wanted = unix_millis(time);
+        self.blocking(move |inner| {
+            let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
+            let topics = txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
+            inner.check_partition(&topics, &topic, partition)?;
+            let end = inner.partition_end(&txn, &topic, partition)?;
+            let times = match txn.open_table(APPEND_TIMES) {
+                Ok(times) => times,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(end),
+                Err(e) => return Err(inner.storage(e)),
+            };
+            let topic = topic.as_str();
+            let first = times.range((topic, partition, wanted)..=(topic, partition, u64::MAX));
+            match first.map_err(|e| inner.storage(e))?.next() {
+                Some(entry) => Ok(entry.map_err(|e| inner.storage(e))?.1.value().min(end)),
+                None => Ok(end),
+            }
         })
         .await
     }
@@ -353,6 +411,8 @@ impl Inner {
             } else if encoded.iter().all(|(_, blocks)| blocks.is_empty()) {
                 return Ok(true);
             }
+            let now = unix_millis(SystemTime::now());
+            let mut times = txn.open_table(APPEND_TIMES).map_err(|e| self.storage(e))?;
             for (partition, blocks) in &encoded {
                 if blocks.is_empty() {
                     continue;
@@ -361,6 +421,7 @@ impl Inner {
                     .open_table(partition_table(&partition_table_name(topic, *partition)))
                     .map_err(|e| self.storage(e))?;
                 let mut offset = self.end_of(&table, topic, *partition)?;
+                self.note_append_time(&mut times, topic, *partition, offset, now)?;
                 for (count, block) in blocks {
                     table.insert(offset, block.as_slice()).map_err(|e| self.storage(e))?;
                     offset += u64::from(*count);
@@ -371,23 +432,66 @@ impl Inner {
         Ok(true)
     }
 
+    /// Records that the records of `partition` from `first` on were appended
+    /// at `now`, unless its last recorded time is already at or past it.
+    fn note_append_time(
+        &self,
+        times: &mut redb::Table<(&'static str, u32, u64), u64>,
+        topic: &str,
+        partition: u32,
+        first: u64,
+        now: u64,
+    ) -> Result<(), LogError> {
+        let last =
+            times.range((topic, partition, 0)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))?.next_back();
+        let last = last.transpose().map_err(|e| self.storage(e))?.map(|(time, _)| time.value().2);
+        if last.is_none_or(|last| now > last) {
+            times.insert((topic, partition, now), first).map_err(|e| self.storage(e))?;
+        }
+        Ok(())
+    }
+
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
+        let mut records = Vec::new();
+        self.scan(topic, partition, from, max, |offset, bytes| {
+            let record = match postcard::take_from_bytes::<Record>(bytes) {
+                Ok((record, [])) => record,
+                Ok((_, rest)) => return Err(format!("{} trailing bytes", rest.len())),
+                Err(e) => return Err(e.to_string()),
+            };
+            records.push(StoredRecord { offset, record });
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Hands `visit` the stored encoding of up to `max` records from offset
+    /// `from` on, in offset order; a reason it returns makes the record
+    /// [`LogError::Corrupt`].
+    fn scan(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), LogError> {
         let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
         let topics = txn.open_table(TOPICS).map_err(|e| self.storage(e))?;
         self.check_partition(&topics, topic, partition)?;
         let table = match txn.open_table(partition_table(&partition_table_name(topic, partition))) {
             Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(TableError::TableDoesNotExist(_)) => return Ok(()),
             Err(e) => return Err(self.storage(e)),
         };
         let end = self.end_of(&table, topic, partition)?;
         if from >= end || max == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let corrupt =
             |offset: u64, reason: String| LogError::Corrupt { topic: topic.to_owned(), partition, offset, reason };
         let count = usize::try_from(end - from).map_or(max, |available| available.min(max));
-        let mut records = Vec::with_capacity(count);
+        let mut visited = 0;
 
         // The block holding `from` is the last one starting at or before it.
         let first = table.range(..=from).map_err(|e| self.storage(e))?.next_back();
@@ -404,20 +508,21 @@ impl Inner {
             for (offset, index) in (offset + skip..).zip(skip..u64::from(block.count)) {
                 // `index` < count ≤ u32::MAX, so it fits.
                 let bytes = block.record(index as u32).map_err(|reason| corrupt(offset, reason))?;
-                let record = match postcard::take_from_bytes::<Record>(bytes) {
-                    Ok((record, [])) => record,
-                    Ok((_, rest)) => return Err(corrupt(offset, format!("{} trailing bytes", rest.len()))),
-                    Err(e) => return Err(corrupt(offset, e.to_string())),
-                };
-                records.push(StoredRecord { offset, record });
-                if records.len() == count {
-                    return Ok(records);
+                visit(offset, bytes).map_err(|reason| corrupt(offset, reason))?;
+                visited += 1;
+                if visited == count {
+                    return Ok(());
                 }
             }
             expected = offset + u64::from(block.count);
         }
         Err(corrupt(expected, format!("the partition ends before its end offset {end}")))
     }
+}
+
+/// `time` in milliseconds since the Unix epoch (0 before it).
+fn unix_millis(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The block format this build writes and the only one it reads.
@@ -605,6 +710,47 @@ mod tests {
         ));
         assert!(matches!(log.end_offset("nope", 0).await, Err(LogError::TopicNotFound { topic }) if topic == "nope"));
         assert!(matches!(log.append("nope", vec![]).await, Err(LogError::TopicNotFound { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_time_finds_the_first_record_appended_at_or_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 2).await.unwrap();
+        let before = SystemTime::now();
+        log.append("t", vec![(0, records(0..3))]).await.unwrap();
+        // Past the first append's millisecond, whatever the clock's grain.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let between = SystemTime::now();
+        log.append("t", vec![(0, records(3..5)), (1, records(0..1))]).await.unwrap();
+        assert_eq!(log.offset_at("t", 0, SystemTime::UNIX_EPOCH).await.unwrap(), 0);
+        assert_eq!(log.offset_at("t", 0, before).await.unwrap(), 0);
+        assert_eq!(log.offset_at("t", 0, between).await.unwrap(), 3);
+        assert_eq!(log.offset_at("t", 1, between).await.unwrap(), 0);
+        let later = SystemTime::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(log.offset_at("t", 0, later).await.unwrap(), 5, "nothing after it: the end");
+        assert!(matches!(log.offset_at("t", 2, before).await, Err(LogError::PartitionNotFound { partition: 2, .. })));
+    }
+
+    #[tokio::test]
+    async fn a_log_written_without_append_times_opens_and_its_records_count_as_older() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 1).await.unwrap();
+        log.append("t", vec![(0, records(0..3))]).await.unwrap();
+        drop(log);
+        {
+            // What a log of an earlier build holds: no append times.
+            let db = Database::create(dir.path().join("log.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert!(txn.delete_table(APPEND_TIMES).unwrap());
+            txn.commit().unwrap();
+        }
+        let log = open(&dir);
+        assert_eq!(log.offset_at("t", 0, SystemTime::UNIX_EPOCH).await.unwrap(), 3, "untimed: before every time");
+        log.append("t", vec![(0, records(3..5))]).await.unwrap();
+        assert_eq!(log.offset_at("t", 0, SystemTime::UNIX_EPOCH).await.unwrap(), 3);
+        assert_eq!(offsets(&log.read("t", 0, 0, 10).await.unwrap()), vec![0, 1, 2, 3, 4]);
     }
 
     #[tokio::test]

@@ -77,12 +77,13 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use iggy::prelude::{
     Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
-    IggyClient, IggyError, IggyMessage, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient,
-    TopicCreateOptions,
+    IggyClient, IggyError, IggyMessage, IggyTimestamp, MessageClient, Partitioning, PollingStrategy, StreamClient,
+    TopicClient, TopicCreateOptions,
 };
 use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
@@ -490,6 +491,22 @@ impl EventLog for IggyLog {
             .await
             .map_err(|e| self.storage("reading a consumer offset", e))?;
         Ok(info.map(|info| info.stored_offset + 1))
+    }
+
+    /// Polls one message by timestamp: Iggy stamps each message with the
+    /// time the server appended it.
+    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
+        let end = self.end_offset(topic, partition).await?;
+        let id = self.topic_id(topic)?;
+        let consumer = Consumer::new(Identifier::named("waku-reader").expect("a valid name"));
+        let strategy = PollingStrategy::timestamp(IggyTimestamp::from(time));
+        let polled = self
+            .client()
+            .await?
+            .poll_messages(&self.stream, &id, Some(partition), &consumer, &strategy, 1, false)
+            .await
+            .map_err(|e| self.storage("polling by timestamp", e))?;
+        Ok(polled.messages.first().map_or(end, |message| message.header.offset.min(end)))
     }
 
     async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {

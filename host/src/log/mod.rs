@@ -32,6 +32,10 @@
 //!   [`LogError::Unavailable`]; a missing topic or partition, an invalid
 //!   topic name, or a record the backend will never store
 //!   ([`LogError::Refused`]) fail the same way every time.
+//! - **Times are found by offset.** [`offset_at`](EventLog::offset_at)
+//!   answers the first offset appended at or after a time: the embedded log
+//!   records append times (records appended before it did count as older
+//!   than every time), Iggy polls by its messages' timestamps.
 //! - **Consumer offsets are informational.** A projection's position lives in
 //!   its own state, committed with its writes (see [`crate::state`]); the
 //!   offset stored in the log with
@@ -46,6 +50,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,9 +58,11 @@ use crate::event::Header;
 
 pub mod embedded;
 pub mod iggy;
+pub mod polled;
 
 pub use embedded::EmbeddedLog;
 pub use iggy::IggyLog;
+pub use polled::{PolledBatch, RecordView};
 
 /// One message as the log stores it: user headers and an opaque body.
 ///
@@ -269,6 +276,36 @@ pub trait EventLog: Send + Sync + 'static {
         max: usize,
     ) -> impl Future<Output = Result<Vec<StoredRecord>, LogError>> + Send;
 
+    /// [`EventLog::read`] into one [`PolledBatch`]: the same records, held
+    /// in one buffer instead of one allocation per header and body. What
+    /// the consumer polls with.
+    ///
+    /// `batch` is emptied and filled: pass the one the previous poll
+    /// returned, so its buffers are reused instead of grown again. The
+    /// default reads owned records and packs them; a backend that stores
+    /// records encoded (embedded) copies them in without decoding.
+    fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut batch: PolledBatch,
+    ) -> impl Future<Output = Result<PolledBatch, LogError>> + Send {
+        async move {
+            batch.clear();
+            for stored in self.read(topic, partition, from, max).await? {
+                batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
+                    topic: topic.to_owned(),
+                    partition,
+                    offset: stored.offset,
+                    reason,
+                })?;
+            }
+            Ok(batch)
+        }
+    }
+
     /// The offset the next record of the partition will get: the number of
     /// records in it.
     fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
@@ -296,6 +333,15 @@ pub trait EventLog: Send + Sync + 'static {
         topic: &str,
         partition: u32,
     ) -> impl Future<Output = Result<Option<u64>, LogError>> + Send;
+
+    /// The offset of the first record of a partition appended at or after
+    /// `time`; the end offset when none was (`waku reset --to time:…`).
+    fn offset_at(
+        &self,
+        topic: &str,
+        partition: u32,
+        time: SystemTime,
+    ) -> impl Future<Output = Result<u64, LogError>> + Send;
 
     /// The partitions of `topic` that consumer group `group` assigns to this
     /// connection now, joining the group (created if missing) when this
@@ -362,6 +408,17 @@ impl EventLog for AnyLog {
         delegate!(self, log => log.read(topic, partition, from, max))
     }
 
+    async fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        batch: PolledBatch,
+    ) -> Result<PolledBatch, LogError> {
+        delegate!(self, log => log.poll(topic, partition, from, max, batch))
+    }
+
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
         delegate!(self, log => log.end_offset(topic, partition))
     }
@@ -382,6 +439,10 @@ impl EventLog for AnyLog {
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
         delegate!(self, log => log.consumer_offset(consumer, topic, partition))
+    }
+
+    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
+        delegate!(self, log => log.offset_at(topic, partition, time))
     }
 
     async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {

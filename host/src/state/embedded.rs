@@ -76,7 +76,10 @@ impl EmbeddedStore {
             std::fs::create_dir_all(parent).map_err(|source| StateError::Io { path: path.clone(), source })?;
         }
         let location = format!("`{}`", path.display());
-        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| storage(&location, e))?;
+        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StateError::InUse { store: location.clone() },
+            e => storage(&location, e),
+        })?;
         let store = Self { db, path, location };
         store.check_format()?;
         // Create every table now, so readers never meet a missing one.
@@ -343,6 +346,70 @@ impl StateBackend for EmbeddedStore {
         }
         txn.commit().map_err(|e| self.storage(e))
     }
+
+    // Reset (issue 14)
+
+    /// Nothing to do: the file lock keeps every other process out.
+    fn hold_for_run(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    /// Nothing to do: opening the file took its lock.
+    fn lock_for_reset(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(POSITIONS).map_err(|e| self.storage(e))?;
+        let mut positions = Vec::new();
+        for entry in table.iter().map_err(|e| self.storage(e))? {
+            let (key, next) = entry.map_err(|e| self.storage(e))?;
+            let (topic, partition) = key.value();
+            positions.push((topic.to_owned(), partition, next.value()));
+        }
+        Ok(positions)
+    }
+
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(DONE).map_err(|e| self.storage(e))?;
+        let mut marks = Vec::new();
+        for entry in table.iter().map_err(|e| self.storage(e))? {
+            let (mark, _) = entry.map_err(|e| self.storage(e))?;
+            let (topic, partition, offset) = mark.value();
+            marks.push((topic.to_owned(), partition, offset));
+        }
+        Ok(marks)
+    }
+
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(META).map_err(|e| self.storage(e))?;
+        let mut entries = Vec::new();
+        for entry in table.iter().map_err(|e| self.storage(e))? {
+            let (name, value) = entry.map_err(|e| self.storage(e))?;
+            entries.push((name.value().to_owned(), value.value().to_vec()));
+        }
+        Ok(entries)
+    }
+
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
+        {
+            txn.open_table(STATE).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            txn.open_table(COUNTERS).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            txn.open_table(STATS).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            txn.open_table(DONE).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            txn.open_table(OUTBOX).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            let mut table = txn.open_table(POSITIONS).map_err(|e| self.storage(e))?;
+            table.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            for (topic, partition, next) in &positions {
+                table.insert((topic.as_str(), *partition), *next).map_err(|e| self.storage(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.storage(e))
+    }
 }
 
 fn storage(location: &str, e: impl Into<redb::Error>) -> StateError {
@@ -415,6 +482,17 @@ mod tests {
         let fresh = dir.path().join("fresh.redb");
         drop(StateStore::open(&fresh).unwrap());
         StateStore::open(&fresh).unwrap();
+    }
+
+    #[test]
+    fn a_file_another_store_holds_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let held = StateStore::open(&path).unwrap();
+        let error = StateStore::open(&path).unwrap_err();
+        assert!(matches!(error, StateError::InUse { ref store } if store.contains("state.redb")), "{error}");
+        drop(held);
+        StateStore::open(&path).unwrap();
     }
 
     #[test]

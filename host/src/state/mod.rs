@@ -43,6 +43,13 @@
 //! [`StateError::Fenced`] once another host has claimed it since. The
 //! embedded store has nothing to fence: one process holds its file lock.
 //!
+//! **Runs and resets exclude each other.** A running host holds its
+//! projection ([`StateBackend::hold_for_run`]) and `waku reset` takes it
+//! for itself ([`StateBackend::lock_for_reset`]): the embedded store's file
+//! lock does both, PostgreSQL has a run lock, shared by running hosts and
+//! taken exclusively by a reset. A reset that starts the projection over
+//! clears it in one transaction ([`StateBackend::start_over`]).
+//!
 //! **Blocking calls.** The trait is synchronous: the WASM host functions
 //! read state in the middle of a guest call, which cannot await, and the
 //! consumer already runs each batch on a blocking thread. Calls block on
@@ -133,6 +140,13 @@ pub enum StateError {
         held: u64,
         /// The epoch in the store now.
         current: u64,
+    },
+    /// Another process holds the projection: a `waku run` (the embedded
+    /// store's file lock, PostgreSQL's run lock) or a `waku reset`.
+    #[error("{store} is in use by another process (a `waku run` or `waku reset` of this projection)")]
+    InUse {
+        /// The store ([`StateBackend::location`]).
+        store: String,
     },
 }
 
@@ -354,6 +368,38 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 
     /// Sets a host value, in its own durable transaction.
     fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError>;
+
+    // Reset (issue 14)
+
+    /// Marks the projection as run by this store for as long as it is open,
+    /// so that [`StateBackend::lock_for_reset`] is refused meanwhile; fails
+    /// with [`StateError::InUse`] while a reset holds it. Embedded: nothing
+    /// to do, the file lock already keeps every other process out.
+    fn hold_for_run(&self) -> Result<(), StateError>;
+
+    /// Takes the projection for a reset for as long as this store is open;
+    /// fails with [`StateError::InUse`] while a running host holds it
+    /// ([`StateBackend::hold_for_run`]). Embedded: nothing to do, opening
+    /// the file took its lock.
+    fn lock_for_reset(&self) -> Result<(), StateError>;
+
+    /// Every committed position, as (topic, partition, next offset), in
+    /// order.
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError>;
+
+    /// Every done mark ([`BatchCommit::done`]), as (topic, partition,
+    /// offset), in order.
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError>;
+
+    /// Every host value ([`StateBackend::meta`]), by name.
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
+
+    /// Starts the projection over, in one durable transaction: removes
+    /// every state entry, counter, statistic, done mark, pending outbox
+    /// entry and position, then stores `positions` (topic, partition, next
+    /// offset). Host values, outbox sequence numbers (never reused) and
+    /// claimed epochs stay.
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError>;
 }
 
 /// A read snapshot a backend hands out ([`StateBackend::reader`]).

@@ -142,6 +142,12 @@ CREATE INDEX waku_outbox_partition ON waku_outbox (projection, partition, seq);
 /// The advisory lock held while the schema is migrated ("waku" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7761_6b75;
 
+/// The first key of the run lock, a shared advisory lock that running
+/// hosts hold and a reset takes exclusively ("wak" in ASCII); the second is
+/// the `hashtext` of the schema and the projection (advisory locks are per
+/// database).
+const RUN_LOCK: i32 = 0x0077_616b;
+
 /// Connections kept per store: the batch workers share the reader's, so
 /// a few serve a host.
 const POOL_SIZE: usize = 8;
@@ -154,6 +160,9 @@ pub struct PostgresStore {
     location: Arc<str>,
     /// The epoch of each partition this store claimed.
     claims: Mutex<HashMap<u32, i64>>,
+    /// The connection holding the run lock (shared for a run, exclusive
+    /// for a reset), out of the pool: the lock lasts as long as its session.
+    run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -184,7 +193,14 @@ impl PostgresStore {
             .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
         let bridge =
             Bridge::new().map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
-        let store = Self { pool, bridge, projection: projection.into(), location, claims: Mutex::default() };
+        let store = Self {
+            pool,
+            bridge,
+            projection: projection.into(),
+            location,
+            claims: Mutex::default(),
+            run_lock: Mutex::default(),
+        };
         store.run(|db| async move { db.migrate().await })?;
         Ok(store)
     }
@@ -217,6 +233,26 @@ impl PostgresStore {
             touched.into_iter().filter_map(|partition| Some((partition, *claims.get(&partition)?))).collect();
         held.sort_unstable();
         held
+    }
+
+    /// Takes the run lock, shared or exclusive, with a try-lock on a
+    /// connection of its own kept until the store is dropped.
+    fn take_run_lock(&self, shared: bool) -> Result<(), StateError> {
+        let mut held = self.run_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if held.is_some() {
+            return Ok(());
+        }
+        let sql = match shared {
+            true => "SELECT pg_try_advisory_lock_shared($1, hashtext(current_schema() || '/' || $2))",
+            false => "SELECT pg_try_advisory_lock($1, hashtext(current_schema() || '/' || $2))",
+        };
+        let taken = self.run(move |mut db| async move {
+            let client = db.take()?;
+            let row = client.query_one(sql, &[&RUN_LOCK, &&*db.projection]).await.map_err(|e| db.error(e))?;
+            Ok(row.get::<_, bool>(0).then(|| Object::take(client)))
+        })?;
+        *held = Some(taken.ok_or_else(|| StateError::InUse { store: self.location.to_string() })?);
+        Ok(())
     }
 }
 
@@ -386,6 +422,44 @@ impl StateBackend for PostgresStore {
             .map(drop)
         })
     }
+
+    // Reset (issue 14)
+
+    /// Takes the run lock shared: any number of hosts run the projection
+    /// together, and a reset's exclusive try-lock fails meanwhile.
+    fn hold_for_run(&self) -> Result<(), StateError> {
+        self.take_run_lock(true)
+    }
+
+    /// Takes the run lock exclusively, without waiting.
+    fn lock_for_reset(&self) -> Result<(), StateError> {
+        self.take_run_lock(false)
+    }
+
+    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.run(|db| async move { db.marks("waku_positions", "next").await })
+    }
+
+    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
+        self.run(|db| async move { db.marks("waku_done", "record").await })
+    }
+
+    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.run(|db| async move {
+            let rows = db
+                .query("SELECT name, value FROM waku_meta WHERE projection = $1 ORDER BY name", &[&&*db.projection])
+                .await?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+
+    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
+        let mut rows = CommitRows::default();
+        for (topic, partition, next) in positions {
+            rows.add_position(topic, partition, next, &self.location)?;
+        }
+        self.run(move |db| async move { db.start_over(rows).await })
+    }
 }
 
 /// The key's text and the last value written to an entry (`None`: deleted).
@@ -448,9 +522,7 @@ impl CommitRows {
         (rows.stat_names, rows.stat_deltas) =
             stat_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
         for (topic, partition, next) in positions {
-            rows.position_topics.push(topic);
-            rows.position_partitions.push(i32_of(partition));
-            rows.position_nexts.push(i64_of(next, location)?);
+            rows.add_position(topic, partition, next, location)?;
         }
         for (topic, partition, record) in done {
             rows.done_topics.push(topic);
@@ -464,6 +536,14 @@ impl CommitRows {
         rows.outbox = outbox.iter().map(|entry| encode_outbox(entry, location)).collect::<Result<_, _>>()?;
         rows.outbox_partitions = outbox.iter().map(|entry| i32_of(entry.source())).collect();
         Ok(rows)
+    }
+
+    /// Adds a position row: `next` is the next offset of `partition`.
+    fn add_position(&mut self, topic: String, partition: u32, next: u64, location: &str) -> Result<(), StateError> {
+        self.position_topics.push(topic);
+        self.position_partitions.push(i32_of(partition));
+        self.position_nexts.push(i64_of(next, location)?);
+        Ok(())
     }
 }
 
@@ -583,6 +663,41 @@ impl Db {
             "CREATE OR REPLACE VIEW \"waku_state_{projection}\" AS \
              SELECT key_text AS key, name, json, value FROM waku_state WHERE projection = '{projection}'"
         ))
+        .await
+        .map_err(|e| self.error(e))?;
+        txn.commit().await.map_err(|e| self.error(e))
+    }
+
+    /// Every (topic, partition, offset) row of `table`, its offset in
+    /// `column`, in order.
+    async fn marks(&self, table: &'static str, column: &'static str) -> Result<Vec<(String, u32, u64)>, StateError> {
+        let sql = format!(
+            "SELECT topic, partition, {column} FROM {table} WHERE projection = $1 ORDER BY topic, partition, {column}"
+        );
+        let rows = self.query(&sql, &[&&*self.projection]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get(0), row.get::<_, i32>(1) as u32, row.get::<_, i64>(2).unsigned_abs()))
+            .collect())
+    }
+
+    /// Clears the projection's state, counters, statistics, done marks,
+    /// outbox and positions, and stores the positions of `rows`, in one
+    /// transaction.
+    async fn start_over(mut self, rows: CommitRows) -> Result<(), StateError> {
+        let mut client = self.take()?;
+        let txn = client.transaction().await.map_err(|e| self.error(e))?;
+        let p = &*self.projection;
+        for table in ["waku_state", "waku_counters", "waku_stats", "waku_done", "waku_outbox", "waku_positions"] {
+            txn.execute(&format!("DELETE FROM {table} WHERE projection = $1"), &[&p])
+                .await
+                .map_err(|e| self.error(e))?;
+        }
+        txn.execute(
+            "INSERT INTO waku_positions (projection, topic, partition, next) \
+             SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[])",
+            &[&p, &rows.position_topics, &rows.position_partitions, &rows.position_nexts],
+        )
         .await
         .map_err(|e| self.error(e))?;
         txn.commit().await.map_err(|e| self.error(e))

@@ -19,7 +19,7 @@ pub(super) trait Fixture {
 /// expression of type `Option<impl Fixture>`; `None` skips).
 macro_rules! state_suite {
     ($fixture:expr) => {
-        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner);
+        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other);
     };
     (@tests $fixture:expr; $($name:ident),*) => {
         $(
@@ -307,4 +307,81 @@ pub(super) fn a_claim_fences_the_previous_owner(fixture: &dyn Fixture) {
     assert_eq!(new.outbox_of(3).unwrap().len(), 1);
     new.remove_outbox(3, last).unwrap();
     assert!(new.outbox_of(3).unwrap().is_empty());
+}
+
+pub(super) fn positions_done_marks_and_host_values_are_listed(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    assert!(store.positions().unwrap().is_empty() && store.done_marks().unwrap().is_empty());
+    store
+        .commit(BatchCommit {
+            positions: vec![("t".into(), 1, 4), ("retry_t".into(), 0, 2), ("t".into(), 0, 9)],
+            done: vec![("dlq_t".into(), 3, 7), ("retry_t".into(), 0, 5)],
+            ..BatchCommit::default()
+        })
+        .unwrap();
+    store.set_meta("b", b"2").unwrap();
+    store.set_meta("a", b"1").unwrap();
+    let listed = |list: &[(&str, u32, u64)]| list.iter().map(|&(t, p, o)| (t.to_owned(), p, o)).collect::<Vec<_>>();
+    assert_eq!(store.positions().unwrap(), listed(&[("retry_t", 0, 2), ("t", 0, 9), ("t", 1, 4)]));
+    assert_eq!(store.done_marks().unwrap(), listed(&[("dlq_t", 3, 7), ("retry_t", 0, 5)]));
+    let meta = store.meta_entries().unwrap();
+    assert!(meta.contains(&("a".to_owned(), b"1".to_vec())) && meta.contains(&("b".to_owned(), b"2".to_vec())));
+}
+
+pub(super) fn starting_over_clears_all_but_host_values_in_one_commit(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    store
+        .commit(BatchCommit {
+            writes: vec![(k(1), writes(&[("a", Some("1"))])), (k(2), writes(&[("b", Some("2"))]))],
+            counter_deltas: [("c".to_owned(), 5)].into_iter().collect(),
+            stat_deltas: [("applied".to_owned(), 3)].into_iter().collect(),
+            positions: vec![("t".into(), 0, 10), ("t".into(), 1, 20), ("retry_t".into(), 0, 3)],
+            done: vec![("retry_t".into(), 0, 6), ("dlq_t".into(), 1, 2)],
+            outbox: vec![entry("out", 0), entry("out", 1)],
+            ..BatchCommit::default()
+        })
+        .unwrap();
+    store.set_meta("module/bank", b"v1").unwrap();
+    store.start_over(vec![("t".into(), 0, 0), ("retry_t".into(), 0, 8)]).unwrap();
+    assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
+    assert_eq!(store.get(&k(1), "a").unwrap(), None);
+    assert!(store.counters().unwrap().is_empty() && store.stats().unwrap().is_empty());
+    assert_eq!(store.reader().unwrap().counter("c").unwrap(), 0);
+    assert!(store.done_marks().unwrap().is_empty() && store.outbox().unwrap().is_empty());
+    assert_eq!(store.positions().unwrap(), vec![("retry_t".to_owned(), 0, 8), ("t".to_owned(), 0, 0)]);
+    assert_eq!(store.position("t", 1).unwrap(), None);
+    assert_eq!(store.meta("module/bank").unwrap(), bytes("v1"));
+    // Outbox sequence numbers are never reused, even across a start-over.
+    store.commit(BatchCommit { outbox: vec![entry("out", 2)], ..BatchCommit::default() }).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(2, entry("out", 2))]);
+    // It survives a reopen.
+    drop(store);
+    let store = fixture.open();
+    assert_eq!(store.positions().unwrap().len(), 2);
+    assert_eq!(store.keys().unwrap(), Vec::<Key>::new());
+}
+
+pub(super) fn a_run_and_a_reset_exclude_each_other(fixture: &dyn Fixture) {
+    if !fixture.fences() {
+        // One process holds the file: its lock does both jobs.
+        let store = fixture.open();
+        store.hold_for_run().unwrap();
+        store.lock_for_reset().unwrap();
+        return;
+    }
+    let in_use = |result: Result<(), StateError>| matches!(result, Err(StateError::InUse { .. }));
+    let (run, other_run) = (fixture.open(), fixture.open());
+    run.hold_for_run().unwrap();
+    other_run.hold_for_run().unwrap();
+    let reset = fixture.open();
+    assert!(in_use(reset.lock_for_reset()), "a reset is refused while hosts run the projection");
+    drop((run, other_run));
+    // The lock goes with the runs' sessions, which the server ends shortly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while in_use(reset.lock_for_reset()) {
+        assert!(std::time::Instant::now() < deadline, "the runs' lock outlived their stores");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(in_use(fixture.open().hold_for_run()), "a run is refused while a reset holds the projection");
+    assert!(in_use(fixture.open().lock_for_reset()), "one reset at a time");
 }
