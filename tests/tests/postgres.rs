@@ -217,3 +217,50 @@ async fn partitions_follow_the_assignment_and_a_dead_hosts_partitions_are_taken_
     let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
     assert_eq!(stats.get(stat::APPLIED).copied(), Some(9_000), "every event applied exactly once");
 }
+
+/// A host whose view of the assignment never changed while another host
+/// briefly claimed one of its partitions (views of a rebalance that
+/// crossed): its commit there is refused, and it takes the partition back
+/// after a pause instead of leaving it without a host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_fenced_while_still_assigned_is_taken_back() {
+    let Some(url) = postgres_url("a fenced partition still assigned") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, mut oracle) =
+        bank_log(dir.path(), module.clone(), WorkloadSpec { events: 2_000, accounts: 50, seed: 61 }, 2).await;
+    let projection = fresh_stream("retake").replace('-', "_");
+    let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+    let host_store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+    let host = Arc::new(Projection::new(&projection, "accounts", vec![module.clone()], host_store).unwrap());
+    let config = ConsumerConfig { batch_size: 100, ..ConsumerConfig::default() };
+    let (_assign, assigned) = tokio::sync::watch::channel(vec![0, 1]);
+    let consumer = Consumer::new(log.clone(), host, config).with_assignment(assigned);
+    let progress = consumer.progress();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    wait_for("caught up", || progress.partitions().len() == 2 && progress.caught_up()).await;
+
+    // Another host claims partition 1 and lets it go again.
+    let epoch_before = store.claim(1).unwrap();
+    publish_more(&*log, &module, WorkloadSpec { events: 2_000, accounts: 50, seed: 62 }, &mut oracle).await;
+    let ends = log.end_offsets("accounts").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while (0..2).any(|p| store.position("accounts", p).unwrap() != Some(ends[p as usize])) {
+        assert!(Instant::now() < deadline, "partition 1 was never taken back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.claim(1).unwrap() > epoch_before + 1, "the host claimed partition 1 again");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
+}

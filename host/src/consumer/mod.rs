@@ -484,7 +484,11 @@ impl<L: EventLog> Consumer<L> {
     /// ([`Consumer::with_assignment`]): one task per partition held, started
     /// when the partition is taken and stopped (between batches) when it is
     /// lost. A partition another host took while it is still assigned here
-    /// is not taken back until the assignment drops it and names it again.
+    /// is taken back only after [`RETAKE_AFTER`]: the other host's view of
+    /// the assignment was newer or older than this one's, and by then both
+    /// have asked again (two hosts never claim it back and forth at full
+    /// speed, and a partition handed back between two asks is not left
+    /// without a host).
     async fn consume_assigned(
         &self,
         count: u32,
@@ -494,13 +498,13 @@ impl<L: EventLog> Consumer<L> {
         self.progress.begin([]);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
-        let mut fenced: FxHashSet<u32> = FxHashSet::default();
+        let mut fenced: FxHashMap<u32, Instant> = FxHashMap::default();
         let mut tasks = tokio::task::JoinSet::new();
         let mut total = Summary::default();
         let result = 'follow: loop {
             let wanted: FxHashSet<u32> =
                 assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
-            fenced.retain(|partition| wanted.contains(partition));
+            fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
             for (&partition, stop) in &held {
                 if !wanted.contains(&partition) {
                     tracing::info!(
@@ -512,7 +516,7 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
             let mut taken: Vec<u32> =
-                wanted.iter().copied().filter(|p| !held.contains_key(p) && !fenced.contains(p)).collect();
+                wanted.iter().copied().filter(|p| !held.contains_key(p) && !fenced.contains_key(p)).collect();
             taken.sort_unstable();
             for partition in taken {
                 match self.take_partition(partition).await {
@@ -524,9 +528,11 @@ impl<L: EventLog> Consumer<L> {
                 let consumer = self.clone();
                 tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
             }
+            let retake = fenced.values().map(|at| *at + RETAKE_AFTER).min();
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 changed = assignment.changed() => if changed.is_err() { break Ok(()) },
+                () = tokio::time::sleep_until(retake.unwrap_or_else(Instant::now).into()), if retake.is_some() => {}
                 Some(joined) = tasks.join_next() => {
                     let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
                     held.remove(&partition);
@@ -535,7 +541,7 @@ impl<L: EventLog> Consumer<L> {
                         Ok((summary, was_fenced)) => {
                             total.add(&summary);
                             if was_fenced {
-                                fenced.insert(partition);
+                                fenced.insert(partition, Instant::now());
                             }
                         }
                         Err(error) => break Err(error),
@@ -843,6 +849,11 @@ impl<L: EventLog> Consumer<L> {
         Ok(published)
     }
 }
+
+/// How long a partition another host took is left to it while the
+/// assignment still names it here ([`Consumer::with_assignment`]): longer
+/// than the consumer group is polled ([`crate::membership::GROUP_POLL`]).
+pub const RETAKE_AFTER: Duration = Duration::from_secs(2);
 
 /// Where one partition's consuming stands between steps.
 struct PartitionState {
