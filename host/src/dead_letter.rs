@@ -345,6 +345,7 @@ pub async fn redrive<L: EventLog>(
     commit.stat_deltas =
         [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
     store.commit(commit)?;
-    outbox::publish(log, store, projection, topic).await.map_err(DeadLetterError::Publish)?;
+    let partitions = report.partitions.clone();
+    outbox::publish(log, store, projection, topic, &partitions).await.map_err(DeadLetterError::Publish)?;
     Ok(report)
 }

@@ -104,6 +104,11 @@ pub struct HostSettings {
     /// Stop once the end offsets read at start-up are reached. Default
     /// `false`: follow the topic until stopped.
     pub until_caught_up: bool,
+    /// Hold the partitions this Iggy consumer group assigns, following
+    /// changes ([`crate::membership`]), instead of `consumer.partitions`;
+    /// needs [`StateSettings::Postgres`]. Applies while following (not
+    /// with `until_caught_up`).
+    pub group: Option<String>,
     /// Told of every run handled (tests check the order of calls with it).
     /// Default `None`.
     pub observer: Option<Arc<dyn CallObserver>>,
@@ -130,6 +135,7 @@ impl HostSettings {
             consumer: ConsumerConfig::default(),
             admin: None,
             until_caught_up: false,
+            group: None,
             observer: None,
         }
     }
@@ -323,6 +329,27 @@ pub enum HostError {
     /// Consuming failed.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
+    /// A consumer group was asked for without a state store the hosts
+    /// share.
+    #[error(
+        "consumer group `{group}` needs the state in PostgreSQL (--state postgres://…): the group moves partitions \
+         between hosts, and a partition's state must follow it, which a local state file cannot"
+    )]
+    GroupNeedsSharedState {
+        /// The group.
+        group: String,
+    },
+    /// The consumer group could not be joined.
+    #[error("joining consumer group `{group}` of topic `{topic}`")]
+    Group {
+        /// The group.
+        group: String,
+        /// The topic.
+        topic: String,
+        /// Why.
+        #[source]
+        source: LogError,
+    },
     /// A task of the host panicked.
     #[error("{what} panicked: {message}")]
     Panicked {
@@ -347,6 +374,9 @@ impl Host {
     /// it, e.g. to publish); [`HostSettings::log`] is not used. Must be
     /// called inside a tokio runtime.
     pub async fn start_on<L: EventLog>(log: Arc<L>, settings: HostSettings) -> Result<RunningHost<L>, HostError> {
+        if let (Some(group), StateSettings::Embedded) = (&settings.group, &settings.state) {
+            return Err(HostError::GroupNeedsSharedState { group: group.clone() });
+        }
         let sandbox = settings.sandbox()?;
         let metrics = Arc::new(Metrics::default());
         let store = settings.open_state()?;
@@ -379,6 +409,12 @@ impl Host {
             Consumer::new(log.clone(), projection.clone(), settings.consumer.clone()).with_metrics(metrics.clone());
         if let Some(observer) = &settings.observer {
             consumer = consumer.with_observer(observer.clone());
+        }
+        if let Some(group) = &settings.group {
+            let assigned = crate::membership::follow_group(log.clone(), &settings.topic, group)
+                .await
+                .map_err(|source| HostError::Group { group: group.clone(), topic: settings.topic.clone(), source })?;
+            consumer = consumer.with_assignment(assigned);
         }
         let progress = consumer.progress();
         let rebuild_watch = rebuilds.as_ref().map(|_| Arc::new(RebuildWatch::default()));

@@ -74,6 +74,7 @@ pub mod handler;
 pub mod host;
 pub mod lifecycle;
 pub mod log;
+pub mod membership;
 pub mod memory;
 pub mod metrics;
 pub mod outbox;

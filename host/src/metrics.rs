@@ -12,6 +12,7 @@
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
+//! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -86,6 +87,7 @@ pub struct Metrics {
     loads: Family<LoadLabels, Counter>,
     unavailable: Family<ProjectionLabels, Counter>,
     undeliverable: Family<ProjectionLabels, Counter>,
+    fenced: Family<ProjectionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -109,6 +111,7 @@ impl Default for Metrics {
             loads: Family::default(),
             unavailable: Family::default(),
             undeliverable: Family::default(),
+            fenced: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
         };
@@ -129,6 +132,11 @@ impl Default for Metrics {
             "waku_messages_undeliverable",
             "Emitted messages dead-lettered because they could never be delivered",
             metrics.undeliverable.clone(),
+        );
+        registry.register(
+            "waku_partitions_fenced",
+            "Partitions dropped because another host took them",
+            metrics.fenced.clone(),
         );
         registry.register("waku_batch_phase_seconds", "Time per batch in each phase", metrics.phases.clone());
         Self { registry, ..metrics }
@@ -206,6 +214,11 @@ impl Metrics {
     /// Counts emitted messages dead-lettered as undeliverable.
     pub fn undeliverable(&self, projection: &str, messages: u64) {
         self.undeliverable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(messages);
+    }
+
+    /// Counts a partition dropped because another host took it.
+    pub fn partition_fenced(&self, projection: &str) {
+        self.fenced.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
     }
 
     /// Counts a module load.

@@ -55,7 +55,17 @@
 //!   envelope and routing headers without the body, the failure message
 //!   saying what was dropped; only a refusal of that stops the run.
 //!
-//! Callers must not publish one projection's outbox from two places at
+//! - **A partition's entries are its host's.** Every entry belongs to the
+//!   partition of the projection's topic whose commit added it
+//!   ([`OutboxEntry::source`](crate::state::OutboxEntry::source)); a
+//!   publisher publishes and removes only the entries of the partitions it
+//!   is given (those its host holds), under a producer name and marks of
+//!   that partition's own. So hosts sharing one state store (PostgreSQL)
+//!   never publish the same entry, the stamps of one never hide the other's
+//!   appends, and removals are fenced like commits: a host that lost the
+//!   partition can no longer remove what its new host publishes.
+//!
+//! Callers must not publish one partition's entries from two places at
 //! once: the consumer holds a lock, and the CLI's re-drive runs with the
 //! state store to itself.
 
@@ -79,7 +89,9 @@ pub const STAMPED_APPEND_BYTES: usize = 8 << 20;
 /// what was appended since the last settled publish.
 pub const MARK_LAG: u64 = 10_000;
 
-/// The state-store entry ([`StateStore::meta`]) holding the marks.
+/// The state-store entry ([`StateStore::meta`]) holding the marks, before
+/// `/<partition>` names the source partition they are for (the entry
+/// without it is an older build's, for all partitions).
 const MARKS: &str = "outbox-marks";
 
 /// Why publishing the outbox stopped. The outbox keeps what was not
@@ -116,36 +128,58 @@ pub struct Published {
     pub undeliverable: u64,
 }
 
-/// Appends a projection's pending outbox to the log and clears it, in
-/// commit order; `topic` is the projection's topic, whose dead-letter topic
-/// takes undeliverable messages. See the [module documentation](self) for
-/// the rules.
+/// Appends the pending outbox entries of `partitions` (of the
+/// projection's topic `topic`, whose dead-letter topic takes undeliverable
+/// messages) to the log and clears them, in commit order. See the [module
+/// documentation](self) for the rules.
 pub async fn publish<L: EventLog>(
     log: &L,
     store: &StateStore,
     projection: &str,
     topic: &str,
+    partitions: &[u32],
 ) -> Result<Published, OutboxError> {
-    let publisher = Publisher { log, store, projection, dlq: dlq_topic(topic), producer: producer(store, projection)? };
+    let legacy = producer(store, projection)?;
     let mut published = Published::default();
-    // A round that dead-letters messages commits the letters to the outbox,
-    // and the next round appends them; a letter is replaced at most once
-    // more (slimmed), so this ends.
-    loop {
-        let (round, replaced) = publisher.round().await?;
-        published.appended += round.appended;
-        published.undeliverable += round.undeliverable;
-        if !replaced {
-            return Ok(published);
+    for &source in partitions {
+        let producer = format!("{legacy}/{source}");
+        let publisher =
+            Publisher { log, store, projection, dlq: dlq_topic(topic), source, producer, legacy: legacy.clone() };
+        let done = publisher.publish().await?;
+        published.appended += done.appended;
+        published.undeliverable += done.undeliverable;
+    }
+    Ok(published)
+}
+
+impl<L: EventLog> Publisher<'_, L> {
+    /// Publishes the source partition's entries, round after round.
+    async fn publish(&self) -> Result<Published, OutboxError> {
+        let mut published = Published::default();
+        // A round that dead-letters messages commits the letters to the outbox,
+        // and the next round appends them; a letter is replaced at most once
+        // more (slimmed), so this ends.
+        loop {
+            let (round, replaced) = self.round().await?;
+            published.appended += round.appended;
+            published.undeliverable += round.undeliverable;
+            if !replaced {
+                return Ok(published);
+            }
         }
     }
 }
 
 /// The producer name a projection's outbox appends as
-/// ([`EventLog::append_as`]): the projection's name and an id made once
-/// per state store and kept in it. Hosts that share a log each run their
-/// partitions of a projection with their own state, so their stamps never
-/// hide each other's appends; a restart keeps its name.
+/// ([`EventLog::append_as`]), before `/<partition>` names the source
+/// partition: the projection's name and an id made once per state store
+/// and kept in it. Hosts that share a log each run their partitions of a
+/// projection with their own state, so their stamps never hide each
+/// other's appends; a restart keeps its name. Hosts that share a state
+/// store (PostgreSQL) share the name, and the source partition keeps apart
+/// the stamps of partitions published by different hosts, while a
+/// partition that moves keeps its name, so its new host finds what the
+/// old one appended.
 pub fn producer(store: &StateStore, projection: &str) -> Result<String, StateError> {
     const META: &str = "outbox-producer";
     if let Some(id) = store.meta(META)? {
@@ -182,13 +216,20 @@ struct Append {
     stamp: u64,
 }
 
+/// Publishes the entries of one source partition.
 struct Publisher<'a, L> {
     log: &'a L,
     store: &'a StateStore,
     projection: &'a str,
     /// The projection's dead-letter topic.
     dlq: String,
+    /// The partition of the projection's topic whose entries these are.
+    source: u32,
     producer: String,
+    /// The name stamps had before they named the source partition, looked
+    /// up when a partition has none of the new name yet (an outbox left by
+    /// an older build).
+    legacy: String,
 }
 
 /// What a round puts in place of entries that can never be delivered.
@@ -204,15 +245,15 @@ impl<L: EventLog> Publisher<'_, L> {
     /// Appends every pending entry once, or replaces it by a dead letter,
     /// then settles the outbox in one commit. Says whether it replaced any.
     async fn round(&self) -> Result<(Published, bool), OutboxError> {
-        let pending = self.store.outbox()?;
+        let pending = self.store.outbox_of(self.source)?;
         let Some(&(last_sequence, _)) = pending.last() else { return Ok((Published::default(), false)) };
         let mut settling = Settling::default();
         let (ends, targets) = self.targets(pending, &mut settling).await?;
-        let mut marks = Marks::load(self.store)?;
+        let mut marks = Marks::load(self.store, self.source)?;
         let target_ends =
             targets.keys().map(|(topic, partition)| (topic, *partition, ends[topic][*partition as usize]));
         if marks.cap(target_ends) {
-            marks.save(self.store)?;
+            marks.save(self.store, self.source)?;
         }
         let mut appended = 0;
         for append in self.appends(targets, &marks, &mut settling).await? {
@@ -223,7 +264,7 @@ impl<L: EventLog> Publisher<'_, L> {
         // Everything up to `last_sequence` is settled: nothing unconfirmed
         // lies below the end offsets read before this round appended.
         if marks.advance(&ends) {
-            marks.save(self.store)?;
+            marks.save(self.store, self.source)?;
         }
         Ok((Published { appended, undeliverable }, replaced))
     }
@@ -277,7 +318,11 @@ impl<L: EventLog> Publisher<'_, L> {
         let mut whole: BTreeMap<String, Append> = BTreeMap::new();
         for ((topic, partition), entries) in targets {
             let since = marks.get(&topic, partition);
-            let appended = match self.log.producer_sequence(&topic, partition, &self.producer, since).await {
+            let mut appended = self.log.producer_sequence(&topic, partition, &self.producer, since).await;
+            if let Ok(None) = appended {
+                appended = self.log.producer_sequence(&topic, partition, &self.legacy, since).await;
+            }
+            let appended = match appended {
                 Ok(appended) => appended,
                 Err(error) if is_permanent(&error) => {
                     for (_, entry) in entries {
@@ -311,14 +356,14 @@ impl<L: EventLog> Publisher<'_, L> {
     fn settle(&self, last_sequence: u64, settling: Settling) -> Result<bool, OutboxError> {
         let Settling { replacements, undeliverable } = settling;
         if replacements.is_empty() {
-            self.store.remove_outbox(last_sequence)?;
+            self.store.remove_outbox(self.source, last_sequence)?;
             return Ok(false);
         }
         let counted = (undeliverable > 0).then(|| (stat::UNDELIVERABLE.to_owned(), undeliverable));
         self.store.commit(BatchCommit {
             outbox: replacements,
             stat_deltas: counted.into_iter().collect(),
-            outbox_through: Some(last_sequence),
+            outbox_through: Some((self.source, last_sequence)),
             ..BatchCommit::default()
         })?;
         Ok(true)
@@ -342,7 +387,7 @@ impl<L: EventLog> Publisher<'_, L> {
             Err(error) => return Err(error.into()),
         };
         // The records went into the failed call: read them again.
-        let mut stored: BTreeMap<u64, OutboxEntry> = self.store.outbox()?.into_iter().collect();
+        let mut stored: BTreeMap<u64, OutboxEntry> = self.store.outbox_of(self.source)?.into_iter().collect();
         let mut appended = 0;
         for (partition, entries) in batches {
             for (sequence, _) in entries {
@@ -488,8 +533,16 @@ fn record_size(record: &Record) -> usize {
 struct Marks(BTreeMap<(String, u32), u64>);
 
 impl Marks {
-    fn load(store: &StateStore) -> Result<Self, StateError> {
-        let Some(bytes) = store.meta(MARKS)? else { return Ok(Self::default()) };
+    /// The marks of the source partition `source`, or an older build's
+    /// marks for all (at or below anything it left unconfirmed).
+    fn load(store: &StateStore, source: u32) -> Result<Self, StateError> {
+        let bytes = match store.meta(&format!("{MARKS}/{source}"))? {
+            Some(bytes) => bytes,
+            None => match store.meta(MARKS)? {
+                Some(bytes) => bytes,
+                None => return Ok(Self::default()),
+            },
+        };
         let marks: Vec<(String, u32, u64)> = postcard::from_bytes(&bytes).map_err(|e| StateError::Corrupt {
             store: store.location().to_owned(),
             what: format!("the outbox marks: {e}"),
@@ -497,14 +550,14 @@ impl Marks {
         Ok(Self(marks.into_iter().map(|(topic, partition, mark)| ((topic, partition), mark)).collect()))
     }
 
-    fn save(&self, store: &StateStore) -> Result<(), StateError> {
+    fn save(&self, store: &StateStore, source: u32) -> Result<(), StateError> {
         let marks: Vec<(&str, u32, u64)> =
             self.0.iter().map(|((topic, partition), mark)| (topic.as_str(), *partition, *mark)).collect();
         let bytes = postcard::to_allocvec(&marks).map_err(|e| StateError::Storage {
             store: store.location().to_owned(),
             source: format!("cannot encode the outbox marks: {e}").into(),
         })?;
-        store.set_meta(MARKS, &bytes)
+        store.set_meta(&format!("{MARKS}/{source}"), &bytes)
     }
 
     /// The mark of a partition (0, the safe answer, if it has none).
@@ -678,29 +731,67 @@ mod tests {
 
         // `out` receives its five, then the host dies before it settles
         // (`zz`, after `out`, is never reached).
-        let error = publish(&ScanningLog::new(&log, Some("out")), &store, "p", "t").await.unwrap_err();
+        let error = publish(&ScanningLog::new(&log, Some("out")), &store, "p", "t", &[0]).await.unwrap_err();
         assert!(matches!(error, OutboxError::Log(LogError::Unavailable { .. })), "{error}");
         assert_eq!(store.outbox().unwrap().len(), 6);
-        assert_eq!(Marks::load(&store).unwrap().get("out", 0), 7, "the end before the first append");
+        assert_eq!(Marks::load(&store, 0).unwrap().get("out", 0), 7, "the end before the first append");
         for _ in 0..LATER / 10_000 {
             log.append("out", vec![(0, vec![Record::default(); 10_000])]).await.unwrap();
         }
 
         // A fresh process: the stamps are found from the mark, 150 000
         // messages back, where the old 100 000-message look-back found none.
-        let producer = producer(&store, "p").unwrap();
+        let producer = format!("{}/0", producer(&store, "p").unwrap());
         let end = log.end_offset("out", 0).await.unwrap();
         let old_window = ScanningLog::new(&log, None);
         assert_eq!(old_window.producer_sequence("out", 0, &producer, end - 100_000).await.unwrap(), None);
         let restarted = ScanningLog::new(&log, None);
-        let published = publish(&restarted, &store, "p", "t").await.unwrap();
+        let published = publish(&restarted, &store, "p", "t", &[0]).await.unwrap();
         assert_eq!(published, Published { appended: 1, undeliverable: 0 });
         assert!(store.outbox().unwrap().is_empty());
         assert_eq!(log.end_offset("out", 0).await.unwrap(), 7 + 5 + LATER, "each of the five once");
         assert_eq!(log.end_offset("zz", 0).await.unwrap(), 1);
         // Settled with more than MARK_LAG behind: the mark moves up to the
         // end read before that publish, so the next recovery reads little.
-        assert_eq!(Marks::load(&store).unwrap().get("out", 0), 7 + 5 + LATER);
+        assert_eq!(Marks::load(&store, 0).unwrap().get("out", 0), 7 + 5 + LATER);
+    }
+
+    /// Hosts sharing one state store publish the partitions they hold:
+    /// each only its own entries, and one partition's stamps (higher
+    /// sequence numbers, appended first) never hide another's entries.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_publisher_publishes_only_its_partitions_and_stamps_never_hide_another_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+        for topic in ["out", "dlq_t"] {
+            log.create_topic(topic, 1).await.unwrap();
+        }
+        let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+        let from = |source: u32, n: u64| {
+            let mut entry = emitted("out", n);
+            entry.origin.as_mut().unwrap().partition = source;
+            entry
+        };
+        let outbox = vec![from(0, 0), from(0, 1), from(1, 2), from(1, 3)];
+        store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+
+        let published = publish(&log, &store, "p", "t", &[1]).await.unwrap();
+        assert_eq!(published.appended, 2);
+        assert_eq!(store.outbox().unwrap().iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [0, 1]);
+        let published = publish(&log, &store, "p", "t", &[0]).await.unwrap();
+        assert_eq!(published.appended, 2, "partition 1's stamps (2, 3) hid partition 0's entries (0, 1)");
+        assert!(store.outbox().unwrap().is_empty());
+        let bodies: Vec<u64> = log
+            .read("out", 0, 0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|stored| u64::from_le_bytes(stored.record.headers[0].value.as_slice().try_into().unwrap()))
+            .collect();
+        assert_eq!(bodies, [2, 3, 0, 1]);
+        // Published again, nothing goes twice.
+        assert_eq!(publish(&log, &store, "p", "t", &[0, 1]).await.unwrap().appended, 0);
+        assert_eq!(log.end_offset("out", 0).await.unwrap(), 4);
     }
 
     #[test]

@@ -9,9 +9,14 @@
 //!
 //! Positions are published after each commit ([`Progress::advance`]), so
 //! the gate never claims more than the state holds.
+//!
+//! The gate covers the partitions the host holds now: a partition it loses
+//! (another host claimed it, [`Progress::release`]) leaves the gate, and
+//! one it takes later joins it with the position and end offset read when
+//! it was taken ([`Progress::take`]).
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
 /// One partition as the gate sees it.
@@ -45,7 +50,18 @@ pub struct Progress {
 #[derive(Debug)]
 struct Started {
     at: Instant,
-    partitions: Vec<(u32, u64, u64, AtomicU64)>,
+    /// (partition, start, end at start, position now) of each held one.
+    partitions: RwLock<Vec<(u32, u64, u64, AtomicU64)>>,
+}
+
+impl Started {
+    fn partitions(&self) -> std::sync::RwLockReadGuard<'_, Vec<(u32, u64, u64, AtomicU64)>> {
+        self.partitions.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn partitions_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(u32, u64, u64, AtomicU64)>> {
+        self.partitions.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl Progress {
@@ -54,23 +70,40 @@ impl Progress {
     /// counts: the gate is the end offsets of the first start.
     pub fn begin(&self, partitions: impl IntoIterator<Item = (u32, u64, u64)>) {
         let partitions = partitions.into_iter().map(|(p, start, end)| (p, start, end, AtomicU64::new(start))).collect();
-        let _ = self.started.set(Started { at: Instant::now(), partitions });
+        let _ = self.started.set(Started { at: Instant::now(), partitions: RwLock::new(partitions) });
+    }
+
+    /// Adds a partition taken after start-up, as (committed position, end
+    /// offset) read when it was taken; it replaces any earlier gate of it.
+    pub fn take(&self, partition: u32, start: u64, end: u64) {
+        let started = self.started.get_or_init(|| Started { at: Instant::now(), partitions: RwLock::default() });
+        let mut partitions = started.partitions_mut();
+        partitions.retain(|(p, ..)| *p != partition);
+        partitions.push((partition, start, end, AtomicU64::new(start)));
+        partitions.sort_unstable_by_key(|(p, ..)| *p);
+    }
+
+    /// Takes a partition the host no longer holds out of the gate.
+    pub fn release(&self, partition: u32) {
+        if let Some(started) = self.started.get() {
+            started.partitions_mut().retain(|(p, ..)| *p != partition);
+        }
     }
 
     /// Records a partition's committed position.
     pub fn advance(&self, partition: u32, position: u64) {
         if let Some(started) = self.started.get()
-            && let Some((.., now)) = started.partitions.iter().find(|(p, ..)| *p == partition)
+            && let Some((.., now)) = started.partitions().iter().find(|(p, ..)| *p == partition)
         {
             now.fetch_max(position, Ordering::Relaxed);
         }
     }
 
-    /// Every partition, once the consumer has started.
+    /// Every partition held, once the consumer has started.
     pub fn partitions(&self) -> Vec<PartitionProgress> {
         self.started.get().map_or_else(Vec::new, |started| {
             started
-                .partitions
+                .partitions()
                 .iter()
                 .map(|(partition, start, end, now)| PartitionProgress {
                     partition: *partition,
@@ -82,7 +115,8 @@ impl Progress {
         })
     }
 
-    /// Whether the consumer has started and every partition is caught up.
+    /// Whether the consumer has started and every partition it holds is
+    /// caught up.
     pub fn caught_up(&self) -> bool {
         self.started.get().is_some() && self.partitions().iter().all(PartitionProgress::caught_up)
     }
@@ -135,5 +169,25 @@ mod tests {
         assert_eq!(progress.replayed(), (40, 40));
         progress.begin([(0, 0, 1000)]);
         assert!(progress.caught_up(), "the first start's end offsets are the gate");
+    }
+
+    #[test]
+    fn the_gate_follows_the_partitions_held() {
+        let progress = Progress::default();
+        progress.begin([(0, 0, 10), (1, 0, 10)]);
+        progress.advance(0, 10);
+        assert!(!progress.caught_up());
+        // Partition 1 was taken over by another host: it no longer counts.
+        progress.release(1);
+        assert!(progress.caught_up());
+        assert_eq!(progress.partitions().iter().map(|p| p.partition).collect::<Vec<_>>(), [0]);
+        progress.advance(1, 10);
+        assert_eq!(progress.partitions().len(), 1, "a released partition does not come back by advancing");
+        // Taking partition 2 later: its gate is what was read when taken.
+        progress.take(2, 5, 8);
+        assert!(!progress.caught_up());
+        assert_eq!(progress.replayed(), (10, 13));
+        progress.advance(2, 8);
+        assert!(progress.caught_up());
     }
 }

@@ -45,6 +45,7 @@ use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
 pub mod faulty;
 pub mod flaky;
+pub mod group;
 pub mod hostile;
 pub mod liar;
 pub mod native;
@@ -285,6 +286,26 @@ pub fn iggy_url(what: &str) -> Option<String> {
         let _ = writeln!(
             std::io::stderr(),
             "skipped: {what} needs an Iggy server named by WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
+        );
+    }
+    url
+}
+
+/// The PostgreSQL server the tests may use (`WAKU_POSTGRES_URL`, for
+/// example `postgres://postgres@127.0.0.1:5433/postgres`). Without one,
+/// prints one line saying `what` was skipped and returns `None`; under CI
+/// (`CI=true`), whose `.ci/run` starts a server, panics instead.
+pub fn postgres_url(what: &str) -> Option<String> {
+    let url = std::env::var("WAKU_POSTGRES_URL").ok();
+    if url.is_none() {
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{what}: CI starts a PostgreSQL server (.ci/run), but WAKU_POSTGRES_URL is not set");
+        }
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {what} needs a PostgreSQL server named by WAKU_POSTGRES_URL \
+             (e.g. postgres://postgres@127.0.0.1:5433/postgres)"
         );
     }
     url

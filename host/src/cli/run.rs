@@ -38,6 +38,12 @@ pub(super) struct RunArgs {
     /// Only these partitions (comma-separated), e.g. `0,2`.
     #[arg(long, value_delimiter = ',')]
     pub(super) partitions: Option<Vec<u32>>,
+    /// Join this Iggy consumer group for the topic and consume exactly the
+    /// partitions Iggy assigns, following changes as hosts join and leave.
+    /// Needs `--iggy` and `--state postgres://…` (a partition's state must
+    /// follow it to another host).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["partitions", "until_caught_up"])]
+    pub(super) group: Option<String>,
     /// Stop once the end offsets read at start-up are reached.
     #[arg(long)]
     pub(super) until_caught_up: bool,
@@ -91,6 +97,7 @@ impl RunArgs {
         };
         settings.admin = self.admin;
         settings.until_caught_up = self.until_caught_up;
+        settings.group = self.group.clone();
         Ok(settings)
     }
 }

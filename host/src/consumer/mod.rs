@@ -38,6 +38,11 @@
 //! and the partition tries it again after the same backoff as an
 //! unavailable log.
 //!
+//! A partition another host took ([`StateError::Fenced`]: its commit was
+//! refused whole) is dropped: logged with the epochs, counted
+//! (`waku_partitions_fenced_total`), taken out of the caught-up gate, while
+//! the host keeps consuming its other partitions.
+//!
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
@@ -303,6 +308,9 @@ pub struct Consumer<L> {
     /// What the batches in flight (one per partition) may make the host
     /// hold, together.
     budget: BatchBudget,
+    /// When set, the partitions to hold while following, as they change
+    /// ([`Consumer::with_assignment`]).
+    assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -316,6 +324,7 @@ impl<L> Clone for Consumer<L> {
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
             budget: self.budget.clone(),
+            assignment: self.assignment.clone(),
         }
     }
 }
@@ -331,8 +340,20 @@ impl<L: EventLog> Consumer<L> {
             progress: Arc::default(),
             metrics: None,
             budget: BatchBudget::new(&config.payload),
+            assignment: None,
             config,
         }
+    }
+
+    /// Follows the partitions `assignment` names as it changes (Iggy's
+    /// consumer-group assignment) instead of a fixed set, when following
+    /// ([`Consumer::follow`]). Taking a partition claims it, publishes what
+    /// its outbox holds and resumes from its committed position, its gate
+    /// the position and end offset read then; losing one stops it between
+    /// batches. Needs a state store shared by the hosts (PostgreSQL).
+    pub fn with_assignment(mut self, assignment: tokio::sync::watch::Receiver<Vec<u32>>) -> Self {
+        self.assignment = Some(assignment);
+        self
     }
 
     /// Reports every handled run to `observer`.
@@ -420,9 +441,18 @@ impl<L: EventLog> Consumer<L> {
                 other => other?,
             }
         }
+        if let (Some(assignment), Until::Shutdown) = (&self.assignment, until) {
+            return self.consume_assigned(count, assignment.clone(), shutdown).await;
+        }
+        // Each partition is claimed first: a host that held it before can
+        // no longer commit to it (a no-op for the embedded store).
+        let partitions = self.partitions().await?;
+        for &partition in &partitions {
+            self.projection.store().claim(partition)?;
+        }
         // What the last run left, now that its retry and dead-letter
         // records have somewhere to go.
-        let left = self.publish_outbox().await?;
+        let left = self.publish_outbox(&partitions).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let stop_on_shutdown = stop_tx.clone();
@@ -431,12 +461,8 @@ impl<L: EventLog> Consumer<L> {
             let _ = stop_on_shutdown.send(true);
         });
         // The gate: every partition's end offset, read once at start-up.
-        // Each partition is claimed first: a host that held it before can
-        // no longer commit to it (a no-op for the embedded store).
-        let partitions = self.partitions().await?;
         let mut gate = Vec::with_capacity(partitions.len());
         for &partition in &partitions {
-            self.projection.store().claim(partition)?;
             let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
             gate.push((partition, position, self.log.end_offset(topic, partition).await?));
         }
@@ -452,7 +478,7 @@ impl<L: EventLog> Consumer<L> {
             let stop = stop_rx.clone();
             let stop_all = stop_tx.clone();
             tasks.spawn(async move {
-                let result = consumer.consume_partition(partition, end, stop).await;
+                let result = consumer.consume_partition(partition, end, stop).await.map(|(summary, _)| summary);
                 if result.is_err() {
                     let _ = stop_all.send(true);
                 }
@@ -466,6 +492,111 @@ impl<L: EventLog> Consumer<L> {
         Ok(summary)
     }
 
+    /// Follows the partitions `assignment` names until `shutdown`
+    /// ([`Consumer::with_assignment`]): one task per partition held, started
+    /// when the partition is taken and stopped (between batches) when it is
+    /// lost. A partition another host took while it is still assigned here
+    /// is taken back only after [`RETAKE_AFTER`]: the other host's view of
+    /// the assignment was newer or older than this one's, and by then both
+    /// have asked again (two hosts never claim it back and forth at full
+    /// speed, and a partition handed back between two asks is not left
+    /// without a host).
+    async fn consume_assigned(
+        &self,
+        count: u32,
+        mut assignment: tokio::sync::watch::Receiver<Vec<u32>>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, ConsumerError> {
+        self.progress.begin([]);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
+        let mut fenced: FxHashMap<u32, Instant> = FxHashMap::default();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut total = Summary::default();
+        let result = 'follow: loop {
+            let wanted: FxHashSet<u32> =
+                assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
+            fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
+            for (&partition, stop) in &held {
+                if !wanted.contains(&partition) {
+                    tracing::info!(
+                        projection = self.projection.name(),
+                        partition,
+                        "partition {partition} unassigned: stopping it"
+                    );
+                    let _ = stop.send(true);
+                }
+            }
+            let mut taken: Vec<u32> =
+                wanted.iter().copied().filter(|p| !held.contains_key(p) && !fenced.contains_key(p)).collect();
+            taken.sort_unstable();
+            for partition in taken {
+                match self.take_partition(partition).await {
+                    Ok(left) => total.undeliverable += left,
+                    Err(error) => break 'follow Err(error),
+                }
+                let (stop, stopped) = tokio::sync::watch::channel(false);
+                held.insert(partition, stop);
+                let consumer = self.clone();
+                tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
+            }
+            let retake = fenced.values().map(|at| *at + RETAKE_AFTER).min();
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                changed = assignment.changed() => if changed.is_err() { break Ok(()) },
+                () = tokio::time::sleep_until(retake.unwrap_or_else(Instant::now).into()), if retake.is_some() => {}
+                Some(joined) = tasks.join_next() => {
+                    let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+                    held.remove(&partition);
+                    self.progress.release(partition);
+                    match ended {
+                        Ok((summary, was_fenced)) => {
+                            total.add(&summary);
+                            if was_fenced {
+                                fenced.insert(partition, Instant::now());
+                            }
+                        }
+                        Err(error) => break Err(error),
+                    }
+                }
+            }
+        };
+        for stop in held.values() {
+            let _ = stop.send(true);
+        }
+        let mut first_error = result.err();
+        while let Some(joined) = tasks.join_next().await {
+            match joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string())) {
+                Ok((_, Ok((summary, _)))) => total.add(&summary),
+                Ok((_, Err(error))) | Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(total), Err)
+    }
+
+    /// Takes a partition: claims it (fencing its previous host), publishes
+    /// what its outbox holds, and gates it at its committed position and
+    /// the end offset read now. Returns the messages found undeliverable.
+    async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
+        let topic = self.projection.topic();
+        let epoch = self.projection.store().claim(partition)?;
+        let left = self.publish_outbox(&[partition]).await?;
+        let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
+        let end = self.log.end_offset(topic, partition).await?;
+        self.progress.take(partition, position, end);
+        tracing::info!(
+            projection = self.projection.name(),
+            partition,
+            epoch,
+            position,
+            end,
+            "took partition {partition}"
+        );
+        Ok(left.undeliverable)
+    }
+
     /// Consumes one partition until `end` (if given) or until `stop` is set.
     /// Keys whose retry is due are taken before the next batch is polled.
     ///
@@ -473,12 +604,14 @@ impl<L: EventLog> Consumer<L> {
     /// waits with a growing backoff and tries again from what it committed:
     /// the outbox and retry index owed by the last commit are settled first,
     /// and a retry queue that was being worked on is rebuilt from the log.
+    /// Says, with what it did, whether it ended because another host took
+    /// the partition.
     async fn consume_partition(
         &self,
         partition: u32,
         end: Option<u64>,
         mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<Summary, ConsumerError> {
+    ) -> Result<(Summary, bool), ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let mut state = PartitionState {
             position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
@@ -523,6 +656,10 @@ impl<L: EventLog> Consumer<L> {
                     let _ = tokio::time::timeout(backoff, stop.changed()).await;
                     continue;
                 }
+                Err(ConsumerError::State(StateError::Fenced { held, current, .. })) => {
+                    self.drop_fenced(partition, held, current);
+                    return Ok((summary, true));
+                }
                 Err(error) => return Err(error),
             }
             if !backoff.is_zero() {
@@ -533,7 +670,7 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         }
-        Ok(summary)
+        Ok((summary, false))
     }
 
     /// One step of [`Consumer::consume_partition`]: settle what the last
@@ -554,7 +691,7 @@ impl<L: EventLog> Consumer<L> {
             // After a commit: its outbox out, its retry records indexed (so
             // the next batch diverts their keys), the log's offset updated.
             let started = Instant::now();
-            summary.undeliverable += self.publish_outbox().await?.undeliverable;
+            summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
             self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
             self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
             state.settle = false;
@@ -699,6 +836,23 @@ impl<L: EventLog> Consumer<L> {
         Ok((summary, queue))
     }
 
+    /// Drops a partition another host took (claimed epoch `current`, this
+    /// host's was `held`): its refused commit changed nothing, the
+    /// partition's new host resumes from the last commit, and this host
+    /// goes on with its other partitions.
+    fn drop_fenced(&self, partition: u32, held: u64, current: u64) {
+        tracing::warn!(
+            projection = self.projection.name(),
+            partition,
+            "partition {partition} was taken over by another host (epoch {current}, this host held {held}): \
+             its last batch was not committed and this host stops consuming it"
+        );
+        self.progress.release(partition);
+        if let Some(metrics) = &self.metrics {
+            metrics.partition_fenced(self.projection.name());
+        }
+    }
+
     /// Observes a batch's (or a settle step's) phases in the metrics.
     fn record_phases(&self, phases: &PhaseTimes) {
         if let Some(metrics) = &self.metrics {
@@ -706,17 +860,24 @@ impl<L: EventLog> Consumer<L> {
         }
     }
 
-    /// Publishes the outbox: what committed batches emitted or routed.
-    async fn publish_outbox(&self) -> Result<Published, ConsumerError> {
+    /// Publishes the outbox entries of `partitions`: what their committed
+    /// batches emitted or routed.
+    async fn publish_outbox(&self, partitions: &[u32]) -> Result<Published, ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
         let projection = &*self.projection;
-        let published = outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic()).await?;
+        let published =
+            outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic(), partitions).await?;
         if let Some(metrics) = self.metrics.as_ref().filter(|_| published.undeliverable > 0) {
             metrics.undeliverable(projection.name(), published.undeliverable);
         }
         Ok(published)
     }
 }
+
+/// How long a partition another host took is left to it while the
+/// assignment still names it here ([`Consumer::with_assignment`]): longer
+/// than the consumer group is polled ([`crate::membership::GROUP_POLL`]).
+pub const RETAKE_AFTER: Duration = Duration::from_secs(2);
 
 /// Where one partition's consuming stands between steps.
 struct PartitionState {

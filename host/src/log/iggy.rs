@@ -61,6 +61,14 @@
 //! - **Unreadable headers are a header error.** The client answers a
 //!   malformed header block with "no headers"; the record then has none, and
 //!   the consumer dead-letters it for its missing envelope.
+//! - **Consumer groups assign partitions** ([`EventLog::group_partitions`]):
+//!   the host joins the group (created if missing) and asks which
+//!   partitions its member holds, found by this connection's client id.
+//!   Membership belongs to the connection: the server drops a member whose
+//!   connection closes (a host that dies) and shares its partitions out
+//!   again, and after a reconnect the next call joins again. Reads stay
+//!   plain offset reads; what keeps two hosts from both applying a
+//!   partition is the state store's fencing, not the group.
 //! - **Errors carry codes, not text** over TCP: they are matched by variant.
 
 use std::borrow::Cow;
@@ -73,9 +81,9 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use iggy::prelude::{
-    Client, Consumer, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier, IggyClient, IggyError,
-    IggyMessage, IggyTimestamp, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient,
-    TopicCreateOptions,
+    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
+    IggyClient, IggyError, IggyMessage, IggyTimestamp, MessageClient, Partitioning, PollingStrategy, StreamClient,
+    TopicClient, TopicCreateOptions,
 };
 use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
@@ -500,6 +508,84 @@ impl EventLog for IggyLog {
             .map_err(|e| self.storage("polling by timestamp", e))?;
         Ok(polled.messages.first().map_or(end, |message| message.header.offset.min(end)))
     }
+
+    async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
+        let topic_id = self.topic_id(topic)?;
+        let group_id = Identifier::named(group).map_err(|_| LogError::InvalidTopicName {
+            topic: group.to_owned(),
+            reason: "Iggy cannot name a group so",
+        })?;
+        let client = self.client().await?;
+        if let Some(partitions) = self.assignment(&client, &topic_id, &group_id).await? {
+            return Ok(partitions);
+        }
+        // Not a member on this connection: the first call, or a reconnect.
+        match client.create_consumer_group(&self.stream, &topic_id, group).await {
+            Ok(_) | Err(IggyError::ConsumerGroupNameAlreadyExists(..)) => {}
+            Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
+                return Err(LogError::TopicNotFound { topic: topic.to_owned() });
+            }
+            Err(e) => return Err(self.storage("creating a consumer group", e)),
+        }
+        client
+            .join_consumer_group(&self.stream, &topic_id, &group_id)
+            .await
+            .map_err(|e| self.storage("joining a consumer group", e))?;
+        tracing::info!(topic, group, "joined consumer group `{group}` of `{topic}`");
+        Ok(self.assignment(&client, &topic_id, &group_id).await?.unwrap_or_default())
+    }
+}
+
+impl IggyLog {
+    /// This connection's partitions in a consumer group, asked of the
+    /// group's coordinator (the client's own sync request, which the
+    /// client crate keeps to itself); `None` when it is not a member.
+    async fn assignment(
+        &self,
+        client: &IggyClient,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<Option<Vec<u32>>, LogError> {
+        use iggy_binary_protocol::WireDecode;
+        use iggy_binary_protocol::codec::WireEncode;
+        use iggy_binary_protocol::requests::consumer_groups::SyncConsumerGroupRequest;
+        use iggy_binary_protocol::responses::consumer_groups::SyncConsumerGroupResponse;
+        use iggy_common::BinaryTransport;
+        use iggy_common::locking::IggyRwLockFn;
+        use iggy_common::wire_conversions::identifier_to_wire;
+
+        let failed = |e| self.storage("asking a consumer group for this host's partitions", e);
+        let request = SyncConsumerGroupRequest {
+            stream_id: identifier_to_wire(&self.stream).map_err(failed)?,
+            topic_id: identifier_to_wire(topic).map_err(failed)?,
+            group_id: identifier_to_wire(group).map_err(failed)?,
+        };
+        let wrapper = client.client();
+        let wrapper = wrapper.read().await;
+        let code = iggy_binary_protocol::codes::SYNC_CONSUMER_GROUP_CODE;
+        let response = match &*wrapper {
+            iggy::prelude::ClientWrapper::Tcp(tcp) => tcp.send_raw_with_response(code, request.to_bytes()).await,
+            _ => return Err(failed(IggyError::InvalidCommand)),
+        };
+        let response = match response {
+            Ok(response) => response,
+            Err(IggyError::ConsumerGroupIdNotFound(..) | IggyError::ConsumerGroupNameNotFound(..)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(failed(e)),
+        };
+        if response.is_empty() {
+            return Ok(None);
+        }
+        let (assignment, _) =
+            SyncConsumerGroupResponse::decode(&response).map_err(|_| failed(IggyError::InvalidCommand))?;
+        Ok(Some(sorted(assignment.partitions)))
+    }
+}
+
+fn sorted(mut partitions: Vec<u32>) -> Vec<u32> {
+    partitions.sort_unstable();
+    partitions
 }
 
 /// A partition's end offset from its topic's details.

@@ -92,6 +92,9 @@ pub struct StoredRecord {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LogError {
+    /// The log has no consumer groups (only Apache Iggy's has them).
+    #[error("this log has no consumer groups (they need Apache Iggy: --iggy)")]
+    NoConsumerGroups,
     /// The topic has not been created.
     #[error("topic `{topic}` does not exist")]
     TopicNotFound {
@@ -347,6 +350,16 @@ pub trait EventLog: Send + Sync + 'static {
         partition: u32,
         time: SystemTime,
     ) -> impl Future<Output = Result<u64, LogError>> + Send;
+
+    /// The partitions of `topic` that consumer group `group` assigns to this
+    /// connection now, joining the group (created if missing) when this
+    /// connection is not a member: membership belongs to the connection, so
+    /// after a reconnect the next call joins again. Logs without consumer
+    /// groups answer [`LogError::NoConsumerGroups`].
+    fn group_partitions(&self, topic: &str, group: &str) -> impl Future<Output = Result<Vec<u32>, LogError>> + Send {
+        let _ = (topic, group);
+        async { Err(LogError::NoConsumerGroups) }
+    }
 }
 
 /// Either backend, chosen at run time (the command line's `--iggy`).
@@ -445,6 +458,10 @@ impl EventLog for AnyLog {
 
     async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
         delegate!(self, log => log.offset_at(topic, partition, time))
+    }
+
+    async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
+        delegate!(self, log => log.group_partitions(topic, group))
     }
 }
 

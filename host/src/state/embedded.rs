@@ -229,9 +229,9 @@ impl StateBackend for EmbeddedStore {
                 done_table.retain_in(below, |_, _| false).map_err(|e| self.storage(e))?;
             }
 
-            if let Some(through) = outbox_through {
+            if let Some((partition, through)) = outbox_through {
                 let mut table = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
-                table.retain_in(..=through, |_, _| false).map_err(|e| self.storage(e))?;
+                retain_others(&mut table, partition, through).map_err(|e| self.storage(e))?;
             }
             if !outbox.is_empty() {
                 let mut sequences = txn.open_table(SEQUENCES).map_err(|e| self.storage(e))?;
@@ -328,17 +328,6 @@ impl StateBackend for EmbeddedStore {
             entries.push((seq, entry));
         }
         Ok(entries)
-    }
-
-    /// Removes every outbox entry up to and including `through_seq`, once
-    /// they have been appended to the log. Sequence numbers are not reused.
-    fn remove_outbox(&self, through_seq: u64) -> Result<(), StateError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
-        {
-            let mut table = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
-            table.retain_in(..=through_seq, |_, _| false).map_err(|e| self.storage(e))?;
-        }
-        txn.commit().map_err(|e| self.storage(e))
     }
 
     /// A value the host keeps for itself (module versions, format marks).
@@ -444,6 +433,14 @@ impl Snapshot for EmbeddedSnapshot {
         let value = self.counters.get(name).map_err(|e| storage(&self.location, e))?;
         Ok(value.map_or(0, |v| v.value()))
     }
+}
+
+/// Removes the outbox entries of `partition` up to `through`, keeping the
+/// other partitions' (and any entry that cannot be decoded: reading it
+/// reports it).
+fn retain_others(table: &mut redb::Table<u64, &[u8]>, partition: u32, through: u64) -> Result<(), redb::StorageError> {
+    table
+        .retain_in(..=through, |seq, bytes| decode_outbox(seq, bytes).map_or(true, |entry| entry.source() != partition))
 }
 
 #[cfg(test)]

@@ -31,13 +31,15 @@
 //! consumer offset is only a copy written after the commit. Messages to other
 //! topics cannot join this transaction, so they go through the outbox: the
 //! host appends the pending entries, then removes them with
-//! [`StateBackend::remove_outbox`]. The appends are stamped with the entries'
+//! [`StateBackend::remove_outbox`]. Each entry belongs to the partition whose
+//! commit added it ([`OutboxEntry::source`]): only the host holding that
+//! partition publishes and removes it. The appends are stamped with the entries'
 //! sequence numbers, so after a crash in between only what is missing is
 //! appended again: each entry once, in order ([`crate::outbox`]).
 //!
 //! **Fencing.** A host that takes a partition [claims](StateBackend::claim)
 //! it, which bumps the partition's epoch; every later commit touching that
-//! partition checks the epoch in the same transaction and is refused with
+//! partition (its positions, done marks or outbox) checks the epoch in the same transaction and is refused with
 //! [`StateError::Fenced`] once another host has claimed it since. The
 //! embedded store has nothing to fence: one process holds its file lock.
 //!
@@ -92,7 +94,7 @@ pub enum StateError {
     /// damaged file, lost database connection, ...).
     #[error("state storage failed on {store}")]
     Storage {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// The cause.
         #[source]
@@ -101,7 +103,7 @@ pub enum StateError {
     /// A stored value cannot be decoded.
     #[error("corrupt state in {store}: {what}")]
     Corrupt {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// What could not be read, and why.
         what: String,
@@ -121,7 +123,7 @@ pub enum StateError {
     /// The database holds a schema newer than this build knows.
     #[error("{store} holds schema version {found}, this build knows up to {known}; run a newer waku")]
     SchemaTooNew {
-        /// The store ([`StateStore::location`]).
+        /// The store ([`StateBackend::location`]).
         store: String,
         /// The version found.
         found: i32,
@@ -129,7 +131,7 @@ pub enum StateError {
         known: i32,
     },
     /// Another host took the partition since this store claimed it: the
-    /// commit was refused and nothing of it applied ([`StateStore::claim`]).
+    /// commit was refused and nothing of it applied ([`StateBackend::claim`]).
     #[error("partition {partition} was taken over (epoch {current}, this host holds {held}); commit refused")]
     Fenced {
         /// The partition.
@@ -165,6 +167,16 @@ pub struct OutboxEntry {
     /// For a message a handler emitted, where it came from; `None` for the
     /// host's own retry and dead-letter records.
     pub origin: Option<EmitOrigin>,
+}
+
+impl OutboxEntry {
+    /// The partition of the projection's topic whose commit added the
+    /// entry: it is that partition's to publish ([`crate::outbox`]). An
+    /// emitted message names it in its origin; the host's own retry and
+    /// dead-letter records go to the partition their event came from.
+    pub fn source(&self) -> u32 {
+        self.origin.as_ref().map(|origin| origin.partition).or(self.partition).unwrap_or(0)
+    }
 }
 
 /// The handler call that emitted an [`OutboxEntry`]: should the message
@@ -267,10 +279,11 @@ pub struct BatchCommit {
     /// Records at or above their partition's position now dealt with, as
     /// (topic, partition, offset).
     pub done: Vec<(String, u32, u64)>,
-    /// Pending outbox entries up to and including this sequence number
-    /// are settled and removed, before `outbox` adds its entries (the
-    /// outbox publisher replaces undeliverable messages by dead letters so).
-    pub outbox_through: Option<u64>,
+    /// Pending outbox entries of a partition ([`OutboxEntry::source`]) up
+    /// to and including a sequence number, as (partition, sequence), are
+    /// settled and removed, before `outbox` adds its entries (the outbox
+    /// publisher replaces undeliverable messages by dead letters so).
+    pub outbox_through: Option<(u32, u64)>,
 }
 
 impl BatchCommit {
@@ -335,9 +348,20 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// The pending outbox entries with their sequence numbers, in order.
     fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError>;
 
-    /// Removes every outbox entry up to and including `through_seq`, once
-    /// they have been appended to the log. Sequence numbers are not reused.
-    fn remove_outbox(&self, through_seq: u64) -> Result<(), StateError>;
+    /// The pending outbox entries of `partition` ([`OutboxEntry::source`]),
+    /// in order: what the host holding that partition publishes.
+    fn outbox_of(&self, partition: u32) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
+        let mut entries = self.outbox()?;
+        entries.retain(|(_, entry)| entry.source() == partition);
+        Ok(entries)
+    }
+
+    /// Removes the outbox entries of `partition` up to and including
+    /// `through_seq`, once they have been appended to the log. Sequence
+    /// numbers are not reused. A commit, so fenced as one.
+    fn remove_outbox(&self, partition: u32, through_seq: u64) -> Result<(), StateError> {
+        self.commit(BatchCommit { outbox_through: Some((partition, through_seq)), ..BatchCommit::default() })
+    }
 
     /// A value the host keeps for itself (module versions, outbox marks).
     fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError>;

@@ -181,19 +181,25 @@ pub(super) fn outbox_sequence_numbers_keep_increasing(fixture: &dyn Fixture) {
     store.commit(BatchCommit { outbox: vec![entry("a", 0), entry("b", 1)], ..Default::default() }).unwrap();
     store.commit(BatchCommit { outbox: vec![entry("a", 2)], ..Default::default() }).unwrap();
     assert_eq!(store.outbox().unwrap(), vec![(0, entry("a", 0)), (1, entry("b", 1)), (2, entry("a", 2))]);
-    store.remove_outbox(1).unwrap();
-    assert_eq!(store.outbox().unwrap(), vec![(2, entry("a", 2))]);
-    store.remove_outbox(2).unwrap();
+    // Each entry is its source partition's (odd ones come from 1).
+    assert_eq!(store.outbox_of(0).unwrap(), vec![(0, entry("a", 0)), (2, entry("a", 2))]);
+    assert_eq!(store.outbox_of(1).unwrap(), vec![(1, entry("b", 1))]);
+    store.remove_outbox(0, 1).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(1, entry("b", 1)), (2, entry("a", 2))]);
+    store.remove_outbox(0, 2).unwrap();
+    assert_eq!(store.outbox().unwrap(), vec![(1, entry("b", 1))]);
+    store.remove_outbox(1, 2).unwrap();
     assert_eq!(store.outbox().unwrap(), vec![]);
     drop(store);
     let store = fixture.open();
     store.commit(BatchCommit { outbox: vec![entry("c", 3)], ..Default::default() }).unwrap();
     assert_eq!(store.outbox().unwrap(), vec![(3, entry("c", 3))]);
-    store.remove_outbox(0).unwrap();
+    store.remove_outbox(1, 0).unwrap();
+    store.remove_outbox(0, 3).unwrap();
     assert_eq!(store.outbox().unwrap().len(), 1);
-    // Settling replaces: entries up to 3 go, the new one gets 4.
+    // Settling replaces: partition 1's entries up to 3 go, the new one gets 5.
     store.commit(BatchCommit { outbox: vec![entry("d", 4)], ..Default::default() }).unwrap();
-    let settle = BatchCommit { outbox: vec![entry("dlq", 5)], outbox_through: Some(3), ..Default::default() };
+    let settle = BatchCommit { outbox: vec![entry("dlq", 5)], outbox_through: Some((1, 3)), ..Default::default() };
     store.commit(settle).unwrap();
     assert_eq!(store.outbox().unwrap(), vec![(4, entry("d", 4)), (5, entry("dlq", 5))]);
 }
@@ -283,6 +289,24 @@ pub(super) fn a_claim_fences_the_previous_owner(fixture: &dyn Fixture) {
     old.commit(BatchCommit { positions: vec![("t".into(), 4, 1)], ..BatchCommit::default() }).unwrap();
     assert_eq!(new.position("t", 3).unwrap(), Some(20));
     assert_eq!(new.get(&k(1), "v").unwrap(), bytes("new"));
+
+    // The outbox of a claimed partition is fenced too: adding to it,
+    // removing from it, settling it.
+    let entry_of = |partition: u32| OutboxEntry { partition: Some(partition), origin: None, ..entry("retry_t", 0) };
+    let pending = new.outbox_of(3).unwrap();
+    assert_eq!(pending.len(), 0);
+    new.commit(BatchCommit { outbox: vec![entry_of(3)], ..BatchCommit::default() }).unwrap();
+    let (last, _) = *new.outbox_of(3).unwrap().last().unwrap();
+    for refused in [
+        old.remove_outbox(3, last).unwrap_err(),
+        old.commit(BatchCommit { outbox: vec![entry_of(3)], ..BatchCommit::default() }).unwrap_err(),
+        old.commit(BatchCommit { outbox_through: Some((3, last)), ..BatchCommit::default() }).unwrap_err(),
+    ] {
+        assert!(matches!(refused, StateError::Fenced { partition: 3, .. }), "{refused}");
+    }
+    assert_eq!(new.outbox_of(3).unwrap().len(), 1);
+    new.remove_outbox(3, last).unwrap();
+    assert!(new.outbox_of(3).unwrap().is_empty());
 }
 
 pub(super) fn positions_done_marks_and_host_values_are_listed(fixture: &dyn Fixture) {

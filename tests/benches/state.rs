@@ -1,0 +1,158 @@
+//! `WAKU_POSTGRES_URL=postgres://… cargo bench -p wakuwaku-tests --bench state`:
+//! the bank projection on one seeded workload and one embedded log,
+//! consumed through the host into the embedded state store and into
+//! PostgreSQL, alternately, in one run.
+//!
+//! Each consumption starts from a fresh store (a file of its own, or a
+//! projection of its own in the database) and is checked against the
+//! oracle. Prints events/s per backend, best of the rounds, and the ratio.
+//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload
+//! (default 200 000 events over 10 000 accounts, 4 partitions). Without
+//! `WAKU_POSTGRES_URL` it says so and stops.
+//!
+//! With `WAKU_IGGY_URL` too, on a 6-partition Iggy topic holding the same
+//! workload: hosts of one projection in a consumer group (each on its own
+//! runtime and connection, as `waku run --group` processes), 1, 2 and 3 of
+//! them, each count into a fresh projection, timed until every partition's
+//! committed position reaches its end; then the failover time: two hosts
+//! caught up, more events arrive, one host is killed, and the time until
+//! the dead host's partitions are consumed to their new ends by the other.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::log::{EventLog, IggyLog};
+use wakuwaku::projection::Projection;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku_tests::group::GroupHost;
+use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const ROUNDS: usize = 2;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    if !std::env::args().any(|arg| arg == "--bench") {
+        println!("state bench: run with `cargo bench -p wakuwaku-tests --bench state`");
+        return;
+    }
+    let Ok(url) = std::env::var("WAKU_POSTGRES_URL") else {
+        println!("state bench: needs a PostgreSQL server named by WAKU_POSTGRES_URL");
+        return;
+    };
+    wakuwaku::memory::prefer_small_pages();
+    let spec = WorkloadSpec {
+        events: env_or("WAKU_BENCH_EVENTS", 200_000) as usize,
+        accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
+        seed: 42,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, oracle) = runtime.block_on(bank_log(dir.path(), module.clone(), spec, 4));
+    println!(
+        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {ROUNDS} rounds",
+        spec.events, spec.accounts
+    );
+    let mut best = [f64::MAX; 2];
+    for round in 0..ROUNDS {
+        let embedded = StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap();
+        let projection = fresh_stream("bench").replace('-', "_");
+        let postgres = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+        for (way, store) in [embedded, postgres].into_iter().enumerate() {
+            let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+            let started = Instant::now();
+            let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+            runtime.block_on(consumer.catch_up()).unwrap();
+            best[way] = best[way].min(started.elapsed().as_secs_f64());
+            let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+            assert!(check.matches(), "{}", check.report(5));
+        }
+    }
+    let rate = |secs: f64| spec.events as f64 / secs;
+    println!("embedded state (redb):   {:>10.0} events/s", rate(best[0]));
+    println!("PostgreSQL state:        {:>10.0} events/s", rate(best[1]));
+    println!("ratio embedded / PostgreSQL: {:>6.2}", best[1] / best[0]);
+
+    if let Ok(iggy) = std::env::var("WAKU_IGGY_URL") {
+        scale_out(&runtime, &iggy, &url, spec, dir.path());
+    }
+}
+
+/// Hosts in a consumer group: 1, 2, 3 of them, and a failover.
+fn scale_out(runtime: &tokio::runtime::Runtime, iggy: &str, postgres: &str, spec: WorkloadSpec, dir: &Path) {
+    let stream = fresh_stream("bench-scale");
+    let log = runtime.block_on(IggyLog::connect(iggy, &stream)).unwrap();
+    let module = bank_module();
+    let oracle = runtime.block_on(publish_bank(&log, module.clone(), spec, 6));
+    let ends = runtime.block_on(log.end_offsets("accounts")).unwrap();
+    let cache = dir.join("hosts");
+    let start = |projection: &str, group: &str| {
+        GroupHost::start(iggy, &stream, postgres, (projection, group), ConsumerConfig::default(), &cache)
+    };
+    let consumed = |store: &StateStore, ends: &[u64], partitions: &[u32]| {
+        partitions.iter().all(|&p| store.position("accounts", p).unwrap() == Some(ends[p as usize]))
+    };
+    // Compiles the module into the shared cache, so no count pays for it.
+    start(&fresh_stream("warm").replace('-', "_"), "warm").stop();
+    let all: Vec<u32> = (0..6).collect();
+    let mut times = Vec::new();
+    for hosts in 1..=3 {
+        let projection = fresh_stream("hosts").replace('-', "_");
+        let store = StateStore::from_backend(PostgresStore::connect(postgres, &projection).unwrap());
+        let started = Instant::now();
+        let running: Vec<GroupHost> = (0..hosts).map(|_| start(&projection, &projection)).collect();
+        while !consumed(&store, &ends, &all) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        times.push(started.elapsed().as_secs_f64());
+        running.into_iter().for_each(GroupHost::stop);
+        let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+        assert!(check.matches(), "{hosts} hosts: {}", check.report(5));
+    }
+    println!("Iggy, 6 partitions, hosts in one consumer group (start-up included, module cached):");
+    for (hosts, secs) in times.iter().enumerate() {
+        println!("  {} host(s):             {:>10.0} events/s", hosts + 1, spec.events as f64 / secs);
+    }
+    println!("  ratio 2 hosts / 1 host:  {:>6.2}", times[0] / times[1]);
+    println!("  ratio 3 hosts / 1 host:  {:>6.2}", times[0] / times[2]);
+
+    // Failover: B dies right after more events arrive.
+    let projection = fresh_stream("failover").replace('-', "_");
+    let store = StateStore::from_backend(PostgresStore::connect(postgres, &projection).unwrap());
+    let (a, b) = (start(&projection, &projection), start(&projection, &projection));
+    while !consumed(&store, &ends, &all) || a.held().is_empty() || b.held().is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let more = WorkloadSpec { events: 6_000, seed: 7, ..spec };
+    let (events, _) = demo::workload(more);
+    let outgoing = events
+        .iter()
+        .map(|e| Outgoing {
+            tag: demo::bank_tag(&*module, e.type_name).unwrap(),
+            body: serde_json::to_vec(&e.body).unwrap(),
+        })
+        .collect();
+    runtime.block_on(publish::publish(&log, "accounts", module.clone(), outgoing, None, 2)).unwrap();
+    let new_ends = runtime.block_on(log.end_offsets("accounts")).unwrap();
+    let orphaned = b.held();
+    let died = Instant::now();
+    b.kill();
+    while !consumed(&store, &new_ends, &orphaned) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let failover = died.elapsed().as_secs_f64();
+    a.stop();
+    println!(
+        "failover: host killed to its partitions {orphaned:?} consumed to their new ends elsewhere: {failover:.2} s"
+    );
+}

@@ -1,0 +1,63 @@
+//! Hosts of one projection in an Iggy consumer group, for the scale-out
+//! test and benchmark: each as `waku run --group` starts it, killable as a
+//! process is.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::host::{Host, RunningHost, StateSettings};
+use wakuwaku::log::IggyLog;
+
+use crate::{bank_module, host_settings};
+
+/// A `waku run` of the projection as the CLI starts it (a consumer group,
+/// state in PostgreSQL, its own Iggy connection), on a runtime of its own
+/// so that killing it ends its tasks and connections at once, as a dead
+/// process's.
+pub struct GroupHost {
+    runtime: Option<tokio::runtime::Runtime>,
+    host: Option<RunningHost<IggyLog>>,
+}
+
+impl GroupHost {
+    /// Starts a host of `projection` over topic `accounts` of `stream`,
+    /// in consumer group `group`, consuming with `config`, its compile
+    /// cache in `data`.
+    pub fn start(
+        url: &str,
+        stream: &str,
+        postgres: &str,
+        (projection, group): (&str, &str),
+        config: ConsumerConfig,
+        data: &Path,
+    ) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let host = runtime.block_on(async {
+            let log = Arc::new(IggyLog::connect(url, stream).await.unwrap());
+            let mut settings = host_settings(data, projection, "accounts", vec![bank_module()], config);
+            settings.state = StateSettings::Postgres { url: postgres.to_owned() };
+            settings.until_caught_up = false;
+            settings.group = Some(group.to_owned());
+            Host::start_on(log, settings).await.unwrap()
+        });
+        Self { runtime: Some(runtime), host: Some(host) }
+    }
+
+    /// The partitions it holds now.
+    pub fn held(&self) -> Vec<u32> {
+        self.host.as_ref().unwrap().progress().partitions().iter().map(|p| p.partition).collect()
+    }
+
+    /// Ends it abruptly: no batch finished, nothing settled, connection cut.
+    pub fn kill(mut self) {
+        self.runtime.take().unwrap().shutdown_background();
+        drop(self.host.take());
+    }
+
+    /// Stops it as `waku run` stops on a signal.
+    pub fn stop(mut self) {
+        let (runtime, host) = (self.runtime.take().unwrap(), self.host.take().unwrap());
+        runtime.block_on(host.stop()).unwrap();
+    }
+}
