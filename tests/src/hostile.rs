@@ -54,7 +54,8 @@ pub mod tag {
     pub const COUNTER_OVERFLOW: EventTypeTag = EventTypeTag::new(207);
     /// Adds `delta` to counter `name` (default `shared`), then reads it.
     pub const SHARED_COUNTER: EventTypeTag = EventTypeTag::new(208);
-    /// Empty, 257-byte and `size`-byte names on every state import.
+    /// Empty, 257-byte and `size`-byte names on every state import (or
+    /// only `name`, when given).
     pub const BAD_NAMES: EventTypeTag = EventTypeTag::new(209);
     /// `n` log lines of `size` bytes (`mode` `escape`: terminal control
     /// sequences).

@@ -89,7 +89,8 @@ pub struct Params {
     pub mode: String,
     /// A topic to attack (`EmitUndeclared`, `EmitHostTopic`).
     pub topic: String,
-    /// A counter name (`CounterOverflow`, `SharedCounter`).
+    /// A counter name (`CounterOverflow`, `SharedCounter`); the one name
+    /// `BadNames` tries on every state import.
     pub name: String,
     /// A counter delta (`SharedCounter`).
     pub delta: i64,
@@ -502,6 +503,15 @@ impl Guest for Hostile {
                 let name = if params.name.is_empty() { "shared" } else { params.name.as_str() };
                 report.step(state::counter_add(name, params.delta));
                 read_counter(&mut report, name);
+            }
+            "BadNames" if !params.name.is_empty() => {
+                // The name the test gives (a NUL, say), on every import.
+                let name = params.name.as_str();
+                report.step(state::get(name).map(|_| ()));
+                report.step(state::set(name, b"v"));
+                report.step(state::delete(name));
+                report.step(state::counter_add(name, 1));
+                report.step(state::counter_get(name).map(|_| ()));
             }
             "BadNames" => {
                 let huge = "n".repeat(size_or(&params, 1 << 20));
