@@ -86,9 +86,12 @@ pub mod tag {
     pub const TRANSIENT: EventTypeTag = EventTypeTag::new(221);
     /// Sets values of `size` bytes (default 1 MiB) until refused.
     pub const BIG_VALUES: EventTypeTag = EventTypeTag::new(222);
+    /// Sleeps `n` seconds (default an hour; `mode` `forever`: `u64::MAX`
+    /// nanoseconds) through WASI's monotonic clock.
+    pub const SLEEP: EventTypeTag = EventTypeTag::new(223);
 
     /// Every attack's tag and the name the module declares for it.
-    pub const ALL: [(EventTypeTag, &str); 23] = [
+    pub const ALL: [(EventTypeTag, &str); 24] = [
         (EMIT_UNDECLARED, "EmitUndeclared"),
         (EMIT_HOST_TOPIC, "EmitHostTopic"),
         (EMIT_BAD_TOPIC, "EmitBadTopic"),
@@ -112,6 +115,7 @@ pub mod tag {
         (COLLIDING_COUNTERS, "CollidingCounters"),
         (TRANSIENT, "Transient"),
         (BIG_VALUES, "BigValues"),
+        (SLEEP, "Sleep"),
     ];
 }
 

@@ -521,6 +521,28 @@ async fn refusals_are_cheap_and_spinning_on_them_ends_at_the_cpu_budget() {
     assert!(reason.contains("CPU budget"), "{reason}");
 }
 
+/// A sleep waits on WASI's clock inside the host, where the CPU budget
+/// (which interrupts running wasm code) cannot reach it: an hour's sleep,
+/// or one of `u64::MAX` nanoseconds, would hold its worker and the
+/// batch that long. The clock is frozen, so no time passes for a module:
+/// every sleep ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_ends_at_once_and_never_holds_up_the_batch() {
+    let bed = Bed::new(PayloadLimits::default()).await;
+    bed.append(vec![
+        attack(tag::SLEEP, 1, json!({ "n": 3_600 })),
+        attack(tag::SLEEP, 2, json!({ "mode": "forever" })),
+        attack(tag::BEHAVE, 3, json!({})),
+    ])
+    .await;
+    let summary =
+        tokio::time::timeout(Duration::from_secs(60), bed.run()).await.expect("a sleeping module holds up the batch");
+    assert_eq!((summary.applied, summary.dead_lettered), (3, 0), "{summary:?}");
+    for key in [1, 2] {
+        assert_eq!(bed.report(key).outcomes, ["woke"], "key {key}");
+    }
+}
+
 /// Runs `events` calls of `attack`, 1 000 names each, colliding in the
 /// host's FxHash or not (`mode`), and returns how long the batch took.
 /// Entries are per key, so their calls are all for key 1; counters are

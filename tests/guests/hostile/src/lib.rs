@@ -72,6 +72,7 @@ const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
     (220, "CollidingCounters", Algebra::NonAssociative, 1),
     (221, "Transient", Algebra::NonAssociative, 1),
     (222, "BigValues", Algebra::NonAssociative, 1),
+    (223, "Sleep", Algebra::NonAssociative, 1),
 ];
 
 /// What an event asks for. Every field is optional but `key`.
@@ -544,6 +545,19 @@ impl Guest for Hostile {
                     _ => "E".repeat(size_or(&params, 8 << 20)),
                 };
                 return Err(error(class(&params.class), message));
+            }
+            "Sleep" => {
+                // Waits `n` seconds (default an hour; `mode` `forever`:
+                // u64::MAX nanoseconds, the longest one subscription to
+                // the clock asks for) through WASI's clock, outside the
+                // reach of the CPU budget, which only interrupts running
+                // wasm code.
+                let duration = match params.mode.as_str() {
+                    "forever" => std::time::Duration::from_nanos(u64::MAX),
+                    _ => std::time::Duration::from_secs(if params.n == 0 { 3600 } else { params.n }),
+                };
+                std::thread::sleep(duration);
+                report.outcomes.push("woke".to_owned());
             }
             "Transient" => {
                 return Err(error(ErrorClass::Transient, format!("transient, key {}", params.key)));
