@@ -14,11 +14,12 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::key::{Key, KeyValue};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::projection::Projection;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku::state::{BatchCommit, KeyWrites, PostgresStore, StateStore};
 use wakuwaku_tests::hostile::{Accounts, OUT, attack, hostile_module, report, tag};
 
 const TOPIC: &str = "hostile";
@@ -111,4 +112,68 @@ async fn a_name_with_a_nul_is_refused_and_never_wedges_a_postgresql_partition() 
     bed.append(vec![attack(tag::BEHAVE, 4, json!({}))]).await;
     assert_eq!(bed.run().await.applied, 1);
     assert!(report(bed.store(), 4).is_some(), "key 4 applied after the restart");
+}
+
+/// Keys and values a module may legally produce that PostgreSQL is picky
+/// about (a NUL in a string key, bytes that are not UTF-8, JSON that
+/// `jsonb` refuses or cannot nest, numbers past its range) are kept
+/// exactly, byte for byte, and never fail the commit that writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_values_postgresql_is_picky_about_are_kept_byte_for_byte() {
+    let Ok(url) = std::env::var("WAKU_POSTGRES_URL") else {
+        eprintln!("skipped: the PostgreSQL hostile tests need a server named by WAKU_POSTGRES_URL");
+        return;
+    };
+    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let projection = format!("picky-{stamp}");
+    let keys = [
+        Key::of(&KeyValue::Str("nul\u{0}key".into())).unwrap(),
+        Key::of(&KeyValue::Str("\u{7f}\u{1b}[2J é \u{fffd}".into())).unwrap(),
+        Key::of(&KeyValue::Bytes(vec![0, 0xff, 0xfe])).unwrap(),
+        Key::of(&KeyValue::Bytes(vec![b'k'; 1021])).unwrap(), // 1024 bytes in all: the limit
+        Key::of(&KeyValue::Tuple(vec![KeyValue::Str("\u{0}".into()), KeyValue::Int(-1)])).unwrap(),
+    ];
+    let values: Vec<Vec<u8>> = vec![
+        b"\"\\u0000\"".to_vec(),                                           // JSON jsonb refuses
+        vec![0xff, 0xfe, 0x00],                                            // not UTF-8
+        [vec![b'['; 200_000], vec![b']'; 200_000]].concat(),               // nested past jsonb's stack
+        b"1e999999999".to_vec(),                                           // past numeric's range
+        b"{\"a\": 1, \"a\": 2, \"\\ud800\": \"lone surrogate\"}".to_vec(), // duplicate key, bad escape
+        vec![b' '; 1 << 20],                                               // 1 MiB of nothing
+    ];
+    let commit = |store: &StateStore, value_of: &dyn Fn(usize) -> Vec<u8>| {
+        let writes = keys
+            .iter()
+            .map(|key| {
+                let mut writes = KeyWrites::default();
+                for index in 0..values.len() {
+                    writes.set(&format!("v{index}"), value_of(index));
+                }
+                (key.clone(), writes)
+            })
+            .collect();
+        store.commit(BatchCommit { writes, ..BatchCommit::default() }).expect("the commit goes through");
+    };
+    let check = |store: &StateStore, value_of: &dyn Fn(usize) -> Vec<u8>| {
+        let mut listed = store.keys().unwrap();
+        listed.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let mut expected = keys.to_vec();
+        expected.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        assert_eq!(listed, expected);
+        for key in &keys {
+            for index in 0..values.len() {
+                let got = store.get(key, &format!("v{index}")).unwrap();
+                assert!(got.as_deref() == Some(&value_of(index)[..]), "{key} v{index}");
+            }
+        }
+    };
+    let store = open(&url, &projection);
+    commit(&store, &|index| values[index].clone());
+    check(&store, &|index| values[index].clone());
+    // Overwritten in place, also across a reconnect.
+    drop(store);
+    let store = open(&url, &projection);
+    let swapped = |index: usize| values[values.len() - 1 - index].clone();
+    commit(&store, &swapped);
+    check(&store, &swapped);
 }
