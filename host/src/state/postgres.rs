@@ -51,6 +51,10 @@
 //! (tokio-postgres pipelines their queries). Dropping the reader rolls the
 //! transaction back before the connection returns to the pool.
 //!
+//! The database must store text as UTF8 (or SQL_ASCII, which converts
+//! nothing): names are any UTF-8 a module chooses, and a database that
+//! converts text to another encoding is refused at connect.
+//!
 //! Connections are plain TCP or Unix sockets (no TLS yet).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -595,6 +599,15 @@ impl Db {
     /// Creates or migrates the schema and the projection's view.
     async fn migrate(mut self) -> Result<(), StateError> {
         let mut client = self.take()?;
+        // Names are any UTF-8 a module chooses: a database that converts
+        // text to another encoding would refuse some at commit, every
+        // time, and wedge the partition. SQL_ASCII converts nothing.
+        let row =
+            client.query_one("SELECT current_setting('server_encoding')", &[]).await.map_err(|e| self.error(e))?;
+        let encoding: String = row.get(0);
+        if encoding != "UTF8" && encoding != "SQL_ASCII" {
+            return Err(self.error(NotUtf8 { encoding }));
+        }
         let txn = client.transaction().await.map_err(|e| self.error(e))?;
         txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| self.error(e))?;
         txn.batch_execute("CREATE TABLE IF NOT EXISTS waku_schema (version integer PRIMARY KEY)")
@@ -778,6 +791,15 @@ impl Db {
         }
         txn.commit().await.map_err(|e| self.error(e))
     }
+}
+
+/// A database whose text is not UTF-8.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the database stores text as {encoding}, and the state needs UTF8: use a database created with ENCODING 'UTF8'"
+)]
+struct NotUtf8 {
+    encoding: String,
 }
 
 /// A reader's transaction, rolled back when it is dropped.
@@ -998,6 +1020,23 @@ mod tests {
             ]
         );
         assert_eq!(store.get(&Key::int(42), "raw").unwrap(), Some(vec![0xff, 0x00]));
+    }
+
+    #[test]
+    fn a_database_that_is_not_utf8_is_refused_naming_its_encoding() {
+        let Some(database) = database() else { return };
+        let name = format!("waku_latin1_{}", std::process::id());
+        database.execute(&format!("DROP DATABASE IF EXISTS {name}"));
+        database.execute(&format!(
+            "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ));
+        let mut config = database.config.clone();
+        config.dbname(&name);
+        let refused = PostgresStore::connect_with(config, "bank").map(drop);
+        database.execute(&format!("DROP DATABASE {name}"));
+        let error = refused.unwrap_err();
+        let source = std::error::Error::source(&error).map(ToString::to_string).unwrap_or_default();
+        assert!(source.contains("stores text as LATIN1") && source.contains("ENCODING 'UTF8'"), "{error}: {source}");
     }
 
     #[test]
