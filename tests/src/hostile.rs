@@ -65,7 +65,8 @@ pub mod tag {
     pub const HUGE_ERROR: EventTypeTag = EventTypeTag::new(211);
     /// Its `key` export answers per `mode` (`non-canonical`, `long`, …).
     pub const BAD_KEY_EXPORT: EventTypeTag = EventTypeTag::new(212);
-    /// Associative; `combine` returns `size` bytes (`mode` `empty`: none).
+    /// Associative; `combine` returns `size` bytes (`mode` `empty`: none;
+    /// `panic`, `loop`, `exit`: it panics, spins or exits instead).
     pub const HUGE_COMBINE: EventTypeTag = EventTypeTag::new(213);
     /// Adds to distinct counters until refused.
     pub const COUNTER_NAMES: EventTypeTag = EventTypeTag::new(214);
@@ -89,9 +90,11 @@ pub mod tag {
     /// Sleeps `n` seconds (default an hour; `mode` `forever`: `u64::MAX`
     /// nanoseconds) through WASI's monotonic clock.
     pub const SLEEP: EventTypeTag = EventTypeTag::new(223);
+    /// Sets an entry, then exits the process (WASI `exit`) with status `n`.
+    pub const EXIT: EventTypeTag = EventTypeTag::new(224);
 
     /// Every attack's tag and the name the module declares for it.
-    pub const ALL: [(EventTypeTag, &str); 24] = [
+    pub const ALL: [(EventTypeTag, &str); 25] = [
         (EMIT_UNDECLARED, "EmitUndeclared"),
         (EMIT_HOST_TOPIC, "EmitHostTopic"),
         (EMIT_BAD_TOPIC, "EmitBadTopic"),
@@ -116,6 +119,7 @@ pub mod tag {
         (TRANSIENT, "Transient"),
         (BIG_VALUES, "BigValues"),
         (SLEEP, "Sleep"),
+        (EXIT, "Exit"),
     ];
 }
 

@@ -467,6 +467,38 @@ async fn a_combine_answer_out_of_bounds_fails_its_run_and_nothing_else() {
     assert_eq!(bed.report(3).outcomes, ["1 bodies, the first of 10 bytes"]);
 }
 
+/// A `combine` that panics, spins or exits the process, and a `handle`
+/// that exits halfway through a write: each fails its own call as a trap
+/// (the run or chunk is dead-lettered with the reason), nothing it wrote
+/// is kept, and the host and the other keys go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_combine_or_handle_that_panics_spins_or_exits_fails_its_call_and_nothing_else() {
+    let limits = SandboxLimits { call_budget: Duration::from_millis(300), ..SandboxLimits::default() };
+    let mut bed = Bed::with(PayloadLimits::default(), limits, |_| Vec::new()).await;
+    bed.config.retry.max_attempts = 1;
+    let run = |key: u64, mode: &str| {
+        let params = json!({ "mode": mode });
+        (0..3).map(move |_| attack(tag::HUGE_COMBINE, key, params.clone()))
+    };
+    bed.append(
+        run(1, "panic")
+            .chain(run(2, "loop"))
+            .chain(run(3, "exit"))
+            .chain([attack(tag::EXIT, 4, json!({ "n": 0 })), attack(tag::BEHAVE, 5, json!({}))])
+            .collect(),
+    )
+    .await;
+    let summary = bed.run().await;
+    assert_eq!((summary.applied, summary.dead_lettered), (1, 10), "{summary:?}");
+    for (key, expected) in [(1, "hostile combine panics"), (2, "cpu budget"), (3, "exit"), (4, "exit")] {
+        let (class, reason) = bed.dead_letter_reason(key).await;
+        assert_eq!(class, FailureClass::Trap, "key {key}: {reason}");
+        assert!(reason.to_lowercase().contains(expected), "key {key}: {reason}");
+    }
+    assert_eq!(bed.store().get(&Key::int(4), "before-exit").unwrap(), None, "an exit keeps no write");
+    assert_eq!(bed.report(5).outcomes, ["ok", "ok"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_floods_of_huge_lines_never_fail_a_call_or_hold_up_the_batch() {
     let bed = Bed::new(PayloadLimits::default()).await;

@@ -73,6 +73,7 @@ const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
     (221, "Transient", Algebra::NonAssociative, 1),
     (222, "BigValues", Algebra::NonAssociative, 1),
     (223, "Sleep", Algebra::NonAssociative, 1),
+    (224, "Exit", Algebra::NonAssociative, 1),
 ];
 
 /// What an event asks for. Every field is optional but `key`.
@@ -376,7 +377,8 @@ impl Guest for Hostile {
     }
 
     /// `HugeCombine` folds a run into a body of `size` bytes (default
-    /// 2 MiB; `mode` `empty`: no bytes at all).
+    /// 2 MiB; `mode` `empty`: no bytes at all; `panic`, `loop`, `exit`:
+    /// panics, spins forever, or exits the process with status 3).
     fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, HandlerError> {
         outside_handle("combine");
         let first = bodies.first().ok_or_else(|| error(ErrorClass::Unrecoverable, "nothing to fold".to_owned()))?;
@@ -384,10 +386,15 @@ impl Guest for Hostile {
         if attack(tag) != Some("HugeCombine") {
             return Err(error(ErrorClass::Unrecoverable, format!("tag {tag} does not fold")));
         }
-        if params.mode == "empty" {
-            return Ok(Vec::new());
+        match params.mode.as_str() {
+            "empty" => Ok(Vec::new()),
+            "panic" => panic!("hostile combine panics"),
+            "loop" => loop {
+                std::hint::black_box(&bodies);
+            },
+            "exit" => std::process::exit(3),
+            _ => Ok(vec![b' '; size_or(&params, 2 << 20)]),
         }
-        Ok(vec![b' '; size_or(&params, 2 << 20)])
     }
 
     fn handle(tag: u32, key: Vec<u8>, bodies: Vec<Vec<u8>>) -> Result<(), HandlerError> {
@@ -558,6 +565,12 @@ impl Guest for Hostile {
                 };
                 std::thread::sleep(duration);
                 report.outcomes.push("woke".to_owned());
+            }
+            "Exit" => {
+                // Exits the process (WASI `exit`) with status `n`, halfway
+                // through a write.
+                report.step(state::set("before-exit", b"1"));
+                std::process::exit(params.n as i32);
             }
             "Transient" => {
                 return Err(error(ErrorClass::Transient, format!("transient, key {}", params.key)));
