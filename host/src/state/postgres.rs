@@ -20,6 +20,8 @@
 //! | `waku_epochs` | partition → epoch of its current owner (fencing) |
 //!
 //! **A read model for SQL.** Each projection gets a view `waku_state_<projection>`
+//! (for a projection name over 52 bytes, which PostgreSQL would cut: the
+//! first 46 bytes of that, `_` and 16 hex digits of the name's SHA-256)
 //! (key, name, json, value), created at connect:
 //!
 //! ```sql
@@ -628,9 +630,9 @@ impl Db {
         }
         // The projection's name is checked (letters, digits, `.`, `_`, `-`),
         // so it quotes safely as an identifier and as a literal.
-        let projection = &self.projection;
+        let (projection, view) = (&self.projection, view_name(&self.projection));
         txn.batch_execute(&format!(
-            "CREATE OR REPLACE VIEW \"waku_state_{projection}\" AS \
+            "CREATE OR REPLACE VIEW \"{view}\" AS \
              SELECT key_text AS key, name, json, value FROM waku_state WHERE projection = '{projection}'"
         ))
         .await
@@ -791,6 +793,26 @@ impl Db {
         }
         txn.commit().await.map_err(|e| self.error(e))
     }
+}
+
+/// The longest identifier PostgreSQL keeps whole (it cuts longer ones).
+const MAX_IDENTIFIER: usize = 63;
+
+/// The name of `projection`'s read-model view: `waku_state_<projection>`,
+/// or, when that is longer than PostgreSQL keeps (which would cut it, and
+/// two long projection names would share one view), its first bytes, `_`
+/// and 16 hex digits of the SHA-256 of the projection's name.
+fn view_name(projection: &str) -> String {
+    use sha2::Digest;
+    let full = format!("waku_state_{projection}");
+    if full.len() <= MAX_IDENTIFIER {
+        return full;
+    }
+    let digest = sha2::Sha256::digest(projection.as_bytes());
+    let hash: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
+    // Projection names are ASCII (checked at connect), so any cut is a
+    // character boundary.
+    format!("{}_{hash}", &full[..MAX_IDENTIFIER - 1 - hash.len()])
 }
 
 /// A database whose text is not UTF-8.
@@ -1020,6 +1042,33 @@ mod tests {
             ]
         );
         assert_eq!(store.get(&Key::int(42), "raw").unwrap(), Some(vec![0xff, 0x00]));
+    }
+
+    #[test]
+    fn long_projection_names_get_views_of_their_own() {
+        let Some(database) = database() else { return };
+        let long = |end: &str| format!("{}{end}", "p".repeat(60));
+        let (first, second) = (long("1"), long("2"));
+        assert_ne!(view_name(&first), view_name(&second));
+        assert!(view_name(&first).len() <= MAX_IDENTIFIER);
+        assert_eq!(view_name("bank"), "waku_state_bank");
+        for projection in [&first, &second] {
+            let store = PostgresStore::connect_with(database.config.clone(), projection).unwrap();
+            let mut writes = KeyWrites::default();
+            writes.set("owner", format!("\"{projection}\"").into_bytes());
+            store.commit(BatchCommit { writes: vec![(Key::int(1), writes)], ..BatchCommit::default() }).unwrap();
+        }
+        let store = database.connect().unwrap();
+        for projection in [first, second] {
+            let view = view_name(&projection);
+            let owners = store
+                .run(|db| async move {
+                    let rows = db.query(&format!("SELECT json #>> '{{}}' FROM \"{view}\""), &[]).await?;
+                    Ok(rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>())
+                })
+                .unwrap();
+            assert_eq!(owners, [projection]);
+        }
     }
 
     #[test]
