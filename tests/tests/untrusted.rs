@@ -467,6 +467,29 @@ async fn a_combine_answer_out_of_bounds_fails_its_run_and_nothing_else() {
     assert_eq!(bed.report(3).outcomes, ["1 bodies, the first of 10 bytes"]);
 }
 
+/// Many large events of one key and an associative type (a hot key, or a
+/// flood aimed at one): folded in one `combine` call, the run would not
+/// fit the module's memory and every event of it would fail. The host
+/// folds a long run in parts, so a module that folds correctly gets all
+/// of them applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_larger_than_the_modules_memory_is_folded_in_parts() {
+    let limits = SandboxLimits { memory_bytes: 16 << 20, ..SandboxLimits::default() };
+    let mut bed = Bed::with(PayloadLimits::default(), limits, |_| Vec::new()).await;
+    bed.config.retry.max_attempts = 1;
+    let pad = "p".repeat(1 << 20);
+    let mut events: Vec<Record> =
+        (0..24).map(|seq| attack(tag::HUGE_COMBINE, 1, json!({ "size": 10, "seq": seq, "pad": pad }))).collect();
+    events.push(attack(tag::BEHAVE, 2, json!({})));
+    bed.append(events).await;
+    let summary = bed.run().await;
+    if summary.dead_lettered > 0 {
+        panic!("the run was dead-lettered: {:?}", bed.dead_letter_reason(1).await);
+    }
+    assert_eq!(summary.applied, 25, "{summary:?}");
+    assert_eq!(bed.report(1).outcomes, ["1 bodies, the first of 10 bytes"]);
+}
+
 /// A `combine` that panics, spins or exits the process, and a `handle`
 /// that exits halfway through a write: each fails its own call as a trap
 /// (the run or chunk is dead-lettered with the reason), nothing it wrote
