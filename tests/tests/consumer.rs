@@ -4,11 +4,12 @@
 //! dead-letter topics must have the partition count of their main topic.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::event::{EventHeaders, EventTypeTag, Header, partition_for};
-use wakuwaku::host::{Host, HostSettings};
+use wakuwaku::host::{Host, HostSettings, RunningHost};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::outbox;
@@ -228,30 +229,59 @@ async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_
     }
 }
 
+/// A note for `key`, which the probe applies.
+fn note(key: u64) -> Record {
+    record(NOTE, key, json!({ "key": key, "text": "n", "emit_to": null }))
+}
+
+/// A host of the probe following `probes` (which holds `records`), polling
+/// an idle partition every `idle_poll`.
+async fn following(
+    records: Vec<Record>,
+    idle_poll: Duration,
+) -> (tempfile::TempDir, Arc<EmbeddedLog>, RunningHost<EmbeddedLog>) {
+    let (dir, log, settings) = setup(records).await;
+    let consumer = ConsumerConfig { idle_poll, ..settings.consumer.clone() };
+    let host =
+        Host::start_on(log.clone(), HostSettings { until_caught_up: false, consumer, ..settings }).await.unwrap();
+    (dir, log, host)
+}
+
+/// Waits until `host` has committed `probes` up to `end`; fails saying
+/// `what` after `within`.
+async fn wait_for_position(host: &RunningHost<EmbeddedLog>, end: u64, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while host.projection().store().position("probes", 0).unwrap() != Some(end) {
+        assert!(Instant::now() < deadline, "{what}: the host stopped short of offset {end}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_following_host_applies_what_is_appended_after_it_caught_up() {
-    use std::time::Duration;
-    let note = |key: u64| record(NOTE, key, json!({ "key": key, "text": "n", "emit_to": null }));
-    let (_dir, log, settings) = setup((0..3).map(note).collect()).await;
-    let config = ConsumerConfig { idle_poll: Duration::from_millis(5), ..settings.consumer.clone() };
-    let host = Host::start_on(log.clone(), HostSettings { until_caught_up: false, consumer: config, ..settings })
-        .await
-        .unwrap();
-    let projection = host.projection().clone();
-    let store = projection.store();
+    let (_dir, log, host) = following((0..3).map(note).collect(), Duration::from_millis(5)).await;
     // Caught up, idle, then more: a record at a time, then a run larger
     // than a stored block; each is applied where it stands.
     let mut end = 3u64;
     for (round, appended) in [0u64, 1, 1, 2000, 5].into_iter().enumerate() {
         log.append("probes", vec![(0, (end..end + appended).map(note).collect())]).await.unwrap();
         end += appended;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while store.position("probes", 0).unwrap() != Some(end) {
-            assert!(std::time::Instant::now() < deadline, "round {round}: the host stopped short of offset {end}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(store.counters().unwrap(), [("notes".to_owned(), end as i128)], "round {round}");
+        wait_for_position(&host, end, Duration::from_secs(30), &format!("round {round}")).await;
+        let counters = host.projection().store().counters().unwrap();
+        assert_eq!(counters, [("notes".to_owned(), end as i128)], "round {round}");
     }
-    let summary = host.stop().await.unwrap();
-    assert_eq!(summary.applied, end);
+    assert_eq!(host.stop().await.unwrap().applied, end);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_following_host_polls_at_once_when_the_embedded_log_is_appended_to() {
+    // An idle wait far longer than the test may take: only the log's append
+    // signal can make the host see the later notes in time.
+    let (_dir, log, host) = following(vec![note(0)], Duration::from_secs(600)).await;
+    wait_for_position(&host, 1, Duration::from_secs(60), "the first note").await;
+    for end in [2, 3] {
+        log.append("probes", vec![(0, vec![note(end - 1)])]).await.unwrap();
+        wait_for_position(&host, end, Duration::from_secs(60), "after an append").await;
+    }
+    assert_eq!(host.stop().await.unwrap().applied, 3);
 }

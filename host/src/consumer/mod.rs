@@ -113,7 +113,9 @@ pub struct ConsumerConfig {
     /// The partitions this consumer owns; `None` means all of them.
     pub partitions: Option<Vec<u32>>,
     /// How long `follow` waits before polling an idle partition again.
-    /// Default 50 ms.
+    /// Default 50 ms. A log that signals its appends
+    /// ([`EventLog::appends`]: the embedded log) ends the wait as soon as
+    /// one is made.
     pub idle_poll: Duration,
     /// Size limits for what handlers hand the host.
     pub payload: PayloadLimits,
@@ -474,6 +476,7 @@ impl<L: EventLog> Consumer<L> {
             settle: false,
             spare: PolledBatch::new(),
             buffers: BatchBuffers::default(),
+            appends: self.log.appends(),
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -485,7 +488,13 @@ impl<L: EventLog> Consumer<L> {
                 Ok(Step::Worked) => {}
                 Ok(Step::Done) => break,
                 Ok(Step::Idle(wait)) => {
-                    let _ = tokio::time::timeout(wait, stop.changed()).await;
+                    let woken = async {
+                        tokio::select! {
+                            _ = stop.changed() => {}
+                            () = appended(&mut state.appends) => {}
+                        }
+                    };
+                    let _ = tokio::time::timeout(wait, woken).await;
                 }
                 Err(error @ (ConsumerError::Log(LogError::Unavailable { .. }) | ConsumerError::HostFault(_))) => {
                     let (first, longest) = self.config.log_backoff;
@@ -563,6 +572,11 @@ impl<L: EventLog> Consumer<L> {
             None => self.config.batch_size,
         };
         let polling = Instant::now();
+        if let Some(appends) = &mut state.appends {
+            // Seen before polling: an append from here on ends the idle
+            // wait should this poll find nothing.
+            appends.borrow_and_update();
+        }
         let spare = std::mem::take(&mut state.spare);
         let records = match self.log.poll(topic, partition, state.position, want, spare).await {
             Ok(records) => records,
@@ -708,6 +722,19 @@ struct PartitionState {
     spare: PolledBatch,
     /// The planner's input and the plan, refilled by the next batch.
     buffers: BatchBuffers,
+    /// The log's append signal, if it has one ([`EventLog::appends`]).
+    appends: Option<tokio::sync::watch::Receiver<()>>,
+}
+
+/// Resolves once records were appended since `appends` last looked;
+/// never, for a log without the signal.
+async fn appended(appends: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    if let Some(appends) = appends
+        && appends.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// What one step did.

@@ -22,11 +22,14 @@
 //!   append times were recorded open as they are; their untimed records
 //!   count as appended before every recorded time.
 //!
-//! Every write is one durable redb transaction: a committed append survives
-//! a crash, and a failed one leaves nothing behind. redb does blocking file
-//! I/O, so each call runs on tokio's blocking pool
-//! ([`tokio::task::spawn_blocking`]); the methods must therefore be called
-//! from within a tokio runtime.
+//! Every write is one redb transaction: a failed one leaves nothing
+//! behind. Appends and topics are durable: a committed append survives a
+//! crash. A consumer offset (informational) is not flushed on its own: it
+//! reaches the disk with the next append or when the log is closed, so a
+//! crash may take it back. Each committed append is signalled to waiting
+//! consumers ([`EventLog::appends`]). redb does blocking file I/O, so each
+//! call runs on tokio's blocking pool ([`tokio::task::spawn_blocking`]);
+//! the methods must therefore be called from within a tokio runtime.
 //!
 //! A stored block or record that cannot be decoded (unknown block format,
 //! truncated index, bad postcard, a gap in the offsets) is
@@ -71,6 +74,8 @@ pub struct EmbeddedLog {
 struct Inner {
     db: Database,
     path: PathBuf,
+    /// Changed after every committed append ([`EventLog::appends`]).
+    appended: tokio::sync::watch::Sender<()>,
 }
 
 impl std::fmt::Debug for EmbeddedLog {
@@ -92,7 +97,7 @@ impl EmbeddedLog {
         // The page cache: redb's default (1 GiB) grows with everything
         // appended; consumers read a log front to back, so 64 MiB is plenty.
         let db = redb::Builder::new().set_cache_size(64 << 20).create(&path).map_err(|e| storage(&path, e))?;
-        let inner = Inner { db, path };
+        let inner = Inner { db, path, appended: tokio::sync::watch::Sender::new(()) };
         let txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
         txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
         txn.open_table(CONSUMER_OFFSETS).map_err(|e| inner.storage(e))?;
@@ -203,6 +208,12 @@ impl EventLog for EmbeddedLog {
         .await
     }
 
+    /// Every append of this process goes through this log, so a
+    /// consumer waiting on it hears of each one.
+    fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        Some(self.inner.appended.subscribe())
+    }
+
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();
@@ -237,7 +248,11 @@ impl EventLog for EmbeddedLog {
         validate_topic_name(topic)?;
         let (consumer, topic) = (consumer.to_owned(), topic.to_owned());
         self.blocking(move |inner| {
-            let txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
+            let mut txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
+            // Informational, and stored after every batch: without an
+            // fsync of its own (it reaches the disk with the next append),
+            // so a consumer does not wait for the disk twice per batch.
+            txn.set_durability(redb::Durability::None).map_err(|e| inner.storage(e))?;
             {
                 let topics = txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
                 inner.check_partition(&topics, &topic, partition)?;
@@ -429,6 +444,7 @@ impl Inner {
             }
         }
         txn.commit().map_err(|e| self.storage(e))?;
+        self.appended.send_replace(());
         Ok(true)
     }
 
@@ -710,6 +726,24 @@ mod tests {
         ));
         assert!(matches!(log.end_offset("nope", 0).await, Err(LogError::TopicNotFound { topic }) if topic == "nope"));
         assert!(matches!(log.append("nope", vec![]).await, Err(LogError::TopicNotFound { .. })));
+    }
+
+    #[tokio::test]
+    async fn appends_are_signalled_and_nothing_else_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 1).await.unwrap();
+        let mut appends = log.appends().expect("the embedded log signals appends");
+        log.store_consumer_offset("c", "t", 0, 0).await.unwrap();
+        assert!(!appends.has_changed().unwrap(), "a consumer offset is not an append");
+        log.append("t", vec![(0, records(0..2))]).await.unwrap();
+        assert!(appends.has_changed().unwrap());
+        appends.borrow_and_update();
+        assert!(log.append_as("t", vec![(0, records(2..3))], "p", 1).await.unwrap());
+        assert!(appends.has_changed().unwrap());
+        appends.borrow_and_update();
+        assert!(log.append("nope", vec![(0, records(0..1))]).await.is_err());
+        assert!(!appends.has_changed().unwrap(), "a refused append changes nothing");
     }
 
     #[tokio::test]

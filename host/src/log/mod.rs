@@ -303,6 +303,14 @@ pub trait EventLog: Send + Sync + 'static {
         }
     }
 
+    /// A signal that changes after records are appended, so that a
+    /// consumer that found nothing new polls again at once instead of
+    /// after its idle wait. `None` (the default): this log cannot tell
+    /// (another process may append), and consumers poll every idle wait.
+    fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
+    }
+
     /// The offset the next record of the partition will get: the number of
     /// records in it.
     fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
@@ -404,6 +412,13 @@ impl EventLog for AnyLog {
         batch: PolledBatch,
     ) -> Result<PolledBatch, LogError> {
         delegate!(self, log => log.poll(topic, partition, from, max, batch))
+    }
+
+    fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        match self {
+            AnyLog::Embedded(log) => log.appends(),
+            AnyLog::Iggy(log) => log.appends(),
+        }
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
