@@ -321,6 +321,13 @@ pub enum Refusal {
         /// Its length.
         length: usize,
     },
+    /// An entry or counter name holding a NUL character, which some state
+    /// stores (PostgreSQL `text`) cannot hold.
+    #[error("name-nul: an entry or counter name holds no NUL character (U+0000); this one has one at byte {at}")]
+    NameNul {
+        /// The byte offset of the first NUL.
+        at: usize,
+    },
     /// A state value over [`PayloadLimits::max_state_value`].
     #[error("state-value-size: state value `{name}` has {length} bytes, over the limit of {limit} bytes")]
     StateValueSize {
@@ -414,11 +421,16 @@ pub enum Refusal {
     },
 }
 
-/// The rule an entry or counter name keeps: 1 to [`MAX_NAME_BYTES`] bytes.
+/// The rules an entry or counter name keeps: 1 to [`MAX_NAME_BYTES`]
+/// bytes, no NUL (so every state store can hold it).
 pub fn check_name(name: &str) -> Result<(), Refusal> {
     match name.len() {
-        1..=MAX_NAME_BYTES => Ok(()),
-        length => Err(Refusal::NameLength { length }),
+        1..=MAX_NAME_BYTES => {}
+        length => return Err(Refusal::NameLength { length }),
+    }
+    match name.bytes().position(|byte| byte == 0) {
+        Some(at) => Err(Refusal::NameNul { at }),
+        None => Ok(()),
     }
 }
 
@@ -766,6 +778,15 @@ mod tests {
         assert_eq!(rule(check_name(&"n".repeat(257)).unwrap_err()), "name-length");
         check_name("n").unwrap();
         check_name(&"n".repeat(256)).unwrap();
+    }
+
+    #[test]
+    fn names_hold_no_nul() {
+        assert_eq!(check_name("a\0b").unwrap_err(), Refusal::NameNul { at: 1 });
+        assert_eq!(rule(check_name("\0").unwrap_err()), "name-nul");
+        // Past the length rule first: a huge name is refused for its length.
+        assert_eq!(rule(check_name(&"\0".repeat(300)).unwrap_err()), "name-length");
+        check_name("é\u{1}\u{7f}").unwrap();
     }
 
     #[test]

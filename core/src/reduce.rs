@@ -120,6 +120,51 @@ fn dedup(pairs: impl Iterator<Item = (Vec<u8>, Origin)>) -> Traced {
     out
 }
 
+/// Folds `bodies` (at least two) into one with `combine`, giving each call
+/// at most `max_bytes` of bodies (but always at least two, so every call
+/// makes progress): consecutive parts are folded, then their results, in
+/// order, until one body is left. By associativity that is the fold of
+/// the whole run; it keeps one call's input within what a module's memory
+/// holds, however long the run.
+pub fn fold_in_parts<E>(
+    bodies: &[Vec<u8>],
+    max_bytes: usize,
+    mut combine: impl FnMut(&[Vec<u8>]) -> Result<Vec<u8>, E>,
+) -> Result<Vec<u8>, E> {
+    let mut level = fold_level(bodies, max_bytes, &mut combine)?;
+    while level.len() > 1 {
+        level = fold_level(&level, max_bytes, &mut combine)?;
+    }
+    Ok(level.pop().unwrap_or_default())
+}
+
+/// One level of [`fold_in_parts`]: each part folded into one body.
+fn fold_level<E>(
+    bodies: &[Vec<u8>],
+    max_bytes: usize,
+    combine: &mut impl FnMut(&[Vec<u8>]) -> Result<Vec<u8>, E>,
+) -> Result<Vec<Vec<u8>>, E> {
+    let mut folded = Vec::new();
+    let mut rest = bodies;
+    while !rest.is_empty() {
+        let mut bytes = 0;
+        let fits = rest
+            .iter()
+            .take_while(|body| {
+                bytes += body.len();
+                bytes <= max_bytes
+            })
+            .count();
+        let (part, after) = rest.split_at(fits.max(2).min(rest.len()));
+        folded.push(match part {
+            [single] => single.clone(),
+            _ => combine(part)?,
+        });
+        rest = after;
+    }
+    Ok(folded)
+}
+
 /// Cuts reduced bodies into handler calls of at most `max_batch` events.
 /// A `max_batch` of 0 is treated as 1.
 pub fn chunks(bodies: &[Vec<u8>], max_batch: u32) -> impl Iterator<Item = &[Vec<u8>]> {
@@ -132,6 +177,25 @@ mod tests {
 
     fn bodies(items: &[&str]) -> Vec<Vec<u8>> {
         items.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn folding_in_parts_equals_the_whole_fold_and_bounds_each_call() {
+        let run: Vec<Vec<u8>> = (0..50u8).map(|i| vec![b'a' + i % 26; usize::from(i % 7) + 1]).collect();
+        let whole: Vec<u8> = run.concat();
+        for max_bytes in [0, 1, 5, 8, 30, 1000] {
+            let mut calls = 0;
+            let folded = fold_in_parts(&run, max_bytes, |part| {
+                calls += 1;
+                let bytes: usize = part.iter().map(Vec::len).sum();
+                assert!(part.len() >= 2, "a call folds at least two bodies");
+                assert!(part.len() == 2 || bytes <= max_bytes, "{bytes} bytes over {max_bytes}");
+                Ok::<_, String>(part.concat())
+            });
+            assert_eq!(folded, Ok(whole.clone()), "max {max_bytes}");
+            assert!(calls < run.len(), "max {max_bytes}: {calls} calls, each folds away one body or more");
+        }
+        assert_eq!(fold_in_parts(&run, 1000, |_| Err("no")), Err("no"));
     }
 
     fn no_combine(_: &[Vec<u8>]) -> Result<Vec<u8>, String> {

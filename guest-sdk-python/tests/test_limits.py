@@ -49,6 +49,7 @@ def test_names_are_one_to_256_bytes():
     assert rule(check_name, "") == "name-length"
     assert rule(check_name, "n" * 257) == "name-length"
     assert rule(check_name, "é" * 129) == "name-length", "bytes are counted, not characters"
+    assert rule(check_name, "a\0b") == "name-nul"
     check_name("n")
     check_name("n" * 256)
 

@@ -123,7 +123,7 @@
 //! breaks a rule with a message starting with the rule's id (the rules, and
 //! their limits, are in `wit/handler.wit` and
 //! [`wakuwaku_core::limits`]): entry and counter names of 1 to 256 bytes
-//! (`name-length`), state values up to the host's limit
+//! (`name-length`) without NUL (`name-nul`), state values up to the host's limit
 //! (`state-value-size`), per call at most so many state writes, bytes,
 //! counter changes, emits and emitted bytes (`state-writes-per-call`,
 //! `state-bytes-per-call`, `counter-changes-per-call`, `emits-per-call`,

@@ -54,7 +54,8 @@ pub mod tag {
     pub const COUNTER_OVERFLOW: EventTypeTag = EventTypeTag::new(207);
     /// Adds `delta` to counter `name` (default `shared`), then reads it.
     pub const SHARED_COUNTER: EventTypeTag = EventTypeTag::new(208);
-    /// Empty, 257-byte and `size`-byte names on every state import.
+    /// Empty, 257-byte and `size`-byte names on every state import (or
+    /// only `name`, when given).
     pub const BAD_NAMES: EventTypeTag = EventTypeTag::new(209);
     /// `n` log lines of `size` bytes (`mode` `escape`: terminal control
     /// sequences).
@@ -64,7 +65,8 @@ pub mod tag {
     pub const HUGE_ERROR: EventTypeTag = EventTypeTag::new(211);
     /// Its `key` export answers per `mode` (`non-canonical`, `long`, …).
     pub const BAD_KEY_EXPORT: EventTypeTag = EventTypeTag::new(212);
-    /// Associative; `combine` returns `size` bytes (`mode` `empty`: none).
+    /// Associative; `combine` returns `size` bytes (`mode` `empty`: none;
+    /// `panic`, `loop`, `exit`: it panics, spins or exits instead).
     pub const HUGE_COMBINE: EventTypeTag = EventTypeTag::new(213);
     /// Adds to distinct counters until refused.
     pub const COUNTER_NAMES: EventTypeTag = EventTypeTag::new(214);
@@ -85,9 +87,14 @@ pub mod tag {
     pub const TRANSIENT: EventTypeTag = EventTypeTag::new(221);
     /// Sets values of `size` bytes (default 1 MiB) until refused.
     pub const BIG_VALUES: EventTypeTag = EventTypeTag::new(222);
+    /// Sleeps `n` seconds (default an hour; `mode` `forever`: `u64::MAX`
+    /// nanoseconds) through WASI's monotonic clock.
+    pub const SLEEP: EventTypeTag = EventTypeTag::new(223);
+    /// Sets an entry, then exits the process (WASI `exit`) with status `n`.
+    pub const EXIT: EventTypeTag = EventTypeTag::new(224);
 
     /// Every attack's tag and the name the module declares for it.
-    pub const ALL: [(EventTypeTag, &str); 23] = [
+    pub const ALL: [(EventTypeTag, &str); 25] = [
         (EMIT_UNDECLARED, "EmitUndeclared"),
         (EMIT_HOST_TOPIC, "EmitHostTopic"),
         (EMIT_BAD_TOPIC, "EmitBadTopic"),
@@ -111,6 +118,8 @@ pub mod tag {
         (COLLIDING_COUNTERS, "CollidingCounters"),
         (TRANSIENT, "Transient"),
         (BIG_VALUES, "BigValues"),
+        (SLEEP, "Sleep"),
+        (EXIT, "Exit"),
     ];
 }
 

@@ -467,6 +467,61 @@ async fn a_combine_answer_out_of_bounds_fails_its_run_and_nothing_else() {
     assert_eq!(bed.report(3).outcomes, ["1 bodies, the first of 10 bytes"]);
 }
 
+/// Many large events of one key and an associative type (a hot key, or a
+/// flood aimed at one): folded in one `combine` call, the run would not
+/// fit the module's memory and every event of it would fail. The host
+/// folds a long run in parts, so a module that folds correctly gets all
+/// of them applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_larger_than_the_modules_memory_is_folded_in_parts() {
+    let limits = SandboxLimits { memory_bytes: 16 << 20, ..SandboxLimits::default() };
+    let mut bed = Bed::with(PayloadLimits::default(), limits, |_| Vec::new()).await;
+    bed.config.retry.max_attempts = 1;
+    let pad = "p".repeat(1 << 20);
+    let mut events: Vec<Record> =
+        (0..24).map(|seq| attack(tag::HUGE_COMBINE, 1, json!({ "size": 10, "seq": seq, "pad": pad }))).collect();
+    events.push(attack(tag::BEHAVE, 2, json!({})));
+    bed.append(events).await;
+    let summary = bed.run().await;
+    if summary.dead_lettered > 0 {
+        panic!("the run was dead-lettered: {:?}", bed.dead_letter_reason(1).await);
+    }
+    assert_eq!(summary.applied, 25, "{summary:?}");
+    assert_eq!(bed.report(1).outcomes, ["1 bodies, the first of 10 bytes"]);
+}
+
+/// A `combine` that panics, spins or exits the process, and a `handle`
+/// that exits halfway through a write: each fails its own call as a trap
+/// (the run or chunk is dead-lettered with the reason), nothing it wrote
+/// is kept, and the host and the other keys go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_combine_or_handle_that_panics_spins_or_exits_fails_its_call_and_nothing_else() {
+    let limits = SandboxLimits { call_budget: Duration::from_millis(300), ..SandboxLimits::default() };
+    let mut bed = Bed::with(PayloadLimits::default(), limits, |_| Vec::new()).await;
+    bed.config.retry.max_attempts = 1;
+    let run = |key: u64, mode: &str| {
+        let params = json!({ "mode": mode });
+        (0..3).map(move |_| attack(tag::HUGE_COMBINE, key, params.clone()))
+    };
+    bed.append(
+        run(1, "panic")
+            .chain(run(2, "loop"))
+            .chain(run(3, "exit"))
+            .chain([attack(tag::EXIT, 4, json!({ "n": 0 })), attack(tag::BEHAVE, 5, json!({}))])
+            .collect(),
+    )
+    .await;
+    let summary = bed.run().await;
+    assert_eq!((summary.applied, summary.dead_lettered), (1, 10), "{summary:?}");
+    for (key, expected) in [(1, "hostile combine panics"), (2, "cpu budget"), (3, "exit"), (4, "exit")] {
+        let (class, reason) = bed.dead_letter_reason(key).await;
+        assert_eq!(class, FailureClass::Trap, "key {key}: {reason}");
+        assert!(reason.to_lowercase().contains(expected), "key {key}: {reason}");
+    }
+    assert_eq!(bed.store().get(&Key::int(4), "before-exit").unwrap(), None, "an exit keeps no write");
+    assert_eq!(bed.report(5).outcomes, ["ok", "ok"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_floods_of_huge_lines_never_fail_a_call_or_hold_up_the_batch() {
     let bed = Bed::new(PayloadLimits::default()).await;
@@ -519,6 +574,28 @@ async fn refusals_are_cheap_and_spinning_on_them_ends_at_the_cpu_budget() {
     let (class, reason) = bed.dead_letter_reason(2).await;
     assert_eq!(class, FailureClass::Trap);
     assert!(reason.contains("CPU budget"), "{reason}");
+}
+
+/// A sleep waits on WASI's clock inside the host, where the CPU budget
+/// (which interrupts running wasm code) cannot reach it: an hour's sleep,
+/// or one of `u64::MAX` nanoseconds, would hold its worker and the
+/// batch that long. The clock is frozen, so no time passes for a module:
+/// every sleep ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_ends_at_once_and_never_holds_up_the_batch() {
+    let bed = Bed::new(PayloadLimits::default()).await;
+    bed.append(vec![
+        attack(tag::SLEEP, 1, json!({ "n": 3_600 })),
+        attack(tag::SLEEP, 2, json!({ "mode": "forever" })),
+        attack(tag::BEHAVE, 3, json!({})),
+    ])
+    .await;
+    let summary =
+        tokio::time::timeout(Duration::from_secs(60), bed.run()).await.expect("a sleeping module holds up the batch");
+    assert_eq!((summary.applied, summary.dead_lettered), (3, 0), "{summary:?}");
+    for key in [1, 2] {
+        assert_eq!(bed.report(key).outcomes, ["woke"], "key {key}");
+    }
 }
 
 /// Runs `events` calls of `attack`, 1 000 names each, colliding in the

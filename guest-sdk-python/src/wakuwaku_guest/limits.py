@@ -136,11 +136,16 @@ class PayloadLimits:
 
 
 def check_name(name: str) -> None:
-    """An entry or counter name is 1 to 256 bytes."""
+    """An entry or counter name is 1 to 256 bytes, without a NUL."""
     length = _utf8_len(name)
     if not 1 <= length <= MAX_NAME_BYTES:
         raise Refusal(
             f"name-length: an entry or counter name is 1 to {MAX_NAME_BYTES} bytes; this one has {length}"
+        )
+    if "\0" in name:
+        at = _utf8_len(name[: name.index("\0")])
+        raise Refusal(
+            f"name-nul: an entry or counter name holds no NUL character (U+0000); this one has one at byte {at}"
         )
 
 

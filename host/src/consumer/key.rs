@@ -2,7 +2,8 @@
 //! key its runs in execution order (head, body runs, tail, segment after
 //! segment), so a key never races with itself.
 //!
-//! Each run is reduced with its type's algebra and handed to the module in
+//! Each run is reduced with its type's algebra (a long associative run
+//! folded in parts of at most [`COMBINE_PART_BYTES`]) and handed to the module in
 //! chunks of at most `max-batch` events ([`reduce::chunks`]). A failed
 //! chunk goes where [`failure::decide`] says: dead-lettered (the key goes
 //! on), or sent to the retry topic with all of the key's unfinished work
@@ -10,6 +11,11 @@
 //! commit.
 
 use std::sync::Arc;
+
+/// The most bytes of bodies one `combine` call gets: a longer run is
+/// folded in parts, then the parts' results, so a hot key's run never
+/// outgrows the module's memory (which would fail every event of it).
+const COMBINE_PART_BYTES: usize = 4 << 20;
 
 use wakuwaku_core::reduce;
 
@@ -83,7 +89,7 @@ impl<L: EventLog> Consumer<L> {
             let (reduced, fold_error) = match instances.get(route.module) {
                 Err(error) => (Traced { bodies, origins }, Some(error)),
                 Ok(instance) => match reduce_traced(route.event_type.algebra, Traced { bodies, origins }, |bodies| {
-                    instance.combine(tag, bodies)
+                    reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
                 }) {
                     Ok(reduced) => (reduced, None),
                     Err((error, run)) => (run, Some(error)),

@@ -7,6 +7,7 @@
 //! - `outside-handle`: only during `handle`; in any other call every state
 //!   call is refused.
 //! - `name-length`: an entry or counter name is 1 to 256 bytes.
+//! - `name-nul`: a name holds no NUL character (PostgreSQL `text` cannot).
 //! - `state-value-size`: a value is at most
 //!   [`PayloadLimits::max_state_value`](crate::handler::PayloadLimits::max_state_value).
 //! - `state-writes-per-call`, `state-bytes-per-call`: one call writes at most

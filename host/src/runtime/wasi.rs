@@ -4,7 +4,10 @@
 //! it is linked, but it grants nothing: no preopened directory, no
 //! environment variables, no arguments, no network (TCP, UDP and name
 //! lookup denied), and clocks frozen at zero, so a module's behaviour
-//! depends on its input alone. Standard output is discarded. Standard
+//! depends on its input alone. As no time passes, a sleep (a subscription
+//! to the monotonic clock) is ready at once: waiting happens inside the
+//! host, where the CPU budget cannot interrupt it, so a module must not be
+//! able to wait. Standard output is discarded. Standard
 //! error is kept as a bounded tail: printing never fails a call, and a
 //! trap's report shows the latest output (where a Rust panic message
 //! lands).
@@ -18,9 +21,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
-use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult, subscribe};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use super::StoreData;
@@ -29,10 +32,38 @@ use super::StoreData;
 /// that failed).
 const STDERR_TAIL: usize = 4 << 10;
 
+/// The monotonic clock interface as wasmtime-wasi links it (a test
+/// checks that a sleep through it ends at once, so a version change that
+/// misses it fails there).
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
 /// Links all of WASI preview 2; what it can reach is decided by the
-/// context each store gets ([`WasiState::new`]).
+/// context each store gets ([`WasiState::new`]), and the monotonic clock's
+/// subscriptions are replaced by ones that are ready at once.
 pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_sync(linker)
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap("subscribe-duration", |mut store, (_,): (u64,)| ready_now(store.data_mut()))?;
+    clock.func_wrap("subscribe-instant", |mut store, (_,): (u64,)| ready_now(store.data_mut()))?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// A pollable that is ready at once: what a subscription to a frozen
+/// clock gives.
+fn ready_now(data: &mut StoreData) -> wasmtime::Result<(Resource<DynPollable>,)> {
+    let table = &mut data.wasi.table;
+    let ready = table.push(Ready)?;
+    Ok((subscribe(table, ready)?,))
+}
+
+/// See [`ready_now`].
+struct Ready;
+
+#[async_trait::async_trait]
+impl Pollable for Ready {
+    async fn ready(&mut self) {}
 }
 
 /// One store's WASI context, its resource table and its stderr tail.

@@ -20,6 +20,8 @@
 //! | `waku_epochs` | partition → epoch of its current owner (fencing) |
 //!
 //! **A read model for SQL.** Each projection gets a view `waku_state_<projection>`
+//! (for a projection name over 52 bytes, which PostgreSQL would cut: the
+//! first 46 bytes of that, `_` and 16 hex digits of the name's SHA-256)
 //! (key, name, json, value), created at connect:
 //!
 //! ```sql
@@ -50,6 +52,10 @@
 //! the commits before it and none after; the workers of a batch share it
 //! (tokio-postgres pipelines their queries). Dropping the reader rolls the
 //! transaction back before the connection returns to the pool.
+//!
+//! The database must store text as UTF8 (or SQL_ASCII, which converts
+//! nothing): names are any UTF-8 a module chooses, and a database that
+//! converts text to another encoding is refused at connect.
 //!
 //! Connections are plain TCP or Unix sockets (no TLS yet).
 
@@ -617,6 +623,15 @@ impl Db {
     /// Creates or migrates the schema and the projection's view.
     async fn migrate(mut self) -> Result<(), StateError> {
         let mut client = self.take()?;
+        // Names are any UTF-8 a module chooses: a database that converts
+        // text to another encoding would refuse some at commit, every
+        // time, and wedge the partition. SQL_ASCII converts nothing.
+        let row =
+            client.query_one("SELECT current_setting('server_encoding')", &[]).await.map_err(|e| self.error(e))?;
+        let encoding: String = row.get(0);
+        if encoding != "UTF8" && encoding != "SQL_ASCII" {
+            return Err(self.error(NotUtf8 { encoding }));
+        }
         let txn = client.transaction().await.map_err(|e| self.error(e))?;
         txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| self.error(e))?;
         txn.batch_execute("CREATE TABLE IF NOT EXISTS waku_schema (version integer PRIMARY KEY)")
@@ -658,9 +673,9 @@ impl Db {
         }
         // The projection's name is checked (letters, digits, `.`, `_`, `-`),
         // so it quotes safely as an identifier and as a literal.
-        let projection = &self.projection;
+        let (projection, view) = (&self.projection, view_name(&self.projection));
         txn.batch_execute(&format!(
-            "CREATE OR REPLACE VIEW \"waku_state_{projection}\" AS \
+            "CREATE OR REPLACE VIEW \"{view}\" AS \
              SELECT key_text AS key, name, json, value FROM waku_state WHERE projection = '{projection}'"
         ))
         .await
@@ -826,6 +841,35 @@ impl Db {
         }
         txn.commit().await.map_err(|e| self.error(e))
     }
+}
+
+/// The longest identifier PostgreSQL keeps whole (it cuts longer ones).
+const MAX_IDENTIFIER: usize = 63;
+
+/// The name of `projection`'s read-model view: `waku_state_<projection>`,
+/// or, when that is longer than PostgreSQL keeps (which would cut it, and
+/// two long projection names would share one view), its first bytes, `_`
+/// and 16 hex digits of the SHA-256 of the projection's name.
+fn view_name(projection: &str) -> String {
+    use sha2::Digest;
+    let full = format!("waku_state_{projection}");
+    if full.len() <= MAX_IDENTIFIER {
+        return full;
+    }
+    let digest = sha2::Sha256::digest(projection.as_bytes());
+    let hash: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
+    // Projection names are ASCII (checked at connect), so any cut is a
+    // character boundary.
+    format!("{}_{hash}", &full[..MAX_IDENTIFIER - 1 - hash.len()])
+}
+
+/// A database whose text is not UTF-8.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the database stores text as {encoding}, and the state needs UTF8: use a database created with ENCODING 'UTF8'"
+)]
+struct NotUtf8 {
+    encoding: String,
 }
 
 /// A reader's transaction, rolled back when it is dropped.
@@ -1071,6 +1115,50 @@ mod tests {
         let store = database.connect().unwrap();
         assert_eq!(store.outbox_of(5).unwrap(), vec![(7, entry)]);
         assert!(store.outbox_of(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn long_projection_names_get_views_of_their_own() {
+        let Some(database) = database() else { return };
+        let long = |end: &str| format!("{}{end}", "p".repeat(60));
+        let (first, second) = (long("1"), long("2"));
+        assert_ne!(view_name(&first), view_name(&second));
+        assert!(view_name(&first).len() <= MAX_IDENTIFIER);
+        assert_eq!(view_name("bank"), "waku_state_bank");
+        for projection in [&first, &second] {
+            let store = PostgresStore::connect_with(database.config.clone(), projection).unwrap();
+            let mut writes = KeyWrites::default();
+            writes.set("owner", format!("\"{projection}\"").into_bytes());
+            store.commit(BatchCommit { writes: vec![(Key::int(1), writes)], ..BatchCommit::default() }).unwrap();
+        }
+        let store = database.connect().unwrap();
+        for projection in [first, second] {
+            let view = view_name(&projection);
+            let owners = store
+                .run(|db| async move {
+                    let rows = db.query(&format!("SELECT json #>> '{{}}' FROM \"{view}\""), &[]).await?;
+                    Ok(rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>())
+                })
+                .unwrap();
+            assert_eq!(owners, [projection]);
+        }
+    }
+
+    #[test]
+    fn a_database_that_is_not_utf8_is_refused_naming_its_encoding() {
+        let Some(database) = database() else { return };
+        let name = format!("waku_latin1_{}", std::process::id());
+        database.execute(&format!("DROP DATABASE IF EXISTS {name}"));
+        database.execute(&format!(
+            "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ));
+        let mut config = database.config.clone();
+        config.dbname(&name);
+        let refused = PostgresStore::connect_with(config, "bank").map(drop);
+        database.execute(&format!("DROP DATABASE {name}"));
+        let error = refused.unwrap_err();
+        let source = std::error::Error::source(&error).map(ToString::to_string).unwrap_or_default();
+        assert!(source.contains("stores text as LATIN1") && source.contains("ENCODING 'UTF8'"), "{error}: {source}");
     }
 
     #[test]

@@ -72,6 +72,8 @@ const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
     (220, "CollidingCounters", Algebra::NonAssociative, 1),
     (221, "Transient", Algebra::NonAssociative, 1),
     (222, "BigValues", Algebra::NonAssociative, 1),
+    (223, "Sleep", Algebra::NonAssociative, 1),
+    (224, "Exit", Algebra::NonAssociative, 1),
 ];
 
 /// What an event asks for. Every field is optional but `key`.
@@ -89,7 +91,8 @@ pub struct Params {
     pub mode: String,
     /// A topic to attack (`EmitUndeclared`, `EmitHostTopic`).
     pub topic: String,
-    /// A counter name (`CounterOverflow`, `SharedCounter`).
+    /// A counter name (`CounterOverflow`, `SharedCounter`); the one name
+    /// `BadNames` tries on every state import.
     pub name: String,
     /// A counter delta (`SharedCounter`).
     pub delta: i64,
@@ -374,18 +377,26 @@ impl Guest for Hostile {
     }
 
     /// `HugeCombine` folds a run into a body of `size` bytes (default
-    /// 2 MiB; `mode` `empty`: no bytes at all).
+    /// 2 MiB; `mode` `empty`: no bytes at all; `panic`, `loop`, `exit`:
+    /// panics, spins forever, or exits the process with status 3).
     fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, HandlerError> {
         outside_handle("combine");
         let first = bodies.first().ok_or_else(|| error(ErrorClass::Unrecoverable, "nothing to fold".to_owned()))?;
-        let params = parse_params(first)?;
+        // A body this function folded before (the host folds a long run
+        // in parts, then the parts): folding it again changes nothing.
+        let Ok(params) = parse_params(first) else { return Ok(first.clone()) };
         if attack(tag) != Some("HugeCombine") {
             return Err(error(ErrorClass::Unrecoverable, format!("tag {tag} does not fold")));
         }
-        if params.mode == "empty" {
-            return Ok(Vec::new());
+        match params.mode.as_str() {
+            "empty" => Ok(Vec::new()),
+            "panic" => panic!("hostile combine panics"),
+            "loop" => loop {
+                std::hint::black_box(&bodies);
+            },
+            "exit" => std::process::exit(3),
+            _ => Ok(vec![b' '; size_or(&params, 2 << 20)]),
         }
-        Ok(vec![b' '; size_or(&params, 2 << 20)])
     }
 
     fn handle(tag: u32, key: Vec<u8>, bodies: Vec<Vec<u8>>) -> Result<(), HandlerError> {
@@ -503,6 +514,15 @@ impl Guest for Hostile {
                 report.step(state::counter_add(name, params.delta));
                 read_counter(&mut report, name);
             }
+            "BadNames" if !params.name.is_empty() => {
+                // The name the test gives (a NUL, say), on every import.
+                let name = params.name.as_str();
+                report.step(state::get(name).map(|_| ()));
+                report.step(state::set(name, b"v"));
+                report.step(state::delete(name));
+                report.step(state::counter_add(name, 1));
+                report.step(state::counter_get(name).map(|_| ()));
+            }
             "BadNames" => {
                 let huge = "n".repeat(size_or(&params, 1 << 20));
                 let long = "n".repeat(257);
@@ -534,6 +554,25 @@ impl Guest for Hostile {
                     _ => "E".repeat(size_or(&params, 8 << 20)),
                 };
                 return Err(error(class(&params.class), message));
+            }
+            "Sleep" => {
+                // Waits `n` seconds (default an hour; `mode` `forever`:
+                // u64::MAX nanoseconds, the longest one subscription to
+                // the clock asks for) through WASI's clock, outside the
+                // reach of the CPU budget, which only interrupts running
+                // wasm code.
+                let duration = match params.mode.as_str() {
+                    "forever" => std::time::Duration::from_nanos(u64::MAX),
+                    _ => std::time::Duration::from_secs(if params.n == 0 { 3600 } else { params.n }),
+                };
+                std::thread::sleep(duration);
+                report.outcomes.push("woke".to_owned());
+            }
+            "Exit" => {
+                // Exits the process (WASI `exit`) with status `n`, halfway
+                // through a write.
+                report.step(state::set("before-exit", b"1"));
+                std::process::exit(params.n as i32);
             }
             "Transient" => {
                 return Err(error(ErrorClass::Transient, format!("transient, key {}", params.key)));
