@@ -441,7 +441,7 @@ impl<L: EventLog> Consumer<L> {
                 other => other?,
             }
         }
-        if let (Some(assignment), Until::Shutdown) = (&self.assignment, until) {
+        if let (Some(assignment), Until::Shutdown) = (&self.assignment, &until) {
             return self.consume_assigned(count, assignment.clone(), shutdown).await;
         }
         // Each partition is claimed first: a host that held it before can

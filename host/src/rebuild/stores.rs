@@ -82,8 +82,11 @@ impl StateBackend for SwitchingStore {
     fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
         self.current().outbox()
     }
-    fn remove_outbox(&self, through_seq: u64) -> Result<(), StateError> {
-        self.current().remove_outbox(through_seq)
+    fn outbox_of(&self, partition: u32) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
+        self.current().outbox_of(partition)
+    }
+    fn remove_outbox(&self, partition: u32, through_seq: u64) -> Result<(), StateError> {
+        self.current().remove_outbox(partition, through_seq)
     }
     fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
         self.current().meta(name)
@@ -160,8 +163,11 @@ impl StateBackend for HoldBackEmits {
     fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
         self.0.outbox()
     }
-    fn remove_outbox(&self, through_seq: u64) -> Result<(), StateError> {
-        self.0.remove_outbox(through_seq)
+    fn outbox_of(&self, partition: u32) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
+        self.0.outbox_of(partition)
+    }
+    fn remove_outbox(&self, partition: u32, through_seq: u64) -> Result<(), StateError> {
+        self.0.remove_outbox(partition, through_seq)
     }
     fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
         self.0.meta(name)
