@@ -43,7 +43,7 @@ use crate::event::{EventHeaders, HeaderError};
 use crate::key::Key;
 use crate::log::{EventLog, LogError, Record};
 use crate::outbox::{self, OutboxError};
-use crate::routing::{self, FailureClass, Routed, dlq_topic, retry_topic};
+use crate::routing::{self, FailureClass, Routed, RoutedTopics, dlq_topic, retry_topic};
 use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
 
 /// One record of a dead-letter topic.
@@ -183,6 +183,28 @@ pub enum DeadLetterError {
     },
 }
 
+/// Where a projection's dead letters are read: a dead-letter topic and the
+/// projection name its records carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shelf {
+    dlq: String,
+    tag: String,
+}
+
+impl Shelf {
+    /// `projection`'s own, in the topic's shared `dlq_<topic>`.
+    pub fn shared(topic: &str, projection: &str) -> Self {
+        Self { dlq: dlq_topic(topic), tag: projection.to_owned() }
+    }
+
+    /// Those a rebuild of `projection` left, in its own
+    /// `dlq_<topic>.rebuild` ([`RoutedTopics::shadow`]), tagged with the
+    /// shadow's name: after a promotion they are the projection's.
+    pub fn rebuilt(topic: &str, projection: &str) -> Self {
+        Self { dlq: RoutedTopics::shadow(topic).dlq().to_owned(), tag: crate::rebuild::shadow_name(projection) }
+    }
+}
+
 /// The dead letters of `projection` on `topic`, in partition and offset
 /// order, marked when they were re-driven already.
 pub async fn list<L: EventLog>(
@@ -191,7 +213,17 @@ pub async fn list<L: EventLog>(
     projection: &str,
     store: &StateStore,
 ) -> Result<Vec<DeadLetter>, DeadLetterError> {
-    let dlq = dlq_topic(topic);
+    list_on(log, topic, &Shelf::shared(topic, projection), store).await
+}
+
+/// The dead letters on `shelf` of a projection of `topic`, as [`list`].
+pub async fn list_on<L: EventLog>(
+    log: &L,
+    topic: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    let dlq = shelf.dlq.clone();
     let mut letters = Vec::new();
     for partition in 0..log.partitions(&dlq).await? {
         let owned = owns(store, topic, partition)?;
@@ -208,7 +240,7 @@ pub async fn list<L: EventLog>(
                 let routed = Routed::parse(&stored.record.headers).map_err(|error| {
                     DeadLetterError::NotADeadLetter { topic: dlq.clone(), partition, offset: stored.offset, error }
                 })?;
-                if routed.projection != projection {
+                if routed.projection != shelf.tag {
                     continue;
                 }
                 letters.push(DeadLetter {
@@ -242,11 +274,23 @@ pub async fn show<L: EventLog>(
     partition: u32,
     offset: u64,
 ) -> Result<DeadLetter, DeadLetterError> {
-    list(log, topic, projection, store)
+    show_on(log, topic, &Shelf::shared(topic, projection), store, partition, offset).await
+}
+
+/// One dead letter on `shelf`, as [`show`].
+pub async fn show_on<L: EventLog>(
+    log: &L,
+    topic: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+    partition: u32,
+    offset: u64,
+) -> Result<DeadLetter, DeadLetterError> {
+    list_on(log, topic, shelf, store)
         .await?
         .into_iter()
         .find(|l| l.partition == partition && l.offset == offset)
-        .ok_or_else(|| DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset })
+        .ok_or_else(|| DeadLetterError::NotFound { projection: shelf.tag.clone(), partition, offset })
 }
 
 /// Re-drives the selected dead letters of `projection` in the partitions
@@ -269,8 +313,21 @@ pub async fn redrive<L: EventLog>(
     store: &StateStore,
     selection: &Selection,
 ) -> Result<Redriven, DeadLetterError> {
+    redrive_on(log, topic, projection, &Shelf::shared(topic, projection), store, selection).await
+}
+
+/// Re-drives the selected dead letters on `shelf` as [`redrive`], into
+/// `projection`'s retry topic `retry_<topic>`, tagged with `projection`.
+pub async fn redrive_on<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+    selection: &Selection,
+) -> Result<Redriven, DeadLetterError> {
     let mut owned = Vec::new();
-    for partition in 0..log.partitions(&dlq_topic(topic)).await? {
+    for partition in 0..log.partitions(&shelf.dlq).await? {
         if owns(store, topic, partition)? {
             owned.push(partition);
         }
@@ -278,7 +335,7 @@ pub async fn redrive<L: EventLog>(
     if owned.is_empty() {
         return Err(DeadLetterError::NothingOwned { projection: projection.to_owned(), topic: topic.to_owned() });
     }
-    let letters = list(log, topic, projection, store).await?;
+    let letters = list_on(log, topic, shelf, store).await?;
     if let Some(&(partition, offset)) =
         selection.records.iter().find(|&&(p, o)| !letters.iter().any(|l| l.partition == p && l.offset == o))
     {
@@ -325,12 +382,12 @@ pub async fn redrive<L: EventLog>(
     }
 
     let now = routing::now_ms();
-    let (dlq, retry) = (dlq_topic(topic), retry_topic(topic));
+    let (dlq, retry) = (shelf.dlq.clone(), retry_topic(topic));
     let orderings = routing::rewrite_orderings(0..chosen.len());
     let mut commit = BatchCommit::default();
     for (letter, ordering) in chosen.into_iter().zip(orderings) {
         let envelope = EventHeaders { ordering, ..letter.envelope.expect("chosen only when readable") };
-        let routed = Routed { attempts: 0, failed_at_ms: now, ..letter.routed };
+        let routed = Routed { projection: projection.to_owned(), attempts: 0, failed_at_ms: now, ..letter.routed };
         report.records += 1;
         report.events += routed.events;
         commit.outbox.push(OutboxEntry {
@@ -346,6 +403,6 @@ pub async fn redrive<L: EventLog>(
         [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
     store.commit(commit)?;
     let partitions = report.partitions.clone();
-    outbox::publish(log, store, projection, topic, &partitions).await.map_err(DeadLetterError::Publish)?;
+    outbox::publish(log, store, projection, &dlq_topic(topic), &partitions).await.map_err(DeadLetterError::Publish)?;
     Ok(report)
 }

@@ -24,6 +24,7 @@ use rustc_hash::FxHashMap;
 
 use crate::event::EventTypeTag;
 use crate::handler::{CallError, EventType, HandlerInstance, HandlerModule};
+use crate::routing::RoutedTopics;
 use crate::runtime::{LoadError, Sandbox, WasmModule};
 use crate::state::{StateError, StateStore};
 
@@ -67,6 +68,7 @@ pub struct Projection {
     topic: String,
     current: RwLock<Arc<ModuleSet>>,
     store: StateStore,
+    routed: RoutedTopics,
 }
 
 /// A set of modules with unique tags: the routing table and the instance
@@ -133,7 +135,19 @@ impl Projection {
         store: StateStore,
     ) -> Result<Self, ProjectionError> {
         let set = ModuleSet::new(name, modules)?;
-        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), current: RwLock::new(Arc::new(set)), store })
+        let routed = RoutedTopics::shared(topic);
+        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), current: RwLock::new(Arc::new(set)), store, routed })
+    }
+
+    /// Routes its failures to `routed` instead of the topic's shared retry
+    /// and dead-letter topics.
+    pub fn with_routed_topics(self, routed: RoutedTopics) -> Self {
+        Self { routed, ..self }
+    }
+
+    /// Where its failures go.
+    pub fn routed_topics(&self) -> &RoutedTopics {
+        &self.routed
     }
 
     /// The projection's name.

@@ -51,6 +51,42 @@ pub fn dlq_topic(topic: &str) -> String {
     format!("dlq_{topic}")
 }
 
+/// Where a projection's failures go: its retry and dead-letter topics.
+///
+/// Both stay under the host-owned prefixes `retry_` and `dlq_`, which
+/// modules may never emit to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedTopics {
+    retry: String,
+    dlq: String,
+}
+
+impl RoutedTopics {
+    /// The topic's shared ones, `retry_<topic>` and `dlq_<topic>`: every
+    /// projection of the topic routes there, its records tagged with its
+    /// name.
+    pub fn shared(topic: &str) -> Self {
+        Self { retry: retry_topic(topic), dlq: dlq_topic(topic) }
+    }
+
+    /// A rebuild shadow's own, `retry_<topic>.rebuild` and
+    /// `dlq_<topic>.rebuild`, so a rebuild never adds to what the live
+    /// projection and its readers of the shared ones see.
+    pub fn shadow(topic: &str) -> Self {
+        Self { retry: format!("{}.rebuild", retry_topic(topic)), dlq: format!("{}.rebuild", dlq_topic(topic)) }
+    }
+
+    /// The retry topic.
+    pub fn retry(&self) -> &str {
+        &self.retry
+    }
+
+    /// The dead-letter topic.
+    pub fn dlq(&self) -> &str {
+        &self.dlq
+    }
+}
+
 /// Why an event left the normal path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureClass {

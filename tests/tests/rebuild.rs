@@ -10,19 +10,28 @@
 //!   projection keeps the old logic; promoted on the go-ahead; a rollback
 //!   then brings the old state and versions back, and the old logic over
 //!   every event.
+//! - A shadow whose module fails (retryably, for good) routes its failures
+//!   to its own `retry_<topic>.rebuild` and `dlq_<topic>.rebuild`: the
+//!   shared ones and the live projection's counts are untouched, and after
+//!   the promotion its dead letters are listed with `--rebuilt`.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use wakuwaku::dead_letter::{self, Shelf};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::event::EventTypeTag;
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::host::{Host, HostSettings, ModuleSource, RunningHost};
+use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
+use wakuwaku::log::Record;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::rebuild::{Promote, RebuildPaths};
-use wakuwaku_tests::{bank_fee_wasm, bank_module, bank_wasm};
+use wakuwaku::rebuild::{self, Promote, RebuildPaths};
+use wakuwaku::routing::{RetryPolicy, Routed};
+use wakuwaku_tests::{bank_fee_wasm, bank_module, bank_wasm, json_record, probe_wasm};
 
 const TOPIC: &str = "accounts";
 const PROJECTION: &str = "bank";
@@ -246,5 +255,87 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     assert_eq!(module_version(&host), old_version, "the old versions run again");
     assert_read_model(&host, &full, "the rolled-back projection: the old logic over every event");
     assert_eq!(host.status().await.unwrap().applied, events.len() as u64);
+    host.stop().await.unwrap();
+}
+
+/// The records of `topic` tagged with `projection`, in every partition (0
+/// before the host made the topic).
+async fn routed_of(log: &EmbeddedLog, topic: &str, projection: &str) -> usize {
+    let mut count = 0;
+    for partition in 0..log.partitions(topic).await.unwrap_or(0) {
+        let end = log.end_offset(topic, partition).await.unwrap();
+        for stored in log.read(topic, partition, 0, end as usize).await.unwrap() {
+            count += usize::from(Routed::parse(&stored.record.headers).unwrap().projection == projection);
+        }
+    }
+    count
+}
+
+/// A ledger event of the probe for `key`, failing as `fail` says.
+fn ledger(key: u64, seq: u64, fail: Option<&str>) -> Record {
+    let body = serde_json::json!({"key": key, "seq": seq, "amount": 1, "fail": fail, "ordering": "relaxed"});
+    json_record(EventTypeTag::new(50), key, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_routes_its_failures_to_its_own_topics_and_its_dead_letters_stay_listable_after_promotion() {
+    const LEDGER: &str = "ledger";
+    let dir = tempfile::tempdir().unwrap();
+    let modules = dir.path().join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    for (topic, partitions) in [(LEDGER, 2), ("notes-out", 1), ("out", 1)] {
+        log.create_topic(topic, partitions).await.unwrap();
+    }
+    // Key 1 fails retryably until its attempts run out, key 2 for good;
+    // key 3 never fails.
+    let mut events = vec![ledger(1, 1, None), ledger(1, 2, Some("retryable")), ledger(1, 3, None)];
+    events.extend([ledger(2, 1, Some("unrecoverable")), ledger(2, 2, None)]);
+    events.extend((1..=10).map(|seq| ledger(3, seq, None)));
+    log.append(LEDGER, vec![(0, events)]).await.unwrap();
+    let source = ModuleSource::Directory { path: modules.clone(), adopt: false, watch: false };
+    let mut settings = HostSettings::new(dir.path().join("data"), PROJECTION, LEDGER, source);
+    settings.consumer.retry =
+        RetryPolicy { delays: vec![Duration::from_millis(5)], max_attempts: 2, ..Default::default() };
+    let host = Host::start_on(log.clone(), settings).await.expect("the host starts");
+    let (shared_retry, shared_dlq) = ("retry_ledger", "dlq_ledger");
+    for _ in 0..3000 {
+        if routed_of(&log, shared_dlq, PROJECTION).await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    caught_up_now(&host).await;
+    assert_eq!(routed_of(&log, shared_dlq, PROJECTION).await, 2, "the live projection dead-lettered both");
+    let live_stats = host.projection().store().stats().unwrap();
+    let shared_ends = [log.end_offsets(shared_retry).await.unwrap(), log.end_offsets(shared_dlq).await.unwrap()];
+
+    let paths = RebuildPaths::new(&dir.path().join("data"), PROJECTION);
+    paths.ask(LEDGER, &modules, Promote::Manual).unwrap();
+    rebuild_phase(&host, "waiting for --promote").await;
+    let shadow = rebuild::shadow_name(PROJECTION);
+    assert_eq!(log.partitions("retry_ledger.rebuild").await.unwrap(), 2, "made with the topic's partitions");
+    assert!(routed_of(&log, "retry_ledger.rebuild", &shadow).await > 0, "the shadow retried in its own topic");
+    assert_eq!(routed_of(&log, "dlq_ledger.rebuild", &shadow).await, 2, "and dead-lettered in its own");
+    let shared_now = [log.end_offsets(shared_retry).await.unwrap(), log.end_offsets(shared_dlq).await.unwrap()];
+    assert_eq!(shared_now, shared_ends, "the shadow added nothing to the shared topics");
+    assert_eq!(routed_of(&log, shared_retry, &shadow).await + routed_of(&log, shared_dlq, &shadow).await, 0);
+    assert_eq!(host.projection().store().stats().unwrap(), live_stats, "the live projection's counts are untouched");
+
+    paths.ask_promotion().unwrap();
+    rebuild_phase(&host, "promoted").await;
+    let store = host.projection().store();
+    let rebuilt = dead_letter::list_on(&*log, LEDGER, &Shelf::rebuilt(LEDGER, PROJECTION), store).await.unwrap();
+    assert_eq!(rebuilt.len(), 2, "the rebuild's dead letters are listed with --rebuilt: {rebuilt:?}");
+    assert!(rebuilt.iter().all(|l| l.owned && !l.redriven), "owned by the promoted store, not re-driven yet");
+    // The unrecoverable one first, then the retryable one, out of attempts.
+    let keys: Vec<_> = rebuilt.iter().map(|l| l.envelope.as_ref().unwrap().key.clone()).collect();
+    assert_eq!(keys, [Key::int(2), Key::int(1)]);
+    // The promoted store reads the shared retry topic from its end.
+    let ends = log.end_offsets(shared_retry).await.unwrap();
+    for (partition, end) in ends.into_iter().enumerate() {
+        assert_eq!(store.position(shared_retry, partition as u32).unwrap(), Some(end));
+    }
     host.stop().await.unwrap();
 }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::args::{OutputArgs, ProjectionArgs, parse_key};
-use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection};
+use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use wakuwaku_core::limits::printable;
 
 #[derive(Subcommand)]
@@ -33,10 +33,31 @@ pub(super) enum DlqCommand {
     Redrive(DlqRedriveArgs),
 }
 
+/// `--rebuilt`.
+#[derive(Args)]
+pub(super) struct ShelfArgs {
+    /// The dead letters a promoted rebuild left (in `dlq_<topic>.rebuild`,
+    /// tagged `<projection>.rebuild`) instead of the projection's own;
+    /// re-driven, they join `retry_<topic>` as the projection's.
+    #[arg(long)]
+    pub(super) rebuilt: bool,
+}
+
+impl ShelfArgs {
+    fn shelf(&self, topic: &str, projection: &str) -> Shelf {
+        match self.rebuilt {
+            true => Shelf::rebuilt(topic, projection),
+            false => Shelf::shared(topic, projection),
+        }
+    }
+}
+
 #[derive(Args)]
 pub(super) struct DlqListArgs {
     #[command(flatten)]
     pub(super) dlq: ProjectionArgs,
+    #[command(flatten)]
+    pub(super) shelf: ShelfArgs,
     #[command(flatten)]
     pub(super) output: OutputArgs,
 }
@@ -45,6 +66,8 @@ pub(super) struct DlqListArgs {
 pub(super) struct DlqShowArgs {
     #[command(flatten)]
     pub(super) dlq: ProjectionArgs,
+    #[command(flatten)]
+    pub(super) shelf: ShelfArgs,
     /// The dead letter's partition.
     #[arg(long)]
     pub(super) partition: u32,
@@ -59,6 +82,8 @@ pub(super) struct DlqShowArgs {
 pub(super) struct DlqRedriveArgs {
     #[command(flatten)]
     pub(super) dlq: ProjectionArgs,
+    #[command(flatten)]
+    pub(super) shelf: ShelfArgs,
     /// Only these partitions (comma-separated); each must be one this
     /// state store owns.
     #[arg(long, value_delimiter = ',')]
@@ -77,17 +102,18 @@ pub(super) struct DlqRedriveArgs {
 }
 
 pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
-    let args = match &command {
-        DlqCommand::List(list) => &list.dlq,
-        DlqCommand::Show(show) => &show.dlq,
-        DlqCommand::Redrive(redrive) => &redrive.dlq,
+    let (args, shelf) = match &command {
+        DlqCommand::List(list) => (&list.dlq, &list.shelf),
+        DlqCommand::Show(show) => (&show.dlq, &show.shelf),
+        DlqCommand::Redrive(redrive) => (&redrive.dlq, &redrive.shelf),
     };
     let log = args.data.log().await.context("is `waku run` using it? stop it first")?;
     let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
+    let shelf = shelf.shelf(topic, projection);
     match &command {
         DlqCommand::List(list) => {
-            let letters = dead_letter::list(&log, topic, projection, &store).await?;
+            let letters = dead_letter::list_on(&log, topic, &shelf, &store).await?;
             if list.output.json() {
                 let views = letters.iter().map(|letter| DeadLetterView::new(letter, false)).collect();
                 outln!("{}", serde_json::to_string(&DeadLetterList { projection, topic, dead_letters: views })?)?;
@@ -109,7 +135,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             errln!("{} dead letters of `{projection}` ({waiting} not re-driven{elsewhere})", letters.len());
         }
         DlqCommand::Show(show) => {
-            let letter = dead_letter::show(&log, topic, projection, &store, show.partition, show.offset).await?;
+            let letter = dead_letter::show_on(&log, topic, &shelf, &store, show.partition, show.offset).await?;
             match show.output.json() {
                 true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&letter, true))?)?,
                 false => outln!("{}", dead_letter_details(&letter))?,
@@ -124,7 +150,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             if !redrive.all && selection == Selection::default() {
                 bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
             }
-            let done = match dead_letter::redrive(&log, topic, projection, &store, &selection).await {
+            let done = match dead_letter::redrive_on(&log, topic, projection, &shelf, &store, &selection).await {
                 Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
                     let state = store.location();
                     return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));

@@ -23,7 +23,7 @@ use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::projection::ModuleSet;
 use crate::reduce::Origin;
-use crate::routing::{self, RetryQueue, Routed, dlq_topic, retry_topic};
+use crate::routing::{self, RetryQueue, Routed, RoutedTopics};
 use crate::state::{BatchCommit, StateReader};
 
 impl<L: EventLog> Consumer<L> {
@@ -61,7 +61,12 @@ impl<L: EventLog> Consumer<L> {
                         failure: None,
                     };
                     let record = routing::routed_record(&headers, &routed, view.body().to_vec());
-                    commit.outbox.push(self.routed_entry(retry_topic, partition, headers.key.key_hash(), record));
+                    commit.outbox.push(self.routed_entry(
+                        RoutedTopics::retry,
+                        partition,
+                        headers.key.key_hash(),
+                        record,
+                    ));
                     summary.retry_in += 1;
                     if let Some(route) = modules.route(headers.tag) {
                         tally.of(route.module, headers.tag).retried += 1;
@@ -77,7 +82,7 @@ impl<L: EventLog> Consumer<L> {
                     );
                     let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
                     let record = routing::malformed_record(projection.name(), partition, stored, &error);
-                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
+                    commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.malformed += 1;
                     summary.dead_lettered += 1;
                 }
@@ -98,7 +103,7 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         let decoding = Instant::now();
         let projection = &*self.projection;
-        let retry = retry_topic(projection.topic());
+        let retry = projection.routed_topics().retry().to_owned();
         let mut summary = Summary { batches: 1, ..Summary::default() };
         let mut commit = BatchCommit::default();
         let mut buffers = BatchBuffers::default();
@@ -116,7 +121,7 @@ impl<L: EventLog> Consumer<L> {
                     // It was readable when it was indexed: the log changed
                     // under the host. Keep it, with the reason.
                     let record = routing::malformed_record(projection.name(), partition, stored, &error);
-                    commit.outbox.push(self.routed_entry(dlq_topic, partition, 0, record));
+                    commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.retry_out += 1;
                     summary.dead_lettered += 1;
                 }

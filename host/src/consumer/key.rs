@@ -29,7 +29,7 @@ use crate::log::EventLog;
 use crate::metrics::BatchTally;
 use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
-use crate::routing::{self, Failure, FailureClass, Routed, dlq_topic, retry_topic};
+use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
 
 impl<L: EventLog> Consumer<L> {
@@ -184,7 +184,7 @@ impl<L: EventLog> Consumer<L> {
                     for (body, &origin) in reduced.bodies[begin..end].iter().zip(&reduced.origins[begin..end]) {
                         let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
                         let record = routing::routed_record(&shape.envelope(&key), &routed, body.clone());
-                        out.routed.push(self.routed_entry(dlq_topic, partition, key.key_hash(), record));
+                        out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
                         out.tally.of(route.module, tag).dead_lettered += origin.events;
                     }
@@ -262,7 +262,7 @@ impl<L: EventLog> Consumer<L> {
             let routed = self.routed(partition, item.origin, item.attempts, item.failure);
             let envelope = RunShape { ordering, ..item.shape }.envelope(key);
             let record = routing::routed_record(&envelope, &routed, item.body);
-            out.routed.push(self.routed_entry(retry_topic, partition, key.key_hash(), record));
+            out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
             out.summary.retry_in += item.origin.events;
             if let Some(route) = modules.route(item.shape.tag) {
                 out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
@@ -287,12 +287,12 @@ impl<L: EventLog> Consumer<L> {
     /// projection's topic), to the partition the event came from.
     pub(super) fn routed_entry(
         &self,
-        topic_of: fn(&str) -> String,
+        topic_of: fn(&RoutedTopics) -> &str,
         partition: u32,
         key_hash: u64,
         record: crate::log::Record,
     ) -> OutboxEntry {
-        let topic = topic_of(self.projection.topic());
+        let topic = topic_of(self.projection.routed_topics()).to_owned();
         OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
     }
 }

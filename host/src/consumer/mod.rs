@@ -65,7 +65,7 @@ use crate::metrics::Metrics;
 use crate::outbox::{self, OutboxError, Published};
 use crate::progress::Progress;
 use crate::projection::Projection;
-use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed, dlq_topic, retry_topic};
+use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed};
 use crate::state::StateError;
 
 mod batch;
@@ -432,7 +432,8 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         let topic = self.projection.topic();
         let count = self.log.partitions(topic).await?;
-        for routed in [retry_topic(topic), dlq_topic(topic)] {
+        let routed_topics = self.projection.routed_topics();
+        for routed in [routed_topics.retry(), routed_topics.dlq()].map(String::from) {
             match self.log.create_topic(&routed, count).await {
                 Err(LogError::PartitionCountMismatch { existing, .. }) => {
                     let topic = topic.to_owned();
@@ -764,7 +765,7 @@ impl<L: EventLog> Consumer<L> {
     /// The keys of `partition` waiting in retry, read from the retry topic
     /// from the committed retry position on, minus the records already done.
     async fn rebuild_retry_queue(&self, partition: u32) -> Result<RetryQueue, ConsumerError> {
-        let retry = retry_topic(self.projection.topic());
+        let retry = self.projection.routed_topics().retry().to_owned();
         let store = self.projection.store();
         let mut queue = RetryQueue::starting_at(store.position(&retry, partition)?.unwrap_or(0));
         let done: FxHashSet<u64> = store.done(&retry, partition)?.into_iter().collect();
@@ -780,7 +781,7 @@ impl<L: EventLog> Consumer<L> {
         queue: &mut RetryQueue,
         done: &FxHashSet<u64>,
     ) -> Result<(), ConsumerError> {
-        let retry = retry_topic(self.projection.topic());
+        let retry = self.projection.routed_topics().retry().to_owned();
         let end = self.log.end_offset(&retry, partition).await?;
         while queue.scanned() < end {
             let want = self.config.batch_size.min((end - queue.scanned()) as usize);
@@ -817,7 +818,7 @@ impl<L: EventLog> Consumer<L> {
         due: Vec<(Key, KeyInRetry)>,
         queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
-        let retry = retry_topic(self.projection.topic());
+        let retry = self.projection.routed_topics().retry().to_owned();
         let polling = Instant::now();
         let mut records = Vec::new();
         for (_, in_retry) in &due {
@@ -865,8 +866,8 @@ impl<L: EventLog> Consumer<L> {
     async fn publish_outbox(&self, partitions: &[u32]) -> Result<Published, ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
         let projection = &*self.projection;
-        let published =
-            outbox::publish(&*self.log, projection.store(), projection.name(), projection.topic(), partitions).await?;
+        let dlq = projection.routed_topics().dlq();
+        let published = outbox::publish(&*self.log, projection.store(), projection.name(), dlq, partitions).await?;
         if let Some(metrics) = self.metrics.as_ref().filter(|_| published.undeliverable > 0) {
             metrics.undeliverable(projection.name(), published.undeliverable);
         }

@@ -26,7 +26,7 @@ use crate::handler::HandlerModule;
 use crate::lifecycle::{EmitTopics, Library};
 use crate::log::EventLog;
 use crate::projection::Projection;
-use crate::routing::{Routed, retry_topic};
+use crate::routing::{Routed, RoutedTopics, retry_topic};
 use crate::runtime::Sandbox;
 use crate::state::{BatchCommit, StateStore};
 
@@ -345,10 +345,22 @@ impl<L: EventLog> Conductor<L> {
         }
         let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
         let modules = self.load_modules(&store, paths.modules_dir(request.generation), true).await?;
-        let name = format!("{}.rebuild", self.projection.name());
+        // Its own retry and dead-letter topics, made now; a new shadow
+        // takes them from their end: what is there is an earlier rebuild's.
+        let routed = RoutedTopics::shadow(&request.topic);
+        let partitions = self.log.partitions(&request.topic).await.map_err(|e| e.to_string())?;
+        for topic in [routed.retry(), routed.dlq()] {
+            self.log.create_topic(topic, partitions).await.map_err(|e| e.to_string())?;
+        }
+        if store.position(routed.retry(), 0).map_err(|e| e.to_string())?.is_none() {
+            let commit = settled(&*self.log, &[routed.retry(), routed.dlq()]).await.map_err(|e| e.to_string())?;
+            store.commit(commit).map_err(|e| e.to_string())?;
+        }
+        let name = super::shadow_name(self.projection.name());
         let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
-        let projection =
-            Projection::new(&name, &request.topic, modules.clone(), held_back).map_err(|e| e.to_string())?;
+        let projection = Projection::new(&name, &request.topic, modules.clone(), held_back)
+            .map_err(|e| e.to_string())?
+            .with_routed_topics(routed);
         let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
         let following = follow(&consumer);
         self.watch.set_phase("building", None, Some(store.clone()));
@@ -468,6 +480,11 @@ impl<L: EventLog> Conductor<L> {
                 next = last + 1;
             }
         }
+        // The rebuild's dead letters are the promoted store's: settled in
+        // this one, so `waku dlq list --rebuilt` shows them as done.
+        let shadow_dlq = RoutedTopics::shadow(self.projection.topic()).dlq().to_owned();
+        let settle = settled(&*self.log, &[&shadow_dlq]).await.map_err(|e| e.to_string())?;
+        commit.positions.extend(settle.positions);
         old.commit(commit).map_err(|e| e.to_string())?;
         // The old store's recorded versions, loaded before anything changes.
         let modules = self.load_modules(&old, self.module_dir.clone(), false).await?;
@@ -486,6 +503,23 @@ impl<L: EventLog> Conductor<L> {
         tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
         Ok(())
     }
+}
+
+/// A commit moving a store's positions in `topics` to their end offsets:
+/// their records before then are not its own.
+async fn settled<L: EventLog>(log: &L, topics: &[&str]) -> Result<BatchCommit, crate::log::LogError> {
+    let mut commit = BatchCommit::default();
+    for &topic in topics {
+        let ends = match log.end_offsets(topic).await {
+            // No rebuild made it (one promoted by an older host): nothing to settle.
+            Err(crate::log::LogError::TopicNotFound { .. }) => continue,
+            ends => ends?,
+        };
+        for (partition, end) in ends.into_iter().enumerate() {
+            commit.positions.push((topic.to_owned(), partition as u32, end));
+        }
+    }
+    Ok(commit)
 }
 
 /// Where the shadow of `request` stands against the live projection: per

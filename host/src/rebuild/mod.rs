@@ -57,6 +57,12 @@ pub mod stores;
 
 pub use conductor::RebuildWatch;
 
+/// The name a rebuild of `projection` runs under: its retry and
+/// dead-letter records carry it.
+pub fn shadow_name(projection: &str) -> String {
+    format!("{projection}.rebuild")
+}
+
 /// When a caught-up shadow is promoted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
