@@ -189,19 +189,31 @@ pub enum DeadLetterError {
 pub struct Shelf {
     dlq: String,
     tag: String,
+    /// Only a store holding a position in `dlq` owns its letters: the
+    /// promoted shadow's store does (set when it started), the live store
+    /// before a promotion does not.
+    marked_only: bool,
 }
 
 impl Shelf {
     /// `projection`'s own, in the topic's shared `dlq_<topic>`.
     pub fn shared(topic: &str, projection: &str) -> Self {
-        Self { dlq: dlq_topic(topic), tag: projection.to_owned() }
+        Self { dlq: dlq_topic(topic), tag: projection.to_owned(), marked_only: false }
     }
 
     /// Those a rebuild of `projection` left, in its own
     /// `dlq_<topic>.rebuild` ([`RoutedTopics::shadow`]), tagged with the
     /// shadow's name: after a promotion they are the projection's.
     pub fn rebuilt(topic: &str, projection: &str) -> Self {
-        Self { dlq: RoutedTopics::shadow(topic).dlq().to_owned(), tag: crate::rebuild::shadow_name(projection) }
+        let dlq = RoutedTopics::shadow(topic).dlq().to_owned();
+        Self { dlq, tag: crate::rebuild::shadow_name(projection), marked_only: true }
+    }
+
+    /// Whether `store` owns the letters of `partition` on this shelf: it
+    /// owns the partition of `topic` ([`owns`]), and for a rebuild's
+    /// letters it is the store the rebuild built.
+    fn owned_by(&self, store: &StateStore, topic: &str, partition: u32) -> Result<bool, StateError> {
+        Ok(owns(store, topic, partition)? && (!self.marked_only || store.position(&self.dlq, partition)?.is_some()))
     }
 }
 
@@ -226,7 +238,7 @@ pub async fn list_on<L: EventLog>(
     let dlq = shelf.dlq.clone();
     let mut letters = Vec::new();
     for partition in 0..log.partitions(&dlq).await? {
-        let owned = owns(store, topic, partition)?;
+        let owned = shelf.owned_by(store, topic, partition)?;
         let redriven = store.done(&dlq, partition)?;
         // A reset to the earliest offset settles every dead letter before it
         // (its event is replayed from the topic): they count as re-driven.
@@ -328,7 +340,7 @@ pub async fn redrive_on<L: EventLog>(
 ) -> Result<Redriven, DeadLetterError> {
     let mut owned = Vec::new();
     for partition in 0..log.partitions(&shelf.dlq).await? {
-        if owns(store, topic, partition)? {
+        if shelf.owned_by(store, topic, partition)? {
             owned.push(partition);
         }
     }

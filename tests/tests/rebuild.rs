@@ -323,10 +323,14 @@ async fn a_shadow_routes_its_failures_to_its_own_topics_and_its_dead_letters_sta
     assert_eq!(routed_of(&log, shared_retry, &shadow).await + routed_of(&log, shared_dlq, &shadow).await, 0);
     assert_eq!(host.projection().store().stats().unwrap(), live_stats, "the live projection's counts are untouched");
 
+    let shelf = Shelf::rebuilt(LEDGER, PROJECTION);
+    let before = dead_letter::list_on(&*log, LEDGER, &shelf, host.projection().store()).await.unwrap();
+    assert!(before.len() == 2 && before.iter().all(|l| !l.owned), "not the live store's to re-drive: {before:?}");
+
     paths.ask_promotion().unwrap();
     rebuild_phase(&host, "promoted").await;
     let store = host.projection().store();
-    let rebuilt = dead_letter::list_on(&*log, LEDGER, &Shelf::rebuilt(LEDGER, PROJECTION), store).await.unwrap();
+    let rebuilt = dead_letter::list_on(&*log, LEDGER, &shelf, store).await.unwrap();
     assert_eq!(rebuilt.len(), 2, "the rebuild's dead letters are listed with --rebuilt: {rebuilt:?}");
     assert!(rebuilt.iter().all(|l| l.owned && !l.redriven), "owned by the promoted store, not re-driven yet");
     // The unrecoverable one first, then the retryable one, out of attempts.

@@ -57,7 +57,7 @@ fn readiness(caught_up: bool, promote: Promote, go_ahead: bool, handler_dead_let
         (true, Promote::Manual, false) => Readiness::Waiting("promotion is manual".to_owned()),
         (true, Promote::Auto, false) if handler_dead_letters > 0 => Readiness::Waiting(format!(
             "the new modules dead-lettered {handler_dead_letters} events, which the promoted state would lack; see \
-             them with `waku dlq list --projection <projection>.rebuild`"
+             them with `waku dlq list --projection <projection> --topic <topic> --rebuilt`"
         )),
         (true, Promote::Auto, false) => Readiness::Promote,
     }
@@ -84,7 +84,8 @@ pub struct RebuildStatus {
     /// Messages the shadow's handlers emitted that were held back.
     pub held_back: u64,
     /// Events the shadow dead-lettered (listed by `waku dlq list
-    /// --projection <projection>.rebuild`): the promoted state lacks them.
+    /// --projection <projection> --topic <topic> --rebuilt`): the promoted
+    /// state lacks them.
     pub dead_lettered: u64,
     /// Of those, messages whose headers could not be read (the live
     /// projection dead-lettered them too).

@@ -23,9 +23,12 @@
 //! Rules it keeps:
 //! - The shadow consumes the topic from offset 0 with the new modules,
 //!   under the name `<projection>.rebuild`: its emitted messages are held
-//!   back ([`stores::HoldBackEmits`]); its failures go to the retry and
-//!   dead-letter topics tagged with that name, so the live projection never
-//!   takes them.
+//!   back ([`stores::HoldBackEmits`]); its failures go to retry and
+//!   dead-letter topics of its own ([`RoutedTopics::shadow`]:
+//!   `retry_<topic>.rebuild`, `dlq_<topic>.rebuild`, under the host-owned
+//!   prefixes modules may not emit to), made when it starts with the
+//!   topic's partition count, its positions there set to their end (what
+//!   is there is an earlier rebuild's). The shared ones never see it.
 //! - Promotion is decided from positions and end offsets, never a timer:
 //!   once the shadow reached the end offsets read when it started and has
 //!   nothing waiting in retry, the live consumer is paused after its batch
@@ -34,14 +37,21 @@
 //!   next batch. No event is lost or applied twice across the switch. An
 //!   automatic promotion waits for a person when the new modules
 //!   dead-lettered events (the promoted state would lack them).
-//! - The promoted store takes the retry topic from its end at promotion:
-//!   the live projection's earlier retry records concern events the shadow
-//!   applied itself.
+//! - The promoted projection routes to the topic's shared retry and
+//!   dead-letter topics again, and takes the shared retry topic from its
+//!   end at promotion: the live projection's earlier retry records concern
+//!   events the shadow applied itself, and the shadow's own retry topic
+//!   holds nothing waiting (promotion waits for that). Its dead letters
+//!   stay in the shadow's topic and are the promoted projection's:
+//!   [`crate::dead_letter::Shelf::rebuilt`] (`waku dlq … --rebuilt`) lists
+//!   and re-drives them into the shared retry topic under its own name.
 //! - The previous store and its recorded module versions are kept;
 //!   rollback switches back the same way, one step back (the pointer then
 //!   names no previous store). The rolled-back store consumes again, with
 //!   its old modules, every event the promoted one applied (their emits are
-//!   sent again); the promoted store's retry records are marked done in it.
+//!   sent again); the promoted store's retry records are marked done in it
+//!   and the rebuild's dead letters settled (its position in the shadow's
+//!   dead-letter topic moves to the end).
 //! - Both change the running host's modules in memory before the pointer's
 //!   rename, and back if it fails: a running host never serves one store
 //!   with the other's modules.
@@ -51,6 +61,9 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+#[cfg(doc)]
+use crate::routing::RoutedTopics;
 
 pub mod conductor;
 pub mod stores;
