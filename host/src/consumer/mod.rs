@@ -597,12 +597,15 @@ impl<L: EventLog> Consumer<L> {
         first_error.map_or(Ok(total), Err)
     }
 
-    /// Takes a partition: claims it (fencing its previous host), publishes
-    /// what its outbox holds, and gates it at its committed position and
+    /// Takes a partition: claims it (fencing its previous host), forgets
+    /// the stamps this process remembers of its outbox producer (the
+    /// previous host appended under that name), publishes what its outbox
+    /// holds, and gates it at its committed position and
     /// the end offset read now. Returns the messages found undeliverable.
     async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
         let topic = self.projection.topic();
         let epoch = self.projection.store().claim(partition)?;
+        outbox::forget_stamps(&*self.log, self.projection.store(), self.projection.name(), partition)?;
         let left = self.publish_outbox(&[partition]).await?;
         let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
         let end = self.log.end_offset(topic, partition).await?;
