@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bank_wasm, iggy_url, postgres_url, waku_command};
+use common::servers::{fresh_stream, iggy_url, postgres_url};
+use common::{bank_wasm, waku_command};
 use wakuwaku::consumer::stat;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::host::{StateSettings, open_state};
@@ -113,9 +114,8 @@ fn three_waku_processes_in_a_group_survive_one_sigkilled_and_a_late_one_joins() 
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("modules")).unwrap();
     std::fs::copy(bank_wasm(), dir.path().join("modules/bank.wasm")).unwrap();
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let stream = format!("scale-process-{nanos}");
-    let projection = format!("scale_process_{nanos}");
+    let stream = fresh_stream("scale-process");
+    let projection = stream.replace('-', "_");
 
     let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
     let module = load_module_file(&sandbox, bank_wasm()).unwrap();

@@ -52,38 +52,7 @@ fn guest(crate_path: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("{crate_path} builds: {e}"))
 }
 
-/// The Iggy server the tests may use (`WAKU_IGGY_URL`, for example
-/// `iggy://iggy:iggy@127.0.0.1:8090`). Without one, prints one line saying
-/// `what` was skipped and returns `None` (CI has no Iggy server).
-pub fn iggy_url(what: &str) -> Option<String> {
-    let url = std::env::var("WAKU_IGGY_URL").ok();
-    if url.is_none() {
-        // Straight to stderr, past the test harness's capture, so it shows.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {what} needs an Iggy server named by WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
-        );
-    }
-    url
-}
-
-/// The PostgreSQL server the tests may use (`WAKU_POSTGRES_URL`, for
-/// example `postgres://postgres@127.0.0.1:5433/postgres`). Without one,
-/// prints one line saying `what` was skipped and returns `None`; under CI
-/// (which starts one) a missing URL is a failure.
-pub fn postgres_url(what: &str) -> Option<String> {
-    let url = std::env::var("WAKU_POSTGRES_URL").ok();
-    if url.is_none() {
-        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-            panic!("{what}: CI starts a PostgreSQL server (.ci/run), but WAKU_POSTGRES_URL is not set");
-        }
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {what} needs a PostgreSQL server named by WAKU_POSTGRES_URL \
-             (e.g. postgres://postgres@127.0.0.1:5433/postgres)"
-        );
-    }
-    url
-}
+/// `WAKU_IGGY_URL`, `WAKU_POSTGRES_URL` and stream names, as the
+/// `wakuwaku-tests` crate has them.
+#[path = "../../../tests/src/servers.rs"]
+pub mod servers;
