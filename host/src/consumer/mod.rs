@@ -600,8 +600,8 @@ impl<L: EventLog> Consumer<L> {
     /// Takes a partition: claims it (fencing its previous host), forgets
     /// the stamps this process remembers of its outbox producer (the
     /// previous host appended under that name), publishes what its outbox
-    /// holds, and gates it at its committed position and
-    /// the end offset read now. Returns the messages found undeliverable.
+    /// holds, and gates it at its committed position and the end offset
+    /// read now. Returns the messages found undeliverable.
     async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
         let topic = self.projection.topic();
         let epoch = self.projection.store().claim(partition)?;

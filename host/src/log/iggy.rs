@@ -39,9 +39,8 @@
 //!   client remembers what it appended, until told to forget the producer
 //!   ([`EventLog::forget_producer`]: a host taking a partition does, since
 //!   the partition's previous host appended under its producer name). So
-//!   a retry completes the partitions
-//!   the first try missed and skips the others, whatever was appended after
-//!   the stamp. Retention that deletes messages a producer has not seen
+//!   a retry completes the partitions the first try missed and skips the
+//!   others, whatever was appended after the stamp. Retention that deletes messages a producer has not seen
 //!   confirmed defeats this (as it defeats end offsets, which are message
 //!   counts): keep retry, dead-letter and emitted topics' messages at least
 //!   until the hosts writing them have confirmed them.
