@@ -72,6 +72,14 @@ impl Member {
     }
 }
 
+impl Drop for Member {
+    /// A failed test leaves no host running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The partitions a host's log says it holds at its end.
 fn held_in(log: &str) -> BTreeSet<u32> {
     let mut held = BTreeSet::new();
