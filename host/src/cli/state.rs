@@ -18,7 +18,7 @@ use crate::state::StateStore;
 pub(super) enum StateCommand {
     /// Print a key's state entries (and the shared counters) as JSON:
     /// indented for people, or on one line with `--output json`.
-    #[command(after_help = "Examples:\n  waku state get --data waku-data --projection bank --key 42 account\n  \
+    #[command(after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42 account\n  \
                       waku state get --projection bank --key 42 --admin http://127.0.0.1:9100 --shadow")]
     Get(StateGetArgs),
 }
