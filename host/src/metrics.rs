@@ -13,6 +13,7 @@
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
+//! | `waku_partition_takes_failed_total` | projection | attempts to take an assigned partition that failed (log or state store unreachable) and are tried again after a backoff |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -88,6 +89,7 @@ pub struct Metrics {
     unavailable: Family<ProjectionLabels, Counter>,
     undeliverable: Family<ProjectionLabels, Counter>,
     fenced: Family<ProjectionLabels, Counter>,
+    take_failed: Family<ProjectionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -112,6 +114,7 @@ impl Default for Metrics {
             unavailable: Family::default(),
             undeliverable: Family::default(),
             fenced: Family::default(),
+            take_failed: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
         };
@@ -137,6 +140,11 @@ impl Default for Metrics {
             "waku_partitions_fenced",
             "Partitions dropped because another host took them",
             metrics.fenced.clone(),
+        );
+        registry.register(
+            "waku_partition_takes_failed",
+            "Attempts to take an assigned partition that failed and will be tried again",
+            metrics.take_failed.clone(),
         );
         registry.register("waku_batch_phase_seconds", "Time per batch in each phase", metrics.phases.clone());
         Self { registry, ..metrics }
@@ -219,6 +227,12 @@ impl Metrics {
     /// Counts a partition dropped because another host took it.
     pub fn partition_fenced(&self, projection: &str) {
         self.fenced.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
+    }
+
+    /// Counts a failed attempt to take an assigned partition (it is tried
+    /// again after a backoff).
+    pub fn partition_take_failed(&self, projection: &str) {
+        self.take_failed.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
     }
 
     /// Counts a module load.

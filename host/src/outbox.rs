@@ -143,7 +143,7 @@ pub async fn publish<L: EventLog>(
     let legacy = producer(store, projection)?;
     let mut published = Published::default();
     for &source in partitions {
-        let producer = format!("{legacy}/{source}");
+        let producer = partition_producer(&legacy, source);
         let publisher =
             Publisher { log, store, projection, dlq: dlq.to_owned(), source, producer, legacy: legacy.clone() };
         let done = publisher.publish().await?;
@@ -189,6 +189,25 @@ pub fn producer(store: &StateStore, projection: &str) -> Result<String, StateErr
     let id = format!("{:016x}", rand::random::<u64>());
     store.set_meta(META, id.as_bytes())?;
     Ok(format!("projection:{projection}:{id}"))
+}
+
+/// The producer name the outbox of source partition `source` appends as.
+fn partition_producer(projection_producer: &str, source: u32) -> String {
+    format!("{projection_producer}/{source}")
+}
+
+/// Makes `log` forget what it remembers of the stamps of `partition`'s
+/// outbox producer ([`EventLog::forget_producer`]): called when a host
+/// takes the partition, since the host that held it in between appended
+/// under that name, perhaps without removing what it appended.
+pub fn forget_stamps<L: EventLog>(
+    log: &L,
+    store: &StateStore,
+    projection: &str,
+    partition: u32,
+) -> Result<(), StateError> {
+    log.forget_producer(&partition_producer(&producer(store, projection)?, partition));
+    Ok(())
 }
 
 /// Whether a failed append fails the same way however often it is tried.

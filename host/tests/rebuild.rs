@@ -4,8 +4,9 @@
 //! event) or the promoted one (the new logic over every event), never a
 //! mix: a `waku run --until-caught-up` on what the kill left, then the read
 //! model against both oracles. The next `waku run` resumes the rebuild.
-//! Also: `waku state get --shadow` reads a waiting shadow, and `waku
-//! rebuild` refuses what it cannot do.
+//! Also: `waku state get` (with `--shadow`, and through the running host's
+//! admin endpoint with `--admin`) reads a waiting shadow and the live
+//! state, and `waku rebuild` refuses what it cannot do.
 
 mod common;
 
@@ -184,10 +185,38 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
         text(&out.stdout)
     };
     assert!(status().contains("rebuild 1 (manual promotion"), "{}", status());
-    // The host builds the shadow, which then waits; stopped, its shadow can
-    // be read.
-    let mut child = follow(dir.path());
+    let account = *oracle.accounts.iter().find(|(_, a)| a.withdrawals > 0).unwrap().0;
+    let key = account.to_string();
+    let expected = &oracle.accounts[&account];
+    let get = |extra: &[&str]| {
+        let args =
+            [&["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "--output", "json"], extra]
+                .concat();
+        let out = waku(&args, dir.path());
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["entries"]["account"]["balance"].as_i64().unwrap()
+    };
+    // The host builds the shadow, which then waits: while it runs, both
+    // are read through its admin endpoint (it holds the files).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let mut child = waku_command(dir.path())
+        .args(RUN)
+        .args(["--batch-size", "128", "--admin", &address])
+        .env("RUST_LOG", "warn,wakuwaku::rebuild=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("waku starts");
     assert!(wait_for_line(&mut child, "waiting for `waku rebuild --promote`"), "the shadow caught up");
+    let url = format!("http://{address}");
+    let held = waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", &key], dir.path());
+    assert!(text(&held.stderr).contains("pass --admin"), "{}", text(&held.stderr));
+    assert_eq!(get(&["--admin", &url]), expected.balance, "the running host serves the old logic");
+    assert_eq!(get(&["--admin", &url, "--shadow"]), expected.balance - expected.withdrawals as i64, "and its shadow");
+    let wrong = waku(&["state", "get", "--projection", "other", "--key", &key, "--admin", &url], dir.path());
+    assert!(text(&wrong.stderr).contains("no projection `other` here"), "{}", text(&wrong.stderr));
     kill(child);
     let shadow = wakuwaku::state::StateStore::open(&dir.path().join("data/rebuilds/bank/1/state.redb")).unwrap();
     let consumed: u64 = (0..2).map(|p| shadow.position("accounts", p).unwrap().unwrap_or(0)).sum();
@@ -197,22 +226,8 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
     let shown = status();
     assert!(shown.contains("0 events to promotion"), "{shown}");
     assert!(shown.contains("shadow at") && !shown.contains("shadow at 0,"), "{shown}");
-    let account = *oracle.accounts.iter().find(|(_, a)| a.withdrawals > 0).unwrap().0;
-    let key = account.to_string();
-    let get = |shadow: bool| {
-        let mut args =
-            vec!["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "--output", "json"];
-        if shadow {
-            args.push("--shadow");
-        }
-        let out = waku(&args, dir.path());
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        json["entries"]["account"]["balance"].as_i64().unwrap()
-    };
-    let expected = &oracle.accounts[&account];
-    assert_eq!(get(false), expected.balance, "the live projection keeps the old logic");
-    assert_eq!(get(true), expected.balance - expected.withdrawals as i64, "the shadow has the new logic");
+    assert_eq!(get(&[]), expected.balance, "the live projection keeps the old logic");
+    assert_eq!(get(&["--shadow"]), expected.balance - expected.withdrawals as i64, "the shadow has the new logic");
     assert!(!check_old_or_new(dir.path(), &oracle, "waiting for the go-ahead"));
 
     let promote = rebuild(&["--promote"]);

@@ -28,6 +28,11 @@ pub enum Call<'a> {
     },
     /// `create_topic`, `partitions` or `consumer_offset`: never faulted.
     Setup,
+    /// `forget_producer`: seen, never faulted (it cannot fail).
+    Forget {
+        /// The producer forgotten.
+        producer: &'a str,
+    },
 }
 
 /// A log, except where `fault` returns an error for a call.
@@ -56,6 +61,10 @@ impl<L: EventLog> EventLog for FaultyLog<L> {
     async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
         self.check(Call::Setup)?;
         self.log.partitions(topic).await
+    }
+    fn forget_producer(&self, producer: &str) {
+        let _ = self.check(Call::Forget { producer });
+        self.log.forget_producer(producer);
     }
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         self.check(Call::Write { topic })?;

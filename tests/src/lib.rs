@@ -51,6 +51,9 @@ pub mod liar;
 pub mod native;
 pub mod proxy;
 pub mod python;
+mod servers;
+
+pub use servers::{fresh_stream, iggy_url, postgres_url};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -273,46 +276,4 @@ pub async fn publish_bank(
     log.create_topic("accounts", partitions).await.expect("create topic");
     publish::publish(log, "accounts", module, outgoing, None, 2).await.expect("publish");
     oracle
-}
-
-/// The Iggy server the tests may use (`WAKU_IGGY_URL`, for example
-/// `iggy://iggy:iggy@127.0.0.1:8090`). Without one, prints one line saying
-/// `what` was skipped and returns `None`.
-pub fn iggy_url(what: &str) -> Option<String> {
-    let url = std::env::var("WAKU_IGGY_URL").ok();
-    if url.is_none() {
-        // Straight to stderr, past the test harness's capture, so it shows.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {what} needs an Iggy server named by WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
-        );
-    }
-    url
-}
-
-/// The PostgreSQL server the tests may use (`WAKU_POSTGRES_URL`, for
-/// example `postgres://postgres@127.0.0.1:5433/postgres`). Without one,
-/// prints one line saying `what` was skipped and returns `None`; under CI
-/// (`CI=true`), whose `.ci/run` starts a server, panics instead.
-pub fn postgres_url(what: &str) -> Option<String> {
-    let url = std::env::var("WAKU_POSTGRES_URL").ok();
-    if url.is_none() {
-        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-            panic!("{what}: CI starts a PostgreSQL server (.ci/run), but WAKU_POSTGRES_URL is not set");
-        }
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {what} needs a PostgreSQL server named by WAKU_POSTGRES_URL \
-             (e.g. postgres://postgres@127.0.0.1:5433/postgres)"
-        );
-    }
-    url
-}
-
-/// A stream name no earlier run used, for tests against a shared server.
-pub fn fresh_stream(prefix: &str) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
-    format!("{prefix}-{}", now.as_nanos())
 }

@@ -285,3 +285,87 @@ async fn a_following_host_polls_at_once_when_the_embedded_log_is_appended_to() {
     }
     assert_eq!(host.stop().await.unwrap().applied, 3);
 }
+
+/// Taking an assigned partition fails while the log cannot say where the
+/// partition ends: the consumer keeps following (it does not stop), logs
+/// and counts each failed take, and takes the partitions once the log
+/// answers again, consuming every event once. Every take first makes the
+/// log forget the stamps of the partition's outbox producer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_take_of_an_assigned_partition_is_tried_again_after_a_backoff() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use wakuwaku::consumer::Consumer;
+    use wakuwaku::log::LogError;
+    use wakuwaku::metrics::Metrics;
+    use wakuwaku::projection::Projection;
+    use wakuwaku_tests::faulty::{Call, FaultyLog};
+
+    const FAULTS: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let module = wakuwaku_tests::bank_module();
+    // Once armed (after the events are published), the first FAULTS
+    // end-offset reads of `accounts` fail; forgotten producers are noted.
+    let armed = Arc::new(AtomicBool::new(false));
+    let queries = Arc::new(AtomicUsize::new(0));
+    let forgotten = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (is_armed, counted, forgets) = (armed.clone(), queries.clone(), forgotten.clone());
+    let log =
+        Arc::new(FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), move |call| match call {
+            Call::Query { topic: "accounts" }
+                if is_armed.load(Ordering::SeqCst) && counted.fetch_add(1, Ordering::SeqCst) < FAULTS =>
+            {
+                Some(LogError::Unavailable { address: "test".into(), reason: "gone".into() })
+            }
+            Call::Forget { producer } => {
+                forgets.lock().unwrap().push(producer.to_owned());
+                None
+            }
+            _ => None,
+        }));
+    let spec = wakuwaku::demo::WorkloadSpec { events: 1_000, accounts: 40, seed: 71 };
+    let oracle = wakuwaku_tests::publish_bank(&*log, module.clone(), spec, 2).await;
+    armed.store(true, Ordering::SeqCst);
+
+    let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let config = ConsumerConfig {
+        log_backoff: (Duration::from_millis(10), Duration::from_millis(100)),
+        ..ConsumerConfig::default()
+    };
+    let (_assign, assigned) = tokio::sync::watch::channel(vec![0, 1]);
+    let consumer =
+        Consumer::new(log.clone(), projection.clone(), config).with_assignment(assigned).with_metrics(metrics.clone());
+    let progress = consumer.progress();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        consumer
+            .follow(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(progress.partitions().len() == 2 && progress.caught_up()) {
+        assert!(!task.is_finished(), "the consumer stopped: {:?}", task.await);
+        assert!(Instant::now() < deadline, "the partitions were never taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(queries.load(Ordering::SeqCst) > FAULTS, "every fault was hit");
+    let counted = metrics.encode();
+    assert!(
+        counted.contains(&format!("waku_partition_takes_failed_total{{projection=\"bank\"}} {FAULTS}")),
+        "{counted}"
+    );
+    // One forget per take tried (FAULTS failed, two succeeded).
+    let producer = wakuwaku::outbox::producer(projection.store(), "bank").unwrap();
+    let forgotten = forgotten.lock().unwrap().clone();
+    assert_eq!(forgotten.len(), FAULTS + 2, "{forgotten:?}");
+    for partition in [0, 1] {
+        assert!(forgotten.contains(&format!("{producer}/{partition}")), "{forgotten:?}");
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    let check = wakuwaku::demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+}

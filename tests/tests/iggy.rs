@@ -300,6 +300,31 @@ async fn a_fresh_client_reads_a_producers_stamp_back_from_behind_later_messages(
     );
 }
 
+/// A producer name that moves to another process and back (a partition's
+/// outbox producer, A → B → A): what A remembered of its stamps is stale
+/// once B appended as it, and forgetting it makes A read B's stamp back
+/// instead of appending B's messages again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_forgotten_when_it_comes_back_finds_what_another_client_appended_as_it() {
+    use wakuwaku::event::EventTypeTag;
+    let Some(url) = iggy_url("the forgotten-producer test") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-forget");
+    let record = |n: u32| json_record(EventTypeTag::new(n), 7, serde_json::json!(n));
+    let a = IggyLog::connect(&url, &stream).await.unwrap();
+    a.create_topic("out", 1).await.unwrap();
+    assert!(a.append_as("out", vec![(0, vec![record(1)])], "p/0", 5).await.unwrap());
+    // B holds the partition for a while and appends as the same producer.
+    let b = IggyLog::connect(&url, &stream).await.unwrap();
+    assert!(b.append_as("out", vec![(0, vec![record(2)])], "p/0", 6).await.unwrap());
+    assert_eq!(a.producer_sequence("out", 0, "p/0", 0).await.unwrap(), Some(5), "A's memory is stale");
+
+    a.forget_producer("p/0");
+    assert_eq!(a.producer_sequence("out", 0, "p/0", 0).await.unwrap(), Some(6));
+    assert!(!a.append_as("out", vec![(0, vec![record(2)])], "p/0", 6).await.unwrap(), "already there");
+    assert_eq!(a.end_offset("out", 0).await.unwrap(), 2, "B's message is not appended again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     use serde_json::json;

@@ -41,7 +41,11 @@
 //! A partition another host took ([`StateError::Fenced`]: its commit was
 //! refused whole) is dropped: logged with the epochs, counted
 //! (`waku_partitions_fenced_total`), taken out of the caught-up gate, while
-//! the host keeps consuming its other partitions.
+//! the host keeps consuming its other partitions. Taking an assigned
+//! partition that fails (the log or the state store unreachable while
+//! claiming it, publishing its outbox or reading its end offset) never
+//! stops the host: logged, counted (`waku_partition_takes_failed_total`)
+//! and tried again after the log's backoff, doubling.
 //!
 //! Progress is measured against end offsets read from the log, never a
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
@@ -501,7 +505,8 @@ impl<L: EventLog> Consumer<L> {
     /// the assignment was newer or older than this one's, and by then both
     /// have asked again (two hosts never claim it back and forth at full
     /// speed, and a partition handed back between two asks is not left
-    /// without a host).
+    /// without a host). A take that fails is tried again after a backoff
+    /// ([`Consumer::take_failed`]).
     async fn consume_assigned(
         &self,
         count: u32,
@@ -512,12 +517,16 @@ impl<L: EventLog> Consumer<L> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
         let mut fenced: FxHashMap<u32, Instant> = FxHashMap::default();
+        // Partitions whose taking failed: when to try again, and the wait
+        // after that.
+        let mut failed: FxHashMap<u32, (Instant, Duration)> = FxHashMap::default();
         let mut tasks = tokio::task::JoinSet::new();
         let mut total = Summary::default();
-        let result = 'follow: loop {
+        let result = loop {
             let wanted: FxHashSet<u32> =
                 assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
             fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
+            failed.retain(|partition, _| wanted.contains(partition));
             for (&partition, stop) in &held {
                 if !wanted.contains(&partition) {
                     tracing::info!(
@@ -528,20 +537,32 @@ impl<L: EventLog> Consumer<L> {
                     let _ = stop.send(true);
                 }
             }
-            let mut taken: Vec<u32> =
-                wanted.iter().copied().filter(|p| !held.contains_key(p) && !fenced.contains_key(p)).collect();
+            let now = Instant::now();
+            let mut taken: Vec<u32> = wanted
+                .iter()
+                .copied()
+                .filter(|p| !held.contains_key(p) && !fenced.contains_key(p))
+                .filter(|p| failed.get(p).is_none_or(|(again, _)| *again <= now))
+                .collect();
             taken.sort_unstable();
             for partition in taken {
                 match self.take_partition(partition).await {
-                    Ok(left) => total.undeliverable += left,
-                    Err(error) => break 'follow Err(error),
+                    Ok(left) => {
+                        failed.remove(&partition);
+                        total.undeliverable += left;
+                    }
+                    Err(error) => {
+                        let backoff = self.take_failed(partition, &error, failed.get(&partition).map(|f| f.1));
+                        failed.insert(partition, (Instant::now() + backoff, backoff));
+                        continue;
+                    }
                 }
                 let (stop, stopped) = tokio::sync::watch::channel(false);
                 held.insert(partition, stop);
                 let consumer = self.clone();
                 tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
             }
-            let retake = fenced.values().map(|at| *at + RETAKE_AFTER).min();
+            let retake = fenced.values().map(|at| *at + RETAKE_AFTER).chain(failed.values().map(|f| f.0)).min();
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 changed = assignment.changed() => if changed.is_err() { break Ok(()) },
@@ -577,12 +598,15 @@ impl<L: EventLog> Consumer<L> {
         first_error.map_or(Ok(total), Err)
     }
 
-    /// Takes a partition: claims it (fencing its previous host), publishes
-    /// what its outbox holds, and gates it at its committed position and
-    /// the end offset read now. Returns the messages found undeliverable.
+    /// Takes a partition: claims it (fencing its previous host), forgets
+    /// the stamps this process remembers of its outbox producer (the
+    /// previous host appended under that name), publishes what its outbox
+    /// holds, and gates it at its committed position and the end offset
+    /// read now. Returns the messages found undeliverable.
     async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
         let topic = self.projection.topic();
         let epoch = self.projection.store().claim(partition)?;
+        outbox::forget_stamps(&*self.log, self.projection.store(), self.projection.name(), partition)?;
         let left = self.publish_outbox(&[partition]).await?;
         let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
         let end = self.log.end_offset(topic, partition).await?;
@@ -596,6 +620,24 @@ impl<L: EventLog> Consumer<L> {
             "took partition {partition}"
         );
         Ok(left.undeliverable)
+    }
+
+    /// Logs and counts a failed [`Consumer::take_partition`] and returns
+    /// how long to wait before trying again: the log's backoff, doubled
+    /// after each failure in a row (`last` the wait before this one). The
+    /// partition stays unheld meanwhile; the others go on.
+    fn take_failed(&self, partition: u32, error: &ConsumerError, last: Option<Duration>) -> Duration {
+        let (first, longest) = self.config.log_backoff;
+        let backoff = last.map_or(first, |last| (last * 2).clamp(first, longest));
+        tracing::warn!(
+            projection = self.projection.name(),
+            partition,
+            "cannot take partition {partition}: {error}; trying again in {backoff:?}"
+        );
+        if let Some(metrics) = &self.metrics {
+            metrics.partition_take_failed(self.projection.name());
+        }
+        backoff
     }
 
     /// Consumes one partition until `end` (if given) or until `stop` is set.

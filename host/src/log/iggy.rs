@@ -36,9 +36,11 @@
 //!   from the end of the partition down to the caller's `since` offset,
 //!   stopping at the first chunk that holds one (a producer's stamps rise
 //!   with the offset), once per producer and partition; after that the
-//!   client remembers what it appended. So a retry completes the partitions
-//!   the first try missed and skips the others, whatever was appended after
-//!   the stamp. Retention that deletes messages a producer has not seen
+//!   client remembers what it appended, until told to forget the producer
+//!   ([`EventLog::forget_producer`]: a host taking a partition does, since
+//!   the partition's previous host appended under its producer name). So
+//!   a retry completes the partitions the first try missed and skips the
+//!   others, whatever was appended after the stamp. Retention that deletes messages a producer has not seen
 //!   confirmed defeats this (as it defeats end offsets, which are message
 //!   counts): keep retry, dead-letter and emitted topics' messages at least
 //!   until the hosts writing them have confirmed them.
@@ -113,8 +115,10 @@ pub struct IggyLog {
     stream: Identifier,
     address: PathBuf,
     /// The last sequence each producer stamped on a partition, as read from
-    /// the partition once and then as appended by this client: a producer
-    /// name belongs to one state store, which one process holds.
+    /// the partition once and then as appended by this client. A producer
+    /// name is used by one process at a time; one that moves to another
+    /// process and back is forgotten when it comes back
+    /// ([`EventLog::forget_producer`]).
     stamps: std::sync::Mutex<FxHashMap<(String, u32, String), Option<u64>>>,
     /// Names this client in the ids of plain appends' messages.
     client_id: u64,
@@ -392,6 +396,10 @@ impl EventLog for IggyLog {
         let highest = last_stamp(self, topic, partition, producer, since).await?;
         self.stamps.lock().unwrap_or_else(|e| e.into_inner()).insert(key, highest);
         Ok(highest)
+    }
+
+    fn forget_producer(&self, producer: &str) {
+        self.stamps.lock().unwrap_or_else(|e| e.into_inner()).retain(|(_, _, name), _| name != producer);
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {

@@ -314,6 +314,14 @@ pub trait EventLog: Send + Sync + 'static {
         None
     }
 
+    /// Forgets what this client remembers of `producer`'s stamps, so that
+    /// [`EventLog::producer_sequence`] and [`EventLog::append_as`] read them
+    /// from the log again: another process may have appended as
+    /// `producer` since (a partition's outbox producer moves with the
+    /// partition between hosts). A no-op for a log that keeps no such
+    /// memory (the default).
+    fn forget_producer(&self, _producer: &str) {}
+
     /// The offset the next record of the partition will get: the number of
     /// records in it.
     fn end_offset(&self, topic: &str, partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
@@ -431,6 +439,13 @@ impl EventLog for AnyLog {
         match self {
             AnyLog::Embedded(log) => log.appends(),
             AnyLog::Iggy(log) => log.appends(),
+        }
+    }
+
+    fn forget_producer(&self, producer: &str) {
+        match self {
+            AnyLog::Embedded(log) => log.forget_producer(producer),
+            AnyLog::Iggy(log) => log.forget_producer(producer),
         }
     }
 

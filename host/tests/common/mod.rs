@@ -51,3 +51,8 @@ fn guest(crate_path: &str) -> PathBuf {
         .run()
         .unwrap_or_else(|e| panic!("{crate_path} builds: {e}"))
 }
+
+/// `WAKU_IGGY_URL`, `WAKU_POSTGRES_URL` and stream names, as the
+/// `wakuwaku-tests` crate has them.
+#[path = "../../../tests/src/servers.rs"]
+pub mod servers;
