@@ -19,11 +19,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wakuwaku::dead_letter::{self, Shelf};
+use wakuwaku::dead_letter::{self, Selection, Shelf};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::EventTypeTag;
 use wakuwaku::handler::HandlerModule;
-use wakuwaku::host::{Host, HostSettings, ModuleSource, RunningHost};
+use wakuwaku::host::{Host, HostSettings, ModuleSource, RunningHost, StateSettings, open_state};
 use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::Record;
@@ -342,4 +342,13 @@ async fn a_shadow_routes_its_failures_to_its_own_topics_and_its_dead_letters_sta
         assert_eq!(store.position(shared_retry, partition as u32).unwrap(), Some(end));
     }
     host.stop().await.unwrap();
+
+    // Re-driven, they join the shared retry topic as the projection's.
+    let retried = routed_of(&log, shared_retry, PROJECTION).await;
+    let store = open_state(&dir.path().join("data"), &StateSettings::Embedded, PROJECTION).unwrap();
+    let done = dead_letter::redrive_on(&*log, LEDGER, PROJECTION, &shelf, &store, &Selection::default()).await.unwrap();
+    assert_eq!(done.records, 2, "{done:?}");
+    assert_eq!(routed_of(&log, shared_retry, PROJECTION).await, retried + 2);
+    let after = dead_letter::list_on(&*log, LEDGER, &shelf, &store).await.unwrap();
+    assert!(after.iter().all(|l| l.redriven), "marked re-driven: {after:?}");
 }
