@@ -415,6 +415,8 @@ pub async fn redrive_on<L: EventLog>(
         [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
     store.commit(commit)?;
     let partitions = report.partitions.clone();
-    outbox::publish(log, store, projection, &dlq_topic(topic), &partitions).await.map_err(DeadLetterError::Publish)?;
+    outbox::publish(log, store, projection, &RoutedTopics::shared(topic), &partitions)
+        .await
+        .map_err(DeadLetterError::Publish)?;
     Ok(report)
 }

@@ -76,7 +76,7 @@ use rustc_hash::FxHashMap;
 use crate::consumer::stat;
 use crate::event::{EventHeaders, Header, partition_for};
 use crate::log::{EventLog, LogError, Record};
-use crate::routing::{Failure, FailureClass, Routed, header_name, now_ms};
+use crate::routing::{Failure, FailureClass, Routed, RoutedTopics, header_name, now_ms};
 use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateStore};
 
 /// Most records in one stamped append of the outbox.
@@ -129,23 +129,30 @@ pub struct Published {
 }
 
 /// Appends the pending outbox entries of `partitions` (of the
-/// projection's topic), dead-lettering undeliverable messages to `dlq` (the
-/// projection's dead-letter topic, [`crate::routing::RoutedTopics`]), to
-/// the log and clears them, in commit order. See the [module
+/// projection's topic), dead-lettering undeliverable messages to the
+/// projection's dead-letter topic (`routed`), to the log and clears them,
+/// in commit order. See the [module
 /// documentation](self) for the rules.
 pub async fn publish<L: EventLog>(
     log: &L,
     store: &StateStore,
     projection: &str,
-    dlq: &str,
+    routed: &RoutedTopics,
     partitions: &[u32],
 ) -> Result<Published, OutboxError> {
     let legacy = producer(store, projection)?;
     let mut published = Published::default();
     for &source in partitions {
         let producer = partition_producer(&legacy, source);
-        let publisher =
-            Publisher { log, store, projection, dlq: dlq.to_owned(), source, producer, legacy: legacy.clone() };
+        let publisher = Publisher {
+            log,
+            store,
+            projection,
+            dlq: routed.dlq().to_owned(),
+            source,
+            producer,
+            legacy: legacy.clone(),
+        };
         let done = publisher.publish().await?;
         published.appended += done.appended;
         published.undeliverable += done.undeliverable;
@@ -751,7 +758,9 @@ mod tests {
 
         // `out` receives its five, then the host dies before it settles
         // (`zz`, after `out`, is never reached).
-        let error = publish(&ScanningLog::new(&log, Some("out")), &store, "p", "dlq_t", &[0]).await.unwrap_err();
+        let error = publish(&ScanningLog::new(&log, Some("out")), &store, "p", &RoutedTopics::shared("t"), &[0])
+            .await
+            .unwrap_err();
         assert!(matches!(error, OutboxError::Log(LogError::Unavailable { .. })), "{error}");
         assert_eq!(store.outbox().unwrap().len(), 6);
         assert_eq!(Marks::load(&store, 0).unwrap().get("out", 0), 7, "the end before the first append");
@@ -766,7 +775,7 @@ mod tests {
         let old_window = ScanningLog::new(&log, None);
         assert_eq!(old_window.producer_sequence("out", 0, &producer, end - 100_000).await.unwrap(), None);
         let restarted = ScanningLog::new(&log, None);
-        let published = publish(&restarted, &store, "p", "dlq_t", &[0]).await.unwrap();
+        let published = publish(&restarted, &store, "p", &RoutedTopics::shared("t"), &[0]).await.unwrap();
         assert_eq!(published, Published { appended: 1, undeliverable: 0 });
         assert!(store.outbox().unwrap().is_empty());
         assert_eq!(log.end_offset("out", 0).await.unwrap(), 7 + 5 + LATER, "each of the five once");
@@ -795,10 +804,10 @@ mod tests {
         let outbox = vec![from(0, 0), from(0, 1), from(1, 2), from(1, 3)];
         store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
 
-        let published = publish(&log, &store, "p", "dlq_t", &[1]).await.unwrap();
+        let published = publish(&log, &store, "p", &RoutedTopics::shared("t"), &[1]).await.unwrap();
         assert_eq!(published.appended, 2);
         assert_eq!(store.outbox().unwrap().iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [0, 1]);
-        let published = publish(&log, &store, "p", "dlq_t", &[0]).await.unwrap();
+        let published = publish(&log, &store, "p", &RoutedTopics::shared("t"), &[0]).await.unwrap();
         assert_eq!(published.appended, 2, "partition 1's stamps (2, 3) hid partition 0's entries (0, 1)");
         assert!(store.outbox().unwrap().is_empty());
         let bodies: Vec<u64> = log
@@ -810,7 +819,7 @@ mod tests {
             .collect();
         assert_eq!(bodies, [2, 3, 0, 1]);
         // Published again, nothing goes twice.
-        assert_eq!(publish(&log, &store, "p", "dlq_t", &[0, 1]).await.unwrap().appended, 0);
+        assert_eq!(publish(&log, &store, "p", &RoutedTopics::shared("t"), &[0, 1]).await.unwrap().appended, 0);
         assert_eq!(log.end_offset("out", 0).await.unwrap(), 4);
     }
 

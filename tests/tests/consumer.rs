@@ -13,7 +13,7 @@ use wakuwaku::host::{Host, HostSettings, RunningHost};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::outbox;
-use wakuwaku::routing::{FailureClass, Routed};
+use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
@@ -209,8 +209,8 @@ async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_
     let outbox = (0..2500).map(|n| entry(0, n)).chain((0..10).map(|n| entry(1, n))).collect();
     store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
 
-    assert!(outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.is_err());
-    outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.unwrap();
+    assert!(outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.is_err());
+    outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert!(store.outbox().unwrap().is_empty());
     // 3 appends of at most 1000 to partition 0 and 1 to partition 1, plus
     // the one that failed.

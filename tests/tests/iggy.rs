@@ -17,6 +17,7 @@ use wakuwaku::event::partition_for;
 use wakuwaku::host::{Host, HostSettings};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::routing::RoutedTopics;
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
 use wakuwaku_tests::{
@@ -443,7 +444,7 @@ async fn an_outbox_crash_is_recovered_exactly_behind_more_than_the_old_look_back
         first.create_topic(topic, 1).await.unwrap();
     }
     first.append("out", vec![(0, (0..3).map(|n| record(100 + n)).collect())]).await.unwrap();
-    assert!(outbox::publish(&first, &store, "probe", "probes", &[0, 1]).await.is_err());
+    assert!(outbox::publish(&first, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.is_err());
     assert_eq!(store.outbox().unwrap().len(), 6);
     assert_eq!(first.log.end_offset("out", 0).await.unwrap(), 3 + 5);
 
@@ -456,7 +457,8 @@ async fn an_outbox_crash_is_recovered_exactly_behind_more_than_the_old_look_back
     // A restarted host (a fresh client that remembers nothing) sends only
     // what is missing.
     let restarted = IggyLog::connect(&url, &stream).await.unwrap();
-    let published = outbox::publish(&restarted, &store, "probe", "probes", &[0, 1]).await.unwrap();
+    let published =
+        outbox::publish(&restarted, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 1, undeliverable: 0 });
     assert!(store.outbox().unwrap().is_empty());
     assert_eq!(restarted.end_offset("out", 0).await.unwrap(), 3 + 5 + LATER, "each of the five once");
@@ -490,7 +492,7 @@ async fn what_iggy_cannot_take_is_dead_lettered_and_empty_bodies_travel() {
     let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
     store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
 
-    let published = outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.unwrap();
+    let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 4, undeliverable: 2 });
     let out = log.read("out", 0, 0, 10).await.unwrap();
     assert_eq!(out.len(), 2);

@@ -16,7 +16,7 @@ use wakuwaku::key::Key;
 use wakuwaku::log::{EmbeddedLog, EventLog, LogError};
 use wakuwaku::outbox::{self, OutboxError, Published};
 use wakuwaku::projection::Projection;
-use wakuwaku::routing::{FailureClass, Routed};
+use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
@@ -67,7 +67,7 @@ async fn messages_to_a_missing_topic_or_an_invalid_name_become_dead_letters_and_
     let positions = vec![("probes".to_owned(), 0, 10), ("probes".to_owned(), 1, 10)];
     store.commit(BatchCommit { outbox, positions, ..BatchCommit::default() }).unwrap();
 
-    let published = outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.unwrap();
+    let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 3, undeliverable: 2 });
     assert!(store.outbox().unwrap().is_empty());
     assert_eq!(stats(&store)[stat::UNDELIVERABLE], 2);
@@ -121,7 +121,10 @@ async fn messages_to_a_missing_topic_or_an_invalid_name_become_dead_letters_and_
     assert!(matches!(refused, DeadLetterError::CannotRedrive { partition: 1, offset: 0, .. }), "{refused}");
 
     // Publishing again repeats nothing.
-    assert_eq!(outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.unwrap(), Published::default());
+    assert_eq!(
+        outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap(),
+        Published::default()
+    );
     assert_eq!(letters(&log, "dlq_probes").await.len(), 2);
 }
 
@@ -201,7 +204,7 @@ async fn only_the_records_the_log_refuses_are_dead_lettered() {
     let outbox = (1..=3).map(|key| emitted("out", key, (0, key))).collect();
     store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
 
-    let published = outbox::publish(&log, &store, "probe", "probes", &[0, 1]).await.unwrap();
+    let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 3, undeliverable: 1 });
     let keys: Vec<Key> = log
         .log
@@ -231,7 +234,7 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     store.commit(BatchCommit { outbox: vec![emitted("nowhere", 5, (0, 0))], ..BatchCommit::default() }).unwrap();
 
     // The message becomes a dead letter, which has nowhere to go.
-    let error = outbox::publish(&*log, &store, "probe", "probes", &[0, 1]).await.unwrap_err();
+    let error = outbox::publish(&*log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap_err();
     assert!(matches!(&error, OutboxError::HostRecord { topic, .. } if topic == "dlq_probes"), "{error}");
     assert_eq!(
         error.to_string(),

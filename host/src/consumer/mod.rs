@@ -908,8 +908,8 @@ impl<L: EventLog> Consumer<L> {
     async fn publish_outbox(&self, partitions: &[u32]) -> Result<Published, ConsumerError> {
         let _one_publisher = self.outbox.lock().await;
         let projection = &*self.projection;
-        let dlq = projection.routed_topics().dlq();
-        let published = outbox::publish(&*self.log, projection.store(), projection.name(), dlq, partitions).await?;
+        let routed = projection.routed_topics();
+        let published = outbox::publish(&*self.log, projection.store(), projection.name(), routed, partitions).await?;
         if let Some(metrics) = self.metrics.as_ref().filter(|_| published.undeliverable > 0) {
             metrics.undeliverable(projection.name(), published.undeliverable);
         }
