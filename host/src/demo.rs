@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::event::EventTypeTag;
 use crate::handler::{CallError, HandlerModule};
+use crate::publish::Outgoing;
 use crate::state::{StateError, StateStore};
 
 /// Why the demo's read model could not be checked.
@@ -52,6 +53,16 @@ pub fn bank_tag(module: &dyn HandlerModule, name: &'static str) -> Result<EventT
         .find(|t| t.name == name)
         .map(|t| t.tag)
         .ok_or_else(|| CheckError::NotBank { module: module.name().to_owned(), name })
+}
+
+/// The workload's events as messages of the bank `module`, ready to publish.
+pub fn outgoing(module: &dyn HandlerModule, events: &[WorkloadEvent]) -> Result<Vec<Outgoing>, CheckError> {
+    events
+        .iter()
+        .map(|event| {
+            Ok(Outgoing { tag: bank_tag(module, event.type_name)?, body: event.body.to_string().into_bytes() })
+        })
+        .collect()
 }
 
 /// Compares a bank projection's state with the oracle. The module computes

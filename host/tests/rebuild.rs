@@ -23,7 +23,7 @@ use wakuwaku::host::{StateSettings, open_state};
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::rebuild::RebuildPaths;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
@@ -40,13 +40,7 @@ async fn setup(dir: &Path, events: usize) -> Oracle {
     let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
     let module = load_module_file(&sandbox, bank_wasm()).unwrap();
     let (workload, oracle) = demo::workload(WorkloadSpec { events, accounts: 200, seed: 1414 });
-    let outgoing = workload
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let outgoing = demo::outgoing(&*module, &workload).expect("the bank module");
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     log.create_topic("accounts", 2).await.unwrap();
     publish::publish(&log, "accounts", module, outgoing, None, 2).await.unwrap();

@@ -22,7 +22,7 @@ use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::host::{StateSettings, open_state};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
 const PARTITIONS: u32 = 6;
@@ -134,13 +134,7 @@ fn three_waku_processes_in_a_group_survive_one_sigkilled_and_a_late_one_joins() 
     let mut publish_more = |seed| {
         let (events, _) = demo::workload(WorkloadSpec { events: EVENTS, accounts: 90, seed });
         events.iter().for_each(|event| oracle.apply(event));
-        let outgoing = events
-            .iter()
-            .map(|e| Outgoing {
-                tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-                body: serde_json::to_vec(&e.body).unwrap(),
-            })
-            .collect();
+        let outgoing = demo::outgoing(&*module, &events).expect("the bank module");
         runtime.block_on(publish::publish(&log, "accounts", module.clone(), outgoing, None, 2)).unwrap();
         published += EVENTS as u64;
     };

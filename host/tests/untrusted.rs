@@ -172,13 +172,7 @@ async fn publish_bank_and_attacks(
     log.create_topic(OUT, 1).await.unwrap();
     let (bank, hostile) = (load(bank_wasm()), load(hostile_wasm()));
     let (events, oracle) = demo::workload(spec);
-    let bank_events: Vec<Outgoing> = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&*bank, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let bank_events: Vec<Outgoing> = demo::outgoing(&*bank, &events).expect("the bank module");
     let (mut bank_published, mut hostile_published) = (0, 0);
     for (round, chunk) in bank_events.chunks(bank_events.len().div_ceil(rounds)).enumerate() {
         bank_published += publish::publish(&log, "accounts", bank.clone(), chunk.to_vec(), None, 2).await.unwrap();

@@ -26,7 +26,7 @@ use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::projection::Projection;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
@@ -135,13 +135,7 @@ fn scale_out(runtime: &tokio::runtime::Runtime, iggy: &str, postgres: &str, spec
     }
     let more = WorkloadSpec { events: 6_000, seed: 7, ..spec };
     let (events, _) = demo::workload(more);
-    let outgoing = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let outgoing = demo::outgoing(&*module, &events).expect("the bank module");
     runtime.block_on(publish::publish(&log, "accounts", module.clone(), outgoing, None, 2)).unwrap();
     let new_ends = runtime.block_on(log.end_offsets("accounts")).unwrap();
     let orphaned = b.held();

@@ -40,7 +40,7 @@ use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku::plan::{PlanRecord, must_precede};
 use wakuwaku::projection::Projection;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 
 pub mod faulty;
@@ -266,13 +266,7 @@ pub async fn publish_bank(
     partitions: u32,
 ) -> Oracle {
     let (events, oracle) = demo::workload(spec);
-    let outgoing = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&*module, e.type_name).expect("the bank module"),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let outgoing = demo::outgoing(&*module, &events).expect("the bank module");
     log.create_topic("accounts", partitions).await.expect("create topic");
     publish::publish(log, "accounts", module, outgoing, None, 2).await.expect("publish");
     oracle

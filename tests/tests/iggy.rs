@@ -118,13 +118,7 @@ async fn two_hosts_on_disjoint_partitions_apply_every_event_once_while_events_ar
     publisher.create_topic(TOPIC, PARTITIONS).await.unwrap();
     let module = bank_module();
     let (events, oracle) = demo::workload(WorkloadSpec { events: 20_000, accounts: 500, seed: 12 });
-    let mut outgoing: Vec<Outgoing> = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let mut outgoing: Vec<Outgoing> = demo::outgoing(&*module, &events).expect("the bank module");
     let later = outgoing.split_off(outgoing.len() / 2);
     publish::publish(&publisher, TOPIC, module.clone(), outgoing, None, 2).await.unwrap();
 

@@ -16,7 +16,7 @@ use wakuwaku::host::{Host, HostSettings, ModuleSource};
 use wakuwaku::lifecycle::{Difference, KEPT_VERSIONS, Library, LifecycleError, Reloader};
 use wakuwaku::log::EventLog;
 use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
 use wakuwaku::state::StateStore;
 use wakuwaku_tests::{Recorder, bank_log, bank_variant, bank_wasm, check_call_order, read_partition};
@@ -233,13 +233,7 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
         tokio::spawn(async move {
             let mut published_while_swapping = 0;
             for chunk in events.chunks(100) {
-                let outgoing = chunk
-                    .iter()
-                    .map(|e| Outgoing {
-                        tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-                        body: serde_json::to_vec(&e.body).unwrap(),
-                    })
-                    .collect();
+                let outgoing = demo::outgoing(&*module, chunk).expect("the bank module");
                 publish::publish(&*log, "accounts", module.clone(), outgoing, None, 1).await.unwrap();
                 if swapping.load(Ordering::SeqCst) {
                     published_while_swapping += chunk.len();

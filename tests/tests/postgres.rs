@@ -21,7 +21,7 @@ use wakuwaku::host::{Host, StateSettings};
 use wakuwaku::log::EventLog;
 use wakuwaku::progress::Progress;
 use wakuwaku::projection::Projection;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, fresh_stream, host_settings, postgres_url};
 
@@ -78,13 +78,7 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
 async fn publish_more(log: &impl EventLog, module: &Arc<dyn HandlerModule>, spec: WorkloadSpec, oracle: &mut Oracle) {
     let (events, _) = demo::workload(spec);
     events.iter().for_each(|event| oracle.apply(event));
-    let outgoing = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&**module, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let outgoing = demo::outgoing(&**module, &events).expect("the bank module");
     publish::publish(log, "accounts", module.clone(), outgoing, None, 2).await.unwrap();
 }
 

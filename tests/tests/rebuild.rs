@@ -28,7 +28,7 @@ use wakuwaku::key::Key;
 use wakuwaku::log::EventLog;
 use wakuwaku::log::Record;
 use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::rebuild::{self, Promote, RebuildPaths};
 use wakuwaku::routing::{RetryPolicy, Routed};
 use wakuwaku_tests::{bank_fee_wasm, bank_module, bank_wasm, json_record, probe_wasm};
@@ -69,13 +69,7 @@ async fn start(log: &Arc<EmbeddedLog>, dir: &Path, modules: &Path, admin: bool) 
 
 /// Publishes `events` of the workload.
 async fn publish_events(log: &EmbeddedLog, module: &Arc<dyn HandlerModule>, events: &[demo::WorkloadEvent]) {
-    let outgoing = events
-        .iter()
-        .map(|e| Outgoing {
-            tag: demo::bank_tag(&**module, e.type_name).unwrap(),
-            body: serde_json::to_vec(&e.body).unwrap(),
-        })
-        .collect();
+    let outgoing = demo::outgoing(&**module, events).expect("the bank module");
     publish::publish(log, TOPIC, module.clone(), outgoing, None, 2).await.unwrap();
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, postgres_url, publish_bank};
@@ -96,13 +96,7 @@ fn three_hosts_in_a_group_survive_a_killed_one_and_a_late_one_joins() {
     let more = |seed, oracle: &mut Oracle| {
         let (events, _) = demo::workload(WorkloadSpec { events: 4_000, accounts: 90, seed });
         events.iter().for_each(|event| oracle.apply(event));
-        let outgoing = events
-            .iter()
-            .map(|e| Outgoing {
-                tag: demo::bank_tag(&*module, e.type_name).unwrap(),
-                body: serde_json::to_vec(&e.body).unwrap(),
-            })
-            .collect();
+        let outgoing = demo::outgoing(&*module, &events).expect("the bank module");
         runtime.block_on(publish::publish(&log, "accounts", module.clone(), outgoing, None, 2)).unwrap();
     };
     more(52, &mut oracle);

@@ -20,7 +20,7 @@ use crate::handler::HandlerModule;
 use crate::host::{CompileCache, Host, HostSettings, LogSettings, ModuleSource};
 use crate::log::EventLog;
 use crate::projection::load_module_file;
-use crate::publish::{self, Outgoing};
+use crate::publish;
 
 #[derive(Args)]
 pub(super) struct DemoArgs {
@@ -121,12 +121,7 @@ pub(super) async fn demo_run(
     partitions: u32,
 ) -> Result<DemoReport> {
     let (events, oracle) = demo::workload(spec);
-    let outgoing = events
-        .iter()
-        .map(|event| {
-            Ok(Outgoing { tag: demo::bank_tag(&*module, event.type_name)?, body: serde_json::to_vec(&event.body)? })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let outgoing = demo::outgoing(&*module, &events)?;
 
     let log = Arc::new(settings.log.open(&settings.data).await?);
     log.create_topic(TOPIC, partitions).await?;
