@@ -92,9 +92,14 @@ pub mod tag {
     pub const SLEEP: EventTypeTag = EventTypeTag::new(223);
     /// Sets an entry, then exits the process (WASI `exit`) with status `n`.
     pub const EXIT: EventTypeTag = EventTypeTag::new(224);
+    /// Asks WASI for `size` random bytes (`mode` `insecure`: insecure ones).
+    pub const RANDOM: EventTypeTag = EventTypeTag::new(225);
+    /// Opens `n` WASI handles (`mode` `streams`: stderr streams; otherwise
+    /// clock pollables); with `leak`, never drops them.
+    pub const HANDLES: EventTypeTag = EventTypeTag::new(226);
 
     /// Every attack's tag and the name the module declares for it.
-    pub const ALL: [(EventTypeTag, &str); 25] = [
+    pub const ALL: [(EventTypeTag, &str); 27] = [
         (EMIT_UNDECLARED, "EmitUndeclared"),
         (EMIT_HOST_TOPIC, "EmitHostTopic"),
         (EMIT_BAD_TOPIC, "EmitBadTopic"),
@@ -120,6 +125,8 @@ pub mod tag {
         (BIG_VALUES, "BigValues"),
         (SLEEP, "Sleep"),
         (EXIT, "Exit"),
+        (RANDOM, "Random"),
+        (HANDLES, "Handles"),
     ];
 }
 

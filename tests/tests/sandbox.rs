@@ -15,8 +15,10 @@ use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku_tests::hostile::{hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
@@ -520,4 +522,59 @@ fn a_call_past_the_batch_budget_fails_retryable_and_the_next_batch_takes_it() {
     let fresh = BatchBudget::new(&payload);
     let mut scope = KeyScope::new(Key::int(key), reader, payload, fresh);
     instance.handle(&mut scope, RAW, &write_60k).unwrap();
+}
+
+/// A hostile module's instance and a scope for key 1 over an empty store.
+fn hostile(harness: &Harness) -> (Box<dyn HandlerInstance>, KeyScope) {
+    let module = hostile_module(&Sandbox::new(limits()).unwrap());
+    (module.instantiate().unwrap(), harness.scope(1))
+}
+
+/// WASI's random interfaces make the bytes in the host before the guest
+/// has room for them: wasmtime-wasi would make 64 MiB per call, whatever
+/// the module's memory limit. Past [`MAX_RANDOM_BYTES`] the call traps
+/// naming the rule, and the next call works.
+#[test]
+fn random_bytes_are_made_at_most_max_random_bytes_a_call() {
+    let harness = Harness::new();
+    let (mut instance, mut scope) = hostile(&harness);
+    for mode in ["secure", "insecure"] {
+        let mut ask = |size: u64| {
+            instance.handle(&mut scope, tag::RANDOM, &body(json!({ "key": 1, "mode": mode, "size": size })))
+        };
+        ask(MAX_RANDOM_BYTES).unwrap();
+        for size in [MAX_RANDOM_BYTES + 1, 48 << 20, u64::MAX] {
+            assert_trap(
+                ask(size),
+                &format!(
+                    "random-size: one WASI call may ask for at most {MAX_RANDOM_BYTES} random bytes; this one asked for {size}"
+                ),
+            );
+        }
+        ask(16).unwrap();
+    }
+}
+
+/// Every WASI pollable, stream or error a module opens is an entry the
+/// host keeps until the module drops it (wasmtime-wasi allows a million).
+/// Past [`MAX_WASI_RESOURCES`] the call traps naming the rule; dropped
+/// resources give their room back, and those a module leaks across calls
+/// go with the instance the trap replaces.
+#[test]
+fn the_host_keeps_at_most_max_wasi_resources_of_an_instance() {
+    let harness = Harness::new();
+    let (mut instance, mut scope) = hostile(&harness);
+    for mode in ["pollables", "streams"] {
+        let mut open = |n: usize, leak: bool| {
+            instance.handle(&mut scope, tag::HANDLES, &body(json!({ "key": 1, "mode": mode, "n": n, "leak": leak })))
+        };
+        for _ in 0..3 {
+            open(MAX_WASI_RESOURCES / 4, false).unwrap();
+        }
+        assert_trap(open(MAX_WASI_RESOURCES + 1, false), "wasi-resources: the host keeps at most 1000");
+        open(10, false).unwrap();
+        open(MAX_WASI_RESOURCES / 4, true).unwrap();
+        assert_trap(open(MAX_WASI_RESOURCES, false), "wasi-resources");
+        open(MAX_WASI_RESOURCES / 4, false).unwrap();
+    }
 }

@@ -8,7 +8,8 @@
 //!   (the key's entries and shared counters), [`emit`] (messages to the
 //!   module's declared topics), [`log`] (diagnostics), and [`wasi`] (WASI
 //!   with an empty context: no preopened directory, no environment, no
-//!   arguments, no network, a frozen clock, stderr kept as a bounded tail).
+//!   arguments, no network, a frozen clock, stderr kept as a bounded tail,
+//!   random bytes and live WASI resources bounded).
 //!   One table ([`capabilities`]) links them and decides at load which
 //!   imports a component may have: anything else is refused, and the error
 //!   lists the imports. A component built for another version of the
@@ -51,7 +52,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_core::limits::{check_combined_body, check_description, check_key, error_message};
-use wasmtime::component::Linker;
+use wasmtime::component::{Linker, ResourceTableError};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
@@ -598,6 +599,7 @@ fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
         return CallError::HostFault(fault.clone());
     }
     let kind = match error.downcast_ref::<Trap>() {
+        None if matches!(error.downcast_ref(), Some(ResourceTableError::Full)) => wasi::too_many_resources(),
         Some(Trap::Interrupt) => "CPU budget exhausted (call deadline passed)".to_owned(),
         Some(Trap::StackOverflow) => "wasm stack overflow".to_owned(),
         Some(Trap::UnreachableCodeReached) => "unreachable executed (a panic or abort)".to_owned(),

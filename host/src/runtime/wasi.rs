@@ -11,6 +11,19 @@
 //! error is kept as a bounded tail: printing never fails a call, and a
 //! trap's report shows the latest output (where a Rust panic message
 //! lands).
+//!
+//! What WASI makes in the host is bounded, so a module cannot make the
+//! host hold more than its own memory limit says:
+//! - `random-size`: one call of `get-random-bytes` or
+//!   `get-insecure-random-bytes` asks for at most [`MAX_RANDOM_BYTES`]
+//!   (the host makes the bytes before the guest has room for them;
+//!   wasmtime-wasi's own default is 64 MiB); asking for more traps the
+//!   call, naming the rule.
+//! - `wasi-resources`: the host keeps at most [`MAX_WASI_RESOURCES`]
+//!   WASI resources (pollables, streams, stream errors) of one store at
+//!   once, until the module drops them (wasmtime's own default is a
+//!   million); opening one more traps the call, naming the rule, and the
+//!   trap's fresh instance starts with none.
 
 use std::collections::VecDeque;
 use std::io;
@@ -23,7 +36,9 @@ use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::bindings::random;
 use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult, subscribe};
+use wasmtime_wasi::random::WasiRandomCtx;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use super::StoreData;
@@ -32,22 +47,72 @@ use super::StoreData;
 /// that failed).
 const STDERR_TAIL: usize = 4 << 10;
 
+/// Most random bytes one WASI call may ask for (rule `random-size`).
+pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
+
+/// Most WASI resources the host keeps for one store at once (rule
+/// `wasi-resources`): pollables (a clock's pollable counts twice: it
+/// keeps what it polls), streams and stream errors.
+pub const MAX_WASI_RESOURCES: usize = 1_000;
+
+/// The trap reason of a call that opened one WASI resource too many.
+pub(super) fn too_many_resources() -> String {
+    format!(
+        "wasi-resources: the host keeps at most {MAX_WASI_RESOURCES} WASI resources (pollables, streams, errors) of \
+         one instance at once; drop them when done"
+    )
+}
+
+/// A WASI call asked for more random bytes than [`MAX_RANDOM_BYTES`]; it
+/// traps the call.
+#[derive(Debug, thiserror::Error)]
+#[error("random-size: one WASI call may ask for at most {MAX_RANDOM_BYTES} random bytes; this one asked for {asked}")]
+pub struct RandomSize {
+    /// The bytes asked for.
+    pub asked: u64,
+}
+
+/// The random interfaces as wasmtime-wasi links them, with the function
+/// of each that makes bytes (a test checks that asking for too many
+/// names the rule, so a version change that misses them fails there).
+const RANDOM: [(&str, &str); 2] =
+    [("wasi:random/random@0.2.12", "get-random-bytes"), ("wasi:random/insecure@0.2.12", "get-insecure-random-bytes")];
+
 /// The monotonic clock interface as wasmtime-wasi links it (a test
 /// checks that a sleep through it ends at once, so a version change that
 /// misses it fails there).
 const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
 
 /// Links all of WASI preview 2; what it can reach is decided by the
-/// context each store gets ([`WasiState::new`]), and the monotonic clock's
-/// subscriptions are replaced by ones that are ready at once.
+/// context each store gets ([`WasiState::new`]), the monotonic clock's
+/// subscriptions are replaced by ones that are ready at once, and random
+/// bytes are asked for [`MAX_RANDOM_BYTES`] at most.
 pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_sync(linker)?;
     linker.allow_shadowing(true);
     let mut clock = linker.instance(MONOTONIC_CLOCK)?;
     clock.func_wrap("subscribe-duration", |mut store, (_,): (u64,)| ready_now(store.data_mut()))?;
     clock.func_wrap("subscribe-instant", |mut store, (_,): (u64,)| ready_now(store.data_mut()))?;
+    let [(random, random_bytes), (insecure, insecure_bytes)] = RANDOM;
+    linker.instance(random)?.func_wrap(random_bytes, |mut store, (asked,): (u64,)| {
+        let random = checked_random(store.data_mut(), asked)?;
+        Ok((random::random::Host::get_random_bytes(random, asked)?,))
+    })?;
+    linker.instance(insecure)?.func_wrap(insecure_bytes, |mut store, (asked,): (u64,)| {
+        let random = checked_random(store.data_mut(), asked)?;
+        Ok((random::insecure::Host::get_insecure_random_bytes(random, asked)?,))
+    })?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// The store's random generators, when `asked` is within
+/// [`MAX_RANDOM_BYTES`].
+fn checked_random(data: &mut StoreData, asked: u64) -> wasmtime::Result<&mut WasiRandomCtx> {
+    if asked > MAX_RANDOM_BYTES {
+        return Err(RandomSize { asked }.into());
+    }
+    Ok(data.wasi.ctx.random())
 }
 
 /// A pollable that is ready at once: what a subscription to a frozen
@@ -84,8 +149,11 @@ impl WasiState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
-        Self { ctx, table: ResourceTable::new(), stderr }
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_WASI_RESOURCES);
+        Self { ctx, table, stderr }
     }
 
     /// The guest's latest stderr output, as text.

@@ -74,6 +74,8 @@ const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
     (222, "BigValues", Algebra::NonAssociative, 1),
     (223, "Sleep", Algebra::NonAssociative, 1),
     (224, "Exit", Algebra::NonAssociative, 1),
+    (225, "Random", Algebra::NonAssociative, 1),
+    (226, "Handles", Algebra::NonAssociative, 1),
 ];
 
 /// What an event asks for. Every field is optional but `key`.
@@ -100,6 +102,8 @@ pub struct Params {
     pub seq: u64,
     /// `return`: return the first refusal as the call's error.
     pub then: String,
+    /// `Handles`: keep the handles open after the call (a leak).
+    pub leak: bool,
     /// The class of a returned error: `transient`, `retryable` or
     /// `unrecoverable` (the default).
     pub class: String,
@@ -573,6 +577,32 @@ impl Guest for Hostile {
                 // through a write.
                 report.step(state::set("before-exit", b"1"));
                 std::process::exit(params.n as i32);
+            }
+            "Random" => {
+                // Asks WASI for `size` random bytes (`mode` `insecure`:
+                // through `wasi:random/insecure`): the host makes them.
+                let bytes = match params.mode.as_str() {
+                    "insecure" => wasip2::random::insecure::get_insecure_random_bytes(params.size),
+                    _ => wasip2::random::random::get_random_bytes(params.size),
+                };
+                report.outcomes.push(format!("{} bytes", bytes.len()));
+            }
+            "Handles" => {
+                // Opens `n` WASI handles (`mode` `streams`: stderr output
+                // streams; otherwise clock pollables), each one a resource
+                // the host keeps in its tables; with `leak`, never drops
+                // them.
+                let mut handles: Vec<Box<dyn std::any::Any>> = Vec::new();
+                for _ in 0..flood_steps(&params) {
+                    handles.push(match params.mode.as_str() {
+                        "streams" => Box::new(wasip2::cli::stderr::get_stderr()),
+                        _ => Box::new(wasip2::clocks::monotonic_clock::subscribe_duration(0)),
+                    });
+                }
+                report.outcomes.push(format!("{} handles", handles.len()));
+                if params.leak {
+                    std::mem::forget(handles);
+                }
             }
             "Transient" => {
                 return Err(error(ErrorClass::Transient, format!("transient, key {}", params.key)));
