@@ -41,7 +41,7 @@ use crate::handler::HandlerModule;
 use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
 use crate::projection::{Projection, ProjectionError};
-use crate::runtime::{Sandbox, content_version};
+use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
 
 /// Versions kept per module (the active one included).
@@ -295,7 +295,7 @@ impl Library {
     /// Loads a kept version.
     fn load_kept(&self, name: &str, version: &str) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
         let path = self.kept_path(name, version);
-        let bytes = std::fs::read(&path).map_err(|source| LifecycleError::Io { what: "reading", path, source })?;
+        let bytes = read_component(&path).map_err(|source| LifecycleError::Io { what: "reading", path, source })?;
         if content_version(&bytes) != version {
             return Err(LifecycleError::Corrupt(format!("the kept copy of `{name}` version {version} was altered")));
         }
@@ -551,7 +551,7 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
             continue;
         }
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-        let bytes = std::fs::read(&path).map_err(io("reading", &path))?;
+        let bytes = read_component(&path).map_err(io("reading", &path))?;
         files.insert(name, bytes);
     }
     Ok(files)

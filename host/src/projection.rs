@@ -205,7 +205,8 @@ impl Projection {
 
 /// Loads one module file into `sandbox`; its name is the file stem.
 pub fn load_module_file(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn HandlerModule>, ProjectionError> {
-    let bytes = std::fs::read(path).map_err(|source| ProjectionError::ReadModule { path: path.to_owned(), source })?;
+    let bytes = crate::runtime::read_component(path)
+        .map_err(|source| ProjectionError::ReadModule { path: path.to_owned(), source })?;
     let name = path.file_stem().map_or_else(|| "module".into(), |stem| stem.to_string_lossy());
     let module: WasmModule = sandbox.load(&name, &bytes)?;
     Ok(Arc::new(module))

@@ -287,3 +287,37 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
         check_call_order(partition, &records, &calls).unwrap_or_else(|e| panic!("partition {partition}: {e}"));
     }
 }
+
+/// Files planted where the host reads modules (the module directory, the
+/// kept versions under the data directory) are refused by the rule they
+/// break, naming the file: a sparse file of a terabyte is never read (it
+/// would take the host's memory), a FIFO never waited on (opening it for
+/// reading waits for a writer, holding start-up or the reloader forever).
+#[test]
+fn planted_module_files_are_refused_by_name_never_read_whole_or_waited_on() {
+    let dirs = Dirs::new();
+    let v0 = bank_variant(0);
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let (modules, _) = dirs.library().start(&dirs.modules(), false).unwrap();
+    assert_eq!(modules.len(), 1);
+
+    // A terabyte, sparse, in the module directory.
+    let huge = dirs.modules().join("huge.wasm");
+    std::fs::File::create(&huge).unwrap().set_len(1 << 40).unwrap();
+    let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
+    assert!(error.contains("huge.wasm") && error.contains("component-size: a component has at most"), "{error}");
+    std::fs::remove_file(&huge).unwrap();
+
+    // The kept copy of the running version replaced by a FIFO, the module
+    // file gone: start-up needs the kept copy.
+    std::fs::remove_file(dirs.modules().join("bank.wasm")).unwrap();
+    let kept = dirs.modules().join("bank/bank").join(format!("{}.wasm", content_version(&v0)));
+    std::fs::remove_file(&kept).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&kept).status().unwrap().success());
+    let library = dirs.library();
+    let modules = dirs.modules();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(library.start(&modules, false).map(drop).map_err(|e| e.to_string())));
+    let error = finished.recv_timeout(Duration::from_secs(30)).expect("start-up waited on a FIFO").unwrap_err();
+    assert!(error.contains("component-file-kind: a module file must be a regular file; this one is a FIFO"), "{error}");
+}

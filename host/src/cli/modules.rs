@@ -133,7 +133,7 @@ fn directory_versions(dir: &Path) -> Result<BTreeMap<String, String>> {
         .map(|entry| entry.path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
         .filter_map(|path| {
-            let bytes = std::fs::read(&path).ok()?;
+            let bytes = crate::runtime::read_component(&path).ok()?;
             Some((path.file_stem()?.to_string_lossy().into_owned(), crate::runtime::content_version(&bytes)))
         })
         .collect())

@@ -64,6 +64,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(doc)]
 use crate::routing::RoutedTopics;
+use crate::runtime::read_component;
 
 pub mod conductor;
 pub mod stores;
@@ -280,7 +281,8 @@ impl RebuildPaths {
         std::fs::create_dir_all(&copy).map_err(|source| RebuildError::Io { path: copy.clone(), source })?;
         for file in wasm {
             let target = copy.join(file.file_name().unwrap_or_default());
-            std::fs::copy(&file, &target).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
+            let bytes = read_component(&file).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
+            std::fs::write(&target, bytes).map_err(|source| RebuildError::Io { path: target.clone(), source })?;
         }
         let _ = std::fs::remove_file(self.promote_path());
         let request = Request { projection: self.projection.clone(), topic: topic.to_owned(), generation, promote };

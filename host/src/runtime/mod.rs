@@ -61,6 +61,7 @@ use crate::key::Key;
 
 mod cache;
 pub mod capabilities;
+pub mod component_file;
 pub mod emit;
 pub mod log;
 pub mod state;
@@ -230,6 +231,8 @@ pub enum LoadError {
 #[error("host-fault: {0}")]
 struct HostFault(String);
 
+pub use component_file::read_component;
+
 /// Compiles and instantiates handler components under [`SandboxLimits`].
 ///
 /// Cloning is cheap; clones share the engine and linker.
@@ -300,9 +303,13 @@ impl Sandbox {
         &self.payload
     }
 
-    /// Compiles a component, checks its imports, pre-links it and asks it
-    /// to describe itself (checking the answer).
+    /// Compiles a component (at most
+    /// [`MAX_COMPONENT_BYTES`](component_file::MAX_COMPONENT_BYTES)), checks
+    /// its imports, pre-links it and asks it to describe itself (checking
+    /// the answer).
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
+        component_file::check_size(bytes.len() as u64)
+            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;
         let (component, from_cache) = cache::compile(self, name, bytes)?;
         capabilities::check_imports(&self.shared.engine, name, &component)?;
         let pre = self

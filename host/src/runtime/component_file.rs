@@ -1,0 +1,157 @@
+//! Reading a component from disk: the one way the host reads a module's
+//! bytes from a file (the module directory, the kept versions under the
+//! data directory, a rebuild's new modules), so that a file planted there
+//! can neither stall the host nor make it hold more than a component may
+//! be.
+//!
+//! Rules (each broken one is an error naming it, wrapped in the
+//! [`std::io::Error`] the callers already report with the file's path):
+//! - `component-file-kind`: only a regular file is read (symlinks are
+//!   followed). A FIFO, a device, a socket or a directory is refused. The
+//!   file is opened without blocking and checked on the opened handle, so
+//!   a FIFO swapped in after a directory listing cannot hold the reader
+//!   (opening a FIFO for reading waits for a writer).
+//! - `component-size`: a component has at most [`MAX_COMPONENT_BYTES`]
+//!   bytes, checked before reading (a sparse file of terabytes costs
+//!   nothing) and while reading (a file that grows is cut off at the
+//!   limit and refused). [`Sandbox::load`](super::Sandbox::load) keeps the
+//!   same limit for bytes from anywhere.
+
+use std::io::{self, Read};
+use std::path::Path;
+
+/// The largest component the host reads or loads, in bytes (128 MiB; a
+/// Rust handler is well under 10 MiB, a Python one about 20 MiB).
+pub const MAX_COMPONENT_BYTES: u64 = 128 << 20;
+
+/// Why a component file was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ComponentFileError {
+    /// Not a regular file.
+    #[error("component-file-kind: a module file must be a regular file; this one is a {kind}")]
+    NotAFile {
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Over [`MAX_COMPONENT_BYTES`].
+    #[error("component-size: a component has at most {MAX_COMPONENT_BYTES} bytes; this one has {size}")]
+    TooLarge {
+        /// Its size (at least; a growing file is not read to its end).
+        size: u64,
+    },
+}
+
+impl From<ComponentFileError> for io::Error {
+    fn from(error: ComponentFileError) -> Self {
+        io::Error::new(io::ErrorKind::InvalidData, error)
+    }
+}
+
+/// The bytes of the component file at `path`, under the rules above.
+pub fn read_component(path: &Path) -> io::Result<Vec<u8>> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Opening a FIFO for reading waits for a writer; without blocking
+        // it returns at once and the kind check below refuses it. Reads
+        // of a regular file ignore the flag.
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(ComponentFileError::NotAFile { kind: kind(&metadata.file_type()) }.into());
+    }
+    check_size(metadata.len())?;
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
+    check_size(bytes.len() as u64)?;
+    Ok(bytes)
+}
+
+/// Refuses a component of `size` bytes over [`MAX_COMPONENT_BYTES`].
+pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
+    match size > MAX_COMPONENT_BYTES {
+        true => Err(ComponentFileError::TooLarge { size }),
+        false => Ok(()),
+    }
+}
+
+/// What a file that is not a regular file is, for the error.
+fn kind(file_type: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "FIFO";
+        }
+        if file_type.is_char_device() || file_type.is_block_device() {
+            return "device";
+        }
+        if file_type.is_socket() {
+            return "socket";
+        }
+    }
+    if file_type.is_dir() { "directory" } else { "special file" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(path: &Path) -> ComponentFileError {
+        let error = read_component(path).expect_err("refused");
+        error.into_inner().and_then(|inner| inner.downcast().ok()).map(|inner| *inner).expect("a rule")
+    }
+
+    #[test]
+    fn a_regular_file_is_read_whole_up_to_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.wasm");
+        std::fs::write(&path, b"\0asm").unwrap();
+        assert_eq!(read_component(&path).unwrap(), b"\0asm");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_COMPONENT_BYTES).unwrap();
+        assert_eq!(read_component(&path).unwrap().len() as u64, MAX_COMPONENT_BYTES);
+    }
+
+    #[test]
+    fn a_sparse_file_of_a_terabyte_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.wasm");
+        let file = std::fs::File::create(&path).unwrap();
+        for size in [MAX_COMPONENT_BYTES + 1, 1 << 40] {
+            file.set_len(size).unwrap();
+            assert_eq!(refusal(&path), ComponentFileError::TooLarge { size });
+        }
+        let message = read_component(&path).unwrap_err().to_string();
+        assert!(message.starts_with("component-size: a component has at most 134217728 bytes"), "{message}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_refused_at_once_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.wasm");
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: `c_path` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let (done, finished) = std::sync::mpsc::channel();
+        // Without a writer, a blocking open would never return: the test
+        // fails by timing out instead of hanging.
+        std::thread::spawn(move || done.send(refusal(&path)).unwrap());
+        let refused = finished.recv_timeout(std::time::Duration::from_secs(10)).expect("reading a FIFO blocked");
+        assert_eq!(refused, ComponentFileError::NotAFile { kind: "FIFO" });
+    }
+
+    #[test]
+    fn a_directory_is_refused_naming_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.wasm");
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(refusal(&path), ComponentFileError::NotAFile { kind: "directory" });
+    }
+}
