@@ -41,6 +41,7 @@ use crate::handler::HandlerModule;
 use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
 use crate::projection::{Projection, ProjectionError};
+use crate::runtime::component_file::check_module_dir_size;
 use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
 
@@ -538,13 +539,15 @@ pub async fn ensure_emit_topics(
     Ok(())
 }
 
-/// The `*.wasm` files of `dir` by module name (the file stem).
+/// The `*.wasm` files of `dir` by module name (the file stem), at most
+/// [`MAX_MODULE_DIR_BYTES`](crate::runtime::component_file::MAX_MODULE_DIR_BYTES)
+/// in all.
 fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
     };
-    let mut files = BTreeMap::new();
+    let (mut files, mut total) = (BTreeMap::new(), 0);
     for entry in std::fs::read_dir(dir).map_err(io("reading the module directory", dir))? {
         let path = entry.map_err(io("reading the module directory", dir))?.path();
         if path.extension().is_none_or(|ext| ext != "wasm") || !path.is_file() {
@@ -552,6 +555,8 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
         }
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
         let bytes = read_component(&path).map_err(io("reading", &path))?;
+        total += bytes.len() as u64;
+        check_module_dir_size(total).map_err(|e| io("reading the module directory", dir)(e.into()))?;
         files.insert(name, bytes);
     }
     Ok(files)

@@ -291,7 +291,8 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
 /// Files planted where the host reads modules (the module directory, the
 /// kept versions under the data directory) are refused by the rule they
 /// break, naming the file: a sparse file of a terabyte is never read (it
-/// would take the host's memory), a FIFO never waited on (opening it for
+/// would take the host's memory), nor a directory of large files past
+/// what the host may hold, and a FIFO is never waited on (opening it for
 /// reading waits for a writer, holding start-up or the reloader forever).
 #[test]
 fn planted_module_files_are_refused_by_name_never_read_whole_or_waited_on() {
@@ -307,6 +308,17 @@ fn planted_module_files_are_refused_by_name_never_read_whole_or_waited_on() {
     let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
     assert!(error.contains("huge.wasm") && error.contains("component-size: a component has at most"), "{error}");
     std::fs::remove_file(&huge).unwrap();
+
+    // Files each within the size limit, more than the host may hold in
+    // all (sparse: no disk, but read they would be memory).
+    for n in 0..9 {
+        std::fs::File::create(dirs.modules().join(format!("big{n}.wasm"))).unwrap().set_len(128 << 20).unwrap();
+    }
+    let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
+    assert!(error.contains("module-dir-size: the components of a module directory hold at most 1073741824"), "{error}");
+    for n in 0..9 {
+        std::fs::remove_file(dirs.modules().join(format!("big{n}.wasm"))).unwrap();
+    }
 
     // The kept copy of the running version replaced by a FIFO, the module
     // file gone: start-up needs the kept copy.

@@ -16,6 +16,9 @@
 //!   nothing) and while reading (a file that grows is cut off at the
 //!   limit and refused). [`Sandbox::load`](super::Sandbox::load) keeps the
 //!   same limit for bytes from anywhere.
+//! - `module-dir-size`: the components of one module directory hold at
+//!   most [`MAX_MODULE_DIR_BYTES`] in all ([`check_module_dir_size`]), so
+//!   a directory full of large files cannot make the host hold them all.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -23,6 +26,10 @@ use std::path::Path;
 /// The largest component the host reads or loads, in bytes (128 MiB; a
 /// Rust handler is well under 10 MiB, a Python one about 20 MiB).
 pub const MAX_COMPONENT_BYTES: u64 = 128 << 20;
+
+/// The most bytes the components of one module directory may hold in
+/// all (1 GiB): the host reads them together at start-up and on reload.
+pub const MAX_MODULE_DIR_BYTES: u64 = 1 << 30;
 
 /// Why a component file was not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +46,16 @@ pub enum ComponentFileError {
     TooLarge {
         /// Its size (at least; a growing file is not read to its end).
         size: u64,
+    },
+    /// The components of a module directory hold over
+    /// [`MAX_MODULE_DIR_BYTES`].
+    #[error(
+        "module-dir-size: the components of a module directory hold at most {MAX_MODULE_DIR_BYTES} bytes in all; \
+         these hold {total} or more"
+    )]
+    DirTooLarge {
+        /// What was read before the limit was passed.
+        total: u64,
     },
 }
 
@@ -76,6 +93,15 @@ pub fn read_component(path: &Path) -> io::Result<Vec<u8>> {
 pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
     match size > MAX_COMPONENT_BYTES {
         true => Err(ComponentFileError::TooLarge { size }),
+        false => Ok(()),
+    }
+}
+
+/// Refuses a module directory whose components read so far hold `total`
+/// bytes, when that is over [`MAX_MODULE_DIR_BYTES`].
+pub fn check_module_dir_size(total: u64) -> Result<(), ComponentFileError> {
+    match total > MAX_MODULE_DIR_BYTES {
+        true => Err(ComponentFileError::DirTooLarge { total }),
         false => Ok(()),
     }
 }
