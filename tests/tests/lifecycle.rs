@@ -160,6 +160,44 @@ fn the_compile_cache_is_used_and_a_damaged_entry_is_compiled_again() {
     assert!(load(SandboxLimits::default()).from_cache());
 }
 
+/// A cache entry is native code the host runs; its checksum proves it
+/// whole, not who wrote it. An entry or a cache directory others may write
+/// to (or an entry that is not a regular file) is compiled again, never
+/// run.
+#[cfg(unix)]
+#[test]
+fn a_cache_entry_others_could_have_written_is_compiled_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let bytes = std::fs::read(bank_wasm()).unwrap();
+    let from_cache = || {
+        let sandbox = Sandbox::new(SandboxLimits::default()).unwrap().with_compile_cache(&cache);
+        sandbox.load("bank", &bytes).unwrap().from_cache()
+    };
+    assert!(!from_cache());
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&cache), 0o700, "the cache directory is private");
+    assert!(from_cache());
+    let entry = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).next().unwrap();
+    let set_mode = |path: &Path, mode| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+
+    set_mode(&entry, 0o666);
+    assert!(!from_cache(), "a world-writable entry was run");
+    assert!(from_cache(), "the entry was rewritten private");
+
+    set_mode(&cache, 0o777);
+    assert!(!from_cache(), "an entry in a world-writable directory was run");
+    set_mode(&cache, 0o700);
+    assert!(from_cache());
+
+    // A symlink to a good entry is not one.
+    let elsewhere = dir.path().join("elsewhere.cwasm");
+    std::fs::rename(&entry, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+    assert!(!from_cache(), "a symlinked entry was run");
+}
+
 /// Waits until `f` holds, or fails after a while.
 fn eventually(what: &str, f: impl Fn() -> bool) {
     let started = Instant::now();

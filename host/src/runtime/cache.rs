@@ -6,6 +6,13 @@
 //! digest of the engine's settings. A corrupt, truncated or incompatible
 //! entry is compiled again and rewritten; only an entry whose checksum
 //! matches reaches wasmtime's `deserialize`.
+//!
+//! An entry is native code the host will run, and its checksum proves only
+//! that it is whole, not who wrote it: so an entry is used only when it
+//! and its directory are trusted ([`trusted`]): owned by the user the host
+//! runs as, writable by no one else, and the entry a regular file (not a
+//! symlink or a FIFO). The directory is created private (mode 0700). An
+//! untrusted entry is compiled again, and the warning says why.
 
 use std::path::Path;
 
@@ -26,9 +33,19 @@ pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Co
     };
     let Some(dir) = &sandbox.cache else { return Ok((compile()?, false)) };
     let path = dir.join(format!("{}-{}.cwasm", sha256_hex(bytes), engine_fingerprint(sandbox)));
-    match std::fs::read(&path).ok().map(|file| unframe(&file).map(<[u8]>::to_vec)) {
+    let entry = match (trusted(dir, true), trusted(&path, false)) {
+        (Ok(()), Ok(())) => std::fs::read(&path).ok(),
+        (Err(why), _) | (_, Err(why)) => {
+            if path.exists() {
+                tracing::warn!(module = name, "cached component {} is not trusted, compiling: {why}", path.display());
+            }
+            None
+        }
+    };
+    match entry.map(|file| unframe(&file).map(<[u8]>::to_vec)) {
         Some(Some(artifact)) => {
-            // SAFETY: the artifact's checksum matches the one written beside
+            // SAFETY: the entry is trusted (only the host's user can have
+            // written it) and its checksum matches the one written beside
             // it when this host serialized it, so these are bytes
             // `Component::serialize` produced; `deserialize` itself refuses
             // artifacts of another wasmtime version or settings.
@@ -75,10 +92,50 @@ fn unframe(file: &[u8]) -> Option<&[u8]> {
     (sha2::Sha256::digest(artifact).as_slice() == checksum).then_some(artifact)
 }
 
+/// Whether `path` (the cache directory, or an entry) may hold code the
+/// host runs: owned by the user the host runs as, writable by no one
+/// else, and a directory or a regular file as asked (not a symlink). Says
+/// why not.
+#[cfg(unix)]
+fn trusted(path: &Path, directory: bool) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = kind_checked(path, directory)?;
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let user = unsafe { libc::geteuid() };
+    if metadata.uid() != user {
+        return Err(format!("{} is owned by user {}, not {user}", path.display(), metadata.uid()));
+    }
+    if metadata.mode() & 0o022 != 0 {
+        return Err(format!("{} is writable by other users", path.display()));
+    }
+    Ok(())
+}
+
+/// Elsewhere only the kind is checked.
+#[cfg(not(unix))]
+fn trusted(path: &Path, directory: bool) -> Result<(), String> {
+    kind_checked(path, directory).map(drop)
+}
+
+/// The metadata of `path` itself (a symlink is not followed), when it is
+/// a directory or a regular file as asked.
+fn kind_checked(path: &Path, directory: bool) -> Result<std::fs::Metadata, String> {
+    let metadata = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    match (directory, metadata.is_dir(), metadata.is_file()) {
+        (true, true, _) | (false, _, true) => Ok(metadata),
+        (true, ..) => Err(format!("{} is not a directory", path.display())),
+        (false, ..) => Err(format!("{} is not a regular file", path.display())),
+    }
+}
+
 /// Writes `artifact` framed to `path`, through a temporary file and a
 /// rename, so a crash never leaves half an entry under the real name.
 fn write(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)?;
     let mut framed = Vec::with_capacity(MAGIC.len() + 32 + artifact.len());
     framed.extend_from_slice(MAGIC);
     framed.extend_from_slice(&sha2::Sha256::digest(artifact));

@@ -43,7 +43,9 @@
 //!   framed with the SHA-256 of the artifact itself. An entry that is
 //!   corrupt, truncated or made by an incompatible engine is compiled again
 //!   and rewritten; only an entry whose checksum matches reaches wasmtime's
-//!   `deserialize` (which checks version and settings once more).
+//!   `deserialize` (which checks version and settings once more). As an
+//!   entry is native code, it is used only when it and the cache directory
+//!   belong to the host's user and no one else may write them.
 
 use std::path::Path;
 use std::sync::Arc;
