@@ -15,6 +15,7 @@ use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::component_file::MAX_COMPONENT_FUNCTIONS;
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
@@ -157,6 +158,39 @@ fn oversized_state_values_are_refused_with_the_limit_named() {
         }
         other => panic!("expected an unrecoverable error naming the limit, got {other:?}"),
     }
+}
+
+/// A "compile bomb": compiling holds several KiB of host memory per
+/// function until it ends, and an empty function is 6 bytes of the file.
+/// A component past [`MAX_COMPONENT_FUNCTIONS`] is refused before it is
+/// compiled (a million functions, 6 MiB, would take gigabytes), naming
+/// the rule; one just within it compiles.
+#[test]
+fn a_component_of_too_many_functions_is_refused_before_it_is_compiled() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let functions =
+        |n: u64| wat::parse_str(format!("(component (core module {}))", "(func)".repeat(n as usize))).unwrap();
+    let started = Instant::now();
+    match sandbox.load("bomb", &functions(MAX_COMPONENT_FUNCTIONS + 1)) {
+        Err(LoadError::Invalid { reason, .. }) => assert_eq!(
+            reason,
+            format!(
+                "component-functions: the core modules of a component define at most {MAX_COMPONENT_FUNCTIONS} \
+                 functions in all; this one defines {} or more",
+                MAX_COMPONENT_FUNCTIONS + 1
+            )
+        ),
+        other => panic!("expected a refusal naming component-functions, got {:?}", other.err()),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: it was compiled", started.elapsed());
+    // Split over two core modules, they count together.
+    let half = "(func)".repeat(MAX_COMPONENT_FUNCTIONS as usize / 2 + 1);
+    let split = wat::parse_str(format!("(component (core module {half}) (core module {half}))")).unwrap();
+    assert!(
+        matches!(sandbox.load("bomb", &split), Err(LoadError::Invalid { reason, .. }) if reason.starts_with("component-functions:"))
+    );
+    // A few functions compile (and fail later: this is no handler).
+    assert!(matches!(sandbox.load("small", &functions(10)), Err(LoadError::NotAHandler { .. })));
 }
 
 #[test]

@@ -16,6 +16,13 @@
 //!   nothing) and while reading (a file that grows is cut off at the
 //!   limit and refused). [`Sandbox::load`](super::Sandbox::load) keeps the
 //!   same limit for bytes from anywhere.
+//! - `component-functions`: the core modules of a component define at
+//!   most [`MAX_COMPONENT_FUNCTIONS`] functions in all, counted before
+//!   compiling ([`count_functions`]). Compiling holds several kilobytes of
+//!   host memory per function until it ends, and a function takes as
+//!   little as 6 bytes of the file: a 6 MiB file of a million empty
+//!   functions would make the host hold gigabytes (wasmparser allows a
+//!   million per core module, and a component may hold many).
 //! - `module-dir-size`: the components of one module directory hold at
 //!   most [`MAX_MODULE_DIR_BYTES`] in all ([`check_module_dir_size`]), so
 //!   a directory full of large files cannot make the host hold them all.
@@ -26,6 +33,11 @@ use std::path::Path;
 /// The largest component the host reads or loads, in bytes (128 MiB; a
 /// Rust handler is well under 10 MiB, a Python one about 20 MiB).
 pub const MAX_COMPONENT_BYTES: u64 = 128 << 20;
+
+/// The most functions the core modules of one component may define (a
+/// Python component with its interpreter defines about 13 000, a Rust
+/// handler about 500).
+pub const MAX_COMPONENT_FUNCTIONS: u64 = 100_000;
 
 /// The most bytes the components of one module directory may hold in
 /// all (1 GiB): the host reads them together at start-up and on reload.
@@ -46,6 +58,15 @@ pub enum ComponentFileError {
     TooLarge {
         /// Its size (at least; a growing file is not read to its end).
         size: u64,
+    },
+    /// The core modules define more than [`MAX_COMPONENT_FUNCTIONS`].
+    #[error(
+        "component-functions: the core modules of a component define at most {MAX_COMPONENT_FUNCTIONS} functions \
+         in all; this one defines {functions} or more"
+    )]
+    TooManyFunctions {
+        /// What was counted before the limit was passed.
+        functions: u64,
     },
     /// The components of a module directory hold over
     /// [`MAX_MODULE_DIR_BYTES`].
@@ -95,6 +116,25 @@ pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
         true => Err(ComponentFileError::TooLarge { size }),
         false => Ok(()),
     }
+}
+
+/// The functions the core modules of component `bytes` define, refused
+/// past [`MAX_COMPONENT_FUNCTIONS`]. Bytes that do not parse are left to
+/// the compiler, which says what is wrong with them.
+pub fn count_functions(bytes: &[u8]) -> Result<u64, ComponentFileError> {
+    use wasmtime::wasmparser::{Parser, Payload};
+    let mut functions = 0;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload {
+            Ok(Payload::CodeSectionStart { count, .. }) => functions += u64::from(count),
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+        if functions > MAX_COMPONENT_FUNCTIONS {
+            return Err(ComponentFileError::TooManyFunctions { functions });
+        }
+    }
+    Ok(functions)
 }
 
 /// Refuses a module directory whose components read so far hold `total`
