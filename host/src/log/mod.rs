@@ -64,6 +64,17 @@ pub use embedded::EmbeddedLog;
 pub use iggy::IggyLog;
 pub use polled::{PolledBatch, RecordView};
 
+/// `scheme://user:password@host…` with the password replaced by `****`, for
+/// messages and listings; `None` when the URL holds no credentials. The last
+/// `@` ends the credentials, so a password holding `@` is masked whole.
+pub fn masked_password(url: &str) -> Option<String> {
+    let (scheme, at) = (url.find("://")?, url.rfind('@')?);
+    (scheme < at).then(|| {
+        let user = url[scheme + 3..at].split(':').next().unwrap_or_default();
+        format!("{}{user}:****{}", &url[..scheme + 3], &url[at..])
+    })
+}
+
 /// One message as the log stores it: user headers and an opaque body.
 ///
 /// The host never decodes the body; everything it needs to plan is in the
@@ -495,6 +506,15 @@ mod tests {
     struct SequenceRecord {
         headers: Vec<SequenceHeader>,
         body: Vec<u8>,
+    }
+
+    #[test]
+    fn passwords_are_masked_whole() {
+        assert_eq!(masked_password("iggy://iggy:secret@127.0.0.1:8090").unwrap(), "iggy://iggy:****@127.0.0.1:8090");
+        assert_eq!(masked_password("iggy://u:p@ss@host:1").unwrap(), "iggy://u:****@host:1");
+        assert_eq!(masked_password("postgres://waku@db/state").unwrap(), "postgres://waku:****@db/state");
+        assert_eq!(masked_password("iggy://127.0.0.1:8090"), None);
+        assert_eq!(masked_password("host=db password=x@y"), None);
     }
 
     #[test]
