@@ -292,9 +292,11 @@ pub trait EventLog: Send + Sync + 'static {
     /// the consumer polls with.
     ///
     /// `batch` is emptied and filled: pass the one the previous poll
-    /// returned, so its buffers are reused instead of grown again. The
-    /// default reads owned records and packs them; a backend that stores
-    /// records encoded (embedded) copies them in without decoding.
+    /// returned, so its buffers are reused instead of grown again. A poll
+    /// takes at most `max` records and stops early once the batch
+    /// [is full](PolledBatch::is_full) (its byte budget). The default reads
+    /// owned records and packs them; a backend that stores records encoded
+    /// (embedded) copies them in without decoding.
     fn poll(
         &self,
         topic: &str,
@@ -306,6 +308,9 @@ pub trait EventLog: Send + Sync + 'static {
         async move {
             batch.clear();
             for stored in self.read(topic, partition, from, max).await? {
+                if batch.is_full() {
+                    break;
+                }
                 batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
                     topic: topic.to_owned(),
                     partition,
