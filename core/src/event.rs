@@ -4,7 +4,7 @@
 //! A message's metadata travels as named user headers so that the planner
 //! never decodes a body. This module owns the one place where those headers
 //! are written ([`EventHeaders::to_headers`]) and read back
-//! ([`EventHeaders::parse`]).
+//! ([`Envelope::parse`]; [`EventHeaders::parse`] also checks the key).
 //!
 //! Rules it keeps:
 //! - **Parsing is strict.** A missing header, a value of the wrong length, an
@@ -290,14 +290,57 @@ impl EventHeaders {
     /// tools may add their own. Names are given as `&str` or as their
     /// bytes (a view into a polled batch).
     pub fn parse<'a, N: AsRef<[u8]>>(headers: impl IntoIterator<Item = (N, &'a [u8])>) -> Result<Self, HeaderError> {
-        let mut fields: [Option<&[u8]>; 5] = [None; 5];
+        Envelope::parse(headers)?.into_headers()
+    }
+
+    /// [`EventHeaders::parse`] over stored [`Header`]s.
+    pub fn parse_stored(headers: &[Header]) -> Result<Self, HeaderError> {
+        Self::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice())))
+    }
+}
+
+/// The envelope as read from a message's headers, with the key still as
+/// its bytes: everything [`EventHeaders::parse`] checks except that the
+/// key is canonical.
+///
+/// A consumer reads thousands of records of a few keys per batch: it
+/// parses each record's envelope into this (no allocation), and checks and
+/// builds a [`Key`] once per distinct key bytes
+/// ([`Envelope::into_headers`], [`Key::from_canonical`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Envelope<'a> {
+    /// The event type.
+    pub tag: EventTypeTag,
+    /// The `waku-key` header's bytes, not yet checked to be canonical.
+    pub key: &'a [u8],
+    /// The ordering this message asks for.
+    pub ordering: EventAtomicOrdering,
+    /// The algebra its type declares.
+    pub algebra: Algebra,
+}
+
+impl<'a> Envelope<'a> {
+    /// Reads the envelope from a message's user headers, strictly, as
+    /// [`EventHeaders::parse`] does, except for the key's canonical form.
+    pub fn parse<N: AsRef<[u8]>>(headers: impl IntoIterator<Item = (N, &'a [u8])>) -> Result<Self, HeaderError> {
         const NAMES: [&str; 5] =
             [header_name::VERSION, header_name::TAG, header_name::KEY, header_name::ORDERING, header_name::ALGEBRA];
+        const VERSION: &[u8] = NAMES[0].as_bytes();
+        const TAG: &[u8] = NAMES[1].as_bytes();
+        const KEY: &[u8] = NAMES[2].as_bytes();
+        const ORDERING: &[u8] = NAMES[3].as_bytes();
+        const ALGEBRA: &[u8] = NAMES[4].as_bytes();
+        let mut fields: [Option<&[u8]>; 5] = [None; 5];
         for (name, value) in headers {
-            let name = name.as_ref();
-            if let Some(slot) = NAMES.iter().position(|known| known.as_bytes() == name)
-                && fields[slot].replace(value).is_some()
-            {
+            let slot = match name.as_ref() {
+                VERSION => 0,
+                TAG => 1,
+                KEY => 2,
+                ORDERING => 3,
+                ALGEBRA => 4,
+                _ => continue,
+            };
+            if fields[slot].replace(value).is_some() {
                 return Err(HeaderError::Duplicate { name: NAMES[slot] });
             }
         }
@@ -307,7 +350,7 @@ impl EventHeaders {
             return Err(HeaderError::UnknownVersion { found: version });
         }
         let tag = u32::from_le_bytes(fixed(NAMES[1], field(1)?)?);
-        let key = Key::from_canonical(field(2)?)?;
+        let key = field(2)?;
         let [ordering] = fixed::<1>(NAMES[3], field(3)?)?;
         let ordering =
             EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
@@ -316,9 +359,16 @@ impl EventHeaders {
         Ok(Self { tag: EventTypeTag::new(tag), key, ordering, algebra })
     }
 
-    /// [`EventHeaders::parse`] over stored [`Header`]s.
-    pub fn parse_stored(headers: &[Header]) -> Result<Self, HeaderError> {
-        Self::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice())))
+    /// The envelope with its key checked ([`Key::from_canonical`]).
+    pub fn into_headers(self) -> Result<EventHeaders, HeaderError> {
+        Ok(self.with_key(Key::from_canonical(self.key)?))
+    }
+
+    /// The envelope with `key`, which the caller built from (or found for)
+    /// the same bytes as [`Envelope::key`].
+    pub fn with_key(self, key: Key) -> EventHeaders {
+        debug_assert_eq!(key.as_bytes(), self.key, "the key of these bytes");
+        EventHeaders { tag: self.tag, key, ordering: self.ordering, algebra: self.algebra }
     }
 }
 
@@ -431,6 +481,24 @@ mod tests {
         let mut headers = sample().to_headers();
         headers[4].value = vec![9];
         assert_eq!(parse(&headers), Err(HeaderError::UnknownAlgebra { found: 9 }));
+    }
+
+    #[test]
+    fn the_envelope_reads_everything_but_the_keys_canonical_form() {
+        let envelope = |headers: &[Header]| {
+            let envelope = Envelope::parse(headers.iter().map(|h| (h.name.as_bytes(), h.value.as_slice()))).unwrap();
+            (envelope.key.to_vec(), envelope.into_headers())
+        };
+        let headers = sample().to_headers();
+        assert_eq!(envelope(&headers), (sample().key.as_bytes().to_vec(), Ok(sample())));
+        let borrowed = Envelope::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice()))).unwrap();
+        assert_eq!(borrowed.with_key(sample().key), sample());
+
+        let mut bad_key = headers.clone();
+        bad_key[2].value = vec![0x09];
+        let refused = Err(HeaderError::InvalidKey(KeyError::UnknownTag { tag: 9, at: 0 }));
+        assert_eq!(envelope(&bad_key), (vec![0x09], refused.clone()), "parsed, then refused when the key is built");
+        assert_eq!(parse(&bad_key), refused);
     }
 
     #[test]

@@ -17,7 +17,11 @@
 //! ([`chunks`]); each chunk is one handler call.
 //!
 //! The functions here are pure: bodies in, bodies out; the module's
-//! `combine` comes in as a closure.
+//! `combine` comes in as a closure. A run may come borrowed (the consumer
+//! lends each run from one vector of its batch's bodies): what reduction
+//! leaves as it is stays borrowed, and only what it changes is copied.
+
+use std::borrow::Cow;
 
 use crate::event::Algebra;
 
@@ -49,13 +53,14 @@ impl Origin {
     }
 }
 
-/// A run's bodies with the [`Origin`] of each, index for index.
+/// A run's bodies with the [`Origin`] of each, index for index, owned or
+/// borrowed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Traced {
+pub struct Traced<'a> {
     /// The bodies.
-    pub bodies: Vec<Vec<u8>>,
+    pub bodies: Cow<'a, [Vec<u8>]>,
     /// Where each body came from.
-    pub origins: Vec<Origin>,
+    pub origins: Cow<'a, [Origin]>,
 }
 
 /// Reduces a run's bodies according to `algebra`.
@@ -67,8 +72,9 @@ pub fn reduce<E>(
     bodies: Vec<Vec<u8>>,
     combine: impl FnOnce(&[Vec<u8>]) -> Result<Vec<u8>, E>,
 ) -> Result<Vec<Vec<u8>>, E> {
-    let origins = (0..bodies.len() as u64).map(Origin::single).collect();
-    reduce_traced(algebra, Traced { bodies, origins }, combine).map(|run| run.bodies).map_err(|(error, _)| error)
+    let origins: Vec<Origin> = (0..bodies.len() as u64).map(Origin::single).collect();
+    let run = Traced { bodies: bodies.into(), origins: origins.into() };
+    reduce_traced(algebra, run, combine).map(|run| run.bodies.into_owned()).map_err(|(error, _)| error)
 }
 
 /// [`reduce`], keeping track of what each reduced body stands for: a
@@ -76,48 +82,62 @@ pub fn reduce<E>(
 /// events of the whole run. When `combine` fails, its error comes back with
 /// the run untouched, so the caller can route the run elsewhere.
 ///
+/// A run that reduction leaves as it is comes back as it came (borrowed
+/// stays borrowed); bodies it keeps from a borrowed run are copied.
+///
 /// # Panics
 /// If `run.bodies` and `run.origins` differ in length.
-pub fn reduce_traced<E>(
+pub fn reduce_traced<'a, E>(
     algebra: Algebra,
-    run: Traced,
+    run: Traced<'a>,
     combine: impl FnOnce(&[Vec<u8>]) -> Result<Vec<u8>, E>,
-) -> Result<Traced, (E, Traced)> {
+) -> Result<Traced<'a>, (E, Traced<'a>)> {
     assert_eq!(run.bodies.len(), run.origins.len(), "one origin per body");
-    let Traced { bodies, origins } = run;
     Ok(match algebra {
-        Algebra::NonAssociative | Algebra::Commutative => Traced { bodies, origins },
-        Algebra::Idempotent => dedup(bodies.into_iter().zip(origins)),
-        Algebra::IdempotentCommutative => {
-            let mut pairs: Vec<_> = bodies.into_iter().zip(origins).collect();
-            pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            dedup(pairs.into_iter())
+        Algebra::NonAssociative | Algebra::Commutative => run,
+        Algebra::Idempotent if !run.bodies.windows(2).any(|pair| pair[0] == pair[1]) => run,
+        Algebra::Idempotent => {
+            let order: Vec<usize> = (0..run.bodies.len()).collect();
+            dedup(run, &order)
         }
-        Algebra::Associative if bodies.len() >= 2 => match combine(&bodies) {
+        Algebra::IdempotentCommutative => {
+            let mut order: Vec<usize> = (0..run.bodies.len()).collect();
+            order.sort_unstable_by(|&a, &b| run.bodies[a].cmp(&run.bodies[b]));
+            dedup(run, &order)
+        }
+        Algebra::Associative if run.bodies.len() >= 2 => match combine(&run.bodies) {
             Ok(folded) => {
-                let mut origin = origins[0];
-                origins[1..].iter().for_each(|&o| origin.absorb(o));
-                Traced { bodies: vec![folded], origins: vec![origin] }
+                let mut origin = run.origins[0];
+                run.origins[1..].iter().for_each(|&o| origin.absorb(o));
+                Traced { bodies: vec![folded].into(), origins: vec![origin].into() }
             }
-            Err(error) => return Err((error, Traced { bodies, origins })),
+            Err(error) => return Err((error, run)),
         },
-        Algebra::Associative => Traced { bodies, origins },
+        Algebra::Associative => run,
     })
 }
 
-/// Drops adjacent equal bodies, counting each in the one that stays.
-fn dedup(pairs: impl Iterator<Item = (Vec<u8>, Origin)>) -> Traced {
-    let mut out = Traced::default();
-    for (body, origin) in pairs {
-        match (out.bodies.last(), out.origins.last_mut()) {
-            (Some(last), Some(kept)) if *last == body => kept.absorb(origin),
+/// The run's bodies taken in `order`, adjacent equal ones dropped and each
+/// counted in the one that stays.
+fn dedup<'a>(run: Traced<'a>, order: &[usize]) -> Traced<'a> {
+    let Traced { mut bodies, origins } = run;
+    let mut kept: Vec<Vec<u8>> = Vec::new();
+    let mut kept_origins: Vec<Origin> = Vec::new();
+    for &index in order {
+        let origin = origins[index];
+        match (kept.last(), kept_origins.last_mut()) {
+            (Some(last), Some(counted)) if *last == bodies[index] => counted.absorb(origin),
             _ => {
-                out.bodies.push(body);
-                out.origins.push(origin);
+                // Moved out of an owned run, copied out of a borrowed one.
+                kept.push(match &mut bodies {
+                    Cow::Owned(owned) => std::mem::take(&mut owned[index]),
+                    Cow::Borrowed(borrowed) => borrowed[index].clone(),
+                });
+                kept_origins.push(origin);
             }
         }
     }
-    out
+    Traced { bodies: kept.into(), origins: kept_origins.into() }
 }
 
 /// Folds `bodies` (at least two) into one with `combine`, giving each call
@@ -247,30 +267,47 @@ mod tests {
     }
 
     #[test]
-    fn origins_count_every_event_once() {
+    fn origins_count_every_event_once_for_owned_and_borrowed_runs() {
         let origins = |pairs: &[(u64, u64)]| -> Vec<Origin> {
             pairs.iter().map(|&(offset, events)| Origin { offset, events }).collect()
         };
-        let run = |items: &[&str], offsets: &[u64]| Traced {
-            bodies: bodies(items),
-            origins: offsets.iter().map(|&o| Origin::single(o)).collect(),
-        };
-        let traced = |algebra, r| reduce_traced(algebra, r, no_combine).unwrap();
+        let singles = |offsets: &[u64]| -> Vec<Origin> { offsets.iter().map(|&o| Origin::single(o)).collect() };
+        let cases = [
+            (Algebra::Idempotent, bodies(&["a", "a", "b", "a"]), singles(&[10, 11, 12, 13])),
+            (Algebra::IdempotentCommutative, bodies(&["c", "a", "c", "a", "b"]), singles(&[5, 6, 7, 8, 9])),
+        ];
+        let expected = [
+            (bodies(&["a", "b", "a"]), origins(&[(10, 2), (12, 1), (13, 1)])),
+            (bodies(&["a", "b", "c"]), origins(&[(6, 2), (9, 1), (5, 2)])),
+        ];
+        for ((algebra, run, offsets), (want_bodies, want_origins)) in cases.iter().zip(&expected) {
+            let owned = Traced { bodies: run.clone().into(), origins: offsets.clone().into() };
+            let borrowed = Traced { bodies: run[..].into(), origins: offsets[..].into() };
+            for traced in [owned, borrowed] {
+                let reduced = reduce_traced(*algebra, traced, no_combine).unwrap();
+                assert_eq!(reduced.bodies, *want_bodies, "{algebra}");
+                assert_eq!(reduced.origins, *want_origins, "{algebra}");
+            }
+        }
 
-        let idempotent = traced(Algebra::Idempotent, run(&["a", "a", "b", "a"], &[10, 11, 12, 13]));
-        assert_eq!(idempotent.bodies, bodies(&["a", "b", "a"]));
-        assert_eq!(idempotent.origins, origins(&[(10, 2), (12, 1), (13, 1)]));
-
-        let set = traced(Algebra::IdempotentCommutative, run(&["c", "a", "c", "a", "b"], &[5, 6, 7, 8, 9]));
-        assert_eq!(set.bodies, bodies(&["a", "b", "c"]));
-        assert_eq!(set.origins, origins(&[(6, 2), (9, 1), (5, 2)]));
-
-        let weighted = Traced { bodies: bodies(&["1", "2"]), origins: origins(&[(40, 3), (7, 2)]) };
+        let weighted = Traced { bodies: bodies(&["1", "2"]).into(), origins: origins(&[(40, 3), (7, 2)]).into() };
         let folded =
             reduce_traced(Algebra::Associative, weighted.clone(), |_: &[Vec<u8>]| Ok::<_, String>(b"3".to_vec()));
         assert_eq!(folded.unwrap().origins, origins(&[(7, 5)]));
         let failed = reduce_traced(Algebra::Associative, weighted.clone(), |_: &[Vec<u8>]| Err("no".to_owned()));
         assert_eq!(failed, Err(("no".to_owned(), weighted)), "a failed fold gives the run back");
+    }
+
+    #[test]
+    fn a_borrowed_run_that_reduction_leaves_alone_stays_borrowed() {
+        let run = bodies(&["a", "b", "a"]);
+        let offsets: Vec<Origin> = (0..3).map(Origin::single).collect();
+        for algebra in [Algebra::NonAssociative, Algebra::Commutative, Algebra::Idempotent] {
+            let borrowed = Traced { bodies: run[..].into(), origins: offsets[..].into() };
+            let reduced = reduce_traced(algebra, borrowed, no_combine).unwrap();
+            assert!(matches!(reduced.bodies, Cow::Borrowed(_)), "{algebra}");
+            assert_eq!(reduced.bodies, run, "{algebra}");
+        }
     }
 
     #[test]

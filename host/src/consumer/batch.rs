@@ -8,16 +8,15 @@
 //! distinct key of the batch (its canonical bytes) gets its own, so two
 //! keys never share a run, a fold, a state scope or a retry diversion.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::key::{KeyWork, RunWork, WorkerOutcome};
+use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
 use super::{Consumer, ConsumerError, Summary};
-use crate::event::{Algebra, EventHeaders};
+use crate::event::{Algebra, Envelope, HeaderError};
 use crate::handler::{BatchBudget, KeyOutcome};
-use crate::key::Key;
 use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
@@ -48,9 +47,12 @@ impl<L: EventLog> Consumer<L> {
         input.clear();
         let now = routing::now_ms();
         for view in records.iter() {
-            match EventHeaders::parse(view.headers()) {
-                Ok(headers) if queue.holds(&headers.key) => {
+            let parsed =
+                Envelope::parse(view.headers()).and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)));
+            match parsed {
+                Ok((number, envelope)) if queue.holds(input.keys.key(number)) => {
                     // Behind its key's retry, so its order is kept.
+                    let headers = envelope.with_key(input.keys.key(number).clone());
                     let routed = Routed {
                         projection: projection.name().to_owned(),
                         origin_partition: partition,
@@ -72,7 +74,9 @@ impl<L: EventLog> Consumer<L> {
                         tally.of(route.module, headers.tag).retried += 1;
                     }
                 }
-                Ok(headers) => input.push(headers, Origin::single(view.offset()), 0, view.body().to_vec()),
+                Ok((number, envelope)) => {
+                    input.push(number, envelope, Origin::single(view.offset()), 0, view.body().to_vec());
+                }
                 Err(error) => {
                     tracing::warn!(
                         projection = projection.name(),
@@ -110,12 +114,14 @@ impl<L: EventLog> Consumer<L> {
         let input = &mut buffers.input;
         for stored in records {
             commit.done.push((retry.clone(), partition, stored.offset));
-            let parsed = Routed::parse(&stored.record.headers)
-                .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
+            let parsed = Routed::parse(&stored.record.headers).and_then(|routed| {
+                let envelope = Envelope::parse(stored.record.headers.iter().map(|h| (h.name.as_str(), &h.value[..])))?;
+                Ok((routed, input.keys.number(envelope.key).map_err(HeaderError::from)?, envelope))
+            });
             match parsed {
-                Ok((routed, headers)) => {
+                Ok((routed, number, envelope)) => {
                     summary.retry_out += routed.events;
-                    input.push(headers, routing::origin_of(&routed), routed.attempts, stored.record.body);
+                    input.push(number, envelope, routing::origin_of(&routed), routed.attempts, stored.record.body);
                 }
                 Err(error) => {
                     // It was readable when it was indexed: the log changed
@@ -145,9 +151,9 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         let store = self.projection.store();
         let mut laps = Laps::start();
-        let BatchBuffers { input, plan } = buffers;
+        let BatchBuffers { input, plan, work } = buffers;
         plan.rebuild(&input.plan);
-        let work = split_work(plan, input, self.config.workers.max(1));
+        work.lay_out(plan, input);
         laps.lap(&mut summary.phases, Phase::Plan);
         let snapshot = Arc::new(store.reader()?);
         // Held until the commit is done: what the batch holds counts
@@ -155,6 +161,8 @@ impl<L: EventLog> Consumer<L> {
         let budget = self.budget.batch();
         let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
         drop(snapshot);
+        // The bodies are freed here, by the thread that allocated them.
+        work.clear();
         // The workers time their own reduce and calls phases.
         let mut laps = Laps::start();
         // A host fault (the state store failed under a call) is not the
@@ -190,15 +198,17 @@ impl<L: EventLog> Consumer<L> {
     fn execute(
         &self,
         partition: u32,
-        work: Vec<Vec<KeyWork>>,
+        work: &BatchWork,
         snapshot: &Arc<StateReader>,
         budget: &BatchBudget,
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
+        let workers = work.workers(self.config.workers);
         std::thread::scope(|scope| {
-            let handles: Vec<_> = work
-                .into_iter()
-                .map(|keys| scope.spawn(move || self.run_worker(partition, keys, snapshot, budget, modules)))
+            let handles: Vec<_> = (0..workers)
+                .map(|worker| {
+                    scope.spawn(move || self.run_worker(partition, work, (worker, workers), snapshot, budget, modules))
+                })
                 .collect();
             handles
                 .into_iter()
@@ -225,6 +235,7 @@ impl<L: EventLog> Consumer<L> {
 pub(super) struct BatchBuffers {
     input: BatchInput,
     plan: Plan,
+    work: BatchWork,
 }
 
 /// What a batch hands the planner and the workers, index for index.
@@ -236,13 +247,10 @@ pub(super) struct BatchBuffers {
 struct BatchInput {
     plan: Vec<PlanRecord>,
     /// The batch's keys, by the number their records carry in `plan`.
-    keys: Vec<Key>,
-    /// Each key's number. Keys (and so their hashes) are chosen by
-    /// publishers, so the table's hash is seeded per process.
-    numbers: HashMap<Key, u64>,
+    keys: KeyTable,
     algebras: Vec<Algebra>,
     origins: Vec<Origin>,
-    bodies: Vec<Option<Vec<u8>>>,
+    bodies: Vec<Vec<u8>>,
     /// Attempts each record has had (records taken from retry).
     attempts: Vec<u32>,
 }
@@ -250,66 +258,110 @@ struct BatchInput {
 impl BatchInput {
     /// Empties every vector and the key table, keeping their allocations.
     fn clear(&mut self) {
-        let Self { plan, keys, numbers, algebras, origins, bodies, attempts } = self;
+        let Self { plan, keys, algebras, origins, bodies, attempts } = self;
         plan.clear();
         keys.clear();
-        numbers.clear();
         algebras.clear();
         origins.clear();
         bodies.clear();
         attempts.clear();
     }
 
-    fn push(&mut self, headers: EventHeaders, origin: Origin, attempts: u32, body: Vec<u8>) {
-        let next = self.keys.len() as u64;
-        let number = *self.numbers.entry(headers.key).or_insert_with_key(|key| {
-            self.keys.push(key.clone());
-            next
-        });
-        self.plan.push(PlanRecord { key: number, tag: headers.tag, ordering: headers.ordering });
-        self.algebras.push(headers.algebra);
+    /// Appends a record whose key has `number` in [`BatchInput::keys`].
+    fn push(&mut self, number: u32, envelope: Envelope<'_>, origin: Origin, attempts: u32, body: Vec<u8>) {
+        self.plan.push(PlanRecord { key: u64::from(number), tag: envelope.tag, ordering: envelope.ordering });
+        self.algebras.push(envelope.algebra);
         self.origins.push(origin);
         self.attempts.push(attempts);
-        self.bodies.push(Some(body));
+        self.bodies.push(body);
     }
 }
 
-/// Turns the plan into per-worker lists of keys, moving each body into the
-/// run that holds it. Keys go round-robin to workers in order of first
-/// appearance; body runs of a segment are executed in plan order, which the
-/// spec allows (they may run in any order). Stages are numbered per key in
-/// execution order.
-fn split_work(plan: &Plan, input: &mut BatchInput, workers: usize) -> Vec<Vec<KeyWork>> {
-    let mut work: Vec<Vec<KeyWork>> = (0..workers.min(plan.keys().len()).max(1)).map(|_| Vec::new()).collect();
-    let worker_count = work.len();
-    for (index, key) in plan.keys().iter().enumerate() {
-        let mut runs = Vec::new();
-        let mut stage_index = 0;
-        for segment in plan.segments(key) {
-            for stage in plan.stages(segment) {
-                let stage_runs = match stage {
-                    Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
-                    Stage::Body(body) => body,
-                };
-                for run in stage_runs {
-                    let records = plan.records(run);
-                    let first = records[0];
-                    runs.push(RunWork {
-                        tag: run.tag(),
-                        stage: stage_index,
-                        ordering: input.plan[first].ordering,
-                        algebra: input.algebras[first],
-                        origins: records.iter().map(|&i| input.origins[i]).collect(),
-                        attempts: records.iter().map(|&i| input.attempts[i]).collect(),
-                        bodies: records.iter().map(|&i| input.bodies[i].take().unwrap_or_default()).collect(),
-                    });
+/// A batch's work as its workers read it: every planned record's body,
+/// origin and attempts in execution order (key by key, run by run), each
+/// key's runs and each run's records as ranges into them. Laid out once per
+/// batch into vectors the partition keeps, so a batch allocates nothing per
+/// key or run; the workers borrow it.
+#[derive(Default)]
+pub(super) struct BatchWork {
+    keys: Vec<KeyWork>,
+    runs: Vec<RunWork>,
+    bodies: Vec<Vec<u8>>,
+    origins: Vec<Origin>,
+    attempts: Vec<u32>,
+}
+
+impl BatchWork {
+    /// Lays out the plan, moving each body in from `input`. Body runs of a
+    /// segment are executed in plan order, which the spec allows (they may
+    /// run in any order). Stages are numbered per key in execution order.
+    fn lay_out(&mut self, plan: &Plan, input: &mut BatchInput) {
+        self.clear();
+        for key in plan.keys() {
+            let runs_start = self.runs.len();
+            let mut stage_index = 0;
+            for segment in plan.segments(key) {
+                for stage in plan.stages(segment) {
+                    let stage_runs = match stage {
+                        Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
+                        Stage::Body(body) => body,
+                    };
+                    for run in stage_runs {
+                        let records = plan.records(run);
+                        let start = self.bodies.len();
+                        for &index in records {
+                            self.bodies.push(std::mem::take(&mut input.bodies[index]));
+                            self.origins.push(input.origins[index]);
+                            self.attempts.push(input.attempts[index]);
+                        }
+                        let first = records[0];
+                        self.runs.push(RunWork {
+                            tag: run.tag(),
+                            stage: stage_index,
+                            ordering: input.plan[first].ordering,
+                            algebra: input.algebras[first],
+                            records: start..self.bodies.len(),
+                        });
+                    }
+                    stage_index += 1;
                 }
-                stage_index += 1;
             }
+            // The planner's key is the number `BatchInput::push` gave the key.
+            let number = u32::try_from(key.key_hash()).expect("a number BatchInput::push gave");
+            self.keys.push(KeyWork { key: input.keys.key(number).clone(), runs: runs_start..self.runs.len() });
         }
-        // The planner's key is the number `BatchInput::push` gave the key.
-        let key = input.keys[key.key_hash() as usize].clone();
-        work[index % worker_count].push(KeyWork { key, runs });
     }
-    work
+
+    /// Empties it, dropping the bodies and keeping the vectors.
+    fn clear(&mut self) {
+        let Self { keys, runs, bodies, origins, attempts } = self;
+        keys.clear();
+        runs.clear();
+        bodies.clear();
+        origins.clear();
+        attempts.clear();
+    }
+
+    /// How many workers share the batch: `workers`, but no more than it
+    /// has keys, and at least one.
+    fn workers(&self, workers: usize) -> usize {
+        workers.min(self.keys.len()).max(1)
+    }
+
+    /// The keys worker `worker` of `workers` runs: keys go round-robin to
+    /// workers in order of first appearance.
+    pub(super) fn keys_of(&self, worker: usize, workers: usize) -> impl Iterator<Item = &KeyWork> {
+        self.keys.iter().skip(worker).step_by(workers.max(1))
+    }
+
+    /// A key's runs, in execution order.
+    pub(super) fn runs(&self, key: &KeyWork) -> &[RunWork] {
+        &self.runs[key.runs.clone()]
+    }
+
+    /// A run's origins, bodies and attempts, index for index.
+    pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[u32]) {
+        let records = run.records.clone();
+        (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
+    }
 }

@@ -10,6 +10,8 @@
 //! (the key stops). A host fault stops the worker: its batch will not
 //! commit.
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The most bytes of bodies one `combine` call gets: a longer run is
@@ -19,6 +21,7 @@ const COMBINE_PART_BYTES: usize = 4 << 20;
 
 use wakuwaku_core::reduce;
 
+use super::batch::BatchWork;
 use super::failure::{self, Route};
 use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
@@ -33,11 +36,14 @@ use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
 
 impl<L: EventLog> Consumer<L> {
-    /// Handles the keys given to one worker, one key after another.
+    /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
+    /// key after another.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_worker(
         &self,
         partition: u32,
-        keys: Vec<KeyWork>,
+        work: &BatchWork,
+        (worker, workers): (usize, usize),
         snapshot: &Arc<StateReader>,
         budget: &BatchBudget,
         modules: &ModuleSet,
@@ -46,13 +52,13 @@ impl<L: EventLog> Consumer<L> {
         let mut outcome = WorkerOutcome::default();
         // Everything between two reductions is charged to the calls.
         let mut laps = Laps::start();
-        for work in keys {
+        for key_work in work.keys_of(worker, workers) {
             if outcome.host_fault.is_some() {
                 break; // the batch will not commit
             }
-            let key = work.key.clone();
+            let key = key_work.key.clone();
             let mut scope = KeyScope::new(key.clone(), snapshot.clone(), self.config.payload, budget.clone());
-            self.run_key(partition, work, &mut scope, modules, &mut instances, &mut laps, &mut outcome);
+            self.run_key(partition, work, key_work, &mut scope, modules, &mut instances, &mut laps, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
         laps.lap(&mut outcome.summary.phases, Phase::Calls);
@@ -66,7 +72,8 @@ impl<L: EventLog> Consumer<L> {
     fn run_key(
         &self,
         partition: u32,
-        work: KeyWork,
+        work: &BatchWork,
+        key_work: &KeyWork,
         scope: &mut KeyScope,
         modules: &ModuleSet,
         instances: &mut Instances<'_>,
@@ -74,21 +81,23 @@ impl<L: EventLog> Consumer<L> {
         out: &mut WorkerOutcome,
     ) {
         let projection = &*self.projection;
-        let KeyWork { key, runs } = work;
-        let mut runs = runs.into_iter();
+        let key = &key_work.key;
+        let mut runs = work.runs(key_work).iter();
         while let Some(run) = runs.next() {
+            let (origins, bodies, attempts) = work.records(run);
             let Some(route) = modules.route(run.tag) else {
-                out.summary.skipped += run.origins.iter().map(|o| o.events).sum::<u64>();
+                out.summary.skipped += origins.iter().map(|o| o.events).sum::<u64>();
                 continue;
             };
-            let observed = self.observer.as_ref().map(|_| run.origins.iter().map(|o| o.offset).collect::<Vec<_>>());
+            let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
             let shape = run.shape();
-            let RunWork { tag, origins, bodies, mut attempts, .. } = run;
+            let tag = run.tag;
             laps.lap(&mut out.summary.phases, Phase::Calls);
             // A failed fold fails the whole run, unreduced.
+            let traced = Traced { bodies: bodies.into(), origins: origins.into() };
             let (reduced, fold_error) = match instances.get(route.module) {
-                Err(error) => (Traced { bodies, origins }, Some(error)),
-                Ok(instance) => match reduce_traced(route.event_type.algebra, Traced { bodies, origins }, |bodies| {
+                Err(error) => (traced, Some(error)),
+                Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
                     reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
                 }) {
                     Ok(reduced) => (reduced, None),
@@ -96,12 +105,14 @@ impl<L: EventLog> Consumer<L> {
                 },
             };
             laps.lap(&mut out.summary.phases, Phase::Reduce);
-            if attempts.len() != reduced.bodies.len() {
+            let attempts: Cow<[u32]> = if attempts.len() == reduced.bodies.len() {
+                attempts.into()
+            } else {
                 // Reduced records stand for several: they carry the most
                 // attempts any of them had.
                 let most = attempts.iter().copied().max().unwrap_or(0);
-                attempts = vec![most; reduced.bodies.len()];
-            }
+                vec![most; reduced.bodies.len()].into()
+            };
             // A failed fold is one failure of the whole run.
             let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
             let (mut start, mut calls, mut all_applied) = (0, 0, true);
@@ -183,7 +194,7 @@ impl<L: EventLog> Consumer<L> {
                 if next == Route::DeadLetter {
                     for (body, &origin) in reduced.bodies[begin..end].iter().zip(&reduced.origins[begin..end]) {
                         let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
-                        let record = routing::routed_record(&shape.envelope(&key), &routed, body.clone());
+                        let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
                         out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
                         out.tally.of(route.module, tag).dead_lettered += origin.events;
@@ -208,11 +219,12 @@ impl<L: EventLog> Consumer<L> {
                     .collect();
                 for run in runs {
                     let shape = run.shape();
-                    for ((origin, body), attempts) in run.origins.into_iter().zip(run.bodies).zip(run.attempts) {
-                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body });
+                    let (origins, bodies, attempts) = work.records(run);
+                    for ((&origin, body), &attempts) in origins.iter().zip(bodies).zip(attempts) {
+                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body: body.clone() });
                     }
                 }
-                self.retry_later(partition, &key, modules, unfinished, out);
+                self.retry_later(partition, key, modules, unfinished, out);
                 return;
             }
             if all_applied
@@ -297,12 +309,13 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
-/// One key's runs, in execution order, with their bodies moved in.
+/// One key of a batch: its runs in [`BatchWork`], in execution order.
 pub(super) struct KeyWork {
     pub(super) key: Key,
-    pub(super) runs: Vec<RunWork>,
+    pub(super) runs: Range<usize>,
 }
 
+/// One run of a key: its records in [`BatchWork`].
 pub(super) struct RunWork {
     pub(super) tag: EventTypeTag,
     /// Which stage of the key's execution the run belongs to.
@@ -310,10 +323,8 @@ pub(super) struct RunWork {
     /// The ordering and algebra its first record carried.
     pub(super) ordering: EventAtomicOrdering,
     pub(super) algebra: Algebra,
-    pub(super) origins: Vec<Origin>,
-    pub(super) bodies: Vec<Vec<u8>>,
-    /// Attempts each record has had.
-    pub(super) attempts: Vec<u32>,
+    /// Its records' bodies, origins and attempts.
+    pub(super) records: Range<usize>,
 }
 
 impl RunWork {

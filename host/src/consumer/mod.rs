@@ -52,9 +52,9 @@
 //! returns when the committed position reaches it and no retry is due.
 //!
 //! Layout: this module holds the partition loop (poll, settle, retries due);
-//! `batch` takes a polled batch to its one commit; `key` runs one worker's
-//! keys; `failure` decides where a failed chunk goes; [`phase`] times
-//! every batch phase by phase.
+//! `batch` takes a polled batch to its one commit; `key_table` numbers a
+//! batch's keys; `key` runs one worker's keys; `failure` decides where a
+//! failed chunk goes; [`phase`] times every batch phase by phase.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,6 +76,7 @@ mod batch;
 use batch::BatchBuffers;
 mod failure;
 mod key;
+mod key_table;
 pub mod phase;
 
 pub use phase::{Phase, PhaseTimes};
