@@ -308,9 +308,10 @@ impl BatchBudget {
 /// every call for that key, and turns it into part of the batch's commit.
 pub struct KeyScope {
     key: Key,
-    snapshot: Arc<StateReader>,
-    limits: PayloadLimits,
-    budget: BatchBudget,
+    /// The snapshot, limits and budget, behind one `Arc` a worker's scopes
+    /// share: a call moves the scope into the module's store and back, and
+    /// one uncontended count is cheaper than three counts both workers touch.
+    shared: Arc<ScopeShared>,
     /// What this key's successful calls took from the budget.
     held: usize,
     committed: Staged,
@@ -319,6 +320,17 @@ pub struct KeyScope {
     host_fault: Option<String>,
     /// What emits of the next calls record as their origin.
     emit_origin: Option<EmitOrigin>,
+}
+
+/// What every key scope of one worker's part of a batch reads: the
+/// committed snapshot, the payload limits and the batch's budget.
+pub struct ScopeShared {
+    /// The committed state reads fall back to.
+    pub snapshot: Arc<StateReader>,
+    /// The limits values are checked against.
+    pub limits: PayloadLimits,
+    /// What the batch's calls may hold in all.
+    pub budget: BatchBudget,
 }
 
 /// Writes, counter changes and emits not yet committed.
@@ -356,11 +368,14 @@ impl KeyScope {
     /// against `limits` and counting what its calls hold against the
     /// batch's `budget`.
     pub fn new(key: Key, snapshot: Arc<StateReader>, limits: PayloadLimits, budget: BatchBudget) -> Self {
+        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget }))
+    }
+
+    /// A scope for `key` over what `shared` holds (see [`ScopeShared`]).
+    pub fn sharing(key: Key, shared: &Arc<ScopeShared>) -> Self {
         Self {
             key,
-            snapshot,
-            limits,
-            budget,
+            shared: shared.clone(),
             held: 0,
             committed: Staged::default(),
             call: Staged::default(),
@@ -377,7 +392,7 @@ impl KeyScope {
 
     /// The limits its calls run under.
     pub fn limits(&self) -> &PayloadLimits {
-        &self.limits
+        &self.shared.limits
     }
 
     /// Moves the scope's contents out (to hand them to a `'static` store
@@ -385,9 +400,7 @@ impl KeyScope {
     pub(crate) fn take_for_call(&mut self) -> KeyScope {
         KeyScope {
             key: self.key.clone(),
-            snapshot: self.snapshot.clone(),
-            limits: self.limits,
-            budget: self.budget.clone(),
+            shared: self.shared.clone(),
             held: self.held,
             committed: std::mem::take(&mut self.committed),
             call: std::mem::take(&mut self.call),
@@ -427,7 +440,7 @@ impl KeyScope {
             return Err(CallError::HostFault(fault));
         }
         result?;
-        self.budget.reserve(tally.held, self.held)?;
+        self.shared.budget.reserve(tally.held, self.held)?;
         self.held += tally.held;
         self.committed.absorb(call);
         Ok(())
@@ -455,19 +468,19 @@ impl KeyScope {
                 return Ok(value.map(<[u8]>::to_vec));
             }
         }
-        self.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
+        self.shared.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
     }
 
     /// Writes an entry of the key.
     pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), Refusal> {
-        self.tally.set(&self.limits, name, value.len())?;
+        self.tally.set(&self.shared.limits, name, value.len())?;
         self.call.writes.set(name, value);
         Ok(())
     }
 
     /// Removes an entry of the key.
     pub fn delete(&mut self, name: &str) -> Result<(), Refusal> {
-        self.tally.delete(&self.limits, name)?;
+        self.tally.delete(&self.shared.limits, name)?;
         self.call.writes.delete(name);
         Ok(())
     }
@@ -476,7 +489,7 @@ impl KeyScope {
     /// key's changes in the batch.
     fn counter_seen(&mut self, name: &str) -> Result<i128, ScopeError> {
         limits::check_name(name)?;
-        let committed = self.snapshot.counter(name).map_err(|error| self.fault(error))?;
+        let committed = self.shared.snapshot.counter(name).map_err(|error| self.fault(error))?;
         let own: i128 = [&self.call, &self.committed].iter().filter_map(|staged| staged.counters.get(name)).sum();
         Ok(committed.saturating_add(own))
     }
@@ -485,7 +498,7 @@ impl KeyScope {
     /// this key sees it would leave the s64 range.
     pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), ScopeError> {
         let current = self.counter_seen(name)?;
-        self.tally.counter_add(&self.limits, name, current, delta)?;
+        self.tally.counter_add(&self.shared.limits, name, current, delta)?;
         *self.call.counters.entry(name.to_owned()).or_default() += i128::from(delta);
         Ok(())
     }
@@ -501,7 +514,7 @@ impl KeyScope {
     /// must be one of `declared` (the module's [`HandlerModule::emits`]).
     pub fn emit(&mut self, declared: &[String], message: Emitted) -> Result<(), Refusal> {
         let Emitted { topic, tag, key, ordering, algebra, body } = message;
-        let key = self.tally.emit(&self.limits, declared, &topic, &key, &body)?;
+        let key = self.tally.emit(&self.shared.limits, declared, &topic, &key, &body)?;
         let partition_key = key.key_hash();
         let headers = EventHeaders { tag, key, ordering, algebra };
         self.call.outbox.push(OutboxEntry {
