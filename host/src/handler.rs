@@ -15,8 +15,10 @@
 //! - **Every value is checked at the call**, against the rules of
 //!   [`wakuwaku_core::limits`]: a value that breaks one is a [`Refusal`]
 //!   returned to the module, naming the rule, and nothing of it is kept.
-//! - **A failed call leaves no trace.** Writes of a call are staged and only
-//!   join the key's buffer when the call succeeds ([`KeyScope::finish_call`]).
+//! - **A failed call leaves no trace.** Writes of a call go into the key's
+//!   buffer with a note of what each replaced, and are taken back out when
+//!   the call fails ([`KeyScope::finish_call`]); its counter changes and
+//!   emits join the key's only when it succeeds.
 //! - **What a batch holds is bounded.** Each call counts what it hands the
 //!   host against the per-call limits of [`PayloadLimits`] as it goes, and,
 //!   when it ends, against the batch's shared [`BatchBudget`]. A call that
@@ -28,8 +30,8 @@
 //!   never counts against the module.
 
 use std::collections::HashMap;
-use std::hash::RandomState;
 use std::fmt;
+use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -833,7 +835,8 @@ mod tests {
         scope.finish_call(Ok(())).unwrap();
         scope.set("a", vec![9]).unwrap();
         let outcome = scope.into_outcome();
-        let mut writes: Vec<_> = outcome.writes.iter().map(|(name, value)| (name.to_owned(), value.map(<[u8]>::to_vec))).collect();
+        let mut writes: Vec<_> =
+            outcome.writes.iter().map(|(name, value)| (name.to_owned(), value.map(<[u8]>::to_vec))).collect();
         writes.sort();
         assert_eq!(writes, [("a".to_owned(), Some(vec![1])), ("b".to_owned(), Some(vec![8]))]);
         assert_eq!(outcome.counters["c"], 5);
