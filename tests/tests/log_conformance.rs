@@ -195,6 +195,28 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
         assert!(batch.is_empty(), "round {round}: nothing past the end at {next}");
     }
 
+    // A poll stops at the batch's byte budget, however many records it may
+    // take, and a record larger than the budget still comes alone: large
+    // messages never make one poll hold thousands of them.
+    let large = format!("{prefix}-large");
+    log.create_topic(&large, 1).await.unwrap();
+    let bodies = [10_000usize, 10_000, 10_000, 50_000, 10];
+    let records = bodies.iter().enumerate().map(|(n, &len)| Record { body: vec![n as u8; len], ..record(7, n as u32) });
+    log.append(&large, vec![(0, records.collect())]).await.unwrap();
+    let mut next = 0u64;
+    let mut polls = Vec::new();
+    while next < bodies.len() as u64 {
+        let batch = log.poll(&large, 0, next, 1000, PolledBatch::with_byte_budget(15_000)).await.unwrap();
+        let offsets: Vec<u64> = batch.iter().map(|view| view.offset()).collect();
+        assert!(!offsets.is_empty() && offsets[0] == next, "polled from {next}: {offsets:?}");
+        for view in batch.iter() {
+            assert_eq!(view.body().len(), bodies[view.offset() as usize]);
+        }
+        next += offsets.len() as u64;
+        polls.push(offsets);
+    }
+    assert_eq!(polls, [vec![0, 1], vec![2, 3], vec![4]], "each poll stops once past 15 000 bytes");
+
     // Keys land where `partition_for` says, whichever backend.
     let keyed = format!("{prefix}-keyed");
     log.create_topic(&keyed, 4).await.unwrap();

@@ -114,7 +114,8 @@ pub(super) struct ProjectionArgs {
 
 #[derive(Args)]
 pub(super) struct ConsumeArgs {
-    /// Most messages per batch.
+    /// Most messages per batch (a batch also stops once its messages hold
+    /// 32 MiB).
     #[arg(long, default_value_t = ConsumerConfig::default().batch_size)]
     pub(super) batch_size: usize,
     /// Worker threads per batch (default: the number of cores).

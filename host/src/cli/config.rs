@@ -337,13 +337,7 @@ pub(super) fn masked(setting: &str, value: &str) -> String {
     if !SECRETS.contains(&setting) {
         return value.to_owned();
     }
-    match (value.find("://"), value.rfind('@')) {
-        (Some(scheme), Some(at)) if scheme < at => {
-            let user = value[scheme + 3..at].split(':').next().unwrap_or_default();
-            format!("{}{user}:****{}", &value[..scheme + 3], &value[at..])
-        }
-        _ => "****".to_owned(),
-    }
+    crate::log::masked_password(value).unwrap_or_else(|| "****".to_owned())
 }
 
 /// One line saying how many settings came from the environment and from

@@ -40,6 +40,7 @@
 //! [`LogError::InvalidTopicName`]. This keeps the table names unambiguous
 //! and the names safe to print and to use as file or URL parts.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -202,7 +203,10 @@ impl EventLog for EmbeddedLog {
         let topic = topic.to_owned();
         self.blocking(move |inner| {
             batch.clear();
-            inner.scan(&topic, partition, from, max, |offset, bytes| batch.push_encoded(offset, bytes))?;
+            inner.scan(&topic, partition, from, max, |offset, bytes| {
+                batch.push_encoded(offset, bytes)?;
+                Ok(if batch.is_full() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+            })?;
             Ok(batch)
         })
         .await
@@ -476,21 +480,21 @@ impl Inner {
                 Err(e) => return Err(e.to_string()),
             };
             records.push(StoredRecord { offset, record });
-            Ok(())
+            Ok(ControlFlow::Continue(()))
         })?;
         Ok(records)
     }
 
     /// Hands `visit` the stored encoding of up to `max` records from offset
-    /// `from` on, in offset order; a reason it returns makes the record
-    /// [`LogError::Corrupt`].
+    /// `from` on, in offset order, until it says to stop; a reason it
+    /// returns makes the record [`LogError::Corrupt`].
     fn scan(
         &self,
         topic: &str,
         partition: u32,
         from: u64,
         max: usize,
-        mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, String>,
     ) -> Result<(), LogError> {
         let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
         let topics = txn.open_table(TOPICS).map_err(|e| self.storage(e))?;
@@ -524,9 +528,9 @@ impl Inner {
             for (offset, index) in (offset + skip..).zip(skip..u64::from(block.count)) {
                 // `index` < count ≤ u32::MAX, so it fits.
                 let bytes = block.record(index as u32).map_err(|reason| corrupt(offset, reason))?;
-                visit(offset, bytes).map_err(|reason| corrupt(offset, reason))?;
+                let flow = visit(offset, bytes).map_err(|reason| corrupt(offset, reason))?;
                 visited += 1;
-                if visited == count {
+                if visited == count || flow.is_break() {
                     return Ok(());
                 }
             }

@@ -159,7 +159,7 @@ impl IggyLog {
     /// consumer keeps trying after that, with its own backoff, and reports
     /// the outage.
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
-        let address = PathBuf::from(redact(url));
+        let address = PathBuf::from(crate::log::masked_password(url).unwrap_or_else(|| url.to_owned()));
         let failed = |e: IggyError| match e {
             IggyError::InvalidConnectionString | IggyError::InvalidNumberValue => storage(
                 &address,
@@ -912,18 +912,6 @@ fn with_bounded_reconnection(url: &str) -> String {
     }
 }
 
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(scheme), Some(at)) if scheme < at => {
-            let credentials = &url[scheme + 3..at];
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1120,7 +1108,6 @@ mod tests {
             .collect();
         assert_eq!(ids.len(), 4 * 3 * 100, "plain ids differ by call, partition and index");
         assert_eq!(plain_message_id(5, 1, 2, 3), plain_message_id(5, 1, 2, 3));
-        assert_eq!(redact("iggy://iggy:secret@127.0.0.1:8090"), "iggy://iggy:***@127.0.0.1:8090");
     }
 
     /// A producer's stamps are found from `since` on, however many

@@ -64,6 +64,17 @@ pub use embedded::EmbeddedLog;
 pub use iggy::IggyLog;
 pub use polled::{PolledBatch, RecordView};
 
+/// `scheme://user:password@host…` with the password replaced by `****`, for
+/// messages and listings; `None` when the URL holds no credentials. The last
+/// `@` ends the credentials, so a password holding `@` is masked whole.
+pub fn masked_password(url: &str) -> Option<String> {
+    let (scheme, at) = (url.find("://")?, url.rfind('@')?);
+    (scheme < at).then(|| {
+        let user = url[scheme + 3..at].split(':').next().unwrap_or_default();
+        format!("{}{user}:****{}", &url[..scheme + 3], &url[at..])
+    })
+}
+
 /// One message as the log stores it: user headers and an opaque body.
 ///
 /// The host never decodes the body; everything it needs to plan is in the
@@ -281,9 +292,11 @@ pub trait EventLog: Send + Sync + 'static {
     /// the consumer polls with.
     ///
     /// `batch` is emptied and filled: pass the one the previous poll
-    /// returned, so its buffers are reused instead of grown again. The
-    /// default reads owned records and packs them; a backend that stores
-    /// records encoded (embedded) copies them in without decoding.
+    /// returned, so its buffers are reused instead of grown again. A poll
+    /// takes at most `max` records and stops early once the batch
+    /// [is full](PolledBatch::is_full) (its byte budget). The default reads
+    /// owned records and packs them; a backend that stores records encoded
+    /// (embedded) copies them in without decoding.
     fn poll(
         &self,
         topic: &str,
@@ -295,6 +308,9 @@ pub trait EventLog: Send + Sync + 'static {
         async move {
             batch.clear();
             for stored in self.read(topic, partition, from, max).await? {
+                if batch.is_full() {
+                    break;
+                }
                 batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
                     topic: topic.to_owned(),
                     partition,
@@ -495,6 +511,15 @@ mod tests {
     struct SequenceRecord {
         headers: Vec<SequenceHeader>,
         body: Vec<u8>,
+    }
+
+    #[test]
+    fn passwords_are_masked_whole() {
+        assert_eq!(masked_password("iggy://iggy:secret@127.0.0.1:8090").unwrap(), "iggy://iggy:****@127.0.0.1:8090");
+        assert_eq!(masked_password("iggy://u:p@ss@host:1").unwrap(), "iggy://u:****@host:1");
+        assert_eq!(masked_password("postgres://waku@db/state").unwrap(), "postgres://waku:****@db/state");
+        assert_eq!(masked_password("iggy://127.0.0.1:8090"), None);
+        assert_eq!(masked_password("host=db password=x@y"), None);
     }
 
     #[test]
