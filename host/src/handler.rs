@@ -15,8 +15,10 @@
 //! - **Every value is checked at the call**, against the rules of
 //!   [`wakuwaku_core::limits`]: a value that breaks one is a [`Refusal`]
 //!   returned to the module, naming the rule, and nothing of it is kept.
-//! - **A failed call leaves no trace.** Writes of a call are staged and only
-//!   join the key's buffer when the call succeeds ([`KeyScope::finish_call`]).
+//! - **A failed call leaves no trace.** Writes of a call go into the key's
+//!   buffer with a note of what each replaced, and are taken back out when
+//!   the call fails ([`KeyScope::finish_call`]); its counter changes and
+//!   emits join the key's only when it succeeds.
 //! - **What a batch holds is bounded.** Each call counts what it hands the
 //!   host against the per-call limits of [`PayloadLimits`] as it goes, and,
 //!   when it ends, against the batch's shared [`BatchBudget`]. A call that
@@ -29,9 +31,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
@@ -308,34 +312,98 @@ impl BatchBudget {
 /// every call for that key, and turns it into part of the batch's commit.
 pub struct KeyScope {
     key: Key,
-    snapshot: Arc<StateReader>,
-    limits: PayloadLimits,
-    budget: BatchBudget,
+    /// The snapshot, limits and budget, behind one `Arc` a worker's scopes
+    /// share: a call moves the scope into the module's store and back, and
+    /// one uncontended count is cheaper than three counts both workers touch.
+    shared: Arc<ScopeShared>,
     /// What this key's successful calls took from the budget.
     held: usize,
-    committed: Staged,
-    call: Staged,
+    /// The key's changes so far, the running call's included.
+    staged: Staged,
+    /// How to take the running call's changes back out of `staged`.
+    undo: Undo,
     tally: CallTally,
     host_fault: Option<String>,
     /// What emits of the next calls record as their origin.
     emit_origin: Option<EmitOrigin>,
 }
 
+/// What every key scope of one worker's part of a batch reads: the
+/// committed snapshot, the payload limits and the batch's budget.
+pub struct ScopeShared {
+    /// The committed state reads fall back to.
+    pub snapshot: Arc<StateReader>,
+    /// The limits values are checked against.
+    pub limits: PayloadLimits,
+    /// What the batch's calls may hold in all.
+    pub budget: BatchBudget,
+}
+
 /// Writes, counter changes and emits not yet committed.
+///
+/// Writes land here at once, so a read finds them with one lookup and a
+/// call allocates no map of its own; [`Undo`] keeps what they replaced.
+/// Names are the module's choice: the map's hash is seeded.
 #[derive(Default)]
 struct Staged {
-    writes: KeyWrites,
+    /// Entries in the order the key first wrote them (`None`: deleted).
+    writes: IndexMap<String, Option<Vec<u8>>, RandomState>,
+    /// The counter changes of the key's finished calls.
     counters: HashMap<String, i128>,
+    /// The running call's counter changes (merged when it succeeds).
+    call_counters: HashMap<String, i128>,
     outbox: Vec<OutboxEntry>,
 }
 
+/// What the running call changed in [`Staged`], to take it back.
+#[derive(Default)]
+struct Undo {
+    /// Per write, in order: the entry's index and what it held before
+    /// (`None`: the write added the entry, so it is the last one when the
+    /// writes are undone from the latest).
+    writes: Vec<(usize, Option<Option<Vec<u8>>>)>,
+    /// Emits before the running call.
+    outbox_len: usize,
+}
+
 impl Staged {
-    fn absorb(&mut self, later: Staged) {
-        self.writes.merge(later.writes);
-        for (name, delta) in later.counters {
+    /// Stages `name = value` (`None`: deleted), noting in `undo` what it
+    /// replaces.
+    fn write(&mut self, undo: &mut Undo, name: &str, value: Option<Vec<u8>>) {
+        match self.writes.get_full_mut(name) {
+            Some((index, _, slot)) => undo.writes.push((index, Some(std::mem::replace(slot, value)))),
+            None => {
+                let (index, _) = self.writes.insert_full(name.to_owned(), value);
+                undo.writes.push((index, None));
+            }
+        }
+    }
+
+    /// Keeps the running call's changes.
+    fn keep(&mut self, undo: &mut Undo) {
+        undo.writes.clear();
+        for (name, delta) in self.call_counters.drain() {
             *self.counters.entry(name).or_default() += delta;
         }
-        self.outbox.extend(later.outbox);
+        undo.outbox_len = self.outbox.len();
+    }
+
+    /// Takes the running call's changes back out.
+    fn roll_back(&mut self, undo: &mut Undo) {
+        for (index, before) in undo.writes.drain(..).rev() {
+            match before {
+                Some(before) => {
+                    if let Some((_, slot)) = self.writes.get_index_mut(index) {
+                        *slot = before;
+                    }
+                }
+                None => {
+                    self.writes.pop();
+                }
+            }
+        }
+        self.call_counters.clear();
+        self.outbox.truncate(undo.outbox_len);
     }
 }
 
@@ -356,14 +424,17 @@ impl KeyScope {
     /// against `limits` and counting what its calls hold against the
     /// batch's `budget`.
     pub fn new(key: Key, snapshot: Arc<StateReader>, limits: PayloadLimits, budget: BatchBudget) -> Self {
+        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget }))
+    }
+
+    /// A scope for `key` over what `shared` holds (see [`ScopeShared`]).
+    pub fn sharing(key: Key, shared: &Arc<ScopeShared>) -> Self {
         Self {
             key,
-            snapshot,
-            limits,
-            budget,
+            shared: shared.clone(),
             held: 0,
-            committed: Staged::default(),
-            call: Staged::default(),
+            staged: Staged::default(),
+            undo: Undo::default(),
             tally: CallTally::default(),
             host_fault: None,
             emit_origin: None,
@@ -377,7 +448,7 @@ impl KeyScope {
 
     /// The limits its calls run under.
     pub fn limits(&self) -> &PayloadLimits {
-        &self.limits
+        &self.shared.limits
     }
 
     /// Moves the scope's contents out (to hand them to a `'static` store
@@ -385,12 +456,10 @@ impl KeyScope {
     pub(crate) fn take_for_call(&mut self) -> KeyScope {
         KeyScope {
             key: self.key.clone(),
-            snapshot: self.snapshot.clone(),
-            limits: self.limits,
-            budget: self.budget.clone(),
+            shared: self.shared.clone(),
             held: self.held,
-            committed: std::mem::take(&mut self.committed),
-            call: std::mem::take(&mut self.call),
+            staged: std::mem::take(&mut self.staged),
+            undo: std::mem::take(&mut self.undo),
             tally: std::mem::take(&mut self.tally),
             host_fault: self.host_fault.take(),
             emit_origin: self.emit_origin.take(),
@@ -421,21 +490,33 @@ impl KeyScope {
     /// a call that does not fit the budget as [`CallError::BatchBudget`],
     /// whatever the module returned.
     pub fn finish_call(&mut self, result: Result<(), CallError>) -> Result<(), CallError> {
-        let call = std::mem::take(&mut self.call);
         let tally = std::mem::take(&mut self.tally);
-        if let Some(fault) = self.host_fault.take() {
-            return Err(CallError::HostFault(fault));
+        let result = match self.host_fault.take() {
+            Some(fault) => Err(CallError::HostFault(fault)),
+            None => result.and_then(|()| self.shared.budget.reserve(tally.held, self.held)),
+        };
+        match result {
+            Ok(()) => {
+                self.held += tally.held;
+                self.staged.keep(&mut self.undo);
+            }
+            Err(_) => self.staged.roll_back(&mut self.undo),
         }
-        result?;
-        self.budget.reserve(tally.held, self.held)?;
-        self.held += tally.held;
-        self.committed.absorb(call);
-        Ok(())
+        result
     }
 
     /// Everything the key's successful calls changed.
-    pub fn into_outcome(self) -> KeyOutcome {
-        let Staged { writes, counters, outbox } = self.committed;
+    pub fn into_outcome(mut self) -> KeyOutcome {
+        // A call never finished is not the key's.
+        self.staged.roll_back(&mut self.undo);
+        let Staged { writes: staged, counters, outbox, .. } = self.staged;
+        let mut writes = KeyWrites::default();
+        for (name, value) in staged {
+            match value {
+                Some(value) => writes.set(&name, value),
+                None => writes.delete(&name),
+            }
+        }
         KeyOutcome { writes, counters, outbox }
     }
 
@@ -450,25 +531,23 @@ impl KeyScope {
     /// the committed state.
     pub fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, ScopeError> {
         limits::check_name(name)?;
-        for staged in [&self.call, &self.committed] {
-            if let Some(value) = staged.writes.get(name) {
-                return Ok(value.map(<[u8]>::to_vec));
-            }
+        if let Some(value) = self.staged.writes.get(name) {
+            return Ok(value.clone());
         }
-        self.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
+        self.shared.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
     }
 
     /// Writes an entry of the key.
     pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), Refusal> {
-        self.tally.set(&self.limits, name, value.len())?;
-        self.call.writes.set(name, value);
+        self.tally.set(&self.shared.limits, name, value.len())?;
+        self.staged.write(&mut self.undo, name, Some(value));
         Ok(())
     }
 
     /// Removes an entry of the key.
     pub fn delete(&mut self, name: &str) -> Result<(), Refusal> {
-        self.tally.delete(&self.limits, name)?;
-        self.call.writes.delete(name);
+        self.tally.delete(&self.shared.limits, name)?;
+        self.staged.write(&mut self.undo, name, None);
         Ok(())
     }
 
@@ -476,8 +555,8 @@ impl KeyScope {
     /// key's changes in the batch.
     fn counter_seen(&mut self, name: &str) -> Result<i128, ScopeError> {
         limits::check_name(name)?;
-        let committed = self.snapshot.counter(name).map_err(|error| self.fault(error))?;
-        let own: i128 = [&self.call, &self.committed].iter().filter_map(|staged| staged.counters.get(name)).sum();
+        let committed = self.shared.snapshot.counter(name).map_err(|error| self.fault(error))?;
+        let own: i128 = [&self.staged.counters, &self.staged.call_counters].iter().filter_map(|c| c.get(name)).sum();
         Ok(committed.saturating_add(own))
     }
 
@@ -485,8 +564,8 @@ impl KeyScope {
     /// this key sees it would leave the s64 range.
     pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), ScopeError> {
         let current = self.counter_seen(name)?;
-        self.tally.counter_add(&self.limits, name, current, delta)?;
-        *self.call.counters.entry(name.to_owned()).or_default() += i128::from(delta);
+        self.tally.counter_add(&self.shared.limits, name, current, delta)?;
+        *self.staged.call_counters.entry(name.to_owned()).or_default() += i128::from(delta);
         Ok(())
     }
 
@@ -501,10 +580,10 @@ impl KeyScope {
     /// must be one of `declared` (the module's [`HandlerModule::emits`]).
     pub fn emit(&mut self, declared: &[String], message: Emitted) -> Result<(), Refusal> {
         let Emitted { topic, tag, key, ordering, algebra, body } = message;
-        let key = self.tally.emit(&self.limits, declared, &topic, &key, &body)?;
+        let key = self.tally.emit(&self.shared.limits, declared, &topic, &key, &body)?;
         let partition_key = key.key_hash();
         let headers = EventHeaders { tag, key, ordering, algebra };
-        self.call.outbox.push(OutboxEntry {
+        self.staged.outbox.push(OutboxEntry {
             topic,
             partition_key,
             partition: None,
@@ -723,6 +802,45 @@ mod tests {
         let mut third = store.scope(3, limits, &budget);
         third.set("a", vec![1]).unwrap();
         third.finish_call(Ok(())).unwrap();
+    }
+
+    #[test]
+    fn a_failed_call_is_taken_back_write_by_write() {
+        let store = Store::new();
+        let limits = PayloadLimits::default();
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        let declared = ["out".to_owned()];
+        scope.set("a", vec![1]).unwrap();
+        scope.set("b", vec![2]).unwrap();
+        scope.counter_add("c", 5).unwrap();
+        scope.emit(&declared, emitted("out", &Key::int(1), b"kept")).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        // A failing call rewrites, deletes, adds (some names twice), counts and emits.
+        scope.set("a", vec![3]).unwrap();
+        scope.delete("b").unwrap();
+        scope.set("new", vec![4]).unwrap();
+        scope.set("a", vec![5]).unwrap();
+        scope.delete("new").unwrap();
+        scope.set("other", vec![6]).unwrap();
+        scope.counter_add("c", 7).unwrap();
+        scope.emit(&declared, emitted("out", &Key::int(1), b"dropped")).unwrap();
+        assert_eq!(scope.get("a"), Ok(Some(vec![5])), "a call reads its own writes");
+        scope.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        assert_eq!(scope.get("a"), Ok(Some(vec![1])));
+        assert_eq!(scope.get("b"), Ok(Some(vec![2])));
+        assert_eq!((scope.get("new"), scope.get("other")), (Ok(None), Ok(None)));
+        assert_eq!(scope.counter_get("c"), Ok(5));
+        // A later call's writes are kept, and so is an unfinished call's nothing.
+        scope.set("b", vec![8]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        scope.set("a", vec![9]).unwrap();
+        let outcome = scope.into_outcome();
+        let mut writes: Vec<_> =
+            outcome.writes.iter().map(|(name, value)| (name.to_owned(), value.map(<[u8]>::to_vec))).collect();
+        writes.sort();
+        assert_eq!(writes, [("a".to_owned(), Some(vec![1])), ("b".to_owned(), Some(vec![8]))]);
+        assert_eq!(outcome.counters["c"], 5);
+        assert_eq!(outcome.outbox.iter().map(|entry| entry.record.body.as_slice()).collect::<Vec<_>>(), [b"kept"]);
     }
 
     #[test]
