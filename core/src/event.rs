@@ -295,7 +295,7 @@ impl EventHeaders {
 
     /// [`EventHeaders::parse`] over stored [`Header`]s.
     pub fn parse_stored(headers: &[Header]) -> Result<Self, HeaderError> {
-        Self::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice())))
+        Envelope::parse_stored(headers)?.into_headers()
     }
 }
 
@@ -357,6 +357,11 @@ impl<'a> Envelope<'a> {
         let [algebra] = fixed::<1>(NAMES[4], field(4)?)?;
         let algebra = Algebra::from_wire(algebra).ok_or(HeaderError::UnknownAlgebra { found: algebra })?;
         Ok(Self { tag: EventTypeTag::new(tag), key, ordering, algebra })
+    }
+
+    /// [`Envelope::parse`] over stored [`Header`]s.
+    pub fn parse_stored(headers: &'a [Header]) -> Result<Self, HeaderError> {
+        Self::parse(headers.iter().map(|h| (h.name.as_str(), h.value.as_slice())))
     }
 
     /// The envelope with its key checked ([`Key::from_canonical`]).

@@ -77,6 +77,13 @@ pub fn reduce<E>(
     reduce_traced(algebra, run, combine).map(|run| run.bodies.into_owned()).map_err(|(error, _)| error)
 }
 
+/// Whether [`reduce_traced`] may change a run of `len` bodies of
+/// `algebra`: only a run of two or more that drops duplicates or folds.
+/// Every other run comes back as it came.
+pub fn may_change(algebra: Algebra, len: usize) -> bool {
+    len >= 2 && !matches!(algebra, Algebra::NonAssociative | Algebra::Commutative)
+}
+
 /// [`reduce`], keeping track of what each reduced body stands for: a
 /// dropped duplicate is counted in the body that stays, a fold carries the
 /// events of the whole run. When `combine` fails, its error comes back with
@@ -93,6 +100,9 @@ pub fn reduce_traced<'a, E>(
     combine: impl FnOnce(&[Vec<u8>]) -> Result<Vec<u8>, E>,
 ) -> Result<Traced<'a>, (E, Traced<'a>)> {
     assert_eq!(run.bodies.len(), run.origins.len(), "one origin per body");
+    if !may_change(algebra, run.bodies.len()) {
+        return Ok(run);
+    }
     Ok(match algebra {
         Algebra::NonAssociative | Algebra::Commutative => run,
         Algebra::Idempotent if !run.bodies.windows(2).any(|pair| pair[0] == pair[1]) => run,
@@ -105,7 +115,7 @@ pub fn reduce_traced<'a, E>(
             order.sort_unstable_by(|&a, &b| run.bodies[a].cmp(&run.bodies[b]));
             dedup(run, &order)
         }
-        Algebra::Associative if run.bodies.len() >= 2 => match combine(&run.bodies) {
+        Algebra::Associative => match combine(&run.bodies) {
             Ok(folded) => {
                 let mut origin = run.origins[0];
                 run.origins[1..].iter().for_each(|&o| origin.absorb(o));
@@ -113,7 +123,6 @@ pub fn reduce_traced<'a, E>(
             }
             Err(error) => return Err((error, run)),
         },
-        Algebra::Associative => run,
     })
 }
 

@@ -115,7 +115,7 @@ impl<L: EventLog> Consumer<L> {
         for stored in records {
             commit.done.push((retry.clone(), partition, stored.offset));
             let parsed = Routed::parse(&stored.record.headers).and_then(|routed| {
-                let envelope = Envelope::parse(stored.record.headers.iter().map(|h| (h.name.as_str(), &h.value[..])))?;
+                let envelope = Envelope::parse_stored(&stored.record.headers)?;
                 Ok((routed, input.keys.number(envelope.key).map_err(HeaderError::from)?, envelope))
             });
             match parsed {

@@ -96,7 +96,7 @@ impl<L: EventLog> Consumer<L> {
             let tag = run.tag;
             // Only a run its algebra may change is timed as reduced (two
             // clock reads fewer for every other run).
-            let reduces = may_reduce(route.event_type.algebra, bodies.len());
+            let reduces = reduce::may_change(route.event_type.algebra, bodies.len());
             if reduces {
                 laps.lap(&mut out.summary.phases, Phase::Calls);
             }
@@ -316,12 +316,6 @@ impl<L: EventLog> Consumer<L> {
         let topic = topic_of(self.projection.routed_topics()).to_owned();
         OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
     }
-}
-
-/// Whether [`reduce_traced`] may change a run of `len` bodies of this
-/// algebra: only a run of two or more that drops duplicates or folds.
-fn may_reduce(algebra: Algebra, len: usize) -> bool {
-    len >= 2 && !matches!(algebra, Algebra::NonAssociative | Algebra::Commutative)
 }
 
 /// One key of a batch: its runs in [`BatchWork`], in execution order.
