@@ -18,7 +18,8 @@
 //!   call's totals (counts and bytes of state writes, counter changes,
 //!   emits, log lines) and what one batch may hold in all
 //!   ([`PayloadLimits::max_batch_held`]); the host checks the last one when
-//!   a call ends, with what [`CallTally::held`] says the call holds.
+//!   a call ends, charging what the call's key grew to hold in the batch,
+//!   which is at most what [`CallTally::held`] says the call handed over.
 //! - **Counters stay in the s64 range as each key sees them**: a change is
 //!   refused when the value the key would read afterwards (committed value,
 //!   plus its own pending changes, plus the delta) leaves `i64`.
@@ -454,7 +455,9 @@ pub struct CallTally {
     pub emits: usize,
     /// Bytes of their topics, keys and bodies.
     pub emit_bytes: usize,
-    /// What the host holds for all of it, as the batch budget counts.
+    /// What the host holds for all of it, as the batch budget counts: the
+    /// most a key's footprint can grow by in this call (a rewrite of an
+    /// entry the key already holds grows it by less).
     pub held: usize,
 }
 

@@ -21,10 +21,18 @@
 //!   emits join the key's only when it succeeds.
 //! - **What a batch holds is bounded.** Each call counts what it hands the
 //!   host against the per-call limits of [`PayloadLimits`] as it goes, and,
-//!   when it ends, against the batch's shared [`BatchBudget`]. A call that
-//!   would take the batch past its budget fails as
-//!   [`CallError::BatchBudget`] (retryable: its key is tried again in a
-//!   later batch), whatever the module did with it.
+//!   when it ends, the batch's shared [`BatchBudget`] is charged with what
+//!   the key's scope has come to hold: its staged entries (names, values
+//!   and [`limits::WRITE_OVERHEAD`] each), the names of the counters it
+//!   changed, and its emits ([`limits::EMIT_OVERHEAD`] each). A call pays
+//!   only for the growth past the most the key held after an earlier call,
+//!   so a key that rewrites one entry a thousand times holds one entry's
+//!   worth; shrinking gives nothing back before the batch ends, so the
+//!   charge is never below what the key holds. A call that would take the
+//!   batch past its budget fails as [`CallError::BatchBudget`] (retryable:
+//!   its key is tried again in a later batch), whatever the module did
+//!   with it. One call's growth is at most what [`CallTally::held`] counts,
+//!   so one call always fits an empty budget.
 //! - **Host faults are not the module's.** A state read that fails in the
 //!   host fails the call as [`CallError::HostFault`], which the consumer
 //!   never counts against the module.
@@ -316,7 +324,8 @@ pub struct KeyScope {
     /// share: a call moves the scope into the module's store and back, and
     /// one uncontended count is cheaper than three counts both workers touch.
     shared: Arc<ScopeShared>,
-    /// What this key's successful calls took from the budget.
+    /// What this key took from the budget: the most its scope held after
+    /// any of its successful calls.
     held: usize,
     /// The key's changes so far, the running call's included.
     staged: Staged,
@@ -353,6 +362,8 @@ struct Staged {
     /// The running call's counter changes (merged when it succeeds).
     call_counters: HashMap<String, i128>,
     outbox: Vec<OutboxEntry>,
+    /// What all of the above holds, as the batch budget counts it.
+    footprint: usize,
 }
 
 /// What the running call changed in [`Staged`], to take it back.
@@ -364,17 +375,45 @@ struct Undo {
     writes: Vec<(usize, Option<Option<Vec<u8>>>)>,
     /// Emits before the running call.
     outbox_len: usize,
+    /// The footprint before the running call.
+    footprint: usize,
+}
+
+/// What a staged entry holds, as the batch budget counts it.
+fn entry_held(name: &str, value: Option<&Vec<u8>>) -> usize {
+    name.len() + value.map_or(0, Vec::len) + limits::WRITE_OVERHEAD
 }
 
 impl Staged {
     /// Stages `name = value` (`None`: deleted), noting in `undo` what it
     /// replaces.
     fn write(&mut self, undo: &mut Undo, name: &str, value: Option<Vec<u8>>) {
+        let held = entry_held(name, value.as_ref());
         match self.writes.get_full_mut(name) {
-            Some((index, _, slot)) => undo.writes.push((index, Some(std::mem::replace(slot, value)))),
+            Some((index, _, slot)) => {
+                let before = std::mem::replace(slot, value);
+                // The replaced value stays in `undo` until the call ends,
+                // bounded by the call's own limits.
+                self.footprint = (self.footprint + held).saturating_sub(entry_held(name, before.as_ref()));
+                undo.writes.push((index, Some(before)));
+            }
             None => {
                 let (index, _) = self.writes.insert_full(name.to_owned(), value);
+                self.footprint += held;
                 undo.writes.push((index, None));
+            }
+        }
+    }
+
+    /// Stages a change of `delta` to counter `name` in the running call.
+    fn counter_add(&mut self, name: &str, delta: i64) {
+        match self.call_counters.get_mut(name) {
+            Some(sum) => *sum += i128::from(delta),
+            None => {
+                if !self.counters.contains_key(name) {
+                    self.footprint += name.len() + limits::WRITE_OVERHEAD;
+                }
+                self.call_counters.insert(name.to_owned(), i128::from(delta));
             }
         }
     }
@@ -386,6 +425,7 @@ impl Staged {
             *self.counters.entry(name).or_default() += delta;
         }
         undo.outbox_len = self.outbox.len();
+        undo.footprint = self.footprint;
     }
 
     /// Takes the running call's changes back out.
@@ -404,6 +444,7 @@ impl Staged {
         }
         self.call_counters.clear();
         self.outbox.truncate(undo.outbox_len);
+        self.footprint = undo.footprint;
     }
 }
 
@@ -485,19 +526,20 @@ impl KeyScope {
     }
 
     /// Ends a call. Its staged changes join the key's buffer when it
-    /// succeeded and fit the batch budget; otherwise they are dropped. A
-    /// host fault during the call fails it as [`CallError::HostFault`], and
-    /// a call that does not fit the budget as [`CallError::BatchBudget`],
-    /// whatever the module returned.
+    /// succeeded and what the key's scope grew by fits the batch budget;
+    /// otherwise they are dropped. A host fault during the call fails it as
+    /// [`CallError::HostFault`], and a call that does not fit the budget as
+    /// [`CallError::BatchBudget`], whatever the module returned.
     pub fn finish_call(&mut self, result: Result<(), CallError>) -> Result<(), CallError> {
-        let tally = std::mem::take(&mut self.tally);
+        self.tally = CallTally::default();
+        let growth = self.staged.footprint.saturating_sub(self.held);
         let result = match self.host_fault.take() {
             Some(fault) => Err(CallError::HostFault(fault)),
-            None => result.and_then(|()| self.shared.budget.reserve(tally.held, self.held)),
+            None => result.and_then(|()| self.shared.budget.reserve(growth, self.held)),
         };
         match result {
             Ok(()) => {
-                self.held += tally.held;
+                self.held += growth;
                 self.staged.keep(&mut self.undo);
             }
             Err(_) => self.staged.roll_back(&mut self.undo),
@@ -565,7 +607,7 @@ impl KeyScope {
     pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), ScopeError> {
         let current = self.counter_seen(name)?;
         self.tally.counter_add(&self.shared.limits, name, current, delta)?;
-        *self.staged.call_counters.entry(name.to_owned()).or_default() += i128::from(delta);
+        self.staged.counter_add(name, delta);
         Ok(())
     }
 
@@ -581,6 +623,7 @@ impl KeyScope {
     pub fn emit(&mut self, declared: &[String], message: Emitted) -> Result<(), Refusal> {
         let Emitted { topic, tag, key, ordering, algebra, body } = message;
         let key = self.tally.emit(&self.shared.limits, declared, &topic, &key, &body)?;
+        self.staged.footprint += topic.len() + key.as_bytes().len() + body.len() + limits::EMIT_OVERHEAD;
         let partition_key = key.key_hash();
         let headers = EventHeaders { tag, key, ordering, algebra };
         self.staged.outbox.push(OutboxEntry {
@@ -616,6 +659,7 @@ mod tests {
 
     use super::*;
     use crate::state::{BatchCommit, StateStore};
+    use wakuwaku_core::limits::WRITE_OVERHEAD;
 
     struct Store {
         _dir: tempfile::TempDir,
@@ -781,9 +825,9 @@ mod tests {
         let value = vec![0; 1 << 20];
         // Two calls of 3 MiB fit the budget of about 9 MiB; a third does not.
         let mut first = store.scope(1, limits, &budget);
-        for _call in 0..2 {
+        for call in 0..2 {
             for name in ["a", "b", "c"] {
-                first.set(name, value.clone()).unwrap();
+                first.set(&format!("{name}{call}"), value.clone()).unwrap();
             }
             first.finish_call(Ok(())).unwrap();
         }
@@ -802,6 +846,78 @@ mod tests {
         let mut third = store.scope(3, limits, &budget);
         third.set("a", vec![1]).unwrap();
         third.finish_call(Ok(())).unwrap();
+    }
+
+    #[test]
+    fn a_key_rewriting_its_entries_is_charged_once_for_them() {
+        let store = Store::new();
+        let base = PayloadLimits::default();
+        let limits = PayloadLimits { max_batch_held: base.most_held_by_one_call(), ..base };
+        let budget = BatchBudget::new(&limits);
+        let mut scope = store.scope(1, limits, &budget);
+        // Ten thousand calls, each rewriting the same 1 KiB entry and
+        // counter: charged as one entry and one counter name.
+        for call in 0..10_000u32 {
+            scope.set("balance", vec![call as u8; 1024]).unwrap();
+            scope.counter_add("total", 1).unwrap();
+            scope.finish_call(Ok(())).unwrap();
+        }
+        let one_entry = "balance".len() + 1024 + WRITE_OVERHEAD;
+        let one_counter = "total".len() + WRITE_OVERHEAD;
+        assert_eq!(budget.held(), one_entry + one_counter);
+        // A smaller value, a delete and a failed larger write give nothing
+        // back and take nothing more.
+        scope.set("balance", vec![1]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        scope.delete("balance").unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        scope.set("balance", vec![0; 4096]).unwrap();
+        scope.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        assert_eq!(budget.held(), one_entry + one_counter);
+        // Growing the entry charges the difference past the most it held.
+        scope.set("balance", vec![0; 1500]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        assert_eq!(budget.held(), one_entry + one_counter + 476);
+        assert_eq!(scope.into_outcome().counters["total"], 10_000);
+    }
+
+    #[test]
+    fn a_key_whose_footprint_grows_past_the_budget_fails_and_emits_always_count() {
+        let store = Store::new();
+        let base = PayloadLimits::default();
+        let limits = PayloadLimits { max_batch_held: base.most_held_by_one_call(), ..base };
+        let budget = BatchBudget::new(&limits);
+        let mut scope = store.scope(1, limits, &budget);
+        // New entries of 1 MiB each: the ninth or tenth does not fit the
+        // budget of about 9 MiB.
+        let mut failed = None;
+        for call in 0..20 {
+            scope.set(&format!("e{call}"), vec![0; 1 << 20]).unwrap();
+            if let Err(error) = scope.finish_call(Ok(())) {
+                failed = Some((call, error));
+                break;
+            }
+        }
+        let (call, error) = failed.expect("the budget stopped the key");
+        assert!((8..12).contains(&call), "failed at call {call}");
+        assert!(matches!(error, CallError::BatchBudget { key_held, .. } if key_held == budget.held()), "{error}");
+        assert!(error.counts_as_attempt(), "the key itself holds the budget");
+        assert!(budget.held() <= limits.max_batch_held);
+        assert_eq!(scope.get(&format!("e{call}")), Ok(None), "the failed call left nothing");
+        // Emits are never replaced: the same message again and again is
+        // charged each time, until it does not fit.
+        let mut emitter = store.scope(2, limits, &BatchBudget::new(&limits));
+        let declared = ["out".to_owned()];
+        let body = vec![1; 1 << 20];
+        let mut emitted_calls = 0;
+        while emitter.emit(&declared, emitted("out", &Key::int(2), &body)).is_ok()
+            && emitter.finish_call(Ok(())).is_ok()
+        {
+            emitted_calls += 1;
+            assert!(emitted_calls < 20, "emits stopped counting");
+        }
+        assert!((8..12).contains(&emitted_calls), "{emitted_calls} emits of 1 MiB fitted");
+        assert_eq!(emitter.into_outcome().outbox.len(), emitted_calls);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! 3. **wasm per event**: the bank component called once per event in log
 //!    order, without planning or reduction, with the same commits.
 //! 4. **wasm, small batches**: as 1, with batches of 4096 instead of the
-//!    default 16 384 (fewer events per key per batch to fold).
+//!    default 65 536 (fewer events per key per batch to fold).
 //!
 //! Each way consumes the same log into a fresh state store; each is checked
 //! against the oracle, so a fast wrong answer cannot win. Prints events/s
@@ -35,7 +35,8 @@ use wakuwaku_tests::{bank_log, bank_module};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const BATCH: usize = 16_384;
+/// The consumer's default batch size.
+const BATCH: usize = 65_536;
 const SMALL_BATCH: usize = 4096;
 const ROUNDS: usize = 2;
 
@@ -57,6 +58,7 @@ fn main() {
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
         seed: 42,
     };
+    assert_eq!(BATCH, ConsumerConfig::default().batch_size, "the bench measures the default batch size");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let wasm = bank_module();

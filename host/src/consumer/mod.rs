@@ -113,9 +113,10 @@ pub mod stat {
 /// How a consumer polls and executes.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
-    /// Most messages polled per batch. Default 16 384: larger batches give
+    /// Most messages polled per batch. Default 65 536: larger batches give
     /// longer runs to reduce and fewer handler calls and commits (see
-    /// BENCHMARKS.md); a batch is also the unit of latency.
+    /// BENCHMARKS.md). It is a maximum: a poll takes what is there, so a
+    /// consumer that keeps up handles small batches.
     pub batch_size: usize,
     /// Worker threads per batch; keys are spread over them. Default: the
     /// machine's available parallelism.
@@ -139,7 +140,7 @@ pub struct ConsumerConfig {
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
-            batch_size: 16_384,
+            batch_size: 65_536,
             workers: std::thread::available_parallelism().map_or(1, usize::from),
             partitions: None,
             idle_poll: Duration::from_millis(50),
