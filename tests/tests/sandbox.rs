@@ -213,6 +213,61 @@ fn components_that_import_more_than_the_contract_are_refused_by_name() {
 }
 
 #[test]
+fn wasi_interfaces_and_versions_the_host_does_not_link_are_refused_by_name() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    // What the host links (any 0.2 patch version) passes; the rest is named.
+    let granted = ["wasi:cli/environment@0.2.0", "wasi:sockets/tcp@0.2.3", "wasi:io/streams@0.2.99"];
+    let refused = [
+        "wasi:http/outgoing-handler@0.2.0",
+        "wasi:clocks/timezone@0.2.12",
+        "wasi:cli/environment@0.3.0",
+        "wasi:cli/stdout",
+        "wasi:io/streams@0.2.0-rc-2023-11-10",
+    ];
+    let imports: String =
+        granted.iter().chain(&refused).map(|name| format!(r#"(import "{name}" (instance))"#)).collect();
+    let hostile = wat::parse_str(format!("(component {imports})")).unwrap();
+    match sandbox.load("hostile", &hostile) {
+        Err(error @ LoadError::ForbiddenImports { .. }) => {
+            let LoadError::ForbiddenImports { module, imports } = &error else { unreachable!() };
+            assert_eq!(module, "hostile");
+            assert_eq!(imports, &refused);
+            let message = error.to_string();
+            assert!(message.contains("wasi:http/outgoing-handler@0.2.0, wasi:clocks/timezone@0.2.12"), "{message}");
+            assert!(message.contains("wasi:*@0.2.x"), "{message}");
+        }
+        other => panic!("expected forbidden imports, got {:?}", other.err()),
+    }
+    // Only granted names: linking goes on to the exports.
+    let imports: String = granted.iter().map(|name| format!(r#"(import "{name}" (instance))"#)).collect();
+    let granted_only = wat::parse_str(format!("(component {imports})")).unwrap();
+    assert!(matches!(sandbox.load("granted", &granted_only), Err(LoadError::NotAHandler { .. })));
+}
+
+#[test]
+fn a_granted_interface_with_a_function_the_host_lacks_is_refused_as_an_import_mismatch() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let forged = wat::parse_str(
+        r#"(component
+            (import "wasi:cli/environment@0.2.0" (instance
+                (export "get-arguments" (func (result (list string))))
+                (export "get-host-secrets" (func (result (list string))))
+            ))
+        )"#,
+    )
+    .unwrap();
+    match sandbox.load("forged", &forged) {
+        Err(error @ LoadError::ImportMismatch { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("wasi:cli/environment@0.2.0"), "{message}");
+            assert!(message.contains("get-host-secrets"), "{message}");
+            assert!(!message.contains("does not export"), "{message}");
+        }
+        other => panic!("expected an import mismatch, got {:?}", other.err()),
+    }
+}
+
+#[test]
 fn core_modules_truncated_files_and_foreign_components_are_refused() {
     let sandbox = Sandbox::new(limits()).unwrap();
     let core = wat::parse_str("(module)").unwrap();
