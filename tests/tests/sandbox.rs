@@ -19,7 +19,7 @@ use wakuwaku::runtime::component_file::MAX_COMPONENT_FUNCTIONS;
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::hostile::{hostile_module, tag};
+use wakuwaku_tests::hostile::{ALLOC_TRIGGER, hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
@@ -666,4 +666,48 @@ fn the_host_keeps_at_most_max_wasi_resources_of_an_instance() {
         assert_trap(open(MAX_WASI_RESOURCES, false), "wasi-resources");
         open(MAX_WASI_RESOURCES / 4, false).unwrap();
     }
+}
+
+/// The host places a call's key and bodies in the module's memory through
+/// the module's own allocator (`cabi_realloc`), and frees what a call
+/// returned through its post-return function: both are the module's code.
+/// An allocator that traps, spins, answers a pointer out of bounds or off
+/// its alignment, or grows memory past the limit, and a post-return that
+/// traps, each fail that call as a trap (retryable), within the CPU budget
+/// (armed before the arguments are lowered), and the next call runs on a
+/// fresh instance.
+#[test]
+fn a_hostile_allocator_or_post_return_fails_the_call_as_a_trap_and_the_next_call_runs() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let module = hostile_module(&sandbox);
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let arm = |mode: &str| body(json!({ "key": 1, "mode": mode }));
+    let one_body = vec![vec![b' '; ALLOC_TRIGGER]];
+    let many_bodies = vec![b"{}".to_vec(); ALLOC_TRIGGER / 8];
+    let attacks: [(&str, &Vec<Vec<u8>>, &str); 5] = [
+        ("trap", &one_body, "unreachable"),
+        ("loop", &one_body, "CPU budget"),
+        ("out-of-bounds", &one_body, "realloc return: beyond end of memory"),
+        ("misaligned", &many_bodies, "realloc return: result not aligned"),
+        ("grow", &one_body, "growing memory"),
+    ];
+    for (mode, bodies, expected) in attacks {
+        instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm(mode)).unwrap();
+        let started = Instant::now();
+        assert_trap(instance.handle(&mut scope, tag::BEHAVE, bodies), expected);
+        assert!(started.elapsed() < Duration::from_secs(5), "{mode}: took {:?}", started.elapsed());
+        instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
+    }
+    // `combine` lowers its bodies the same way.
+    instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("trap")).unwrap();
+    match instance.combine(tag::HUGE_COMBINE, &one_body) {
+        Err(CallError::Trap { reason }) => assert!(reason.contains("unreachable"), "{reason}"),
+        other => panic!("expected a trap, got {:?}", other.map(|body| body.len())),
+    }
+    // The post-return function runs after the result was read: its trap
+    // fails the call all the same.
+    assert_trap(instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("post-return")), "unreachable");
+    instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
 }
