@@ -31,6 +31,10 @@ use crate::{guest_wasm, json_record};
 /// before the module loads.
 pub const OUT: &str = "hostile_out";
 
+/// The size of the allocation the module's armed allocator misbehaves on
+/// (see [`tag::ARM_ALLOCATOR`]).
+pub const ALLOC_TRIGGER: usize = 8008;
+
 /// The hostile module's event types, one per attack (see
 /// `tests/guests/hostile/src/lib.rs` for what each does with its body).
 pub mod tag {
@@ -97,9 +101,18 @@ pub mod tag {
     /// Opens `n` WASI handles (`mode` `streams`: stderr streams; otherwise
     /// clock pollables); with `leak`, never drops them.
     pub const HANDLES: EventTypeTag = EventTypeTag::new(226);
+    /// Arms the module's allocator (behind `cabi_realloc`) with `mode`:
+    /// the next allocation of [`super::ALLOC_TRIGGER`] bytes (the host
+    /// lowering a body of that size, or a list of 1001 bodies) traps
+    /// (`trap`), spins (`loop`), answers a pointer past the end of memory
+    /// (`out-of-bounds`) or off its alignment (`misaligned`), or grows
+    /// memory by 4 GiB (`grow`); `post-return` fails this call with a
+    /// message of that size and traps when the post-return function frees
+    /// it.
+    pub const ARM_ALLOCATOR: EventTypeTag = EventTypeTag::new(227);
 
     /// Every attack's tag and the name the module declares for it.
-    pub const ALL: [(EventTypeTag, &str); 27] = [
+    pub const ALL: [(EventTypeTag, &str); 28] = [
         (EMIT_UNDECLARED, "EmitUndeclared"),
         (EMIT_HOST_TOPIC, "EmitHostTopic"),
         (EMIT_BAD_TOPIC, "EmitBadTopic"),
@@ -127,6 +140,7 @@ pub mod tag {
         (EXIT, "Exit"),
         (RANDOM, "Random"),
         (HANDLES, "Handles"),
+        (ARM_ALLOCATOR, "ArmAllocator"),
     ];
 }
 

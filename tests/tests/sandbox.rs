@@ -19,7 +19,7 @@ use wakuwaku::runtime::component_file::MAX_COMPONENT_FUNCTIONS;
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::hostile::{hostile_module, tag};
+use wakuwaku_tests::hostile::{ALLOC_TRIGGER, hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
 
 const SPIN: EventTypeTag = EventTypeTag::new(1);
@@ -209,6 +209,61 @@ fn components_that_import_more_than_the_contract_are_refused_by_name() {
             assert_eq!(imports, ["evil:net/socket"]);
         }
         other => panic!("expected forbidden imports, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn wasi_interfaces_and_versions_the_host_does_not_link_are_refused_by_name() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    // What the host links (any 0.2 patch version) passes; the rest is named.
+    let granted = ["wasi:cli/environment@0.2.0", "wasi:sockets/tcp@0.2.3", "wasi:io/streams@0.2.99"];
+    let refused = [
+        "wasi:http/outgoing-handler@0.2.0",
+        "wasi:clocks/timezone@0.2.12",
+        "wasi:cli/environment@0.3.0",
+        "wasi:cli/stdout",
+        "wasi:io/streams@0.2.0-rc-2023-11-10",
+    ];
+    let imports: String =
+        granted.iter().chain(&refused).map(|name| format!(r#"(import "{name}" (instance))"#)).collect();
+    let hostile = wat::parse_str(format!("(component {imports})")).unwrap();
+    match sandbox.load("hostile", &hostile) {
+        Err(error @ LoadError::ForbiddenImports { .. }) => {
+            let LoadError::ForbiddenImports { module, imports } = &error else { unreachable!() };
+            assert_eq!(module, "hostile");
+            assert_eq!(imports, &refused);
+            let message = error.to_string();
+            assert!(message.contains("wasi:http/outgoing-handler@0.2.0, wasi:clocks/timezone@0.2.12"), "{message}");
+            assert!(message.contains("wasi:*@0.2.x"), "{message}");
+        }
+        other => panic!("expected forbidden imports, got {:?}", other.err()),
+    }
+    // Only granted names: linking goes on to the exports.
+    let imports: String = granted.iter().map(|name| format!(r#"(import "{name}" (instance))"#)).collect();
+    let granted_only = wat::parse_str(format!("(component {imports})")).unwrap();
+    assert!(matches!(sandbox.load("granted", &granted_only), Err(LoadError::NotAHandler { .. })));
+}
+
+#[test]
+fn a_granted_interface_with_a_function_the_host_lacks_is_refused_as_an_import_mismatch() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let forged = wat::parse_str(
+        r#"(component
+            (import "wasi:cli/environment@0.2.0" (instance
+                (export "get-arguments" (func (result (list string))))
+                (export "get-host-secrets" (func (result (list string))))
+            ))
+        )"#,
+    )
+    .unwrap();
+    match sandbox.load("forged", &forged) {
+        Err(error @ LoadError::ImportMismatch { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("wasi:cli/environment@0.2.0"), "{message}");
+            assert!(message.contains("get-host-secrets"), "{message}");
+            assert!(!message.contains("does not export"), "{message}");
+        }
+        other => panic!("expected an import mismatch, got {:?}", other.err()),
     }
 }
 
@@ -611,4 +666,48 @@ fn the_host_keeps_at_most_max_wasi_resources_of_an_instance() {
         assert_trap(open(MAX_WASI_RESOURCES, false), "wasi-resources");
         open(MAX_WASI_RESOURCES / 4, false).unwrap();
     }
+}
+
+/// The host places a call's key and bodies in the module's memory through
+/// the module's own allocator (`cabi_realloc`), and frees what a call
+/// returned through its post-return function: both are the module's code.
+/// An allocator that traps, spins, answers a pointer out of bounds or off
+/// its alignment, or grows memory past the limit, and a post-return that
+/// traps, each fail that call as a trap (retryable), within the CPU budget
+/// (armed before the arguments are lowered), and the next call runs on a
+/// fresh instance.
+#[test]
+fn a_hostile_allocator_or_post_return_fails_the_call_as_a_trap_and_the_next_call_runs() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let module = hostile_module(&sandbox);
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    let arm = |mode: &str| body(json!({ "key": 1, "mode": mode }));
+    let one_body = vec![vec![b' '; ALLOC_TRIGGER]];
+    let many_bodies = vec![b"{}".to_vec(); ALLOC_TRIGGER / 8];
+    let attacks: [(&str, &Vec<Vec<u8>>, &str); 5] = [
+        ("trap", &one_body, "unreachable"),
+        ("loop", &one_body, "CPU budget"),
+        ("out-of-bounds", &one_body, "realloc return: beyond end of memory"),
+        ("misaligned", &many_bodies, "realloc return: result not aligned"),
+        ("grow", &one_body, "growing memory"),
+    ];
+    for (mode, bodies, expected) in attacks {
+        instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm(mode)).unwrap();
+        let started = Instant::now();
+        assert_trap(instance.handle(&mut scope, tag::BEHAVE, bodies), expected);
+        assert!(started.elapsed() < Duration::from_secs(5), "{mode}: took {:?}", started.elapsed());
+        instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
+    }
+    // `combine` lowers its bodies the same way.
+    instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("trap")).unwrap();
+    match instance.combine(tag::HUGE_COMBINE, &one_body) {
+        Err(CallError::Trap { reason }) => assert!(reason.contains("unreachable"), "{reason}"),
+        other => panic!("expected a trap, got {:?}", other.map(|body| body.len())),
+    }
+    // The post-return function runs after the result was read: its trap
+    // fails the call all the same.
+    assert_trap(instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("post-return")), "unreachable");
+    instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
 }

@@ -3,12 +3,18 @@
 //! imports it may have.
 //!
 //! Each entry names the imports it serves (one interface of the contract,
-//! at the contract's version, or the WASI package) and how it is linked
-//! (the interface's generated `add_to_linker`). A component whose imports
-//! are not all served by some entry is refused, with every import that is
-//! not listed; one that imports or exports the contract at another version
-//! is refused naming both versions. The contract's version is read from
-//! `wit/handler.wit` ([`super::CONTRACT`]), so no version is written here.
+//! at the contract's version, or the WASI 0.2 interfaces the WASI linker
+//! defines) and how it is linked (the interface's generated
+//! `add_to_linker`). A component whose imports are not all served by some
+//! entry is refused, with every import that is not listed: another
+//! package, a WASI interface the host does not link (`wasi:http/…`,
+//! `wasi:clocks/timezone`, …) or a WASI version it does not link
+//! (`…@0.3.0`, an unversioned name, a pre-release). One that imports or
+//! exports the contract at another version is refused naming both
+//! versions. The contract's version is read from `wit/handler.wit`
+//! ([`super::CONTRACT`]), so no version is written here; the WASI list is
+//! checked against the linker by a test, so a wasmtime-wasi upgrade that
+//! changes what it links fails there.
 
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -28,9 +34,45 @@ struct Capability {
 enum Imports {
     /// One interface of the contract, at the contract's version.
     Contract(&'static str),
-    /// Every import whose name starts with this.
-    Prefix(&'static str),
+    /// WASI 0.2: these interfaces (`wasi:cli/environment`), at any
+    /// `0.2.<patch>` version (the linker resolves every 0.2 patch version
+    /// to the one it links).
+    Wasi(&'static [&'static str]),
 }
+
+/// The WASI 0.2 interfaces [`wasi::link`] links (wasmtime-wasi's
+/// `add_to_linker_sync`: the command world without `run` and the unstable
+/// `timezone`). Sockets are linked so that components built with a socket-
+/// capable libc (CPython) load, but the context denies every socket.
+const WASI_INTERFACES: [&str; 27] = [
+    "cli/environment",
+    "cli/exit",
+    "cli/stdin",
+    "cli/stdout",
+    "cli/stderr",
+    "cli/terminal-input",
+    "cli/terminal-output",
+    "cli/terminal-stdin",
+    "cli/terminal-stdout",
+    "cli/terminal-stderr",
+    "clocks/monotonic-clock",
+    "clocks/wall-clock",
+    "filesystem/types",
+    "filesystem/preopens",
+    "io/error",
+    "io/poll",
+    "io/streams",
+    "random/random",
+    "random/insecure",
+    "random/insecure-seed",
+    "sockets/network",
+    "sockets/instance-network",
+    "sockets/udp",
+    "sockets/udp-create-socket",
+    "sockets/tcp",
+    "sockets/tcp-create-socket",
+    "sockets/ip-name-lookup",
+];
 
 /// Everything a module is granted. The contract's `types` interface holds
 /// only types, but a component that uses them imports it, so it is linked.
@@ -39,7 +81,7 @@ const CAPABILITIES: [Capability; 5] = [
     Capability { serves: Imports::Contract("state"), link: state::link },
     Capability { serves: Imports::Contract("emit"), link: emit::link },
     Capability { serves: Imports::Contract("log"), link: log::link },
-    Capability { serves: Imports::Prefix("wasi:"), link: wasi::link },
+    Capability { serves: Imports::Wasi(&WASI_INTERFACES), link: wasi::link },
 ];
 
 fn link_types(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
@@ -65,14 +107,23 @@ impl Imports {
     fn serves(&self, import: &str) -> bool {
         match self {
             Self::Contract(name) => import == interface(name),
-            Self::Prefix(prefix) => import.starts_with(prefix),
+            Self::Wasi(interfaces) => {
+                let Some((interface, version)) = import.strip_prefix("wasi:").and_then(|name| name.split_once('@'))
+                else {
+                    return false;
+                };
+                let patch = version.strip_prefix("0.2.").unwrap_or_default();
+                interfaces.contains(&interface) && !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit())
+            }
         }
     }
 
     fn describe(&self) -> String {
         match self {
             Self::Contract(name) => interface(name),
-            Self::Prefix(prefix) => format!("{prefix}* (with an empty context)"),
+            Self::Wasi(_) => {
+                "wasi:*@0.2.x of the command world, without `run` and `timezone` (with an empty context)".to_owned()
+            }
         }
     }
 }
@@ -140,6 +191,35 @@ mod tests {
         assert!(!is_granted("wakuwaku:handler/state@0.1.0"));
         assert!(!is_granted("evil:net/socket"));
         assert!(is_granted("wasi:cli/environment@0.2.0"));
+    }
+
+    #[test]
+    fn wasi_is_granted_by_interface_and_version() {
+        for interface in WASI_INTERFACES {
+            for version in ["0.2.0", "0.2.3", "0.2.12", "0.2.99"] {
+                assert!(is_granted(&format!("wasi:{interface}@{version}")), "{interface}@{version}");
+            }
+        }
+        let refused = [
+            "wasi:http/outgoing-handler@0.2.0",
+            "wasi:http/types@0.2.12",
+            "wasi:clocks/timezone@0.2.12",
+            "wasi:cli/run@0.2.0",
+            "wasi:keyvalue/store@0.2.0-draft",
+            "wasi:cli/environment",
+            "wasi:cli/environment@0.3.0",
+            "wasi:cli/environment@0.1.0",
+            "wasi:cli/environment@1.0.0",
+            "wasi:cli/environment@0.2.",
+            "wasi:cli/environment@0.2.0-rc-2023-11-10",
+            "wasi:cli/environment@0.2.0+build",
+            "wasi:sockets/tcp@0.3.0-rc-2025-09-16",
+            "wasi:cli/environment/extra@0.2.0",
+            "wasix:cli/environment@0.2.0",
+        ];
+        for name in refused {
+            assert!(!is_granted(name), "{name}");
+        }
     }
 
     #[test]

@@ -11,9 +11,11 @@
 //!   arguments, no network, a frozen clock, stderr kept as a bounded tail,
 //!   random bytes and live WASI resources bounded).
 //!   One table ([`capabilities`]) links them and decides at load which
-//!   imports a component may have: anything else is refused, and the error
-//!   lists the imports. A component built for another version of the
-//!   contract is refused with both versions named.
+//!   imports a component may have: anything else (a WASI interface or
+//!   version the linker lacks included) is refused, and the error lists
+//!   the imports; a granted name imported with functions the host lacks is
+//!   refused as an import mismatch. A component built for another version
+//!   of the contract is refused with both versions named.
 //! - **Every value crossing the boundary is checked.** What a module hands
 //!   an import is checked at the call (the rules of
 //!   [`wakuwaku_core::limits`], applied by the [`KeyScope`] of the call);
@@ -193,6 +195,16 @@ pub enum LoadError {
         /// The imports that are not granted.
         imports: Vec<String>,
     },
+    /// The component imports a granted interface, but with functions or
+    /// types the host does not provide under that name (a WASI 0.2 patch
+    /// version newer than the host's, or a forged interface).
+    #[error("module `{module}` imports a granted interface in a form the host does not provide: {reason}")]
+    ImportMismatch {
+        /// The module's name.
+        module: String,
+        /// What the linker said (the import and what it lacks).
+        reason: String,
+    },
     /// The component does not export the contract's handler interface.
     #[error("module `{module}` does not export `{CONTRACT}` (is it built with the wakuwaku-guest SDK?): {reason}")]
     NotAHandler {
@@ -316,6 +328,12 @@ impl Sandbox {
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;
         let (component, from_cache) = cache::compile(self, name, bytes)?;
         capabilities::check_imports(&self.shared.engine, name, &component)?;
+        // Linking checks imports before exports: a mismatch found here is
+        // an import's, not a missing handler export.
+        self.shared
+            .linker
+            .substituted_component_type(&component)
+            .map_err(|e| LoadError::ImportMismatch { module: name.to_owned(), reason: format!("{e:#}") })?;
         let pre = self
             .shared
             .linker

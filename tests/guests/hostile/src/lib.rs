@@ -24,7 +24,9 @@
 //!
 //! It declares one emit topic, [`OUT`], which must exist when it loads.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::Deserialize;
 
@@ -76,6 +78,7 @@ const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
     (224, "Exit", Algebra::NonAssociative, 1),
     (225, "Random", Algebra::NonAssociative, 1),
     (226, "Handles", Algebra::NonAssociative, 1),
+    (227, "ArmAllocator", Algebra::NonAssociative, 1),
 ];
 
 /// What an event asks for. Every field is optional but `key`.
@@ -337,6 +340,85 @@ fn printable(mut index: u64) -> [u8; 8] {
         index /= 64;
     }
     out
+}
+
+/// The size of the allocation the armed allocator misbehaves on: the
+/// host asks `cabi_realloc` for exactly this many bytes to lower a body of
+/// this size (align 1), or the list of 1001 bodies (8 bytes each, align 4).
+pub const ALLOC_TRIGGER: usize = 8008;
+
+/// What the armed allocator does (0: nothing, it is not armed).
+static ARMED: AtomicU32 = AtomicU32::new(0);
+
+/// The ways [`HostileAlloc`] misbehaves, by the `mode` of `ArmAllocator`.
+const ALLOC_MODES: [&str; 6] = ["trap", "loop", "out-of-bounds", "misaligned", "grow", "post-return"];
+
+/// The allocator behind `cabi_realloc` (wit-bindgen's `cabi_realloc`
+/// calls the global allocator), which the host calls to place a call's
+/// key and bodies in this module's memory. Armed by `ArmAllocator`, it
+/// misbehaves once, on the next allocation of [`ALLOC_TRIGGER`] bytes:
+/// `trap` traps, `loop` spins forever, `out-of-bounds` answers a pointer
+/// past the end of memory, `misaligned` one off the alignment asked for,
+/// `grow` grows memory by 4 GiB first; `post-return` traps when such a
+/// block is freed (by the post-return function, after the host read the
+/// call's result). Otherwise it is the system allocator.
+struct HostileAlloc;
+
+#[global_allocator]
+static ALLOCATOR: HostileAlloc = HostileAlloc;
+
+impl HostileAlloc {
+    /// The armed mode, disarmed, when `layout` is the trigger.
+    fn fire(layout: Layout, modes: &[&str]) -> Option<&'static str> {
+        if layout.size() != ALLOC_TRIGGER {
+            return None;
+        }
+        let armed = ARMED.load(Ordering::Relaxed) as usize;
+        let mode = *ALLOC_MODES.get(armed.checked_sub(1)?)?;
+        modes.contains(&mode).then(|| {
+            ARMED.store(0, Ordering::Relaxed);
+            mode
+        })
+    }
+}
+
+// SAFETY: every mode either never returns, returns memory from `System`
+// as `System` would, or returns a pointer that is wrong on purpose (the
+// attack) to the host, which is the only caller of an allocation of
+// exactly `ALLOC_TRIGGER` bytes once armed; this module never uses it.
+unsafe impl GlobalAlloc for HostileAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match Self::fire(layout, &ALLOC_MODES[..5]) {
+            Some("trap") => core::arch::wasm32::unreachable(),
+            Some("loop") => loop {
+                std::hint::black_box(&layout);
+            },
+            Some("out-of-bounds") => (core::arch::wasm32::memory_size::<0>() * 65536 - 16) as *mut u8,
+            Some("misaligned") => {
+                // SAFETY: a valid layout, bigger than the one asked for.
+                let block = unsafe { System.alloc(Layout::from_size_align_unchecked(layout.size() + 8, 8)) };
+                block.wrapping_add(1)
+            }
+            Some(_) => {
+                core::arch::wasm32::memory_grow::<0>(65536);
+                // SAFETY: as asked.
+                unsafe { System.alloc(layout) }
+            }
+            // SAFETY: as asked.
+            None => unsafe { System.alloc(layout) },
+        }
+    }
+
+    // `realloc` is the trait's default: `alloc`, copy, `dealloc`, so a
+    // block grown to the trigger size misbehaves too.
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if Self::fire(layout, &["post-return"]).is_some() {
+            core::arch::wasm32::unreachable();
+        }
+        // SAFETY: as asked.
+        unsafe { System.dealloc(ptr, layout) }
+    }
 }
 
 struct Hostile;
@@ -606,6 +688,17 @@ impl Guest for Hostile {
             }
             "Transient" => {
                 return Err(error(ErrorClass::Transient, format!("transient, key {}", params.key)));
+            }
+            "ArmAllocator" => {
+                let Some(index) = ALLOC_MODES.iter().position(|mode| *mode == params.mode) else {
+                    return Err(error(ErrorClass::Unrecoverable, format!("no allocator mode `{}`", params.mode)));
+                };
+                ARMED.store(index as u32 + 1, Ordering::Relaxed);
+                if params.mode == "post-return" {
+                    // The post-return function frees this message.
+                    return Err(error(ErrorClass::Unrecoverable, "m".repeat(ALLOC_TRIGGER)));
+                }
+                return Ok(());
             }
             "BadKeyExport" => {}
             "HugeCombine" => {
