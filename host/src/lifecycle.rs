@@ -258,9 +258,15 @@ impl Library {
         }
     }
 
-    fn save(&self, recorded: &Recorded) -> Result<(), LifecycleError> {
+    /// Saves `recorded`, then deletes the `forgotten` kept copies: a copy
+    /// goes only once no saved record names it.
+    fn save(&self, recorded: &Recorded, forgotten: Vec<PathBuf>) -> Result<(), LifecycleError> {
         let bytes = serde_json::to_vec(recorded).map_err(|e| LifecycleError::Corrupt(e.to_string()))?;
-        Ok(self.store.set_meta(META, &bytes)?)
+        self.store.set_meta(META, &bytes)?;
+        for path in forgotten {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(())
     }
 
     /// Module loads that succeeded and failed since start-up.
@@ -303,9 +309,16 @@ impl Library {
         self.load(name, &bytes)
     }
 
-    /// Keeps `bytes` as `version` of `name` and makes it active; versions
-    /// past [`KEPT_VERSIONS`] are forgotten and their copies deleted.
-    fn activate(&self, recorded: &mut Recorded, name: &str, version: &str, bytes: &[u8]) -> Result<(), LifecycleError> {
+    /// Keeps `bytes` as `version` of `name` and makes it active in
+    /// `recorded`; versions past [`KEPT_VERSIONS`] are forgotten: returns
+    /// their copies, for [`Library::save`] to delete.
+    fn activate(
+        &self,
+        recorded: &mut Recorded,
+        name: &str,
+        version: &str,
+        bytes: &[u8],
+    ) -> Result<Vec<PathBuf>, LifecycleError> {
         let path = self.kept_path(name, version);
         if !path.exists() {
             let dir = path.parent().expect("a kept path has a parent");
@@ -334,10 +347,8 @@ impl Library {
         let kept = recorded.kept.entry(name.to_owned()).or_default();
         kept.retain(|v| v != version);
         kept.insert(0, version.to_owned());
-        for forgotten in kept.split_off(KEPT_VERSIONS.min(kept.len())) {
-            let _ = std::fs::remove_file(self.kept_path(name, &forgotten));
-        }
-        Ok(())
+        let forgotten = kept.split_off(KEPT_VERSIONS.min(kept.len()));
+        Ok(forgotten.iter().map(|version| self.kept_path(name, version)).collect())
     }
 
     /// The modules to run at start-up: the recorded versions, from their
@@ -352,6 +363,7 @@ impl Library {
         }
         let mut modules = Vec::new();
         let mut differences = Vec::new();
+        let mut forgotten = Vec::new();
         for (name, bytes) in &files {
             let version = content_version(bytes);
             match recorded.active.get(name).cloned() {
@@ -361,7 +373,7 @@ impl Library {
                 }
                 running => {
                     modules.push(self.load(name, bytes)?);
-                    self.activate(&mut recorded, name, &version, bytes)?;
+                    forgotten.extend(self.activate(&mut recorded, name, &version, bytes)?);
                     if let Some(from) = running.filter(|r| *r != version) {
                         differences.push(Difference::Adopted { module: name.clone(), from: Some(from), to: version });
                     }
@@ -383,7 +395,7 @@ impl Library {
                 differences.push(Difference::Missing { module: name, running });
             }
         }
-        self.save(&recorded)?;
+        self.save(&recorded, forgotten)?;
         Ok((modules, differences))
     }
 
@@ -420,7 +432,7 @@ impl Library {
         self.load_kept(module, &target)?;
         // Keep the rolled-back-from version, so rolling forward is possible.
         recorded.active.insert(module.to_owned(), target.clone());
-        self.save(&recorded)?;
+        self.save(&recorded, Vec::new())?;
         Ok((active, target))
     }
 
@@ -428,6 +440,11 @@ impl Library {
     /// or changed file is loaded and swapped in on its own (a file that
     /// fails leaves its module as it was), every removed file takes its
     /// module out. Returns the modules that changed.
+    ///
+    /// Each change is recorded before the projection runs it, so the record
+    /// is never behind what runs: whoever sees a new module set sees its
+    /// versions recorded, and a restart never runs versions older than the
+    /// ones that ran.
     pub fn reload(&self, projection: &Projection, module_dir: &Path) -> Result<Vec<String>, LifecycleError> {
         let files = scan(module_dir)?;
         let mut recorded = self.recorded()?;
@@ -441,14 +458,19 @@ impl Library {
             let attempt = self.load(name, bytes).and_then(|module| {
                 let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
                 next.push(module);
-                Ok(projection.replace_modules(next)?)
+                projection.replace_modules_recorded(next, || {
+                    let mut activated = recorded.clone();
+                    let forgotten = self.activate(&mut activated, name, &version, bytes)?;
+                    self.save(&activated, forgotten)?;
+                    recorded = activated;
+                    Ok(())
+                })
             });
             let status =
                 ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
             self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), status);
             match attempt {
                 Ok(()) => {
-                    self.activate(&mut recorded, name, &version, bytes)?;
                     tracing::info!(projection = self.projection, module = name, version, "module swapped in");
                     changed.push(name.clone());
                 }
@@ -463,18 +485,17 @@ impl Library {
         let current = projection.modules();
         if current.iter().any(|m| !files.contains_key(m.name())) {
             let (kept, removed): (Vec<_>, Vec<_>) = current.into_iter().partition(|m| files.contains_key(m.name()));
-            projection.replace_modules(kept)?;
+            recorded.active.retain(|name, _| !removed.iter().any(|m| m.name() == name));
+            projection.replace_modules_recorded(kept, || self.save(&recorded, Vec::new()))?;
             for module in removed {
                 tracing::info!(
                     projection = self.projection,
                     module = module.name(),
                     "module file removed; its event types are no longer handled"
                 );
-                recorded.active.remove(module.name());
                 changed.push(module.name().to_owned());
             }
         }
-        self.save(&recorded)?;
         Ok(changed)
     }
 }

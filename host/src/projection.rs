@@ -182,7 +182,22 @@ impl Projection {
     /// pay for instances: modules that stay keep their pooled instances,
     /// and new modules get one instance per core made here.
     pub fn replace_modules(&self, modules: Vec<Arc<dyn HandlerModule>>) -> Result<(), ProjectionError> {
+        self.replace_modules_recorded(modules, || Ok::<_, ProjectionError>(()))
+    }
+
+    /// Like [`Projection::replace_modules`], but calls `record` once the
+    /// new set is checked and before it is put in place; if `record` fails,
+    /// nothing changes. What `record` saves (the recorded versions) is thus
+    /// never behind what runs: anyone who sees the new set also sees it
+    /// recorded, and a crash in between restarts with the new set, which
+    /// no batch has used yet.
+    pub fn replace_modules_recorded<E: From<ProjectionError>>(
+        &self,
+        modules: Vec<Arc<dyn HandlerModule>>,
+        record: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         let set = ModuleSet::new(&self.name, modules)?;
+        record()?;
         let old = self.current();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         for (index, module) in set.modules.iter().enumerate() {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -338,22 +338,28 @@ async fn a_poisoned_key_delays_no_other_key() {
 async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let setup = Setup::new(1).await;
     setup.publish(&[event(1, STEP, Relaxed, 1, &["retryable"]), event(2, STEP, Relaxed, 2, &[])]).await;
-    let retry = RetryPolicy { delays: vec![Duration::from_millis(1500)], ..eager(5) };
-    {
+    // Long enough that the restart below comes before it on a busy CI
+    // machine (the delay runs from the failure, inside the first run).
+    let delay = Duration::from_secs(5);
+    let retry = RetryPolicy { delays: vec![delay], ..eager(5) };
+    let started = Instant::now();
+    let failed_by = {
         let (summary, _) = catch_up(&setup.log, setup.settings(100, retry.clone())).await.unwrap();
         assert_eq!((summary.applied, summary.retry_in), (1, 1));
-    }
+        Instant::now()
+    };
     // Restart, with a later event of key 1 published meanwhile: it is
     // diverted behind the waiting one, which is not due yet.
     setup.publish(&[event(1, OTHER, Relaxed, 3, &[])]).await;
     let (summary, projection) = catch_up(&setup.log, setup.settings(100, retry.clone())).await.unwrap();
+    assert!(started.elapsed() < delay, "the restart came after the delay ({:?}): nothing checked", started.elapsed());
     assert_eq!((summary.applied, summary.retry_in), (0, 1), "the key was not known to be in retry");
     assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), Vec::<u64>::new());
     drop(projection);
 
     // Once the delay (measured from the failure) has passed, both are
     // applied, in order, after another restart.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    tokio::time::sleep_until((failed_by + delay + Duration::from_millis(100)).into()).await;
     let (summary, projection) = catch_up(&setup.log, setup.settings(100, retry)).await.unwrap();
     assert_eq!((summary.applied, summary.retry_out), (2, 2));
     assert_eq!(Flaky::applied(projection.store(), &Key::int(1u64)), [1, 3]);

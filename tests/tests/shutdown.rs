@@ -41,15 +41,24 @@ async fn follow_returns_promptly_when_shutdown_resolves_on_idle_partitions() {
     let host = Host::start_on(log, HostSettings { until_caught_up: false, ..settings }).await.unwrap();
     let projection = host.projection().clone();
 
-    // Everything is consumed long before the shutdown; the partitions then
+    // The shutdown comes once everything is committed: the partitions then
     // idle with a poll interval far longer than the test may take.
-    let shutdown = tokio::time::sleep(Duration::from_millis(500));
-    let started = Instant::now();
-    let summary = tokio::time::timeout(Duration::from_secs(10), host.stop_when(shutdown))
+    let shutdown_at = std::cell::Cell::new(None);
+    let shutdown = async {
+        let store = projection.store();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while store.position("probes", 0).unwrap() != Some(2) || store.position("probes", 2).unwrap() != Some(1) {
+            assert!(Instant::now() < deadline, "the host never consumed the three notes");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown_at.set(Some(Instant::now()));
+    };
+    let summary = tokio::time::timeout(Duration::from_secs(90), host.stop_when(shutdown))
         .await
         .expect("follow did not return after the shutdown")
         .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5), "follow took {:?}", started.elapsed());
+    let took = shutdown_at.get().expect("stopped by the shutdown").elapsed();
+    assert!(took < Duration::from_secs(5), "follow took {took:?} after the shutdown");
     assert_eq!(summary.applied, 3);
     assert_eq!(projection.store().counters().unwrap(), [("notes".to_owned(), 3)]);
     assert_eq!(projection.store().position("probes", 0).unwrap(), Some(2));
