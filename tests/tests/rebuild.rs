@@ -103,7 +103,7 @@ async fn caught_up_now(host: &RunningHost<EmbeddedLog>) {
 /// Waits until the host's rebuild reaches `phase`.
 async fn rebuild_phase(host: &RunningHost<EmbeddedLog>, phase: &str) {
     let started = Instant::now();
-    while !host.rebuild().is_some_and(|status| status.phase == phase) {
+    while host.rebuild().is_none_or(|status| status.phase != phase) {
         assert!(started.elapsed() < PATIENCE, "the rebuild never reached `{phase}`: {:?}", host.rebuild());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -24,6 +24,7 @@
 //!
 //! It declares one emit topic, [`OUT`], which must exist when it loads.
 
+#[cfg(target_arch = "wasm32")]
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -361,12 +362,17 @@ const ALLOC_MODES: [&str; 6] = ["trap", "loop", "out-of-bounds", "misaligned", "
 /// past the end of memory, `misaligned` one off the alignment asked for,
 /// `grow` grows memory by 4 GiB first; `post-return` traps when such a
 /// block is freed (by the post-return function, after the host read the
-/// call's result). Otherwise it is the system allocator.
+/// call's result). Otherwise it is the system allocator. Only in the
+/// component: a native build of this crate (clippy, tests) keeps the
+/// system allocator.
+#[cfg(target_arch = "wasm32")]
 struct HostileAlloc;
 
+#[cfg(target_arch = "wasm32")]
 #[global_allocator]
 static ALLOCATOR: HostileAlloc = HostileAlloc;
 
+#[cfg(target_arch = "wasm32")]
 impl HostileAlloc {
     /// The armed mode, disarmed, when `layout` is the trigger.
     fn fire(layout: Layout, modes: &[&str]) -> Option<&'static str> {
@@ -386,6 +392,7 @@ impl HostileAlloc {
 // as `System` would, or returns a pointer that is wrong on purpose (the
 // attack) to the host, which is the only caller of an allocation of
 // exactly `ALLOC_TRIGGER` bytes once armed; this module never uses it.
+#[cfg(target_arch = "wasm32")]
 unsafe impl GlobalAlloc for HostileAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match Self::fire(layout, &ALLOC_MODES[..5]) {
