@@ -59,8 +59,8 @@ struct Entry {
 
 impl PolledBatch {
     /// How many bytes of stored records a batch takes before it is full:
-    /// 32 MiB, far above what a batch of ordinary events holds (the demo's
-    /// 16 384 events are 1.3 MiB).
+    /// 32 MiB, far above what a batch of ordinary events holds (a default
+    /// batch of 65 536 of the demo's events is about 5 MiB).
     pub const BYTE_BUDGET: usize = 32 << 20;
 
     /// An empty batch with the default [`BYTE_BUDGET`](Self::BYTE_BUDGET).
