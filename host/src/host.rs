@@ -439,13 +439,14 @@ impl Host {
             let _ = stopped.await;
         };
         let until_caught_up = settings.until_caught_up;
-        let conductor = match (rebuilds, &rebuild_watch) {
-            (Some((switching, module_dir)), Some(watch)) => Some(Conductor {
+        let conductor = match (rebuilds, &rebuild_watch, &loaded.library) {
+            (Some((switching, module_dir)), Some(watch), Some(library)) => Some(Conductor {
                 log: log.clone(),
                 live: consumer.clone(),
                 projection: projection.clone(),
                 switching,
                 module_dir,
+                library: library.clone(),
                 data: settings.data.clone(),
                 sandbox: sandbox.clone(),
                 config: settings.consumer.clone(),

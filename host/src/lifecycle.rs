@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::handler::HandlerModule;
 use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
-use crate::projection::{Projection, ProjectionError};
+use crate::projection::{ModuleSwap, Projection, ProjectionError};
 use crate::runtime::component_file::check_module_dir_size;
 use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
@@ -214,6 +214,10 @@ pub struct Library {
     sandbox: Sandbox,
     /// The last reload attempt per module file.
     reloads: Mutex<BTreeMap<String, ReloadStatus>>,
+    /// The module directory's versions as last taken in (by name): a reload
+    /// applies what changed since. Locked only inside the projection's swap
+    /// lock, or alone.
+    seen: Mutex<BTreeMap<String, String>>,
     loads_ok: AtomicU64,
     loads_failed: AtomicU64,
     metrics: Option<Arc<Metrics>>,
@@ -230,6 +234,7 @@ impl Library {
             store,
             sandbox,
             reloads: Mutex::default(),
+            seen: Mutex::default(),
             loads_ok: AtomicU64::new(0),
             loads_failed: AtomicU64::new(0),
             metrics: None,
@@ -396,6 +401,8 @@ impl Library {
             }
         }
         self.save(&recorded, forgotten)?;
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) =
+            files.iter().map(|(name, bytes)| (name.clone(), content_version(bytes))).collect();
         Ok((modules, differences))
     }
 
@@ -436,41 +443,96 @@ impl Library {
         Ok((active, target))
     }
 
-    /// Brings the projection in line with the module directory: every new
-    /// or changed file is loaded and swapped in on its own (a file that
-    /// fails leaves its module as it was), every removed file takes its
-    /// module out. Returns the modules that changed.
+    /// Applies the module directory's changes since the library last
+    /// looked at it (at start-up, at the last reload, or when the set was
+    /// last replaced as a whole, [`Library::replaced`]) on top of the
+    /// modules the projection runs: every new or changed file is loaded and
+    /// swapped in on its own (a file that fails leaves its module as it
+    /// was, and is tried again at the next reload), every removed file
+    /// takes its module out. Returns the modules that changed.
     ///
     /// Each change is recorded before the projection runs it, so the record
     /// is never behind what runs: whoever sees a new module set sees its
     /// versions recorded, and a restart never runs versions older than the
     /// ones that ran.
+    ///
+    /// Files are compiled without holding the projection's swap lock; if
+    /// the set was replaced as a whole meanwhile (a rebuild's promotion or
+    /// rollback), nothing prepared before is swapped in: the directory is
+    /// looked at again against the baseline that replacement left.
     pub fn reload(&self, projection: &Projection, module_dir: &Path) -> Result<Vec<String>, LifecycleError> {
-        let files = scan(module_dir)?;
-        let mut recorded = self.recorded()?;
         let mut changed = Vec::new();
+        for _ in 0..RELOAD_ATTEMPTS {
+            if self.reload_once(projection, module_dir, &mut changed)? == Reloaded::Done {
+                return Ok(changed);
+            }
+            tracing::info!(
+                projection = self.projection,
+                "the modules were replaced as a whole while a reload was prepared (a rebuild's promotion or \
+                 rollback); looking at the module directory again"
+            );
+        }
+        tracing::warn!(
+            projection = self.projection,
+            "the modules kept being replaced while reloads were prepared; the directory is looked at again when \
+             it next changes"
+        );
+        Ok(changed)
+    }
+
+    /// One pass of [`Library::reload`]: stops as soon as a swap finds the
+    /// set replaced by someone else since the pass began.
+    fn reload_once(
+        &self,
+        projection: &Projection,
+        module_dir: &Path,
+        changed: &mut Vec<String>,
+    ) -> Result<Reloaded, LifecycleError> {
+        let (mut prepared, seen) = {
+            let swap = projection.swap_modules();
+            (swap.generation(), self.seen())
+        };
+        let files = scan(module_dir)?;
         for (name, bytes) in &files {
             let version = content_version(bytes);
-            let current = projection.modules();
-            if current.iter().any(|m| m.name() == name && m.version() == version) {
+            if seen.get(name) == Some(&version) {
                 continue;
             }
-            let attempt = self.load(name, bytes).and_then(|module| {
-                let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
-                next.push(module);
-                projection.replace_modules_recorded(next, || {
-                    let mut activated = recorded.clone();
-                    let forgotten = self.activate(&mut activated, name, &version, bytes)?;
-                    self.save(&activated, forgotten)?;
-                    recorded = activated;
-                    Ok(())
-                })
-            });
+            let running =
+                |modules: &[Arc<dyn HandlerModule>]| modules.iter().any(|m| m.name() == name && m.version() == version);
+            // Compiling takes a while: done before the swap lock is taken.
+            let loaded = (!running(&projection.modules())).then(|| self.load(name, bytes));
+            let mut swap = projection.swap_modules();
+            if swap.generation() != prepared {
+                return Ok(Reloaded::Superseded);
+            }
+            let current = swap.modules();
+            let attempt = match loaded {
+                _ if running(&current) => Ok(false),
+                None => Ok(false),
+                Some(Err(error)) => Err(error),
+                Some(Ok(module)) => {
+                    let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
+                    next.push(module);
+                    swap.replace_recorded(next, || {
+                        let mut recorded = self.recorded()?;
+                        let forgotten = self.activate(&mut recorded, name, &version, bytes)?;
+                        self.save(&recorded, forgotten)
+                    })
+                    .map(|()| true)
+                }
+            };
+            prepared = swap.generation();
+            if attempt.is_ok() {
+                self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), version.clone());
+            }
+            drop(swap);
             let status =
                 ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
             self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), status);
             match attempt {
-                Ok(()) => {
+                Ok(false) => {}
+                Ok(true) => {
                     tracing::info!(projection = self.projection, module = name, version, "module swapped in");
                     changed.push(name.clone());
                 }
@@ -482,22 +544,98 @@ impl Library {
                 ),
             }
         }
-        let current = projection.modules();
-        if current.iter().any(|m| !files.contains_key(m.name())) {
-            let (kept, removed): (Vec<_>, Vec<_>) = current.into_iter().partition(|m| files.contains_key(m.name()));
-            recorded.active.retain(|name, _| !removed.iter().any(|m| m.name() == name));
-            projection.replace_modules_recorded(kept, || self.save(&recorded, Vec::new()))?;
-            for module in removed {
-                tracing::info!(
-                    projection = self.projection,
-                    module = module.name(),
-                    "module file removed; its event types are no longer handled"
-                );
-                changed.push(module.name().to_owned());
-            }
+        let gone: Vec<&String> = seen.keys().filter(|name| !files.contains_key(*name)).collect();
+        if gone.is_empty() {
+            return Ok(Reloaded::Done);
         }
-        Ok(changed)
+        let mut swap = projection.swap_modules();
+        if swap.generation() != prepared {
+            return Ok(Reloaded::Superseded);
+        }
+        let (kept, removed): (Vec<_>, Vec<_>) =
+            swap.modules().into_iter().partition(|m| !gone.iter().any(|name| *name == m.name()));
+        if !removed.is_empty() {
+            swap.replace_recorded(kept, || {
+                let mut recorded = self.recorded()?;
+                recorded.active.retain(|name, _| !removed.iter().any(|m| m.name() == name));
+                self.save(&recorded, Vec::new())
+            })?;
+        }
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| !gone.contains(&name));
+        drop(swap);
+        for module in removed {
+            tracing::info!(
+                projection = self.projection,
+                module = module.name(),
+                "module file removed; its event types are no longer handled"
+            );
+            changed.push(module.name().to_owned());
+        }
+        Ok(Reloaded::Done)
     }
+
+    /// Tells the library that the projection's modules were just replaced
+    /// as a whole (a rebuild's promotion or rollback, through `swap`): the
+    /// module directory as it is now becomes what later reloads compare
+    /// against, so only changes made from now on are applied, on top of
+    /// the new set, and a reload prepared before is redone. Returns (and
+    /// logs) how the directory differs from the new set.
+    pub fn replaced(&self, swap: &ModuleSwap<'_>, module_dir: &Path) -> Vec<Difference> {
+        let files = match scan(module_dir) {
+            Ok(files) => files,
+            Err(error) => {
+                // Without the directory, the new set is the baseline: a
+                // later reload applies what differs from it.
+                tracing::warn!(projection = self.projection, "reading the module directory: {error}");
+                let running = swap.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+                *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = running;
+                return Vec::new();
+            }
+        };
+        let seen: BTreeMap<String, String> =
+            files.iter().map(|(name, bytes)| (name.clone(), content_version(bytes))).collect();
+        let differences = differences(&swap.modules(), &seen);
+        for difference in &differences {
+            tracing::info!(projection = self.projection, "the modules were replaced as a whole; {difference}");
+        }
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+        differences
+    }
+
+    /// The module directory's versions as the library last took them in.
+    fn seen(&self) -> BTreeMap<String, String> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// How many times [`Library::reload`] looks at the directory again when the
+/// modules were replaced as a whole while it prepared a swap.
+const RELOAD_ATTEMPTS: usize = 3;
+
+/// How a pass of [`Library::reload`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Reloaded {
+    /// Every change was applied or refused.
+    Done,
+    /// The set was replaced as a whole meanwhile; the rest was not applied.
+    Superseded,
+}
+
+/// How the directory's versions `in_directory` differ from `running`.
+fn differences(running: &[Arc<dyn HandlerModule>], in_directory: &BTreeMap<String, String>) -> Vec<Difference> {
+    running
+        .iter()
+        .filter_map(|module| {
+            let (name, version) = (module.name().to_owned(), module.version().to_owned());
+            match in_directory.get(&name) {
+                None => Some(Difference::Missing { module: name, running: version }),
+                Some(other) if *other != version => {
+                    Some(Difference::Changed { module: name, running: version, in_directory: other.clone() })
+                }
+                Some(_) => None,
+            }
+        })
+        .collect()
 }
 
 /// A check that the topics a module declares it emits to can be written:

@@ -16,9 +16,15 @@
 //!   [`Projection::replace_modules`] puts a new set in place for the batches
 //!   that start after it. The old set, and the instances of modules that
 //!   left it, are dropped when the last batch using them finishes.
+//! - **Replacements happen one at a time.** Every replacement goes through
+//!   [`Projection::swap_modules`], which holds a lock (batches never take
+//!   it) and counts replacements: a swap prepared against one
+//!   [`generation`](Projection::generation) sees whether another came in
+//!   between, so a hot reload never lands on a set a rebuild's promotion
+//!   or rollback put in place after it looked.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rustc_hash::FxHashMap;
 
@@ -67,6 +73,8 @@ pub struct Projection {
     name: String,
     topic: String,
     current: RwLock<Arc<ModuleSet>>,
+    /// The swap lock and the number of replacements so far.
+    swaps: Mutex<u64>,
     store: StateStore,
     routed: RoutedTopics,
 }
@@ -136,7 +144,14 @@ impl Projection {
     ) -> Result<Self, ProjectionError> {
         let set = ModuleSet::new(name, modules)?;
         let routed = RoutedTopics::shared(topic);
-        Ok(Self { name: name.to_owned(), topic: topic.to_owned(), current: RwLock::new(Arc::new(set)), store, routed })
+        Ok(Self {
+            name: name.to_owned(),
+            topic: topic.to_owned(),
+            current: RwLock::new(Arc::new(set)),
+            swaps: Mutex::new(0),
+            store,
+            routed,
+        })
     }
 
     /// Routes its failures to `routed` instead of the topic's shared retry
@@ -175,30 +190,77 @@ impl Projection {
         self.current().route(tag).cloned()
     }
 
+    /// The number of module set replacements so far: a swap prepared
+    /// while it was `n` can tell whether another came in between.
+    pub fn generation(&self) -> u64 {
+        *self.swap_modules().generation
+    }
+
+    /// The one way to replace the module set: holds the projection's swap
+    /// lock until dropped, so replacements (a hot reload, a rebuild's
+    /// promotion or rollback) happen one at a time, each seeing the set the
+    /// one before left. Batches never take this lock: they keep reading
+    /// [`Projection::current`].
+    pub fn swap_modules(&self) -> ModuleSwap<'_> {
+        ModuleSwap { projection: self, generation: self.swaps.lock().unwrap_or_else(|e| e.into_inner()) }
+    }
+
+    /// Replaces the modules for the batches that start after this call,
+    /// checking tags are unique first (on error nothing changes); see
+    /// [`ModuleSwap::replace`].
+    pub fn replace_modules(&self, modules: Vec<Arc<dyn HandlerModule>>) -> Result<(), ProjectionError> {
+        self.swap_modules().replace(modules)
+    }
+
+    /// Its state store.
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+}
+
+/// The right to replace a projection's module set, held until dropped
+/// ([`Projection::swap_modules`]).
+pub struct ModuleSwap<'a> {
+    projection: &'a Projection,
+    generation: MutexGuard<'a, u64>,
+}
+
+impl ModuleSwap<'_> {
+    /// Replacements made so far; each one adds 1.
+    pub fn generation(&self) -> u64 {
+        *self.generation
+    }
+
+    /// The modules now, in load order.
+    pub fn modules(&self) -> Vec<Arc<dyn HandlerModule>> {
+        self.projection.modules()
+    }
+
     /// Replaces the modules for the batches that start after this call,
     /// checking tags are unique first (on error nothing changes).
     ///
     /// Done off the hot path, so the first batches after the swap do not
     /// pay for instances: modules that stay keep their pooled instances,
     /// and new modules get one instance per core made here.
-    pub fn replace_modules(&self, modules: Vec<Arc<dyn HandlerModule>>) -> Result<(), ProjectionError> {
-        self.replace_modules_recorded(modules, || Ok::<_, ProjectionError>(()))
+    pub fn replace(&mut self, modules: Vec<Arc<dyn HandlerModule>>) -> Result<(), ProjectionError> {
+        self.replace_recorded(modules, || Ok::<_, ProjectionError>(()))
     }
 
-    /// Like [`Projection::replace_modules`], but calls `record` once the
-    /// new set is checked and before it is put in place; if `record` fails,
-    /// nothing changes. What `record` saves (the recorded versions) is thus
-    /// never behind what runs: anyone who sees the new set also sees it
+    /// Like [`ModuleSwap::replace`], but calls `record` once the new set is
+    /// checked and before it is put in place; if `record` fails, nothing
+    /// changes. What `record` saves (the recorded versions) is thus never
+    /// behind what runs: anyone who sees the new set also sees it
     /// recorded, and a crash in between restarts with the new set, which
     /// no batch has used yet.
-    pub fn replace_modules_recorded<E: From<ProjectionError>>(
-        &self,
+    pub fn replace_recorded<E: From<ProjectionError>>(
+        &mut self,
         modules: Vec<Arc<dyn HandlerModule>>,
         record: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
-        let set = ModuleSet::new(&self.name, modules)?;
+        let projection = self.projection;
+        let set = ModuleSet::new(&projection.name, modules)?;
         record()?;
-        let old = self.current();
+        let old = projection.current();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         for (index, module) in set.modules.iter().enumerate() {
             let mut pool = set.pools[index].lock().unwrap_or_else(|e| e.into_inner());
@@ -208,13 +270,9 @@ impl Projection {
                 None => pool.extend((0..cores).map_while(|_| module.instantiate().ok())),
             }
         }
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+        *projection.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+        *self.generation += 1;
         Ok(())
-    }
-
-    /// Its state store.
-    pub fn store(&self) -> &StateStore {
-        &self.store
     }
 }
 

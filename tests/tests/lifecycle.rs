@@ -5,15 +5,15 @@
 use std::path::Path;
 
 use sha2::Digest;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::host::{Host, HostSettings, ModuleSource};
-use wakuwaku::lifecycle::{Difference, KEPT_VERSIONS, Library, LifecycleError, Reloader};
+use wakuwaku::lifecycle::{Difference, EmitTopics, KEPT_VERSIONS, Library, LifecycleError, Reloader};
 use wakuwaku::log::EventLog;
 use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::publish;
@@ -275,6 +275,79 @@ async fn a_watched_directory_swaps_new_versions_in_and_refuses_broken_ones() {
     std::fs::remove_file(dirs.modules().join("bank.wasm")).unwrap();
     eventually("the module is gone", || projection.modules().is_empty());
     assert!(library.recorded().unwrap().active.is_empty(), "{:?}", library.recorded());
+}
+
+/// An emit-topic check that holds the first load of one version until the
+/// test releases it: a reload has then compiled that version and not yet
+/// swapped it in.
+struct HoldLoad {
+    version: String,
+    held: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+}
+
+impl EmitTopics for HoldLoad {
+    fn ensure(&self, module: &dyn HandlerModule) -> Result<(), LifecycleError> {
+        if module.version() == self.version
+            && let Some((loaded, release)) = self.held.lock().unwrap().take()
+        {
+            loaded.send(()).unwrap();
+            release.recv_timeout(PATIENCE).expect("the test releases the load");
+        }
+        Ok(())
+    }
+}
+
+/// How long a wait may take on a busy machine.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A reload compiles a new file; before it swaps it in, the set is replaced
+/// as a whole (as a rebuild's promotion does). The reload then neither
+/// swaps in nor records what it prepared: the promoted set runs, a reload
+/// that finds nothing new keeps it, and only a later change of the
+/// directory applies on top of it.
+#[test]
+fn a_reload_prepared_before_the_set_was_replaced_as_a_whole_never_lands_on_it() {
+    let dirs = Dirs::new();
+    let [v0, v1, v2, v3] = [0, 1, 2, 3].map(bank_variant);
+    let [h0, h1, h2, h3] = [&v0, &v1, &v2, &v3].map(|v| content_version(v));
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let (loaded, held) = (mpsc::channel(), mpsc::channel());
+    let hold = HoldLoad { version: h1.clone(), held: Mutex::new(Some((loaded.0, held.1))) };
+    let library = Arc::new(dirs.library().with_emit_topics(Arc::new(hold)));
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+
+    install(&dirs.modules(), "bank.wasm", &v1);
+    let reloading = std::thread::spawn({
+        let (library, projection, modules) = (library.clone(), projection.clone(), dirs.modules());
+        move || library.reload(&projection, &modules)
+    });
+    loaded.1.recv_timeout(PATIENCE).expect("the reload compiled version 1");
+    let promoted_dir = dirs.root.path().join("promoted");
+    std::fs::create_dir(&promoted_dir).unwrap();
+    install(&promoted_dir, "bank.wasm", &v2);
+    let promoted = load_module_file(&sandbox(), &promoted_dir.join("bank.wasm")).unwrap();
+    {
+        let mut swap = projection.swap_modules();
+        swap.replace(vec![promoted]).unwrap();
+        let differences = library.replaced(&swap, &dirs.modules());
+        let expected = Difference::Changed { module: "bank".into(), running: h2.clone(), in_directory: h1.clone() };
+        assert_eq!(differences, [expected]);
+    }
+    held.0.send(()).unwrap();
+    let changed = reloading.join().unwrap().unwrap();
+    assert!(changed.is_empty(), "{changed:?}");
+    assert_eq!(versions(&projection.modules()), [("bank".to_owned(), h2.clone())], "the promotion was undone");
+    assert_eq!(library.recorded().unwrap().active["bank"], h0, "the reload recorded what it did not run");
+
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert_eq!(versions(&projection.modules()), [("bank".to_owned(), h2)], "the directory's older file came back");
+
+    install(&dirs.modules(), "bank.wasm", &v3);
+    assert_eq!(library.reload(&projection, &dirs.modules()).unwrap(), ["bank"]);
+    assert_eq!(versions(&projection.modules()), [("bank".to_owned(), h3.clone())]);
+    assert_eq!(library.recorded().unwrap().active["bank"], h3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -263,6 +263,59 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     host.stop().await.unwrap();
 }
 
+/// With the module directory watched, a promotion replaces the running
+/// set as a whole: a later change in the watched directory applies on top
+/// of the promoted modules, and never brings back the directory's older
+/// files (which still hold the versions before the rebuild).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = module_dirs(dir.path());
+    let data = dir.path().join("data");
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic(TOPIC, 2).await.unwrap();
+    let module = bank_module();
+    let (events, _) = demo::workload(WorkloadSpec { events: 2_000, accounts: 50, seed: 16 });
+    publish_events(&log, &module, &events).await;
+    let source = ModuleSource::Directory { path: old.clone(), adopt: false, watch: true };
+    let mut settings = HostSettings::new(&data, PROJECTION, TOPIC, source);
+    settings.consumer.batch_size = 256;
+    let host = Host::start_on(log.clone(), settings).await.expect("the host starts");
+    caught_up_now(&host).await;
+    let library = host.library().unwrap().clone();
+
+    RebuildPaths::new(&data, PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
+    rebuild_phase(&host, "promoted").await;
+    let promoted = module_version(&host);
+    assert_eq!(promoted, wakuwaku::runtime::content_version(&std::fs::read(bank_fee_wasm()).unwrap()));
+
+    // Something changes in the watched directory (a file that does not
+    // load): the reload it sets off leaves the promoted bank alone.
+    std::fs::write(old.join("marker.wasm"), b"\0asm broken").unwrap();
+    let started = Instant::now();
+    while !library.reloads().contains_key("marker") {
+        assert!(started.elapsed() < PATIENCE, "the watched directory was never reloaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(module_version(&host), promoted, "a reload after the promotion brought the old file back");
+    assert_eq!(library.recorded().unwrap().active["bank"], promoted, "the record names what runs");
+
+    // A new bank written into the watched directory after the promotion
+    // replaces the promoted one, and is recorded.
+    let later = wakuwaku_tests::bank_variant(7);
+    let temporary = old.join(".bank.wasm.tmp");
+    std::fs::write(&temporary, &later).unwrap();
+    std::fs::rename(&temporary, old.join("bank.wasm")).unwrap();
+    let later = wakuwaku::runtime::content_version(&later);
+    let started = Instant::now();
+    while module_version(&host) != later {
+        assert!(started.elapsed() < PATIENCE, "the later change was never applied: {:?}", library.reloads());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(library.recorded().unwrap().active["bank"], later);
+    host.stop().await.unwrap();
+}
+
 /// The records of `topic` tagged with `projection`, in every partition (0
 /// before the host made the topic).
 async fn routed_of(log: &EmbeddedLog, topic: &str, projection: &str) -> usize {

@@ -20,12 +20,12 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::stores::{HELD_BACK, HoldBackEmits, SwitchingStore};
-use super::{Pointer, Promote, RebuildPaths, Request};
+use super::{Pointer, Promote, RebuildError, RebuildPaths, Request};
 use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
 use crate::handler::HandlerModule;
 use crate::lifecycle::{EmitTopics, Library};
 use crate::log::EventLog;
-use crate::projection::Projection;
+use crate::projection::{Projection, ProjectionError};
 use crate::routing::{Routed, RoutedTopics, retry_topic};
 use crate::runtime::Sandbox;
 use crate::state::{BatchCommit, StateStore};
@@ -146,6 +146,8 @@ pub struct Conductor<L> {
     /// The live module directory (a rollback runs the old store's recorded
     /// versions, as a restart would).
     pub module_dir: PathBuf,
+    /// The live projection's library, whose hot reloads watch `module_dir`.
+    pub library: Arc<Library>,
     /// The data directory.
     pub data: PathBuf,
     /// The sandbox modules run in.
@@ -435,16 +437,8 @@ impl<L: EventLog> Conductor<L> {
         let previous = paths.active_store().map_err(|e| ConsumerError::HostFault(e.to_string()))?;
         let pointer =
             Pointer { active: paths.shadow_store(shadow.request.generation), previous: Some(previous), retry_ends };
-        // The live consumer is paused: the modules change in memory first
-        // (and back if the pointer cannot be written), then the one durable
-        // step that decides, then the store.
-        let old_modules = self.projection.modules();
-        self.projection.replace_modules(shadow.modules.clone()).map_err(|e| ConsumerError::HostFault(e.to_string()))?;
-        if let Err(error) = paths.set_pointer(&pointer) {
-            let _ = self.projection.replace_modules(old_modules);
-            return Err(ConsumerError::HostFault(error.to_string()));
-        }
-        drop(self.switching.switch(shadow.store.clone()));
+        self.switch(&paths, shadow.modules.clone(), &pointer, shadow.store.clone())
+            .map_err(|e| ConsumerError::HostFault(e.to_string()))?;
         if let Err(error) = paths.finish() {
             tracing::warn!(projection = self.projection.name(), "{error}");
         }
@@ -489,21 +483,54 @@ impl<L: EventLog> Conductor<L> {
         old.commit(commit).map_err(|e| e.to_string())?;
         // The old store's recorded versions, loaded before anything changes.
         let modules = self.load_modules(&old, self.module_dir.clone(), false).await?;
-        let old_modules = self.projection.modules();
-        self.projection.replace_modules(modules).map_err(|e| e.to_string())?;
         // One step back only: the promoted store stays on disk, not offered.
         let _ = active;
         let pointer = Pointer { active: previous, previous: None, retry_ends: Vec::new() };
-        if let Err(error) = paths.set_pointer(&pointer) {
-            let _ = self.projection.replace_modules(old_modules);
-            return Err(error.to_string());
-        }
-        drop(self.switching.switch(old));
+        self.switch(&paths, modules, &pointer, old).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(paths.rollback_path());
         self.watch.set_phase("rolled back", None, None);
         tracing::info!(projection = self.projection.name(), "rolled back to the previous state");
         Ok(())
     }
+}
+
+impl<L> Conductor<L> {
+    /// Puts `modules` and `store` in place of the live ones, the live
+    /// consumer being paused: the modules change in memory first (and back
+    /// if the pointer cannot be written), then the one durable step that
+    /// decides, then the store. All of it holds the projection's swap lock,
+    /// so a hot reload prepared before cannot land on the new set, nor
+    /// record into the store being left; the live library then compares
+    /// later reloads with the module directory as it is now.
+    fn switch(
+        &self,
+        paths: &RebuildPaths,
+        modules: Vec<Arc<dyn HandlerModule>>,
+        pointer: &Pointer,
+        store: StateStore,
+    ) -> Result<(), SwitchError> {
+        let mut swap = self.projection.swap_modules();
+        let old_modules = swap.modules();
+        swap.replace(modules)?;
+        if let Err(error) = paths.set_pointer(pointer) {
+            let _ = swap.replace(old_modules);
+            return Err(error.into());
+        }
+        drop(self.switching.switch(store));
+        self.library.replaced(&swap, &self.module_dir);
+        Ok(())
+    }
+}
+
+/// Why a promotion or rollback could not switch.
+#[derive(Debug, thiserror::Error)]
+enum SwitchError {
+    /// The new module set is not valid.
+    #[error(transparent)]
+    Modules(#[from] ProjectionError),
+    /// The pointer could not be written.
+    #[error(transparent)]
+    Pointer(#[from] RebuildError),
 }
 
 /// A commit moving a store's positions in `topics` to their end offsets:
