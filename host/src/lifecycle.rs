@@ -6,7 +6,10 @@
 //! - **A version is a content hash** ([`crate::runtime::content_version`]).
 //! - **The active versions are recorded with the projection's state** (its
 //!   `meta` entry `modules`), with the last [`KEPT_VERSIONS`] versions of
-//!   each module, whose bytes are kept under `<data>/modules/<projection>/`.
+//!   each module, whose bytes are kept under `<data>/modules/<projection>/`
+//!   or the directory the record names ([`Recorded::copies`]: a rebuild's
+//!   shadow keeps its own, so one store forgetting a version never deletes
+//!   a copy another store's record names).
 //!   A restart runs the recorded versions from those copies, even if the
 //!   module directory changed while the host was down; the differences are
 //!   reported ([`Difference`]), and `adopt` takes the directory's versions
@@ -141,6 +144,13 @@ pub struct Recorded {
     pub active: BTreeMap<String, String>,
     /// The kept versions of each module, newest first.
     pub kept: BTreeMap<String, Vec<String>>,
+    /// Where the kept copies are, relative to the data directory: each
+    /// store's record keeps its own, so no other store's record (a
+    /// rebuild's shadow, the store before a promotion) can forget, and
+    /// delete, a copy this one names. Absent in records written before it
+    /// was: `modules/<projection>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies: Option<PathBuf>,
 }
 
 /// How the module directory differs from what the projection runs.
@@ -208,8 +218,11 @@ pub struct ReloadStatus {
 /// A projection's module versions: the record, the kept copies, loading.
 pub struct Library {
     projection: String,
-    /// `<data>/modules/<projection>`.
-    dir: PathBuf,
+    /// The data directory.
+    data: PathBuf,
+    /// Where a record that names no copies directory keeps its copies,
+    /// relative to `data`.
+    copies: PathBuf,
     store: StateStore,
     sandbox: Sandbox,
     /// The last reload attempt per module file.
@@ -226,11 +239,13 @@ pub struct Library {
 
 impl Library {
     /// The library of `projection`, keeping copies under
-    /// `<data_dir>/modules/<projection>`.
+    /// `<data_dir>/modules/<projection>` unless its record names another
+    /// directory.
     pub fn new(data_dir: &Path, projection: &str, store: StateStore, sandbox: Sandbox) -> Self {
         Self {
             projection: projection.to_owned(),
-            dir: data_dir.join("modules").join(projection),
+            data: data_dir.to_owned(),
+            copies: Path::new("modules").join(projection),
             store,
             sandbox,
             reloads: Mutex::default(),
@@ -249,6 +264,14 @@ impl Library {
         self
     }
 
+    /// Keeps the copies of a store whose record names no copies directory
+    /// yet (a new rebuild's shadow) under `<data>/<relative>`, apart from
+    /// every other store's.
+    pub fn with_copies_in(mut self, relative: PathBuf) -> Self {
+        self.copies = relative;
+        self
+    }
+
     /// Counts module loads in `metrics` too.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
@@ -257,10 +280,17 @@ impl Library {
 
     /// The recorded versions.
     pub fn recorded(&self) -> Result<Recorded, LifecycleError> {
-        match self.store.meta(META)? {
-            None => Ok(Recorded::default()),
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| LifecycleError::Corrupt(e.to_string())),
+        let mut recorded: Recorded = match self.store.meta(META)? {
+            None => Recorded::default(),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| LifecycleError::Corrupt(e.to_string()))?,
+        };
+        let copies = recorded.copies.get_or_insert_with(|| self.copies.clone());
+        let inside = copies.components().all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !inside || copies.as_os_str().is_empty() {
+            let message = format!("the kept copies directory {} is not inside the data directory", copies.display());
+            return Err(LifecycleError::Corrupt(message));
         }
+        Ok(recorded)
     }
 
     /// Saves `recorded`, then deletes the `forgotten` kept copies: a copy
@@ -284,8 +314,11 @@ impl Library {
         self.reloads.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn kept_path(&self, module: &str, version: &str) -> PathBuf {
-        self.dir.join(module).join(format!("{version}.wasm"))
+    /// The kept copy of `version` of `module` for `recorded` (as
+    /// [`Library::recorded`] returns it: with its copies directory).
+    fn kept_path(&self, recorded: &Recorded, module: &str, version: &str) -> PathBuf {
+        let copies = recorded.copies.as_deref().unwrap_or(&self.copies);
+        self.data.join(copies).join(module).join(format!("{version}.wasm"))
     }
 
     /// Compiles and checks `bytes` as module `name` (and its emit topics,
@@ -305,8 +338,13 @@ impl Library {
     }
 
     /// Loads a kept version.
-    fn load_kept(&self, name: &str, version: &str) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
-        let path = self.kept_path(name, version);
+    fn load_kept(
+        &self,
+        recorded: &Recorded,
+        name: &str,
+        version: &str,
+    ) -> Result<Arc<dyn HandlerModule>, LifecycleError> {
+        let path = self.kept_path(recorded, name, version);
         let bytes = read_component(&path).map_err(|source| LifecycleError::Io { what: "reading", path, source })?;
         if content_version(&bytes) != version {
             return Err(LifecycleError::Corrupt(format!("the kept copy of `{name}` version {version} was altered")));
@@ -324,7 +362,7 @@ impl Library {
         version: &str,
         bytes: &[u8],
     ) -> Result<Vec<PathBuf>, LifecycleError> {
-        let path = self.kept_path(name, version);
+        let path = self.kept_path(recorded, name, version);
         if !path.exists() {
             let dir = path.parent().expect("a kept path has a parent");
             std::fs::create_dir_all(dir).map_err(|source| LifecycleError::Io {
@@ -353,7 +391,7 @@ impl Library {
         kept.retain(|v| v != version);
         kept.insert(0, version.to_owned());
         let forgotten = kept.split_off(KEPT_VERSIONS.min(kept.len()));
-        Ok(forgotten.iter().map(|version| self.kept_path(name, version)).collect())
+        Ok(forgotten.iter().map(|version| self.kept_path(recorded, name, version)).collect())
     }
 
     /// The modules to run at start-up: the recorded versions, from their
@@ -373,7 +411,7 @@ impl Library {
             let version = content_version(bytes);
             match recorded.active.get(name).cloned() {
                 Some(running) if running != version && !adopt => {
-                    modules.push(self.load_kept(name, &running)?);
+                    modules.push(self.load_kept(&recorded, name, &running)?);
                     differences.push(Difference::Changed { module: name.clone(), running, in_directory: version });
                 }
                 running => {
@@ -396,7 +434,7 @@ impl Library {
                 recorded.active.remove(&name);
                 differences.push(Difference::Adopted { module: name, from: None, to: running });
             } else {
-                modules.push(self.load_kept(&name, &running)?);
+                modules.push(self.load_kept(&recorded, &name, &running)?);
                 differences.push(Difference::Missing { module: name, running });
             }
         }
@@ -436,7 +474,7 @@ impl Library {
             }
         };
         // Loading it proves the kept copy is intact before it is recorded.
-        self.load_kept(module, &target)?;
+        self.load_kept(&recorded, module, &target)?;
         // Keep the rolled-back-from version, so rolling forward is possible.
         recorded.active.insert(module.to_owned(), target.clone());
         self.save(&recorded, Vec::new())?;

@@ -19,7 +19,7 @@
 //! - **Replacements happen one at a time.** Every replacement goes through
 //!   [`Projection::swap_modules`], which holds a lock (batches never take
 //!   it) and counts replacements: a swap prepared against one
-//!   [`generation`](Projection::generation) sees whether another came in
+//!   [`generation`](ModuleSwap::generation) sees whether another came in
 //!   between, so a hot reload never lands on a set a rebuild's promotion
 //!   or rollback put in place after it looked.
 
@@ -190,12 +190,6 @@ impl Projection {
         self.current().route(tag).cloned()
     }
 
-    /// The number of module set replacements so far: a swap prepared
-    /// while it was `n` can tell whether another came in between.
-    pub fn generation(&self) -> u64 {
-        *self.swap_modules().generation
-    }
-
     /// The one way to replace the module set: holds the projection's swap
     /// lock until dropped, so replacements (a hot reload, a rebuild's
     /// promotion or rollback) happen one at a time, each seeing the set the
@@ -226,7 +220,8 @@ pub struct ModuleSwap<'a> {
 }
 
 impl ModuleSwap<'_> {
-    /// Replacements made so far; each one adds 1.
+    /// Replacements made so far; each one adds 1. A swap prepared while
+    /// it was `n` can tell whether another came in between.
     pub fn generation(&self) -> u64 {
         *self.generation
     }

@@ -115,6 +115,45 @@ fn only_the_last_versions_are_kept() {
     assert_eq!(copies, KEPT_VERSIONS, "copies of forgotten versions are deleted");
 }
 
+/// Each store's record keeps its copies apart (a rebuild's shadow in its
+/// own directory): a store that forgets a version deletes its own copy,
+/// never the one another store's record still names.
+#[test]
+fn a_store_forgetting_a_version_never_deletes_the_copy_another_stores_record_names() {
+    let dirs = Dirs::new();
+    let (v0, h0) = (bank_variant(0), content_version(&bank_variant(0)));
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let live = dirs.library();
+    live.start(&dirs.modules(), true).unwrap();
+    let shadow_store = StateStore::open(&dirs.root.path().join("shadow.redb")).unwrap();
+    let copies = Path::new("rebuilds/bank/1/kept");
+    let shadow = Library::new(dirs.root.path(), "bank", shadow_store.clone(), sandbox()).with_copies_in(copies.into());
+    shadow.start(&dirs.modules(), true).unwrap();
+    assert_eq!(shadow.recorded().unwrap().copies.as_deref(), Some(copies));
+
+    // The live store moves past KEPT_VERSIONS other versions: it forgets
+    // version 0 and deletes its copy of it.
+    for n in 1..=KEPT_VERSIONS as u8 {
+        install(&dirs.modules(), "bank.wasm", &bank_variant(n));
+        live.start(&dirs.modules(), true).unwrap();
+    }
+    assert!(!dirs.root.path().join(format!("modules/bank/bank/{h0}.wasm")).exists());
+    // The shadow's record still names version 0, and a restart on it runs
+    // it from the shadow's own copy.
+    let (modules, _) = shadow.start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), h0)]);
+
+    // A record naming a copies directory outside the data directory is
+    // refused, never read from or written to.
+    for outside in ["../elsewhere", "/tmp/elsewhere", ""] {
+        let record = serde_json::json!({ "active": {}, "kept": {}, "copies": outside });
+        shadow_store.set_meta("modules", record.to_string().as_bytes()).unwrap();
+        let error = shadow.recorded().unwrap_err();
+        assert!(matches!(error, LifecycleError::Corrupt(_)), "{outside}: {error}");
+        assert!(shadow.start(&dirs.modules(), false).is_err(), "{outside}");
+    }
+}
+
 /// A new version is recorded before it runs: one that cannot be recorded
 /// (its kept copy cannot be written) is refused, and the old one keeps
 /// running, so what runs and what a restart would run never differ.

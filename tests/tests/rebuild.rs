@@ -313,6 +313,11 @@ async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(library.recorded().unwrap().active["bank"], later);
+    // The promoted store keeps its copies apart from the store before it.
+    for version in [&promoted, &later] {
+        assert!(data.join(format!("rebuilds/bank/1/kept/bank/{version}.wasm")).is_file(), "{version}");
+        assert!(!data.join(format!("modules/bank/bank/{version}.wasm")).exists(), "{version}");
+    }
     host.stop().await.unwrap();
 }
 

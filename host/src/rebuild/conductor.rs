@@ -347,7 +347,8 @@ impl<L: EventLog> Conductor<L> {
             ));
         }
         let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
-        let modules = self.load_modules(&store, paths.modules_dir(request.generation), true).await?;
+        let copies = Some(paths.kept_copies(request.generation));
+        let modules = self.load_modules(&store, paths.modules_dir(request.generation), true, copies).await?;
         // Its own retry and dead-letter topics, made now; a new shadow
         // takes them from their end: what is there is an earlier rebuild's.
         let routed = RoutedTopics::shadow(&request.topic);
@@ -377,15 +378,21 @@ impl<L: EventLog> Conductor<L> {
 
     /// The modules of `dir` through a library on `store` (recording them;
     /// with `adopt` the directory's versions win, else the recorded ones,
-    /// as at a restart), compiled off the async threads.
+    /// as at a restart), compiled off the async threads. A store whose
+    /// record names no copies directory keeps its copies in `copies`, when
+    /// given.
     async fn load_modules(
         &self,
         store: &StateStore,
         dir: PathBuf,
         adopt: bool,
+        copies: Option<PathBuf>,
     ) -> Result<Vec<Arc<dyn HandlerModule>>, String> {
-        let library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
+        let mut library = Library::new(&self.data, self.projection.name(), store.clone(), self.sandbox.clone())
             .with_emit_topics(self.emit_topics.clone());
+        if let Some(copies) = copies {
+            library = library.with_copies_in(copies);
+        }
         let (modules, _) = tokio::task::spawn_blocking(move || library.start(&dir, adopt))
             .await
             .map_err(|e| e.to_string())?
@@ -482,7 +489,7 @@ impl<L: EventLog> Conductor<L> {
         commit.positions.extend(settle.positions);
         old.commit(commit).map_err(|e| e.to_string())?;
         // The old store's recorded versions, loaded before anything changes.
-        let modules = self.load_modules(&old, self.module_dir.clone(), false).await?;
+        let modules = self.load_modules(&old, self.module_dir.clone(), false, None).await?;
         // One step back only: the promoted store stays on disk, not offered.
         let _ = active;
         let pointer = Pointer { active: previous, previous: None, retry_ends: Vec::new() };

@@ -10,6 +10,9 @@
 //! - `<generation>/modules/`: a copy of the new module directory, taken when
 //!   the rebuild is asked for (later edits of the original do not leak in).
 //! - `<generation>/state.redb`: the shadow's store.
+//! - `<generation>/kept/`: the copies of the module versions its store's
+//!   record names (kept apart from every other store's, see
+//!   [`crate::lifecycle::Recorded::copies`]).
 //! - `promote`: a person's go-ahead (`waku rebuild --promote`) for a
 //!   shadow that waits for one; `rollback`: a request to go back.
 //!
@@ -212,6 +215,13 @@ impl RebuildPaths {
     /// The copy of the new modules of `generation`.
     pub fn modules_dir(&self, generation: u64) -> PathBuf {
         self.generation_dir(generation).join("modules")
+    }
+
+    /// Where the shadow of `generation` keeps the copies of its module
+    /// versions, relative to the data directory: apart from the live
+    /// store's, so neither forgets a copy the other's record names.
+    pub fn kept_copies(&self, generation: u64) -> PathBuf {
+        Path::new("rebuilds").join(&self.projection).join(generation.to_string()).join("kept")
     }
 
     /// The shadow store of `generation`, relative to the data directory.
