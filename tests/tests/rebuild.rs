@@ -31,6 +31,7 @@ use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::publish;
 use wakuwaku::rebuild::{self, Promote, RebuildPaths};
 use wakuwaku::routing::{RetryPolicy, Routed};
+use wakuwaku::runtime::content_version;
 use wakuwaku_tests::{bank_fee_wasm, bank_module, bank_wasm, json_record, probe_wasm};
 
 const TOPIC: &str = "accounts";
@@ -60,7 +61,18 @@ fn module_dirs(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
 /// endpoint (whose server lets go of the store a moment after the host
 /// stopped: no restart then).
 async fn start(log: &Arc<EmbeddedLog>, dir: &Path, modules: &Path, admin: bool) -> RunningHost<EmbeddedLog> {
-    let source = ModuleSource::Directory { path: modules.to_owned(), adopt: false, watch: false };
+    start_watching(log, dir, modules, admin, false).await
+}
+
+/// [`start`], watching `modules` for hot reload when `watch`.
+async fn start_watching(
+    log: &Arc<EmbeddedLog>,
+    dir: &Path,
+    modules: &Path,
+    admin: bool,
+    watch: bool,
+) -> RunningHost<EmbeddedLog> {
+    let source = ModuleSource::Directory { path: modules.to_owned(), adopt: false, watch };
     let mut settings = HostSettings::new(dir.join("data"), PROJECTION, TOPIC, source);
     settings.consumer.batch_size = 256;
     settings.admin = admin.then(|| "127.0.0.1:0".parse().unwrap());
@@ -271,26 +283,24 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
 async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_directory() {
     let dir = tempfile::tempdir().unwrap();
     let (old, new) = module_dirs(dir.path());
-    let data = dir.path().join("data");
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     log.create_topic(TOPIC, 2).await.unwrap();
-    let module = bank_module();
     let (events, _) = demo::workload(WorkloadSpec { events: 2_000, accounts: 50, seed: 16 });
-    publish_events(&log, &module, &events).await;
-    let source = ModuleSource::Directory { path: old.clone(), adopt: false, watch: true };
-    let mut settings = HostSettings::new(&data, PROJECTION, TOPIC, source);
-    settings.consumer.batch_size = 256;
-    let host = Host::start_on(log.clone(), settings).await.expect("the host starts");
+    publish_events(&log, &bank_module(), &events).await;
+    let host = start_watching(&log, dir.path(), &old, false, true).await;
     caught_up_now(&host).await;
+    let data = dir.path().join("data");
     let library = host.library().unwrap().clone();
 
     RebuildPaths::new(&data, PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
     rebuild_phase(&host, "promoted").await;
     let promoted = module_version(&host);
-    assert_eq!(promoted, wakuwaku::runtime::content_version(&std::fs::read(bank_fee_wasm()).unwrap()));
+    assert_eq!(promoted, content_version(&std::fs::read(bank_fee_wasm()).unwrap()));
 
     // Something changes in the watched directory (a file that does not
-    // load): the reload it sets off leaves the promoted bank alone.
+    // load, named to come after `bank`: a reload looks at files in name
+    // order, so once it tried this one it decided about `bank`): the
+    // reload it sets off leaves the promoted bank alone.
     std::fs::write(old.join("marker.wasm"), b"\0asm broken").unwrap();
     let started = Instant::now();
     while !library.reloads().contains_key("marker") {
@@ -306,7 +316,7 @@ async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_
     let temporary = old.join(".bank.wasm.tmp");
     std::fs::write(&temporary, &later).unwrap();
     std::fs::rename(&temporary, old.join("bank.wasm")).unwrap();
-    let later = wakuwaku::runtime::content_version(&later);
+    let later = content_version(&later);
     let started = Instant::now();
     while module_version(&host) != later {
         assert!(started.elapsed() < PATIENCE, "the later change was never applied: {:?}", library.reloads());
@@ -318,6 +328,24 @@ async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_
         assert!(data.join(format!("rebuilds/bank/1/kept/bank/{version}.wasm")).is_file(), "{version}");
         assert!(!data.join(format!("modules/bank/bank/{version}.wasm")).exists(), "{version}");
     }
+
+    // A rollback replaces the set as a whole too: the old version runs, and
+    // a later reload leaves it alone although the directory holds another.
+    // (It loads the directory's unrecorded modules, as a restart would: the
+    // broken file goes first.)
+    std::fs::remove_file(old.join("marker.wasm")).unwrap();
+    RebuildPaths::new(&data, PROJECTION).ask_rollback().unwrap();
+    rebuild_phase(&host, "rolled back").await;
+    let restored = content_version(&std::fs::read(bank_wasm()).unwrap());
+    assert_eq!(module_version(&host), restored);
+    std::fs::write(old.join("marker2.wasm"), b"\0asm broken").unwrap();
+    let started = Instant::now();
+    while !library.reloads().contains_key("marker2") {
+        assert!(started.elapsed() < PATIENCE, "the watched directory was never reloaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(module_version(&host), restored, "a reload after the rollback undid it");
+    assert_eq!(library.recorded().unwrap().active["bank"], restored, "the record names what runs");
     host.stop().await.unwrap();
 }
 
