@@ -546,10 +546,8 @@ impl Library {
             }
             let current = swap.modules();
             let attempt = match loaded {
-                _ if running(&current) => Ok(false),
-                None => Ok(false),
                 Some(Err(error)) => Err(error),
-                Some(Ok(module)) => {
+                Some(Ok(module)) if !running(&current) => {
                     let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
                     next.push(module);
                     swap.replace_recorded(next, || {
@@ -559,6 +557,8 @@ impl Library {
                     })
                     .map(|()| true)
                 }
+                // Already running (the file holds what runs): nothing to swap.
+                _ => Ok(false),
             };
             prepared = swap.generation();
             if attempt.is_ok() {
