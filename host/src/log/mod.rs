@@ -311,12 +311,7 @@ pub trait EventLog: Send + Sync + 'static {
                 if batch.is_full() {
                     break;
                 }
-                batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
-                    topic: topic.to_owned(),
-                    partition,
-                    offset: stored.offset,
-                    reason,
-                })?;
+                push_stored(&mut batch, topic, partition, &stored)?;
             }
             Ok(batch)
         }
@@ -384,6 +379,17 @@ pub trait EventLog: Send + Sync + 'static {
         let _ = (topic, group);
         async { Err(LogError::NoConsumerGroups) }
     }
+}
+
+/// Appends a record read from `topic`'s `partition` to a polled batch; one
+/// that cannot be packed is [`LogError::Corrupt`] at its offset.
+fn push_stored(batch: &mut PolledBatch, topic: &str, partition: u32, stored: &StoredRecord) -> Result<(), LogError> {
+    batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
+        topic: topic.to_owned(),
+        partition,
+        offset: stored.offset,
+        reason,
+    })
 }
 
 /// Either backend, chosen at run time (the command line's `--iggy`).

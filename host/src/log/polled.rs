@@ -23,7 +23,9 @@
 //! - **Bounded in bytes, not only in records.** A poll stops once the
 //!   buffer holds [`PolledBatch::BYTE_BUDGET`] (always taking at least one
 //!   record), so a publisher's large messages cannot make one poll of
-//!   thousands of records hold gigabytes.
+//!   thousands of records hold gigabytes. A backend that fetches records
+//!   over the network (Iggy) sizes each fetch from the budget left, so
+//!   what it fetches stays near the budget too, not only what it keeps.
 
 use super::Record;
 use crate::event::Header;
@@ -72,6 +74,11 @@ impl PolledBatch {
     /// stored records (and at least one record).
     pub fn with_byte_budget(byte_budget: usize) -> Self {
         Self { bytes: Vec::new(), records: Vec::new(), byte_budget }
+    }
+
+    /// How many bytes of stored records the batch takes before it is full.
+    pub fn byte_budget(&self) -> usize {
+        self.byte_budget
     }
 
     /// Whether a poll should stop adding records: the batch holds at least
