@@ -31,7 +31,8 @@
 //! - **Nothing owed blocks the projection.** A message a handler emitted
 //!   that can never be delivered (its topic is missing, never created or
 //!   deleted after the commit; its name is invalid; its partition is gone;
-//!   the log refuses the record, [`LogError::Refused`]) is replaced, in the
+//!   the log refuses the record, [`LogError::Refused`] or
+//!   [`LogError::RecordTooLarge`]) is replaced, in the
 //!   commit that settles the outbox, by a dead letter in `dlq_<topic>` of
 //!   the projection's topic, in the partition of the event that emitted it:
 //!   the message's headers and body plus the routing headers ([`Routed`])
@@ -225,6 +226,7 @@ fn is_permanent(error: &LogError) -> bool {
             | LogError::InvalidTopicName { .. }
             | LogError::PartitionNotFound { .. }
             | LogError::Refused { .. }
+            | LogError::RecordTooLarge { .. }
     )
 }
 
@@ -429,7 +431,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 match self.log.append_as(&topic, record, &self.producer, sequence).await {
                     Ok(_) => appended += 1,
                     Err(error) if is_permanent(&error) => {
-                        let refused = matches!(error, LogError::Refused { .. });
+                        let refused = matches!(error, LogError::Refused { .. } | LogError::RecordTooLarge { .. });
                         self.set_aside(settling, entry, error.to_string(), refused)?;
                     }
                     Err(error) => return Err(error.into()),

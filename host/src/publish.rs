@@ -52,6 +52,19 @@ pub enum PublishError {
         /// What the module said.
         error: CallError,
     },
+    /// An event with its headers is larger than the log takes per record.
+    #[error(
+        "line {line}: the event has {size} bytes with its headers, over the log's limit of {limit} bytes per \
+         record; publish a smaller event (keep large data elsewhere and put a reference in the body)"
+    )]
+    TooLarge {
+        /// The line number (from 1).
+        line: usize,
+        /// The record's size as the log would store it.
+        size: usize,
+        /// The most the log takes.
+        limit: usize,
+    },
     /// The log refused the append.
     #[error(transparent)]
     Log(#[from] LogError),
@@ -131,11 +144,23 @@ pub async fn publish<L: EventLog>(
 ) -> Result<usize, PublishError> {
     let partitions = log.partitions(topic).await?;
     let count = events.len();
+    let limit = log.max_record_bytes(topic);
+    let kept_lines = lines.clone();
+    let line_of = |i: usize| line_number(kept_lines.as_deref(), i);
     let records = tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads))
         .await
         .expect("computing headers does not panic")?;
     let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
-    for (partition, record) in records {
+    for (index, (partition, record)) in records.into_iter().enumerate() {
+        if let Some(limit) = limit {
+            let size = postcard::experimental::serialized_size(&record).map_err(|e| PublishError::Malformed {
+                line: line_of(index),
+                reason: format!("the event cannot be encoded: {e}"),
+            })?;
+            if size > limit {
+                return Err(PublishError::TooLarge { line: line_of(index), size, limit });
+            }
+        }
         batches[partition as usize].1.push(record);
     }
     batches.retain(|(_, records)| !records.is_empty());
@@ -151,7 +176,7 @@ fn envelope_all(
     partitions: u32,
     threads: usize,
 ) -> Result<Vec<(u32, Record)>, PublishError> {
-    let line_of = |i: usize| lines.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(i + 1);
+    let line_of = |i: usize| line_number(lines.as_deref(), i);
     let types = module.event_types();
     let chunk = events.len().div_ceil(threads.max(1)).max(1);
     let results: Vec<Result<Vec<(u32, Record)>, PublishError>> = std::thread::scope(|scope| {
@@ -193,6 +218,11 @@ fn envelope_all(
         records.extend(part?);
     }
     Ok(records)
+}
+
+/// Event `i`'s line: `lines[i]`, or `i + 1` without lines.
+fn line_number(lines: Option<&[usize]>, i: usize) -> usize {
+    lines.and_then(|l| l.get(i).copied()).unwrap_or(i + 1)
 }
 
 /// What a module declares, for error messages: `Name (tag N), …`.

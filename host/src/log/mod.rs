@@ -75,6 +75,22 @@ pub fn masked_password(url: &str) -> Option<String> {
     })
 }
 
+/// The header of the stand-in a log reads in place of a stored record it
+/// will not hand over whole (one over [`embedded::MAX_RECORD_BYTES`], left
+/// by an older version or written by hand): the stand-in has this header
+/// alone, whose value says why, and an empty body. Its envelope is
+/// unreadable, so the consumer dead-letters it with that reason
+/// ([`unreadable_reason`]) and goes on; the record stays in the log at its
+/// offset, which the dead letter names.
+pub const UNREADABLE: &str = "waku-unreadable";
+
+/// Why the log read a stand-in ([`UNREADABLE`]) in place of the record
+/// with these headers; `None` for a record read as it was stored.
+pub fn unreadable_reason<'a>(mut headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Option<String> {
+    let (name, reason) = headers.next()?;
+    (name == UNREADABLE.as_bytes() && headers.next().is_none()).then(|| String::from_utf8_lossy(reason).into_owned())
+}
+
 /// One message as the log stores it: user headers and an opaque body.
 ///
 /// The host never decodes the body; everything it needs to plan is in the
@@ -159,6 +175,23 @@ pub enum LogError {
         partition: u32,
         /// Why.
         reason: String,
+    },
+    /// The record is larger than the log takes
+    /// ([`embedded::MAX_RECORD_BYTES`]); nothing of the append was stored.
+    /// Trying again fails the same way.
+    #[error(
+        "`{topic}` partition {partition} refuses a record of {size} bytes: the log takes at most {limit} bytes per \
+         record (headers and body)"
+    )]
+    RecordTooLarge {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The record's size as stored (headers, body and their lengths).
+        size: usize,
+        /// The most the log takes.
+        limit: usize,
     },
     /// A stored record cannot be decoded.
     #[error("corrupt record in `{topic}` partition {partition} at offset {offset}: {reason}")]
@@ -317,6 +350,17 @@ pub trait EventLog: Send + Sync + 'static {
         }
     }
 
+    /// The most one record of `topic` may hold as stored (postcard:
+    /// headers, body and their lengths), when the log has such a limit of
+    /// its own: a larger record is [`LogError::RecordTooLarge`]. `None`
+    /// (the default): the backend refuses what it cannot store by its own
+    /// rules ([`LogError::Refused`]). Lets a publisher name the event that
+    /// is too large before appending anything.
+    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
+        let _ = topic;
+        None
+    }
+
     /// A signal that changes after records are appended, so that a
     /// consumer that found nothing new polls again at once instead of
     /// after its idle wait. `None` (the default): this log cannot tell
@@ -455,6 +499,13 @@ impl EventLog for AnyLog {
         batch: PolledBatch,
     ) -> Result<PolledBatch, LogError> {
         delegate!(self, log => log.poll(topic, partition, from, max, batch))
+    }
+
+    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
+        match self {
+            AnyLog::Embedded(log) => log.max_record_bytes(topic),
+            AnyLog::Iggy(log) => log.max_record_bytes(topic),
+        }
     }
 
     fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
