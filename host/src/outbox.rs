@@ -365,7 +365,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 entries.into_iter().filter(|(sequence, _)| appended.is_none_or(|known| *sequence > known)).collect();
             let Some(&(last, _)) = entries.last() else { continue };
             let fits = entries.len() <= STAMPED_APPEND_RECORDS
-                && entries.iter().map(|(_, entry)| record_size(&entry.record)).sum::<usize>() <= STAMPED_APPEND_BYTES;
+                && entries.iter().map(|(_, entry)| entry.record.byte_len()).sum::<usize>() <= STAMPED_APPEND_BYTES;
             if fits {
                 let append =
                     whole.entry(topic.clone()).or_insert_with(|| Append { topic, batches: Vec::new(), stamp: 0 });
@@ -541,19 +541,15 @@ fn pieces(topic: &str, partition: u32, entries: Entries) -> Vec<Append> {
         let (mut piece, mut bytes): (Entries, usize) = (Vec::new(), 0);
         while let Some((sequence, entry)) = entries.next_if(|(_, entry)| {
             piece.is_empty()
-                || (piece.len() < STAMPED_APPEND_RECORDS && bytes + record_size(&entry.record) <= STAMPED_APPEND_BYTES)
+                || (piece.len() < STAMPED_APPEND_RECORDS && bytes + entry.record.byte_len() <= STAMPED_APPEND_BYTES)
         }) {
-            bytes += record_size(&entry.record);
+            bytes += entry.record.byte_len();
             piece.push((sequence, entry));
         }
         let stamp = piece.last().map_or(0, |(sequence, _)| *sequence);
         pieces.push(Append { topic: topic.to_owned(), batches: vec![(partition, piece)], stamp });
     }
     pieces
-}
-
-fn record_size(record: &Record) -> usize {
-    record.body.len() + record.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
 }
 
 /// Each partition's mark: an offset at or below every append of this

@@ -11,6 +11,9 @@
 //!   The embedded log then appends everything in one transaction.
 //! - **Errors name the line.** In JSON-lines input, line numbers start at 1
 //!   and blank lines are skipped but still counted.
+//! - **Each event fits the log.** An event larger with its headers than
+//!   the log takes per record ([`EventLog::max_record_bytes`]) is
+//!   [`PublishError::TooLarge`], before anything is appended.
 
 use std::sync::Arc;
 
@@ -145,22 +148,12 @@ pub async fn publish<L: EventLog>(
     let partitions = log.partitions(topic).await?;
     let count = events.len();
     let limit = log.max_record_bytes(topic);
-    let kept_lines = lines.clone();
-    let line_of = |i: usize| line_number(kept_lines.as_deref(), i);
-    let records = tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads))
-        .await
-        .expect("computing headers does not panic")?;
+    let records =
+        tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads, limit))
+            .await
+            .expect("computing headers does not panic")?;
     let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
-    for (index, (partition, record)) in records.into_iter().enumerate() {
-        if let Some(limit) = limit {
-            let size = postcard::experimental::serialized_size(&record).map_err(|e| PublishError::Malformed {
-                line: line_of(index),
-                reason: format!("the event cannot be encoded: {e}"),
-            })?;
-            if size > limit {
-                return Err(PublishError::TooLarge { line: line_of(index), size, limit });
-            }
-        }
+    for (partition, record) in records {
         batches[partition as usize].1.push(record);
     }
     batches.retain(|(_, records)| !records.is_empty());
@@ -169,14 +162,16 @@ pub async fn publish<L: EventLog>(
 }
 
 /// Headers for every event, split over `threads` instances; keeps order.
+/// A record over `limit` bytes as stored is [`PublishError::TooLarge`].
 fn envelope_all(
     module: &dyn HandlerModule,
     events: Vec<Outgoing>,
     lines: Option<Vec<usize>>,
     partitions: u32,
     threads: usize,
+    limit: Option<usize>,
 ) -> Result<Vec<(u32, Record)>, PublishError> {
-    let line_of = |i: usize| line_number(lines.as_deref(), i);
+    let line_of = |i: usize| lines.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(i + 1);
     let types = module.event_types();
     let chunk = events.len().div_ceil(threads.max(1)).max(1);
     let results: Vec<Result<Vec<(u32, Record)>, PublishError>> = std::thread::scope(|scope| {
@@ -205,6 +200,13 @@ fn envelope_all(
                                 PublishError::Rejected { line, event_type: event_type.name.clone(), error }
                             })?;
                             let record = Record { headers: headers.to_headers(), body: event.body.clone() };
+                            if let Some(limit) = limit {
+                                // Cannot fail: a record is byte strings of known lengths.
+                                let size = postcard::experimental::serialized_size(&record).unwrap_or(usize::MAX);
+                                if size > limit {
+                                    return Err(PublishError::TooLarge { line, size, limit });
+                                }
+                            }
                             Ok((partition_for(headers.key.key_hash(), partitions), record))
                         })
                         .collect()
@@ -218,11 +220,6 @@ fn envelope_all(
         records.extend(part?);
     }
     Ok(records)
-}
-
-/// Event `i`'s line: `lines[i]`, or `i + 1` without lines.
-fn line_number(lines: Option<&[usize]>, i: usize) -> usize {
-    lines.and_then(|l| l.get(i).copied()).unwrap_or(i + 1)
 }
 
 /// What a module declares, for error messages: `Name (tag N), …`.

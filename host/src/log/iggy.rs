@@ -164,7 +164,7 @@ struct ReadAhead {
 #[derive(Default)]
 struct Polled {
     records: Vec<StoredRecord>,
-    /// Their [`record_size`]s, summed.
+    /// Their [`Record::byte_len`]s, summed.
     bytes: usize,
     /// The estimate for the next fetch ([`next_estimate`]).
     largest: Option<usize>,
@@ -240,7 +240,7 @@ impl IggyLog {
     }
 
     /// Up to `max` records from offset `from` on, stopping once they hold
-    /// `budget` bytes ([`record_size`]; always at least one record): what
+    /// `budget` bytes ([`Record::byte_len`]; always at least one record): what
     /// [`EventLog::read`] (no budget) and [`EventLog::poll`] (the batch's)
     /// do. Uses the read-ahead a sequential reader started, and starts the
     /// next one when this read came back full.
@@ -274,7 +274,7 @@ impl IggyLog {
         read.largest = read.largest.or(largest);
         if read.records.len() > max {
             read.records.truncate(max);
-            read.bytes = read.records.iter().map(|stored| record_size(&stored.record)).sum();
+            read.bytes = read.records.iter().map(|stored| stored.record.byte_len()).sum();
         }
         let client = self.client().await?;
         if read.records.len() < max && (read.records.is_empty() || read.bytes < budget) {
@@ -718,7 +718,7 @@ async fn poll_range(
                 break;
             }
             let stored = from_message(message);
-            let size = record_size(&stored.record);
+            let size = stored.record.byte_len();
             largest_fetched = largest_fetched.max(size);
             polled.bytes += size;
             polled.records.push(stored);
@@ -752,13 +752,6 @@ fn fetch_count(wanted: usize, bytes_left: usize, largest: Option<usize>) -> u32 
 /// than staying slow for good.
 fn next_estimate(previous: Option<usize>, fetched: usize) -> usize {
     fetched.max(previous.unwrap_or(0) / 2)
-}
-
-/// The bytes of a record that a read counts against its budget: its
-/// body and its headers' names and values (what [`PolledBatch`] stores,
-/// less a few bytes of lengths per header).
-fn record_size(record: &Record) -> usize {
-    record.body.len() + record.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
 }
 
 /// The highest stamp `producer` left in a partition at or after offset

@@ -31,7 +31,8 @@
 //! - **A failure says whether trying again can help.** An unreachable log is
 //!   [`LogError::Unavailable`]; a missing topic or partition, an invalid
 //!   topic name, or a record the backend will never store
-//!   ([`LogError::Refused`]) fail the same way every time.
+//!   ([`LogError::Refused`], [`LogError::RecordTooLarge`]) fail the same
+//!   way every time.
 //! - **Times are found by offset.** [`offset_at`](EventLog::offset_at)
 //!   answers the first offset appended at or after a time: the embedded log
 //!   records append times (records appended before it did count as older
@@ -104,6 +105,15 @@ pub struct Record {
     /// so stored records read back unchanged, decoded with one copy.
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+}
+
+impl Record {
+    /// Its body's and its headers' names' and values' bytes: about what it
+    /// takes to store or send (less a few bytes of lengths per header),
+    /// what byte budgets count.
+    pub fn byte_len(&self) -> usize {
+        self.body.len() + self.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
+    }
 }
 
 /// A [`Record`] read back from a partition, with the offset it was stored at.
