@@ -83,7 +83,9 @@ impl PolledBatch {
 
     /// Whether a poll should stop adding records: the batch holds at least
     /// one record and its byte budget is spent. Every log's `poll` stops
-    /// here, so one poll holds at most the budget plus one record.
+    /// here, so one poll holds at most the budget plus one record (Iggy's
+    /// stops by the same rule as it fetches, counting
+    /// [`Record::byte_len`], a few bytes per header below the encoding).
     pub fn is_full(&self) -> bool {
         !self.records.is_empty() && self.bytes.len() >= self.byte_budget
     }
