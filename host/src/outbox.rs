@@ -31,7 +31,8 @@
 //! - **Nothing owed blocks the projection.** A message a handler emitted
 //!   that can never be delivered (its topic is missing, never created or
 //!   deleted after the commit; its name is invalid; its partition is gone;
-//!   the log refuses the record, [`LogError::Refused`]) is replaced, in the
+//!   the log refuses the record, [`LogError::Refused`] or
+//!   [`LogError::RecordTooLarge`]) is replaced, in the
 //!   commit that settles the outbox, by a dead letter in `dlq_<topic>` of
 //!   the projection's topic, in the partition of the event that emitted it:
 //!   the message's headers and body plus the routing headers ([`Routed`])
@@ -225,6 +226,7 @@ fn is_permanent(error: &LogError) -> bool {
             | LogError::InvalidTopicName { .. }
             | LogError::PartitionNotFound { .. }
             | LogError::Refused { .. }
+            | LogError::RecordTooLarge { .. }
     )
 }
 
@@ -363,7 +365,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 entries.into_iter().filter(|(sequence, _)| appended.is_none_or(|known| *sequence > known)).collect();
             let Some(&(last, _)) = entries.last() else { continue };
             let fits = entries.len() <= STAMPED_APPEND_RECORDS
-                && entries.iter().map(|(_, entry)| record_size(&entry.record)).sum::<usize>() <= STAMPED_APPEND_BYTES;
+                && entries.iter().map(|(_, entry)| entry.record.byte_len()).sum::<usize>() <= STAMPED_APPEND_BYTES;
             if fits {
                 let append =
                     whole.entry(topic.clone()).or_insert_with(|| Append { topic, batches: Vec::new(), stamp: 0 });
@@ -429,7 +431,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 match self.log.append_as(&topic, record, &self.producer, sequence).await {
                     Ok(_) => appended += 1,
                     Err(error) if is_permanent(&error) => {
-                        let refused = matches!(error, LogError::Refused { .. });
+                        let refused = matches!(error, LogError::Refused { .. } | LogError::RecordTooLarge { .. });
                         self.set_aside(settling, entry, error.to_string(), refused)?;
                     }
                     Err(error) => return Err(error.into()),
@@ -539,19 +541,15 @@ fn pieces(topic: &str, partition: u32, entries: Entries) -> Vec<Append> {
         let (mut piece, mut bytes): (Entries, usize) = (Vec::new(), 0);
         while let Some((sequence, entry)) = entries.next_if(|(_, entry)| {
             piece.is_empty()
-                || (piece.len() < STAMPED_APPEND_RECORDS && bytes + record_size(&entry.record) <= STAMPED_APPEND_BYTES)
+                || (piece.len() < STAMPED_APPEND_RECORDS && bytes + entry.record.byte_len() <= STAMPED_APPEND_BYTES)
         }) {
-            bytes += record_size(&entry.record);
+            bytes += entry.record.byte_len();
             piece.push((sequence, entry));
         }
         let stamp = piece.last().map_or(0, |(sequence, _)| *sequence);
         pieces.push(Append { topic: topic.to_owned(), batches: vec![(partition, piece)], stamp });
     }
     pieces
-}
-
-fn record_size(record: &Record) -> usize {
-    record.body.len() + record.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
 }
 
 /// Each partition's mark: an offset at or below every append of this

@@ -11,6 +11,9 @@
 //!   The embedded log then appends everything in one transaction.
 //! - **Errors name the line.** In JSON-lines input, line numbers start at 1
 //!   and blank lines are skipped but still counted.
+//! - **Each event fits the log.** An event larger with its headers than
+//!   the log takes per record ([`EventLog::max_record_bytes`]) is
+//!   [`PublishError::TooLarge`], before anything is appended.
 
 use std::sync::Arc;
 
@@ -51,6 +54,19 @@ pub enum PublishError {
         event_type: String,
         /// What the module said.
         error: CallError,
+    },
+    /// An event with its headers is larger than the log takes per record.
+    #[error(
+        "line {line}: the event has {size} bytes with its headers, over the log's limit of {limit} bytes per \
+         record; publish a smaller event (keep large data elsewhere and put a reference in the body)"
+    )]
+    TooLarge {
+        /// The line number (from 1).
+        line: usize,
+        /// The record's size as the log would store it.
+        size: usize,
+        /// The most the log takes.
+        limit: usize,
     },
     /// The log refused the append.
     #[error(transparent)]
@@ -131,9 +147,11 @@ pub async fn publish<L: EventLog>(
 ) -> Result<usize, PublishError> {
     let partitions = log.partitions(topic).await?;
     let count = events.len();
-    let records = tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads))
-        .await
-        .expect("computing headers does not panic")?;
+    let limit = log.max_record_bytes(topic);
+    let records =
+        tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads, limit))
+            .await
+            .expect("computing headers does not panic")?;
     let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
     for (partition, record) in records {
         batches[partition as usize].1.push(record);
@@ -144,12 +162,14 @@ pub async fn publish<L: EventLog>(
 }
 
 /// Headers for every event, split over `threads` instances; keeps order.
+/// A record over `limit` bytes as stored is [`PublishError::TooLarge`].
 fn envelope_all(
     module: &dyn HandlerModule,
     events: Vec<Outgoing>,
     lines: Option<Vec<usize>>,
     partitions: u32,
     threads: usize,
+    limit: Option<usize>,
 ) -> Result<Vec<(u32, Record)>, PublishError> {
     let line_of = |i: usize| lines.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(i + 1);
     let types = module.event_types();
@@ -180,6 +200,13 @@ fn envelope_all(
                                 PublishError::Rejected { line, event_type: event_type.name.clone(), error }
                             })?;
                             let record = Record { headers: headers.to_headers(), body: event.body.clone() };
+                            if let Some(limit) = limit {
+                                // Cannot fail: a record is byte strings of known lengths.
+                                let size = postcard::experimental::serialized_size(&record).unwrap_or(usize::MAX);
+                                if size > limit {
+                                    return Err(PublishError::TooLarge { line, size, limit });
+                                }
+                            }
                             Ok((partition_for(headers.key.key_hash(), partitions), record))
                         })
                         .collect()

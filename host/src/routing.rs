@@ -327,10 +327,20 @@ pub fn routed_record(envelope: &EventHeaders, routed: &Routed, body: Vec<u8>) ->
     Record { headers, body }
 }
 
+/// Why a message whose headers could not be read (`error`) is
+/// dead-lettered: the parse error, or for a stand-in the log read in place
+/// of a record it would not hand over ([`crate::log::UNREADABLE`]), the
+/// log's reason.
+pub fn malformed_reason(record: &Record, error: &HeaderError) -> String {
+    let headers = record.headers.iter().map(|h| (h.name.as_bytes(), h.value.as_slice()));
+    crate::log::unreadable_reason(headers).unwrap_or_else(|| error.to_string())
+}
+
 /// The dead-letter record of a message whose headers could not be read: its
 /// own headers as they were (minus any that pose as routing headers) and
-/// its body, plus the routing headers naming the parse error.
-pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, error: &HeaderError) -> Record {
+/// its body, plus the routing headers naming why (`message`, from
+/// [`malformed_reason`]).
+pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, message: String) -> Record {
     let routed = Routed {
         projection: projection.to_owned(),
         origin_partition: partition,
@@ -340,7 +350,7 @@ pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, 
         failed_at_ms: now_ms(),
         failure: Some(Failure {
             class: FailureClass::Malformed,
-            message: error.to_string(),
+            message,
             module: String::new(),
             version: String::new(),
         }),
@@ -571,7 +581,7 @@ mod tests {
             record: Record { headers: vec![Header { name: "waku-tag".into(), value: vec![1] }, forged], body: vec![7] },
         };
         let error = HeaderError::Missing { name: "waku-version" };
-        let record = malformed_record("bank", 3, stored, &error);
+        let record = malformed_record("bank", 3, stored, error.to_string());
         let routed = Routed::parse(&record.headers).unwrap();
         assert_eq!((routed.origin_partition, routed.origin_offset, routed.attempts), (3, 17, 0));
         let failure = routed.failure.unwrap();
@@ -579,6 +589,30 @@ mod tests {
         assert_eq!(failure.message, "missing header `waku-version`");
         assert_eq!(record.headers[0].name, "waku-tag");
         assert_eq!(record.body, vec![7]);
+    }
+
+    #[test]
+    fn a_stand_in_for_a_record_the_log_would_not_read_is_dead_lettered_with_the_logs_reason() {
+        let reason = "the record has 20000000 bytes as stored, over the embedded log's limit";
+        let stand_in = Record {
+            headers: vec![Header { name: crate::log::UNREADABLE.into(), value: reason.into() }],
+            body: vec![],
+        };
+        let error = EventHeaders::parse_stored(&stand_in.headers).unwrap_err();
+        assert_eq!(malformed_reason(&stand_in, &error), reason);
+        let record = malformed_record("bank", 0, StoredRecord { offset: 5, record: stand_in }, reason.to_owned());
+        let routed = Routed::parse(&record.headers).unwrap();
+        assert_eq!((routed.origin_offset, routed.failure.unwrap().message.as_str()), (5, reason));
+        // Only a lone such header is a stand-in.
+        let forged = Record {
+            headers: vec![
+                Header { name: crate::log::UNREADABLE.into(), value: reason.into() },
+                Header { name: "waku-tag".into(), value: vec![1] },
+            ],
+            body: vec![],
+        };
+        let error = EventHeaders::parse_stored(&forged.headers).unwrap_err();
+        assert_eq!(malformed_reason(&forged, &error), error.to_string());
     }
 
     #[test]

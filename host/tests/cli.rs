@@ -74,11 +74,15 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
     let dir = tempfile::tempdir().unwrap();
     let module = bank_wasm().to_string_lossy().into_owned();
     let good = r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#;
+    // Over the embedded log's 16 MiB per record once it has its headers.
+    let owner = "x".repeat(wakuwaku::log::embedded::MAX_RECORD_BYTES);
+    let large = format!(r#"{{"type": "AccountOpened", "body": {{"account": 2, "owner": "{owner}"}}}}"#);
     let cases = [
         (r#"{"type": "Deposited", "body": {"account": 1, "amount": 5}"#, "line 3"),
         (r#"{"type": "Teleported", "body": {}}"#, "does not declare event type `Teleported`"),
         (r#"{"type": "Deposited", "body": {"account": "one", "amount": 5}}"#, "malformed Deposited body"),
         (r#"{"body": {"account": 1}}"#, "exactly one of `type`"),
+        (&large, "bytes with its headers, over the log's limit of 16777216 bytes per record"),
     ];
     for (index, (bad, expected)) in cases.iter().enumerate() {
         let file = write_lines(dir.path(), &format!("bad{index}.jsonl"), &[good, "", bad, good]);

@@ -73,6 +73,52 @@ async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
     );
 }
 
+/// A record over the embedded log's limit, already in the file (written by
+/// an older version or by hand), is dead-lettered with its size and the
+/// limit, never loaded into a batch, and the partition goes on past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_record_over_the_log_limit_is_dead_lettered_and_the_partition_goes_on() {
+    use wakuwaku::log::embedded::MAX_RECORD_BYTES;
+    let (dir, log, settings) = setup(vec![record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null }))]).await;
+    drop(log);
+    // One block holding one record, in the log's block format: format 1,
+    // the record count, the end of each record, the records (postcard).
+    let oversize = Record { body: vec![b' '; MAX_RECORD_BYTES], ..record(NOTE, 3, json!({})) };
+    let encoded = postcard::to_allocvec(&oversize).unwrap();
+    let mut block = vec![1];
+    block.extend_from_slice(&1u32.to_le_bytes());
+    block.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    block.extend_from_slice(&encoded);
+    {
+        let db = redb::Database::create(dir.path().join("log.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        let table: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log/probes/0");
+        txn.open_table(table).unwrap().insert(1, block.as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.append("probes", vec![(0, vec![record(NOTE, 2, json!({ "key": 2, "text": "b", "emit_to": null }))])])
+        .await
+        .unwrap();
+
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.consumed, summary.applied, summary.malformed, summary.dead_lettered), (3, 2, 1, 1));
+    assert_eq!(projection.store().position("probes", 0).unwrap(), Some(3));
+    let dead = log.read("dlq_probes", 0, 0, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    let routed = Routed::parse(&dead[0].record.headers).unwrap();
+    let failure = routed.failure.unwrap();
+    assert_eq!((routed.origin_offset, failure.class), (1, FailureClass::Malformed));
+    let expected = format!(
+        "the record has {} bytes as stored, over the embedded log's limit of {MAX_RECORD_BYTES} bytes per record",
+        encoded.len()
+    );
+    assert!(failure.message.starts_with(&expected), "{}", failure.message);
+    assert!(dead[0].record.body.is_empty(), "the letter does not carry the record");
+    // The record itself stays in the log, where the letter says.
+    assert_eq!(log.end_offset("probes", 0).await.unwrap(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_handler_sends_its_event_to_retry_and_the_batch_commits() {
     let records = vec![

@@ -517,3 +517,42 @@ async fn what_iggy_cannot_take_is_dead_lettered_and_empty_bodies_travel() {
         )
     );
 }
+
+/// Polls of a partition whose messages go from small to large and back:
+/// each batch keeps to its byte budget (plus the one message that crosses
+/// it), every message comes once and in order, and small messages are
+/// polled as many at a time as the batch allows again after large ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_keep_to_their_byte_budget_through_large_messages() {
+    use wakuwaku::log::{PolledBatch, Record};
+    let Some(url) = iggy_url("the Iggy byte-budget poll test") else { return };
+    let _shared = SERVER.read().await;
+    let log = IggyLog::connect(&url, &fresh_stream("waku-test-budget")).await.unwrap();
+    log.create_topic("mixed", 1).await.unwrap();
+    const MIB: usize = 1 << 20;
+    let record = |n: usize, size: usize| Record { headers: Vec::new(), body: n.to_le_bytes().repeat(size / 8) };
+    let sizes: Vec<usize> = [vec![128; 3000], vec![MIB; 10], vec![128; 3000]].concat();
+    for (start, chunk) in (0..).step_by(500).zip(sizes.chunks(500)) {
+        let records = chunk.iter().enumerate().map(|(n, &size)| record(start + n, size)).collect();
+        log.append("mixed", vec![(0, records)]).await.unwrap();
+    }
+    let budget = 3 * MIB;
+    let (mut batch, mut next, mut polls) = (PolledBatch::with_byte_budget(budget), 0u64, Vec::new());
+    while next < sizes.len() as u64 {
+        batch = log.poll("mixed", 0, next, 1024, batch).await.unwrap();
+        assert!(!batch.is_empty(), "a poll at {next} found nothing");
+        let bytes: usize = batch.iter().map(|view| view.body().len()).sum();
+        assert!(bytes < budget + MIB, "a poll at {next} holds {bytes} bytes");
+        let last = next as usize + batch.len() == sizes.len();
+        assert!(batch.len() == 1024 || bytes >= budget || last, "a poll at {next} stopped short: {bytes} bytes");
+        for view in batch.iter() {
+            assert_eq!(view.offset(), next);
+            assert_eq!(view.body(), record(next as usize, sizes[next as usize]).body.as_slice());
+            next += 1;
+        }
+        polls.push(batch.len());
+    }
+    // Three large messages fill a batch; the small ones after them fill
+    // whole batches again.
+    assert_eq!(polls, [1024, 1024, 952 + 3, 3, 3, 1 + 1023, 1024, 953]);
+}

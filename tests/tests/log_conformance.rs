@@ -217,6 +217,29 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     }
     assert_eq!(polls, [vec![0, 1], vec![2, 3], vec![4]], "each poll stops once past 15 000 bytes");
 
+    // A log with a record limit of its own refuses a larger record, naming
+    // its size and the limit, and stores nothing of the append; a record
+    // within it is stored and read back whole.
+    if let Some(limit) = log.max_record_bytes(&large) {
+        let limited = format!("{prefix}-limited");
+        log.create_topic(&limited, 2).await.unwrap();
+        let over = Record { body: vec![1; limit], ..record(8, 1) };
+        let batches = vec![(0, vec![record(8, 0)]), (1, vec![record(9, 0), over])];
+        let error = log.append(&limited, batches).await.unwrap_err();
+        assert!(
+            matches!(error, LogError::RecordTooLarge { partition: 1, size, limit: refused, .. }
+                if size > limit && refused == limit),
+            "{error}"
+        );
+        assert!(error.to_string().contains(&format!("the log takes at most {limit} bytes per record")), "{error}");
+        assert_eq!(log.end_offsets(&limited).await.unwrap(), [0, 0], "nothing of the append");
+        let within = Record { body: vec![1; limit - 1000], ..record(8, 2) };
+        log.append(&limited, vec![(1, vec![within.clone(), record(8, 3)])]).await.unwrap();
+        let read = log.read(&limited, 1, 0, 10).await.unwrap();
+        assert_eq!(read.into_iter().map(|stored| stored.record).collect::<Vec<_>>(), [within, record(8, 3)]);
+        assert_poll_reads(log, &limited, 1, 0, 10).await;
+    }
+
     // Keys land where `partition_for` says, whichever backend.
     let keyed = format!("{prefix}-keyed");
     log.create_topic(&keyed, 4).await.unwrap();

@@ -224,6 +224,53 @@ async fn only_the_records_the_log_refuses_are_dead_lettered() {
     );
 }
 
+/// The embedded log's record limit: an emitted message over it becomes a
+/// dead letter that keeps its body (the dead-letter topic has room for the
+/// routing headers); a retry record of the host's own over its topic's
+/// limit stops the publish naming the topic, the size and the limit, and
+/// stays in the outbox, never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_over_the_embedded_log_limit_are_dead_lettered_or_stop_with_the_sizes_never_dropped() {
+    use wakuwaku::log::embedded::{MAX_RECORD_BYTES, ROUTED_HEADROOM};
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+    for topic in ["probes", "dlq_probes", "retry_probes", "out"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let mut large = emitted("out", 1, (0, 4));
+    large.record.body = vec![b'x'; MAX_RECORD_BYTES];
+    let outbox = vec![large.clone(), emitted("out", 2, (0, 5))];
+    store.commit(BatchCommit { outbox, ..BatchCommit::default() }).unwrap();
+
+    let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0]).await.unwrap();
+    assert_eq!(published, Published { appended: 2, undeliverable: 1 });
+    assert_eq!(log.end_offset("out", 0).await.unwrap(), 1);
+    let dead = letters(&log, "dlq_probes").await;
+    assert_eq!(dead.len(), 1);
+    let message = dead[0].1.failure.as_ref().unwrap().message.clone();
+    assert!(
+        message.starts_with("the message emitted to `out` cannot be delivered: `out` partition 0 refuses a record of")
+            && message
+                .ends_with(&format!("the log takes at most {MAX_RECORD_BYTES} bytes per record (headers and body)")),
+        "{message}"
+    );
+    assert_eq!(dead[0].2, large.record.body, "the letter keeps the body");
+
+    // A retry record too large even for its topic's room.
+    let mut retry = large.clone();
+    retry.topic = "retry_probes".into();
+    retry.origin = None;
+    retry.record.body = vec![b'x'; MAX_RECORD_BYTES + ROUTED_HEADROOM];
+    store.commit(BatchCommit { outbox: vec![retry], ..BatchCommit::default() }).unwrap();
+    let error = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0]).await.unwrap_err();
+    assert!(matches!(&error, OutboxError::HostRecord { topic, .. } if topic == "retry_probes"), "{error}");
+    let limit = MAX_RECORD_BYTES + ROUTED_HEADROOM;
+    assert!(error.to_string().contains(&format!("the log takes at most {limit} bytes per record")), "{error}");
+    assert_eq!(store.outbox().unwrap().len(), 1, "kept in the outbox");
+    assert_eq!(log.end_offset("retry_probes", 0).await.unwrap(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let dir = tempfile::tempdir().unwrap();

@@ -78,14 +78,15 @@ impl<L: EventLog> Consumer<L> {
                     input.push(number, envelope, Origin::single(view.offset()), 0, view.body().to_vec());
                 }
                 Err(error) => {
+                    let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
+                    let reason = routing::malformed_reason(&stored.record, &error);
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
                         offset = view.offset(),
-                        "message has unreadable headers and goes to the dead-letter topic: {error}"
+                        "message has unreadable headers and goes to the dead-letter topic: {reason}"
                     );
-                    let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
-                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
+                    let record = routing::malformed_record(projection.name(), partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.malformed += 1;
                     summary.dead_lettered += 1;
@@ -126,7 +127,8 @@ impl<L: EventLog> Consumer<L> {
                 Err(error) => {
                     // It was readable when it was indexed: the log changed
                     // under the host. Keep it, with the reason.
-                    let record = routing::malformed_record(projection.name(), partition, stored, &error);
+                    let reason = routing::malformed_reason(&stored.record, &error);
+                    let record = routing::malformed_record(projection.name(), partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.retry_out += 1;
                     summary.dead_lettered += 1;

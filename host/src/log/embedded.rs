@@ -35,6 +35,17 @@
 //! truncated index, bad postcard, a gap in the offsets) is
 //! [`LogError::Corrupt`], naming the offset; it never panics.
 //!
+//! **One record holds at most [`MAX_RECORD_BYTES`]** as stored (16 MiB;
+//! 64 KiB more in the host's retry and dead-letter topics, for the routing
+//! headers, [`record_limit`]). An append of a larger record is
+//! [`LogError::RecordTooLarge`], naming its size and the limit, and stores
+//! nothing. A larger record already in the file (an older version's, or
+//! one written by hand) is read as a small stand-in ([`super::UNREADABLE`])
+//! that says so, never copied into a batch: the consumer dead-letters the
+//! stand-in, naming the record's size and the limit, and goes on. redb
+//! reads a value whole, so reading past such a record loads it once, but
+//! nothing holds it.
+//!
 //! Topic names are non-empty, at most 255 bytes, and use only ASCII letters,
 //! digits, `.`, `_` and `-`; anything else is
 //! [`LogError::InvalidTopicName`]. This keeps the table names unambiguous
@@ -48,6 +59,7 @@ use std::time::SystemTime;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use super::{EventLog, LogError, PolledBatch, Record, StoredRecord};
+use crate::event::Header;
 
 /// topic → partition count.
 const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
@@ -59,6 +71,36 @@ const PRODUCERS: TableDefinition<(&str, u32, &str), u64> = TableDefinition::new(
 /// (topic, partition, append time in ms since the Unix epoch) → the first
 /// offset appended then.
 const APPEND_TIMES: TableDefinition<(&str, u32, u64), u64> = TableDefinition::new("append-times");
+
+/// The most one record may hold as stored, in bytes (its postcard
+/// encoding: headers, body and their lengths): 16 MiB. Far above what the
+/// host itself writes (an emitted body or a state value is at most 1 MiB
+/// by default, a key 1 KiB), and bounded so that one record can never make
+/// a read, a batch or an append hold more than that: redb reads a value
+/// whole, so a larger one would be loaded whole wherever it is read.
+/// [`EventLog::append`] refuses a larger record
+/// ([`LogError::RecordTooLarge`]); a read meets one only in a file written
+/// by an older version or by hand, and reads a stand-in in its place
+/// ([`super::UNREADABLE`]).
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+
+/// What the host's own retry and dead-letter topics (`retry_…`, `dlq_…`,
+/// see [`crate::routing`]) take per record above [`MAX_RECORD_BYTES`]: a
+/// record routed there is a record of the log (at most the limit) plus
+/// routing headers (a projection and module name, a failure message cut to
+/// 4 KiB, a few numbers), so routing an event of the largest size never
+/// fails for want of room.
+pub const ROUTED_HEADROOM: usize = 64 << 10;
+
+/// The most one record of `topic` may hold as stored: [`MAX_RECORD_BYTES`],
+/// plus [`ROUTED_HEADROOM`] in the host's retry and dead-letter topics.
+pub fn record_limit(topic: &str) -> usize {
+    if topic.starts_with("retry_") || topic.starts_with("dlq_") {
+        MAX_RECORD_BYTES + ROUTED_HEADROOM
+    } else {
+        MAX_RECORD_BYTES
+    }
+}
 
 /// The longest topic name accepted, in bytes.
 pub const MAX_TOPIC_NAME_LEN: usize = 255;
@@ -210,6 +252,10 @@ impl EventLog for EmbeddedLog {
             Ok(batch)
         })
         .await
+    }
+
+    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
+        Some(record_limit(topic))
     }
 
     /// Every append of this process goes through this log, so a
@@ -393,11 +439,15 @@ impl Inner {
     ) -> Result<bool, LogError> {
         // Encode everything before taking the writer lock.
         let mut encoded = Vec::with_capacity(batches.len());
+        let limit = record_limit(topic);
         for (partition, records) in &batches {
-            let blocks = encode_blocks(records).map_err(|reason| LogError::Refused {
-                topic: topic.to_owned(),
-                partition: *partition,
-                reason,
+            let blocks = encode_blocks(records, limit).map_err(|unstorable| match unstorable {
+                Unstorable::TooLarge { size } => {
+                    LogError::RecordTooLarge { topic: topic.to_owned(), partition: *partition, size, limit }
+                }
+                Unstorable::Encoding(reason) => {
+                    LogError::Refused { topic: topic.to_owned(), partition: *partition, reason }
+                }
             })?;
             encoded.push((*partition, blocks));
         }
@@ -487,7 +537,9 @@ impl Inner {
 
     /// Hands `visit` the stored encoding of up to `max` records from offset
     /// `from` on, in offset order, until it says to stop; a reason it
-    /// returns makes the record [`LogError::Corrupt`].
+    /// returns makes the record [`LogError::Corrupt`]. A record over the
+    /// topic's [`record_limit`] is handed over as its stand-in
+    /// ([`super::UNREADABLE`]), never copied.
     fn scan(
         &self,
         topic: &str,
@@ -512,6 +564,7 @@ impl Inner {
             |offset: u64, reason: String| LogError::Corrupt { topic: topic.to_owned(), partition, offset, reason };
         let count = usize::try_from(end - from).map_or(max, |available| available.min(max));
         let mut visited = 0;
+        let limit = record_limit(topic);
 
         // The block holding `from` is the last one starting at or before it.
         let first = table.range(..=from).map_err(|e| self.storage(e))?.next_back();
@@ -528,7 +581,12 @@ impl Inner {
             for (offset, index) in (offset + skip..).zip(skip..u64::from(block.count)) {
                 // `index` < count ≤ u32::MAX, so it fits.
                 let bytes = block.record(index as u32).map_err(|reason| corrupt(offset, reason))?;
-                let flow = visit(offset, bytes).map_err(|reason| corrupt(offset, reason))?;
+                let flow = if bytes.len() > limit {
+                    visit(offset, &stand_in(bytes.len(), limit))
+                } else {
+                    visit(offset, bytes)
+                };
+                let flow = flow.map_err(|reason| corrupt(offset, reason))?;
                 visited += 1;
                 if visited == count || flow.is_break() {
                     return Ok(());
@@ -538,6 +596,20 @@ impl Inner {
         }
         Err(corrupt(expected, format!("the partition ends before its end offset {end}")))
     }
+}
+
+/// The stored encoding of the stand-in read in place of a record of `size`
+/// bytes, over the `limit` ([`super::UNREADABLE`]).
+fn stand_in(size: usize, limit: usize) -> Vec<u8> {
+    let reason = format!(
+        "the record has {size} bytes as stored, over the embedded log's limit of {limit} bytes per record; it is \
+         not read, and stays in the log at its offset"
+    );
+    let record = Record {
+        headers: vec![Header { name: super::UNREADABLE.to_owned(), value: reason.into_bytes() }],
+        body: Vec::new(),
+    };
+    postcard::to_allocvec(&record).expect("a record always encodes")
 }
 
 /// `time` in milliseconds since the Unix epoch (0 before it).
@@ -557,21 +629,36 @@ const BLOCK_MAX_BYTES: usize = 32 * 1024 - 256;
 /// Format byte and record count.
 const BLOCK_HEADER_LEN: usize = 5;
 
-/// Splits records into encoded blocks: (record count, block bytes).
+/// Why records cannot be stored.
+#[derive(Debug)]
+enum Unstorable {
+    /// A record's encoding has `size` bytes, over the limit.
+    TooLarge { size: usize },
+    /// A record cannot be encoded.
+    Encoding(String),
+}
+
+/// Splits records into encoded blocks: (record count, block bytes), each
+/// record's encoding at most `limit` bytes.
 ///
 /// A block is the format byte, the record count (u32 LE), the end of each
 /// record in the payload (u32 LE each), then the records, postcard-encoded,
 /// back to back. Storing many records per redb entry instead of one makes
 /// appends several times cheaper; the index lets a read start in the middle
 /// of a block without decoding what comes before.
-fn encode_blocks(records: &[Record]) -> Result<Vec<(u32, Vec<u8>)>, String> {
+fn encode_blocks(records: &[Record], limit: usize) -> Result<Vec<(u32, Vec<u8>)>, Unstorable> {
     let mut blocks = Vec::new();
     let mut payload = Vec::with_capacity(BLOCK_MAX_BYTES);
     let mut ends: Vec<u32> = Vec::with_capacity(BLOCK_MAX_RECORDS);
     for record in records {
         let start = payload.len();
-        payload = postcard::to_extend(record, payload).map_err(|e| e.to_string())?;
-        let end = u32::try_from(payload.len()).map_err(|_| "a record is larger than 4 GiB".to_owned())?;
+        payload = postcard::to_extend(record, payload).map_err(|e| Unstorable::Encoding(e.to_string()))?;
+        let size = payload.len() - start;
+        if size > limit {
+            return Err(Unstorable::TooLarge { size });
+        }
+        // The payload holds at most a block's bytes before this record.
+        let end = u32::try_from(payload.len()).map_err(|_| Unstorable::TooLarge { size })?;
         if !ends.is_empty() && BLOCK_HEADER_LEN + 4 * (ends.len() + 1) + payload.len() > BLOCK_MAX_BYTES {
             // This record does not fit: seal the block without it and
             // start the next one with it.
@@ -1017,23 +1104,102 @@ mod tests {
         );
     }
 
+    /// A record whose stored encoding has exactly `size` bytes.
+    fn record_of_size(size: usize) -> Record {
+        let base = postcard::experimental::serialized_size(&record(0)).unwrap() - record(0).body.len() - 1;
+        // The body's length prefix takes 4 bytes for bodies of 2 to 256 MiB.
+        let record = Record { body: vec![7; size - base - 4], ..record(0) };
+        assert_eq!(postcard::experimental::serialized_size(&record).unwrap(), size);
+        record
+    }
+
+    #[tokio::test]
+    async fn a_record_over_the_limit_is_refused_naming_its_size_and_nothing_is_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 2).await.unwrap();
+        let batches = vec![(0, records(0..3)), (1, vec![record(3), record_of_size(MAX_RECORD_BYTES + 1)])];
+        let error = log.append("t", batches).await.unwrap_err();
+        assert!(
+            matches!(error, LogError::RecordTooLarge { ref topic, partition: 1, size, limit: MAX_RECORD_BYTES }
+                if topic == "t" && size == MAX_RECORD_BYTES + 1),
+            "{error:?}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "`t` partition 1 refuses a record of 16777217 bytes: the log takes at most 16777216 bytes per record \
+             (headers and body)"
+        );
+        assert_eq!(log.end_offsets("t").await.unwrap(), [0, 0], "all or nothing");
+        // At the limit: stored, and read back whole.
+        log.append("t", vec![(1, vec![record_of_size(MAX_RECORD_BYTES), record(1)])]).await.unwrap();
+        let read = log.read("t", 1, 0, 10).await.unwrap();
+        assert_eq!(
+            read.iter().map(|stored| &stored.record).collect::<Vec<_>>(),
+            [&record_of_size(MAX_RECORD_BYTES), &record(1)]
+        );
+        let polled = log.poll("t", 1, 0, 10, PolledBatch::new()).await.unwrap();
+        assert_eq!(polled.iter().next().unwrap().body().len(), record_of_size(MAX_RECORD_BYTES).body.len());
+        // The host's retry and dead-letter topics take the routing headers'
+        // room on top, and no more.
+        assert_eq!(log.max_record_bytes("t"), Some(MAX_RECORD_BYTES));
+        for topic in [crate::routing::retry_topic("t"), crate::routing::dlq_topic("t")] {
+            log.create_topic(&topic, 1).await.unwrap();
+            assert_eq!(log.max_record_bytes(&topic), Some(MAX_RECORD_BYTES + ROUTED_HEADROOM));
+            log.append(&topic, vec![(0, vec![record_of_size(MAX_RECORD_BYTES + ROUTED_HEADROOM)])]).await.unwrap();
+            let error = log.append(&topic, vec![(0, vec![record_of_size(MAX_RECORD_BYTES + ROUTED_HEADROOM + 1)])]);
+            assert!(matches!(error.await, Err(LogError::RecordTooLarge { .. })), "{topic}");
+            assert_eq!(log.end_offset(&topic, 0).await.unwrap(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stored_record_over_the_limit_reads_as_a_stand_in_and_the_partition_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.redb");
+        let log = EmbeddedLog::open(&path).unwrap();
+        log.create_topic("t", 2).await.unwrap();
+        log.append("t", vec![(1, records(0..2))]).await.unwrap();
+        drop(log);
+        // As an older version (or a hand) would have written it.
+        let oversize = record_of_size(MAX_RECORD_BYTES + 100);
+        let blocks = encode_blocks(&[oversize, record(3)], usize::MAX).unwrap();
+        poke(&path, &[(2, blocks[0].1.clone()), (3, blocks[1].1.clone())]);
+        let log = EmbeddedLog::open(&path).unwrap();
+        let reason = "the record has 16777316 bytes as stored, over the embedded log's limit of 16777216 bytes per \
+                      record; it is not read, and stays in the log at its offset";
+        let stand_in = Record {
+            headers: vec![Header { name: super::super::UNREADABLE.into(), value: reason.as_bytes().to_vec() }],
+            body: Vec::new(),
+        };
+        let read = log.read("t", 1, 0, 10).await.unwrap();
+        assert_eq!(offsets(&read), [0, 1, 2, 3]);
+        assert_eq!(read[2].record, stand_in);
+        assert_eq!(read[3].record, record(3));
+        let polled = log.poll("t", 1, 1, 10, PolledBatch::new()).await.unwrap();
+        assert_eq!(polled.iter().map(|view| view.to_record()).collect::<Vec<_>>(), [record(1), stand_in, record(3)]);
+        let stand_in = polled.iter().nth(1).unwrap();
+        assert_eq!(super::super::unreadable_reason(stand_in.headers()).as_deref(), Some(reason));
+        assert_eq!(super::super::unreadable_reason(polled.iter().next().unwrap().headers()), None);
+    }
+
     #[test]
     fn blocks_split_by_count_and_size() {
         let counts = |blocks: &[(u32, Vec<u8>)]| blocks.iter().map(|(count, _)| *count).collect::<Vec<_>>();
         let tiny: Vec<Record> = (0..2100).map(|_| Record { headers: vec![], body: vec![] }).collect();
-        assert_eq!(counts(&encode_blocks(&tiny).unwrap()), vec![1024, 1024, 52]);
+        assert_eq!(counts(&encode_blocks(&tiny, MAX_RECORD_BYTES).unwrap()), vec![1024, 1024, 52]);
         let big: Vec<Record> = (0..5).map(|i| Record { headers: vec![], body: vec![i; 12_000] }).collect();
-        assert_eq!(counts(&encode_blocks(&big).unwrap()), vec![2, 2, 1]);
+        assert_eq!(counts(&encode_blocks(&big, MAX_RECORD_BYTES).unwrap()), vec![2, 2, 1]);
         let huge = vec![Record { headers: vec![], body: vec![1; 100_000] }, record(1)];
-        assert_eq!(counts(&encode_blocks(&huge).unwrap()), vec![1, 1]);
+        assert_eq!(counts(&encode_blocks(&huge, MAX_RECORD_BYTES).unwrap()), vec![1, 1]);
         let many = records(0..3000);
-        let blocks = encode_blocks(&many).unwrap();
+        let blocks = encode_blocks(&many, MAX_RECORD_BYTES).unwrap();
         assert_eq!(counts(&blocks).iter().sum::<u32>(), 3000);
         for (count, bytes) in &blocks {
             assert!(bytes.len() <= BLOCK_MAX_BYTES || *count == 1);
             assert_eq!(Block::parse(bytes).unwrap().count, *count);
         }
-        assert!(encode_blocks(&[]).unwrap().is_empty());
+        assert!(encode_blocks(&[], MAX_RECORD_BYTES).unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -1042,7 +1208,7 @@ mod tests {
         let log = open(&dir);
         log.create_topic("t", 1).await.unwrap();
         // Several blocks, then small appends of 1 and 3.
-        let blocks = encode_blocks(&records(0..600)).unwrap();
+        let blocks = encode_blocks(&records(0..600), MAX_RECORD_BYTES).unwrap();
         assert!(blocks.len() > 2, "{}", blocks.len());
         log.append("t", vec![(0, records(0..600))]).await.unwrap();
         log.append("t", vec![(0, records(600..601))]).await.unwrap();

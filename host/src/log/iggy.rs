@@ -51,15 +51,26 @@
 //!   reconnect carries the same ids.
 //! - **Reads poll ahead.** A read that goes on where the partition's last
 //!   read ended and comes back full starts polling the range after it (as
-//!   many records) in the background, so a consumer's next batch is on its
-//!   way while it handles this one. That holds at most one read's records
-//!   per partition besides what the reader holds. A read elsewhere in the
-//!   partition drops it; a read-ahead that failed is forgotten and the read
-//!   polls itself, meeting the failure; one that came back short (the
-//!   partition's end then) is completed by a poll, so appends made since
-//!   are seen. Polls ask for 4 096 messages, and headers are decoded
-//!   straight from the message bytes, with the checks of the client's own
-//!   decoding.
+//!   many records, within the same byte budget) in the background, so a
+//!   consumer's next batch is on its way while it handles this one. That
+//!   holds at most one read's records per partition besides what the
+//!   reader holds. A read elsewhere in the partition drops it; a
+//!   read-ahead that failed is forgotten and the read polls itself,
+//!   meeting the failure; one that came back short (the partition's end
+//!   then) is completed by a poll, so appends made since are seen. Headers
+//!   are decoded straight from the message bytes, with the checks of the
+//!   client's own decoding.
+//! - **Fetches are sized in bytes.** A poll ([`EventLog::poll`]) stops once
+//!   its records hold the batch's byte budget, and each request to the
+//!   server asks for no more messages than the budget left can hold at the
+//!   partition's largest recent message size (at most 4 096; 1 while
+//!   nothing is known of the partition, since Iggy takes messages of up to
+//!   64 MB; at least 1, so a message over the budget is still read, alone).
+//!   So small messages go 4 096 per request, and a partition of large
+//!   ones is fetched a few at a time instead of thousands at once. The
+//!   size is learned from what was fetched: a request whose messages are
+//!   all far larger than any recent one can still bring up to its count
+//!   of them; the next request is sized by them.
 //! - **Unreadable headers are a header error.** The client answers a
 //!   malformed header block with "no headers"; the record then has none, and
 //!   the consumer dead-letters it for its missing envelope.
@@ -90,7 +101,7 @@ use iggy::prelude::{
 use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
 
-use super::{EventLog, LogError, Record, StoredRecord};
+use super::{EventLog, LogError, PolledBatch, Record, StoredRecord, push_stored};
 use crate::event::Header;
 use crate::event::header_name::TAG;
 
@@ -130,14 +141,33 @@ pub struct IggyLog {
     reading: Box<std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>>,
 }
 
-/// Where a partition's last read ended, and maybe the poll of what a reader
-/// that goes on from there will ask for next.
+/// Where a partition's last read ended, what it learned of the partition's
+/// message sizes, and maybe the poll of what a reader that goes on from
+/// there will ask for next.
 struct ReadAhead {
     /// The offset after the last record read.
     from: u64,
-    /// The poll from `from` on, as many records as the last read asked
-    /// for, started when that read was one of a sequence and came back full.
-    poll: Option<tokio::task::JoinHandle<Result<Vec<StoredRecord>, IggyError>>>,
+    /// The byte budget of the last read; a read-ahead serves only a read
+    /// with the same budget.
+    budget: usize,
+    /// What the next fetch of the partition expects its largest message to
+    /// hold ([`next_estimate`]); `None` before any message was seen.
+    largest: Option<usize>,
+    /// The poll from `from` on, as many records and bytes as the last read
+    /// asked for, started when that read was one of a sequence and came
+    /// back full.
+    poll: Option<tokio::task::JoinHandle<Result<Polled, IggyError>>>,
+}
+
+/// Records polled from a partition, with their size and what the polls
+/// learned of the partition's message sizes.
+#[derive(Default)]
+struct Polled {
+    records: Vec<StoredRecord>,
+    /// Their [`Record::byte_len`]s, summed.
+    bytes: usize,
+    /// The estimate for the next fetch ([`next_estimate`]).
+    largest: Option<usize>,
 }
 
 impl Drop for IggyLog {
@@ -207,6 +237,84 @@ impl IggyLog {
             }
         }
         Ok(self.client.read().await.clone())
+    }
+
+    /// Up to `max` records from offset `from` on, stopping once they hold
+    /// `budget` bytes ([`Record::byte_len`]; always at least one record): what
+    /// [`EventLog::read`] (no budget) and [`EventLog::poll`] (the batch's)
+    /// do. Uses the read-ahead a sequential reader started, and starts the
+    /// next one when this read came back full.
+    async fn read_within(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        budget: usize,
+    ) -> Result<Vec<StoredRecord>, LogError> {
+        if max == 0 {
+            self.check_partition(topic, partition).await?;
+            return Ok(Vec::new());
+        }
+        let id = self.topic_id(topic)?;
+        let place = (topic.to_owned(), partition);
+        let ahead = self.reading.lock().unwrap_or_else(|e| e.into_inner()).remove(&place);
+        let sequential = ahead.as_ref().is_some_and(|ahead| ahead.from == from && ahead.budget == budget);
+        let largest = ahead.as_ref().and_then(|ahead| ahead.largest);
+        let mut read = match ahead.and_then(|ahead| ahead.poll) {
+            // A failed read-ahead is forgotten: the poll below meets the
+            // failure again and reports it.
+            Some(poll) if sequential => poll.await.ok().and_then(Result::ok).unwrap_or_default(),
+            Some(poll) => {
+                poll.abort();
+                Polled::default()
+            }
+            None => Polled::default(),
+        };
+        read.largest = read.largest.or(largest);
+        if read.records.len() > max {
+            read.records.truncate(max);
+            read.bytes = read.records.iter().map(|stored| stored.record.byte_len()).sum();
+        }
+        let client = self.client().await?;
+        if read.records.len() < max && (read.records.is_empty() || read.bytes < budget) {
+            let at = read.records.last().map_or(from, |last| last.offset + 1);
+            let (wanted, bytes_left) = (max - read.records.len(), budget - read.bytes);
+            let polled =
+                match poll_range(&client, &self.stream, &id, partition, at, wanted, bytes_left, read.largest).await {
+                    Ok(polled) => polled,
+                    Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
+                        return Err(LogError::TopicNotFound { topic: topic.to_owned() });
+                    }
+                    // Name the real partition count in the error.
+                    Err(e @ IggyError::PartitionNotFound(..)) => {
+                        self.check_partition(topic, partition).await?;
+                        return Err(self.storage("reading", e));
+                    }
+                    Err(e) => return Err(self.storage("reading", e)),
+                };
+            read.records.extend(polled.records);
+            read.bytes += polled.bytes;
+            read.largest = polled.largest;
+        }
+        let Polled { records, bytes, largest } = read;
+        let next = records.last().map_or(from, |last| last.offset + 1);
+        // A reader that went on where it left off and got all it asked for
+        // will likely ask for the next range: poll it while it works.
+        let full = !records.is_empty() && (records.len() == max || bytes >= budget);
+        let poll = (sequential && full).then(|| {
+            let stream = self.stream.clone();
+            tokio::spawn(async move { poll_range(&client, &stream, &id, partition, next, max, budget, largest).await })
+        });
+        let replaced = self
+            .reading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(place, ReadAhead { from: next, budget, largest, poll });
+        if let Some(poll) = replaced.and_then(|other| other.poll) {
+            poll.abort(); // another reader of the partition meanwhile
+        }
+        Ok(records)
     }
 
     fn storage(&self, what: &str, error: IggyError) -> LogError {
@@ -403,54 +511,24 @@ impl EventLog for IggyLog {
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
-        if max == 0 {
-            self.check_partition(topic, partition).await?;
-            return Ok(Vec::new());
+        self.read_within(topic, partition, from, max, usize::MAX).await
+    }
+
+    async fn poll(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        mut batch: PolledBatch,
+    ) -> Result<PolledBatch, LogError> {
+        batch.clear();
+        // The read stopped at the batch's budget already (by the records'
+        // sizes as read, a few bytes off their stored encoding): take all.
+        for stored in self.read_within(topic, partition, from, max, batch.byte_budget()).await? {
+            push_stored(&mut batch, topic, partition, &stored)?;
         }
-        let id = self.topic_id(topic)?;
-        let place = (topic.to_owned(), partition);
-        let ahead = self.reading.lock().unwrap_or_else(|e| e.into_inner()).remove(&place);
-        let sequential = ahead.as_ref().is_some_and(|ahead| ahead.from == from);
-        let mut records = match ahead.and_then(|ahead| ahead.poll) {
-            // A failed read-ahead is forgotten: the poll below meets the
-            // failure again and reports it.
-            Some(poll) if sequential => poll.await.ok().and_then(Result::ok).unwrap_or_default(),
-            Some(poll) => {
-                poll.abort();
-                Vec::new()
-            }
-            None => Vec::new(),
-        };
-        records.truncate(max);
-        let at = records.last().map_or(from, |last: &StoredRecord| last.offset + 1);
-        let client = self.client().await?;
-        let polled = poll_range(&client, &self.stream, &id, partition, at, max - records.len()).await;
-        let polled = match polled {
-            Ok(polled) => polled,
-            Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
-                return Err(LogError::TopicNotFound { topic: topic.to_owned() });
-            }
-            // Name the real partition count in the error.
-            Err(e @ IggyError::PartitionNotFound(..)) => {
-                self.check_partition(topic, partition).await?;
-                return Err(self.storage("reading", e));
-            }
-            Err(e) => return Err(self.storage("reading", e)),
-        };
-        records.extend(polled);
-        let Some(next) = records.last().map(|last| last.offset + 1) else { return Ok(records) };
-        // A reader that went on where it left off and got all it asked for
-        // will likely ask for the next range: poll it while it works.
-        let poll = (sequential && records.len() == max).then(|| {
-            let stream = self.stream.clone();
-            tokio::spawn(async move { poll_range(&client, &stream, &id, partition, next, max).await })
-        });
-        let replaced =
-            self.reading.lock().unwrap_or_else(|e| e.into_inner()).insert(place, ReadAhead { from: next, poll });
-        if let Some(poll) = replaced.and_then(|other| other.poll) {
-            poll.abort(); // another reader of the partition meanwhile
-        }
-        Ok(records)
+        Ok(batch)
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
@@ -606,9 +684,13 @@ fn partition_end(topic: &str, details: &iggy::prelude::TopicDetails, partition: 
     })
 }
 
-/// Up to `max` records of a partition from offset `from` on, decoded:
-/// polled [`POLL`] messages at a time until there are `max` or a poll
-/// comes back empty.
+/// Up to `max` records of a partition from offset `from` on, decoded,
+/// stopping once they hold `budget` bytes (always taking at least one
+/// record) or a poll comes back empty. Each request asks for
+/// [`fetch_count`] messages: what the bytes left can hold at the size
+/// `largest` expects, so a partition of large messages is fetched a few at
+/// a time and one of small messages [`POLL`] at a time.
+#[allow(clippy::too_many_arguments)] // where to read, how much, and the estimate
 async fn poll_range(
     client: &IggyClient,
     stream: &Identifier,
@@ -616,21 +698,60 @@ async fn poll_range(
     partition: u32,
     from: u64,
     max: usize,
-) -> Result<Vec<StoredRecord>, IggyError> {
+    budget: usize,
+    largest: Option<usize>,
+) -> Result<Polled, IggyError> {
     let consumer = Consumer::new(Identifier::named("waku-reader").expect("a valid name"));
-    let mut records = Vec::with_capacity(max.min(4 * POLL));
+    let mut polled = Polled { records: Vec::with_capacity(max.min(4 * POLL)), bytes: 0, largest };
     let mut at = from;
-    while records.len() < max {
-        let count = (max - records.len()).min(POLL) as u32;
+    while polled.records.len() < max && (polled.records.is_empty() || polled.bytes < budget) {
+        let count = fetch_count(max - polled.records.len(), budget.saturating_sub(polled.bytes), polled.largest);
         let strategy = PollingStrategy::offset(at);
-        let polled = client.poll_messages(stream, topic, Some(partition), &consumer, &strategy, count, false).await?;
+        let messages = client.poll_messages(stream, topic, Some(partition), &consumer, &strategy, count, false).await?;
         // Nothing (more), or nothing new from a server that went back.
-        let Some(last) = polled.messages.last().map(|m| m.header.offset).filter(|&last| last >= at) else { break };
-        records.extend(polled.messages.into_iter().filter(|m| m.header.offset >= at).map(from_message));
-        at = last + 1;
+        let Some(last) = messages.messages.last().map(|m| m.header.offset).filter(|&last| last >= at) else { break };
+        let mut largest_fetched = 0;
+        for message in messages.messages.into_iter().filter(|m| m.header.offset >= at) {
+            // What the fetch brought past the record that spent the budget
+            // is left for the next read.
+            if polled.records.len() == max || (!polled.records.is_empty() && polled.bytes >= budget) {
+                break;
+            }
+            let stored = from_message(message);
+            let size = stored.record.byte_len();
+            largest_fetched = largest_fetched.max(size);
+            polled.bytes += size;
+            polled.records.push(stored);
+        }
+        polled.largest = Some(next_estimate(polled.largest, largest_fetched));
+        at = polled.records.last().map_or(last, |stored| stored.offset) + 1;
     }
-    records.truncate(max);
-    Ok(records)
+    Ok(polled)
+}
+
+/// How many messages one poll request asks for: at most [`POLL`] and the
+/// records still `wanted`, and no more than `bytes_left` (capped at
+/// [`PolledBatch::BYTE_BUDGET`], so a read without a budget fetches in
+/// pieces of that size too) can hold if each holds `largest` bytes; always
+/// at least 1, so a message larger than the budget is still read (and the
+/// read then ends). Knowing nothing of the partition's messages
+/// (`largest` is `None`), it asks for 1: Iggy takes messages of up to 64 MB,
+/// so no count above 1 is safe before one was seen.
+fn fetch_count(wanted: usize, bytes_left: usize, largest: Option<usize>) -> u32 {
+    let Some(largest) = largest else { return 1 };
+    let by_bytes = bytes_left.min(PolledBatch::BYTE_BUDGET) / largest.max(1);
+    // At most POLL, which fits a u32.
+    wanted.min(POLL).min(by_bytes).max(1) as u32
+}
+
+/// What the next fetch of a partition expects its largest message to hold,
+/// after one that `fetched` messages of at most that many bytes: that size,
+/// or half the previous estimate if that is more. A large message thus
+/// slows the partition's fetches down at once, and they speed up again
+/// over a few fetches (doubling) once messages are small again, rather
+/// than staying slow for good.
+fn next_estimate(previous: Option<usize>, fetched: usize) -> usize {
+    fetched.max(previous.unwrap_or(0) / 2)
 }
 
 /// The highest stamp `producer` left in a partition at or after offset
@@ -916,6 +1037,96 @@ fn with_bounded_reconnection(url: &str) -> String {
 mod tests {
     use super::*;
     use crate::event::header_name::KEY;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_fetch_asks_for_what_the_bytes_left_can_hold() {
+        // Nothing known of the partition: one message.
+        assert_eq!(fetch_count(65_536, 32 * MIB, None), 1);
+        // Small messages (the demo's): POLL at a time, or what is wanted.
+        assert_eq!(fetch_count(65_536, 32 * MIB, Some(150)), 4096);
+        assert_eq!(fetch_count(10, 32 * MIB, Some(150)), 10);
+        assert_eq!(fetch_count(65_536, 150 * 100, Some(150)), 100);
+        // Large ones: what the bytes left hold.
+        assert_eq!(fetch_count(65_536, 32 * MIB, Some(2 * MIB)), 16);
+        assert_eq!(fetch_count(65_536, 5 * MIB, Some(2 * MIB)), 2);
+        // Larger than what is left, or than the whole budget: still one.
+        assert_eq!(fetch_count(65_536, MIB, Some(64_000_000)), 1);
+        assert_eq!(fetch_count(65_536, 0, Some(150)), 1);
+        // A read without a budget fetches in pieces of the default one.
+        assert_eq!(fetch_count(65_536, usize::MAX, Some(MIB)), 32);
+        assert_eq!(fetch_count(65_536, usize::MAX, Some(0)), 4096);
+    }
+
+    #[test]
+    fn a_fetch_never_asks_for_more_than_fits_and_always_for_one() {
+        let sizes = [0, 1, 100, 4095, 4096, MIB, 32 * MIB, 64_000_000, usize::MAX];
+        for wanted in [1, 2, 100, 4096, 4097, 65_536, usize::MAX] {
+            for bytes_left in sizes {
+                for largest in sizes.map(Some).into_iter().chain([None]) {
+                    let count = fetch_count(wanted, bytes_left, largest) as usize;
+                    let case = format!("wanted {wanted}, {bytes_left} bytes left, largest {largest:?}: {count}");
+                    assert!((1..=POLL.min(wanted)).contains(&count), "{case}");
+                    if count > 1 {
+                        let fits = bytes_left.min(PolledBatch::BYTE_BUDGET);
+                        assert!(count.saturating_mul(largest.unwrap()) <= fits, "{case}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_estimate_follows_large_messages_at_once_and_small_ones_by_halves() {
+        assert_eq!(next_estimate(None, 150), 150);
+        assert_eq!(next_estimate(Some(150), 5 * MIB), 5 * MIB);
+        assert_eq!(next_estimate(Some(64_000_000), 150), 32_000_000);
+        // After one message of Iggy's largest, small messages go POLL at a
+        // time again within a few fetches.
+        let (mut estimate, mut fetches) = (Some(64_000_000), 0);
+        while fetch_count(65_536, PolledBatch::BYTE_BUDGET, estimate) < POLL as u32 {
+            estimate = Some(next_estimate(estimate, 150));
+            fetches += 1;
+        }
+        assert_eq!(fetches, 13);
+    }
+
+    /// Against a server named by `WAKU_IGGY_URL`, else skipped with a line.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_of_large_messages_fetches_no_more_than_its_budget() {
+        let Ok(url) = std::env::var("WAKU_IGGY_URL") else {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: the Iggy fetch test needs an Iggy server named by WAKU_IGGY_URL (e.g. iggy://iggy:iggy@127.0.0.1:8090)"
+            );
+            return;
+        };
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        let log = IggyLog::connect(&url, &format!("waku-lib-fetch-{}", now.as_nanos())).await.unwrap();
+        log.create_topic("large", 1).await.unwrap();
+        let record = |n: u8| Record { headers: Vec::new(), body: vec![n; MIB / 2] };
+        for batch in 0..3 {
+            log.append("large", vec![(0, (0..4).map(|n| record(batch * 4 + n)).collect())]).await.unwrap();
+        }
+        let offsets = |records: &[StoredRecord]| records.iter().map(|stored| stored.offset).collect::<Vec<_>>();
+        // 12 messages of 512 KiB, a budget of 2 MiB: one message (nothing
+        // known yet), then the three the 1.5 MiB left hold.
+        let first = log.read_within("large", 0, 0, 1000, 2 * MIB).await.unwrap();
+        assert_eq!(offsets(&first), [0, 1, 2, 3]);
+        assert_eq!(first[3].record, record(3));
+        // The read-ahead went on by as much; the next read takes it.
+        let ahead = log.reading.lock().unwrap().get(&("large".to_owned(), 0)).unwrap().largest;
+        assert_eq!(ahead, Some(MIB / 2));
+        let second = log.read_within("large", 0, 4, 1000, 2 * MIB).await.unwrap();
+        assert_eq!(offsets(&second), [4, 5, 6, 7]);
+        assert_eq!(second[0].record, record(4));
+        // A budget below one message: one message.
+        assert_eq!(offsets(&log.read_within("large", 0, 8, 1000, 1).await.unwrap()), [8]);
+        // A read without a budget reads what it is asked for.
+        assert_eq!(offsets(&log.read("large", 0, 2, 1000).await.unwrap()), (2..12).collect::<Vec<_>>());
+    }
 
     #[test]
     fn headers_survive_the_trip_through_iggy_user_headers() {

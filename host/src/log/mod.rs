@@ -31,7 +31,8 @@
 //! - **A failure says whether trying again can help.** An unreachable log is
 //!   [`LogError::Unavailable`]; a missing topic or partition, an invalid
 //!   topic name, or a record the backend will never store
-//!   ([`LogError::Refused`]) fail the same way every time.
+//!   ([`LogError::Refused`], [`LogError::RecordTooLarge`]) fail the same
+//!   way every time.
 //! - **Times are found by offset.** [`offset_at`](EventLog::offset_at)
 //!   answers the first offset appended at or after a time: the embedded log
 //!   records append times (records appended before it did count as older
@@ -75,6 +76,22 @@ pub fn masked_password(url: &str) -> Option<String> {
     })
 }
 
+/// The header of the stand-in a log reads in place of a stored record it
+/// will not hand over whole (one over [`embedded::MAX_RECORD_BYTES`], left
+/// by an older version or written by hand): the stand-in has this header
+/// alone, whose value says why, and an empty body. Its envelope is
+/// unreadable, so the consumer dead-letters it with that reason
+/// ([`unreadable_reason`]) and goes on; the record stays in the log at its
+/// offset, which the dead letter names.
+pub const UNREADABLE: &str = "waku-unreadable";
+
+/// Why the log read a stand-in ([`UNREADABLE`]) in place of the record
+/// with these headers; `None` for a record read as it was stored.
+pub fn unreadable_reason<'a>(mut headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Option<String> {
+    let (name, reason) = headers.next()?;
+    (name == UNREADABLE.as_bytes() && headers.next().is_none()).then(|| String::from_utf8_lossy(reason).into_owned())
+}
+
 /// One message as the log stores it: user headers and an opaque body.
 ///
 /// The host never decodes the body; everything it needs to plan is in the
@@ -88,6 +105,15 @@ pub struct Record {
     /// so stored records read back unchanged, decoded with one copy.
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+}
+
+impl Record {
+    /// Its body's and its headers' names' and values' bytes: about what it
+    /// takes to store or send (less a few bytes of lengths per header),
+    /// what byte budgets count.
+    pub fn byte_len(&self) -> usize {
+        self.body.len() + self.headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>()
+    }
 }
 
 /// A [`Record`] read back from a partition, with the offset it was stored at.
@@ -159,6 +185,23 @@ pub enum LogError {
         partition: u32,
         /// Why.
         reason: String,
+    },
+    /// The record is larger than the log takes
+    /// ([`embedded::MAX_RECORD_BYTES`]); nothing of the append was stored.
+    /// Trying again fails the same way.
+    #[error(
+        "`{topic}` partition {partition} refuses a record of {size} bytes: the log takes at most {limit} bytes per \
+         record (headers and body)"
+    )]
+    RecordTooLarge {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The record's size as stored (headers, body and their lengths).
+        size: usize,
+        /// The most the log takes.
+        limit: usize,
     },
     /// A stored record cannot be decoded.
     #[error("corrupt record in `{topic}` partition {partition} at offset {offset}: {reason}")]
@@ -311,15 +354,21 @@ pub trait EventLog: Send + Sync + 'static {
                 if batch.is_full() {
                     break;
                 }
-                batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
-                    topic: topic.to_owned(),
-                    partition,
-                    offset: stored.offset,
-                    reason,
-                })?;
+                push_stored(&mut batch, topic, partition, &stored)?;
             }
             Ok(batch)
         }
+    }
+
+    /// The most one record of `topic` may hold as stored (postcard:
+    /// headers, body and their lengths), when the log has such a limit of
+    /// its own: a larger record is [`LogError::RecordTooLarge`]. `None`
+    /// (the default): the backend refuses what it cannot store by its own
+    /// rules ([`LogError::Refused`]). Lets a publisher name the event that
+    /// is too large before appending anything.
+    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
+        let _ = topic;
+        None
     }
 
     /// A signal that changes after records are appended, so that a
@@ -386,6 +435,17 @@ pub trait EventLog: Send + Sync + 'static {
     }
 }
 
+/// Appends a record read from `topic`'s `partition` to a polled batch; one
+/// that cannot be packed is [`LogError::Corrupt`] at its offset.
+fn push_stored(batch: &mut PolledBatch, topic: &str, partition: u32, stored: &StoredRecord) -> Result<(), LogError> {
+    batch.push(stored.offset, &stored.record).map_err(|reason| LogError::Corrupt {
+        topic: topic.to_owned(),
+        partition,
+        offset: stored.offset,
+        reason,
+    })
+}
+
 /// Either backend, chosen at run time (the command line's `--iggy`).
 pub enum AnyLog {
     /// The embedded log.
@@ -449,6 +509,13 @@ impl EventLog for AnyLog {
         batch: PolledBatch,
     ) -> Result<PolledBatch, LogError> {
         delegate!(self, log => log.poll(topic, partition, from, max, batch))
+    }
+
+    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
+        match self {
+            AnyLog::Embedded(log) => log.max_record_bytes(topic),
+            AnyLog::Iggy(log) => log.max_record_bytes(topic),
+        }
     }
 
     fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {

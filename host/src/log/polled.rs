@@ -23,7 +23,9 @@
 //! - **Bounded in bytes, not only in records.** A poll stops once the
 //!   buffer holds [`PolledBatch::BYTE_BUDGET`] (always taking at least one
 //!   record), so a publisher's large messages cannot make one poll of
-//!   thousands of records hold gigabytes.
+//!   thousands of records hold gigabytes. A backend that fetches records
+//!   over the network (Iggy) sizes each fetch from the budget left, so
+//!   what it fetches stays near the budget too, not only what it keeps.
 
 use super::Record;
 use crate::event::Header;
@@ -74,9 +76,16 @@ impl PolledBatch {
         Self { bytes: Vec::new(), records: Vec::new(), byte_budget }
     }
 
+    /// How many bytes of stored records the batch takes before it is full.
+    pub fn byte_budget(&self) -> usize {
+        self.byte_budget
+    }
+
     /// Whether a poll should stop adding records: the batch holds at least
     /// one record and its byte budget is spent. Every log's `poll` stops
-    /// here, so one poll holds at most the budget plus one record.
+    /// here, so one poll holds at most the budget plus one record (Iggy's
+    /// stops by the same rule as it fetches, counting
+    /// [`Record::byte_len`], a few bytes per header below the encoding).
     pub fn is_full(&self) -> bool {
         !self.records.is_empty() && self.bytes.len() >= self.byte_budget
     }
