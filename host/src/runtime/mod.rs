@@ -319,12 +319,13 @@ impl Sandbox {
 
     /// Compiles a component (at most
     /// [`MAX_COMPONENT_BYTES`](component_file::MAX_COMPONENT_BYTES) and
-    /// [`MAX_COMPONENT_FUNCTIONS`](component_file::MAX_COMPONENT_FUNCTIONS)), checks
+    /// [`MAX_COMPONENT_FUNCTIONS`](component_file::MAX_COMPONENT_FUNCTIONS) of at most
+    /// [`MAX_FUNCTION_BYTES`](component_file::MAX_FUNCTION_BYTES) each), checks
     /// its imports, pre-links it and asks it to describe itself (checking
     /// the answer).
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
         component_file::check_size(bytes.len() as u64)
-            .and_then(|()| component_file::count_functions(bytes))
+            .and_then(|()| component_file::check_code(bytes).map(drop))
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;
         let (component, from_cache) = cache::compile(self, name, bytes)?;
         capabilities::check_imports(&self.shared.engine, name, &component)?;
