@@ -172,7 +172,7 @@ impl RetryArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 #[command(next_help_heading = "Sandbox limits (per module instance)")]
 pub(super) struct LimitArgs {
-    /// Memory limit per module instance, in MiB.
+    /// Memory limit per module instance (all its linear memories together), in MiB.
     #[arg(long, default_value_t = SandboxLimits::default().memory_bytes >> 20)]
     pub(super) memory_mib: usize,
     /// CPU budget per handler call, in milliseconds.
