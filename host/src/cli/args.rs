@@ -181,7 +181,7 @@ pub(super) struct LimitArgs {
     /// Most wasm stack one call may use, in KiB (deep recursion traps).
     #[arg(long, default_value_t = SandboxLimits::default().max_wasm_stack >> 10)]
     pub(super) max_wasm_stack_kib: usize,
-    /// Most table elements (function references) per instance.
+    /// Most table elements (function references) per instance, all its tables together.
     #[arg(long, default_value_t = SandboxLimits::default().table_elements)]
     pub(super) max_table_elements: usize,
     /// Most core instances (and memories, and tables) one module instance may create.

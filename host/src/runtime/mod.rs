@@ -67,8 +67,8 @@ mod cache;
 pub mod capabilities;
 pub mod component_file;
 pub mod emit;
+mod instance_limits;
 pub mod log;
-mod memory_limit;
 pub mod state;
 pub mod wasi;
 
@@ -105,7 +105,8 @@ pub struct SandboxLimits {
     pub call_budget: Duration,
     /// Most wasm stack a call may use, in bytes. Default 512 KiB.
     pub max_wasm_stack: usize,
-    /// Most table elements an instance may have. Default 100 000.
+    /// Most table elements an instance may have, all its tables together.
+    /// Default 100 000.
     pub table_elements: usize,
     /// Most core instances one component instance may create. Default 100.
     pub instances: usize,
@@ -374,7 +375,8 @@ impl Sandbox {
             .tables(limits.instances)
             .trap_on_grow_failure(true)
             .build();
-        let store_limits = memory_limit::InstanceLimits::new(store_limits, limits.memory_bytes);
+        let store_limits =
+            instance_limits::InstanceLimits::new(store_limits, limits.memory_bytes, limits.table_elements);
         let data = StoreData {
             wasi: wasi::WasiState::new(),
             limits: store_limits,
@@ -419,7 +421,7 @@ pub fn content_version(bytes: &[u8]) -> String {
 /// the scope of the key being handled (only during `handle`).
 pub(crate) struct StoreData {
     wasi: wasi::WasiState,
-    limits: memory_limit::InstanceLimits,
+    limits: instance_limits::InstanceLimits,
     /// The key scope of the `handle` call running; `None` in any other
     /// call, where `state` and `emit` refuse everything.
     scope: Option<KeyScope>,
