@@ -131,6 +131,23 @@ pub enum CallError {
         /// What the call's own key held of it before the call.
         key_held: usize,
     },
+    /// The module's calls in this batch have already run longer than the
+    /// batch allows one module (`ConsumerConfig::module_time_per_batch`), so
+    /// the call was not made. Decided by the host: retryable, and not the
+    /// key's attempt, so a slow module delays its own keys to later batches
+    /// instead of holding up the partition.
+    #[error(
+        "batch-module-time: module `{module}` has run for {spent_ms} ms of calls in this batch, over the \
+         {limit_ms} ms one module may take per batch; the key is tried again in a later batch"
+    )]
+    BatchTime {
+        /// The module.
+        module: String,
+        /// How long its calls in the batch took, in milliseconds.
+        spent_ms: u128,
+        /// What one module may take per batch, in milliseconds.
+        limit_ms: u128,
+    },
     /// The host's own state store failed under the call. Not the module's
     /// doing: the consumer does not commit the batch and tries it again,
     /// and counts nothing against the module.
@@ -146,9 +163,11 @@ impl CallError {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Handler { class, .. } => *class,
-            Self::Trap { .. } | Self::Contract(_) | Self::BatchBudget { .. } | Self::HostFault(_) => {
-                ErrorClass::Retryable
-            }
+            Self::Trap { .. }
+            | Self::Contract(_)
+            | Self::BatchBudget { .. }
+            | Self::BatchTime { .. }
+            | Self::HostFault(_) => ErrorClass::Retryable,
         }
     }
 }
@@ -162,10 +181,15 @@ impl CallError {
     /// a module flooding one key uses up that key's attempts, while the
     /// keys that merely share its batch are retried without losing any.
     /// A key that could never fit a batch on its own is therefore
-    /// dead-lettered in the end, never retried forever.
+    /// dead-lettered in the end, never retried forever. A call cut because
+    /// its module used up its time in the batch never counts: the key was
+    /// not called, and every batch makes at least one call of each module,
+    /// so the keys it delays are all reached in the end.
     pub fn counts_as_attempt(&self) -> bool {
         match self {
             Self::BatchBudget { adds, limit, key_held, .. } => key_held.saturating_add(*adds) > limit / 4,
+            // The key was not even called.
+            Self::BatchTime { .. } => false,
             _ => true,
         }
     }

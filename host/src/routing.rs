@@ -133,7 +133,7 @@ impl FailureClass {
             // A broken contract is the module misbehaving, like a trap.
             CallError::Trap { .. } | CallError::Contract(_) => Self::Trap,
             // Decided by the host: the key is tried again in a later batch.
-            CallError::BatchBudget { .. } | CallError::HostFault(_) => Self::Retryable,
+            CallError::BatchBudget { .. } | CallError::BatchTime { .. } | CallError::HostFault(_) => Self::Retryable,
         }
     }
 }

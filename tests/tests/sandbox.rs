@@ -15,7 +15,7 @@ use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::runtime::component_file::MAX_COMPONENT_FUNCTIONS;
+use wakuwaku::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_FUNCTION_BYTES};
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
@@ -191,6 +191,35 @@ fn a_component_of_too_many_functions_is_refused_before_it_is_compiled() {
     );
     // A few functions compile (and fail later: this is no handler).
     assert!(matches!(sandbox.load("small", &functions(10)), Err(LoadError::NotAHandler { .. })));
+}
+
+/// One huge function is a compile bomb too: compiling it holds about 90
+/// times its size and takes seconds per MiB. A function past
+/// [`MAX_FUNCTION_BYTES`] is refused before anything is compiled, naming
+/// the rule and the function; many functions just within it pass the check.
+#[test]
+fn a_component_with_a_function_too_large_is_refused_before_it_is_compiled() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    // `nop` is one byte of code; the body's size adds its locals and `end`.
+    let function = |bytes: u64| format!("(func {})", "nop ".repeat(bytes as usize));
+    let component = |functions: &[String]| {
+        wat::parse_str(format!("(component (core module (func) {}))", functions.concat())).unwrap()
+    };
+    let started = Instant::now();
+    match sandbox.load("bomb", &component(&[function(MAX_FUNCTION_BYTES)])) {
+        Err(LoadError::Invalid { reason, .. }) => assert_eq!(
+            reason,
+            format!(
+                "component-function-size: a function of a component has at most {MAX_FUNCTION_BYTES} bytes of \
+                 code; function 1 of a core module has {}",
+                MAX_FUNCTION_BYTES + 2
+            )
+        ),
+        other => panic!("expected a refusal naming component-function-size, got {:?}", other.err()),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: it was compiled", started.elapsed());
+    let checked = wakuwaku::runtime::component_file::check_code(&component(&[function(1000), function(1000)]));
+    assert_eq!(checked, Ok(3));
 }
 
 #[test]

@@ -706,3 +706,55 @@ async fn a_flood_beside_the_bank_never_fails_the_banks_events() {
     let over_budget = retried.chain(dead_lettered).filter(|failure| rule(&failure.message) == "batch-budget").count();
     assert!(over_budget > 0, "no call failed on the batch budget");
 }
+
+/// A module that takes its whole CPU budget on every call, beside the bank
+/// in one projection. The per-call budget alone would let it hold the
+/// batch (and the bank's events in it) for its number of keys times the
+/// budget; the time one module may take per batch cuts that short: its
+/// other keys go to retry without losing an attempt (so with one attempt
+/// allowed, each still gets its one call and is dead-lettered for its own
+/// trap, never for the cut), and the bank is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_slow_on_every_call_is_cut_off_per_batch_and_the_bank_goes_on() {
+    let limits = SandboxLimits { call_budget: Duration::from_millis(100), ..SandboxLimits::default() };
+    let mut bed = Bed::with(PayloadLimits::default(), limits, |sandbox| {
+        vec![load_module_file(sandbox, &bank_wasm()).expect("the bank module loads")]
+    })
+    .await;
+    bed.config.retry.max_attempts = 1;
+    bed.config.module_time_per_batch = Duration::from_millis(250);
+    let bank = bed.projection.modules()[1].clone();
+    let spec = WorkloadSpec { events: 500, accounts: 20, seed: 5 };
+    let staging = EmbeddedLog::open(bed.dir.path().join("staging.redb")).unwrap();
+    let oracle = publish_bank(&staging, bank.clone(), spec, 1).await;
+    let mut records: Vec<Record> =
+        staging.read("accounts", 0, 0, spec.events).await.unwrap().into_iter().map(|s| s.record).collect();
+    let slow_keys = 20;
+    records.extend((0..slow_keys).map(|i| attack(tag::REFUSAL_SPIN, 1_000_000 + i, json!({ "n": 0 }))));
+    bed.append(records).await;
+    let summary = bed.run().await;
+
+    assert_eq!((summary.applied, summary.dead_lettered), (spec.events as u64, slow_keys), "{summary:?}");
+    let check = demo::check_projection(&oracle, &*bank, bed.store()).unwrap();
+    assert!(check.matches(), "{}", check.report(5));
+    for letter in bed.dead_letters().await {
+        let failure = letter.routed.failure.expect("a dead letter says why");
+        assert_eq!(failure.class, FailureClass::Trap, "{}", failure.message);
+        assert!(failure.message.contains("CPU budget"), "dead-lettered for the cut: {}", failure.message);
+    }
+    let retried: Vec<Routed> =
+        bed.records(&retry_topic(TOPIC)).await.iter().map(|r| Routed::parse(&r.record.headers).unwrap()).collect();
+    let cut: Vec<&Routed> = retried
+        .iter()
+        .filter(|routed| routed.failure.as_ref().is_some_and(|f| rule(&f.message) == "batch-module-time"))
+        .collect();
+    assert!(!cut.is_empty(), "the slow module's time per batch never cut a batch short");
+    assert!(cut.iter().all(|routed| routed.attempts == 0), "a cut call cost its key an attempt: {cut:?}");
+    let first = cut[0].failure.as_ref().unwrap();
+    assert_eq!(first.class, FailureClass::Retryable);
+    assert!(first.message.contains("over the 250 ms one module may take per batch"), "{}", first.message);
+    assert!(
+        retried.iter().all(|routed| routed.origin_offset >= spec.events as u64),
+        "a bank event went to retry because of the slow module"
+    );
+}

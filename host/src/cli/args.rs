@@ -172,7 +172,7 @@ impl RetryArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 #[command(next_help_heading = "Sandbox limits (per module instance)")]
 pub(super) struct LimitArgs {
-    /// Memory limit per module instance, in MiB.
+    /// Memory limit per module instance (all its linear memories together), in MiB.
     #[arg(long, default_value_t = SandboxLimits::default().memory_bytes >> 20)]
     pub(super) memory_mib: usize,
     /// CPU budget per handler call, in milliseconds.
@@ -181,12 +181,18 @@ pub(super) struct LimitArgs {
     /// Most wasm stack one call may use, in KiB (deep recursion traps).
     #[arg(long, default_value_t = SandboxLimits::default().max_wasm_stack >> 10)]
     pub(super) max_wasm_stack_kib: usize,
-    /// Most table elements (function references) per instance.
+    /// Most table elements (function references) per instance, all its tables together.
     #[arg(long, default_value_t = SandboxLimits::default().table_elements)]
     pub(super) max_table_elements: usize,
     /// Most core instances (and memories, and tables) one module instance may create.
     #[arg(long, default_value_t = SandboxLimits::default().instances)]
     pub(super) max_instances: usize,
+    /// How long one module's calls may run in one batch (summed over the
+    /// workers), e.g. `30s`; past it the module's other keys in the batch
+    /// are retried in a later batch without losing an attempt, so a slow
+    /// module cannot hold up the partition.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub(super) max_module_time_per_batch: Duration,
     /// Largest state value a handler may write, in KiB; a larger write is
     /// refused (`state-value-size`).
     #[arg(long, default_value_t = PayloadLimits::default().max_state_value >> 10, help_heading = PAYLOAD)]
@@ -304,11 +310,15 @@ impl ConsumeArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
+        if self.limits.max_module_time_per_batch.is_zero() {
+            bail!("--max-module-time-per-batch must be more than 0");
+        }
         let mut config = ConsumerConfig {
             batch_size: self.batch_size,
             partitions,
             payload: self.limits.payload()?,
             retry: self.retry.policy()?,
+            module_time_per_batch: self.limits.max_module_time_per_batch,
             ..ConsumerConfig::default()
         };
         if let Some(workers) = self.workers {
@@ -413,6 +423,18 @@ mod tests {
         assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
         assert_eq!(args.create_emit_topics, None);
         assert_eq!(consume_args(&["--create-emit-topics", "3"]).create_emit_topics, Some(3));
+    }
+
+    #[test]
+    fn module_time_per_batch_is_a_duration_and_zero_is_refused() {
+        assert_eq!(
+            consume_args(&[]).config(None).unwrap().module_time_per_batch,
+            ConsumerConfig::default().module_time_per_batch
+        );
+        let config = consume_args(&["--max-module-time-per-batch", "250ms"]).config(None).unwrap();
+        assert_eq!(config.module_time_per_batch, Duration::from_millis(250));
+        let error = consume_args(&["--max-module-time-per-batch", "0s"]).config(None).err().unwrap().to_string();
+        assert_eq!(error, "--max-module-time-per-batch must be more than 0");
     }
 
     #[test]

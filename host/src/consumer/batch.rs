@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::call_time::CallTime;
 use super::key::{KeyWork, RunWork, WorkerOutcome};
 use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
@@ -161,7 +162,8 @@ impl<L: EventLog> Consumer<L> {
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();
-        let outcomes = self.execute(partition, work, &snapshot, &budget, modules)?;
+        let call_time = CallTime::new(self.config.module_time_per_batch, modules.modules().len());
+        let outcomes = self.execute(partition, work, &snapshot, (&budget, &call_time), modules)?;
         drop(snapshot);
         // The bodies are freed here, by the thread that allocated them.
         work.clear();
@@ -202,14 +204,16 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         work: &BatchWork,
         snapshot: &Arc<StateReader>,
-        budget: &BatchBudget,
+        (budget, call_time): (&BatchBudget, &CallTime),
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         let workers = work.workers(self.config.workers);
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
                 .map(|worker| {
-                    scope.spawn(move || self.run_worker(partition, work, (worker, workers), snapshot, budget, modules))
+                    scope.spawn(move || {
+                        self.run_worker(partition, work, (worker, workers), snapshot, budget, call_time, modules)
+                    })
                 })
                 .collect();
             handles

@@ -22,6 +22,7 @@ const COMBINE_PART_BYTES: usize = 4 << 20;
 use wakuwaku_core::reduce;
 
 use super::batch::BatchWork;
+use super::call_time::CallTime;
 use super::failure::{self, Route};
 use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
@@ -46,6 +47,7 @@ impl<L: EventLog> Consumer<L> {
         (worker, workers): (usize, usize),
         snapshot: &Arc<StateReader>,
         budget: &BatchBudget,
+        call_time: &CallTime,
         modules: &ModuleSet,
     ) -> WorkerOutcome {
         let mut instances = modules.instances();
@@ -60,7 +62,8 @@ impl<L: EventLog> Consumer<L> {
             }
             let key = key_work.key.clone();
             let mut scope = KeyScope::sharing(key.clone(), &shared);
-            self.run_key(partition, work, key_work, &mut scope, modules, &mut instances, &mut laps, &mut outcome);
+            let calls = Calls { modules, instances: &mut instances, time: call_time };
+            self.run_key(partition, work, key_work, &mut scope, calls, &mut laps, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
         laps.lap(&mut outcome.summary.phases, Phase::Calls);
@@ -77,8 +80,7 @@ impl<L: EventLog> Consumer<L> {
         work: &BatchWork,
         key_work: &KeyWork,
         scope: &mut KeyScope,
-        modules: &ModuleSet,
-        instances: &mut Instances<'_>,
+        Calls { modules, instances, time }: Calls<'_, '_>,
         laps: &mut Laps,
         out: &mut WorkerOutcome,
     ) {
@@ -100,9 +102,12 @@ impl<L: EventLog> Consumer<L> {
             if reduces {
                 laps.lap(&mut out.summary.phases, Phase::Calls);
             }
-            // A failed fold fails the whole run, unreduced.
+            // A failed fold fails the whole run, unreduced; so does a module
+            // out of time for this batch.
+            let module = &modules.modules()[route.module];
             let traced = Traced { bodies: bodies.into(), origins: origins.into() };
-            let (reduced, fold_error) = match instances.get(route.module) {
+            let folding = reduces.then(std::time::Instant::now);
+            let (reduced, fold_error) = match time.check(route.module, module.name()).and(instances.get(route.module)) {
                 Err(error) => (traced, Some(error)),
                 Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
                     reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
@@ -111,7 +116,8 @@ impl<L: EventLog> Consumer<L> {
                     Err((error, run)) => (run, Some(error)),
                 },
             };
-            if reduces {
+            if let Some(folding) = folding {
+                time.charge(route.module, folding.elapsed());
                 laps.lap(&mut out.summary.phases, Phase::Reduce);
             }
             let attempts: Cow<[u32]> = if attempts.len() == reduced.bodies.len() {
@@ -128,18 +134,19 @@ impl<L: EventLog> Consumer<L> {
             for chunk in reduce::chunks(&reduced.bodies, max_batch) {
                 let (begin, end) = (start, start + chunk.len());
                 start = end;
-                let started = self.metrics.as_ref().map(|_| std::time::Instant::now());
+                let started = std::time::Instant::now();
                 let result = match &fold_error {
                     Some(error) => Err(error.clone()),
-                    None => {
-                        let module = &modules.modules()[route.module];
+                    None => time.check(route.module, module.name()).and_then(|()| {
                         let earliest = reduced.origins[begin..end].iter().map(|o| o.offset).min().unwrap_or_default();
                         scope.set_emit_origin(partition, earliest, module.name(), module.version());
                         instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
-                    }
+                    }),
                 };
-                if let Some(started) = started {
-                    out.tally.of(route.module, tag).call_times.push(started.elapsed());
+                let elapsed = started.elapsed();
+                time.charge(route.module, elapsed);
+                if self.metrics.is_some() {
+                    out.tally.of(route.module, tag).call_times.push(elapsed);
                 }
                 let error = match result {
                     Ok(()) => {
@@ -184,22 +191,24 @@ impl<L: EventLog> Consumer<L> {
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
-                let module = &modules.modules()[route.module];
                 let failure = Failure {
                     class,
                     message: error.to_string(),
                     module: module.name().to_owned(),
                     version: module.version().to_owned(),
                 };
-                tracing::warn!(
-                    projection = projection.name(),
-                    partition,
-                    %key,
-                    event_type = route.event_type.name,
-                    attempt,
-                    "{}",
-                    wakuwaku_core::limits::printable(&error.to_string())
-                );
+                // A cut is logged once per module and batch, by `CallTime`.
+                if !matches!(error, CallError::BatchTime { .. }) {
+                    tracing::warn!(
+                        projection = projection.name(),
+                        partition,
+                        %key,
+                        event_type = route.event_type.name,
+                        attempt,
+                        "{}",
+                        wakuwaku_core::limits::printable(&error.to_string())
+                    );
+                }
                 if next == Route::DeadLetter {
                     for (body, &origin) in reduced.bodies[begin..end].iter().zip(&reduced.origins[begin..end]) {
                         let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
@@ -319,6 +328,14 @@ impl<L: EventLog> Consumer<L> {
 }
 
 /// One key of a batch: its runs in [`BatchWork`], in execution order.
+/// What a worker calls modules with: the batch's module set, the worker's
+/// instances of them, and the time each module's calls may still take.
+struct Calls<'w, 'i> {
+    modules: &'w ModuleSet,
+    instances: &'w mut Instances<'i>,
+    time: &'w CallTime,
+}
+
 pub(super) struct KeyWork {
     pub(super) key: Key,
     pub(super) runs: Range<usize>,

@@ -74,6 +74,7 @@ use crate::state::StateError;
 
 mod batch;
 use batch::BatchBuffers;
+mod call_time;
 mod failure;
 mod key;
 mod key_table;
@@ -135,6 +136,12 @@ pub struct ConsumerConfig {
     /// The first and the longest wait before trying an unavailable log
     /// again; the wait doubles in between. Default 100 ms and 5 s.
     pub log_backoff: (Duration, Duration),
+    /// How long one module's calls (`combine` and `handle`, summed over the
+    /// workers) may run in one batch before its further calls in the batch
+    /// are not made and their keys go to retry without losing an attempt
+    /// ([`CallError::BatchTime`](crate::handler::CallError::BatchTime)), so
+    /// a slow module cannot hold up the partition. Default 30 s.
+    pub module_time_per_batch: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -147,6 +154,7 @@ impl Default for ConsumerConfig {
             payload: PayloadLimits::default(),
             retry: RetryPolicy::default(),
             log_backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            module_time_per_batch: Duration::from_secs(30),
         }
     }
 }

@@ -18,11 +18,16 @@
 //!   same limit for bytes from anywhere.
 //! - `component-functions`: the core modules of a component define at
 //!   most [`MAX_COMPONENT_FUNCTIONS`] functions in all, counted before
-//!   compiling ([`count_functions`]). Compiling holds several kilobytes of
+//!   compiling ([`check_code`]). Compiling holds several kilobytes of
 //!   host memory per function until it ends, and a function takes as
 //!   little as 6 bytes of the file: a 6 MiB file of a million empty
 //!   functions would make the host hold gigabytes (wasmparser allows a
 //!   million per core module, and a component may hold many).
+//! - `component-function-size`: one function's code is at most
+//!   [`MAX_FUNCTION_BYTES`], checked before compiling ([`check_code`]).
+//!   Compiling one function holds about 90 times its size in host memory
+//!   until it ends, and its time grows with it: one function of 9 MiB
+//!   took 8 s and 800 MB here, so one of 100 MiB would take gigabytes.
 //! - `module-dir-size`: the components of one module directory hold at
 //!   most [`MAX_MODULE_DIR_BYTES`] in all ([`check_module_dir_size`]), so
 //!   a directory full of large files cannot make the host hold them all.
@@ -38,6 +43,11 @@ pub const MAX_COMPONENT_BYTES: u64 = 128 << 20;
 /// Python component with its interpreter defines about 13 000, a Rust
 /// handler about 500).
 pub const MAX_COMPONENT_FUNCTIONS: u64 = 100_000;
+
+/// The most bytes of code one function of a component may have (4 MiB:
+/// the largest function of a Python component, the interpreter's loop, has
+/// about 420 KiB; of the bank handler, about 10 KiB).
+pub const MAX_FUNCTION_BYTES: u64 = 4 << 20;
 
 /// The most bytes the components of one module directory may hold in
 /// all (1 GiB): the host reads them together at start-up and on reload.
@@ -67,6 +77,17 @@ pub enum ComponentFileError {
     TooManyFunctions {
         /// What was counted before the limit was passed.
         functions: u64,
+    },
+    /// A function has more than [`MAX_FUNCTION_BYTES`] of code.
+    #[error(
+        "component-function-size: a function of a component has at most {MAX_FUNCTION_BYTES} bytes of code; \
+         function {index} of a core module has {size}"
+    )]
+    FunctionTooLarge {
+        /// Its index among its core module's defined functions.
+        index: u64,
+        /// Its size in bytes.
+        size: u64,
     },
     /// The components of a module directory hold over
     /// [`MAX_MODULE_DIR_BYTES`].
@@ -118,20 +139,32 @@ pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
     }
 }
 
-/// The functions the core modules of component `bytes` define, refused
-/// past [`MAX_COMPONENT_FUNCTIONS`]. Bytes that do not parse are left to
-/// the compiler, which says what is wrong with them.
-pub fn count_functions(bytes: &[u8]) -> Result<u64, ComponentFileError> {
+/// Checks the code of component `bytes` before it is compiled: at most
+/// [`MAX_COMPONENT_FUNCTIONS`] functions in all its core modules, none
+/// over [`MAX_FUNCTION_BYTES`]; returns how many functions it defines.
+/// Bytes that do not parse are left to the compiler, which says what is
+/// wrong with them.
+pub fn check_code(bytes: &[u8]) -> Result<u64, ComponentFileError> {
     use wasmtime::wasmparser::{Parser, Payload};
-    let mut functions = 0;
+    let (mut functions, mut in_module) = (0, 0);
     for payload in Parser::new(0).parse_all(bytes) {
         match payload {
-            Ok(Payload::CodeSectionStart { count, .. }) => functions += u64::from(count),
+            Ok(Payload::CodeSectionStart { count, .. }) => {
+                functions += u64::from(count);
+                in_module = 0;
+                if functions > MAX_COMPONENT_FUNCTIONS {
+                    return Err(ComponentFileError::TooManyFunctions { functions });
+                }
+            }
+            Ok(Payload::CodeSectionEntry(body)) => {
+                let size = body.range().len() as u64;
+                if size > MAX_FUNCTION_BYTES {
+                    return Err(ComponentFileError::FunctionTooLarge { index: in_module, size });
+                }
+                in_module += 1;
+            }
             Ok(_) => continue,
             Err(_) => break,
-        }
-        if functions > MAX_COMPONENT_FUNCTIONS {
-            return Err(ComponentFileError::TooManyFunctions { functions });
         }
     }
     Ok(functions)

@@ -57,7 +57,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use wakuwaku_core::limits::{check_combined_body, check_description, check_key, error_message};
 use wasmtime::component::{Linker, ResourceTableError};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, Store, StoreLimitsBuilder, Trap};
 
 use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
 use crate::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
@@ -67,6 +67,7 @@ mod cache;
 pub mod capabilities;
 pub mod component_file;
 pub mod emit;
+mod instance_limits;
 pub mod log;
 pub mod state;
 pub mod wasi;
@@ -95,7 +96,8 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxLimits {
-    /// Most linear memory an instance may grow to, in bytes. Default 64 MiB.
+    /// Most linear memory an instance may grow to, in bytes, all its
+    /// memories together (a component may define many). Default 64 MiB.
     pub memory_bytes: usize,
     /// CPU time one call may take before it traps. Default 1 s. Measured in
     /// wall-clock epochs, so a busy machine counts against it too.
@@ -103,7 +105,8 @@ pub struct SandboxLimits {
     pub call_budget: Duration,
     /// Most wasm stack a call may use, in bytes. Default 512 KiB.
     pub max_wasm_stack: usize,
-    /// Most table elements an instance may have. Default 100 000.
+    /// Most table elements an instance may have, all its tables together.
+    /// Default 100 000.
     pub table_elements: usize,
     /// Most core instances one component instance may create. Default 100.
     pub instances: usize,
@@ -319,12 +322,13 @@ impl Sandbox {
 
     /// Compiles a component (at most
     /// [`MAX_COMPONENT_BYTES`](component_file::MAX_COMPONENT_BYTES) and
-    /// [`MAX_COMPONENT_FUNCTIONS`](component_file::MAX_COMPONENT_FUNCTIONS)), checks
+    /// [`MAX_COMPONENT_FUNCTIONS`](component_file::MAX_COMPONENT_FUNCTIONS) of at most
+    /// [`MAX_FUNCTION_BYTES`](component_file::MAX_FUNCTION_BYTES) each), checks
     /// its imports, pre-links it and asks it to describe itself (checking
     /// the answer).
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
         component_file::check_size(bytes.len() as u64)
-            .and_then(|()| component_file::count_functions(bytes))
+            .and_then(|()| component_file::check_code(bytes).map(drop))
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;
         let (component, from_cache) = cache::compile(self, name, bytes)?;
         capabilities::check_imports(&self.shared.engine, name, &component)?;
@@ -371,6 +375,8 @@ impl Sandbox {
             .tables(limits.instances)
             .trap_on_grow_failure(true)
             .build();
+        let store_limits =
+            instance_limits::InstanceLimits::new(store_limits, limits.memory_bytes, limits.table_elements);
         let data = StoreData {
             wasi: wasi::WasiState::new(),
             limits: store_limits,
@@ -415,7 +421,7 @@ pub fn content_version(bytes: &[u8]) -> String {
 /// the scope of the key being handled (only during `handle`).
 pub(crate) struct StoreData {
     wasi: wasi::WasiState,
-    limits: StoreLimits,
+    limits: instance_limits::InstanceLimits,
     /// The key scope of the `handle` call running; `None` in any other
     /// call, where `state` and `emit` refuse everything.
     scope: Option<KeyScope>,
@@ -654,5 +660,24 @@ mod tests {
         assert_eq!(call_failure(&store, fault), CallError::HostFault("disk gone".into()));
         let trap = wasmtime::Error::new(Trap::UnreachableCodeReached).context("wasm backtrace");
         assert!(matches!(call_failure(&store, trap), CallError::Trap { reason } if reason.contains("unreachable")));
+    }
+
+    /// A component may hold many linear memories (a core module each, or
+    /// several in one): the memory limit holds for all of them together,
+    /// not for each.
+    #[test]
+    fn all_memories_of_an_instance_share_its_memory_limit() {
+        let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+        // A core module of `memories` memories of 600 pages (37.5 MiB) each.
+        let module = |memories: u8| {
+            let mut bytes = vec![0, b'a', b's', b'm', 1, 0, 0, 0, 5, 1 + 3 * memories, memories];
+            (0..memories).for_each(|_| bytes.extend([0x00, 0xd8, 0x04]));
+            wasmtime::Module::new(&sandbox.shared.engine, &bytes).unwrap()
+        };
+        let mut store = sandbox.new_store("m", Arc::from([]));
+        wasmtime::Instance::new(&mut store, &module(1), &[]).expect("one memory of 37.5 MiB fits");
+        let mut store = sandbox.new_store("m", Arc::from([]));
+        let error = wasmtime::Instance::new(&mut store, &module(2), &[]).expect_err("two make 75 MiB, over 64 MiB");
+        assert!(format!("{error:#}").contains("memory"), "{error:#}");
     }
 }
