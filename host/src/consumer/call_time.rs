@@ -16,7 +16,9 @@
 //!   "already over", never "would be over"), so every batch makes progress
 //!   and the keys a slow module delays are all reached in the end.
 //! - Time is wall time measured around the calls, so a call's time counts
-//!   even when it traps.
+//!   even when it traps, and so do the waits between a transient failure's
+//!   retries in place (a module failing transiently on every call would
+//!   otherwise hold the batch for its backoff times its keys).
 //! - A cut is logged once per module and batch, not once per key.
 //!
 //! [`SandboxLimits::call_budget`]: crate::runtime::SandboxLimits::call_budget
