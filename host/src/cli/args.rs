@@ -286,6 +286,15 @@ impl LimitArgs {
             max_log_lines_per_call: self.max_log_lines_per_call,
             max_batch_held: scaled(self.max_batch_held_mib, 20, "--max-batch-held-mib")?,
         };
+        // A `combine` body (at most this) may be routed to retry as one
+        // record, which the embedded log must be able to hold.
+        let most_emit_kib = crate::log::embedded::MAX_RECORD_BYTES >> 10;
+        if self.max_emit_kib > most_emit_kib {
+            bail!(
+                "--max-emit-kib {} is over what one record of the log holds ({most_emit_kib} KiB); lower it",
+                self.max_emit_kib
+            );
+        }
         if let Err(LimitsError::BatchBelowCall { call, .. }) = payload.check() {
             bail!(
                 "--max-batch-held-mib {} is less than one handler call may hold with the per-call limits ({} MiB); \
@@ -423,6 +432,14 @@ mod tests {
         assert_eq!(args.config(None).unwrap().payload, payload, "the consumer's key scopes get the payload limits");
         assert_eq!(args.create_emit_topics, None);
         assert_eq!(consume_args(&["--create-emit-topics", "3"]).create_emit_topics, Some(3));
+    }
+
+    #[test]
+    fn an_emit_limit_over_one_log_record_is_refused_naming_the_flag() {
+        let error = consume_args(&["--max-emit-kib", "16385"]).config(None).err().unwrap().to_string();
+        assert_eq!(error, "--max-emit-kib 16385 is over what one record of the log holds (16384 KiB); lower it");
+        let at_most = ["--max-emit-kib", "16384", "--max-emit-kib-per-call", "16384", "--max-batch-held-mib", "1024"];
+        consume_args(&at_most).config(None).unwrap();
     }
 
     #[test]
