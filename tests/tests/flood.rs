@@ -105,7 +105,10 @@ async fn floods_that_succeed_on_every_key_of_a_batch_keep_the_host_bounded() {
     assert_eq!((summary.applied, summary.dead_lettered), (keys, 0), "{summary:?}");
     assert!(summary.retry_in > 0, "the batch budget held every call: {summary:?}");
     assert_eq!(log.end_offset("out", 0).await.unwrap(), keys / 2 * 16, "16 emits of each emitting key, once");
-    assert!(grew < 384, "the floods took the host {grew} MiB above where it was");
+    // Measured 300 to 400 MiB on a 2-core machine (the allocator keeps
+    // freed pages for a while, so it varies run to run); the floods try to
+    // hand the host 800 MiB, and before the limits took it to 1.9 GB.
+    assert!(grew < 512, "the floods took the host {grew} MiB above where it was");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
