@@ -7,8 +7,10 @@
 //! chunks of at most `max-batch` events ([`reduce::chunks`]). A failed
 //! chunk goes where [`failure::decide`] says: dead-lettered (the key goes
 //! on), or sent to the retry topic with all of the key's unfinished work
-//! (the key stops). A host fault stops the worker: its batch will not
-//! commit.
+//! (the key stops). A module whose calls used up their time in the batch
+//! ([`CallTime`]) is not called again in it: its keys' runs fail as
+//! retryable without costing an attempt. A host fault stops the worker:
+//! its batch will not commit.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -107,15 +109,16 @@ impl<L: EventLog> Consumer<L> {
             let module = &modules.modules()[route.module];
             let traced = Traced { bodies: bodies.into(), origins: origins.into() };
             let folding = reduces.then(std::time::Instant::now);
-            let (reduced, fold_error) = match time.check(route.module, module.name()).and(instances.get(route.module)) {
-                Err(error) => (traced, Some(error)),
-                Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
-                    reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
-                }) {
-                    Ok(reduced) => (reduced, None),
-                    Err((error, run)) => (run, Some(error)),
-                },
-            };
+            let (reduced, fold_error) =
+                match time.check(route.module, module.name()).and_then(|()| instances.get(route.module)) {
+                    Err(error) => (traced, Some(error)),
+                    Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
+                        reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
+                    }) {
+                        Ok(reduced) => (reduced, None),
+                        Err((error, run)) => (run, Some(error)),
+                    },
+                };
             if let Some(folding) = folding {
                 time.charge(route.module, folding.elapsed());
                 laps.lap(&mut out.summary.phases, Phase::Reduce);
@@ -327,7 +330,6 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
-/// One key of a batch: its runs in [`BatchWork`], in execution order.
 /// What a worker calls modules with: the batch's module set, the worker's
 /// instances of them, and the time each module's calls may still take.
 struct Calls<'w, 'i> {
@@ -336,6 +338,7 @@ struct Calls<'w, 'i> {
     time: &'w CallTime,
 }
 
+/// One key of a batch: its runs in [`BatchWork`], in execution order.
 pub(super) struct KeyWork {
     pub(super) key: Key,
     pub(super) runs: Range<usize>,
