@@ -40,6 +40,26 @@ impl Sum {
     fn after(&self, current: usize, desired: usize) -> Option<usize> {
         Some(self.held.saturating_sub(current).saturating_add(desired)).filter(|&held| held <= self.limit)
     }
+
+    /// Grows one of them from `current` to `desired` if the sum allows it
+    /// and `growing` (`StoreLimits`' own check for one, given the size it
+    /// asks for) does too. Past the sum, `growing` is asked for the largest
+    /// size, so the refusal is the one `StoreLimits` gives.
+    fn grow(
+        &mut self,
+        current: usize,
+        desired: usize,
+        growing: impl FnOnce(usize) -> wasmtime::Result<bool>,
+    ) -> wasmtime::Result<bool> {
+        let Some(held) = self.after(current, desired) else {
+            return growing(usize::MAX);
+        };
+        let allowed = growing(desired)?;
+        if allowed {
+            self.held = held;
+        }
+        Ok(allowed)
+    }
 }
 
 impl InstanceLimits {
@@ -58,15 +78,8 @@ impl Default for InstanceLimits {
 
 impl ResourceLimiter for InstanceLimits {
     fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
-        let Some(held) = self.memories.after(current, desired) else {
-            // Refused the way `StoreLimits` refuses one memory's growth.
-            return self.store.memory_growing(current, usize::MAX, maximum);
-        };
-        let allowed = self.store.memory_growing(current, desired, maximum)?;
-        if allowed {
-            self.memories.held = held;
-        }
-        Ok(allowed)
+        let store = &mut self.store;
+        self.memories.grow(current, desired, |size| store.memory_growing(current, size, maximum))
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
@@ -74,14 +87,8 @@ impl ResourceLimiter for InstanceLimits {
     }
 
     fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
-        let Some(held) = self.tables.after(current, desired) else {
-            return self.store.table_growing(current, usize::MAX, maximum);
-        };
-        let allowed = self.store.table_growing(current, desired, maximum)?;
-        if allowed {
-            self.tables.held = held;
-        }
-        Ok(allowed)
+        let store = &mut self.store;
+        self.tables.grow(current, desired, |size| store.table_growing(current, size, maximum))
     }
 
     fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
