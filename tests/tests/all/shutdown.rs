@@ -2,7 +2,7 @@
 //! shutdown future resolves (even with every partition idle), and when one
 //! partition fails (the others stop too, so the error is returned at once,
 //! not at the next signal). The signal path end to end is in
-//! host/tests/cli.rs.
+//! host/tests/all/cli.rs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

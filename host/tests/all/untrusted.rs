@@ -46,9 +46,7 @@ use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 
-mod common;
-
-use common::{bank_wasm, text, waku, waku_command};
+use crate::common::{bank_wasm, text, waku, waku_command};
 
 /// The bound on the peak RSS of `waku run` in the combined test, in MiB,
 /// from the limits it runs under (the defaults):
@@ -371,7 +369,7 @@ fn a_declared_emit_topic_that_does_not_exist_refuses_the_module_with_its_name() 
 /// its CPU budget: 1 000 messages or entries of 4 KiB), twice as many the
 /// second time. One run of each, printed as a table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement for BENCHMARKS.md: cargo test -p wakuwaku --test untrusted -- --ignored --nocapture peak_rss"]
+#[ignore = "a measurement for BENCHMARKS.md: cargo test -p wakuwaku --test all -- --ignored --nocapture peak_rss"]
 async fn peak_rss_under_a_flooding_module() {
     let spec = WorkloadSpec { events: 100_000, accounts: 10_000, seed: 42 };
     let rounds = 10;

@@ -3,7 +3,7 @@
 //! started over on PostgreSQL state (gated on `WAKU_POSTGRES_URL`) and on an
 //! Iggy log, with a move by time (gated on `WAKU_IGGY_URL`). The command
 //! itself, on the embedded log and store, is tested through the binary in
-//! `host/tests/reset.rs`.
+//! `host/tests/all/reset.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

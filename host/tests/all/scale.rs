@@ -8,15 +8,13 @@
 //! Needs an Iggy server (`WAKU_IGGY_URL`) and a PostgreSQL server
 //! (`WAKU_POSTGRES_URL`); without them it prints one `skipped: …` line.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::servers::{fresh_stream, iggy_url, postgres_url};
-use common::{bank_wasm, waku_command};
+use crate::common::servers::{fresh_stream, iggy_url, postgres_url};
+use crate::common::{bank_wasm, waku_command};
 use wakuwaku::consumer::stat;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::host::{StateSettings, open_state};

@@ -13,9 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
-
-use common::{bank_wasm, probe_wasm, text, waku};
+use crate::common;
+use crate::common::{bank_wasm, probe_wasm, text, waku};
 
 /// The cargo target directory every scaffolded crate of these tests shares.
 fn shared_target() -> PathBuf {

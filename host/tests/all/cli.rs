@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-mod common;
-
-use common::{bank_wasm, text, waku};
+use crate::common;
+use crate::common::{bank_wasm, text, waku};
 use serde_json::json;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::key::Key;

@@ -8,14 +8,12 @@
 //! admin endpoint with `--admin`) reads a waiting shadow and the live
 //! state, and `waku rebuild` refuses what it cannot do.
 
-mod common;
-
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{bank_fee_wasm, bank_wasm, text, waku, waku_command};
+use crate::common::{bank_fee_wasm, bank_wasm, text, waku, waku_command};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};

@@ -1,0 +1,13 @@
+//! The `waku` command's integration tests, in one test binary so that the
+//! host and wasmtime are linked once, not once per file (disk and link time
+//! on CI). `crash.rs` and the ordering spec's test stay binaries of their own.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod first_hour;
+mod rebuild;
+mod reset;
+mod scale;
+mod untrusted;
