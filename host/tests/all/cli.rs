@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use crate::common;
-use crate::common::{bank_wasm, text, waku};
+use crate::common::{self, bank_wasm, text, waku};
 use serde_json::json;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::key::Key;

@@ -13,8 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common;
-use crate::common::{bank_wasm, probe_wasm, text, waku};
+use crate::common::{self, bank_wasm, probe_wasm, text, waku};
 
 /// The cargo target directory every scaffolded crate of these tests shares.
 fn shared_target() -> PathBuf {

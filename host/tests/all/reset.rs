@@ -8,8 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use crate::common;
-use crate::common::{bank_wasm, text, waku};
+use crate::common::{self, bank_wasm, text, waku};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::key::Key;
 use wakuwaku::log::{EmbeddedLog, EventLog};
