@@ -58,6 +58,8 @@
 //!   the backends: embedded (one redb file) and Apache Iggy.
 //! - [`state`]: a projection's state store: read model, counters, consumer
 //!   positions and outbox, committed in one transaction per batch.
+//! - `redb_file`: how both embedded backends open their redb files, checked
+//!   in full so that a damaged file is an error naming it, never a crash.
 //! - [`memory`]: how the process takes memory pages from the kernel.
 //!
 //! The [`iggy`] module is the public facade the user documentation
@@ -82,6 +84,7 @@ pub mod progress;
 pub mod projection;
 pub mod publish;
 pub mod rebuild;
+mod redb_file;
 pub mod reset;
 pub mod routing;
 pub mod runtime;

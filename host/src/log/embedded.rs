@@ -60,6 +60,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableErro
 
 use super::{EventLog, LogError, PolledBatch, Record, StoredRecord};
 use crate::event::Header;
+use crate::redb_file::{self, OpenError};
 
 /// topic → partition count.
 const TOPICS: TableDefinition<&str, u32> = TableDefinition::new("topics");
@@ -129,7 +130,8 @@ impl std::fmt::Debug for EmbeddedLog {
 
 impl EmbeddedLog {
     /// Opens the log file at `path`, creating it (and its parent
-    /// directories) if it does not exist.
+    /// directories) if it does not exist, after checking all of it
+    /// ([`LogError::Damaged`]).
     ///
     /// Blocks on file I/O; call it before serving or from a blocking task.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LogError> {
@@ -139,7 +141,10 @@ impl EmbeddedLog {
         }
         // The page cache: redb's default (1 GiB) grows with everything
         // appended; consumers read a log front to back, so 64 MiB is plenty.
-        let db = redb::Builder::new().set_cache_size(64 << 20).create(&path).map_err(|e| storage(&path, e))?;
+        let db = redb_file::open(&path, 64 << 20).map_err(|e| match e {
+            OpenError::Damaged(reason) => LogError::Damaged { path: path.clone(), reason },
+            OpenError::Engine(e) => storage(&path, e),
+        })?;
         let inner = Inner { db, path, appended: tokio::sync::watch::Sender::new(()) };
         let txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
         txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
@@ -1032,6 +1037,72 @@ mod tests {
             ends.push(payload.len() as u32);
         }
         seal_block(&mut payload, &mut ends).1
+    }
+
+    /// Everything a consumer asks of a log, to its end: what a damaged
+    /// file must answer with an error or with records, never a panic.
+    async fn read_everything(path: &Path) -> Result<usize, LogError> {
+        let log = EmbeddedLog::open(path)?;
+        let mut read = 0;
+        for partition in 0..log.partitions("t").await? {
+            log.consumer_offset("c", "t", partition).await?;
+            let end = log.end_offset("t", partition).await?;
+            let mut from = 0;
+            while from < end {
+                let records = log.read("t", partition, from, 500).await?;
+                let Some(last) = records.last() else { break };
+                from = last.offset + 1;
+                read += records.len();
+            }
+        }
+        Ok(read)
+    }
+
+    #[tokio::test]
+    async fn a_damaged_file_is_refused_at_opening_naming_it_never_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let intact = dir.path().join("intact.redb");
+        {
+            let log = EmbeddedLog::open(&intact).unwrap();
+            log.create_topic("t", 2).await.unwrap();
+            for chunk in 0..20 {
+                log.append("t", vec![(0, records(chunk * 200..chunk * 200 + 200)), (1, records(0..100))])
+                    .await
+                    .unwrap();
+            }
+            log.store_consumer_offset("c", "t", 0, 7).await.unwrap();
+        }
+        assert_eq!(read_everything(&intact).await.unwrap(), 6000);
+        // Without the check at opening, redb panics on some of these copies
+        // (a page index past its page) and allocates without bound on others.
+        let mut refused = 0;
+        for seed in 0..40 {
+            let path = dir.path().join(format!("damaged-{seed}.redb"));
+            std::fs::copy(&intact, &path).unwrap();
+            redb_file::flip_bytes(&path, seed, 50);
+            match read_everything(&path).await {
+                Err(LogError::Damaged { path: named, .. }) => {
+                    assert_eq!(named, path);
+                    refused += 1;
+                }
+                Err(other) => panic!("seed {seed}: not reported as damaged: {other:?}"),
+                // The bytes fell where no committed page is.
+                Ok(read) => assert_eq!(read, 6000, "seed {seed}"),
+            }
+        }
+        assert!(refused >= 30, "only {refused} of 40 damaged copies refused");
+    }
+
+    #[tokio::test]
+    async fn an_emptied_file_is_damaged_not_a_new_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.redb");
+        EmbeddedLog::open(&path).unwrap().create_topic("t", 1).await.unwrap();
+        std::fs::write(&path, b"").unwrap();
+        let error = EmbeddedLog::open(&path).unwrap_err();
+        assert!(matches!(&error, LogError::Damaged { path: named, .. } if *named == path), "{error:?}");
+        assert!(error.to_string().contains("is empty"), "{error}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "the refused file was written to");
     }
 
     #[tokio::test]

@@ -224,8 +224,17 @@ pub enum LogError {
         #[source]
         source: std::io::Error,
     },
+    /// The file is damaged: changed on disk since it was written (checked
+    /// in full when opened), or cut short.
+    #[error("`{}` is damaged ({reason}); restore it from a backup", path.display())]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The storage engine failed (I/O error, lock held by another process,
-    /// damaged file, ...).
+    /// ...).
     #[error("log storage failed on `{}`", path.display())]
     Storage {
         /// The file (or, for a networked backend, the address) concerned.

@@ -26,6 +26,7 @@ use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefini
 
 use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
 use crate::key::Key;
+use crate::redb_file::{self, OpenError};
 
 const STATE: TableDefinition<(&[u8], &str), &[u8]> = TableDefinition::new("state");
 const COUNTERS: TableDefinition<&str, i128> = TableDefinition::new("counters");
@@ -69,16 +70,20 @@ impl std::fmt::Debug for EmbeddedStore {
 
 impl EmbeddedStore {
     /// Opens the state file at `path`, creating it (and its parent
-    /// directories) if it does not exist.
+    /// directories) if it does not exist, after checking all of it
+    /// ([`StateError::Damaged`]).
     pub fn open(path: &Path) -> Result<Self, StateError> {
         let path = path.to_path_buf();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|source| StateError::Io { path: path.clone(), source })?;
         }
         let location = format!("`{}`", path.display());
-        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StateError::InUse { store: location.clone() },
-            e => storage(&location, e),
+        let db = redb_file::open(&path, CACHE_BYTES).map_err(|e| match e {
+            OpenError::Damaged(reason) => StateError::Damaged { store: location.clone(), reason },
+            OpenError::Engine(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                StateError::InUse { store: location.clone() }
+            }
+            OpenError::Engine(e) => storage(&location, e),
         })?;
         let store = Self { db, path, location };
         store.check_format()?;
@@ -446,8 +451,8 @@ fn retain_others(table: &mut redb::Table<u64, &[u8]>, partition: u32, through: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::StateStore;
     use crate::state::suite::{Fixture, state_suite};
+    use crate::state::{KeyWrites, StateStore};
 
     struct Dir(tempfile::TempDir);
 
@@ -493,6 +498,77 @@ mod tests {
         assert!(matches!(error, StateError::InUse { ref store } if store.contains("state.redb")), "{error}");
         drop(held);
         StateStore::open(&path).unwrap();
+    }
+
+    /// Everything a host reads of a state file: what a damaged file must
+    /// answer with an error or with values, never a panic.
+    fn read_everything(path: &Path) -> Result<usize, StateError> {
+        let store = StateStore::open(path)?;
+        let reader = store.reader()?;
+        let mut read = 0;
+        for key in store.keys()? {
+            for (name, _) in store.entries(&key)? {
+                reader.get(&key, &name)?;
+                read += 1;
+            }
+        }
+        for (name, _) in store.counters()? {
+            reader.counter(&name)?;
+        }
+        store.positions()?;
+        store.outbox()?;
+        store.meta_entries()?;
+        Ok(read)
+    }
+
+    #[test]
+    fn a_damaged_file_is_refused_at_opening_naming_it_never_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let intact = dir.path().join("intact.redb");
+        {
+            let store = StateStore::open(&intact).unwrap();
+            for batch in 0..10u64 {
+                let mut commit = BatchCommit::default();
+                for account in 0..200u64 {
+                    let mut writes = KeyWrites::default();
+                    writes.set("balance", format!("{{\"balance\": {}}}", batch * account).into_bytes());
+                    commit.writes.push((Key::int(batch * 1000 + account), writes));
+                }
+                commit.counter_deltas.insert(format!("c{batch}"), 1);
+                commit.positions.push(("t".to_owned(), 0, batch));
+                store.commit(commit).unwrap();
+            }
+        }
+        assert_eq!(read_everything(&intact).unwrap(), 2000);
+        // Without the check at opening, redb panics on some of these copies
+        // (a page index past its page).
+        let mut refused = 0;
+        for seed in 0..40 {
+            let path = dir.path().join(format!("damaged-{seed}.redb"));
+            std::fs::copy(&intact, &path).unwrap();
+            redb_file::flip_bytes(&path, seed, 50);
+            match read_everything(&path) {
+                Err(StateError::Damaged { store, .. }) => {
+                    assert_eq!(store, format!("`{}`", path.display()));
+                    refused += 1;
+                }
+                Err(other) => panic!("seed {seed}: not reported as damaged: {other:?}"),
+                // The bytes fell where no committed page is.
+                Ok(read) => assert_eq!(read, 2000, "seed {seed}"),
+            }
+        }
+        assert!(refused >= 30, "only {refused} of 40 damaged copies refused");
+    }
+
+    #[test]
+    fn an_emptied_file_is_damaged_not_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.redb");
+        drop(StateStore::open(&path).unwrap());
+        std::fs::write(&path, b"").unwrap();
+        let error = StateStore::open(&path).unwrap_err();
+        assert!(matches!(&error, StateError::Damaged { .. }), "{error:?}");
+        assert!(error.to_string().contains("is empty"), "{error}");
     }
 
     #[test]

@@ -90,8 +90,17 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    /// The state file is damaged: changed on disk since it was written
+    /// (checked in full when opened), or cut short.
+    #[error("{store} is damaged ({reason}); restore it from a backup")]
+    Damaged {
+        /// The store ([`StateBackend::location`]).
+        store: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The storage engine failed (I/O error, file locked by another process,
-    /// damaged file, lost database connection, ...).
+    /// lost database connection, ...).
     #[error("state storage failed on {store}")]
     Storage {
         /// The store ([`StateBackend::location`]).
