@@ -256,6 +256,18 @@ impl ModuleSource {
     }
 }
 
+impl HostError {
+    /// Whether another process holds the embedded log or the state store
+    /// (a `waku run` of this data directory, a `waku reset`).
+    pub fn is_in_use(&self) -> bool {
+        matches!(
+            self,
+            Self::EmbeddedLog { source: LogError::InUse { .. }, .. }
+                | Self::State { source: StateError::InUse { .. }, .. }
+        )
+    }
+}
+
 /// Why a host could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -38,6 +38,15 @@ pub(super) struct DataArgs {
     pub(super) state: Option<String>,
 }
 
+/// `error`, under `hint` when another process holds the files; about any
+/// other failure (a damaged file, say) the hint would mislead.
+pub(super) fn hint_if_in_use(hint: &'static str) -> impl FnOnce(HostError) -> anyhow::Error {
+    move |error| match error.is_in_use() {
+        true => anyhow::Error::new(error).context(hint),
+        false => error.into(),
+    }
+}
+
 /// A `--state` value: a PostgreSQL URL.
 fn postgres_url(value: &str) -> Result<String, String> {
     match value.starts_with("postgres://") || value.starts_with("postgresql://") {

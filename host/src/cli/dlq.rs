@@ -2,12 +2,12 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 
 use serde::Serialize;
 
-use super::args::{OutputArgs, ProjectionArgs, parse_key};
+use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use, parse_key};
 use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use wakuwaku_core::limits::printable;
 
@@ -107,8 +107,9 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
         DlqCommand::Show(show) => (&show.dlq, &show.shelf),
         DlqCommand::Redrive(redrive) => (&redrive.dlq, &redrive.shelf),
     };
-    let log = args.data.log().await.context("is `waku run` using it? stop it first")?;
-    let store = args.data.state(&args.projection).context("is `waku run` using it? stop it first")?;
+    let hint = "is `waku run` using it? stop it first";
+    let log = args.data.log().await.map_err(hint_if_in_use(hint))?;
+    let store = args.data.state(&args.projection).map_err(hint_if_in_use(hint))?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
     let shelf = shelf.shelf(topic, projection);
     match &command {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::args::{DataArgs, OutputArgs, parse_key};
+use super::args::{DataArgs, OutputArgs, hint_if_in_use, parse_key};
 use super::publish::load_module;
 use crate::admin;
 use crate::key::Key;
@@ -118,7 +118,7 @@ pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
                 false => args
                     .data
                     .state(&args.projection)
-                    .context("is `waku run` using it? pass --admin <its admin endpoint>")?,
+                    .map_err(hint_if_in_use("is `waku run` using it? pass --admin <its admin endpoint>"))?,
                 true => shadow_store(&args)?,
             };
             admin::key_state_json(&store, &key, args.entry.as_deref())?

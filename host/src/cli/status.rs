@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use super::args::{OutputArgs, ProjectionArgs};
+use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use};
 use crate::admin;
 use crate::lifecycle::Library;
 use crate::log::AnyLog;
@@ -43,8 +43,8 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         }
         None => {
             let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
-            let log = target.data.log().await.context(hint)?;
-            let store = target.data.state(&target.projection).context(hint)?;
+            let log = target.data.log().await.map_err(hint_if_in_use(hint))?;
+            let store = target.data.state(&target.projection).map_err(hint_if_in_use(hint))?;
             let library = Library::new(
                 &target.data.data,
                 &target.projection,

@@ -143,6 +143,7 @@ impl EmbeddedLog {
         // appended; consumers read a log front to back, so 64 MiB is plenty.
         let db = redb_file::open(&path, 64 << 20).map_err(|e| match e {
             OpenError::Damaged(reason) => LogError::Damaged { path: path.clone(), reason },
+            OpenError::Engine(redb::DatabaseError::DatabaseAlreadyOpen) => LogError::InUse { path: path.clone() },
             OpenError::Engine(e) => storage(&path, e),
         })?;
         let inner = Inner { db, path, appended: tokio::sync::watch::Sender::new(()) };
@@ -1300,13 +1301,13 @@ mod tests {
     }
 
     #[test]
-    fn a_second_open_of_the_same_file_names_it() {
+    fn a_second_open_of_the_same_file_is_in_use_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.redb");
         let _log = EmbeddedLog::open(&path).unwrap();
         let err = EmbeddedLog::open(&path).unwrap_err();
-        assert!(matches!(err, LogError::Storage { .. }));
-        assert!(err.to_string().contains("log.redb"), "{err}");
+        assert!(matches!(&err, LogError::InUse { path: named } if *named == path), "{err:?}");
+        assert!(err.to_string().contains("log.redb` is in use by another process"), "{err}");
     }
 
     /// A throughput figure; run with

@@ -233,8 +233,14 @@ pub enum LogError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The storage engine failed (I/O error, lock held by another process,
-    /// ...).
+    /// Another process has the file open (a `waku run`, or another command
+    /// on the same data directory): one process at a time.
+    #[error("`{}` is in use by another process", path.display())]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The storage engine failed (I/O error, ...).
     #[error("log storage failed on `{}`", path.display())]
     Storage {
         /// The file (or, for a networked backend, the address) concerned.

@@ -168,6 +168,7 @@ fn damaged_data_files_stop_run_and_status_with_an_error_naming_the_file() {
                 assert!(stderr.contains(&named), "{file}, {damage}, {}: {stderr}", args[0]);
                 assert!(stderr.contains("restore it from a backup"), "{stderr}");
                 assert!(!stderr.contains("panicked"), "{stderr}");
+                assert!(!stderr.contains("using it?"), "not a file in use: {stderr}");
             }
         }
     }
@@ -452,6 +453,12 @@ fn a_signal_stops_the_run_after_the_batch_in_flight(signal: &str) {
             Err(_) => panic!("`waku run` printed no banner: {stderr_lines:?}"),
         }
     }
+    // Meanwhile the files are the run's alone, and `status` says why it
+    // cannot read them.
+    let status = waku(&["status", "--data", "interrupted", "--projection", "bank", "--topic", "accounts"], dir.path());
+    let refused = text(&status.stderr);
+    assert!(refused.starts_with("waku: error: is `waku run` using it? pass --admin"), "{refused}");
+    assert!(refused.contains("`interrupted/log.redb` is in use by another process"), "{refused}");
     std::thread::sleep(Duration::from_millis(500));
 
     let signalled = Instant::now();
