@@ -103,6 +103,7 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
 /// Runs `waku` with `args`; a run still going after a minute is killed and
 /// fails the test, as the stall it is.
 fn waku_within_a_minute(args: &[&str], dir: &Path) -> std::process::Output {
+    use std::io::Read;
     use std::time::{Duration, Instant};
     let mut child = common::waku_command(dir)
         .args(args)
@@ -110,19 +111,29 @@ fn waku_within_a_minute(args: &[&str], dir: &Path) -> std::process::Output {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Read while it runs: a child blocked on a full pipe would look stalled.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes).unwrap();
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
     let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if started.elapsed() > Duration::from_secs(60) {
             child.kill().unwrap();
-            panic!(
-                "`waku {}` still running after a minute: {}",
-                args.join(" "),
-                text(&child.wait_with_output().unwrap().stderr)
-            );
+            child.wait().unwrap();
+            panic!("`waku {}` still running after a minute: {}", args.join(" "), text(&stderr.join().unwrap()));
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    };
+    std::process::Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
 #[test]
