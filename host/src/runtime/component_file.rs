@@ -28,6 +28,12 @@
 //!   Compiling one function holds about 90 times its size in host memory
 //!   until it ends, and its time grows with it: one function of 9 MiB
 //!   took 8 s and 800 MB here, so one of 100 MiB would take gigabytes.
+//! - `component-globals`: the core modules of a component define at most
+//!   [`MAX_COMPONENT_GLOBALS`] globals in all, counted before compiling
+//!   ([`check_code`]). Every instance of a core module holds 16 bytes of
+//!   host memory per global, outside the memory limit, and a component
+//!   may instantiate one core module up to the instance limit (100): a
+//!   5 MB file of a million globals made one instance hold 1.6 GB.
 //! - `module-dir-size`: the components of one module directory hold at
 //!   most [`MAX_MODULE_DIR_BYTES`] in all ([`check_module_dir_size`]), so
 //!   a directory full of large files cannot make the host hold them all.
@@ -43,6 +49,12 @@ pub const MAX_COMPONENT_BYTES: u64 = 128 << 20;
 /// Python component with its interpreter defines about 13 000, a Rust
 /// handler about 500).
 pub const MAX_COMPONENT_FUNCTIONS: u64 = 100_000;
+
+/// The most globals the core modules of one component may define (a
+/// Python component defines about 900 and instantiates core modules 67 times, a Rust handler 40
+/// and 20 times):
+/// with the instance limit, at most 16 MB of host memory per instance.
+pub const MAX_COMPONENT_GLOBALS: u64 = 10_000;
 
 /// The most bytes of code one function of a component may have (4 MiB:
 /// the largest function of a Python component, the interpreter's loop, has
@@ -77,6 +89,15 @@ pub enum ComponentFileError {
     TooManyFunctions {
         /// What was counted before the limit was passed.
         functions: u64,
+    },
+    /// The core modules define more than [`MAX_COMPONENT_GLOBALS`].
+    #[error(
+        "component-globals: the core modules of a component define at most {MAX_COMPONENT_GLOBALS} globals \
+         in all; this one defines {globals} or more"
+    )]
+    TooManyGlobals {
+        /// What was counted before the limit was passed.
+        globals: u64,
     },
     /// A function has more than [`MAX_FUNCTION_BYTES`] of code.
     #[error(
@@ -141,14 +162,21 @@ pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
 
 /// Checks the code of component `bytes` before it is compiled: at most
 /// [`MAX_COMPONENT_FUNCTIONS`] functions in all its core modules, none
-/// over [`MAX_FUNCTION_BYTES`]; returns how many functions it defines.
+/// over [`MAX_FUNCTION_BYTES`], and at most [`MAX_COMPONENT_GLOBALS`]
+/// globals; returns how many functions it defines.
 /// Bytes that do not parse are left to the compiler, which says what is
 /// wrong with them.
 pub fn check_code(bytes: &[u8]) -> Result<u64, ComponentFileError> {
     use wasmtime::wasmparser::{Parser, Payload};
-    let (mut functions, mut in_module) = (0, 0);
+    let (mut functions, mut in_module, mut globals) = (0, 0, 0);
     for payload in Parser::new(0).parse_all(bytes) {
         match payload {
+            Ok(Payload::GlobalSection(section)) => {
+                globals += u64::from(section.count());
+                if globals > MAX_COMPONENT_GLOBALS {
+                    return Err(ComponentFileError::TooManyGlobals { globals });
+                }
+            }
             Ok(Payload::CodeSectionStart { count, .. }) => {
                 functions += u64::from(count);
                 in_module = 0;

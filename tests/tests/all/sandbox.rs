@@ -15,7 +15,7 @@ use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_FUNCTION_BYTES};
+use wakuwaku::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_COMPONENT_GLOBALS, MAX_FUNCTION_BYTES};
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
@@ -220,6 +220,37 @@ fn a_component_with_a_function_too_large_is_refused_before_it_is_compiled() {
     assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: it was compiled", started.elapsed());
     let checked = wakuwaku::runtime::component_file::check_code(&component(&[function(1000), function(1000)]));
     assert_eq!(checked, Ok(3));
+}
+
+/// Every instance of a core module holds 16 bytes of host memory per
+/// global, outside the memory limit, and a component may instantiate one
+/// core module a hundred times: a 5 MB file of a million globals made one
+/// instance hold 1.6 GB. Past [`MAX_COMPONENT_GLOBALS`] in all core
+/// modules, a component is refused before it is compiled, naming the rule.
+#[test]
+fn a_component_of_too_many_globals_is_refused_before_it_is_compiled() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let globals = |n: u64| "(global (mut i64) (i64.const 0))".repeat(n as usize);
+    let half = globals(MAX_COMPONENT_GLOBALS / 2 + 1);
+    let copies = "(core instance (instantiate $m))".repeat(90);
+    let bomb = wat::parse_str(format!("(component (core module $m {half}) (core module {half}) {copies})")).unwrap();
+    let started = Instant::now();
+    match sandbox.load("bomb", &bomb) {
+        Err(LoadError::Invalid { reason, .. }) => assert_eq!(
+            reason,
+            format!(
+                "component-globals: the core modules of a component define at most {MAX_COMPONENT_GLOBALS} globals \
+                 in all; this one defines {} or more",
+                MAX_COMPONENT_GLOBALS + 2
+            )
+        ),
+        other => panic!("expected a refusal naming component-globals, got {:?}", other.err()),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: it was compiled", started.elapsed());
+    // Just within the limit, the check passes (and loading fails later:
+    // this is no handler).
+    let within = wat::parse_str(format!("(component (core module {}))", globals(MAX_COMPONENT_GLOBALS))).unwrap();
+    assert!(matches!(sandbox.load("within", &within), Err(LoadError::NotAHandler { .. })));
 }
 
 #[test]
