@@ -162,6 +162,20 @@ mod millis {
     }
 }
 
+/// The longest module name, in bytes.
+pub const MAX_MODULE_NAME_BYTES: usize = 128;
+
+/// Whether `name` may name a module (`module-name`): 1 to
+/// [`MAX_MODULE_NAME_BYTES`] bytes of ASCII letters, digits, `_`, `-` and
+/// `.`, not starting with `.`. Its kept versions are stored in a directory
+/// of that name, so `..` (the stem of a file `...wasm`) would put them
+/// outside the projection's, among another projection's.
+pub fn is_module_name(name: &str) -> bool {
+    (1..=MAX_MODULE_NAME_BYTES).contains(&name.len())
+        && !name.starts_with('.')
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.'))
+}
+
 /// Why a component could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -174,6 +188,17 @@ pub enum LoadError {
         module: String,
         /// What the compiler said.
         reason: String,
+    },
+    /// The module's name (its file's stem) is not one the host can name
+    /// files, logs and metrics after.
+    #[error(
+        "module-name: a module's name (its file's name without `.wasm`) is 1 to {MAX_MODULE_NAME_BYTES} bytes of \
+         letters, digits, `_`, `-` and `.`, not starting with `.`; `{}` is not",
+        wakuwaku_core::limits::printable(module)
+    )]
+    Name {
+        /// The name it was given.
+        module: String,
     },
     /// The component was built for another version of the contract.
     #[error(
@@ -327,6 +352,9 @@ impl Sandbox {
     /// its imports, pre-links it and asks it to describe itself (checking
     /// the answer).
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
+        if !is_module_name(name) {
+            return Err(LoadError::Name { module: name.to_owned() });
+        }
         component_file::check_size(bytes.len() as u64)
             .and_then(|()| component_file::check_code(bytes).map(drop))
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;

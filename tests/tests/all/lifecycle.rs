@@ -515,3 +515,27 @@ fn planted_module_files_are_refused_by_name_never_read_whole_or_waited_on() {
     let error = finished.recv_timeout(Duration::from_secs(30)).expect("start-up waited on a FIFO").unwrap_err();
     assert!(error.contains("component-file-kind: a module file must be a regular file; this one is a FIFO"), "{error}");
 }
+
+/// A module's name is its file's stem, and its kept versions live in a
+/// directory of that name: the file `...wasm` (stem `..`) put them in the
+/// directory above the projection's, among every projection's. Names that
+/// could do that, or that no log line could show, are refused naming the
+/// rule, before anything is compiled or kept.
+#[test]
+fn a_module_file_whose_name_could_leave_the_projections_directory_is_refused() {
+    for file in ["...wasm", "..wasm", ".hidden.wasm", "tab\there.wasm", "dir\\up.wasm"] {
+        let dirs = Dirs::new();
+        install(&dirs.modules(), file, &bank_variant(0));
+        let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
+        assert!(
+            error.contains("module-name: a module's name (its file's name without `.wasm`) is 1 to 128"),
+            "{error}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dirs.modules()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [file], "nothing was kept for {file:?}");
+    }
+    let dirs = Dirs::new();
+    install(&dirs.modules(), "bank.v2-final_1.wasm", &bank_variant(0));
+    let (modules, _) = dirs.library().start(&dirs.modules(), false).unwrap();
+    assert_eq!(modules[0].name(), "bank.v2-final_1");
+}
