@@ -270,11 +270,20 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         Ok(runtime) => runtime,
         Err(error) => return report(&anyhow::Error::new(error).context("starting the async runtime")),
     };
-    match runtime.block_on(dispatch(layered.cli.command, &layered.settings)) {
+    let code = match runtime.block_on(dispatch(layered.cli.command, &layered.settings)) {
         Ok(code) => code,
         Err(error) => report(&error),
-    }
+    };
+    // The command is done; a hot reload still compiling on a blocking
+    // thread must not keep the process alive (or stop a second signal from
+    // ending it). Cutting it off is what a crash would do, which loses
+    // nothing.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    code
 }
+
+/// How long the end of a command waits for blocking work nobody awaits.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Whether log lines get colours: only on a terminal, and not when
 /// `NO_COLOR` is set to anything but the empty string

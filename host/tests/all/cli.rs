@@ -1013,3 +1013,99 @@ fn guest_log_lines_show_at_info_by_default_marked_with_module_and_key() {
     assert!(!run("c", &[], Some("error")).contains("rrrrr"), "RUST_LOG=error hides it");
     assert!(run("d", &["--log-level", "info"], Some("error")).contains("rrrrr"), "the flag beats RUST_LOG");
 }
+
+/// A component whose one function is `loops` empty loops: a few hundred
+/// KB that take the compiler tens of seconds (its time grows with the
+/// square of the count), a module no limit on size refuses.
+fn slow_to_compile_component(loops: usize) -> Vec<u8> {
+    fn leb(mut value: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            out.push(if value == 0 { byte } else { byte | 0x80 });
+            if value == 0 {
+                break;
+            }
+        }
+    }
+    fn section(id: u8, content: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(content.len(), out);
+        out.extend_from_slice(content);
+    }
+    let mut body = vec![0]; // no locals
+    (0..loops).for_each(|_| body.extend([0x03, 0x40, 0x0b])); // loop end
+    body.push(0x0b);
+    let mut code = vec![1];
+    leb(body.len(), &mut code);
+    code.extend(body);
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // one type: [] -> []
+    section(3, &[1, 0], &mut module); // one function of it
+    section(10, &code, &mut module);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &module, &mut component); // a core module
+    component
+}
+
+/// SIGTERM while a hot reload is compiling a module that takes the
+/// compiler a long time: the run stops after the batch in flight and the
+/// process ends at once, without waiting for the compile (which only ends
+/// the process when it is done, was the bug: tens of seconds to hours).
+#[cfg(unix)]
+#[test]
+fn a_signal_ends_the_run_while_a_reload_is_still_compiling() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file =
+        write_lines(dir.path(), "events.jsonl", &[r#"{"type": "Deposited", "body": {"account": 1, "amount": 5}}"#]);
+    let publish = ["publish", "--data", "d", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
+    let out = waku(&publish, dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let modules = dir.path().join("modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
+        .args(["run", "--data", "d", "--projection", "bank", "--topic", "accounts", "--modules", "modules"])
+        .arg("--no-compile-cache")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("`waku run` printed no banner: {seen:?}"),
+        }
+    }
+    std::fs::write(modules.join("slow.wasm"), slow_to_compile_component(60_000)).unwrap();
+    // The watcher sees the file and the reload starts compiling it.
+    std::thread::sleep(Duration::from_secs(2));
+    let signalled = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("`waku run` did not exit within 10 s of SIGTERM while a reload compiled");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    seen.extend(lines.try_iter());
+    assert_eq!(status.code(), Some(0), "{seen:#?}");
+}
