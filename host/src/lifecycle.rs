@@ -399,7 +399,7 @@ impl Library {
     /// directory. With `adopt`, the directory's versions win, and recorded
     /// modules without a file are dropped. Returns what differs.
     pub fn start(&self, module_dir: &Path, adopt: bool) -> Result<Started, LifecycleError> {
-        let files = scan(module_dir)?;
+        let files = all_read(scan(module_dir)?)?;
         let mut recorded = self.recorded()?;
         if files.is_empty() && recorded.active.is_empty() {
             return Err(LifecycleError::NoModules { dir: module_dir.to_owned(), projection: self.projection.clone() });
@@ -531,7 +531,15 @@ impl Library {
             (swap.generation(), self.seen())
         };
         let files = scan(module_dir)?;
-        for (name, bytes) in &files {
+        for (name, read) in &files {
+            let bytes = match read {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    // That file's failure only: the others are applied.
+                    self.refuse_unreadable(name, error);
+                    continue;
+                }
+            };
             let version = content_version(bytes);
             if seen.get(name) == Some(&version) {
                 continue;
@@ -630,14 +638,34 @@ impl Library {
                 return Vec::new();
             }
         };
-        let seen: BTreeMap<String, String> =
-            files.iter().map(|(name, bytes)| (name.clone(), content_version(bytes))).collect();
+        // A file that could not be read is not taken in: the next reload
+        // tries it again.
+        let seen: BTreeMap<String, String> = files
+            .iter()
+            .filter_map(|(name, read)| Some((name.clone(), content_version(read.as_ref().ok()?))))
+            .collect();
         let differences = differences(&swap.modules(), &seen);
         for difference in &differences {
             tracing::info!(projection = self.projection, "the modules were replaced as a whole; {difference}");
         }
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         differences
+    }
+
+    /// Records, counts and logs a module file a reload could not read;
+    /// the module keeps running as it was.
+    fn refuse_unreadable(&self, name: &str, error: &LifecycleError) {
+        self.loads_failed.fetch_add(1, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.module_loaded(&self.projection, false);
+        }
+        let status = ReloadStatus { version: String::new(), error: Some(error.to_string()) };
+        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), status);
+        tracing::error!(
+            projection = self.projection,
+            module = name,
+            "the module file is refused, the old version keeps running: {error}"
+        );
     }
 
     /// The module directory's versions as the library last took them in.
@@ -736,10 +764,13 @@ pub async fn ensure_emit_topics(
     Ok(())
 }
 
-/// The `*.wasm` files of `dir` by module name (the file stem), at most
+/// The `*.wasm` files of `dir` by module name (the file stem): each one's
+/// bytes, or why it could not be read (a file too large, not a regular
+/// file, unreadable: that file's failure, the others are read on). Those
+/// read hold at most
 /// [`MAX_MODULE_DIR_BYTES`](crate::runtime::component_file::MAX_MODULE_DIR_BYTES)
 /// in all.
-fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
+fn scan(dir: &Path) -> Result<Scanned, LifecycleError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
@@ -747,16 +778,28 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
     let (mut files, mut total) = (BTreeMap::new(), 0);
     for entry in std::fs::read_dir(dir).map_err(io("reading the module directory", dir))? {
         let path = entry.map_err(io("reading the module directory", dir))?.path();
-        if path.extension().is_none_or(|ext| ext != "wasm") || !path.is_file() {
+        if path.extension().is_none_or(|ext| ext != "wasm") {
             continue;
         }
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-        let bytes = read_component(&path).map_err(io("reading", &path))?;
-        total += bytes.len() as u64;
-        check_module_dir_size(total).map_err(|e| io("reading the module directory", dir)(e.into()))?;
-        files.insert(name, bytes);
+        let read = read_component(&path).map_err(io("reading", &path));
+        if let Ok(bytes) = &read {
+            total += bytes.len() as u64;
+            check_module_dir_size(total).map_err(|e| io("reading the module directory", dir)(e.into()))?;
+        }
+        files.insert(name, read);
     }
     Ok(files)
+}
+
+/// What [`scan`] found: per module name, the file's bytes or why they
+/// could not be read.
+type Scanned = BTreeMap<String, Result<Vec<u8>, LifecycleError>>;
+
+/// The files [`scan`] read, or the first that could not be read: at
+/// start-up every module file must be usable.
+fn all_read(files: Scanned) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
+    files.into_iter().map(|(name, read)| Ok((name, read?))).collect()
 }
 
 /// Watches a projection's module directory and swaps changed modules in.

@@ -539,3 +539,39 @@ fn a_module_file_whose_name_could_leave_the_projections_directory_is_refused() {
     let (modules, _) = dirs.library().start(&dirs.modules(), false).unwrap();
     assert_eq!(modules[0].name(), "bank.v2-final_1");
 }
+
+/// A file a reload cannot read (too large, a FIFO) is refused on its own,
+/// shown under the reloads with the rule it broke: the other files of the
+/// directory are still applied, and a module whose file became unreadable
+/// keeps running as it was. Before, one such file failed every reload.
+#[test]
+fn a_file_a_reload_cannot_read_is_refused_alone_and_the_others_are_applied() {
+    let dirs = Dirs::new();
+    let [v0, v1] = [0, 1].map(bank_variant);
+    install(&dirs.modules(), "bank.wasm", &v0);
+    let library = dirs.library();
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+
+    std::fs::File::create(dirs.modules().join("big.wasm")).unwrap().set_len(200 << 20).unwrap();
+    install(&dirs.modules(), "bank.wasm", &v1);
+    assert_eq!(library.reload(&projection, &dirs.modules()).unwrap(), ["bank"]);
+    assert_eq!(versions(&projection.modules()), [("bank".to_owned(), content_version(&v1))]);
+    let refused = library.reloads()["big"].error.clone().unwrap();
+    assert!(refused.contains("big.wasm") && refused.contains("component-size:"), "{refused}");
+
+    // The running module's file replaced by a FIFO: not read, not waited
+    // on, not taken for a removed file.
+    let file = dirs.modules().join("bank.wasm");
+    std::fs::remove_file(&file).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&file).status().unwrap().success());
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert_eq!(versions(&projection.modules()), [("bank".to_owned(), content_version(&v1))]);
+    let refused = library.reloads()["bank"].error.clone().unwrap();
+    assert!(refused.contains("component-file-kind:"), "{refused}");
+    // At start-up every file must be usable, and the error names it.
+    drop(library);
+    let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
+    assert!(error.contains("component-"), "{error}");
+}
