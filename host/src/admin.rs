@@ -13,11 +13,17 @@
 //!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
-//! at request time, so lag is current.
+//! at request time, so lag is current. Clients cannot hold the host's
+//! resources: at most [`MAX_CONNECTIONS`] connections are served at once
+//! (more wait in the kernel's queue, costing the process no file), and a
+//! connection that moves no byte either way for [`IDLE_TIMEOUT`] is closed
+//! (a request sent a byte at a time, or a reader that stopped reading,
+//! held its connection, its memory and a file forever).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -68,7 +74,97 @@ pub async fn serve<L: EventLog>(
         .route("/shadow/{projection}/{key}", get(shadow_state::<L>))
         .route("/status", get(status_route::<L>))
         .with_state(Arc::new(admin));
+    let listener = Capped { listener, permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)) };
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+/// The most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may move no byte before it is closed.
+pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A listener that accepts a connection only while fewer than
+/// [`MAX_CONNECTIONS`] are open.
+struct Capped {
+    listener: tokio::net::TcpListener,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = Connection;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Connection, SocketAddr) {
+        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
+        let idle = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
+        (Connection { stream, idle, _permit: permit }, address)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// An accepted connection: it holds its permit until it is dropped, and
+/// fails once it has moved no byte for [`IDLE_TIMEOUT`].
+struct Connection {
+    stream: tokio::net::TcpStream,
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// Passes on what the stream did: progress re-arms the idle timer,
+    /// waiting past it is an error.
+    fn watch<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Ready(result) => {
+                self.idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+                Poll::Ready(result)
+            }
+            Poll::Pending => match self.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Connection {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
+        self.watch(cx, polled)
+    }
+}
+
+impl tokio::io::AsyncWrite for Connection {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// Binds the endpoint's address, with an error that names it.

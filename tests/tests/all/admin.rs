@@ -122,3 +122,65 @@ async fn the_admin_endpoint_answers_over_http() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// Connections that never finish their request (a slow-loris client) take
+/// at most [`admin::MAX_CONNECTIONS`] of the host's files, however many
+/// there are; before, each took one until the process ran out, and with
+/// them hot reloads and rebuild requests failed. Once they go, the
+/// endpoint answers again; one that stays is closed after
+/// [`admin::IDLE_TIMEOUT`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let spec = WorkloadSpec { events: 10, accounts: 2, seed: 8 };
+    let (log, _) = bank_log(dir.path(), module.clone(), spec, 1).await;
+    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let admin = Admin {
+        log,
+        projection,
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(admin::serve(listener, admin, async {
+        let _ = stopped.await;
+    }));
+    let open_files = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+
+    let before = open_files();
+    const CLIENTS: usize = 3 * admin::MAX_CONNECTIONS;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        client.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+        clients.push(client);
+    }
+    // Let the server accept what it will.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let served = open_files() - before - CLIENTS;
+    assert!(
+        served <= admin::MAX_CONNECTIONS + 4,
+        "{CLIENTS} unfinished requests made the server hold {served} connections"
+    );
+    drop(clients);
+    let (code, body) = get_async(&format!("http://{address}"), "/health").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+
+    // One that stays: closed once it has sent nothing for the idle time.
+    let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let read =
+        tokio::time::timeout(admin::IDLE_TIMEOUT * 2, tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut rest));
+    assert!(read.await.is_ok(), "an idle connection was still open after twice the idle time");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
