@@ -7,7 +7,7 @@
 //! | `GET /ready` | 503 until the projection is caught up ([`crate::progress`]) and while the log is unreachable, else 200 |
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
-//! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key is decimal or `0x` hex |
+//! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key in its text form, URL-encoded (`42`, `%22ann%22`) |
 //! | `GET /shadow/{projection}/{key}` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
 //! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
