@@ -540,11 +540,20 @@ impl ModuleHandle {
     /// A fresh store and instance, its start-up code run under the CPU
     /// budget.
     fn instantiate(&self) -> Result<(Store<StoreData>, bindings::Module), CallError> {
-        let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
-        store.set_epoch_deadline(self.sandbox.deadline_ticks());
-        match self.pre.instantiate(&mut store) {
-            Ok(bindings) => Ok((store, bindings)),
-            Err(error) => Err(call_failure(&store, error)),
+        let mut attempts = 1;
+        loop {
+            let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
+            store.set_epoch_deadline(self.sandbox.deadline_ticks());
+            match self.pre.instantiate(&mut store) {
+                Ok(bindings) => return Ok((store, bindings)),
+                // The first instance of a module makes its memory images,
+                // sealing a memfd, which Linux refuses for a moment while
+                // the pages just written are still referenced (EBUSY;
+                // seen once under a full test run). wasmtime keeps no
+                // failure there, so a fresh store tries again.
+                Err(error) if attempts < 3 && is_busy(&error) => attempts += 1,
+                Err(error) => return Err(call_failure(&store, error)),
+            }
         }
     }
 }
@@ -654,6 +663,14 @@ impl HandlerInstance for WasmInstance {
     }
 }
 
+/// Whether `error` is the OS saying a resource is busy for the moment
+/// (EBUSY).
+fn is_busy(error: &wasmtime::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| cause.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) == Some(libc::EBUSY))
+}
+
 /// What a failed call or instantiation was: a host fault raised by an
 /// import, or a trap of the guest, described by its kind, root cause, and
 /// the tail of the guest's stderr (where a Rust panic message lands).
@@ -688,6 +705,14 @@ mod tests {
         assert_eq!(call_failure(&store, fault), CallError::HostFault("disk gone".into()));
         let trap = wasmtime::Error::new(Trap::UnreachableCodeReached).context("wasm backtrace");
         assert!(matches!(call_failure(&store, trap), CallError::Trap { reason } if reason.contains("unreachable")));
+    }
+
+    #[test]
+    fn only_a_busy_resource_somewhere_in_the_chain_is_tried_again() {
+        let os = |code| wasmtime::Error::new(std::io::Error::from_raw_os_error(code)).context("making memory images");
+        assert!(is_busy(&os(libc::EBUSY)));
+        assert!(!is_busy(&os(libc::ENOMEM)));
+        assert!(!is_busy(&wasmtime::Error::new(Trap::UnreachableCodeReached)));
     }
 
     /// A component may hold many linear memories (a core module each, or
