@@ -664,7 +664,7 @@ impl Library {
         tracing::error!(
             projection = self.projection,
             module = name,
-            "the module file is refused, the old version keeps running: {error}"
+            "the module file could not be read and is refused; its module, if one runs, runs on as it was: {error}"
         );
     }
 
