@@ -408,15 +408,66 @@ fn consumed(stdout: &str) -> u64 {
     rest.split(' ').next().unwrap().parse().unwrap()
 }
 
+/// `waku run` with `args` in `dir`, once the last line of its banner
+/// says its modules are loaded: the child (standard output piped), the
+/// lines of standard error so far, and the rest as they come.
+#[cfg(unix)]
+fn run_until_loaded(
+    args: &[&str],
+    dir: &Path,
+) -> (std::process::Child, Vec<String>, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (sender, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
+        match lines.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("`waku run` printed no banner: {seen:?}"),
+        }
+    }
+    (child, seen, lines)
+}
+
+/// Sends `signal` (`TERM`, `INT`) to `child` and waits for it to exit,
+/// for 10 s at most.
+#[cfg(unix)]
+fn signal_and_wait(child: &mut std::process::Child, signal: &str) -> std::process::ExitStatus {
+    use std::time::{Duration, Instant};
+    let signalled = Instant::now();
+    let kill = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("`waku run` did not exit within 10 s of SIG{signal}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `waku run` (following the topic) gets `signal` while it consumes a
 /// workload in small batches (16 events): it finishes the batch in flight, commits and
 /// exits 0 promptly; a second run picks up exactly where it stopped, and the
 /// read model equals an uninterrupted run's and the oracle.
 #[cfg(unix)]
 fn a_signal_stops_the_run_after_the_batch_in_flight(signal: &str) {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     const EVENTS: usize = 40_000;
     let dir = tempfile::tempdir().unwrap();
@@ -440,30 +491,10 @@ fn a_signal_stops_the_run_after_the_batch_in_flight(signal: &str) {
         ["run", "--data", data, "--projection", "bank", "--topic", "accounts", "--modules", "modules"]
     }
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
-        .args(run("interrupted"))
-        .args(["--batch-size", "16"])
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (stderr_tx, stderr_rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = stderr_tx.send(line);
-        }
-    });
     // The banner's last line comes once the modules are loaded; then let a
     // few batches commit.
-    let mut stderr_lines = Vec::new();
-    while !stderr_lines.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
-        match stderr_rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => stderr_lines.push(line),
-            Err(_) => panic!("`waku run` printed no banner: {stderr_lines:?}"),
-        }
-    }
+    let run_args = [&run("interrupted")[..], &["--batch-size", "16"]].concat();
+    let (mut child, mut stderr_lines, stderr_rx) = run_until_loaded(&run_args, dir.path());
     // Meanwhile the files are the run's alone, and `status` says why it
     // cannot read them.
     let status = waku(&["status", "--data", "interrupted", "--projection", "bank", "--topic", "accounts"], dir.path());
@@ -472,19 +503,7 @@ fn a_signal_stops_the_run_after_the_batch_in_flight(signal: &str) {
     assert!(refused.contains("`interrupted/log.redb` is in use by another process"), "{refused}");
     std::thread::sleep(Duration::from_millis(500));
 
-    let signalled = Instant::now();
-    let kill = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if signalled.elapsed() > Duration::from_secs(10) {
-            child.kill().unwrap();
-            panic!("`waku run` did not exit within 10 s of SIG{signal}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = signal_and_wait(&mut child, signal);
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
     stderr_lines.extend(stderr_rx.try_iter());
@@ -1055,9 +1074,7 @@ fn slow_to_compile_component(loops: usize) -> Vec<u8> {
 #[cfg(unix)]
 #[test]
 fn a_signal_ends_the_run_while_a_reload_is_still_compiling() {
-    use std::io::BufRead;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let dir = tempfile::tempdir().unwrap();
     let module = bank_wasm().to_string_lossy().into_owned();
@@ -1069,43 +1086,12 @@ fn a_signal_ends_the_run_while_a_reload_is_still_compiling() {
     let modules = dir.path().join("modules");
     std::fs::create_dir(&modules).unwrap();
     std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
-        .args(["run", "--data", "d", "--projection", "bank", "--topic", "accounts", "--modules", "modules"])
-        .arg("--no-compile-cache")
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines_tx, lines) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let mut seen = Vec::new();
-    while !seen.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
-        match lines.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!("`waku run` printed no banner: {seen:?}"),
-        }
-    }
+    let run = ["run", "--data", "d", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let (mut child, mut seen, lines) = run_until_loaded(&[&run[..], &["--no-compile-cache"]].concat(), dir.path());
     std::fs::write(modules.join("slow.wasm"), slow_to_compile_component(60_000)).unwrap();
     // The watcher sees the file and the reload starts compiling it.
     std::thread::sleep(Duration::from_secs(2));
-    let signalled = Instant::now();
-    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if signalled.elapsed() > Duration::from_secs(10) {
-            child.kill().unwrap();
-            panic!("`waku run` did not exit within 10 s of SIGTERM while a reload compiled");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = signal_and_wait(&mut child, "TERM");
     seen.extend(lines.try_iter());
     assert_eq!(status.code(), Some(0), "{seen:#?}");
 }
