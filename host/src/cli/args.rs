@@ -196,6 +196,15 @@ pub(super) struct LimitArgs {
     /// Most core instances (and memories, and tables) one module instance may create.
     #[arg(long, default_value_t = SandboxLimits::default().instances)]
     pub(super) max_instances: usize,
+    /// CPU time compiling one module may take, in seconds (all compiler
+    /// threads together); a module past it is refused
+    /// (`component-compile-time`).
+    #[arg(long, default_value_t = SandboxLimits::default().compile_seconds())]
+    pub(super) compile_budget_s: u64,
+    /// Most memory compiling one module may take, in MiB; a module past it
+    /// is refused (`component-compile-memory`).
+    #[arg(long, default_value_t = SandboxLimits::default().compile_memory_bytes >> 20)]
+    pub(super) compile_memory_mib: usize,
     /// How long one module's calls may run in one batch (summed over the
     /// workers), e.g. `30s`; past it the module's other keys in the batch
     /// are retried in a later batch without losing an attempt, so a slow
@@ -245,13 +254,15 @@ pub(super) const PAYLOAD: &str = "Payload limits (what a module may hand the hos
 
 impl LimitArgs {
     /// Every limit flag with its value, to refuse zeros by name.
-    pub(super) fn flags(&self) -> [(&'static str, u64); 15] {
+    pub(super) fn flags(&self) -> [(&'static str, u64); 17] {
         [
             ("--memory-mib", self.memory_mib as u64),
             ("--call-budget-ms", self.call_budget_ms),
             ("--max-wasm-stack-kib", self.max_wasm_stack_kib as u64),
             ("--max-table-elements", self.max_table_elements as u64),
             ("--max-instances", self.max_instances as u64),
+            ("--compile-budget-s", self.compile_budget_s),
+            ("--compile-memory-mib", self.compile_memory_mib as u64),
             ("--max-state-value-kib", self.max_state_value_kib as u64),
             ("--max-state-writes-per-call", self.max_state_writes_per_call as u64),
             ("--max-state-kib-per-call", self.max_state_kib_per_call as u64),
@@ -276,6 +287,8 @@ impl LimitArgs {
             max_wasm_stack: scaled(self.max_wasm_stack_kib, 10, "--max-wasm-stack-kib")?,
             table_elements: self.max_table_elements,
             instances: self.max_instances,
+            compile_budget: std::time::Duration::from_secs(self.compile_budget_s),
+            compile_memory_bytes: scaled(self.compile_memory_mib, 20, "--compile-memory-mib")?,
         })
     }
 
@@ -404,6 +417,8 @@ mod tests {
             ("--max-table-elements", "11"),
             ("--max-instances", "13"),
             ("--max-state-value-kib", "17"),
+            ("--compile-budget-s", "59"),
+            ("--compile-memory-mib", "61"),
             ("--max-state-writes-per-call", "29"),
             ("--max-state-kib-per-call", "31"),
             ("--max-counter-changes-per-call", "37"),
@@ -434,6 +449,8 @@ mod tests {
             max_wasm_stack: 5 << 10,
             table_elements: 11,
             instances: 13,
+            compile_budget: Duration::from_secs(59),
+            compile_memory_bytes: 61 << 20,
         };
         assert_eq!(args.limits.limits().unwrap(), expected);
         let sandbox = sandbox(&args).unwrap();

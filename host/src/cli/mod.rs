@@ -235,9 +235,20 @@ const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is cl
                           failed (the demo's oracle check, or a difference found by `waku test --expect`), 130 \
                           `run` aborted by a second signal.";
 
-/// Runs the command line and returns the process's exit code.
+/// Runs the command line and returns the process's exit code. Components
+/// are compiled by this program itself, in child processes under the
+/// compile limits ([`crate::runtime::compiler`]), which run its hidden
+/// `compile-component` command.
 pub fn main() -> ExitCode {
-    main_with(std::env::args_os())
+    let args: Vec<_> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|command| command == crate::runtime::compiler::CHILD_COMMAND) {
+        return crate::runtime::compiler::child_main(&args[2..]);
+    }
+    match std::env::current_exe() {
+        Ok(program) => crate::runtime::compile_in_child_processes(program),
+        Err(error) => errln!("waku: warning: compiling in this process, without the compile limits: {error}"),
+    }
+    main_with(args)
 }
 
 /// Runs the command line `args` (the first is the program's name), as

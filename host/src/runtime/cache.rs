@@ -19,7 +19,7 @@ use std::path::Path;
 use sha2::Digest;
 use wasmtime::component::Component;
 
-use super::{LoadError, Sandbox};
+use super::{LoadError, Sandbox, compiler};
 
 const MAGIC: &[u8; 8] = b"wakuCW01";
 
@@ -27,11 +27,9 @@ const MAGIC: &[u8; 8] = b"wakuCW01";
 /// which.
 pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
     let engine = &sandbox.shared.engine;
-    let compile = || {
-        Component::new(engine, bytes)
-            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") })
+    let Some(dir) = &sandbox.cache else {
+        return Ok((deserialize_fresh(sandbox, name, &compiler::compile(sandbox, name, bytes)?)?, false));
     };
-    let Some(dir) = &sandbox.cache else { return Ok((compile()?, false)) };
     let path = dir.join(format!("{}-{}.cwasm", sha256_hex(bytes), engine_fingerprint(sandbox)));
     let entry = match (trusted(dir, true), trusted(&path, false)) {
         (Ok(()), Ok(())) => std::fs::read(&path).ok(),
@@ -59,16 +57,22 @@ pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Co
         Some(None) => tracing::warn!(module = name, "cached component {} is corrupt, compiling", path.display()),
         None => {}
     }
-    let component = compile()?;
-    match component.serialize() {
-        Ok(artifact) => {
-            if let Err(e) = write(dir, &path, &artifact) {
-                tracing::warn!(module = name, "cannot write the compile cache {}: {e}", path.display());
-            }
-        }
-        Err(e) => tracing::warn!(module = name, "cannot serialize the compiled component: {e:#}"),
+    let artifact = compiler::compile(sandbox, name, bytes)?;
+    if let Err(e) = write(dir, &path, &artifact) {
+        tracing::warn!(module = name, "cannot write the compile cache {}: {e}", path.display());
     }
-    Ok((component, false))
+    Ok((deserialize_fresh(sandbox, name, &artifact)?, false))
+}
+
+/// The component of an artifact just compiled for this sandbox.
+fn deserialize_fresh(sandbox: &Sandbox, name: &str, artifact: &[u8]) -> Result<Component, LoadError> {
+    // SAFETY: these bytes are what `Engine::precompile_component` returned
+    // a moment ago, in this process or in its compiler child (the same
+    // program, with the same engine settings), read back from a private
+    // temporary directory; `deserialize` also refuses an artifact of other
+    // settings.
+    unsafe { Component::deserialize(&sandbox.shared.engine, artifact) }
+        .map_err(|e| LoadError::Compiler { module: name.to_owned(), reason: format!("{e:#}") })
 }
 
 /// A short digest of everything in the engine's configuration that decides

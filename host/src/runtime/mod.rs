@@ -39,6 +39,11 @@
 //! - **Compile once, instantiate cheaply.** A component is compiled and
 //!   pre-linked once per [`WasmModule`]; instances come from that template
 //!   and keep their store across calls.
+//! - **Compiling is bounded too.** Size rules cannot bound what compiling
+//!   a component costs, so once the process has a compiler program (the
+//!   `waku` command is its own) it compiles in a child process under a CPU
+//!   budget and a memory limit ([`compiler`]); a component past either is
+//!   refused naming the rule, and the same bytes are not compiled again.
 //! - **A cached artifact is checked, never trusted.** With a compile cache
 //!   ([`Sandbox::with_compile_cache`]) compiled components are kept on disk,
 //!   keyed by the SHA-256 of the component and the engine's settings, and
@@ -49,9 +54,10 @@
 //!   entry is native code, it is used only when it and the cache directory
 //!   belong to the host's user and no one else may write them.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -65,6 +71,7 @@ use crate::key::Key;
 
 mod cache;
 pub mod capabilities;
+pub mod compiler;
 pub mod component_file;
 pub mod emit;
 mod instance_limits;
@@ -110,6 +117,18 @@ pub struct SandboxLimits {
     pub table_elements: usize,
     /// Most core instances one component instance may create. Default 100.
     pub instances: usize,
+    /// CPU time compiling one component may take, all compiler threads
+    /// together, when it compiles in a child process
+    /// ([`compiler`]); past it the component is refused
+    /// (`component-compile-time`). Rounded up to whole seconds. Default
+    /// 30 s (the Python bank example takes about 8 s).
+    #[serde(with = "millis")]
+    pub compile_budget: Duration,
+    /// Most memory compiling one component may take in its child process,
+    /// in bytes; past it the component is refused
+    /// (`component-compile-memory`). Default 1 GiB (the Python bank example
+    /// takes about 0.45 GiB).
+    pub compile_memory_bytes: usize,
 }
 
 impl Default for SandboxLimits {
@@ -120,7 +139,17 @@ impl Default for SandboxLimits {
             max_wasm_stack: 512 << 10,
             table_elements: 100_000,
             instances: 100,
+            compile_budget: Duration::from_secs(30),
+            compile_memory_bytes: 1 << 30,
         }
+    }
+}
+
+impl SandboxLimits {
+    /// The compile budget in whole seconds, as the child's `RLIMIT_CPU`
+    /// counts it.
+    pub fn compile_seconds(&self) -> u64 {
+        self.compile_budget.as_secs() + u64::from(self.compile_budget.subsec_nanos() > 0)
     }
 }
 
@@ -138,12 +167,15 @@ impl std::fmt::Display for SandboxLimits {
         };
         write!(
             f,
-            "memory {}, CPU budget {} ms per call, wasm stack {}, {} table elements, {} instances",
+            "memory {}, CPU budget {} ms per call, wasm stack {}, {} table elements, {} instances; compiling: \
+             {} s of CPU, memory {}",
             size(self.memory_bytes),
             self.call_budget.as_millis(),
             size(self.max_wasm_stack),
             self.table_elements,
             self.instances,
+            self.compile_seconds(),
+            size(self.compile_memory_bytes),
         )
     }
 }
@@ -249,7 +281,47 @@ pub enum LoadError {
         /// The module's name.
         module: String,
         /// The limits it ran under.
-        limits: SandboxLimits,
+        limits: Box<SandboxLimits>,
+        /// What failed.
+        reason: String,
+    },
+    /// Compiling the component in its child process broke a compile limit
+    /// ([`compiler`]).
+    #[error(
+        "{}: compiling module `{module}` {}; it is refused{}",
+        match limit {
+            compiler::CompileLimit::Time => "component-compile-time",
+            compiler::CompileLimit::Memory => "component-compile-memory",
+        },
+        match limit {
+            compiler::CompileLimit::Time => format!(
+                "took more than its budget of {} s of CPU (the compile budget, `--compile-budget-s`)",
+                limits.compile_seconds()
+            ),
+            compiler::CompileLimit::Memory => format!(
+                "needed more than {} MiB of memory (the compile memory limit, `--compile-memory-mib`)",
+                limits.compile_memory_bytes >> 20
+            ),
+        },
+        if *again { " (as before: the same bytes are not compiled again until the host restarts)" } else { "" }
+    )]
+    CompileLimit {
+        /// The module's name.
+        module: String,
+        /// The limit it broke.
+        limit: compiler::CompileLimit,
+        /// The limits it was compiled under.
+        limits: Box<SandboxLimits>,
+        /// Whether the sandbox refused these bytes before, and did not
+        /// compile them again.
+        again: bool,
+    },
+    /// The compiler process failed for a reason of the host's (it could
+    /// not be started, or it crashed), not of the component.
+    #[error("module `{module}` could not be compiled: the compiler process failed: {reason}")]
+    Compiler {
+        /// The module's name.
+        module: String,
         /// What failed.
         reason: String,
     },
@@ -273,6 +345,7 @@ pub enum LoadError {
 #[error("host-fault: {0}")]
 struct HostFault(String);
 
+pub use compiler::compile_in_child_processes;
 pub use component_file::read_component;
 
 /// Compiles and instantiates handler components under [`SandboxLimits`].
@@ -293,6 +366,9 @@ struct Shared {
     linker: Linker<StoreData>,
     limits: SandboxLimits,
     ticker_stop: Arc<AtomicBool>,
+    /// Components refused at a compile limit, by SHA-256: the same bytes
+    /// are refused at once, not compiled again.
+    over_compile_limits: Mutex<HashMap<String, compiler::CompileLimit>>,
 }
 
 impl Drop for Shared {
@@ -305,15 +381,13 @@ impl Sandbox {
     /// A sandbox with these limits and the default [`PayloadLimits`];
     /// starts the epoch ticker thread.
     pub fn new(limits: SandboxLimits) -> Result<Self, LoadError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true).max_wasm_stack(limits.max_wasm_stack).parallel_compilation(true);
-        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
+        let engine = Engine::new(&engine_config(&limits)).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::<StoreData>::new(&engine);
         capabilities::link(&mut linker).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
         Ok(Self {
-            shared: Arc::new(Shared { engine, linker, limits, ticker_stop }),
+            shared: Arc::new(Shared { engine, linker, limits, ticker_stop, over_compile_limits: Mutex::default() }),
             cache: None,
             payload: PayloadLimits::default(),
         })
@@ -380,7 +454,7 @@ impl Sandbox {
         };
         let mut instance = module.instantiate_wasm().map_err(|error| LoadError::Instantiate {
             module: name.to_owned(),
-            limits: self.shared.limits,
+            limits: Box::new(self.shared.limits),
             reason: match error {
                 CallError::Trap { reason } => reason,
                 other => other.to_string(),
@@ -422,6 +496,14 @@ impl Sandbox {
         let budget = self.shared.limits.call_budget.as_nanos();
         budget.div_ceil(EPOCH_TICK.as_nanos()).max(1) as u64
     }
+}
+
+/// The engine's settings: the same in the host and in its compiler
+/// processes, whose artifacts it deserializes.
+fn engine_config(limits: &SandboxLimits) -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true).max_wasm_stack(limits.max_wasm_stack).parallel_compilation(true);
+    config
 }
 
 fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {

@@ -1095,3 +1095,77 @@ fn a_signal_ends_the_run_while_a_reload_is_still_compiling() {
     seen.extend(lines.try_iter());
     assert_eq!(status.code(), Some(0), "{seen:#?}");
 }
+
+/// A module that would take the compiler minutes and gigabytes is
+/// compiled in a child process and refused at the compile budget or the
+/// compile memory limit, each named, within seconds; at a hot reload the
+/// running version keeps running, and the same bytes are refused at once
+/// at the next change instead of costing the budget again.
+#[cfg(unix)]
+#[test]
+fn a_module_too_costly_to_compile_is_refused_at_the_compile_limits() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let modules = dir.path().join("modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::copy(bank_wasm(), modules.join("bank.wasm")).unwrap();
+    // 100 000 loops: about 5 minutes and 1.3 GB for the compiler.
+    let slow = slow_to_compile_component(100_000);
+    std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
+    let run = [
+        "run",
+        "--data",
+        "d",
+        "--projection",
+        "bank",
+        "--topic",
+        "accounts",
+        "--modules",
+        "modules",
+        "--create-topic",
+        "1",
+    ];
+    let start = |limits: &[&str]| {
+        let out = waku_within_a_minute(&[&run[..], &["--until-caught-up"], limits].concat(), dir.path());
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let started = Instant::now();
+    let stderr = start(&["--compile-budget-s", "2"]);
+    assert!(
+        stderr.contains(
+            "component-compile-time: compiling module `slow` took more than its budget of 2 s of CPU (the compile \
+             budget, `--compile-budget-s`); it is refused"
+        ),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "refused after {:?}", started.elapsed());
+    let stderr = start(&["--compile-budget-s", "600", "--compile-memory-mib", "64"]);
+    assert!(
+        stderr.contains("component-compile-memory: compiling module `slow` needed more than 64 MiB of memory"),
+        "{stderr}"
+    );
+
+    // A hot reload: the bomb is refused, bank keeps running, and the next
+    // change of the directory refuses it again without compiling it.
+    std::fs::remove_file(modules.join("slow.wasm")).unwrap();
+    let (mut child, mut seen, lines) = run_until_loaded(&[&run[..], &["--compile-budget-s", "1"]].concat(), dir.path());
+    let mut wait_for = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !seen.iter().any(|line| line.contains(what)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no line saying {what:?} within a minute: {seen:#?}"),
+            }
+        }
+    };
+    std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
+    wait_for("component-compile-time: compiling module `slow`");
+    std::fs::write(modules.join("bank.wasm"), std::fs::read(bank_wasm()).unwrap()).unwrap();
+    wait_for("as before: the same bytes are not compiled again");
+    assert_eq!(signal_and_wait(&mut child, "TERM").code(), Some(0));
+    let status = waku(&["status", "--data", "d", "--projection", "bank", "--topic", "accounts"], dir.path());
+    assert!(text(&status.stdout).contains("bank@"), "bank still runs: {}", text(&status.stdout));
+}

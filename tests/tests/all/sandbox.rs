@@ -499,7 +499,7 @@ fn table_and_instance_limits_are_enforced_at_instantiation() {
                 let LoadError::Instantiate { module, limits: shown, reason } = error else {
                     panic!("expected an instantiation error, got {message}")
                 };
-                assert_eq!((module.as_str(), shown), ("probe", limits));
+                assert_eq!((module.as_str(), *shown), ("probe", limits));
                 assert!(reason.contains(what), "the reason does not name the {what} limit: {reason}");
                 assert!(message.contains(&format!("1 {what}")), "the message does not show the limit: {message}");
             }

@@ -1,0 +1,287 @@
+//! Compiling a component into native code, in a child process under limits
+//! when the process has a compiler program.
+//!
+//! The rules of [`component_file`](super::component_file) bound what a
+//! component holds, not what compiling it costs: one function of 100 000
+//! nested `loop`s (300 KB) keeps Cranelift busy for minutes and takes
+//! gigabytes, and no count of blocks or locals bounds every shape. So once
+//! [`compile_in_child_processes`] has named a program (the `waku` command
+//! names itself), every component the compile cache does not hold is
+//! compiled by that program's hidden `compile-component` command, in a
+//! child process that:
+//! - runs under `RLIMIT_CPU` of
+//!   [`SandboxLimits::compile_budget`](super::SandboxLimits::compile_budget),
+//!   all its compiler threads together;
+//! - is killed by the host once its resident memory passes
+//!   [`SandboxLimits::compile_memory_bytes`](super::SandboxLimits::compile_memory_bytes)
+//!   (the host samples it every 20 ms; an address-space or data limit
+//!   would count the allocator's reservations, not what is used), or past
+//!   four times the budget in wall-clock time (plus ten seconds, for a busy
+//!   machine), and by the kernel when the host dies (`PR_SET_PDEATHSIG`);
+//! - writes the artifact (`Engine::precompile_component`, with the
+//!   sandbox's own engine settings) into a private temporary directory,
+//!   which the host deserializes.
+//!
+//! A child stopped at a limit is a refusal naming its rule
+//! (`component-compile-time`, `component-compile-memory`). The sandbox
+//! remembers such refusals by the component's SHA-256, so the same bytes
+//! are refused at once afterwards instead of costing the budget again at
+//! every change of the module directory.
+//!
+//! Without a compiler program (a library user's tests) components compile
+//! in this process, with no bound on the time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::{LoadError, Sandbox, SandboxLimits};
+
+/// The hidden command of the compiler program that compiles one component.
+pub const CHILD_COMMAND: &str = "compile-component";
+
+/// The program that compiles components for every sandbox of this process.
+static COMPILER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes every sandbox of this process compile in a child process running
+/// `program compile-component` (which must call [`child_main`]). Set once;
+/// later calls are ignored.
+pub fn compile_in_child_processes(program: PathBuf) {
+    let _ = COMPILER.set(program);
+}
+
+/// Which compile limit a component broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompileLimit {
+    /// `component-compile-time`: the CPU budget.
+    Time,
+    /// `component-compile-memory`: the memory limit.
+    Memory,
+}
+
+/// The native artifact of `bytes`: compiled by the compiler program under
+/// the sandbox's compile limits, or in this process when there is none.
+pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+    let Some(program) = COMPILER.get() else {
+        return sandbox
+            .shared
+            .engine
+            .precompile_component(bytes)
+            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") });
+    };
+    let limits = sandbox.shared.limits;
+    let refused =
+        |limit, again| LoadError::CompileLimit { module: name.to_owned(), limit, limits: Box::new(limits), again };
+    let digest = super::cache::sha256_hex(bytes);
+    let over_limits = || sandbox.shared.over_compile_limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&limit) = over_limits().get(&digest) {
+        return Err(refused(limit, true));
+    }
+    let result = compile_in_child(program, &limits, bytes);
+    if let Err(Refused(limit)) = result {
+        over_limits().insert(digest, limit);
+    }
+    result.map_err(|failure| match failure {
+        Refused(limit) => refused(limit, false),
+        Invalid(reason) => LoadError::Invalid { module: name.to_owned(), reason },
+        CompilerFailed(reason) => LoadError::Compiler { module: name.to_owned(), reason },
+    })
+}
+
+/// Why a child did not compile a component.
+#[derive(Debug, PartialEq, Eq)]
+enum ChildFailure {
+    Refused(CompileLimit),
+    /// The component is not valid; what the compiler said.
+    Invalid(String),
+    /// The compiler failed for a reason of the host's.
+    CompilerFailed(String),
+}
+use ChildFailure::{CompilerFailed, Invalid, Refused};
+
+/// Compiles `bytes` with `program compile-component`, under `limits`.
+fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Result<Vec<u8>, ChildFailure> {
+    let dir = tempfile::Builder::new()
+        .prefix("waku-compile-")
+        .tempdir()
+        .map_err(|e| CompilerFailed(format!("cannot create a temporary directory: {e}")))?;
+    let (input, output, stderr) = (dir.path().join("in.wasm"), dir.path().join("out.cwasm"), dir.path().join("stderr"));
+    std::fs::write(&input, bytes).map_err(|e| CompilerFailed(format!("cannot write {}: {e}", input.display())))?;
+    let stderr_file = std::fs::File::create(&stderr)
+        .map_err(|e| CompilerFailed(format!("cannot create {}: {e}", stderr.display())))?;
+    let limits_json = serde_json::to_string(limits).expect("the limits serialize");
+    let mut child = Command::new(program)
+        .arg(CHILD_COMMAND)
+        .arg(limits_json)
+        .arg(&input)
+        .arg(&output)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr_file)
+        .spawn()
+        .map_err(|e| CompilerFailed(format!("cannot start {}: {e}", program.display())))?;
+    let status = match watch(&mut child, wall_limit(limits), limits.compile_memory_bytes) {
+        Ok(Watched::Exited(status)) => status,
+        Ok(Watched::Killed(limit)) => return Err(Refused(limit)),
+        Err(e) => return Err(CompilerFailed(format!("waiting for the compiler: {e}"))),
+    };
+    outcome(status, head(&stderr))?;
+    std::fs::read(&output).map_err(|e| CompilerFailed(format!("cannot read {}: {e}", output.display())))
+}
+
+/// The exit code with which the child says the component is invalid.
+const INVALID: i32 = 1;
+
+/// What the compiler's exit status and standard error say.
+fn outcome(status: ExitStatus, stderr: String) -> Result<(), ChildFailure> {
+    use std::os::unix::process::ExitStatusExt;
+    // A machine out of memory fails an allocation (Rust's allocation error
+    // handler aborts with this message) or an `mmap` of wasmtime's, which
+    // it reports.
+    let out_of_memory =
+        ["memory allocation of", "Cannot allocate memory", "out of memory"].iter().any(|sign| stderr.contains(sign));
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ok(()),
+        // Past the soft CPU limit the kernel sends SIGXCPU, past the hard
+        // one SIGKILL.
+        (_, Some(libc::SIGXCPU | libc::SIGKILL)) => Err(Refused(CompileLimit::Time)),
+        _ if out_of_memory => Err(Refused(CompileLimit::Memory)),
+        (Some(INVALID), _) => Err(Invalid(stderr)),
+        _ => Err(CompilerFailed(format!("it ended with {status}: {stderr}"))),
+    }
+}
+
+/// How long the host waits for a compiler child in wall-clock time: the
+/// CPU budget is spent on up to every core, but a busy machine may give
+/// the child a fraction of one.
+fn wall_limit(limits: &SandboxLimits) -> Duration {
+    limits.compile_budget * 4 + Duration::from_secs(10)
+}
+
+/// How a watched child ended.
+enum Watched {
+    Exited(ExitStatus),
+    /// The host killed it at this limit.
+    Killed(CompileLimit),
+}
+
+/// Waits for `child`, killing it once it has run `time` or holds more than
+/// `memory` bytes resident.
+fn watch(child: &mut std::process::Child, time: Duration, memory: usize) -> std::io::Result<Watched> {
+    let deadline = Instant::now() + time;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Watched::Exited(status));
+        }
+        let over = if Instant::now() >= deadline {
+            Some(CompileLimit::Time)
+        } else {
+            resident_bytes(child.id()).is_some_and(|resident| resident > memory).then_some(CompileLimit::Memory)
+        };
+        if let Some(limit) = over {
+            child.kill()?;
+            child.wait()?;
+            return Ok(Watched::Killed(limit));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// The resident memory of process `pid`, in bytes (Linux; elsewhere
+/// unknown).
+fn resident_bytes(pid: u32) -> Option<usize> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: `sysconf` has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * usize::try_from(page).ok()?)
+}
+
+/// The first 4 KiB of what the child wrote to standard error, trimmed.
+fn head(path: &Path) -> String {
+    const MOST: usize = 4 << 10;
+    let said = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&said[..said.len().min(MOST)]).trim().to_owned()
+}
+
+/// The compiler program's `compile-component` command: `limits` (the
+/// sandbox's, as JSON), the component's file, the artifact's file. Puts
+/// itself under the compile limits, compiles, and writes the artifact.
+/// An invalid component is exit code 1 with the reason on standard error.
+pub fn child_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    let [limits, input, output] = args else {
+        eprintln!("usage: waku {CHILD_COMMAND} LIMITS-JSON COMPONENT ARTIFACT (the host runs this itself)");
+        return std::process::ExitCode::from(2);
+    };
+    let run = || -> Result<(), String> {
+        let limits: SandboxLimits =
+            serde_json::from_str(&limits.to_string_lossy()).map_err(|e| format!("limits: {e}"))?;
+        limit_this_process(&limits)?;
+        let bytes = std::fs::read(input).map_err(|e| format!("{}: {e}", Path::new(input).display()))?;
+        let engine = wasmtime::Engine::new(&super::engine_config(&limits)).map_err(|e| format!("{e:#}"))?;
+        let artifact = engine.precompile_component(&bytes).map_err(|e| format!("{e:#}"))?;
+        std::fs::write(output, artifact).map_err(|e| format!("{}: {e}", Path::new(output).display()))
+    };
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(reason) => {
+            eprintln!("{reason}");
+            std::process::ExitCode::from(INVALID as u8)
+        }
+    }
+}
+
+/// Puts this process under the compile budget, without core dumps, and
+/// has the kernel kill it when its parent dies.
+fn limit_this_process(limits: &SandboxLimits) -> Result<(), String> {
+    let seconds = limits.compile_seconds().max(1) as libc::rlim_t;
+    for (resource, soft, hard, name) in
+        [(libc::RLIMIT_CPU, seconds, seconds + 1, "RLIMIT_CPU"), (libc::RLIMIT_CORE, 0, 0, "RLIMIT_CORE")]
+    {
+        let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+        // SAFETY: `setrlimit` reads the struct it is given and nothing else.
+        if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+            return Err(format!("setting {name}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `prctl(PR_SET_PDEATHSIG)` takes a signal number and
+        // changes only this process's death signal.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        // SAFETY: `getppid` has no preconditions.
+        if unsafe { libc::getppid() } == 1 {
+            return Err("the host that started this compiler is gone".to_owned());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    #[test]
+    fn the_exit_of_the_compiler_names_the_limit_it_broke() {
+        let exit = |code: i32| ExitStatus::from_raw(code << 8);
+        let signal = ExitStatus::from_raw;
+        let said = |text: &str| text.to_owned();
+        assert_eq!(outcome(exit(0), said("")), Ok(()));
+        let invalid = "failed to parse WebAssembly module";
+        assert_eq!(outcome(exit(1), said(invalid)), Err(Invalid(said(invalid))));
+        assert_eq!(outcome(signal(libc::SIGXCPU), said("")), Err(Refused(CompileLimit::Time)));
+        assert_eq!(outcome(signal(libc::SIGKILL), said("")), Err(Refused(CompileLimit::Time)));
+        let abort = "memory allocation of 1048576 bytes failed";
+        assert_eq!(outcome(signal(libc::SIGABRT), said(abort)), Err(Refused(CompileLimit::Memory)));
+        let mmap = "mmap failed: Cannot allocate memory (os error 12)";
+        assert_eq!(outcome(exit(1), said(mmap)), Err(Refused(CompileLimit::Memory)));
+        assert!(matches!(outcome(signal(libc::SIGSEGV), said("")), Err(CompilerFailed(_))));
+        assert!(matches!(outcome(exit(2), said("usage")), Err(CompilerFailed(_))));
+    }
+}
