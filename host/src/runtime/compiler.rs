@@ -18,9 +18,9 @@
 //!   would count the allocator's reservations, not what is used), or past
 //!   four times the budget in wall-clock time (plus ten seconds, for a busy
 //!   machine), and by the kernel when the host dies (`PR_SET_PDEATHSIG`);
-//! - writes the artifact (`Engine::precompile_component`, with the
-//!   sandbox's own engine settings) into a private temporary directory,
-//!   which the host deserializes.
+//! - reads the component from its standard input and writes the artifact
+//!   (`Engine::precompile_component`, with the sandbox's own engine
+//!   settings) to its standard output, which the host deserializes.
 //!
 //! A child stopped at a limit is a refusal naming its rule
 //! (`component-compile-time`, `component-compile-memory`). The sandbox
@@ -100,35 +100,43 @@ enum ChildFailure {
 }
 use ChildFailure::{CompilerFailed, Invalid, Refused};
 
-/// Compiles `bytes` with `program compile-component`, under `limits`.
+/// Compiles `bytes` with `program compile-component`, under `limits`:
+/// the component goes in through its standard input, the artifact comes
+/// out of its standard output (no file is left behind by a crash).
 fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Result<Vec<u8>, ChildFailure> {
-    let dir = tempfile::Builder::new()
-        .prefix("waku-compile-")
-        .tempdir()
-        .map_err(|e| CompilerFailed(format!("cannot create a temporary directory: {e}")))?;
-    let (input, output, stderr) = (dir.path().join("in.wasm"), dir.path().join("out.cwasm"), dir.path().join("stderr"));
-    std::fs::write(&input, bytes).map_err(|e| CompilerFailed(format!("cannot write {}: {e}", input.display())))?;
-    let stderr_file = std::fs::File::create(&stderr)
-        .map_err(|e| CompilerFailed(format!("cannot create {}: {e}", stderr.display())))?;
+    use std::io::{Read, Write};
     let limits_json = serde_json::to_string(limits).expect("the limits serialize");
     let mut child = Command::new(program)
         .arg(CHILD_COMMAND)
         .arg(limits_json)
-        .arg(&input)
-        .arg(&output)
         .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| CompilerFailed(format!("cannot start {}: {e}", program.display())))?;
-    let status = match watch(&mut child, wall_limit(limits), limits.compile_memory_bytes) {
-        Ok(Watched::Exited(status)) => status,
-        Ok(Watched::Killed(limit)) => return Err(Refused(limit)),
-        Err(e) => return Err(CompilerFailed(format!("waiting for the compiler: {e}"))),
-    };
-    outcome(status, head(&stderr))?;
-    std::fs::read(&output).map_err(|e| CompilerFailed(format!("cannot read {}: {e}", output.display())))
+    let (mut input, mut output, errors) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    std::thread::scope(|scope| {
+        // A child that stops reading (it died) fails the write: its exit
+        // status says why.
+        scope.spawn(move || input.as_mut().map(|input| input.write_all(bytes)));
+        let artifact = scope.spawn(move || {
+            let mut artifact = Vec::new();
+            output.as_mut().map(|output| output.read_to_end(&mut artifact)).transpose().map(|_| artifact)
+        });
+        let said = scope.spawn(move || errors.map(head).unwrap_or_default());
+        let status = match watch(&mut child, wall_limit(limits), limits.compile_memory_bytes) {
+            Ok(Watched::Exited(status)) => status,
+            Ok(Watched::Killed(limit)) => return Err(Refused(limit)),
+            Err(e) => return Err(CompilerFailed(format!("waiting for the compiler: {e}"))),
+        };
+        outcome(status, said.join().unwrap_or_default())?;
+        match artifact.join() {
+            Ok(Ok(artifact)) => Ok(artifact),
+            Ok(Err(e)) => Err(CompilerFailed(format!("reading the artifact: {e}"))),
+            Err(_) => Err(CompilerFailed("reading the artifact failed".to_owned())),
+        }
+    })
 }
 
 /// The exit code with which the child says the component is invalid.
@@ -201,30 +209,37 @@ fn resident_bytes(pid: u32) -> Option<usize> {
     Some(pages * usize::try_from(page).ok()?)
 }
 
-/// The first 4 KiB of what the child wrote to standard error, trimmed.
-fn head(path: &Path) -> String {
-    const MOST: usize = 4 << 10;
-    let said = std::fs::read(path).unwrap_or_default();
-    String::from_utf8_lossy(&said[..said.len().min(MOST)]).trim().to_owned()
+/// The first 4 KiB of what the child writes to standard error, trimmed;
+/// the rest is read and dropped, so the child never waits on a full pipe.
+fn head(mut errors: impl std::io::Read) -> String {
+    use std::io::Read;
+    const MOST: u64 = 4 << 10;
+    let mut said = Vec::new();
+    let _ = errors.by_ref().take(MOST).read_to_end(&mut said);
+    let _ = std::io::copy(&mut errors, &mut std::io::sink());
+    String::from_utf8_lossy(&said).trim().to_owned()
 }
 
 /// The compiler program's `compile-component` command: `limits` (the
-/// sandbox's, as JSON), the component's file, the artifact's file. Puts
-/// itself under the compile limits, compiles, and writes the artifact.
-/// An invalid component is exit code 1 with the reason on standard error.
+/// sandbox's, as JSON) its one argument, the component on standard input.
+/// Puts itself under the compile budget, compiles, and writes the artifact
+/// to standard output. An invalid component is exit code 1 with the reason
+/// on standard error.
 pub fn child_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
-    let [limits, input, output] = args else {
-        eprintln!("usage: waku {CHILD_COMMAND} LIMITS-JSON COMPONENT ARTIFACT (the host runs this itself)");
+    use std::io::{Read, Write};
+    let [limits] = args else {
+        eprintln!("usage: waku {CHILD_COMMAND} LIMITS-JSON < COMPONENT > ARTIFACT (the host runs this itself)");
         return std::process::ExitCode::from(2);
     };
     let run = || -> Result<(), String> {
         let limits: SandboxLimits =
             serde_json::from_str(&limits.to_string_lossy()).map_err(|e| format!("limits: {e}"))?;
         limit_this_process(&limits)?;
-        let bytes = std::fs::read(input).map_err(|e| format!("{}: {e}", Path::new(input).display()))?;
+        let mut bytes = Vec::new();
+        std::io::stdin().lock().read_to_end(&mut bytes).map_err(|e| format!("reading the component: {e}"))?;
         let engine = wasmtime::Engine::new(&super::engine_config(&limits)).map_err(|e| format!("{e:#}"))?;
         let artifact = engine.precompile_component(&bytes).map_err(|e| format!("{e:#}"))?;
-        std::fs::write(output, artifact).map_err(|e| format!("{}: {e}", Path::new(output).display()))
+        std::io::stdout().lock().write_all(&artifact).map_err(|e| format!("writing the artifact: {e}"))
     };
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
