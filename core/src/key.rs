@@ -405,9 +405,17 @@ impl Key {
     /// Reads a key from its text form (JSON: `42`, `"ann"`, `[42, "eur"]`,
     /// `{"bytes": "00ff"}`).
     pub fn parse_text(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
         let json: serde_json::Value =
-            serde_json::from_str(text.trim()).map_err(|e| KeyError::Text { reason: e.to_string() })?;
-        Self::of(&KeyValue::from_json(&json)?)
+            serde_json::from_str(text).map_err(|e| KeyError::Text { reason: e.to_string() })?;
+        let value = KeyValue::from_json(&json).map_err(|error| match json {
+            // Named as written: JSON reads `18446744073709551616` as a float.
+            serde_json::Value::Number(_) => {
+                KeyError::Text { reason: format!("{text} is not an integer from i64::MIN to u64::MAX") }
+            }
+            _ => error,
+        })?;
+        Self::of(&value)
     }
 
     /// The canonical bytes.
@@ -590,6 +598,8 @@ mod tests {
             let error = Key::parse_text(bad).unwrap_err();
             assert!(matches!(error, KeyError::Text { .. }), "{bad}: {error}");
         }
+        let error = Key::parse_text(" 18446744073709551616").unwrap_err().to_string();
+        assert!(error.contains("18446744073709551616 is not an integer from i64::MIN to u64::MAX"), "{error}");
     }
 
     #[test]

@@ -244,7 +244,11 @@ pub fn main() -> ExitCode {
     if args.get(1).is_some_and(|command| command == crate::runtime::compiler::CHILD_COMMAND) {
         return crate::runtime::compiler::child_main(&args[2..]);
     }
-    match std::env::current_exe() {
+    // On Linux `/proc/self/exe` is this very binary even after an upgrade
+    // replaced the file: its artifacts fit this host's engine.
+    let this_binary = Path::new("/proc/self/exe");
+    let program = if this_binary.exists() { Ok(this_binary.to_owned()) } else { std::env::current_exe() };
+    match program {
         Ok(program) => crate::runtime::compile_in_child_processes(program),
         Err(error) => errln!("waku: warning: compiling in this process, without the compile limits: {error}"),
     }

@@ -106,7 +106,9 @@ use ChildFailure::{CompilerFailed, Invalid, Refused};
 fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Result<Vec<u8>, ChildFailure> {
     use std::io::{Read, Write};
     let limits_json = serde_json::to_string(limits).expect("the limits serialize");
+    use std::os::unix::process::CommandExt;
     let mut child = Command::new(program)
+        .arg0("waku")
         .arg(CHILD_COMMAND)
         .arg(limits_json)
         .env("RUST_BACKTRACE", "0")
