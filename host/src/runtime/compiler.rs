@@ -130,7 +130,13 @@ fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Res
         let status = match watch(&mut child, wall_limit(limits), limits.compile_memory_bytes) {
             Ok(Watched::Exited(status)) => status,
             Ok(Watched::Killed(limit)) => return Err(Refused(limit)),
-            Err(e) => return Err(CompilerFailed(format!("waiting for the compiler: {e}"))),
+            Err(e) => {
+                // Its pipes close only when it ends, and the threads
+                // reading them are joined on the way out.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CompilerFailed(format!("waiting for the compiler: {e}")));
+            }
         };
         outcome(status, said.join().unwrap_or_default())?;
         match artifact.join() {
