@@ -105,8 +105,8 @@ use ChildFailure::{CompilerFailed, Invalid, Refused};
 /// out of its standard output (no file is left behind by a crash).
 fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Result<Vec<u8>, ChildFailure> {
     use std::io::{Read, Write};
-    let limits_json = serde_json::to_string(limits).expect("the limits serialize");
     use std::os::unix::process::CommandExt;
+    let limits_json = serde_json::to_string(limits).expect("the limits serialize");
     let mut child = Command::new(program)
         .arg0("waku")
         .arg(CHILD_COMMAND)
@@ -148,7 +148,11 @@ fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Res
 }
 
 /// The exit code with which the child says the component is invalid.
-const INVALID: i32 = 1;
+const INVALID: u8 = 1;
+
+/// The exit code with which the child says it failed for another reason
+/// (its arguments, its input, its output, its limits).
+const FAILED: u8 = 3;
 
 /// What the compiler's exit status and standard error say.
 fn outcome(status: ExitStatus, stderr: String) -> Result<(), ChildFailure> {
@@ -164,7 +168,7 @@ fn outcome(status: ExitStatus, stderr: String) -> Result<(), ChildFailure> {
         // one SIGKILL.
         (_, Some(libc::SIGXCPU | libc::SIGKILL)) => Err(Refused(CompileLimit::Time)),
         _ if out_of_memory => Err(Refused(CompileLimit::Memory)),
-        (Some(INVALID), _) => Err(Invalid(stderr)),
+        (Some(code), _) if code == i32::from(INVALID) => Err(Invalid(stderr)),
         _ => Err(CompilerFailed(format!("it ended with {status}: {stderr}"))),
     }
 }
@@ -231,29 +235,30 @@ fn head(mut errors: impl std::io::Read) -> String {
 /// The compiler program's `compile-component` command: `limits` (the
 /// sandbox's, as JSON) its one argument, the component on standard input.
 /// Puts itself under the compile budget, compiles, and writes the artifact
-/// to standard output. An invalid component is exit code 1 with the reason
-/// on standard error.
+/// to standard output. An invalid component is exit code 1, any other
+/// failure 3, with the reason on standard error.
 pub fn child_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     use std::io::{Read, Write};
     let [limits] = args else {
         eprintln!("usage: waku {CHILD_COMMAND} LIMITS-JSON < COMPONENT > ARTIFACT (the host runs this itself)");
         return std::process::ExitCode::from(2);
     };
-    let run = || -> Result<(), String> {
+    let failed = |reason: String| (FAILED, reason);
+    let run = || -> Result<(), (u8, String)> {
         let limits: SandboxLimits =
-            serde_json::from_str(&limits.to_string_lossy()).map_err(|e| format!("limits: {e}"))?;
-        limit_this_process(&limits)?;
+            serde_json::from_str(&limits.to_string_lossy()).map_err(|e| failed(format!("limits: {e}")))?;
+        limit_this_process(&limits).map_err(failed)?;
         let mut bytes = Vec::new();
-        std::io::stdin().lock().read_to_end(&mut bytes).map_err(|e| format!("reading the component: {e}"))?;
-        let engine = wasmtime::Engine::new(&super::engine_config(&limits)).map_err(|e| format!("{e:#}"))?;
-        let artifact = engine.precompile_component(&bytes).map_err(|e| format!("{e:#}"))?;
-        std::io::stdout().lock().write_all(&artifact).map_err(|e| format!("writing the artifact: {e}"))
+        std::io::stdin().lock().read_to_end(&mut bytes).map_err(|e| failed(format!("reading the component: {e}")))?;
+        let engine = wasmtime::Engine::new(&super::engine_config(&limits)).map_err(|e| failed(format!("{e:#}")))?;
+        let artifact = engine.precompile_component(&bytes).map_err(|e| (INVALID, format!("{e:#}")))?;
+        std::io::stdout().lock().write_all(&artifact).map_err(|e| failed(format!("writing the artifact: {e}")))
     };
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(reason) => {
+        Err((code, reason)) => {
             eprintln!("{reason}");
-            std::process::ExitCode::from(INVALID as u8)
+            std::process::ExitCode::from(code)
         }
     }
 }
@@ -271,16 +276,13 @@ fn limit_this_process(limits: &SandboxLimits) -> Result<(), String> {
             return Err(format!("setting {name}: {}", std::io::Error::last_os_error()));
         }
     }
+    // SAFETY: `prctl(PR_SET_PDEATHSIG)` takes a signal number and changes
+    // only this process's death signal. (A host gone before this line
+    // leaves the child to end at its CPU limit.)
     #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `prctl(PR_SET_PDEATHSIG)` takes a signal number and
-        // changes only this process's death signal.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        // SAFETY: `getppid` has no preconditions.
-        if unsafe { libc::getppid() } == 1 {
-            return Err("the host that started this compiler is gone".to_owned());
-        }
-    }
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL)
+    };
     Ok(())
 }
 
@@ -306,5 +308,6 @@ mod tests {
         assert_eq!(outcome(exit(1), said(mmap)), Err(Refused(CompileLimit::Memory)));
         assert!(matches!(outcome(signal(libc::SIGSEGV), said("")), Err(CompilerFailed(_))));
         assert!(matches!(outcome(exit(2), said("usage")), Err(CompilerFailed(_))));
+        assert!(matches!(outcome(exit(3), said("limits: missing field")), Err(CompilerFailed(_))));
     }
 }
