@@ -531,6 +531,8 @@ impl Library {
             (swap.generation(), self.seen())
         };
         let files = scan(module_dir)?;
+        // What `/modules` shows of reloads is about the files still there.
+        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| files.contains_key(name));
         for (name, read) in &files {
             let bytes = match read {
                 Ok(bytes) => bytes,

@@ -187,6 +187,23 @@ fn a_version_that_cannot_be_recorded_is_not_swapped_in() {
 }
 
 #[test]
+fn the_reload_status_of_a_refused_file_goes_with_the_file() {
+    let dirs = Dirs::new();
+    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
+    let library = dirs.library();
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+
+    install(&dirs.modules(), "junk.wasm", b"not a component");
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert!(library.reloads()["junk"].error.is_some(), "{:?}", library.reloads());
+    std::fs::remove_file(dirs.modules().join("junk.wasm")).unwrap();
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert!(!library.reloads().contains_key("junk"), "{:?}", library.reloads());
+}
+
+#[test]
 fn the_compile_cache_is_used_and_a_damaged_entry_is_compiled_again() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
