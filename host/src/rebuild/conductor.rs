@@ -9,7 +9,10 @@
 //! what it decides comes from positions and end offsets only. A rebuild
 //! that fails (a module that does not load, a shadow whose consumer
 //! fails) is dropped with its error in the status; the live projection
-//! never stops because of it.
+//! never stops because of it. A shadow that cannot start for now (an I/O
+//! error reading the request, the log unreachable) is not a failure: the
+//! request stays, the status says `waiting to start` and why, and the
+//! next check tries again.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,10 +31,43 @@ use crate::log::EventLog;
 use crate::projection::{Projection, ProjectionError};
 use crate::routing::{Routed, RoutedTopics, retry_topic};
 use crate::runtime::Sandbox;
-use crate::state::{BatchCommit, StateStore};
+use crate::state::{BatchCommit, StateError, StateStore};
 
 /// The phase of a caught-up shadow waiting for a person.
 const WAITING: &str = "waiting for --promote";
+
+/// The phase of a rebuild whose shadow cannot start for now.
+const WAITING_TO_START: &str = "waiting to start";
+
+/// Why a shadow did not start.
+enum StartFailure {
+    /// The request cannot be served (its topic, its modules): it is
+    /// dropped, and the status keeps why.
+    Refused(String),
+    /// What it needs cannot be read or written for now (an I/O error, the
+    /// log unreachable): it stays, and the next check tries again.
+    NotNow(String),
+}
+
+impl StartFailure {
+    /// A rebuild file's error: an I/O error is for now, a corrupt file
+    /// refuses the request.
+    fn reading(error: RebuildError) -> Self {
+        match error {
+            RebuildError::Io { .. } => Self::NotNow(error.to_string()),
+            other => Self::Refused(other.to_string()),
+        }
+    }
+
+    /// The shadow store's error at opening: a damaged or corrupt store
+    /// refuses the request, anything else (I/O, locked) is for now.
+    fn opening(error: StateError) -> Self {
+        match error {
+            StateError::Damaged { .. } | StateError::Corrupt { .. } => Self::Refused(error.to_string()),
+            other => Self::NotNow(other.to_string()),
+        }
+    }
+}
 
 /// Whether a shadow may be promoted now.
 #[derive(Debug, PartialEq, Eq)]
@@ -273,7 +309,8 @@ impl<L: EventLog> Conductor<L> {
         let Some(running) = shadow else {
             match self.start_shadow(&paths).await {
                 Ok(started) => *shadow = started,
-                Err(error) => self.fail(&paths, error),
+                Err(StartFailure::Refused(error)) => self.fail(&paths, error),
+                Err(StartFailure::NotNow(error)) => self.wait_to_start(error),
             }
             return None;
         };
@@ -329,41 +366,59 @@ impl<L: EventLog> Conductor<L> {
         }
     }
 
+    /// A shadow that cannot start for now: the request stays, the status
+    /// says why, and the next check tries again. Logged once per reason.
+    fn wait_to_start(&self, error: String) {
+        let reason = Some(error);
+        if self.watch.get().is_none_or(|status| status.phase != WAITING_TO_START || status.error != reason) {
+            tracing::warn!(
+                projection = self.projection.name(),
+                "the rebuild cannot start yet and is tried again: {}",
+                reason.as_deref().unwrap_or_default()
+            );
+            self.watch.set_phase(WAITING_TO_START, reason, None);
+        }
+    }
+
     /// Starts the shadow of the pending request, if there is one and it
     /// was not promoted already (a crash after the pointer moved).
-    async fn start_shadow(&self, paths: &RebuildPaths) -> Result<Option<Shadow<L>>, String> {
-        let Some(request) = paths.request().map_err(|e| e.to_string())? else { return Ok(None) };
+    async fn start_shadow(&self, paths: &RebuildPaths) -> Result<Option<Shadow<L>>, StartFailure> {
+        let Some(request) = paths.request().map_err(StartFailure::reading)? else { return Ok(None) };
         let store_path = paths.shadow_store(request.generation);
-        if paths.active_store().map_err(|e| e.to_string())? == store_path {
-            paths.finish().map_err(|e| e.to_string())?;
+        if paths.active_store().map_err(StartFailure::reading)? == store_path {
+            paths.finish().map_err(StartFailure::reading)?;
             return Ok(None);
         }
         if request.topic != self.projection.topic() {
-            return Err(format!(
+            return Err(StartFailure::Refused(format!(
                 "the rebuild was asked for topic `{}`, but projection `{}` consumes `{}`",
                 request.topic,
                 self.projection.name(),
                 self.projection.topic()
-            ));
+            )));
         }
-        let store = StateStore::open(&paths.absolute(&store_path)).map_err(|e| e.to_string())?;
+        let store = StateStore::open(&paths.absolute(&store_path)).map_err(StartFailure::opening)?;
         let copies = Some(paths.kept_copies(request.generation));
-        let modules = self.load_modules(&store, paths.modules_dir(request.generation), true, copies).await?;
+        let modules = self
+            .load_modules(&store, paths.modules_dir(request.generation), true, copies)
+            .await
+            .map_err(StartFailure::Refused)?;
         // Its own retry and dead-letter topics, made now; a new shadow
         // takes them from their end: what is there is an earlier rebuild's.
         let routed = RoutedTopics::shadow(&request.topic);
-        let partitions = self.log.partitions(&request.topic).await.map_err(|e| e.to_string())?;
+        let not_now = |e: &dyn std::fmt::Display| StartFailure::NotNow(e.to_string());
+        let partitions = self.log.partitions(&request.topic).await.map_err(|e| not_now(&e))?;
         for topic in [routed.retry(), routed.dlq()] {
-            self.log.create_topic(topic, partitions).await.map_err(|e| e.to_string())?;
+            self.log.create_topic(topic, partitions).await.map_err(|e| not_now(&e))?;
         }
-        if store.position(routed.retry(), 0).map_err(|e| e.to_string())?.is_none() {
-            let commit = settled(&*self.log, &[routed.retry(), routed.dlq()]).await.map_err(|e| e.to_string())?;
-            store.commit(commit).map_err(|e| e.to_string())?;
+        if store.position(routed.retry(), 0).map_err(|e| not_now(&e))?.is_none() {
+            let commit = settled(&*self.log, &[routed.retry(), routed.dlq()]).await.map_err(|e| not_now(&e))?;
+            store.commit(commit).map_err(|e| not_now(&e))?;
         }
         let name = super::shadow_name(self.projection.name());
         let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
         let projection = Projection::new(&name, &request.topic, modules.clone(), held_back)
-            .map_err(|e| e.to_string())?
+            .map_err(|e| StartFailure::Refused(e.to_string()))?
             .with_routed_topics(routed);
         let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
         let following = follow(&consumer);

@@ -232,3 +232,49 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
         waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "--shadow"], dir.path());
     assert!(text(&refused.stderr).contains("no rebuild of `bank` is under way"), "{}", text(&refused.stderr));
 }
+
+/// A request that cannot be read for now (here `request.toml` is a
+/// symlink loop: ELOOP, as EMFILE or EIO would be) is not a failed
+/// rebuild: the request stays, and the rebuild starts once it reads again.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_be_read_for_now_is_kept_and_started_once_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), 500).await;
+    let asked = waku(
+        &["rebuild", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "new"],
+        dir.path(),
+    );
+    assert!(asked.status.success(), "{}", text(&asked.stderr));
+    let requests = dir.path().join("data/rebuilds/bank");
+    let (request, held, other) =
+        (requests.join("request.toml"), requests.join("held.toml"), requests.join("loop.toml"));
+    std::fs::rename(&request, &held).unwrap();
+    std::os::unix::fs::symlink("loop.toml", &request).unwrap();
+    std::os::unix::fs::symlink("request.toml", &other).unwrap();
+
+    let mut child = follow(dir.path());
+    let (sender, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |wanted: &str| {
+        while !seen.iter().any(|line: &String| line.contains(wanted)) {
+            match lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no line saying {wanted:?}: {seen:#?}"),
+            }
+        }
+    };
+    wait_for("the rebuild cannot start yet and is tried again");
+    std::thread::sleep(Duration::from_secs(1)); // five more checks
+    assert!(request.symlink_metadata().is_ok(), "the request was removed");
+    std::fs::rename(&held, &other).unwrap(); // request.toml → the request
+    wait_for("rebuilding in the shadow");
+    kill(child);
+    assert!(seen.iter().all(|line| !line.contains("the rebuild failed")), "{seen:#?}");
+}
