@@ -157,18 +157,16 @@ const FAILED: u8 = 3;
 /// What the compiler's exit status and standard error say.
 fn outcome(status: ExitStatus, stderr: String) -> Result<(), ChildFailure> {
     use std::os::unix::process::ExitStatusExt;
-    // A machine out of memory fails an allocation (Rust's allocation error
-    // handler aborts with this message) or an `mmap` of wasmtime's, which
-    // it reports.
-    let out_of_memory =
-        ["memory allocation of", "Cannot allocate memory", "out of memory"].iter().any(|sign| stderr.contains(sign));
     match (status.code(), status.signal()) {
         (Some(0), _) => Ok(()),
+        (Some(code), _) if code == i32::from(INVALID) => Err(Invalid(stderr)),
         // Past the soft CPU limit the kernel sends SIGXCPU, past the hard
         // one SIGKILL.
         (_, Some(libc::SIGXCPU | libc::SIGKILL)) => Err(Refused(CompileLimit::Time)),
-        _ if out_of_memory => Err(Refused(CompileLimit::Memory)),
-        (Some(code), _) if code == i32::from(INVALID) => Err(Invalid(stderr)),
+        // A machine out of memory fails an allocation, and Rust's
+        // allocation error handler aborts with this message (only an
+        // abort counts: the component's own names may say anything).
+        (_, Some(libc::SIGABRT)) if stderr.starts_with("memory allocation of") => Err(Refused(CompileLimit::Memory)),
         _ => Err(CompilerFailed(format!("it ended with {status}: {stderr}"))),
     }
 }
@@ -304,8 +302,8 @@ mod tests {
         assert_eq!(outcome(signal(libc::SIGKILL), said("")), Err(Refused(CompileLimit::Time)));
         let abort = "memory allocation of 1048576 bytes failed";
         assert_eq!(outcome(signal(libc::SIGABRT), said(abort)), Err(Refused(CompileLimit::Memory)));
-        let mmap = "mmap failed: Cannot allocate memory (os error 12)";
-        assert_eq!(outcome(exit(1), said(mmap)), Err(Refused(CompileLimit::Memory)));
+        let named = "import `out of memory` is not a function: memory allocation of 10 bytes failed";
+        assert_eq!(outcome(exit(1), said(named)), Err(Invalid(said(named))), "the component's words are not a limit");
         assert!(matches!(outcome(signal(libc::SIGSEGV), said("")), Err(CompilerFailed(_))));
         assert!(matches!(outcome(exit(2), said("usage")), Err(CompilerFailed(_))));
         assert!(matches!(outcome(exit(3), said("limits: missing field")), Err(CompilerFailed(_))));
