@@ -291,7 +291,7 @@ mod tests {
     #[test]
     fn the_text_format_names_every_metric_with_its_labels() {
         let metrics = Metrics::default();
-        let modules = ModuleSet::new("bank", Vec::new()).unwrap();
+        let modules = ModuleSet::new("bank", "accounts", Vec::new()).unwrap();
         let mut tally = BatchTally::default();
         let counts = tally.of(0, EventTypeTag::new(3));
         counts.applied = 5;

@@ -52,6 +52,21 @@ pub enum ProjectionError {
         /// The module that declared it again.
         second: String,
     },
+    /// A module declares the projection's own topic among its emit
+    /// topics: every message would come back as an event, and a module
+    /// emitting more than one per event would grow the log without end.
+    #[error(
+        "emit-loop: module `{module}` declares it emits to `{topic}`, the topic projection `{projection}` consumes; \
+         a module may not feed its own projection"
+    )]
+    EmitLoop {
+        /// The projection.
+        projection: String,
+        /// The module.
+        module: String,
+        /// The topic.
+        topic: String,
+    },
     /// A module file could not be read.
     #[error("cannot read module file {path}: {source}")]
     ReadModule {
@@ -97,11 +112,18 @@ pub struct Route {
 }
 
 impl ModuleSet {
-    /// Puts modules together for `projection`, checking that tags are
-    /// unique.
-    pub fn new(projection: &str, modules: Vec<Arc<dyn HandlerModule>>) -> Result<Self, ProjectionError> {
+    /// Puts modules together for `projection` over `topic`, checking that
+    /// tags are unique and that no module emits to `topic`.
+    pub fn new(projection: &str, topic: &str, modules: Vec<Arc<dyn HandlerModule>>) -> Result<Self, ProjectionError> {
         let mut routes: FxHashMap<EventTypeTag, Route> = FxHashMap::default();
         for (index, module) in modules.iter().enumerate() {
+            if module.emits().iter().any(|emitted| emitted == topic) {
+                return Err(ProjectionError::EmitLoop {
+                    projection: projection.to_owned(),
+                    module: module.name().to_owned(),
+                    topic: topic.to_owned(),
+                });
+            }
             for event_type in module.event_types() {
                 if let Some(existing) = routes.get(&event_type.tag) {
                     return Err(ProjectionError::DuplicateTag {
@@ -135,14 +157,15 @@ impl ModuleSet {
 }
 
 impl Projection {
-    /// Puts a projection together, checking that tags are unique.
+    /// Puts a projection together, checking that tags are unique and that
+    /// no module emits to `topic`.
     pub fn new(
         name: &str,
         topic: &str,
         modules: Vec<Arc<dyn HandlerModule>>,
         store: StateStore,
     ) -> Result<Self, ProjectionError> {
-        let set = ModuleSet::new(name, modules)?;
+        let set = ModuleSet::new(name, topic, modules)?;
         let routed = RoutedTopics::shared(topic);
         Ok(Self {
             name: name.to_owned(),
@@ -253,7 +276,7 @@ impl ModuleSwap<'_> {
         record: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
         let projection = self.projection;
-        let set = ModuleSet::new(&projection.name, modules)?;
+        let set = ModuleSet::new(&projection.name, &projection.topic, modules)?;
         record()?;
         let old = projection.current();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);

@@ -4,7 +4,8 @@
 //! Emitting is a declared capability: a module lists the topics it may
 //! emit to in `module-info.emits` (checked when it is loaded: valid names,
 //! none of the host's own `retry_*`/`dlq_*` topics; the lifecycle checks
-//! they exist in the log). At each call (each broken rule is a `refusal`
+//! they exist in the log; the projection refuses a module that declares
+//! the topic it consumes, `emit-loop`). At each call (each broken rule is a `refusal`
 //! returned to the call, naming it; checked by the call's
 //! [`KeyScope`](crate::handler::KeyScope) against [`wakuwaku_core::limits`]):
 //! - `outside-handle`: only during `handle`.

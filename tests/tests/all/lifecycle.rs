@@ -187,6 +187,25 @@ fn a_version_that_cannot_be_recorded_is_not_swapped_in() {
 }
 
 #[test]
+fn a_module_that_emits_to_the_topic_its_projection_consumes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = |name: &str| StateStore::open(&dir.path().join(format!("{name}.redb"))).unwrap();
+    let probe = wakuwaku_tests::probe_module(); // emits to `notes-out` and `out`
+    let error = Projection::new("p", "out", vec![probe.clone()], store("a")).err().unwrap().to_string();
+    assert_eq!(
+        error,
+        "emit-loop: module `probe` declares it emits to `out`, the topic projection `p` consumes; a module may not \
+         feed its own projection"
+    );
+    // A swap (a hot reload) is refused alike; what ran keeps running.
+    let projection = Projection::new("p", "out", Vec::new(), store("b")).unwrap();
+    let error = projection.swap_modules().replace(vec![probe.clone()]).unwrap_err();
+    assert!(error.to_string().starts_with("emit-loop:"), "{error}");
+    assert!(projection.modules().is_empty());
+    Projection::new("p", "events", vec![probe], store("c")).unwrap();
+}
+
+#[test]
 fn the_reload_status_of_a_refused_file_goes_with_the_file() {
     let dirs = Dirs::new();
     install(&dirs.modules(), "bank.wasm", &bank_variant(0));
