@@ -331,6 +331,8 @@ impl StateBackend for EmbeddedStore {
         };
         let (mut page, mut bytes) = (Vec::new(), 0usize);
         for entry in table.range::<(&[u8], &str)>((start, Bound::Unbounded)).map_err(|e| self.storage(e))? {
+            // The first entry always comes; none after the values reach
+            // the bytes.
             if page.len() >= limit || (bytes >= max_bytes && !page.is_empty()) {
                 break;
             }
@@ -340,10 +342,6 @@ impl StateBackend for EmbeddedStore {
                 break;
             }
             let value = v.value();
-            // The first entry always comes; a later one only while it fits.
-            if !page.is_empty() && bytes.saturating_add(value.len()) > max_bytes {
-                break;
-            }
             bytes = bytes.saturating_add(value.len());
             page.push((name.to_owned(), value.to_vec()));
         }

@@ -351,9 +351,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError>;
 
     /// At most `limit` entries of `key`, by name, starting after `after`
-    /// (from the first without it), and no more once their values hold
-    /// `max_bytes` (the first always comes): one page of a view, bounded
-    /// whatever the module wrote.
+    /// (from the first without it), and none after their values reach
+    /// `max_bytes` (the first always comes): one page of a view, bounded by
+    /// `max_bytes` and one value whatever the module wrote.
     fn entries_page(
         &self,
         key: &Key,

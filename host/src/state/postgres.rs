@@ -377,7 +377,7 @@ impl StateBackend for PostgresStore {
         self.run(move |db| async move {
             // The sizes are summed by the server, so only the page's values
             // travel: the first entry, and the next ones while the values
-            // before them leave room.
+            // before them are under the bytes.
             let rows = db
                 .query(
                     "SELECT name, value FROM ( \
@@ -388,7 +388,7 @@ impl StateBackend for PostgresStore {
                          FROM (SELECT name, value FROM waku_state \
                                WHERE projection = $1 AND key = $2 AND ($3::text IS NULL OR name > $3) \
                                ORDER BY name LIMIT $4) AS candidates \
-                     ) AS page WHERE n = 1 OR upto <= $5 ORDER BY name",
+                     ) AS page WHERE n = 1 OR upto - octet_length(value) < $5 ORDER BY name",
                     &[&&*db.projection, &key, &after, &limit, &max_bytes],
                 )
                 .await?;

@@ -433,10 +433,12 @@ pub(super) fn counters_and_entries_are_read_in_pages(fixture: &dyn Fixture) {
     assert_eq!(names(store.entries_page(&k(1), Some("e2"), 3, usize::MAX).unwrap()), ["e3", "e4", "e5"]);
     assert_eq!(names(store.entries_page(&k(1), Some("e5"), 3, usize::MAX).unwrap()), ["e6"], "never the next key's");
     assert!(store.entries_page(&k(1), Some("e6"), 3, usize::MAX).unwrap().is_empty());
-    // Bytes bound a page too: 25 bytes hold two values of 10; the first
-    // entry always comes.
-    assert_eq!(names(store.entries_page(&k(1), None, 100, 25).unwrap()), ["e0", "e1"]);
+    // Bytes bound a page too: none after the values reach 25 bytes (the
+    // third of 10); the first entry always comes.
+    assert_eq!(names(store.entries_page(&k(1), None, 100, 25).unwrap()), ["e0", "e1", "e2"]);
+    assert_eq!(names(store.entries_page(&k(1), None, 100, 20).unwrap()), ["e0", "e1"]);
     assert_eq!(names(store.entries_page(&k(1), Some("e0"), 100, 1).unwrap()), ["e1"]);
+    assert_eq!(names(store.entries_page(&k(1), Some("e0"), 100, 0).unwrap()), ["e1"]);
     assert_eq!(store.entries_page(&k(1), None, 100, usize::MAX).unwrap(), store.entries(&k(1)).unwrap());
     let page = store.counters_page(None, 2).unwrap();
     assert_eq!(page, [("c0".to_owned(), 0), ("c1".to_owned(), 1)]);
