@@ -37,6 +37,15 @@
 //! sequence numbers, so after a crash in between only what is missing is
 //! appended again: each entry once, in order ([`crate::outbox`]).
 //!
+//! **Bounded reads.** What modules wrote decides how much state there is
+//! (within the quotas `counter-count` and `entries-per-key`), so nothing
+//! on a hot path or behind a view reads all of it: a snapshot counts a
+//! key's entries and the counters only up to a bound, for the quotas
+//! ([`Snapshot`]), and views read a page at a time
+//! ([`StateBackend::counters_page`], [`StateBackend::entries_page`]).
+//! [`StateBackend::counters`] and [`StateBackend::entries`] read all, for
+//! tools and tests.
+//!
 //! **Fencing.** A host that takes a partition [claims](StateBackend::claim)
 //! it, which bumps the partition's epoch; every later commit touching that
 //! partition (its positions, done marks or outbox) checks the epoch in the same transaction and is refused with
