@@ -289,12 +289,23 @@ async fn shadow_counters<L: EventLog>(
 
 /// The store of `projection` (`None`: no rebuild under way), if this host
 /// runs it; otherwise the 404 that says why not.
-fn store_of<L>(admin: &Admin<L>, projection: &str, store: Option<StateStore>) -> Result<StateStore, Response> {
+fn store_of<L>(admin: &Admin<L>, projection: &str, store: Option<StateStore>) -> Result<StateStore, NotHere> {
     if projection != admin.projection.name() {
-        let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
-        return Err((StatusCode::NOT_FOUND, message).into_response());
+        return Err(NotHere(format!(
+            "no projection `{projection}` here (this host runs `{}`)\n",
+            admin.projection.name()
+        )));
     }
-    store.ok_or_else(|| (StatusCode::NOT_FOUND, format!("no rebuild of `{projection}` is under way\n")).into_response())
+    store.ok_or_else(|| NotHere(format!("no rebuild of `{projection}` is under way\n")))
+}
+
+/// A 404 and why.
+struct NotHere(String);
+
+impl IntoResponse for NotHere {
+    fn into_response(self) -> Response {
+        (StatusCode::NOT_FOUND, self.0).into_response()
+    }
 }
 
 /// A page of a key's state in `store`, for the projection this host runs.
@@ -307,7 +318,7 @@ fn key_state_response<L>(
 ) -> Response {
     let store = match store_of(admin, projection, store) {
         Ok(store) => store,
-        Err(response) => return response,
+        Err(not_here) => return not_here.into_response(),
     };
     let key = match Key::parse_text(key) {
         Ok(key) => key,
@@ -333,7 +344,7 @@ fn counters_response<L>(
 ) -> Response {
     let store = match store_of(admin, projection, store) {
         Ok(store) => store,
-        Err(response) => return response,
+        Err(not_here) => return not_here.into_response(),
     };
     let page = view::parse_query(query, &["after", "limit"], "after and limit").and_then(|p| view::page_of(&p));
     let page = match page {

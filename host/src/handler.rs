@@ -816,10 +816,10 @@ impl KeyScope {
     fn counter_seen(&mut self, name: &str) -> Result<(i128, bool), ScopeError> {
         limits::check_name(name)?;
         let committed = self.shared.snapshot.find_counter(name).map_err(|error| self.fault(error))?;
-        let own: Vec<i128> =
-            [&self.staged.counters, &self.staged.call_counters].iter().filter_map(|c| c.get(name)).copied().collect();
-        let new = committed.is_none() && own.is_empty();
-        Ok((committed.unwrap_or(0).saturating_add(own.iter().sum()), new))
+        let (finished, running) = (self.staged.counters.get(name), self.staged.call_counters.get(name));
+        let new = committed.is_none() && finished.is_none() && running.is_none();
+        let own = finished.copied().unwrap_or(0) + running.copied().unwrap_or(0);
+        Ok((committed.unwrap_or(0).saturating_add(own), new))
     }
 
     /// Adds to a counter shared by all keys; refused when the counter as

@@ -178,6 +178,11 @@ impl BatchCounters {
                 *share.committed.get_or_init(|| count)
             }
         };
+        // Full already in the snapshot: refused without taking the lock the
+        // batches in flight share (a module spinning on refusals stays off it).
+        if committed >= share.limit {
+            return Err(Hold::Full { held: committed });
+        }
         let mut ledger = lock(&share.ledger);
         if !ledger.held.contains_key(name) {
             let held = committed.saturating_add(ledger.held.len());
