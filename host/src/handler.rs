@@ -750,7 +750,8 @@ impl KeyScope {
         };
         let limit = self.shared.limits.max_entries_per_key;
         let in_snapshot = self.committed_entries()?;
-        let fits = |added: isize| in_snapshot <= limit && (in_snapshot as isize + added) < limit as isize;
+        // In i128: a limit may be as large as `usize::MAX`.
+        let fits = |added: isize| in_snapshot <= limit && (in_snapshot as i128 + added as i128) < limit as i128;
         if fits(self.staged.added) {
             return Ok(committed);
         }
@@ -767,7 +768,7 @@ impl KeyScope {
         if fits(self.staged.added) {
             return Ok(committed);
         }
-        let held = usize::try_from(in_snapshot as isize + self.staged.added).unwrap_or(0);
+        let held = usize::try_from(in_snapshot as i128 + self.staged.added as i128).unwrap_or(0);
         Err(Refusal::entries_per_key(&self.shared.limits, name, held.max(limit)).into())
     }
 
@@ -1361,6 +1362,16 @@ mod tests {
         assert_eq!(rule(scope.set("d", vec![1]).unwrap_err()), "entries-per-key");
         scope.finish_call(Ok(())).unwrap();
         assert_eq!(entry_names(scope).len(), 3);
+    }
+
+    #[test]
+    fn the_largest_quotas_take_everything() {
+        let store = Store::new().with(1, &["a"], &["c"]);
+        let limits = PayloadLimits { max_entries_per_key: usize::MAX, max_counters: usize::MAX, ..Default::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("b", vec![1]).unwrap();
+        scope.counter_add("d", 1).unwrap();
+        scope.finish_call(Ok(())).unwrap();
     }
 
     #[test]
