@@ -16,7 +16,7 @@
 //!   (one hold per key scope that added the name; a failed call's holds are
 //!   given back) and, once their batch committed, until every batch in
 //!   flight has a snapshot that sees that commit.
-//! - **Never under, at worst over.** Every counter that exists or will
+//! - **Never below the truth.** Every counter that exists or will
 //!   exist once the batches in flight commit is in the snapshot's count of
 //!   each batch or among the names held. A name may be in both (a batch
 //!   whose snapshot already sees a commit whose names are still held for an
