@@ -23,6 +23,14 @@
 //! - **Counters stay in the s64 range as each key sees them**: a change is
 //!   refused when the value the key would read afterwards (committed value,
 //!   plus its own pending changes, plus the delta) leaves `i64`.
+//! - **What a module keeps is bounded too**, not only what it hands over
+//!   per call: a projection holds at most
+//!   [`PayloadLimits::max_counters`] counters and a key at most
+//!   [`PayloadLimits::max_entries_per_key`] entries (`counter-count`,
+//!   `entries-per-key`). Only a change that would make a new counter or
+//!   entry is refused; changing, overwriting or deleting what exists always
+//!   passes. The host counts what is committed plus what the batches in
+//!   flight add ([`check_counter_count`], [`check_entries_per_key`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -189,8 +197,9 @@ fn quoted(text: &str) -> String {
 }
 
 /// How much a module may hand the host: per value, per `handle` call, and
-/// per batch. All have defaults (see each field); together they keep one
-/// call under about 9 MiB and one batch under 64 MiB of what the host
+/// per batch; and how much state it may keep: counters per projection,
+/// entries per key. All have defaults (see each field); together they keep
+/// one call under about 9 MiB and one batch under 64 MiB of what the host
 /// holds for modules.
 ///
 /// Counts and bytes per call count every accepted call of the import, also
@@ -230,6 +239,17 @@ pub struct PayloadLimits {
     /// ([`most_held_by_one_call`](Self::most_held_by_one_call)). Default
     /// 64 MiB.
     pub max_batch_held: usize,
+    /// Most distinct counters a projection may hold, committed plus those
+    /// the batches in flight add (`counter-count`): adding to a counter
+    /// that does not exist yet is refused at it, changing an existing one
+    /// never is. Counters are shared by every key and every view of the
+    /// state lists them, so their number is what this bounds. Default
+    /// 10 000.
+    pub max_counters: usize,
+    /// Most entries one key may hold, committed plus this batch's writes
+    /// (`entries-per-key`): setting a new entry past it is refused,
+    /// overwriting or deleting one never is. Default 1 000.
+    pub max_entries_per_key: usize,
 }
 
 impl Default for PayloadLimits {
@@ -245,6 +265,8 @@ impl Default for PayloadLimits {
             max_log_line: 4 << 10,
             max_log_lines_per_call: 100,
             max_batch_held: 64 << 20,
+            max_counters: 10_000,
+            max_entries_per_key: 1_000,
         }
     }
 }
@@ -293,6 +315,8 @@ impl PayloadLimits {
             ("max_log_line", self.max_log_line),
             ("max_log_lines_per_call", self.max_log_lines_per_call),
             ("max_batch_held", self.max_batch_held),
+            ("max_counters", self.max_counters),
+            ("max_entries_per_key", self.max_entries_per_key),
         ];
         if let Some((name, _)) = fields.iter().find(|(_, value)| *value == 0) {
             return Err(LimitsError::Zero(name));
@@ -381,6 +405,34 @@ pub enum Refusal {
         /// Its value as the key sees it.
         value: i128,
     },
+    /// A change that would make a new counter while the projection holds
+    /// [`PayloadLimits::max_counters`] ([`check_counter_count`]).
+    #[error(
+        "counter-count: the projection holds {held} counters (committed and pending), at most {limit}; counter \
+         `{name}` would be a new one"
+    )]
+    CounterCount {
+        /// The counter.
+        name: String,
+        /// The counters the projection holds as the host counts them.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A set that would make a new entry while the key holds
+    /// [`PayloadLimits::max_entries_per_key`] ([`check_entries_per_key`]).
+    #[error(
+        "entries-per-key: this key holds {held} entries (committed and written in this batch), at most {limit}; \
+         entry `{name}` would be a new one"
+    )]
+    EntriesPerKey {
+        /// The entry.
+        name: String,
+        /// The entries the key holds as the host counts them.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// An emit to a topic the module did not declare.
     #[error("emit-topic: `{topic}` is not among the topics the module declared in `module-info.emits` ({declared})")]
     EmitTopic {
@@ -432,6 +484,41 @@ pub fn check_name(name: &str) -> Result<(), Refusal> {
     match name.bytes().position(|byte| byte == 0) {
         Some(at) => Err(Refusal::NameNul { at }),
         None => Ok(()),
+    }
+}
+
+/// Checks a change that would make counter `name` a new one, while the
+/// projection holds `held` counters (committed, plus those the batches in
+/// flight add): refused at [`PayloadLimits::max_counters`].
+pub fn check_counter_count(limits: &PayloadLimits, name: &str, held: usize) -> Result<(), Refusal> {
+    match held < limits.max_counters {
+        true => Ok(()),
+        false => Err(Refusal::counter_count(limits, name, held)),
+    }
+}
+
+/// Checks a set that would make entry `name` a new one, while the key
+/// holds `held` entries (committed, plus its writes in the batch): refused
+/// at [`PayloadLimits::max_entries_per_key`].
+pub fn check_entries_per_key(limits: &PayloadLimits, name: &str, held: usize) -> Result<(), Refusal> {
+    match held < limits.max_entries_per_key {
+        true => Ok(()),
+        false => Err(Refusal::entries_per_key(limits, name, held)),
+    }
+}
+
+impl Refusal {
+    /// The `counter-count` refusal of a new counter `name` while the
+    /// projection holds `held` counters, for a host that decided it
+    /// itself.
+    pub fn counter_count(limits: &PayloadLimits, name: &str, held: usize) -> Self {
+        Self::CounterCount { name: quoted(name), held, limit: limits.max_counters }
+    }
+
+    /// The `entries-per-key` refusal of a new entry `name` while the key
+    /// holds `held` entries, for a host that decided it itself.
+    pub fn entries_per_key(limits: &PayloadLimits, name: &str, held: usize) -> Self {
+        Self::EntriesPerKey { name: quoted(name), held, limit: limits.max_entries_per_key }
     }
 }
 
@@ -760,6 +847,8 @@ mod tests {
             max_log_line: 5,
             max_log_lines_per_call: 2,
             max_batch_held: 64 << 20,
+            max_counters: 3,
+            max_entries_per_key: 2,
         }
     }
 
@@ -832,6 +921,30 @@ mod tests {
         assert_eq!(rule(tally.counter_add(&limits, "c", 0, 1).unwrap_err()), "counter-changes-per-call");
         assert_eq!(rule(counter_value("c", i128::from(i64::MIN) - 1).unwrap_err()), "counter-range");
         assert_eq!(counter_value("c", -3), Ok(-3));
+    }
+
+    #[test]
+    fn new_counters_and_entries_stop_at_their_quota_with_the_numbers_in_the_refusal() {
+        let limits = small();
+        check_counter_count(&limits, "c", 2).unwrap();
+        let refusal = check_counter_count(&limits, "c", 3).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "counter-count: the projection holds 3 counters (committed and pending), at most 3; counter `c` would \
+             be a new one"
+        );
+        check_entries_per_key(&limits, "e", 1).unwrap();
+        let refusal = check_entries_per_key(&limits, "e", 2).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "entries-per-key: this key holds 2 entries (committed and written in this batch), at most 2; entry `e` \
+             would be a new one"
+        );
+        // A long name is cut in the message.
+        let long = "n".repeat(MAX_NAME_BYTES);
+        assert!(
+            check_entries_per_key(&limits, &long, 9).unwrap_err().to_string().contains(&format!("`{}…`", &long[..64]))
+        );
     }
 
     #[test]
@@ -927,6 +1040,10 @@ mod tests {
         assert!(PayloadLimits::default().most_held_by_one_call() < 10 << 20, "one call stays under 10 MiB");
         let zero = PayloadLimits { max_emits_per_call: 0, ..PayloadLimits::default() };
         assert_eq!(zero.check(), Err(LimitsError::Zero("max_emits_per_call")));
+        let zero = PayloadLimits { max_counters: 0, ..PayloadLimits::default() };
+        assert_eq!(zero.check(), Err(LimitsError::Zero("max_counters")));
+        let zero = PayloadLimits { max_entries_per_key: 0, ..PayloadLimits::default() };
+        assert_eq!(zero.check(), Err(LimitsError::Zero("max_entries_per_key")));
         let tight = PayloadLimits { max_batch_held: 1 << 20, ..PayloadLimits::default() };
         assert!(matches!(tight.check(), Err(LimitsError::BatchBelowCall { .. })));
     }

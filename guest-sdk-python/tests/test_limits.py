@@ -17,7 +17,9 @@ from wakuwaku_guest.limits import (
     LogTally,
     PayloadLimits,
     check_combined_body,
+    check_counter_count,
     check_description,
+    check_entries_per_key,
     check_key,
     check_name,
     counter_value,
@@ -35,6 +37,8 @@ SMALL = PayloadLimits(
     max_emit_bytes_per_call=24,
     max_log_line=5,
     max_log_lines_per_call=2,
+    max_counters=3,
+    max_entries_per_key=2,
 )
 
 
@@ -169,3 +173,20 @@ def test_return_values_keys_combined_bodies_and_error_messages():
     kept = error_message("é" * MAX_ERROR_MESSAGE_BYTES)
     assert len(kept.encode()) <= MAX_ERROR_MESSAGE_BYTES + len(" […cut]".encode()) and kept.endswith(" […cut]")
     assert error_message("short") == "short"
+
+
+def test_new_counters_and_entries_stop_at_their_quota_with_the_numbers_in_the_refusal():
+    check_counter_count(SMALL, "c", 2)
+    with pytest.raises(Refusal) as raised:
+        check_counter_count(SMALL, "c", 3)
+    assert str(raised.value) == (
+        "counter-count: the projection holds 3 counters (committed and pending), at most 3; counter `c` would "
+        "be a new one"
+    )
+    check_entries_per_key(SMALL, "e", 1)
+    with pytest.raises(Refusal) as raised:
+        check_entries_per_key(SMALL, "e", 2)
+    assert str(raised.value) == (
+        "entries-per-key: this key holds 2 entries (committed and written in this batch), at most 2; entry `e` "
+        "would be a new one"
+    )

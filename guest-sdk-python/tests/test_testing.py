@@ -92,6 +92,10 @@ def command(ctx: Context, events: list[Command]) -> None:
             ctx.set_bytes("big", b"x" * event.arg)
         if event.op == "counter":
             ctx.counter_add("c", event.arg)
+        if event.op == "new-counter":
+            ctx.counter_add(f"n{event.arg}", 1)
+        if event.op == "new-entry":
+            ctx.set(f"e{event.arg}", event.arg)
         if event.op == "read-counter":
             ctx.set("seen", ctx.counter_get("c"))
         if event.op == "log":
@@ -189,6 +193,21 @@ def test_counters_stay_in_the_s64_range():
     assert host.get(2, "seen") == I64_MAX
     with pytest.raises(UnrecoverableError, match="cannot add 9223372036854775808 to counter `c`: the delta is not an s64"):
         host.handle([Command(2, "counter", I64_MAX + 1)])
+
+
+def test_new_counters_and_entries_stop_at_the_hosts_quotas_and_existing_ones_still_change():
+    host = MemoryHost(ledger, limits=PayloadLimits(max_counters=2, max_entries_per_key=2))
+    host.handle([Command(1, "new-entry", 1), Command(1, "new-entry", 2)])
+    with pytest.raises(Refused) as raised:
+        host.handle([Command(1, "new-entry", 3)])
+    assert raised.value.rule == "entries-per-key"
+    assert "this key holds 2 entries" in raised.value.message
+    host.handle([Command(1, "new-entry", 2), Command(2, "new-entry", 3)])
+    assert host.get(2, "e3") == 3, "another key has room of its own"
+    host.handle([Command(1, "new-counter", 1), Command(2, "new-counter", 2), Command(1, "new-counter", 1)])
+    with pytest.raises(Refused, match="counter-count: the projection holds 2 counters"):
+        host.handle([Command(1, "new-counter", 3)])
+    assert host.counter("n1") == 2
 
 
 def test_log_lines_are_cut_and_past_the_limit_counted():

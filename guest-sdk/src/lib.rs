@@ -127,9 +127,12 @@
 //! (`state-value-size`), per call at most so many state writes, bytes,
 //! counter changes, emits and emitted bytes (`state-writes-per-call`,
 //! `state-bytes-per-call`, `counter-changes-per-call`, `emits-per-call`,
-//! `emit-bytes-per-call`), counters within `i64` (`counter-range`), emits
-//! only to declared topics (`emit-topic`) with a body of 1 byte to the
-//! host's limit (`emit-body-size`). [`Context`] turns a refusal into an
+//! `emit-bytes-per-call`), counters within `i64` (`counter-range`), at most
+//! so many counters in the projection and entries in a key (`counter-count`,
+//! `entries-per-key`: a new one past the quota is refused, changing,
+//! overwriting or deleting what exists never is), emits only to declared
+//! topics (`emit-topic`) with a body of 1 byte to the host's limit
+//! (`emit-body-size`). [`Context`] turns a refusal into an
 //! unrecoverable error naming the entry and the rule. Log lines are cut and
 //! counted, never refused. [`testing::MemoryHost`] keeps the same rules
 //! with the same limits and messages.

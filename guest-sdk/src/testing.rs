@@ -6,8 +6,9 @@
 //! and decoded again. It keeps the host's rules, with the host's limits
 //! ([`PayloadLimits`], default or [`MemoryHost::with_limits`]) and the
 //! host's messages: names, value and body sizes, per-call counts and bytes,
-//! declared emit topics, canonical keys, counters within `i64`, log lines
-//! cut and counted. So a module that passes its native tests meets no new
+//! declared emit topics, canonical keys, counters within `i64`, the state
+//! quotas (counters per projection, entries per key), log lines cut and
+//! counted. So a module that passes its native tests meets no new
 //! refusal in production.
 //!
 //! ```
@@ -42,7 +43,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use wakuwaku_core::key::Key;
-use wakuwaku_core::limits::{CallTally, LogTally, PayloadLimits, check_combined_body, check_name, error_message};
+use wakuwaku_core::limits::{
+    CallTally, LogTally, PayloadLimits, check_combined_body, check_counter_count, check_entries_per_key, check_name,
+    error_message,
+};
 use wakuwaku_core::reduce::{chunks, reduce};
 
 use crate::context::{HostApi, Outgoing, Refusal};
@@ -271,8 +275,17 @@ impl HostApi for KeyScope<'_> {
     }
 
     fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Refusal> {
+        let before = self.tally;
         self.tally.set(&self.host.limits, name, value.len()).map_err(|refusal| refusal.to_string())?;
-        self.host.state.entry(self.key.clone()).or_default().insert(name.to_owned(), value.to_vec());
+        let entries = self.host.state.entry(self.key.clone()).or_default();
+        if !entries.contains_key(name)
+            && let Err(refusal) = check_entries_per_key(&self.host.limits, name, entries.len())
+        {
+            // Refused: the call's counts stay as they were.
+            self.tally = before;
+            return Err(refusal.to_string());
+        }
+        entries.insert(name.to_owned(), value.to_vec());
         Ok(())
     }
 
@@ -286,7 +299,15 @@ impl HostApi for KeyScope<'_> {
 
     fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), Refusal> {
         let current = i128::from(self.host.counter(name));
+        let before = self.tally;
         let next = self.tally.counter_add(&self.host.limits, name, current, delta).map_err(|r| r.to_string())?;
+        if !self.host.counters.contains_key(name)
+            && let Err(refusal) = check_counter_count(&self.host.limits, name, self.host.counters.len())
+        {
+            // Refused: the call's counts stay as they were.
+            self.tally = before;
+            return Err(refusal.to_string());
+        }
         let next = i64::try_from(next).expect("the tally keeps counters within i64");
         self.host.counters.insert(name.to_owned(), next);
         Ok(())
@@ -401,6 +422,26 @@ mod tests {
         let error = host.handle::<Ops, _>(&[op("add", 3, 1)]).unwrap_err();
         assert_eq!(rule_of(&error), "counter-changes-per-call", "{error}");
         assert_eq!(host.counter("c"), 0, "the failed call's changes are rolled back");
+    }
+
+    #[test]
+    fn new_counters_and_entries_stop_at_the_hosts_quotas_and_existing_ones_still_change() {
+        let limits = PayloadLimits { max_counters: 1, max_entries_per_key: 2, ..PayloadLimits::default() };
+        let mut host = MemoryHost::new().with_limits(limits);
+        host.handle::<Ops, _>(&[op("set", 2, 1)]).unwrap();
+        let error = host.handle::<Ops, _>(&[op("set", 3, 1)]).unwrap_err();
+        assert_eq!(rule_of(&error), "entries-per-key", "{error}");
+        assert!(error.message.contains("holds 2 entries"), "{error}");
+        assert_eq!(host.get_bytes(&Key::int(7), "e2"), None);
+        // Overwriting what exists passes; another key has room of its own.
+        host.handle::<Ops, _>(&[op("set", 2, 4)]).unwrap();
+        host.handle::<Ops, _>(&[Op { key: 8, ..op("set", 2, 1) }]).unwrap();
+        host.handle::<Ops, _>(&[op("add", 1, 5)]).unwrap();
+        host.handle::<Ops, _>(&[op("add", 1, -2)]).unwrap();
+        assert_eq!(host.counter("c"), 3);
+        let mut scope = host.scope::<Ops>(&Key::int(7));
+        let refusal = HostApi::counter_add(&mut scope, "d", 1).unwrap_err();
+        assert!(refusal.starts_with("counter-count: the projection holds 1 counters"), "{refusal}");
     }
 
     #[test]

@@ -7,13 +7,17 @@
 //! | `GET /ready` | 503 until the projection is caught up ([`crate::progress`]) and while the log is unreachable, else 200 |
 //! | `GET /metrics` | every metric of [`crate::metrics`], in the Prometheus (OpenMetrics) text format |
 //! | `GET /modules` | the running modules, their event types, kept versions and the last reload of each file (JSON) |
-//! | `GET /state/{projection}/{key}` | a key's state entries (JSON); the key in its text form, URL-encoded (`42`, `%22ann%22`) |
-//! | `GET /shadow/{projection}/{key}` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
+//! | `GET /state/{projection}/{key}` | a page of a key's state entries and the first counters (JSON, [`view::KeyView`]); the key in its text form, URL-encoded (`42`, `%22ann%22`); `?after=<name>&limit=<n>` for the next page, `?entry=<name>` for one entry |
+//! | `GET /state/{projection}/counters` | a page of the projection's counters (JSON, [`view::CountersView`]); `?after=<name>&limit=<n>` |
+//! | `GET /shadow/{projection}/{key}`, `GET /shadow/{projection}/counters` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
 //! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
-//! at request time, so lag is current. Clients cannot hold the host's
+//! at request time, so lag is current. No answer grows with what modules
+//! wrote: state is shown a page at a time ([`view`]), so a projection of
+//! many counters or a key of many large entries costs a request no more
+//! than a page. Clients cannot hold the host's
 //! resources: at most [`MAX_CONNECTIONS`] connections are served at once
 //! (more wait in the kernel's queue, costing the process no file), and a
 //! connection that moves no byte either way for [`IDLE_TIMEOUT`] is closed
@@ -25,7 +29,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -41,7 +45,10 @@ use crate::progress::Progress;
 use crate::projection::Projection;
 use crate::rebuild::RebuildWatch;
 use crate::rebuild::conductor::RebuildStatus;
-use crate::state::{StateError, StateStore};
+use crate::state::StateStore;
+
+pub mod view;
+pub use view::counter_json;
 
 /// What the endpoint serves from.
 pub struct Admin<L> {
@@ -70,6 +77,8 @@ pub async fn serve<L: EventLog>(
         .route("/ready", get(ready::<L>))
         .route("/metrics", get(metrics::<L>))
         .route("/modules", get(modules::<L>))
+        .route("/state/{projection}/counters", get(counters::<L>))
+        .route("/shadow/{projection}/counters", get(shadow_counters::<L>))
         .route("/state/{projection}/{key}", get(state::<L>))
         .route("/shadow/{projection}/{key}", get(shadow_state::<L>))
         .route("/status", get(status_route::<L>))
@@ -247,34 +256,103 @@ async fn modules<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
 async fn state<L: EventLog>(
     State(admin): State<Arc<Admin<L>>>,
     Path((projection, key)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    key_state_response(&admin, &projection, &key, Some(admin.projection.store().clone()))
+    key_state_response(&admin, &projection, &key, query.as_deref(), Some(admin.projection.store().clone()))
 }
 
 async fn shadow_state<L: EventLog>(
     State(admin): State<Arc<Admin<L>>>,
     Path((projection, key)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     let shadow = admin.rebuild.as_ref().and_then(|watch| watch.shadow());
-    key_state_response(&admin, &projection, &key, shadow)
+    key_state_response(&admin, &projection, &key, query.as_deref(), shadow)
 }
 
-/// A key's state in `store` (`None`: no rebuild under way), for the
-/// projection this host runs.
-fn key_state_response<L>(admin: &Admin<L>, projection: &str, key: &str, store: Option<StateStore>) -> Response {
+async fn counters<L: EventLog>(
+    State(admin): State<Arc<Admin<L>>>,
+    Path(projection): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    counters_response(&admin, &projection, query.as_deref(), Some(admin.projection.store().clone()))
+}
+
+async fn shadow_counters<L: EventLog>(
+    State(admin): State<Arc<Admin<L>>>,
+    Path(projection): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let shadow = admin.rebuild.as_ref().and_then(|watch| watch.shadow());
+    counters_response(&admin, &projection, query.as_deref(), shadow)
+}
+
+/// The store of `projection` (`None`: no rebuild under way), if this host
+/// runs it; otherwise the 404 that says why not.
+fn store_of<L>(admin: &Admin<L>, projection: &str, store: Option<StateStore>) -> Result<StateStore, NotHere> {
     if projection != admin.projection.name() {
-        let message = format!("no projection `{projection}` here (this host runs `{}`)\n", admin.projection.name());
-        return (StatusCode::NOT_FOUND, message).into_response();
+        return Err(NotHere(format!(
+            "no projection `{projection}` here (this host runs `{}`)\n",
+            admin.projection.name()
+        )));
     }
-    let Some(store) = store else {
-        return (StatusCode::NOT_FOUND, format!("no rebuild of `{projection}` is under way\n")).into_response();
+    store.ok_or_else(|| NotHere(format!("no rebuild of `{projection}` is under way\n")))
+}
+
+/// A 404 and why.
+struct NotHere(String);
+
+impl IntoResponse for NotHere {
+    fn into_response(self) -> Response {
+        (StatusCode::NOT_FOUND, self.0).into_response()
+    }
+}
+
+/// A page of a key's state in `store`, for the projection this host runs.
+fn key_state_response<L>(
+    admin: &Admin<L>,
+    projection: &str,
+    key: &str,
+    query: Option<&str>,
+    store: Option<StateStore>,
+) -> Response {
+    let store = match store_of(admin, projection, store) {
+        Ok(store) => store,
+        Err(not_here) => return not_here.into_response(),
     };
     let key = match Key::parse_text(key) {
         Ok(key) => key,
         Err(error) => return (StatusCode::BAD_REQUEST, format!("`{key}`: {error}\n")).into_response(),
     };
-    match key_state_json(&store, &key, None) {
-        Ok(json) => Json(json).into_response(),
+    let parameters = view::parse_query(query, &["after", "limit", "entry"], "after, limit and entry");
+    let (parameters, page) = match parameters.and_then(|parameters| Ok((view::page_of(&parameters)?, parameters))) {
+        Ok((page, parameters)) => (parameters, page),
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
+    };
+    match view::key_view(&store, &key, parameters.get("entry").map(String::as_str), &page) {
+        Ok(view) => Json(view).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
+    }
+}
+
+/// A page of the counters in `store`, for the projection this host runs.
+fn counters_response<L>(
+    admin: &Admin<L>,
+    projection: &str,
+    query: Option<&str>,
+    store: Option<StateStore>,
+) -> Response {
+    let store = match store_of(admin, projection, store) {
+        Ok(store) => store,
+        Err(not_here) => return not_here.into_response(),
+    };
+    let page = view::parse_query(query, &["after", "limit"], "after and limit").and_then(|p| view::page_of(&p));
+    let page = match page {
+        Ok(page) => page,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
+    };
+    match view::counters_view(&store, &page) {
+        Ok(view) => Json(view).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
 }
@@ -297,30 +375,6 @@ async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Respon
         }
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
-}
-
-/// A key's state entries as JSON (values that are JSON stay JSON, others
-/// become strings), with the key in its text form and the shared counters;
-/// only `entry` if given.
-pub fn key_state_json(store: &StateStore, key: &Key, entry: Option<&str>) -> Result<serde_json::Value, StateError> {
-    let mut entries = serde_json::Map::new();
-    for (name, value) in store.entries(key)? {
-        if entry.is_some_and(|only| only != name) {
-            continue;
-        }
-        let value = serde_json::from_slice(&value)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&value).into_owned()));
-        entries.insert(name, value);
-    }
-    let counters: serde_json::Map<String, serde_json::Value> =
-        store.counters()?.into_iter().map(|(name, value)| (name, counter_json(value))).collect();
-    Ok(serde_json::json!({ "key": key.value().to_json(), "entries": entries, "counters": counters }))
-}
-
-/// A counter as a JSON number; the rare value past the i64 range (several
-/// keys' changes summed in one batch) as a string of its digits.
-pub fn counter_json(value: i128) -> serde_json::Value {
-    i64::try_from(value).map_or_else(|_| value.to_string().into(), serde_json::Value::from)
 }
 
 /// One partition in a [`Status`].

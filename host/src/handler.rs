@@ -33,6 +33,17 @@
 //!   its key is tried again in a later batch), whatever the module did
 //!   with it. One call's growth is at most what [`CallTally::held`] counts,
 //!   so one call always fits an empty budget.
+//! - **What the state keeps is bounded.** A set that would give the key a
+//!   new entry past [`PayloadLimits::max_entries_per_key`] is refused
+//!   (`entries-per-key`), counting the key's committed entries (read once
+//!   per batch, and only when a set may add one) and its writes in the
+//!   batch; entries whose presence is unknown count as new until the key
+//!   nears the quota, where they are looked up, so the decision is exact.
+//!   A change that would make a new counter past
+//!   [`PayloadLimits::max_counters`] is refused (`counter-count`),
+//!   counting the snapshot's counters and those the batches in flight add
+//!   ([`CounterQuota`]). Overwrites, deletes and changes to existing
+//!   counters always pass.
 //! - **Host faults are not the module's.** A state read that fails in the
 //!   host fails the call as [`CallError::HostFault`], which the consumer
 //!   never counts against the module.
@@ -53,6 +64,10 @@ use crate::state::{EmitOrigin, KeyWrites, OutboxEntry, StateError, StateReader};
 pub use wakuwaku_core::limits;
 use wakuwaku_core::limits::{CallTally, counter_value};
 pub use wakuwaku_core::limits::{ContractError, LimitsError, PayloadLimits, Refusal};
+
+mod quota;
+use quota::Hold;
+pub use quota::{BatchCounters, CounterQuota};
 
 /// One event type as a module declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -370,6 +385,8 @@ pub struct ScopeShared {
     pub limits: PayloadLimits,
     /// What the batch's calls may hold in all.
     pub budget: BatchBudget,
+    /// The counters the batch adds, against the projection's quota.
+    pub counters: BatchCounters,
 }
 
 /// Writes, counter changes and emits not yet committed.
@@ -379,24 +396,75 @@ pub struct ScopeShared {
 /// Names are the module's choice: the map's hash is seeded.
 #[derive(Default)]
 struct Staged {
-    /// Entries in the order the key first wrote them (`None`: deleted).
-    writes: IndexMap<String, Option<Vec<u8>>, RandomState>,
+    /// Entries in the order the key first wrote them.
+    writes: IndexMap<String, StagedEntry, RandomState>,
     /// The counter changes of the key's finished calls.
     counters: HashMap<String, i128>,
     /// The running call's counter changes (merged when it succeeds).
     call_counters: HashMap<String, i128>,
+    /// Counters the running call made (held in the batch's counter quota,
+    /// given back when it fails).
+    call_new_counters: Vec<String>,
     outbox: Vec<OutboxEntry>,
     /// What all of the above holds, as the batch budget counts it.
     footprint: usize,
+    /// The entries the key's view has beyond the committed ones, for
+    /// `entries-per-key`: per staged entry, 1 if it is set, less 1 if it is
+    /// known to be committed. An entry not known to be committed counts as
+    /// new, so this is at least the truth, and exact once
+    /// [`KeyScope::learn_staged`] has looked them all up.
+    added: isize,
+    /// Staged entries before this index have been looked up.
+    looked_up: usize,
+    /// The entries the key holds in the snapshot (counted up to the quota
+    /// and one more), once needed.
+    committed_entries: Option<usize>,
+    /// Whether entries the key read (and has not written) are committed, a
+    /// few of them: a module that reads an entry before it sets it then
+    /// needs no count. Bounded, as reads are not.
+    read: Vec<(String, bool)>,
 }
+
+/// A staged entry: its value (`None`: deleted) and what is known of it in
+/// the snapshot.
+struct StagedEntry {
+    value: Option<Vec<u8>>,
+    committed: Committed,
+}
+
+/// Whether an entry exists in the snapshot, as far as the scope knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Committed {
+    Unknown,
+    Yes,
+    No,
+}
+
+impl Committed {
+    fn of(known: Option<bool>) -> Self {
+        match known {
+            None => Self::Unknown,
+            Some(true) => Self::Yes,
+            Some(false) => Self::No,
+        }
+    }
+}
+
+/// How many reads [`Staged::read`] remembers.
+const READS_REMEMBERED: usize = 16;
 
 /// What the running call changed in [`Staged`], to take it back.
 #[derive(Default)]
 struct Undo {
-    /// Per write, in order: the entry's index and what it held before
+    /// Per write, in order: the entry's index and the value it held before
     /// (`None`: the write added the entry, so it is the last one when the
     /// writes are undone from the latest).
     writes: Vec<(usize, Option<Option<Vec<u8>>>)>,
+    /// Entries staged before the running call.
+    writes_len: usize,
+    /// [`Staged::added`] before the running call (kept up to date when an
+    /// older entry is looked up during the call).
+    added: isize,
     /// Emits before the running call.
     outbox_len: usize,
     /// The footprint before the running call.
@@ -410,23 +478,33 @@ fn entry_held(name: &str, value: Option<&Vec<u8>>) -> usize {
 
 impl Staged {
     /// Stages `name = value` (`None`: deleted), noting in `undo` what it
-    /// replaces.
-    fn write(&mut self, undo: &mut Undo, name: &str, value: Option<Vec<u8>>) {
+    /// replaces; `committed` says whether a newly staged `name` exists in
+    /// the snapshot, if known.
+    fn write(&mut self, undo: &mut Undo, name: &str, value: Option<Vec<u8>>, committed: Option<bool>) {
         let held = entry_held(name, value.as_ref());
+        let set = isize::from(value.is_some());
         match self.writes.get_full_mut(name) {
-            Some((index, _, slot)) => {
-                let before = std::mem::replace(slot, value);
+            Some((index, _, entry)) => {
+                let before = std::mem::replace(&mut entry.value, value);
+                self.added += set - isize::from(before.is_some());
                 // The replaced value stays in `undo` until the call ends,
                 // bounded by the call's own limits.
                 self.footprint = (self.footprint + held).saturating_sub(entry_held(name, before.as_ref()));
                 undo.writes.push((index, Some(before)));
             }
             None => {
-                let (index, _) = self.writes.insert_full(name.to_owned(), value);
+                self.added += set - isize::from(committed == Some(true));
+                let entry = StagedEntry { value, committed: Committed::of(committed) };
+                let (index, _) = self.writes.insert_full(name.to_owned(), entry);
                 self.footprint += held;
                 undo.writes.push((index, None));
             }
         }
+    }
+
+    /// Whether `name` is committed, if the key read it.
+    fn read_of(&self, name: &str) -> Option<bool> {
+        self.read.iter().find(|(read, _)| read == name).map(|&(_, committed)| committed)
     }
 
     /// Stages a change of `delta` to counter `name` in the running call.
@@ -445,20 +523,24 @@ impl Staged {
     /// Keeps the running call's changes.
     fn keep(&mut self, undo: &mut Undo) {
         undo.writes.clear();
+        undo.writes_len = self.writes.len();
+        undo.added = self.added;
         for (name, delta) in self.call_counters.drain() {
             *self.counters.entry(name).or_default() += delta;
         }
+        self.call_new_counters.clear();
         undo.outbox_len = self.outbox.len();
         undo.footprint = self.footprint;
     }
 
-    /// Takes the running call's changes back out.
-    fn roll_back(&mut self, undo: &mut Undo) {
+    /// Takes the running call's changes back out; returns the counters it
+    /// made, to give back to the batch's quota.
+    fn roll_back(&mut self, undo: &mut Undo) -> Vec<String> {
         for (index, before) in undo.writes.drain(..).rev() {
             match before {
                 Some(before) => {
-                    if let Some((_, slot)) = self.writes.get_index_mut(index) {
-                        *slot = before;
+                    if let Some((_, entry)) = self.writes.get_index_mut(index) {
+                        entry.value = before;
                     }
                 }
                 None => {
@@ -466,9 +548,12 @@ impl Staged {
                 }
             }
         }
+        self.added = undo.added;
+        self.looked_up = self.looked_up.min(self.writes.len());
         self.call_counters.clear();
         self.outbox.truncate(undo.outbox_len);
         self.footprint = undo.footprint;
+        std::mem::take(&mut self.call_new_counters)
     }
 }
 
@@ -487,9 +572,11 @@ pub struct KeyOutcome {
 impl KeyScope {
     /// A scope for `key` over a committed `snapshot`, checking values
     /// against `limits` and counting what its calls hold against the
-    /// batch's `budget`.
+    /// batch's `budget`; its new counters count against a quota of its own
+    /// (a consumer's scopes share one through [`KeyScope::sharing`]).
     pub fn new(key: Key, snapshot: Arc<StateReader>, limits: PayloadLimits, budget: BatchBudget) -> Self {
-        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget }))
+        let counters = CounterQuota::new(&limits).batch();
+        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget, counters }))
     }
 
     /// A scope for `key` over what `shared` holds (see [`ScopeShared`]).
@@ -566,19 +653,28 @@ impl KeyScope {
                 self.held += growth;
                 self.staged.keep(&mut self.undo);
             }
-            Err(_) => self.staged.roll_back(&mut self.undo),
+            Err(_) => self.roll_back(),
         }
         result
+    }
+
+    /// Takes the running call's changes back out, its new counters
+    /// included.
+    fn roll_back(&mut self) {
+        for name in self.staged.roll_back(&mut self.undo) {
+            self.shared.counters.release(&name);
+        }
     }
 
     /// Everything the key's successful calls changed.
     pub fn into_outcome(mut self) -> KeyOutcome {
         // A call never finished is not the key's.
-        self.staged.roll_back(&mut self.undo);
-        let Staged { writes: staged, counters, outbox, .. } = self.staged;
+        self.roll_back();
+        let staged = std::mem::take(&mut self.staged);
+        let Staged { writes: staged, counters, outbox, .. } = staged;
         let mut writes = KeyWrites::default();
-        for (name, value) in staged {
-            match value {
+        for (name, entry) in staged {
+            match entry.value {
                 Some(value) => writes.set(&name, value),
                 None => writes.delete(&name),
             }
@@ -597,40 +693,157 @@ impl KeyScope {
     /// the committed state.
     pub fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, ScopeError> {
         limits::check_name(name)?;
-        if let Some(value) = self.staged.writes.get(name) {
-            return Ok(value.clone());
+        if let Some(entry) = self.staged.writes.get(name) {
+            return Ok(entry.value.clone());
         }
-        self.shared.snapshot.get(&self.key, name).map_err(|error| self.fault(error))
+        let value = self.shared.snapshot.get(&self.key, name).map_err(|error| self.fault(error))?;
+        let read = &mut self.staged.read;
+        if read.len() < READS_REMEMBERED && !read.iter().any(|(known, _)| known == name) {
+            read.push((name.to_owned(), value.is_some()));
+        }
+        Ok(value)
     }
 
-    /// Writes an entry of the key.
-    pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), Refusal> {
+    /// Writes an entry of the key; refused (`entries-per-key`) when it
+    /// would be a new one and the key holds its quota.
+    pub fn set(&mut self, name: &str, value: Vec<u8>) -> Result<(), ScopeError> {
+        let before = self.tally;
         self.tally.set(&self.shared.limits, name, value.len())?;
-        self.staged.write(&mut self.undo, name, Some(value));
+        let committed = match self.admit_entry(name) {
+            Ok(committed) => committed,
+            Err(error) => {
+                // Refused: the call's counts stay as they were.
+                self.tally = before;
+                return Err(error);
+            }
+        };
+        self.staged.write(&mut self.undo, name, Some(value), committed);
         Ok(())
     }
 
     /// Removes an entry of the key.
     pub fn delete(&mut self, name: &str) -> Result<(), Refusal> {
         self.tally.delete(&self.shared.limits, name)?;
-        self.staged.write(&mut self.undo, name, None);
+        let committed = self.staged.read_of(name);
+        self.staged.write(&mut self.undo, name, None, committed);
+        Ok(())
+    }
+
+    /// Checks `entries-per-key` for a set of `name`, which must pass when
+    /// it makes no new entry in the key's view (it overwrites one) or the
+    /// key has room. Returns whether `name` is committed, if known.
+    ///
+    /// Cheap far from the quota: the key's committed count is read once per
+    /// batch, and only when a set may add an entry. Near it, entries whose
+    /// presence is unknown are looked up, each at most once per batch, so
+    /// the count is exact where it decides.
+    fn admit_entry(&mut self, name: &str) -> Result<Option<bool>, ScopeError> {
+        let committed = match self.staged.writes.get(name) {
+            // Set already: an overwrite.
+            Some(entry) if entry.value.is_some() => return Ok(None),
+            // Deleted in this batch: setting it adds it back.
+            Some(_) => None,
+            None => match self.staged.read_of(name) {
+                Some(true) => return Ok(Some(true)),
+                known => known,
+            },
+        };
+        let limit = self.shared.limits.max_entries_per_key;
+        let in_snapshot = self.committed_entries()?;
+        // In i128: a limit may be as large as `usize::MAX`.
+        let fits = |added: isize| in_snapshot <= limit && (in_snapshot as i128 + added as i128) < limit as i128;
+        if fits(self.staged.added) {
+            return Ok(committed);
+        }
+        // At the quota as far as the scope knows: learn what it does not.
+        let mut committed = committed;
+        if committed.is_none() && !self.staged.writes.contains_key(name) {
+            let present = self.shared.snapshot.contains(&self.key, name).map_err(|error| self.fault(error))?;
+            if present {
+                return Ok(Some(true));
+            }
+            committed = Some(false);
+        }
+        self.learn_staged()?;
+        if fits(self.staged.added) {
+            return Ok(committed);
+        }
+        let held = usize::try_from(in_snapshot as i128 + self.staged.added as i128).unwrap_or(0);
+        Err(Refusal::entries_per_key(&self.shared.limits, name, held.max(limit)).into())
+    }
+
+    /// The entries the key holds in the snapshot, counted up to one past
+    /// the quota: a key already past it (written under a higher quota)
+    /// takes no new entry in this batch, whatever it deletes.
+    fn committed_entries(&mut self) -> Result<usize, ScopeError> {
+        if let Some(count) = self.staged.committed_entries {
+            return Ok(count);
+        }
+        let at_most = self.shared.limits.max_entries_per_key.saturating_add(1);
+        let count = self.shared.snapshot.entry_count(&self.key, at_most).map_err(|error| self.fault(error))?;
+        self.staged.committed_entries = Some(count);
+        Ok(count)
+    }
+
+    /// Looks up every staged entry not known to be committed, so that
+    /// [`Staged::added`] is exact. Each is looked up once per batch, unless
+    /// a failed call staged it and it is staged again.
+    fn learn_staged(&mut self) -> Result<(), ScopeError> {
+        let snapshot = self.shared.snapshot.clone();
+        while self.staged.looked_up < self.staged.writes.len() {
+            let index = self.staged.looked_up;
+            let Some((name, entry)) = self.staged.writes.get_index_mut(index) else { break };
+            if entry.committed == Committed::Unknown {
+                let present = match snapshot.contains(&self.key, name) {
+                    Ok(present) => present,
+                    Err(error) => return Err(self.fault(error)),
+                };
+                entry.committed = Committed::of(Some(present));
+                if present {
+                    self.staged.added -= 1;
+                    if index < self.undo.writes_len {
+                        self.undo.added -= 1;
+                    }
+                }
+            }
+            self.staged.looked_up += 1;
+        }
         Ok(())
     }
 
     /// A shared counter as this key sees it: committed value plus this
-    /// key's changes in the batch.
-    fn counter_seen(&mut self, name: &str) -> Result<i128, ScopeError> {
+    /// key's changes in the batch; and whether it is new to the key (not
+    /// committed, not changed by the key yet).
+    fn counter_seen(&mut self, name: &str) -> Result<(i128, bool), ScopeError> {
         limits::check_name(name)?;
-        let committed = self.shared.snapshot.counter(name).map_err(|error| self.fault(error))?;
-        let own: i128 = [&self.staged.counters, &self.staged.call_counters].iter().filter_map(|c| c.get(name)).sum();
-        Ok(committed.saturating_add(own))
+        let committed = self.shared.snapshot.find_counter(name).map_err(|error| self.fault(error))?;
+        let (finished, running) = (self.staged.counters.get(name), self.staged.call_counters.get(name));
+        let new = committed.is_none() && finished.is_none() && running.is_none();
+        let own = finished.copied().unwrap_or(0) + running.copied().unwrap_or(0);
+        Ok((committed.unwrap_or(0).saturating_add(own), new))
     }
 
     /// Adds to a counter shared by all keys; refused when the counter as
-    /// this key sees it would leave the s64 range.
+    /// this key sees it would leave the s64 range, and when it is a new
+    /// counter and the projection holds its quota (`counter-count`).
     pub fn counter_add(&mut self, name: &str, delta: i64) -> Result<(), ScopeError> {
-        let current = self.counter_seen(name)?;
+        let (current, new) = self.counter_seen(name)?;
+        let before = self.tally;
         self.tally.counter_add(&self.shared.limits, name, current, delta)?;
+        if new {
+            let snapshot = &self.shared.snapshot;
+            match self.shared.counters.hold(name, |at_most| snapshot.counter_count(at_most)) {
+                Ok(()) => self.staged.call_new_counters.push(name.to_owned()),
+                Err(refused) => {
+                    // Refused: the call's counts stay as they were.
+                    self.tally = before;
+                    return Err(match refused {
+                        Hold::Full { held } => Refusal::counter_count(&self.shared.limits, name, held).into(),
+                        Hold::Store(error) => self.fault(error),
+                    });
+                }
+            }
+        }
         self.staged.counter_add(name, delta);
         Ok(())
     }
@@ -638,7 +851,7 @@ impl KeyScope {
     /// A shared counter: committed value plus this key's changes; refused
     /// when that is outside the s64 range.
     pub fn counter_get(&mut self, name: &str) -> Result<i64, ScopeError> {
-        let value = self.counter_seen(name)?;
+        let (value, _) = self.counter_seen(name)?;
         Ok(counter_value(name, value)?)
     }
 
@@ -993,5 +1206,240 @@ mod tests {
         let error = scope.finish_call(Ok(())).unwrap_err();
         assert_eq!(error, CallError::HostFault("disk on fire".into()));
         assert_eq!(scope.get("kept"), Ok(None), "nothing of the call is kept");
+    }
+
+    /// A snapshot that counts the reads the quotas make.
+    struct Counted {
+        inner: StateReader,
+        reads: Arc<Reads>,
+    }
+
+    #[derive(Default)]
+    struct Reads {
+        entry_counts: AtomicUsize,
+        lookups: AtomicUsize,
+        counter_counts: AtomicUsize,
+    }
+
+    impl Reads {
+        fn take(&self) -> (usize, usize, usize) {
+            let take = |count: &AtomicUsize| count.swap(0, Ordering::Relaxed);
+            (take(&self.entry_counts), take(&self.lookups), take(&self.counter_counts))
+        }
+    }
+
+    impl crate::state::Snapshot for Counted {
+        fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+            self.inner.get(key, name)
+        }
+        fn contains(&self, key: &Key, name: &str) -> Result<bool, StateError> {
+            self.reads.lookups.fetch_add(1, Ordering::Relaxed);
+            self.inner.contains(key, name)
+        }
+        fn entry_count(&self, key: &Key, at_most: usize) -> Result<usize, StateError> {
+            self.reads.entry_counts.fetch_add(1, Ordering::Relaxed);
+            self.inner.entry_count(key, at_most)
+        }
+        fn counter(&self, name: &str) -> Result<Option<i128>, StateError> {
+            self.inner.find_counter(name)
+        }
+        fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
+            self.reads.counter_counts.fetch_add(1, Ordering::Relaxed);
+            self.inner.counter_count(at_most)
+        }
+    }
+
+    impl Store {
+        /// Commits `names` as entries of `key` and `counters` as counters.
+        fn with(self, key: u64, names: &[&str], counters: &[&str]) -> Self {
+            let mut writes = KeyWrites::default();
+            for name in names {
+                writes.set(name, b"committed".to_vec());
+            }
+            let counter_deltas = counters.iter().map(|name| ((*name).to_owned(), 1)).collect();
+            self.store
+                .commit(BatchCommit { writes: vec![(Key::int(key), writes)], counter_deltas, ..Default::default() })
+                .unwrap();
+            self
+        }
+
+        /// What the scopes of one batch share, over a counting snapshot.
+        fn batch(&self, limits: PayloadLimits, quota: &CounterQuota) -> (Arc<ScopeShared>, Arc<Reads>) {
+            let reads = Arc::new(Reads::default());
+            let snapshot = StateReader::new(Counted { inner: self.store.reader().unwrap(), reads: reads.clone() });
+            let shared = ScopeShared {
+                snapshot: Arc::new(snapshot),
+                limits,
+                budget: BatchBudget::new(&limits),
+                counters: quota.batch(),
+            };
+            (Arc::new(shared), reads)
+        }
+    }
+
+    fn entry_names(scope: KeyScope) -> Vec<(String, bool)> {
+        let mut names: Vec<_> =
+            scope.into_outcome().writes.iter().map(|(name, value)| (name.to_owned(), value.is_some())).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_key_at_its_entry_quota_may_overwrite_and_delete_but_not_add() {
+        let store = Store::new().with(1, &["a", "b"], &[]);
+        let limits = PayloadLimits { max_entries_per_key: 3, ..PayloadLimits::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("a", vec![1]).unwrap();
+        scope.set("c", vec![1]).unwrap();
+        let refusal = scope.set("d", vec![1]).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "entries-per-key: this key holds 3 entries (committed and written in this batch), at most 3; entry `d` \
+             would be a new one"
+        );
+        assert_eq!(scope.tally.state_writes, 2, "the refused write counts nothing");
+        scope.set("b", vec![2]).unwrap();
+        scope.delete("a").unwrap();
+        scope.set("d", vec![1]).unwrap();
+        assert_eq!(rule(scope.set("e", vec![1]).unwrap_err()), "entries-per-key");
+        // Deleting what the key wrote in the batch makes room as well.
+        scope.delete("d").unwrap();
+        scope.set("e", vec![1]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        let names = entry_names(scope);
+        let expected = [("a", false), ("b", true), ("c", true), ("d", false), ("e", true)];
+        assert_eq!(names, expected.map(|(name, set)| (name.to_owned(), set)));
+    }
+
+    #[test]
+    fn blind_writes_are_counted_exactly_at_the_quota_and_cheaply_below_it() {
+        let store = Store::new().with(1, &["a", "b", "c"], &[]);
+        let limits = PayloadLimits { max_entries_per_key: 5, ..PayloadLimits::default() };
+        let quota = CounterQuota::new(&limits);
+        let (shared, reads) = store.batch(limits, &quota);
+        let mut scope = KeyScope::sharing(Key::int(1), &shared);
+        // Below the quota a blind write costs one count for the key's batch,
+        // and no lookup: it is counted as new.
+        scope.set("a", vec![1]).unwrap();
+        scope.set("b", vec![1]).unwrap();
+        assert_eq!(reads.take(), (1, 0, 0));
+        // Now the key's view may hold 5 as far as the scope knows: at the
+        // quota it looks up what it does not know, once each.
+        scope.set("x", vec![1]).unwrap();
+        assert_eq!(reads.take(), (0, 3, 0), "`x`, then the two it wrote");
+        scope.set("y", vec![1]).unwrap();
+        assert_eq!(reads.take(), (0, 0, 0), "a, b, c, x and y: it fits");
+        assert_eq!(rule(scope.set("z", vec![1]).unwrap_err()), "entries-per-key");
+        assert_eq!(reads.take(), (0, 2, 0), "only `z` and `y` were unknown");
+        // A blind delete of a committed entry makes room, once looked up.
+        scope.delete("c").unwrap();
+        scope.set("z", vec![1]).unwrap();
+        assert_eq!(reads.take(), (0, 2, 0), "`z` and `c`");
+        // Overwriting a committed entry it read needs no lookup at all.
+        let mut reader = KeyScope::sharing(Key::int(1), &shared);
+        assert!(reader.get("c").unwrap().is_some());
+        reader.set("c", vec![2]).unwrap();
+        assert_eq!(reads.take(), (0, 0, 0));
+        reader.set("q", vec![2]).unwrap();
+        assert_eq!(reads.take(), (1, 0, 0), "a new entry is counted, once for the key");
+    }
+
+    #[test]
+    fn a_failed_calls_entries_do_not_count_and_lookups_made_in_it_stay_true() {
+        let store = Store::new().with(1, &["a"], &[]);
+        let limits = PayloadLimits { max_entries_per_key: 3, ..PayloadLimits::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("a", vec![1]).unwrap(); // blind: counted as new
+        scope.set("b", vec![1]).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+        // A failing call looks `a` up at the quota, then is taken back.
+        scope.set("c", vec![1]).unwrap();
+        assert_eq!(rule(scope.set("d", vec![1]).unwrap_err()), "entries-per-key");
+        scope.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        // `c` is gone, and `a` is still known to be committed (not counted
+        // as new again): beside `a` and `b` there is room for one.
+        scope.set("c", vec![1]).unwrap();
+        assert_eq!(rule(scope.set("d", vec![1]).unwrap_err()), "entries-per-key");
+        scope.finish_call(Ok(())).unwrap();
+        assert_eq!(entry_names(scope).len(), 3);
+    }
+
+    #[test]
+    fn the_largest_quotas_take_everything() {
+        let store = Store::new().with(1, &["a"], &["c"]);
+        let limits = PayloadLimits { max_entries_per_key: usize::MAX, max_counters: usize::MAX, ..Default::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("b", vec![1]).unwrap();
+        scope.counter_add("d", 1).unwrap();
+        scope.finish_call(Ok(())).unwrap();
+    }
+
+    #[test]
+    fn a_key_already_past_its_quota_takes_no_new_entry_but_may_shrink() {
+        let store = Store::new().with(1, &["a", "b", "c", "d"], &[]);
+        let limits = PayloadLimits { max_entries_per_key: 2, ..PayloadLimits::default() };
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        scope.set("a", vec![1]).unwrap();
+        scope.delete("b").unwrap();
+        scope.delete("c").unwrap();
+        assert_eq!(rule(scope.set("x", vec![1]).unwrap_err()), "entries-per-key");
+        scope.finish_call(Ok(())).unwrap();
+        store
+            .store
+            .commit(BatchCommit { writes: vec![(Key::int(1), scope.into_outcome().writes)], ..Default::default() })
+            .unwrap();
+        // Under it again (a, d), the next batch writes a new one.
+        let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
+        assert_eq!(rule(scope.set("x", vec![1]).unwrap_err()), "entries-per-key");
+        scope.delete("d").unwrap();
+        scope.set("x", vec![1]).unwrap();
+    }
+
+    #[test]
+    fn new_counters_stop_at_the_quota_across_the_keys_of_a_batch_and_existing_ones_change() {
+        let store = Store::new().with(9, &[], &["old"]);
+        let limits = PayloadLimits { max_counters: 3, ..PayloadLimits::default() };
+        let quota = CounterQuota::new(&limits);
+        let (shared, reads) = store.batch(limits, &quota);
+        let (mut one, mut two) = (KeyScope::sharing(Key::int(1), &shared), KeyScope::sharing(Key::int(2), &shared));
+        one.counter_add("old", 5).unwrap();
+        assert_eq!(reads.take(), (0, 0, 0), "an existing counter never touches the quota");
+        one.counter_add("a", 1).unwrap();
+        two.counter_add("b", 1).unwrap();
+        assert_eq!(reads.take(), (0, 0, 1), "the snapshot's counters are counted once per batch");
+        let refusal = two.counter_add("c", 1).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "counter-count: the projection holds 3 counters (committed and pending), at most 3; counter `c` would \
+             be a new one"
+        );
+        assert_eq!(two.tally.counter_changes, 1, "the refused change counts nothing");
+        // What another key of the batch made new is no new counter.
+        two.counter_add("a", 2).unwrap();
+        one.counter_add("old", -1).unwrap();
+        one.finish_call(Ok(())).unwrap();
+        // A failed call gives its new counters back.
+        two.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        two.counter_add("c", 1).unwrap();
+        two.finish_call(Ok(())).unwrap();
+        assert_eq!(rule(one.counter_add("d", 1).unwrap_err()), "counter-count");
+        let mut deltas: HashMap<String, i128> = HashMap::default();
+        for scope in [one, two] {
+            for (name, delta) in scope.into_outcome().counters {
+                *deltas.entry(name).or_default() += delta;
+            }
+        }
+        let mut names: Vec<_> = deltas.keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["a", "c", "old"]);
+        store.store.commit(BatchCommit { counter_deltas: deltas, ..Default::default() }).unwrap();
+        shared.counters.committed();
+        drop(shared);
+        assert_eq!(store.store.counters().unwrap().len(), 3);
+        // The next batch sees them committed: still full.
+        let (shared, _) = store.batch(limits, &quota);
+        let mut three = KeyScope::sharing(Key::int(3), &shared);
+        assert_eq!(rule(three.counter_add("e", 1).unwrap_err()), "counter-count");
+        three.counter_add("c", 1).unwrap();
     }
 }

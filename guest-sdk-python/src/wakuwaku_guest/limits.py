@@ -13,6 +13,10 @@ Rules kept here, as in the host:
 - **A refused value leaves nothing behind**: :class:`CallTally` counts a
   value against the per-call limits only when it is accepted.
 - **Counters stay in the s64 range as each key sees them.**
+- **What a module keeps is bounded**: a projection holds at most
+  ``max_counters`` counters and a key at most ``max_entries_per_key``
+  entries (``counter-count``, ``entries-per-key``); only a new counter or
+  entry past the quota is refused, changing what exists never is.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = [
     "LogTally",
     "ContractError",
     "check_name",
+    "check_counter_count",
+    "check_entries_per_key",
     "counter_value",
     "check_description",
     "check_emits",
@@ -111,9 +117,9 @@ def _quoted(text: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class PayloadLimits:
     """How much a module may hand the host per value and per ``handle``
-    call; the host's defaults. Counts and bytes per call count every
-    accepted call of the import, also when it writes the same entry again;
-    refused calls count nothing."""
+    call, and how much state it may keep; the host's defaults. Counts and
+    bytes per call count every accepted call of the import, also when it
+    writes the same entry again; refused calls count nothing."""
 
     #: Largest state value, in bytes.
     max_state_value: int = 1 << 20
@@ -133,6 +139,10 @@ class PayloadLimits:
     max_log_line: int = 4 << 10
     #: Most log lines kept per call; later ones are dropped and counted.
     max_log_lines_per_call: int = 100
+    #: Most distinct counters a projection holds; a new one past it is refused.
+    max_counters: int = 10_000
+    #: Most entries one key holds; a new one past it is refused.
+    max_entries_per_key: int = 1_000
 
 
 def check_name(name: str) -> None:
@@ -146,6 +156,26 @@ def check_name(name: str) -> None:
         at = _utf8_len(name[: name.index("\0")])
         raise Refusal(
             f"name-nul: an entry or counter name holds no NUL character (U+0000); this one has one at byte {at}"
+        )
+
+
+def check_counter_count(limits: PayloadLimits, name: str, held: int) -> None:
+    """A change that would make counter ``name`` a new one, while the
+    projection holds ``held`` counters: refused at ``max_counters``."""
+    if held >= limits.max_counters:
+        raise Refusal(
+            f"counter-count: the projection holds {held} counters (committed and pending), at most "
+            f"{limits.max_counters}; counter `{_quoted(name)}` would be a new one"
+        )
+
+
+def check_entries_per_key(limits: PayloadLimits, name: str, held: int) -> None:
+    """A set that would make entry ``name`` a new one, while the key holds
+    ``held`` entries: refused at ``max_entries_per_key``."""
+    if held >= limits.max_entries_per_key:
+        raise Refusal(
+            f"entries-per-key: this key holds {held} entries (committed and written in this batch), at most "
+            f"{limits.max_entries_per_key}; entry `{_quoted(name)}` would be a new one"
         )
 
 

@@ -6,8 +6,9 @@ uses: each event is encoded, its key taken with the module's ``key``, and
 the bodies dispatched by tag through :meth:`Module.handle
 <wakuwaku_guest.Module.handle>`, where they are decoded again. It applies
 the host's rules with the host's messages (:mod:`wakuwaku_guest.limits`):
-state, counter and emit calls are refused past the same limits, only
-during a call, and log lines are cut and counted. A failed call leaves no
+state, counter and emit calls are refused past the same limits and state
+quotas (counters per projection, entries per key), only during a call,
+and log lines are cut and counted. A failed call leaves no
 trace in state, counters or emitted messages (its log lines are kept).
 
 ::
@@ -39,6 +40,8 @@ from .limits import (
     LogTally,
     PayloadLimits,
     check_combined_body,
+    check_counter_count,
+    check_entries_per_key,
     check_key,
     counter_value,
 )
@@ -195,8 +198,17 @@ class _KeyScope:
 
     def set(self, name: str, value: bytes) -> None:
         self._check_open("state")
+        before = dataclasses.replace(self._tally)
         self._tally.set(self._host.limits, name, len(value))
-        self._host._state.setdefault(self._key, {})[name] = bytes(value)
+        entries = self._host._state.setdefault(self._key, {})
+        if name not in entries:
+            try:
+                check_entries_per_key(self._host.limits, name, len(entries))
+            except Refusal:
+                # Refused: the call's counts stay as they were.
+                self._tally = before
+                raise
+        entries[name] = bytes(value)
 
     def delete(self, name: str) -> None:
         self._check_open("state")
@@ -206,7 +218,16 @@ class _KeyScope:
     def counter_add(self, name: str, delta: int) -> None:
         self._check_open("state")
         current = self._host._counters.get(name, 0)
-        self._host._counters[name] = self._tally.counter_add(self._host.limits, name, current, delta)
+        before = dataclasses.replace(self._tally)
+        after = self._tally.counter_add(self._host.limits, name, current, delta)
+        if name not in self._host._counters:
+            try:
+                check_counter_count(self._host.limits, name, len(self._host._counters))
+            except Refusal:
+                # Refused: the call's counts stay as they were.
+                self._tally = before
+                raise
+        self._host._counters[name] = after
 
     def counter_get(self, name: str) -> int:
         self._check_open("state")

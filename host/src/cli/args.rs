@@ -247,6 +247,15 @@ pub(super) struct LimitArgs {
     /// past it is retried in a later batch.
     #[arg(long, default_value_t = PayloadLimits::default().max_batch_held >> 20, help_heading = PAYLOAD)]
     pub(super) max_batch_held_mib: usize,
+    /// Most distinct counters the projection may hold; adding to a new
+    /// counter past it is refused (`counter-count`), existing ones still
+    /// change.
+    #[arg(long, default_value_t = PayloadLimits::default().max_counters, help_heading = PAYLOAD)]
+    pub(super) max_counters: usize,
+    /// Most entries one key may hold; setting a new entry past it is
+    /// refused (`entries-per-key`), overwriting or deleting one is not.
+    #[arg(long, default_value_t = PayloadLimits::default().max_entries_per_key, help_heading = PAYLOAD)]
+    pub(super) max_entries_per_key: usize,
 }
 
 /// The help heading of the payload limits.
@@ -254,7 +263,7 @@ pub(super) const PAYLOAD: &str = "Payload limits (what a module may hand the hos
 
 impl LimitArgs {
     /// Every limit flag with its value, to refuse zeros by name.
-    pub(super) fn flags(&self) -> [(&'static str, u64); 17] {
+    pub(super) fn flags(&self) -> [(&'static str, u64); 19] {
         [
             ("--memory-mib", self.memory_mib as u64),
             ("--call-budget-ms", self.call_budget_ms),
@@ -273,6 +282,8 @@ impl LimitArgs {
             ("--max-log-line-bytes", self.max_log_line_bytes as u64),
             ("--max-log-lines-per-call", self.max_log_lines_per_call as u64),
             ("--max-batch-held-mib", self.max_batch_held_mib as u64),
+            ("--max-counters", self.max_counters as u64),
+            ("--max-entries-per-key", self.max_entries_per_key as u64),
         ]
     }
 
@@ -307,6 +318,8 @@ impl LimitArgs {
             max_log_line: self.max_log_line_bytes,
             max_log_lines_per_call: self.max_log_lines_per_call,
             max_batch_held: scaled(self.max_batch_held_mib, 20, "--max-batch-held-mib")?,
+            max_counters: self.max_counters,
+            max_entries_per_key: self.max_entries_per_key,
         };
         // A `combine` body (at most this) may be routed to retry as one
         // record, which the embedded log must be able to hold.
@@ -428,6 +441,8 @@ mod tests {
             ("--max-log-line-bytes", "23"),
             ("--max-log-lines-per-call", "47"),
             ("--max-batch-held-mib", "53"),
+            ("--max-counters", "59"),
+            ("--max-entries-per-key", "61"),
         ];
         let args = consume_args(&flags.iter().flat_map(|(flag, value)| [*flag, *value]).collect::<Vec<_>>());
         assert_eq!(args.limits.flags().len(), flags.len(), "a flag of LimitArgs is not tested here");
@@ -442,6 +457,8 @@ mod tests {
             max_log_line: 23,
             max_log_lines_per_call: 47,
             max_batch_held: 53 << 20,
+            max_counters: 59,
+            max_entries_per_key: 61,
         };
         let expected = SandboxLimits {
             memory_bytes: 3 << 20,
@@ -542,6 +559,8 @@ mod tests {
             "--max-log-line-bytes",
             "--max-log-lines-per-call",
             "--max-batch-held-mib",
+            "--max-counters",
+            "--max-entries-per-key",
         ] {
             let args = consume_args(&[flag, "0"]);
             let error = sandbox(&args).err().expect("a zero limit is refused").to_string();

@@ -363,6 +363,7 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Publish(args) => publish::publish_file(args).await.map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run::run(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),
+        Command::State(StateCommand::Counters(args)) => state::state_counters(args).map(|()| ExitCode::SUCCESS),
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
         Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),

@@ -1,4 +1,7 @@
-//! `waku state get`: a key's state entries and the shared counters.
+//! `waku state get`: a page of a key's state entries and the first shared
+//! counters; `waku state counters`: a page of the counters. Pages as the
+//! admin endpoint shows them ([`admin::view`]), read from the files or
+//! asked of the running host.
 
 use std::path::PathBuf;
 
@@ -8,19 +11,25 @@ use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::args::{DataArgs, OutputArgs, hint_if_in_use, parse_key};
 use super::publish::load_module;
-use crate::admin;
-use crate::key::Key;
+use crate::admin::view;
 use crate::rebuild::RebuildPaths;
 use crate::runtime::{Sandbox, SandboxLimits};
 use crate::state::StateStore;
 
 #[derive(Subcommand)]
 pub(super) enum StateCommand {
-    /// Print a key's state entries (and the shared counters) as JSON:
-    /// indented for people, or on one line with `--output json`.
+    /// Print a key's state entries (a page of them: `entries_next` names
+    /// the next, for --after) and the first shared counters
+    /// (`counters_next`: more with `waku state counters`) as JSON: indented
+    /// for people, or on one line with `--output json`.
     #[command(after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42 account\n  \
                       waku state get --projection bank --key 42 --admin http://127.0.0.1:9100 --shadow")]
     Get(StateGetArgs),
+    /// Print a page of the projection's counters as JSON (`next` names the
+    /// next page, for --after).
+    #[command(after_help = "Example:\n  waku state counters --data waku-data --projection bank --limit 1000\n  \
+                      waku state counters --projection bank --after total --admin http://127.0.0.1:9100")]
+    Counters(StateCountersArgs),
 }
 
 #[derive(Args)]
@@ -43,6 +52,12 @@ pub(super) struct StateGetArgs {
     pub(super) module: Option<PathBuf>,
     /// Only this entry.
     pub(super) entry: Option<String>,
+    /// Show the entries after this name (a page's `entries_next`).
+    #[arg(long, conflicts_with = "entry")]
+    pub(super) after: Option<String>,
+    /// The most entries to show (at most 1000; default 100).
+    #[arg(long, conflicts_with = "entry", value_parser = clap::value_parser!(u64).range(1..=view::MAX_PAGE as u64))]
+    pub(super) limit: Option<u64>,
     /// Read the shadow of the rebuild under way instead (`waku rebuild`),
     /// to compare before promoting it.
     #[arg(long)]
@@ -55,42 +70,109 @@ pub(super) struct StateGetArgs {
     pub(super) output: OutputArgs,
 }
 
+#[derive(Args)]
+pub(super) struct StateCountersArgs {
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    pub(super) projection: String,
+    /// Show the counters after this name (a page's `next`).
+    #[arg(long)]
+    pub(super) after: Option<String>,
+    /// The most counters to show (at most 1000; default 100).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=view::MAX_PAGE as u64))]
+    pub(super) limit: Option<u64>,
+    /// Read the shadow of the rebuild under way instead (`waku rebuild`).
+    #[arg(long)]
+    pub(super) shadow: bool,
+    /// Ask the running host's admin endpoint instead of reading the files
+    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
+    #[arg(long)]
+    pub(super) admin: Option<String>,
+    #[command(flatten)]
+    pub(super) output: OutputArgs,
+}
+
+/// The store a state command reads: the projection's, or with `shadow`
+/// the shadow of the rebuild under way.
+fn open_store(data: &DataArgs, projection: &str, shadow: bool) -> Result<StateStore> {
+    match shadow {
+        false => {
+            data.state(projection).map_err(hint_if_in_use("is `waku run` using it? pass --admin <its admin endpoint>"))
+        }
+        true => shadow_store(data, projection),
+    }
+}
+
 /// The shadow store of the rebuild under way.
-fn shadow_store(args: &StateGetArgs) -> Result<StateStore> {
-    if args.data.state.is_some() {
+fn shadow_store(data: &DataArgs, projection: &str) -> Result<StateStore> {
+    if data.state.is_some() {
         bail!("--shadow reads a rebuild's shadow, which only the embedded state store has");
     }
-    let paths = RebuildPaths::new(&args.data.data, &args.projection);
+    let paths = RebuildPaths::new(&data.data, projection);
     let Some(request) = paths.request()? else {
-        bail!("no rebuild of `{}` is under way, so it has no shadow", args.projection);
+        bail!("no rebuild of `{projection}` is under way, so it has no shadow");
     };
     let path = paths.absolute(&paths.shadow_store(request.generation));
     if !path.is_file() {
-        bail!("rebuild {} of `{}` has not started yet (is `waku run` running?)", request.generation, args.projection);
+        bail!("rebuild {} of `{projection}` has not started yet (is `waku run` running?)", request.generation);
     }
     StateStore::open(&path)
         .with_context(|| format!("is `waku run` holding {}? pass --admin <its admin endpoint>", path.display()))
 }
 
-/// A key's state as the running host's admin endpoint at `url` answers it
-/// (`/state/…`, or `/shadow/…` for the rebuild's shadow).
-fn ask_admin(url: &str, args: &StateGetArgs, key: &Key) -> Result<serde_json::Value> {
-    let route = if args.shadow { "shadow" } else { "state" };
+/// What the running host's admin endpoint at `url` answers for `route`
+/// of `projection` (`/state/…`, or `/shadow/…` for the rebuild's shadow),
+/// with the query `parameters`.
+fn ask_admin(
+    url: &str,
+    shadow: bool,
+    projection: &str,
+    route: &str,
+    parameters: &[(&str, Option<String>)],
+) -> Result<serde_json::Value> {
+    let root = if shadow { "shadow" } else { "state" };
     let encode = |text: &str| utf8_percent_encode(text, NON_ALPHANUMERIC).to_string();
-    let url =
-        format!("{}/{route}/{}/{}", url.trim_end_matches('/'), encode(&args.projection), encode(&key.to_string()));
+    let query: Vec<String> = parameters
+        .iter()
+        .filter_map(|(name, value)| value.as_ref().map(|value| format!("{name}={}", encode(value))))
+        .collect();
+    let mut url = format!("{}/{root}/{}/{route}", url.trim_end_matches('/'), encode(projection));
+    if !query.is_empty() {
+        url = format!("{url}?{}", query.join("&"));
+    }
     let mut response =
         ureq::get(&url).config().http_status_as_error(false).build().call().with_context(|| format!("asking {url}"))?;
     let body = response.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
     if !response.status().is_success() {
         bail!("{url} answered {}: {}", response.status(), body.trim());
     }
-    let mut json: serde_json::Value =
-        serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a key's state"))?;
-    if let (Some(only), Some(entries)) = (&args.entry, json.get_mut("entries").and_then(|e| e.as_object_mut())) {
-        entries.retain(|name, _| name == only);
+    serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a view of the state"))
+}
+
+/// Prints `json`: indented for people, on one line for programs.
+fn print(json: &serde_json::Value, output: &OutputArgs) -> Result<()> {
+    match output.json() {
+        true => outln!("{}", serde_json::to_string(json)?)?,
+        false => outln!("{}", serde_json::to_string_pretty(json)?)?,
     }
-    Ok(json)
+    Ok(())
+}
+
+pub(super) fn state_counters(args: StateCountersArgs) -> Result<()> {
+    let page = view::Page { after: args.after.clone(), limit: args.limit.map(|limit| limit as usize) };
+    let output = match &args.admin {
+        Some(url) => {
+            let parameters = [("after", page.after.clone()), ("limit", page.limit.map(|limit| limit.to_string()))];
+            ask_admin(url, args.shadow, &args.projection, "counters", &parameters)?
+        }
+        None => {
+            let store = open_store(&args.data, &args.projection, args.shadow)?;
+            serde_json::to_value(view::counters_view(&store, &page)?)?
+        }
+    };
+    print(&output, &args.output)
 }
 
 pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
@@ -111,22 +193,26 @@ pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
         }
         _ => bail!("give --key, or --event with --module"),
     };
+    let page = view::Page { after: args.after.clone(), limit: args.limit.map(|limit| limit as usize) };
     let output = match &args.admin {
-        Some(url) => ask_admin(url, &args, &key)?,
+        Some(url) => {
+            let parameters = [
+                ("entry", args.entry.clone()),
+                ("after", page.after.clone()),
+                ("limit", page.limit.map(|limit| limit.to_string())),
+            ];
+            let mut json = ask_admin(url, args.shadow, &args.projection, &key.to_string(), &parameters)?;
+            // A host from before `?entry=` answers all of the page.
+            if let (Some(only), Some(entries)) = (&args.entry, json.get_mut("entries").and_then(|e| e.as_object_mut()))
+            {
+                entries.retain(|name, _| name == only);
+            }
+            json
+        }
         None => {
-            let store = match args.shadow {
-                false => args
-                    .data
-                    .state(&args.projection)
-                    .map_err(hint_if_in_use("is `waku run` using it? pass --admin <its admin endpoint>"))?,
-                true => shadow_store(&args)?,
-            };
-            admin::key_state_json(&store, &key, args.entry.as_deref())?
+            let store = open_store(&args.data, &args.projection, args.shadow)?;
+            serde_json::to_value(view::key_view(&store, &key, args.entry.as_deref(), &page)?)?
         }
     };
-    match args.output.json() {
-        true => outln!("{}", serde_json::to_string(&output)?)?,
-        false => outln!("{}", serde_json::to_string_pretty(&output)?)?,
-    }
-    Ok(())
+    print(&output, &args.output)
 }

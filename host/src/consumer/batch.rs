@@ -17,7 +17,7 @@ use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
 use super::{Consumer, ConsumerError, Summary};
 use crate::event::{Algebra, Envelope, HeaderError};
-use crate::handler::{BatchBudget, KeyOutcome};
+use crate::handler::{BatchBudget, BatchCounters, KeyOutcome};
 use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
@@ -158,12 +158,15 @@ impl<L: EventLog> Consumer<L> {
         plan.rebuild(&input.plan);
         work.lay_out(plan, input);
         laps.lap(&mut summary.phases, Phase::Plan);
+        // Drawn before the snapshot is taken, so it knows which of the
+        // counters other batches added the snapshot surely holds.
+        let counters = self.counters.batch();
         let snapshot = Arc::new(store.reader()?);
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();
         let call_time = CallTime::new(self.config.module_time_per_batch, modules.modules().len());
-        let outcomes = self.execute(partition, work, &snapshot, (&budget, &call_time), modules)?;
+        let outcomes = self.execute(partition, work, &snapshot, (&budget, &counters, &call_time), modules)?;
         drop(snapshot);
         // The bodies are freed here, by the thread that allocated them.
         work.clear();
@@ -191,6 +194,7 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.stat_deltas = summary.stat_deltas();
         store.commit(commit)?;
+        counters.committed();
         laps.lap(&mut summary.phases, Phase::Commit);
         if let Some(metrics) = &self.metrics {
             metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
@@ -204,7 +208,7 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         work: &BatchWork,
         snapshot: &Arc<StateReader>,
-        (budget, call_time): (&BatchBudget, &CallTime),
+        (budget, counters, call_time): (&BatchBudget, &BatchCounters, &CallTime),
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         let workers = work.workers(self.config.workers);
@@ -212,7 +216,8 @@ impl<L: EventLog> Consumer<L> {
             let handles: Vec<_> = (0..workers)
                 .map(|worker| {
                     scope.spawn(move || {
-                        self.run_worker(partition, work, (worker, workers), snapshot, budget, call_time, modules)
+                        let shares = (budget, counters);
+                        self.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
                     })
                 })
                 .collect();

@@ -29,7 +29,9 @@ use super::failure::{self, Route};
 use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
-use crate::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, ScopeShared};
+use crate::handler::{
+    BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, ScopeShared,
+};
 use crate::key::Key;
 use crate::log::EventLog;
 use crate::metrics::BatchTally;
@@ -48,14 +50,18 @@ impl<L: EventLog> Consumer<L> {
         work: &BatchWork,
         (worker, workers): (usize, usize),
         snapshot: &Arc<StateReader>,
-        budget: &BatchBudget,
+        (budget, counters): (&BatchBudget, &BatchCounters),
         call_time: &CallTime,
         modules: &ModuleSet,
     ) -> WorkerOutcome {
         let mut instances = modules.instances();
         let mut outcome = WorkerOutcome::default();
-        let shared =
-            Arc::new(ScopeShared { snapshot: snapshot.clone(), limits: self.config.payload, budget: budget.clone() });
+        let shared = Arc::new(ScopeShared {
+            snapshot: snapshot.clone(),
+            limits: self.config.payload,
+            budget: budget.clone(),
+            counters: counters.clone(),
+        });
         // Everything between two reductions is charged to the calls.
         let mut laps = Laps::start();
         for key_work in work.keys_of(worker, workers) {

@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::event::{EventHeaders, EventTypeTag};
-use crate::handler::{BatchBudget, PayloadLimits};
+use crate::handler::{BatchBudget, CounterQuota, PayloadLimits};
 use crate::key::Key;
 use crate::log::{EventLog, LogError, PolledBatch};
 use crate::metrics::Metrics;
@@ -322,6 +322,9 @@ pub struct Consumer<L> {
     /// What the batches in flight (one per partition) may make the host
     /// hold, together.
     budget: BatchBudget,
+    /// The counters the batches in flight add, against the projection's
+    /// quota (`counter-count`).
+    counters: CounterQuota,
     /// When set, the partitions to hold while following, as they change
     /// ([`Consumer::with_assignment`]).
     assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
@@ -338,6 +341,7 @@ impl<L> Clone for Consumer<L> {
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
             budget: self.budget.clone(),
+            counters: self.counters.clone(),
             assignment: self.assignment.clone(),
         }
     }
@@ -354,6 +358,7 @@ impl<L: EventLog> Consumer<L> {
             progress: Arc::default(),
             metrics: None,
             budget: BatchBudget::new(&config.payload),
+            counters: CounterQuota::new(&config.payload),
             assignment: None,
             config,
         }

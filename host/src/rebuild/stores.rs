@@ -70,6 +70,18 @@ impl StateBackend for SwitchingStore {
     fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
         self.current().counters()
     }
+    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
+        self.current().counters_page(after, limit)
+    }
+    fn entries_page(
+        &self,
+        key: &Key,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.current().entries_page(key, after, limit, max_bytes)
+    }
     fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
         self.current().stats()
     }
@@ -150,6 +162,18 @@ impl StateBackend for HoldBackEmits {
     }
     fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
         self.0.counters()
+    }
+    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
+        self.0.counters_page(after, limit)
+    }
+    fn entries_page(
+        &self,
+        key: &Key,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.0.entries_page(key, after, limit, max_bytes)
     }
     fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
         self.0.stats()

@@ -16,6 +16,16 @@
 //!   times.
 //! - `counter-range`: a counter stays within the s64 range as the key sees
 //!   it (committed value plus its own changes).
+//! - `counter-count`: a change that would make a new counter is refused
+//!   while the projection holds
+//!   [`PayloadLimits::max_counters`](crate::handler::PayloadLimits::max_counters)
+//!   counters (committed, plus those the batches in flight add); existing
+//!   counters always change.
+//! - `entries-per-key`: a set that would make a new entry is refused while
+//!   the key holds
+//!   [`PayloadLimits::max_entries_per_key`](crate::handler::PayloadLimits::max_entries_per_key)
+//!   entries (committed, plus its writes in the batch); overwrites and
+//!   deletes always pass.
 //!
 //! A read that fails in the host's state store is not refused: the import
 //! traps with a host fault, and the call fails as
@@ -57,7 +67,7 @@ impl state::Host for StoreData {
     }
 
     fn set(&mut self, name: String, value: Vec<u8>) -> Answer<()> {
-        self.with_scope(|scope| Ok(scope.set(&name, value)?))
+        self.with_scope(|scope| scope.set(&name, value))
     }
 
     fn delete(&mut self, name: String) -> Answer<()> {
@@ -140,6 +150,25 @@ mod tests {
         data.delete("a".into()).unwrap().unwrap();
         assert_eq!(data.get("a".into()).unwrap(), Ok(None));
         assert_eq!(data.counter_get("c".into()).unwrap(), Ok(i64::MAX - 1));
+    }
+
+    #[test]
+    fn new_counters_and_entries_past_their_quota_are_refused_naming_the_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+        store
+            .commit(BatchCommit {
+                counter_deltas: [("c".to_owned(), 1)].into_iter().collect(),
+                ..BatchCommit::default()
+            })
+            .unwrap();
+        let limits = PayloadLimits { max_counters: 1, max_entries_per_key: 1, ..PayloadLimits::default() };
+        let mut data = store_data(Some(scope(&store, limits)));
+        assert!(refusal(data.counter_add("d".into(), 1)).starts_with("counter-count:"));
+        data.counter_add("c".into(), 1).unwrap().unwrap();
+        data.set("a".into(), vec![1]).unwrap().unwrap();
+        assert!(refusal(data.set("b".into(), vec![1])).starts_with("entries-per-key:"));
+        data.set("a".into(), vec![2]).unwrap().unwrap();
     }
 
     #[test]

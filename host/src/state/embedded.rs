@@ -20,9 +20,12 @@
 //! already re-driven). Committing a position drops the `done` entries of
 //! that partition below it.
 
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use redb::{
+    Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
 
 use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
 use crate::key::Key;
@@ -298,6 +301,53 @@ impl StateBackend for EmbeddedStore {
         self.list(COUNTERS)
     }
 
+    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(COUNTERS).map_err(|e| self.storage(e))?;
+        let range = match after {
+            Some(after) => table.range::<&str>((Bound::Excluded(after), Bound::Unbounded)),
+            None => table.range::<&str>(..),
+        };
+        let mut page = Vec::new();
+        for entry in range.map_err(|e| self.storage(e))?.take(limit) {
+            let (name, value) = entry.map_err(|e| self.storage(e))?;
+            page.push((name.value().to_owned(), value.value()));
+        }
+        Ok(page)
+    }
+
+    fn entries_page(
+        &self,
+        key: &Key,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = txn.open_table(STATE).map_err(|e| self.storage(e))?;
+        let start = match after {
+            Some(after) => Bound::Excluded((key.as_bytes(), after)),
+            None => Bound::Included((key.as_bytes(), "")),
+        };
+        let (mut page, mut bytes) = (Vec::new(), 0usize);
+        for entry in table.range::<(&[u8], &str)>((start, Bound::Unbounded)).map_err(|e| self.storage(e))? {
+            // The first entry always comes; none after the values reach
+            // the bytes.
+            if page.len() >= limit || (bytes >= max_bytes && !page.is_empty()) {
+                break;
+            }
+            let (k, v) = entry.map_err(|e| self.storage(e))?;
+            let (entry_key, name) = k.value();
+            if entry_key != key.as_bytes() {
+                break;
+            }
+            let value = v.value();
+            bytes = bytes.saturating_add(value.len());
+            page.push((name.to_owned(), value.to_vec()));
+        }
+        Ok(page)
+    }
+
     /// Every statistic with its value, by name.
     fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
         self.list(STATS)
@@ -434,9 +484,31 @@ impl Snapshot for EmbeddedSnapshot {
         Ok(value.map(|v| v.value().to_vec()))
     }
 
-    fn counter(&self, name: &str) -> Result<i128, StateError> {
+    fn contains(&self, key: &Key, name: &str) -> Result<bool, StateError> {
+        Ok(self.state.get((key.as_bytes(), name)).map_err(|e| storage(&self.location, e))?.is_some())
+    }
+
+    fn entry_count(&self, key: &Key, at_most: usize) -> Result<usize, StateError> {
+        let range = self.state.range((key.as_bytes(), "")..).map_err(|e| storage(&self.location, e))?;
+        let mut count = 0;
+        for entry in range.take(at_most) {
+            if entry.map_err(|e| storage(&self.location, e))?.0.value().0 != key.as_bytes() {
+                break;
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn counter(&self, name: &str) -> Result<Option<i128>, StateError> {
         let value = self.counters.get(name).map_err(|e| storage(&self.location, e))?;
-        Ok(value.map_or(0, |v| v.value()))
+        Ok(value.map(|v| v.value()))
+    }
+
+    /// redb keeps every table's length: no counting at all.
+    fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
+        let held = self.counters.len().map_err(|e| storage(&self.location, e))?;
+        Ok(usize::try_from(held).unwrap_or(usize::MAX).min(at_most))
     }
 }
 

@@ -37,6 +37,15 @@
 //! sequence numbers, so after a crash in between only what is missing is
 //! appended again: each entry once, in order ([`crate::outbox`]).
 //!
+//! **Bounded reads.** What modules wrote decides how much state there is
+//! (within the quotas `counter-count` and `entries-per-key`), so nothing
+//! on a hot path or behind a view reads all of it: a snapshot counts a
+//! key's entries and the counters only up to a bound, for the quotas
+//! ([`Snapshot`]), and views read a page at a time
+//! ([`StateBackend::counters_page`], [`StateBackend::entries_page`]).
+//! [`StateBackend::counters`] and [`StateBackend::entries`] read all, for
+//! tools and tests.
+//!
 //! **Fencing.** A host that takes a partition [claims](StateBackend::claim)
 //! it, which bumps the partition's epoch; every later commit touching that
 //! partition (its positions, done marks or outbox) checks the epoch in the same transaction and is refused with
@@ -342,8 +351,25 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         self.reader()?.get(key, name)
     }
 
-    /// Every counter with its value, by name.
+    /// Every counter with its value, by name. Reads them all: views use
+    /// [`StateBackend::counters_page`].
     fn counters(&self) -> Result<Vec<(String, i128)>, StateError>;
+
+    /// At most `limit` counters with their values, by name, starting after
+    /// `after` (from the first without it): one page of a view.
+    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError>;
+
+    /// At most `limit` entries of `key`, by name, starting after `after`
+    /// (from the first without it), and none after their values reach
+    /// `max_bytes` (the first always comes): one page of a view, bounded by
+    /// `max_bytes` and one value whatever the module wrote.
+    fn entries_page(
+        &self,
+        key: &Key,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError>;
 
     /// Every statistic with its value, by name.
     fn stats(&self) -> Result<Vec<(String, u64)>, StateError>;
@@ -412,12 +438,28 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 }
 
 /// A read snapshot a backend hands out ([`StateBackend::reader`]).
+///
+/// The counts serve the state quotas (`counter-count`, `entries-per-key`):
+/// each is read at most once per batch (per key for entries) and only when
+/// a module tries to make a new counter or entry, so they stop counting at
+/// `at_most`: whatever a store holds, a count costs no more than the quota.
 pub trait Snapshot: Send + Sync {
     /// An entry of `key` as of the snapshot.
     fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError>;
 
-    /// A counter as of the snapshot; 0 if it was never written.
-    fn counter(&self, name: &str) -> Result<i128, StateError>;
+    /// Whether `key` has an entry `name` as of the snapshot (its value not
+    /// read).
+    fn contains(&self, key: &Key, name: &str) -> Result<bool, StateError>;
+
+    /// The entries `key` holds as of the snapshot, counted up to `at_most`.
+    fn entry_count(&self, key: &Key, at_most: usize) -> Result<usize, StateError>;
+
+    /// A counter as of the snapshot; `None` if it was never written.
+    fn counter(&self, name: &str) -> Result<Option<i128>, StateError>;
+
+    /// The counters the projection holds as of the snapshot, counted up to
+    /// `at_most`.
+    fn counter_count(&self, at_most: usize) -> Result<usize, StateError>;
 }
 
 /// The state of one projection, in whichever backend holds it.
@@ -476,7 +518,27 @@ impl StateReader {
 
     /// A counter as of the snapshot; 0 if it was never written.
     pub fn counter(&self, name: &str) -> Result<i128, StateError> {
+        Ok(self.0.counter(name)?.unwrap_or(0))
+    }
+
+    /// A counter as of the snapshot; `None` if it was never written.
+    pub fn find_counter(&self, name: &str) -> Result<Option<i128>, StateError> {
         self.0.counter(name)
+    }
+
+    /// Whether `key` has an entry `name` as of the snapshot.
+    pub fn contains(&self, key: &Key, name: &str) -> Result<bool, StateError> {
+        self.0.contains(key, name)
+    }
+
+    /// The entries `key` holds as of the snapshot, counted up to `at_most`.
+    pub fn entry_count(&self, key: &Key, at_most: usize) -> Result<usize, StateError> {
+        self.0.entry_count(key, at_most)
+    }
+
+    /// The counters as of the snapshot, counted up to `at_most`.
+    pub fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
+        self.0.counter_count(at_most)
     }
 }
 

@@ -344,6 +344,58 @@ impl StateBackend for PostgresStore {
         self.run(|db| async move { db.numbers("waku_counters").await })
     }
 
+    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
+        let (after, limit) = (after.map(str::to_owned), i64::try_from(limit).unwrap_or(i64::MAX));
+        self.run(move |db| async move {
+            let rows = db
+                .query(
+                    "SELECT name, value::text FROM waku_counters WHERE projection = $1 AND ($2::text IS NULL OR name > $2) \
+                     ORDER BY name LIMIT $3",
+                    &[&&*db.projection, &after, &limit],
+                )
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let (name, value): (String, &str) = (row.get(0), row.get(1));
+                    let value = value.parse().map_err(|_| db.corrupt(format!("counter `{name}` holds {value}")))?;
+                    Ok((name, value))
+                })
+                .collect()
+        })
+    }
+
+    fn entries_page(
+        &self,
+        key: &Key,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        let (key, after) = (key.as_bytes().to_vec(), after.map(str::to_owned));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        self.run(move |db| async move {
+            // The sizes are summed by the server, so only the page's values
+            // travel: the first entry, and the next ones while the values
+            // before them are under the bytes.
+            let rows = db
+                .query(
+                    "SELECT name, value FROM ( \
+                         SELECT name, value, \
+                             coalesce(sum(octet_length(value)) OVER (ORDER BY name ROWS BETWEEN UNBOUNDED PRECEDING \
+                                 AND CURRENT ROW), 0) AS upto, \
+                             row_number() OVER (ORDER BY name) AS n \
+                         FROM (SELECT name, value FROM waku_state \
+                               WHERE projection = $1 AND key = $2 AND ($3::text IS NULL OR name > $3) \
+                               ORDER BY name LIMIT $4) AS candidates \
+                     ) AS page WHERE n = 1 OR upto - octet_length(value) < $5 ORDER BY name",
+                    &[&&*db.projection, &key, &after, &limit, &max_bytes],
+                )
+                .await?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+
     fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
         self.run(|db| async move { db.numbers("waku_stats").await })
     }
@@ -592,6 +644,17 @@ impl Db {
             )
             .await?;
         Ok(rows.first().map(|row| row.get(0)))
+    }
+
+    /// The count a `SELECT count(*) …` answers.
+    async fn count(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<usize, StateError> {
+        let rows = self.query(sql, params).await?;
+        let count: i64 = rows.first().map_or(0, |row| row.get(0));
+        Ok(usize::try_from(count).unwrap_or(0))
     }
 
     /// Every (name, value) of a table of numbers, by name.
@@ -884,7 +947,32 @@ impl Snapshot for PostgresSnapshot {
         wait(&self.db.location, &self.bridge, async move { db.get(&key, &name).await })
     }
 
-    fn counter(&self, name: &str) -> Result<i128, StateError> {
+    fn contains(&self, key: &Key, name: &str) -> Result<bool, StateError> {
+        let (db, key, name) = (self.db.share(), key.as_bytes().to_vec(), name.to_owned());
+        wait(&self.db.location, &self.bridge, async move {
+            let rows = db
+                .query(
+                    "SELECT 1 FROM waku_state WHERE projection = $1 AND key = $2 AND name = $3",
+                    &[&&*db.projection, &key, &name],
+                )
+                .await?;
+            Ok(!rows.is_empty())
+        })
+    }
+
+    fn entry_count(&self, key: &Key, at_most: usize) -> Result<usize, StateError> {
+        let (db, key) = (self.db.share(), key.as_bytes().to_vec());
+        let at_most = i64::try_from(at_most).unwrap_or(i64::MAX);
+        wait(&self.db.location, &self.bridge, async move {
+            db.count(
+                "SELECT count(*) FROM (SELECT 1 FROM waku_state WHERE projection = $1 AND key = $2 LIMIT $3) AS s",
+                &[&&*db.projection, &key, &at_most],
+            )
+            .await
+        })
+    }
+
+    fn counter(&self, name: &str) -> Result<Option<i128>, StateError> {
         let (db, name) = (self.db.share(), name.to_owned());
         wait(&self.db.location, &self.bridge, async move {
             let rows = db
@@ -893,9 +981,23 @@ impl Snapshot for PostgresSnapshot {
                     &[&&*db.projection, &name],
                 )
                 .await?;
-            let Some(row) = rows.first() else { return Ok(0) };
+            let Some(row) = rows.first() else { return Ok(None) };
             let value: &str = row.get(0);
-            value.parse().map_err(|_| db.corrupt(format!("counter `{name}` holds {value}")))
+            value.parse().map(Some).map_err(|_| db.corrupt(format!("counter `{name}` holds {value}")))
+        })
+    }
+
+    /// PostgreSQL keeps no row counts: this counts the index, stopping at
+    /// `at_most` (the quota), so it costs at most that many rows.
+    fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
+        let db = self.db.share();
+        let at_most = i64::try_from(at_most).unwrap_or(i64::MAX);
+        wait(&self.db.location, &self.bridge, async move {
+            db.count(
+                "SELECT count(*) FROM (SELECT 1 FROM waku_counters WHERE projection = $1 LIMIT $2) AS s",
+                &[&&*db.projection, &at_most],
+            )
+            .await
         })
     }
 }

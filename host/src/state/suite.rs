@@ -19,7 +19,7 @@ pub(super) trait Fixture {
 /// expression of type `Option<impl Fixture>`; `None` skips).
 macro_rules! state_suite {
     ($fixture:expr) => {
-        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other);
+        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other, snapshots_count_what_the_quotas_need_up_to_a_bound, counters_and_entries_are_read_in_pages);
     };
     (@tests $fixture:expr; $($name:ident),*) => {
         $(
@@ -384,4 +384,66 @@ pub(super) fn a_run_and_a_reset_exclude_each_other(fixture: &dyn Fixture) {
     }
     assert!(in_use(fixture.open().hold_for_run()), "a run is refused while a reset holds the projection");
     assert!(in_use(fixture.open().lock_for_reset()), "one reset at a time");
+}
+
+pub(super) fn snapshots_count_what_the_quotas_need_up_to_a_bound(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    let before = store.reader().unwrap();
+    let mut commit = BatchCommit::default();
+    let names: Vec<String> = (0..30).map(|i| format!("e{i:02}")).collect();
+    let mut key_writes = KeyWrites::default();
+    for name in &names {
+        key_writes.set(name, vec![1]);
+    }
+    commit.writes =
+        vec![(k(1), key_writes), (k(2), writes(&[("only", Some("1"))])), (k(3), writes(&[("x", Some("1"))]))];
+    commit.counter_deltas = (0..25).map(|i| (format!("c{i}"), 0)).collect();
+    store.commit(commit).unwrap();
+    let reader = store.reader().unwrap();
+    assert_eq!(reader.entry_count(&k(1), 1_000).unwrap(), 30);
+    assert_eq!(reader.entry_count(&k(1), 12).unwrap(), 12, "counting stops at the bound");
+    assert_eq!(reader.entry_count(&k(2), 1_000).unwrap(), 1, "a key's count stops at the next key");
+    assert_eq!(reader.entry_count(&k(4), 1_000).unwrap(), 0);
+    assert!(reader.contains(&k(2), "only").unwrap());
+    assert!(!reader.contains(&k(2), "other").unwrap() && !reader.contains(&k(4), "only").unwrap());
+    // A counter written with a zero total exists; one never written does not.
+    assert_eq!(reader.find_counter("c0").unwrap(), Some(0));
+    assert_eq!(reader.find_counter("never").unwrap(), None);
+    assert_eq!(reader.counter_count(1_000).unwrap(), 25);
+    assert_eq!(reader.counter_count(10).unwrap(), 10, "counting stops at the bound");
+    // An older snapshot counts what it saw.
+    assert_eq!((before.counter_count(1_000).unwrap(), before.entry_count(&k(1), 1_000).unwrap()), (0, 0));
+}
+
+pub(super) fn counters_and_entries_are_read_in_pages(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    let mut key_writes = KeyWrites::default();
+    for i in 0..7 {
+        key_writes.set(&format!("e{i}"), vec![b'v'; 10]);
+    }
+    store
+        .commit(BatchCommit {
+            writes: vec![(k(1), key_writes), (k(2), writes(&[("a", Some("next key"))]))],
+            counter_deltas: (0..5).map(|i| (format!("c{i}"), i128::from(i))).collect(),
+            ..BatchCommit::default()
+        })
+        .unwrap();
+    let names = |page: Vec<(String, Vec<u8>)>| page.into_iter().map(|(name, _)| name).collect::<Vec<_>>();
+    assert_eq!(names(store.entries_page(&k(1), None, 3, usize::MAX).unwrap()), ["e0", "e1", "e2"]);
+    assert_eq!(names(store.entries_page(&k(1), Some("e2"), 3, usize::MAX).unwrap()), ["e3", "e4", "e5"]);
+    assert_eq!(names(store.entries_page(&k(1), Some("e5"), 3, usize::MAX).unwrap()), ["e6"], "never the next key's");
+    assert!(store.entries_page(&k(1), Some("e6"), 3, usize::MAX).unwrap().is_empty());
+    // Bytes bound a page too: none after the values reach 25 bytes (the
+    // third of 10); the first entry always comes.
+    assert_eq!(names(store.entries_page(&k(1), None, 100, 25).unwrap()), ["e0", "e1", "e2"]);
+    assert_eq!(names(store.entries_page(&k(1), None, 100, 20).unwrap()), ["e0", "e1"]);
+    assert_eq!(names(store.entries_page(&k(1), Some("e0"), 100, 1).unwrap()), ["e1"]);
+    assert_eq!(names(store.entries_page(&k(1), Some("e0"), 100, 0).unwrap()), ["e1"]);
+    assert_eq!(store.entries_page(&k(1), None, 100, usize::MAX).unwrap(), store.entries(&k(1)).unwrap());
+    let page = store.counters_page(None, 2).unwrap();
+    assert_eq!(page, [("c0".to_owned(), 0), ("c1".to_owned(), 1)]);
+    let page = store.counters_page(Some("c1"), 10).unwrap();
+    assert_eq!(page.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["c2", "c3", "c4"]);
+    assert!(store.counters_page(Some("c4"), 10).unwrap().is_empty());
+    assert!(store.counters_page(Some("zzz"), 10).unwrap().is_empty());
 }

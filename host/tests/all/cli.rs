@@ -260,6 +260,21 @@ fn publish_run_and_state_get_work_end_to_end() {
     let out = waku(&["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "account"], dir.path());
     let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(&again["entries"]["account"], account);
+    // A page of entries after a name (none after `account`), and the
+    // counters' own view, a page at a time.
+    let out = waku(
+        &["state", "get", "--data", "data", "--projection", "bank", "--key", &key, "--after", "account"],
+        dir.path(),
+    );
+    let after: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(after["entries"], serde_json::json!({}), "{after}");
+    let out = waku(&["state", "counters", "--data", "data", "--projection", "bank", "--output", "json"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let counters: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(counters["counters"]["open_accounts"], 2, "{counters}");
+    assert!(counters.get("next").is_none(), "{counters}");
+    let out = waku(&["state", "counters", "--data", "data", "--projection", "bank", "--limit", "0"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "a page holds 1 to 1000: {}", text(&out.stderr));
 
     // Running again consumes nothing: the position was committed.
     let out = run_bank_until_caught_up(dir.path());

@@ -16,6 +16,7 @@ mod outage;
 mod outbox;
 mod postgres;
 mod python;
+mod quotas;
 mod rebuild;
 mod reset;
 mod routing;
