@@ -31,8 +31,14 @@ pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Co
         return Ok((deserialize_fresh(sandbox, name, &compiler::compile(sandbox, name, bytes)?)?, false));
     };
     let path = dir.join(format!("{}-{}.cwasm", sha256_hex(bytes), engine_fingerprint(sandbox)));
+    // An entry over the artifact limit (frame included) is not read: it
+    // is not one this host would have written.
+    let most = compiler::max_artifact_bytes(bytes.len(), &sandbox.shared.limits) + MAGIC.len() + 32;
     let entry = match (trusted(dir, true), trusted(&path, false)) {
-        (Ok(()), Ok(())) => std::fs::read(&path).ok(),
+        (Ok(()), Ok(())) => std::fs::metadata(&path)
+            .is_ok_and(|metadata| metadata.len() <= most as u64)
+            .then(|| std::fs::read(&path).ok())
+            .flatten(),
         (Err(why), _) | (_, Err(why)) => {
             if path.exists() {
                 tracing::warn!(module = name, "cached component {} is not trusted, compiling: {why}", path.display());
@@ -40,14 +46,14 @@ pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Co
             None
         }
     };
-    match entry.map(|file| unframe(&file).map(<[u8]>::to_vec)) {
+    match entry.as_deref().map(unframe) {
         Some(Some(artifact)) => {
             // SAFETY: the entry is trusted (only the host's user can have
             // written it) and its checksum matches the one written beside
             // it when this host serialized it, so these are bytes
             // `Component::serialize` produced; `deserialize` itself refuses
             // artifacts of another wasmtime version or settings.
-            match unsafe { Component::deserialize(engine, &artifact) } {
+            match unsafe { Component::deserialize(engine, artifact) } {
                 Ok(component) => return Ok((component, true)),
                 Err(e) => {
                     tracing::warn!(module = name, "cached component {} is unusable, compiling: {e:#}", path.display())
@@ -57,6 +63,7 @@ pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<(Co
         Some(None) => tracing::warn!(module = name, "cached component {} is corrupt, compiling", path.display()),
         None => {}
     }
+    drop(entry);
     let artifact = compiler::compile(sandbox, name, bytes)?;
     if let Err(e) = write(dir, &path, &artifact) {
         tracing::warn!(module = name, "cannot write the compile cache {}: {e}", path.display());

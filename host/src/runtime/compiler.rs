@@ -23,7 +23,9 @@
 //!   settings) to its standard output, which the host deserializes.
 //!
 //! A child stopped at a limit is a refusal naming its rule
-//! (`component-compile-time`, `component-compile-memory`). The sandbox
+//! (`component-compile-time`, `component-compile-memory`), and so is an
+//! artifact over [`max_artifact_bytes`] (`component-artifact-size`,
+//! compiled here or in a child). The sandbox
 //! remembers such refusals by the component's SHA-256, so the same bytes
 //! are refused at once afterwards instead of costing the budget again at
 //! every change of the module directory.
@@ -58,27 +60,48 @@ pub enum CompileLimit {
     Time,
     /// `component-compile-memory`: the memory limit.
     Memory,
+    /// `component-artifact-size`: the artifact would be over `most` bytes
+    /// ([`max_artifact_bytes`]).
+    Artifact {
+        /// The most it may be, in bytes.
+        most: usize,
+    },
+}
+
+/// The most bytes the artifact of a component of `component` bytes may
+/// have: twice the component (native code is about its size; the Python
+/// bank's is 1.9 times), plus the memory limit and 16 MiB for memory
+/// images. An image is made per linear memory from its data segments, so
+/// a few bytes of segments far apart become megabytes of image: a 2 KB
+/// component made 200 MB, which the host would hold and cache.
+pub(super) fn max_artifact_bytes(component: usize, limits: &SandboxLimits) -> usize {
+    component.saturating_mul(2).saturating_add(limits.memory_bytes).saturating_add(16 << 20)
 }
 
 /// The native artifact of `bytes`: compiled by the compiler program under
 /// the sandbox's compile limits, or in this process when there is none.
 pub(super) fn compile(sandbox: &Sandbox, name: &str, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+    let limits = sandbox.shared.limits;
+    let most = max_artifact_bytes(bytes.len(), &limits);
+    let refused =
+        |limit, again| LoadError::CompileLimit { module: name.to_owned(), limit, limits: Box::new(limits), again };
     let Some(program) = COMPILER.get() else {
-        return sandbox
+        let artifact = sandbox
             .shared
             .engine
             .precompile_component(bytes)
-            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") });
+            .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: format!("{e:#}") })?;
+        return match artifact.len() <= most {
+            true => Ok(artifact),
+            false => Err(refused(CompileLimit::Artifact { most }, false)),
+        };
     };
-    let limits = sandbox.shared.limits;
-    let refused =
-        |limit, again| LoadError::CompileLimit { module: name.to_owned(), limit, limits: Box::new(limits), again };
     let digest = super::cache::sha256_hex(bytes);
     let over_limits = || sandbox.shared.over_compile_limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(&limit) = over_limits().get(&digest) {
         return Err(refused(limit, true));
     }
-    let result = compile_in_child(program, &limits, bytes);
+    let result = compile_in_child(program, &limits, bytes, most);
     if let Err(Refused(limit)) = result {
         over_limits().insert(digest, limit);
     }
@@ -103,7 +126,12 @@ use ChildFailure::{CompilerFailed, Invalid, Refused};
 /// Compiles `bytes` with `program compile-component`, under `limits`:
 /// the component goes in through its standard input, the artifact comes
 /// out of its standard output (no file is left behind by a crash).
-fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Result<Vec<u8>, ChildFailure> {
+fn compile_in_child(
+    program: &Path,
+    limits: &SandboxLimits,
+    bytes: &[u8],
+    most: usize,
+) -> Result<Vec<u8>, ChildFailure> {
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
     let limits_json = serde_json::to_string(limits).expect("the limits serialize");
@@ -122,9 +150,15 @@ fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Res
         // A child that stops reading (it died) fails the write: its exit
         // status says why.
         scope.spawn(move || input.as_mut().map(|input| input.write_all(bytes)));
-        let artifact = scope.spawn(move || {
+        // At most one byte past `most` is kept; the rest is read and
+        // dropped, so the child is not left waiting on a full pipe.
+        let artifact = scope.spawn(move || -> std::io::Result<Vec<u8>> {
             let mut artifact = Vec::new();
-            output.as_mut().map(|output| output.read_to_end(&mut artifact)).transpose().map(|_| artifact)
+            if let Some(output) = output.as_mut() {
+                output.by_ref().take(most as u64 + 1).read_to_end(&mut artifact)?;
+                std::io::copy(output, &mut std::io::sink())?;
+            }
+            Ok(artifact)
         });
         let said = scope.spawn(move || errors.map(head).unwrap_or_default());
         let status = match watch(&mut child, wall_limit(limits), limits.compile_memory_bytes) {
@@ -140,6 +174,7 @@ fn compile_in_child(program: &Path, limits: &SandboxLimits, bytes: &[u8]) -> Res
         };
         outcome(status, said.join().unwrap_or_default())?;
         match artifact.join() {
+            Ok(Ok(artifact)) if artifact.len() > most => Err(Refused(CompileLimit::Artifact { most })),
             Ok(Ok(artifact)) => Ok(artifact),
             Ok(Err(e)) => Err(CompilerFailed(format!("reading the artifact: {e}"))),
             Err(_) => Err(CompilerFailed("reading the artifact failed".to_owned())),

@@ -292,6 +292,7 @@ pub enum LoadError {
         match limit {
             compiler::CompileLimit::Time => "component-compile-time",
             compiler::CompileLimit::Memory => "component-compile-memory",
+            compiler::CompileLimit::Artifact { .. } => "component-artifact-size",
         },
         match limit {
             compiler::CompileLimit::Time => format!(
@@ -301,6 +302,10 @@ pub enum LoadError {
             compiler::CompileLimit::Memory => format!(
                 "needed more than {} MiB of memory (the compile memory limit, `--compile-memory-mib`)",
                 limits.compile_memory_bytes >> 20
+            ),
+            compiler::CompileLimit::Artifact { most } => format!(
+                "made more than {most} bytes of native code and memory images (at most twice the component's size, \
+                 plus the memory limit, plus 16 MiB)"
             ),
         },
         if *again { " (as before: the same bytes are not compiled again until the host restarts)" } else { "" }

@@ -1161,6 +1161,16 @@ fn a_module_too_costly_to_compile_is_refused_at_the_compile_limits() {
         stderr.contains("component-compile-memory: compiling module `slow` needed more than 64 MiB of memory"),
         "{stderr}"
     );
+    // Quick to compile, but two bytes 16 MiB apart in each of four
+    // memories are 64 MiB of memory images: over the artifact limit.
+    let memories: String = (0..4)
+        .map(|i| format!(r#"(memory $m{i} 256) (data (memory $m{i}) (i32.const 0) "a") (data (memory $m{i}) (i32.const 16711679) "b")"#))
+        .collect();
+    std::fs::write(modules.join("slow.wasm"), wat::parse_str(format!("(component (core module {memories}))")).unwrap())
+        .unwrap();
+    let stderr = start(&["--memory-mib", "16"]);
+    assert!(stderr.contains("component-artifact-size: compiling module `slow` made more than"), "{stderr}");
+    std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
 
     // A hot reload: the bomb is refused, bank keeps running, and the next
     // change of the directory refuses it again without compiling it.

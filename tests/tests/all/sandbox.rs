@@ -253,6 +253,37 @@ fn a_component_of_too_many_globals_is_refused_before_it_is_compiled() {
     assert!(matches!(sandbox.load("within", &within), Err(LoadError::NotAHandler { .. })));
 }
 
+/// wasmtime makes a memory image of each linear memory's data segments:
+/// two bytes 16 MiB apart are 16 MiB of artifact, which the host would
+/// hold and cache (a 2 KB component made 200 MB). An artifact over twice
+/// the component, plus the memory limit, plus 16 MiB is refused, naming
+/// the rule.
+#[test]
+fn a_component_whose_memory_images_dwarf_it_is_refused() {
+    let sandbox = Sandbox::new(limits()).unwrap(); // memory limit 16 MiB: at most about 32 MiB
+    let memory = |i: usize| {
+        format!(
+            r#"(memory $m{i} 256) (data (memory $m{i}) (i32.const 0) "a") (data (memory $m{i}) (i32.const 16711679) "b")"#
+        )
+    };
+    let images = |count: usize| {
+        let memories: String = (0..count).map(memory).collect();
+        wat::parse_str(format!("(component (core module {memories}))")).unwrap()
+    };
+    let bomb = images(4);
+    assert!(bomb.len() < 1000, "{} bytes", bomb.len());
+    match sandbox.load("images", &bomb) {
+        Err(error @ LoadError::CompileLimit { .. }) => assert!(
+            error.to_string().starts_with("component-artifact-size: compiling module `images` made more than"),
+            "{error}"
+        ),
+        other => panic!("expected a refusal naming component-artifact-size, got {:?}", other.err()),
+    }
+    // One such memory is within the limit (and loading fails later: this
+    // is no handler).
+    assert!(matches!(sandbox.load("image", &images(1)), Err(LoadError::NotAHandler { .. })));
+}
+
 #[test]
 fn components_that_import_more_than_the_contract_are_refused_by_name() {
     let sandbox = Sandbox::new(limits()).unwrap();
