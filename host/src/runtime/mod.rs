@@ -344,6 +344,41 @@ pub enum LoadError {
     Engine(String),
 }
 
+/// How many of a component's forbidden imports an error names.
+const MOST_IMPORTS_NAMED: usize = 16;
+
+impl LoadError {
+    /// The same error with what it quotes of the component cut to 4 KiB
+    /// per field and [`MOST_IMPORTS_NAMED`] imports of 256 bytes, the rest
+    /// counted.
+    fn bounded(self) -> Self {
+        let cut = wakuwaku_core::limits::error_message;
+        match self {
+            Self::Invalid { module, reason } => Self::Invalid { module, reason: cut(reason) },
+            Self::ContractVersion { module, found } => Self::ContractVersion { module, found: cut(found) },
+            Self::ForbiddenImports { module, mut imports } => {
+                let more = imports.len().saturating_sub(MOST_IMPORTS_NAMED);
+                imports.truncate(MOST_IMPORTS_NAMED);
+                for import in &mut imports {
+                    if let (kept, true) = wakuwaku_core::limits::cut(import, 256) {
+                        *import = format!("{kept}…");
+                    }
+                }
+                if more > 0 {
+                    imports.push(format!("and {more} more"));
+                }
+                Self::ForbiddenImports { module, imports }
+            }
+            Self::ImportMismatch { module, reason } => Self::ImportMismatch { module, reason: cut(reason) },
+            Self::NotAHandler { module, reason } => Self::NotAHandler { module, reason: cut(reason) },
+            Self::Instantiate { module, limits, reason } => Self::Instantiate { module, limits, reason: cut(reason) },
+            Self::Describe { module, reason } => Self::Describe { module, reason: cut(reason) },
+            Self::Compiler { module, reason } => Self::Compiler { module, reason: cut(reason) },
+            other => other,
+        }
+    }
+}
+
 /// A host fault raised inside an import: it traps the guest, and the call
 /// fails as [`CallError::HostFault`].
 #[derive(Debug, thiserror::Error)]
@@ -430,10 +465,22 @@ impl Sandbox {
     /// [`MAX_FUNCTION_BYTES`](component_file::MAX_FUNCTION_BYTES) each), checks
     /// its imports, pre-links it and asks it to describe itself (checking
     /// the answer).
+    ///
+    /// What an error quotes of the component (names, the compiler's and
+    /// the linker's words about it) is cut to 4 KiB per field and 16
+    /// imports, as it is logged and shown: a component of 500 import
+    /// names of 99 KB each made a 49 MB message, logged again at every
+    /// change of the module directory.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
         if !is_module_name(name) {
+            // Not cut: a name that is no module name is at most a file
+            // name, which the file system bounds.
             return Err(LoadError::Name { module: name.to_owned() });
         }
+        self.load_named(name, bytes).map_err(LoadError::bounded)
+    }
+
+    fn load_named(&self, name: &str, bytes: &[u8]) -> Result<WasmModule, LoadError> {
         component_file::check_size(bytes.len() as u64)
             .and_then(|()| component_file::check_code(bytes).map(drop))
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;

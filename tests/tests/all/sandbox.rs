@@ -303,6 +303,20 @@ fn components_that_import_more_than_the_contract_are_refused_by_name() {
     }
 }
 
+/// What an error quotes of a component is bounded: 500 imports of names
+/// of 99 KB made a 49 MB message, logged at every directory change.
+#[test]
+fn a_refusal_quotes_a_bounded_part_of_what_the_component_says() {
+    let sandbox = Sandbox::new(limits()).unwrap();
+    let long = "n".repeat(99_000);
+    let imports: String = (0..500).map(|i| format!(r#"(import "evil:x{i}/{long}" (instance))"#)).collect();
+    let evil = wat::parse_str(format!("(component {imports})")).unwrap();
+    let error = sandbox.load("evil", &evil).err().unwrap();
+    let message = error.to_string();
+    assert!(message.len() < 8 << 10, "{} bytes", message.len());
+    assert!(message.contains("evil:x0/nnn") && message.contains("and 484 more"), "{}", &message[..200]);
+}
+
 #[test]
 fn wasi_interfaces_and_versions_the_host_does_not_link_are_refused_by_name() {
     let sandbox = Sandbox::new(limits()).unwrap();
