@@ -22,7 +22,9 @@
 //! (more wait in the kernel's queue, costing the process no file), and a
 //! connection that moves no byte either way for [`IDLE_TIMEOUT`] is closed
 //! (a request sent a byte at a time, or a reader that stopped reading,
-//! held its connection, its memory and a file forever).
+//! held its connection, its memory and a file forever), and so is one
+//! whose request is not answered within [`REQUEST_DEADLINE`] of its first
+//! byte (a byte every 20 s kept a connection forever).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -93,6 +95,12 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// How long a connection may move no byte before it is closed.
 pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long after the first byte of a request its answer must start, or
+/// the connection is closed: a client sending its request a byte at a
+/// time, within the idle timeout, held its connection for as long as it
+/// liked, and 64 of them kept `/health` from answering.
+pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A listener that accepts a connection only while fewer than
 /// [`MAX_CONNECTIONS`] are open.
 struct Capped {
@@ -108,7 +116,7 @@ impl axum::serve::Listener for Capped {
         let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
         let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
         let idle = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
-        (Connection { stream, idle, _permit: permit }, address)
+        (Connection { stream, idle, answer_by: None, _permit: permit }, address)
     }
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -117,24 +125,40 @@ impl axum::serve::Listener for Capped {
 }
 
 /// An accepted connection: it holds its permit until it is dropped, and
-/// fails once it has moved no byte for [`IDLE_TIMEOUT`].
+/// fails once it has moved no byte for [`IDLE_TIMEOUT`], or once a request
+/// has waited [`REQUEST_DEADLINE`] since its first byte without its answer
+/// starting.
 struct Connection {
     stream: tokio::net::TcpStream,
+    /// Fires at the idle timeout or the request's deadline, whichever is
+    /// first.
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The deadline of a request read in part or whole and not answered.
+    answer_by: Option<tokio::time::Instant>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Connection {
-    /// Passes on what the stream did: progress re-arms the idle timer,
+    /// Passes on what the stream did: progress re-arms the timer (`read`:
+    /// bytes of a request came in; `wrote`: bytes of an answer went out),
     /// waiting past it is an error.
     fn watch<T>(
         &mut self,
         cx: &mut std::task::Context<'_>,
         polled: Poll<std::io::Result<T>>,
+        read: bool,
+        wrote: bool,
     ) -> Poll<std::io::Result<T>> {
         match polled {
             Poll::Ready(result) => {
-                self.idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+                let now = tokio::time::Instant::now();
+                if wrote {
+                    self.answer_by = None;
+                } else if read && self.answer_by.is_none() {
+                    self.answer_by = Some(now + REQUEST_DEADLINE);
+                }
+                let idle = now + IDLE_TIMEOUT;
+                self.idle.as_mut().reset(self.answer_by.map_or(idle, |deadline| deadline.min(idle)));
                 Poll::Ready(result)
             }
             Poll::Pending => match self.idle.as_mut().poll(cx) {
@@ -151,8 +175,10 @@ impl tokio::io::AsyncRead for Connection {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
         let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
-        self.watch(cx, polled)
+        let read = buf.filled().len() > before;
+        self.watch(cx, polled, read, false)
     }
 }
 
@@ -163,12 +189,13 @@ impl tokio::io::AsyncWrite for Connection {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.watch(cx, polled)
+        let wrote = matches!(polled, Poll::Ready(Ok(written)) if written > 0);
+        self.watch(cx, polled, false, wrote)
     }
 
     fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
         let polled = std::pin::Pin::new(&mut self.stream).poll_flush(cx);
-        self.watch(cx, polled)
+        self.watch(cx, polled, false, false)
     }
 
     fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {

@@ -174,13 +174,35 @@ async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit()
     let (code, body) = get_async(&format!("http://{address}"), "/health").await;
     assert_eq!((code, body.as_str()), (200, "ok\n"));
 
-    // One that stays: closed once it has sent nothing for the idle time.
+    // One that trickles its request, a byte a second (well within the idle
+    // time): closed at the request's deadline.
+    let trickler = tokio::spawn(async move {
+        let mut trickle = tokio::net::TcpStream::connect(address).await.unwrap();
+        trickle.write_all(b"GET /health HTTP/1.1\r\nX-Slow: ").await.unwrap();
+        let started = std::time::Instant::now();
+        while trickle.write_all(b"x").await.is_ok() && started.elapsed() < admin::IDLE_TIMEOUT {
+            let mut byte = [0u8; 1];
+            match tokio::time::timeout(Duration::from_secs(1), tokio::io::AsyncReadExt::read(&mut trickle, &mut byte))
+                .await
+            {
+                Ok(_) => break, // closed (or answered, which it must not be)
+                Err(_) => continue,
+            }
+        }
+        started.elapsed()
+    });
+    // One that stays silent: closed once it has sent nothing for the idle
+    // time.
     let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
-    slow.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
     let mut rest = Vec::new();
     let read =
         tokio::time::timeout(admin::IDLE_TIMEOUT * 2, tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut rest));
     assert!(read.await.is_ok(), "an idle connection was still open after twice the idle time");
+    let trickled = trickler.await.unwrap();
+    assert!(
+        trickled < admin::REQUEST_DEADLINE + Duration::from_secs(3),
+        "a request sent a byte a second was still read after {trickled:?}"
+    );
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
