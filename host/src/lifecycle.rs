@@ -172,6 +172,17 @@ pub enum Difference {
         /// The version running (recorded).
         running: String,
     },
+    /// A file the record does not know failed to load at a restart (it
+    /// does not load, or its tags clash with another module's): it is
+    /// refused alone, as a hot reload would refuse it, and the rest starts.
+    Refused {
+        /// The module.
+        module: String,
+        /// The file's version.
+        version: String,
+        /// Why.
+        error: String,
+    },
     /// The directory's version was taken (`adopt`).
     Adopted {
         /// The module.
@@ -195,6 +206,11 @@ impl std::fmt::Display for Difference {
                 f,
                 "module `{module}`: its file is gone from the directory; recorded version {running} runs (restart \
                  with --adopt-modules to drop it)"
+            ),
+            Self::Refused { module, version, error } => write!(
+                f,
+                "module `{module}`: its new file (version {version}) is refused, and the other modules start: \
+                 {error}"
             ),
             Self::Adopted { module, from: Some(from), to } => write!(f, "module `{module}`: {from} → {to}"),
             Self::Adopted { module, from: None, to } => write!(f, "module `{module}`: dropped {to}"),
@@ -398,15 +414,24 @@ impl Library {
     /// kept copies, and any module the record does not know yet from the
     /// directory. With `adopt`, the directory's versions win, and recorded
     /// modules without a file are dropped. Returns what differs.
+    ///
+    /// At the first start every file must load. At a restart (the record
+    /// names modules) a file it does not know that fails to load, or
+    /// whose tags clash with another module's, is refused alone
+    /// ([`Difference::Refused`]), as a hot reload refused it: a bad file
+    /// dropped in while the host ran must not keep it down after a crash.
     pub fn start(&self, module_dir: &Path, adopt: bool) -> Result<Started, LifecycleError> {
         let files = all_read(scan(module_dir)?)?;
         let mut recorded = self.recorded()?;
         if files.is_empty() && recorded.active.is_empty() {
             return Err(LifecycleError::NoModules { dir: module_dir.to_owned(), projection: self.projection.clone() });
         }
+        let restart = !recorded.active.is_empty();
         let mut modules = Vec::new();
         let mut differences = Vec::new();
         let mut forgotten = Vec::new();
+        // New files at a restart: taken once the others are known.
+        let mut new_files = Vec::new();
         for (name, bytes) in &files {
             let version = content_version(bytes);
             match recorded.active.get(name).cloned() {
@@ -414,6 +439,7 @@ impl Library {
                     modules.push(self.load_kept(&recorded, name, &running)?);
                     differences.push(Difference::Changed { module: name.clone(), running, in_directory: version });
                 }
+                None if restart => new_files.push((name, bytes, version)),
                 running => {
                     modules.push(self.load(name, bytes)?);
                     forgotten.extend(self.activate(&mut recorded, name, &version, bytes)?);
@@ -438,10 +464,49 @@ impl Library {
                 differences.push(Difference::Missing { module: name, running });
             }
         }
+        let mut refused = Vec::new();
+        for (name, bytes, version) in new_files {
+            let loaded = self.load(name, bytes).and_then(|module| match self.clash(&modules, &*module) {
+                Some(error) => Err(error),
+                None => Ok(module),
+            });
+            match loaded {
+                Ok(module) => {
+                    forgotten.extend(self.activate(&mut recorded, name, &version, bytes)?);
+                    modules.push(module);
+                }
+                Err(error) => {
+                    let error = error.to_string();
+                    let status = ReloadStatus { version: version.clone(), error: Some(error.clone()) };
+                    self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), status);
+                    differences.push(Difference::Refused { module: name.clone(), version, error });
+                    refused.push(name);
+                }
+            }
+        }
         self.save(&recorded, forgotten)?;
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) =
-            files.iter().map(|(name, bytes)| (name.clone(), content_version(bytes))).collect();
+        // A refused file is tried again at the next change, as on reload.
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = files
+            .iter()
+            .filter(|(name, _)| !refused.contains(name))
+            .map(|(name, bytes)| (name.clone(), content_version(bytes)))
+            .collect();
         Ok((modules, differences))
+    }
+
+    /// The clash of `module`'s tags with those of `others`, if any.
+    fn clash(&self, others: &[Arc<dyn HandlerModule>], module: &dyn HandlerModule) -> Option<LifecycleError> {
+        others.iter().find_map(|other| {
+            let declared =
+                |tag: &crate::event::EventTypeTag| other.event_types().iter().any(|theirs| theirs.tag == *tag);
+            let tag = module.event_types().iter().map(|t| t.tag).find(declared)?;
+            Some(LifecycleError::from(ProjectionError::DuplicateTag {
+                projection: self.projection.clone(),
+                tag,
+                first: other.name().to_owned(),
+                second: module.name().to_owned(),
+            }))
+        })
     }
 
     /// Makes `version` of `module` active again (default: the kept version

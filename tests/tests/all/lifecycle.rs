@@ -99,6 +99,39 @@ fn a_restart_runs_the_recorded_versions_and_reports_what_the_directory_changed()
     assert_eq!(error.to_string(), "projection `bank` has no module `ledger` (it has: bank)");
 }
 
+/// A bad file dropped in while the host ran (refused by the hot reload)
+/// must not keep the projection down after a crash: at a restart, a file
+/// the record does not know that does not load, or whose tags clash, is
+/// refused alone and the rest starts. At the first start every file must
+/// load.
+#[test]
+fn a_restart_refuses_a_new_file_that_does_not_load_alone() {
+    let dirs = Dirs::new();
+    install(&dirs.modules(), "junk.wasm", b"not a component");
+    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
+    let error = dirs.library().start(&dirs.modules(), false).err().expect("the first start loads every file");
+    assert!(error.to_string().contains("not a valid WebAssembly component"), "{error}");
+    std::fs::remove_file(dirs.modules().join("junk.wasm")).unwrap();
+    dirs.library().start(&dirs.modules(), false).unwrap();
+
+    install(&dirs.modules(), "junk.wasm", b"not a component");
+    install(&dirs.modules(), "a-twin.wasm", &bank_variant(2)); // the bank's tags, and loaded first
+    let library = dirs.library();
+    let (modules, differences) = library.start(&dirs.modules(), false).unwrap();
+    assert_eq!(versions(&modules), [("bank".to_owned(), content_version(&bank_variant(0)))]);
+    let refused: Vec<&str> = differences
+        .iter()
+        .map(|difference| match difference {
+            Difference::Refused { module, .. } => module.as_str(),
+            other => panic!("{other}"),
+        })
+        .collect();
+    assert_eq!(refused, ["a-twin", "junk"]);
+    assert!(differences[0].to_string().contains("is declared by both `bank` and `a-twin`"), "{}", differences[0]);
+    assert!(library.reloads()["junk"].error.is_some());
+    assert!(!library.recorded().unwrap().active.contains_key("a-twin"), "a refused file is not recorded");
+}
+
 #[test]
 fn only_the_last_versions_are_kept() {
     let dirs = Dirs::new();
