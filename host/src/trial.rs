@@ -90,6 +90,27 @@ pub struct Outcome {
     /// Log lines written outside a handler call (`key`, `ordering`,
     /// `combine`).
     pub log: Vec<String>,
+    /// What was not kept past [`MOST_LOG_LINES`] and
+    /// [`MOST_EMITTED_BYTES`].
+    pub not_kept: NotKept,
+}
+
+/// The most module log lines a trial keeps; later ones are counted.
+pub const MOST_LOG_LINES: usize = 10_000;
+
+/// The most bytes of emitted bodies a trial keeps; later messages are
+/// counted.
+pub const MOST_EMITTED_BYTES: usize = 64 << 20;
+
+/// What a trial counted but did not keep: a module may log and emit up to
+/// its per-call limits at every call, which over a large events file is
+/// gigabytes (`waku test` held 8 GB for 300 events).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotKept {
+    /// Log lines past [`MOST_LOG_LINES`].
+    pub log_lines: usize,
+    /// Emitted messages past [`MOST_EMITTED_BYTES`] of bodies.
+    pub emitted: usize,
 }
 
 /// What a trial left for one key.
@@ -164,7 +185,7 @@ pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> R
         keys.insert(key.to_string(), KeyOutcome { state, ..KeyOutcome::default() });
     }
     let mut outside = Vec::new();
-    for line in lines {
+    for line in lines.lines {
         match line.key {
             Some(key) => keys.entry(key).or_default().log.push(line.text),
             None => outside.push(line.text),
@@ -180,24 +201,35 @@ pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> R
         keys.entry(key).or_default().failures.push(Failure { class, tag, events: letter.routed.events, message });
     }
     let mut emitted = Vec::new();
+    let mut not_kept = NotKept { log_lines: lines.dropped, emitted: 0 };
+    let mut budget = MOST_EMITTED_BYTES;
     for topic in module.emits() {
-        // A module may emit to the topic it consumes: its messages follow
-        // the sample events there.
-        let from = if topic == TOPIC { published as u64 } else { 0 };
-        emitted.extend(read_emitted(&log, topic, from).await?);
+        not_kept.emitted += read_emitted(&log, topic, &mut emitted, &mut budget).await?;
     }
     let counters = store.counters()?.into_iter().collect();
-    Ok(Outcome { published, summary, keys, counters, emitted, log: outside })
+    Ok(Outcome { published, summary, keys, counters, emitted, log: outside, not_kept })
 }
 
-/// Every message of `topic` (one partition) from offset `from`.
-async fn read_emitted(log: &EmbeddedLog, topic: &str, mut from: u64) -> Result<Vec<Emitted>, LogError> {
-    let mut emitted = Vec::new();
+/// The messages of `topic` (one partition) into `emitted` while their
+/// bodies fit `budget`; returns how many more there were.
+async fn read_emitted(
+    log: &EmbeddedLog,
+    topic: &str,
+    emitted: &mut Vec<Emitted>,
+    budget: &mut usize,
+) -> Result<usize, LogError> {
+    let mut from = 0;
+    let mut not_kept = 0;
     loop {
         let records = log.read(topic, 0, from, 1024).await?;
-        let Some(last) = records.last() else { return Ok(emitted) };
+        let Some(last) = records.last() else { return Ok(not_kept) };
         from = last.offset + 1;
         for stored in records {
+            let Some(left) = budget.checked_sub(stored.record.body.len()) else {
+                not_kept += 1;
+                continue;
+            };
+            *budget = left;
             let (key, tag) = match EventHeaders::parse_stored(&stored.record.headers) {
                 Ok(headers) => (headers.key.to_string(), headers.tag.get()),
                 Err(error) => (format!("(unreadable headers: {error})"), 0),
@@ -242,7 +274,7 @@ impl Outcome {
             .map(|e| json!({ "topic": e.topic, "key": e.key, "tag": e.tag, "body": e.body }))
             .collect();
         let s = &self.summary;
-        json!({
+        let mut json = json!({
             "events": {
                 "published": self.published,
                 "applied": s.applied,
@@ -253,7 +285,11 @@ impl Outcome {
             "counters": counters,
             "emitted": emitted,
             "log": self.log,
-        })
+        });
+        if self.not_kept != NotKept::default() {
+            json["not_kept"] = json!({ "log_lines": self.not_kept.log_lines, "emitted": self.not_kept.emitted });
+        }
+        json
     }
 
     /// The outcome for people: per key its state, log lines and failures,
@@ -300,6 +336,14 @@ impl Outcome {
             "{} events: {} applied, {} skipped, {} dead-lettered",
             self.published, s.applied, s.skipped, s.dead_lettered
         ));
+        if self.not_kept != NotKept::default() {
+            out.push(format!(
+                "not kept: {} log lines past the first {MOST_LOG_LINES}, {} emitted messages past the first {} MiB",
+                self.not_kept.log_lines,
+                self.not_kept.emitted,
+                MOST_EMITTED_BYTES >> 20
+            ));
+        }
         out.join("\n")
     }
 }
@@ -356,7 +400,14 @@ struct CapturedLine {
 }
 
 /// The lines captured while a trial runs; `None` when none runs.
-static CAPTURED: Mutex<Option<Vec<CapturedLine>>> = Mutex::new(None);
+static CAPTURED: Mutex<Option<Captured>> = Mutex::new(None);
+
+/// The first [`MOST_LOG_LINES`] lines, and how many came after.
+#[derive(Debug, Default)]
+struct Captured {
+    lines: Vec<CapturedLine>,
+    dropped: usize,
+}
 
 /// A `tracing` layer that keeps the module log lines (target
 /// `waku::guest`) written while a trial runs. The `waku test` command
@@ -367,7 +418,7 @@ pub struct GuestLogCapture;
 impl GuestLogCapture {
     /// Starts keeping lines.
     fn start() -> CaptureGuard {
-        *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+        *CAPTURED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Captured::default());
         CaptureGuard
     }
 }
@@ -376,7 +427,7 @@ impl GuestLogCapture {
 struct CaptureGuard;
 
 impl CaptureGuard {
-    fn finish(self) -> Vec<CapturedLine> {
+    fn finish(self) -> Captured {
         CAPTURED.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default()
     }
 }
@@ -406,11 +457,15 @@ impl GuestLogCapture {
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for GuestLogCapture {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let mut captured = CAPTURED.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(lines) = captured.as_mut() else { return };
+        let Some(captured) = captured.as_mut() else { return };
+        if captured.lines.len() >= MOST_LOG_LINES {
+            captured.dropped += 1;
+            return;
+        }
         let mut fields = Fields::default();
         event.record(&mut fields);
         let level = event.metadata().level().as_str().to_ascii_lowercase();
-        lines.push(CapturedLine { key: fields.key, text: format!("{level} {}", fields.message) });
+        captured.lines.push(CapturedLine { key: fields.key, text: format!("{level} {}", fields.message) });
     }
 }
 

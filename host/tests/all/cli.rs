@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::{self, bank_wasm, text, waku};
+use crate::common::{self, bank_wasm, probe_wasm, text, waku};
 use serde_json::json;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::key::Key;
@@ -1193,4 +1193,29 @@ fn a_module_too_costly_to_compile_is_refused_at_the_compile_limits() {
     assert_eq!(signal_and_wait(&mut child, "TERM").code(), Some(0));
     let status = waku(&["status", "--data", "d", "--projection", "bank", "--topic", "accounts"], dir.path());
     assert!(text(&status.stdout).contains("bank@"), "bank still runs: {}", text(&status.stdout));
+}
+
+/// `waku test` keeps the first 10 000 log lines and 64 MiB of emitted
+/// bodies, and counts the rest: a module logging and emitting up to its
+/// per-call limits at every call made it hold gigabytes.
+#[test]
+fn waku_test_keeps_a_bounded_outcome_and_counts_what_it_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let event = |key: u64| {
+        format!(
+            r#"{{"type": "Raw", "body": {{"key": {key}, "op": "log", "name": "x", "len": 10, "delta": 0, "topic": "", "emit_key": [], "count": 100, "ignore": false}}}}"#
+        )
+    };
+    let events: Vec<String> = (0..110).map(event).collect();
+    let file = write_lines(dir.path(), "events.jsonl", &events.iter().map(String::as_str).collect::<Vec<_>>());
+    let probe = probe_wasm().to_string_lossy().into_owned();
+    let out = waku_within_a_minute(&["test", &probe, &file, "--log-level", "error"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(stdout.matches("  log info rrrrrrrrrr").count(), wakuwaku::trial::MOST_LOG_LINES);
+    assert!(
+        stdout.contains("not kept: 1000 log lines past the first 10000, 0 emitted messages"),
+        "{}",
+        &stdout[stdout.len() - 300..]
+    );
 }
