@@ -431,7 +431,6 @@ fn run_until_loaded(
     args: &[&str],
     dir: &Path,
 ) -> (std::process::Child, Vec<String>, std::sync::mpsc::Receiver<String>) {
-    use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_waku"))
         .args(args)
         .current_dir(dir)
@@ -439,20 +438,9 @@ fn run_until_loaded(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let (sender, lines) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = sender.send(line);
-        }
-    });
+    let lines = common::stderr_lines(&mut child);
     let mut seen = Vec::new();
-    while !seen.iter().any(|line: &String| line.starts_with("waku: sandbox limits")) {
-        match lines.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!("`waku run` printed no banner: {seen:?}"),
-        }
-    }
+    common::wait_for_line(&lines, &mut seen, |line| line.starts_with("waku: sandbox limits"));
     (child, seen, lines)
 }
 
@@ -1176,16 +1164,7 @@ fn a_module_too_costly_to_compile_is_refused_at_the_compile_limits() {
     // change of the directory refuses it again without compiling it.
     std::fs::remove_file(modules.join("slow.wasm")).unwrap();
     let (mut child, mut seen, lines) = run_until_loaded(&[&run[..], &["--compile-budget-s", "1"]].concat(), dir.path());
-    let mut wait_for = |what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !seen.iter().any(|line| line.contains(what)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) => seen.push(line),
-                Err(_) => panic!("no line saying {what:?} within a minute: {seen:#?}"),
-            }
-        }
-    };
+    let mut wait_for = |what: &str| common::wait_for_line(&lines, &mut seen, |line| line.contains(what));
     std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
     wait_for("component-compile-time: compiling module `slow`");
     std::fs::write(modules.join("bank.wasm"), std::fs::read(bank_wasm()).unwrap()).unwrap();

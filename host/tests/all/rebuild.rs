@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use crate::common::{bank_fee_wasm, bank_wasm, text, waku, waku_command};
+use crate::common::{bank_fee_wasm, bank_wasm, stderr_lines, text, waku, waku_command};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
@@ -254,22 +254,9 @@ async fn a_request_that_cannot_be_read_for_now_is_kept_and_started_once_it_can()
     std::os::unix::fs::symlink("request.toml", &other).unwrap();
 
     let mut child = follow(dir.path());
-    let (sender, lines) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = sender.send(line);
-        }
-    });
+    let lines = stderr_lines(&mut child);
     let mut seen = Vec::new();
-    let mut wait_for = |wanted: &str| {
-        while !seen.iter().any(|line: &String| line.contains(wanted)) {
-            match lines.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) => seen.push(line),
-                Err(_) => panic!("no line saying {wanted:?}: {seen:#?}"),
-            }
-        }
-    };
+    let mut wait_for = |wanted: &str| crate::common::wait_for_line(&lines, &mut seen, |line| line.contains(wanted));
     wait_for("the rebuild cannot start yet and is tried again");
     std::thread::sleep(Duration::from_secs(1)); // five more checks
     assert!(request.symlink_metadata().is_ok(), "the request was removed");

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use wakuwaku::guest_build::GuestBuild;
 
@@ -24,6 +26,31 @@ pub fn waku(args: &[&str], dir: &Path) -> Output {
 /// Lossy text of a command's output.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The lines of `child`'s standard error (piped), as they come.
+pub fn stderr_lines(child: &mut std::process::Child) -> Receiver<String> {
+    use std::io::BufRead;
+    let (sender, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("standard error is piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    lines
+}
+
+/// Waits for a line that `wanted` accepts, adding every line read to
+/// `seen`; fails the test after a minute without one.
+pub fn wait_for_line(lines: &Receiver<String>, seen: &mut Vec<String>, wanted: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.iter().any(|line| wanted(line)) {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("not the line waited for within a minute: {seen:#?}"),
+        }
+    }
 }
 
 /// The bank example, built once for this test binary.
