@@ -25,6 +25,31 @@ async fn get_async(base: &str, path: &str) -> (u16, String) {
     tokio::task::spawn_blocking(move || get(&base, &path)).await.unwrap()
 }
 
+/// The endpoint serving `admin` on a free local port, until stopped.
+struct Served {
+    address: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    async fn start<L: wakuwaku::log::EventLog>(admin: Admin<L>) -> Self {
+        let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(admin::serve(listener, admin, async {
+            let _ = stopped.await;
+        }));
+        Self { address, stop, server }
+    }
+
+    /// Stops the endpoint and checks it ended cleanly.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.server.await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_endpoint_answers_over_http() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,20 +64,16 @@ async fn the_admin_endpoint_answers_over_http() {
         Consumer::new(log.clone(), projection.clone(), ConsumerConfig { batch_size: 256, ..ConsumerConfig::default() })
             .with_metrics(metrics.clone());
 
-    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let admin = Admin {
+    let served = Served::start(Admin {
         log: log.clone(),
         projection: projection.clone(),
         progress: consumer.progress(),
         metrics,
         library: None,
         rebuild: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(admin::serve(listener, admin, async {
-        let _ = stopped.await;
-    }));
+    })
+    .await;
+    let base = format!("http://{}", served.address);
 
     assert_eq!(get_async(&base, "/health").await, (200, "ok\n".to_owned()));
     // Not started: not ready.
@@ -119,8 +140,7 @@ async fn the_admin_endpoint_answers_over_http() {
 
     stop_consumer.send(()).unwrap();
     following.await.unwrap().unwrap();
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
 
 /// Connections that never finish their request (a slow-loris client) take
@@ -139,20 +159,16 @@ async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit()
     let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
-    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let admin = Admin {
+    let endpoint = Served::start(Admin {
         log,
         projection,
         progress: consumer.progress(),
         metrics: Arc::new(Metrics::default()),
         library: None,
         rebuild: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(admin::serve(listener, admin, async {
-        let _ = stopped.await;
-    }));
+    })
+    .await;
+    let address = endpoint.address;
     let open_files = || std::fs::read_dir("/proc/self/fd").unwrap().count();
 
     let before = open_files();
@@ -203,8 +219,7 @@ async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit()
         trickled < admin::REQUEST_DEADLINE + Duration::from_secs(3),
         "a request sent a byte a second was still read after {trickled:?}"
     );
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    endpoint.stop().await;
 }
 
 /// A projection whose module made many counters: a key's view answers the
@@ -233,20 +248,16 @@ async fn views_answer_a_page_of_state_however_many_counters_there_are() {
     store.commit(BatchCommit { writes: vec![(Key::int(42), writes)], counter_deltas, ..Default::default() }).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![bank_module()], store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
-    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let admin = Admin {
+    let served = Served::start(Admin {
         log,
         projection,
         progress: consumer.progress(),
         metrics: Arc::new(Metrics::default()),
         library: None,
         rebuild: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(admin::serve(listener, admin, async {
-        let _ = stopped.await;
-    }));
+    })
+    .await;
+    let base = format!("http://{}", served.address);
 
     // The key's view: a page of entries, the first counters, and where
     // both go on. 20 000 counters of 247 bytes were 5 MB in every key's view.
@@ -320,6 +331,5 @@ async fn views_answer_a_page_of_state_however_many_counters_there_are() {
     let (code, _) = get_async(&base, "/state/ledger/counters").await;
     assert_eq!(code, 404);
 
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop().await;
 }
