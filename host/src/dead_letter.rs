@@ -399,7 +399,13 @@ pub async fn redrive_on<L: EventLog>(
     let mut commit = BatchCommit::default();
     for (letter, ordering) in chosen.into_iter().zip(orderings) {
         let envelope = EventHeaders { ordering, ..letter.envelope.expect("chosen only when readable") };
-        let routed = Routed { projection: projection.to_owned(), attempts: 0, failed_at_ms: now, ..letter.routed };
+        let routed = Routed {
+            projection: projection.to_owned(),
+            attempts: 0,
+            failed_at_ms: now,
+            ahead_of: None,
+            ..letter.routed
+        };
         report.records += 1;
         report.events += routed.events;
         commit.outbox.push(OutboxEntry {

@@ -52,7 +52,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::RandomState;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -146,6 +146,17 @@ pub enum CallError {
         /// What the call's own key held of it before the call.
         key_held: usize,
     },
+    /// A call of this batch already found its budget spent
+    /// ([`CallError::BatchBudget`]), so this call was not made. Decided by
+    /// the host: retryable, and not the key's attempt.
+    #[error(
+        "batch-budget: an earlier call of this batch found its budget of {limit} bytes spent, so the key was not \
+         called; it is tried again in a later batch"
+    )]
+    BatchBudgetSpent {
+        /// The budget.
+        limit: usize,
+    },
     /// The module's calls in this batch have already run longer than the
     /// batch allows one module (`ConsumerConfig::module_time_per_batch`), so
     /// the call was not made. Decided by the host: retryable, and not the
@@ -181,6 +192,7 @@ impl CallError {
             Self::Trap { .. }
             | Self::Contract(_)
             | Self::BatchBudget { .. }
+            | Self::BatchBudgetSpent { .. }
             | Self::BatchTime { .. }
             | Self::HostFault(_) => ErrorClass::Retryable,
         }
@@ -204,7 +216,7 @@ impl CallError {
         match self {
             Self::BatchBudget { adds, limit, key_held, .. } => key_held.saturating_add(*adds) > limit / 4,
             // The key was not even called.
-            Self::BatchTime { .. } => false,
+            Self::BatchTime { .. } | Self::BatchBudgetSpent { .. } => false,
             _ => true,
         }
     }
@@ -312,6 +324,9 @@ pub struct BatchBudget {
 struct Taken {
     bytes: AtomicUsize,
     from: Arc<AtomicUsize>,
+    /// Whether a call of this batch did not fit: its later calls are not
+    /// made ([`BatchBudget::not_spent`]).
+    refused: AtomicBool,
 }
 
 impl Drop for Taken {
@@ -324,15 +339,27 @@ impl BatchBudget {
     /// A budget of `limits.max_batch_held` bytes, usable as one batch's.
     pub fn new(limits: &PayloadLimits) -> Self {
         let held = Arc::<AtomicUsize>::default();
-        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: held.clone() });
+        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: held.clone(), refused: AtomicBool::new(false) });
         Self { limit: limits.max_batch_held, held, taken }
     }
 
     /// A batch's budget, drawing on this one together with every other
     /// batch drawn from it; what it takes is given back when it is dropped.
     pub fn batch(&self) -> Self {
-        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: self.held.clone() });
+        let taken =
+            Arc::new(Taken { bytes: AtomicUsize::new(0), from: self.held.clone(), refused: AtomicBool::new(false) });
         Self { limit: self.limit, held: self.held.clone(), taken }
+    }
+
+    /// Fails with [`CallError::BatchBudgetSpent`] once a call of this batch
+    /// did not fit: the calls after it are not made, so a batch whose
+    /// budget is spent does not run every remaining key only to send it to
+    /// retry.
+    pub fn not_spent(&self) -> Result<(), CallError> {
+        if self.taken.refused.load(Ordering::Acquire) {
+            return Err(CallError::BatchBudgetSpent { limit: self.limit });
+        }
+        Ok(())
     }
 
     /// What the batches drawing on this budget hold, in bytes.
@@ -347,7 +374,10 @@ impl BatchBudget {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&total| total <= self.limit)
             })
-            .map_err(|held| CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held })?;
+            .map_err(|held| {
+                self.taken.refused.store(true, Ordering::Release);
+                CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held }
+            })?;
         self.taken.bytes.fetch_add(bytes, Ordering::AcqRel);
         Ok(())
     }
@@ -616,6 +646,12 @@ impl KeyScope {
             host_fault: self.host_fault.take(),
             emit_origin: self.emit_origin.take(),
         }
+    }
+
+    /// Whether the batch's calls may go on: not once one of them found
+    /// its budget spent ([`BatchBudget::not_spent`]).
+    pub fn budget_not_spent(&self) -> Result<(), CallError> {
+        self.shared.budget.not_spent()
     }
 
     /// Names the call about to be made as the origin of what it emits

@@ -496,6 +496,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 module: origin.module,
                 version: origin.version,
             }),
+            ahead_of: None,
         };
         let mut headers: Vec<Header> =
             entry.record.headers.into_iter().filter(|h| !header_name::ALL.contains(&h.name.as_str())).collect();

@@ -20,9 +20,20 @@
 //! - **Order survives retries.** Unfinished work is written in the order it
 //!   would have executed, and its orderings are rewritten
 //!   ([`rewrite_orderings`]) so that planning it again keeps that order:
-//!   each stage becomes a segment of its own. Everything of a key waiting in
-//!   retry is taken together in one attempt, so re-appended work never
-//!   passes work of the same key written before it.
+//!   each stage becomes a segment of its own. An attempt takes a key's
+//!   waiting records from the front, in execution order; a chunk that fails
+//!   there again is written again with [`Routed::ahead_of`] naming the
+//!   record it goes before, and the queue puts it there
+//!   ([`RetryQueue::index`]), at start-up too.
+//! - **An attempt costs what it takes, not the key's backlog.** What one
+//!   attempt reads is bounded in records and bytes
+//!   ([`RetryQueue::take_due`]); of a key already in retry only the failed
+//!   chunk (or the rest of a folded run, whose parts stand for several
+//!   records) is written again, and what the attempt did not reach stays
+//!   where it waits ([`RetryQueue::put_back`]), as does every record of a
+//!   key that was not called at all (the batch's budget or the module's
+//!   time ran out first). A key that keeps failing therefore writes each
+//!   of its events to the retry topic once per attempt at most.
 //! - **Delays are measured from the failure**, in wall-clock time written
 //!   into the record, so they survive restarts: a record is due at
 //!   `failed-at + delay(attempts)`.
@@ -31,7 +42,7 @@
 //!   state only holds the retry position and the offsets above it that are
 //!   done, committed with the batch that did them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -133,7 +144,10 @@ impl FailureClass {
             // A broken contract is the module misbehaving, like a trap.
             CallError::Trap { .. } | CallError::Contract(_) => Self::Trap,
             // Decided by the host: the key is tried again in a later batch.
-            CallError::BatchBudget { .. } | CallError::BatchTime { .. } | CallError::HostFault(_) => Self::Retryable,
+            CallError::BatchBudget { .. }
+            | CallError::BatchBudgetSpent { .. }
+            | CallError::BatchTime { .. }
+            | CallError::HostFault(_) => Self::Retryable,
         }
     }
 }
@@ -219,6 +233,10 @@ pub struct Routed {
     pub failed_at_ms: u64,
     /// Why; `None` for an event diverted behind its key.
     pub failure: Option<Failure>,
+    /// The retry offset of the record of the same key this one goes
+    /// before: set on a failed chunk re-appended while later work of its
+    /// key stays where it waits ([`RetryQueue::index`]).
+    pub ahead_of: Option<u64>,
 }
 
 /// Names of the routing headers.
@@ -243,10 +261,23 @@ pub mod header_name {
     pub const MODULE: &str = "waku-module";
     /// Module version, UTF-8.
     pub const VERSION: &str = "waku-module-version";
+    /// The retry offset the record goes before, u64 little-endian; optional.
+    pub const AHEAD_OF: &str = "waku-ahead-of";
 
     /// Every routing header.
-    pub const ALL: [&str; 10] =
-        [PROJECTION, ORIGIN_PARTITION, ORIGIN_OFFSET, EVENTS, ATTEMPTS, FAILED_AT, CLASS, MESSAGE, MODULE, VERSION];
+    pub const ALL: [&str; 11] = [
+        PROJECTION,
+        ORIGIN_PARTITION,
+        ORIGIN_OFFSET,
+        EVENTS,
+        ATTEMPTS,
+        FAILED_AT,
+        CLASS,
+        MESSAGE,
+        MODULE,
+        VERSION,
+        AHEAD_OF,
+    ];
 }
 
 impl Routed {
@@ -270,13 +301,17 @@ impl Routed {
                 header(VERSION, failure.version.as_bytes()),
             ]);
         }
+        if let Some(offset) = self.ahead_of {
+            headers.push(header(AHEAD_OF, &offset.to_le_bytes()));
+        }
         headers
     }
 
     /// Reads the routing headers, strictly: every header present exactly
-    /// once with the right length, the four failure headers all or none.
+    /// once with the right length, the four failure headers all or none,
+    /// `waku-ahead-of` optional.
     pub fn parse(headers: &[Header]) -> Result<Self, HeaderError> {
-        let mut fields: [Option<&[u8]>; 10] = [None; 10];
+        let mut fields: [Option<&[u8]>; 11] = [None; 11];
         for h in headers {
             if let Some(slot) = header_name::ALL.iter().position(|name| *name == h.name)
                 && fields[slot].replace(&h.value).is_some()
@@ -289,7 +324,7 @@ impl Routed {
             String::from_utf8(field(slot)?.to_vec())
                 .map_err(|_| HeaderError::Invalid { name: header_name::ALL[slot], reason: "not UTF-8".into() })
         };
-        let failure = if fields[6..].iter().all(Option::is_none) {
+        let failure = if fields[6..10].iter().all(Option::is_none) {
             None
         } else {
             let class = text(6)?;
@@ -306,6 +341,9 @@ impl Routed {
             attempts: u32::from_le_bytes(fixed(header_name::ALL[4], field(4)?)?),
             failed_at_ms: u64::from_le_bytes(fixed(header_name::ALL[5], field(5)?)?),
             failure,
+            ahead_of: fields[10]
+                .map(|value| fixed(header_name::AHEAD_OF, value).map(u64::from_le_bytes))
+                .transpose()?,
         })
     }
 
@@ -354,6 +392,7 @@ pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, 
             module: String::new(),
             version: String::new(),
         }),
+        ahead_of: None,
     };
     let mut headers: Vec<Header> =
         stored.record.headers.into_iter().filter(|h| !header_name::ALL.contains(&h.name.as_str())).collect();
@@ -391,26 +430,40 @@ pub struct Waiting {
     pub offset: u64,
     /// Events it accounts for.
     pub events: u64,
+    /// Its size as stored (headers and body), to bound what one attempt
+    /// reads.
+    pub bytes: usize,
+    /// When it is due (ms since the epoch).
+    pub due_ms: u64,
 }
 
-/// A key in retry: its records in the retry partition, in order, and when
-/// the first of them is due.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A key in retry: its records in the order they are to be executed, which
+/// is partition order except where a failed chunk was put back ahead of
+/// the key's later work ([`Routed::ahead_of`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyInRetry {
-    /// Its records, in partition order.
-    pub records: Vec<Waiting>,
-    /// When the first record is due (ms since the epoch).
-    pub due_ms: u64,
-    /// Attempts the first record has had.
-    pub attempts: u32,
+    /// Its records, in execution order.
+    pub records: VecDeque<Waiting>,
+}
+
+impl KeyInRetry {
+    /// When its first record is due.
+    pub fn due_ms(&self) -> u64 {
+        self.records.front().map_or(u64::MAX, |w| w.due_ms)
+    }
 }
 
 /// The keys of one partition waiting in retry, rebuilt from the retry topic.
 ///
 /// The consumer feeds it every record of its projection appended to the
-/// retry partition ([`RetryQueue::index`]), takes due keys out
-/// ([`RetryQueue::take_due`]) and reads where the retry position can move
-/// ([`RetryQueue::position`]).
+/// retry partition ([`RetryQueue::index`]), takes the first records of due
+/// keys out ([`RetryQueue::take_due`]), puts back what an attempt left
+/// where it waits ([`RetryQueue::put_back`]) and reads where the retry
+/// position can move ([`RetryQueue::position`]).
+///
+/// What one attempt takes is bounded in records and bytes, however long a
+/// key's backlog: a key stays in the queue (and its new events are
+/// diverted behind it) until its last record is done.
 #[derive(Debug, Default)]
 pub struct RetryQueue {
     /// Keyed with a seeded hash: keys are chosen by publishers.
@@ -452,15 +505,15 @@ impl RetryQueue {
         self.keys.values().flat_map(|k| &k.records).map(|w| w.events).sum()
     }
 
-    /// Adds one retry record at `offset` for `key`, due as `routed` says.
-    /// Records must come in partition order; `scanned` moves past them.
-    pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, policy: &RetryPolicy) {
-        let entry = self.keys.entry(key.clone()).or_insert_with(|| KeyInRetry {
-            records: Vec::new(),
-            due_ms: routed.due_ms(policy),
-            attempts: routed.attempts,
-        });
-        entry.records.push(Waiting { offset, events: routed.events });
+    /// Adds one retry record of `bytes` at `offset` for `key`, due as
+    /// `routed` says. Records must come in partition order; `scanned` moves
+    /// past them. A record `ahead_of` another of its key goes before it;
+    /// any other goes last.
+    pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, bytes: usize, policy: &RetryPolicy) {
+        let waiting = Waiting { offset, events: routed.events, bytes, due_ms: routed.due_ms(policy) };
+        let records = &mut self.keys.entry(key.clone()).or_default().records;
+        let place = routed.ahead_of.and_then(|ahead_of| records.iter().position(|w| w.offset == ahead_of));
+        records.insert(place.unwrap_or(records.len()), waiting);
         self.waiting.insert(offset, key);
         self.scanned = self.scanned.max(offset + 1);
     }
@@ -472,29 +525,62 @@ impl RetryQueue {
 
     /// The earliest due time of any key.
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.keys.values().map(|k| k.due_ms).min()
+        self.keys.values().map(KeyInRetry::due_ms).min()
     }
 
-    /// Removes and returns keys due at `now_ms`, oldest first, until they
-    /// hold at least `max_records` records (at least one key).
-    pub fn take_due(&mut self, now_ms: u64, max_records: usize) -> Vec<(Key, KeyInRetry)> {
-        let mut due: Vec<(Key, u64)> =
-            self.keys.iter().filter(|(_, k)| k.due_ms <= now_ms).map(|(key, k)| (key.clone(), k.due_ms)).collect();
+    /// Takes the first records of keys due at `now_ms`, oldest first, each
+    /// key's in execution order, until they hold `max_records` records or
+    /// `max_bytes` bytes (at least one record). A key with records left
+    /// stays in the queue.
+    pub fn take_due(&mut self, now_ms: u64, max_records: usize, max_bytes: usize) -> Vec<(Key, KeyInRetry)> {
+        let mut due: Vec<(Key, u64)> = self
+            .keys
+            .iter()
+            .map(|(key, k)| (key, k.due_ms()))
+            .filter(|&(_, due)| due <= now_ms)
+            .map(|(key, due)| (key.clone(), due))
+            .collect();
         due.sort_unstable_by(|(a, a_due), (b, b_due)| (a_due, a).cmp(&(b_due, b)));
-        let mut taken = Vec::new();
-        let mut records = 0;
+        let (mut taken, mut records, mut bytes) = (Vec::new(), 0, 0usize);
         for (key, _) in due {
-            if records >= max_records && !taken.is_empty() {
+            let waiting = self.keys.get_mut(&key).expect("listed above");
+            let mut slice = KeyInRetry::default();
+            while let Some(first) = waiting.records.front()
+                && (records == 0 || (records < max_records && bytes.saturating_add(first.bytes) <= max_bytes))
+            {
+                records += 1;
+                bytes = bytes.saturating_add(first.bytes);
+                self.waiting.remove(&first.offset);
+                slice.records.push_back(waiting.records.pop_front().expect("looked at"));
+            }
+            if waiting.records.is_empty() {
+                self.keys.remove(&key);
+            }
+            if slice.records.is_empty() {
                 break;
             }
-            let in_retry = self.keys.remove(&key).expect("listed above");
-            for waiting in &in_retry.records {
-                self.waiting.remove(&waiting.offset);
-            }
-            records += in_retry.records.len();
-            taken.push((key, in_retry));
+            taken.push((key, slice));
         }
         taken
+    }
+
+    /// Puts records of `key` that an attempt took but left where they wait
+    /// back in front of the key's others, in the order given, due no
+    /// earlier than `due_ms`.
+    pub fn put_back(&mut self, key: Key, left: Vec<Waiting>, due_ms: u64) {
+        let records = &mut self.keys.entry(key.clone()).or_default().records;
+        for waiting in left.into_iter().rev() {
+            self.waiting.insert(waiting.offset, key.clone());
+            records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
+        }
+        if records.is_empty() {
+            self.keys.remove(&key);
+        }
+    }
+
+    /// The retry offset of the first record of `key` waiting, if any.
+    pub fn first_waiting(&self, key: &Key) -> Option<u64> {
+        self.keys.get(key).and_then(|k| k.records.front()).map(|w| w.offset)
     }
 
     /// The retry position: the lowest offset still waiting, or the end of
@@ -536,14 +622,21 @@ mod tests {
                 module: "bank".into(),
                 version: "0123456789abcdef".into(),
             }),
+            ahead_of: None,
         }
     }
 
     #[test]
     fn routing_headers_round_trip_with_and_without_a_failure() {
-        for value in [routed(2, true), routed(0, false)] {
+        for value in [routed(2, true), routed(0, false), Routed { ahead_of: Some(7), ..routed(1, true) }] {
             assert_eq!(Routed::parse(&value.to_headers()), Ok(value));
         }
+        let mut short = Routed { ahead_of: Some(7), ..routed(1, true) }.to_headers();
+        short.last_mut().unwrap().value.pop();
+        assert_eq!(
+            Routed::parse(&short),
+            Err(HeaderError::WrongLength { name: header_name::AHEAD_OF, expected: 8, found: 7 })
+        );
     }
 
     #[test]
@@ -654,28 +747,102 @@ mod tests {
         assert_eq!([stage_records(0), stage_records(1), stage_records(2)], [vec![0, 1, 2], vec![3], vec![4]]);
     }
 
+    fn offsets(in_retry: &KeyInRetry) -> Vec<u64> {
+        in_retry.records.iter().map(|w| w.offset).collect()
+    }
+
     #[test]
-    fn the_queue_takes_due_keys_whole_and_moves_the_position() {
+    fn the_queue_takes_due_keys_and_moves_the_position() {
         let policy = RetryPolicy { delays: vec![Duration::from_secs(10)], ..Default::default() };
         let mut queue = RetryQueue::starting_at(5);
         let key = Key::int;
-        queue.index(5, key(1), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy); // due at 10 s
-        queue.index(6, key(2), &Routed { failed_at_ms: 0, attempts: 0, ..routed(0, false) }, &policy); // due now
-        queue.index(7, key(1), &Routed { attempts: 0, ..routed(0, false) }, &policy); // behind key 1
+        queue.index(5, key(1), &Routed { failed_at_ms: 0, ..routed(1, true) }, 10, &policy); // due at 10 s
+        queue.index(6, key(2), &Routed { failed_at_ms: 0, attempts: 0, ..routed(0, false) }, 10, &policy); // due now
+        queue.index(7, key(1), &Routed { attempts: 0, ..routed(0, false) }, 10, &policy); // behind key 1
         assert!(queue.holds(&key(1)) && queue.holds(&key(2)) && !queue.holds(&key(3)));
         assert_eq!(queue.position(), 5);
         assert_eq!(queue.events(), 9);
 
-        let taken = queue.take_due(1_000, 100);
+        let taken = queue.take_due(1_000, 100, 1 << 20);
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].0, key(2));
         assert_eq!(queue.position(), 5, "key 1 still waits at offset 5");
 
-        let taken = queue.take_due(10_000, 100);
+        let taken = queue.take_due(10_000, 100, 1 << 20);
         assert_eq!(taken[0].0, key(1));
-        assert_eq!(taken[0].1.records.iter().map(|w| w.offset).collect::<Vec<_>>(), [5, 7]);
+        assert_eq!(offsets(&taken[0].1), [5, 7]);
         assert!(queue.is_empty());
         assert_eq!(queue.position(), 8);
+    }
+
+    #[test]
+    fn an_attempt_takes_a_bounded_slice_of_a_long_backlog_and_the_key_stays_held() {
+        let policy = RetryPolicy::default();
+        let mut queue = RetryQueue::starting_at(0);
+        let key = Key::int(1);
+        for offset in 0..10 {
+            queue.index(offset, key.clone(), &Routed { failed_at_ms: 0, ..routed(0, false) }, 100, &policy);
+        }
+        // Four records by count...
+        let taken = queue.take_due(u64::MAX, 4, 1 << 20);
+        assert_eq!(offsets(&taken[0].1), [0, 1, 2, 3]);
+        assert!(queue.holds(&key), "the rest of the key still waits, so its new events are diverted");
+        assert_eq!(queue.first_waiting(&key), Some(4));
+        assert_eq!(queue.position(), 4);
+        // ...three by bytes...
+        let taken = queue.take_due(u64::MAX, 100, 399);
+        assert_eq!(offsets(&taken[0].1), [4, 5, 6]);
+        // ...and always one, however large.
+        let taken = queue.take_due(u64::MAX, 100, 1);
+        assert_eq!(offsets(&taken[0].1), [7]);
+        assert_eq!(queue.events(), 2 * 3);
+    }
+
+    #[test]
+    fn a_failed_chunk_put_ahead_goes_before_what_its_key_left_waiting() {
+        let policy = RetryPolicy { delays: vec![Duration::from_secs(10)], ..Default::default() };
+        let mut queue = RetryQueue::starting_at(0);
+        let key = Key::int(1);
+        let diverted = Routed { failed_at_ms: 0, ..routed(0, false) };
+        for offset in 0..4 {
+            queue.index(offset, key.clone(), &diverted, 1, &policy);
+        }
+        // An attempt takes 0 and 1 (2 and 3 still wait): 0 is done, 1
+        // fails and is written again as offsets 4 and 5, ahead of 2.
+        let taken = queue.take_due(u64::MAX, 2, 1 << 20);
+        assert_eq!(offsets(&taken[0].1), [0, 1]);
+        let failed = Routed { failed_at_ms: 1_000, ahead_of: Some(2), ..routed(1, true) };
+        queue.index(4, key.clone(), &failed, 1, &policy);
+        queue.index(5, key.clone(), &failed, 1, &policy);
+        let in_retry = &queue.keys[&key];
+        assert_eq!(offsets(in_retry), [4, 5, 2, 3]);
+        assert_eq!(in_retry.due_ms(), 11_000, "due as the failed chunk, not as the records behind it");
+        assert_eq!(queue.position(), 2);
+        // A record whose place is gone goes last.
+        queue.index(6, key.clone(), &Routed { ahead_of: Some(99), ..failed }, 1, &policy);
+        assert_eq!(offsets(&queue.keys[&key]), [4, 5, 2, 3, 6]);
+    }
+
+    #[test]
+    fn records_left_by_an_attempt_go_back_in_front_of_their_key() {
+        let policy = RetryPolicy::default();
+        let mut queue = RetryQueue::starting_at(0);
+        let key = Key::int(1);
+        for offset in 0..5 {
+            queue.index(offset, key.clone(), &Routed { failed_at_ms: 0, ..routed(0, false) }, 1, &policy);
+        }
+        let taken = queue.take_due(u64::MAX, 3, 1 << 20);
+        let left: Vec<Waiting> = taken[0].1.records.iter().copied().skip(1).collect();
+        queue.put_back(key.clone(), left, 500);
+        assert_eq!(offsets(&queue.keys[&key]), [1, 2, 3, 4]);
+        assert_eq!(queue.position(), 1);
+        assert_eq!(queue.next_due_ms(), Some(500), "held back as asked");
+        assert!(queue.take_due(499, 100, 1 << 20).is_empty());
+        // Nothing left of a key taken whole: it is gone.
+        let taken = queue.take_due(500, 100, 1 << 20);
+        assert_eq!(offsets(&taken[0].1), [1, 2, 3, 4]);
+        queue.put_back(key.clone(), Vec::new(), 0);
+        assert!(queue.is_empty() && !queue.holds(&key));
     }
 
     #[test]
@@ -685,11 +852,11 @@ mod tests {
         let ann = key_with_hash(&KeyValue::Str("ann".into()), 7);
         let bob = key_with_hash(&KeyValue::Str("bob".into()), 7);
         let mut queue = RetryQueue::starting_at(0);
-        queue.index(0, ann.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy);
+        queue.index(0, ann.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, 1, &policy);
         assert!(queue.holds(&ann));
         assert!(!queue.holds(&bob), "bob's events are not diverted behind ann's retry");
-        queue.index(1, bob.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, &policy);
-        let taken = queue.take_due(u64::MAX, 100);
+        queue.index(1, bob.clone(), &Routed { failed_at_ms: 0, ..routed(1, true) }, 1, &policy);
+        let taken = queue.take_due(u64::MAX, 100, 1 << 20);
         let keys: Vec<&Key> = taken.iter().map(|(key, _)| key).collect();
         assert_eq!(keys, [&ann, &bob]);
         assert!(taken.iter().all(|(_, in_retry)| in_retry.records.len() == 1));

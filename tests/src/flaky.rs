@@ -93,6 +93,11 @@ impl Flaky {
         self.handled.lock().unwrap().clone()
     }
 
+    /// Calls made so far, failed ones included.
+    pub fn calls_made(&self) -> usize {
+        self.calls.lock().unwrap().values().sum()
+    }
+
     /// Sequence numbers applied to `key`, in order, from committed state.
     pub fn applied(store: &wakuwaku::state::StateStore, key: &Key) -> Vec<u64> {
         store.get(key, "seqs").unwrap().map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()

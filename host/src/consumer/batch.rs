@@ -8,6 +8,7 @@
 //! distinct key of the batch (its canonical bytes) gets its own, so two
 //! keys never share a run, a fold, a state scope or a retry diversion.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use super::phase::{Laps, Phase};
 use super::{Consumer, ConsumerError, Summary};
 use crate::event::{Algebra, Envelope, HeaderError};
 use crate::handler::{BatchBudget, BatchCounters, KeyOutcome};
+use crate::key::Key;
 use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
 use crate::plan::{Plan, PlanRecord, Stage};
@@ -62,6 +64,7 @@ impl<L: EventLog> Consumer<L> {
                         attempts: 0,
                         failed_at_ms: now,
                         failure: None,
+                        ahead_of: None,
                     };
                     let record = routing::routed_record(&headers, &routed, view.body().to_vec());
                     commit.outbox.push(self.routed_entry(
@@ -96,17 +99,21 @@ impl<L: EventLog> Consumer<L> {
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)
+        let (summary, _) = self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)?;
+        Ok(summary)
     }
 
-    /// Plans, executes and commits records taken from the retry topic. Runs
-    /// on a blocking thread.
+    /// Plans, executes and commits records taken from the retry topic, each
+    /// key's in execution order; `next_waiting` names the first record of
+    /// each key whose others still wait. Returns the retry offsets of the
+    /// records it left where they wait. Runs on a blocking thread.
     pub(super) fn process_retry_batch(
         &self,
         partition: u32,
         records: Vec<StoredRecord>,
+        next_waiting: HashMap<Key, u64>,
         retry_position: u64,
-    ) -> Result<Summary, ConsumerError> {
+    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
         let decoding = Instant::now();
         let projection = &*self.projection;
         let retry = projection.routed_topics().retry().to_owned();
@@ -114,20 +121,21 @@ impl<L: EventLog> Consumer<L> {
         let mut commit = BatchCommit::default();
         let mut buffers = BatchBuffers::default();
         let input = &mut buffers.input;
+        let mut offsets = Vec::with_capacity(records.len());
         for stored in records {
-            commit.done.push((retry.clone(), partition, stored.offset));
             let parsed = Routed::parse(&stored.record.headers).and_then(|routed| {
                 let envelope = Envelope::parse_stored(&stored.record.headers)?;
                 Ok((routed, input.keys.number(envelope.key).map_err(HeaderError::from)?, envelope))
             });
             match parsed {
                 Ok((routed, number, envelope)) => {
-                    summary.retry_out += routed.events;
+                    offsets.push(stored.offset);
                     input.push(number, envelope, routing::origin_of(&routed), routed.attempts, stored.record.body);
                 }
                 Err(error) => {
                     // It was readable when it was indexed: the log changed
                     // under the host. Keep it, with the reason.
+                    commit.done.push((retry.clone(), partition, stored.offset));
                     let reason = routing::malformed_reason(&stored.record, &error);
                     let record = routing::malformed_record(projection.name(), partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
@@ -136,13 +144,16 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         }
-        commit.positions.push((retry, partition, retry_position));
         summary.phases.add(Phase::Decode, decoding.elapsed());
+        buffers.work.retry = Some(RetrySlice { offsets, next_waiting, position: retry_position });
         self.execute_and_commit(partition, &projection.current(), &mut buffers, summary, commit, BatchTally::default())
     }
 
     /// Plans `input`, executes it across workers and commits everything in
-    /// one transaction together with what `commit` already holds.
+    /// one transaction together with what `commit` already holds. For a
+    /// batch taken from the retry topic, the records it did not leave where
+    /// they wait are committed as done, and the offsets of those it left
+    /// are returned.
     fn execute_and_commit(
         &self,
         partition: u32,
@@ -151,7 +162,7 @@ impl<L: EventLog> Consumer<L> {
         mut summary: Summary,
         mut commit: BatchCommit,
         mut tally: BatchTally,
-    ) -> Result<Summary, ConsumerError> {
+    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
         let store = self.projection.store();
         let mut laps = Laps::start();
         let BatchBuffers { input, plan, work } = buffers;
@@ -178,9 +189,11 @@ impl<L: EventLog> Consumer<L> {
         if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
             return Err(ConsumerError::HostFault(fault));
         }
+        let mut left = Vec::new();
         for outcome in outcomes {
             summary.add(&outcome.summary);
             tally.absorb(outcome.tally);
+            left.extend(outcome.left);
             for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
                 if !writes.is_empty() {
                     commit.writes.push((key, writes));
@@ -192,6 +205,16 @@ impl<L: EventLog> Consumer<L> {
             }
             commit.outbox.extend(outcome.routed);
         }
+        if let Some(slice) = &work.retry {
+            let retry = self.projection.routed_topics().retry();
+            let stays: HashSet<u64> = left.iter().copied().collect();
+            for (index, &offset) in slice.offsets.iter().enumerate().filter(|(_, offset)| !stays.contains(offset)) {
+                commit.done.push((retry.to_owned(), partition, offset));
+                summary.retry_out += input.origins[index].events;
+            }
+            let position = left.iter().copied().fold(slice.position, u64::min);
+            commit.positions.push((retry.to_owned(), partition, position));
+        }
         commit.stat_deltas = summary.stat_deltas();
         store.commit(commit)?;
         counters.committed();
@@ -199,7 +222,7 @@ impl<L: EventLog> Consumer<L> {
         if let Some(metrics) = &self.metrics {
             metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
         }
-        Ok(summary)
+        Ok((summary, left))
     }
 
     /// Runs every worker's keys on its own thread.
@@ -300,6 +323,26 @@ pub(super) struct BatchWork {
     bodies: Vec<Vec<u8>>,
     origins: Vec<Origin>,
     attempts: Vec<u32>,
+    /// Each record's index in the batch's input.
+    inputs: Vec<usize>,
+    /// Where the records of a batch taken from the retry topic wait; `None`
+    /// for a batch polled from the topic.
+    pub(super) retry: Option<RetrySlice>,
+}
+
+/// Where the records of a batch taken from the retry topic wait, so that an
+/// attempt writes again only what must go before the rest of its key and
+/// leaves the rest in place ([`RetryQueue::put_back`]): an attempt costs
+/// the log at most the chunk that failed, however long the key's backlog.
+#[derive(Default)]
+pub(super) struct RetrySlice {
+    /// The retry offset of each record, by its index in the input.
+    pub(super) offsets: Vec<u64>,
+    /// For each key with records waiting that the batch did not take, the
+    /// first of them.
+    pub(super) next_waiting: HashMap<Key, u64>,
+    /// The retry position once every record taken is done.
+    pub(super) position: u64,
 }
 
 impl BatchWork {
@@ -324,6 +367,7 @@ impl BatchWork {
                             self.bodies.push(std::mem::take(&mut input.bodies[index]));
                             self.origins.push(input.origins[index]);
                             self.attempts.push(input.attempts[index]);
+                            self.inputs.push(index);
                         }
                         let first = records[0];
                         self.runs.push(RunWork {
@@ -343,14 +387,16 @@ impl BatchWork {
         }
     }
 
-    /// Empties it, dropping the bodies and keeping the vectors.
+    /// Empties it, dropping the bodies and keeping the vectors (and the
+    /// retry slice, set once for the batch).
     fn clear(&mut self) {
-        let Self { keys, runs, bodies, origins, attempts } = self;
+        let Self { keys, runs, bodies, origins, attempts, inputs, retry: _ } = self;
         keys.clear();
         runs.clear();
         bodies.clear();
         origins.clear();
         attempts.clear();
+        inputs.clear();
     }
 
     /// How many workers share the batch: `workers`, but no more than it
@@ -374,5 +420,10 @@ impl BatchWork {
     pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[u32]) {
         let records = run.records.clone();
         (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
+    }
+
+    /// A run's records' indexes in the batch's input.
+    pub(super) fn inputs(&self, run: &RunWork) -> &[usize] {
+        &self.inputs[run.records.clone()]
     }
 }

@@ -94,11 +94,14 @@ impl<L: EventLog> Consumer<L> {
     ) {
         let projection = &*self.projection;
         let key = &key_work.key;
+        // Nothing of the key applied, skipped or dead-lettered yet.
+        let mut untouched = true;
         let mut runs = work.runs(key_work).iter();
         while let Some(run) = runs.next() {
             let (origins, bodies, attempts) = work.records(run);
             let Some(route) = modules.route(run.tag) else {
                 out.summary.skipped += origins.iter().map(|o| o.events).sum::<u64>();
+                untouched = false;
                 continue;
             };
             let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
@@ -107,6 +110,7 @@ impl<L: EventLog> Consumer<L> {
             // Only a run its algebra may change is timed as reduced (two
             // clock reads fewer for every other run).
             let reduces = reduce::may_change(route.event_type.algebra, bodies.len());
+            let run_records = bodies.len();
             if reduces {
                 laps.lap(&mut out.summary.phases, Phase::Calls);
             }
@@ -115,16 +119,17 @@ impl<L: EventLog> Consumer<L> {
             let module = &modules.modules()[route.module];
             let traced = Traced { bodies: bodies.into(), origins: origins.into() };
             let folding = reduces.then(std::time::Instant::now);
-            let (reduced, fold_error) =
-                match time.check(route.module, module.name()).and_then(|()| instances.get(route.module)) {
-                    Err(error) => (traced, Some(error)),
-                    Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
-                        reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
-                    }) {
-                        Ok(reduced) => (reduced, None),
-                        Err((error, run)) => (run, Some(error)),
-                    },
-                };
+            let reachable =
+                |scope: &KeyScope| time.check(route.module, module.name()).and_then(|()| scope.budget_not_spent());
+            let (reduced, fold_error) = match reachable(scope).and_then(|()| instances.get(route.module)) {
+                Err(error) => (traced, Some(error)),
+                Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
+                    reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
+                }) {
+                    Ok(reduced) => (reduced, None),
+                    Err((error, run)) => (run, Some(error)),
+                },
+            };
             if let Some(folding) = folding {
                 time.charge(route.module, folding.elapsed());
                 laps.lap(&mut out.summary.phases, Phase::Reduce);
@@ -146,7 +151,7 @@ impl<L: EventLog> Consumer<L> {
                 let started = std::time::Instant::now();
                 let result = match &fold_error {
                     Some(error) => Err(error.clone()),
-                    None => time.check(route.module, module.name()).and_then(|()| {
+                    None => reachable(scope).and_then(|()| {
                         let earliest = reduced.origins[begin..end].iter().map(|o| o.offset).min().unwrap_or_default();
                         scope.set_emit_origin(partition, earliest, module.name(), module.version());
                         instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
@@ -164,6 +169,7 @@ impl<L: EventLog> Consumer<L> {
                         out.tally.of(route.module, tag).applied += events;
                         out.summary.calls += 1;
                         calls += 1;
+                        untouched = false;
                         // Unreduced chunks are reported one by one, so a
                         // failure later in the run hides none of them.
                         if let (Some(observer), Some(offsets)) = (&self.observer, &observed)
@@ -207,7 +213,7 @@ impl<L: EventLog> Consumer<L> {
                     version: module.version().to_owned(),
                 };
                 // A cut is logged once per module and batch, by `CallTime`.
-                if !matches!(error, CallError::BatchTime { .. }) {
+                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) {
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
@@ -226,7 +232,41 @@ impl<L: EventLog> Consumer<L> {
                         out.summary.dead_lettered += origin.events;
                         out.tally.of(route.module, tag).dead_lettered += origin.events;
                     }
+                    untouched = false;
                     continue;
+                }
+                if let Some(slice) = &work.retry {
+                    // Taken from the retry topic: only what must go before
+                    // the rest is written again; the rest stays where it
+                    // waits ([`RetrySlice`]).
+                    let key_runs = work.runs(key_work);
+                    if untouched && !error.counts_as_attempt() {
+                        // Not the key's doing and nothing of it done: all
+                        // of it stays.
+                        out.left.extend(key_runs.iter().flat_map(|run| work.inputs(run)).map(|&i| slice.offsets[i]));
+                        return;
+                    }
+                    // The failed chunk goes ahead, and the rest of its run
+                    // too when the run was folded (its parts stand for
+                    // several records); every record not reached stays.
+                    let unreduced = reduced.bodies.len() == run_records;
+                    let mut left: Vec<usize> = if unreduced { work.inputs(run)[end..].to_vec() } else { Vec::new() };
+                    left.extend(runs.flat_map(|later| work.inputs(later)));
+                    let ahead_of =
+                        left.iter().min().map(|&i| slice.offsets[i]).or_else(|| slice.next_waiting.get(key).copied());
+                    out.left.extend(left.iter().map(|&i| slice.offsets[i]));
+                    let ahead_end = if unreduced { end } else { reduced.bodies.len() };
+                    let unfinished = (begin..ahead_end)
+                        .map(|index| Unfinished {
+                            shape,
+                            origin: reduced.origins[index],
+                            attempts: if index < end { attempt } else { attempts[index] },
+                            failure: (index < end).then(|| failure.clone()),
+                            body: reduced.bodies[index].clone(),
+                        })
+                        .collect();
+                    self.retry_later(partition, key, modules, (unfinished, ahead_of), out);
+                    return;
                 }
                 // Retry later: the failed chunk with its attempt counted,
                 // then everything after it as it was.
@@ -251,7 +291,7 @@ impl<L: EventLog> Consumer<L> {
                         unfinished.push(Unfinished { shape, origin, attempts, failure: None, body: body.clone() });
                     }
                 }
-                self.retry_later(partition, key, modules, unfinished, out);
+                self.retry_later(partition, key, modules, (unfinished, None), out);
                 return;
             }
             if all_applied
@@ -287,18 +327,19 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// Writes a key's unfinished work to the retry topic, in execution
-    /// order, with orderings rewritten so each stage stays a segment.
+    /// order, with orderings rewritten so each stage stays a segment, and
+    /// ahead of the key's record at the retry offset given, if any.
     fn retry_later(
         &self,
         partition: u32,
         key: &Key,
         modules: &ModuleSet,
-        unfinished: Vec<Unfinished>,
+        (unfinished, ahead_of): (Vec<Unfinished>, Option<u64>),
         out: &mut WorkerOutcome,
     ) {
         let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
         for (item, ordering) in unfinished.into_iter().zip(orderings) {
-            let routed = self.routed(partition, item.origin, item.attempts, item.failure);
+            let routed = Routed { ahead_of, ..self.routed(partition, item.origin, item.attempts, item.failure) };
             let envelope = RunShape { ordering, ..item.shape }.envelope(key);
             let record = routing::routed_record(&envelope, &routed, item.body);
             out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
@@ -319,6 +360,7 @@ impl<L: EventLog> Consumer<L> {
             attempts,
             failed_at_ms: routing::now_ms(),
             failure,
+            ahead_of: None,
         }
     }
 
@@ -398,6 +440,9 @@ pub(super) struct WorkerOutcome {
     pub(super) keys: Vec<(Key, KeyOutcome)>,
     /// Records for the retry and dead-letter topics.
     pub(super) routed: Vec<OutboxEntry>,
+    /// Retry offsets of records a batch taken from the retry topic left
+    /// where they wait.
+    pub(super) left: Vec<u64>,
     /// Why the host itself failed under a call, if it did: the batch is not
     /// committed.
     pub(super) host_fault: Option<String>,

@@ -758,7 +758,7 @@ impl<L: EventLog> Consumer<L> {
             self.record_phases(&phases);
             summary.phases.absorb(&phases);
         }
-        let due = queue.take_due(routing::now_ms(), self.config.batch_size);
+        let due = queue.take_due(routing::now_ms(), self.config.batch_size, PolledBatch::BYTE_BUDGET);
         if !due.is_empty() {
             // On an error the queue is rebuilt from the log next time.
             let (batch, settled) = self.retry_batch(partition, due, queue).await?;
@@ -840,22 +840,25 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<(), ConsumerError> {
         let retry = self.projection.routed_topics().retry().to_owned();
         let end = self.log.end_offset(&retry, partition).await?;
+        // Polled, so what is read at once is bounded in bytes too.
+        let mut records = PolledBatch::new();
         while queue.scanned() < end {
             let want = self.config.batch_size.min((end - queue.scanned()) as usize);
-            let records = self.log.read(&retry, partition, queue.scanned(), want).await?;
-            let Some(last) = records.last().map(|r| r.offset) else { break };
-            for stored in records.iter().filter(|r| !done.contains(&r.offset)) {
-                let parsed = Routed::parse(&stored.record.headers)
-                    .and_then(|routed| Ok((routed, EventHeaders::parse_stored(&stored.record.headers)?)));
+            records = self.log.poll(&retry, partition, queue.scanned(), want, records).await?;
+            let Some(last) = records.last().map(|r| r.offset()) else { break };
+            for view in records.iter().filter(|r| !done.contains(&r.offset())) {
+                let headers = view.owned_headers();
+                let parsed =
+                    Routed::parse(&headers).and_then(|routed| Ok((routed, EventHeaders::parse_stored(&headers)?)));
                 match parsed {
-                    Ok((routed, headers)) if routed.projection == self.projection.name() => {
-                        queue.index(stored.offset, headers.key, &routed, &self.config.retry);
+                    Ok((routed, envelope)) if routed.projection == self.projection.name() => {
+                        queue.index(view.offset(), envelope.key, &routed, view.stored_len(), &self.config.retry);
                     }
                     Ok(_) => {} // another projection's
                     Err(error) => tracing::warn!(
                         projection = self.projection.name(),
                         partition,
-                        offset = stored.offset,
+                        offset = view.offset(),
                         "record in `{retry}` has unreadable headers and is ignored: {error}"
                     ),
                 }
@@ -865,15 +868,17 @@ impl<L: EventLog> Consumer<L> {
         Ok(())
     }
 
-    /// Gives keys whose retry is due another attempt: reads all their
-    /// waiting records, executes them like a batch, and commits the outcome
-    /// with the retry position and the offsets now done. The caller then
-    /// publishes the outbox and indexes what it added to the retry topic.
+    /// Gives keys whose retry is due another attempt: reads the first of
+    /// their waiting records ([`RetryQueue::take_due`]), executes them like
+    /// a batch, and commits the outcome with the retry position and the
+    /// offsets now done. What the attempt left where it waits goes back in
+    /// the queue. The caller then publishes the outbox and indexes what it
+    /// added to the retry topic.
     async fn retry_batch(
         &self,
         partition: u32,
         due: Vec<(Key, KeyInRetry)>,
-        queue: RetryQueue,
+        mut queue: RetryQueue,
     ) -> Result<(Summary, RetryQueue), ConsumerError> {
         let retry = self.projection.routed_topics().retry().to_owned();
         let polling = Instant::now();
@@ -884,13 +889,28 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         let polled = polling.elapsed();
+        let next_waiting =
+            due.iter().filter_map(|(key, _)| queue.first_waiting(key).map(|offset| (key.clone(), offset))).collect();
+        // Once every record taken is done; the batch lowers it to the first
+        // record it leaves.
         let retry_position = queue.position();
         let consumer = self.clone();
-        let mut summary =
-            tokio::task::spawn_blocking(move || consumer.process_retry_batch(partition, records, retry_position))
-                .await
-                .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
+        let (mut summary, left) = tokio::task::spawn_blocking(move || {
+            consumer.process_retry_batch(partition, records, next_waiting, retry_position)
+        })
+        .await
+        .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
         summary.phases.add(Phase::Poll, polled);
+        // An attempt that did nothing at all (its calls not made, for the
+        // batch's budget or the module's time) leaves its keys waiting a
+        // moment, so the partition does not spin on them.
+        let taken: usize = due.iter().map(|(_, in_retry)| in_retry.records.len()).sum();
+        let not_before = if left.len() == taken { routing::now_ms() + NOTHING_DONE_PAUSE_MS } else { 0 };
+        let left: FxHashSet<u64> = left.into_iter().collect();
+        for (key, in_retry) in due {
+            let stays = in_retry.records.into_iter().filter(|waiting| left.contains(&waiting.offset)).collect();
+            queue.put_back(key, stays, not_before);
+        }
         Ok((summary, queue))
     }
 
@@ -936,6 +956,10 @@ impl<L: EventLog> Consumer<L> {
 /// assignment still names it here ([`Consumer::with_assignment`]): longer
 /// than the consumer group is polled ([`crate::membership::GROUP_POLL`]).
 pub const RETAKE_AFTER: Duration = Duration::from_secs(2);
+
+/// How long keys wait after an attempt whose calls were none of them made
+/// ([`Consumer::retry_batch`]).
+const NOTHING_DONE_PAUSE_MS: u64 = 50;
 
 /// Where one partition's consuming stands between steps.
 struct PartitionState {

@@ -239,13 +239,21 @@ impl<'a> RecordView<'a> {
         &self.batch.bytes[self.entry.body.0..self.entry.body.1]
     }
 
+    /// Its size as stored, headers and body.
+    pub fn stored_len(&self) -> usize {
+        self.entry.body.1 - self.entry.headers
+    }
+
+    /// The headers as owned [`Header`]s, without copying the body.
+    pub fn owned_headers(&self) -> Vec<Header> {
+        self.headers()
+            .map(|(name, value)| Header { name: String::from_utf8_lossy(name).into_owned(), value: value.to_vec() })
+            .collect()
+    }
+
     /// The record as an owned [`Record`], exactly as it was stored.
     pub fn to_record(&self) -> Record {
-        let headers = self
-            .headers()
-            .map(|(name, value)| Header { name: String::from_utf8_lossy(name).into_owned(), value: value.to_vec() })
-            .collect();
-        Record { headers, body: self.body().to_vec() }
+        Record { headers: self.owned_headers(), body: self.body().to_vec() }
     }
 }
 
