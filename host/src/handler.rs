@@ -157,6 +157,28 @@ pub enum CallError {
         /// The budget.
         limit: usize,
     },
+    /// The instance asked for linear memory that the host's cap on what all
+    /// instances hold together ([`SandboxLimits::host_memory_bytes`]) could
+    /// not give. Decided by the host: retryable, and the key's attempt only
+    /// when the instance itself holds more than a quarter of the cap, as
+    /// for the batch budget.
+    ///
+    /// [`SandboxLimits::host_memory_bytes`]: crate::runtime::SandboxLimits::host_memory_bytes
+    #[error(
+        "host-instance-memory: module instances hold {held} bytes together and this one (holding {instance_held}) \
+         asked for {adds} more, over the host's {limit} bytes for all instances (--host-memory-mib); the key is \
+         tried again in a later batch"
+    )]
+    HostMemory {
+        /// What all instances held.
+        held: usize,
+        /// What the instance asked for.
+        adds: usize,
+        /// What the instance held.
+        instance_held: usize,
+        /// The host's cap.
+        limit: usize,
+    },
     /// The module's calls in this batch have already run longer than the
     /// batch allows one module (`ConsumerConfig::module_time_per_batch`), so
     /// the call was not made. Decided by the host: retryable, and not the
@@ -193,6 +215,7 @@ impl CallError {
             | Self::Contract(_)
             | Self::BatchBudget { .. }
             | Self::BatchBudgetSpent { .. }
+            | Self::HostMemory { .. }
             | Self::BatchTime { .. }
             | Self::HostFault(_) => ErrorClass::Retryable,
         }
@@ -215,6 +238,7 @@ impl CallError {
     pub fn counts_as_attempt(&self) -> bool {
         match self {
             Self::BatchBudget { adds, limit, key_held, .. } => key_held.saturating_add(*adds) > limit / 4,
+            Self::HostMemory { adds, limit, instance_held, .. } => instance_held.saturating_add(*adds) > limit / 4,
             // The key was not even called.
             Self::BatchTime { .. } | Self::BatchBudgetSpent { .. } => false,
             _ => true,
@@ -243,6 +267,12 @@ pub trait HandlerModule: Send + Sync {
     }
     /// A fresh instance, ready for calls.
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError>;
+    /// Whether instances a batch is done with are worth keeping for the
+    /// next ones; when not, they and the idle ones are dropped. Yes by
+    /// default.
+    fn keeps_idle_instances(&self) -> bool {
+        true
+    }
 }
 
 /// One instance of a module. Calls on one instance never overlap.

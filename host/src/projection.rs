@@ -9,7 +9,9 @@
 //!   algebra header of a message is informational.
 //! - **Instances are pooled.** A worker checks out one instance per module
 //!   it needs and gives it back when its batch is done, so stores are reused
-//!   across calls and batches instead of being created per call.
+//!   across calls and batches instead of being created per call; unless the
+//!   module says idle instances are not worth their memory
+//!   ([`HandlerModule::keeps_idle_instances`]), when they are dropped.
 //! - **Modules change between batches.** The modules, their routes and
 //!   their pools form one [`ModuleSet`]. A batch takes the current set when
 //!   it starts ([`Projection::current`]) and keeps it to the end;
@@ -329,7 +331,12 @@ impl Drop for Instances<'_> {
     fn drop(&mut self) {
         for (module, slot) in self.checked_out.iter_mut().enumerate() {
             if let Some(instance) = slot.take() {
-                self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner()).push(instance);
+                let mut pool = self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner());
+                if self.set.modules[module].keeps_idle_instances() {
+                    pool.push(instance);
+                } else {
+                    pool.clear();
+                }
             }
         }
     }

@@ -146,6 +146,7 @@ impl FailureClass {
             // Decided by the host: the key is tried again in a later batch.
             CallError::BatchBudget { .. }
             | CallError::BatchBudgetSpent { .. }
+            | CallError::HostMemory { .. }
             | CallError::BatchTime { .. }
             | CallError::HostFault(_) => Self::Retryable,
         }

@@ -184,6 +184,12 @@ pub(super) struct LimitArgs {
     /// Memory limit per module instance (all its linear memories together), in MiB.
     #[arg(long, default_value_t = SandboxLimits::default().memory_bytes >> 20)]
     pub(super) memory_mib: usize,
+    /// Memory limit of all module instances together, in MiB, whatever
+    /// modules, partitions and workers make them; a call whose instance
+    /// would take them past it is retried later (`host-instance-memory`).
+    /// At least `--memory-mib`.
+    #[arg(long, default_value_t = SandboxLimits::default().host_memory_bytes >> 20)]
+    pub(super) host_memory_mib: usize,
     /// CPU budget per handler call, in milliseconds.
     #[arg(long, default_value_t = SandboxLimits::default().call_budget.as_millis() as u64)]
     pub(super) call_budget_ms: u64,
@@ -263,9 +269,10 @@ pub(super) const PAYLOAD: &str = "Payload limits (what a module may hand the hos
 
 impl LimitArgs {
     /// Every limit flag with its value, to refuse zeros by name.
-    pub(super) fn flags(&self) -> [(&'static str, u64); 19] {
+    pub(super) fn flags(&self) -> [(&'static str, u64); 20] {
         [
             ("--memory-mib", self.memory_mib as u64),
+            ("--host-memory-mib", self.host_memory_mib as u64),
             ("--call-budget-ms", self.call_budget_ms),
             ("--max-wasm-stack-kib", self.max_wasm_stack_kib as u64),
             ("--max-table-elements", self.max_table_elements as u64),
@@ -292,6 +299,13 @@ impl LimitArgs {
         if let Some((flag, _)) = self.flags().iter().find(|(_, value)| *value == 0) {
             bail!("{flag} must be at least 1");
         }
+        if self.host_memory_mib < self.memory_mib {
+            bail!(
+                "--host-memory-mib {} is less than one instance may hold (--memory-mib {}); raise it",
+                self.host_memory_mib,
+                self.memory_mib
+            );
+        }
         Ok(SandboxLimits {
             memory_bytes: scaled(self.memory_mib, 20, "--memory-mib")?,
             call_budget: std::time::Duration::from_millis(self.call_budget_ms),
@@ -300,6 +314,7 @@ impl LimitArgs {
             instances: self.max_instances,
             compile_budget: std::time::Duration::from_secs(self.compile_budget_s),
             compile_memory_bytes: scaled(self.compile_memory_mib, 20, "--compile-memory-mib")?,
+            host_memory_bytes: scaled(self.host_memory_mib, 20, "--host-memory-mib")?,
         })
     }
 
@@ -425,6 +440,7 @@ mod tests {
     fn every_limit_flag_sets_its_limit_for_the_sandbox_and_the_consumer() {
         let flags = [
             ("--memory-mib", "3"),
+            ("--host-memory-mib", "67"),
             ("--call-budget-ms", "7"),
             ("--max-wasm-stack-kib", "5"),
             ("--max-table-elements", "11"),
@@ -468,6 +484,7 @@ mod tests {
             instances: 13,
             compile_budget: Duration::from_secs(59),
             compile_memory_bytes: 61 << 20,
+            host_memory_bytes: 67 << 20,
         };
         assert_eq!(args.limits.limits().unwrap(), expected);
         let sandbox = sandbox(&args).unwrap();
@@ -495,6 +512,16 @@ mod tests {
         assert_eq!(config.module_time_per_batch, Duration::from_millis(250));
         let error = consume_args(&["--max-module-time-per-batch", "0s"]).config(None).err().unwrap().to_string();
         assert_eq!(error, "--max-module-time-per-batch must be more than 0");
+    }
+
+    #[test]
+    fn a_host_memory_below_one_instance_is_refused_naming_both_flags() {
+        let error = consume_args(&["--memory-mib", "128", "--host-memory-mib", "100"]).limits.limits().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--host-memory-mib 100 is less than one instance may hold (--memory-mib 128); raise it"
+        );
+        consume_args(&["--memory-mib", "128", "--host-memory-mib", "128"]).limits.limits().unwrap();
     }
 
     #[test]

@@ -9,23 +9,98 @@
 //! table within [`SandboxLimits::table_elements`], and leaves the counts
 //! (instances, memories, tables) to [`StoreLimits`].
 //!
+//! Every instance of a sandbox also draws its memories from one
+//! [`HostMemory`]: the most all instances may hold together
+//! ([`SandboxLimits::host_memory_bytes`]), however many modules,
+//! partitions and workers make them.
+//!
 //! Rules kept here:
 //! - Memories and tables only grow, so what the store holds is the sum of
 //!   what each growth added; a growth past the limit is refused and, as
 //!   [`StoreLimits`] is built to, traps (at instantiation it fails it).
 //! - A refused growth adds nothing.
+//! - A growth the host's memory cannot take is refused the same way, and
+//!   the store remembers it ([`InstanceLimits::host_refusal`]), so the
+//!   failure is named as the host's (`host-instance-memory`), not the
+//!   module's own limit. What a store took is given back when it is
+//!   dropped.
 //!
 //! [`SandboxLimits::memory_bytes`]: super::SandboxLimits::memory_bytes
 //! [`SandboxLimits::table_elements`]: super::SandboxLimits::table_elements
+//! [`SandboxLimits::host_memory_bytes`]: super::SandboxLimits::host_memory_bytes
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use wasmtime::{ResourceLimiter, StoreLimits};
 
+/// What every instance of a sandbox holds in linear memory together, and
+/// the most they may.
+#[derive(Debug)]
+pub(crate) struct HostMemory {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+impl HostMemory {
+    /// A pool of `limit` bytes.
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { held: AtomicUsize::new(0), limit })
+    }
+
+    /// What the instances hold.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most they may hold.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Takes `bytes`, or says what was held when they do not fit.
+    fn take(&self, bytes: usize) -> Result<(), usize> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&total| total <= self.limit)
+            })
+            .map(drop)
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// A growth the host's memory could not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostRefusal {
+    /// What all instances held.
+    pub(crate) held: usize,
+    /// What the growth asked for.
+    pub(crate) adds: usize,
+    /// What this instance held.
+    pub(crate) instance_held: usize,
+    /// The host's limit.
+    pub(crate) limit: usize,
+}
+
 /// A store's limits: [`StoreLimits`] plus the sums of its memories and of
-/// its tables. The default limits nothing.
+/// its tables, its memories drawn from the host's. The default limits
+/// nothing.
 pub(crate) struct InstanceLimits {
     store: StoreLimits,
     memories: Sum,
     tables: Sum,
+    host: Arc<HostMemory>,
+    /// The last growth the host's memory refused, if any.
+    host_refusal: Option<HostRefusal>,
+}
+
+impl Drop for InstanceLimits {
+    fn drop(&mut self) {
+        self.host.give_back(self.memories.held);
+    }
 }
 
 /// What all memories (or tables) of a store hold together, and the most.
@@ -64,22 +139,54 @@ impl Sum {
 
 impl InstanceLimits {
     /// `store`'s limits, with all memories together held to `memory_bytes`
-    /// and all tables to `table_elements`.
-    pub(crate) fn new(store: StoreLimits, memory_bytes: usize, table_elements: usize) -> Self {
-        Self { store, memories: Sum { held: 0, limit: memory_bytes }, tables: Sum { held: 0, limit: table_elements } }
+    /// and all tables to `table_elements`, the memories drawn from `host`.
+    pub(crate) fn new(store: StoreLimits, memory_bytes: usize, table_elements: usize, host: Arc<HostMemory>) -> Self {
+        Self {
+            store,
+            memories: Sum { held: 0, limit: memory_bytes },
+            tables: Sum { held: 0, limit: table_elements },
+            host,
+            host_refusal: None,
+        }
+    }
+
+    /// The last growth the host's memory refused, if any: the failure it
+    /// caused is the host's.
+    pub(crate) fn host_refusal(&self) -> Option<HostRefusal> {
+        self.host_refusal
     }
 }
 
 impl Default for InstanceLimits {
     fn default() -> Self {
-        Self::new(StoreLimits::default(), usize::MAX, usize::MAX)
+        Self::new(StoreLimits::default(), usize::MAX, usize::MAX, HostMemory::new(usize::MAX))
     }
 }
 
 impl ResourceLimiter for InstanceLimits {
     fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let before = self.memories.held;
         let store = &mut self.store;
-        self.memories.grow(current, desired, |size| store.memory_growing(current, size, maximum))
+        let host = &self.host;
+        let mut refused = None;
+        let allowed = self.memories.grow(current, desired, |size| {
+            let adds = size.saturating_sub(current);
+            if size != usize::MAX
+                && let Err(held) = host.take(adds)
+            {
+                refused = Some(HostRefusal { held, adds, instance_held: before, limit: host.limit });
+                return store.memory_growing(current, usize::MAX, maximum);
+            }
+            let allowed = store.memory_growing(current, size, maximum);
+            if !matches!(allowed, Ok(true)) && size != usize::MAX {
+                host.give_back(adds);
+            }
+            allowed
+        });
+        if refused.is_some() {
+            self.host_refusal = refused;
+        }
+        allowed
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
@@ -119,7 +226,31 @@ mod tests {
     fn limits() -> InstanceLimits {
         let store =
             StoreLimitsBuilder::new().memory_size(64 * MIB).table_elements(1000).trap_on_grow_failure(true).build();
-        InstanceLimits::new(store, 64 * MIB, 1000)
+        InstanceLimits::new(store, 64 * MIB, 1000, HostMemory::new(usize::MAX))
+    }
+
+    #[test]
+    fn instances_draw_on_one_host_memory_and_give_it_back_when_dropped() {
+        let host = HostMemory::new(100 * MIB);
+        let store = || StoreLimitsBuilder::new().memory_size(64 * MIB).trap_on_grow_failure(true).build();
+        let mut first = InstanceLimits::new(store(), 64 * MIB, 1000, host.clone());
+        let mut second = InstanceLimits::new(store(), 64 * MIB, 1000, host.clone());
+        assert!(first.memory_growing(0, 60 * MIB, None).unwrap());
+        assert!(second.memory_growing(0, 30 * MIB, None).unwrap());
+        assert_eq!(host.held(), 90 * MIB);
+        // Within its own limit, past the host's: refused, and named so.
+        assert!(second.memory_growing(30 * MIB, 50 * MIB, None).is_err());
+        let refusal = HostRefusal { held: 90 * MIB, adds: 20 * MIB, instance_held: 30 * MIB, limit: 100 * MIB };
+        assert_eq!(second.host_refusal(), Some(refusal));
+        assert_eq!(host.held(), 90 * MIB, "a refused growth takes nothing");
+        // A growth its own limit refuses takes nothing from the host either.
+        assert!(first.memory_growing(60 * MIB, 70 * MIB, None).is_err());
+        assert_eq!((first.host_refusal(), host.held()), (None, 90 * MIB));
+        drop(first);
+        assert_eq!(host.held(), 30 * MIB);
+        assert!(second.memory_growing(30 * MIB, 50 * MIB, None).unwrap());
+        drop(second);
+        assert_eq!(host.held(), 0);
     }
 
     #[test]

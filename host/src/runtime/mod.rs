@@ -129,6 +129,11 @@ pub struct SandboxLimits {
     /// (`component-compile-memory`). Default 1 GiB (the Python bank example
     /// takes about 0.45 GiB).
     pub compile_memory_bytes: usize,
+    /// Most linear memory all instances of the sandbox may hold together,
+    /// in bytes, whatever modules, partitions and workers make them; a
+    /// growth past it fails its call as [`CallError::HostMemory`]. Default
+    /// 1 GiB.
+    pub host_memory_bytes: usize,
 }
 
 impl Default for SandboxLimits {
@@ -141,6 +146,7 @@ impl Default for SandboxLimits {
             instances: 100,
             compile_budget: Duration::from_secs(30),
             compile_memory_bytes: 1 << 30,
+            host_memory_bytes: 1 << 30,
         }
     }
 }
@@ -167,9 +173,10 @@ impl std::fmt::Display for SandboxLimits {
         };
         write!(
             f,
-            "memory {}, CPU budget {} ms per call, wasm stack {}, {} table elements, {} instances; compiling: \
-             {} s of CPU, memory {}",
+            "memory {} ({} for all instances), CPU budget {} ms per call, wasm stack {}, {} table elements, {} \
+             instances; compiling: {} s of CPU, memory {}",
             size(self.memory_bytes),
+            size(self.host_memory_bytes),
             self.call_budget.as_millis(),
             size(self.max_wasm_stack),
             self.table_elements,
@@ -409,6 +416,8 @@ struct Shared {
     /// Components refused at a compile limit, by SHA-256: the same bytes
     /// are refused at once, not compiled again.
     over_compile_limits: Mutex<HashMap<String, compiler::CompileLimit>>,
+    /// What every instance's memories draw on.
+    host_memory: Arc<instance_limits::HostMemory>,
 }
 
 impl Drop for Shared {
@@ -427,7 +436,14 @@ impl Sandbox {
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
         Ok(Self {
-            shared: Arc::new(Shared { engine, linker, limits, ticker_stop, over_compile_limits: Mutex::default() }),
+            shared: Arc::new(Shared {
+                engine,
+                linker,
+                limits,
+                ticker_stop,
+                over_compile_limits: Mutex::default(),
+                host_memory: instance_limits::HostMemory::new(limits.host_memory_bytes),
+            }),
             cache: None,
             payload: PayloadLimits::default(),
         })
@@ -529,8 +545,12 @@ impl Sandbox {
             .tables(limits.instances)
             .trap_on_grow_failure(true)
             .build();
-        let store_limits =
-            instance_limits::InstanceLimits::new(store_limits, limits.memory_bytes, limits.table_elements);
+        let store_limits = instance_limits::InstanceLimits::new(
+            store_limits,
+            limits.memory_bytes,
+            limits.table_elements,
+            self.shared.host_memory.clone(),
+        );
         let data = StoreData {
             wasi: wasi::WasiState::new(),
             limits: store_limits,
@@ -658,6 +678,14 @@ impl HandlerModule for WasmModule {
 
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
         Ok(Box::new(self.instantiate_wasm()?))
+    }
+
+    /// Not while the instances hold more than half of what the host lets
+    /// them hold together: idle ones give their memory back to the calls
+    /// that need it.
+    fn keeps_idle_instances(&self) -> bool {
+        let host = &self.handle.sandbox.shared.host_memory;
+        host.held() <= host.limit() / 2
     }
 }
 
@@ -811,6 +839,10 @@ fn is_busy(error: &wasmtime::Error) -> bool {
 fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
     if let Some(HostFault(fault)) = error.downcast_ref::<HostFault>() {
         return CallError::HostFault(fault.clone());
+    }
+    if let Some(refusal) = store.data().limits.host_refusal() {
+        let instance_limits::HostRefusal { held, adds, instance_held, limit } = refusal;
+        return CallError::HostMemory { held, adds, instance_held, limit };
     }
     let kind = match error.downcast_ref::<Trap>() {
         None if matches!(error.downcast_ref(), Some(ResourceTableError::Full)) => wasi::too_many_resources(),

@@ -104,6 +104,30 @@ fn a_memory_bomb_hits_the_memory_limit() {
 }
 
 #[test]
+fn instances_together_stay_within_the_hosts_memory_and_give_it_back() {
+    // 16 MiB per instance, 24 MiB for all: two instances cannot both hog 12.
+    let module = probe(SandboxLimits { host_memory_bytes: 24 << 20, ..limits() });
+    let harness = Harness::new();
+    let mut scope = harness.scope(1);
+    let mut first = module.instantiate().unwrap();
+    let mut second = module.instantiate().unwrap();
+    first.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 12 }))).unwrap();
+    let result = second.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 12 })));
+    let Err(error @ CallError::HostMemory { limit, .. }) = result else { panic!("{result:?}") };
+    assert_eq!(limit, 24 << 20);
+    assert!(error.to_string().starts_with("host-instance-memory: "), "{error}");
+    assert!(error.to_string().contains("--host-memory-mib"), "{error}");
+    assert_eq!(error.class(), ErrorClass::Retryable);
+    assert!(!module.keeps_idle_instances(), "more than half is held: idle instances are not worth keeping");
+    // Dropping the first gives its memory back; the second is replaced
+    // (its failed call poisoned it) and now fits.
+    drop(first);
+    second.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 12 }))).unwrap();
+    drop(second);
+    assert!(module.keeps_idle_instances());
+}
+
+#[test]
 fn a_panic_is_a_trap_whose_reason_carries_the_message() {
     let module = probe(limits());
     let harness = Harness::new();
