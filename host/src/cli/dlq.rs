@@ -191,6 +191,12 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                     let state = store.location();
                     return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
                 }
+                Err(error @ (DeadLetterError::Log(_) | DeadLetterError::State(_) | DeadLetterError::Publish(_))) => {
+                    return Err(anyhow::Error::new(error).context(
+                        "re-drive stopped: the slices it committed stay re-driven (`waku dlq list` marks them); run \
+                         it again to re-drive the rest, none twice",
+                    ));
+                }
                 done => done?,
             };
             outln!(
