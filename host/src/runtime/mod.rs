@@ -58,7 +58,7 @@
 //!   recently used) are removed until the cache holds at most its bound
 //!   ([`Sandbox::with_compile_cache_max_bytes`], 1 GiB by default), except
 //!   the entries of the versions this sandbox loaded last for each module
-//!   ([`cache`]). A loaded module never reads its entry again, so removing
+//!   (see `runtime/cache.rs`). A loaded module never reads its entry again, so removing
 //!   one costs only a compile at the next load.
 
 use std::collections::HashMap;
