@@ -32,16 +32,29 @@
 //!   moves the projection's position in the dead-letter topic to its end
 //!   ([`crate::reset`]): the events of the letters below it are replayed
 //!   from the topic, so those letters count as re-driven and stay readable.
-
 //! - **Only events are re-driven.** A message with unreadable headers needs
 //!   a corrected message; a message a module emitted that could not be
 //!   delivered (class `undeliverable`, 0 events, see [`crate::outbox`]) is
 //!   not an event of the topic and is listed, never re-driven.
+//! - **Memory does not grow with the dead-letter topic.** A module that
+//!   dead-letters everything makes the dead-letter topic as large as its
+//!   topic, so nothing here holds the topic: listings read it in pages of
+//!   at most [`PAGE_RECORDS`] records and [`PAGE_BYTES`] bytes (plus one
+//!   record) and keep each letter without its body ([`DeadLetter::body_bytes`]
+//!   says how large it is); [`list_page_on`] hands them out a page at a
+//!   time; [`show`] reads the one record asked for; and [`redrive`] works in
+//!   slices ([`Slice`]), each read, queued and marked re-driven in a commit
+//!   of its own and appended before the next is read. A crash between
+//!   slices leaves the committed ones marked and queued (the outbox appends
+//!   them), the rest unmarked: a second run re-drives exactly the rest.
+//!   [`list`] and [`list_on`] still return every letter, for tests and small
+//!   topics; they hold the letters' routing headers, never their bodies.
 
 use crate::consumer::stat;
+use crate::event::Header;
 use crate::event::{EventHeaders, HeaderError};
 use crate::key::Key;
-use crate::log::{EventLog, LogError, Record};
+use crate::log::{EventLog, LogError, PolledBatch, RecordView};
 use crate::outbox::{self, OutboxError};
 use crate::routing::{self, FailureClass, Routed, RoutedTopics, dlq_topic, retry_topic};
 use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
@@ -57,14 +70,59 @@ pub struct DeadLetter {
     pub routed: Routed,
     /// Its event envelope, or why that cannot be read (a malformed message).
     pub envelope: Result<EventHeaders, HeaderError>,
-    /// The record as stored.
-    pub record: Record,
+    /// The size of its body in bytes. A letter is listed without its body
+    /// (see the [module documentation](self)); [`show`] reads it.
+    pub body_bytes: usize,
     /// Whether it was re-driven already (by this state store).
     pub redriven: bool,
     /// Whether its partition is owned by this state store (see the
     /// [module documentation](self)): only then may it be re-driven here,
     /// and only then does [`DeadLetter::redriven`] tell.
     pub owned: bool,
+}
+
+/// One dead letter with its body, as [`show`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownLetter {
+    /// The letter.
+    pub letter: DeadLetter,
+    /// Its body as stored.
+    pub body: Vec<u8>,
+}
+
+/// One page of a listing ([`list_page_on`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LetterPage {
+    /// The page's letters, in partition and offset order.
+    pub letters: Vec<DeadLetter>,
+    /// The place (`partition`, `offset`) of the page's last letter when
+    /// more follow: pass it as the next page's `after`. `None` at the end.
+    pub next: Option<(u32, u64)>,
+}
+
+/// The most records one read of a dead-letter topic takes.
+pub const PAGE_RECORDS: usize = 256;
+
+/// The bytes after which one read of a dead-letter topic stops (it always
+/// takes one record, however large the log lets it be).
+pub const PAGE_BYTES: usize = 4 << 20;
+
+/// How much one re-drive commit takes: it is cut once it holds this many
+/// records or bodies of this many bytes (always at least one record). Each
+/// slice is one state commit and one outbox publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    /// The most records of one slice.
+    pub records: usize,
+    /// The body bytes after which a slice is cut.
+    pub bytes: usize,
+}
+
+impl Default for Slice {
+    /// 1 000 records or 16 MiB of bodies.
+    fn default() -> Self {
+        Self { records: 1_000, bytes: 16 << 20 }
+    }
 }
 
 /// Which dead letters to act on. Empty fields select everything.
@@ -217,8 +275,110 @@ impl Shelf {
     }
 }
 
+/// What a state store knows of one partition of a shelf: whether it owns
+/// it, and which of its letters count as re-driven.
+struct Marks {
+    owned: bool,
+    /// The offsets marked re-driven, in order.
+    done: Vec<u64>,
+    /// A reset to the earliest offset settles every dead letter before it
+    /// (its event is replayed from the topic): they count as re-driven.
+    settled_below: u64,
+}
+
+impl Marks {
+    fn read(shelf: &Shelf, store: &StateStore, topic: &str, partition: u32) -> Result<Self, StateError> {
+        Ok(Self {
+            owned: shelf.owned_by(store, topic, partition)?,
+            done: store.done(&shelf.dlq, partition)?,
+            settled_below: store.position(&shelf.dlq, partition)?.unwrap_or(0),
+        })
+    }
+
+    fn redriven(&self, offset: u64) -> bool {
+        offset < self.settled_below || self.done.binary_search(&offset).is_ok()
+    }
+}
+
+/// The dead letter at `offset` of `partition` on `shelf`, from its headers,
+/// without its body; `None` when it is another projection's.
+fn letter_at(
+    shelf: &Shelf,
+    marks: &Marks,
+    partition: u32,
+    offset: u64,
+    headers: &[Header],
+    body_bytes: usize,
+) -> Result<Option<DeadLetter>, DeadLetterError> {
+    let routed = Routed::parse(headers).map_err(|error| DeadLetterError::NotADeadLetter {
+        topic: shelf.dlq.clone(),
+        partition,
+        offset,
+        error,
+    })?;
+    if routed.projection != shelf.tag {
+        return Ok(None);
+    }
+    Ok(Some(DeadLetter {
+        partition,
+        offset,
+        routed,
+        envelope: EventHeaders::parse_stored(headers),
+        body_bytes,
+        redriven: marks.redriven(offset),
+        owned: marks.owned,
+    }))
+}
+
+/// [`letter_at`] for a record of a page.
+fn letter_of(
+    shelf: &Shelf,
+    marks: &Marks,
+    partition: u32,
+    view: RecordView<'_>,
+) -> Result<Option<DeadLetter>, DeadLetterError> {
+    letter_at(shelf, marks, partition, view.offset(), &view.owned_headers(), view.body().len())
+}
+
+/// A partition of a dead-letter topic read page by page, up to the end it
+/// had when the reading started: at most [`PAGE_RECORDS`] records and
+/// [`PAGE_BYTES`] bytes (plus one record) held at a time.
+struct Pages<'a, L> {
+    log: &'a L,
+    dlq: &'a str,
+    partition: u32,
+    next: u64,
+    end: u64,
+    batch: PolledBatch,
+}
+
+impl<'a, L: EventLog> Pages<'a, L> {
+    async fn new(log: &'a L, dlq: &'a str, partition: u32, from: u64) -> Result<Self, LogError> {
+        let end = log.end_offset(dlq, partition).await?;
+        Ok(Self { log, dlq, partition, next: from, end, batch: PolledBatch::with_byte_budget(PAGE_BYTES) })
+    }
+
+    /// The next page, or `None` past the end.
+    async fn next_page(&mut self) -> Result<Option<&PolledBatch>, LogError> {
+        if self.next >= self.end {
+            return Ok(None);
+        }
+        let max = PAGE_RECORDS.min(usize::try_from(self.end - self.next).unwrap_or(PAGE_RECORDS));
+        let batch = std::mem::take(&mut self.batch);
+        self.batch = self.log.poll(self.dlq, self.partition, self.next, max, batch).await?;
+        let Some(last) = self.batch.last().map(|view| view.offset()) else {
+            self.next = self.end;
+            return Ok(None);
+        };
+        self.next = last + 1;
+        Ok(Some(&self.batch))
+    }
+}
+
 /// The dead letters of `projection` on `topic`, in partition and offset
-/// order, marked when they were re-driven already.
+/// order, marked when they were re-driven already, without their bodies.
+///
+/// Every letter at once: for a bounded listing, see [`list_page_on`].
 pub async fn list<L: EventLog>(
     log: &L,
     topic: &str,
@@ -235,40 +395,54 @@ pub async fn list_on<L: EventLog>(
     shelf: &Shelf,
     store: &StateStore,
 ) -> Result<Vec<DeadLetter>, DeadLetterError> {
-    let dlq = shelf.dlq.clone();
     let mut letters = Vec::new();
-    for partition in 0..log.partitions(&dlq).await? {
-        let owned = shelf.owned_by(store, topic, partition)?;
-        let redriven = store.done(&dlq, partition)?;
-        // A reset to the earliest offset settles every dead letter before it
-        // (its event is replayed from the topic): they count as re-driven.
-        let settled_below = store.position(&dlq, partition)?.unwrap_or(0);
-        let end = log.end_offset(&dlq, partition).await?;
-        let mut from = 0;
-        while from < end {
-            let records = log.read(&dlq, partition, from, 4096).await?;
-            let Some(last) = records.last().map(|r| r.offset) else { break };
-            for stored in records {
-                let routed = Routed::parse(&stored.record.headers).map_err(|error| {
-                    DeadLetterError::NotADeadLetter { topic: dlq.clone(), partition, offset: stored.offset, error }
-                })?;
-                if routed.projection != shelf.tag {
-                    continue;
-                }
-                letters.push(DeadLetter {
-                    partition,
-                    offset: stored.offset,
-                    routed,
-                    envelope: EventHeaders::parse_stored(&stored.record.headers),
-                    record: stored.record,
-                    redriven: stored.offset < settled_below || redriven.binary_search(&stored.offset).is_ok(),
-                    owned,
-                });
-            }
-            from = last + 1;
+    let mut after = None;
+    loop {
+        let page = list_page_on(log, topic, shelf, store, after, 4096).await?;
+        letters.extend(page.letters);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(letters),
         }
     }
-    Ok(letters)
+}
+
+/// Up to `limit` dead letters on `shelf` of a projection of `topic`, as
+/// [`list`], from the one after place `after` (`partition`, `offset`; from
+/// the first when `None`). Reads the dead-letter topic a page at a time
+/// (see the [module documentation](self)) and keeps no body, so it holds
+/// at most `limit` letters whatever the topic holds.
+pub async fn list_page_on<L: EventLog>(
+    log: &L,
+    topic: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+    after: Option<(u32, u64)>,
+    limit: usize,
+) -> Result<LetterPage, DeadLetterError> {
+    let dlq = shelf.dlq.as_str();
+    let mut page = LetterPage::default();
+    let first = after.map_or(0, |(partition, _)| partition);
+    for partition in first..log.partitions(dlq).await? {
+        let marks = Marks::read(shelf, store, topic, partition)?;
+        let from = match after {
+            Some((after_partition, offset)) if after_partition == partition => offset.saturating_add(1),
+            _ => 0,
+        };
+        let mut pages = Pages::new(log, dlq, partition, from).await?;
+        while let Some(batch) = pages.next_page().await? {
+            for view in batch.iter() {
+                let Some(letter) = letter_of(shelf, &marks, partition, view)? else { continue };
+                if page.letters.len() == limit {
+                    // One more follows: the page ends at its last letter.
+                    page.next = page.letters.last().map(|last| (last.partition, last.offset));
+                    return Ok(page);
+                }
+                page.letters.push(letter);
+            }
+        }
+    }
+    Ok(page)
 }
 
 /// Whether this state store owns `partition` of `topic`: it holds a
@@ -277,7 +451,7 @@ fn owns(store: &StateStore, topic: &str, partition: u32) -> Result<bool, StateEr
     Ok(store.position(topic, partition)?.is_some())
 }
 
-/// One dead letter of `projection`.
+/// One dead letter of `projection`, with its body.
 pub async fn show<L: EventLog>(
     log: &L,
     topic: &str,
@@ -285,11 +459,11 @@ pub async fn show<L: EventLog>(
     store: &StateStore,
     partition: u32,
     offset: u64,
-) -> Result<DeadLetter, DeadLetterError> {
+) -> Result<ShownLetter, DeadLetterError> {
     show_on(log, topic, &Shelf::shared(topic, projection), store, partition, offset).await
 }
 
-/// One dead letter on `shelf`, as [`show`].
+/// One dead letter on `shelf`, as [`show`]: reads that record alone.
 pub async fn show_on<L: EventLog>(
     log: &L,
     topic: &str,
@@ -297,18 +471,27 @@ pub async fn show_on<L: EventLog>(
     store: &StateStore,
     partition: u32,
     offset: u64,
-) -> Result<DeadLetter, DeadLetterError> {
-    list_on(log, topic, shelf, store)
-        .await?
-        .into_iter()
-        .find(|l| l.partition == partition && l.offset == offset)
-        .ok_or_else(|| DeadLetterError::NotFound { projection: shelf.tag.clone(), partition, offset })
+) -> Result<ShownLetter, DeadLetterError> {
+    let not_found = || DeadLetterError::NotFound { projection: shelf.tag.clone(), partition, offset };
+    if partition >= log.partitions(&shelf.dlq).await? {
+        return Err(not_found());
+    }
+    let Some(stored) = log.read(&shelf.dlq, partition, offset, 1).await?.into_iter().find(|s| s.offset == offset)
+    else {
+        return Err(not_found());
+    };
+    let marks = Marks::read(shelf, store, topic, partition)?;
+    let body = stored.record.body;
+    match letter_at(shelf, &marks, partition, offset, &stored.record.headers, body.len())? {
+        Some(letter) => Ok(ShownLetter { letter, body }),
+        None => Err(not_found()),
+    }
 }
 
 /// Re-drives the selected dead letters of `projection` in the partitions
 /// this state store owns: queues each, in dead-letter order, in the retry
-/// topic for another attempt, and marks it re-driven, in one commit; then
-/// appends the queued records.
+/// topic for another attempt, and marks it re-driven, in commits of one
+/// [`Slice`] each, appending each slice's records before reading the next.
 ///
 /// A store that owns no partition of the topic, and a partition or record
 /// named in `selection` that it does not own, are errors and nothing is
@@ -317,7 +500,9 @@ pub async fn show_on<L: EventLog>(
 /// place that cannot be re-driven (its headers are unreadable, or it is an
 /// undeliverable emitted message) is an error and nothing is re-driven;
 /// unselected by place, such records are left out. One that was re-driven
-/// before is counted in [`Redriven::already`] and left alone.
+/// before is counted in [`Redriven::already`] and left alone. An error
+/// after the first slice (the log or the state failed) leaves the slices
+/// committed before it re-driven, and the rest for the next call.
 pub async fn redrive<L: EventLog>(
     log: &L,
     topic: &str,
@@ -338,8 +523,22 @@ pub async fn redrive_on<L: EventLog>(
     store: &StateStore,
     selection: &Selection,
 ) -> Result<Redriven, DeadLetterError> {
+    redrive_in_slices(log, topic, projection, shelf, store, selection, Slice::default()).await
+}
+
+/// [`redrive_on`] in slices of `slice`.
+pub async fn redrive_in_slices<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+    selection: &Selection,
+    slice: Slice,
+) -> Result<Redriven, DeadLetterError> {
+    let partitions = log.partitions(&shelf.dlq).await?;
     let mut owned = Vec::new();
-    for partition in 0..log.partitions(&shelf.dlq).await? {
+    for partition in 0..partitions {
         if shelf.owned_by(store, topic, partition)? {
             owned.push(partition);
         }
@@ -347,82 +546,452 @@ pub async fn redrive_on<L: EventLog>(
     if owned.is_empty() {
         return Err(DeadLetterError::NothingOwned { projection: projection.to_owned(), topic: topic.to_owned() });
     }
-    let letters = list_on(log, topic, shelf, store).await?;
-    if let Some(&(partition, offset)) =
-        selection.records.iter().find(|&&(p, o)| !letters.iter().any(|l| l.partition == p && l.offset == o))
-    {
-        return Err(DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset });
+    // Records named by place: each must be there, this store's, and
+    // re-drivable, before anything is committed. Read one at a time.
+    let mut named = selection.records.clone();
+    named.sort_unstable();
+    named.dedup();
+    let mut named_letters = Vec::new();
+    for &(partition, offset) in &named {
+        let shown = show_on(log, topic, shelf, store, partition, offset).await.map_err(|error| match error {
+            DeadLetterError::NotFound { partition, offset, .. } => {
+                DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset }
+            }
+            error => error,
+        })?;
+        named_letters.push(shown.letter);
     }
-    let mut named = selection.partitions.iter().chain(selection.records.iter().map(|(partition, _)| partition));
-    if let Some(&partition) = named.find(|partition| !owned.contains(partition)) {
+    let mut named_partitions = selection.partitions.iter().chain(named.iter().map(|(partition, _)| partition));
+    if let Some(&partition) = named_partitions.find(|partition| !owned.contains(partition)) {
         return Err(DeadLetterError::NotOwned { topic: topic.to_owned(), partition });
     }
-    let mut report = Redriven {
-        partitions: owned.into_iter().filter(|&partition| selection.covers(partition)).collect(),
-        ..Redriven::default()
-    };
-    let mut chosen = Vec::new();
-    for letter in letters.into_iter().filter(|l| selection.picks(l)) {
-        if !letter.owned {
-            if report.others.last() != Some(&letter.partition) {
-                report.others.push(letter.partition);
-            }
-            report.left += 1;
-            continue;
-        }
-        if letter.redriven {
-            report.already += 1;
-            continue;
-        }
-        // Only events go back through the projection: an unreadable message
-        // needs a corrected one, an undeliverable message its own topic.
-        let emitted = letter.routed.failure.as_ref().is_some_and(|f| f.class == FailureClass::Undeliverable);
-        let reason = match &letter.envelope {
-            _ if emitted => "it is a message a module emitted, not an event of the topic".to_owned(),
-            Err(error) => format!("its headers cannot be read ({error}); publish a corrected message instead"),
-            Ok(_) => {
-                chosen.push(letter);
-                continue;
-            }
-        };
-        if !selection.records.is_empty() {
+    for letter in named_letters.iter().filter(|l| selection.picks(l) && !l.redriven) {
+        if let Err(reason) = redrivable(letter) {
             return Err(DeadLetterError::CannotRedrive { partition: letter.partition, offset: letter.offset, reason });
         }
     }
-    if chosen.is_empty() {
-        return Ok(report);
+
+    let mut slicer = Slicer {
+        log,
+        store,
+        projection,
+        topic,
+        dlq: &shelf.dlq,
+        slice,
+        pending: Vec::new(),
+        pending_bytes: 0,
+        report: Redriven {
+            partitions: owned.iter().copied().filter(|&partition| selection.covers(partition)).collect(),
+            ..Redriven::default()
+        },
+    };
+    for partition in (0..partitions).filter(|&partition| selection.covers(partition)) {
+        let marks = Marks::read(shelf, store, topic, partition)?;
+        if !selection.records.is_empty() {
+            // Only the named records, each read alone.
+            for &(_, offset) in named.iter().filter(|&&(p, _)| p == partition) {
+                let ShownLetter { letter, body } = show_on(log, topic, shelf, store, partition, offset).await?;
+                slicer.offer(letter, &marks, selection, || body).await?;
+            }
+            continue;
+        }
+        let mut pages = Pages::new(log, &shelf.dlq, partition, 0).await?;
+        while let Some(batch) = pages.next_page().await? {
+            for view in batch.iter() {
+                let Some(letter) = letter_of(shelf, &marks, partition, view)? else { continue };
+                slicer.offer(letter, &marks, selection, || view.body().to_vec()).await?;
+            }
+        }
+    }
+    slicer.flush().await?;
+    Ok(slicer.report)
+}
+
+/// Why `letter` cannot go back through the normal path, if it cannot: only
+/// events go back through the projection; an unreadable message needs a
+/// corrected one, an undeliverable message its own topic.
+fn redrivable(letter: &DeadLetter) -> Result<(), String> {
+    let emitted = letter.routed.failure.as_ref().is_some_and(|f| f.class == FailureClass::Undeliverable);
+    match &letter.envelope {
+        _ if emitted => Err("it is a message a module emitted, not an event of the topic".to_owned()),
+        Err(error) => Err(format!("its headers cannot be read ({error}); publish a corrected message instead")),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// A re-drive under way: the letters of the slice being gathered, and what
+/// was done so far.
+struct Slicer<'a, L> {
+    log: &'a L,
+    store: &'a StateStore,
+    projection: &'a str,
+    topic: &'a str,
+    dlq: &'a str,
+    slice: Slice,
+    /// The slice's letters, in dead-letter order, with their bodies.
+    pending: Vec<(DeadLetter, Vec<u8>)>,
+    pending_bytes: usize,
+    report: Redriven,
+}
+
+impl<L: EventLog> Slicer<'_, L> {
+    /// Counts `letter` or takes it into the slice (its body from `body`),
+    /// committing the slice once it is full.
+    async fn offer(
+        &mut self,
+        letter: DeadLetter,
+        marks: &Marks,
+        selection: &Selection,
+        body: impl FnOnce() -> Vec<u8>,
+    ) -> Result<(), DeadLetterError> {
+        if !selection.picks(&letter) {
+            return Ok(());
+        }
+        if !marks.owned {
+            if self.report.others.last() != Some(&letter.partition) {
+                self.report.others.push(letter.partition);
+            }
+            self.report.left += 1;
+            return Ok(());
+        }
+        if letter.redriven {
+            self.report.already += 1;
+            return Ok(());
+        }
+        if redrivable(&letter).is_err() {
+            return Ok(());
+        }
+        let body = body();
+        self.pending_bytes += body.len();
+        self.pending.push((letter, body));
+        if self.pending.len() >= self.slice.records || self.pending_bytes >= self.slice.bytes {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
-    let now = routing::now_ms();
-    let (dlq, retry) = (shelf.dlq.clone(), retry_topic(topic));
-    let orderings = routing::rewrite_orderings(0..chosen.len());
-    let mut commit = BatchCommit::default();
-    for (letter, ordering) in chosen.into_iter().zip(orderings) {
-        let envelope = EventHeaders { ordering, ..letter.envelope.expect("chosen only when readable") };
-        let routed = Routed {
-            projection: projection.to_owned(),
-            attempts: 0,
-            failed_at_ms: now,
-            ahead_of: None,
-            ..letter.routed
-        };
-        report.records += 1;
-        report.events += routed.events;
-        commit.outbox.push(OutboxEntry {
-            topic: retry.clone(),
-            partition_key: envelope.key.key_hash(),
-            partition: Some(letter.partition),
-            record: routing::routed_record(&envelope, &routed, letter.record.body),
-            origin: None,
-        });
-        commit.done.push((dlq.clone(), letter.partition, letter.offset));
-    }
-    commit.stat_deltas =
-        [(stat::REDRIVEN.to_owned(), report.events), (stat::RETRY_IN.to_owned(), report.events)].into_iter().collect();
-    store.commit(commit)?;
-    let partitions = report.partitions.clone();
-    outbox::publish(log, store, projection, &RoutedTopics::shared(topic), &partitions)
+    /// Queues the slice's letters in the retry topic and marks them
+    /// re-driven in one commit, then appends them.
+    async fn flush(&mut self) -> Result<(), DeadLetterError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let now = routing::now_ms();
+        let retry = retry_topic(self.topic);
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let orderings = routing::rewrite_orderings(0..pending.len());
+        let (mut records, mut events) = (0, 0);
+        let mut commit = BatchCommit::default();
+        for ((letter, body), ordering) in pending.into_iter().zip(orderings) {
+            let Ok(envelope) = letter.envelope else { continue };
+            let envelope = EventHeaders { ordering, ..envelope };
+            let routed = Routed {
+                projection: self.projection.to_owned(),
+                attempts: 0,
+                failed_at_ms: now,
+                ahead_of: None,
+                ..letter.routed
+            };
+            records += 1;
+            events += routed.events;
+            commit.outbox.push(OutboxEntry {
+                topic: retry.clone(),
+                partition_key: envelope.key.key_hash(),
+                partition: Some(letter.partition),
+                record: routing::routed_record(&envelope, &routed, body),
+                origin: None,
+            });
+            commit.done.push((self.dlq.to_owned(), letter.partition, letter.offset));
+        }
+        commit.stat_deltas =
+            [(stat::REDRIVEN.to_owned(), events), (stat::RETRY_IN.to_owned(), events)].into_iter().collect();
+        self.store.commit(commit)?;
+        self.report.records += records;
+        self.report.events += events;
+        outbox::publish(
+            self.log,
+            self.store,
+            self.projection,
+            &RoutedTopics::shared(self.topic),
+            &self.report.partitions,
+        )
         .await
         .map_err(DeadLetterError::Publish)?;
-    Ok(report)
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    use super::*;
+    use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+    use crate::log::{EmbeddedLog, Record, StoredRecord};
+    use crate::routing::Failure;
+
+    const TOPIC: &str = "t";
+    const PROJECTION: &str = "p";
+
+    /// The embedded log, counting what is read of the dead-letter topic and
+    /// failing appends to the retry topic after `retry_appends_allowed`.
+    struct Watched {
+        log: EmbeddedLog,
+        /// Body bytes read from `dlq_t`, in all.
+        dlq_bytes: AtomicUsize,
+        /// The most body bytes one read of `dlq_t` returned.
+        dlq_largest_read: AtomicUsize,
+        retry_appends: AtomicUsize,
+        retry_appends_allowed: AtomicUsize,
+    }
+
+    impl Watched {
+        fn new(log: EmbeddedLog) -> Self {
+            Self {
+                log,
+                dlq_bytes: AtomicUsize::new(0),
+                dlq_largest_read: AtomicUsize::new(0),
+                retry_appends: AtomicUsize::new(0),
+                retry_appends_allowed: AtomicUsize::new(usize::MAX),
+            }
+        }
+
+        fn saw(&self, topic: &str, bytes: usize) {
+            if topic == "dlq_t" {
+                self.dlq_bytes.fetch_add(bytes, SeqCst);
+                self.dlq_largest_read.fetch_max(bytes, SeqCst);
+            }
+        }
+
+        fn appending(&self, topic: &str) -> Result<(), LogError> {
+            if topic == "retry_t" && self.retry_appends.fetch_add(1, SeqCst) >= self.retry_appends_allowed.load(SeqCst)
+            {
+                return Err(LogError::Unavailable { address: "test".into(), reason: "cut off".into() });
+            }
+            Ok(())
+        }
+    }
+
+    impl EventLog for Watched {
+        async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
+            self.log.create_topic(topic, partitions).await
+        }
+        async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
+            self.log.partitions(topic).await
+        }
+        async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
+            self.appending(topic)?;
+            self.log.append(topic, batches).await
+        }
+        async fn append_as(
+            &self,
+            topic: &str,
+            batches: Vec<(u32, Vec<Record>)>,
+            producer: &str,
+            sequence: u64,
+        ) -> Result<bool, LogError> {
+            self.appending(topic)?;
+            self.log.append_as(topic, batches, producer, sequence).await
+        }
+        async fn producer_sequence(
+            &self,
+            topic: &str,
+            partition: u32,
+            producer: &str,
+            since: u64,
+        ) -> Result<Option<u64>, LogError> {
+            self.log.producer_sequence(topic, partition, producer, since).await
+        }
+        async fn read(
+            &self,
+            topic: &str,
+            partition: u32,
+            from: u64,
+            max: usize,
+        ) -> Result<Vec<StoredRecord>, LogError> {
+            let records = self.log.read(topic, partition, from, max).await?;
+            self.saw(topic, records.iter().map(|r| r.record.body.len()).sum());
+            Ok(records)
+        }
+        async fn poll(
+            &self,
+            topic: &str,
+            partition: u32,
+            from: u64,
+            max: usize,
+            batch: PolledBatch,
+        ) -> Result<PolledBatch, LogError> {
+            let batch = self.log.poll(topic, partition, from, max, batch).await?;
+            self.saw(topic, batch.iter().map(|view| view.body().len()).sum());
+            Ok(batch)
+        }
+        async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
+            self.log.end_offset(topic, partition).await
+        }
+        async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
+            self.log.end_offsets(topic).await
+        }
+        async fn store_consumer_offset(
+            &self,
+            consumer: &str,
+            topic: &str,
+            partition: u32,
+            next: u64,
+        ) -> Result<(), LogError> {
+            self.log.store_consumer_offset(consumer, topic, partition, next).await
+        }
+        async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
+            self.log.consumer_offset(consumer, topic, partition).await
+        }
+        async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
+            self.log.offset_at(topic, partition, time).await
+        }
+    }
+
+    /// A log whose `dlq_t` partition 0 holds `letters` dead letters of
+    /// [`PROJECTION`] with bodies of `body_bytes` each (every third one
+    /// another projection's, in between), and a store that owns partition 0.
+    async fn shelf_of(dir: &tempfile::TempDir, letters: u64, body_bytes: usize) -> (Watched, StateStore) {
+        let log = Watched::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+        for topic in [TOPIC, "retry_t", "dlq_t"] {
+            log.create_topic(topic, 1).await.unwrap();
+        }
+        for origin in 0..letters {
+            let envelope = EventHeaders {
+                tag: EventTypeTag::new(1),
+                key: Key::int(origin % 5),
+                ordering: EventAtomicOrdering::Relaxed,
+                algebra: Algebra::NonAssociative,
+            };
+            let failure = Failure {
+                class: FailureClass::Unrecoverable,
+                message: "broken".into(),
+                module: "m".into(),
+                version: "v".into(),
+            };
+            let routed = Routed {
+                projection: PROJECTION.into(),
+                origin_partition: 0,
+                origin_offset: origin,
+                events: 1,
+                attempts: 1,
+                failed_at_ms: 1,
+                failure: Some(failure),
+                ahead_of: None,
+            };
+            let mut records = vec![routing::routed_record(&envelope, &routed, vec![b'x'; body_bytes])];
+            if origin % 3 == 0 {
+                let other = Routed { projection: "other".into(), ..routed };
+                records.push(routing::routed_record(&envelope, &other, vec![b'y'; body_bytes]));
+            }
+            log.append("dlq_t", vec![(0, records)]).await.unwrap();
+        }
+        let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+        let owned = BatchCommit { positions: vec![(TOPIC.into(), 0, letters)], ..BatchCommit::default() };
+        store.commit(owned).unwrap();
+        (log, store)
+    }
+
+    fn origins(letters: &[DeadLetter]) -> Vec<u64> {
+        letters.iter().map(|l| l.routed.origin_offset).collect()
+    }
+
+    #[tokio::test]
+    async fn show_reads_one_record_and_listing_reads_bounded_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = 256 << 10;
+        // 60 letters and 20 of another projection: 20 MiB of bodies.
+        let (log, store) = shelf_of(&dir, 60, body).await;
+        let shelf = Shelf::shared(TOPIC, PROJECTION);
+
+        // Offset 40 is the letter of event 30 (41 is another projection's).
+        let shown = show_on(&log, TOPIC, &shelf, &store, 0, 40).await.unwrap();
+        assert_eq!((shown.letter.routed.origin_offset, shown.body.len(), shown.letter.body_bytes), (30, body, body));
+        assert_eq!(log.dlq_bytes.load(SeqCst), body, "show reads the one record");
+        let missing = show_on(&log, TOPIC, &shelf, &store, 0, 10_000).await.unwrap_err();
+        assert!(matches!(missing, DeadLetterError::NotFound { partition: 0, offset: 10_000, .. }), "{missing}");
+        let elsewhere = show_on(&log, TOPIC, &shelf, &store, 3, 0).await.unwrap_err();
+        assert!(matches!(elsewhere, DeadLetterError::NotFound { partition: 3, .. }), "{elsewhere}");
+        // Another projection's letter is not this one's.
+        let other = show_on(&log, TOPIC, &shelf, &store, 0, 41).await.unwrap_err();
+        assert!(matches!(other, DeadLetterError::NotFound { offset: 41, .. }), "{other}");
+
+        let all = list_on(&log, TOPIC, &shelf, &store).await.unwrap();
+        assert_eq!(origins(&all), (0..60).collect::<Vec<_>>());
+        assert!(all.iter().all(|l| l.body_bytes == body && l.owned && !l.redriven));
+        let largest = log.dlq_largest_read.load(SeqCst);
+        assert!(largest <= PAGE_BYTES + body, "one read held {largest} bytes");
+
+        // Page by page, each letter once, in order.
+        let (mut after, mut paged) = (None, Vec::new());
+        loop {
+            let page = list_page_on(&log, TOPIC, &shelf, &store, after, 7).await.unwrap();
+            assert!(page.letters.len() <= 7);
+            paged.extend(page.letters);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(paged, all);
+        let last = list_page_on(&log, TOPIC, &shelf, &store, Some((0, all[59].offset)), 7).await.unwrap();
+        assert_eq!(last, LetterPage::default());
+    }
+
+    #[tokio::test]
+    async fn redrive_commits_slice_by_slice_and_a_second_run_redrives_only_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, store) = shelf_of(&dir, 20, 1000).await;
+        let shelf = Shelf::shared(TOPIC, PROJECTION);
+        let all = Selection::default();
+        let slice = Slice { records: 3, bytes: usize::MAX };
+
+        // The second slice's records cannot be appended: the run stops
+        // there, with two slices committed and one of them appended.
+        log.retry_appends_allowed.store(1, SeqCst);
+        let error = redrive_in_slices(&log, TOPIC, PROJECTION, &shelf, &store, &all, slice).await.unwrap_err();
+        assert!(matches!(error, DeadLetterError::Publish(_)), "{error}");
+        assert_eq!(log.log.end_offset("retry_t", 0).await.unwrap(), 3, "the first slice is appended");
+        let marked = list_on(&log, TOPIC, &shelf, &store).await.unwrap();
+        assert_eq!(marked.iter().filter(|l| l.redriven).count(), 6, "two slices are committed");
+
+        // Run again: the rest, none twice; the second slice's records are
+        // appended from the outbox.
+        log.retry_appends_allowed.store(usize::MAX, SeqCst);
+        let done = redrive_in_slices(&log, TOPIC, PROJECTION, &shelf, &store, &all, slice).await.unwrap();
+        assert_eq!((done.records, done.events, done.already), (14, 14, 6));
+        let retried = log.log.read("retry_t", 0, 0, 100).await.unwrap();
+        let retried: Vec<u64> =
+            retried.iter().map(|r| Routed::parse(&r.record.headers).unwrap().origin_offset).collect();
+        assert_eq!(retried, (0..20).collect::<Vec<_>>(), "each letter once, in dead-letter order");
+        assert!(list_on(&log, TOPIC, &shelf, &store).await.unwrap().iter().all(|l| l.redriven));
+        assert!(store.outbox().unwrap().is_empty());
+        let again = redrive_in_slices(&log, TOPIC, PROJECTION, &shelf, &store, &all, slice).await.unwrap();
+        assert_eq!((again.records, again.already), (0, 20));
+    }
+
+    #[tokio::test]
+    async fn redrive_reads_bounded_pages_and_slices_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = 256 << 10;
+        let (log, store) = shelf_of(&dir, 40, body).await;
+        let shelf = Shelf::shared(TOPIC, PROJECTION);
+        let slice = Slice { records: 1000, bytes: 4 * body };
+        let done =
+            redrive_in_slices(&log, TOPIC, PROJECTION, &shelf, &store, &Selection::default(), slice).await.unwrap();
+        assert_eq!(done.records, 40);
+        let largest = log.dlq_largest_read.load(SeqCst);
+        assert!(largest <= PAGE_BYTES + body, "one read held {largest} bytes");
+        // Ten slices of four letters, each appended on its own.
+        assert!(log.retry_appends.load(SeqCst) >= 10, "{} appends", log.retry_appends.load(SeqCst));
+
+        // By place: the one record named is read, not the topic.
+        let fresh = tempfile::tempdir().unwrap();
+        let (log, store) = shelf_of(&fresh, 40, body).await;
+        let named = Selection { records: vec![(0, 30)], ..Selection::default() };
+        let done = redrive_in_slices(&log, TOPIC, PROJECTION, &shelf, &store, &named, slice).await.unwrap();
+        assert_eq!(done.records, 1);
+        assert!(log.dlq_bytes.load(SeqCst) <= 2 * body, "{} bytes read", log.dlq_bytes.load(SeqCst));
+    }
 }

@@ -92,6 +92,10 @@ pub struct HostSettings {
     pub create_emit_topics: Option<u32>,
     /// Where compiled modules are kept. Default: `<data>/cache`.
     pub compile_cache: CompileCache,
+    /// The most bytes the compile cache keeps; the least recently used
+    /// entries past it are removed ([`Sandbox::with_compile_cache_max_bytes`]).
+    /// Default: [`crate::runtime::DEFAULT_COMPILE_CACHE_MAX_BYTES`] (1 GiB).
+    pub compile_cache_max_bytes: u64,
     /// What one module instance may use. Default: [`SandboxLimits::default`].
     pub limits: SandboxLimits,
     /// How the consumer polls, executes and retries, and what a module may
@@ -131,6 +135,7 @@ impl HostSettings {
             create_topic: None,
             create_emit_topics: None,
             compile_cache: CompileCache::InData,
+            compile_cache_max_bytes: crate::runtime::DEFAULT_COMPILE_CACHE_MAX_BYTES,
             limits: SandboxLimits::default(),
             consumer: ConsumerConfig::default(),
             admin: None,
@@ -144,7 +149,9 @@ impl HostSettings {
     /// payload limits of [`Self::consumer`], and the compile cache. Load
     /// modules for [`ModuleSource::Loaded`] with it.
     pub fn sandbox(&self) -> Result<Sandbox, HostError> {
-        let sandbox = Sandbox::new(self.limits)?.with_payload_limits(self.consumer.payload);
+        let sandbox = Sandbox::new(self.limits)?
+            .with_payload_limits(self.consumer.payload)
+            .with_compile_cache_max_bytes(self.compile_cache_max_bytes);
         Ok(match &self.compile_cache {
             CompileCache::InData => sandbox.with_compile_cache(&self.data.join("cache")),
             CompileCache::At(dir) => sandbox.with_compile_cache(dir),

@@ -13,10 +13,17 @@ use wakuwaku_core::limits::printable;
 
 #[derive(Subcommand)]
 pub(super) enum DlqCommand {
-    /// List the dead letters of a projection, one per line.
-    #[command(after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts")]
+    /// List the dead letters of a projection, one per line, without their
+    /// bodies (`waku dlq show` prints one): all of them, streamed a page at
+    /// a time, or a page with --limit (the last line on standard error, or
+    /// `next` in JSON, names the next page's --after).
+    #[command(
+        after_help = "Example:\n  waku dlq list --data waku-data --projection bank --topic accounts\n  waku dlq list \
+                      --data waku-data --projection bank --topic accounts --after 0:999 --limit 1000"
+    )]
     List(DlqListArgs),
-    /// Print one dead letter in full: where it came from, why, its body.
+    /// Print one dead letter in full: where it came from, why, its body
+    /// (reading that record alone).
     #[command(
         after_help = "Example:\n  waku dlq show --data waku-data --projection bank --topic accounts --partition 0 \
                       --offset 3"
@@ -24,7 +31,9 @@ pub(super) enum DlqCommand {
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
     /// module): they join the retry topic, in dead-letter order per key, and
-    /// the next `waku run` applies them. Only the partitions this host's
+    /// the next `waku run` applies them. They go in slices (1 000 letters or
+    /// 16 MiB of bodies), each committed on its own: if it stops half way,
+    /// run it again and it re-drives the rest, none twice. Only the partitions this host's
     /// state store owns (those it holds a position for: the ones its `waku
     /// run` consumes) are re-driven; it says which, and which it left to
     /// other hosts. Stop `waku run` first: the embedded log and state files
@@ -58,6 +67,13 @@ pub(super) struct DlqListArgs {
     pub(super) dlq: ProjectionArgs,
     #[command(flatten)]
     pub(super) shelf: ShelfArgs,
+    /// List the dead letters after this one, as `<partition>:<offset>` (a
+    /// page's next).
+    #[arg(long, value_parser = parse_place)]
+    pub(super) after: Option<(u32, u64)>,
+    /// The most dead letters to list (default: all, read a page at a time).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_LIST_LIMIT))]
+    pub(super) limit: Option<u64>,
     #[command(flatten)]
     pub(super) output: OutputArgs,
 }
@@ -114,32 +130,51 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     let shelf = shelf.shelf(topic, projection);
     match &command {
         DlqCommand::List(list) => {
-            let letters = dead_letter::list_on(&log, topic, &shelf, &store).await?;
-            if list.output.json() {
-                let views = letters.iter().map(|letter| DeadLetterView::new(letter, false)).collect();
-                outln!("{}", serde_json::to_string(&DeadLetterList { projection, topic, dead_letters: views })?)?;
-            } else {
-                for letter in &letters {
-                    outln!("{}", dead_letter_line(letter))?;
-                }
+            let json = list.output.json();
+            if json {
+                // The document is written a letter at a time: its head, each
+                // letter, its tail.
+                let (projection, topic) = (serde_json::to_string(projection)?, serde_json::to_string(topic)?);
+                out!("{{\"projection\":{projection},\"topic\":{topic},\"dead_letters\":[")?;
             }
-            let waiting = letters.iter().filter(|l| l.owned && !l.redriven).count();
-            let others: Vec<u32> = letters.iter().filter(|l| !l.owned).map(|l| l.partition).collect();
-            let elsewhere = match others.len() {
-                0 => String::new(),
-                count => {
-                    let mut partitions = others;
-                    partitions.dedup();
-                    format!("; {count} in {}, which this state store does not own", partition_list(&partitions))
+            let mut tally = Tally::default();
+            let mut after = list.after;
+            let mut left = list.limit.map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
+            let next = loop {
+                let want = left.map_or(LIST_PAGE, |left| left.min(LIST_PAGE));
+                let page = dead_letter::list_page_on(&log, topic, &shelf, &store, after, want).await?;
+                for letter in &page.letters {
+                    if json {
+                        let separator = if tally.letters == 0 { "" } else { "," };
+                        out!("{separator}{}", serde_json::to_string(&DeadLetterView::new(letter, None))?)?;
+                    } else {
+                        outln!("{}", dead_letter_line(letter))?;
+                    }
+                    tally.count(letter);
+                }
+                if let Some(left) = &mut left {
+                    *left -= page.letters.len();
+                }
+                match page.next {
+                    Some(next) if left == Some(0) => break Some(next),
+                    Some(next) => after = Some(next),
+                    None => break None,
                 }
             };
-            errln!("{} dead letters of `{projection}` ({waiting} not re-driven{elsewhere})", letters.len());
+            let next_place = next.map(|(partition, offset)| format!("{partition}:{offset}"));
+            if json {
+                match (&next_place, list.limit) {
+                    (_, None) => outln!("]}}")?,
+                    (next, Some(_)) => outln!("],\"next\":{}}}", serde_json::to_string(next)?)?,
+                }
+            }
+            errln!("{}", tally.summary(projection, next_place.as_deref()));
         }
         DlqCommand::Show(show) => {
-            let letter = dead_letter::show_on(&log, topic, &shelf, &store, show.partition, show.offset).await?;
+            let shown = dead_letter::show_on(&log, topic, &shelf, &store, show.partition, show.offset).await?;
             match show.output.json() {
-                true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&letter, true))?)?,
-                false => outln!("{}", dead_letter_details(&letter))?,
+                true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&shown.letter, Some(&shown.body)))?)?,
+                false => outln!("{}", dead_letter_details(&shown.letter, &shown.body))?,
             }
         }
         DlqCommand::Redrive(redrive) => {
@@ -155,6 +190,12 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
                     let state = store.location();
                     return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
+                }
+                Err(error @ (DeadLetterError::Log(_) | DeadLetterError::State(_) | DeadLetterError::Publish(_))) => {
+                    return Err(anyhow::Error::new(error).context(
+                        "re-drive stopped: the slices it committed stay re-driven (`waku dlq list` marks them); run \
+                         it again to re-drive the rest, none twice",
+                    ));
                 }
                 done => done?,
             };
@@ -180,6 +221,50 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The most dead letters one `--limit` asks for.
+const MAX_LIST_LIMIT: u64 = 1_000_000;
+
+/// The dead letters `waku dlq list` holds at a time.
+const LIST_PAGE: usize = 1_000;
+
+/// What `waku dlq list` listed, for its summary line.
+#[derive(Default)]
+struct Tally {
+    letters: u64,
+    /// Owned and not re-driven.
+    waiting: u64,
+    /// In partitions this state store does not own.
+    elsewhere: u64,
+    /// Those partitions, in order.
+    others: Vec<u32>,
+}
+
+impl Tally {
+    fn count(&mut self, letter: &DeadLetter) {
+        self.letters += 1;
+        match letter.owned {
+            true => self.waiting += u64::from(!letter.redriven),
+            false => {
+                self.elsewhere += 1;
+                if self.others.last() != Some(&letter.partition) {
+                    self.others.push(letter.partition);
+                }
+            }
+        }
+    }
+
+    /// `3 dead letters of `bank` (2 not re-driven)`, naming the next page's
+    /// `--after` when there is one.
+    fn summary(&self, projection: &str, next: Option<&str>) -> String {
+        let elsewhere = match self.elsewhere {
+            0 => String::new(),
+            count => format!("; {count} in {}, which this state store does not own", partition_list(&self.others)),
+        };
+        let more = next.map_or(String::new(), |next| format!("; more follow: --after {next}"));
+        format!("{} dead letters of `{projection}` ({} not re-driven{elsewhere}){more}", self.letters, self.waiting)
+    }
 }
 
 /// `partition 0`, `partitions 0, 2`, or `no partition`.
@@ -236,7 +321,7 @@ pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
 
 /// Everything about one dead letter, for `waku dlq show`, each line and the
 /// body's lines escaped as in [`dead_letter_line`].
-pub(super) fn dead_letter_details(letter: &DeadLetter) -> String {
+pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8]) -> String {
     let routed = &letter.routed;
     let mut lines = vec![
         format!("dead letter:  partition {}, offset {}", letter.partition, letter.offset),
@@ -268,7 +353,6 @@ pub(super) fn dead_letter_details(letter: &DeadLetter) -> String {
         }
     ));
     let mut lines: Vec<String> = lines.iter().map(|line| printable(line).into_owned()).collect();
-    let body = &letter.record.body;
     match std::str::from_utf8(body) {
         Ok(text) => {
             lines.push(format!("body ({} bytes):", body.len()));
@@ -281,14 +365,6 @@ pub(super) fn dead_letter_details(letter: &DeadLetter) -> String {
         )),
     }
     lines.join("\n")
-}
-
-/// `waku dlq list --output json`.
-#[derive(Serialize)]
-struct DeadLetterList<'a> {
-    projection: &'a str,
-    topic: &'a str,
-    dead_letters: Vec<DeadLetterView<'a>>,
 }
 
 /// One dead letter, for `waku dlq list|show --output json`.
@@ -343,11 +419,10 @@ struct BodyView {
 }
 
 impl<'a> DeadLetterView<'a> {
-    fn new(letter: &'a DeadLetter, with_body: bool) -> Self {
+    /// `body`: for `dlq show`.
+    fn new(letter: &'a DeadLetter, body: Option<&[u8]>) -> Self {
         let routed = &letter.routed;
         let failure = routed.failure.as_ref();
-        let body = &letter.record.body;
-        let text = std::str::from_utf8(body).ok().map(str::to_owned);
         Self {
             partition: letter.partition,
             offset: letter.offset,
@@ -370,10 +445,13 @@ impl<'a> DeadLetterView<'a> {
             headers_error: letter.envelope.as_ref().err().map(ToString::to_string),
             owned: letter.owned,
             redriven: letter.owned.then_some(letter.redriven),
-            body: with_body.then(|| BodyView {
-                bytes: body.len(),
-                hex: text.is_none().then(|| body.iter().map(|b| format!("{b:02x}")).collect()),
-                text,
+            body: body.map(|body| {
+                let text = std::str::from_utf8(body).ok().map(str::to_owned);
+                BodyView {
+                    bytes: body.len(),
+                    hex: text.is_none().then(|| body.iter().map(|b| format!("{b:02x}")).collect()),
+                    text,
+                }
             }),
         }
     }

@@ -72,6 +72,16 @@ macro_rules! outln {
     };
 }
 
+/// [`outln!`] without the line end, for a result written in pieces.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        {
+            use std::io::Write as _;
+            write!(std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)
+        }
+    };
+}
+
 /// `eprintln!` for messages, ignoring write errors: when nobody reads
 /// standard error any more the command still does its work.
 macro_rules! errln {

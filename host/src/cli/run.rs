@@ -66,6 +66,11 @@ pub(super) struct RunArgs {
     /// Compile every module at start-up instead of using the cache.
     #[arg(long)]
     pub(super) no_compile_cache: bool,
+    /// The most MiB the compile cache keeps: past it, the least recently
+    /// used compiled modules are removed (never those of the versions
+    /// running), to be compiled again if loaded again.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub(super) compile_cache_max_mib: u64,
     /// Serve the admin endpoint (health, readiness, metrics, modules,
     /// state, status) on this address, e.g. `127.0.0.1:9100`.
     #[arg(long)]
@@ -95,6 +100,7 @@ impl RunArgs {
             (Some(dir), false) => CompileCache::At(dir.clone()),
             (None, false) => CompileCache::InData,
         };
+        settings.compile_cache_max_bytes = self.compile_cache_max_mib << 20;
         settings.admin = self.admin;
         settings.until_caught_up = self.until_caught_up;
         settings.group = self.group.clone();

@@ -53,6 +53,13 @@
 //!   `deserialize` (which checks version and settings once more). As an
 //!   entry is native code, it is used only when it and the cache directory
 //!   belong to the host's user and no one else may write them.
+//! - **The compile cache stays under its size bound.** After each entry it
+//!   writes, the least recently used entries (a hit makes an entry the most
+//!   recently used) are removed until the cache holds at most its bound
+//!   ([`Sandbox::with_compile_cache_max_bytes`], 1 GiB by default), except
+//!   the entries of the versions this sandbox loaded last for each module
+//!   (see `runtime/cache.rs`). A loaded module never reads its entry again, so removing
+//!   one costs only a compile at the next load.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -393,6 +400,10 @@ impl LoadError {
 struct HostFault(String);
 
 pub use compiler::compile_in_child_processes;
+
+/// The default size bound of the compile cache: 1 GiB, some 30 versions of
+/// a Python module (about 36 MB compiled) or hundreds of a Rust one.
+pub const DEFAULT_COMPILE_CACHE_MAX_BYTES: u64 = 1 << 30;
 pub use component_file::read_component;
 
 /// Compiles and instantiates handler components under [`SandboxLimits`].
@@ -403,6 +414,8 @@ pub struct Sandbox {
     shared: Arc<Shared>,
     /// Where compiled components are kept between runs, if anywhere.
     cache: Option<Arc<Path>>,
+    /// The most bytes of entries the compile cache keeps.
+    cache_max_bytes: u64,
     /// The payload limits of calls outside `handle` (inside it, the key
     /// scope's apply): log lines of any call, `combine`'s body.
     payload: PayloadLimits,
@@ -418,6 +431,9 @@ struct Shared {
     over_compile_limits: Mutex<HashMap<String, compiler::CompileLimit>>,
     /// What every instance's memories draw on.
     host_memory: Arc<instance_limits::HostMemory>,
+    /// The compile cache entries of the versions loaded last, which
+    /// pruning leaves alone.
+    cache_in_use: cache::InUse,
 }
 
 impl Drop for Shared {
@@ -443,8 +459,10 @@ impl Sandbox {
                 ticker_stop,
                 over_compile_limits: Mutex::default(),
                 host_memory: instance_limits::HostMemory::new(limits.host_memory_bytes),
+                cache_in_use: cache::InUse::default(),
             }),
             cache: None,
+            cache_max_bytes: DEFAULT_COMPILE_CACHE_MAX_BYTES,
             payload: PayloadLimits::default(),
         })
     }
@@ -453,6 +471,16 @@ impl Sandbox {
     /// first written) so that loading a module seen before skips compiling.
     pub fn with_compile_cache(mut self, dir: &Path) -> Self {
         self.cache = Some(Arc::from(dir));
+        self
+    }
+
+    /// The same sandbox, keeping at most `bytes` of entries in its compile
+    /// cache: after writing an entry it removes the least recently used
+    /// ones past the bound (see the [module documentation](self)). Default
+    /// [`DEFAULT_COMPILE_CACHE_MAX_BYTES`]. A bound below one entry keeps
+    /// only the entries in use.
+    pub fn with_compile_cache_max_bytes(mut self, bytes: u64) -> Self {
+        self.cache_max_bytes = bytes;
         self
     }
 

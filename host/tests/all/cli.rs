@@ -640,6 +640,18 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert_eq!((&first["owned"], &first["redriven"]), (&json!(true), &json!(false)));
     assert_eq!((&letters[1]["class"], &letters[1]["attempts"]), (&json!("trap"), &json!(2)));
     assert_eq!(letters[1]["event"]["key"], json!(2));
+    // A page at a time: --limit cuts it and names the next page's --after.
+    let out = dlq(&["list", "--limit", "1"]);
+    assert_eq!(text(&out.stdout).lines().count(), 1, "{}", text(&out.stdout));
+    assert!(text(&out.stdout).starts_with("0:0\t"), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("1 dead letters of `ledger` (1 not re-driven); more follow: --after 0:0"));
+    let out = dlq(&["list", "--after", "0:0", "--limit", "1", "--output", "json"]);
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(keys(&page), ["dead_letters", "next", "projection", "topic"]);
+    assert_eq!((&page["dead_letters"][0]["offset"], &page["next"]), (&json!(1), &serde_json::Value::Null));
+    let out = dlq(&["list", "--limit", "1", "--output", "json"]);
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!((page["dead_letters"].as_array().unwrap().len(), &page["next"]), (1, &json!("0:0")));
     let out = dlq(&["show", "--partition", "0", "--offset", "1", "--output", "json"]);
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     let mut fields = DEAD_LETTER_FIELDS.to_vec();

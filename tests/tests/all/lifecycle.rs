@@ -19,7 +19,9 @@ use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
 use wakuwaku::state::StateStore;
-use wakuwaku_tests::{Recorder, bank_log, bank_variant, bank_wasm, check_call_order, read_partition};
+use wakuwaku_tests::{
+    Recorder, bank_fee_wasm, bank_log, bank_variant, bank_wasm, check_call_order, probe_wasm, read_partition,
+};
 
 /// Writes a file whole, through a rename, as a deployment tool would.
 fn install(dir: &Path, name: &str, bytes: &[u8]) {
@@ -643,4 +645,70 @@ fn a_file_a_reload_cannot_read_is_refused_alone_and_the_others_are_applied() {
     drop(library);
     let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
     assert!(error.contains("component-"), "{error}");
+}
+
+/// The compile cache stays under its bound: writing an entry removes the
+/// least recently used ones past it (a hit counts as a use), never the
+/// entries of the versions the sandbox runs.
+#[test]
+fn the_compile_cache_removes_the_least_recently_used_entries_past_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let modules: Vec<(&str, Vec<u8>)> = [("bank", bank_wasm()), ("fee", bank_fee_wasm()), ("probe", probe_wasm())]
+        .into_iter()
+        .map(|(name, path)| (name, std::fs::read(path).unwrap()))
+        .collect();
+    let entries = |cache: &Path| -> Vec<(String, u64)> {
+        let mut entries: Vec<(String, u64)> = std::fs::read_dir(cache)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+            .collect();
+        entries.sort();
+        entries
+    };
+    // How large each entry is.
+    let scratch = dir.path().join("scratch");
+    let sizes: Vec<u64> = modules
+        .iter()
+        .map(|(name, bytes)| {
+            let sandbox = Sandbox::new(SandboxLimits::default()).unwrap().with_compile_cache(&scratch);
+            sandbox.load(name, bytes).unwrap();
+            let version = content_version(bytes);
+            entries(&scratch).into_iter().find(|(file, _)| file.starts_with(&version)).unwrap().1
+        })
+        .collect();
+
+    // Room for all three but one byte: the third entry written removes the
+    // least recently used one.
+    let cache = dir.path().join("cache");
+    let bound = sizes.iter().sum::<u64>() - 1;
+    // A fresh sandbox per load, as a process each: nothing of its own in use.
+    let load = |index: usize, bound: u64| {
+        let sandbox = Sandbox::new(SandboxLimits::default())
+            .unwrap()
+            .with_compile_cache(&cache)
+            .with_compile_cache_max_bytes(bound);
+        sandbox.load(modules[index].0, &modules[index].1).unwrap().from_cache()
+    };
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    assert!(!load(0, bound));
+    pause();
+    assert!(!load(1, bound));
+    pause();
+    assert!(load(0, bound), "bank is cached");
+    pause();
+    assert!(!load(2, bound));
+    let kept: u64 = entries(&cache).iter().map(|(_, bytes)| bytes).sum();
+    assert_eq!(kept, sizes[0] + sizes[2], "fee, the least recently used, was removed: {:?}", entries(&cache));
+    assert!(load(0, bound), "bank, used after fee, is kept");
+    assert!(load(2, bound), "probe, just written, is kept");
+
+    // The entries of what a sandbox runs are kept even past the bound:
+    // bank's (a hit) and fee's (just written) stay, probe's goes.
+    let sandbox =
+        Sandbox::new(SandboxLimits::default()).unwrap().with_compile_cache(&cache).with_compile_cache_max_bytes(1);
+    assert!(sandbox.load(modules[0].0, &modules[0].1).unwrap().from_cache());
+    assert!(!sandbox.load(modules[1].0, &modules[1].1).unwrap().from_cache());
+    let kept: u64 = entries(&cache).iter().map(|(_, bytes)| bytes).sum();
+    assert_eq!(kept, sizes[0] + sizes[1], "bank and fee are running: {:?}", entries(&cache));
 }
