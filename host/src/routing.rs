@@ -42,7 +42,7 @@
 //!   state only holds the retry position and the offsets above it that are
 //!   done, committed with the batch that did them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -469,8 +469,9 @@ impl KeyInRetry {
 pub struct RetryQueue {
     /// Keyed with a seeded hash: keys are chosen by publishers.
     keys: HashMap<Key, KeyInRetry>,
-    /// Retry offsets of waiting records, to find the lowest quickly.
-    waiting: BTreeMap<u64, Key>,
+    /// Retry offsets of waiting records, to find the lowest quickly (the
+    /// offset alone: a key may be long, and a backlog holds many records).
+    waiting: BTreeSet<u64>,
     /// Everything below this retry offset has been indexed.
     scanned: u64,
 }
@@ -512,10 +513,10 @@ impl RetryQueue {
     /// any other goes last.
     pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, bytes: usize, policy: &RetryPolicy) {
         let waiting = Waiting { offset, events: routed.events, bytes, due_ms: routed.due_ms(policy) };
-        let records = &mut self.keys.entry(key.clone()).or_default().records;
+        let records = &mut self.keys.entry(key).or_default().records;
         let place = routed.ahead_of.and_then(|ahead_of| records.iter().position(|w| w.offset == ahead_of));
         records.insert(place.unwrap_or(records.len()), waiting);
-        self.waiting.insert(offset, key);
+        self.waiting.insert(offset);
         self.scanned = self.scanned.max(offset + 1);
     }
 
@@ -571,7 +572,7 @@ impl RetryQueue {
     pub fn put_back(&mut self, key: Key, left: Vec<Waiting>, due_ms: u64) {
         let records = &mut self.keys.entry(key.clone()).or_default().records;
         for waiting in left.into_iter().rev() {
-            self.waiting.insert(waiting.offset, key.clone());
+            self.waiting.insert(waiting.offset);
             records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
         }
         if records.is_empty() {
@@ -587,7 +588,7 @@ impl RetryQueue {
     /// The retry position: the lowest offset still waiting, or the end of
     /// what was indexed.
     pub fn position(&self) -> u64 {
-        self.waiting.keys().next().copied().unwrap_or(self.scanned)
+        self.waiting.first().copied().unwrap_or(self.scanned)
     }
 }
 
