@@ -439,7 +439,7 @@ impl Drop for CaptureGuard {
 }
 
 /// The target of module log lines (`crate::runtime::log`).
-const GUEST_LOG_TARGET: &str = "waku::guest";
+pub(crate) const GUEST_LOG_TARGET: &str = "waku::guest";
 
 impl GuestLogCapture {
     /// The layer, filtered to module log lines of every level (its own

@@ -287,9 +287,18 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     };
     // A second command in one process keeps the first one's subscriber.
     let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(colours).with_filter(filter);
-    // `waku test` keeps the module's log lines for its outcome.
-    let capture = matches!(layered.cli.command, Command::Test(_)).then(crate::trial::GuestLogCapture::layer);
+    // `waku test` keeps the module's log lines for its outcome (a bounded
+    // number of them), so they are not echoed on standard error as well.
+    let testing = matches!(layered.cli.command, Command::Test(_));
+    let echoed = tracing_subscriber::filter::filter_fn(move |metadata| {
+        !(testing && metadata.target() == crate::trial::GUEST_LOG_TARGET)
+    });
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colours)
+        .with_filter(filter)
+        .with_filter(echoed);
+    let capture = testing.then(crate::trial::GuestLogCapture::layer);
     let _ = tracing_subscriber::registry().with(lines).with(capture).try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
