@@ -19,6 +19,11 @@
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
 //! and records it once the batch is committed, so the hot path touches no
 //! shared metric and the counts never run ahead of the state.
+//!
+//! Series labelled by module and event type go when their module or type
+//! leaves the projection: the first batch recorded with a newer module set
+//! removes the series of modules and types it does not declare, so names a
+//! stream of hot-loaded modules chose do not pile up.
 
 use std::time::Duration;
 
@@ -91,6 +96,20 @@ pub struct Metrics {
     fenced: Family<ProjectionLabels, Counter>,
     take_failed: Family<ProjectionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+    /// Per projection, the series labelled by module and type, and the
+    /// newest module set recorded.
+    by_module: std::sync::Mutex<FxHashMap<String, ModuleSeries>>,
+}
+
+/// A projection's series labelled by module (and type).
+#[derive(Default)]
+struct ModuleSeries {
+    /// [`ModuleSet::sequence`] of the newest set recorded.
+    newest: u64,
+    /// Whether a batch of an older set recorded series since the newest
+    /// set pruned them.
+    stale: bool,
+    types: rustc_hash::FxHashSet<TypeLabels>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -117,6 +136,7 @@ impl Default for Metrics {
             take_failed: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
+            by_module: std::sync::Mutex::default(),
         };
         registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
         registry.register("waku_events_retried", "Events sent to the retry topic", metrics.retried.clone());
@@ -162,6 +182,14 @@ impl Metrics {
     /// Records what one committed batch did: its per-type tally, and the
     /// events it skipped and the messages it could not read.
     pub fn record(&self, projection: &str, modules: &ModuleSet, tally: &BatchTally, skipped: u64, malformed: u64) {
+        let mut by_module = self.by_module.lock().unwrap_or_else(|e| e.into_inner());
+        let series = by_module.entry(projection.to_owned()).or_default();
+        if modules.sequence() > series.newest || (modules.sequence() == series.newest && series.stale) {
+            self.forget_undeclared(series, modules);
+            series.newest = modules.sequence();
+        } else if modules.sequence() < series.newest && !tally.types.is_empty() {
+            series.stale = true;
+        }
         for (&(module, tag), counts) in &tally.types {
             let (module_name, event_type) = match modules.modules().get(module) {
                 Some(m) => (
@@ -171,6 +199,7 @@ impl Metrics {
                 None => (String::new(), tag.to_string()),
             };
             let labels = TypeLabels { projection: projection.to_owned(), module: module_name.clone(), event_type };
+            series.types.insert(labels.clone());
             if counts.applied > 0 {
                 self.applied.get_or_create(&labels).inc_by(counts.applied);
             }
@@ -197,6 +226,31 @@ impl Metrics {
                 TypeLabels { projection: projection.to_owned(), module: String::new(), event_type: "malformed".into() };
             self.dead_lettered.get_or_create(&labels).inc_by(malformed);
         }
+    }
+
+    /// Removes the series of `series` whose module or type `modules` does
+    /// not declare.
+    fn forget_undeclared(&self, series: &mut ModuleSeries, modules: &ModuleSet) {
+        let declared = |labels: &TypeLabels| {
+            modules.modules().iter().any(|module| {
+                module.name() == labels.module && module.event_types().iter().any(|t| t.name == labels.event_type)
+            })
+        };
+        series.types.retain(|labels| {
+            if declared(labels) {
+                return true;
+            }
+            self.applied.remove(labels);
+            self.retried.remove(labels);
+            self.dead_lettered.remove(labels);
+            self.calls.remove(labels);
+            if !modules.modules().iter().any(|module| module.name() == labels.module) {
+                self.traps
+                    .remove(&ModuleLabels { projection: labels.projection.clone(), module: labels.module.clone() });
+            }
+            false
+        });
+        series.stale = false;
     }
 
     /// Observes the phases a batch (or the outbox step after its commit)
@@ -315,5 +369,65 @@ mod tests {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
         assert!(!text.contains(r#"phase="poll""#), "a phase the batch did not go through is observed:\n{text}");
+    }
+
+    /// A module that declares one type and is never called.
+    struct Named(String, Vec<crate::handler::EventType>);
+
+    impl crate::handler::HandlerModule for Named {
+        fn name(&self) -> &str {
+            &self.0
+        }
+        fn version(&self) -> &str {
+            "1"
+        }
+        fn event_types(&self) -> &[crate::handler::EventType] {
+            &self.1
+        }
+        fn instantiate(&self) -> Result<Box<dyn crate::handler::HandlerInstance>, crate::handler::CallError> {
+            unreachable!("never called")
+        }
+    }
+
+    fn set_of(name: &str, type_name: &str) -> ModuleSet {
+        let event_type = crate::handler::EventType {
+            tag: EventTypeTag::new(1),
+            name: type_name.to_owned(),
+            algebra: crate::event::Algebra::NonAssociative,
+            max_batch: 1,
+        };
+        ModuleSet::new("bank", "accounts", vec![std::sync::Arc::new(Named(name.to_owned(), vec![event_type]))]).unwrap()
+    }
+
+    fn applied_and_trapped() -> BatchTally {
+        let mut tally = BatchTally::default();
+        let counts = tally.of(0, EventTypeTag::new(1));
+        counts.applied = 1;
+        counts.traps = 1;
+        tally
+    }
+
+    #[test]
+    fn the_series_of_a_module_that_left_go_with_it() {
+        let metrics = Metrics::default();
+        let old = set_of("m0001", "Visited");
+        let new = set_of("m0002", "Visited");
+        let applied = |module: &str| {
+            format!(r#"waku_events_applied_total{{projection="bank",module="{module}",event_type="Visited"}} 1"#)
+        };
+        let trapped = |module: &str| format!(r#"waku_traps_total{{projection="bank",module="{module}"}} 1"#);
+        metrics.record("bank", &old, &applied_and_trapped(), 0, 0);
+        assert!(metrics.encode().contains(&applied("m0001")));
+        metrics.record("bank", &new, &applied_and_trapped(), 0, 0);
+        let text = metrics.encode();
+        assert!(text.contains(&applied("m0002")) && text.contains(&trapped("m0002")), "{text}");
+        assert!(!text.contains("m0001"), "the series of a module that left stay:\n{text}");
+        // A batch of the old set that ends late records its series again;
+        // the next batch of the new set removes them, and keeps its own.
+        metrics.record("bank", &old, &applied_and_trapped(), 0, 0);
+        assert!(metrics.encode().contains("m0001"));
+        metrics.record("bank", &new, &BatchTally::default(), 0, 0);
+        let text = metrics.encode();
+        assert!(!text.contains("m0001") && text.contains(&applied("m0002")), "{text}");
     }
 }

@@ -102,7 +102,12 @@ pub struct ModuleSet {
     modules: Vec<Arc<dyn HandlerModule>>,
     routes: FxHashMap<EventTypeTag, Route>,
     pools: Vec<Mutex<Vec<Box<dyn HandlerInstance>>>>,
+    /// Higher for a set made later ([`ModuleSet::sequence`]).
+    sequence: u64,
 }
+
+/// The sequence number of the next [`ModuleSet`].
+static NEXT_SET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Where events of one tag go.
 #[derive(Debug, Clone)]
@@ -139,7 +144,14 @@ impl ModuleSet {
             }
         }
         let pools = modules.iter().map(|_| Mutex::new(Vec::new())).collect();
-        Ok(Self { modules, routes, pools })
+        let sequence = NEXT_SET.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Self { modules, routes, pools, sequence })
+    }
+
+    /// A number that is higher for a set made later in this process, so
+    /// that of two sets, the one that replaced the other can be told.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
     }
 
     /// The modules, in load order.
