@@ -235,6 +235,18 @@ impl<L: EventLog> Consumer<L> {
                     untouched = false;
                     continue;
                 }
+                // The records of the run from `begin` on as they go to
+                // retry: the failed chunk with its attempt counted, the
+                // rest as they were.
+                let unfinished_run = |records: Range<usize>| {
+                    records.map(|index| Unfinished {
+                        shape,
+                        origin: reduced.origins[index],
+                        attempts: if index < end { attempt } else { attempts[index] },
+                        failure: (index < end).then(|| failure.clone()),
+                        body: reduced.bodies[index].clone(),
+                    })
+                };
                 if let Some(slice) = &work.retry {
                     // Taken from the retry topic: only what must go before
                     // the rest is written again; the rest stays where it
@@ -256,34 +268,12 @@ impl<L: EventLog> Consumer<L> {
                         left.iter().min().map(|&i| slice.offsets[i]).or_else(|| slice.next_waiting.get(key).copied());
                     out.left.extend(left.iter().map(|&i| slice.offsets[i]));
                     let ahead_end = if unreduced { end } else { reduced.bodies.len() };
-                    let unfinished = (begin..ahead_end)
-                        .map(|index| Unfinished {
-                            shape,
-                            origin: reduced.origins[index],
-                            attempts: if index < end { attempt } else { attempts[index] },
-                            failure: (index < end).then(|| failure.clone()),
-                            body: reduced.bodies[index].clone(),
-                        })
-                        .collect();
+                    let unfinished = unfinished_run(begin..ahead_end).collect();
                     self.retry_later(partition, key, modules, (unfinished, ahead_of), out);
                     return;
                 }
-                // Retry later: the failed chunk with its attempt counted,
-                // then everything after it as it was.
-                let rest = reduced.bodies[begin..].iter().zip(&reduced.origins[begin..]).zip(&attempts[begin..]);
-                let mut unfinished: Vec<Unfinished> = rest
-                    .enumerate()
-                    .map(|(index, ((body, &origin), &attempts))| {
-                        let failed = begin + index < end;
-                        Unfinished {
-                            shape,
-                            origin,
-                            attempts: if failed { attempt } else { attempts },
-                            failure: failed.then(|| failure.clone()),
-                            body: body.clone(),
-                        }
-                    })
-                    .collect();
+                // Retry later: the rest of the run, then every later run.
+                let mut unfinished: Vec<Unfinished> = unfinished_run(begin..reduced.bodies.len()).collect();
                 for run in runs {
                     let shape = run.shape();
                     let (origins, bodies, attempts) = work.records(run);
