@@ -166,7 +166,7 @@ impl ModuleSet {
 
     /// Borrows pooled instances for one worker; they return on drop.
     pub fn instances(&self) -> Instances<'_> {
-        Instances { set: self, checked_out: self.modules.iter().map(|_| None).collect() }
+        Instances { set: self, checked_out: self.modules.iter().map(|_| Ok(None)).collect() }
     }
 }
 
@@ -318,31 +318,37 @@ pub fn load_module_file(sandbox: &Sandbox, path: &Path) -> Result<Arc<dyn Handle
 }
 
 /// Instances one worker holds, one per module at most, taken from the
-/// set's pool on first use and returned when dropped.
+/// set's pool on first use and returned when dropped. A module that could
+/// not make one is not asked again by the same worker for the same batch:
+/// its later keys get the same error, so a start function that traps (or
+/// the host's memory full) costs one attempt per worker, not one per key.
 pub struct Instances<'a> {
     set: &'a ModuleSet,
-    checked_out: Vec<Option<Box<dyn HandlerInstance>>>,
+    checked_out: Vec<Result<Option<Box<dyn HandlerInstance>>, CallError>>,
 }
 
 impl Instances<'_> {
     /// The worker's instance of module `module`.
     pub fn get(&mut self, module: usize) -> Result<&mut dyn HandlerInstance, CallError> {
         let slot = &mut self.checked_out[module];
-        if slot.is_none() {
+        if let Ok(None) = slot {
             let pooled = self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner()).pop();
-            *slot = Some(match pooled {
-                Some(instance) => instance,
-                None => self.set.modules[module].instantiate()?,
-            });
+            *slot = match pooled {
+                Some(instance) => Ok(Some(instance)),
+                None => self.set.modules[module].instantiate().map(Some),
+            };
         }
-        Ok(slot.as_deref_mut().expect("filled above"))
+        match slot {
+            Ok(instance) => Ok(instance.as_deref_mut().expect("filled above")),
+            Err(error) => Err(error.clone()),
+        }
     }
 }
 
 impl Drop for Instances<'_> {
     fn drop(&mut self) {
         for (module, slot) in self.checked_out.iter_mut().enumerate() {
-            if let Some(instance) = slot.take() {
+            if let Ok(Some(instance)) = std::mem::replace(slot, Ok(None)) {
                 let mut pool = self.set.pools[module].lock().unwrap_or_else(|e| e.into_inner());
                 if self.set.modules[module].keeps_idle_instances() {
                     pool.push(instance);

@@ -66,6 +66,10 @@ pub struct Flaky {
     handled: Arc<Mutex<Vec<Handled>>>,
     /// While set, every call fails unrecoverably.
     pub broken: Arc<AtomicBool>,
+    /// While set, making an instance fails as a trap would.
+    pub unstartable: Arc<AtomicBool>,
+    /// Instances asked for so far, made or not.
+    pub instantiations: Arc<std::sync::atomic::AtomicUsize>,
     event_types: Arc<Vec<EventType>>,
 }
 
@@ -118,6 +122,10 @@ impl HandlerModule for Flaky {
     }
 
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
+        self.instantiations.fetch_add(1, Ordering::SeqCst);
+        if self.unstartable.load(Ordering::SeqCst) {
+            return Err(CallError::Trap { reason: "the start function trapped".into() });
+        }
         Ok(Box::new(self.clone()))
     }
 }

@@ -402,6 +402,26 @@ async fn keys_past_a_spent_batch_budget_are_not_called_and_stay_where_they_wait(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_that_cannot_start_is_asked_once_per_worker_and_batch() {
+    // Each key used to ask for an instance again: a start function that
+    // traps (or the host's instance memory full) ran once per key.
+    use std::sync::atomic::Ordering::SeqCst;
+    let setup = Setup::new(1).await;
+    let events: Vec<Event> = (0..100).map(|seq| event(seq + 1, STEP, Relaxed, seq, &[])).collect();
+    setup.publish(&events).await;
+    let projection = setup.projection();
+    setup.module.unstartable.store(true, SeqCst);
+    setup.module.instantiations.store(0, SeqCst);
+    let retry = RetryPolicy { delays: vec![Duration::from_secs(3600)], ..eager(5) };
+    let summary = setup.consumer(&projection, 100, retry).catch_up().await.unwrap();
+    assert_eq!((summary.batches, summary.applied, summary.retry_in), (1, 0, 100));
+    let asked = setup.module.instantiations.load(SeqCst);
+    assert!(asked <= 2, "{asked} instances asked for in one batch of 100 keys on two workers");
+    let waiting = setup.routed("retry_steps").await;
+    assert!(waiting.iter().all(|(_, routed)| routed.failure.as_ref().is_some_and(|f| f.class == FailureClass::Trap)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let setup = Setup::new(1).await;
     setup.publish(&[event(1, STEP, Relaxed, 1, &["retryable"]), event(2, STEP, Relaxed, 2, &[])]).await;
