@@ -25,6 +25,7 @@
 //! removes the series of modules and types it does not declare, so names a
 //! stream of hot-loaded modules chose do not pile up.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,7 +34,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::consumer::PhaseTimes;
 use crate::event::EventTypeTag;
@@ -98,7 +99,7 @@ pub struct Metrics {
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     /// Per projection, the series labelled by module and type, and the
     /// newest module set recorded.
-    by_module: std::sync::Mutex<FxHashMap<String, ModuleSeries>>,
+    by_module: Mutex<FxHashMap<String, ModuleSeries>>,
 }
 
 /// A projection's series labelled by module (and type).
@@ -109,7 +110,7 @@ struct ModuleSeries {
     /// Whether a batch of an older set recorded series since the newest
     /// set pruned them.
     stale: bool,
-    types: rustc_hash::FxHashSet<TypeLabels>,
+    types: FxHashSet<TypeLabels>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -136,7 +137,7 @@ impl Default for Metrics {
             take_failed: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
-            by_module: std::sync::Mutex::default(),
+            by_module: Mutex::default(),
         };
         registry.register("waku_events_applied", "Events handed to a handler successfully", metrics.applied.clone());
         registry.register("waku_events_retried", "Events sent to the retry topic", metrics.retried.clone());

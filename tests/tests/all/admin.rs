@@ -43,6 +43,22 @@ impl Served {
         Self { address, stop, server }
     }
 
+    /// The endpoint of `projection` alone: a bare consumer's progress, no
+    /// library or rebuild, metrics of its own.
+    async fn bare<L: wakuwaku::log::EventLog>(log: Arc<L>, projection: Arc<Projection>) -> Self {
+        let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+        let progress = consumer.progress();
+        Self::start(Admin {
+            log,
+            projection,
+            progress,
+            metrics: Arc::new(Metrics::default()),
+            library: None,
+            rebuild: None,
+        })
+        .await
+    }
+
     /// Stops the endpoint and checks it ended cleanly.
     async fn stop(self) {
         self.stop.send(()).unwrap();
@@ -158,16 +174,7 @@ async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit()
     let (log, _) = bank_log(dir.path(), module.clone(), spec, 1).await;
     let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
-    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
-    let endpoint = Served::start(Admin {
-        log,
-        projection,
-        progress: consumer.progress(),
-        metrics: Arc::new(Metrics::default()),
-        library: None,
-        rebuild: None,
-    })
-    .await;
+    let endpoint = Served::bare(log, projection).await;
     let address = endpoint.address;
 
     const CLIENTS: usize = 3 * admin::MAX_CONNECTIONS;
@@ -270,16 +277,7 @@ async fn views_answer_a_page_of_state_however_many_counters_there_are() {
     let counter_deltas = (0..COUNTERS).map(|i| (format!("{i:06}.{}", "c".repeat(240)), 1)).collect();
     store.commit(BatchCommit { writes: vec![(Key::int(42), writes)], counter_deltas, ..Default::default() }).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![bank_module()], store).unwrap());
-    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
-    let served = Served::start(Admin {
-        log,
-        projection,
-        progress: consumer.progress(),
-        metrics: Arc::new(Metrics::default()),
-        library: None,
-        rebuild: None,
-    })
-    .await;
+    let served = Served::bare(log, projection).await;
     let base = format!("http://{}", served.address);
 
     // The key's view: a page of entries, the first counters, and where
