@@ -13,7 +13,9 @@
 //! Each way consumes the same log into a fresh state store; each is checked
 //! against the oracle, so a fast wrong answer cannot win. Prints events/s
 //! and the ratios. `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the
-//! workload (default 1 000 000 events over 10 000 accounts).
+//! workload (default 1 000 000 events over 10 000 accounts);
+//! `WAKU_BENCH_ONLY=native` (or `wasm`, `per-event`, `wasm-small`, several
+//! separated by commas) runs only those ways, e.g. under a profiler.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,25 +73,46 @@ fn main() {
         ConsumerConfig::default().workers
     );
 
+    let only = std::env::var("WAKU_BENCH_ONLY").ok();
+    let runs = |way: &str| only.as_deref().is_none_or(|only| only.split(',').any(|o| o.trim() == way));
     let mut best = [f64::MAX; 4];
     for round in 0..ROUNDS {
         let state = |name: &str| StateStore::open(&dir.path().join(format!("{name}-{round}.redb"))).unwrap();
         let host = |module: &Arc<dyn HandlerModule>, name, batch| {
             runtime.block_on(through_host(&log, module.clone(), state(name), &oracle, batch))
         };
-        best[0] = best[0].min(host(&wasm, "wasm", BATCH));
-        best[1] = best[1].min(host(&native, "native", BATCH));
-        best[2] = best[2].min(runtime.block_on(per_event(&log, wasm.clone(), state("per-event"), &oracle)));
-        best[3] = best[3].min(host(&wasm, "wasm-small", SMALL_BATCH));
+        if runs("wasm") {
+            best[0] = best[0].min(host(&wasm, "wasm", BATCH));
+        }
+        if runs("native") {
+            best[1] = best[1].min(host(&native, "native", BATCH));
+        }
+        if runs("per-event") {
+            best[2] = best[2].min(runtime.block_on(per_event(&log, wasm.clone(), state("per-event"), &oracle)));
+        }
+        if runs("wasm-small") {
+            best[3] = best[3].min(host(&wasm, "wasm-small", SMALL_BATCH));
+        }
     }
-    let rate = |secs: f64| spec.events as f64 / secs;
-    println!("wasm modules through the host:       {:>12.0} events/s", rate(best[0]));
-    println!("native handlers through the host:    {:>12.0} events/s", rate(best[1]));
-    println!("wasm, one call per event, no plan:   {:>12.0} events/s", rate(best[2]));
-    println!("wasm through the host, batch {SMALL_BATCH}:  {:>12.0} events/s", rate(best[3]));
-    println!("ratio native / wasm:                 {:>12.2}", best[0] / best[1]);
-    println!("ratio wasm / wasm-per-event:         {:>12.2}", best[2] / best[0]);
-    println!("ratio batch {BATCH} / batch {SMALL_BATCH}:      {:>12.2}", best[3] / best[0]);
+    // A way left out (`WAKU_BENCH_ONLY`) prints nothing, nor any ratio it is in.
+    let measured = |way: usize| best[way] < f64::MAX;
+    let labels = [
+        "wasm modules through the host:      ".to_owned(),
+        "native handlers through the host:   ".to_owned(),
+        "wasm, one call per event, no plan:  ".to_owned(),
+        format!("wasm through the host, batch {SMALL_BATCH}: "),
+    ];
+    for (way, label) in labels.iter().enumerate().filter(|(way, _)| measured(*way)) {
+        println!("{label} {:>12.0} events/s", spec.events as f64 / best[way]);
+    }
+    let ratios = [
+        ("ratio native / wasm:                ".to_owned(), 0, 1),
+        ("ratio wasm / wasm-per-event:        ".to_owned(), 2, 0),
+        (format!("ratio batch {BATCH} / batch {SMALL_BATCH}:     "), 3, 0),
+    ];
+    for (label, slower, faster) in ratios.iter().filter(|(_, a, b)| measured(*a) && measured(*b)) {
+        println!("{label} {:>12.2}", best[*slower] / best[*faster]);
+    }
 }
 
 fn assert_matches(oracle: &Oracle, module: &dyn HandlerModule, store: &StateStore, way: &str) {
