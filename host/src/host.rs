@@ -52,7 +52,9 @@ use std::sync::Arc;
 use crate::admin::{self, Admin, Status};
 use crate::consumer::{CallObserver, Consumer, ConsumerConfig, ConsumerError, Summary};
 use crate::handler::HandlerModule;
-use crate::lifecycle::{Difference, EmitTopics, Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics};
+use crate::lifecycle::{
+    CreateTopics, Difference, EmitTopics, Library, LifecycleError, LogEmitTopics, Reloader, ensure_emit_topics,
+};
 use crate::log::{AnyLog, EmbeddedLog, EventLog, IggyLog, LogError};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
@@ -87,8 +89,9 @@ pub struct HostSettings {
     /// an error.
     pub create_topic: Option<u32>,
     /// Create a topic a module declares it emits to with this many
-    /// partitions if missing. Default `None`: a missing emit topic refuses
-    /// the module.
+    /// partitions if missing, at most
+    /// [`CreateTopics::DEFAULT_LIMIT`] while the host runs. Default
+    /// `None`: a missing emit topic refuses the module.
     pub create_emit_topics: Option<u32>,
     /// Where compiled modules are kept. Default: `<data>/cache`.
     pub compile_cache: CompileCache,
@@ -520,8 +523,9 @@ async fn load_modules<L: EventLog>(
     let (path, adopt) = match &settings.modules {
         ModuleSource::Directory { path, adopt, .. } => (path.clone(), *adopt),
         ModuleSource::Loaded(modules) => {
+            let create = settings.create_emit_topics.map(CreateTopics::new);
             for module in modules {
-                ensure_emit_topics(&**log, &**module, settings.create_emit_topics).await?;
+                ensure_emit_topics(&**log, &**module, create.as_ref()).await?;
             }
             return Ok(Loaded { modules: modules.clone(), library: None, differences: Vec::new() });
         }
@@ -546,7 +550,7 @@ async fn load_modules<L: EventLog>(
 fn emit_topics<L: EventLog>(log: &Arc<L>, settings: &HostSettings) -> Arc<dyn EmitTopics> {
     Arc::new(LogEmitTopics {
         log: log.clone(),
-        create: settings.create_emit_topics,
+        create: settings.create_emit_topics.map(CreateTopics::new),
         runtime: tokio::runtime::Handle::current(),
     })
 }

@@ -34,7 +34,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,6 +115,21 @@ pub enum LifecycleError {
         module: String,
         /// The missing topic.
         topic: String,
+    },
+    /// The host already created as many emit topics as it creates in one
+    /// run ([`CreateTopics`]).
+    #[error(
+        "module `{module}` declares it emits to topic `{topic}`, which does not exist, and this host has already \
+         created {limit} emit topics, the most it creates in one run (`emit-topics-created`); create the topic \
+         in the log yourself"
+    )]
+    EmitTopicsCreated {
+        /// The module.
+        module: String,
+        /// The missing topic.
+        topic: String,
+        /// How many topics the host creates at most.
+        limit: usize,
     },
     /// The log could not be asked about, or could not create, a module's
     /// emit topic.
@@ -788,24 +803,58 @@ pub trait EmitTopics: Send + Sync {
 pub struct LogEmitTopics<L> {
     /// The log.
     pub log: Arc<L>,
-    /// Partitions of a created topic; `None` makes a missing topic an error.
-    pub create: Option<u32>,
+    /// How missing topics are created; `None` makes a missing topic an
+    /// error.
+    pub create: Option<CreateTopics>,
     /// The runtime the log's calls run on.
     pub runtime: tokio::runtime::Handle,
 }
 
 impl<L: EventLog> EmitTopics for LogEmitTopics<L> {
     fn ensure(&self, module: &dyn HandlerModule) -> Result<(), LifecycleError> {
-        self.runtime.block_on(ensure_emit_topics(&*self.log, module, self.create))
+        self.runtime.block_on(ensure_emit_topics(&*self.log, module, self.create.as_ref()))
+    }
+}
+
+/// How a host creates the emit topics modules declare and the log lacks
+/// (`--create-emit-topics`): with `partitions` partitions each, and at
+/// most [`CreateTopics::DEFAULT_LIMIT`] of them while it runs
+/// (`emit-topics-created`), so that module versions which each declare new
+/// topics cannot make the log hold topics without end.
+#[derive(Debug)]
+pub struct CreateTopics {
+    partitions: u32,
+    limit: usize,
+    created: AtomicUsize,
+}
+
+impl CreateTopics {
+    /// The most topics a host creates while it runs: four modules' worth
+    /// of the most emit topics one may declare.
+    pub const DEFAULT_LIMIT: usize = 256;
+
+    /// Topics of `partitions` partitions, at most [`Self::DEFAULT_LIMIT`].
+    pub fn new(partitions: u32) -> Self {
+        Self::with_limit(partitions, Self::DEFAULT_LIMIT)
+    }
+
+    /// Topics of `partitions` partitions, at most `limit`.
+    pub fn with_limit(partitions: u32, limit: usize) -> Self {
+        Self { partitions, limit, created: AtomicUsize::new(0) }
+    }
+
+    /// Takes one topic of the limit; false when none is left.
+    fn take_one(&self) -> bool {
+        self.created.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.limit).then_some(n + 1)).is_ok()
     }
 }
 
 /// Checks that every topic `module` declares it emits to exists in `log`;
-/// creates a missing one with `create` partitions, or fails naming it.
+/// creates a missing one as `create` says, or fails naming it.
 pub async fn ensure_emit_topics(
     log: &impl EventLog,
     module: &dyn HandlerModule,
-    create: Option<u32>,
+    create: Option<&CreateTopics>,
 ) -> Result<(), LifecycleError> {
     let failed = |topic: &str, source| LifecycleError::EmitTopicLog {
         module: module.name().to_owned(),
@@ -815,8 +864,19 @@ pub async fn ensure_emit_topics(
     for topic in module.emits() {
         match (log.partitions(topic).await, create) {
             (Ok(_), _) => {}
-            (Err(LogError::TopicNotFound { .. }), Some(partitions)) => {
-                log.create_topic(topic, partitions).await.map_err(|e| failed(topic, e))?;
+            (Err(LogError::TopicNotFound { .. }), Some(create)) => {
+                if !create.take_one() {
+                    return Err(LifecycleError::EmitTopicsCreated {
+                        module: module.name().to_owned(),
+                        topic: topic.clone(),
+                        limit: create.limit,
+                    });
+                }
+                let partitions = create.partitions;
+                if let Err(error) = log.create_topic(topic, partitions).await {
+                    create.created.fetch_sub(1, Ordering::SeqCst);
+                    return Err(failed(topic, error));
+                }
                 tracing::info!(module = module.name(), topic, partitions, "created emit topic");
             }
             (Err(LogError::TopicNotFound { .. }), None) => {

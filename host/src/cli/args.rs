@@ -131,8 +131,9 @@ pub(super) struct ConsumeArgs {
     #[arg(long)]
     pub(super) workers: Option<usize>,
     /// Create the topics a module declares it emits to, with this many
-    /// partitions, when they do not exist. Without it a missing emit topic
-    /// refuses the module (at start-up, or the new version on reload).
+    /// partitions, when they do not exist (at most 256 while the host
+    /// runs). Without it a missing emit topic refuses the module (at
+    /// start-up, or the new version on reload).
     #[arg(long, value_name = "PARTITIONS")]
     pub(super) create_emit_topics: Option<u32>,
     #[command(flatten)]

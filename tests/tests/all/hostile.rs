@@ -21,7 +21,7 @@ use wakuwaku::handler::{
     BatchBudget, CallError, ContractError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
 };
 use wakuwaku::key::Key;
-use wakuwaku::lifecycle::{Library, LifecycleError, LogEmitTopics, ensure_emit_topics};
+use wakuwaku::lifecycle::{CreateTopics, Library, LifecycleError, LogEmitTopics, ensure_emit_topics};
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::{Projection, load_module_file};
@@ -286,10 +286,34 @@ async fn a_missing_emit_topic_is_a_load_error_naming_it_unless_creation_was_aske
         }
         other => panic!("expected a missing emit topic, got {other:?}"),
     }
-    ensure_emit_topics(&log, &*probe, Some(3)).await.unwrap();
+    ensure_emit_topics(&log, &*probe, Some(&CreateTopics::new(3))).await.unwrap();
     assert_eq!(log.partitions("notes-out").await.unwrap(), 3);
     assert_eq!(log.partitions("out").await.unwrap(), 1, "an existing topic is left as it is");
     ensure_emit_topics(&log, &*probe, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_creates_at_most_its_limit_of_emit_topics_however_many_loads_ask() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = load_module_file(&sandbox(), &probe_wasm()).unwrap();
+    // The probe declares two topics; each fresh log lacks both.
+    let create = CreateTopics::with_limit(1, 3);
+    let first = EmbeddedLog::open(dir.path().join("first.redb")).unwrap();
+    ensure_emit_topics(&first, &*probe, Some(&create)).await.unwrap();
+    let second = EmbeddedLog::open(dir.path().join("second.redb")).unwrap();
+    match ensure_emit_topics(&second, &*probe, Some(&create)).await {
+        Err(error @ LifecycleError::EmitTopicsCreated { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("emit-topics-created"), "{message}");
+            assert!(message.contains("already created 3 emit topics"), "{message}");
+        }
+        other => panic!("expected the limit of created topics, got {other:?}"),
+    }
+    let created = [second.partitions("notes-out").await.is_ok(), second.partitions("out").await.is_ok()];
+    assert_eq!(created.iter().filter(|&&c| c).count(), 1, "one topic fit under the limit: {created:?}");
+    // Topics that exist cost nothing: the first log's module loads again.
+    ensure_emit_topics(&first, &*probe, Some(&create)).await.unwrap();
+    assert_eq!(CreateTopics::DEFAULT_LIMIT, 256, "the figure the README and `--help` give");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
