@@ -173,6 +173,12 @@ pub struct RetryPolicy {
     /// Attempts (the first one included) before a retryable failure goes to
     /// the dead-letter topic. Default 6; 1 sends it there at once.
     pub max_attempts: u32,
+    /// The most memory a partition's retry queue may hold
+    /// ([`RetryQueue::held_bytes`]). Past it the partition reads no more of
+    /// its topic until retries drain, so a module that keeps failing costs
+    /// the host this much memory per partition, not a record per event of
+    /// the backlog. Default 64 MiB (about a million waiting events).
+    pub queue_max_bytes: usize,
 }
 
 impl Default for RetryPolicy {
@@ -182,6 +188,7 @@ impl Default for RetryPolicy {
             transient_backoff: Duration::from_millis(10),
             delays: [1, 5, 30, 120, 600].map(Duration::from_secs).to_vec(),
             max_attempts: 6,
+            queue_max_bytes: 64 << 20,
         }
     }
 }
@@ -464,7 +471,9 @@ impl KeyInRetry {
 ///
 /// What one attempt takes is bounded in records and bytes, however long a
 /// key's backlog: a key stays in the queue (and its new events are
-/// diverted behind it) until its last record is done.
+/// diverted behind it) until its last record is done. What the queue holds
+/// in memory is counted ([`RetryQueue::held_bytes`]) so the consumer can
+/// stop reading its topic while it is full.
 #[derive(Debug, Default)]
 pub struct RetryQueue {
     /// Keyed with a seeded hash: keys are chosen by publishers.
@@ -472,9 +481,18 @@ pub struct RetryQueue {
     /// Retry offsets of waiting records, to find the lowest quickly (the
     /// offset alone: a key may be long, and a backlog holds many records).
     waiting: BTreeSet<u64>,
+    /// The canonical bytes of the keys in `keys`, together.
+    key_bytes: usize,
     /// Everything below this retry offset has been indexed.
     scanned: u64,
 }
+
+/// What the queue holds per waiting record, about: its [`Waiting`] and
+/// its offset in `waiting`, with what the collections add.
+const BYTES_PER_RECORD: usize = 64;
+/// What the queue holds per key besides its bytes, about: the map's entry
+/// and the key's record deque.
+const BYTES_PER_KEY: usize = 96;
 
 impl RetryQueue {
     /// An empty queue that starts indexing at `position`.
@@ -502,6 +520,33 @@ impl RetryQueue {
         self.keys.len()
     }
 
+    /// About what the queue holds in memory: a fixed cost per waiting record
+    /// and per key, and each key's bytes.
+    pub fn held_bytes(&self) -> usize {
+        self.waiting.len() * BYTES_PER_RECORD + self.keys.len() * BYTES_PER_KEY + self.key_bytes
+    }
+
+    /// The records of `key`, the key entered (and counted) if new.
+    fn records_of(&mut self, key: Key) -> &mut VecDeque<Waiting> {
+        let key_bytes = &mut self.key_bytes;
+        &mut self
+            .keys
+            .entry(key)
+            .or_insert_with_key(|key| {
+                *key_bytes += key.as_bytes().len();
+                KeyInRetry::default()
+            })
+            .records
+    }
+
+    /// Removes `key` (and its count) if no record of it waits.
+    fn forget_if_done(&mut self, key: &Key) {
+        if self.keys.get(key).is_some_and(|k| k.records.is_empty()) {
+            self.keys.remove(key);
+            self.key_bytes -= key.as_bytes().len();
+        }
+    }
+
     /// Events waiting.
     pub fn events(&self) -> u64 {
         self.keys.values().flat_map(|k| &k.records).map(|w| w.events).sum()
@@ -513,7 +558,7 @@ impl RetryQueue {
     /// any other goes last.
     pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, bytes: usize, policy: &RetryPolicy) {
         let waiting = Waiting { offset, events: routed.events, bytes, due_ms: routed.due_ms(policy) };
-        let records = &mut self.keys.entry(key).or_default().records;
+        let records = self.records_of(key);
         let place = routed.ahead_of.and_then(|ahead_of| records.iter().position(|w| w.offset == ahead_of));
         records.insert(place.unwrap_or(records.len()), waiting);
         self.waiting.insert(offset);
@@ -555,9 +600,7 @@ impl RetryQueue {
                 self.waiting.remove(&first.offset);
                 slice.records.push_back(waiting.records.pop_front().expect("looked at"));
             }
-            if waiting.records.is_empty() {
-                self.keys.remove(&key);
-            }
+            self.forget_if_done(&key);
             if slice.records.is_empty() {
                 break;
             }
@@ -570,13 +613,15 @@ impl RetryQueue {
     /// back in front of the key's others, in the order given, due no
     /// earlier than `due_ms`.
     pub fn put_back(&mut self, key: Key, left: Vec<Waiting>, due_ms: u64) {
-        let records = &mut self.keys.entry(key.clone()).or_default().records;
-        for waiting in left.into_iter().rev() {
-            self.waiting.insert(waiting.offset);
-            records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
+        if left.is_empty() {
+            return;
         }
-        if records.is_empty() {
-            self.keys.remove(&key);
+        for waiting in &left {
+            self.waiting.insert(waiting.offset);
+        }
+        let records = self.records_of(key);
+        for waiting in left.into_iter().rev() {
+            records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
         }
     }
 
@@ -609,6 +654,7 @@ pub fn consecutive(offsets: impl IntoIterator<Item = u64>) -> Vec<(u64, usize)> 
 mod tests {
     use super::*;
     use crate::event::EventTypeTag;
+    use crate::key::KeyValue;
 
     fn routed(attempts: u32, failure: bool) -> Routed {
         Routed {
@@ -798,6 +844,32 @@ mod tests {
         let taken = queue.take_due(u64::MAX, 100, 1);
         assert_eq!(offsets(&taken[0].1), [7]);
         assert_eq!(queue.events(), 2 * 3);
+    }
+
+    #[test]
+    fn what_the_queue_holds_is_counted_as_records_and_keys_come_and_go() {
+        let policy = RetryPolicy::default();
+        let mut queue = RetryQueue::starting_at(0);
+        assert_eq!(queue.held_bytes(), 0);
+        let long = Key::of(&KeyValue::Bytes(vec![7; 1000])).unwrap();
+        let short = Key::int(1);
+        let due = Routed { failed_at_ms: 0, ..routed(0, false) };
+        for offset in 0..3 {
+            queue.index(offset, short.clone(), &due, 10, &policy);
+        }
+        queue.index(3, long.clone(), &due, 10, &policy);
+        let key_bytes = short.as_bytes().len() + long.as_bytes().len();
+        assert_eq!(queue.held_bytes(), 4 * BYTES_PER_RECORD + 2 * BYTES_PER_KEY + key_bytes);
+        // Taking a key's last record forgets the key; putting it back
+        // counts it again.
+        let taken = queue.take_due(u64::MAX, 100, 1 << 20);
+        assert_eq!(queue.held_bytes(), 0, "everything was taken");
+        for (key, slice) in taken {
+            queue.put_back(key, slice.records.into(), 0);
+        }
+        assert_eq!(queue.held_bytes(), 4 * BYTES_PER_RECORD + 2 * BYTES_PER_KEY + key_bytes);
+        queue.put_back(Key::int(9), Vec::new(), 0);
+        assert!(!queue.holds(&Key::int(9)), "putting back nothing enters no key");
     }
 
     #[test]

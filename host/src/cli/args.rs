@@ -161,6 +161,11 @@ pub(super) struct RetryArgs {
     /// The first in-place backoff (it doubles), e.g. `10ms`.
     #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
     pub(super) transient_backoff: Duration,
+    /// The most memory one partition's retry queue holds, in MiB (about 64
+    /// bytes per waiting event, plus its key); past it the partition reads
+    /// no more of its topic until retries drain.
+    #[arg(long, default_value_t = RetryPolicy::default().queue_max_bytes >> 20)]
+    pub(super) retry_queue_mib: usize,
 }
 
 impl RetryArgs {
@@ -168,11 +173,15 @@ impl RetryArgs {
         if self.max_attempts == 0 {
             bail!("--max-attempts must be at least 1");
         }
+        if self.retry_queue_mib == 0 {
+            bail!("--retry-queue-mib must be at least 1");
+        }
         Ok(RetryPolicy {
             transient_retries: self.transient_retries,
             transient_backoff: self.transient_backoff,
             delays: self.retry_delays.clone(),
             max_attempts: self.max_attempts,
+            queue_max_bytes: self.retry_queue_mib.saturating_mul(1 << 20),
         })
     }
 }
@@ -546,16 +555,22 @@ mod tests {
             "0",
             "--transient-backoff",
             "5ms",
+            "--retry-queue-mib",
+            "3",
         ]);
         let expected = RetryPolicy {
             transient_retries: 0,
             transient_backoff: Duration::from_millis(5),
             delays: vec![Duration::from_millis(250), Duration::from_secs(3), Duration::from_secs(60)],
             max_attempts: 2,
+            queue_max_bytes: 3 << 20,
         };
         assert_eq!(args.config(None).unwrap().retry, expected);
+        assert_eq!(consume_args(&[]).config(None).unwrap().retry, RetryPolicy::default());
         let error = consume_args(&["--max-attempts", "0"]).config(None).err().unwrap();
         assert_eq!(error.to_string(), "--max-attempts must be at least 1");
+        let error = consume_args(&["--retry-queue-mib", "0"]).config(None).err().unwrap();
+        assert_eq!(error.to_string(), "--retry-queue-mib must be at least 1");
         let base = ["waku", "run", "--projection", "p", "--topic", "t", "--modules", "m"];
         let error = Cli::try_parse_from(base.iter().chain(&["--retry-delays", "soon"])).err().unwrap();
         assert!(error.to_string().contains("--retry-delays"), "{error}");

@@ -678,6 +678,7 @@ impl<L: EventLog> Consumer<L> {
             spare: PolledBatch::new(),
             buffers: BatchBuffers::default(),
             appends: self.log.appends(),
+            queue_full: false,
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -696,6 +697,9 @@ impl<L: EventLog> Consumer<L> {
                         }
                     };
                     let _ = tokio::time::timeout(wait, woken).await;
+                }
+                Ok(Step::Full(wait)) => {
+                    let _ = tokio::time::timeout(wait, stop.changed()).await;
                 }
                 Err(error @ (ConsumerError::Log(LogError::Unavailable { .. }) | ConsumerError::HostFault(_))) => {
                     let (first, longest) = self.config.log_backoff;
@@ -767,6 +771,27 @@ impl<L: EventLog> Consumer<L> {
             state.queue = Some(settled);
             state.settle = true;
             return Ok(Step::Worked);
+        }
+        if queue.held_bytes() >= self.config.retry.queue_max_bytes {
+            // Diverting more would hold a record per event of the backlog:
+            // the topic waits until retries drain.
+            if !std::mem::replace(&mut state.queue_full, true) {
+                tracing::warn!(
+                    projection = self.projection.name(),
+                    partition,
+                    "the retry queue holds {} MiB (`--retry-queue-mib`): partition {partition} reads no more of \
+                     topic `{topic}` until its retries are done or dead-lettered",
+                    queue.held_bytes() >> 20,
+                );
+            }
+            let until_due = queue
+                .next_due_ms()
+                .map_or(Duration::MAX, |due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+            state.queue = Some(queue);
+            return Ok(Step::Full(until_due));
+        }
+        if std::mem::take(&mut state.queue_full) {
+            tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
         }
         let want = match end {
             Some(end) if state.position >= end => {
@@ -977,6 +1002,8 @@ struct PartitionState {
     buffers: BatchBuffers,
     /// The log's append signal, if it has one ([`EventLog::appends`]).
     appends: Option<tokio::sync::watch::Receiver<()>>,
+    /// Whether its retry queue was full at the last step (logged once).
+    queue_full: bool,
 }
 
 /// Resolves once records were appended since `appends` last looked;
@@ -996,6 +1023,9 @@ enum Step {
     Worked,
     /// Nothing to do for now; look again after this long.
     Idle(Duration),
+    /// The retry queue is full and nothing in it is due: look again after
+    /// this long (when the first key is due), whatever is appended.
+    Full(Duration),
     /// Reached the end it was given.
     Done,
 }

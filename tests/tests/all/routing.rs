@@ -118,6 +118,7 @@ fn eager(max_attempts: u32) -> RetryPolicy {
         transient_backoff: Duration::from_millis(1),
         delays: vec![Duration::ZERO],
         max_attempts,
+        ..RetryPolicy::default()
     }
 }
 
@@ -419,6 +420,35 @@ async fn a_module_that_cannot_start_is_asked_once_per_worker_and_batch() {
     assert!(asked <= 2, "{asked} instances asked for in one batch of 100 keys on two workers");
     let waiting = setup.routed("retry_steps").await;
     assert!(waiting.iter().all(|(_, routed)| routed.failure.as_ref().is_some_and(|f| f.class == FailureClass::Trap)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_retry_queue_stops_the_partition_reading_until_it_drains_and_loses_nothing() {
+    // A module that fails every key used to have every event of the
+    // backlog diverted and held in memory (about 60 bytes each: 2 M
+    // events, 120 MB, in 10 s). The queue's bound stops the reading.
+    const N: u64 = 1000;
+    let setup = Setup::new(1).await;
+    let events: Vec<Event> = (0..N).map(|seq| event(seq, STEP, Relaxed, seq, &["retryable"; 10])).collect();
+    setup.publish(&events).await;
+    let projection = setup.projection();
+    let cramped = RetryPolicy { delays: vec![Duration::from_secs(3600)], queue_max_bytes: 8 << 10, ..eager(5) };
+    let consumer = setup.consumer(&projection, 20, cramped);
+    let summary = consumer.follow(tokio::time::sleep(Duration::from_secs(1))).await.unwrap();
+    // About 160 bytes per key with one record: 50 fill the queue, and the
+    // batch that found it not yet full adds at most 20 more.
+    let retried = setup.routed("retry_steps").await.len() as u64;
+    assert!(summary.consumed <= 80 && retried <= 80, "consumed {}, {retried} in retry", summary.consumed);
+    assert!(summary.consumed >= 40, "the queue filled with only {} events", summary.consumed);
+    assert_eq!(summary.consumed, retried, "every event read went to retry: nothing was applied");
+    drop(consumer);
+
+    // With room, the rest is read, and every event is accounted for.
+    let consumer = setup.consumer(&projection, 20, eager(1));
+    let more = drain_retries(&consumer).await;
+    assert_eq!(summary.consumed + more.consumed, N);
+    assert_eq!(more.dead_lettered, N, "each failed once more and was dead-lettered");
+    assert_accounted(projection.store(), N, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
