@@ -223,6 +223,26 @@ pub struct Failure {
     pub version: String,
 }
 
+impl Failure {
+    /// The most of its message a record of a failed chunk carries after
+    /// the chunk's first, which carries all of it.
+    pub const BRIEF_MESSAGE_BYTES: usize = 256;
+
+    /// This failure as the records of a failed chunk after its first carry
+    /// it: the message cut to [`Self::BRIEF_MESSAGE_BYTES`], saying where
+    /// it is whole (the record of origin offset `whole_at`), if anywhere. A
+    /// chunk of many events then writes a long message once, not once per
+    /// event.
+    pub fn brief(&self, whole_at: Option<u64>) -> Failure {
+        let message = match (wakuwaku_core::limits::cut(&self.message, Self::BRIEF_MESSAGE_BYTES), whole_at) {
+            ((_, false), _) => self.message.clone(),
+            ((kept, true), Some(first)) => format!("{kept} […cut; whole on the record of origin offset {first}]"),
+            ((kept, true), None) => format!("{kept} […cut]"),
+        };
+        Failure { message, ..self.clone() }
+    }
+}
+
 /// The headers a retry or dead-letter record carries beside the event's
 /// envelope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -844,6 +864,19 @@ mod tests {
         let taken = queue.take_due(u64::MAX, 100, 1);
         assert_eq!(offsets(&taken[0].1), [7]);
         assert_eq!(queue.events(), 2 * 3);
+    }
+
+    #[test]
+    fn a_brief_failure_cuts_a_long_message_at_a_character_and_says_where_it_is_whole() {
+        let short = routed(1, true).failure.unwrap();
+        assert_eq!(short.brief(Some(3)), short, "a short message stays whole");
+        let long = Failure { message: "é".repeat(300), ..short };
+        let brief = long.brief(Some(41));
+        let (kept, note) = brief.message.split_once(" […cut").unwrap();
+        assert_eq!(kept, "é".repeat(Failure::BRIEF_MESSAGE_BYTES / 2));
+        assert_eq!(note, "; whole on the record of origin offset 41]");
+        assert_eq!(long.brief(None).message, format!("{kept} […cut]"));
+        assert_eq!((brief.class, &brief.module, &brief.version), (long.class, &long.module, &long.version));
     }
 
     #[test]

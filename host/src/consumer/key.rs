@@ -21,6 +21,17 @@ use std::sync::Arc;
 /// outgrows the module's memory (which would fail every event of it).
 const COMBINE_PART_BYTES: usize = 4 << 20;
 
+/// The failed calls a worker logs in one batch; the rest are counted in
+/// one line (a module failing every call would log every event).
+const FAILURES_LOGGED_PER_BATCH: usize = 32;
+
+/// The bytes of whole failure messages the routed records of one worker's
+/// batch carry (the first record of each failed chunk); past them every
+/// record carries a brief message ([`Failure::brief`]), so a module
+/// failing every call with a 4 KiB message costs the batch's memory and
+/// the log at most this, plus 256 bytes per event.
+const WHOLE_MESSAGE_BYTES_PER_BATCH: usize = 1 << 20;
+
 use wakuwaku_core::reduce;
 
 use super::batch::BatchWork;
@@ -75,6 +86,14 @@ impl<L: EventLog> Consumer<L> {
             outcome.keys.push((key, scope.into_outcome()));
         }
         laps.lap(&mut outcome.summary.phases, Phase::Calls);
+        let unlogged = outcome.failures - outcome.failures_logged;
+        if unlogged > 0 {
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                "{unlogged} more failed calls in this batch (their reasons are on their retry and dead-letter records)"
+            );
+        }
         outcome
     }
 
@@ -110,7 +129,7 @@ impl<L: EventLog> Consumer<L> {
             // Only a run its algebra may change is timed as reduced (two
             // clock reads fewer for every other run).
             let reduces = reduce::may_change(route.event_type.algebra, bodies.len());
-            let run_records = bodies.len();
+            let (run_records, run_origins, run_bodies) = (bodies.len(), origins, bodies);
             if reduces {
                 laps.lap(&mut out.summary.phases, Phase::Calls);
             }
@@ -142,6 +161,13 @@ impl<L: EventLog> Consumer<L> {
                 let most = attempts.iter().copied().max().unwrap_or(0);
                 vec![most; reduced.bodies.len()].into()
             };
+            // Should the run fail, it goes to retry or the dead-letter topic
+            // as reduced, unless `combine` made it larger than the events
+            // it stands for: then as the events came, so that a fold never
+            // costs the batch's memory or the log more than its events did.
+            let inflated = reduced.bodies.len() == 1
+                && run_records > 1
+                && reduced.bodies[0].len() > run_bodies.iter().map(Vec::len).sum::<usize>();
             // A failed fold is one failure of the whole run.
             let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
             let (mut start, mut calls, mut all_applied) = (0, 0, true);
@@ -195,6 +221,9 @@ impl<L: EventLog> Consumer<L> {
                     Err(error) => error,
                 };
                 all_applied = false;
+                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) {
+                    out.failures += 1;
+                }
                 let class = FailureClass::of(&error);
                 // A key that only shared a batch with a flood loses no attempt.
                 let failure::Decision { attempt, route: next } = failure::decide(
@@ -212,8 +241,11 @@ impl<L: EventLog> Consumer<L> {
                     module: module.name().to_owned(),
                     version: module.version().to_owned(),
                 };
-                // A cut is logged once per module and batch, by `CallTime`.
-                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) {
+                // A cut is logged once per module and batch, by `CallTime`;
+                // past so many failures a worker's batch counts the rest.
+                let logged = out.failures_logged < FAILURES_LOGGED_PER_BATCH;
+                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) && logged {
+                    out.failures_logged += 1;
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
@@ -224,9 +256,25 @@ impl<L: EventLog> Consumer<L> {
                         wakuwaku_core::limits::printable(&error.to_string())
                     );
                 }
+                // The failed chunk as it is routed: an inflated fold (the
+                // run's one chunk) as its events.
+                let (failed_bodies, failed_origins) = match inflated {
+                    true => (run_bodies, run_origins),
+                    false => (&reduced.bodies[begin..end], &reduced.origins[begin..end]),
+                };
+                // The chunk's first record carries the whole message while
+                // the worker's batch has written less than
+                // `WHOLE_MESSAGE_BYTES_PER_BATCH` of them; every other
+                // record a brief one.
+                let whole = out.whole_message_bytes < WHOLE_MESSAGE_BYTES_PER_BATCH;
+                if whole {
+                    out.whole_message_bytes += failure.message.len();
+                }
+                let brief = failure.brief(whole.then(|| failed_origins.first().map_or(0, |origin| origin.offset)));
+                let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
                 if next == Route::DeadLetter {
-                    for (body, &origin) in reduced.bodies[begin..end].iter().zip(&reduced.origins[begin..end]) {
-                        let routed = self.routed(partition, origin, attempt, Some(failure.clone()));
+                    for (index, (body, &origin)) in failed_bodies.iter().zip(failed_origins).enumerate() {
+                        let routed = self.routed(partition, origin, attempt, Some(failure_of(index)));
                         let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
                         out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
@@ -239,13 +287,24 @@ impl<L: EventLog> Consumer<L> {
                 // retry: the failed chunk with its attempt counted, the
                 // rest as they were.
                 let unfinished_run = |records: Range<usize>| {
-                    records.map(|index| Unfinished {
+                    let failed =
+                        failed_bodies.iter().zip(failed_origins).enumerate().map(|(index, (body, &origin))| {
+                            Unfinished {
+                                shape,
+                                origin,
+                                attempts: attempt,
+                                failure: Some(failure_of(index)),
+                                body: body.clone(),
+                            }
+                        });
+                    let rest = records.filter(|&index| index >= end).map(|index| Unfinished {
                         shape,
                         origin: reduced.origins[index],
-                        attempts: if index < end { attempt } else { attempts[index] },
-                        failure: (index < end).then(|| failure.clone()),
+                        attempts: attempts[index],
+                        failure: None,
                         body: reduced.bodies[index].clone(),
-                    })
+                    });
+                    failed.chain(rest)
                 };
                 if let Some(slice) = &work.retry {
                     // Taken from the retry topic: only what must go before
@@ -436,6 +495,11 @@ pub(super) struct WorkerOutcome {
     /// Why the host itself failed under a call, if it did: the batch is not
     /// committed.
     pub(super) host_fault: Option<String>,
+    /// Failed calls, and how many of them were logged.
+    failures: usize,
+    failures_logged: usize,
+    /// Bytes of the whole failure messages its routed records carry.
+    whole_message_bytes: usize,
     pub(super) summary: Summary,
     pub(super) tally: BatchTally,
 }

@@ -883,7 +883,8 @@ fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
     let stderr = store.data().wasi.stderr();
     let stderr = stderr.trim();
     let reason = if stderr.is_empty() { kind } else { format!("{kind}; guest stderr: {stderr}") };
-    CallError::Trap { reason }
+    // Cut as a handler's message is: the stderr tail is the module's text.
+    CallError::Trap { reason: wakuwaku_core::limits::error_message(reason) }
 }
 
 #[cfg(test)]

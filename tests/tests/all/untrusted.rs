@@ -467,6 +467,57 @@ async fn a_combine_answer_out_of_bounds_fails_its_run_and_nothing_else() {
     assert_eq!(bed.report(3).outcomes, ["1 bodies, the first of 10 bytes"]);
 }
 
+/// A module that fails every call with a long message: each dead letter
+/// used to carry the whole message (4 KiB), 100 000 tiny events made 941 MB
+/// of letters and held a batch's worth in memory. A worker's batch writes
+/// at most 1 MiB of whole messages; every other letter carries a brief one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_messages_are_written_whole_only_up_to_a_bound_per_batch() {
+    const EVENTS: u64 = 700;
+    let mut bed = Bed::new(PayloadLimits::default()).await;
+    bed.config.retry.max_attempts = 1;
+    bed.append((0..EVENTS).map(|key| attack(tag::HUGE_ERROR, key, json!({ "size": 4000 }))).collect()).await;
+    let summary = bed.run().await;
+    assert_eq!(summary.dead_lettered, EVENTS, "{summary:?}");
+    let messages: Vec<String> =
+        bed.dead_letters().await.into_iter().map(|letter| letter.routed.failure.unwrap().message).collect();
+    let (whole, brief): (Vec<&String>, Vec<&String>) = messages.iter().partition(|message| message.len() > 4000);
+    // Each of the (at most two) workers writes whole messages until 1 MiB.
+    let most_whole = 2 * ((1 << 20) / 4000 + 1);
+    assert!(whole.len() <= most_whole, "{} whole messages", whole.len());
+    assert!(!whole.is_empty(), "no message was kept whole");
+    assert_eq!(whole.len() + brief.len(), EVENTS as usize);
+    for message in brief {
+        assert!(message.len() < 300 && message.ends_with("[…cut]"), "{message}");
+    }
+}
+
+/// A `combine` that makes a run of small events into one large body,
+/// which `handle` then fails: the run goes to the dead-letter topic as
+/// its events came, not as the fold (2 000 keys of two tiny events made
+/// 4 GB of dead letters, and held them all in the batch, when the fold was
+/// routed); a fold that makes the run smaller still goes as one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fold_larger_than_its_events_is_routed_as_its_events() {
+    let mut bed = Bed::new(PayloadLimits::default()).await;
+    bed.config.retry.max_attempts = 1;
+    let run = |key: u64, size: u64| {
+        (0..2).map(move |seq| attack(tag::HUGE_COMBINE, key, json!({ "mode": "fail", "size": size, "seq": seq })))
+    };
+    bed.append((0..20).flat_map(|key| run(key, 1 << 19)).chain(run(20, 1)).collect()).await;
+    let summary = bed.run().await;
+    assert_eq!(summary.dead_lettered, 42, "{summary:?}");
+    let letters = bed.records(&dlq_topic(TOPIC)).await;
+    let largest = letters.iter().map(|stored| stored.record.body.len()).max().unwrap();
+    assert!(largest < 1000, "a dead letter of {largest} bytes: the fold was routed");
+    // 20 inflated runs as their 40 events; the run folded into 1 byte as one.
+    assert_eq!(letters.len(), 41);
+    let folded: Vec<&StoredRecord> = letters.iter().filter(|stored| stored.record.body == b"!").collect();
+    assert_eq!(folded.len(), 1, "the shrinking fold went as one record");
+    let routed = Routed::parse(&folded[0].record.headers).unwrap();
+    assert_eq!(routed.events, 2, "it stands for both events");
+}
+
 /// Many large events of one key and an associative type (a hot key, or a
 /// flood aimed at one): folded in one `combine` call, the run would not
 /// fit the module's memory and every event of it would fail. The host

@@ -470,7 +470,8 @@ impl Guest for Hostile {
     }
 
     /// `HugeCombine` folds a run into a body of `size` bytes (default
-    /// 2 MiB; `mode` `empty`: no bytes at all; `panic`, `loop`, `exit`:
+    /// 2 MiB; `mode` `empty`: no bytes at all; `fail`: of `!`, which
+    /// `handle` then fails as unrecoverable; `panic`, `loop`, `exit`:
     /// panics, spins forever, or exits the process with status 3).
     fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, HandlerError> {
         outside_handle("combine");
@@ -483,6 +484,7 @@ impl Guest for Hostile {
         }
         match params.mode.as_str() {
             "empty" => Ok(Vec::new()),
+            "fail" => Ok(vec![b'!'; size_or(&params, 2 << 20)]),
             "panic" => panic!("hostile combine panics"),
             "loop" => loop {
                 std::hint::black_box(&bodies);
@@ -498,6 +500,9 @@ impl Guest for Hostile {
         };
         let Some(first) = bodies.first() else { return Ok(()) };
         // `HugeCombine` receives the folded body, which is not JSON.
+        if attack == "HugeCombine" && first.first() == Some(&b'!') {
+            return Err(error(ErrorClass::Unrecoverable, "the folded body fails".to_owned()));
+        }
         let params = if attack == "HugeCombine" { Params::default() } else { parse_params(first)? };
         let mut report = Report::new(attack);
         match attack {
