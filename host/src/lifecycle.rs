@@ -330,7 +330,11 @@ impl Library {
         let bytes = serde_json::to_vec(recorded).map_err(|e| LifecycleError::Corrupt(e.to_string()))?;
         self.store.set_meta(META, &bytes)?;
         for path in forgotten {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&path);
+            // The module's directory of copies, once it holds none.
+            if let Some(module_dir) = path.parent() {
+                let _ = std::fs::remove_dir(module_dir);
+            }
         }
         Ok(())
     }
@@ -613,6 +617,44 @@ impl Library {
         let files = scan(module_dir)?;
         // What `/modules` shows of reloads is about the files still there.
         self.reloads.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| files.contains_key(name));
+        let gone: Vec<&String> = seen.keys().filter(|name| !files.contains_key(*name)).collect();
+        if !gone.is_empty() {
+            // Removed files first, so that a module renamed in place (its
+            // old name gone, its tags under a new one) loads in this pass.
+            let mut swap = projection.swap_modules();
+            if swap.generation() != prepared {
+                return Ok(Reloaded::Superseded);
+            }
+            let (kept, removed): (Vec<_>, Vec<_>) =
+                swap.modules().into_iter().partition(|m| !gone.iter().any(|name| *name == m.name()));
+            if !removed.is_empty() {
+                swap.replace_recorded(kept, || {
+                    let mut recorded = self.recorded()?;
+                    // Nothing runs a removed module any more, nor rolls it
+                    // back: its kept copies go (a file renamed again and
+                    // again would otherwise leave a copy under every name).
+                    let mut forgotten = Vec::new();
+                    for module in &removed {
+                        recorded.active.remove(module.name());
+                        for version in recorded.kept.remove(module.name()).unwrap_or_default() {
+                            forgotten.push(self.kept_path(&recorded, module.name(), &version));
+                        }
+                    }
+                    self.save(&recorded, forgotten)
+                })?;
+            }
+            prepared = swap.generation();
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| !gone.contains(&name));
+            drop(swap);
+            for module in removed {
+                tracing::info!(
+                    projection = self.projection,
+                    module = module.name(),
+                    "module file removed; its event types are no longer handled"
+                );
+                changed.push(module.name().to_owned());
+            }
+        }
         for (name, read) in &files {
             let bytes = match read {
                 Ok(bytes) => bytes,
@@ -671,33 +713,6 @@ impl Library {
                     "the new version is refused, the old one keeps running: {error}"
                 ),
             }
-        }
-        let gone: Vec<&String> = seen.keys().filter(|name| !files.contains_key(*name)).collect();
-        if gone.is_empty() {
-            return Ok(Reloaded::Done);
-        }
-        let mut swap = projection.swap_modules();
-        if swap.generation() != prepared {
-            return Ok(Reloaded::Superseded);
-        }
-        let (kept, removed): (Vec<_>, Vec<_>) =
-            swap.modules().into_iter().partition(|m| !gone.iter().any(|name| *name == m.name()));
-        if !removed.is_empty() {
-            swap.replace_recorded(kept, || {
-                let mut recorded = self.recorded()?;
-                recorded.active.retain(|name, _| !removed.iter().any(|m| m.name() == name));
-                self.save(&recorded, Vec::new())
-            })?;
-        }
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| !gone.contains(&name));
-        drop(swap);
-        for module in removed {
-            tracing::info!(
-                projection = self.projection,
-                module = module.name(),
-                "module file removed; its event types are no longer handled"
-            );
-            changed.push(module.name().to_owned());
         }
         Ok(Reloaded::Done)
     }

@@ -221,6 +221,34 @@ fn a_version_that_cannot_be_recorded_is_not_swapped_in() {
     assert!(library.reloads()["bank"].error.is_none());
 }
 
+/// A module file removed while the host runs takes its kept copies with
+/// it: a large module renamed again and again used to leave a copy of
+/// itself under every name (20 renames of 20 MB, 421 MB of copies).
+#[test]
+fn a_module_removed_while_running_leaves_no_kept_copies_behind() {
+    let dirs = Dirs::new();
+    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
+    let library = dirs.library();
+    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
+    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
+    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+    let copies = dirs.root.path().join("modules/bank");
+    let mut name = "bank".to_owned();
+    for n in 1..6 {
+        let next = format!("bank{n}");
+        std::fs::rename(dirs.modules().join(format!("{name}.wasm")), dirs.modules().join(format!("{next}.wasm")))
+            .unwrap();
+        library.reload(&projection, &dirs.modules()).unwrap();
+        assert_eq!(versions(&projection.modules()), [(next.clone(), content_version(&bank_variant(0)))]);
+        name = next;
+    }
+    let left: Vec<String> =
+        std::fs::read_dir(&copies).unwrap().map(|entry| entry.unwrap().file_name().to_string_lossy().into()).collect();
+    assert_eq!(left, [name.clone()], "only the running module's copies are kept");
+    let recorded = library.recorded().unwrap();
+    assert_eq!(recorded.kept.keys().collect::<Vec<_>>(), [&name]);
+}
+
 #[test]
 fn a_module_that_emits_to_the_topic_its_projection_consumes_is_refused() {
     let dir = tempfile::tempdir().unwrap();
