@@ -44,7 +44,7 @@ use crate::handler::HandlerModule;
 use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
 use crate::projection::{ModuleSwap, Projection, ProjectionError};
-use crate::runtime::component_file::check_module_dir_size;
+use crate::runtime::component_file::{ComponentFileError, MAX_MODULES, check_module_dir_size};
 use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
 
@@ -911,18 +911,26 @@ pub async fn ensure_emit_topics(
 /// file, unreadable: that file's failure, the others are read on). Those
 /// read hold at most
 /// [`MAX_MODULE_DIR_BYTES`](crate::runtime::component_file::MAX_MODULE_DIR_BYTES)
-/// in all.
+/// in all, and a directory of more than
+/// [`MAX_MODULES`](crate::runtime::component_file::MAX_MODULES) files is
+/// refused before any is read.
 fn scan(dir: &Path) -> Result<Scanned, LifecycleError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
     };
-    let (mut files, mut total) = (BTreeMap::new(), 0);
+    let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("reading the module directory", dir))? {
         let path = entry.map_err(io("reading the module directory", dir))?.path();
-        if path.extension().is_none_or(|ext| ext != "wasm") {
-            continue;
+        if path.extension().is_some_and(|ext| ext == "wasm") {
+            if paths.len() == MAX_MODULES {
+                return Err(io("reading the module directory", dir)(ComponentFileError::TooManyModules.into()));
+            }
+            paths.push(path);
         }
+    }
+    let (mut files, mut total) = (BTreeMap::new(), 0);
+    for path in paths {
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
         let read = read_component(&path).map_err(io("reading", &path));
         if let Ok(bytes) = &read {

@@ -65,6 +65,11 @@ pub const MAX_FUNCTION_BYTES: u64 = 4 << 20;
 /// all (1 GiB): the host reads them together at start-up and on reload.
 pub const MAX_MODULE_DIR_BYTES: u64 = 1 << 30;
 
+/// The most modules (`*.wasm` files) one module directory may hold: each
+/// is compiled, instantiated per worker and partition, and has its series
+/// in `/metrics` and its entry in `/modules`.
+pub const MAX_MODULES: usize = 64;
+
 /// Why a component file was not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -120,6 +125,11 @@ pub enum ComponentFileError {
         /// What was read before the limit was passed.
         total: u64,
     },
+    /// Over [`MAX_MODULES`] modules in one directory.
+    #[error(
+        "module-count: a module directory holds at most {MAX_MODULES} modules (`*.wasm` files); this one holds more"
+    )]
+    TooManyModules,
 }
 
 impl From<ComponentFileError> for io::Error {

@@ -601,6 +601,22 @@ fn planted_module_files_are_refused_by_name_never_read_whole_or_waited_on() {
         std::fs::remove_file(dirs.modules().join(format!("big{n}.wasm"))).unwrap();
     }
 
+    // More module files than a directory may hold, refused before any is
+    // read (4 000 small modules took 71 s to start, and more would take
+    // hours): `bank` and 63 others are the most.
+    for n in 0..63 {
+        std::fs::write(dirs.modules().join(format!("junk{n}.wasm")), b"not a component").unwrap();
+    }
+    // (At a restart the files the record does not know are refused alone.)
+    let (modules, _) = dirs.library().start(&dirs.modules(), false).expect("64 modules are allowed");
+    assert_eq!(modules.len(), 1);
+    std::fs::write(dirs.modules().join("junk63.wasm"), b"not a component").unwrap();
+    let error = dirs.library().start(&dirs.modules(), false).map(drop).unwrap_err().to_string();
+    assert!(error.contains("module-count: a module directory holds at most 64 modules"), "{error}");
+    for n in 0..64 {
+        std::fs::remove_file(dirs.modules().join(format!("junk{n}.wasm"))).unwrap();
+    }
+
     // The kept copy of the running version replaced by a FIFO, the module
     // file gone: start-up needs the kept copy.
     std::fs::remove_file(dirs.modules().join("bank.wasm")).unwrap();
