@@ -6,7 +6,7 @@
 //! | `waku_events_retried_total` | projection, module, event_type | events sent to the retry topic (failed, or behind a failed event of their key) |
 //! | `waku_events_dead_lettered_total` | projection, module, event_type | events sent to the dead-letter topic (`event_type="malformed"` for unreadable headers) |
 //! | `waku_events_skipped_total` | projection | events whose type no module declares |
-//! | `waku_handler_call_seconds` | projection, module, event_type | handler call latency |
+//! | `waku_handler_call_seconds` | projection, module | handler call latency (per module: a module may declare 256 event types, and a histogram per type would be 18 series each) |
 //! | `waku_traps_total` | projection, module | calls that trapped |
 //! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
@@ -88,7 +88,7 @@ pub struct Metrics {
     retried: Family<TypeLabels, Counter>,
     dead_lettered: Family<TypeLabels, Counter>,
     skipped: Family<ProjectionLabels, Counter>,
-    calls: Family<TypeLabels, Histogram, fn() -> Histogram>,
+    calls: Family<ModuleLabels, Histogram, fn() -> Histogram>,
     traps: Family<ModuleLabels, Counter>,
     lag: Family<PartitionLabels, Gauge>,
     loads: Family<LoadLabels, Counter>,
@@ -210,12 +210,12 @@ impl Metrics {
             if counts.dead_lettered > 0 {
                 self.dead_lettered.get_or_create(&labels).inc_by(counts.dead_lettered);
             }
+            let labels = ModuleLabels { projection: projection.to_owned(), module: module_name };
             if !counts.call_times.is_empty() {
                 let histogram = self.calls.get_or_create(&labels);
                 counts.call_times.iter().for_each(|t| histogram.observe(t.as_secs_f64()));
             }
             if counts.traps > 0 {
-                let labels = ModuleLabels { projection: projection.to_owned(), module: module_name };
                 self.traps.get_or_create(&labels).inc_by(counts.traps);
             }
         }
@@ -244,10 +244,10 @@ impl Metrics {
             self.applied.remove(labels);
             self.retried.remove(labels);
             self.dead_lettered.remove(labels);
-            self.calls.remove(labels);
             if !modules.modules().iter().any(|module| module.name() == labels.module) {
-                self.traps
-                    .remove(&ModuleLabels { projection: labels.projection.clone(), module: labels.module.clone() });
+                let module = ModuleLabels { projection: labels.projection.clone(), module: labels.module.clone() };
+                self.calls.remove(&module);
+                self.traps.remove(&module);
             }
             false
         });
@@ -362,7 +362,7 @@ mod tests {
             r#"waku_events_applied_total{projection="bank",module="",event_type="3"} 5"#,
             r#"waku_events_skipped_total{projection="bank"} 2"#,
             r#"waku_events_dead_lettered_total{projection="bank",module="",event_type="malformed"} 1"#,
-            r#"waku_handler_call_seconds_count{projection="bank",module="",event_type="3"} 1"#,
+            r#"waku_handler_call_seconds_count{projection="bank",module=""} 1"#,
             r#"waku_partition_lag{projection="bank",partition="1"} 42"#,
             r#"waku_module_loads_total{projection="bank",result="ok"} 1"#,
             r#"waku_batch_phase_seconds_count{projection="bank",phase="commit"} 1"#,
@@ -405,6 +405,7 @@ mod tests {
         let counts = tally.of(0, EventTypeTag::new(1));
         counts.applied = 1;
         counts.traps = 1;
+        counts.call_times.push(std::time::Duration::from_millis(1));
         tally
     }
 
@@ -422,6 +423,7 @@ mod tests {
         metrics.record("bank", &new, &applied_and_trapped(), 0, 0);
         let text = metrics.encode();
         assert!(text.contains(&applied("m0002")) && text.contains(&trapped("m0002")), "{text}");
+        assert!(text.contains(r#"waku_handler_call_seconds_count{projection="bank",module="m0002"} 1"#), "{text}");
         assert!(!text.contains("m0001"), "the series of a module that left stay:\n{text}");
         // A batch of the old set that ends late records its series again;
         // the next batch of the new set removes them, and keeps its own.
