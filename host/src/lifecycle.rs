@@ -978,19 +978,27 @@ impl Reloader {
         module_dir: &Path,
     ) -> Result<Self, LifecycleError> {
         use notify::Watcher;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // Changes are coalesced: however many come while a reload runs,
+        // one more reload follows.
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let signal = changed.clone();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| !e.kind.is_access()) {
-                let _ = tx.send(());
+            // Only a module file's change reloads (a stream of changes to
+            // other files would have every module read and hashed again);
+            // an event without paths (the watcher lost track) does too.
+            let wasm = |path: &PathBuf| path.extension().is_some_and(|ext| ext == "wasm");
+            if event.is_ok_and(|e| !e.kind.is_access() && (e.paths.is_empty() || e.paths.iter().any(wasm))) {
+                signal.notify_one();
             }
         })
         .map_err(|e| watch_error(module_dir, e))?;
         watcher.watch(module_dir, notify::RecursiveMode::NonRecursive).map_err(|e| watch_error(module_dir, e))?;
         let dir = module_dir.to_owned();
         let task = tokio::spawn(async move {
-            while rx.recv().await.is_some() {
+            loop {
+                changed.notified().await;
                 // Wait until the directory has been quiet for a moment.
-                while let Ok(Some(())) = tokio::time::timeout(Self::SETTLE, rx.recv()).await {}
+                while tokio::time::timeout(Self::SETTLE, changed.notified()).await.is_ok() {}
                 let (library, projection, dir) = (library.clone(), projection.clone(), dir.clone());
                 let reloaded = tokio::task::spawn_blocking(move || library.reload(&projection, &dir)).await;
                 match reloaded {
