@@ -283,23 +283,42 @@ pub fn backup(store: &StateStore, projection: &str, backups: &Path) -> Result<Pa
     Ok(dir)
 }
 
-/// Keys copied per commit into a backup.
+/// Keys copied per commit into a backup, at most.
 const KEYS_PER_COMMIT: usize = 1024;
+/// Bytes of entries copied per commit into a backup, about: the entries of
+/// a key are read in pages of at most this much (and at least one entry),
+/// so a backup holds at most about twice this in memory however large
+/// the keys' values.
+const BYTES_PER_COMMIT: usize = 32 << 20;
+/// Entries read per page of a key.
+const ENTRIES_PER_PAGE: usize = 1024;
 
 /// Copies everything `from` holds into a new embedded store at `file`.
 fn copy_state(from: &StateStore, file: &Path) -> Result<(), StateError> {
     let to = StateStore::open(file)?;
-    for keys in from.keys()?.chunks(KEYS_PER_COMMIT) {
-        let mut writes = Vec::with_capacity(keys.len());
-        for key in keys {
+    let (mut writes, mut bytes): (Vec<(crate::key::Key, KeyWrites)>, usize) = (Vec::new(), 0);
+    for key in from.keys()? {
+        let mut after: Option<String> = None;
+        loop {
+            let page = from.entries_page(&key, after.as_deref(), ENTRIES_PER_PAGE, BYTES_PER_COMMIT)?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.clone());
             let mut entries = KeyWrites::default();
-            for (name, value) in from.entries(key)? {
+            for (name, value) in page {
+                bytes += name.len() + value.len();
                 entries.set(&name, value);
             }
-            writes.push((key.clone(), entries));
+            match writes.last_mut() {
+                Some((previous, written)) if *previous == key => written.merge(entries),
+                _ => writes.push((key.clone(), entries)),
+            }
+            if bytes >= BYTES_PER_COMMIT || writes.len() >= KEYS_PER_COMMIT {
+                to.commit(BatchCommit { writes: std::mem::take(&mut writes), ..BatchCommit::default() })?;
+                bytes = 0;
+            }
         }
-        to.commit(BatchCommit { writes, ..BatchCommit::default() })?;
     }
+    to.commit(BatchCommit { writes, ..BatchCommit::default() })?;
     to.commit(BatchCommit {
         counter_deltas: from.counters()?.into_iter().collect(),
         stat_deltas: from.stats()?.into_iter().collect(),
@@ -391,6 +410,27 @@ mod tests {
         assert!(matches!(missing, ResetError::Log(LogError::PartitionNotFound { partition: 3, .. })), "{missing}");
         let earliest = super::plan(&log, &store, "t", Target::Earliest, Some(&[0])).await.unwrap_err();
         assert!(matches!(earliest, ResetError::EarliestTakesAllPartitions), "{earliest}");
+    }
+
+    #[test]
+    fn a_backup_copies_every_entry_of_keys_larger_than_a_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
+        let mut writes = Vec::new();
+        for key in 0..3u64 {
+            let mut entries = KeyWrites::default();
+            for n in 0..(ENTRIES_PER_PAGE as u64 * 2 + key) {
+                entries.set(&format!("e{n:05}"), vec![key as u8; 100]);
+            }
+            writes.push((Key::int(key), entries));
+        }
+        store.commit(BatchCommit { writes, ..BatchCommit::default() }).unwrap();
+        copy_state(&store, &dir.path().join("copy.redb")).unwrap();
+        let copy = StateStore::open(&dir.path().join("copy.redb")).unwrap();
+        assert_eq!(copy.keys().unwrap(), store.keys().unwrap());
+        for key in store.keys().unwrap() {
+            assert_eq!(copy.entries(&key).unwrap(), store.entries(&key).unwrap());
+        }
     }
 
     #[tokio::test]
