@@ -51,6 +51,13 @@ impl Dirs {
         let store = StateStore::open(&self.root.path().join("bank.redb")).unwrap();
         Library::new(self.root.path(), "bank", store, sandbox().with_compile_cache(&self.root.path().join("cache")))
     }
+    /// The bank projection running what `library` starts from the module
+    /// directory.
+    fn projection(&self, library: &Library) -> Arc<Projection> {
+        let (modules, _) = library.start(&self.modules(), false).unwrap();
+        let store = StateStore::open(&self.root.path().join("bank-state.redb")).unwrap();
+        Arc::new(Projection::new("bank", "accounts", modules, store).unwrap())
+    }
 }
 
 fn versions(modules: &[Arc<dyn HandlerModule>]) -> Vec<(String, String)> {
@@ -198,9 +205,7 @@ fn a_version_that_cannot_be_recorded_is_not_swapped_in() {
     let (v0, v1) = (bank_variant(0), bank_variant(1));
     install(&dirs.modules(), "bank.wasm", &v0);
     let library = dirs.library();
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+    let projection = dirs.projection(&library);
     // A file where the kept copies go: the new version's copy cannot be made.
     let kept = dirs.root.path().join("modules/bank/bank");
     std::fs::remove_dir_all(&kept).unwrap();
@@ -229,9 +234,7 @@ fn a_module_removed_while_running_leaves_no_kept_copies_behind() {
     let dirs = Dirs::new();
     install(&dirs.modules(), "bank.wasm", &bank_variant(0));
     let library = dirs.library();
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+    let projection = dirs.projection(&library);
     let copies = dirs.root.path().join("modules/bank");
     let mut name = "bank".to_owned();
     for n in 1..6 {
@@ -273,9 +276,7 @@ fn the_reload_status_of_a_refused_file_goes_with_the_file() {
     let dirs = Dirs::new();
     install(&dirs.modules(), "bank.wasm", &bank_variant(0));
     let library = dirs.library();
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+    let projection = dirs.projection(&library);
 
     install(&dirs.modules(), "junk.wasm", b"not a component");
     assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
@@ -382,9 +383,7 @@ async fn a_watched_directory_swaps_new_versions_in_and_refuses_broken_ones() {
     let dirs = Dirs::new();
     install(&dirs.modules(), "bank.wasm", &bank_variant(0));
     let library = Arc::new(dirs.library());
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+    let projection = dirs.projection(&library);
     let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
     let running = |version: &str| projection.modules().iter().any(|m| m.version() == version);
 
@@ -423,9 +422,7 @@ async fn only_changes_to_module_files_reload() {
     let dirs = Dirs::new();
     install(&dirs.modules(), "bank.wasm", &bank_variant(0));
     let library = Arc::new(dirs.library());
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+    let projection = dirs.projection(&library);
     let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
     // A refused file is tried again at every reload: the failed loads
     // count the reloads.
@@ -480,9 +477,7 @@ fn a_reload_prepared_before_the_set_was_replaced_as_a_whole_never_lands_on_it() 
     let (loaded, held) = (mpsc::channel(), mpsc::channel());
     let hold = HoldLoad { version: h1.clone(), held: Mutex::new(Some((loaded.0, held.1))) };
     let library = Arc::new(dirs.library().with_emit_topics(Arc::new(hold)));
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", modules, store).unwrap());
+    let projection = dirs.projection(&library);
 
     install(&dirs.modules(), "bank.wasm", &v1);
     let reloading = std::thread::spawn({
@@ -693,9 +688,7 @@ fn a_file_a_reload_cannot_read_is_refused_alone_and_the_others_are_applied() {
     let [v0, v1] = [0, 1].map(bank_variant);
     install(&dirs.modules(), "bank.wasm", &v0);
     let library = dirs.library();
-    let (modules, _) = library.start(&dirs.modules(), false).unwrap();
-    let store = StateStore::open(&dirs.root.path().join("bank-state.redb")).unwrap();
-    let projection = Projection::new("bank", "accounts", modules, store).unwrap();
+    let projection = dirs.projection(&library);
 
     std::fs::File::create(dirs.modules().join("big.wasm")).unwrap().set_len(200 << 20).unwrap();
     install(&dirs.modules(), "bank.wasm", &v1);
