@@ -221,9 +221,10 @@ impl<L: EventLog> Consumer<L> {
                     Err(error) => error,
                 };
                 all_applied = false;
-                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) {
-                    out.failures += 1;
-                }
+                // A cut is logged once per module and batch, by `CallTime`;
+                // past so many failures a worker's batch counts the rest.
+                let reported = !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. });
+                out.failures += usize::from(reported);
                 let class = FailureClass::of(&error);
                 // A key that only shared a batch with a flood loses no attempt.
                 let failure::Decision { attempt, route: next } = failure::decide(
@@ -241,10 +242,7 @@ impl<L: EventLog> Consumer<L> {
                     module: module.name().to_owned(),
                     version: module.version().to_owned(),
                 };
-                // A cut is logged once per module and batch, by `CallTime`;
-                // past so many failures a worker's batch counts the rest.
-                let logged = out.failures_logged < FAILURES_LOGGED_PER_BATCH;
-                if !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. }) && logged {
+                if reported && out.failures_logged < FAILURES_LOGGED_PER_BATCH {
                     out.failures_logged += 1;
                     tracing::warn!(
                         projection = projection.name(),
