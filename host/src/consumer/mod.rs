@@ -772,7 +772,7 @@ impl<L: EventLog> Consumer<L> {
             state.settle = true;
             return Ok(Step::Worked);
         }
-        if queue.held_bytes() >= self.config.retry.queue_max_bytes {
+        if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
             // Diverting more would hold a record per event of the backlog:
             // the topic waits until retries drain.
             if !std::mem::replace(&mut state.queue_full, true) {
