@@ -452,6 +452,17 @@ async fn a_full_retry_queue_stops_the_partition_reading_until_it_drains_and_lose
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_retry_queue_is_never_full() {
+    let setup = Setup::new(1).await;
+    setup.publish(&(0..10).map(|seq| event(seq, STEP, Relaxed, seq, &[])).collect::<Vec<_>>()).await;
+    let projection = setup.projection();
+    let no_room = RetryPolicy { queue_max_bytes: 0, ..eager(3) };
+    let consumer = setup.consumer(&projection, 4, no_room);
+    let summary = tokio::time::timeout(Duration::from_secs(20), consumer.catch_up()).await;
+    assert_eq!(summary.expect("the partition stalled").unwrap().applied, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let setup = Setup::new(1).await;
     setup.publish(&[event(1, STEP, Relaxed, 1, &["retryable"]), event(2, STEP, Relaxed, 2, &[])]).await;
