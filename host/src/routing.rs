@@ -843,14 +843,20 @@ mod tests {
         assert_eq!(queue.position(), 8);
     }
 
+    /// A queue holding `records` due records of `bytes` each for key 1, at
+    /// retry offsets from 0.
+    fn backlog(records: u64, bytes: usize) -> (RetryQueue, Key) {
+        let (mut queue, key) = (RetryQueue::starting_at(0), Key::int(1));
+        let due = Routed { failed_at_ms: 0, ..routed(0, false) };
+        for offset in 0..records {
+            queue.index(offset, key.clone(), &due, bytes, &RetryPolicy::default());
+        }
+        (queue, key)
+    }
+
     #[test]
     fn an_attempt_takes_a_bounded_slice_of_a_long_backlog_and_the_key_stays_held() {
-        let policy = RetryPolicy::default();
-        let mut queue = RetryQueue::starting_at(0);
-        let key = Key::int(1);
-        for offset in 0..10 {
-            queue.index(offset, key.clone(), &Routed { failed_at_ms: 0, ..routed(0, false) }, 100, &policy);
-        }
+        let (mut queue, key) = backlog(10, 100);
         // Four records by count...
         let taken = queue.take_due(u64::MAX, 4, 1 << 20);
         assert_eq!(offsets(&taken[0].1), [0, 1, 2, 3]);
@@ -932,12 +938,7 @@ mod tests {
 
     #[test]
     fn records_left_by_an_attempt_go_back_in_front_of_their_key() {
-        let policy = RetryPolicy::default();
-        let mut queue = RetryQueue::starting_at(0);
-        let key = Key::int(1);
-        for offset in 0..5 {
-            queue.index(offset, key.clone(), &Routed { failed_at_ms: 0, ..routed(0, false) }, 1, &policy);
-        }
+        let (mut queue, key) = backlog(5, 1);
         let taken = queue.take_due(u64::MAX, 3, 1 << 20);
         let left: Vec<Waiting> = taken[0].1.records.iter().copied().skip(1).collect();
         queue.put_back(key.clone(), left, 500);

@@ -51,6 +51,14 @@ impl Dirs {
         let store = StateStore::open(&self.root.path().join("bank.redb")).unwrap();
         Library::new(self.root.path(), "bank", store, sandbox().with_compile_cache(&self.root.path().join("cache")))
     }
+    /// The bank (version 0) running from a watched module directory.
+    fn watched(&self) -> (Arc<Library>, Arc<Projection>, Reloader) {
+        install(&self.modules(), "bank.wasm", &bank_variant(0));
+        let library = Arc::new(self.library());
+        let projection = self.projection(&library);
+        let reloader = Reloader::watch(library.clone(), projection.clone(), &self.modules()).unwrap();
+        (library, projection, reloader)
+    }
     /// The bank projection running what `library` starts from the module
     /// directory.
     fn projection(&self, library: &Library) -> Arc<Projection> {
@@ -381,10 +389,7 @@ fn eventually(what: &str, f: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watched_directory_swaps_new_versions_in_and_refuses_broken_ones() {
     let dirs = Dirs::new();
-    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
-    let library = Arc::new(dirs.library());
-    let projection = dirs.projection(&library);
-    let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
+    let (library, projection, _reloader) = dirs.watched();
     let running = |version: &str| projection.modules().iter().any(|m| m.version() == version);
 
     let v1 = bank_variant(1);
@@ -420,10 +425,7 @@ async fn a_watched_directory_swaps_new_versions_in_and_refuses_broken_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_changes_to_module_files_reload() {
     let dirs = Dirs::new();
-    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
-    let library = Arc::new(dirs.library());
-    let projection = dirs.projection(&library);
-    let _reloader = Reloader::watch(library.clone(), projection.clone(), &dirs.modules()).unwrap();
+    let (library, _projection, _reloader) = dirs.watched();
     // A refused file is tried again at every reload: the failed loads
     // count the reloads.
     std::fs::write(dirs.modules().join("junk.wasm"), b"not a component").unwrap();
