@@ -501,6 +501,10 @@ pub struct RetryQueue {
     /// Retry offsets of waiting records, to find the lowest quickly (the
     /// offset alone: a key may be long, and a backlog holds many records).
     waiting: BTreeSet<u64>,
+    /// Each key by when its first record is due, so a step finds the due
+    /// keys without looking at the others (a full queue holds hundreds of
+    /// thousands).
+    due: BTreeSet<(u64, Key)>,
     /// The canonical bytes of the keys in `keys`, together.
     key_bytes: usize,
     /// Everything below this retry offset has been indexed.
@@ -510,9 +514,9 @@ pub struct RetryQueue {
 /// What the queue holds per waiting record, about: its [`Waiting`] and
 /// its offset in `waiting`, with what the collections add.
 const BYTES_PER_RECORD: usize = 64;
-/// What the queue holds per key besides its bytes, about: the map's entry
-/// and the key's record deque.
-const BYTES_PER_KEY: usize = 96;
+/// What the queue holds per key besides its bytes, about: the map's entry,
+/// the key's record deque and its place in the due index.
+const BYTES_PER_KEY: usize = 128;
 
 impl RetryQueue {
     /// An empty queue that starts indexing at `position`.
@@ -546,25 +550,28 @@ impl RetryQueue {
         self.waiting.len() * BYTES_PER_RECORD + self.keys.len() * BYTES_PER_KEY + self.key_bytes
     }
 
-    /// The records of `key`, the key entered (and counted) if new.
-    fn records_of(&mut self, key: Key) -> &mut VecDeque<Waiting> {
-        let key_bytes = &mut self.key_bytes;
-        &mut self
-            .keys
-            .entry(key)
-            .or_insert_with_key(|key| {
-                *key_bytes += key.as_bytes().len();
-                KeyInRetry::default()
-            })
-            .records
-    }
-
-    /// Removes `key` (and its count) if no record of it waits.
-    fn forget_if_done(&mut self, key: &Key) {
-        if self.keys.get(key).is_some_and(|k| k.records.is_empty()) {
+    /// Changes the records of `key` (entered and counted if new) with
+    /// `change`, keeping the due index in step and forgetting the key
+    /// once none of its records waits.
+    fn change_records<R>(&mut self, key: &Key, change: impl FnOnce(&mut VecDeque<Waiting>) -> R) -> R {
+        let in_retry = match self.keys.get_mut(key) {
+            Some(in_retry) => {
+                self.due.remove(&(in_retry.due_ms(), key.clone()));
+                in_retry
+            }
+            None => {
+                self.key_bytes += key.as_bytes().len();
+                self.keys.entry(key.clone()).or_default()
+            }
+        };
+        let changed = change(&mut in_retry.records);
+        if in_retry.records.is_empty() {
             self.keys.remove(key);
             self.key_bytes -= key.as_bytes().len();
+        } else {
+            self.due.insert((in_retry.due_ms(), key.clone()));
         }
+        changed
     }
 
     /// Events waiting.
@@ -578,9 +585,10 @@ impl RetryQueue {
     /// any other goes last.
     pub fn index(&mut self, offset: u64, key: Key, routed: &Routed, bytes: usize, policy: &RetryPolicy) {
         let waiting = Waiting { offset, events: routed.events, bytes, due_ms: routed.due_ms(policy) };
-        let records = self.records_of(key);
-        let place = routed.ahead_of.and_then(|ahead_of| records.iter().position(|w| w.offset == ahead_of));
-        records.insert(place.unwrap_or(records.len()), waiting);
+        self.change_records(&key, |records| {
+            let place = routed.ahead_of.and_then(|ahead_of| records.iter().position(|w| w.offset == ahead_of));
+            records.insert(place.unwrap_or(records.len()), waiting);
+        });
         self.waiting.insert(offset);
         self.scanned = self.scanned.max(offset + 1);
     }
@@ -592,7 +600,7 @@ impl RetryQueue {
 
     /// The earliest due time of any key.
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.keys.values().map(KeyInRetry::due_ms).min()
+        self.due.first().map(|&(due_ms, _)| due_ms)
     }
 
     /// Takes the first records of keys due at `now_ms`, oldest first, each
@@ -600,31 +608,32 @@ impl RetryQueue {
     /// `max_bytes` bytes (at least one record). A key with records left
     /// stays in the queue.
     pub fn take_due(&mut self, now_ms: u64, max_records: usize, max_bytes: usize) -> Vec<(Key, KeyInRetry)> {
-        let mut due: Vec<(Key, u64)> = self
-            .keys
-            .iter()
-            .map(|(key, k)| (key, k.due_ms()))
-            .filter(|&(_, due)| due <= now_ms)
-            .map(|(key, due)| (key.clone(), due))
-            .collect();
-        due.sort_unstable_by(|(a, a_due), (b, b_due)| (a_due, a).cmp(&(b_due, b)));
         let (mut taken, mut records, mut bytes) = (Vec::new(), 0, 0usize);
-        for (key, _) in due {
-            let waiting = self.keys.get_mut(&key).expect("listed above");
-            let mut slice = KeyInRetry::default();
-            while let Some(first) = waiting.records.front()
-                && (records == 0 || (records < max_records && bytes.saturating_add(first.bytes) <= max_bytes))
-            {
-                records += 1;
-                bytes = bytes.saturating_add(first.bytes);
-                self.waiting.remove(&first.offset);
-                slice.records.push_back(waiting.records.pop_front().expect("looked at"));
+        while let Some((due_ms, key)) = self.due.first().cloned()
+            && due_ms <= now_ms
+        {
+            let slice = self.change_records(&key, |in_retry| {
+                let mut slice = KeyInRetry::default();
+                while let Some(first) = in_retry.front()
+                    && (records == 0 || (records < max_records && bytes.saturating_add(first.bytes) <= max_bytes))
+                {
+                    records += 1;
+                    bytes = bytes.saturating_add(first.bytes);
+                    slice.records.push_back(in_retry.pop_front().expect("looked at"));
+                }
+                slice
+            });
+            for taken in &slice.records {
+                self.waiting.remove(&taken.offset);
             }
-            self.forget_if_done(&key);
-            if slice.records.is_empty() {
+            // A key left with records is full: nothing more fits.
+            let full = self.keys.contains_key(&key);
+            if !slice.records.is_empty() {
+                taken.push((key, slice));
+            }
+            if full {
                 break;
             }
-            taken.push((key, slice));
         }
         taken
     }
@@ -639,10 +648,11 @@ impl RetryQueue {
         for waiting in &left {
             self.waiting.insert(waiting.offset);
         }
-        let records = self.records_of(key);
-        for waiting in left.into_iter().rev() {
-            records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
-        }
+        self.change_records(&key, |records| {
+            for waiting in left.into_iter().rev() {
+                records.push_front(Waiting { due_ms: waiting.due_ms.max(due_ms), ..waiting });
+            }
+        });
     }
 
     /// The retry offset of the first record of `key` waiting, if any.
@@ -841,6 +851,31 @@ mod tests {
         assert_eq!(offsets(&taken[0].1), [5, 7]);
         assert!(queue.is_empty());
         assert_eq!(queue.position(), 8);
+    }
+
+    #[test]
+    fn due_keys_are_taken_by_the_due_time_of_their_first_record() {
+        let (mut queue, key) = (RetryQueue::starting_at(0), Key::int);
+        // Keys 0..50 indexed with due times falling: 50 s down to 1 s.
+        for n in 0..50u64 {
+            let due_at = Routed { failed_at_ms: 0, ..routed(0, false) };
+            let policy = RetryPolicy { delays: vec![Duration::from_secs(50 - n)], ..Default::default() };
+            queue.index(n, key(n), &Routed { attempts: 1, ..due_at }, 10, &policy);
+        }
+        assert_eq!(queue.next_due_ms(), Some(1_000));
+        let taken: Vec<Key> = queue.take_due(10_000, 100, 1 << 20).into_iter().map(|(key, _)| key).collect();
+        assert_eq!(taken, (40..50).rev().map(key).collect::<Vec<_>>(), "due by 10 s, earliest first");
+        assert_eq!(queue.next_due_ms(), Some(11_000));
+
+        // Records put back in front of key 0 (due at 50 s) make it due first.
+        let early = Waiting { offset: 100, events: 1, bytes: 10, due_ms: 0 };
+        queue.put_back(key(0), vec![early], 5_000);
+        assert_eq!(queue.next_due_ms(), Some(5_000));
+        let taken = queue.take_due(5_000, 100, 1 << 20);
+        assert_eq!(taken.len(), 1);
+        assert_eq!((taken[0].0.clone(), offsets(&taken[0].1)), (key(0), vec![100, 0]), "its whole backlog");
+        assert_eq!(queue.next_due_ms(), Some(11_000));
+        assert_eq!(queue.len(), 39);
     }
 
     /// A queue holding `records` due records of `bytes` each for key 1, at
