@@ -679,6 +679,7 @@ impl<L: EventLog> Consumer<L> {
             buffers: BatchBuffers::default(),
             appends: self.log.appends(),
             queue_full: false,
+            topic_turn: false,
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -762,7 +763,15 @@ impl<L: EventLog> Consumer<L> {
             self.record_phases(&phases);
             summary.phases.absorb(&phases);
         }
-        let due = queue.take_due(routing::now_ms(), self.config.batch_size, PolledBatch::BYTE_BUDGET);
+        // After a retry batch the topic has its turn, while it has more to
+        // read: keys that stay due (a module slow on every call, cut by its
+        // time per batch) would otherwise fill every step and hold up the
+        // partition's other modules.
+        let topic_turn = std::mem::take(&mut state.topic_turn) && end.is_none_or(|end| state.position < end);
+        let due = match topic_turn {
+            true => Vec::new(),
+            false => queue.take_due(routing::now_ms(), self.config.batch_size, PolledBatch::BYTE_BUDGET),
+        };
         if !due.is_empty() {
             // On an error the queue is rebuilt from the log next time.
             let (batch, settled) = self.retry_batch(partition, due, queue).await?;
@@ -770,6 +779,7 @@ impl<L: EventLog> Consumer<L> {
             summary.add(&batch);
             state.queue = Some(settled);
             state.settle = true;
+            state.topic_turn = true;
             return Ok(Step::Worked);
         }
         if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
@@ -1004,6 +1014,8 @@ struct PartitionState {
     appends: Option<tokio::sync::watch::Receiver<()>>,
     /// Whether its retry queue was full at the last step (logged once).
     queue_full: bool,
+    /// Whether the last step was a retry batch: the topic goes next.
+    topic_turn: bool,
 }
 
 /// Resolves once records were appended since `appends` last looked;

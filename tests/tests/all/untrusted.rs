@@ -762,6 +762,52 @@ async fn a_flood_beside_the_bank_never_fails_the_banks_events() {
     assert!(over_budget > 0, "no call failed on the batch budget");
 }
 
+/// A module slow on every call but never failing, with its events ahead of
+/// the bank's: the keys its time per batch cuts off wait in retry without
+/// losing an attempt, so they stay due. Retry batches take turns with the
+/// topic, so the bank's events are all applied while most of the slow
+/// module's keys still wait (before, retry batches followed each other until
+/// every slow key was done, and the topic was not read meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_a_slow_module_leaves_in_retry_take_turns_with_the_topic() {
+    let mut bed = Bed::with(PayloadLimits::default(), SandboxLimits::default(), |sandbox| {
+        vec![load_module_file(sandbox, &bank_wasm()).expect("the bank module loads")]
+    })
+    .await;
+    bed.config.batch_size = 64;
+    bed.config.module_time_per_batch = Duration::from_millis(20);
+    let bank = bed.projection.modules()[1].clone();
+    let spec = WorkloadSpec { events: 300, accounts: 20, seed: 8 };
+    let staging = EmbeddedLog::open(bed.dir.path().join("staging.redb")).unwrap();
+    let oracle = publish_bank(&staging, bank.clone(), spec, 1).await;
+    let slow_keys = 400;
+    // Each call spins through refused host calls for some milliseconds, then succeeds.
+    let mut records: Vec<Record> =
+        (0..slow_keys).map(|i| attack(tag::REFUSAL_SPIN, 1_000_000 + i, json!({ "n": 2_000 }))).collect();
+    records.extend(staging.read("accounts", 0, 0, spec.events).await.unwrap().into_iter().map(|s| s.record));
+    bed.append(records).await;
+
+    let consumer = Consumer::new(bed.log.clone(), bed.projection.clone(), bed.config.clone());
+    let run = tokio::spawn(async move { consumer.catch_up().await });
+    let slow_done = |store: &StateStore| (0..slow_keys).filter(|i| report(store, 1_000_000 + i).is_some()).count();
+    let done_when_bank_applied = tokio::time::timeout(Duration::from_secs(300), async {
+        loop {
+            if demo::check_projection(&oracle, &*bank, bed.store()).unwrap().matches() {
+                return slow_done(bed.store());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the bank's events are applied");
+    let summary = run.await.unwrap().expect("the consumer never stops because of a module");
+    assert!(
+        done_when_bank_applied < slow_keys as usize / 2,
+        "the bank waited until {done_when_bank_applied} of {slow_keys} slow keys were done"
+    );
+    assert_eq!((slow_done(bed.store()), summary.dead_lettered), (slow_keys as usize, 0), "{summary:?}");
+}
+
 /// A module that takes its whole CPU budget on every call, beside the bank
 /// in one projection. The per-call budget alone would let it hold the
 /// batch (and the bank's events in it) for its number of keys times the
