@@ -68,9 +68,27 @@ pub enum PublishError {
         /// The most the log takes.
         limit: usize,
     },
+    /// The topic is one of the host's own retry and dead-letter topics.
+    #[error(
+        "`{topic}` is one of the host's own topics (`retry_*` and `dlq_*` hold what projections route there); \
+         publish to the topic a projection consumes, and re-drive dead letters with `waku dlq redrive`"
+    )]
+    HostTopic {
+        /// The topic asked for.
+        topic: String,
+    },
     /// The log refused the append.
     #[error(transparent)]
     Log(#[from] LogError),
+}
+
+/// Refuses the host's own topics: a record published there would be read
+/// as routed work, or ignored and read again at every start.
+pub fn check_topic(topic: &str) -> Result<(), PublishError> {
+    match wakuwaku_core::limits::is_host_topic(topic) {
+        true => Err(PublishError::HostTopic { topic: topic.to_owned() }),
+        false => Ok(()),
+    }
 }
 
 /// One event to publish: its type and its body bytes.
@@ -145,6 +163,7 @@ pub async fn publish<L: EventLog>(
     lines: Option<Vec<usize>>,
     threads: usize,
 ) -> Result<usize, PublishError> {
+    check_topic(topic)?;
     let partitions = log.partitions(topic).await?;
     let count = events.len();
     let limit = log.max_record_bytes(topic);

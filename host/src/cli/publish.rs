@@ -40,6 +40,7 @@ pub(super) async fn publish_file(args: PublishArgs) -> Result<()> {
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
     };
+    publish::check_topic(&args.topic)?;
     let sandbox = Sandbox::new(SandboxLimits::default())?;
     let module = load_module(&sandbox, &args.module)?;
     let log = args.data.log().await?;

@@ -98,6 +98,9 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         commit.positions.push((projection.topic().to_owned(), partition, next));
+        // What the retry topic holds below the queue's position is done or
+        // not this projection's: a restart need not read it again.
+        commit.positions.push((projection.routed_topics().retry().to_owned(), partition, queue.position()));
         summary.phases.add(Phase::Decode, decoding.elapsed());
         let (summary, _) = self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)?;
         Ok(summary)

@@ -22,8 +22,9 @@ use std::sync::Arc;
 const COMBINE_PART_BYTES: usize = 4 << 20;
 
 /// The failed calls a worker logs in one batch; the rest are counted in
-/// one line (a module failing every call would log every event).
-const FAILURES_LOGGED_PER_BATCH: usize = 32;
+/// one line (a module failing every call would log every event). Also
+/// the unreadable records one look at the retry topic logs.
+pub(super) const FAILURES_LOGGED_PER_BATCH: usize = 32;
 
 /// The bytes of whole failure messages the routed records of one worker's
 /// batch carry (the first record of each failed chunk); past them every

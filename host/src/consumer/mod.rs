@@ -877,6 +877,7 @@ impl<L: EventLog> Consumer<L> {
         let end = self.log.end_offset(&retry, partition).await?;
         // Polled, so what is read at once is bounded in bytes too.
         let mut records = PolledBatch::new();
+        let mut unreadable = 0;
         while queue.scanned() < end {
             let want = self.config.batch_size.min((end - queue.scanned()) as usize);
             records = self.log.poll(&retry, partition, queue.scanned(), want, records).await?;
@@ -890,15 +891,28 @@ impl<L: EventLog> Consumer<L> {
                         queue.index(view.offset(), envelope.key, &routed, view.stored_len(), &self.config.retry);
                     }
                     Ok(_) => {} // another projection's
-                    Err(error) => tracing::warn!(
-                        projection = self.projection.name(),
-                        partition,
-                        offset = view.offset(),
-                        "record in `{retry}` has unreadable headers and is ignored: {error}"
-                    ),
+                    Err(error) => {
+                        unreadable += 1;
+                        if unreadable <= key::FAILURES_LOGGED_PER_BATCH {
+                            tracing::warn!(
+                                projection = self.projection.name(),
+                                partition,
+                                offset = view.offset(),
+                                "record in `{retry}` has unreadable headers and is ignored: {error}"
+                            );
+                        }
+                    }
                 }
             }
             queue.skip_to(last + 1);
+        }
+        if unreadable > key::FAILURES_LOGGED_PER_BATCH {
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                "{} more records in `{retry}` have unreadable headers and are ignored",
+                unreadable - key::FAILURES_LOGGED_PER_BATCH
+            );
         }
         Ok(())
     }

@@ -100,6 +100,22 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
     assert!(text(&out.stdout).contains("consumed 0 events"), "{}", text(&out.stdout));
 }
 
+#[test]
+fn publishing_to_the_hosts_own_topics_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(dir.path(), "events.jsonl", &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#]);
+    for topic in ["retry_accounts", "dlq_accounts", "retry_accounts.rebuild"] {
+        let args = ["publish", "--data", "data", "--topic", topic, "--partitions", "1", "--module", &module, &file];
+        let out = waku(&args, dir.path());
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("`{topic}` is one of the host's own topics")), "{stderr}");
+        assert!(stderr.contains("waku dlq redrive"), "{stderr}");
+    }
+    assert!(!dir.path().join("data").exists(), "the log was opened");
+}
+
 /// Runs `waku` with `args`; a run still going after a minute is killed and
 /// fails the test, as the stall it is.
 fn waku_within_a_minute(args: &[&str], dir: &Path) -> std::process::Output {

@@ -462,6 +462,23 @@ async fn an_empty_retry_queue_is_never_full() {
     assert_eq!(summary.expect("the partition stalled").unwrap().applied, 10);
 }
 
+/// Records in the retry topic that are not the projection's (written by
+/// someone else, or another projection's) are looked at once: the retry
+/// position passes them with the next batch, so a restart does not read
+/// (and log) them all again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_in_the_retry_topic_that_are_not_the_projections_are_read_once() {
+    let setup = Setup::new(1).await;
+    let retry = wakuwaku::routing::retry_topic(TOPIC);
+    setup.log.create_topic(&retry, 1).await.unwrap();
+    let junk = (0..50).map(|i| Record { headers: Vec::new(), body: format!("junk {i}").into_bytes() }).collect();
+    setup.log.append(&retry, vec![(0, junk)]).await.unwrap();
+    setup.publish(&(0..10).map(|seq| event(seq, STEP, Relaxed, seq, &[])).collect::<Vec<_>>()).await;
+    let projection = setup.projection();
+    assert_eq!(setup.consumer(&projection, 4, eager(3)).catch_up().await.unwrap().applied, 10);
+    assert_eq!(projection.store().position(&retry, 0).unwrap(), Some(50), "the retry position stayed behind");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_in_retry_are_rebuilt_at_start_up_and_wait_out_their_delay() {
     let setup = Setup::new(1).await;
