@@ -13,9 +13,17 @@
 //!   (opening a FIFO for reading waits for a writer).
 //! - `component-size`: a component has at most [`MAX_COMPONENT_BYTES`]
 //!   bytes, checked before reading (a sparse file of terabytes costs
-//!   nothing) and while reading (a file that grows is cut off at the
-//!   limit and refused). [`Sandbox::load`](super::Sandbox::load) keeps the
+//!   nothing). A file is read up to the size it had when it was opened:
+//!   one that grows is cut there (and will not parse), and a file of the
+//!   kernel's (`/proc`, reached through a symlink) that says it is empty
+//!   reads as empty. [`Sandbox::load`](super::Sandbox::load) keeps the
 //!   same limit for bytes from anywhere.
+//! - `component-header`: a component starts with the WebAssembly magic and
+//!   the component version and layer, checked before compiling
+//!   ([`check_code`]). The refusal says what the bytes are instead (a core
+//!   module, another version, not WebAssembly) but never quotes them (the
+//!   compiler's own message did): a symlink to a file outside the module
+//!   directory shows nothing of what it holds.
 //! - `component-functions`: the core modules of a component define at
 //!   most [`MAX_COMPONENT_FUNCTIONS`] functions in all, counted before
 //!   compiling ([`check_code`]). Compiling holds several kilobytes of
@@ -125,6 +133,12 @@ pub enum ComponentFileError {
         /// What was read before the limit was passed.
         total: u64,
     },
+    /// The bytes do not start as a component's do.
+    #[error("component-header: {what}; a component starts with `\\0asm` and the component version and layer")]
+    NotAComponent {
+        /// What the bytes are instead.
+        what: &'static str,
+    },
     /// Over [`MAX_MODULES`] modules in one directory.
     #[error(
         "module-count: a module directory holds at most {MAX_MODULES} modules (`*.wasm` files); this one holds more"
@@ -157,9 +171,26 @@ pub fn read_component(path: &Path) -> io::Result<Vec<u8>> {
     }
     check_size(metadata.len())?;
     let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
-    check_size(bytes.len() as u64)?;
+    file.take(metadata.len()).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// The first bytes of a component: the magic `\0asm`, version 13, layer 1.
+const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+/// Refuses bytes that do not start with [`COMPONENT_HEADER`], saying what
+/// they are without quoting them.
+fn check_header(bytes: &[u8]) -> Result<(), ComponentFileError> {
+    let what = match bytes.get(..COMPONENT_HEADER.len()) {
+        Some(header) if header == COMPONENT_HEADER => return Ok(()),
+        _ if bytes.is_empty() => "the file is empty",
+        Some([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) => {
+            "this is a core WebAssembly module, not a component (build the guest for `wasm32-wasip2`)"
+        }
+        Some([0x00, 0x61, 0x73, 0x6d, ..]) => "this is WebAssembly of another version or layer than a component's",
+        _ => "this is not a WebAssembly component",
+    };
+    Err(ComponentFileError::NotAComponent { what })
 }
 
 /// Refuses a component of `size` bytes over [`MAX_COMPONENT_BYTES`].
@@ -170,7 +201,8 @@ pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
     }
 }
 
-/// Checks the code of component `bytes` before it is compiled: at most
+/// Checks the code of component `bytes` before it is compiled: its
+/// header ([`COMPONENT_HEADER`]), at most
 /// [`MAX_COMPONENT_FUNCTIONS`] functions in all its core modules, none
 /// over [`MAX_FUNCTION_BYTES`], and at most [`MAX_COMPONENT_GLOBALS`]
 /// globals; returns how many functions it defines.
@@ -178,6 +210,7 @@ pub(super) fn check_size(size: u64) -> Result<(), ComponentFileError> {
 /// wrong with them.
 pub fn check_code(bytes: &[u8]) -> Result<u64, ComponentFileError> {
     use wasmtime::wasmparser::{Parser, Payload};
+    check_header(bytes)?;
     let (mut functions, mut in_module, mut globals) = (0, 0, 0);
     for payload in Parser::new(0).parse_all(bytes) {
         match payload {
@@ -248,11 +281,38 @@ mod tests {
     fn a_regular_file_is_read_whole_up_to_the_limit() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.wasm");
-        std::fs::write(&path, b"\0asm").unwrap();
-        assert_eq!(read_component(&path).unwrap(), b"\0asm");
-        let file = std::fs::File::create(&path).unwrap();
+        std::fs::write(&path, COMPONENT_HEADER).unwrap();
+        assert_eq!(read_component(&path).unwrap(), COMPONENT_HEADER);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.set_len(MAX_COMPONENT_BYTES).unwrap();
         assert_eq!(read_component(&path).unwrap().len() as u64, MAX_COMPONENT_BYTES);
+    }
+
+    #[test]
+    fn bytes_that_are_no_component_are_refused_saying_what_they_are_without_quoting_them() {
+        let cases: [(&[u8], &str); 5] = [
+            (b"", "the file is empty"),
+            (b"WAKU_SECRET=hunter2", "not a WebAssembly component"),
+            (b"\0asm", "not a WebAssembly component"),
+            (b"\0asm\x01\0\0\0\x01\x04", "core WebAssembly module, not a component"),
+            (b"\0asm\x0e\0\x01\0", "another version or layer"),
+        ];
+        for (bytes, what) in cases {
+            let message = check_code(bytes).unwrap_err().to_string();
+            assert!(message.starts_with("component-header: ") && message.contains(what), "{message}");
+            assert!(!message.contains("WAKU") && !message.contains("0x"), "the bytes are quoted: {message}");
+        }
+    }
+
+    /// A symlink to a kernel file that says it is empty (as every `/proc`
+    /// file does) reads as empty, whatever reading it would give.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_link_to_a_proc_file_reads_nothing_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("env.wasm");
+        std::os::unix::fs::symlink("/proc/self/environ", &path).unwrap();
+        assert_eq!(read_component(&path).unwrap(), b"");
     }
 
     #[test]

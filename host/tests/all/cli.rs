@@ -104,7 +104,11 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
 fn publishing_to_the_hosts_own_topics_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let module = bank_wasm().to_string_lossy().into_owned();
-    let file = write_lines(dir.path(), "events.jsonl", &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#]);
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#],
+    );
     for topic in ["retry_accounts", "dlq_accounts", "retry_accounts.rebuild"] {
         let args = ["publish", "--data", "data", "--topic", topic, "--partitions", "1", "--module", &module, &file];
         let out = waku(&args, dir.path());
