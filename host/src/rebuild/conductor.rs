@@ -356,12 +356,12 @@ impl<L: EventLog> Conductor<L> {
         matches!(readiness, Readiness::Promote).then_some(Action::Promote)
     }
 
-    /// Drops a rebuild that failed: its request is removed, the status
-    /// keeps the error.
+    /// Drops a rebuild that failed: its generation's files and its request
+    /// are removed, the status keeps the error.
     fn fail(&self, paths: &RebuildPaths, error: String) {
         tracing::error!(projection = self.projection.name(), "the rebuild failed and was dropped: {error}");
         self.watch.set_phase("failed", Some(error), None);
-        if let Err(error) = paths.finish() {
+        if let Err(error) = paths.remove_pending_generation().and_then(|()| paths.finish()) {
             tracing::error!(projection = self.projection.name(), "{error}");
         }
     }

@@ -67,6 +67,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(doc)]
 use crate::routing::RoutedTopics;
+use crate::runtime::component_file::{ComponentFileError, MAX_MODULES, check_module_dir_size};
 use crate::runtime::read_component;
 
 pub mod conductor;
@@ -286,13 +287,32 @@ impl RebuildPaths {
         if wasm.is_empty() {
             return Err(RebuildError::NoModules { dir: modules.to_owned() });
         }
+        // The rules of a module directory (`module-count`, `module-dir-size`).
+        if wasm.len() > MAX_MODULES {
+            return Err(RebuildError::Io {
+                path: modules.to_owned(),
+                source: ComponentFileError::TooManyModules.into(),
+            });
+        }
         let generation = self.next_generation()?;
         let copy = self.modules_dir(generation);
-        std::fs::create_dir_all(&copy).map_err(|source| RebuildError::Io { path: copy.clone(), source })?;
-        for file in wasm {
-            let target = copy.join(file.file_name().unwrap_or_default());
-            let bytes = read_component(&file).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
-            std::fs::write(&target, bytes).map_err(|source| RebuildError::Io { path: target.clone(), source })?;
+        let copied = (|| {
+            std::fs::create_dir_all(&copy).map_err(|source| RebuildError::Io { path: copy.clone(), source })?;
+            let mut total = 0;
+            for file in wasm {
+                let target = copy.join(file.file_name().unwrap_or_default());
+                let bytes = read_component(&file).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
+                total += bytes.len() as u64;
+                check_module_dir_size(total)
+                    .map_err(|e| RebuildError::Io { path: modules.to_owned(), source: e.into() })?;
+                std::fs::write(&target, bytes).map_err(|source| RebuildError::Io { path: target.clone(), source })?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = copied {
+            // Nothing of a refused request stays behind.
+            let _ = std::fs::remove_dir_all(self.generation_dir(generation));
+            return Err(error);
         }
         let _ = std::fs::remove_file(self.promote_path());
         let request = Request { projection: self.projection.clone(), topic: topic.to_owned(), generation, promote };
@@ -316,6 +336,21 @@ impl RebuildPaths {
             .ok_or_else(|| RebuildError::NothingToRollBackTo { projection: self.projection.clone() })?;
         touch(&self.rollback_path())?;
         Ok(previous)
+    }
+
+    /// Removes what the pending request's generation holds (its copy of
+    /// the new modules, its kept copies, its shadow store), unless its
+    /// store is the active one: for a rebuild dropped before promotion.
+    pub fn remove_pending_generation(&self) -> Result<(), RebuildError> {
+        let Some(request) = self.request()? else { return Ok(()) };
+        if self.active_store()? == self.shadow_store(request.generation) {
+            return Ok(());
+        }
+        let dir = self.generation_dir(request.generation);
+        match std::fs::remove_dir_all(&dir) {
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => Err(RebuildError::Io { path: dir, source }),
+            _ => Ok(()),
+        }
     }
 
     /// Forgets the request (after promotion, or when it was promoted
@@ -414,6 +449,40 @@ mod tests {
         paths.finish().unwrap();
         assert_eq!(paths.request().unwrap(), None);
         assert_eq!(paths.ask("accounts", &modules, Promote::Auto).unwrap().generation, 2);
+    }
+
+    #[test]
+    fn new_modules_past_a_module_directorys_count_are_refused_and_leave_nothing_behind() {
+        let data = tempfile::tempdir().unwrap();
+        let modules = data.path().join("new");
+        std::fs::create_dir_all(&modules).unwrap();
+        for n in 0..=MAX_MODULES {
+            std::fs::write(modules.join(format!("m{n}.wasm")), b"not really").unwrap();
+        }
+        let paths = RebuildPaths::new(data.path(), "bank");
+        let error = paths.ask("accounts", &modules, Promote::Auto).unwrap_err().to_string();
+        assert!(error.contains("module-count: a module directory holds at most 64 modules"), "{error}");
+        assert!(!paths.dir().exists() && paths.request().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_dropped_generation_is_removed_unless_its_store_is_active() {
+        let data = tempfile::tempdir().unwrap();
+        let modules = data.path().join("new");
+        std::fs::create_dir_all(&modules).unwrap();
+        std::fs::write(modules.join("bank.wasm"), b"not really").unwrap();
+        let paths = RebuildPaths::new(data.path(), "bank");
+        paths.ask("accounts", &modules, Promote::Auto).unwrap();
+        assert!(paths.generation_dir(1).exists());
+        paths.remove_pending_generation().unwrap();
+        assert!(!paths.generation_dir(1).exists(), "the dropped generation's files stay");
+        paths.finish().unwrap();
+
+        let request = paths.ask("accounts", &modules, Promote::Auto).unwrap();
+        let pointer = Pointer { active: paths.shadow_store(request.generation), previous: None, retry_ends: vec![] };
+        paths.set_pointer(&pointer).unwrap();
+        paths.remove_pending_generation().unwrap();
+        assert!(paths.generation_dir(request.generation).exists(), "the active store's generation went");
     }
 
     #[test]
