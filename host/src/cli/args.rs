@@ -260,7 +260,8 @@ pub(super) struct LimitArgs {
     pub(super) max_log_lines_per_call: usize,
     /// Most MiB the host holds for the state writes, counter changes and
     /// emits of the batches in flight (one per partition) together; a call
-    /// past it is retried in a later batch.
+    /// past it is retried in a later batch. Committing and publishing hold
+    /// them up to three times over; a rebuild's shadow has its own budget.
     #[arg(long, default_value_t = PayloadLimits::default().max_batch_held >> 20, help_heading = PAYLOAD)]
     pub(super) max_batch_held_mib: usize,
     /// Most distinct counters the projection may hold; adding to a new
