@@ -21,7 +21,10 @@
 //!   ([`Projection::replace_modules`]). A file that fails leaves the old
 //!   version running, and the error is kept for the admin endpoint and
 //!   counted. A removed file takes its module, and so the handling of its
-//!   event types, out of the projection.
+//!   event types, out of the projection. A reload reads only the files
+//!   that changed since it last looked ([`FileStamp`]: size, times,
+//!   inode): one taken in, or refused for what its bytes are, is not read
+//!   and hashed again while it stays as it was.
 //! - **A module's emit topics exist before it runs.** With an
 //!   [`EmitTopics`] check ([`Library::with_emit_topics`]), every load (at
 //!   start-up and on reload) checks that the topics the module declares in
@@ -262,6 +265,9 @@ pub struct Library {
     /// applies what changed since. Locked only inside the projection's swap
     /// lock, or alone.
     seen: Mutex<BTreeMap<String, String>>,
+    /// The files a reload need not read again while their stamp holds: the
+    /// stamp and version of each one taken in or refused for its bytes.
+    unchanged: Mutex<BTreeMap<String, (FileStamp, String)>>,
     loads_ok: AtomicU64,
     loads_failed: AtomicU64,
     metrics: Option<Arc<Metrics>>,
@@ -281,6 +287,7 @@ impl Library {
             sandbox,
             reloads: Mutex::default(),
             seen: Mutex::default(),
+            unchanged: Mutex::default(),
             loads_ok: AtomicU64::new(0),
             loads_failed: AtomicU64::new(0),
             metrics: None,
@@ -440,7 +447,7 @@ impl Library {
     /// ([`Difference::Refused`]), as a hot reload refused it: a bad file
     /// dropped in while the host ran must not keep it down after a crash.
     pub fn start(&self, module_dir: &Path, adopt: bool) -> Result<Started, LifecycleError> {
-        let files = all_read(scan(module_dir)?)?;
+        let files = all_read(scan(module_dir, &BTreeMap::new())?.read)?;
         let mut recorded = self.recorded()?;
         if files.is_empty() && recorded.active.is_empty() {
             return Err(LifecycleError::NoModules { dir: module_dir.to_owned(), projection: self.projection.clone() });
@@ -614,10 +621,13 @@ impl Library {
             let swap = projection.swap_modules();
             (swap.generation(), self.seen())
         };
-        let files = scan(module_dir)?;
+        let known = self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Scanned { read: files, unchanged } = scan(module_dir, &known)?;
+        let present = |name: &String| files.contains_key(name) || unchanged.contains(name);
         // What `/modules` shows of reloads is about the files still there.
-        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| files.contains_key(name));
-        let gone: Vec<&String> = seen.keys().filter(|name| !files.contains_key(*name)).collect();
+        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| present(name));
+        self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| unchanged.contains(name));
+        let gone: Vec<&String> = seen.keys().filter(|name| !present(name)).collect();
         if !gone.is_empty() {
             // Removed files first, so that a module renamed in place (its
             // old name gone, its tags under a new one) loads in this pass.
@@ -655,7 +665,7 @@ impl Library {
                 changed.push(module.name().to_owned());
             }
         }
-        for (name, read) in &files {
+        for (name, (stamp, read)) in &files {
             let bytes = match read {
                 Ok(bytes) => bytes,
                 Err(error) => {
@@ -696,6 +706,14 @@ impl Library {
             if attempt.is_ok() {
                 self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), version.clone());
             }
+            // Refused for its bytes, it would be refused again; a clash, a
+            // missing emit topic or the host's memory may pass at the next
+            // change.
+            let for_its_bytes = matches!(&attempt,
+                Err(LifecycleError::Projection(ProjectionError::Load(error))) if error.is_of_the_bytes());
+            if let Some(stamp) = stamp.filter(|_| attempt.is_ok() || for_its_bytes) {
+                self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), (stamp, version.clone()));
+            }
             drop(swap);
             let status =
                 ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
@@ -724,14 +742,15 @@ impl Library {
     /// the new set, and a reload prepared before is redone. Returns (and
     /// logs) how the directory differs from the new set.
     pub fn replaced(&self, swap: &ModuleSwap<'_>, module_dir: &Path) -> Vec<Difference> {
-        let files = match scan(module_dir) {
-            Ok(files) => files,
+        let files = match scan(module_dir, &BTreeMap::new()) {
+            Ok(files) => files.read,
             Err(error) => {
                 // Without the directory, the new set is the baseline: a
                 // later reload applies what differs from it.
                 tracing::warn!(projection = self.projection, "reading the module directory: {error}");
                 let running = swap.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
                 *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = running;
+                self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).clear();
                 return Vec::new();
             }
         };
@@ -739,13 +758,15 @@ impl Library {
         // tries it again.
         let seen: BTreeMap<String, String> = files
             .iter()
-            .filter_map(|(name, read)| Some((name.clone(), content_version(read.as_ref().ok()?))))
+            .filter_map(|(name, (_, read))| Some((name.clone(), content_version(read.as_ref().ok()?))))
             .collect();
         let differences = differences(&swap.modules(), &seen);
         for difference in &differences {
             tracing::info!(projection = self.projection, "the modules were replaced as a whole; {difference}");
         }
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+        // The next reload compares every file with the new set.
+        self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).clear();
         differences
     }
 
@@ -908,13 +929,14 @@ pub async fn ensure_emit_topics(
 
 /// The `*.wasm` files of `dir` by module name (the file stem): each one's
 /// bytes, or why it could not be read (a file too large, not a regular
-/// file, unreadable: that file's failure, the others are read on). Those
-/// read hold at most
+/// file, unreadable: that file's failure, the others are read on), with
+/// its stamp; but a file whose stamp is the one `known` holds for it is
+/// not read, only named among the unchanged. Those read hold at most
 /// [`MAX_MODULE_DIR_BYTES`](crate::runtime::component_file::MAX_MODULE_DIR_BYTES)
 /// in all, and a directory of more than
 /// [`MAX_MODULES`](crate::runtime::component_file::MAX_MODULES) files is
 /// refused before any is read.
-fn scan(dir: &Path) -> Result<Scanned, LifecycleError> {
+fn scan(dir: &Path, known: &BTreeMap<String, (FileStamp, String)>) -> Result<Scanned, LifecycleError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
@@ -929,27 +951,73 @@ fn scan(dir: &Path) -> Result<Scanned, LifecycleError> {
             paths.push(path);
         }
     }
-    let (mut files, mut total) = (BTreeMap::new(), 0);
+    let (mut scanned, mut total) = (Scanned::default(), 0);
     for path in paths {
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+        let stamp = FileStamp::of(&path);
+        if stamp.is_some() && known.get(&name).is_some_and(|(known, _)| Some(*known) == stamp) {
+            scanned.unchanged.push(name);
+            continue;
+        }
         let read = read_component(&path).map_err(io("reading", &path));
         if let Ok(bytes) = &read {
             total += bytes.len() as u64;
             check_module_dir_size(total).map_err(|e| io("reading the module directory", dir)(e.into()))?;
         }
-        files.insert(name, read);
+        scanned.read.insert(name, (stamp, read));
     }
-    Ok(files)
+    Ok(scanned)
 }
 
-/// What [`scan`] found: per module name, the file's bytes or why they
+/// What [`scan`] found.
+#[derive(Default)]
+struct Scanned {
+    /// The files read, by module name.
+    read: BTreeMap<String, ReadFile>,
+    /// The modules whose files were not read: as they were.
+    unchanged: Vec<String>,
+}
+
+/// A module file's stamp (taken before reading) and its bytes, or why they
 /// could not be read.
-type Scanned = BTreeMap<String, Result<Vec<u8>, LifecycleError>>;
+type ReadFile = (Option<FileStamp>, Result<Vec<u8>, LifecycleError>);
+
+/// What tells a file that changed from one that did not, without reading
+/// it: its size, modification and change times, and inode (a file renamed
+/// over it is another). Taken before a read, so a write during the read
+/// leaves a stamp that no longer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: std::time::SystemTime,
+    #[cfg(unix)]
+    changed: (i64, i64),
+    #[cfg(unix)]
+    inode: (u64, u64),
+}
+
+impl FileStamp {
+    /// The stamp of the file at `path` (symlinks followed), if the file
+    /// system tells.
+    fn of(path: &Path) -> Option<Self> {
+        let metadata = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt;
+        Some(Self {
+            len: metadata.len(),
+            modified: metadata.modified().ok()?,
+            #[cfg(unix)]
+            changed: (metadata.ctime(), metadata.ctime_nsec()),
+            #[cfg(unix)]
+            inode: (metadata.dev(), metadata.ino()),
+        })
+    }
+}
 
 /// The files [`scan`] read, or the first that could not be read: at
 /// start-up every module file must be usable.
-fn all_read(files: Scanned) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
-    files.into_iter().map(|(name, read)| Ok((name, read?))).collect()
+fn all_read(files: BTreeMap<String, ReadFile>) -> Result<BTreeMap<String, Vec<u8>>, LifecycleError> {
+    files.into_iter().map(|(name, (_, read))| Ok((name, read?))).collect()
 }
 
 /// Watches a projection's module directory and swaps changed modules in.

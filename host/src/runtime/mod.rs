@@ -362,6 +362,23 @@ pub enum LoadError {
 const MOST_IMPORTS_NAMED: usize = 16;
 
 impl LoadError {
+    /// Whether these bytes would be refused again whatever the host's
+    /// state: not for the compiler process, the engine, or an
+    /// instantiation or `describe` call that may have met the host's
+    /// memory or a busy machine.
+    pub fn is_of_the_bytes(&self) -> bool {
+        matches!(
+            self,
+            Self::Invalid { .. }
+                | Self::Name { .. }
+                | Self::ContractVersion { .. }
+                | Self::ForbiddenImports { .. }
+                | Self::ImportMismatch { .. }
+                | Self::NotAHandler { .. }
+                | Self::CompileLimit { .. }
+        )
+    }
+
     /// The same error with what it quotes of the component cut to 4 KiB
     /// per field and [`MOST_IMPORTS_NAMED`] imports of 256 bytes, the rest
     /// counted.
