@@ -1192,14 +1192,15 @@ fn a_module_too_costly_to_compile_is_refused_at_the_compile_limits() {
     assert!(stderr.contains("component-artifact-size: compiling module `slow` made more than"), "{stderr}");
     std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
 
-    // A hot reload: the bomb is refused, bank keeps running, and the next
-    // change of the directory refuses it again without compiling it.
+    // A hot reload: the bomb is refused, bank keeps running, and the same
+    // bytes written again are refused without compiling them (an unchanged
+    // file is not even read again).
     std::fs::remove_file(modules.join("slow.wasm")).unwrap();
     let (mut child, mut seen, lines) = run_until_loaded(&[&run[..], &["--compile-budget-s", "1"]].concat(), dir.path());
     let mut wait_for = |what: &str| common::wait_for_line(&lines, &mut seen, |line| line.contains(what));
     std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
     wait_for("component-compile-time: compiling module `slow`");
-    std::fs::write(modules.join("bank.wasm"), std::fs::read(bank_wasm()).unwrap()).unwrap();
+    std::fs::write(modules.join("slow.wasm"), &slow).unwrap();
     wait_for("as before: the same bytes are not compiled again");
     assert_eq!(signal_and_wait(&mut child, "TERM").code(), Some(0));
     let status = waku(&["status", "--data", "d", "--projection", "bank", "--topic", "accounts"], dir.path());
