@@ -51,11 +51,17 @@ impl Dirs {
         let store = StateStore::open(&self.root.path().join("bank.redb")).unwrap();
         Library::new(self.root.path(), "bank", store, sandbox().with_compile_cache(&self.root.path().join("cache")))
     }
+    /// The bank (version 0) running from the module directory.
+    fn started(&self) -> (Library, Arc<Projection>) {
+        install(&self.modules(), "bank.wasm", &bank_variant(0));
+        let library = self.library();
+        let projection = self.projection(&library);
+        (library, projection)
+    }
     /// The bank (version 0) running from a watched module directory.
     fn watched(&self) -> (Arc<Library>, Arc<Projection>, Reloader) {
-        install(&self.modules(), "bank.wasm", &bank_variant(0));
-        let library = Arc::new(self.library());
-        let projection = self.projection(&library);
+        let (library, projection) = self.started();
+        let library = Arc::new(library);
         let reloader = Reloader::watch(library.clone(), projection.clone(), &self.modules()).unwrap();
         (library, projection, reloader)
     }
@@ -245,9 +251,7 @@ fn a_version_that_cannot_be_recorded_is_not_swapped_in() {
 #[test]
 fn a_module_removed_while_running_leaves_no_kept_copies_behind() {
     let dirs = Dirs::new();
-    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
-    let library = dirs.library();
-    let projection = dirs.projection(&library);
+    let (library, projection) = dirs.started();
     let copies = dirs.root.path().join("modules/bank");
     let mut name = "bank".to_owned();
     for n in 1..6 {
@@ -287,9 +291,7 @@ fn a_module_that_emits_to_the_topic_its_projection_consumes_is_refused() {
 #[test]
 fn the_reload_status_of_a_refused_file_goes_with_the_file() {
     let dirs = Dirs::new();
-    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
-    let library = dirs.library();
-    let projection = dirs.projection(&library);
+    let (library, projection) = dirs.started();
 
     install(&dirs.modules(), "junk.wasm", b"not a component");
     assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
@@ -462,9 +464,7 @@ async fn only_changes_to_module_files_reload() {
 #[test]
 fn a_reload_reads_again_only_files_that_changed_or_may_load_now() {
     let dirs = Dirs::new();
-    install(&dirs.modules(), "bank.wasm", &bank_variant(0));
-    let library = dirs.library();
-    let projection = dirs.projection(&library);
+    let (library, projection) = dirs.started();
     // Loads tried since the start (a clash is found after a load).
     let (ok, failed) = library.load_counts();
     let tried = || {
