@@ -143,21 +143,24 @@ pub const fn is_event_type_name(name: &str) -> bool {
     is_name(name, MAX_EVENT_TYPE_NAME_BYTES, true)
 }
 
+/// Whether `c` is a control character or an invisible bidirectional or
+/// zero-width mark: what [`printable`] writes as its escape.
+pub fn is_hidden(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// `text` safe to show on a terminal or in a one-line log: every control
 /// character (escape sequences, carriage returns, line breaks, C1 controls)
 /// and every invisible bidirectional or zero-width mark written as its
 /// escape (`\u{1b}`, `\r`, `\n`), so a module's text can neither drive the
 /// terminal it is shown on nor forge lines.
 pub fn printable(text: &str) -> Cow<'_, str> {
-    let hidden = |c: char| {
-        c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(hidden) {
+    if !text.chars().any(is_hidden) {
         return Cow::Borrowed(text);
     }
     let mut shown = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        match hidden(c) {
+        match is_hidden(c) {
             true => shown.extend(c.escape_default()),
             false => shown.push(c),
         }
