@@ -24,7 +24,8 @@
 //!   event types, out of the projection. A reload reads only the files
 //!   that changed since it last looked ([`FileStamp`]: size, times,
 //!   inode): one taken in, or refused for what its bytes are, is not read
-//!   and hashed again while it stays as it was.
+//!   and hashed again while it stays as it was, for at most a minute, and
+//!   only once its times are two seconds old ([`Trusted`]).
 //! - **A module's emit topics exist before it runs.** With an
 //!   [`EmitTopics`] check ([`Library::with_emit_topics`]), every load (at
 //!   start-up and on reload) checks that the topics the module declares in
@@ -265,9 +266,9 @@ pub struct Library {
     /// applies what changed since. Locked only inside the projection's swap
     /// lock, or alone.
     seen: Mutex<BTreeMap<String, String>>,
-    /// The files a reload need not read again while their stamp holds: the
-    /// stamp and version of each one taken in or refused for its bytes.
-    unchanged: Mutex<BTreeMap<String, (FileStamp, String)>>,
+    /// The files a reload need not read again while their stamp holds:
+    /// each one taken in or refused for its bytes.
+    unchanged: Mutex<BTreeMap<String, Trusted>>,
     loads_ok: AtomicU64,
     loads_failed: AtomicU64,
     metrics: Option<Arc<Metrics>>,
@@ -711,8 +712,8 @@ impl Library {
             // change.
             let for_its_bytes = matches!(&attempt,
                 Err(LifecycleError::Projection(ProjectionError::Load(error))) if error.is_of_the_bytes());
-            if let Some(stamp) = stamp.filter(|_| attempt.is_ok() || for_its_bytes) {
-                self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), (stamp, version.clone()));
+            if let Some(trusted) = stamp.and_then(Trusted::new).filter(|_| attempt.is_ok() || for_its_bytes) {
+                self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), trusted);
             }
             drop(swap);
             let status =
@@ -930,13 +931,13 @@ pub async fn ensure_emit_topics(
 /// The `*.wasm` files of `dir` by module name (the file stem): each one's
 /// bytes, or why it could not be read (a file too large, not a regular
 /// file, unreadable: that file's failure, the others are read on), with
-/// its stamp; but a file whose stamp is the one `known` holds for it is
-/// not read, only named among the unchanged. Those read hold at most
+/// its stamp; but a file whose stamp `known` trusts is not read, only
+/// named among the unchanged. Those read hold at most
 /// [`MAX_MODULE_DIR_BYTES`](crate::runtime::component_file::MAX_MODULE_DIR_BYTES)
 /// in all, and a directory of more than
 /// [`MAX_MODULES`](crate::runtime::component_file::MAX_MODULES) files is
 /// refused before any is read.
-fn scan(dir: &Path, known: &BTreeMap<String, (FileStamp, String)>) -> Result<Scanned, LifecycleError> {
+fn scan(dir: &Path, known: &BTreeMap<String, Trusted>) -> Result<Scanned, LifecycleError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
@@ -955,7 +956,7 @@ fn scan(dir: &Path, known: &BTreeMap<String, (FileStamp, String)>) -> Result<Sca
     for path in paths {
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
         let stamp = FileStamp::of(&path);
-        if stamp.is_some() && known.get(&name).is_some_and(|(known, _)| Some(*known) == stamp) {
+        if known.get(&name).is_some_and(|known| known.holds(stamp)) {
             scanned.unchanged.push(name);
             continue;
         }
@@ -994,6 +995,41 @@ struct FileStamp {
     changed: (i64, i64),
     #[cfg(unix)]
     inode: (u64, u64),
+}
+
+/// A stamp a reload trusts to say its file did not change: one whose
+/// times were already [`SETTLED_AFTER`] old when it was taken (a write in
+/// the same tick of the file system's clock, or through a memory mapping,
+/// may leave the times as they were), for at most [`TRUSTED_FOR`] (past
+/// it, the file is read again at the next reload).
+#[derive(Debug, Clone, Copy)]
+struct Trusted {
+    stamp: FileStamp,
+    until: std::time::Instant,
+}
+
+/// How old a stamp's times must be before it is trusted.
+const SETTLED_AFTER: Duration = Duration::from_secs(2);
+/// How long a stamp is trusted.
+const TRUSTED_FOR: Duration = Duration::from_secs(60);
+
+impl Trusted {
+    /// `stamp`, trusted from now if its times are settled.
+    fn new(stamp: FileStamp) -> Option<Self> {
+        let settled = |time: std::time::SystemTime| time.elapsed().is_ok_and(|age| age >= SETTLED_AFTER);
+        #[cfg(unix)]
+        let changed = std::time::UNIX_EPOCH
+            .checked_add(Duration::new(stamp.changed.0.try_into().ok()?, stamp.changed.1.try_into().ok()?))?;
+        #[cfg(not(unix))]
+        let changed = stamp.modified;
+        (settled(stamp.modified) && settled(changed))
+            .then(|| Self { stamp, until: std::time::Instant::now() + TRUSTED_FOR })
+    }
+
+    /// Whether `stamp`, taken now, says the file is as it was.
+    fn holds(&self, stamp: Option<FileStamp>) -> bool {
+        stamp == Some(self.stamp) && std::time::Instant::now() < self.until
+    }
 }
 
 impl FileStamp {

@@ -457,7 +457,8 @@ async fn only_changes_to_module_files_reload() {
 
 /// A reload reads again only what changed and may load now: a file
 /// refused for its bytes is neither read nor refused again until it
-/// changes (7 large refused files, one touched every 0.5 s, took 5.5 s of
+/// changes, once its times are old enough to be trusted (7 large refused
+/// files, one touched every 0.5 s, took 5.5 s of
 /// CPU per 10 s to read and hash at every reload), while one refused for a
 /// clash with another module is tried again at every reload, as the clash
 /// may be gone.
@@ -475,18 +476,26 @@ fn a_reload_reads_again_only_files_that_changed_or_may_load_now() {
     install(&dirs.modules(), "twin.wasm", &bank_variant(2));
     assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
     assert_eq!(tried(), (1, 1), "{:?}", library.reloads());
+    // A file whose times are fresh may still be written within the same
+    // tick of the clock: it is read again.
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert_eq!(tried(), (2, 2), "{:?}", library.reloads());
+    // Once they are two seconds old, the refused junk is taken at its stamp.
+    std::thread::sleep(Duration::from_millis(2_100));
+    assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
+    assert_eq!(tried(), (3, 3), "{:?}", library.reloads());
 
     // The bank changes: it and the twin are loaded again, the junk is not.
     install(&dirs.modules(), "bank.wasm", &bank_variant(1));
     assert_eq!(library.reload(&projection, &dirs.modules()).unwrap(), ["bank"]);
-    assert_eq!(tried(), (3, 1), "{:?}", library.reloads());
+    assert_eq!(tried(), (5, 3), "{:?}", library.reloads());
     assert!(library.reloads()["junk"].error.as_ref().is_some_and(|e| e.contains("component-header")));
 
     // The junk changes (a new file in its place): it is read and refused
     // again, and the twin tried again.
     install(&dirs.modules(), "junk.wasm", b"still not a component");
     assert!(library.reload(&projection, &dirs.modules()).unwrap().is_empty());
-    assert_eq!(tried(), (4, 2), "{:?}", library.reloads());
+    assert_eq!(tried(), (6, 4), "{:?}", library.reloads());
 
     // Unchanged files that were taken in stay as they are; a removed one goes.
     std::fs::remove_file(dirs.modules().join("junk.wasm")).unwrap();
