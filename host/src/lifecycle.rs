@@ -991,8 +991,7 @@ type ReadFile = (Option<FileStamp>, Result<Vec<u8>, LifecycleError>);
 struct FileStamp {
     len: u64,
     modified: std::time::SystemTime,
-    #[cfg(unix)]
-    changed: (i64, i64),
+    changed: std::time::SystemTime,
     #[cfg(unix)]
     inode: (u64, u64),
 }
@@ -1017,12 +1016,7 @@ impl Trusted {
     /// `stamp`, trusted from now if its times are settled.
     fn new(stamp: FileStamp) -> Option<Self> {
         let settled = |time: std::time::SystemTime| time.elapsed().is_ok_and(|age| age >= SETTLED_AFTER);
-        #[cfg(unix)]
-        let changed = std::time::UNIX_EPOCH
-            .checked_add(Duration::new(stamp.changed.0.try_into().ok()?, stamp.changed.1.try_into().ok()?))?;
-        #[cfg(not(unix))]
-        let changed = stamp.modified;
-        (settled(stamp.modified) && settled(changed))
+        (settled(stamp.modified) && settled(stamp.changed))
             .then(|| Self { stamp, until: std::time::Instant::now() + TRUSTED_FOR })
     }
 
@@ -1037,13 +1031,18 @@ impl FileStamp {
     /// system tells.
     fn of(path: &Path) -> Option<Self> {
         let metadata = std::fs::metadata(path).ok()?;
+        let modified = metadata.modified().ok()?;
         #[cfg(unix)]
         use std::os::unix::fs::MetadataExt;
+        #[cfg(unix)]
+        let changed = std::time::UNIX_EPOCH
+            .checked_add(Duration::new(metadata.ctime().try_into().ok()?, metadata.ctime_nsec().try_into().ok()?))?;
+        #[cfg(not(unix))]
+        let changed = modified;
         Some(Self {
             len: metadata.len(),
-            modified: metadata.modified().ok()?,
-            #[cfg(unix)]
-            changed: (metadata.ctime(), metadata.ctime_nsec()),
+            modified,
+            changed,
             #[cfg(unix)]
             inode: (metadata.dev(), metadata.ino()),
         })
