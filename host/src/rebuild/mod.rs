@@ -296,19 +296,7 @@ impl RebuildPaths {
         }
         let generation = self.next_generation()?;
         let copy = self.modules_dir(generation);
-        let copied = (|| {
-            std::fs::create_dir_all(&copy).map_err(|source| RebuildError::Io { path: copy.clone(), source })?;
-            let mut total = 0;
-            for file in wasm {
-                let target = copy.join(file.file_name().unwrap_or_default());
-                let bytes = read_component(&file).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
-                total += bytes.len() as u64;
-                check_module_dir_size(total)
-                    .map_err(|e| RebuildError::Io { path: modules.to_owned(), source: e.into() })?;
-                std::fs::write(&target, bytes).map_err(|source| RebuildError::Io { path: target.clone(), source })?;
-            }
-            Ok(())
-        })();
+        let copied = copy_modules(modules, wasm, &copy);
         if let Err(error) = copied {
             // Nothing of a refused request stays behind.
             let _ = std::fs::remove_dir_all(self.generation_dir(generation));
@@ -379,6 +367,21 @@ impl RebuildPaths {
         };
         Ok(highest + 1)
     }
+}
+
+/// Copies the module files `wasm` of directory `modules` into `copy`,
+/// under a module directory's size rule (`module-dir-size`).
+fn copy_modules(modules: &Path, wasm: Vec<PathBuf>, copy: &Path) -> Result<(), RebuildError> {
+    std::fs::create_dir_all(copy).map_err(|source| RebuildError::Io { path: copy.to_owned(), source })?;
+    let mut total = 0;
+    for file in wasm {
+        let target = copy.join(file.file_name().unwrap_or_default());
+        let bytes = read_component(&file).map_err(|source| RebuildError::Io { path: file.clone(), source })?;
+        total += bytes.len() as u64;
+        check_module_dir_size(total).map_err(|e| RebuildError::Io { path: modules.to_owned(), source: e.into() })?;
+        std::fs::write(&target, bytes).map_err(|source| RebuildError::Io { path: target.clone(), source })?;
+    }
+    Ok(())
 }
 
 fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, RebuildError> {
