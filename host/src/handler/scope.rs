@@ -1,12 +1,5 @@
-//! What the consumer calls: handler modules, their instances, and the
-//! key-scoped view of state a call may touch.
-//!
-//! The consumer never sees WebAssembly. It sees a [`HandlerModule`] (the
-//! event types a module declares, the topics it may emit to, and a way to
-//! make instances) and a [`HandlerInstance`] (something that can `handle`,
-//! `combine`, and answer `key`/`ordering` for a body). The WASM runtime
-//! implements both; so can native Rust code, which is how the benchmark
-//! compares the two inside the same host.
+//! The state one key sees while its events are handled in one batch: where
+//! a value a call reads comes from, and how what it writes is staged.
 //!
 //! Rules kept here:
 //! - **A call sees one key.** A [`KeyScope`] holds the state writes, counter
@@ -19,20 +12,6 @@
 //!   buffer with a note of what each replaced, and are taken back out when
 //!   the call fails ([`KeyScope::finish_call`]); its counter changes and
 //!   emits join the key's only when it succeeds.
-//! - **What a batch holds is bounded.** Each call counts what it hands the
-//!   host against the per-call limits of [`PayloadLimits`] as it goes, and,
-//!   when it ends, the batch's shared [`BatchBudget`] is charged with what
-//!   the key's scope has come to hold: its staged entries (names, values
-//!   and [`limits::WRITE_OVERHEAD`] each), the names of the counters it
-//!   changed, and its emits ([`limits::EMIT_OVERHEAD`] each). A call pays
-//!   only for the growth past the most the key held after an earlier call,
-//!   so a key that rewrites one entry a thousand times holds one entry's
-//!   worth; shrinking gives nothing back before the batch ends, so the
-//!   charge is never below what the key holds. A call that would take the
-//!   batch past its budget fails as [`CallError::BatchBudget`] (retryable:
-//!   its key is tried again in a later batch), whatever the module did
-//!   with it. One call's growth is at most what [`CallTally::held`] counts,
-//!   so one call always fits an empty budget.
 //! - **What the state keeps is bounded.** A set that would give the key a
 //!   new entry past [`PayloadLimits::max_entries_per_key`] is refused
 //!   (`entries-per-key`), counting the key's committed entries (read once
@@ -49,369 +28,18 @@
 //!   never counts against the module.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::hash::RandomState;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
+use wakuwaku_core::limits::{CallTally, counter_value};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
+use super::quota::Hold;
+use super::{BatchBudget, BatchCounters, CallError, CounterQuota, Emitted, PayloadLimits, Refusal, ScopeError, limits};
+use crate::event::EventHeaders;
 use crate::key::Key;
 use crate::log::Record;
 use crate::state::{EmitOrigin, KeyWrites, OutboxEntry, StateError, StateReader};
-pub use wakuwaku_core::limits;
-use wakuwaku_core::limits::{CallTally, counter_value};
-pub use wakuwaku_core::limits::{ContractError, LimitsError, PayloadLimits, Refusal};
-
-mod quota;
-use quota::Hold;
-pub use quota::{BatchCounters, CounterQuota};
-
-/// One event type as a module declares it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventType {
-    /// Unique among the event types of one projection.
-    pub tag: EventTypeTag,
-    /// A human name for logs, metrics and errors.
-    pub name: String,
-    /// How runs of this type may be reduced.
-    pub algebra: Algebra,
-    /// The most events one `handle` call receives (at least 1).
-    pub max_batch: u32,
-}
-
-/// The kind of failure a handler reports; it decides where events go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ErrorClass {
-    /// May succeed right away: retried in place.
-    Transient,
-    /// May succeed later.
-    Retryable,
-    /// Will never succeed.
-    Unrecoverable,
-}
-
-impl fmt::Display for ErrorClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Transient => "transient",
-            Self::Retryable => "retryable",
-            Self::Unrecoverable => "unrecoverable",
-        })
-    }
-}
-
-/// Why a call into a handler did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CallError {
-    /// The handler returned an error (its message cut to
-    /// [`wakuwaku_core::limits::MAX_ERROR_MESSAGE_BYTES`]).
-    #[error("{class} handler error: {message}")]
-    Handler {
-        /// What kind of failure the handler reported.
-        class: ErrorClass,
-        /// The handler's message.
-        message: String,
-    },
-    /// The guest trapped: a panic, out of CPU budget, a memory limit, a
-    /// stack overflow, a value the host could not lift. The instance is
-    /// replaced before its next call.
-    #[error("module trapped: {reason}")]
-    Trap {
-        /// What the trap was, with the guest's last stderr output if any.
-        reason: String,
-    },
-    /// The module returned a value the host cannot use (a key that is not
-    /// canonical, an oversized `combine` body); the message names the rule.
-    #[error("the module broke the contract: {0}")]
-    Contract(ContractError),
-    /// The call would take what the batch holds past the batch's budget
-    /// ([`PayloadLimits::max_batch_held`]). Decided by the host, not the
-    /// module: retryable, so the key is tried again in a later batch.
-    #[error(
-        "batch-budget: the batch already holds {held} bytes of state writes and emits and this call adds {adds}, \
-         over the budget of {limit} bytes; the key is tried again in a later batch"
-    )]
-    BatchBudget {
-        /// What the batch held before the call.
-        held: usize,
-        /// What the call would add.
-        adds: usize,
-        /// The budget.
-        limit: usize,
-        /// What the call's own key held of it before the call.
-        key_held: usize,
-    },
-    /// A call of this batch already found its budget spent
-    /// ([`CallError::BatchBudget`]), so this call was not made. Decided by
-    /// the host: retryable, and not the key's attempt.
-    #[error(
-        "batch-budget: an earlier call of this batch found its budget of {limit} bytes spent, so the key was not \
-         called; it is tried again in a later batch"
-    )]
-    BatchBudgetSpent {
-        /// The budget.
-        limit: usize,
-    },
-    /// The instance asked for linear memory that the host's cap on what all
-    /// instances hold together ([`SandboxLimits::host_memory_bytes`]) could
-    /// not give. Decided by the host: retryable, and the key's attempt only
-    /// when the instance itself holds more than a quarter of the cap, as
-    /// for the batch budget.
-    ///
-    /// [`SandboxLimits::host_memory_bytes`]: crate::runtime::SandboxLimits::host_memory_bytes
-    #[error(
-        "host-instance-memory: module instances hold {held} bytes together and this one (holding {instance_held}) \
-         asked for {adds} more, over the host's {limit} bytes for all instances (--host-memory-mib); the key is \
-         tried again in a later batch"
-    )]
-    HostMemory {
-        /// What all instances held.
-        held: usize,
-        /// What the instance asked for.
-        adds: usize,
-        /// What the instance held.
-        instance_held: usize,
-        /// The host's cap.
-        limit: usize,
-    },
-    /// The module's calls in this batch have already run longer than the
-    /// batch allows one module (`ConsumerConfig::module_time_per_batch`), so
-    /// the call was not made. Decided by the host: retryable, and not the
-    /// key's attempt, so a slow module delays its own keys to later batches
-    /// instead of holding up the partition.
-    #[error(
-        "batch-module-time: module `{module}` has run for {spent_ms} ms of calls in this batch, over the \
-         {limit_ms} ms one module may take per batch; the key is tried again in a later batch"
-    )]
-    BatchTime {
-        /// The module.
-        module: String,
-        /// How long its calls in the batch took, in milliseconds.
-        spent_ms: u128,
-        /// What one module may take per batch, in milliseconds.
-        limit_ms: u128,
-    },
-    /// The host's own state store failed under the call. Not the module's
-    /// doing: the consumer does not commit the batch and tries it again,
-    /// and counts nothing against the module.
-    #[error("host-fault: {0}")]
-    HostFault(String),
-}
-
-impl CallError {
-    /// The class that decides where the failed events go. A trap, a broken
-    /// contract, the batch budget and a host fault are retryable: the
-    /// module may be fixed, a limit raised, the batch smaller, the store
-    /// back.
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            Self::Handler { class, .. } => *class,
-            Self::Trap { .. }
-            | Self::Contract(_)
-            | Self::BatchBudget { .. }
-            | Self::BatchBudgetSpent { .. }
-            | Self::HostMemory { .. }
-            | Self::BatchTime { .. }
-            | Self::HostFault(_) => ErrorClass::Retryable,
-        }
-    }
-}
-
-impl CallError {
-    /// Whether the failure is the key's own doing, so that it counts as an
-    /// attempt (and, past the most attempts, dead-letters the events).
-    ///
-    /// A call that finds the batch's budget used up counts only when its
-    /// key holds more than a fair share of it (a quarter, with the call):
-    /// a module flooding one key uses up that key's attempts, while the
-    /// keys that merely share its batch are retried without losing any.
-    /// A key that could never fit a batch on its own is therefore
-    /// dead-lettered in the end, never retried forever. A call cut because
-    /// its module used up its time in the batch never counts: the key was
-    /// not called, and every batch makes at least one call of each module,
-    /// so the keys it delays are all reached in the end.
-    pub fn counts_as_attempt(&self) -> bool {
-        match self {
-            Self::BatchBudget { adds, limit, key_held, .. } => key_held.saturating_add(*adds) > limit / 4,
-            Self::HostMemory { adds, limit, instance_held, .. } => instance_held.saturating_add(*adds) > limit / 4,
-            // The key was not even called.
-            Self::BatchTime { .. } | Self::BatchBudgetSpent { .. } => false,
-            _ => true,
-        }
-    }
-}
-
-impl From<ContractError> for CallError {
-    fn from(error: ContractError) -> Self {
-        Self::Contract(error)
-    }
-}
-
-/// A loaded module: what it declares and how to get an instance of it.
-pub trait HandlerModule: Send + Sync {
-    /// The module's name (its file stem for WASM modules).
-    fn name(&self) -> &str;
-    /// An identifier of this exact code, e.g. a content hash.
-    fn version(&self) -> &str;
-    /// The event types it handles.
-    fn event_types(&self) -> &[EventType];
-    /// The topics it declared it may emit to (WIT `module-info.emits`); an
-    /// emit to any other topic is refused. None by default.
-    fn emits(&self) -> &[String] {
-        &[]
-    }
-    /// A fresh instance, ready for calls.
-    fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError>;
-    /// Whether instances a batch is done with are worth keeping for the
-    /// next ones; when not, they and the idle ones are dropped. Yes by
-    /// default.
-    fn keeps_idle_instances(&self) -> bool {
-        true
-    }
-}
-
-/// One instance of a module. Calls on one instance never overlap.
-pub trait HandlerInstance: Send {
-    /// Applies `bodies` (one type, one key, log order) to the key of `scope`.
-    fn handle(&mut self, scope: &mut KeyScope, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<(), CallError>;
-    /// Folds a run of an associative type into one body.
-    fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError>;
-    /// The key of a body, checked canonical.
-    fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError>;
-    /// The ordering a body asks for.
-    fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError>;
-}
-
-/// Severity of a line a handler logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
-    /// Very detailed tracing.
-    Trace,
-    /// Debugging detail.
-    Debug,
-    /// Normal operation.
-    Info,
-    /// Something looks wrong.
-    Warn,
-    /// Something failed.
-    Error,
-}
-
-/// A message a handler wants published, as it handed it over (the key not
-/// yet checked); see [`KeyScope::emit`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Emitted {
-    /// The target topic.
-    pub topic: String,
-    /// Its event type.
-    pub tag: EventTypeTag,
-    /// Its key's canonical bytes (checked by [`KeyScope::emit`]).
-    pub key: Vec<u8>,
-    /// The ordering it asks for.
-    pub ordering: EventAtomicOrdering,
-    /// Its type's algebra.
-    pub algebra: Algebra,
-    /// Its body.
-    pub body: Vec<u8>,
-}
-
-/// What the state capability answers besides a value: a refusal the module
-/// sees, or a host fault, which fails the call whatever the module does.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScopeError {
-    /// The value broke a rule.
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    /// The host's state store failed.
-    #[error("host-fault: the host's state store failed: {0}")]
-    HostFault(String),
-}
-
-/// What the batches in flight may make the host hold
-/// ([`PayloadLimits::max_batch_held`]).
-///
-/// A consumer makes one and draws a [`BatchBudget::batch`] from it for each
-/// batch, which its key scopes share (cloning shares it). What a batch takes
-/// is given back when the batch is done (its last clone is dropped), so the
-/// bound holds for all partitions in flight together, not per partition.
-#[derive(Debug, Clone)]
-pub struct BatchBudget {
-    limit: usize,
-    /// What every batch drawn from the same budget holds.
-    held: Arc<AtomicUsize>,
-    /// What this batch took, given back on drop.
-    taken: Arc<Taken>,
-}
-
-/// One batch's share of a [`BatchBudget`].
-#[derive(Debug)]
-struct Taken {
-    bytes: AtomicUsize,
-    from: Arc<AtomicUsize>,
-    /// Whether a call of this batch did not fit: its later calls are not
-    /// made ([`BatchBudget::not_spent`]).
-    refused: AtomicBool,
-}
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        self.from.fetch_sub(*self.bytes.get_mut(), Ordering::AcqRel);
-    }
-}
-
-impl BatchBudget {
-    /// A budget of `limits.max_batch_held` bytes, usable as one batch's.
-    pub fn new(limits: &PayloadLimits) -> Self {
-        let held = Arc::<AtomicUsize>::default();
-        let taken = Arc::new(Taken { bytes: AtomicUsize::new(0), from: held.clone(), refused: AtomicBool::new(false) });
-        Self { limit: limits.max_batch_held, held, taken }
-    }
-
-    /// A batch's budget, drawing on this one together with every other
-    /// batch drawn from it; what it takes is given back when it is dropped.
-    pub fn batch(&self) -> Self {
-        let taken =
-            Arc::new(Taken { bytes: AtomicUsize::new(0), from: self.held.clone(), refused: AtomicBool::new(false) });
-        Self { limit: self.limit, held: self.held.clone(), taken }
-    }
-
-    /// Fails with [`CallError::BatchBudgetSpent`] once a call of this batch
-    /// did not fit: the calls after it are not made, so a batch whose
-    /// budget is spent does not run every remaining key only to send it to
-    /// retry.
-    pub fn not_spent(&self) -> Result<(), CallError> {
-        if self.taken.refused.load(Ordering::Acquire) {
-            return Err(CallError::BatchBudgetSpent { limit: self.limit });
-        }
-        Ok(())
-    }
-
-    /// What the batches drawing on this budget hold, in bytes.
-    pub fn held(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
-    }
-
-    /// Takes `bytes` from the budget for a key that holds `key_held`
-    /// already, or says what was held when they do not fit.
-    fn reserve(&self, bytes: usize, key_held: usize) -> Result<(), CallError> {
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&total| total <= self.limit)
-            })
-            .map_err(|held| {
-                self.taken.refused.store(true, Ordering::Release);
-                CallError::BatchBudget { held, adds: bytes, limit: self.limit, key_held }
-            })?;
-        self.taken.bytes.fetch_add(bytes, Ordering::AcqRel);
-        Ok(())
-    }
-}
 
 /// The state one key sees while its events are handled in one batch.
 ///
@@ -942,25 +570,12 @@ impl KeyScope {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn batches_drawn_from_one_budget_share_it_and_give_back_what_they_took() {
-        let budget = BatchBudget::new(&PayloadLimits { max_batch_held: 100, ..PayloadLimits::default() });
-        let (one, two) = (budget.batch(), budget.batch());
-        one.reserve(60, 0).unwrap();
-        let error = two.clone().reserve(50, 0).unwrap_err();
-        assert!(matches!(error, CallError::BatchBudget { held: 60, adds: 50, limit: 100, .. }), "{error}");
-        two.reserve(40, 0).unwrap();
-        assert_eq!(budget.held(), 100);
-        drop(one);
-        assert_eq!(budget.held(), 40, "a finished batch gives back what it took");
-        let scope_copy = two.clone();
-        drop(two);
-        assert_eq!(budget.held(), 40, "a clone still in use keeps the batch's share");
-        drop(scope_copy);
-        assert_eq!(budget.held(), 0);
-    }
+    use std::fmt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+    use crate::handler::ErrorClass;
     use crate::state::{BatchCommit, StateStore};
     use wakuwaku_core::limits::WRITE_OVERHEAD;
 
