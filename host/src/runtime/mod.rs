@@ -76,6 +76,7 @@ use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
 use crate::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
 use crate::key::Key;
 
+pub mod blocking;
 mod cache;
 pub mod capabilities;
 pub mod compiler;
@@ -751,7 +752,7 @@ impl ModuleHandle {
         loop {
             let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
             store.set_epoch_deadline(self.sandbox.deadline_ticks());
-            match self.pre.instantiate(&mut store) {
+            match blocking::off_async_runtime(|| self.pre.instantiate(&mut store)) {
                 Ok(bindings) => return Ok((store, bindings)),
                 // The first instance of a module makes its memory images,
                 // sealing a memfd, which Linux refuses for a moment while
@@ -786,9 +787,9 @@ impl WasmInstance {
     }
 
     /// Runs one export call outside `handle`.
-    fn call<R>(
+    fn call<R: Send>(
         &mut self,
-        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>>,
+        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
         self.prepare()?;
         let payload = self.module.sandbox.payload;
@@ -799,11 +800,12 @@ impl WasmInstance {
     /// Runs one export call on a prepared instance, turning guest errors
     /// into [`CallError::Handler`] (message cut to 4 KiB), host faults into
     /// [`CallError::HostFault`] and traps into [`CallError::Trap`].
-    fn invoke<R>(
+    fn invoke<R: Send>(
         &mut self,
-        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>>,
+        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
-        let result = match f(self.bindings.wakuwaku_handler_handler(), &mut self.store) {
+        let (bindings, store) = (&self.bindings, &mut self.store);
+        let result = match blocking::off_async_runtime(|| f(bindings.wakuwaku_handler_handler(), store)) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => {
                 Err(CallError::Handler { class: class_from_wit(error.class), message: error_message(error.message) })

@@ -49,6 +49,36 @@ pub const OUT: &str = "hostile_out";
 /// its log lines and error messages.
 pub const ESCAPES: &str = "\u{1b}[31mred\u{1b}[0m \u{1b}[2J\u{1b}]0;owned\u{7}\roverwritten\nwaku: forged line";
 
+/// How the module misbehaves in its exports, whatever the event: patched
+/// into the built component by a test, in place (the bytes after
+/// `WAKU_HOSTILE_LOAD_MODE=`, padded with spaces), so one build gives every
+/// variant. `<export>-<act>`: the export (`describe`, `key`, `ordering`,
+/// `combine`, `handle`) writes [`ESCAPES`] to standard error (`stderr`),
+/// panics with them (`panic`) or spins until its CPU budget ends it
+/// (`loop`). `none` as built.
+pub static WAKU_HOSTILE_LOAD_MODE: [u8; 48] = *b"WAKU_HOSTILE_LOAD_MODE=none                     ";
+
+/// Misbehaves in `export` as [`WAKU_HOSTILE_LOAD_MODE`] says.
+fn misbehave(export: &str) {
+    // Read through a volatile load, so the compiler keeps the bytes a
+    // test patches instead of folding the constant.
+    // SAFETY: a read of a static's bytes, which nothing writes.
+    let marker: [u8; 48] = unsafe { std::ptr::read_volatile(&WAKU_HOSTILE_LOAD_MODE) };
+    let mode = std::str::from_utf8(&marker[23..]).unwrap_or("").trim_end();
+    let Some((target, act)) = mode.split_once('-') else { return };
+    if target != export {
+        return;
+    }
+    match act {
+        "stderr" => eprintln!("{ESCAPES}"),
+        "panic" => panic!("{ESCAPES}"),
+        "loop" => loop {
+            std::hint::black_box(&marker);
+        },
+        _ => {}
+    }
+}
+
 /// The attacks, one event type each: (tag, name, algebra, max batch).
 /// Floods take one event per call, so a test knows how many calls it made.
 const ATTACKS: &[(u32, &str, Algebra, u32)] = &[
@@ -432,6 +462,7 @@ struct Hostile;
 
 impl Guest for Hostile {
     fn describe() -> ModuleInfo {
+        misbehave("describe");
         outside_handle("describe");
         ModuleInfo {
             event_types: ATTACKS
@@ -448,6 +479,7 @@ impl Guest for Hostile {
     /// `trailing` (a byte after the value), `max` (a 1024-byte key: the
     /// limit, valid), or an error for anything else.
     fn key(tag: u32, body: Vec<u8>) -> Result<Vec<u8>, HandlerError> {
+        misbehave("key");
         outside_handle("key");
         let params = parse_params(&body)?;
         if attack(tag) != Some("BadKeyExport") {
@@ -464,6 +496,7 @@ impl Guest for Hostile {
     }
 
     fn ordering(_tag: u32, body: Vec<u8>) -> Result<MessageOrdering, HandlerError> {
+        misbehave("ordering");
         outside_handle("ordering");
         parse_params(&body)?;
         Ok(MessageOrdering::Relaxed)
@@ -474,6 +507,7 @@ impl Guest for Hostile {
     /// `handle` then fails as unrecoverable; `panic`, `loop`, `exit`:
     /// panics, spins forever, or exits the process with status 3).
     fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, HandlerError> {
+        misbehave("combine");
         outside_handle("combine");
         let first = bodies.first().ok_or_else(|| error(ErrorClass::Unrecoverable, "nothing to fold".to_owned()))?;
         // A body this function folded before (the host folds a long run
@@ -495,6 +529,7 @@ impl Guest for Hostile {
     }
 
     fn handle(tag: u32, key: Vec<u8>, bodies: Vec<Vec<u8>>) -> Result<(), HandlerError> {
+        misbehave("handle");
         let Some(attack) = attack(tag) else {
             return Err(error(ErrorClass::Unrecoverable, format!("tag {tag} is no attack")));
         };
