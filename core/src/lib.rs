@@ -26,6 +26,8 @@
 //!   (shared by the host and the guest SDK's test host).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
+//! - [`terminal`]: which characters a terminal or a log line may receive
+//!   raw, and the escaping of everything else (a module's text).
 //!
 //! ## Features
 //!
@@ -40,3 +42,4 @@ pub mod key_serde;
 pub mod limits;
 pub mod plan;
 pub mod reduce;
+pub mod terminal;

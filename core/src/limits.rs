@@ -32,7 +32,6 @@
 //!   passes. The host counts what is committed plus what the batches in
 //!   flight add ([`check_counter_count`], [`check_entries_per_key`]).
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -141,31 +140,6 @@ pub const fn is_host_topic(topic: &str) -> bool {
 /// letters, digits, `_`, `-`, `.` and `:`.
 pub const fn is_event_type_name(name: &str) -> bool {
     is_name(name, MAX_EVENT_TYPE_NAME_BYTES, true)
-}
-
-/// Whether `c` is a control character or an invisible bidirectional or
-/// zero-width mark: what [`printable`] writes as its escape.
-pub fn is_hidden(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// `text` safe to show on a terminal or in a one-line log: every control
-/// character (escape sequences, carriage returns, line breaks, C1 controls)
-/// and every invisible bidirectional or zero-width mark written as its
-/// escape (`\u{1b}`, `\r`, `\n`), so a module's text can neither drive the
-/// terminal it is shown on nor forge lines.
-pub fn printable(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(is_hidden) {
-        return Cow::Borrowed(text);
-    }
-    let mut shown = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match is_hidden(c) {
-            true => shown.extend(c.escape_default()),
-            false => shown.push(c),
-        }
-    }
-    Cow::Owned(shown)
 }
 
 /// `text` cut to at most `max` bytes at a character boundary, and whether
@@ -830,12 +804,6 @@ pub fn check_combined_body(limits: &PayloadLimits, body: &[u8]) -> Result<(), Co
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn printable_text_escapes_what_could_drive_a_terminal_or_forge_a_line() {
-        assert!(matches!(printable("plain text, ünïcode"), Cow::Borrowed(_)));
-        assert_eq!(printable("a\u{1b}[2Jb\rc\nd\u{9b}e\u{202e}f"), "a\\u{1b}[2Jb\\rc\\nd\\u{9b}e\\u{202e}f");
-    }
-
     use super::*;
 
     fn small() -> PayloadLimits {

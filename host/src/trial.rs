@@ -296,7 +296,7 @@ impl Outcome {
     /// then the counters, the emitted messages and the counts. What the
     /// module wrote is shown escaped.
     pub fn report(&self) -> String {
-        use wakuwaku_core::limits::printable;
+        use wakuwaku_core::terminal::printable;
         let mut out = Vec::new();
         for (key, outcome) in &self.keys {
             out.push(format!("key {}", printable(key)));

@@ -41,7 +41,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use super::Cli;
-use wakuwaku_core::limits::printable;
+use wakuwaku_core::terminal::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.

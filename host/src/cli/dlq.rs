@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use, parse_key};
 use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
-use wakuwaku_core::limits::printable;
+use wakuwaku_core::terminal::printable;
 
 #[derive(Subcommand)]
 pub(super) enum DlqCommand {
@@ -134,7 +134,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             if json {
                 // The document is written a letter at a time: its head, each
                 // letter, its tail.
-                let (projection, topic) = (serde_json::to_string(projection)?, serde_json::to_string(topic)?);
+                let (projection, topic) = (super::json_text(&projection, false)?, super::json_text(&topic, false)?);
                 out!("{{\"projection\":{projection},\"topic\":{topic},\"dead_letters\":[")?;
             }
             let mut tally = Tally::default();
@@ -146,7 +146,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 for letter in &page.letters {
                     if json {
                         let separator = if tally.letters == 0 { "" } else { "," };
-                        out!("{separator}{}", serde_json::to_string(&DeadLetterView::new(letter, None))?)?;
+                        out!("{separator}{}", super::json_text(&DeadLetterView::new(letter, None), false)?)?;
                     } else {
                         outln!("{}", dead_letter_line(letter))?;
                     }
@@ -165,7 +165,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             if json {
                 match (&next_place, list.limit) {
                     (_, None) => outln!("]}}")?,
-                    (next, Some(_)) => outln!("],\"next\":{}}}", serde_json::to_string(next)?)?,
+                    (next, Some(_)) => outln!("],\"next\":{}}}", super::json_text(next, false)?)?,
                 }
             }
             errln!("{}", tally.summary(projection, next_place.as_deref()));
@@ -173,7 +173,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
         DlqCommand::Show(show) => {
             let shown = dead_letter::show_on(&log, topic, &shelf, &store, show.partition, show.offset).await?;
             match show.output.json() {
-                true => outln!("{}", serde_json::to_string(&DeadLetterView::new(&shown.letter, Some(&shown.body)))?)?,
+                true => outln!("{}", super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body)), false)?)?,
                 false => outln!("{}", dead_letter_details(&shown.letter, &shown.body))?,
             }
         }
@@ -291,7 +291,7 @@ pub(super) fn failed_at(ms: u64) -> String {
 
 /// One line per dead letter, for `waku dlq list`. What a module or a
 /// publisher wrote (keys, messages) is shown escaped
-/// ([`wakuwaku_core::limits::printable`]): it never drives the terminal or
+/// ([`wakuwaku_core::terminal::printable`]): it never drives the terminal or
 /// breaks the line.
 pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
     let routed = &letter.routed;

@@ -23,6 +23,14 @@
 //! lines are coloured only when standard error is a terminal and `NO_COLOR`
 //! is unset or empty (<https://no-color.org>).
 //!
+//! Text a module chose never reaches the terminal raw
+//! ([`wakuwaku_core::terminal`]): every `errln!` message (each error and
+//! cause, a trap reason with the guest's standard error in it) and every
+//! field of every log line is written through `printable`, so one message
+//! is one line and holds no control or invisible character; every
+//! `--output json` result is written through [`json_text`]. Results in
+//! text form escape the module's parts where they are put together.
+//!
 //! Every limit is a flag of `run` and `demo`, one per field of
 //! [`SandboxLimits`](crate::runtime::SandboxLimits) (what the engine
 //! enforces) and of [`PayloadLimits`](crate::handler::PayloadLimits) (what
@@ -84,10 +92,13 @@ macro_rules! out {
 
 /// `eprintln!` for messages, ignoring write errors: when nobody reads
 /// standard error any more the command still does its work.
+/// The message is one line: every hidden character in it, a line break
+/// included, is escaped ([`wakuwaku_core::terminal::printable`]).
 macro_rules! errln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+        let message = format!($($arg)*);
+        let _ = writeln!(std::io::stderr().lock(), "{}", wakuwaku_core::terminal::printable(&message));
     }};
 }
 
@@ -294,6 +305,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         !(testing && metadata.target() == crate::trial::GUEST_LOG_TARGET)
     });
     let lines = tracing_subscriber::fmt::layer()
+        .fmt_fields(printable_fields())
         .with_writer(std::io::stderr)
         .with_ansi(colours)
         .with_filter(filter)
@@ -390,6 +402,35 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run_demo(args).await,
     }
+}
+
+/// How log lines write their message and fields: as the default format
+/// does (`message key=value ...`), each through
+/// [`wakuwaku_core::terminal::printable`], so no log line, whoever wrote
+/// its fields (a module's log line, a key, a refused module's error), can
+/// hold a control or invisible character or break into two lines.
+fn printable_fields() -> impl for<'writer> tracing_subscriber::fmt::FormatFields<'writer> + 'static {
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = match field.name() {
+            "message" => format!("{value:?}"),
+            name => format!("{name}={value:?}"),
+        };
+        write!(writer, "{}", wakuwaku_core::terminal::printable(&text))
+    })
+    .delimited(" ")
+}
+
+/// `value` as JSON text for `--output json` and for people (`pretty`),
+/// with every hidden character in it written as a JSON escape
+/// ([`wakuwaku_core::terminal::json_escaped`]): the names and values in it
+/// may be a module's.
+fn json_text(value: &impl serde::Serialize, pretty: bool) -> Result<String> {
+    let text = match pretty {
+        true => serde_json::to_string_pretty(value)?,
+        false => serde_json::to_string(value)?,
+    };
+    Ok(wakuwaku_core::terminal::json_escaped(&text).into_owned())
 }
 
 fn available_threads() -> usize {

@@ -104,7 +104,7 @@ fn list(args: &ModulesListArgs, library: &Library) -> Result<()> {
         })
         .collect();
     if args.output.json() {
-        outln!("{}", serde_json::to_string(&ModuleList { projection: &args.projection, modules })?)?;
+        outln!("{}", super::json_text(&ModuleList { projection: &args.projection, modules }, false)?)?;
         return Ok(());
     }
     if modules.is_empty() {

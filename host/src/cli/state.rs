@@ -15,7 +15,6 @@ use crate::admin::view;
 use crate::rebuild::RebuildPaths;
 use crate::runtime::{Sandbox, SandboxLimits};
 use crate::state::StateStore;
-use wakuwaku_core::limits::is_hidden;
 
 #[derive(Subcommand)]
 pub(super) enum StateCommand {
@@ -152,34 +151,11 @@ fn ask_admin(
     serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a view of the state"))
 }
 
-/// Prints `json`: indented for people, on one line for programs. Names and
-/// values are the module's: every control character and invisible mark in
-/// them is written as a JSON escape, so they cannot drive the terminal.
+/// Prints `json`: indented for people, on one line for programs, with
+/// the module's names and values escaped ([`super::json_text`]).
 fn print(json: &serde_json::Value, output: &OutputArgs) -> Result<()> {
-    let text = match output.json() {
-        true => serde_json::to_string(json)?,
-        false => serde_json::to_string_pretty(json)?,
-    };
-    outln!("{}", json_escaped(&text))?;
+    outln!("{}", super::json_text(json, !output.json())?)?;
     Ok(())
-}
-
-/// `json` with every hidden character ([`is_hidden`]) left in it written as
-/// `\uXXXX`: serde_json escapes only U+0000 to U+001F, and outside strings
-/// JSON holds none, so the text stays the same JSON.
-fn json_escaped(json: &str) -> std::borrow::Cow<'_, str> {
-    if !json.chars().any(|c| is_hidden(c) && c != '\n') {
-        return json.into();
-    }
-    let mut escaped = String::with_capacity(json.len() + 16);
-    for c in json.chars() {
-        match is_hidden(c) && c != '\n' {
-            // Every hidden character is in the basic plane: one escape.
-            true => escaped.push_str(&format!("\\u{:04x}", u32::from(c))),
-            false => escaped.push(c),
-        }
-    }
-    escaped.into()
 }
 
 pub(super) fn state_counters(args: StateCountersArgs) -> Result<()> {
@@ -237,21 +213,4 @@ pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
         }
     };
     print(&output, &args.output)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn module_text_in_printed_json_is_escaped_and_stays_the_same_json() {
-        let name = "n\u{9b}[2J\u{202e}evil\u{1b}]0;\u{200b}";
-        let value = serde_json::json!({ "entries": { name: "v\u{85}\u{2066}" }, "plain": "ä" });
-        for text in [serde_json::to_string(&value).unwrap(), serde_json::to_string_pretty(&value).unwrap()] {
-            let shown = json_escaped(&text);
-            assert!(!shown.chars().any(|c| is_hidden(c) && c != '\n'), "{shown:?}");
-            assert!(shown.contains("\\u009b") && shown.contains("\\u202e") && shown.contains("ä"), "{shown}");
-            assert_eq!(serde_json::from_str::<serde_json::Value>(&shown).unwrap(), value);
-        }
-    }
 }

@@ -57,7 +57,7 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         }
     };
     if args.output.json() {
-        outln!("{}", serde_json::to_string(&status)?)?;
+        outln!("{}", super::json_text(&status, false)?)?;
         return Ok(());
     }
     let caught_up = status.partitions.iter().all(|p| p.caught_up);

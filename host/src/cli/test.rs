@@ -10,7 +10,7 @@ use clap::Args;
 use super::publish::load_module;
 use crate::runtime::{Sandbox, SandboxLimits};
 use crate::trial;
-use wakuwaku_core::limits::printable;
+use wakuwaku_core::terminal::printable;
 
 #[derive(Args)]
 pub(super) struct TestArgs {
@@ -37,7 +37,7 @@ pub(super) async fn test_module(args: TestArgs) -> Result<ExitCode> {
     let Some(expect) = &args.expect else { return Ok(ExitCode::SUCCESS) };
     let found = outcome.to_json();
     if args.update {
-        let text = serde_json::to_string_pretty(&found)? + "\n";
+        let text = super::json_text(&found, true)? + "\n";
         std::fs::write(expect, text).with_context(|| format!("writing {}", expect.display()))?;
         outln!("wrote the outcome to {}", expect.display())?;
         return Ok(ExitCode::SUCCESS);

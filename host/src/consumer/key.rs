@@ -252,7 +252,7 @@ impl<L: EventLog> Consumer<L> {
                         event_type = route.event_type.name,
                         attempt,
                         "{}",
-                        wakuwaku_core::limits::printable(&error.to_string())
+                        wakuwaku_core::terminal::printable(&error.to_string())
                     );
                 }
                 // The failed chunk as it is routed: an inflated fold (the

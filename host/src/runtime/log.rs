@@ -16,7 +16,8 @@
 //! [`LogUnit`] is public so that native modules (which run without a
 //! sandbox) log under the same rules.
 
-use wakuwaku_core::limits::{LogTally, printable};
+use wakuwaku_core::limits::LogTally;
+use wakuwaku_core::terminal::printable;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::StoreData;

@@ -241,7 +241,7 @@ pub enum LoadError {
     #[error(
         "module-name: a module's name (its file's name without `.wasm`) is 1 to {MAX_MODULE_NAME_BYTES} bytes of \
          letters, digits, `_`, `-` and `.`, not starting with `.`; `{}` is not",
-        wakuwaku_core::limits::printable(module)
+        wakuwaku_core::terminal::printable(module)
     )]
     Name {
         /// The name it was given.
