@@ -140,8 +140,13 @@ mod tests {
     /// The rule, from the Unicode properties, for one code point.
     fn by_definition(c: char) -> bool {
         let category = CodePointMapData::<GeneralCategory>::new().get(c);
-        [GeneralCategory::Control, GeneralCategory::Format, GeneralCategory::LineSeparator, GeneralCategory::ParagraphSeparator]
-            .contains(&category)
+        [
+            GeneralCategory::Control,
+            GeneralCategory::Format,
+            GeneralCategory::LineSeparator,
+            GeneralCategory::ParagraphSeparator,
+        ]
+        .contains(&category)
             || CodePointSetData::new::<BidiControl>().contains(c)
             || CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(c)
     }
@@ -158,7 +163,11 @@ mod tests {
             if is_hidden(c) {
                 hidden += 1;
                 assert!(shown.is_ascii() && !shown.chars().any(is_hidden), "U+{:04X} shows as {shown:?}", u32::from(c));
-                assert!(escaped.is_ascii() && !escaped.chars().any(is_hidden), "U+{:04X} as JSON: {escaped}", u32::from(c));
+                assert!(
+                    escaped.is_ascii() && !escaped.chars().any(is_hidden),
+                    "U+{:04X} as JSON: {escaped}",
+                    u32::from(c)
+                );
             } else {
                 assert_eq!(shown, text, "U+{:04X} is shown as it is", u32::from(c));
                 assert_eq!(escaped, json, "U+{:04X} stays in JSON as it is", u32::from(c));

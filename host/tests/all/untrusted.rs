@@ -45,6 +45,7 @@ use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku_core::terminal::is_hidden;
 
 use crate::common::{bank_wasm, text, waku, waku_command};
 
@@ -74,6 +75,9 @@ const PEAK_RSS_BOUND: u64 = (256 + 2 * 5 * 64 + 2 * (64 + 16)) << 20;
 /// screen and window title sequences, a carriage return over the line, a
 /// line break before a line of its own. The host's own colouring uses none.
 const MODULE_ESCAPES: [&str; 4] = ["\u{1b}[2J", "\u{1b}]0;", "\roverwritten", "\nwaku: forged line"];
+
+/// The hostile module's worst text (its `ESCAPES`).
+const ESCAPES: &str = "\u{1b}[31mred\u{1b}[0m \u{1b}[2J\u{1b}]0;owned\u{7}\roverwritten\nwaku: forged line";
 
 /// The topic the hostile module emits to.
 const OUT: &str = "hostile_out";
@@ -339,10 +343,102 @@ async fn every_attack_at_once_beside_the_bank_never_stops_wedges_or_exhausts_wak
     assert!(text(&again.stdout).contains("consumed 0 events"), "{}", text(&again.stdout));
 }
 
-/// What a module writes in its log lines and error messages reaches the
-/// operator only as text: no control sequence that would redraw the
-/// terminal, no line break that would forge a line of the host's log,
-/// neither in `waku run`'s log nor in `waku dlq list` and `waku dlq show`.
+/// Every character of `output` that a terminal or log must not receive
+/// raw ([`is_hidden`]), with where it was found; line ends and tabs aside,
+/// which the host's own layout uses (`dlq list` separates its columns
+/// with tabs; a module's tabs are escaped like the rest of its text).
+fn hidden_characters(what: &str, output: &std::process::Output) -> Vec<String> {
+    let all = text(&output.stdout) + &text(&output.stderr);
+    all.chars()
+        .filter(|&c| !matches!(c, '\n' | '\t') && is_hidden(c))
+        .map(|c| format!("{what}: U+{:04X}", u32::from(c)))
+        .collect()
+}
+
+/// The hostile module, misbehaving in every export as `mode` says (see
+/// `WAKU_HOSTILE_LOAD_MODE` in its source), written to `dir/<mode>.wasm`.
+fn misbehaving(dir: &Path, mode: &str) -> PathBuf {
+    const MARKER: &[u8] = b"WAKU_HOSTILE_LOAD_MODE=";
+    const MODE_BYTES: usize = 25;
+    let mut bytes = std::fs::read(hostile_wasm()).unwrap();
+    let at = bytes.windows(MARKER.len()).position(|w| w == MARKER).expect("the marker is in the module") + MARKER.len();
+    assert!(mode.len() <= MODE_BYTES);
+    bytes[at..at + MODE_BYTES].copy_from_slice(format!("{mode:<MODE_BYTES$}").as_bytes());
+    let path = dir.join(format!("{mode}.wasm"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// `waku publish`, `waku test` and `waku state get --event` load and call a
+/// module that writes the worst text to standard error, panics with it or
+/// spins, in each of its exports: none of them panics (exit 101), and none
+/// prints a control or invisible character.
+#[test]
+fn no_command_panics_or_prints_raw_text_for_a_module_misbehaving_in_any_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = load(hostile_wasm());
+    let lines: Vec<String> = [
+        hostile(&*module, "Behave", 1, json!({})),
+        hostile(&*module, "HugeCombine", 2, json!({ "size": 64 })),
+        hostile(&*module, "HugeCombine", 2, json!({ "size": 64 })),
+    ]
+    .iter()
+    .map(|event| {
+        let body: serde_json::Value = serde_json::from_slice(&event.body).unwrap();
+        json!({ "tag": event.tag.get(), "body": body }).to_string()
+    })
+    .collect();
+    std::fs::write(dir.path().join("events.jsonl"), lines.join("\n")).unwrap();
+    let mut modes: Vec<String> = ["describe", "key", "ordering", "combine", "handle"]
+        .iter()
+        .flat_map(|export| ["stderr", "panic"].map(|act| format!("{export}-{act}")))
+        .collect();
+    modes.extend(["describe-loop".to_owned(), "key-loop".to_owned()]);
+    let mut problems = Vec::new();
+    for mode in &modes {
+        let path = misbehaving(dir.path(), mode);
+        let path = path.to_str().unwrap();
+        let data = format!("data-{mode}");
+        let commands: [(&str, Vec<&str>); 3] = [
+            (
+                "publish",
+                vec!["publish", "--data", &data, "--topic", "t", "--partitions", "1", "--module", path, "events.jsonl"],
+            ),
+            ("test", vec!["test", path, "events.jsonl"]),
+            (
+                "state get",
+                vec![
+                    "state",
+                    "get",
+                    "--data",
+                    &data,
+                    "--projection",
+                    "p",
+                    "--module",
+                    path,
+                    "--event",
+                    "Behave={\"key\":1}",
+                ],
+            ),
+        ];
+        for (command, args) in commands {
+            let output = waku_command(dir.path()).args(&args).env("NO_COLOR", "1").output().unwrap();
+            let what = format!("{mode}: waku {command}");
+            if !matches!(output.status.code(), Some(0 | 1 | 3)) || text(&output.stderr).contains("thread 'main'") {
+                problems.push(format!("{what}: {} {}", output.status, text(&output.stderr)));
+            }
+            problems.extend(hidden_characters(&what, &output));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// What a module writes in its log lines, error messages and string keys
+/// reaches the operator only as text: no control sequence that would
+/// redraw the terminal, no line break that would forge a line of the
+/// host's log, no invisible character, neither in `waku run`'s log nor in
+/// `waku dlq list|show`, `waku status` and `waku state get`, as text or
+/// as JSON (which stays JSON).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_modules_log_lines_and_errors_cannot_take_over_the_terminal_or_forge_lines() {
     let dir = tempfile::tempdir().unwrap();
@@ -353,6 +449,8 @@ async fn a_modules_log_lines_and_errors_cannot_take_over_the_terminal_or_forge_l
     let events = vec![
         hostile(&*hostile_module, "LogFlood", 1, json!({ "mode": "escape", "n": 5 })),
         hostile(&*hostile_module, "HugeError", 2, json!({ "mode": "escape" })),
+        hostile(&*hostile_module, "BadKeyExport", 3, json!({ "mode": "escape" })),
+        hostile(&*hostile_module, "CounterNames", 4, json!({})),
     ];
     publish::publish(&log, "accounts", hostile_module, events, None, 1).await.unwrap();
     drop(log);
@@ -360,15 +458,81 @@ async fn a_modules_log_lines_and_errors_cannot_take_over_the_terminal_or_forge_l
     let run = waku_command(dir.path()).args(RUN).env("NO_COLOR", "1").output().unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
     let dlq = ["--data", "data", "--projection", "bank", "--topic", "accounts"];
-    let listed = waku(&[&["dlq", "list"][..], &dlq[..]].concat(), dir.path());
-    let shown = waku(&[&["dlq", "show"][..], &dlq[..], &["--partition", "0", "--offset", "0"]].concat(), dir.path());
+    let escape_key = serde_json::to_string(ESCAPES).unwrap();
+    let mut outputs = vec![("waku run", run)];
+    for (what, args) in [
+        ("waku dlq list", vec!["dlq", "list"]),
+        ("waku dlq list --output json", vec!["dlq", "list", "--output", "json"]),
+        ("waku dlq show", vec!["dlq", "show", "--partition", "0", "--offset", "0"]),
+        ("waku dlq show --output json", vec!["dlq", "show", "--partition", "0", "--offset", "0", "--output", "json"]),
+    ] {
+        outputs.push((what, waku(&[&args[..], &dlq[..]].concat(), dir.path())));
+    }
+    let state = ["--data", "data", "--projection", "bank"];
+    for (what, args) in [
+        (
+            "waku status --output json",
+            vec!["status", "--data", "data", "--projection", "bank", "--topic", "accounts", "--output", "json"],
+        ),
+        ("waku state get", [&["state", "get", "--key", &escape_key][..], &state[..]].concat()),
+        (
+            "waku state get --output json",
+            [&["state", "get", "--key", &escape_key, "--output", "json"][..], &state[..]].concat(),
+        ),
+        ("waku state counters --output json", [&["state", "counters", "--output", "json"][..], &state[..]].concat()),
+    ] {
+        outputs.push((what, waku(&args, dir.path())));
+    }
     let mut raw = Vec::new();
-    for (what, output) in [("waku run", &run), ("waku dlq list", &listed), ("waku dlq show", &shown)] {
+    for (what, output) in &outputs {
         assert!(output.status.success(), "{what}: {}", text(&output.stderr));
         let all = text(&output.stdout) + &text(&output.stderr);
-        raw.extend(MODULE_ESCAPES.into_iter().filter(|sequence| all.contains(sequence)).map(|s| (what, s)));
+        raw.extend(
+            MODULE_ESCAPES.into_iter().filter(|sequence| all.contains(sequence)).map(|s| format!("{what}: {s:?}")),
+        );
+        raw.extend(hidden_characters(what, output));
+        if what.ends_with("--output json") {
+            let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+                .unwrap_or_else(|e| panic!("{what} prints JSON: {e}: {}", text(&output.stdout)));
+            assert!(!json.is_null(), "{what}");
+        }
     }
-    assert!(raw.is_empty(), "printed raw: {raw:?}");
+    assert!(raw.is_empty(), "printed raw: {raw:#?}");
+    // What was escaped is still there to read, escaped.
+    let listed = text(&outputs[1].1.stdout);
+    assert!(listed.contains("\\u{1b}[2J") || listed.contains("\\u001b[2J"), "{listed}");
+}
+
+/// A hot reload that refuses a new version whose loading panics with the
+/// worst text logs the refusal as one line of visible text: no forged line
+/// after it, no control or invisible character.
+#[test]
+fn a_refused_reload_is_logged_as_one_line_of_visible_text() {
+    let dir = tempfile::tempdir().unwrap();
+    modules_dir(dir.path(), true);
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let setup = ["--create-topic", "1", "--create-emit-topics", "1"];
+    let mut child = waku_command(dir.path())
+        .args([&args[..], &setup[..]].concat())
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = crate::common::stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    crate::common::wait_for_line(&lines, &mut seen, |line| line.starts_with("waku: sandbox limits"));
+    let replacement = misbehaving(dir.path(), "describe-panic");
+    std::fs::copy(replacement, dir.path().join("modules/hostile.wasm")).unwrap();
+    crate::common::wait_for_line(&lines, &mut seen, |line| line.contains("is refused"));
+    let _ = child.kill();
+    let _ = child.wait();
+    seen.extend(lines.try_iter());
+    let raw: Vec<&String> =
+        seen.iter().filter(|line| line.starts_with("waku: forged line") || line.chars().any(is_hidden)).collect();
+    assert!(raw.is_empty(), "printed raw: {raw:#?}\nall: {seen:#?}");
+    let refused = seen.iter().find(|line| line.contains("is refused")).unwrap();
+    assert!(refused.contains("\\nwaku: forged line"), "the guest's text is in the line, escaped: {refused}");
 }
 
 #[test]

@@ -186,6 +186,15 @@ fn leb128(out: &mut Vec<u8>, mut value: u128) {
     }
 }
 
+/// The canonical bytes of a string key: `0x02`, the byte length as
+/// LEB128, the bytes.
+fn string_key(text: &str) -> Vec<u8> {
+    let mut key = vec![0x02];
+    leb128(&mut key, text.len() as u128);
+    key.extend_from_slice(text.as_bytes());
+    key
+}
+
 /// A canonical byte-string key of `len` bytes in all.
 fn bytes_key(len: usize) -> Vec<u8> {
     // 0x03, a 2-byte LEB128 length (for lengths 128..16383), the bytes.
@@ -477,7 +486,8 @@ impl Guest for Hostile {
     /// `mode` picks what comes back: `non-canonical` (an integer not in
     /// its shortest form), `long` (a 2 KiB byte string), `empty`,
     /// `trailing` (a byte after the value), `max` (a 1024-byte key: the
-    /// limit, valid), or an error for anything else.
+    /// limit, valid), `escape` (a valid string key of [`ESCAPES`]), or an
+    /// error for anything else.
     fn key(tag: u32, body: Vec<u8>) -> Result<Vec<u8>, HandlerError> {
         misbehave("key");
         outside_handle("key");
@@ -491,6 +501,7 @@ impl Guest for Hostile {
             "empty" => Vec::new(),
             "trailing" => [int_key(i128::from(params.key)), vec![0x00]].concat(),
             "max" => bytes_key(1024),
+            "escape" => string_key(ESCAPES),
             other => return Err(error(ErrorClass::Unrecoverable, format!("no key mode `{other}`"))),
         })
     }
@@ -746,6 +757,11 @@ impl Guest for Hostile {
                     return Err(error(ErrorClass::Unrecoverable, "m".repeat(ALLOC_TRIGGER)));
                 }
                 return Ok(());
+            }
+            // The `escape` key fails its call with [`ESCAPES`], so the key
+            // and the message reach the host's warning and dead letter.
+            "BadKeyExport" if params.mode == "escape" => {
+                return Err(error(class(&params.class), ESCAPES.to_owned()));
             }
             "BadKeyExport" => {}
             "HugeCombine" => {
