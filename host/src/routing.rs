@@ -141,10 +141,13 @@ impl FailureClass {
             CallError::Handler { class: ErrorClass::Transient, .. } => Self::Transient,
             CallError::Handler { class: ErrorClass::Retryable, .. } => Self::Retryable,
             CallError::Handler { class: ErrorClass::Unrecoverable, .. } => Self::Unrecoverable,
-            // A broken contract is the module misbehaving, like a trap.
-            CallError::Trap { .. } | CallError::Contract(_) => Self::Trap,
+            CallError::Trap { .. } => Self::Trap,
+            // An answer that breaks the contract (a `combine` body out of
+            // bounds, a key not canonical) fails as retryable, as the WIT
+            // states: a fixed module can take the events back.
+            CallError::Contract(_)
             // Decided by the host: the key is tried again in a later batch.
-            CallError::BatchBudget { .. }
+            | CallError::BatchBudget { .. }
             | CallError::BatchBudgetSpent { .. }
             | CallError::HostMemory { .. }
             | CallError::BatchTime { .. }

@@ -775,23 +775,27 @@ pub struct WasmInstance {
 }
 
 impl WasmInstance {
-    /// Replaces a trapped instance and re-arms the CPU budget.
-    fn prepare(&mut self) -> Result<(), CallError> {
+    /// Replaces a trapped instance, re-arms the CPU budget and starts the
+    /// call's random bytes from `seed` ([`wasi::call_seed`]).
+    fn prepare(&mut self, seed: u64) -> Result<(), CallError> {
         if self.poisoned {
             (self.store, self.bindings) = self.module.instantiate()?;
             self.poisoned = false;
         }
         self.store.data().wasi.clear_stderr();
+        self.store.data().wasi.reseed(seed);
         self.store.set_epoch_deadline(self.module.sandbox.deadline_ticks());
         Ok(())
     }
 
-    /// Runs one export call outside `handle`.
+    /// Runs one export call outside `handle`, its random bytes seeded with
+    /// `seed`.
     fn call<R: Send>(
         &mut self,
+        seed: u64,
         f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
-        self.prepare()?;
+        self.prepare(seed)?;
         let payload = self.module.sandbox.payload;
         self.store.data_mut().log.begin(None, payload);
         self.invoke(f)
@@ -822,7 +826,9 @@ impl WasmInstance {
     /// Asks the module what it handles and where it emits, and checks the
     /// answer against the rules of `module-info`.
     fn describe(&mut self) -> Result<(Vec<EventType>, Vec<String>), String> {
-        let info = self.call(|guest, store| guest.call_describe(store).map(Ok)).map_err(|error| error.to_string())?;
+        let seed = wasi::call_seed("describe", 0, &[], std::iter::empty());
+        let info =
+            self.call(seed, |guest, store| guest.call_describe(store).map(Ok)).map_err(|error| error.to_string())?;
         let types = info.event_types.iter().map(|t| (t.tag, t.name.as_str(), t.max_batch));
         check_description(types, &info.emits).map_err(|error| error.to_string())?;
         let event_types = info
@@ -844,8 +850,8 @@ impl HandlerInstance for WasmInstance {
         // Replace a trapped instance first, so the scope moves into the
         // store that makes the call. The store is 'static, so the scope
         // moves in for the call and back out after it.
-        self.prepare()?;
         let key: Key = scope.key().clone();
+        self.prepare(wasi::call_seed("handle", tag.get(), key.as_bytes(), bodies.iter().map(Vec::as_slice)))?;
         let data = self.store.data_mut();
         data.log.begin(Some(key.clone()), *scope.limits());
         data.scope = Some(scope.take_for_call());
@@ -857,18 +863,21 @@ impl HandlerInstance for WasmInstance {
     }
 
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
-        let body = self.call(|guest, store| guest.call_combine(store, tag.get(), bodies))?;
+        let seed = wasi::call_seed("combine", tag.get(), &[], bodies.iter().map(Vec::as_slice));
+        let body = self.call(seed, |guest, store| guest.call_combine(store, tag.get(), bodies))?;
         check_combined_body(&self.module.sandbox.payload, &body)?;
         Ok(body)
     }
 
     fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError> {
-        let bytes = self.call(|guest, store| guest.call_key(store, tag.get(), body))?;
+        let seed = wasi::call_seed("key", tag.get(), &[], std::iter::once(body));
+        let bytes = self.call(seed, |guest, store| guest.call_key(store, tag.get(), body))?;
         Ok(check_key(&bytes)?)
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
-        self.call(|guest, store| guest.call_ordering(store, tag.get(), body)).map(ordering_from_wit)
+        let seed = wasi::call_seed("ordering", tag.get(), &[], std::iter::once(body));
+        self.call(seed, |guest, store| guest.call_ordering(store, tag.get(), body)).map(ordering_from_wit)
     }
 }
 

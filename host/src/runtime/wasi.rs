@@ -3,7 +3,8 @@
 //! Rust guests need WASI to start (their standard library imports it), so
 //! it is linked, but it grants nothing: no preopened directory, no
 //! environment variables, no arguments, no network (TCP, UDP and name
-//! lookup denied), and clocks frozen at zero, so a module's behaviour
+//! lookup denied), clocks frozen at zero, and random bytes that are a
+//! function of the call ([`WasiState::reseed`]), so a module's behaviour
 //! depends on its input alone. As no time passes, a sleep (a subscription
 //! to the monotonic clock) is ready at once: waiting happens inside the
 //! host, where the CPU budget cannot interrupt it, so a module must not be
@@ -11,6 +12,15 @@
 //! error is kept as a bounded tail: printing never fails a call, and a
 //! trap's report shows the latest output (where a Rust panic message
 //! lands).
+//!
+//! **Random bytes are deterministic per call.** `get-random-bytes`,
+//! `get-random-u64` and their `insecure` twins draw from one ChaCha8
+//! generator that every call starts afresh from a seed of its input (the
+//! export, the tag, the key and the bodies: [`call_seed`]); the insecure
+//! seed is 0. A module that asks for randomness (Rust's `HashMap` does)
+//! therefore does the same thing every time it is given the same events:
+//! a replay, a rebuild and a retry see what the first run saw. They are
+//! not secret: a module must not use them for keys or tokens.
 //!
 //! What WASI makes in the host is bounded, so a module cannot make the
 //! host hold more than its own memory limit says:
@@ -33,6 +43,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use rand::SeedableRng as _;
+use rand_chacha::ChaCha8Rng;
 use tokio::io::AsyncWrite;
 use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -131,18 +143,72 @@ impl Pollable for Ready {
     async fn ready(&mut self) {}
 }
 
-/// One store's WASI context, its resource table and its stderr tail.
+/// The seed of a call's random bytes: SipHash-1-3 (fixed keys, so the
+/// same on every host and version) of the export's name, the tag, the key
+/// and every body's length and first [`SEEDED_BODY_BYTES`] bytes (a bound,
+/// so seeding costs little whatever the bodies weigh).
+pub(super) fn call_seed<'a>(export: &str, tag: u32, key: &[u8], bodies: impl Iterator<Item = &'a [u8]>) -> u64 {
+    use std::hash::Hasher as _;
+    let mut hasher = siphasher::sip::SipHasher13::new_with_keys(0x7761_6b75, 0x7761_6b75);
+    for part in [export.as_bytes(), &tag.to_le_bytes(), &(key.len() as u64).to_le_bytes(), key] {
+        hasher.write(part);
+    }
+    for body in bodies {
+        hasher.write(&(body.len() as u64).to_le_bytes());
+        hasher.write(&body[..body.len().min(SEEDED_BODY_BYTES)]);
+    }
+    hasher.finish()
+}
+
+/// `mutex`'s value; a panic while it was held left nothing half-done
+/// that matters here.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How much of each body seeds a call's random bytes.
+const SEEDED_BODY_BYTES: usize = 64;
+
+/// The generator both random interfaces of one store draw from; each call
+/// starts it again from its seed.
+#[derive(Clone)]
+struct CallRandom(Arc<Mutex<ChaCha8Rng>>);
+
+impl rand::TryRng for CallRandom {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok(rand::Rng::next_u32(&mut *lock(&self.0)))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(rand::Rng::next_u64(&mut *lock(&self.0)))
+    }
+
+    fn try_fill_bytes(&mut self, bytes: &mut [u8]) -> Result<(), Self::Error> {
+        rand::Rng::fill_bytes(&mut *lock(&self.0), bytes);
+        Ok(())
+    }
+}
+
+/// One store's WASI context, its resource table, its stderr tail and the
+/// generator of its random bytes.
 pub(super) struct WasiState {
     ctx: WasiCtx,
     table: ResourceTable,
     stderr: Tail,
+    random: CallRandom,
 }
 
 impl WasiState {
     /// The empty context: nothing granted, clocks frozen, stderr kept.
     pub(super) fn new() -> Self {
         let stderr = Tail::new(STDERR_TAIL);
+        let random = CallRandom(Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))));
         let ctx = WasiCtx::builder()
+            .secure_random(random.clone())
+            .insecure_random(random.clone())
+            .insecure_random_seed(0)
             .stderr(stderr.clone())
             .wall_clock(FrozenClock)
             .monotonic_clock(FrozenClock)
@@ -153,7 +219,13 @@ impl WasiState {
             .build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_WASI_RESOURCES);
-        Self { ctx, table, stderr }
+        Self { ctx, table, stderr, random }
+    }
+
+    /// Starts the random bytes of the next call from `seed`
+    /// ([`call_seed`]).
+    pub(super) fn reseed(&self, seed: u64) {
+        *lock(&self.random.0) = ChaCha8Rng::seed_from_u64(seed);
     }
 
     /// The guest's latest stderr output, as text.

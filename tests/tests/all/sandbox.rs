@@ -773,6 +773,32 @@ fn random_bytes_are_made_at_most_max_random_bytes_a_call() {
     }
 }
 
+/// Random bytes are a function of the call (`runtime/wasi.rs`, stated in
+/// the WIT): the same event on the same key gets the same bytes, on any
+/// instance and however many calls came before; another key or body other
+/// bytes; both random interfaces alike.
+#[test]
+fn random_bytes_are_the_same_for_the_same_call_and_differ_between_calls() {
+    let harness = Harness::new();
+    let (mut first, _) = hostile(&harness);
+    let (mut second, _) = hostile(&harness);
+    let mut ask = |instance: &mut Box<dyn HandlerInstance>, key: u64, mode: &str, seq: u64| -> String {
+        let mut scope = harness.scope(key);
+        let event = body(json!({ "key": key, "mode": mode, "size": 32, "seq": seq }));
+        instance.handle(&mut scope, tag::RANDOM, &event).unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&scope.get("report").unwrap().unwrap()).unwrap();
+        report["outcomes"][0].as_str().unwrap().to_owned()
+    };
+    for mode in ["secure", "insecure"] {
+        let bytes = ask(&mut first, 1, mode, 0);
+        assert!(bytes.starts_with("32 bytes "), "{bytes}");
+        assert_eq!(ask(&mut first, 1, mode, 0), bytes, "{mode}: the same call again");
+        assert_eq!(ask(&mut second, 1, mode, 0), bytes, "{mode}: the same call on another instance");
+        assert_ne!(ask(&mut first, 2, mode, 0), bytes, "{mode}: another key");
+        assert_ne!(ask(&mut first, 1, mode, 1), bytes, "{mode}: another body");
+    }
+}
+
 /// Every WASI pollable, stream or error a module opens is an entry the
 /// host keeps until the module drops it (wasmtime-wasi allows a million).
 /// Past [`MAX_WASI_RESOURCES`] the call traps naming the rule; dropped

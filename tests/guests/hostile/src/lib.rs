@@ -720,12 +720,14 @@ impl Guest for Hostile {
             }
             "Random" => {
                 // Asks WASI for `size` random bytes (`mode` `insecure`:
-                // through `wasi:random/insecure`): the host makes them.
+                // through `wasi:random/insecure`): the host makes them. The outcome
+                // names how many came and the first 8 in hex.
                 let bytes = match params.mode.as_str() {
                     "insecure" => wasip2::random::insecure::get_insecure_random_bytes(params.size),
                     _ => wasip2::random::random::get_random_bytes(params.size),
                 };
-                report.outcomes.push(format!("{} bytes", bytes.len()));
+                let first: String = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+                report.outcomes.push(format!("{} bytes {first}", bytes.len()));
             }
             "Handles" => {
                 // Opens `n` WASI handles (`mode` `streams`: stderr output
