@@ -155,6 +155,11 @@ pub fn cut(text: &str, max: usize) -> (&str, bool) {
     (&text[..end], true)
 }
 
+/// What [`PayloadLimits::most_lifted_per_call`] allows beyond the largest
+/// value: names, a topic, and a `describe` answer (256 event types and 64
+/// topics, with wasmtime's own accounting of each record).
+pub const LIFT_ROOM: usize = 256 << 10;
+
 /// A handler-error message as the host keeps it: at most
 /// [`MAX_ERROR_MESSAGE_BYTES`], marked when cut.
 pub fn error_message(message: String) -> String {
@@ -276,6 +281,18 @@ impl PayloadLimits {
         let counters = self.max_counter_changes_per_call.saturating_mul(MAX_NAME_BYTES + WRITE_OVERHEAD);
         let emits = self.max_emit_bytes_per_call + self.max_emits_per_call.saturating_mul(EMIT_OVERHEAD);
         writes.saturating_add(counters).saturating_add(emits)
+    }
+
+    /// The most bytes one import call (or one export's answer) may make
+    /// the host copy out of an instance before any rule can check them:
+    /// the largest value a rule lets through (a state value, an emitted
+    /// body, a log line), a key, and [`LIFT_ROOM`] for names, topics and a
+    /// `describe` answer. The sandbox gives wasmtime this bound
+    /// (`Store::set_hostcall_fuel`, 128 MiB by default), so an argument
+    /// past it traps its call (`import-size`) before it is copied.
+    pub fn most_lifted_per_call(&self) -> usize {
+        let largest = self.max_state_value.max(self.max_emit_body).max(self.max_log_line);
+        largest.saturating_add(crate::key::MAX_KEY_BYTES).saturating_add(LIFT_ROOM)
     }
 
     /// Checks that every limit is at least 1 and that the batch budget
@@ -673,6 +690,17 @@ impl LogTally {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ContractError {
+    /// One import call, or one export's answer, handed the host more than
+    /// [`PayloadLimits::most_lifted_per_call`]: refused before it was
+    /// copied, and the instance is replaced.
+    #[error(
+        "import-size: one import call, or an export's answer, may hand the host at most {limit} bytes (the largest \
+         value the payload limits allow, a key, and room for names); this one handed more"
+    )]
+    ImportSize {
+        /// The bound, in bytes.
+        limit: usize,
+    },
     /// Too few or too many event types.
     #[error("event-type-count: a module handles 1 to {MAX_EVENT_TYPES} event types; this one declares {count}")]
     EventTypeCount {

@@ -68,7 +68,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use wakuwaku_core::limits::{check_combined_body, check_description, check_key, error_message};
+use wakuwaku_core::limits::{ContractError, check_combined_body, check_description, check_key, error_message};
 use wasmtime::component::{Linker, ResourceTableError};
 use wasmtime::{Config, Engine, Store, StoreLimitsBuilder, Trap};
 
@@ -607,6 +607,9 @@ impl Sandbox {
         let mut store = Store::new(&self.shared.engine, data);
         store.limiter(|data| &mut data.limits);
         store.epoch_deadline_trap();
+        // What one import call may hand the host is bounded by the payload
+        // limits, not by wasmtime's default of 128 MiB per call.
+        store.set_hostcall_fuel(self.payload.most_lifted_per_call());
         store
     }
 
@@ -889,12 +892,22 @@ fn is_busy(error: &wasmtime::Error) -> bool {
         .any(|cause| cause.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) == Some(libc::EBUSY))
 }
 
+/// Whether `error` is wasmtime refusing to copy more out of the instance
+/// in one call than [`Store::set_hostcall_fuel`] allows (its error type is
+/// private; its message is what it offers).
+fn is_hostcall_bound(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| cause.to_string().contains("fuel allocated for hostcalls has been exhausted"))
+}
+
 /// What a failed call or instantiation was: a host fault raised by an
 /// import, or a trap of the guest, described by its kind, root cause, and
 /// the tail of the guest's stderr (where a Rust panic message lands).
 fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
     if let Some(HostFault(fault)) = error.downcast_ref::<HostFault>() {
         return CallError::HostFault(fault.clone());
+    }
+    if is_hostcall_bound(&error) {
+        return CallError::Contract(ContractError::ImportSize { limit: store.hostcall_fuel() });
     }
     if let Some(refusal) = store.data().limits.host_refusal() {
         let instance_limits::HostRefusal { held, adds, instance_held, limit } = refusal;

@@ -19,6 +19,7 @@ use wakuwaku::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_COMPONENT_G
 use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
 use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku_core::limits::ContractError;
 use wakuwaku_tests::hostile::{ALLOC_TRIGGER, hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
 
@@ -771,6 +772,44 @@ fn random_bytes_are_made_at_most_max_random_bytes_a_call() {
         }
         ask(16).unwrap();
     }
+}
+
+/// What a module hands an import, or returns from an export, is copied
+/// out of its memory before any rule can look at it: wasmtime bounds that
+/// copy per call (128 MiB by default), and the sandbox sets the bound from
+/// the payload limits ([`PayloadLimits::most_lifted_per_call`]). A log line
+/// or an error message as large as the largest value passes (and is cut);
+/// one of 8 MiB fails its call as retryable naming `import-size` (the
+/// instance is replaced), and the next call works.
+#[test]
+fn an_import_argument_past_the_hostcall_bound_traps_before_it_is_copied() {
+    let harness = Harness::new();
+    let (mut instance, mut scope) = hostile(&harness);
+    let bound = PayloadLimits::default().most_lifted_per_call();
+    assert!(bound < 2 << 20, "{bound}");
+    let log_line = |size: u64| body(json!({ "key": 1, "n": 1, "size": size }));
+    instance.handle(&mut scope, tag::LOG_FLOOD, &log_line(1 << 20)).unwrap();
+    for (tag, size) in [(tag::LOG_FLOOD, 8 << 20), (tag::HUGE_ERROR, 8 << 20), (tag::LOG_FLOOD, bound as u64 + 1)] {
+        let event = body(json!({ "key": 1, "n": 1, "size": size }));
+        match instance.handle(&mut scope, tag, &event) {
+            Err(error @ CallError::Contract(ContractError::ImportSize { limit })) => {
+                assert_eq!(limit, bound);
+                assert_eq!(error.class(), ErrorClass::Retryable);
+                assert!(
+                    error.to_string().contains(&format!(
+                        "import-size: one import call, or an export's answer, may hand the host at most {bound} bytes"
+                    )),
+                    "{error}"
+                );
+            }
+            other => panic!("{size} bytes of tag {tag:?}: expected import-size, got {other:?}"),
+        }
+    }
+    match instance.handle(&mut scope, tag::HUGE_ERROR, &body(json!({ "key": 1, "size": 1 << 20 }))) {
+        Err(CallError::Handler { message, .. }) => assert!(message.len() <= (4 << 10) + 16, "{}", message.len()),
+        other => panic!("a 1 MiB message is the module's error, cut: {other:?}"),
+    }
+    instance.handle(&mut scope, tag::LOG_FLOOD, &log_line(16)).unwrap();
 }
 
 /// Random bytes are a function of the call (`runtime/wasi.rs`, stated in
