@@ -38,7 +38,7 @@ use serde_json::json;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::EventTypeTag;
 use wakuwaku::guest_build::GuestBuild;
-use wakuwaku::handler::HandlerModule;
+use wakuwaku::handler::{HandlerModule, PayloadLimits};
 use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::load_module_file;
@@ -341,6 +341,75 @@ async fn every_attack_at_once_beside_the_bank_never_stops_wedges_or_exhausts_wak
     let again = waku_command(dir.path()).args(RUN).output().unwrap();
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     assert!(text(&again.stdout).contains("consumed 0 events"), "{}", text(&again.stdout));
+}
+
+/// The peak resident memory README's table ("What one host can hold")
+/// states for `waku run` with these flags, in MiB: the host's own (256,
+/// the bank alone peaks at 150–200), what its module instances hold
+/// together (`--host-memory-mib`, or less when every instance at its
+/// `--memory-mib` holds less), about five copies of what the batches in
+/// flight hold (`--max-batch-held-mib` per partition), and what every call
+/// running at once may hand its imports before they are checked (the
+/// hostcall bound, [`PayloadLimits::most_lifted_per_call`]).
+fn stated_peak_mib(partitions: u64, workers: u64, memory_mib: u64, host_memory_mib: u64, batch_held_mib: u64) -> u64 {
+    let calls = partitions * workers;
+    let lifted = (PayloadLimits::default().most_lifted_per_call() as u64).div_ceil(1 << 20);
+    256 + host_memory_mib.min(calls * memory_mib) + partitions * 5 * batch_held_mib + calls * lifted
+}
+
+/// Many workers of many partitions at once, every call handing the host
+/// import arguments as large as the hostcall bound lets through (log lines
+/// just under it and far past it, a megabyte error, megabyte values): the peak RSS of
+/// `waku run` stays under what README's table states for its flags, and
+/// every event is accounted for. (Before the hostcall bound, one such call
+/// could hand the host 128 MiB, and many workers reached twice the
+/// instance limit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_workers_handing_over_maximal_import_arguments_stay_under_the_stated_peak() {
+    let (partitions, workers, memory_mib, host_memory_mib, batch_held_mib) = (4, 8, 64, 256, 16);
+    let dir = tempfile::tempdir().unwrap();
+    let line = PayloadLimits::default().most_lifted_per_call() as u64 - (16 << 10);
+    let spec = WorkloadSpec { events: 4_000, accounts: 200, seed: 29 };
+    let attacks = |module: &dyn HandlerModule, round: usize| -> Vec<Outgoing> {
+        (0..64u64)
+            .map(|i| {
+                let key = 2_000_000 + round as u64 * 1_000 + i;
+                match i % 4 {
+                    0 => hostile(module, "LogFlood", key, json!({ "n": 8, "size": line })),
+                    1 => hostile(module, "HugeError", key, json!({ "size": 1 << 20 })),
+                    2 => hostile(module, "BigValues", key, json!({ "n": 3, "seq": i })),
+                    // Past the bound: refused before the host copies it.
+                    _ => hostile(module, "LogFlood", key, json!({ "n": 2, "size": 48 << 20 })),
+                }
+            })
+            .collect()
+    };
+    let (_, bank_events, hostile_events) =
+        publish_bank_and_attacks(dir.path(), spec, partitions as u32, 4, attacks).await;
+    modules_dir(dir.path(), true);
+    let flags = [
+        "--workers".to_owned(),
+        workers.to_string(),
+        "--memory-mib".to_owned(),
+        memory_mib.to_string(),
+        "--host-memory-mib".to_owned(),
+        host_memory_mib.to_string(),
+        "--max-batch-held-mib".to_owned(),
+        batch_held_mib.to_string(),
+        "--max-attempts".to_owned(),
+        "1".to_owned(),
+    ];
+    let args: Vec<&str> = RUN.iter().copied().chain(flags.iter().map(String::as_str)).collect();
+    let run = waku_measured(&args, dir.path());
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let [applied, skipped, retrying, dead] = status_counts(dir.path());
+    assert_eq!(applied + skipped + retrying + dead, (bank_events + hostile_events) as u64);
+    let stated = stated_peak_mib(partitions, workers, memory_mib, host_memory_mib, batch_held_mib);
+    eprintln!(
+        "peak RSS of waku run with {workers} workers on {partitions} partitions: {} MiB (stated: {stated} MiB)",
+        run.peak_rss >> 20
+    );
+    assert!(run.peak_rss >> 20 < stated, "peak RSS {} MiB, over the stated {stated} MiB", run.peak_rss >> 20);
 }
 
 /// Every character of `output` that a terminal or log must not receive
