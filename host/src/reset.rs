@@ -151,7 +151,7 @@ pub enum ResetError {
     /// Earliest would replay a topic whose oldest messages are gone, and
     /// that was not accepted ([`Plan::check_history`]).
     #[error(transparent)]
-    LostHistory(#[from] LostHistory),
+    LostHistory(#[from] Box<LostHistory>),
 }
 
 /// One partition's move.
@@ -198,9 +198,10 @@ impl Plan {
     pub fn check_history(&self, accept: bool) -> Result<(), ResetError> {
         match self.lost_history.is_empty() || accept {
             true => Ok(()),
-            false => Err(LostHistory { topic: self.topic.clone(), lost: self.lost_history.clone() }.into()),
+            false => Err(Box::new(LostHistory { topic: self.topic.clone(), lost: self.lost_history.clone() }).into()),
         }
     }
+}
 
 /// Works out a reset of the projection `store` holds on `topic`: for
 /// `partitions` (every partition of the topic when `None`), where each is

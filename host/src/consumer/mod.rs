@@ -220,11 +220,11 @@ pub enum ConsumerError {
     /// A partition lost offsets from which the projection already applied
     /// events ([`loss`]): it stops, at every start, until `waku reset`.
     #[error("{0}")]
-    LogTruncated(Truncation),
+    LogTruncated(Box<Truncation>),
     /// A replay from the earliest offset would lack messages retention
     /// deleted, and was not accepted ([`loss::refuse_lost_history`]).
     #[error(transparent)]
-    LostHistory(LostHistory),
+    LostHistory(Box<LostHistory>),
 }
 
 impl From<OutboxError> for ConsumerError {
@@ -903,13 +903,13 @@ impl<L: EventLog> Consumer<L> {
         if let Some(truncation) = loss::recorded(self.projection.store(), topic, partition)?
             && truncation.applied_lost()
         {
-            return Err(ConsumerError::LogTruncated(truncation));
+            return Err(ConsumerError::LogTruncated(Box::new(truncation)));
         }
         let end = self.log.end_offset(topic, partition).await?;
         match Truncation::detect(topic, partition, position, position, end) {
             Some(truncation) => {
                 self.truncated(&truncation)?;
-                Err(ConsumerError::LogTruncated(truncation))
+                Err(ConsumerError::LogTruncated(Box::new(truncation)))
             }
             None => Ok(()),
         }
@@ -933,7 +933,7 @@ impl<L: EventLog> Consumer<L> {
         };
         self.truncated(&truncation)?;
         if truncation.applied_lost() {
-            return Err(ConsumerError::LogTruncated(truncation));
+            return Err(ConsumerError::LogTruncated(Box::new(truncation)));
         }
         state.known_end = end;
         state.lowered_end = Some(end);

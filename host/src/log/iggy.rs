@@ -120,8 +120,8 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use iggy::prelude::{
     Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
-    IggyClient, IggyError, IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, PollingStrategy, StreamClient,
-    TopicClient, TopicCreateOptions,
+    IggyClient, IggyError, IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning,
+    PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
 };
 use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
@@ -165,6 +165,10 @@ pub struct IggyLog {
     /// the range after it when it was started ahead. Boxed, as `url` is,
     /// to keep [`super::AnyLog`]'s variants of similar size.
     reading: Box<std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>>,
+    /// Whether topics are created with the server's defaults (which may
+    /// lose acknowledged messages) instead of durable, and topics that may
+    /// lose them are accepted ([`IggyLog::with_lossy_topics`]).
+    lossy_topics: bool,
 }
 
 /// Where a partition's last read ended, what it learned of the partition's
@@ -260,7 +264,6 @@ impl IggyLog {
         self.lossy_topics = lossy;
         self
     }
-
 }
 
 /// The options the host creates a topic of `partitions` partitions with:
@@ -268,11 +271,11 @@ impl IggyLog {
 fn topic_options(partitions: u32, lossy: bool) -> TopicCreateOptions {
     let options = TopicCreateOptions { partitions_count: Some(partitions), ..TopicCreateOptions::default() };
     match lossy {
-            true => options,
-            false => TopicCreateOptions {
-                message_expiry: Some(IggyExpiry::NeverExpire),
-                max_topic_size: Some(MaxTopicSize::Unlimited),
-                enforce_fsync: Some(true),
+        true => options,
+        false => TopicCreateOptions {
+            message_expiry: Some(IggyExpiry::NeverExpire),
+            max_topic_size: Some(MaxTopicSize::Unlimited),
+            enforce_fsync: Some(true),
             messages_required_to_save: Some(1),
             ..options
         },
@@ -749,7 +752,11 @@ fn sorted(mut partitions: Vec<u32>) -> Vec<u32> {
 
 /// A partition's first and end offsets from its topic's details (see the
 /// module docs).
-fn partition_extent(topic: &str, details: &iggy::prelude::TopicDetails, partition: u32) -> Result<(u64, u64), LogError> {
+fn partition_extent(
+    topic: &str,
+    details: &iggy::prelude::TopicDetails,
+    partition: u32,
+) -> Result<(u64, u64), LogError> {
     let partitions = details.partitions_count;
     let found = details.partitions.iter().find(|p| p.id == partition);
     let found = found.ok_or(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions })?;

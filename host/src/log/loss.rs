@@ -124,7 +124,7 @@ pub async fn require_durable<L: EventLog>(log: &L, topic: &str, role: TopicRole)
         );
         return Ok(());
     }
-    Err(LogError::LossyTopic { topic: topic.to_owned(), role: role.to_string(), setting })
+    Err(LogError::LossyTopic { topic: topic.to_owned(), role, setting })
 }
 
 /// Warns when the consumed `topic` can lose acknowledged appends: what it
@@ -378,7 +378,10 @@ pub async fn refuse_lost_history<L: EventLog>(
         return Ok(lost);
     }
     if !accept {
-        return Err(crate::consumer::ConsumerError::LostHistory(LostHistory { topic: topic.to_owned(), lost }));
+        return Err(crate::consumer::ConsumerError::LostHistory(Box::new(LostHistory {
+            topic: topic.to_owned(),
+            lost,
+        })));
     }
     tracing::warn!(topic, "replaying `{topic}` without its oldest messages (accepted): {}", describe_lost(&lost));
     Ok(lost)

@@ -277,7 +277,7 @@ pub enum LogError {
         /// The topic.
         topic: String,
         /// What the host uses it for.
-        role: String,
+        role: loss::TopicRole,
         /// The setting that makes it lossy, as the log names it.
         setting: String,
     },
