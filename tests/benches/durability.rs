@@ -68,7 +68,9 @@ fn main() {
 
             // 1. `waku publish`, creating the topic.
             let (bank, partitions) = (bank_wasm(), PARTITIONS.to_string());
-            let mut args = vec!["waku", "publish", "--iggy", &url, "--stream", &stream, "--topic", TOPIC];
+            // `warn`: the probe's guest log lines would otherwise be timed too.
+            let mut args = vec!["waku", "--log-level", "warn", "publish", "--iggy", &url, "--stream", &stream];
+            args.extend(["--topic", TOPIC]);
             args.extend(["--partitions", &partitions, "--module", bank.to_str().expect("a UTF-8 path")]);
             if lossy {
                 args.push("--lossy-topics");
