@@ -417,8 +417,21 @@ pub struct PartitionStatus {
     pub end: u64,
     /// `end - position`.
     pub lag: u64,
-    /// Whether the position reached the start-up end (offline: the end).
+    /// Whether the position reached the start-up end (offline: the end),
+    /// and no lost tail stopped it.
     pub caught_up: bool,
+    /// The first offset the log still holds: above 0 when retention deleted
+    /// the oldest messages ([`crate::log::loss::lost_history`]).
+    #[serde(default)]
+    pub first: u64,
+    /// The lost tail recorded for the partition, in words
+    /// ([`crate::log::loss::Truncation`]), if the log ever lost one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<String>,
+    /// Whether that lost tail stopped the partition (it lost offsets the
+    /// projection applied): it stays stopped until `waku reset`.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// What `waku status` shows about one projection.
@@ -466,15 +479,23 @@ pub async fn status<L: EventLog>(
     let mut partitions = Vec::new();
     for partition in 0..log.partitions(topic).await? {
         let position = store.position(topic, partition)?.unwrap_or(0);
-        let end = log.end_offset(topic, partition).await?;
+        let (first, end) = log.extent(topic, partition).await?;
         let end_at_start = gate.iter().find(|p| p.partition == partition).map(|p| p.end_at_start);
+        // Recorded by the consumer; offline, an end below the position is
+        // one the consumer will stop at.
+        let truncation = crate::log::loss::recorded(store, topic, partition)?
+            .or_else(|| crate::log::loss::Truncation::detect(topic, partition, position, position, end));
+        let stopped = truncation.as_ref().is_some_and(crate::log::loss::Truncation::applied_lost);
         partitions.push(PartitionStatus {
             partition,
             position,
             end_at_start,
             end,
             lag: end.saturating_sub(position),
-            caught_up: position >= end_at_start.unwrap_or(end),
+            caught_up: !stopped && position >= end_at_start.unwrap_or(end),
+            first,
+            truncated: truncation.map(|truncation| truncation.to_string()),
+            stopped,
         });
     }
     let stats: BTreeMap<String, u64> = store.stats()?.into_iter().collect();

@@ -210,6 +210,12 @@ pub enum LogSettings {
         url: String,
         /// The stream holding the topics (created if missing).
         stream: String,
+        /// Create topics with the server's defaults (which lose messages
+        /// acknowledged but not yet written when the server crashes)
+        /// instead of durable ones, and accept appending retry, dead-letter
+        /// and emit records to topics that may lose them, with a warning
+        /// ([`IggyLog::with_lossy_topics`]). Default `false`.
+        lossy_topics: bool,
     },
 }
 
@@ -217,9 +223,18 @@ impl LogSettings {
     /// Opens the log (for the embedded one, in `data`).
     pub async fn open(&self, data: &Path) -> Result<AnyLog, HostError> {
         match self {
-            Self::Iggy { url, stream } => IggyLog::connect(url, stream)
+            Self::Iggy { url, stream, lossy_topics } => IggyLog::connect(url, stream)
                 .await
-                .map(AnyLog::Iggy)
+                .map(|log| {
+                    if *lossy_topics {
+                        tracing::warn!(
+                            "--lossy-topics: topics are created with the Iggy server's defaults, and retry, \
+                             dead-letter and emit topics that may lose acknowledged messages are accepted; a crash \
+                             of the server can lose events"
+                        );
+                    }
+                    AnyLog::Iggy(log.with_lossy_topics(*lossy_topics))
+                })
                 .map_err(|source| HostError::Iggy { stream: stream.clone(), source }),
             Self::Embedded => {
                 let path = data.join("log.redb");

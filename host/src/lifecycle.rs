@@ -886,8 +886,9 @@ impl CreateTopics {
     }
 }
 
-/// Checks that every topic `module` declares it emits to exists in `log`;
-/// creates a missing one as `create` says, or fails naming it.
+/// Checks that every topic `module` declares it emits to exists in `log`
+/// and keeps what it acknowledges ([`crate::log::loss::require_durable`]);
+/// creates a missing one as `create` says (durable), or fails naming it.
 pub async fn ensure_emit_topics(
     log: &impl EventLog,
     module: &dyn HandlerModule,
@@ -900,7 +901,12 @@ pub async fn ensure_emit_topics(
     };
     for topic in module.emits() {
         match (log.partitions(topic).await, create) {
-            (Ok(_), _) => {}
+            // One the host did not create may lose what modules emit.
+            (Ok(_), _) => {
+                crate::log::loss::require_durable(log, topic, crate::log::loss::TopicRole::Emit)
+                    .await
+                    .map_err(|error| failed(topic, error))?;
+            }
             (Err(LogError::TopicNotFound { .. }), Some(create)) => {
                 if !create.take_one() {
                     return Err(LifecycleError::EmitTopicsCreated {

@@ -14,6 +14,7 @@
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
 //! | `waku_partition_takes_failed_total` | projection | attempts to take an assigned partition that failed (log or state store unreachable) and are tried again after a backoff |
+//! | `waku_log_truncated_total` | topic, partition | times a partition's end offset was found below the host's position or below an end offset read earlier: the log lost messages it had acknowledged, or the topic was deleted and created again ([`crate::log::loss`]) |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -65,6 +66,12 @@ struct PartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicPartitionLabels {
+    topic: String,
+    partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     projection: String,
     phase: &'static str,
@@ -96,6 +103,7 @@ pub struct Metrics {
     undeliverable: Family<ProjectionLabels, Counter>,
     fenced: Family<ProjectionLabels, Counter>,
     take_failed: Family<ProjectionLabels, Counter>,
+    truncated: Family<TopicPartitionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     /// Per projection, the series labelled by module and type, and the
     /// newest module set recorded.
@@ -135,6 +143,7 @@ impl Default for Metrics {
             undeliverable: Family::default(),
             fenced: Family::default(),
             take_failed: Family::default(),
+            truncated: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registry: Registry::default(),
             by_module: Mutex::default(),
@@ -166,6 +175,11 @@ impl Default for Metrics {
             "waku_partition_takes_failed",
             "Attempts to take an assigned partition that failed and will be tried again",
             metrics.take_failed.clone(),
+        );
+        registry.register(
+            "waku_log_truncated",
+            "Times a partition's end offset went back: the log lost acknowledged messages or the topic was created again",
+            metrics.truncated.clone(),
         );
         registry.register("waku_batch_phase_seconds", "Time per batch in each phase", metrics.phases.clone());
         Self { registry, ..metrics }
@@ -288,6 +302,11 @@ impl Metrics {
     /// again after a backoff).
     pub fn partition_take_failed(&self, projection: &str) {
         self.take_failed.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
+    }
+
+    /// Counts a partition found to have lost its tail ([`crate::log::loss::Truncation`]).
+    pub fn log_truncated(&self, topic: &str, partition: u32) {
+        self.truncated.get_or_create(&TopicPartitionLabels { topic: topic.to_owned(), partition }).inc();
     }
 
     /// Counts a module load.

@@ -13,7 +13,9 @@
 //! The gate covers the partitions the host holds now: a partition it loses
 //! (another host claimed it, [`Progress::release`]) leaves the gate, and
 //! one it takes later joins it with the position and end offset read when
-//! it was taken ([`Progress::take`]).
+//! it was taken ([`Progress::take`]). A partition whose log lost its tail
+//! follows the new end ([`Progress::lower_end`]): offsets that are gone
+//! are never waited for.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
@@ -87,6 +89,19 @@ impl Progress {
     pub fn release(&self, partition: u32) {
         if let Some(started) = self.started.get() {
             started.partitions_mut().retain(|(p, ..)| *p != partition);
+        }
+    }
+
+    /// Lowers a partition's gate to `end`: its log lost its tail, so the
+    /// end offset read at start-up no longer exists and is never waited for
+    /// ([`crate::log::loss`]).
+    pub fn lower_end(&self, partition: u32, end: u64) {
+        if let Some(started) = self.started.get() {
+            for (p, _, gate, _) in started.partitions_mut().iter_mut() {
+                if *p == partition {
+                    *gate = (*gate).min(end);
+                }
+            }
         }
     }
 
@@ -189,5 +204,19 @@ mod tests {
         assert_eq!(progress.replayed(), (10, 13));
         progress.advance(2, 8);
         assert!(progress.caught_up());
+    }
+
+    #[test]
+    fn a_lost_tail_lowers_the_gate_and_never_raises_it() {
+        let progress = Progress::default();
+        progress.begin([(0, 0, 100), (1, 0, 10)]);
+        progress.advance(0, 60);
+        progress.advance(1, 10);
+        assert!(!progress.caught_up());
+        progress.lower_end(0, 60);
+        assert!(progress.caught_up(), "the offsets past 60 are gone");
+        progress.lower_end(0, 80);
+        assert_eq!(progress.partitions()[0].end_at_start, 60);
+        assert_eq!(progress.replayed(), (70, 70));
     }
 }

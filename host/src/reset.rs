@@ -27,6 +27,14 @@
 //!   retry topic's end; likewise the dead-letter position, so earlier dead
 //!   letters count as re-driven and `waku dlq redrive` leaves them alone
 //!   ([`crate::dead_letter`]). The replay emits its messages again.
+//! - **A lost head is said.** Earliest names the partitions whose oldest
+//!   messages retention deleted ([`Plan::lost_history`]); such a replay is
+//!   refused unless the operator accepts it ([`Plan::check_history`],
+//!   `--accept-lost-history`).
+//! - **A reset is the operator's decision about a lost tail**: the
+//!   truncations recorded for the partitions it moves are forgotten
+//!   ([`crate::log::loss::clear`]), so a partition stopped by one runs
+//!   again from where the reset put it.
 //! - **The old state is kept** unless the caller says not to: before
 //!   clearing, every entry, counter, statistic, position, done mark, pending
 //!   outbox entry and host value is copied into a new embedded state file,
@@ -39,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::SystemTime;
 
+use crate::log::loss::{self, LostHead, LostHistory};
 use crate::log::{EventLog, LogError};
 use crate::routing::{dlq_topic, retry_topic};
 use crate::state::{BatchCommit, KeyWrites, StateError, StateStore};
@@ -139,6 +148,10 @@ pub enum ResetError {
     /// The log failed (a missing topic or partition, an unreachable server).
     #[error(transparent)]
     Log(#[from] LogError),
+    /// Earliest would replay a topic whose oldest messages are gone, and
+    /// that was not accepted ([`Plan::check_history`]).
+    #[error(transparent)]
+    LostHistory(#[from] Box<LostHistory>),
 }
 
 /// One partition's move.
@@ -174,6 +187,20 @@ pub struct Plan {
     /// Each partition's move, in partition order. For earliest, the
     /// partitions the projection has consumed.
     pub moves: Vec<Move>,
+    /// For earliest, the partitions whose oldest messages the log no longer
+    /// holds (retention): the replay would lack them.
+    pub lost_history: Vec<LostHead>,
+}
+
+impl Plan {
+    /// Refuses a plan whose replay lacks messages the log no longer holds
+    /// ([`ResetError::LostHistory`], saying how many), unless `accept`.
+    pub fn check_history(&self, accept: bool) -> Result<(), ResetError> {
+        match self.lost_history.is_empty() || accept {
+            true => Ok(()),
+            false => Err(Box::new(LostHistory { topic: self.topic.clone(), lost: self.lost_history.clone() }).into()),
+        }
+    }
 }
 
 /// Works out a reset of the projection `store` holds on `topic`: for
@@ -221,7 +248,11 @@ pub async fn plan<L: EventLog>(
         };
         moves.push(Move { partition, from, to });
     }
-    Ok(Plan { topic: topic.to_owned(), target, moves })
+    let lost_history = match target {
+        Target::Earliest => loss::lost_history(log, topic).await?,
+        _ => Vec::new(),
+    };
+    Ok(Plan { topic: topic.to_owned(), target, moves, lost_history })
 }
 
 /// Applies `plan` to the projection `store` holds; for earliest, first
@@ -236,8 +267,13 @@ pub async fn apply<L: EventLog>(
 ) -> Result<Option<PathBuf>, ResetError> {
     let topic = plan.topic.as_str();
     let positions = |moves: &[Move]| moves.iter().map(|m| (topic.to_owned(), m.partition, m.to)).collect::<Vec<_>>();
+    // The operator decided where the partitions go: a lost tail recorded
+    // for them no longer stops them.
+    let moved: Vec<u32> = plan.moves.iter().map(|m| m.partition).collect();
+    let whole = plan.target == Target::Earliest || moved.len() as u32 == log.partitions(topic).await?;
     if plan.target != Target::Earliest {
         store.commit(BatchCommit { positions: positions(&plan.moves), ..BatchCommit::default() })?;
+        loss::clear(store, topic, &moved, whole)?;
         return Ok(None);
     }
     let backup = match backups {
@@ -255,6 +291,8 @@ pub async fn apply<L: EventLog>(
         start.extend(ends.into_iter().zip(0..).map(|(end, partition)| (routed.clone(), partition, end)));
     }
     store.start_over(start)?;
+    let all: Vec<u32> = (0..log.partitions(topic).await?).collect();
+    loss::clear(store, topic, &all, whole)?;
     Ok(backup)
 }
 

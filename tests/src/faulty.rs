@@ -2,6 +2,7 @@
 //! tests of what the consumer does when its log misbehaves.
 
 use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::loss::Durability;
 use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
 
 /// A call a [`FaultyLog`] is about to make.
@@ -21,12 +22,13 @@ pub enum Call<'a> {
         /// The topic.
         topic: &'a str,
     },
-    /// `producer_sequence`, `end_offset` or `end_offsets`.
+    /// `producer_sequence`, `end_offset`, `end_offsets` or `extent`.
     Query {
         /// The topic.
         topic: &'a str,
     },
-    /// `create_topic`, `partitions` or `consumer_offset`: never faulted.
+    /// `create_topic`, `partitions`, `consumer_offset`, `durability` or
+    /// `topic_identity`: never faulted.
     Setup,
     /// `forget_producer`: seen, never faulted (it cannot fail).
     Forget {
@@ -119,5 +121,20 @@ impl<L: EventLog> EventLog for FaultyLog<L> {
     async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
         self.check(Call::Query { topic })?;
         self.log.offset_at(topic, partition, time).await
+    }
+    async fn extent(&self, topic: &str, partition: u32) -> Result<(u64, u64), LogError> {
+        self.check(Call::Query { topic })?;
+        self.log.extent(topic, partition).await
+    }
+    async fn durability(&self, topic: &str) -> Result<Durability, LogError> {
+        self.check(Call::Setup)?;
+        self.log.durability(topic).await
+    }
+    fn accepts_lossy_topics(&self) -> bool {
+        self.log.accepts_lossy_topics()
+    }
+    async fn topic_identity(&self, topic: &str) -> Result<Option<String>, LogError> {
+        self.check(Call::Setup)?;
+        self.log.topic_identity(topic).await
     }
 }

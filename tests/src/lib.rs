@@ -17,7 +17,8 @@
 //!   and run it until caught up: how most tests consume.
 //! - [`json_record`] makes the Relaxed, JSON-bodied messages most tests
 //!   publish; [`bank_module`] and [`probe_module`] load the test modules.
-//! - [`faulty`] is the embedded log with faults on cue.
+//! - [`faulty`] is the embedded log with faults on cue; [`losing`] one
+//!   that loses its tail, a topic or its head on cue.
 //! - [`flaky`] is a native module that fails on cue, for the retry and
 //!   dead-letter tests.
 //! - [`liar`] builds hand-written components that break the contract
@@ -48,6 +49,7 @@ pub mod flaky;
 pub mod group;
 pub mod hostile;
 pub mod liar;
+pub mod losing;
 pub mod native;
 pub mod proxy;
 pub mod python;

@@ -5,8 +5,11 @@
 //!
 //! Every test needs a server named by `WAKU_IGGY_URL` (for example
 //! `iggy://iggy:iggy@127.0.0.1:8090`) and otherwise prints one line saying
-//! it was skipped. Each uses a stream of its own. The restart test also
-//! needs `WAKU_IGGY_RESTART`, a shell command that restarts that server.
+//! it was skipped. Each uses a stream of its own. The restart tests also
+//! need `WAKU_IGGY_RESTART`, a shell command that kills that server with
+//! SIGKILL (no shutdown hook flushes anything) and starts it again: what
+//! the server acknowledged must survive that, and does only on durable
+//! topics (see `wakuwaku::log::iggy`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -246,28 +249,170 @@ async fn dropped_connections_and_a_server_that_refuses_them_lose_nothing_and_are
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_restart_mid_run_loses_nothing() {
-    let Some(url) = iggy_url("the server-restart test") else { return };
-    let Ok(restart) = std::env::var("WAKU_IGGY_RESTART") else {
+/// `WAKU_IGGY_RESTART`, the command that kills the server with SIGKILL
+/// and starts it again; without it, prints one line saying `what` was
+/// skipped.
+fn restart_command(what: &str) -> Option<String> {
+    let restart = std::env::var("WAKU_IGGY_RESTART").ok();
+    if restart.is_none() {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "skipped: the server-restart test needs WAKU_IGGY_RESTART, a shell command that restarts the server"
+            "skipped: {what} needs WAKU_IGGY_RESTART, a shell command that kills the server with SIGKILL and starts \
+             it again"
         );
-        return;
-    };
+    }
+    restart
+}
+
+/// Runs the restart command, failing the test if it fails.
+async fn kill_and_restart(restart: String) {
+    let status = tokio::task::spawn_blocking(move || std::process::Command::new("sh").args(["-c", &restart]).status())
+        .await
+        .unwrap()
+        .expect("WAKU_IGGY_RESTART runs");
+    assert!(status.success(), "WAKU_IGGY_RESTART failed: {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_mid_run_loses_nothing() {
+    let Some(url) = iggy_url("the server-restart test") else { return };
+    let Some(restart) = restart_command("the server-restart test") else { return };
     let _alone = SERVER.write().await;
     consume_through_an_outage(&url, &url, |progress| async move {
         replayed(&progress, 4_000).await;
-        let status =
-            tokio::task::spawn_blocking(move || std::process::Command::new("sh").args(["-c", &restart]).status())
-                .await
-                .unwrap()
-                .expect("WAKU_IGGY_RESTART runs");
-        assert!(status.success(), "WAKU_IGGY_RESTART failed: {status}");
+        kill_and_restart(restart).await;
     })
     .await;
+}
+
+/// What a probe projection's run did, as its state and the log say.
+#[derive(Debug, PartialEq, Eq)]
+struct ProbeOutcome {
+    /// The projection's statistics (applied, retry_in, retry_out,
+    /// dead_lettered, ...).
+    stats: Vec<(String, u64)>,
+    /// Its counters (`notes`: notes applied).
+    counters: Vec<(String, i128)>,
+    /// The texts of the messages in `notes-out`, sorted.
+    emitted: Vec<String>,
+    /// Records in `retry_probes` and in `dlq_probes`.
+    routed: (u64, u64),
+}
+
+/// A probe projection on a fresh stream: 2 partitions of notes that emit
+/// to `notes-out`, and failures, retryable (retried once, then
+/// dead-lettered) and unrecoverable; with `restart`, the server is killed
+/// and started again once the host replayed a third of it.
+async fn probe_run(url: &str, restart: Option<String>) -> ProbeOutcome {
+    use serde_json::json;
+    use wakuwaku::event::EventTypeTag;
+    use wakuwaku::routing::RetryPolicy;
+    let stream = fresh_stream("waku-test-crash");
+    let log = Arc::new(IggyLog::connect(url, &stream).await.unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    log.create_topic("notes-out", 1).await.unwrap();
+    log.create_topic("out", 1).await.unwrap();
+    let note = |partition: u32, i: u64| {
+        let body = json!({ "key": i % 50, "text": format!("p{partition}-{i}"), "emit_to": "notes-out" });
+        json_record(EventTypeTag::new(4), i % 50, body)
+    };
+    let fail = |i: u64, class: &str| {
+        json_record(EventTypeTag::new(5), 1000 + i, json!({ "key": 1000 + i, "class": class, "message": "no" }))
+    };
+    for partition in 0..2 {
+        let records = (0..1500u64)
+            .map(|i| match i {
+                _ if i % 100 == 7 => fail(i, "retryable"),
+                _ if i % 150 == 11 => fail(i, "unrecoverable"),
+                _ => note(partition, i),
+            })
+            .collect();
+        log.append("probes", vec![(partition, records)]).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let retry = RetryPolicy { delays: vec![Duration::ZERO], max_attempts: 2, ..RetryPolicy::default() };
+    let config = ConsumerConfig { retry, ..config(50) };
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config);
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let projection = host.projection().clone();
+    let progress = host.progress().clone();
+    let crash = tokio::spawn(async move {
+        if let Some(restart) = restart {
+            replayed(&progress, 1000).await;
+            assert!(progress.replayed().0 < 3000, "the crash must come mid-run");
+            kill_and_restart(restart).await;
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(180), host.finished()).await.expect("caught up within 3 minutes").unwrap();
+    crash.await.unwrap();
+    let mut emitted = Vec::new();
+    for stored in log.read("notes-out", 0, 0, 10_000).await.unwrap() {
+        let body: serde_json::Value = serde_json::from_slice(&stored.record.body).unwrap();
+        emitted.push(body["text"].as_str().unwrap().to_owned());
+    }
+    emitted.sort();
+    let mut routed = (0, 0);
+    for partition in 0..2 {
+        routed.0 += log.end_offset("retry_probes", partition).await.unwrap();
+        routed.1 += log.end_offset("dlq_probes", partition).await.unwrap();
+    }
+    let store = projection.store();
+    ProbeOutcome { stats: store.stats().unwrap(), counters: store.counters().unwrap(), emitted, routed }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_of_the_server_mid_run_changes_no_events_fate_and_repeats_no_emit() {
+    let Some(url) = iggy_url("the SIGKILL test") else { return };
+    let Some(restart) = restart_command("the SIGKILL test") else { return };
+    let _alone = SERVER.write().await;
+    let calm = probe_run(&url, None).await;
+    let crashed = probe_run(&url, Some(restart)).await;
+    // 2 × (15 retryable + 10 unrecoverable) failures, the rest notes.
+    let notes = 2 * (1500 - 15 - 10);
+    assert_eq!(calm.emitted.len(), notes, "{calm:?}");
+    assert_eq!(calm.routed, (30, 50), "one retry record per retryable failure; every failure dead-lettered");
+    let mut unique = crashed.emitted.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), crashed.emitted.len(), "no emitted message twice");
+    assert_eq!(crashed, calm, "the crash changed what became of some event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_the_host_creates_are_durable_and_a_retry_topic_without_fsync_is_refused_unless_accepted() {
+    use wakuwaku::log::loss::Durability;
+    let Some(url) = iggy_url("the topic durability test") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-durability");
+    let log = Arc::new(IggyLog::connect(&url, &stream).await.unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    log.create_topic("notes-out", 1).await.unwrap();
+    log.create_topic("out", 1).await.unwrap();
+    // What the server reports for the topics the host created.
+    assert_eq!(log.durability("probes").await.unwrap(), Durability::Durable);
+    // A retry topic someone else created with the server's defaults.
+    let lossy = IggyLog::connect(&url, &stream).await.unwrap().with_lossy_topics(true);
+    lossy.create_topic("retry_probes", 2).await.unwrap();
+    let reported = log.durability("retry_probes").await.unwrap();
+    assert!(
+        matches!(&reported, Durability::Lossy { setting } if setting.contains("enforce_fsync = false")),
+        "{reported:?}"
+    );
+    let record = json_record(wakuwaku::event::EventTypeTag::new(4), 1, serde_json::json!({ "key": 1, "text": "t" }));
+    log.append("probes", vec![(0, vec![record])]).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let settings = || host_settings(dir.path(), "probe", "probes", vec![probe_module()], config(50));
+    let refused = Host::start_on(log.clone(), settings()).await.unwrap().finished().await.unwrap_err().to_string();
+    assert!(refused.contains("topic `retry_probes` (a retry topic) can lose acknowledged appends"), "{refused}");
+    assert!(refused.contains("enforce_fsync = false"), "{refused}");
+    assert!(refused.contains("--lossy-topics"), "{refused}");
+    assert_eq!(log.end_offset("retry_probes", 0).await.unwrap(), 0, "nothing appended to it");
+
+    // Told it may: it runs, with a warning.
+    let accepting = Arc::new(IggyLog::connect(&url, &stream).await.unwrap().with_lossy_topics(true));
+    let summary = Host::start_on(accepting, settings()).await.unwrap().finished().await.unwrap();
+    assert_eq!(summary.applied, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,14 @@ pub(super) struct DataArgs {
     /// The Iggy stream holding the topics (created if missing).
     #[arg(long, default_value = "waku", requires = "iggy")]
     pub(super) stream: String,
+    /// With --iggy: create topics with the server's defaults instead of
+    /// durable ones (each acknowledged message written and fsynced before
+    /// the answer), and accept retry, dead-letter and emit topics that can
+    /// lose acknowledged messages. Faster appends; a crash of the server
+    /// can lose events (see the README, "Durability on Iggy").
+    /// The embedded log is durable whatever this says.
+    #[arg(long)]
+    pub(super) lossy_topics: bool,
     /// Keep the projection's state in PostgreSQL instead of the data
     /// directory: `postgres://user:password@host:port/db` (the host creates
     /// its tables; several hosts may share it).
@@ -59,7 +67,9 @@ impl DataArgs {
     /// Which log the flags name.
     pub(super) fn log_settings(&self) -> LogSettings {
         match &self.iggy {
-            Some(url) => LogSettings::Iggy { url: url.clone(), stream: self.stream.clone() },
+            Some(url) => {
+                LogSettings::Iggy { url: url.clone(), stream: self.stream.clone(), lossy_topics: self.lossy_topics }
+            }
             None => LogSettings::Embedded,
         }
     }

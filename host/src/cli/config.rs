@@ -15,7 +15,7 @@
 //!   be on the command line, and a flag still overrides everything for one
 //!   run.
 //! - The settings that say where the data is (`data`, `iggy`, `stream`,
-//!   `state`)
+//!   `lossy-topics`, `state`)
 //!   and what it is (`projection`, `topic`) apply to every command that
 //!   takes them; the others only to `run` (`--partitions` or `--admin`
 //!   mean something else elsewhere). `demo` takes only `iggy`: it makes
@@ -45,7 +45,7 @@ use wakuwaku_core::terminal::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
-const SHARED: [&str; 6] = ["data", "iggy", "stream", "state", "projection", "topic"];
+const SHARED: [&str; 7] = ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic"];
 
 /// What `demo` takes from the environment and the file: the credential
 /// only, as it makes its own fresh data (and stream).

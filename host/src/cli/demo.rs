@@ -89,7 +89,7 @@ pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     let stream = format!("waku-demo-{}", std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
     let mut settings = HostSettings::new(data_dir, "bank", TOPIC, ModuleSource::Loaded(Vec::new()));
     if let Some(url) = &args.iggy {
-        settings.log = LogSettings::Iggy { url: url.clone(), stream };
+        settings.log = LogSettings::Iggy { url: url.clone(), stream, lossy_topics: false };
     }
     args.consume.apply(&mut settings)?;
     settings.compile_cache = CompileCache::Off;

@@ -2,7 +2,9 @@
 //! shadow with new module versions, to promote a shadow waiting for a
 //! person, or to roll back to the state before the last promotion. The
 //! host does the work ([`crate::rebuild`]); this command only leaves the
-//! request in the data directory and says how to follow it.
+//! request in the data directory and says how to follow it. A rebuild
+//! from offset 0 of a topic whose oldest messages retention deleted is
+//! refused unless `--accept-lost-history` ([`crate::log::loss`]).
 
 use std::path::PathBuf;
 
@@ -44,9 +46,15 @@ pub(super) struct RebuildArgs {
     /// Go back to the state and module versions before the last promotion.
     #[arg(long)]
     pub(super) rollback: bool,
+    /// With --modules: rebuild even though the log no longer holds the
+    /// topic's oldest messages (retention deleted them), so the shadow lacks
+    /// them. Without it such a rebuild is refused, after saying how many
+    /// messages are gone. (The embedded log deletes none.)
+    #[arg(long, requires = "modules")]
+    pub(super) accept_lost_history: bool,
 }
 
-pub(super) fn rebuild(args: RebuildArgs) -> Result<()> {
+pub(super) async fn rebuild(args: RebuildArgs) -> Result<()> {
     if args.data.state.is_some() {
         bail!(
             "rebuilding in the shadow needs the embedded state store; a projection kept in PostgreSQL (--state) \
@@ -71,6 +79,12 @@ pub(super) fn rebuild(args: RebuildArgs) -> Result<()> {
                 Some(PromoteArg::Now) => bail!("with --modules, --promote takes `auto` or `manual`"),
             };
             let topic = args.topic.as_deref().unwrap_or_default();
+            // Only a log with retention loses its head; the embedded one is
+            // held by the running host, and deletes nothing.
+            if args.data.iggy.is_some() {
+                let log = args.data.log().await?;
+                crate::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
+            }
             let request = paths.ask(topic, modules, promote)?;
             let when = match promote {
                 Promote::Auto => "it is promoted once it caught up with the live projection",

@@ -34,6 +34,12 @@ pub(super) struct ResetArgs {
     /// copied to `<data>/backups/<projection>-<time>/` first).
     #[arg(long)]
     pub(super) no_backup: bool,
+    /// With `earliest`: start over even though the log no longer holds the
+    /// topic's oldest messages (retention deleted them), building a read
+    /// model that lacks them. Without it such a reset is refused, after
+    /// saying how many messages are gone.
+    #[arg(long)]
+    pub(super) accept_lost_history: bool,
 }
 
 /// `--to`'s parser: the library's, so the error names the value and the
@@ -59,6 +65,7 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
     let log = data.log().await?;
     let plan = reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?;
     errln!("{}", describe(&plan, projection));
+    plan.check_history(args.accept_lost_history)?;
     if !args.yes && !confirmed()? {
         bail!("nothing was reset: standard input is no terminal to ask on; add --yes to reset without asking");
     }
@@ -96,6 +103,12 @@ fn describe(plan: &Plan, projection: &str) -> String {
              changed."
         ),
     };
+    if !plan.lost_history.is_empty() {
+        text.push_str(&format!(
+            "\nThe log no longer holds the oldest messages of `{topic}` ({}): the replay will lack them.",
+            crate::log::loss::describe_lost(&plan.lost_history)
+        ));
+    }
     for step in &plan.moves {
         let what = match (step.skipped(), step.replayed()) {
             (0, 0) => "no change".to_owned(),

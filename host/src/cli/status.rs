@@ -61,12 +61,13 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     let caught_up = status.partitions.iter().all(|p| p.caught_up);
-    outln!(
-        "projection `{}` on topic `{}`: {}",
-        status.projection,
-        status.topic,
-        if caught_up { "caught up" } else { "catching up" }
-    )?;
+    let stopped = status.partitions.iter().filter(|p| p.stopped).count();
+    let standing = match (stopped, caught_up) {
+        (0, true) => "caught up".to_owned(),
+        (0, false) => "catching up".to_owned(),
+        (stopped, _) => format!("{stopped} partitions stopped: the log lost offsets they applied (see below)"),
+    };
+    outln!("projection `{}` on topic `{}`: {standing}", status.projection, status.topic)?;
     let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
     outln!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") })?;
     outln!(
@@ -104,11 +105,26 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
             outln!("rebuild partition {partition}: shadow at {shadow}, live at {live}")?;
         }
     }
-    outln!("partition\tposition\tstart-up end\tend\tlag\tcaught up")?;
+    outln!("partition\tfirst\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
-        let caught_up = if p.caught_up { "yes" } else { "no" };
-        outln!("{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.position, p.end, p.lag)?;
+        let caught_up = match (p.stopped, p.caught_up) {
+            (true, _) => "stopped",
+            (false, true) => "yes",
+            (false, false) => "no",
+        };
+        outln!("{}\t{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.first, p.position, p.end, p.lag)?;
+    }
+    for p in status.partitions.iter().filter(|p| p.first > 0) {
+        outln!(
+            "partition {}: the log no longer holds offsets 0..{} ({} messages deleted by retention)",
+            p.partition,
+            p.first,
+            p.first
+        )?;
+    }
+    for (p, truncated) in status.partitions.iter().filter_map(|p| Some((p, p.truncated.as_ref()?))) {
+        outln!("partition {}: log truncated: {truncated}", p.partition)?;
     }
     Ok(())
 }

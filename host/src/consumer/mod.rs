@@ -51,6 +51,16 @@
 //! timer: [`Consumer::catch_up`] reads every partition's end offset once and
 //! returns when the committed position reaches it and no retry is due.
 //!
+//! The log is not trusted to keep what it acknowledged ([`loss`]): before
+//! consuming, the retry and dead-letter topics must be durable and the
+//! topic's identity is compared with the one recorded; a partition's end
+//! offset is read again at its start and, at most every
+//! [`TAIL_CHECK`], while it finds nothing to read. An end below the
+//! position or below an end read earlier is a lost tail: logged, counted,
+//! recorded, and followed (the gate lowers to the new end, so catching up
+//! never waits for offsets that are gone); one below what the projection
+//! applied stops the partition ([`ConsumerError::LogTruncated`]).
+//!
 //! Layout: this module holds the partition loop (poll, settle, retries due);
 //! `batch` takes a polled batch to its one commit; `key_table` numbers a
 //! batch's keys; `key` runs one worker's keys; `failure` decides where a
@@ -64,6 +74,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::event::{EventHeaders, EventTypeTag};
 use crate::handler::{BatchBudget, CounterQuota, PayloadLimits};
 use crate::key::Key;
+use crate::log::loss::{self, LostHistory, TopicRole, Truncation};
 use crate::log::{EventLog, LogError, PolledBatch};
 use crate::metrics::Metrics;
 use crate::outbox::{self, OutboxError, Published};
@@ -206,6 +217,14 @@ pub enum ConsumerError {
     /// The outbox holds a record of the host's own it cannot append.
     #[error(transparent)]
     Outbox(OutboxError),
+    /// A partition lost offsets from which the projection already applied
+    /// events ([`loss`]): it stops, at every start, until `waku reset`.
+    #[error("{0}")]
+    LogTruncated(Box<Truncation>),
+    /// A replay from the earliest offset would lack messages retention
+    /// deleted, and was not accepted ([`loss::refuse_lost_history`]).
+    #[error(transparent)]
+    LostHistory(Box<LostHistory>),
 }
 
 impl From<OutboxError> for ConsumerError {
@@ -452,13 +471,21 @@ impl<L: EventLog> Consumer<L> {
         let topic = self.projection.topic();
         let count = self.log.partitions(topic).await?;
         let routed_topics = self.projection.routed_topics();
-        for routed in [routed_topics.retry(), routed_topics.dlq()].map(String::from) {
+        let routed = [(routed_topics.retry(), TopicRole::Retry), (routed_topics.dlq(), TopicRole::DeadLetter)];
+        for (routed, role) in routed.map(|(name, role)| (name.to_owned(), role)) {
             match self.log.create_topic(&routed, count).await {
                 Err(LogError::PartitionCountMismatch { existing, .. }) => {
                     let topic = topic.to_owned();
                     return Err(ConsumerError::RoutedTopicMismatch { topic, partitions: count, routed, existing });
                 }
                 other => other?,
+            }
+            loss::require_durable(&*self.log, &routed, role).await?;
+        }
+        loss::warn_if_lossy(&*self.log, topic).await?;
+        for truncation in loss::check_identity(&*self.log, self.projection.store(), topic).await? {
+            if let Some(metrics) = &self.metrics {
+                metrics.log_truncated(&truncation.topic, truncation.partition);
             }
         }
         if let (Some(assignment), Until::Shutdown) = (&self.assignment, &until) {
@@ -667,12 +694,17 @@ impl<L: EventLog> Consumer<L> {
     async fn consume_partition(
         &self,
         partition: u32,
-        end: Option<u64>,
+        mut end: Option<u64>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Summary, bool), ConsumerError> {
         let topic = self.projection.topic().to_owned();
+        let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
+        self.check_tail_at_start(partition, position).await?;
         let mut state = PartitionState {
-            position: self.projection.store().position(&topic, partition)?.unwrap_or(0),
+            position,
+            known_end: end.unwrap_or(0).max(position),
+            tail_checked: None,
+            lowered_end: None,
             queue: None,
             settle: false,
             spare: PolledBatch::new(),
@@ -687,7 +719,11 @@ impl<L: EventLog> Consumer<L> {
             if *stop.borrow() {
                 break;
             }
-            match self.step(partition, end, &mut state, &mut summary).await {
+            let step = self.step(partition, end, &mut state, &mut summary).await;
+            if let Some(lowered) = state.lowered_end.take() {
+                end = end.map(|end| end.min(lowered));
+            }
+            match step {
                 Ok(Step::Worked) => {}
                 Ok(Step::Done) => break,
                 Ok(Step::Idle(wait)) => {
@@ -826,6 +862,11 @@ impl<L: EventLog> Consumer<L> {
             }
         };
         let Some(last) = records.last() else {
+            if let Err(error) = self.check_tail(partition, state).await {
+                state.queue = Some(queue);
+                state.spare = records;
+                return Err(error);
+            }
             let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
             state.queue = Some(queue);
             state.spare = records;
@@ -852,6 +893,68 @@ impl<L: EventLog> Consumer<L> {
         state.settle = true;
         self.progress.advance(partition, next);
         Ok(Step::Worked)
+    }
+
+    /// Stops a partition whose recorded truncation lost offsets the
+    /// projection applied, or whose end offset is below its position now
+    /// (recording that): before it reads anything.
+    async fn check_tail_at_start(&self, partition: u32, position: u64) -> Result<(), ConsumerError> {
+        let topic = self.projection.topic();
+        if let Some(truncation) = loss::recorded(self.projection.store(), topic, partition)?
+            && truncation.applied_lost()
+        {
+            return Err(ConsumerError::LogTruncated(Box::new(truncation)));
+        }
+        let end = self.log.end_offset(topic, partition).await?;
+        match Truncation::detect(topic, partition, position, position, end) {
+            Some(truncation) => {
+                self.truncated(&truncation)?;
+                Err(ConsumerError::LogTruncated(Box::new(truncation)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the partition's end offset again (at most every
+    /// [`TAIL_CHECK`]) when a poll found nothing: an end below the position
+    /// or below the highest end read is a lost tail. One below what was
+    /// applied stops the partition; otherwise the partition follows the
+    /// new end (its gate and, when catching up, where it stops).
+    async fn check_tail(&self, partition: u32, state: &mut PartitionState) -> Result<(), ConsumerError> {
+        if state.tail_checked.is_some_and(|at| at.elapsed() < TAIL_CHECK) {
+            return Ok(());
+        }
+        state.tail_checked = Some(Instant::now());
+        let topic = self.projection.topic();
+        let end = self.log.end_offset(topic, partition).await?;
+        let Some(truncation) = Truncation::detect(topic, partition, state.position, state.known_end, end) else {
+            state.known_end = state.known_end.max(end);
+            return Ok(());
+        };
+        self.truncated(&truncation)?;
+        if truncation.applied_lost() {
+            return Err(ConsumerError::LogTruncated(Box::new(truncation)));
+        }
+        state.known_end = end;
+        state.lowered_end = Some(end);
+        self.progress.lower_end(partition, end);
+        Ok(())
+    }
+
+    /// Says a partition lost its tail: an error in the log, the count
+    /// (`waku_log_truncated_total`), and the record `waku status` shows.
+    fn truncated(&self, truncation: &Truncation) -> Result<(), ConsumerError> {
+        tracing::error!(
+            projection = self.projection.name(),
+            topic = truncation.topic,
+            partition = truncation.partition,
+            "{truncation}"
+        );
+        if let Some(metrics) = &self.metrics {
+            metrics.log_truncated(&truncation.topic, truncation.partition);
+        }
+        loss::record(self.projection.store(), truncation)?;
+        Ok(())
     }
 
     /// The keys of `partition` waiting in retry, read from the retry topic
@@ -1006,6 +1109,10 @@ impl<L: EventLog> Consumer<L> {
 /// than the consumer group is polled ([`crate::membership::GROUP_POLL`]).
 pub const RETAKE_AFTER: Duration = Duration::from_secs(2);
 
+/// How often a partition that finds nothing to read reads its end offset
+/// again, to notice a log that lost its tail ([`loss`]).
+pub const TAIL_CHECK: Duration = Duration::from_secs(1);
+
 /// How long keys wait after an attempt whose calls were none of them made
 /// ([`Consumer::retry_batch`]).
 const NOTHING_DONE_PAUSE_MS: u64 = 50;
@@ -1014,6 +1121,14 @@ const NOTHING_DONE_PAUSE_MS: u64 = 50;
 struct PartitionState {
     /// The committed position.
     position: u64,
+    /// The highest end offset read (or the position, if higher): an end
+    /// below it is a lost tail.
+    known_end: u64,
+    /// When the end offset was last read to look for a lost tail.
+    tail_checked: Option<Instant>,
+    /// A lower end the partition follows since it lost its tail, for the
+    /// caller to apply to where it stops.
+    lowered_end: Option<u64>,
     /// The keys in retry; `None` when it must be rebuilt from the log.
     queue: Option<RetryQueue>,
     /// Whether the last commit's outbox and retry records still have to be

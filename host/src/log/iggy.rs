@@ -8,9 +8,34 @@
 //!   0, like this crate; every append names its partition
 //!   ([`crate::event::partition_for`] picked it), so both backends agree on
 //!   where a key lives.
-//! - **End offsets come from message counts.** Iggy's `current_offset` is
+//! - **Topics the host creates are durable** unless the log was opened with
+//!   lossy topics ([`IggyLog::with_lossy_topics`], `--lossy-topics`). Iggy
+//!   decides per topic, when the topic is created, when an acknowledged
+//!   message reaches the disk: the server's default keeps up to 1 024
+//!   messages (or 1 MiB) in memory before writing them and never fsyncs,
+//!   so a server killed (SIGKILL, a crash) loses messages it acknowledged.
+//!   The host creates every topic (its consumed topic with
+//!   `--create-topic` or `publish --partitions`, retry and dead-letter
+//!   topics, emit topics, a rebuild's) with `messages_required_to_save =
+//!   1` (each acknowledged batch is written before the answer) and
+//!   `enforce_fsync = true` (and flushed to the disk), no message expiry
+//!   and no maximum size. Iggy cannot change these on an existing topic.
+//! - **Durability is read from the topic's options**
+//!   ([`EventLog::durability`]): the server reports, with a topic's
+//!   details, the options it was created with, those the client chose and
+//!   those filled in from the server's configuration alike. A topic is
+//!   durable when both `enforce_fsync` is true and `messages_required_to_save`
+//!   is 1; a server that reports neither is of unknown durability.
+//! - **End offsets come from the last offset.** Iggy's `current_offset` is
 //!   the offset of the last message and is also 0 for an empty partition;
-//!   the message count tells them apart and is the end offset.
+//!   the message count tells them apart. A partition holding messages ends
+//!   after its last one; retention deletes the oldest messages (whole
+//!   segments) and lowers the count, so the first offset still held
+//!   ([`EventLog::extent`]) is the end minus the count. A partition whose
+//!   messages all expired ends after its last offset and holds none.
+//! - **A topic's identity** ([`EventLog::topic_identity`]) is its numeric
+//!   id and creation time: a topic deleted and created again under the
+//!   same name has another.
 //! - **Records round-trip exactly** (body, and headers as a set by name:
 //!   Iggy keeps no header order and one value per name). Headers are Iggy
 //!   user headers: the tag travels as a typed `u32` value, everything else
@@ -95,12 +120,13 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use iggy::prelude::{
     Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
-    IggyClient, IggyError, IggyMessage, IggyTimestamp, MessageClient, Partitioning, PollingStrategy, StreamClient,
-    TopicClient, TopicCreateOptions,
+    IggyClient, IggyError, IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning,
+    PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
 };
 use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
 
+use super::loss::Durability;
 use super::{EventLog, LogError, PolledBatch, Record, StoredRecord, push_stored};
 use crate::event::Header;
 use crate::event::header_name::TAG;
@@ -139,6 +165,10 @@ pub struct IggyLog {
     /// the range after it when it was started ahead. Boxed, as `url` is,
     /// to keep [`super::AnyLog`]'s variants of similar size.
     reading: Box<std::sync::Mutex<FxHashMap<(String, u32), ReadAhead>>>,
+    /// Whether topics are created with the server's defaults (which may
+    /// lose acknowledged messages) instead of durable, and topics that may
+    /// lose them are accepted ([`IggyLog::with_lossy_topics`]).
+    lossy_topics: bool,
 }
 
 /// Where a partition's last read ended, what it learned of the partition's
@@ -220,9 +250,39 @@ impl IggyLog {
             client_id: rand::random(),
             appends: AtomicU64::new(0),
             reading: Default::default(),
+            lossy_topics: false,
         })
     }
 
+    /// With `lossy`, creates topics with the server's defaults instead of
+    /// durable ones (faster appends; a server crash loses what it had not
+    /// written yet) and accepts appending to topics that may lose
+    /// acknowledged messages ([`EventLog::accepts_lossy_topics`]), saying
+    /// so in a warning. Default: durable topics, lossy ones refused where
+    /// the host appends.
+    pub fn with_lossy_topics(mut self, lossy: bool) -> Self {
+        self.lossy_topics = lossy;
+        self
+    }
+}
+
+/// The options the host creates a topic of `partitions` partitions with:
+/// durable unless `lossy` ([`IggyLog::with_lossy_topics`]).
+fn topic_options(partitions: u32, lossy: bool) -> TopicCreateOptions {
+    let options = TopicCreateOptions { partitions_count: Some(partitions), ..TopicCreateOptions::default() };
+    match lossy {
+        true => options,
+        false => TopicCreateOptions {
+            message_expiry: Some(IggyExpiry::NeverExpire),
+            max_topic_size: Some(MaxTopicSize::Unlimited),
+            enforce_fsync: Some(true),
+            messages_required_to_save: Some(1),
+            ..options
+        },
+    }
+}
+
+impl IggyLog {
     /// The client, reconnected first if the last error showed the session
     /// is gone (a restarted server does not know it; the old client cannot
     /// bind a new one).
@@ -455,8 +515,7 @@ impl EventLog for IggyLog {
         }
         let existing = match self.partitions(topic).await {
             Err(LogError::TopicNotFound { .. }) => {
-                let options =
-                    TopicCreateOptions { partitions_count: Some(partitions), ..TopicCreateOptions::default() };
+                let options = topic_options(partitions, self.lossy_topics);
                 match self.client().await?.create_topic(&self.stream, topic, &options).await {
                     Ok(_) => return Ok(()),
                     // Created meanwhile by another host: check it like any.
@@ -532,12 +591,29 @@ impl EventLog for IggyLog {
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        partition_end(topic, &self.topic_details(topic).await?, partition)
+        Ok(partition_extent(topic, &self.topic_details(topic).await?, partition)?.1)
     }
 
     async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
         let details = self.topic_details(topic).await?;
-        (0..details.partitions_count).map(|partition| partition_end(topic, &details, partition)).collect()
+        (0..details.partitions_count).map(|partition| Ok(partition_extent(topic, &details, partition)?.1)).collect()
+    }
+
+    async fn extent(&self, topic: &str, partition: u32) -> Result<(u64, u64), LogError> {
+        partition_extent(topic, &self.topic_details(topic).await?, partition)
+    }
+
+    async fn durability(&self, topic: &str) -> Result<Durability, LogError> {
+        Ok(durability_of(&self.topic_details(topic).await?.options))
+    }
+
+    fn accepts_lossy_topics(&self) -> bool {
+        self.lossy_topics
+    }
+
+    async fn topic_identity(&self, topic: &str) -> Result<Option<String>, LogError> {
+        let details = self.topic_details(topic).await?;
+        Ok(Some(format!("iggy topic {} created at {}", details.id, details.created_at.as_micros())))
     }
 
     async fn store_consumer_offset(
@@ -674,14 +750,50 @@ fn sorted(mut partitions: Vec<u32>) -> Vec<u32> {
     partitions
 }
 
-/// A partition's end offset from its topic's details.
-fn partition_end(topic: &str, details: &iggy::prelude::TopicDetails, partition: u32) -> Result<u64, LogError> {
+/// A partition's first and end offsets from its topic's details (see the
+/// module docs).
+fn partition_extent(
+    topic: &str,
+    details: &iggy::prelude::TopicDetails,
+    partition: u32,
+) -> Result<(u64, u64), LogError> {
     let partitions = details.partitions_count;
-    details.partitions.iter().find(|p| p.id == partition).map(|p| p.messages_count).ok_or(LogError::PartitionNotFound {
-        topic: topic.to_owned(),
-        partition,
-        partitions,
-    })
+    let found = details.partitions.iter().find(|p| p.id == partition);
+    let found = found.ok_or(LogError::PartitionNotFound { topic: topic.to_owned(), partition, partitions })?;
+    Ok(extent_of(found.current_offset, found.messages_count))
+}
+
+/// The first and end offsets of a partition whose last offset is `last`
+/// (0 when empty) and which holds `count` messages.
+fn extent_of(last: u64, count: u64) -> (u64, u64) {
+    let end = match (count, last) {
+        (0, 0) => 0,
+        _ => last + 1,
+    };
+    (end.saturating_sub(count), end)
+}
+
+/// A topic's durability from the options it was created with: durable
+/// when each acknowledged message is written (`messages_required_to_save
+/// = 1`) and flushed (`enforce_fsync = true`) before the answer.
+fn durability_of(options: &iggy::prelude::ResourceOptions) -> Durability {
+    let parsed = TopicCreateOptions::from_resource_options(options);
+    match (parsed.enforce_fsync, parsed.messages_required_to_save) {
+        (Some(true), Some(1)) => Durability::Durable,
+        (None, None) => Durability::Unknown {
+            reason: "the server reports neither enforce_fsync nor messages_required_to_save for it".to_owned(),
+        },
+        (fsync, saved) => {
+            let show = |value: Option<String>| value.unwrap_or_else(|| "not reported".to_owned());
+            Durability::Lossy {
+                setting: format!(
+                    "enforce_fsync = {}, messages_required_to_save = {}",
+                    show(fsync.map(|v| v.to_string())),
+                    show(saved.map(|v| v.to_string()))
+                ),
+            }
+        }
+    }
 }
 
 /// Up to `max` records of a partition from offset `from` on, decoded,
@@ -1345,6 +1457,39 @@ mod tests {
         // Below the mark is not looked at; past the end finds nothing.
         assert_eq!(last_stamp(&log, "out", 0, "host-a", mark + 3).await.unwrap(), None);
         assert_eq!(last_stamp(&log, "out", 0, "host-a", u64::MAX).await.unwrap(), None);
+    }
+
+    #[test]
+    fn extents_follow_the_last_offset_and_the_count() {
+        assert_eq!(extent_of(0, 0), (0, 0), "empty");
+        assert_eq!(extent_of(0, 1), (0, 1), "one message");
+        assert_eq!(extent_of(99, 100), (0, 100));
+        // Retention deleted the oldest 40: the end stays, the first rises.
+        assert_eq!(extent_of(99, 60), (40, 100));
+        // Every message expired: nothing held, the end after the last.
+        assert_eq!(extent_of(99, 0), (100, 100));
+    }
+
+    #[test]
+    fn a_topic_is_durable_only_with_fsync_and_a_save_per_message() {
+        let options = |fsync: Option<bool>, saved: Option<u32>| {
+            let create =
+                TopicCreateOptions { enforce_fsync: fsync, messages_required_to_save: saved, ..Default::default() };
+            durability_of(&create.to_option_map().unwrap())
+        };
+        assert_eq!(options(Some(true), Some(1)), Durability::Durable);
+        let lossy = |setting: &str| Durability::Lossy { setting: setting.to_owned() };
+        assert_eq!(options(Some(false), Some(1)), lossy("enforce_fsync = false, messages_required_to_save = 1"));
+        assert_eq!(options(Some(true), Some(1024)), lossy("enforce_fsync = true, messages_required_to_save = 1024"));
+        assert_eq!(options(Some(true), None), lossy("enforce_fsync = true, messages_required_to_save = not reported"));
+        assert!(matches!(options(None, None), Durability::Unknown { .. }));
+        // What the host creates its topics with, and the opt-out.
+        let durable = topic_options(4, false);
+        assert_eq!(durable.partitions_count, Some(4));
+        assert_eq!(durability_of(&durable.to_option_map().unwrap()), Durability::Durable);
+        assert_eq!(durable.message_expiry, Some(IggyExpiry::NeverExpire));
+        let lossy = topic_options(4, true);
+        assert_eq!((lossy.enforce_fsync, lossy.messages_required_to_save), (None, None), "the server's defaults");
     }
 
     #[test]

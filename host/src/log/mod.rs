@@ -12,7 +12,13 @@
 //!   offset 0, the next 1, and so on without gaps. The
 //!   [end offset](EventLog::end_offset) is the offset the next record will
 //!   get, which is also the number of records in the partition. The "caught
-//!   up" gate of the design compares the consumed offset with it.
+//!   up" gate of the design compares the consumed offset with it. A log
+//!   with retention (Iggy) may have deleted the oldest records: its
+//!   [extent](EventLog::extent) starts above 0 then, and the end offset
+//!   stays the offset the next record gets.
+//! - **An acknowledged append is stored**, or the log says it may not be
+//!   ([`EventLog::durability`]); a log that lost records anyway (its end
+//!   offset went back) is noticed by the consumer ([`loss`]).
 //! - **An append is all-or-nothing** on the embedded log: one
 //!   [`append`](EventLog::append) call, across all the partitions it names,
 //!   is one transaction. Either every record is stored or none is (a missing
@@ -59,6 +65,7 @@ use crate::event::Header;
 
 pub mod embedded;
 pub mod iggy;
+pub mod loss;
 pub mod polled;
 
 pub use embedded::EmbeddedLog;
@@ -259,6 +266,21 @@ pub enum LogError {
         /// What failed.
         reason: String,
     },
+    /// A topic the host appends to can lose acknowledged appends when the
+    /// log's server crashes ([`loss::require_durable`]).
+    #[error(
+        "topic `{topic}` ({role}) can lose acknowledged appends when the log server crashes ({setting}), and losing \
+         a record there loses its events: {}",
+        loss::HOW_TO_MAKE_DURABLE
+    )]
+    LossyTopic {
+        /// The topic.
+        topic: String,
+        /// What the host uses it for.
+        role: loss::TopicRole,
+        /// The setting that makes it lossy, as the log names it.
+        setting: String,
+    },
     /// The operation was cancelled before it ran, because the runtime is
     /// shutting down.
     #[error("log operation cancelled (runtime shutting down)")]
@@ -410,6 +432,40 @@ pub trait EventLog: Send + Sync + 'static {
     /// its length is the partition count), read at once.
     fn end_offsets(&self, topic: &str) -> impl Future<Output = Result<Vec<u64>, LogError>> + Send;
 
+    /// A partition's first offset and its end offset: the offsets it holds
+    /// are `first..end`. Above 0 when retention deleted the oldest messages
+    /// ([`loss::lost_history`]). The default (a log without retention, the
+    /// embedded one): 0 and [`EventLog::end_offset`].
+    fn extent(&self, topic: &str, partition: u32) -> impl Future<Output = Result<(u64, u64), LogError>> + Send {
+        async move { Ok((0, self.end_offset(topic, partition).await?)) }
+    }
+
+    /// Whether an append this log acknowledged to `topic` survives a crash
+    /// of its server ([`loss::Durability`]). The default (the embedded
+    /// log, which commits each append durably): durable.
+    fn durability(&self, topic: &str) -> impl Future<Output = Result<loss::Durability, LogError>> + Send {
+        let _ = topic;
+        async { Ok(loss::Durability::Durable) }
+    }
+
+    /// Whether this log was opened accepting topics that may lose
+    /// acknowledged appends (`--lossy-topics`): [`loss::require_durable`]
+    /// then warns instead of refusing. Default `false`.
+    fn accepts_lossy_topics(&self) -> bool {
+        false
+    }
+
+    /// What tells this incarnation of `topic` from one deleted and created
+    /// again under the same name (Iggy: its id and creation time), so a
+    /// projection's positions are never taken for positions in a new topic
+    /// ([`loss::check_identity`]). `None` (the default): topics of this
+    /// log are never created again under a name (the embedded log deletes
+    /// none).
+    fn topic_identity(&self, topic: &str) -> impl Future<Output = Result<Option<String>, LogError>> + Send {
+        let _ = topic;
+        async { Ok(None) }
+    }
+
     /// Records that `consumer` will next read offset `next` of a partition.
     ///
     /// Informational only: the projection's state holds the position it
@@ -553,6 +609,25 @@ impl EventLog for AnyLog {
 
     async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
         delegate!(self, log => log.end_offsets(topic))
+    }
+
+    async fn extent(&self, topic: &str, partition: u32) -> Result<(u64, u64), LogError> {
+        delegate!(self, log => log.extent(topic, partition))
+    }
+
+    async fn durability(&self, topic: &str) -> Result<loss::Durability, LogError> {
+        delegate!(self, log => log.durability(topic))
+    }
+
+    fn accepts_lossy_topics(&self) -> bool {
+        match self {
+            AnyLog::Embedded(log) => log.accepts_lossy_topics(),
+            AnyLog::Iggy(log) => log.accepts_lossy_topics(),
+        }
+    }
+
+    async fn topic_identity(&self, topic: &str) -> Result<Option<String>, LogError> {
+        delegate!(self, log => log.topic_identity(topic))
     }
 
     async fn store_consumer_offset(

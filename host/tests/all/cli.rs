@@ -872,7 +872,9 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     let partitions = status["partitions"].as_array().unwrap();
     assert_eq!(partitions.len(), 2);
     for (number, partition) in partitions.iter().enumerate() {
-        assert_eq!(keys(partition), ["caught_up", "end", "end_at_start", "lag", "partition", "position"]);
+        let shown = ["caught_up", "end", "end_at_start", "first", "lag", "partition", "position", "stopped"];
+        assert_eq!(keys(partition), shown);
+        assert_eq!((&partition["first"], &partition["stopped"]), (&json!(0), &json!(false)));
         assert_eq!(partition["partition"], json!(number));
         assert_eq!((&partition["lag"], &partition["caught_up"]), (&json!(0), &json!(true)));
         assert_eq!(partition["position"], partition["end"]);

@@ -12,6 +12,7 @@ mod host;
 mod hostile;
 mod lifecycle;
 mod log_conformance;
+mod loss;
 mod outage;
 mod outbox;
 mod postgres;
