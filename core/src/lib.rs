@@ -26,6 +26,9 @@
 //!   (shared by the host and the guest SDK's test host).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
+//! - [`release`]: the release stage in front of the planner: events held
+//!   under their event time and released in event-time order when the
+//!   log's end offsets say so.
 //!
 //! ## Features
 //!
@@ -40,3 +43,4 @@ pub mod key_serde;
 pub mod limits;
 pub mod plan;
 pub mod reduce;
+pub mod release;
