@@ -16,7 +16,7 @@
 //!
 //! ## Layout
 //!
-//! - [`event`]: type tags, orderings, algebras and the strict header
+//! - [`event`]: type tags, orderings, algebras, event timings and the strict header
 //!   envelope every message carries.
 //! - [`key`]: keys as canonical bytes, their text form and their hash.
 //! - [`key_serde`]: keys from any `Serialize` value of a key's shape (the
