@@ -594,6 +594,8 @@ impl<T> ReleaseStage<T> {
 
     /// The inputs the host should not read for now, in input order: empty
     /// unless the held bytes exceed the limit (module docs, "Bounded").
+    /// Ask after [`ReleaseStage::release`]: between reads and the release
+    /// that follows them, the clock has not caught up with them yet.
     pub fn paused(&self) -> Vec<usize> {
         (0..self.inputs.len()).filter(|&input| self.is_paused(input)).collect()
     }
@@ -605,7 +607,8 @@ impl<T> ReleaseStage<T> {
         if self.held_bytes <= self.limits.max_held_bytes || state.replaying() {
             return false;
         }
-        let laggard = state.counts() && state.clock.is_none_or(|clock| self.clock.is_some_and(|now| clock <= now));
+        let laggard =
+            state.counts() && state.clock.is_none_or(|clock| self.clock.is_some_and(|projection| clock <= projection));
         !laggard
     }
 
