@@ -35,8 +35,9 @@
 //! - `test-support`: makes `plan::test_support` public (the checker that a
 //!   plan keeps every order the spec requires) and `release::test_support`
 //!   (a simulated log and host loop that check the release stage's rules),
-//!   for tests and fuzz targets outside this crate. Off by default, so the checker is not part of the
-//!   API that normal builds see; this crate's own tests always have it.
+//!   for tests and fuzz targets outside this crate. Off by default, so the
+//!   helpers are not part of the API that normal builds see; this crate's
+//!   own tests always have them.
 
 pub mod event;
 pub mod key;
