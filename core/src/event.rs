@@ -14,6 +14,31 @@
 //!   reader refuses versions it does not know instead of misreading them.
 //! - **Integers are little-endian** and fixed-width, so the encoding is the
 //!   same on every platform and for every log backend.
+//! - **Event time is optional on the wire, required by declaration.** A
+//!   message may carry `waku-event-time` ([`header_name::EVENT_TIME`]); a
+//!   message without it reads exactly as before the header existed, so no
+//!   format version changes. Whether a type needs it is its
+//!   [`EventTiming`]: a type that declares event time refuses a message
+//!   without it ([`EventTiming::event_time`]).
+//!
+//! # Writing the envelope from another producer
+//!
+//! Producers other than `waku publish` write these user headers (names are
+//! exact, values are raw bytes):
+//!
+//! | header | value |
+//! | --- | --- |
+//! | `waku-version` | 1 byte: `2` |
+//! | `waku-tag` | the type tag, u32 little-endian (4 bytes) |
+//! | `waku-key` | the key's canonical bytes ([`crate::key`]) |
+//! | `waku-ordering` | 1 byte: relaxed 0, acquire 1, release 2, acq-rel 3 |
+//! | `waku-algebra` | 1 byte: non-associative 0, commutative 1, idempotent 2, idempotent-commutative 3, associative 4 |
+//! | `waku-event-time` | only for types that declare event time: when the event happened, milliseconds since the Unix epoch (UTC), i64 little-endian (8 bytes) |
+//!
+//! For example an event that happened at 2026-12-02T12:00:00Z carries
+//! `waku-event-time` = `1796212800000` as the bytes
+//! `00 3a a0 36 a2 01 00 00`. Each header appears at most once; other
+//! headers are ignored.
 
 use std::fmt;
 
@@ -189,6 +214,61 @@ pub mod header_name {
     pub const ORDERING: &str = "waku-ordering";
     /// Algebra, 1 byte (non-associative 0 … associative 4).
     pub const ALGEBRA: &str = "waku-algebra";
+    /// When the event happened: milliseconds since the Unix epoch (UTC),
+    /// i64 little-endian, 8 bytes. Optional: only types that declare event
+    /// time ([`super::EventTiming::Timed`]) carry it.
+    pub const EVENT_TIME: &str = "waku-event-time";
+}
+
+/// Whether an event type's events carry an event time: declared per type,
+/// as its algebra is.
+///
+/// A timed type's events are held by the release stage ([`crate::release`])
+/// and released in event-time order across the projection's topics; an
+/// untimed type's events are applied as they arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventTiming {
+    /// No event time: applied in arrival order. The default, and what every
+    /// type declared before event time existed is.
+    #[default]
+    Untimed,
+    /// Every event carries its event time in `waku-event-time`.
+    Timed,
+}
+
+impl EventTiming {
+    /// Both timings.
+    pub const ALL: [Self; 2] = [Self::Untimed, Self::Timed];
+
+    /// The name used in configuration and logs (`untimed`, `timed`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Untimed => "untimed",
+            Self::Timed => "timed",
+        }
+    }
+
+    /// The event time a message of a type with this timing has, from the
+    /// `waku-event-time` its envelope carried ([`Envelope::event_time`]).
+    ///
+    /// A timed type without the header is refused with
+    /// [`HeaderError::Missing`] (such a message goes to the dead-letter
+    /// topic with that reason). An untimed type has no event time even if
+    /// the header is there: it is applied as it arrives, and a message
+    /// written while its type still declared event time stays readable.
+    pub fn event_time(self, carried: Option<i64>) -> Result<Option<i64>, HeaderError> {
+        match self {
+            Self::Untimed => Ok(None),
+            Self::Timed => carried.map(Some).ok_or(HeaderError::Missing { name: header_name::EVENT_TIME }),
+        }
+    }
+}
+
+impl fmt::Display for EventTiming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One named user header: what a log backend stores beside the body.
@@ -269,19 +349,30 @@ pub struct EventHeaders {
     pub ordering: EventAtomicOrdering,
     /// The algebra its type declares.
     pub algebra: Algebra,
+    /// When it happened (milliseconds since the Unix epoch), if the message
+    /// carries `waku-event-time`; whether its type requires one is its
+    /// [`EventTiming`]. Left out of serialized forms when there is none,
+    /// so those read as they did before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<i64>,
 }
 
 impl EventHeaders {
-    /// The envelope as user headers, version first.
+    /// The envelope as user headers, version first; `waku-event-time` last
+    /// and only when there is an event time.
     pub fn to_headers(&self) -> Vec<Header> {
         let header = |name: &str, value: &[u8]| Header { name: name.to_owned(), value: value.to_vec() };
-        vec![
+        let mut headers = vec![
             header(header_name::VERSION, &[HEADER_FORMAT_VERSION]),
             header(header_name::TAG, &self.tag.get().to_le_bytes()),
             header(header_name::KEY, self.key.as_bytes()),
             header(header_name::ORDERING, &[self.ordering.to_wire()]),
             header(header_name::ALGEBRA, &[self.algebra.to_wire()]),
-        ]
+        ];
+        if let Some(time) = self.event_time {
+            headers.push(header(header_name::EVENT_TIME, &time.to_le_bytes()));
+        }
+        headers
     }
 
     /// Reads the envelope from a message's user headers, strictly.
@@ -317,20 +408,29 @@ pub struct Envelope<'a> {
     pub ordering: EventAtomicOrdering,
     /// The algebra its type declares.
     pub algebra: Algebra,
+    /// The `waku-event-time` header's value, if the message carries one.
+    pub event_time: Option<i64>,
 }
 
 impl<'a> Envelope<'a> {
     /// Reads the envelope from a message's user headers, strictly, as
     /// [`EventHeaders::parse`] does, except for the key's canonical form.
     pub fn parse<N: AsRef<[u8]>>(headers: impl IntoIterator<Item = (N, &'a [u8])>) -> Result<Self, HeaderError> {
-        const NAMES: [&str; 5] =
-            [header_name::VERSION, header_name::TAG, header_name::KEY, header_name::ORDERING, header_name::ALGEBRA];
+        const NAMES: [&str; 6] = [
+            header_name::VERSION,
+            header_name::TAG,
+            header_name::KEY,
+            header_name::ORDERING,
+            header_name::ALGEBRA,
+            header_name::EVENT_TIME,
+        ];
         const VERSION: &[u8] = NAMES[0].as_bytes();
         const TAG: &[u8] = NAMES[1].as_bytes();
         const KEY: &[u8] = NAMES[2].as_bytes();
         const ORDERING: &[u8] = NAMES[3].as_bytes();
         const ALGEBRA: &[u8] = NAMES[4].as_bytes();
-        let mut fields: [Option<&[u8]>; 5] = [None; 5];
+        const EVENT_TIME: &[u8] = NAMES[5].as_bytes();
+        let mut fields: [Option<&[u8]>; 6] = [None; 6];
         for (name, value) in headers {
             let slot = match name.as_ref() {
                 VERSION => 0,
@@ -338,6 +438,7 @@ impl<'a> Envelope<'a> {
                 KEY => 2,
                 ORDERING => 3,
                 ALGEBRA => 4,
+                EVENT_TIME => 5,
                 _ => continue,
             };
             if fields[slot].replace(value).is_some() {
@@ -356,7 +457,8 @@ impl<'a> Envelope<'a> {
             EventAtomicOrdering::from_wire(ordering).ok_or(HeaderError::UnknownOrdering { found: ordering })?;
         let [algebra] = fixed::<1>(NAMES[4], field(4)?)?;
         let algebra = Algebra::from_wire(algebra).ok_or(HeaderError::UnknownAlgebra { found: algebra })?;
-        Ok(Self { tag: EventTypeTag::new(tag), key, ordering, algebra })
+        let event_time = fields[5].map(|value| fixed(NAMES[5], value).map(i64::from_le_bytes)).transpose()?;
+        Ok(Self { tag: EventTypeTag::new(tag), key, ordering, algebra, event_time })
     }
 
     /// [`Envelope::parse`] over stored [`Header`]s.
@@ -373,7 +475,7 @@ impl<'a> Envelope<'a> {
     /// the same bytes as [`Envelope::key`].
     pub fn with_key(self, key: Key) -> EventHeaders {
         debug_assert_eq!(key.as_bytes(), self.key, "the key of these bytes");
-        EventHeaders { tag: self.tag, key, ordering: self.ordering, algebra: self.algebra }
+        EventHeaders { tag: self.tag, key, ordering: self.ordering, algebra: self.algebra, event_time: self.event_time }
     }
 }
 
@@ -405,6 +507,7 @@ mod tests {
             key: Key::int(0x0102_0304_0506_0708_u64),
             ordering: EventAtomicOrdering::AcqRel,
             algebra: Algebra::Associative,
+            event_time: None,
         }
     }
 
@@ -511,6 +614,82 @@ mod tests {
         let mut headers = sample().to_headers();
         headers.push(headers[1].clone());
         assert_eq!(parse(&headers), Err(HeaderError::Duplicate { name: header_name::TAG }));
+    }
+
+    #[test]
+    fn a_message_without_event_time_reads_as_it_always_did() {
+        // The five headers of format version 2, exactly as written before
+        // `waku-event-time` existed.
+        let headers = sample().to_headers();
+        assert_eq!(headers.len(), 5);
+        assert!(headers.iter().all(|h| h.name != header_name::EVENT_TIME));
+        assert_eq!(parse(&headers), Ok(sample()));
+        assert_eq!(parse(&headers).unwrap().event_time, None);
+    }
+
+    #[test]
+    fn event_time_round_trips_as_eight_little_endian_bytes() {
+        for time in [0, 1, -1, 1_796_212_800_000, i64::MIN, i64::MAX] {
+            let headers = EventHeaders { event_time: Some(time), ..sample() };
+            let written = headers.to_headers();
+            let header = written.iter().find(|h| h.name == header_name::EVENT_TIME).unwrap();
+            assert_eq!(header.value, time.to_le_bytes());
+            assert_eq!(parse(&written), Ok(headers));
+        }
+    }
+
+    #[test]
+    fn the_documented_example_of_another_producer_parses() {
+        // The module docs' table and example, written by hand.
+        let header = |name: &str, value: &[u8]| Header { name: name.into(), value: value.to_vec() };
+        let headers = [
+            header("waku-version", &[2]),
+            header("waku-tag", &[7, 0, 0, 0]),
+            header("waku-key", Key::int(42u64).as_bytes()),
+            header("waku-ordering", &[0]),
+            header("waku-algebra", &[0]),
+            header("waku-event-time", &[0x00, 0x3a, 0xa0, 0x36, 0xa2, 0x01, 0x00, 0x00]),
+        ];
+        let parsed = parse(&headers).unwrap();
+        assert_eq!(parsed.event_time, Some(1_796_212_800_000), "2026-12-02T12:00:00Z");
+        assert_eq!((parsed.tag, parsed.key), (EventTypeTag::new(7), Key::int(42u64)));
+    }
+
+    #[test]
+    fn an_unreadable_event_time_is_refused_with_its_name() {
+        for bytes in [vec![], vec![1; 7], vec![1; 9]] {
+            let mut headers = sample().to_headers();
+            let found = bytes.len();
+            headers.push(Header { name: header_name::EVENT_TIME.into(), value: bytes });
+            let error = parse(&headers).unwrap_err();
+            assert_eq!(error, HeaderError::WrongLength { name: header_name::EVENT_TIME, expected: 8, found });
+            assert!(error.to_string().contains("waku-event-time"), "{error}");
+        }
+        let mut headers = EventHeaders { event_time: Some(5), ..sample() }.to_headers();
+        headers.push(headers[5].clone());
+        assert_eq!(parse(&headers), Err(HeaderError::Duplicate { name: header_name::EVENT_TIME }));
+    }
+
+    #[test]
+    fn a_timed_type_requires_the_event_time_and_an_untimed_one_ignores_it() {
+        let missing = HeaderError::Missing { name: header_name::EVENT_TIME };
+        assert_eq!(EventTiming::Timed.event_time(None), Err(missing.clone()));
+        assert!(missing.to_string().contains("waku-event-time"));
+        assert_eq!(EventTiming::Timed.event_time(Some(9)), Ok(Some(9)));
+        assert_eq!(EventTiming::Untimed.event_time(Some(9)), Ok(None));
+        assert_eq!(EventTiming::Untimed.event_time(None), Ok(None));
+        assert_eq!(EventTiming::default(), EventTiming::Untimed);
+        let names: Vec<_> = EventTiming::ALL.iter().map(|timing| timing.to_string()).collect();
+        assert_eq!(names, ["untimed", "timed"]);
+        assert_eq!(serde_json::to_string(&EventTiming::Timed).unwrap(), r#""timed""#);
+    }
+
+    #[test]
+    fn the_envelope_carries_the_event_time_into_the_headers() {
+        let headers = EventHeaders { event_time: Some(-3), ..sample() }.to_headers();
+        let envelope = Envelope::parse_stored(&headers).unwrap();
+        assert_eq!(envelope.event_time, Some(-3));
+        assert_eq!(envelope.with_key(sample().key).event_time, Some(-3));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //!
 //! ## Layout
 //!
-//! - [`event`]: type tags, orderings, algebras and the strict header
+//! - [`event`]: type tags, orderings, algebras, event timings and the strict header
 //!   envelope every message carries.
 //! - [`key`]: keys as canonical bytes, their text form and their hash.
 //! - [`key_serde`]: keys from any `Serialize` value of a key's shape (the
@@ -26,15 +26,20 @@
 //!   (shared by the host and the guest SDK's test host).
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
+//! - [`release`]: the release stage in front of the planner: events held
+//!   under their event time and released in event-time order when the
+//!   log's end offsets say so.
 //! - [`terminal`]: which characters a terminal or a log line may receive
 //!   raw, and the escaping of everything else (a module's text).
 //!
 //! ## Features
 //!
-//! - `test-support`: makes `plan::test_support` public: the checker that a
-//!   plan keeps every order the spec requires, for tests and fuzz targets
-//!   outside this crate. Off by default, so the checker is not part of the
-//!   API that normal builds see; this crate's own tests always have it.
+//! - `test-support`: makes `plan::test_support` public (the checker that a
+//!   plan keeps every order the spec requires) and `release::test_support`
+//!   (a simulated log and host loop that check the release stage's rules),
+//!   for tests and fuzz targets outside this crate. Off by default, so the
+//!   helpers are not part of the API that normal builds see; this crate's
+//!   own tests always have them.
 
 pub mod event;
 pub mod key;
@@ -42,4 +47,5 @@ pub mod key_serde;
 pub mod limits;
 pub mod plan;
 pub mod reduce;
+pub mod release;
 pub mod terminal;

@@ -863,6 +863,7 @@ mod tests {
                 key: Key::int(origin % 5),
                 ordering: EventAtomicOrdering::Relaxed,
                 algebra: Algebra::NonAssociative,
+                event_time: None,
             };
             let failure = Failure {
                 class: FailureClass::Unrecoverable,

@@ -257,5 +257,6 @@ pub fn headers_for(
         key: instance.key(event_type.tag, body)?,
         ordering: instance.ordering(event_type.tag, body)?,
         algebra: event_type.algebra,
+        event_time: None,
     })
 }

@@ -128,7 +128,13 @@ pub fn probe_module() -> Arc<dyn HandlerModule> {
 /// non-associative: what most tests publish.
 pub fn json_record(tag: EventTypeTag, key: u64, body: serde_json::Value) -> Record {
     let key = Key::int(key);
-    let headers = EventHeaders { tag, key, ordering: EventAtomicOrdering::Relaxed, algebra: Algebra::NonAssociative };
+    let headers = EventHeaders {
+        tag,
+        key,
+        ordering: EventAtomicOrdering::Relaxed,
+        algebra: Algebra::NonAssociative,
+        event_time: None,
+    };
     Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).expect("JSON") }
 }
 

@@ -469,7 +469,15 @@ struct RunShape {
 
 impl RunShape {
     fn envelope(&self, key: &Key) -> EventHeaders {
-        EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra }
+        // No event time yet: the host does not read event times (the release
+        // stage is not wired in), so none is carried over to a retry record.
+        EventHeaders {
+            tag: self.tag,
+            key: key.clone(),
+            ordering: self.ordering,
+            algebra: self.algebra,
+            event_time: None,
+        }
     }
 }
 

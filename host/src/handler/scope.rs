@@ -556,7 +556,7 @@ impl KeyScope {
         let key = self.tally.emit(&self.shared.limits, declared, &topic, &key, &body)?;
         self.staged.footprint += topic.len() + key.as_bytes().len() + body.len() + limits::EMIT_OVERHEAD;
         let partition_key = key.key_hash();
-        let headers = EventHeaders { tag, key, ordering, algebra };
+        let headers = EventHeaders { tag, key, ordering, algebra, event_time: None };
         self.staged.outbox.push(OutboxEntry {
             topic,
             partition_key,

@@ -1323,6 +1323,7 @@ mod tests {
             key: crate::key::Key::int(42u64),
             ordering: crate::event::EventAtomicOrdering::Relaxed,
             algebra: crate::event::Algebra::NonAssociative,
+            event_time: None,
         }
         .to_headers();
         let total = 1_000_000u64;

@@ -15,6 +15,7 @@ fn record(key: u64, n: u32) -> Record {
         key: Key::int(key),
         ordering: EventAtomicOrdering::Acquire,
         algebra: Algebra::Associative,
+        event_time: None,
     };
     let mut headers = headers.to_headers();
     headers.push(Header { name: "trace".into(), value: format!("t{n}").into_bytes() });

@@ -134,6 +134,7 @@ fn step(key: u64, seq: u64, fail: &[&str]) -> Record {
         key: Key::int(key),
         ordering: EventAtomicOrdering::Relaxed,
         algebra: Algebra::NonAssociative,
+        event_time: None,
     };
     let fail = fail.iter().map(|s| (*s).to_owned()).collect();
     Record { headers: headers.to_headers(), body: Step { seq, amount: 1, fail, ..Step::default() }.body() }

@@ -42,7 +42,7 @@ fn event(key: u64, tag: EventTypeTag, ordering: EventAtomicOrdering, seq: u64, f
 
 fn record(e: &Event) -> Record {
     let algebra = if e.tag == SUM { Algebra::Associative } else { Algebra::NonAssociative };
-    let headers = EventHeaders { tag: e.tag, key: Key::int(e.key), ordering: e.ordering, algebra };
+    let headers = EventHeaders { tag: e.tag, key: Key::int(e.key), ordering: e.ordering, algebra, event_time: None };
     Record { headers: headers.to_headers(), body: e.step.body() }
 }
 
