@@ -85,6 +85,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/core/src/plan.rs", include_str!("../../core/src/plan.rs")),
     ("vendor/wakuwaku/core/src/reduce.rs", include_str!("../../core/src/reduce.rs")),
     ("vendor/wakuwaku/core/src/release.rs", include_str!("../../core/src/release.rs")),
+    ("vendor/wakuwaku/core/src/terminal.rs", include_str!("../../core/src/terminal.rs")),
     ("vendor/wakuwaku/guest-sdk/src/lib.rs", include_str!("../../guest-sdk/src/lib.rs")),
     ("vendor/wakuwaku/guest-sdk/src/context.rs", include_str!("../../guest-sdk/src/context.rs")),
     ("vendor/wakuwaku/guest-sdk/src/event.rs", include_str!("../../guest-sdk/src/event.rs")),

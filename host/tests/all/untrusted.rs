@@ -458,11 +458,10 @@ fn no_command_panics_or_prints_raw_text_for_a_module_misbehaving_in_any_export()
     })
     .collect();
     std::fs::write(dir.path().join("events.jsonl"), lines.join("\n")).unwrap();
-    let mut modes: Vec<String> = ["describe", "key", "ordering", "combine", "handle"]
+    let modes: Vec<String> = ["describe", "key", "ordering", "combine", "handle"]
         .iter()
-        .flat_map(|export| ["stderr", "panic"].map(|act| format!("{export}-{act}")))
+        .flat_map(|export| ["stderr", "panic", "loop"].map(|act| format!("{export}-{act}")))
         .collect();
-    modes.extend(["describe-loop".to_owned(), "key-loop".to_owned()]);
     let mut problems = Vec::new();
     for mode in &modes {
         let path = misbehaving(dir.path(), mode);
