@@ -36,9 +36,20 @@ pub fn off_async_runtime<T: Send>(work: impl FnOnce() -> T + Send) -> T {
 mod tests {
     use super::*;
 
-    /// What panics when it runs on a thread that drives async tasks.
+    /// What wasmtime-wasi's synchronous bindings do: block on the runtime
+    /// of the thread's context if it has one (which panics on a thread
+    /// that drives async tasks), else on one of their own.
     fn blocks_on_the_runtime() -> u32 {
-        Handle::current().block_on(async { 7 })
+        match Handle::try_current() {
+            Ok(handle) => handle.block_on(async { 7 }),
+            Err(_) => 7,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    #[should_panic(expected = "Cannot start a runtime from within a runtime")]
+    async fn the_work_would_panic_on_the_runtimes_own_thread() {
+        blocks_on_the_runtime();
     }
 
     #[test]

@@ -821,7 +821,7 @@ fn random_bytes_are_the_same_for_the_same_call_and_differ_between_calls() {
     let harness = Harness::new();
     let (mut first, _) = hostile(&harness);
     let (mut second, _) = hostile(&harness);
-    let mut ask = |instance: &mut Box<dyn HandlerInstance>, key: u64, mode: &str, seq: u64| -> String {
+    let ask = |instance: &mut Box<dyn HandlerInstance>, key: u64, mode: &str, seq: u64| -> String {
         let mut scope = harness.scope(key);
         let event = body(json!({ "key": key, "mode": mode, "size": 32, "seq": seq }));
         instance.handle(&mut scope, tag::RANDOM, &event).unwrap();
