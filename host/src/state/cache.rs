@@ -140,7 +140,14 @@ pub struct Fill {
 #[derive(Debug)]
 #[must_use = "a write ends with `StateCache::end_write`"]
 pub struct TakenOut {
-    keys: Vec<(Key, Option<Cached>)>,
+    keys: HashMap<Key, Option<Cached>>,
+}
+
+impl TakenOut {
+    /// Whether `key` was cached when the commit took it out.
+    pub fn was_cached(&self, key: &Key) -> bool {
+        self.keys.get(key).is_some_and(Option::is_some)
+    }
 }
 
 impl StateCache {
@@ -234,14 +241,18 @@ impl StateCache {
         }
     }
 
-    /// Takes the keys `writes` names out of the cache before a commit.
+    /// Takes `keys` (those a commit writes) out of the cache before the
+    /// commit starts.
     pub fn begin_write<'a>(&self, keys: impl IntoIterator<Item = &'a Key>) -> TakenOut {
         let mut inner = self.lock();
-        let mut taken = Vec::new();
+        let mut taken = HashMap::new();
         for key in keys {
+            if taken.contains_key(key) {
+                continue;
+            }
             *inner.writing.entry(key.clone()).or_default() += 1;
             let cached = inner.remove(key);
-            taken.push((key.clone(), cached));
+            taken.insert(key.clone(), cached);
         }
         TakenOut { keys: taken }
     }
