@@ -1545,6 +1545,12 @@ mod tests {
         old.commit(batch(3, 1, 1, "v", Some("old"))).unwrap();
         assert_eq!(old.cache_held().1, 1, "the key is cached and written through");
         assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("old"));
+        // A commit the database refuses (PostgreSQL text holds no NUL)
+        // writes nothing through.
+        let mut refused = batch(3, 2, 1, "v", Some("refused"));
+        refused.writes[0].1.set("nul\0", b"1".to_vec());
+        assert!(matches!(old.commit(refused), Err(StateError::Storage { .. })));
+        assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("old"));
         // Another host takes the partition and commits; the old owner, not
         // told yet, reads the database's value, not its cache's.
         new.claim(3).unwrap();
