@@ -283,15 +283,16 @@ async fn round_trips_per_batch_stay_the_same_as_keys_per_batch_grow() {
         settings.state = StateSettings::Postgres { url: proxy.url_for(&url) };
         let (summary, projection) = catch_up(&log, settings).await.unwrap();
         // Counted before the check below reads every account.
-        runs.push((accounts, proxy.turns()));
+        runs.push((accounts, proxy.turns(), summary.batches));
         let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
         assert!(check.matches(), "{}", check.report(5));
-        assert_eq!(summary.batches, 4);
     }
-    eprintln!("accounts and round trips of the whole run (4 batches): {runs:?}");
-    let fewest = runs.iter().map(|(_, turns)| *turns).min().unwrap();
-    let most = runs.iter().map(|(_, turns)| *turns).max().unwrap();
+    eprintln!("accounts, round trips of the whole run, batches: {runs:?}");
+    let fewest = runs.iter().map(|(_, turns, _)| *turns).min().unwrap();
+    let most = runs.iter().map(|(_, turns, _)| *turns).max().unwrap();
     // The same batches, the same statements: what differs is how many
     // connections the pool opened and prepared statements on.
     assert!(most <= fewest + 20, "round trips grow with the keys per batch: {runs:?}");
+    // Four batches each: none was redone because its calls waited.
+    assert!(runs.iter().all(|(_, _, batches)| *batches == 4), "{runs:?}");
 }
