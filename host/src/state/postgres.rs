@@ -68,7 +68,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, KeyEntries, StateCache};
-use super::{BatchCommit, KeyWrites, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
+use super::{
+    BatchCommit, KeyWrites, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox,
+};
 use crate::key::Key;
 
 /// The schema, one migration per version: `MIGRATIONS[n]` takes the
@@ -1031,7 +1033,9 @@ impl Db {
                 ADD_COUNTERS => vec![&p, &r.counter_names, &r.counter_deltas],
                 ADD_STATS => vec![&p, &r.stat_names, &r.stat_deltas],
                 ADD_DONE => vec![&p, &r.done_topics, &r.done_partitions, &r.done_records],
-                SET_POSITIONS | DROP_DONE_BELOW => vec![&p, &r.position_topics, &r.position_partitions, &r.position_nexts],
+                SET_POSITIONS | DROP_DONE_BELOW => {
+                    vec![&p, &r.position_topics, &r.position_partitions, &r.position_nexts]
+                }
                 SETTLE_OUTBOX => match &r.outbox_through {
                     Some((partition, through)) => vec![&p, partition, through],
                     None => continue,
@@ -1639,9 +1643,7 @@ mod tests {
             let taken = store
                 .run({
                     let text = text.to_owned();
-                    move |db| async move {
-                        Ok(db.client().query("SELECT $1::text::jsonb", &[&text]).await.is_ok())
-                    }
+                    move |db| async move { Ok(db.client().query("SELECT $1::text::jsonb", &[&text]).await.is_ok()) }
                 })
                 .unwrap();
             assert!(json.is_none() || taken, "{text:?} is sent as JSON, and PostgreSQL refuses it");
