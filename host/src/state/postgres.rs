@@ -180,6 +180,29 @@ pub struct PostgresStore {
     run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
     /// The entries of the keys of the claimed partitions ([`super::cache`]).
     cache: StateCache,
+    /// What the store's commits wrote.
+    written: Arc<Written>,
+}
+
+/// What a store's commits wrote, counted as they succeed
+/// ([`PostgresStore::written`]).
+#[derive(Debug, Default)]
+pub struct Written {
+    commits: std::sync::atomic::AtomicU64,
+    rows: std::sync::atomic::AtomicU64,
+}
+
+impl Written {
+    /// The commits that succeeded.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The rows they wrote or removed, over every table (state entries,
+    /// counters, statistics, positions, done marks, outbox entries).
+    pub fn rows(&self) -> u64 {
+        self.rows.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -218,6 +241,7 @@ impl PostgresStore {
             claims: Mutex::default(),
             run_lock: Mutex::default(),
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
+            written: Arc::default(),
         };
         store.run(|db| async move { db.migrate().await })?;
         Ok(store)
@@ -229,6 +253,13 @@ impl PostgresStore {
     pub fn with_cache_bytes(mut self, bytes: usize) -> Self {
         self.cache = StateCache::new(bytes);
         self
+    }
+
+    /// What the store's commits wrote so far, counted as they succeed (a
+    /// handle that stays valid once the store is put behind a
+    /// [`super::StateStore`]).
+    pub fn written(&self) -> Arc<Written> {
+        self.written.clone()
     }
 
     /// What the cache holds: bytes as it counts them, and keys.
@@ -401,8 +432,14 @@ impl StateBackend for PostgresStore {
             Some(_) => commit.writes.iter().filter(|(key, _)| taken.was_cached(key)).cloned().collect(),
             None => Vec::new(),
         };
-        let committed = CommitRows::fold(commit, &self.location)
-            .and_then(|rows| self.run(move |db| async move { db.commit(held, rows).await }));
+        let written = self.written.clone();
+        let committed = CommitRows::fold(commit, &self.location).and_then(|rows| {
+            let count = rows.count() as u64;
+            self.run(move |db| async move { db.commit(held, rows).await })?;
+            written.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            written.rows.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        });
         let through = committed.as_ref().ok().and(committing);
         self.cache.end_write(taken, through, &writes);
         committed
@@ -697,6 +734,18 @@ impl CommitRows {
         rows.outbox = outbox.iter().map(|entry| encode_outbox(entry, location)).collect::<Result<_, _>>()?;
         rows.outbox_partitions = outbox.iter().map(|entry| i32_of(entry.source())).collect();
         Ok(rows)
+    }
+
+    /// The rows the commit writes or removes, over every table.
+    fn count(&self) -> usize {
+        self.set_keys.len()
+            + self.deleted_keys.len()
+            + self.counter_names.len()
+            + self.stat_names.len()
+            + self.position_topics.len()
+            + self.done_topics.len()
+            + usize::from(self.outbox_through.is_some())
+            + self.outbox.len()
     }
 
     /// Adds a position row: `next` is the next offset of `partition`.
