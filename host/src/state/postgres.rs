@@ -11,7 +11,7 @@
 //!
 //! | table | holds |
 //! | --- | --- |
-//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text (generated; `NULL` otherwise) |
+//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text `jsonb` surely takes (checked by the host, [`json_text`]; `NULL` otherwise) |
 //! | `waku_counters`, `waku_stats` | name → value (`numeric`) |
 //! | `waku_positions` | (topic, partition) → next offset |
 //! | `waku_done` | (topic, partition, record): records at or above the position already dealt with |
@@ -28,18 +28,24 @@
 //! SELECT json->'balance' FROM "waku_state_bank" WHERE key = '42' AND name = 'account';
 //! ```
 //!
-//! **One batch, one transaction.** A commit folds the batch (last write of
-//! each entry wins, deltas summed) and sends one statement per table with
-//! arrays (`unnest`), inside one transaction, so its cost grows with the
-//! number of tables, not of rows.
+//! **One batch, one transaction, one round trip.** A commit folds the
+//! batch (last write of each entry wins, deltas summed) and sends `BEGIN`,
+//! the epoch check, one prepared statement per table with arrays
+//! (`unnest`) and `COMMIT` together, pipelined on one connection, and
+//! waits for the answers once: its cost grows with the number of tables,
+//! not of rows, and its round trips are one whatever the batch holds.
 //!
 //! **Fencing.** [`StateBackend::claim`] bumps the partition's row in
 //! `waku_epochs` and remembers the epoch. A commit whose positions, done
-//! marks or outbox entries (added or removed) touch a claimed partition first reads its epoch `FOR SHARE` in the
-//! same transaction: a claim by another host waits for the commit, and a
-//! commit after such a claim finds a newer epoch and is refused whole
-//! ([`StateError::Fenced`]). Partitions this store never claimed are not
-//! fenced (one host, or a command such as `waku dlq`).
+//! marks or outbox entries (added or removed) touch a claimed partition
+//! first locks its epoch `FOR SHARE` in the same transaction, in a
+//! statement that fails (a division by zero, in plain SQL) unless it is
+//! still the one claimed: a claim by another host waits for the commit,
+//! and a commit after such a claim fails there, so the server skips the
+//! rest and its `COMMIT` rolls back; the store reads the epochs then and
+//! refuses the commit whole ([`StateError::Fenced`]). Partitions this
+//! store never claimed are not fenced (one host, or a command such as
+//! `waku dlq`).
 //!
 //! **Bridging.** tokio-postgres is async and the [`StateBackend`] trait is
 //! not (see [`super`]): the store owns a small runtime (two threads) that
@@ -51,7 +57,11 @@
 //! a `REPEATABLE READ READ ONLY` transaction, started at once, so it sees
 //! the commits before it and none after; the workers of a batch share it
 //! (tokio-postgres pipelines their queries). Dropping the reader rolls the
-//! transaction back before the connection returns to the pool.
+//! transaction back before the connection returns to the pool. A batch's
+//! reader ([`StateBackend::batch_reader`]) is one too, and in the round
+//! trip that begins it, it reads the partition's epoch and every entry of
+//! the batch's keys the cache lacks, with one query bound to an array of
+//! them ([`super::cache`] says what is kept, and when it is dropped).
 //!
 //! The database must store text as UTF8 (or SQL_ASCII, which converts
 //! nothing): names are any UTF-8 a module chooses, and a database that
