@@ -2,10 +2,10 @@
 //! network: the batch's keys read in one query, and the keys a host owns
 //! kept in memory between batches.
 //!
-//! A handler's `state.get` is served by the batch's [`StateReader`]. On a
+//! A handler's `state.get` is served by the batch's [`StateReader`](super::StateReader). On a
 //! backend that costs a round trip per query (PostgreSQL), the reader of a
 //! batch is a [`BatchSnapshot`] over the entries of every key of the batch,
-//! all names, taken before the first call ([`StateBackend::batch_reader`]):
+//! all names, taken before the first call ([`StateBackend::batch_reader`](super::StateBackend::batch_reader)):
 //! from the [`StateCache`] for the keys it holds, and for the others with
 //! one query bound to an array of keys. A get, a `contains` and an entry
 //! count of a loaded key then never leave memory; a counter is read at
@@ -14,7 +14,7 @@
 //!
 //! Rules kept here:
 //! - **Only a fenced owner caches.** A key is cached under the partition
-//!   whose batch read it and the epoch the store [claimed](StateBackend::claim)
+//!   whose batch read it and the epoch the store [claimed](super::StateBackend::claim)
 //!   that partition with, and only for a claimed partition: fencing makes
 //!   the claimant the only host that can commit to it. A cached key serves
 //!   a batch of that same partition and epoch only.
@@ -26,7 +26,7 @@
 //!   after this one lost the partition is never served: it can only have
 //!   been committed after that claim, which the check sees.
 //! - **Dropped when the partition goes.** A claim (a new epoch) and a
-//!   release ([`StateBackend::release`], when the host stops consuming a
+//!   release ([`StateBackend::release`](super::StateBackend::release), when the host stops consuming a
 //!   partition) drop the partition's keys.
 //! - **Written through at the commit, only once it succeeded.** A commit
 //!   takes the keys it writes out of the cache before it starts; if it

@@ -11,7 +11,7 @@
 //!
 //! | table | holds |
 //! | --- | --- |
-//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text `jsonb` surely takes (checked by the host, [`json_text`]; `NULL` otherwise) |
+//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text `jsonb` surely takes (checked by the host, `json_text`; `NULL` otherwise) |
 //! | `waku_counters`, `waku_stats` | name → value (`numeric`) |
 //! | `waku_positions` | (topic, partition) → next offset |
 //! | `waku_done` | (topic, partition, record): records at or above the position already dealt with |
