@@ -71,18 +71,26 @@ impl CuttableProxy {
 pub struct LatencyProxy {
     port: u16,
     turns: Arc<AtomicU64>,
-    listener: tokio::task::JoinHandle<()>,
+    /// A runtime of its own: a host that blocks its runtime's threads on
+    /// its store (as the consumer does between awaits) cannot hold back
+    /// the answers it waits for.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl LatencyProxy {
     /// Listens on an ephemeral local port and forwards to `upstream`
     /// (`host:port`) with `delay` each way.
-    pub async fn start(upstream: String, delay: Duration) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+    pub fn start(upstream: String, delay: Duration) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("latency-proxy")
+            .enable_all()
+            .build()?;
+        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0"))?;
         let port = listener.local_addr()?.port();
         let turns = Arc::new(AtomicU64::new(0));
         let counted = turns.clone();
-        let listener = tokio::spawn(async move {
+        runtime.spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let (upstream, turns) = (upstream.clone(), counted.clone());
@@ -110,7 +118,7 @@ impl LatencyProxy {
                 });
             }
         });
-        Ok(Self { port, turns, listener })
+        Ok(Self { port, turns, runtime: Some(runtime) })
     }
 
     /// `url` (`postgres://user@host:port/db`) pointed at this proxy instead.
@@ -127,7 +135,10 @@ impl LatencyProxy {
 
 impl Drop for LatencyProxy {
     fn drop(&mut self) {
-        self.listener.abort();
+        // A runtime dropped on an async thread would panic; this does not.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
