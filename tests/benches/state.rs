@@ -81,9 +81,7 @@ fn main() {
     );
     // PostgreSQL across a network, as the bench's own proxy makes it:
     // each way held back 0.5 ms, a round trip 1 ms.
-    let proxy = runtime
-        .block_on(LatencyProxy::start(upstream_of(&url).to_owned(), Duration::from_micros(500)))
-        .expect("the latency proxy");
+    let proxy = LatencyProxy::start(upstream_of(&url).to_owned(), Duration::from_micros(500)).expect("the proxy");
     let far = proxy.url_for(&url);
     let ways = ["embedded state (redb)", "PostgreSQL, loopback", "PostgreSQL, 1 ms round trip"];
     let mut best = [f64::MAX; 3];
