@@ -11,7 +11,7 @@
 //! database) and is checked against the oracle. Prints events/s per way,
 //! best of the rounds, its ratio to the embedded store, batches, rows per
 //! PostgreSQL commit and the process's CPU-seconds.
-//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload
+//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload, `WAKU_BENCH_ROUNDS` sets the rounds (default 2)
 //! (default 200 000 events over 10 000 accounts, 4 partitions). Without
 //! `WAKU_POSTGRES_URL` it says so and stops.
 //!
@@ -39,8 +39,6 @@ use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-const ROUNDS: usize = 2;
 
 /// The CPU time this process has used so far, over all its threads.
 fn cpu_seconds() -> f64 {
@@ -71,12 +69,13 @@ fn main() {
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
         seed: 42,
     };
+    let rounds = env_or("WAKU_BENCH_ROUNDS", 2) as usize;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, oracle) = runtime.block_on(bank_log(dir.path(), module.clone(), spec, 4));
     println!(
-        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {ROUNDS} rounds",
+        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {rounds} rounds",
         spec.events, spec.accounts
     );
     // PostgreSQL across a network, as the bench's own proxy makes it:
@@ -86,7 +85,7 @@ fn main() {
     let ways = ["embedded state (redb)", "PostgreSQL, loopback", "PostgreSQL, 1 ms round trip"];
     let mut best = [f64::MAX; 3];
     let mut written = [(0, 0, 0.0); 3];
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         for (way, name) in ways.iter().enumerate() {
             let projection = fresh_stream("bench").replace('-', "_");
             let (store, counts) = match way {
