@@ -274,8 +274,7 @@ async fn round_trips_per_batch_stay_the_same_as_keys_per_batch_grow() {
         let module = bank_module();
         let spec = WorkloadSpec { events: accounts as usize * 2, accounts, seed: 5 };
         let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 1).await;
-        let proxy =
-            wakuwaku_tests::proxy::LatencyProxy::start(upstream.clone(), Duration::from_micros(500)).await.unwrap();
+        let proxy = wakuwaku_tests::proxy::LatencyProxy::start(upstream.clone(), Duration::from_micros(500)).unwrap();
         let projection = fresh_stream("trips").replace('-', "_");
         let config = ConsumerConfig { batch_size: spec.events / 4, ..ConsumerConfig::default() };
         let mut settings = host_settings(dir.path(), &projection, "accounts", vec![module.clone()], config);
