@@ -86,11 +86,16 @@ impl LatencyProxy {
             .thread_name("latency-proxy")
             .enable_all()
             .build()?;
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0"))?;
+        // Bound here, made a tokio listener on the proxy's runtime: this
+        // may be called from inside another runtime, which cannot block on
+        // this one.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let turns = Arc::new(AtomicU64::new(0));
         let counted = turns.clone();
         runtime.spawn(async move {
+            let Ok(listener) = TcpListener::from_std(listener) else { return };
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let (upstream, turns) = (upstream.clone(), counted.clone());

@@ -289,8 +289,9 @@ async fn round_trips_per_batch_stay_the_same_as_keys_per_batch_grow() {
     let fewest = runs.iter().map(|(_, turns, _)| *turns).min().unwrap();
     let most = runs.iter().map(|(_, turns, _)| *turns).max().unwrap();
     // The same batches, the same statements: what differs is how many
-    // connections the pool opened and prepared statements on.
-    assert!(most <= fewest + 20, "round trips grow with the keys per batch: {runs:?}");
+    // connections the pool opened and prepared statements on (about a
+    // dozen round trips each). A round trip per key would add thousands.
+    assert!(most <= fewest + 50, "round trips grow with the keys per batch: {runs:?}");
     // Four batches each: none was redone because its calls waited.
     assert!(runs.iter().all(|(_, _, batches)| *batches == 4), "{runs:?}");
 }
