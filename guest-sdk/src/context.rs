@@ -169,7 +169,10 @@ impl<'a> Context<'a> {
     }
 
     /// Reads a shared counter: its committed value plus this key's changes.
-    /// Other keys' changes in the same batch may or may not be included.
+    /// Other keys' changes in the same batch may or may not be included;
+    /// "committed" is as of the batch's start, so changes other batches
+    /// commit meanwhile (on this host or another sharing the state) show
+    /// from the next batch on.
     pub fn counter_get(&mut self, name: &str) -> Result<i64, HandlerError> {
         self.host.counter_get(name).map_err(|refusal| refused(format!("cannot read counter `{name}`"), refusal))
     }

@@ -99,6 +99,12 @@ pub struct HostSettings {
     /// entries past it are removed ([`Sandbox::with_compile_cache_max_bytes`]).
     /// Default: [`crate::runtime::DEFAULT_COMPILE_CACHE_MAX_BYTES`] (1 GiB).
     pub compile_cache_max_bytes: u64,
+    /// With [`StateSettings::Postgres`]: the most the store keeps in memory
+    /// of the state of the partitions this host holds, and the most a batch
+    /// loads ([`crate::state::cache`]). Default
+    /// [`crate::state::cache::DEFAULT_CACHE_BYTES`] (64 MiB); 0 reads every
+    /// entry with a query of its own.
+    pub state_cache_bytes: usize,
     /// What one module instance may use. Default: [`SandboxLimits::default`].
     pub limits: SandboxLimits,
     /// How the consumer polls, executes and retries, and what a module may
@@ -139,6 +145,7 @@ impl HostSettings {
             create_emit_topics: None,
             compile_cache: CompileCache::InData,
             compile_cache_max_bytes: crate::runtime::DEFAULT_COMPILE_CACHE_MAX_BYTES,
+            state_cache_bytes: crate::state::cache::DEFAULT_CACHE_BYTES,
             limits: SandboxLimits::default(),
             consumer: ConsumerConfig::default(),
             admin: None,
@@ -164,7 +171,7 @@ impl HostSettings {
 
     /// The projection's state store ([`open_state`]).
     pub fn open_state(&self) -> Result<StateStore, HostError> {
-        open_state(&self.data, &self.state, &self.projection)
+        open_state_cached(&self.data, &self.state, &self.projection, self.state_cache_bytes)
     }
 }
 
@@ -184,6 +191,17 @@ pub enum StateSettings {
 /// The state store of `projection`: in the data directory `data`, or in
 /// the database `state` names (its schema created or migrated on the way).
 pub fn open_state(data: &Path, state: &StateSettings, projection: &str) -> Result<StateStore, HostError> {
+    open_state_cached(data, state, projection, crate::state::cache::DEFAULT_CACHE_BYTES)
+}
+
+/// [`open_state`] keeping at most `cache_bytes` of a PostgreSQL store's
+/// state in memory ([`crate::state::cache`]; the embedded store keeps none).
+pub fn open_state_cached(
+    data: &Path,
+    state: &StateSettings,
+    projection: &str,
+    cache_bytes: usize,
+) -> Result<StateStore, HostError> {
     crate::log::embedded::validate_topic_name(projection)
         .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
     let opened = match state {
@@ -194,7 +212,8 @@ pub fn open_state(data: &Path, state: &StateSettings, projection: &str) -> Resul
                 .map_err(|source| HostError::Rebuild { projection: projection.to_owned(), source })?;
             StateStore::open(&data.join(active))
         }
-        StateSettings::Postgres { url } => PostgresStore::connect(url, projection).map(StateStore::from_backend),
+        StateSettings::Postgres { url } => PostgresStore::connect(url, projection)
+            .map(|store| StateStore::from_backend(store.with_cache_bytes(cache_bytes))),
     };
     opened.map_err(|source| HostError::State { projection: projection.to_owned(), source })
 }

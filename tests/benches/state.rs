@@ -3,10 +3,15 @@
 //! consumed through the host into the embedded state store and into
 //! PostgreSQL, alternately, in one run.
 //!
-//! Each consumption starts from a fresh store (a file of its own, or a
-//! projection of its own in the database) and is checked against the
-//! oracle. Prints events/s per backend, best of the rounds, and the ratio.
-//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload
+//! Three ways, back to back in each round: the embedded store, PostgreSQL
+//! on loopback, and PostgreSQL behind a proxy the bench starts itself
+//! ([`LatencyProxy`]) holding each direction back 0.5 ms (a 1 ms round
+//! trip, a database in the same region). Each consumption starts from a
+//! fresh store (a file of its own, or a projection of its own in the
+//! database) and is checked against the oracle. Prints events/s per way,
+//! best of the rounds, its ratio to the embedded store, batches, rows per
+//! PostgreSQL commit and the process's CPU-seconds.
+//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload, `WAKU_BENCH_ROUNDS` sets the rounds (default 2)
 //! (default 200 000 events over 10 000 accounts, 4 partitions). Without
 //! `WAKU_POSTGRES_URL` it says so and stops.
 //!
@@ -29,12 +34,21 @@ use wakuwaku::projection::Projection;
 use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
 use wakuwaku_tests::group::GroupHost;
+use wakuwaku_tests::proxy::{LatencyProxy, upstream_of};
 use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const ROUNDS: usize = 2;
+/// The CPU time this process has used so far, over all its threads.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command (which may hold spaces) in parentheses:
+    // utime and stime are the 12th and 13th, in clock ticks (100 a second).
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -55,33 +69,59 @@ fn main() {
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
         seed: 42,
     };
+    let rounds = env_or("WAKU_BENCH_ROUNDS", 2) as usize;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, oracle) = runtime.block_on(bank_log(dir.path(), module.clone(), spec, 4));
     println!(
-        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {ROUNDS} rounds",
+        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {rounds} rounds",
         spec.events, spec.accounts
     );
-    let mut best = [f64::MAX; 2];
-    for round in 0..ROUNDS {
-        let embedded = StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap();
-        let projection = fresh_stream("bench").replace('-', "_");
-        let postgres = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
-        for (way, store) in [embedded, postgres].into_iter().enumerate() {
+    // PostgreSQL across a network, as the bench's own proxy makes it:
+    // each way held back 0.5 ms, a round trip 1 ms.
+    let proxy = LatencyProxy::start(upstream_of(&url).to_owned(), Duration::from_micros(500)).expect("the proxy");
+    let far = proxy.url_for(&url);
+    let ways = ["embedded state (redb)", "PostgreSQL, loopback", "PostgreSQL, 1 ms round trip"];
+    let mut best = [f64::MAX; 3];
+    let mut written = [(0, 0, 0.0); 3];
+    for round in 0..rounds {
+        for (way, name) in ways.iter().enumerate() {
+            let projection = fresh_stream("bench").replace('-', "_");
+            let (store, counts) = match way {
+                0 => (StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap(), None),
+                _ => {
+                    let store = PostgresStore::connect([&url, &far][way - 1], &projection).unwrap();
+                    let counts = store.written();
+                    (StateStore::from_backend(store), Some(counts))
+                }
+            };
             let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
             let started = Instant::now();
+            let cpu = cpu_seconds();
             let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
-            runtime.block_on(consumer.catch_up()).unwrap();
-            best[way] = best[way].min(started.elapsed().as_secs_f64());
+            let summary = runtime.block_on(consumer.catch_up()).unwrap();
+            let secs = started.elapsed().as_secs_f64();
+            let cpu = cpu_seconds() - cpu;
+            if secs < best[way] {
+                best[way] = secs;
+                let rows = counts.as_ref().map_or(0, |counts| counts.rows() / counts.commits().max(1));
+                written[way] = (summary.batches, rows, cpu);
+            }
+            println!("  round {round}, {name}: {secs:.2} s, {} batches", summary.batches);
             let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
             assert!(check.matches(), "{}", check.report(5));
         }
     }
     let rate = |secs: f64| spec.events as f64 / secs;
-    println!("embedded state (redb):   {:>10.0} events/s", rate(best[0]));
-    println!("PostgreSQL state:        {:>10.0} events/s", rate(best[1]));
-    println!("ratio embedded / PostgreSQL: {:>6.2}", best[1] / best[0]);
+    for (way, name) in ways.iter().enumerate() {
+        let (batches, rows, cpu) = written[way];
+        println!(
+            "{name:<30} {:>10.0} events/s  {:>5.2} of embedded  {batches} batches  {rows} rows per commit  {cpu:.1} CPU-s",
+            rate(best[way]),
+            best[0] / best[way],
+        );
+    }
 
     if let Ok(iggy) = std::env::var("WAKU_IGGY_URL") {
         scale_out(&runtime, &iggy, &url, spec, dir.path());

@@ -71,6 +71,13 @@ pub(super) struct RunArgs {
     /// running), to be compiled again if loaded again.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub(super) compile_cache_max_mib: u64,
+    /// With `--state postgres://…`: the most the host keeps in memory of
+    /// the state of the partitions it holds, so that handlers read it
+    /// without a round trip to the database (a batch loads what it lacks
+    /// in one query, up to as much again). 0 keeps nothing and reads each
+    /// entry with a query of its own.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub(super) state_cache_mib: u64,
     /// Serve the admin endpoint (health, readiness, metrics, modules,
     /// state, status) on this address, e.g. `127.0.0.1:9100`.
     #[arg(long)]
@@ -101,6 +108,7 @@ impl RunArgs {
             (None, false) => CompileCache::InData,
         };
         settings.compile_cache_max_bytes = self.compile_cache_max_mib << 20;
+        settings.state_cache_bytes = usize::try_from(self.state_cache_mib << 20).unwrap_or(usize::MAX);
         settings.admin = self.admin;
         settings.until_caught_up = self.until_caught_up;
         settings.group = self.group.clone();

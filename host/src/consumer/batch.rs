@@ -171,11 +171,13 @@ impl<L: EventLog> Consumer<L> {
         let BatchBuffers { input, plan, work } = buffers;
         plan.rebuild(&input.plan);
         work.lay_out(plan, input);
-        laps.lap(&mut summary.phases, Phase::Plan);
         // Drawn before the snapshot is taken, so it knows which of the
         // counters other batches added the snapshot surely holds.
         let counters = self.counters.batch();
-        let snapshot = Arc::new(store.reader()?);
+        // Every entry of the batch's keys is read here, before the calls,
+        // so no call waits for the store ([`crate::state::cache`]).
+        let snapshot = Arc::new(store.batch_reader(partition, input.keys.keys())?);
+        laps.lap(&mut summary.phases, Phase::Plan);
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();

@@ -53,6 +53,11 @@ impl KeyTable {
         Ok(number)
     }
 
+    /// Every key of the batch, by number.
+    pub(super) fn keys(&self) -> &[Key] {
+        &self.keys
+    }
+
     /// The key with `number`.
     ///
     /// # Panics

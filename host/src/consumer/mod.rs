@@ -613,6 +613,8 @@ impl<L: EventLog> Consumer<L> {
                     let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
                     held.remove(&partition);
                     self.progress.release(partition);
+                    // Not this host's any more: what the store kept of it goes.
+                    self.projection.store().release(partition);
                     match ended {
                         Ok((summary, was_fenced)) => {
                             total.add(&summary);

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | `poll` | reading the batch's records from the log |
 //! | `decode` | parsing headers, diverting keys in retry, building the planner's input |
-//! | `plan` | planning, and splitting the keys over the workers |
+//! | `plan` | planning, splitting the keys over the workers, and reading the state of the batch's keys ([`crate::state::StateBackend::batch_reader`]) |
 //! | `reduce` | reducing runs with their algebra (`combine` calls included) |
 //! | `calls` | handler calls, with routing a failed chunk |
 //! | `commit` | gathering the workers' outcomes and the one state transaction |

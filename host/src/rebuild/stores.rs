@@ -55,6 +55,12 @@ impl StateBackend for SwitchingStore {
     fn reader(&self) -> Result<StateReader, StateError> {
         self.current().reader()
     }
+    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
+        self.current().batch_reader(partition, keys)
+    }
+    fn release(&self, partition: u32) {
+        self.current().release(partition)
+    }
     fn commit(&self, commit: BatchCommit) -> Result<(), StateError> {
         self.current().commit(commit)
     }
@@ -139,6 +145,12 @@ impl StateBackend for HoldBackEmits {
     }
     fn reader(&self) -> Result<StateReader, StateError> {
         self.0.reader()
+    }
+    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
+        self.0.batch_reader(partition, keys)
+    }
+    fn release(&self, partition: u32) {
+        self.0.release(partition)
     }
     fn commit(&self, mut commit: BatchCommit) -> Result<(), StateError> {
         // Emitted messages carry their origin; the host's own routed

@@ -59,6 +59,13 @@
 //! taken exclusively by a reset. A reset that starts the projection over
 //! clears it in one transaction ([`StateBackend::start_over`]).
 //!
+//! **Where a read comes from.** A batch reads through
+//! [`StateBackend::batch_reader`]: the embedded store reads its file in
+//! place; PostgreSQL serves the batch's keys from memory, filled before the
+//! batch from the entries the host keeps for the partitions it owns and one
+//! query for the rest ([`cache`]), so a handler's read never waits for a
+//! round trip and a commit is written through.
+//!
 //! **Blocking calls.** The trait is synchronous: the WASM host functions
 //! read state in the middle of a guest call, which cannot await, and the
 //! consumer already runs each batch on a blocking thread. Calls block on
@@ -78,6 +85,7 @@ use crate::event::KeyHash;
 use crate::key::Key;
 use crate::log::Record;
 
+pub mod cache;
 pub mod embedded;
 pub mod postgres;
 #[cfg(test)]
@@ -332,6 +340,23 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// A read snapshot: it sees every commit made before this call and none
     /// made after, however long it is kept. Hold one per batch.
     fn reader(&self) -> Result<StateReader, StateError>;
+
+    /// A read snapshot for one batch of `partition` whose calls read the
+    /// state of `keys`: a [`reader`](StateBackend::reader) that a backend
+    /// reading across a network fills beforehand with every entry of those
+    /// keys, from its cache and one query for the rest ([`cache`]), so that
+    /// no call waits for a round trip. The embedded store reads its file
+    /// in place and has nothing to fill.
+    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
+        let _ = (partition, keys);
+        self.reader()
+    }
+
+    /// Says that this host stopped consuming `partition` (it was unassigned
+    /// or taken over): what the store kept of it in memory goes ([`cache`]).
+    fn release(&self, partition: u32) {
+        let _ = partition;
+    }
 
     /// Applies a batch in one durable transaction: all of it, or nothing.
     ///

@@ -11,7 +11,7 @@
 //!
 //! | table | holds |
 //! | --- | --- |
-//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text (generated; `NULL` otherwise) |
+//! | `waku_state` | (key bytes, name) → value bytes; `key_text` (the key as commands show it, `42`, `"ann"`), and `json`, the value as `jsonb` when it is JSON text `jsonb` surely takes (checked by the host, `json_text`; `NULL` otherwise) |
 //! | `waku_counters`, `waku_stats` | name → value (`numeric`) |
 //! | `waku_positions` | (topic, partition) → next offset |
 //! | `waku_done` | (topic, partition, record): records at or above the position already dealt with |
@@ -28,18 +28,24 @@
 //! SELECT json->'balance' FROM "waku_state_bank" WHERE key = '42' AND name = 'account';
 //! ```
 //!
-//! **One batch, one transaction.** A commit folds the batch (last write of
-//! each entry wins, deltas summed) and sends one statement per table with
-//! arrays (`unnest`), inside one transaction, so its cost grows with the
-//! number of tables, not of rows.
+//! **One batch, one transaction, one round trip.** A commit folds the
+//! batch (last write of each entry wins, deltas summed) and sends `BEGIN`,
+//! the epoch check, one prepared statement per table with arrays
+//! (`unnest`) and `COMMIT` together, pipelined on one connection, and
+//! waits for the answers once: its cost grows with the number of tables,
+//! not of rows, and its round trips are one whatever the batch holds.
 //!
 //! **Fencing.** [`StateBackend::claim`] bumps the partition's row in
 //! `waku_epochs` and remembers the epoch. A commit whose positions, done
-//! marks or outbox entries (added or removed) touch a claimed partition first reads its epoch `FOR SHARE` in the
-//! same transaction: a claim by another host waits for the commit, and a
-//! commit after such a claim finds a newer epoch and is refused whole
-//! ([`StateError::Fenced`]). Partitions this store never claimed are not
-//! fenced (one host, or a command such as `waku dlq`).
+//! marks or outbox entries (added or removed) touch a claimed partition
+//! first locks its epoch `FOR SHARE` in the same transaction, in a
+//! statement that fails (a division by zero, in plain SQL) unless it is
+//! still the one claimed: a claim by another host waits for the commit,
+//! and a commit after such a claim fails there, so the server skips the
+//! rest and its `COMMIT` rolls back; the store reads the epochs then and
+//! refuses the commit whole ([`StateError::Fenced`]). Partitions this
+//! store never claimed are not fenced (one host, or a command such as
+//! `waku dlq`).
 //!
 //! **Bridging.** tokio-postgres is async and the [`StateBackend`] trait is
 //! not (see [`super`]): the store owns a small runtime (two threads) that
@@ -51,7 +57,11 @@
 //! a `REPEATABLE READ READ ONLY` transaction, started at once, so it sees
 //! the commits before it and none after; the workers of a batch share it
 //! (tokio-postgres pipelines their queries). Dropping the reader rolls the
-//! transaction back before the connection returns to the pool.
+//! transaction back before the connection returns to the pool. A batch's
+//! reader ([`StateBackend::batch_reader`]) is one too, and in the round
+//! trip that begins it, it reads the partition's epoch and every entry of
+//! the batch's keys the cache lacks, with one query bound to an array of
+//! them ([`super::cache`] says what is kept, and when it is dropped).
 //!
 //! The database must store text as UTF8 (or SQL_ASCII, which converts
 //! nothing): names are any UTF-8 a module chooses, and a database that
@@ -67,7 +77,10 @@ use std::sync::{Arc, Mutex};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
+use super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, KeyEntries, StateCache};
+use super::{
+    BatchCommit, KeyWrites, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox,
+};
 use crate::key::Key;
 
 /// The schema, one migration per version: `MIGRATIONS[n]` takes the
@@ -143,6 +156,12 @@ CREATE TABLE waku_epochs (
 ALTER TABLE waku_outbox ADD COLUMN partition integer;
 CREATE INDEX waku_outbox_partition ON waku_outbox (projection, partition, seq);
 "#,
+    // The host checks JSON itself ([`json_text`]) and sends it beside the
+    // bytes: no plpgsql call, and no subtransaction, per row written.
+    r#"
+ALTER TABLE waku_state ALTER COLUMN json DROP EXPRESSION;
+DROP FUNCTION waku_json(bytea);
+"#,
 ];
 
 /// The advisory lock held while the schema is migrated ("waku" in ASCII).
@@ -169,6 +188,31 @@ pub struct PostgresStore {
     /// The connection holding the run lock (shared for a run, exclusive
     /// for a reset), out of the pool: the lock lasts as long as its session.
     run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
+    /// The entries of the keys of the claimed partitions ([`super::cache`]).
+    cache: StateCache,
+    /// What the store's commits wrote.
+    written: Arc<Written>,
+}
+
+/// What a store's commits wrote, counted as they succeed
+/// ([`PostgresStore::written`]).
+#[derive(Debug, Default)]
+pub struct Written {
+    commits: std::sync::atomic::AtomicU64,
+    rows: std::sync::atomic::AtomicU64,
+}
+
+impl Written {
+    /// The commits that succeeded.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The rows they wrote or removed, over every table (state entries,
+    /// counters, statistics, positions, done marks, outbox entries).
+    pub fn rows(&self) -> u64 {
+        self.rows.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -206,9 +250,46 @@ impl PostgresStore {
             location,
             claims: Mutex::default(),
             run_lock: Mutex::default(),
+            cache: StateCache::new(DEFAULT_CACHE_BYTES),
+            written: Arc::default(),
         };
         store.run(|db| async move { db.migrate().await })?;
         Ok(store)
+    }
+
+    /// The store with a cache of at most `bytes` ([`super::cache`]; the
+    /// default is [`DEFAULT_CACHE_BYTES`]). A batch loads at most that much
+    /// too; 0 caches nothing and reads every entry with a query of its own.
+    pub fn with_cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache = StateCache::new(bytes);
+        self
+    }
+
+    /// What the store's commits wrote so far, counted as they succeed (a
+    /// handle that stays valid once the store is put behind a
+    /// [`super::StateStore`]).
+    pub fn written(&self) -> Arc<Written> {
+        self.written.clone()
+    }
+
+    /// What the cache holds: bytes as it counts them, and keys.
+    pub fn cache_held(&self) -> (usize, usize) {
+        self.cache.held()
+    }
+
+    fn claimed(&self, partition: u32) -> Option<i64> {
+        self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied()
+    }
+
+    /// The one partition a commit's positions name, with the epoch this
+    /// store claimed it at: a batch's commit, whose writes are that
+    /// partition's.
+    fn committing_partition(&self, commit: &BatchCommit) -> Option<(u32, i64)> {
+        let (_, partition, _) = commit.positions.first()?;
+        if commit.positions.iter().any(|(_, other, _)| other != partition) {
+            return None;
+        }
+        Some((*partition, self.claimed(*partition)?))
     }
 
     /// Runs `work` on the store's runtime with a pooled connection and
@@ -282,7 +363,57 @@ impl StateBackend for PostgresStore {
             Ok(row.get::<_, i64>(0))
         })?;
         self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, epoch);
+        self.cache.drop_partition(partition);
         Ok(epoch.unsigned_abs())
+    }
+
+    /// One round trip: the snapshot's transaction begins, the partition's
+    /// epoch is read in it, and every entry of the keys not cached, in one
+    /// query bound to an array of them (up to the cache's capacity).
+    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
+        let held = self.claimed(partition);
+        let (hits, mut misses) = match held {
+            Some(epoch) => self.cache.lookup(partition, epoch, keys),
+            None => (HashMap::new(), keys.to_vec()),
+        };
+        misses.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        misses.dedup();
+        let fill = self.cache.begin_fill();
+        let wanted: Vec<Vec<u8>> = misses.iter().map(|key| key.as_bytes().to_vec()).collect();
+        let bound = i64::try_from(self.cache.capacity()).unwrap_or(i64::MAX);
+        let opened = self.run(move |db| async move {
+            let opened = db.open_batch(partition, held.is_some(), wanted, bound).await?;
+            Ok((db.client.clone(), opened))
+        });
+        let (client, opened) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                self.cache.end_fill(fill, None, &HashMap::new());
+                return Err(error);
+            }
+        };
+        let still_held = held.filter(|&epoch| opened.epoch == Some(epoch));
+        let mut loaded = match still_held {
+            Some(_) => hits,
+            None => {
+                // Taken over since: nothing cached of the partition is
+                // served (this batch's commit will be fenced).
+                self.cache.drop_partition(partition);
+                HashMap::new()
+            }
+        };
+        let fetched = opened.into_entries(misses);
+        self.cache.end_fill(fill, still_held.map(|epoch| (partition, epoch)), &fetched);
+        loaded.extend(fetched);
+        let rest = PostgresSnapshot {
+            db: Db { projection: self.projection.clone(), location: self.location.clone(), client },
+            bridge: self.bridge.handle(),
+        };
+        Ok(StateReader::new(BatchSnapshot::new(loaded, rest)))
+    }
+
+    fn release(&self, partition: u32) {
+        self.cache.drop_partition(partition);
     }
 
     fn reader(&self) -> Result<StateReader, StateError> {
@@ -304,8 +435,24 @@ impl StateBackend for PostgresStore {
             return Ok(());
         }
         let held = self.held_epochs(&commit);
-        let rows = CommitRows::fold(commit, &self.location)?;
-        self.run(move |db| async move { db.commit(held, rows).await })
+        let committing = self.committing_partition(&commit);
+        let taken = self.cache.begin_write(commit.writes.iter().map(|(key, _)| key));
+        // What goes back into the cache once the commit succeeded.
+        let writes: Vec<(Key, KeyWrites)> = match committing {
+            Some(_) => commit.writes.iter().filter(|(key, _)| taken.was_cached(key)).cloned().collect(),
+            None => Vec::new(),
+        };
+        let written = self.written.clone();
+        let committed = CommitRows::fold(commit, &self.location).and_then(|rows| {
+            let count = rows.count() as u64;
+            self.run(move |db| async move { db.commit(held, rows).await })?;
+            written.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            written.rows.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        });
+        let through = committed.as_ref().ok().and(committing);
+        self.cache.end_write(taken, through, &writes);
+        committed
     }
 
     fn keys(&self) -> Result<Vec<Key>, StateError> {
@@ -530,6 +677,8 @@ struct CommitRows {
     set_names: Vec<String>,
     set_key_texts: Vec<String>,
     set_values: Vec<Vec<u8>>,
+    /// Each set value's text when PostgreSQL takes it as `jsonb` ([`json_text`]).
+    set_jsons: Vec<Option<String>>,
     deleted_keys: Vec<Vec<u8>>,
     deleted_names: Vec<String>,
     counter_names: Vec<String>,
@@ -567,6 +716,7 @@ impl CommitRows {
                     rows.set_keys.push(key);
                     rows.set_names.push(name);
                     rows.set_key_texts.push(text);
+                    rows.set_jsons.push(json_text(&value));
                     rows.set_values.push(value);
                 }
                 None => {
@@ -596,12 +746,61 @@ impl CommitRows {
         Ok(rows)
     }
 
+    /// The rows the commit writes or removes, over every table.
+    fn count(&self) -> usize {
+        self.set_keys.len()
+            + self.deleted_keys.len()
+            + self.counter_names.len()
+            + self.stat_names.len()
+            + self.position_topics.len()
+            + self.done_topics.len()
+            + usize::from(self.outbox_through.is_some())
+            + self.outbox.len()
+    }
+
     /// Adds a position row: `next` is the next offset of `partition`.
     fn add_position(&mut self, topic: String, partition: u32, next: u64, location: &str) -> Result<(), StateError> {
         self.position_topics.push(topic);
         self.position_partitions.push(i32_of(partition));
         self.position_nexts.push(i64_of(next, location)?);
         Ok(())
+    }
+}
+
+/// Every entry of the keys `$2` (sorted), in order of key and name, while
+/// the names and values so far stay within `$3` bytes; then, if that cut
+/// the list short, one row (key, NULL, NULL) naming the key it stopped in.
+/// Keys from that one on are not loaded (the batch reads them one query at
+/// a time); those before it are loaded whole, entries or none.
+const FETCH_KEYS: &str = "WITH s AS ( \
+         SELECT key, name, value, sum(octet_length(name) + octet_length(value)) OVER (ORDER BY key, name) AS upto \
+         FROM waku_state WHERE projection = $1 AND key = ANY($2) \
+     ) \
+     SELECT key, name, value FROM s WHERE upto <= $3 \
+     UNION ALL \
+     (SELECT key, NULL, NULL FROM s WHERE upto > $3 ORDER BY key, name LIMIT 1)";
+
+/// What [`Db::open_batch`] read: the partition's epoch in the snapshot and
+/// the entries of the keys asked for.
+struct OpenedBatch {
+    epoch: Option<i64>,
+    rows: HashMap<Vec<u8>, KeyEntries>,
+    /// The key the byte bound stopped in.
+    cut: Option<Vec<u8>>,
+}
+
+impl OpenedBatch {
+    /// The entries of each of `keys` (sorted by their bytes, as asked) that
+    /// was loaded whole: every key before the cut, with no entry if it has
+    /// none.
+    fn into_entries(mut self, keys: Vec<Key>) -> HashMap<Key, Arc<KeyEntries>> {
+        keys.into_iter()
+            .take_while(|key| self.cut.as_deref().is_none_or(|cut| key.as_bytes() < cut))
+            .map(|key| {
+                let entries = self.rows.remove(key.as_bytes()).unwrap_or_default();
+                (key, Arc::new(entries))
+            })
+            .collect()
     }
 }
 
@@ -618,6 +817,74 @@ impl Db {
     fn client(&self) -> &tokio_postgres::Client {
         // Every `Db` a query sees was built with its connection.
         self.client.as_deref().map(|object| &***object).expect("a connection")
+    }
+
+    /// The connection with its cache of prepared statements.
+    fn wrapper(&self) -> &deadpool_postgres::ClientWrapper {
+        // Every `Db` a query sees was built with its connection.
+        self.client.as_deref().map(|object| &**object).expect("a connection")
+    }
+
+    /// `sql` prepared on this connection, once per connection.
+    async fn prepared(&self, sql: &str) -> Result<tokio_postgres::Statement, StateError> {
+        self.wrapper().prepare_cached(sql).await.map_err(|e| self.error(e))
+    }
+
+    /// Begins a batch's snapshot and, in the same round trip, reads the
+    /// epoch of `partition` (when `fenced`) and every entry of `keys`
+    /// (sorted by their bytes) up to `bound` bytes of names and values.
+    async fn open_batch(
+        &self,
+        partition: u32,
+        fenced: bool,
+        keys: Vec<Vec<u8>>,
+        bound: i64,
+    ) -> Result<OpenedBatch, StateError> {
+        let epoch_sql = "SELECT epoch FROM waku_epochs WHERE projection = $1 AND partition = $2";
+        let epoch_statement = match fenced {
+            true => Some(self.prepared(epoch_sql).await?),
+            false => None,
+        };
+        let fetch_statement = match keys.is_empty() {
+            true => None,
+            false => Some(self.prepared(FETCH_KEYS).await?),
+        };
+        let (p, client) = (&*self.projection, self.client());
+        let partition = i32_of(partition);
+        let begin = client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1");
+        let epoch = async {
+            match &epoch_statement {
+                Some(statement) => client.query(statement, &[&p, &partition]).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let fetch = async {
+            match &fetch_statement {
+                Some(statement) => client.query(statement, &[&p, &keys, &bound]).await,
+                None => Ok(Vec::new()),
+            }
+        };
+        let (begun, epoch, rows) = tokio::join!(begin, epoch, fetch);
+        let answered = begun.and(epoch).and_then(|epoch| Ok((epoch, rows?)));
+        let (epoch, rows) = match answered {
+            Ok(answered) => answered,
+            Err(error) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(self.error(error));
+            }
+        };
+        let epoch = epoch.and_then(|rows| rows.first().map(|row| row.get::<_, i64>(0)));
+        let mut opened = OpenedBatch { epoch, rows: HashMap::new(), cut: None };
+        for row in rows {
+            let key: Vec<u8> = row.get(0);
+            match row.get::<_, Option<String>>(1) {
+                Some(name) => {
+                    opened.rows.entry(key).or_default().insert(name, row.get(2));
+                }
+                None => opened.cut = Some(key),
+            }
+        }
+        Ok(opened)
     }
 
     fn error(&self, e: impl std::error::Error + Send + Sync + 'static) -> StateError {
@@ -782,128 +1049,242 @@ impl Db {
     }
 
     /// Applies one batch in one transaction, after checking the epochs of
-    /// the claimed partitions it touches.
-    async fn commit(mut self, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
-        let mut client = self.take()?;
-        let txn = client.transaction().await.map_err(|e| self.error(e))?;
+    /// the claimed partitions it touches: `BEGIN`, the check, one statement
+    /// per table and `COMMIT` leave together and are answered together,
+    /// one round trip whatever the batch holds (and one more per statement
+    /// the first time a connection prepares it). A check that finds a newer
+    /// epoch fails its statement, so the server rolls everything after it
+    /// back and the `COMMIT` commits nothing.
+    async fn commit(self, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
+        let r = &rows;
         let p = &*self.projection;
-        if !held.is_empty() {
-            let partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
-            let current: HashMap<i32, i64> = txn
-                .query(
-                    "SELECT partition, epoch FROM waku_epochs WHERE projection = $1 AND partition = ANY($2) FOR SHARE",
-                    &[&p, &partitions],
-                )
-                .await
-                .map_err(|e| self.error(e))?
-                .iter()
-                .map(|row| (row.get(0), row.get(1)))
-                .collect();
-            for (partition, epoch) in held {
+        let fence_partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
+        let fence_epochs: Vec<i64> = held.iter().map(|&(_, epoch)| epoch).collect();
+        let fence_count = held.len() as i64;
+        let outbox_count = r.outbox.len() as i64;
+        let mut wanted: Vec<&str> = Vec::new();
+        let mut add = |needed: bool, sql: &'static str| {
+            if needed {
+                wanted.push(sql);
+            }
+        };
+        add(!held.is_empty(), FENCE);
+        add(!r.set_keys.is_empty(), SET_ENTRIES);
+        add(!r.deleted_keys.is_empty(), DELETE_ENTRIES);
+        add(!r.counter_names.is_empty(), ADD_COUNTERS);
+        add(!r.stat_names.is_empty(), ADD_STATS);
+        add(!r.done_topics.is_empty(), ADD_DONE);
+        add(!r.position_topics.is_empty(), SET_POSITIONS);
+        add(!r.position_topics.is_empty(), DROP_DONE_BELOW);
+        add(r.outbox_through.is_some(), SETTLE_OUTBOX);
+        add(!r.outbox.is_empty(), ADD_OUTBOX);
+        let mut statements = Vec::with_capacity(wanted.len());
+        for sql in &wanted {
+            statements.push(self.prepared(sql).await?);
+        }
+        let client = self.client();
+        let mut flight: Vec<Pending<'_>> = vec![Box::pin(client.batch_execute("BEGIN"))];
+        for (sql, statement) in wanted.iter().zip(&statements) {
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match *sql {
+                FENCE => vec![&p, &fence_partitions, &fence_epochs, &fence_count],
+                SET_ENTRIES => vec![&p, &r.set_keys, &r.set_names, &r.set_key_texts, &r.set_values, &r.set_jsons],
+                DELETE_ENTRIES => vec![&p, &r.deleted_keys, &r.deleted_names],
+                ADD_COUNTERS => vec![&p, &r.counter_names, &r.counter_deltas],
+                ADD_STATS => vec![&p, &r.stat_names, &r.stat_deltas],
+                ADD_DONE => vec![&p, &r.done_topics, &r.done_partitions, &r.done_records],
+                SET_POSITIONS | DROP_DONE_BELOW => {
+                    vec![&p, &r.position_topics, &r.position_partitions, &r.position_nexts]
+                }
+                SETTLE_OUTBOX => match &r.outbox_through {
+                    Some((partition, through)) => vec![&p, partition, through],
+                    None => continue,
+                },
+                _ => vec![&p, &outbox_count, &r.outbox, &r.outbox_partitions],
+            };
+            flight.push(Box::pin(async move { client.execute(statement, &params).await.map(drop) }));
+        }
+        flight.push(Box::pin(client.batch_execute("COMMIT")));
+        let answers = all_at_once(flight).await;
+        let fenced = !held.is_empty()
+            && answers[1].as_ref().err().and_then(tokio_postgres::Error::code)
+                == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO);
+        if let Some(error) = answers.into_iter().find_map(Result::err) {
+            // `COMMIT` after a failed statement rolls back; this makes sure
+            // the connection goes back to the pool outside a transaction.
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(match fenced {
+                true => self.fenced(held).await,
+                false => self.error(error),
+            });
+        }
+        Ok(())
+    }
+
+    /// The error for a commit whose fence check failed: the first of the
+    /// `held` partitions another store claimed since.
+    async fn fenced(&self, held: Vec<(u32, i64)>) -> StateError {
+        let partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
+        let current: HashMap<i32, i64> = match self
+            .query(
+                "SELECT partition, epoch FROM waku_epochs WHERE projection = $1 AND partition = ANY($2)",
+                &[&&*self.projection, &partitions],
+            )
+            .await
+        {
+            Ok(rows) => rows.iter().map(|row| (row.get(0), row.get(1))).collect(),
+            Err(error) => return error,
+        };
+        held.into_iter()
+            .find_map(|(partition, epoch)| {
                 let now = current.get(&i32_of(partition)).copied().unwrap_or(0);
-                if now != epoch {
-                    return Err(StateError::Fenced {
-                        partition,
-                        held: epoch.unsigned_abs(),
-                        current: now.unsigned_abs(),
-                    });
+                (now != epoch).then(|| StateError::Fenced {
+                    partition,
+                    held: epoch.unsigned_abs(),
+                    current: now.unsigned_abs(),
+                })
+            })
+            .unwrap_or_else(|| self.error(NoFencedPartition))
+    }
+}
+
+/// A fence check failed, yet every claimed partition holds its epoch.
+#[derive(Debug, thiserror::Error)]
+#[error("the commit's fence check failed, yet no partition it touches was claimed since")]
+struct NoFencedPartition;
+
+/// A statement on its way, in a flight of them ([`all_at_once`]).
+type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>;
+
+/// Polls every future of `flight` at once, so that the queries leave in
+/// one flight, in order (tokio-postgres sends a query when its future is
+/// first polled), and waits for all the answers, in order.
+async fn all_at_once<T>(flight: Vec<std::pin::Pin<Box<dyn Future<Output = T> + Send + '_>>>) -> Vec<T> {
+    let mut flight: Vec<_> = flight.into_iter().map(Some).collect();
+    let mut answers: Vec<Option<T>> = flight.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (slot, answer) in flight.iter_mut().zip(answers.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => {
+                        *answer = Some(value);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => waiting = true,
                 }
             }
         }
-        let r = &rows;
-        let run = async |sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
-            txn.execute(sql, params).await.map(drop).map_err(|e| self.error(e))
-        };
-        if !r.set_keys.is_empty() {
-            run(
-                "INSERT INTO waku_state (projection, key, name, key_text, value) \
-                 SELECT $1, * FROM unnest($2::bytea[], $3::text[], $4::text[], $5::bytea[]) \
-                 ON CONFLICT (projection, key, name) DO UPDATE SET value = excluded.value",
-                &[&p, &r.set_keys, &r.set_names, &r.set_key_texts, &r.set_values],
-            )
-            .await?;
+        match waiting {
+            true => std::task::Poll::Pending,
+            false => std::task::Poll::Ready(()),
         }
-        if !r.deleted_keys.is_empty() {
-            run(
-                "DELETE FROM waku_state s USING unnest($2::bytea[], $3::text[]) AS d(key, name) \
-                 WHERE s.projection = $1 AND s.key = d.key AND s.name = d.name",
-                &[&p, &r.deleted_keys, &r.deleted_names],
-            )
-            .await?;
+    })
+    .await;
+    answers.into_iter().flatten().collect()
+}
+
+/// Fails (a division by zero) unless every claimed partition `$2` holds
+/// the epoch `$3` claimed it at (`$4` of them), and locks their rows so a
+/// claim waits for the commit.
+const FENCE: &str = "SELECT 1 / (CASE WHEN count(*) = $4 THEN 1 ELSE 0 END) FROM ( \
+         SELECT 1 FROM waku_epochs e JOIN unnest($2::integer[], $3::bigint[]) AS h(partition, epoch) \
+         ON e.partition = h.partition AND e.epoch = h.epoch WHERE e.projection = $1 FOR SHARE OF e \
+     ) AS held";
+
+const SET_ENTRIES: &str = "INSERT INTO waku_state (projection, key, name, key_text, value, json) \
+     SELECT $1, k, n, t, v, j::jsonb FROM unnest($2::bytea[], $3::text[], $4::text[], $5::bytea[], $6::text[]) \
+         AS u(k, n, t, v, j) \
+     ON CONFLICT (projection, key, name) DO UPDATE SET value = excluded.value, json = excluded.json";
+
+const DELETE_ENTRIES: &str = "DELETE FROM waku_state s USING unnest($2::bytea[], $3::text[]) AS d(key, name) \
+     WHERE s.projection = $1 AND s.key = d.key AND s.name = d.name";
+
+const ADD_COUNTERS: &str = "INSERT INTO waku_counters (projection, name, value) \
+     SELECT $1, n, d::numeric FROM unnest($2::text[], $3::text[]) AS u(n, d) \
+     ON CONFLICT (projection, name) DO UPDATE SET value = waku_counters.value + excluded.value";
+
+const ADD_STATS: &str = "INSERT INTO waku_stats (projection, name, value) \
+     SELECT $1, n, least(d::numeric, 18446744073709551615) FROM unnest($2::text[], $3::text[]) AS u(n, d) \
+     ON CONFLICT (projection, name) \
+     DO UPDATE SET value = least(waku_stats.value + excluded.value, 18446744073709551615)";
+
+const ADD_DONE: &str = "INSERT INTO waku_done (projection, topic, partition, record) \
+     SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) ON CONFLICT DO NOTHING";
+
+/// Positions, then (the next statement) the done marks below them go.
+const SET_POSITIONS: &str = "INSERT INTO waku_positions (projection, topic, partition, next) \
+     SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) \
+     ON CONFLICT (projection, topic, partition) DO UPDATE SET next = excluded.next";
+
+const DROP_DONE_BELOW: &str = "DELETE FROM waku_done d \
+     USING unnest($2::text[], $3::integer[], $4::bigint[]) AS p(topic, partition, next) \
+     WHERE d.projection = $1 AND d.topic = p.topic AND d.partition = p.partition AND d.record < p.next";
+
+const SETTLE_OUTBOX: &str = "DELETE FROM waku_outbox WHERE projection = $1 AND partition = $2 AND seq <= $3";
+
+/// Takes `$2` sequence numbers and adds the entries under them, in order.
+const ADD_OUTBOX: &str = "WITH n AS ( \
+         INSERT INTO waku_outbox_next (projection, next) VALUES ($1, $2) \
+         ON CONFLICT (projection) DO UPDATE SET next = waku_outbox_next.next + excluded.next RETURNING next \
+     ) \
+     INSERT INTO waku_outbox (projection, seq, entry, partition) \
+     SELECT $1, n.next - $2 + u.ord - 1, u.entry, u.partition \
+     FROM n, unnest($3::bytea[], $4::integer[]) WITH ORDINALITY AS u(entry, partition, ord)";
+
+/// `value` as the text of a `jsonb` when PostgreSQL surely takes it as one:
+/// UTF-8 JSON (serde_json's reading, nested at most 128 deep) with no
+/// `\u0000` (which `jsonb` refuses) and no number of more than
+/// [`JSON_NUMBER_MAX`] characters or with an exponent past it (`numeric`'s
+/// range is smaller than JSON's). Stricter than PostgreSQL where they
+/// differ (a number past `f64`, deeper nesting): such a value is kept as
+/// bytes with no `json`, never a commit refused.
+fn json_text(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?;
+    serde_json::from_str::<serde_json::Value>(text).ok()?;
+    json_numbers_fit(text).then(|| text.to_owned())
+}
+
+/// The most characters a JSON number, or the exponent of one, may have for
+/// [`json_text`] (`numeric` takes 131 072 digits before the point, 16 383
+/// after).
+const JSON_NUMBER_MAX: usize = 1000;
+
+/// Whether `text` (valid JSON) has no `\u0000` and every number fits
+/// [`JSON_NUMBER_MAX`].
+fn json_numbers_fit(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    if bytes[at] == b'\\' {
+                        if bytes[at + 1..].starts_with(b"u0000") {
+                            return false;
+                        }
+                        at += 1;
+                    }
+                    at += 1;
+                }
+                at += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = at;
+                while at < bytes.len() && matches!(bytes[at], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                    at += 1;
+                }
+                let number = &text[start..at];
+                let exponent = number.find(['e', 'E']).map_or("0", |e| &number[e + 1..]);
+                let exponent: i64 = exponent.parse().unwrap_or(i64::MAX);
+                if number.len() > JSON_NUMBER_MAX || exponent.unsigned_abs() > JSON_NUMBER_MAX as u64 {
+                    return false;
+                }
+            }
+            _ => at += 1,
         }
-        if !r.counter_names.is_empty() {
-            run(
-                "INSERT INTO waku_counters (projection, name, value) \
-                 SELECT $1, n, d::numeric FROM unnest($2::text[], $3::text[]) AS u(n, d) \
-                 ON CONFLICT (projection, name) DO UPDATE SET value = waku_counters.value + excluded.value",
-                &[&p, &r.counter_names, &r.counter_deltas],
-            )
-            .await?;
-        }
-        if !r.stat_names.is_empty() {
-            run(
-                "INSERT INTO waku_stats (projection, name, value) \
-                 SELECT $1, n, least(d::numeric, 18446744073709551615) FROM unnest($2::text[], $3::text[]) AS u(n, d) \
-                 ON CONFLICT (projection, name) \
-                 DO UPDATE SET value = least(waku_stats.value + excluded.value, 18446744073709551615)",
-                &[&p, &r.stat_names, &r.stat_deltas],
-            )
-            .await?;
-        }
-        if !r.done_topics.is_empty() {
-            run(
-                "INSERT INTO waku_done (projection, topic, partition, record) \
-                 SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) ON CONFLICT DO NOTHING",
-                &[&p, &r.done_topics, &r.done_partitions, &r.done_records],
-            )
-            .await?;
-        }
-        // Positions, then the done marks below them go.
-        if !r.position_topics.is_empty() {
-            run(
-                "INSERT INTO waku_positions (projection, topic, partition, next) \
-                 SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) \
-                 ON CONFLICT (projection, topic, partition) DO UPDATE SET next = excluded.next",
-                &[&p, &r.position_topics, &r.position_partitions, &r.position_nexts],
-            )
-            .await?;
-            run(
-                "DELETE FROM waku_done d USING unnest($2::text[], $3::integer[], $4::bigint[]) AS p(topic, partition, next) \
-                 WHERE d.projection = $1 AND d.topic = p.topic AND d.partition = p.partition AND d.record < p.next",
-                &[&p, &r.position_topics, &r.position_partitions, &r.position_nexts],
-            )
-            .await?;
-        }
-        if let Some((partition, through)) = &r.outbox_through {
-            run(
-                "DELETE FROM waku_outbox WHERE projection = $1 AND partition = $2 AND seq <= $3",
-                &[&p, partition, through],
-            )
-            .await?;
-        }
-        if !r.outbox.is_empty() {
-            let count = r.outbox.len() as i64;
-            let next: i64 = txn
-                .query_one(
-                    "INSERT INTO waku_outbox_next (projection, next) VALUES ($1, $2) \
-                     ON CONFLICT (projection) DO UPDATE SET next = waku_outbox_next.next + excluded.next \
-                     RETURNING next",
-                    &[&p, &count],
-                )
-                .await
-                .map_err(|e| self.error(e))?
-                .get(0);
-            let seqs: Vec<i64> = (next - count..next).collect();
-            txn.execute(
-                "INSERT INTO waku_outbox (projection, seq, entry, partition) \
-                 SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::integer[])",
-                &[&p, &seqs, &r.outbox, &r.outbox_partitions],
-            )
-            .await
-            .map_err(|e| self.error(e))?;
-        }
-        txn.commit().await.map_err(|e| self.error(e))
     }
+    true
 }
 
 /// The longest identifier PostgreSQL keeps whole (it cuts longer ones).
@@ -1196,6 +1577,138 @@ mod tests {
             ]
         );
         assert_eq!(store.get(&Key::int(42), "raw").unwrap(), Some(vec![0xff, 0x00]));
+    }
+
+    /// A batch's commit of `value` under `name` for `key`, moving
+    /// partition `partition` of topic `t` to `next`.
+    fn batch(partition: u32, next: u64, key: u64, name: &str, value: Option<&str>) -> BatchCommit {
+        let mut writes = KeyWrites::default();
+        match value {
+            Some(value) => writes.set(name, value.as_bytes().to_vec()),
+            None => writes.delete(name),
+        }
+        BatchCommit {
+            writes: vec![(Key::int(key), writes)],
+            positions: vec![("t".into(), partition, next)],
+            ..BatchCommit::default()
+        }
+    }
+
+    fn read(store: &PostgresStore, partition: u32, key: u64, name: &str) -> Option<String> {
+        let reader = store.batch_reader(partition, &[Key::int(key)]).unwrap();
+        reader.get(&Key::int(key), name).unwrap().map(|value| String::from_utf8(value).unwrap())
+    }
+
+    #[test]
+    fn the_cache_never_serves_a_value_committed_after_the_partition_was_lost() {
+        let Some(database) = database() else { return };
+        let (old, new) = (database.connect().unwrap(), database.connect().unwrap());
+        old.claim(3).unwrap();
+        assert_eq!(read(&old, 3, 1, "v"), None);
+        old.commit(batch(3, 1, 1, "v", Some("old"))).unwrap();
+        assert_eq!(old.cache_held().1, 1, "the key is cached and written through");
+        assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("old"));
+        // A commit the database refuses (PostgreSQL text holds no NUL)
+        // writes nothing through.
+        let mut refused = batch(3, 2, 1, "v", Some("refused"));
+        refused.writes[0].1.set("nul\0", b"1".to_vec());
+        assert!(matches!(old.commit(refused), Err(StateError::Storage { .. })));
+        assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("old"));
+        // Another host takes the partition and commits; the old owner, not
+        // told yet, reads the database's value, not its cache's.
+        new.claim(3).unwrap();
+        new.commit(batch(3, 2, 1, "v", Some("new"))).unwrap();
+        assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("new"));
+        assert_eq!(old.cache_held().1, 0, "the lost partition's cache is dropped");
+        // Its commit is fenced and writes nothing through.
+        assert!(matches!(old.commit(batch(3, 3, 1, "v", Some("stale"))), Err(StateError::Fenced { .. })));
+        assert_eq!(read(&old, 3, 1, "v").as_deref(), Some("new"));
+        assert_eq!(old.cache_held().1, 0);
+        // The new owner's cache follows its own commits, deletes included.
+        assert_eq!(read(&new, 3, 1, "v").as_deref(), Some("new"));
+        new.commit(batch(3, 3, 1, "v", None)).unwrap();
+        assert_eq!(new.cache_held().1, 1);
+        assert_eq!(read(&new, 3, 1, "v"), None);
+        // Taken back: the old host claims again and reads afresh.
+        old.claim(3).unwrap();
+        new.commit(batch(3, 4, 1, "w", Some("x"))).unwrap_err();
+        assert_eq!(read(&old, 3, 1, "w"), None);
+        assert_eq!(read(&old, 3, 1, "v"), None);
+        // A released partition's keys go at once.
+        old.release(3);
+        assert_eq!(old.cache_held().1, 0);
+    }
+
+    #[test]
+    fn an_evicted_key_reads_back_its_committed_value() {
+        let Some(database) = database() else { return };
+        let store = database.connect().unwrap().with_cache_bytes(8 * 1024);
+        store.claim(0).unwrap();
+        let value = |key: u64| format!("{key}-{}", "x".repeat(200));
+        for key in 0..100_u64 {
+            let keys: Vec<Key> = (key.saturating_sub(3)..=key).map(Key::int).collect();
+            drop(store.batch_reader(0, &keys).unwrap());
+            store.commit(batch(0, key + 1, key, "v", Some(&value(key)))).unwrap();
+            let (bytes, _) = store.cache_held();
+            assert!(bytes <= 8 * 1024, "the cache holds {bytes} bytes");
+        }
+        let (_, held) = store.cache_held();
+        assert!(held > 0 && held < 100, "{held} keys cached");
+        for key in 0..100 {
+            assert_eq!(read(&store, 0, key, "v"), Some(value(key)), "key {key}");
+        }
+        // A batch loads up to the capacity; the keys past it are read one
+        // at a time, with the same answers.
+        let keys: Vec<Key> = (0..100).map(Key::int).collect();
+        let reader = store.batch_reader(0, &keys).unwrap();
+        for key in 0..100 {
+            assert_eq!(reader.get(&Key::int(key), "v").unwrap(), Some(value(key).into_bytes()));
+            assert_eq!(reader.entry_count(&Key::int(key), 10).unwrap(), 1);
+            assert!(reader.contains(&Key::int(key), "v").unwrap());
+        }
+        // No cache at all: every read is a query, with the same answers.
+        let uncached = database.connect().unwrap().with_cache_bytes(0);
+        uncached.claim(0).unwrap();
+        assert_eq!(read(&uncached, 0, 42, "v"), Some(value(42)));
+        assert_eq!(uncached.cache_held(), (0, 0));
+    }
+
+    #[test]
+    fn json_is_sent_only_when_postgresql_takes_it_as_jsonb() {
+        let Some(database) = database() else { return };
+        let store = database.connect().unwrap();
+        let big = format!("1{}", "0".repeat(1001));
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let texts = [
+            r#"{"a": [1, 2.5, -3e10, true, null, "x\"y"]}"#,
+            r#""\u00e9\ud83d\ude00""#,
+            r#""a\u0000b""#,
+            r#""\ud800""#,
+            r#""\\u0000""#,
+            "1e400",
+            "1e-400",
+            "1e-20000",
+            "0.1e1001",
+            &big,
+            &deep,
+            "[1,]",
+            "{\"a\":1}garbage",
+            "\u{feff}1",
+            " 1 ",
+            "",
+        ];
+        for text in texts {
+            let json = json_text(text.as_bytes());
+            let taken = store
+                .run({
+                    let text = text.to_owned();
+                    move |db| async move { Ok(db.client().query("SELECT $1::text::jsonb", &[&text]).await.is_ok()) }
+                })
+                .unwrap();
+            assert!(json.is_none() || taken, "{text:?} is sent as JSON, and PostgreSQL refuses it");
+        }
+        assert!(json_text(texts[0].as_bytes()).is_some() && json_text(texts[1].as_bytes()).is_some());
+        assert!(json_text(br#""\\u0000""#).is_some(), "an escaped backslash before u0000 is no NUL");
     }
 
     #[test]

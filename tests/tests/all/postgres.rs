@@ -258,3 +258,40 @@ async fn a_partition_fenced_while_still_assigned_is_taken_back() {
     let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
     assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
 }
+
+/// The round trips a batch costs stay the same as the batch holds more
+/// keys: one partition, four batches, and about 20, 200 and then 2 000
+/// keys per batch, with the state behind a proxy adding 0.5 ms each way
+/// and counting the host's turns (the round trips it waits for). Before a
+/// batch read its keys in one query, every key read was a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_batch_stay_the_same_as_keys_per_batch_grow() {
+    let Some(url) = postgres_url("round trips per batch") else { return };
+    let upstream = wakuwaku_tests::proxy::upstream_of(&url).to_owned();
+    let mut runs = Vec::new();
+    for accounts in [40_u64, 400, 4_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let module = bank_module();
+        let spec = WorkloadSpec { events: accounts as usize * 2, accounts, seed: 5 };
+        let (log, oracle) = bank_log(dir.path(), module.clone(), spec, 1).await;
+        let proxy = wakuwaku_tests::proxy::LatencyProxy::start(upstream.clone(), Duration::from_micros(500)).unwrap();
+        let projection = fresh_stream("trips").replace('-', "_");
+        let config = ConsumerConfig { batch_size: spec.events / 4, ..ConsumerConfig::default() };
+        let mut settings = host_settings(dir.path(), &projection, "accounts", vec![module.clone()], config);
+        settings.state = StateSettings::Postgres { url: proxy.url_for(&url) };
+        let (summary, projection) = catch_up(&log, settings).await.unwrap();
+        // Counted before the check below reads every account.
+        runs.push((accounts, proxy.turns(), summary.batches));
+        let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+        assert!(check.matches(), "{}", check.report(5));
+    }
+    eprintln!("accounts, round trips of the whole run, batches: {runs:?}");
+    let fewest = runs.iter().map(|(_, turns, _)| *turns).min().unwrap();
+    let most = runs.iter().map(|(_, turns, _)| *turns).max().unwrap();
+    // The same batches, the same statements: what differs is how many
+    // connections the pool opened and prepared statements on (about a
+    // dozen round trips each). A round trip per key would add thousands.
+    assert!(most <= fewest + 50, "round trips grow with the keys per batch: {runs:?}");
+    // Four batches each: none was redone because its calls waited.
+    assert!(runs.iter().all(|(_, _, batches)| *batches == 4), "{runs:?}");
+}
