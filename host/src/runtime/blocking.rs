@@ -16,7 +16,11 @@
 //!   the worker's tasks to another thread first (and costs nothing on a
 //!   `spawn_blocking` thread, which drives none);
 //! - inside a current-thread runtime, where `block_in_place` is not
-//!   allowed, on a thread of its own for the call.
+//!   allowed, on a thread of its own for the call. That costs a thread per
+//!   call (tens of microseconds) even on that runtime's `spawn_blocking`
+//!   threads, which tokio does not tell apart: a library user who runs the
+//!   consumer on a current-thread runtime pays it; `waku` runs a
+//!   multi-threaded one.
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 

@@ -829,7 +829,7 @@ impl WasmInstance {
     /// Asks the module what it handles and where it emits, and checks the
     /// answer against the rules of `module-info`.
     fn describe(&mut self) -> Result<(Vec<EventType>, Vec<String>), String> {
-        let seed = wasi::call_seed("describe", 0, &[], std::iter::empty());
+        let seed = wasi::call_seed("describe", 0, &[], &[] as &[&[u8]]);
         let info =
             self.call(seed, |guest, store| guest.call_describe(store).map(Ok)).map_err(|error| error.to_string())?;
         let types = info.event_types.iter().map(|t| (t.tag, t.name.as_str(), t.max_batch));
@@ -854,7 +854,7 @@ impl HandlerInstance for WasmInstance {
         // store that makes the call. The store is 'static, so the scope
         // moves in for the call and back out after it.
         let key: Key = scope.key().clone();
-        self.prepare(wasi::call_seed("handle", tag.get(), key.as_bytes(), bodies.iter().map(Vec::as_slice)))?;
+        self.prepare(wasi::call_seed("handle", tag.get(), key.as_bytes(), bodies))?;
         let data = self.store.data_mut();
         data.log.begin(Some(key.clone()), *scope.limits());
         data.scope = Some(scope.take_for_call());
@@ -866,20 +866,20 @@ impl HandlerInstance for WasmInstance {
     }
 
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
-        let seed = wasi::call_seed("combine", tag.get(), &[], bodies.iter().map(Vec::as_slice));
+        let seed = wasi::call_seed("combine", tag.get(), &[], bodies);
         let body = self.call(seed, |guest, store| guest.call_combine(store, tag.get(), bodies))?;
         check_combined_body(&self.module.sandbox.payload, &body)?;
         Ok(body)
     }
 
     fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError> {
-        let seed = wasi::call_seed("key", tag.get(), &[], std::iter::once(body));
+        let seed = wasi::call_seed("key", tag.get(), &[], &[body]);
         let bytes = self.call(seed, |guest, store| guest.call_key(store, tag.get(), body))?;
         Ok(check_key(&bytes)?)
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
-        let seed = wasi::call_seed("ordering", tag.get(), &[], std::iter::once(body));
+        let seed = wasi::call_seed("ordering", tag.get(), &[], &[body]);
         self.call(seed, |guest, store| guest.call_ordering(store, tag.get(), body)).map(ordering_from_wit)
     }
 }

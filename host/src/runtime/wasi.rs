@@ -16,7 +16,8 @@
 //! **Random bytes are deterministic per call.** `get-random-bytes`,
 //! `get-random-u64` and their `insecure` twins draw from one ChaCha8
 //! generator that every call starts afresh from a seed of its input (the
-//! export, the tag, the key and the bodies: [`call_seed`]); the insecure
+//! export, the tag, the key and a bounded part of the bodies:
+//! [`call_seed`]); the insecure
 //! seed is 0. A module that asks for randomness (Rust's `HashMap` does)
 //! therefore does the same thing every time it is given the same events:
 //! a replay, a rebuild and a retry see what the first run saw. They are
@@ -144,20 +145,31 @@ impl Pollable for Ready {
 }
 
 /// The seed of a call's random bytes: SipHash-1-3 (fixed keys, so the
-/// same on every host and version) of the export's name, the tag, the key
-/// and every body's length and first [`SEEDED_BODY_BYTES`] bytes (a bound,
-/// so seeding costs little whatever the bodies weigh).
-pub(super) fn call_seed<'a>(export: &str, tag: u32, key: &[u8], bodies: impl Iterator<Item = &'a [u8]>) -> u64 {
+/// same on every host and version) of the export's name, the tag, the key,
+/// how many bodies there are and their total length, and the first
+/// [`SEEDED_BODY_BYTES`] bytes of the first and of the last body. Only a
+/// bounded part of the bodies, so seeding costs the same whatever the
+/// chunk holds: a call's cost is not raised for the modules that never
+/// ask for random bytes (most of them).
+pub(super) fn call_seed(export: &str, tag: u32, key: &[u8], bodies: &[impl AsRef<[u8]>]) -> u64 {
     use std::hash::Hasher as _;
     let mut hasher = siphasher::sip::SipHasher13::new_with_keys(0x7761_6b75, 0x7761_6b75);
+    let total: usize = bodies.iter().map(|body| body.as_ref().len()).sum();
+    let (first, last) = (seeded_head(bodies.first()), seeded_head(bodies.last()));
     for part in [export.as_bytes(), &tag.to_le_bytes(), &(key.len() as u64).to_le_bytes(), key] {
         hasher.write(part);
     }
-    for body in bodies {
-        hasher.write(&(body.len() as u64).to_le_bytes());
-        hasher.write(&body[..body.len().min(SEEDED_BODY_BYTES)]);
+    for count in [bodies.len(), total, first.len()] {
+        hasher.write(&(count as u64).to_le_bytes());
     }
+    hasher.write(first);
+    hasher.write(last);
     hasher.finish()
+}
+
+/// The part of a body that seeds a call's random bytes.
+fn seeded_head(body: Option<&impl AsRef<[u8]>>) -> &[u8] {
+    body.map_or(&[], |body| &body.as_ref()[..body.as_ref().len().min(SEEDED_BODY_BYTES)])
 }
 
 /// `mutex`'s value; a panic while it was held left nothing half-done
@@ -169,24 +181,34 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How much of each body seeds a call's random bytes.
 const SEEDED_BODY_BYTES: usize = 64;
 
-/// The generator both random interfaces of one store draw from; each call
-/// starts it again from its seed.
+/// The generator both random interfaces of one store draw from: the
+/// seed of the call running, and the generator made from it when the call
+/// first asks (most calls never do, so they never pay for one).
 #[derive(Clone)]
-struct CallRandom(Arc<Mutex<ChaCha8Rng>>);
+struct CallRandom(Arc<Mutex<(u64, Option<ChaCha8Rng>)>>);
+
+impl CallRandom {
+    /// Runs `draw` on the call's generator, made from its seed first.
+    fn draw<T>(&self, draw: impl FnOnce(&mut ChaCha8Rng) -> T) -> T {
+        let mut guard = lock(&self.0);
+        let (seed, generator) = &mut *guard;
+        draw(generator.get_or_insert_with(|| ChaCha8Rng::seed_from_u64(*seed)))
+    }
+}
 
 impl rand::TryRng for CallRandom {
     type Error = std::convert::Infallible;
 
     fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
-        Ok(rand::Rng::next_u32(&mut *lock(&self.0)))
+        Ok(self.draw(rand::Rng::next_u32))
     }
 
     fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
-        Ok(rand::Rng::next_u64(&mut *lock(&self.0)))
+        Ok(self.draw(rand::Rng::next_u64))
     }
 
     fn try_fill_bytes(&mut self, bytes: &mut [u8]) -> Result<(), Self::Error> {
-        rand::Rng::fill_bytes(&mut *lock(&self.0), bytes);
+        self.draw(|generator| rand::Rng::fill_bytes(generator, bytes));
         Ok(())
     }
 }
@@ -204,7 +226,7 @@ impl WasiState {
     /// The empty context: nothing granted, clocks frozen, stderr kept.
     pub(super) fn new() -> Self {
         let stderr = Tail::new(STDERR_TAIL);
-        let random = CallRandom(Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))));
+        let random = CallRandom(Arc::new(Mutex::new((0, None))));
         let ctx = WasiCtx::builder()
             .secure_random(random.clone())
             .insecure_random(random.clone())
@@ -225,7 +247,7 @@ impl WasiState {
     /// Starts the random bytes of the next call from `seed`
     /// ([`call_seed`]).
     pub(super) fn reseed(&self, seed: u64) {
-        *lock(&self.random.0) = ChaCha8Rng::seed_from_u64(seed);
+        *lock(&self.random.0) = (seed, None);
     }
 
     /// The guest's latest stderr output, as text.
