@@ -55,6 +55,7 @@ impl Served {
             metrics: Arc::new(Metrics::default()),
             library: None,
             rebuild: None,
+            token: None,
         })
         .await
     }
@@ -87,6 +88,7 @@ async fn the_admin_endpoint_answers_over_http() {
         metrics,
         library: None,
         rebuild: None,
+        token: None,
     })
     .await;
     let base = format!("http://{}", served.address);
