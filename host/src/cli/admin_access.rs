@@ -2,8 +2,8 @@
 //! with, and the token `status` and `state` send to it.
 //!
 //! The token comes from the file `--admin-token-file` names (a setting
-//! like the others: `WAKU_ADMIN_TOKEN_FILE`, `admin-token-file` in
-//! `waku.toml`), else from the environment variable [`TOKEN_VARIABLE`],
+//! like the others, `WAKU_ADMIN_TOKEN_FILE` or `admin-token-file` in
+//! `waku.toml`, shared by `run`, `status` and `state`), else from the environment variable [`TOKEN_VARIABLE`],
 //! which holds the token itself. Never from a flag's value, which `ps`
 //! shows to every user of the machine; and the token is never printed
 //! (the settings show the file's name, errors name the file or the
@@ -48,7 +48,7 @@ impl AdminServeArgs {
 pub(super) struct AdminClientArgs {
     /// With --admin: send the bearer token in this file (else the one in
     /// WAKU_ADMIN_TOKEN, if set).
-    #[arg(long, value_name = "FILE", requires = "admin")]
+    #[arg(long, value_name = "FILE")]
     pub(super) admin_token_file: Option<PathBuf>,
 }
 
