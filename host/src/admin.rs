@@ -12,6 +12,16 @@
 //! | `GET /shadow/{projection}/{key}`, `GET /shadow/{projection}/counters` | the same from the shadow of the rebuild under way ([`crate::rebuild`]); 404 without one |
 //! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
 //!
+//! **Who may ask.** With a token ([`AdminToken`]) every route but
+//! `/health` and `/ready` (which probes call without credentials) answers
+//! only a request carrying `Authorization: Bearer <token>`; any other
+//! gets a 401 with `WWW-Authenticate: Bearer` and a body that says nothing
+//! about the host or the token. Tokens are compared in constant time
+//! ([`subtle`]), so the time of an answer tells nothing of how much of a
+//! guess was right. Without a token the endpoint is open, which the host
+//! allows on a loopback address only unless told otherwise
+//! ([`crate::host::HostSettings::admin_insecure`]).
+//!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
 //! at request time, so lag is current. No answer grows with what modules
@@ -31,8 +41,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -66,6 +77,115 @@ pub struct Admin<L> {
     pub library: Option<Arc<Library>>,
     /// Its rebuilds' progress, when it can rebuild ([`crate::rebuild`]).
     pub rebuild: Option<Arc<RebuildWatch>>,
+    /// The token every route but `/health` and `/ready` asks for; `None`:
+    /// every route is open.
+    pub token: Option<AdminToken>,
+}
+
+/// The bearer token that protects the endpoint. Its text never shows in
+/// `Debug` or in an error.
+#[derive(Clone)]
+pub struct AdminToken(String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(****)")
+    }
+}
+
+/// Why a token could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminTokenError {
+    /// The token file could not be read.
+    #[error("cannot read the admin token file {}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds no token (or only white space).
+    #[error("the admin token file {} is empty", path.display())]
+    Empty {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// The token holds a character an HTTP header cannot carry.
+    #[error("the admin token from {origin} holds a character an HTTP header cannot carry (use printable ASCII)")]
+    Unprintable {
+        /// Where it came from (a file, or the environment variable),
+        /// never the token.
+        origin: String,
+    },
+}
+
+impl AdminToken {
+    /// The token `text` from `origin` (said in errors instead of the
+    /// token), a trailing newline trimmed; `None` when nothing is left.
+    pub fn new(text: &str, origin: &str) -> Result<Option<Self>, AdminTokenError> {
+        let token = text.trim_end_matches(['\n', '\r']);
+        if token.trim().is_empty() {
+            return Ok(None);
+        }
+        if !token.bytes().all(|byte| byte.is_ascii_graphic() || byte == b' ') {
+            return Err(AdminTokenError::Unprintable { origin: origin.to_owned() });
+        }
+        Ok(Some(Self(token.to_owned())))
+    }
+
+    /// The token held by the file at `path`; an empty file is an error
+    /// naming it.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, AdminTokenError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| AdminTokenError::Read { path: path.to_owned(), source })?;
+        Self::new(&text, &format!("file {}", path.display()))?
+            .ok_or_else(|| AdminTokenError::Empty { path: path.to_owned() })
+    }
+
+    /// The token's text, to send it.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `presented` is the token, compared in constant time (for
+    /// tokens of one length).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.as_bytes().ct_eq(presented).into()
+    }
+}
+
+/// Whether the file at `path` may be read by its group or by others (a
+/// token in it is then not the owner's alone). False where file modes do
+/// not exist, or the file cannot be looked at.
+pub fn readable_by_others(path: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).is_ok_and(|metadata| metadata.permissions().mode() & 0o044 != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
+}
+
+/// Lets `request` through when the endpoint has no token or the request
+/// carries it; otherwise a 401 that reveals nothing.
+async fn require_token<L: EventLog>(State(admin): State<Arc<Admin<L>>>, request: Request, next: Next) -> Response {
+    let Some(token) = &admin.token else {
+        return next.run(request).await;
+    };
+    let presented =
+        request.headers().get(header::AUTHORIZATION).and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
+    if presented.is_some_and(|presented| token.matches(presented)) {
+        next.run(request).await
+    } else {
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "unauthorized\n").into_response()
+    }
 }
 
 /// Serves the endpoint on `listener` until `shutdown` resolves.
@@ -74,9 +194,8 @@ pub async fn serve<L: EventLog>(
     admin: Admin<L>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let router = Router::new()
-        .route("/health", get(|| async { "ok\n" }))
-        .route("/ready", get(ready::<L>))
+    let admin = Arc::new(admin);
+    let protected = Router::new()
         .route("/metrics", get(metrics::<L>))
         .route("/modules", get(modules::<L>))
         .route("/state/{projection}/counters", get(counters::<L>))
@@ -84,7 +203,12 @@ pub async fn serve<L: EventLog>(
         .route("/state/{projection}/{key}", get(state::<L>))
         .route("/shadow/{projection}/{key}", get(shadow_state::<L>))
         .route("/status", get(status_route::<L>))
-        .with_state(Arc::new(admin));
+        .route_layer(axum::middleware::from_fn_with_state(admin.clone(), require_token::<L>));
+    let router = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready::<L>))
+        .merge(protected)
+        .with_state(admin);
     let listener = Capped { listener, permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)) };
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
@@ -513,4 +637,31 @@ pub async fn status<L: EventLog>(
         outbox: store.outbox()?.len() as u64,
         rebuild: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_trimmed_of_its_newline_and_matches_only_itself() {
+        let token = AdminToken::new("s3cret\n", "test").unwrap().unwrap();
+        assert!(token.matches(b"s3cret"));
+        for wrong in [&b"s3cre"[..], b"s3cret\n", b"s3creT", b"", b"s3cret-and-more"] {
+            assert!(!token.matches(wrong), "{wrong:?}");
+        }
+        assert!(AdminToken::new("\n", "test").unwrap().is_none());
+        assert!(!format!("{token:?}").contains("s3cret"));
+        let refused = AdminToken::new("a\u{7}b", "test").unwrap_err().to_string();
+        assert!(!refused.contains("a\u{7}b"), "{refused}");
+    }
+
+    #[test]
+    fn an_empty_token_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "\n").unwrap();
+        let error = AdminToken::from_file(&path).unwrap_err().to_string();
+        assert!(error.contains(&path.display().to_string()) && error.contains("empty"), "{error}");
+    }
 }

@@ -114,6 +114,14 @@ pub struct HostSettings {
     /// Serve the admin endpoint on this address (port 0 picks one; see
     /// [`RunningHost::admin_address`]). Default `None`.
     pub admin: Option<SocketAddr>,
+    /// The token the admin endpoint asks for on every route but `/health`
+    /// and `/ready` ([`admin::AdminToken`]). Default `None`: open.
+    pub admin_token: Option<admin::AdminToken>,
+    /// Serve the admin endpoint without a token on an address other than
+    /// loopback, which is refused otherwise
+    /// ([`HostError::AdminUnprotected`]): anyone who reaches the address
+    /// reads the state. Default `false`.
+    pub admin_insecure: bool,
     /// Stop once the end offsets read at start-up are reached. Default
     /// `false`: follow the topic until stopped.
     pub until_caught_up: bool,
@@ -149,6 +157,8 @@ impl HostSettings {
             limits: SandboxLimits::default(),
             consumer: ConsumerConfig::default(),
             admin: None,
+            admin_token: None,
+            admin_insecure: false,
             until_caught_up: false,
             group: None,
             observer: None,
@@ -382,6 +392,17 @@ pub enum HostError {
     /// The admin endpoint could not be bound.
     #[error(transparent)]
     Admin(#[from] std::io::Error),
+    /// The admin endpoint was to serve a non-loopback address without a
+    /// token.
+    #[error(
+        "refusing to serve the admin endpoint on {address} without a token: anyone who reaches it would read the \
+         state; give a token (--admin-token-file <FILE> or WAKU_ADMIN_TOKEN), bind a loopback address \
+         (127.0.0.1), or pass --admin-insecure to serve it open"
+    )]
+    AdminUnprotected {
+        /// The address.
+        address: SocketAddr,
+    },
     /// Consuming failed.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
@@ -430,6 +451,13 @@ impl Host {
     /// it, e.g. to publish); [`HostSettings::log`] is not used. Must be
     /// called inside a tokio runtime.
     pub async fn start_on<L: EventLog>(log: Arc<L>, settings: HostSettings) -> Result<RunningHost<L>, HostError> {
+        if let Some(address) = settings.admin
+            && settings.admin_token.is_none()
+            && !settings.admin_insecure
+            && !address.ip().is_loopback()
+        {
+            return Err(HostError::AdminUnprotected { address });
+        }
         if let (Some(group), StateSettings::Embedded) = (&settings.group, &settings.state) {
             return Err(HostError::GroupNeedsSharedState { group: group.clone() });
         }
@@ -484,6 +512,7 @@ impl Host {
                     metrics: metrics.clone(),
                     library: loaded.library.clone(),
                     rebuild: rebuild_watch.clone(),
+                    token: settings.admin_token.clone(),
                 };
                 let (stop, address) = serve_admin(address, admin).await?;
                 (Some(stop), Some(address))

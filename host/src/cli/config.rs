@@ -16,8 +16,9 @@
 //!   run.
 //! - The settings that say where the data is (`data`, `iggy`, `stream`,
 //!   `lossy-topics`, `state`)
-//!   and what it is (`projection`, `topic`) apply to every command that
-//!   takes them; the others only to `run` (`--partitions` or `--admin`
+//!   and what it is (`projection`, `topic`), and the file of the admin
+//!   endpoint's token (`admin-token-file`: `run` asks for it, `status` and
+//!   `state` send it), apply to every command that takes them; the others only to `run` (`--partitions` or `--admin`
 //!   mean something else elsewhere). `demo` takes only `iggy`: it makes
 //!   its own fresh data.
 //! - A key of the file that is no setting of `run` is an error naming the
@@ -45,7 +46,8 @@ use wakuwaku_core::terminal::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
-const SHARED: [&str; 7] = ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic"];
+const SHARED: [&str; 8] =
+    ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic", "admin-token-file"];
 
 /// What `demo` takes from the environment and the file: the credential
 /// only, as it makes its own fresh data (and stream).
@@ -484,6 +486,13 @@ mod tests {
         assert_eq!(args.target.data.stream, "s");
         assert_eq!(args.target.projection, "bank");
         assert_eq!(args.admin, None, "status's --admin is not run's");
+        let layered = parse_with(&["status"], &[("WAKU_ADMIN_TOKEN_FILE", "t")], Some(file)).unwrap();
+        let Command::Status(args) = &layered.cli.command else { panic!("not status") };
+        assert_eq!(
+            args.admin_access.admin_token_file,
+            Some(PathBuf::from("t")),
+            "the token run asks for, status sends"
+        );
         let layered = parse_with(&["demo"], &[("WAKU_IGGY", "iggy://x@y")], Some(file)).unwrap();
         let Command::Demo(args) = &layered.cli.command else { panic!("not demo") };
         assert_eq!((&args.data, args.partitions), (&None, 4), "the demo makes its own data");
@@ -534,7 +543,16 @@ mod tests {
         let run = find(&command, &["run".to_owned()]).unwrap();
         let names: Vec<&str> = settings_of(run).map(long).collect();
         assert!(names.len() > 30, "{names:?}");
-        for name in ["iggy", "batch-size", "memory-mib", "retry-delays", "until-caught-up", "admin"] {
+        for name in [
+            "iggy",
+            "batch-size",
+            "memory-mib",
+            "retry-delays",
+            "until-caught-up",
+            "admin",
+            "admin-token-file",
+            "admin-insecure",
+        ] {
             assert!(names.contains(&name), "{name} is no setting");
         }
         assert_eq!(env_name("max-emit-kib-per-call"), "WAKU_MAX_EMIT_KIB_PER_CALL");

@@ -46,6 +46,8 @@ pub(super) struct DemoArgs {
     /// Serve the admin endpoint on this address while the demo runs.
     #[arg(long)]
     pub(super) admin: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(super) admin_access: super::admin_access::AdminServeArgs,
     /// Run the demo on an Apache Iggy server instead of the embedded log
     /// (`iggy://user:password@host:port`), in a fresh stream
     /// `waku-demo-<time>`; the projection's state stays local.
@@ -94,6 +96,7 @@ pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     args.consume.apply(&mut settings)?;
     settings.compile_cache = CompileCache::Off;
     settings.admin = args.admin;
+    args.admin_access.apply(&mut settings)?;
     settings.until_caught_up = true;
     let module = load_module_file(&settings.sandbox()?, &module_path)
         .map_err(hint_at_limit_flags)

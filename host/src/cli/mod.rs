@@ -115,6 +115,7 @@ impl StdoutError {
     }
 }
 
+mod admin_access;
 mod args;
 mod build;
 mod config;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 
+use super::admin_access::AdminServeArgs;
 use super::args::{ConsumeArgs, DataArgs};
 use super::available_threads;
 use super::config;
@@ -79,9 +80,13 @@ pub(super) struct RunArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
     pub(super) state_cache_mib: u64,
     /// Serve the admin endpoint (health, readiness, metrics, modules,
-    /// state, status) on this address, e.g. `127.0.0.1:9100`.
+    /// state, status) on this address, e.g. `127.0.0.1:9100`. An address
+    /// other than loopback needs a token (--admin-token-file) or
+    /// --admin-insecure.
     #[arg(long)]
     pub(super) admin: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(super) admin_access: AdminServeArgs,
     #[command(flatten)]
     pub(super) consume: ConsumeArgs,
     /// Print the effective settings and where each came from (flag,
@@ -110,6 +115,7 @@ impl RunArgs {
         settings.compile_cache_max_bytes = self.compile_cache_max_mib << 20;
         settings.state_cache_bytes = usize::try_from(self.state_cache_mib << 20).unwrap_or(usize::MAX);
         settings.admin = self.admin;
+        self.admin_access.apply(&mut settings)?;
         settings.until_caught_up = self.until_caught_up;
         settings.group = self.group.clone();
         Ok(settings)

@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
+use super::admin_access::{self, AdminClientArgs};
 use super::args::{DataArgs, OutputArgs, hint_if_in_use, parse_key};
 use super::publish::load_module;
 use crate::admin::view;
@@ -67,6 +68,8 @@ pub(super) struct StateGetArgs {
     #[arg(long)]
     pub(super) admin: Option<String>,
     #[command(flatten)]
+    pub(super) admin_access: AdminClientArgs,
+    #[command(flatten)]
     pub(super) output: OutputArgs,
 }
 
@@ -90,6 +93,8 @@ pub(super) struct StateCountersArgs {
     /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
     #[arg(long)]
     pub(super) admin: Option<String>,
+    #[command(flatten)]
+    pub(super) admin_access: AdminClientArgs,
     #[command(flatten)]
     pub(super) output: OutputArgs,
 }
@@ -127,6 +132,7 @@ fn shadow_store(data: &DataArgs, projection: &str) -> Result<StateStore> {
 /// with the query `parameters`.
 fn ask_admin(
     url: &str,
+    access: &AdminClientArgs,
     shadow: bool,
     projection: &str,
     route: &str,
@@ -142,12 +148,8 @@ fn ask_admin(
     if !query.is_empty() {
         url = format!("{url}?{}", query.join("&"));
     }
-    let mut response =
-        ureq::get(&url).config().http_status_as_error(false).build().call().with_context(|| format!("asking {url}"))?;
-    let body = response.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
-    if !response.status().is_success() {
-        bail!("{url} answered {}: {}", response.status(), body.trim());
-    }
+    let token = admin_access::token(access.admin_token_file.as_deref())?;
+    let body = admin_access::get(&url, token.as_ref())?;
     serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a view of the state"))
 }
 
@@ -163,7 +165,7 @@ pub(super) fn state_counters(args: StateCountersArgs) -> Result<()> {
     let output = match &args.admin {
         Some(url) => {
             let parameters = [("after", page.after.clone()), ("limit", page.limit.map(|limit| limit.to_string()))];
-            ask_admin(url, args.shadow, &args.projection, "counters", &parameters)?
+            ask_admin(url, &args.admin_access, args.shadow, &args.projection, "counters", &parameters)?
         }
         None => {
             let store = open_store(&args.data, &args.projection, args.shadow)?;
@@ -199,7 +201,8 @@ pub(super) fn state_get(args: StateGetArgs) -> Result<()> {
                 ("after", page.after.clone()),
                 ("limit", page.limit.map(|limit| limit.to_string())),
             ];
-            let mut json = ask_admin(url, args.shadow, &args.projection, &key.to_string(), &parameters)?;
+            let mut json =
+                ask_admin(url, &args.admin_access, args.shadow, &args.projection, &key.to_string(), &parameters)?;
             // A host from before `?entry=` answers all of the page.
             if let (Some(only), Some(entries)) = (&args.entry, json.get_mut("entries").and_then(|e| e.as_object_mut()))
             {

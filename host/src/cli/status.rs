@@ -4,6 +4,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
+use super::admin_access::{self, AdminClientArgs};
 use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use};
 use crate::admin;
 use crate::lifecycle::Library;
@@ -22,6 +23,8 @@ pub(super) struct StatusArgs {
     #[arg(long)]
     pub(super) admin: Option<String>,
     #[command(flatten)]
+    pub(super) admin_access: AdminClientArgs,
+    #[command(flatten)]
     pub(super) output: OutputArgs,
 }
 
@@ -30,10 +33,8 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
     let status = match &args.admin {
         Some(url) => {
             let url = format!("{}/status", url.trim_end_matches('/'));
-            let body = ureq::get(&url)
-                .call()
-                .and_then(|mut response| response.body_mut().read_to_string())
-                .with_context(|| format!("asking {url}"))?;
+            let token = admin_access::token(args.admin_access.admin_token_file.as_deref())?;
+            let body = admin_access::get(&url, token.as_ref())?;
             let status: admin::Status =
                 serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
             if status.projection != target.projection {

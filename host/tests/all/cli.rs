@@ -1236,3 +1236,178 @@ fn waku_test_keeps_a_bounded_outcome_and_counts_what_it_drops() {
         &stdout[stdout.len() - 300..]
     );
 }
+
+/// What `url` answers (status, `WWW-Authenticate`, body) with
+/// `authorization` as its `Authorization` header.
+fn admin_answer(url: &str, authorization: Option<&str>) -> (u16, Option<String>, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut request = agent.get(url);
+    if let Some(value) = authorization {
+        request = request.header("Authorization", value);
+    }
+    let mut response = request.call().unwrap();
+    let challenge = response.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_owned());
+    (response.status().as_u16(), challenge, response.body_mut().read_to_string().unwrap())
+}
+
+#[test]
+fn the_admin_endpoint_asks_for_the_token_on_every_route_but_health_and_ready() {
+    const TOKEN: &str = "tok-3f9c1e-never-shown";
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#],
+    );
+    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
+    assert!(waku(&publish, dir.path()).status.success());
+    assert!(run_bank_until_caught_up(dir.path()).status.success());
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let mode = |mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    mode(0o600);
+    let token_path = token_file.to_string_lossy().into_owned();
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+
+    let mut child = common::waku_command(dir.path())
+        .args(args)
+        .args(["--admin", "127.0.0.1:0", "--admin-token-file", &token_path])
+        .env_remove("WAKU_ADMIN_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    common::wait_for_line(&lines, &mut seen, |line| line.starts_with("waku: admin endpoint on "));
+    let url = seen.iter().find_map(|line| line.strip_prefix("waku: admin endpoint on ")).unwrap().to_owned();
+    assert!(!seen.iter().any(|line| line.contains("readable by")), "a 600 file draws no warning: {seen:?}");
+
+    // Probes need no token.
+    for route in ["/health", "/ready"] {
+        let (code, _, body) = admin_answer(&format!("{url}{route}"), None);
+        assert!(code == 200 || code == 503, "{route} answered {code}: {body}");
+    }
+    let routes = [
+        "/metrics",
+        "/modules",
+        "/status",
+        "/state/bank/1",
+        "/state/bank/counters",
+        "/shadow/bank/1",
+        "/shadow/bank/counters",
+    ];
+    let right = format!("Bearer {TOKEN}");
+    for route in routes {
+        let route_url = format!("{url}{route}");
+        for wrong in
+            [None, Some("Bearer wrong"), Some(&format!("Bearer {TOKEN}x")[..]), Some(TOKEN), Some("Basic dG9rOg==")]
+        {
+            let (code, challenge, body) = admin_answer(&route_url, wrong);
+            assert_eq!(
+                (code, challenge.as_deref(), &body[..]),
+                (401, Some("Bearer"), "unauthorized\n"),
+                "{route} {wrong:?}"
+            );
+        }
+        let (code, _, body) = admin_answer(&route_url, Some(&right));
+        let expected = if route.starts_with("/shadow") { 404 } else { 200 };
+        assert_eq!(code, expected, "{route} with the token: {body}");
+    }
+
+    // The commands that ask the endpoint send the token from the file or the environment.
+    let status = ["status", "--projection", "bank", "--topic", "accounts", "--admin", &url];
+    let out = common::waku_command(dir.path()).args(status).env_remove("WAKU_ADMIN_TOKEN").output().unwrap();
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(
+        refused.contains("the admin endpoint refused the token: give --admin-token-file <FILE> or WAKU_ADMIN_TOKEN"),
+        "{refused}"
+    );
+    let out = common::waku_command(dir.path()).args(status).env("WAKU_ADMIN_TOKEN", "wrong").output().unwrap();
+    assert!(text(&out.stderr).contains("refused the token"), "{}", text(&out.stderr));
+    let out = common::waku_command(dir.path()).args(status).args(["--admin-token-file", &token_path]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("projection `bank` on topic `accounts`"), "{}", text(&out.stdout));
+    let out = common::waku_command(dir.path()).args(status).env("WAKU_ADMIN_TOKEN", TOKEN).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let get = ["state", "get", "--projection", "bank", "--key", "1", "--admin", &url, "--output", "json"];
+    let out = common::waku_command(dir.path()).args(get).env("WAKU_ADMIN_TOKEN", TOKEN).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["key"], json!(1));
+    let out = common::waku_command(dir.path()).args(get).env_remove("WAKU_ADMIN_TOKEN").output().unwrap();
+    assert!(text(&out.stderr).contains("refused the token"), "{}", text(&out.stderr));
+
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    assert!(child.wait().unwrap().success());
+    seen.extend(lines.iter());
+    assert!(!seen.iter().any(|line| line.contains(TOKEN)), "the token was logged: {seen:?}");
+
+    // A file others may read draws a warning; an empty one is refused, naming it.
+    mode(0o644);
+    let until =
+        [&args[..], &["--until-caught-up", "--admin", "127.0.0.1:0", "--admin-token-file", &token_path]].concat();
+    let out = waku(&until, dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the admin token file {token_path} is readable by its group or others")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(TOKEN), "{stderr}");
+    std::fs::write(&token_file, "\n").unwrap();
+    let out = waku(&until, dir.path());
+    assert!(
+        text(&out.stderr).contains(&format!("the admin token file {token_path} is empty")),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Neither the token nor the environment's shows in the settings.
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let out = common::waku_command(dir.path())
+        .args(until.iter().chain(&["--print-config"]))
+        .env("WAKU_ADMIN_TOKEN", "env-token-never-shown")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    assert_eq!(shown(&printed, "admin-token-file"), (&format!("{token_path:?}")[..], "flag"));
+    assert!(!printed.contains(TOKEN) && !printed.contains("env-token-never-shown"), "{printed}");
+}
+
+#[test]
+fn an_admin_endpoint_off_loopback_needs_a_token_or_the_explicit_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#],
+    );
+    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
+    assert!(waku(&publish, dir.path()).status.success());
+    assert!(run_bank_until_caught_up(dir.path()).status.success());
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let open = [&args[..], &["--until-caught-up", "--admin", "0.0.0.0:0"]].concat();
+    let out = common::waku_command(dir.path()).args(&open).env_remove("WAKU_ADMIN_TOKEN").output().unwrap();
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(refused.contains("refusing to serve the admin endpoint on 0.0.0.0:0 without a token"), "{refused}");
+    assert!(refused.contains("--admin-token-file") && refused.contains("--admin-insecure"), "{refused}");
+    let out = common::waku_command(dir.path())
+        .args(&open)
+        .arg("--admin-insecure")
+        .env_remove("WAKU_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = common::waku_command(dir.path()).args(&open).env("WAKU_ADMIN_TOKEN", "a-token").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("a-token"), "{}", text(&out.stderr));
+}

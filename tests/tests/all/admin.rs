@@ -1,6 +1,8 @@
 //! The admin endpoint over real HTTP: readiness follows the caught-up gate,
 //! metrics count what was applied, and modules, state and status answer in
-//! JSON; bad requests get a 4xx that names the problem.
+//! JSON; bad requests get a 4xx that names the problem. With a token,
+//! only the probes answer a caller without it, and a host refuses to serve
+//! an open endpoint off loopback.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +57,7 @@ impl Served {
             metrics: Arc::new(Metrics::default()),
             library: None,
             rebuild: None,
+            token: None,
         })
         .await
     }
@@ -87,6 +90,7 @@ async fn the_admin_endpoint_answers_over_http() {
         metrics,
         library: None,
         rebuild: None,
+        token: None,
     })
     .await;
     let base = format!("http://{}", served.address);
@@ -350,4 +354,41 @@ async fn views_answer_a_page_of_state_however_many_counters_there_are() {
     assert_eq!(code, 404);
 
     served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_only_the_probes_answer_a_caller_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events: 20, accounts: 2, seed: 3 }, 1).await;
+    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let served = Served::start(Admin {
+        log,
+        projection,
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+        token: admin::AdminToken::new("lib-token", "test").unwrap(),
+    })
+    .await;
+    let base = format!("http://{}", served.address);
+    assert_eq!(get_async(&base, "/health").await, (200, "ok\n".to_owned()));
+    assert_eq!(get_async(&base, "/ready").await.0, 503, "open, and not caught up");
+    for route in ["/metrics", "/modules", "/status", "/state/bank/1", "/state/bank/counters", "/shadow/bank/1"] {
+        assert_eq!(get_async(&base, route).await, (401, "unauthorized\n".to_owned()), "{route}");
+    }
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn a_host_refuses_an_open_endpoint_off_loopback_with_a_typed_error() {
+    use wakuwaku::host::{Host, HostError, HostSettings, ModuleSource};
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = HostSettings::new(dir.path(), "bank", "accounts", ModuleSource::Loaded(vec![bank_module()]));
+    settings.admin = Some("0.0.0.0:0".parse().unwrap());
+    let Err(error) = Host::start(settings).await else { panic!("an open endpoint on 0.0.0.0 started") };
+    assert!(matches!(error, HostError::AdminUnprotected { .. }), "{error}");
 }

@@ -1,0 +1,103 @@
+//! Who may ask the admin endpoint: the token `run` and `demo` protect it
+//! with, and the token `status` and `state` send to it.
+//!
+//! The token comes from the file `--admin-token-file` names (a setting
+//! like the others, `WAKU_ADMIN_TOKEN_FILE` or `admin-token-file` in
+//! `waku.toml`, shared by `run`, `status` and `state`), else from the environment variable [`TOKEN_VARIABLE`],
+//! which holds the token itself. Never from a flag's value, which `ps`
+//! shows to every user of the machine; and the token is never printed
+//! (the settings show the file's name, errors name the file or the
+//! variable). A token file its group or others may read draws a warning.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::admin::{self, AdminToken};
+
+/// The environment variable holding the token itself.
+pub(super) const TOKEN_VARIABLE: &str = "WAKU_ADMIN_TOKEN";
+
+/// How `run` and `demo` protect their admin endpoint.
+#[derive(Args, Debug, Clone)]
+pub(super) struct AdminServeArgs {
+    /// Ask every caller of the admin endpoint but `/health` and `/ready`
+    /// for the bearer token in this file (a trailing newline is trimmed;
+    /// keep it `chmod 600`). Without it, the token in WAKU_ADMIN_TOKEN if
+    /// set, else the endpoint is open.
+    #[arg(long, value_name = "FILE")]
+    pub(super) admin_token_file: Option<PathBuf>,
+    /// Serve the admin endpoint without a token on an address other than
+    /// loopback (refused otherwise: anyone who reaches it reads the state).
+    #[arg(long)]
+    pub(super) admin_insecure: bool,
+}
+
+impl AdminServeArgs {
+    /// Sets the token and the opt-in of `settings`.
+    pub(super) fn apply(&self, settings: &mut crate::host::HostSettings) -> Result<()> {
+        settings.admin_token = token(self.admin_token_file.as_deref())?;
+        settings.admin_insecure = self.admin_insecure;
+        Ok(())
+    }
+}
+
+/// The token `status` and `state` send to the admin endpoint.
+#[derive(Args, Debug, Clone)]
+pub(super) struct AdminClientArgs {
+    /// With --admin: send the bearer token in this file (else the one in
+    /// WAKU_ADMIN_TOKEN, if set).
+    #[arg(long, value_name = "FILE")]
+    pub(super) admin_token_file: Option<PathBuf>,
+}
+
+/// The token from `file`, else from [`TOKEN_VARIABLE`] (empty: unset),
+/// else none; warns of a file its group or others may read.
+pub(super) fn token(file: Option<&Path>) -> Result<Option<AdminToken>> {
+    match file {
+        Some(path) => {
+            let token = AdminToken::from_file(path)?;
+            if admin::readable_by_others(path) {
+                errln!(
+                    "waku: warning: the admin token file {} is readable by its group or others; `chmod 600` it",
+                    path.display()
+                );
+            }
+            Ok(Some(token))
+        }
+        None => match std::env::var_os(TOKEN_VARIABLE) {
+            None => Ok(None),
+            Some(value) => {
+                let origin = format!("environment variable {TOKEN_VARIABLE}");
+                let Some(text) = value.to_str() else {
+                    bail!("the admin token in {origin} is not UTF-8");
+                };
+                Ok(AdminToken::new(text, &origin)?)
+            }
+        },
+    }
+}
+
+/// The body of `url`'s answer, asked with `token` as a bearer token; an
+/// answer other than 2xx is an error, a 401 one that says how to give the
+/// token.
+pub(super) fn get(url: &str, token: Option<&AdminToken>) -> Result<String> {
+    let mut request = ureq::get(url);
+    if let Some(token) = token {
+        request = request.header("Authorization", format!("Bearer {}", token.secret()));
+    }
+    let mut response =
+        request.config().http_status_as_error(false).build().call().with_context(|| format!("asking {url}"))?;
+    let body = response.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
+    if response.status() == ureq::http::StatusCode::UNAUTHORIZED {
+        bail!(
+            "{url}: the admin endpoint refused the token: give --admin-token-file <FILE> or {TOKEN_VARIABLE} (the \
+             token `waku run` was given)"
+        );
+    }
+    if !response.status().is_success() {
+        bail!("{url} answered {}: {}", response.status(), body.trim());
+    }
+    Ok(body)
+}
