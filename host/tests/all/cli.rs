@@ -1250,19 +1250,22 @@ fn admin_answer(url: &str, authorization: Option<&str>) -> (u16, Option<String>,
     (response.status().as_u16(), challenge, response.body_mut().read_to_string().unwrap())
 }
 
+/// One account opened, published to `accounts` of `dir/data` and consumed
+/// by the bank: a projection for the admin endpoint's tests to serve.
+fn one_account_consumed(dir: &Path) {
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file =
+        write_lines(dir, "events.jsonl", &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#]);
+    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
+    assert!(waku(&publish, dir).status.success());
+    assert!(run_bank_until_caught_up(dir).status.success());
+}
+
 #[test]
 fn the_admin_endpoint_asks_for_the_token_on_every_route_but_health_and_ready() {
     const TOKEN: &str = "tok-3f9c1e-never-shown";
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_wasm().to_string_lossy().into_owned();
-    let file = write_lines(
-        dir.path(),
-        "events.jsonl",
-        &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#],
-    );
-    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
-    assert!(waku(&publish, dir.path()).status.success());
-    assert!(run_bank_until_caught_up(dir.path()).status.success());
+    one_account_consumed(dir.path());
     let token_file = dir.path().join("admin-token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let mode = |mode: u32| {
@@ -1384,15 +1387,7 @@ fn the_admin_endpoint_asks_for_the_token_on_every_route_but_health_and_ready() {
 #[test]
 fn an_admin_endpoint_off_loopback_needs_a_token_or_the_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_wasm().to_string_lossy().into_owned();
-    let file = write_lines(
-        dir.path(),
-        "events.jsonl",
-        &[r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#],
-    );
-    let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &module, &file];
-    assert!(waku(&publish, dir.path()).status.success());
-    assert!(run_bank_until_caught_up(dir.path()).status.success());
+    one_account_consumed(dir.path());
     let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
     let open = [&args[..], &["--until-caught-up", "--admin", "0.0.0.0:0"]].concat();
     let out = common::waku_command(dir.path()).args(&open).env_remove("WAKU_ADMIN_TOKEN").output().unwrap();
