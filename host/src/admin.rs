@@ -575,8 +575,13 @@ pub struct Status {
     pub skipped: u64,
     /// Events waiting in retry.
     pub retrying: u64,
-    /// Events dead-lettered.
+    /// Events dead-lettered, in all (those re-driven since among them).
     pub dead_lettered: u64,
+    /// Dead-lettered events re-driven since (`waku dlq redrive`): so
+    /// `applied + skipped + retrying + dead_lettered - redriven` is every
+    /// event consumed.
+    #[serde(default)]
+    pub redriven: u64,
     /// Emitted messages dead-lettered because they could never be delivered.
     #[serde(default)]
     pub undeliverable: u64,
@@ -633,6 +638,7 @@ pub async fn status<L: EventLog>(
         skipped: count(stat::SKIPPED),
         retrying: count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT)),
         dead_lettered: count(stat::DEAD_LETTERED),
+        redriven: count(stat::REDRIVEN),
         undeliverable: count(stat::UNDELIVERABLE),
         outbox: store.outbox()?.len() as u64,
         rebuild: None,

@@ -16,6 +16,10 @@
 //!   stage per record), so planning them again runs them one after another.
 //! - **Nothing is half done.** The copies go through the projection's
 //!   outbox: committed with the marks, then appended exactly once.
+//! - **Nothing owed is invisible.** A dead letter is committed to the
+//!   outbox before it reaches `dlq_<topic>`; [`owed`] counts those not
+//!   appended yet, for a listing to say so, and [`redrive`] appends them
+//!   before it reads, so one pass re-drives every letter a listing counts.
 //! - **A host re-drives only the partitions it owns.** Hosts that spread a
 //!   topic over disjoint partitions share its dead-letter topic but each
 //!   keeps its own state store, and so its own marks. A host owns the
@@ -445,6 +449,15 @@ pub async fn list_page_on<L: EventLog>(
     Ok(page)
 }
 
+/// The dead letters on `shelf` that `store` committed but has not appended
+/// to the log yet: its outbox holds them (a crash, or a stop whose last
+/// append failed, came between the commit and the append). A listing of
+/// the log cannot show them; the next `waku run`, or a re-drive, appends
+/// them first.
+pub fn owed(store: &StateStore, shelf: &Shelf) -> Result<u64, DeadLetterError> {
+    Ok(store.outbox()?.iter().filter(|(_, entry)| entry.topic == shelf.dlq).count() as u64)
+}
+
 /// Whether this state store owns `partition` of `topic`: it holds a
 /// position there, so it consumes it (see the [module documentation](self)).
 fn owns(store: &StateStore, topic: &str, partition: u32) -> Result<bool, StateError> {
@@ -546,6 +559,12 @@ pub async fn redrive_in_slices<L: EventLog>(
     if owned.is_empty() {
         return Err(DeadLetterError::NothingOwned { projection: projection.to_owned(), topic: topic.to_owned() });
     }
+    // What the outbox still owes the log first, so this pass reads every
+    // dead letter a listing counts (shown or owed), and leaves none for a
+    // second pass.
+    outbox::publish(log, store, projection, &RoutedTopics::shared(topic), &owned)
+        .await
+        .map_err(DeadLetterError::Publish)?;
     // Records named by place: each must be there, this store's, and
     // re-drivable, before anything is committed. Read one at a time.
     let mut named = selection.records.clone();
@@ -780,6 +799,9 @@ mod tests {
         async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
             self.log.partitions(topic).await
         }
+        async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+            self.log.topics().await
+        }
         async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
             self.appending(topic)?;
             self.log.append(topic, batches).await
@@ -938,6 +960,37 @@ mod tests {
         assert_eq!(paged, all);
         let last = list_page_on(&log, TOPIC, &shelf, &store, Some((0, all[59].offset)), 7).await.unwrap();
         assert_eq!(last, LetterPage::default());
+    }
+
+    #[tokio::test]
+    async fn letters_still_in_the_outbox_are_counted_and_one_redrive_takes_them_with_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, store) = shelf_of(&dir, 5, 10).await;
+        let shelf = Shelf::shared(TOPIC, PROJECTION);
+        // Three letters committed, not appended yet (a stop before the append).
+        let listed = list_on(&log, TOPIC, &shelf, &store).await.unwrap();
+        let mut owed_letters = BatchCommit::default();
+        for letter in listed.iter().take(3) {
+            let mut record = log.log.read("dlq_t", 0, letter.offset, 1).await.unwrap().remove(0).record;
+            record.body = b"owed".to_vec();
+            owed_letters.outbox.push(OutboxEntry {
+                topic: "dlq_t".into(),
+                partition_key: letter.envelope.as_ref().unwrap().key.key_hash(),
+                partition: Some(0),
+                record,
+                origin: None,
+            });
+        }
+        store.commit(owed_letters).unwrap();
+        assert_eq!(owed(&store, &shelf).unwrap(), 3);
+        assert_eq!(list_on(&log, TOPIC, &shelf, &store).await.unwrap().len(), 5, "the log holds 5 of them");
+
+        let done = redrive(&log, TOPIC, PROJECTION, &store, &Selection::default()).await.unwrap();
+        assert_eq!((done.records, done.already), (8, 0), "one pass re-drives every letter, owed ones too");
+        assert_eq!(owed(&store, &shelf).unwrap(), 0);
+        let after = list_on(&log, TOPIC, &shelf, &store).await.unwrap();
+        assert_eq!(after.len(), 8);
+        assert!(after.iter().all(|l| l.redriven), "{after:?}");
     }
 
     #[tokio::test]

@@ -52,6 +52,11 @@ use crate::runtime::component_file::{ComponentFileError, MAX_MODULES, check_modu
 use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
 
+/// The `tracing` target of the lines that say a module was swapped in or
+/// taken out by a hot reload: shown at info by the command line's default
+/// filter, so a swap is never silent.
+pub const RELOAD_LOG_TARGET: &str = "waku::reload";
+
 /// Versions kept per module (the active one included).
 pub const KEPT_VERSIONS: usize = 5;
 
@@ -659,6 +664,7 @@ impl Library {
             drop(swap);
             for module in removed {
                 tracing::info!(
+                    target: RELOAD_LOG_TARGET,
                     projection = self.projection,
                     module = module.name(),
                     "module file removed; its event types are no longer handled"
@@ -688,6 +694,7 @@ impl Library {
                 return Ok(Reloaded::Superseded);
             }
             let current = swap.modules();
+            let replaces = current.iter().any(|m| m.name() == name);
             let attempt = match loaded {
                 Some(Err(error)) => Err(error),
                 Some(Ok(module)) if !running(&current) => {
@@ -722,14 +729,26 @@ impl Library {
             match attempt {
                 Ok(false) => {}
                 Ok(true) => {
-                    tracing::info!(projection = self.projection, module = name, version, "module swapped in");
+                    tracing::info!(
+                        target: RELOAD_LOG_TARGET,
+                        projection = self.projection,
+                        module = name,
+                        version,
+                        "module swapped in"
+                    );
                     changed.push(name.clone());
                 }
-                Err(error) => tracing::error!(
+                Err(error) if replaces => tracing::error!(
                     projection = self.projection,
                     module = name,
                     version,
                     "the new version is refused, the old one keeps running: {error}"
+                ),
+                Err(error) => tracing::error!(
+                    projection = self.projection,
+                    module = name,
+                    version,
+                    "the new module is refused (no version of it runs: its event types stay unhandled): {error}"
                 ),
             }
         }

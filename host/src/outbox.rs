@@ -659,6 +659,9 @@ mod tests {
         async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
             self.log.partitions(topic).await
         }
+        async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+            self.log.topics().await
+        }
         async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
             self.log.append(topic, batches).await
         }

@@ -64,6 +64,10 @@ impl<L: EventLog> EventLog for FaultyLog<L> {
         self.check(Call::Setup)?;
         self.log.partitions(topic).await
     }
+    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+        self.check(Call::Setup)?;
+        self.log.topics().await
+    }
     fn forget_producer(&self, producer: &str) {
         let _ = self.check(Call::Forget { producer });
         self.log.forget_producer(producer);

@@ -133,6 +133,9 @@ impl EventLog for LosingLog {
     async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
         self.current().partitions(topic).await
     }
+    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+        self.current().topics().await
+    }
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         self.current().append(topic, batches).await
     }

@@ -52,6 +52,29 @@ pub(super) struct AdminClientArgs {
     pub(super) admin_token_file: Option<PathBuf>,
 }
 
+/// `--admin` of `status` and `state`: the endpoint's URL. An address
+/// without a scheme (`127.0.0.1:9100`, as `run --admin` takes it) is taken
+/// as `http://127.0.0.1:9100`, so one value serves both.
+pub(super) fn endpoint_url(value: &str) -> Result<String, String> {
+    let value = value.trim().trim_end_matches('/');
+    if value.is_empty() {
+        return Err("give the admin endpoint's address, e.g. 127.0.0.1:9100".to_owned());
+    }
+    match value.split_once("://") {
+        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(value.to_owned()),
+        Some((scheme, _)) => Err(format!("`{value}`: the admin endpoint speaks http, not `{scheme}`")),
+        None => Ok(format!("http://{value}")),
+    }
+}
+
+/// `--admin` of `run`, `dev` and `demo`: the address to serve on. A URL
+/// (`http://127.0.0.1:9100`, as `status --admin` takes it) is taken as its
+/// address, so one value serves both.
+pub(super) fn serve_address(value: &str) -> Result<std::net::SocketAddr, String> {
+    let address = value.trim().trim_start_matches("http://").trim_end_matches('/');
+    address.parse().map_err(|_| format!("`{value}` is no address to serve on: give <ip>:<port>, e.g. 127.0.0.1:9100"))
+}
+
 /// The token from `file`, else from [`TOKEN_VARIABLE`] (empty: unset),
 /// else none; warns of a file its group or others may read.
 pub(super) fn token(file: Option<&Path>) -> Result<Option<AdminToken>> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
+use super::existing;
 use crate::consumer::ConsumerConfig;
 use crate::handler::{LimitsError, PayloadLimits};
 use crate::host::{HostError, HostSettings, LogSettings, StateSettings};
@@ -89,6 +90,27 @@ impl DataArgs {
     pub(super) fn state(&self, projection: &str) -> Result<StateStore, HostError> {
         crate::host::open_state(&self.data, &self.state_settings(), projection)
     }
+
+    /// The log for a command that works on what is there: an embedded one
+    /// must exist already ([`existing`]); `hint` goes with a file another
+    /// process holds.
+    pub(super) async fn existing_log(&self, hint: &'static str) -> Result<AnyLog> {
+        if self.iggy.is_none() {
+            existing::log_file(&self.data)?;
+        }
+        self.log().await.map_err(hint_if_in_use(hint))
+    }
+
+    /// The state store of a projection that must exist already
+    /// ([`existing`]; in PostgreSQL, looked for there by opening it).
+    pub(super) fn existing_state(&self, projection: &str, hint: &'static str) -> Result<StateStore> {
+        if self.state.is_none() {
+            crate::log::embedded::validate_topic_name(projection)
+                .with_context(|| format!("projection `{projection}`"))?;
+            existing::projection(&self.data, projection)?;
+        }
+        self.state(projection).map_err(hint_if_in_use(hint))
+    }
 }
 
 /// How a command prints its result.
@@ -129,6 +151,17 @@ pub(super) struct ProjectionArgs {
     /// The topic it consumes.
     #[arg(long)]
     pub(super) topic: String,
+}
+
+impl ProjectionArgs {
+    /// The log and the state store of a projection and topic that must
+    /// exist already, checked before anything is opened ([`existing`]).
+    pub(super) async fn existing(&self, hint: &'static str) -> Result<(AnyLog, StateStore)> {
+        let store = self.data.existing_state(&self.projection, hint)?;
+        let log = self.data.existing_log(hint).await?;
+        existing::topic(&log, &self.topic).await?;
+        Ok((log, store))
+    }
 }
 
 #[derive(Args)]
@@ -420,8 +453,20 @@ impl ConsumeArgs {
     }
 }
 
+/// A `--key`: JSON, as the log lines and `waku dlq list` print keys. A
+/// bare word that is no JSON (`c1`) gets the quoting it needs suggested.
 pub(super) fn parse_key(text: &str) -> Result<Key> {
-    Key::parse_text(text).with_context(|| format!("--key `{text}`"))
+    Key::parse_text(text).with_context(|| {
+        let word = text.trim();
+        let bare = !word.is_empty() && word.chars().all(|c| c.is_alphanumeric() || "-_.:@".contains(c));
+        match bare && serde_json::from_str::<serde_json::Value>(word).is_err() {
+            true => {
+                let quoted = serde_json::Value::String(word.to_owned()).to_string();
+                format!("--key `{text}` (keys are JSON: a string key is written quoted, --key '{quoted}')")
+            }
+            false => format!("--key `{text}`"),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -448,6 +493,18 @@ mod tests {
         args.apply(&mut settings)?;
         settings.compile_cache = CompileCache::Off;
         Ok(settings.sandbox()?)
+    }
+
+    #[test]
+    fn a_bare_word_key_is_refused_with_the_quoting_it_needs() {
+        let error = format!("{:#}", parse_key("c1").unwrap_err());
+        assert!(
+            error.starts_with("--key `c1` (keys are JSON: a string key is written quoted, --key '\"c1\"')"),
+            "{error}"
+        );
+        assert_eq!(parse_key("\"c1\"").unwrap(), Key::parse_text("\"c1\"").unwrap());
+        let error = format!("{:#}", parse_key("[1,").unwrap_err());
+        assert!(error.starts_with("--key `[1,`") && !error.contains("quoted"), "{error}");
     }
 
     #[test]

@@ -15,12 +15,17 @@
 //!   be on the command line, and a flag still overrides everything for one
 //!   run.
 //! - The settings that say where the data is (`data`, `iggy`, `stream`,
-//!   `lossy-topics`, `state`)
-//!   and what it is (`projection`, `topic`), and the file of the admin
-//!   endpoint's token (`admin-token-file`: `run` asks for it, `status` and
-//!   `state` send it), apply to every command that takes them; the others only to `run` (`--partitions` or `--admin`
-//!   mean something else elsewhere). `demo` takes only `iggy`: it makes
-//!   its own fresh data.
+//!   `lossy-topics`, `state`), what it is (`projection`, `topic`,
+//!   `modules`) and where the running host answers (`admin`: `run` serves
+//!   on it, `status` and `state` ask it; the file of its token,
+//!   `admin-token-file`: `run` asks for it, `status` and `state` send it)
+//!   apply to every command that takes them; the others only to `run`
+//!   (`--partitions` means something else elsewhere). `demo` takes only
+//!   `iggy`: it makes its own fresh data.
+//! - **A flag beats a setting it excludes.** A setting from the
+//!   environment or the file that cannot go with a flag given on the
+//!   command line is left out, as if unset (`waku rebuild --rollback` with
+//!   `modules` in the file).
 //! - A key of the file that is no setting of `run` is an error naming the
 //!   key and the file; a value that does not parse is an error naming the
 //!   setting and where it came from (`environment variable WAKU_WORKERS`,
@@ -46,8 +51,8 @@ use wakuwaku_core::terminal::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
-const SHARED: [&str; 8] =
-    ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic", "admin-token-file"];
+const SHARED: [&str; 10] =
+    ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic", "modules", "admin", "admin-token-file"];
 
 /// What `demo` takes from the environment and the file: the credential
 /// only, as it makes its own fresh data (and stream).
@@ -172,12 +177,15 @@ pub(super) fn parse(
         "demo" => DEMO.contains(&name),
         _ => SHARED.contains(&name),
     };
+    let on_command_line =
+        |arg: &clap::Arg| leaf_matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine);
+    let flags: Vec<&clap::Arg> = leaf_command.get_arguments().filter(|arg| on_command_line(arg)).collect();
     let mut sources = BTreeMap::new();
     let mut extra: Vec<OsString> = Vec::new();
     for arg in settings_of(leaf_command).filter(|arg| applies(long(arg))) {
-        let from_flag = leaf_matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine);
-        let (source, given) = match from_flag {
+        let (source, given) = match on_command_line(arg) {
             true => (Source::Flag, Vec::new()),
+            false if conflicts_with_any(leaf_command, arg, &flags) => (Source::Default, Vec::new()),
             false => layered(arg, env, file.as_ref()).map_err(Failure::Config)?,
         };
         extra.extend(given);
@@ -220,6 +228,17 @@ fn layered(
     Ok((source, given))
 }
 
+/// Whether `arg` cannot go with one of `flags` (either says so): a flag
+/// given for this command beats a setting of the environment or the file
+/// it excludes (`rebuild --rollback` with `modules` in `waku.toml`).
+fn conflicts_with_any(command: &clap::Command, arg: &clap::Arg, flags: &[&clap::Arg]) -> bool {
+    let excluded = command.get_arg_conflicts_with(arg);
+    flags.iter().any(|flag| {
+        excluded.iter().any(|other| other.get_id() == flag.get_id())
+            || command.get_arg_conflicts_with(flag).iter().any(|other| other.get_id() == arg.get_id())
+    })
+}
+
 /// A setting's effective values in the final `matches`.
 fn effective(arg: &clap::Arg, matches: &ArgMatches, source: Source) -> Setting {
     let mut values: Vec<String> = match matches.get_raw(arg.get_id().as_str()) {
@@ -230,6 +249,12 @@ fn effective(arg: &clap::Arg, matches: &ArgMatches, source: Source) -> Setting {
         values.push("false".into());
     }
     Setting { name: long(arg).to_owned(), values, list: arg.get_value_delimiter().is_some(), source }
+}
+
+/// Whether the setting `name` was given as a flag (not from the
+/// environment, the file or its default).
+pub(super) fn from_flag(settings: &[Setting], name: &str) -> bool {
+    settings.iter().any(|setting| setting.name == name && setting.source == Source::Flag)
 }
 
 /// The environment variable of a setting: `batch-size` → `WAKU_BATCH_SIZE`.
@@ -485,7 +510,7 @@ mod tests {
         assert_eq!(args.target.data.data, PathBuf::from("d"));
         assert_eq!(args.target.data.stream, "s");
         assert_eq!(args.target.projection, "bank");
-        assert_eq!(args.admin, None, "status's --admin is not run's");
+        assert_eq!(args.admin.as_deref(), Some("http://127.0.0.1:9"), "the address run serves on, status asks");
         let layered = parse_with(&["status"], &[("WAKU_ADMIN_TOKEN_FILE", "t")], Some(file)).unwrap();
         let Command::Status(args) = &layered.cli.command else { panic!("not status") };
         assert_eq!(
@@ -497,6 +522,22 @@ mod tests {
         let Command::Demo(args) = &layered.cli.command else { panic!("not demo") };
         assert_eq!((&args.data, args.partitions), (&None, 4), "the demo makes its own data");
         assert_eq!(args.iggy.as_deref(), Some("iggy://x@y"), "the demo takes the credential");
+    }
+
+    #[test]
+    fn a_flag_leaves_out_a_setting_of_the_file_it_excludes() {
+        let file = "projection = \"bank\"\ntopic = \"accounts\"\nmodules = \"new-modules\"\n";
+        let layered = parse_with(&["rebuild", "--rollback"], &[], Some(file)).unwrap();
+        let Command::Rebuild(args) = &layered.cli.command else { panic!("not rebuild") };
+        assert!(args.rollback && args.modules.is_none(), "--rollback excludes modules");
+        assert_eq!(source(&layered, "modules").source, Source::Default);
+        let layered = parse_with(&["rebuild"], &[], Some(file)).unwrap();
+        let Command::Rebuild(args) = &layered.cli.command else { panic!("not rebuild") };
+        assert_eq!(args.modules, Some(PathBuf::from("new-modules")), "modules from the file");
+        assert!(!from_flag(&layered.settings, "modules"));
+        let layered = parse_with(&["modules", "list"], &[], Some(file)).unwrap();
+        let Command::Modules(crate::cli::ModulesCommand::List(args)) = &layered.cli.command else { panic!("not list") };
+        assert_eq!(args.modules, Some(PathBuf::from("new-modules")));
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(super) struct DemoArgs {
     #[arg(long)]
     pub(super) module: Option<PathBuf>,
     /// Serve the admin endpoint on this address while the demo runs.
-    #[arg(long)]
+    #[arg(long, value_parser = super::admin_access::serve_address)]
     pub(super) admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(super) admin_access: super::admin_access::AdminServeArgs,
@@ -61,14 +61,22 @@ pub(super) struct DemoArgs {
 const TOPIC: &str = "accounts";
 
 pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
     let module_path = match &args.module {
         Some(path) => path.clone(),
         None => {
+            // A clone of the repository: the working directory, else the
+            // one this binary was built in (gone for an installed one).
+            let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
+            let Some(repo) =
+                [PathBuf::from("."), built_in].into_iter().find(|repo| repo.join("examples/bank").is_dir())
+            else {
+                bail!(
+                    "the demo builds the bank example of the repository, and there is no `examples/bank` here: run it \
+                     in a clone of the repository, or pass --module <bank.wasm> (built there with `waku build \
+                     examples/bank --out bank.wasm`)"
+                );
+            };
             let crate_dir = repo.join("examples").join("bank");
-            if !crate_dir.is_dir() {
-                bail!("cannot find {}; run from a clone of the repository or pass --module", crate_dir.display());
-            }
             errln!("waku: building {} ...", crate_dir.display());
             let build =
                 GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };

@@ -36,7 +36,7 @@ pub(super) struct DevArgs {
     target_dir: Option<PathBuf>,
     /// Serve the admin endpoint (state, status, modules) on this address,
     /// e.g. `127.0.0.1:9100`.
-    #[arg(long)]
+    #[arg(long, value_parser = super::admin_access::serve_address)]
     admin: Option<std::net::SocketAddr>,
 }
 

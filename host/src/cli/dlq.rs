@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 
 use serde::Serialize;
 
-use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use, parse_key};
+use super::args::{OutputArgs, ProjectionArgs, parse_key};
 use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use wakuwaku_core::terminal::printable;
 
@@ -25,8 +25,7 @@ pub(super) enum DlqCommand {
     /// Print one dead letter in full: where it came from, why, its body
     /// (reading that record alone).
     #[command(
-        after_help = "Example:\n  waku dlq show --data waku-data --projection bank --topic accounts --partition 0 \
-                      --offset 3"
+        after_help = "Example:\n  waku dlq show --data waku-data --projection bank --topic accounts --record 0:3"
     )]
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
@@ -85,11 +84,15 @@ pub(super) struct DlqShowArgs {
     #[command(flatten)]
     pub(super) shelf: ShelfArgs,
     /// The dead letter's partition.
-    #[arg(long)]
-    pub(super) partition: u32,
+    #[arg(long, required_unless_present = "record", requires = "offset")]
+    pub(super) partition: Option<u32>,
     /// Its offset in the dead-letter topic.
-    #[arg(long)]
-    pub(super) offset: u64,
+    #[arg(long, required_unless_present = "record", requires = "partition")]
+    pub(super) offset: Option<u64>,
+    /// The dead letter as `waku dlq list` names it, `<partition>:<offset>`
+    /// (instead of --partition and --offset).
+    #[arg(long, value_parser = parse_place, conflicts_with_all = ["partition", "offset"])]
+    pub(super) record: Option<(u32, u64)>,
     #[command(flatten)]
     pub(super) output: OutputArgs,
 }
@@ -124,8 +127,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
         DlqCommand::Redrive(redrive) => (&redrive.dlq, &redrive.shelf),
     };
     let hint = "is `waku run` using it? stop it first";
-    let log = args.data.log().await.map_err(hint_if_in_use(hint))?;
-    let store = args.data.state(&args.projection).map_err(hint_if_in_use(hint))?;
+    let (log, store) = args.existing(hint).await?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
     let shelf = shelf.shelf(topic, projection);
     match &command {
@@ -162,16 +164,24 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 }
             };
             let next_place = next.map(|(partition, offset)| format!("{partition}:{offset}"));
+            tally.owed = dead_letter::owed(&store, &shelf)?;
             if json {
                 match (&next_place, list.limit) {
-                    (_, None) => outln!("]}}")?,
-                    (next, Some(_)) => outln!("],\"next\":{}}}", super::json_text(next, false)?)?,
+                    (_, None) => outln!("],\"in_outbox\":{}}}", tally.owed)?,
+                    (next, Some(_)) => {
+                        outln!("],\"in_outbox\":{},\"next\":{}}}", tally.owed, super::json_text(next, false)?)?
+                    }
                 }
             }
             errln!("{}", tally.summary(projection, next_place.as_deref()));
         }
         DlqCommand::Show(show) => {
-            let shown = dead_letter::show_on(&log, topic, &shelf, &store, show.partition, show.offset).await?;
+            let (partition, offset) = match (show.record, show.partition, show.offset) {
+                (Some(place), _, _) => place,
+                (None, Some(partition), Some(offset)) => (partition, offset),
+                _ => bail!("say which dead letter: --record <partition>:<offset>"),
+            };
+            let shown = dead_letter::show_on(&log, topic, &shelf, &store, partition, offset).await?;
             match show.output.json() {
                 true => outln!("{}", super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body)), false)?)?,
                 false => outln!("{}", dead_letter_details(&shown.letter, &shown.body))?,
@@ -200,10 +210,9 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 done => done?,
             };
             outln!(
-                "re-drove {} dead letters ({} events) of `{projection}` from {} into `retry_{topic}`{}; the next \
-                 `waku run` applies them",
-                done.records,
-                done.events,
+                "re-drove {} ({}) of `{projection}` from {} into `retry_{topic}`{}; the next `waku run` applies them",
+                counted(done.records, "dead letter", "dead letters"),
+                counted(done.events, "event", "events"),
                 partition_list(&done.partitions),
                 if done.already > 0 {
                     format!(" ({} re-driven before, left alone)", done.already)
@@ -213,8 +222,8 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             )?;
             if done.left > 0 {
                 outln!(
-                    "left {} dead letters in {} to the hosts that own them (this state store holds no position there)",
-                    done.left,
+                    "left {} in {} to the hosts that own them (this state store holds no position there)",
+                    counted(done.left, "dead letter", "dead letters"),
                     partition_list(&done.others)
                 )?;
             }
@@ -239,6 +248,9 @@ struct Tally {
     elsewhere: u64,
     /// Those partitions, in order.
     others: Vec<u32>,
+    /// Committed but not yet appended to the dead-letter topic
+    /// ([`dead_letter::owed`]).
+    owed: u64,
 }
 
 impl Tally {
@@ -263,8 +275,25 @@ impl Tally {
             count => format!("; {count} in {}, which this state store does not own", partition_list(&self.others)),
         };
         let more = next.map_or(String::new(), |next| format!("; more follow: --after {next}"));
-        format!("{} dead letters of `{projection}` ({} not re-driven{elsewhere}){more}", self.letters, self.waiting)
+        let owed = match self.owed {
+            0 => String::new(),
+            owed => format!(
+                "; {} more in the outbox, not yet in `dlq_…` (the next `waku run` or `waku dlq redrive` appends \
+                 them, then they are listed)",
+                counted(owed, "dead letter", "dead letters")
+            ),
+        };
+        format!(
+            "{} of `{projection}` ({} not re-driven{elsewhere}){more}{owed}",
+            counted(self.letters, "dead letter", "dead letters"),
+            self.waiting
+        )
     }
+}
+
+/// `1 dead letter`, `2 dead letters`: the count with the word that fits.
+pub(super) fn counted(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 /// `partition 0`, `partitions 0, 2`, or `no partition`.
@@ -301,13 +330,13 @@ pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
         Err(_) => "unreadable headers".to_owned(),
     };
     format!(
-        "{}:{}\t{}\t{event}\tfrom {}:{} ({} events)\tattempts {}\t{}\t{}{}",
+        "{}:{}\t{}\t{event}\tfrom {}:{} ({})\tattempts {}\t{}\t{}{}",
         letter.partition,
         letter.offset,
         failure.map_or("-", |f| f.class.name()),
         routed.origin_partition,
         routed.origin_offset,
-        routed.events,
+        counted(routed.events, "event", "events"),
         routed.attempts,
         failed_at(routed.failed_at_ms),
         failure.map_or(String::new(), |f| printable(&f.message).into_owned()),

@@ -47,15 +47,17 @@
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
 //! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
-//! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info`, so the
+//! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info,waku::reload=info`, so the
 //! modules' own lines show from info up. `--output json` gives the results
 //! of `status`, `dlq list|show`, `modules list` and `state get` a stable
 //! JSON shape (README, "JSON output").
 //!
 //! Layout: one file per command (`new`, `build`, `test`, `dev`, `publish`,
-//! `run`, `state`, `status`, `modules`, `dlq`, `reset`, `demo`), the arguments they
-//! share in `args.rs`, settings from the environment and the file in
-//! `config.rs`, signal handling in `signals.rs`. `run` and `demo` start their
+//! `run`, `topic`, `state`, `status`, `modules`, `dlq`, `reset`, `rebuild`,
+//! `demo`), the arguments they share in `args.rs`, what a command must
+//! find before it opens anything in `existing.rs`, settings from the
+//! environment and the file in `config.rs`, signal handling in
+//! `signals.rs`. `run` and `demo` start their
 //! host with [`crate::host::Host`].
 
 use std::io::{ErrorKind, IsTerminal};
@@ -122,6 +124,7 @@ mod config;
 mod demo;
 mod dev;
 mod dlq;
+mod existing;
 mod modules;
 mod new;
 mod publish;
@@ -132,6 +135,7 @@ mod signals;
 mod state;
 mod status;
 mod test;
+mod topic;
 
 use build::BuildArgs;
 use demo::DemoArgs;
@@ -146,6 +150,7 @@ use run::RunArgs;
 use state::StateCommand;
 use status::StatusArgs;
 use test::TestArgs;
+use topic::TopicCommand;
 
 #[derive(Parser)]
 #[command(name = "waku", version, about, propagate_version = true, after_help = EXIT_CODES)]
@@ -161,8 +166,9 @@ struct Cli {
     /// Which log lines to show on standard error: a level (`error`, `warn`,
     /// `info`, `debug`, `trace`) or `tracing` directives
     /// (`warn,waku::guest=debug`). Default: `RUST_LOG` if set, else
-    /// `warn,waku::guest=info` (the host's warnings, and the modules' log
-    /// lines from info up, marked with module and key).
+    /// `warn,waku::guest=info,waku::reload=info` (the host's warnings, and the modules' log
+    /// lines from info up, marked with module and key, and each module a
+    /// hot reload swapped in).
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,
 }
@@ -197,6 +203,10 @@ enum Command {
     /// Consume a topic into a projection.
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
+    /// Create, list, describe and consume the log's topics (the ones
+    /// modules emit to among them).
+    #[command(subcommand, after_help = "Example:\n  waku topic consume --data waku-data --topic orders --from 0")]
+    Topic(TopicCommand),
     /// Read a projection's state.
     #[command(subcommand, after_help = "Example:\n  waku state get --data waku-data --projection bank --key 42")]
     State(StateCommand),
@@ -339,9 +349,9 @@ fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> 
     stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
-/// The default log filter: the host's warnings, and the modules' log lines
-/// from info up.
-const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info";
+/// The default log filter: the host's warnings, the modules' log lines
+/// from info up, and the hot reloads that took ([`crate::lifecycle::RELOAD_LOG_TARGET`]).
+const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info,waku::reload=info";
 
 /// The log filter: `--log-level`, else `RUST_LOG`, else
 /// [`DEFAULT_LOG_FILTER`]; a bad `--log-level` is an error, a bad
@@ -397,9 +407,10 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::State(StateCommand::Get(args)) => state::state_get(args).map(|()| ExitCode::SUCCESS),
         Command::State(StateCommand::Counters(args)) => state::state_counters(args).map(|()| ExitCode::SUCCESS),
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
+        Command::Topic(command) => topic::topic(command).await.map(|()| ExitCode::SUCCESS),
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
         Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
-        Command::Rebuild(args) => rebuild::rebuild(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Rebuild(args) => rebuild::rebuild(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run_demo(args).await,
     }

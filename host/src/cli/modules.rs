@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::args::{DataArgs, OutputArgs, hint_if_in_use};
+use super::args::{DataArgs, OutputArgs};
 use crate::lifecycle::Library;
 use crate::runtime::{Sandbox, SandboxLimits};
 
@@ -55,7 +55,7 @@ pub(super) fn modules(command: ModulesCommand) -> Result<()> {
         ModulesCommand::List(args) => (&args.data, &args.projection),
         ModulesCommand::Rollback(args) => (&args.data, &args.projection),
     };
-    let store = data.state(projection).map_err(hint_if_in_use("is `waku run` using it? stop it first"))?;
+    let store = data.existing_state(projection, "is `waku run` using it? stop it first")?;
     let library = Library::new(&data.data, projection, store, Sandbox::new(SandboxLimits::default())?);
     match &command {
         ModulesCommand::List(args) => list(args, &library),

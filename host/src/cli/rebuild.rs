@@ -12,6 +12,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use super::args::DataArgs;
+use super::config::Setting;
 use crate::rebuild::{Promote, RebuildPaths};
 
 /// `--promote`'s value: a mode with `--modules`, alone the go-ahead.
@@ -33,11 +34,13 @@ pub(super) struct RebuildArgs {
     #[arg(long)]
     pub(super) projection: String,
     /// The topic it consumes (with --modules).
-    #[arg(long, requires = "modules")]
+    #[arg(long)]
     pub(super) topic: Option<String>,
     /// The directory of the new module versions (`*.wasm`, named like the
-    /// running ones); copied when the rebuild is asked for.
-    #[arg(long, requires = "topic", conflicts_with = "rollback")]
+    /// running ones); copied when the rebuild is asked for. From the
+    /// environment or `waku.toml`, it asks for a rebuild only when neither
+    /// a bare `--promote` nor `--rollback` says otherwise.
+    #[arg(long, conflicts_with = "rollback")]
     pub(super) modules: Option<PathBuf>,
     /// With --modules: promote `auto` (as soon as the shadow caught up,
     /// the default) or `manual`. Alone: promote the shadow now waiting.
@@ -54,7 +57,13 @@ pub(super) struct RebuildArgs {
     pub(super) accept_lost_history: bool,
 }
 
-pub(super) async fn rebuild(args: RebuildArgs) -> Result<()> {
+pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Result<()> {
+    // `--promote` alone is the go-ahead; the directory of a rebuild asked
+    // for before, from the environment or the file, does not make it a new
+    // request (a `--modules` flag with it is refused below).
+    if args.promote == Some(PromoteArg::Now) && !super::config::from_flag(settings, "modules") {
+        args.modules = None;
+    }
     if args.data.state.is_some() {
         bail!(
             "rebuilding in the shadow needs the embedded state store; a projection kept in PostgreSQL (--state) \
@@ -62,6 +71,7 @@ pub(super) async fn rebuild(args: RebuildArgs) -> Result<()> {
         );
     }
     crate::log::embedded::validate_topic_name(&args.projection)?;
+    super::existing::projection(&args.data.data, &args.projection)?;
     let paths = RebuildPaths::new(&args.data.data, &args.projection);
     let follow = format!(
         "follow it with `waku status --admin <the host's admin endpoint>` or in `waku run`'s log lines ({})",
@@ -78,7 +88,9 @@ pub(super) async fn rebuild(args: RebuildArgs) -> Result<()> {
                 Some(PromoteArg::Manual) => Promote::Manual,
                 Some(PromoteArg::Now) => bail!("with --modules, --promote takes `auto` or `manual`"),
             };
-            let topic = args.topic.as_deref().unwrap_or_default();
+            let Some(topic) = args.topic.as_deref() else {
+                bail!("--modules asks for a rebuild of the topic the projection consumes: give --topic too");
+            };
             // Only a log with retention loses its head; the embedded one is
             // held by the running host, and deletes nothing.
             if args.data.iggy.is_some() {

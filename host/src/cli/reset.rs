@@ -50,6 +50,9 @@ fn parse_target(value: &str) -> Result<Target, String> {
 
 pub(super) async fn reset(args: ResetArgs) -> Result<()> {
     let ProjectionArgs { data, projection, topic } = &args.target;
+    if data.state.is_none() {
+        super::existing::projection(&data.data, projection)?;
+    }
     // The state first: a running host holds it, and that is what to say.
     let store = data.state(projection).and_then(|store| {
         store.lock_for_reset().map_err(|source| HostError::State { projection: projection.clone(), source })?;
@@ -62,7 +65,8 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
         ),
         other => other?,
     };
-    let log = data.log().await?;
+    let log = data.existing_log("is `waku run` using it? stop it first").await?;
+    super::existing::topic(&log, topic).await?;
     let plan = reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?;
     errln!("{}", describe(&plan, projection));
     plan.check_history(args.accept_lost_history)?;

@@ -83,7 +83,7 @@ pub(super) struct RunArgs {
     /// state, status) on this address, e.g. `127.0.0.1:9100`. An address
     /// other than loopback needs a token (--admin-token-file) or
     /// --admin-insecure.
-    #[arg(long)]
+    #[arg(long, value_parser = super::admin_access::serve_address)]
     pub(super) admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(super) admin_access: AdminServeArgs,

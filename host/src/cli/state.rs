@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::admin_access::{self, AdminClientArgs};
-use super::args::{DataArgs, OutputArgs, hint_if_in_use, parse_key};
+use super::args::{DataArgs, OutputArgs, parse_key};
 use super::publish::load_module;
 use crate::admin::view;
 use crate::rebuild::RebuildPaths;
@@ -64,8 +64,9 @@ pub(super) struct StateGetArgs {
     #[arg(long)]
     pub(super) shadow: bool,
     /// Ask the running host's admin endpoint instead of reading the files
-    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
-    #[arg(long)]
+    /// (which `waku run` holds open): its address as `run --admin` took it,
+    /// `127.0.0.1:9100`, or as a URL, `http://127.0.0.1:9100`.
+    #[arg(long, value_parser = super::admin_access::endpoint_url)]
     pub(super) admin: Option<String>,
     #[command(flatten)]
     pub(super) admin_access: AdminClientArgs,
@@ -90,8 +91,9 @@ pub(super) struct StateCountersArgs {
     #[arg(long)]
     pub(super) shadow: bool,
     /// Ask the running host's admin endpoint instead of reading the files
-    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
-    #[arg(long)]
+    /// (which `waku run` holds open): its address as `run --admin` took it,
+    /// `127.0.0.1:9100`, or as a URL, `http://127.0.0.1:9100`.
+    #[arg(long, value_parser = super::admin_access::endpoint_url)]
     pub(super) admin: Option<String>,
     #[command(flatten)]
     pub(super) admin_access: AdminClientArgs,
@@ -103,9 +105,7 @@ pub(super) struct StateCountersArgs {
 /// the shadow of the rebuild under way.
 fn open_store(data: &DataArgs, projection: &str, shadow: bool) -> Result<StateStore> {
     match shadow {
-        false => {
-            data.state(projection).map_err(hint_if_in_use("is `waku run` using it? pass --admin <its admin endpoint>"))
-        }
+        false => data.existing_state(projection, "is `waku run` using it? pass --admin <its admin endpoint>"),
         true => shadow_store(data, projection),
     }
 }
@@ -115,6 +115,7 @@ fn shadow_store(data: &DataArgs, projection: &str) -> Result<StateStore> {
     if data.state.is_some() {
         bail!("--shadow reads a rebuild's shadow, which only the embedded state store has");
     }
+    super::existing::projection(&data.data, projection)?;
     let paths = RebuildPaths::new(&data.data, projection);
     let Some(request) = paths.request()? else {
         bail!("no rebuild of `{projection}` is under way, so it has no shadow");

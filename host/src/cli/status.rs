@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::admin_access::{self, AdminClientArgs};
-use super::args::{OutputArgs, ProjectionArgs, hint_if_in_use};
+use super::args::{OutputArgs, ProjectionArgs};
 use crate::admin;
 use crate::lifecycle::Library;
 use crate::log::AnyLog;
@@ -19,8 +19,9 @@ pub(super) struct StatusArgs {
     #[command(flatten)]
     pub(super) target: ProjectionArgs,
     /// Ask the running host's admin endpoint instead of reading the files
-    /// (which `waku run` holds open), e.g. `http://127.0.0.1:9100`.
-    #[arg(long)]
+    /// (which `waku run` holds open): its address as `run --admin` took it,
+    /// `127.0.0.1:9100`, or as a URL, `http://127.0.0.1:9100`.
+    #[arg(long, value_parser = super::admin_access::endpoint_url)]
     pub(super) admin: Option<String>,
     #[command(flatten)]
     pub(super) admin_access: AdminClientArgs,
@@ -44,8 +45,7 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         }
         None => {
             let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
-            let log = target.data.log().await.map_err(hint_if_in_use(hint))?;
-            let store = target.data.state(&target.projection).map_err(hint_if_in_use(hint))?;
+            let (log, store) = target.existing(hint).await?;
             let library = Library::new(
                 &target.data.data,
                 &target.projection,
@@ -71,8 +71,12 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
     outln!("projection `{}` on topic `{}`: {standing}", status.projection, status.topic)?;
     let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
     outln!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") })?;
+    let redriven = match status.redriven {
+        0 => String::new(),
+        redriven => format!(" ({redriven} of them re-driven since)"),
+    };
     outln!(
-        "events: {} applied, {} skipped, {} retrying, {} dead-lettered",
+        "events: {} applied, {} skipped, {} retrying, {} dead-lettered{redriven}",
         status.applied,
         status.skipped,
         status.retrying,

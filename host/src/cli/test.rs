@@ -4,13 +4,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::publish::load_module;
 use crate::runtime::{Sandbox, SandboxLimits};
 use crate::trial;
 use wakuwaku_core::terminal::printable;
+
+/// How every WebAssembly binary begins.
+const WASM_MAGIC: &[u8] = b"\0asm";
 
 #[derive(Args)]
 pub(super) struct TestArgs {
@@ -26,11 +29,43 @@ pub(super) struct TestArgs {
     /// Write the outcome to the --expect file instead of comparing.
     #[arg(long, requires = "expect")]
     update: bool,
+    /// Keep compiled modules here, so an unchanged component is not
+    /// compiled again (default: `waku/compiled` in the user's cache
+    /// directory, `$XDG_CACHE_HOME` or `~/.cache`).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_compile_cache")]
+    compile_cache: Option<PathBuf>,
+    /// Compile the component afresh, keeping nothing.
+    #[arg(long)]
+    no_compile_cache: bool,
+}
+
+/// Where `waku test` keeps compiled modules: the flag's directory, else
+/// `waku/compiled` in the user's cache directory, else nowhere.
+fn compile_cache(args: &TestArgs) -> Option<PathBuf> {
+    if args.no_compile_cache {
+        return None;
+    }
+    let environment = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+    let user_cache = environment("XDG_CACHE_HOME").or_else(|| environment("HOME").map(|home| home.join(".cache")));
+    args.compile_cache.clone().or_else(|| Some(user_cache?.join("waku").join("compiled")))
 }
 
 pub(super) async fn test_module(args: TestArgs) -> Result<ExitCode> {
-    let events = std::fs::read_to_string(&args.events).with_context(|| format!("reading {}", args.events.display()))?;
-    let sandbox = Sandbox::new(SandboxLimits::default())?;
+    let bytes = std::fs::read(&args.events).with_context(|| format!("reading {}", args.events.display()))?;
+    if bytes.starts_with(WASM_MAGIC) {
+        bail!(
+            "{} is a WebAssembly component, not sample events: the component comes first, `waku test {} {}`",
+            args.events.display(),
+            args.events.display(),
+            args.module.display()
+        );
+    }
+    let events = String::from_utf8(bytes)
+        .with_context(|| format!("{} holds no text: sample events are JSON lines", args.events.display()))?;
+    let mut sandbox = Sandbox::new(SandboxLimits::default())?;
+    if let Some(dir) = compile_cache(&args) {
+        sandbox = sandbox.with_compile_cache(&dir);
+    }
     let module = load_module(&sandbox, &args.module)?;
     let outcome = trial::run(module, &events, &args.events).await?;
     outln!("{}", outcome.report())?;

@@ -771,7 +771,31 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         }
+        if state.settle {
+            self.settle_at_stop(partition, &state, &mut summary).await;
+        }
         Ok((summary, false))
+    }
+
+    /// A stop leaves nothing owed that a later command cannot see: the
+    /// last commit's outbox (its dead letters among it) is appended before
+    /// the partition is let go. A failure here is no failure of the stop:
+    /// the outbox keeps what was not appended, and the next start (or
+    /// `waku dlq redrive`) appends it, as after a crash.
+    async fn settle_at_stop(&self, partition: u32, state: &PartitionState, summary: &mut Summary) {
+        let topic = self.projection.topic();
+        let settled = async {
+            summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
+            self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
+            Ok::<_, ConsumerError>(())
+        };
+        if let Err(error) = settled.await {
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                "{error}; what the last batch owes the log stays in the outbox for the next start"
+            );
+        }
     }
 
     /// One step of [`Consumer::consume_partition`]: settle what the last

@@ -29,7 +29,8 @@
 //! build is skipped when nothing it reads has changed: a stamp beside the
 //! component holds a digest of the contract, the componentize-py version
 //! and every file under the project and its python-path directories (but
-//! `target`, hidden directories and `__pycache__`). Packages installed in
+//! `target`, hidden directories, `__pycache__` and `*.wasm` components, so
+//! a component written into the project is no input). Packages installed in
 //! the environment are not in the digest: after upgrading one, delete the
 //! component to rebuild.
 
@@ -199,7 +200,7 @@ fn io(what: &str, path: &Path, source: std::io::Error) -> BuildError {
 /// A digest of what a build of `project` reads, as far as the host can
 /// see it: the contract, the tool's version, the project's settings and
 /// every file under the project and its python-path directories, but
-/// `target`, hidden directories and `__pycache__`.
+/// `target`, hidden directories, `__pycache__` and components (`*.wasm`).
 fn inputs_digest(version: &str, project: &PythonProject, dir: &Path) -> Result<String, BuildError> {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
@@ -222,7 +223,11 @@ fn inputs_digest(version: &str, project: &PythonProject, dir: &Path) -> Result<S
                 let path = e.path().unwrap_or(&root).to_owned();
                 io("reading", &path, e.into())
             })?;
-            if entry.file_type().is_file() {
+            // A component is no source (componentize-py reads none), and
+            // the one this build writes may sit in the project
+            // (`--out app.wasm`): counted, every build would change it.
+            let component = entry.path().extension().is_some_and(|ext| ext == "wasm");
+            if entry.file_type().is_file() && !component {
                 field(entry.path().strip_prefix(&root).unwrap_or(entry.path()).as_os_str().as_encoded_bytes());
                 field(&std::fs::read(entry.path()).map_err(|e| io("reading", entry.path(), e))?);
             }
@@ -407,6 +412,9 @@ mod tests {
         assert!(!build("0.25.1"), "nothing changed");
         std::fs::write(project_dir.join("__pycache__/bank.pyc"), "cache").unwrap();
         assert!(!build("0.25.1"), "caches and the output do not count");
+        // A component written into the project (`waku build . --out bank.wasm`).
+        std::fs::write(project_dir.join("bank.wasm"), "a build of it").unwrap();
+        assert!(!build("0.25.1"), "a component in the project is no input");
         std::fs::write(project_dir.join("bank.py"), "v2").unwrap();
         assert!(build("0.25.1"), "a changed source builds again");
         assert!(build("0.26.0"), "another componentize-py builds again");

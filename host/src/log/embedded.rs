@@ -192,6 +192,20 @@ impl EventLog for EmbeddedLog {
         .await
     }
 
+    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+        self.blocking(move |inner| {
+            let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
+            let topics = txn.open_table(TOPICS).map_err(|e| inner.storage(e))?;
+            let mut listed = Vec::new();
+            for entry in topics.iter().map_err(|e| inner.storage(e))? {
+                let (name, partitions) = entry.map_err(|e| inner.storage(e))?;
+                listed.push((name.value().to_owned(), partitions.value()));
+            }
+            Ok(listed)
+        })
+        .await
+    }
+
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         validate_topic_name(topic)?;
         let topic = topic.to_owned();

@@ -535,6 +535,15 @@ impl EventLog for IggyLog {
         Ok(self.topic_details(topic).await?.partitions_count)
     }
 
+    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+        let topics =
+            self.client().await?.get_topics(&self.stream).await.map_err(|e| self.storage("listing topics", e))?;
+        let mut listed: Vec<(String, u32)> =
+            topics.into_iter().map(|topic| (topic.name, topic.partitions_count)).collect();
+        listed.sort();
+        Ok(listed)
+    }
+
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
         self.append_stamped(topic, batches, None).await.map(drop)
     }

@@ -302,6 +302,10 @@ pub trait EventLog: Send + Sync + 'static {
     /// The number of partitions of a topic.
     fn partitions(&self, topic: &str) -> impl Future<Output = Result<u32, LogError>> + Send;
 
+    /// Every topic of the log with its partition count, sorted by name
+    /// (the host's own `retry_…` and `dlq_…` topics among them).
+    fn topics(&self) -> impl Future<Output = Result<Vec<(String, u32)>, LogError>> + Send;
+
     /// Appends records to several partitions of one topic, each batch after
     /// the records already in its partition, in the order given.
     ///
@@ -541,6 +545,10 @@ impl EventLog for AnyLog {
 
     async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
         delegate!(self, log => log.partitions(topic))
+    }
+
+    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
+        delegate!(self, log => log.topics())
     }
 
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {

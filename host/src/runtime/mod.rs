@@ -921,16 +921,35 @@ fn call_failure(store: &Store<StoreData>, error: wasmtime::Error) -> CallError {
         Some(trap) => trap.to_string(),
         None => format!("{}", error.root_cause()),
     };
-    let stderr = store.data().wasi.stderr();
-    let stderr = stderr.trim();
+    let stderr = stderr_reason(&store.data().wasi.stderr());
     let reason = if stderr.is_empty() { kind } else { format!("{kind}; guest stderr: {stderr}") };
     // Cut as a handler's message is: the stderr tail is the module's text.
     CallError::Trap { reason: wakuwaku_core::limits::error_message(reason) }
 }
 
+/// The guest's stderr tail as one line for a failure's reason: its lines
+/// joined with spaces (a Rust panic's message follows its place on a line
+/// of its own), without Rust's advice to set `RUST_BACKTRACE`, which a
+/// module given no environment cannot follow.
+fn stderr_reason(stderr: &str) -> String {
+    let lines = stderr.lines().map(str::trim).filter(|line| !line.is_empty());
+    let lines = lines.filter(|line| {
+        !(line.starts_with("note: run with `RUST_BACKTRACE=") || line.starts_with("note: Some details are omitted"))
+    });
+    lines.collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_on_stderr_is_one_line_without_the_backtrace_advice() {
+        let stderr = "\nthread '<unnamed>' panicked at src/lib.rs:10:5:\nboom\nnote: run with `RUST_BACKTRACE=1` \
+                      environment variable to display a backtrace\n";
+        assert_eq!(stderr_reason(stderr), "thread '<unnamed>' panicked at src/lib.rs:10:5: boom");
+        assert_eq!(stderr_reason("  \n"), "");
+    }
 
     #[test]
     fn a_host_fault_raised_in_an_import_fails_the_call_as_a_host_fault_not_a_trap() {

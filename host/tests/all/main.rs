@@ -7,6 +7,7 @@ mod common;
 
 mod cli;
 mod first_hour;
+mod one_machine;
 mod rebuild;
 mod reset;
 mod scale;

@@ -58,6 +58,10 @@ async fn conformance<L: EventLog>(log: &L, prefix: &str) {
     assert!(matches!(log.create_topic(&missing, 0).await, Err(LogError::InvalidPartitionCount { .. })));
     assert_eq!(log.partitions(&topic).await.unwrap(), 3);
     assert!(matches!(log.partitions(&missing).await, Err(LogError::TopicNotFound { .. })));
+    let listed = log.topics().await.unwrap();
+    assert!(listed.contains(&(topic.clone(), 3)), "{listed:?}");
+    assert!(!listed.iter().any(|(name, _)| name == &missing), "a topic never created is not listed: {listed:?}");
+    assert!(listed.is_sorted(), "{listed:?}");
     for partition in 0..3 {
         assert_eq!(log.end_offset(&topic, partition).await.unwrap(), 0, "an empty partition ends at 0");
     }
