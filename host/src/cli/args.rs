@@ -157,8 +157,10 @@ impl ProjectionArgs {
     /// The log and the state store of a projection and topic that must
     /// exist already, checked before anything is opened ([`existing`]).
     pub(super) async fn existing(&self, hint: &'static str) -> Result<(AnyLog, StateStore)> {
-        let store = self.data.existing_state(&self.projection, hint)?;
+        // The log first: a running host holds it, and a bad `--iggy` is
+        // what to say before anything else.
         let log = self.data.existing_log(hint).await?;
+        let store = self.data.existing_state(&self.projection, hint)?;
         existing::topic(&log, &self.topic).await?;
         Ok((log, store))
     }

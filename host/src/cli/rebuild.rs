@@ -13,7 +13,7 @@ use clap::Args;
 
 use super::args::DataArgs;
 use super::config::Setting;
-use crate::rebuild::{Promote, RebuildPaths};
+use crate::rebuild::{Promote, RebuildError, RebuildPaths};
 
 /// `--promote`'s value: a mode with `--modules`, alone the go-ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,7 +71,15 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
         );
     }
     crate::log::embedded::validate_topic_name(&args.projection)?;
-    super::existing::projection(&args.data.data, &args.projection)?;
+    super::existing::data_dir(&args.data.data)?;
+    // A rebuild may be asked for before the projection first runs (the
+    // next `waku run` builds it); a promotion or a rollback refused for a
+    // name not there says which names are.
+    let missing = super::existing::projection(&args.data.data, &args.projection).err().map(|m| m.to_string());
+    let named = |error: RebuildError| match &missing {
+        Some(missing) => anyhow::Error::new(error).context(missing.clone()),
+        None => error.into(),
+    };
     let paths = RebuildPaths::new(&args.data.data, &args.projection);
     let follow = format!(
         "follow it with `waku status --admin <the host's admin endpoint>` or in `waku run`'s log lines ({})",
@@ -79,7 +87,7 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
     );
     match (&args.modules, args.promote, args.rollback) {
         (_, _, true) => {
-            let previous = paths.ask_rollback()?;
+            let previous = paths.ask_rollback().map_err(named)?;
             outln!("asked the running host of `{}` to roll back to {}; {follow}", args.projection, previous.display())?;
         }
         (Some(modules), promote, false) => {
@@ -97,6 +105,9 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
                 let log = args.data.log().await?;
                 crate::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
             }
+            if let Some(missing) = &missing {
+                errln!("waku: note: {missing}; the next `waku run --projection {}` builds it", args.projection);
+            }
             let request = paths.ask(topic, modules, promote)?;
             let when = match promote {
                 Promote::Auto => "it is promoted once it caught up with the live projection",
@@ -112,7 +123,7 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
             )?;
         }
         (None, Some(PromoteArg::Now), false) => {
-            let request = paths.ask_promotion()?;
+            let request = paths.ask_promotion().map_err(named)?;
             outln!(
                 "asked the running host to promote rebuild {} of `{}`; {follow}",
                 request.generation,

@@ -630,7 +630,7 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let lines: Vec<&str> = listing.lines().collect();
     assert_eq!(lines.len(), 2, "{listing}");
     assert!(lines[0].starts_with("0:0\tunrecoverable\t"), "{listing}");
-    assert!(lines[0].contains("from 0:1 (1 events)\tattempts 1"), "{listing}");
+    assert!(lines[0].contains("from 0:1 (1 event)\tattempts 1"), "{listing}");
     assert!(lines[0].contains("ledger entry 2 of key 1"), "{listing}");
     assert!(lines[1].starts_with("0:1\ttrap\t") && lines[1].contains("attempts 2"), "{listing}");
     assert!(lines[1].contains("ledger entry 1 of key 2 traps"), "{listing}");
@@ -639,7 +639,8 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let out = dlq(&["list", "--output", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listing: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert_eq!(keys(&listing), ["dead_letters", "projection", "topic"]);
+    assert_eq!(keys(&listing), ["dead_letters", "in_outbox", "projection", "topic"]);
+    assert_eq!(listing["in_outbox"], 0, "a run appends its outbox before it ends: {listing}");
     assert_eq!((&listing["projection"], &listing["topic"]), (&json!("ledger"), &json!("ledger")));
     let letters = listing["dead_letters"].as_array().unwrap();
     assert_eq!(letters.len(), 2, "{listing}");
@@ -664,10 +665,10 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let out = dlq(&["list", "--limit", "1"]);
     assert_eq!(text(&out.stdout).lines().count(), 1, "{}", text(&out.stdout));
     assert!(text(&out.stdout).starts_with("0:0\t"), "{}", text(&out.stdout));
-    assert!(text(&out.stderr).contains("1 dead letters of `ledger` (1 not re-driven); more follow: --after 0:0"));
+    assert!(text(&out.stderr).contains("1 dead letter of `ledger` (1 not re-driven); more follow: --after 0:0"));
     let out = dlq(&["list", "--after", "0:0", "--limit", "1", "--output", "json"]);
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert_eq!(keys(&page), ["dead_letters", "next", "projection", "topic"]);
+    assert_eq!(keys(&page), ["dead_letters", "in_outbox", "next", "projection", "topic"]);
     assert_eq!((&page["dead_letters"][0]["offset"], &page["next"]), (&json!(1), &serde_json::Value::Null));
     let out = dlq(&["list", "--limit", "1", "--output", "json"]);
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
@@ -700,9 +701,9 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let out = dlq(&["redrive"]);
     assert!(text(&out.stderr).contains("say which dead letters to re-drive"), "{}", text(&out.stderr));
     let out = dlq(&["redrive", "--record", "0:0"]);
-    assert!(text(&out.stdout).starts_with("re-drove 1 dead letters (1 events)"), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).starts_with("re-drove 1 dead letter (1 event)"), "{}", text(&out.stdout));
     let out = dlq(&["redrive", "--all"]);
-    assert!(text(&out.stdout).contains("re-drove 1 dead letters (1 events)"), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("re-drove 1 dead letter (1 event)"), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("(1 re-driven before, left alone)"), "{}", text(&out.stdout));
 
     // The module is still the same, so both fail again and come back as
@@ -779,7 +780,11 @@ fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
     );
     let out = dlq("stranger", &["redrive", "--all"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("holds no position in topic `ledger`"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("projection `ledger` does not exist in `stranger` (it holds none yet"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // Each host re-drives its own, and says which it touched and left.
     let redrive_all = |data: &str| {
@@ -859,6 +864,7 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
             "outbox",
             "partitions",
             "projection",
+            "redriven",
             "retrying",
             "skipped",
             "topic",

@@ -255,7 +255,7 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     // A build error: reported, and the running version stays.
     edit("Ok(())\n    }\n}", "Ok(()) oops\n    }\n}");
     wait_for(&lines, "the build failed, the previous version keeps running", &mut seen);
-    let swaps = |seen: &[String]| seen.iter().filter(|line| line.contains("swapped in")).count();
+    let swaps = |seen: &[String]| seen.iter().filter(|line| line.contains("swapped in visits@")).count();
     assert_eq!(swaps(&seen), 1, "{}", seen.join("\n"));
 
     // Fixed: the next version takes over from the state the edited one

@@ -59,7 +59,7 @@ fn every_command_refuses_a_misspelt_projection_topic_or_data_directory_and_creat
     bank_data(dir.path());
     let before = tree(dir.path());
     // (command, where the names go): P a projection, T a topic, D the data directory.
-    let commands: [&[&str]; 16] = [
+    let commands: [&[&str]; 15] = [
         &["status", "--data", "D", "--projection", "P", "--topic", "T"],
         &["state", "get", "--data", "D", "--projection", "P", "--key", "1"],
         &["state", "counters", "--data", "D", "--projection", "P"],
@@ -71,7 +71,6 @@ fn every_command_refuses_a_misspelt_projection_topic_or_data_directory_and_creat
         &["reset", "--data", "D", "--projection", "P", "--topic", "T", "--to", "earliest", "--yes"],
         &["rebuild", "--data", "D", "--projection", "P", "--promote"],
         &["rebuild", "--data", "D", "--projection", "P", "--rollback"],
-        &["rebuild", "--data", "D", "--projection", "P", "--topic", "accounts", "--modules", "modules"],
         &["topic", "list", "--data", "D"],
         &["topic", "describe", "--data", "D", "--topic", "T"],
         &["topic", "consume", "--data", "D", "--topic", "T"],
@@ -108,12 +107,23 @@ fn every_command_refuses_a_misspelt_projection_topic_or_data_directory_and_creat
             checked += 1;
         }
     }
-    assert_eq!(checked, 36);
+    assert_eq!(checked, 34);
+    // A rebuild may come before the first run: a name not there yet is
+    // said, not refused.
+    let rebuild = ["rebuild", "--data", "data", "--projection", "nope", "--topic", "accounts", "--modules", "modules"];
+    let out = waku(&rebuild, dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("note: projection `nope` does not exist in `data` (its projections: bank)"),
+        "{}",
+        text(&out.stderr)
+    );
     // A data directory with nothing in it beside it either.
     let empty = tempfile::tempdir().unwrap();
     let out = waku(&["status", "--projection", "bank", "--topic", "accounts"], empty.path());
     assert!(
-        text(&out.stderr).contains("no data directory `waku-data` (none beside it either;"),
+        text(&out.stderr)
+            .contains("no data directory `waku-data` (none beside it either); `waku publish --partitions N`"),
         "{}",
         text(&out.stderr)
     );
