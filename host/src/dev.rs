@@ -12,9 +12,12 @@
 //!   component is refused at load; the error is reported
 //!   ([`DevEvent::BuildFailed`], [`DevEvent::Refused`]) and the next change
 //!   tries again.
-//! - **Sample events** (`events`) are published at start and again after
-//!   every swap, so each version shows what it does with them (state
-//!   accumulates over the runs: it is one projection).
+//! - **Sample events** (`events`) are published at start, again after
+//!   every swap, so each version shows what it does with them, and again
+//!   when the file itself changes (without a build). State accumulates
+//!   over the runs, as it is one projection, and every swap says so
+//!   ([`DevEvent::Swapped`]); a fresh data directory shows one version
+//!   alone.
 //! - **Watching starts first**, before the first build: an edit made while
 //!   it builds, or as soon as [`DevEvent::Started`] says the sources are
 //!   watched, starts the next build.
@@ -96,6 +99,12 @@ pub enum DevEvent {
         /// Why.
         error: String,
     },
+    /// The sample events file changed (and nothing else did): published
+    /// again, with no build.
+    EventsChanged {
+        /// The file.
+        file: PathBuf,
+    },
     /// Sample events were published.
     Published {
         /// How many.
@@ -117,7 +126,12 @@ impl std::fmt::Display for DevEvent {
                 write!(f, "); watching the sources")
             }
             Self::Rebuilding { changed } => write!(f, "{} changed; building", changed.display()),
-            Self::Swapped { module } => write!(f, "swapped in {module}"),
+            Self::Swapped { module } => write!(
+                f,
+                "swapped in {module} (it goes on from the state earlier versions built: one projection; for this \
+                 version alone, start again without --data)"
+            ),
+            Self::EventsChanged { file } => write!(f, "{} changed; publishing the sample events again", file.display()),
             Self::BuildFailed(error) => write!(f, "the build failed, the previous version keeps running: {error}"),
             Self::Refused { error } => write!(f, "the new version is refused, the previous one keeps running: {error}"),
             Self::Published { events } => write!(f, "published {events} sample events"),
@@ -270,12 +284,21 @@ impl Session {
     /// Returns only when the watcher stops.
     async fn rebuild_on(&self, mut changes: SourceChanges, name: String) -> Result<(), DevError> {
         let rx = &mut changes.changed;
+        let events = self.settings.events.as_deref().and_then(|file| std::path::absolute(file).ok());
+        let is_events = |path: &Path| events.as_deref() == Some(path);
         while let Some(mut changed) = rx.recv().await {
+            let mut only_events = is_events(&changed);
             // Editors save through temporary files: name one that is there.
             while let Ok(Some(path)) = tokio::time::timeout(SETTLE, rx.recv()).await {
+                only_events &= is_events(&path);
                 if path.exists() || !changed.exists() {
                     changed = path;
                 }
+            }
+            if only_events {
+                (self.report)(DevEvent::EventsChanged { file: changed });
+                self.publish_events().await;
+                continue;
             }
             (self.report)(DevEvent::Rebuilding { changed });
             let built = match build(&self.settings).await {

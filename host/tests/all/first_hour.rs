@@ -264,6 +264,19 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     edit("\"edited: {now} visits\"", "\"fixed: {now} visits\"");
     wait_for(&lines, "fixed: 6 visits module=\"visits\" key=7", &mut seen);
     assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
+    assert!(
+        seen.iter().any(|line| line.contains("goes on from the state earlier versions built")),
+        "{}",
+        seen.join("\n")
+    );
+
+    // The sample events edited: published again, with no build.
+    let events = project.join("events.jsonl");
+    let text = std::fs::read_to_string(&events).unwrap();
+    std::fs::write(&events, text.trim_end().to_owned() + "\n").unwrap();
+    wait_for(&lines, "events.jsonl changed; publishing the sample events again", &mut seen);
+    wait_for(&lines, "fixed: 8 visits module=\"visits\" key=7", &mut seen);
+    assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
 }
 
 /// A componentize-py and a python with pytest, found as `waku build` finds
