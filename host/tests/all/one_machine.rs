@@ -322,3 +322,29 @@ fn topics_are_created_listed_described_and_consumed() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn waku_test_keeps_its_compiled_module_and_says_when_the_arguments_are_swapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let events = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[json!({"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}).to_string()],
+    );
+    let out = waku(&["test", &events, &module], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("is a WebAssembly component, not sample events: the component comes first"),
+        "{}",
+        text(&out.stderr)
+    );
+    let cache = dir.path().join("cache");
+    for _ in 0..2 {
+        let out = waku(&["test", &module, &events, "--compile-cache", "cache"], dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("owner"), "{}", text(&out.stdout));
+    }
+    let kept = std::fs::read_dir(&cache).unwrap().count();
+    assert!(kept > 0, "the compiled module is kept in {}", cache.display());
+}
