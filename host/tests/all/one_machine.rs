@@ -348,3 +348,37 @@ fn waku_test_keeps_its_compiled_module_and_says_when_the_arguments_are_swapped()
     let kept = std::fs::read_dir(&cache).unwrap().count();
     assert!(kept > 0, "the compiled module is kept in {}", cache.display());
 }
+
+#[test]
+fn topics_on_iggy_are_created_listed_described_and_consumed_as_on_the_embedded_log() {
+    let Some(url) = common::servers::iggy_url("topics on Iggy") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let stream = common::servers::fresh_stream("waku-topics");
+    let on_iggy = |args: &[&str]| {
+        let out = waku(&[args, &["--iggy", &url, "--stream", &stream]].concat(), dir.path());
+        assert!(out.status.success(), "`waku {}`: {}", args.join(" "), text(&out.stderr));
+        text(&out.stdout)
+    };
+    on_iggy(&["topic", "create", "--topic", "orders", "--partitions", "2"]);
+    let module = bank_wasm().to_string_lossy().into_owned();
+    let file = write_lines(
+        dir.path(),
+        "events.jsonl",
+        &[json!({"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}).to_string()],
+    );
+    on_iggy(&["publish", "--topic", "orders", "--module", &module, &file]);
+    assert!(on_iggy(&["topic", "list"]).contains("orders\t2 partitions\t1 message"));
+    assert!(
+        on_iggy(&["topic", "describe", "--topic", "orders"]).starts_with("topic `orders`: 2 partitions, 1 message")
+    );
+    let consumed = on_iggy(&["topic", "consume", "--topic", "orders", "--output", "json"]);
+    let record: serde_json::Value = serde_json::from_str(consumed.trim()).unwrap();
+    assert_eq!(record["event"]["key"], json!(1), "{record}");
+    let out = waku(&["topic", "describe", "--topic", "order", "--iggy", &url, "--stream", &stream], dir.path());
+    assert!(
+        text(&out.stderr).contains("topic `order` does not exist (the log's topics: orders)"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(tree(dir.path()).iter().all(|path| path == "events.jsonl"), "{:?}", tree(dir.path()));
+}
