@@ -93,6 +93,9 @@ pub struct Outcome {
     /// What was not kept past [`MOST_LOG_LINES`] and
     /// [`MOST_EMITTED_BYTES`].
     pub not_kept: NotKept,
+    /// The module's event types by tag, so the report names a failed
+    /// event's type (the stored JSON keeps the tag alone).
+    pub type_names: BTreeMap<u32, String>,
 }
 
 /// The most module log lines a trial keeps; later ones are counted.
@@ -207,7 +210,8 @@ pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> R
         not_kept.emitted += read_emitted(&log, topic, &mut emitted, &mut budget).await?;
     }
     let counters = store.counters()?.into_iter().collect();
-    Ok(Outcome { published, summary, keys, counters, emitted, log: outside, not_kept })
+    let type_names = module.event_types().iter().map(|t| (t.tag.get(), t.name.clone())).collect();
+    Ok(Outcome { published, summary, keys, counters, emitted, log: outside, not_kept, type_names })
 }
 
 /// The messages of `topic` (one partition) into `emitted` while their
@@ -307,13 +311,12 @@ impl Outcome {
                 out.push(format!("  log {}", printable(line)));
             }
             for f in &outcome.failures {
-                out.push(format!(
-                    "  failed ({}): tag {}, {} events: {}",
-                    f.class,
-                    f.tag,
-                    f.events,
-                    printable(&f.message)
-                ));
+                let event_type = match self.type_names.get(&f.tag) {
+                    Some(name) => format!("{} (tag {})", printable(name), f.tag),
+                    None => format!("tag {}", f.tag),
+                };
+                let events = if f.events == 1 { "1 event".to_owned() } else { format!("{} events", f.events) };
+                out.push(format!("  failed ({}): {event_type}, {events}: {}", f.class, printable(&f.message)));
             }
         }
         for (name, value) in &self.counters {

@@ -140,11 +140,14 @@ fn waku_test_shows_failures_with_their_class_emits_and_log_lines_per_key() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("key 2\n  failed (unrecoverable): tag 5, 1 events: unrecoverable handler error: bad cheque")
+        stdout.contains(
+            "key 2\n  failed (unrecoverable): Fail (tag 5), 1 event: unrecoverable handler error: bad cheque"
+        )
     );
-    assert!(stdout.contains("key 3\n  failed (retryable): tag 5, 1 events: retryable handler error: later"));
-    assert!(stdout.contains("key 4\n  failed (trap): tag 3, 1 events: "), "{stdout}");
+    assert!(stdout.contains("key 3\n  failed (retryable): Fail (tag 5), 1 event: retryable handler error: later"));
+    assert!(stdout.contains("key 4\n  failed (trap): Panic (tag 3), 1 event: "), "{stdout}");
     assert!(stdout.contains("boom"), "{stdout}");
+    assert!(!stdout.contains("RUST_BACKTRACE"), "advice a sandbox without environment cannot follow: {stdout}");
     assert!(!stdout.contains("before-failure"), "a failed call's writes are dropped: {stdout}");
     assert!(stdout.contains("4 events: 1 applied, 0 skipped, 3 dead-lettered"), "{stdout}");
     let stored: serde_json::Value =
