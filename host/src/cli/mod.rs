@@ -43,7 +43,10 @@
 //! beside each consumed topic); `projections/<name>.redb` is a projection's
 //! state, consumer positions, counts and retry bookkeeping;
 //! `backups/<projection>-<time>/` is the state a `waku reset --to earliest`
-//! cleared.
+//! cleared. Only `publish`, `topic create`, `run` and `dev` create any of
+//! it; every other command looks before it opens, refuses a data
+//! directory, projection or topic that is not there, listing those that
+//! are, and creates nothing (`existing.rs`).
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
 //! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
