@@ -450,7 +450,7 @@ mod tests {
         let env = [("WAKU_NO_WATCH", "true"), ("WAKU_IGGY", "iggy://u:secret@host:8090")];
         let layered = parse_with(&["run"], &env, Some(file)).unwrap();
         let Command::Run(args) = &layered.cli.command else { panic!("not run") };
-        assert_eq!((args.projection.as_str(), args.topic.as_str()), ("bank", "accounts"));
+        assert_eq!((args.projection.as_str(), args.topic()), ("bank", "accounts"));
         assert_eq!(args.partitions, Some(vec![0, 2]));
         assert!(args.until_caught_up && args.no_watch && !args.adopt_modules);
         assert_eq!(args.data.iggy.as_deref(), Some("iggy://u:secret@host:8090"));
