@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use wakuwaku::consumer::stat;
-use wakuwaku::event::{EventTypeTag, partition_for};
+use wakuwaku::event::{EventTypeTag, header_name, partition_for};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
@@ -183,7 +183,7 @@ async fn two_topics_interleaving_each_keys_history_are_applied_in_event_time_ord
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_event_is_applied_at_once_counted_and_logged_with_its_key() {
+async fn a_late_event_is_applied_at_once_counted_and_logged_and_an_unreadable_event_time_dead_lettered() {
     let dir = tempfile::tempdir().unwrap();
     let module = probe(dir.path());
     let entries = workload(4, 10, 7, false);
@@ -194,11 +194,27 @@ async fn a_late_event_is_applied_at_once_counted_and_logged_with_its_key() {
     // the clock (committed with the last batch) is past it already.
     let late = Entry { key: 3, seq: 11, amount: 5, event_time: BASE_MS - 3_600_000 };
     publish(dir.path(), &module, &[("b", late)]).await;
+    // And a message whose event time is 3 bytes, not 8.
+    {
+        let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+        let mut record = log.read("a", 0, 0, 1).await.unwrap().remove(0).record;
+        let header = record.headers.iter_mut().find(|h| h.name == header_name::EVENT_TIME).unwrap();
+        header.value.truncate(3);
+        log.append("a", vec![(0, vec![record])]).await.unwrap();
+    }
     let run = waku(&run_args(), dir.path());
     let stderr = text(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let line = stderr.lines().find(|line| line.contains("late event of key")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(line.contains("late event of key 3") && line.contains("lateness_ms"), "{line}");
+
+    let unreadable =
+        stderr.lines().find(|line| line.contains("unreadable headers")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(unreadable.contains("waku-event-time"), "the reason names the header: {unreadable}");
+    let store = StateStore::open(&dir.path().join("data/projections/ledger.redb")).unwrap();
+    let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
+    assert_eq!((stats.get(stat::MALFORMED), stats.get(stat::DEAD_LETTERED)), (Some(&1), Some(&1)));
+    drop(store);
 
     let found = outcome(dir.path(), &module, 4);
     assert_eq!(found.violations, 1, "the late event is counted once");
