@@ -444,6 +444,22 @@ mod tests {
     }
 
     #[test]
+    fn several_topics_come_from_repeated_flags_a_list_or_the_file() {
+        let topics = |layered: Layered| match layered.cli.command {
+            Command::Run(args) => args.topics,
+            _ => panic!("not run"),
+        };
+        let expected = ["a".to_owned(), "b".to_owned()];
+        let base = ["run", "--projection", "p", "--modules", "m"];
+        let repeated = parse_with(&[&base[..], &["--topic", "a", "--topic", "b"]].concat(), &[], None).unwrap();
+        assert_eq!(topics(repeated), expected);
+        let listed = parse_with(&[&base[..], &["--topic", "a,b"]].concat(), &[], None).unwrap();
+        assert_eq!(topics(listed), expected);
+        let filed = parse_with(&base, &[], Some("topic = [\"a\", \"b\"]\n")).unwrap();
+        assert_eq!(topics(filed), expected);
+    }
+
+    #[test]
     fn required_settings_switches_and_lists_come_from_the_environment_and_the_file() {
         let file = "projection = \"bank\"\ntopic = \"accounts\"\nmodules = \"mods\"\npartitions = [0, 2]\n\
                     until-caught-up = true\nretry-delays = [\"1s\", \"2m\"]\n";

@@ -283,6 +283,13 @@ pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) ->
     if !summary.phases.total().is_zero() {
         outln!("time per phase (summed over partitions and workers): {}", summary.phases)?;
     }
+    if summary.order_violations > 0 {
+        outln!(
+            "{} late events (read after the clock passed their event time) were applied at once, out of event-time \
+             order",
+            summary.order_violations
+        )?;
+    }
     let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);
     let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));

@@ -673,6 +673,7 @@ impl<L: EventLog> Consumer<L> {
                     let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
                     held.remove(&partition);
                     self.progress.release(partition);
+                    self.timing.remove(partition);
                     // Not this host's any more: what the store kept of it goes.
                     self.projection.store().release(partition);
                     match ended {
@@ -866,27 +867,7 @@ impl<L: EventLog> Consumer<L> {
             None => self.rebuild_retry_queue(partition).await?,
         };
         if state.settle {
-            // After a commit: its outbox out, its retry records indexed (so
-            // the next batch diverts their keys), the log's offset updated.
-            let started = Instant::now();
-            summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
-            self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
-            match &state.timed {
-                None => {
-                    self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?
-                }
-                Some(_) => {
-                    for topic in self.projection.topics() {
-                        let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
-                        self.log.store_consumer_offset(self.projection.name(), topic, partition, position).await?;
-                    }
-                }
-            }
-            state.settle = false;
-            let mut phases = PhaseTimes::default();
-            phases.add(Phase::Outbox, started.elapsed());
-            self.record_phases(&phases);
-            summary.phases.absorb(&phases);
+            self.settle(partition, state, &mut queue, summary).await?;
         }
         // After a retry batch the topic has its turn, while it has more to
         // read: keys that stay due (a module slow on every call, cut by its
@@ -953,6 +934,36 @@ impl<L: EventLog> Consumer<L> {
                 Err(error)
             }
         }
+    }
+
+    /// After a commit: its outbox out, its retry records indexed (so the
+    /// next batch diverts their keys), the log's consumer offsets updated.
+    async fn settle(
+        &self,
+        partition: u32,
+        state: &mut PartitionState,
+        queue: &mut RetryQueue,
+        summary: &mut Summary,
+    ) -> Result<(), ConsumerError> {
+        let started = Instant::now();
+        summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
+        self.index_retries(partition, queue, &FxHashSet::default()).await?;
+        let name = self.projection.name();
+        match &state.timed {
+            None => self.log.store_consumer_offset(name, self.projection.topic(), partition, state.position).await?,
+            Some(_) => {
+                for topic in self.projection.topics() {
+                    let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
+                    self.log.store_consumer_offset(name, topic, partition, position).await?;
+                }
+            }
+        }
+        state.settle = false;
+        let mut phases = PhaseTimes::default();
+        phases.add(Phase::Outbox, started.elapsed());
+        self.record_phases(&phases);
+        summary.phases.absorb(&phases);
+        Ok(())
     }
 
     /// Polls the one topic of a projection from the partition's position
