@@ -599,14 +599,19 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub more_topics: Vec<String>,
     /// Late events: read after the clock passed their event time, applied
-    /// at once, out of event-time order (projections over several topics).
-    #[serde(default)]
+    /// at once, out of event-time order (projections over several topics);
+    /// left out of the JSON while there are none.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub order_violations: u64,
     /// The running host's release stages, per partition index: clock,
     /// watermark lag, held events and bytes, each input's clock and
     /// whether it is idle (projections over several topics).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub event_time: Vec<crate::consumer::PartitionTiming>,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// The status of a projection from its state and the log; with the running

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::json;
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::event::{EventTypeTag, Header, header_name};
+use wakuwaku::host::StateSettings;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::{catch_up, host_settings, json_record, probe_module};
+use wakuwaku_tests::{catch_up, fresh_stream, host_settings, json_record, postgres_url, probe_module};
 
 const LEDGER: EventTypeTag = EventTypeTag::new(50);
 const BASE_MS: i64 = 1_796_169_600_000;
@@ -29,6 +30,19 @@ fn entry(key: u64, seq: u64, event_time: i64) -> Record {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_read_late_at_start_up_holds_the_clock_and_no_event_is_late() {
+    start_up_race("ledger", None).await;
+}
+
+/// The same with the state (and the release checkpoint) in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_read_late_at_start_up_holds_the_clock_on_postgres_too() {
+    let Some(url) = postgres_url("event time with the state in PostgreSQL") else { return };
+    start_up_race(&fresh_stream("ledger").replace('-', "_"), Some(url)).await;
+}
+
+/// Two topics, one of them silent for its first 40 reads; the projection
+/// `projection`, its state embedded or in the PostgreSQL database `url`.
+async fn start_up_race(projection: &str, url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
     let (keys, per_key) = (20u64, 30u64);
@@ -51,8 +65,11 @@ async fn a_topic_read_late_at_start_up_holds_the_clock_and_no_event_is_late() {
         matches!(call, Call::Read { topic: "late", .. }) && counted.fetch_add(1, Ordering::SeqCst) < 40
     }));
     let consumer = ConsumerConfig { batch_size: 8, ..ConsumerConfig::default() };
-    let mut settings = host_settings(dir.path(), "ledger", "early", vec![probe_module()], consumer);
+    let mut settings = host_settings(dir.path(), projection, "early", vec![probe_module()], consumer);
     settings.more_topics = vec!["late".to_owned()];
+    if let Some(url) = url {
+        settings.state = StateSettings::Postgres { url };
+    }
     let (summary, projection) = catch_up(&log, settings).await.unwrap();
 
     assert!(silent_reads.load(Ordering::SeqCst) > 40, "`late` was never silent");
