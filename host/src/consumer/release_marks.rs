@@ -12,9 +12,10 @@
 //!   position, read back by everything that reads positions (`waku status`,
 //!   `waku reset`, the lag gauge) as for a one-topic projection.
 //! - **The rest under names no topic can have** (a topic name has no `:`):
-//!   `release:read-to:<topic>` for an input's `read_to` and
-//!   `release:clock` for the partition index's clock (its bits with the
-//!   sign flipped, so the order of the numbers is the order of the times).
+//!   `release:read-to:<topic>` for an input's `read_to`, and
+//!   `release:clock-high` and `release:clock-low` for the partition index's
+//!   clock: its 64 bits (sign flipped) in two halves of 32, as a position
+//!   must fit a PostgreSQL `bigint`, which the clock's bits need not.
 //! - **A checkpoint that does not match the positions is not used.** After
 //!   `waku reset`, which starts every position over, the marks are gone
 //!   with them; were one left with positions it does not match, it would
@@ -24,15 +25,16 @@ use wakuwaku_core::release::{Checkpoint, InputCheckpoint, Millis};
 
 use crate::state::{BatchCommit, StateError, StateStore};
 
-/// The position name of the clock of a partition index.
-const CLOCK: &str = "release:clock";
+/// The position names of the clock's halves.
+const CLOCK_HIGH: &str = "release:clock-high";
+const CLOCK_LOW: &str = "release:clock-low";
 
 /// The position name of a topic's `read_to`.
 fn read_to_name(topic: &str) -> String {
     format!("release:read-to:{topic}")
 }
 
-/// The clock as a position: order-preserving.
+/// The clock's bits, sign flipped.
 fn clock_bits(clock: Millis) -> u64 {
     (clock as u64) ^ (1 << 63)
 }
@@ -49,7 +51,9 @@ pub(super) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partiti
         commit.positions.push((read_to_name(topic), partition, input.read_to));
     }
     if let Some(clock) = checkpoint.clock {
-        commit.positions.push((CLOCK.to_owned(), partition, clock_bits(clock)));
+        let bits = clock_bits(clock);
+        commit.positions.push((CLOCK_HIGH.to_owned(), partition, bits >> 32));
+        commit.positions.push((CLOCK_LOW.to_owned(), partition, bits & u64::from(u32::MAX)));
     }
 }
 
@@ -69,7 +73,10 @@ pub(super) fn restore(store: &StateStore, topics: &[String], partition: u32) -> 
         let positions: Vec<u64> = inputs.iter().map(|input| input.commit).collect();
         return Ok(Checkpoint::start(&positions));
     }
-    let clock = store.position(CLOCK, partition)?.map(clock_of);
+    let clock = match (store.position(CLOCK_HIGH, partition)?, store.position(CLOCK_LOW, partition)?) {
+        (Some(high), Some(low)) => Some(clock_of((high << 32) | low)),
+        _ => None,
+    };
     Ok(Checkpoint { clock, inputs })
 }
 
@@ -95,7 +102,7 @@ mod tests {
         let topics = vec!["a".to_owned(), "b".to_owned()];
         assert_eq!(restore(&store, &topics, 1).unwrap(), Checkpoint::start(&[0, 0]));
         let checkpoint = Checkpoint {
-            clock: Some(-7),
+            clock: Some(1_796_169_600_000),
             inputs: vec![InputCheckpoint { commit: 3, read_to: 9 }, InputCheckpoint { commit: 4, read_to: 4 }],
         };
         let mut commit = BatchCommit::default();
