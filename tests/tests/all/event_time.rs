@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::json;
 use wakuwaku::consumer::{ConsumerConfig, stat};
 use wakuwaku::event::{EventTypeTag, Header, header_name};
-use wakuwaku::host::StateSettings;
+use wakuwaku::host::{Host, StateSettings};
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
-use wakuwaku_tests::{catch_up, fresh_stream, host_settings, json_record, postgres_url, probe_module};
+use wakuwaku_tests::{fresh_stream, host_settings, json_record, postgres_url, probe_module};
 
 const LEDGER: EventTypeTag = EventTypeTag::new(50);
 const BASE_MS: i64 = 1_796_169_600_000;
@@ -70,7 +70,9 @@ async fn start_up_race(projection: &str, url: Option<String>) {
     if let Some(url) = url {
         settings.state = StateSettings::Postgres { url };
     }
-    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let (projection, metrics) = (host.projection().clone(), host.metrics().clone());
+    let summary = host.finished().await.unwrap();
 
     assert!(silent_reads.load(Ordering::SeqCst) > 40, "`late` was never silent");
     assert_eq!(summary.order_violations, 0);
@@ -80,4 +82,23 @@ async fn start_up_race(projection: &str, url: Option<String>) {
     assert_eq!(counters.get("ledger").copied(), Some((keys * per_key) as i128));
     let stats: std::collections::HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
     assert_eq!(stats.get(stat::ORDER_VIOLATIONS), None);
+
+    // The metrics show each input's clock and that both ended idle, with
+    // nothing held.
+    let shown = metrics.encode();
+    let line = |metric: &str, topic: &str| {
+        shown
+            .lines()
+            .find(|line| line.starts_with(&format!("{metric}{{")) && line.contains(&format!("topic=\"{topic}\"")))
+            .unwrap_or_else(|| panic!("no {metric} of {topic}: {shown}"))
+            .to_owned()
+    };
+    for topic in ["early", "late"] {
+        assert!(line("waku_input_idle", topic).ends_with(" 1"), "{shown}");
+        let last_seq = if topic == "early" { per_key - 1 } else { per_key };
+        let clock = BASE_MS + last_seq as i64 * 1000 + keys as i64 - 1;
+        assert!(line("waku_input_clock_ms", topic).ends_with(&format!(" {clock}")), "{shown}");
+    }
+    let held = shown.lines().find(|line| line.starts_with("waku_held_events{")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(held.ends_with(" 0"), "{held}");
 }
