@@ -80,6 +80,9 @@ pub struct Admin<L> {
     /// The token every route but `/health` and `/ready` asks for; `None`:
     /// every route is open.
     pub token: Option<AdminToken>,
+    /// What its release stages show, for a projection over several topics
+    /// ([`crate::consumer::TimingBoard`]).
+    pub timing: Option<Arc<crate::consumer::TimingBoard>>,
 }
 
 /// The bearer token that protects the endpoint. Its text never shows in
@@ -511,19 +514,22 @@ fn counters_response<L>(
 async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
     let versions = admin.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
     let projection = &admin.projection;
-    match status(
+    match status_of_topics(
         &*admin.log,
         projection.name(),
-        projection.topic(),
+        projection.topics(),
         projection.store(),
         Some(&admin.progress),
         versions,
     )
     .await
     {
-        Ok(status) => {
-            Json(Status { rebuild: admin.rebuild.as_ref().and_then(|watch| watch.get()), ..status }).into_response()
-        }
+        Ok(status) => Json(Status {
+            rebuild: admin.rebuild.as_ref().and_then(|watch| watch.get()),
+            event_time: admin.timing.as_ref().map(|timing| timing.snapshot()).unwrap_or_default(),
+            ..status
+        })
+        .into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
 }
@@ -592,6 +598,25 @@ pub struct Status {
     /// promotion ([`crate::rebuild`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild: Option<RebuildStatus>,
+    /// The topics it consumes after `topic`, co-partitioned with it; for
+    /// such a projection each partition's position and end are summed over
+    /// the topics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_topics: Vec<String>,
+    /// Late events: read after the clock passed their event time, applied
+    /// at once, out of event-time order (projections over several topics);
+    /// left out of the JSON while there are none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub order_violations: u64,
+    /// The running host's release stages, per partition index: clock,
+    /// watermark lag, held events and bytes, each input's clock and
+    /// whether it is idle (projections over several topics).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_time: Vec<crate::consumer::PartitionTiming>,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// The status of a projection from its state and the log; with the running
@@ -604,11 +629,30 @@ pub async fn status<L: EventLog>(
     progress: Option<&Progress>,
     modules: BTreeMap<String, String>,
 ) -> Result<Status, crate::consumer::ConsumerError> {
+    status_of_topics(log, projection, &[topic.to_owned()], store, progress, modules).await
+}
+
+/// [`status`] of a projection over `topics` (the first names it): each
+/// partition index's position and end are summed over the topics, as the
+/// caught-up gate counts them.
+pub async fn status_of_topics<L: EventLog>(
+    log: &L,
+    projection: &str,
+    topics: &[String],
+    store: &StateStore,
+    progress: Option<&Progress>,
+    modules: BTreeMap<String, String>,
+) -> Result<Status, crate::consumer::ConsumerError> {
+    let topic = topics[0].as_str();
     let gate = progress.map(Progress::partitions).unwrap_or_default();
     let mut partitions = Vec::new();
     for partition in 0..log.partitions(topic).await? {
-        let position = store.position(topic, partition)?.unwrap_or(0);
-        let (first, end) = log.extent(topic, partition).await?;
+        let mut position = store.position(topic, partition)?.unwrap_or(0);
+        let (first, mut end) = log.extent(topic, partition).await?;
+        for more in &topics[1..] {
+            position += store.position(more, partition)?.unwrap_or(0);
+            end += log.end_offset(more, partition).await?;
+        }
         let end_at_start = gate.iter().find(|p| p.partition == partition).map(|p| p.end_at_start);
         // Recorded by the consumer; offline, an end below the position is
         // one the consumer will stop at.
@@ -642,6 +686,9 @@ pub async fn status<L: EventLog>(
         undeliverable: count(stat::UNDELIVERABLE),
         outbox: store.outbox()?.len() as u64,
         rebuild: None,
+        more_topics: topics[1..].to_vec(),
+        order_violations: count(stat::ORDER_VIOLATIONS),
+        event_time: Vec::new(),
     })
 }
 

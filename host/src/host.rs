@@ -82,6 +82,10 @@ pub struct HostSettings {
     pub projection: String,
     /// The topic it consumes.
     pub topic: String,
+    /// Further topics it consumes, co-partitioned with `topic`: the
+    /// projection then reads a partition index across all of them in
+    /// event-time order ([`crate::consumer`]). Default: none.
+    pub more_topics: Vec<String>,
     /// Where its modules come from.
     pub modules: ModuleSource,
     /// Create the consumed topic with this many partitions if missing (an
@@ -148,6 +152,7 @@ impl HostSettings {
             state: StateSettings::Embedded,
             projection: projection.to_owned(),
             topic: topic.to_owned(),
+            more_topics: Vec::new(),
             modules,
             create_topic: None,
             create_emit_topics: None,
@@ -469,15 +474,19 @@ impl Host {
         // A host that follows an embedded store, its modules from a
         // directory, can rebuild in the shadow: every part of it shares one
         // store handle that promotion switches.
+        // A rebuild lines a shadow up with one topic's positions; a
+        // projection over several topics does not rebuild in the shadow yet.
+        let one_topic = settings.more_topics.is_empty();
         let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
-            (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) => {
+            (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
                 Some((SwitchingStore::new(store.clone()), path.clone()))
             }
             _ => None,
         };
         let store = rebuilds.as_ref().map_or(store, |(switching, _)| StateStore::from_backend(switching.clone()));
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
-        let projection = Arc::new(Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?);
+        let projection = Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?;
+        let projection = Arc::new(projection.with_more_topics(&settings.more_topics)?);
         let reloader = match (&settings.modules, &loaded.library) {
             (ModuleSource::Directory { path, watch: true, .. }, Some(library)) => {
                 Some(Reloader::watch(library.clone(), projection.clone(), path)?)
@@ -485,9 +494,11 @@ impl Host {
             _ => None,
         };
         if let Some(partitions) = settings.create_topic {
-            log.create_topic(&settings.topic, partitions)
-                .await
-                .map_err(|source| HostError::CreateTopic { topic: settings.topic.clone(), source })?;
+            for topic in projection.topics() {
+                log.create_topic(topic, partitions)
+                    .await
+                    .map_err(|source| HostError::CreateTopic { topic: topic.clone(), source })?;
+            }
         }
         let mut consumer =
             Consumer::new(log.clone(), projection.clone(), settings.consumer.clone()).with_metrics(metrics.clone());
@@ -501,6 +512,7 @@ impl Host {
             consumer = consumer.with_assignment(assigned);
         }
         let progress = consumer.progress();
+        let timing = consumer.timing();
         let rebuild_watch = rebuilds.as_ref().map(|_| Arc::new(RebuildWatch::default()));
         let (stop_admin, admin_address) = match settings.admin {
             None => (None, None),
@@ -513,6 +525,7 @@ impl Host {
                     library: loaded.library.clone(),
                     rebuild: rebuild_watch.clone(),
                     token: settings.admin_token.clone(),
+                    timing: Some(timing.clone()),
                 };
                 let (stop, address) = serve_admin(address, admin).await?;
                 (Some(stop), Some(address))
@@ -553,6 +566,7 @@ impl Host {
             library: loaded.library,
             metrics,
             progress,
+            timing,
             sandbox,
             differences: loaded.differences,
             admin_address,
@@ -645,6 +659,8 @@ pub struct RunningHost<L = AnyLog> {
     library: Option<Arc<Library>>,
     metrics: Arc<Metrics>,
     progress: Arc<Progress>,
+    /// What the release stages show (projections over several topics).
+    timing: Arc<crate::consumer::TimingBoard>,
     sandbox: Sandbox,
     differences: Vec<Difference>,
     admin_address: Option<SocketAddr>,
@@ -709,10 +725,10 @@ impl<L: EventLog> RunningHost<L> {
     /// the counts of applied, skipped, retrying and dead-lettered events.
     pub async fn status(&self) -> Result<Status, HostError> {
         let modules = self.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
-        let (name, topic) = (self.projection.name(), self.projection.topic());
+        let (name, topics) = (self.projection.name(), self.projection.topics());
         let store = self.projection.store();
-        let status = admin::status(&*self.log, name, topic, store, Some(&self.progress), modules).await?;
-        Ok(admin::Status { rebuild: self.rebuild(), ..status })
+        let status = admin::status_of_topics(&*self.log, name, topics, store, Some(&self.progress), modules).await?;
+        Ok(admin::Status { rebuild: self.rebuild(), event_time: self.timing.snapshot(), ..status })
     }
 
     /// Asks it to stop after the batch in flight and waits until it has.

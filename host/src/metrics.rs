@@ -15,6 +15,11 @@
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
 //! | `waku_partition_takes_failed_total` | projection | attempts to take an assigned partition that failed (log or state store unreachable) and are tried again after a backoff |
 //! | `waku_log_truncated_total` | topic, partition | times a partition's end offset was found below the host's position or below an end offset read earlier: the log lost messages it had acknowledged, or the topic was deleted and created again ([`crate::log::loss`]) |
+//! | `waku_order_violations_total` | projection | late events of a projection over several topics: read after the clock passed their event time, applied at once, out of event-time order (counted when committed) |
+//! | `waku_watermark_lag_ms` | projection, partition | processing time minus the partition index's clock (event time), when it last moved or read |
+//! | `waku_held_events`, `waku_held_bytes` | projection, partition | events (and their bytes) waiting for the clock |
+//! | `waku_input_clock_ms` | projection, topic, partition | the latest event time read from an input partition |
+//! | `waku_input_idle` | projection, topic, partition | 1 when the input partition reached an end offset the log reported (it no longer holds the clock), else 0 |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -72,6 +77,13 @@ struct TopicPartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InputLabels {
+    projection: String,
+    topic: String,
+    partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     projection: String,
     phase: &'static str,
@@ -105,6 +117,12 @@ pub struct Metrics {
     take_failed: Family<ProjectionLabels, Counter>,
     truncated: Family<TopicPartitionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+    order_violations: Family<ProjectionLabels, Counter>,
+    watermark_lag: Family<PartitionLabels, Gauge>,
+    held_events: Family<PartitionLabels, Gauge>,
+    held_bytes: Family<PartitionLabels, Gauge>,
+    input_clock: Family<InputLabels, Gauge>,
+    input_idle: Family<InputLabels, Gauge>,
     /// Per projection, the series labelled by module and type, and the
     /// newest module set recorded.
     by_module: Mutex<FxHashMap<String, ModuleSeries>>,
@@ -145,6 +163,12 @@ impl Default for Metrics {
             take_failed: Family::default(),
             truncated: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            order_violations: Family::default(),
+            watermark_lag: Family::default(),
+            held_events: Family::default(),
+            held_bytes: Family::default(),
+            input_clock: Family::default(),
+            input_idle: Family::default(),
             registry: Registry::default(),
             by_module: Mutex::default(),
         };
@@ -182,6 +206,28 @@ impl Default for Metrics {
             metrics.truncated.clone(),
         );
         registry.register("waku_batch_phase_seconds", "Time per batch in each phase", metrics.phases.clone());
+        registry.register(
+            "waku_order_violations",
+            "Late events: read after the clock passed their event time, applied at once out of event-time order",
+            metrics.order_violations.clone(),
+        );
+        registry.register(
+            "waku_watermark_lag_ms",
+            "Processing time minus the clock of a partition index, in ms",
+            metrics.watermark_lag.clone(),
+        );
+        registry.register("waku_held_events", "Events waiting for the clock", metrics.held_events.clone());
+        registry.register("waku_held_bytes", "Bytes of the events waiting for the clock", metrics.held_bytes.clone());
+        registry.register(
+            "waku_input_clock_ms",
+            "The latest event time read from an input partition, in ms since the epoch",
+            metrics.input_clock.clone(),
+        );
+        registry.register(
+            "waku_input_idle",
+            "1 when an input partition reached an end offset the log reported, else 0",
+            metrics.input_idle.clone(),
+        );
         Self { registry, ..metrics }
     }
 }
@@ -307,6 +353,33 @@ impl Metrics {
     /// Counts a partition found to have lost its tail ([`crate::log::loss::Truncation`]).
     pub fn log_truncated(&self, topic: &str, partition: u32) {
         self.truncated.get_or_create(&TopicPartitionLabels { topic: topic.to_owned(), partition }).inc();
+    }
+
+    /// Counts late events a committed batch applied.
+    pub fn order_violations(&self, projection: &str, events: u64) {
+        self.order_violations.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(events);
+    }
+
+    /// Shows a partition index's release stage: its clock's lag, what it
+    /// holds, and each input's clock and idleness.
+    pub fn event_time(&self, projection: &str, timing: &crate::consumer::PartitionTiming) {
+        let labels = PartitionLabels { projection: projection.to_owned(), partition: timing.partition };
+        if let Some(lag) = timing.watermark_lag_ms {
+            self.watermark_lag.get_or_create(&labels).set(lag);
+        }
+        self.held_events.get_or_create(&labels).set(i64::try_from(timing.held_events).unwrap_or(i64::MAX));
+        self.held_bytes.get_or_create(&labels).set(i64::try_from(timing.held_bytes).unwrap_or(i64::MAX));
+        for input in &timing.inputs {
+            let labels = InputLabels {
+                projection: projection.to_owned(),
+                topic: input.topic.clone(),
+                partition: timing.partition,
+            };
+            if let Some(clock) = input.clock_ms {
+                self.input_clock.get_or_create(&labels).set(clock);
+            }
+            self.input_idle.get_or_create(&labels).set(i64::from(input.idle));
+        }
     }
 
     /// Counts a module load.

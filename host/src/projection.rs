@@ -85,10 +85,13 @@ pub enum ProjectionError {
     State(#[from] StateError),
 }
 
-/// Modules over one topic, their routing table and their state.
+/// Modules over one topic (or several co-partitioned ones), their routing
+/// table and their state.
 pub struct Projection {
     name: String,
-    topic: String,
+    /// Every topic it consumes, in the order given; the first names its
+    /// retry and dead-letter topics.
+    topics: Vec<String>,
     current: RwLock<Arc<ModuleSet>>,
     /// The swap lock and the number of replacements so far.
     swaps: Mutex<u64>,
@@ -183,7 +186,7 @@ impl Projection {
         let routed = RoutedTopics::shared(topic);
         Ok(Self {
             name: name.to_owned(),
-            topic: topic.to_owned(),
+            topics: vec![topic.to_owned()],
             current: RwLock::new(Arc::new(set)),
             swaps: Mutex::new(0),
             store,
@@ -207,9 +210,31 @@ impl Projection {
         &self.name
     }
 
-    /// The topic it consumes.
+    /// The topic it consumes: the first of [`Projection::topics`], whose
+    /// retry and dead-letter topics it routes to.
     pub fn topic(&self) -> &str {
-        &self.topic
+        &self.topics[0]
+    }
+
+    /// Every topic it consumes, in the order given: one, or several
+    /// co-partitioned ones read in event-time order
+    /// ([`crate::consumer`], "Event time across topics"). The order is
+    /// part of the release order's tie-break.
+    pub fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// Consumes `more` topics besides the first, checking that no module
+    /// emits to any of them. A topic named twice is taken once.
+    pub fn with_more_topics(mut self, more: &[String]) -> Result<Self, ProjectionError> {
+        for topic in more {
+            if self.topics.contains(topic) {
+                continue;
+            }
+            no_emit_loop(&self.name, std::slice::from_ref(topic), self.current().modules())?;
+            self.topics.push(topic.clone());
+        }
+        Ok(self)
     }
 
     /// The module set batches starting now use.
@@ -290,7 +315,8 @@ impl ModuleSwap<'_> {
         record: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
         let projection = self.projection;
-        let set = ModuleSet::new(&projection.name, &projection.topic, modules)?;
+        let set = ModuleSet::new(&projection.name, projection.topic(), modules)?;
+        no_emit_loop(&projection.name, &projection.topics[1..], set.modules())?;
         record()?;
         let old = projection.current();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -306,6 +332,25 @@ impl ModuleSwap<'_> {
         *self.generation += 1;
         Ok(())
     }
+}
+
+/// Refuses modules that emit to one of `topics`, which `projection`
+/// consumes: a module may not feed its own projection.
+fn no_emit_loop(
+    projection: &str,
+    topics: &[String],
+    modules: &[Arc<dyn HandlerModule>],
+) -> Result<(), ProjectionError> {
+    for topic in topics {
+        if let Some(module) = modules.iter().find(|module| module.emits().iter().any(|emitted| emitted == topic)) {
+            return Err(ProjectionError::EmitLoop {
+                projection: projection.to_owned(),
+                module: module.name().to_owned(),
+                topic: topic.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Loads one module file into `sandbox`; its name is the file stem.

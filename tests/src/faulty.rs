@@ -42,12 +42,22 @@ pub struct FaultyLog<L = EmbeddedLog> {
     /// The log underneath, to check what reached it.
     pub log: L,
     fault: Box<dyn Fn(Call<'_>) -> Option<LogError> + Send + Sync>,
+    /// Reads for which this is true find nothing, though the log holds
+    /// records there: a partition that is slow, not failing.
+    silent: Box<dyn Fn(Call<'_>) -> bool + Send + Sync>,
 }
 
 impl<L> FaultyLog<L> {
     /// `log`, failing each call for which `fault` returns an error.
     pub fn new(log: L, fault: impl Fn(Call<'_>) -> Option<LogError> + Send + Sync + 'static) -> Self {
-        Self { log, fault: Box::new(fault) }
+        Self { log, fault: Box::new(fault), silent: Box::new(|_| false) }
+    }
+
+    /// Makes each read for which `silent` returns true find nothing (its
+    /// end offsets still say what the log holds): the start-up race, a
+    /// partition read late.
+    pub fn with_silence(self, silent: impl Fn(Call<'_>) -> bool + Send + Sync + 'static) -> Self {
+        Self { silent: Box::new(silent), ..self }
     }
 
     fn check(&self, call: Call<'_>) -> Result<(), LogError> {
@@ -98,6 +108,9 @@ impl<L: EventLog> EventLog for FaultyLog<L> {
     }
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         self.check(Call::Read { topic, partition, from })?;
+        if (self.silent)(Call::Read { topic, partition, from }) {
+            return Ok(Vec::new());
+        }
         self.log.read(topic, partition, from, max).await
     }
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {

@@ -701,3 +701,55 @@ async fn polls_keep_to_their_byte_budget_through_large_messages() {
     // whole batches again.
     assert_eq!(polls, [1024, 1024, 952 + 3, 3, 3, 1 + 1023, 1024, 953]);
 }
+
+/// A projection over two topics on Iggy: each key's history alternates
+/// between them, stamped with `waku-event-time`; it is applied in
+/// event-time order, exactly once, and Iggy shows the consumer's offsets of
+/// both topics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_topics_on_iggy_are_applied_in_event_time_order_per_key() {
+    let Some(url) = iggy_url("two topics in event-time order on Iggy") else { return };
+    let _shared = SERVER.read().await;
+    let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-event-time")).await.unwrap());
+    const LEDGER: wakuwaku::event::EventTypeTag = wakuwaku::event::EventTypeTag::new(50);
+    let (keys, per_key, partitions) = (24u64, 30u64, 2u32);
+    for topic in ["early", "late"] {
+        log.create_topic(topic, partitions).await.unwrap();
+        let mut batches: Vec<(u32, Vec<wakuwaku::log::Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
+        for seq in (1..=per_key).filter(|seq| (seq % 2 == 1) == (topic == "early")) {
+            for key in 0..keys {
+                let body =
+                    serde_json::json!({ "key": key, "seq": seq, "amount": 1, "fail": null, "ordering": "relaxed" });
+                let mut record = json_record(LEDGER, key, body);
+                let time = 1_796_169_600_000i64 + seq as i64 * 1000 + key as i64;
+                record.headers.push(wakuwaku::event::Header {
+                    name: wakuwaku::event::header_name::EVENT_TIME.into(),
+                    value: time.to_le_bytes().to_vec(),
+                });
+                let partition = partition_for(wakuwaku::key::Key::int(key).key_hash(), partitions);
+                batches[partition as usize].1.push(record);
+            }
+        }
+        log.append(topic, batches).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = host_settings(dir.path(), "ledger", "early", vec![probe_module()], config(10));
+    settings.more_topics = vec!["late".to_owned()];
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.order_violations), (keys * per_key, 0));
+    let counters: std::collections::HashMap<String, i128> =
+        projection.store().counters().unwrap().into_iter().collect();
+    assert_eq!(counters.get("out_of_order"), None, "a key saw its entries out of event-time order");
+    assert_eq!(counters.get("ledger").copied(), Some((keys * per_key) as i128));
+    for topic in ["early", "late"] {
+        for partition in 0..partitions {
+            let end = log.end_offset(topic, partition).await.unwrap();
+            assert_eq!(projection.store().position(topic, partition).unwrap(), Some(end), "{topic} {partition}");
+            assert_eq!(
+                log.consumer_offset("ledger", topic, partition).await.unwrap(),
+                Some(end),
+                "{topic} {partition}"
+            );
+        }
+    }
+}

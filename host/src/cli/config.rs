@@ -469,13 +469,29 @@ mod tests {
     }
 
     #[test]
+    fn several_topics_come_from_repeated_flags_a_list_or_the_file() {
+        let topics = |layered: Layered| match layered.cli.command {
+            Command::Run(args) => args.topics,
+            _ => panic!("not run"),
+        };
+        let expected = ["a".to_owned(), "b".to_owned()];
+        let base = ["run", "--projection", "p", "--modules", "m"];
+        let repeated = parse_with(&[&base[..], &["--topic", "a", "--topic", "b"]].concat(), &[], None).unwrap();
+        assert_eq!(topics(repeated), expected);
+        let listed = parse_with(&[&base[..], &["--topic", "a,b"]].concat(), &[], None).unwrap();
+        assert_eq!(topics(listed), expected);
+        let filed = parse_with(&base, &[], Some("topic = [\"a\", \"b\"]\n")).unwrap();
+        assert_eq!(topics(filed), expected);
+    }
+
+    #[test]
     fn required_settings_switches_and_lists_come_from_the_environment_and_the_file() {
         let file = "projection = \"bank\"\ntopic = \"accounts\"\nmodules = \"mods\"\npartitions = [0, 2]\n\
                     until-caught-up = true\nretry-delays = [\"1s\", \"2m\"]\n";
         let env = [("WAKU_NO_WATCH", "true"), ("WAKU_IGGY", "iggy://u:secret@host:8090")];
         let layered = parse_with(&["run"], &env, Some(file)).unwrap();
         let Command::Run(args) = &layered.cli.command else { panic!("not run") };
-        assert_eq!((args.projection.as_str(), args.topic.as_str()), ("bank", "accounts"));
+        assert_eq!((args.projection.as_str(), args.topic()), ("bank", "accounts"));
         assert_eq!(args.partitions, Some(vec![0, 2]));
         assert!(args.until_caught_up && args.no_watch && !args.adopt_modules);
         assert_eq!(args.data.iggy.as_deref(), Some("iggy://u:secret@host:8090"));

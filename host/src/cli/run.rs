@@ -30,9 +30,18 @@ pub(super) struct RunArgs {
     /// The projection's name (its state file is named after it).
     #[arg(long)]
     pub(super) projection: String,
-    /// The topic to consume.
-    #[arg(long)]
-    pub(super) topic: String,
+    /// The topic to consume. Give it more than once (or a comma-separated
+    /// list) for a projection over several co-partitioned topics: each
+    /// partition index is read across all of them, and a key's events that
+    /// carry an event time (the `waku-event-time` header) are applied in
+    /// event-time order (see the README, "Event time across topics").
+    #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
+    pub(super) topics: Vec<String>,
+    /// With several topics: the most MiB of events each partition index
+    /// holds for event-time order before it pauses the inputs that are
+    /// ahead of the clock (read in event-time alignment).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub(super) max_held_mib: u64,
     /// The directory of the projection's modules (*.wasm).
     #[arg(long)]
     pub(super) modules: PathBuf,
@@ -97,11 +106,19 @@ pub(super) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The first topic: it names the projection's retry and dead-letter
+    /// topics.
+    pub(super) fn topic(&self) -> &str {
+        &self.topics[0]
+    }
+
     /// The host these flags ask for.
     pub(super) fn settings(&self) -> Result<HostSettings> {
         let modules =
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
-        let mut settings = HostSettings::new(&self.data.data, &self.projection, &self.topic, modules);
+        let mut settings = HostSettings::new(&self.data.data, &self.projection, self.topic(), modules);
+        settings.more_topics = self.topics[1..].to_vec();
+        settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
         settings.log = self.data.log_settings();
         settings.state = self.data.state_settings();
         settings.consumer.partitions = self.partitions.clone();
@@ -130,7 +147,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     }
     let loading = Instant::now();
     let settings = args.settings().map_err(|error| name_the_source(error, layered))?;
-    let host = Host::start(settings).await.map_err(|error| explain(error, &args.topic))?;
+    let host = Host::start(settings).await.map_err(|error| explain(error, args.topic()))?;
     for difference in host.differences() {
         errln!("waku: {difference}");
     }
@@ -138,7 +155,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     errln!(
         "waku: projection `{}` on topic `{}`: {} ({} event types, loaded in {:.2} s), batch {}, {} workers",
         args.projection,
-        args.topic,
+        args.topics.join("`, `"),
         projection.modules().iter().map(|m| format!("{}@{}", m.name(), m.version())).collect::<Vec<_>>().join(", "),
         projection.modules().iter().map(|m| m.event_types().len()).sum::<usize>(),
         loading.elapsed().as_secs_f64(),
@@ -154,7 +171,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     let started = Instant::now();
     let summary = host.stop_when(signals.first()).await;
     drop(display);
-    let summary = summary.map_err(|error| explain(error, &args.topic))?;
+    let summary = summary.map_err(|error| explain(error, args.topic()))?;
     print_summary(&summary, started.elapsed().as_secs_f64(), &store)
 }
 
@@ -265,6 +282,13 @@ pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) ->
     )?;
     if !summary.phases.total().is_zero() {
         outln!("time per phase (summed over partitions and workers): {}", summary.phases)?;
+    }
+    if summary.order_violations > 0 {
+        outln!(
+            "{} late events (read after the clock passed their event time) were applied at once, out of event-time \
+             order",
+            summary.order_violations
+        )?;
     }
     let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
     let count = |name: &str| stats.get(name).copied().unwrap_or(0);

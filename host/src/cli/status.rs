@@ -87,6 +87,38 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         status.undeliverable,
         status.outbox
     )?;
+    if status.order_violations > 0 || !status.more_topics.is_empty() {
+        let also: Vec<String> = status.more_topics.iter().map(|topic| format!("`{topic}`")).collect();
+        let also = if also.is_empty() { String::new() } else { format!("; also reads {}", also.join(", ")) };
+        outln!(
+            "event time: {} order violations (late events applied at once, out of event-time order){also}",
+            status.order_violations,
+        )?;
+    }
+    for timing in &status.event_time {
+        let ms = |value: Option<i64>| value.map_or_else(|| "-".to_owned(), |value| value.to_string());
+        let inputs: Vec<String> = timing
+            .inputs
+            .iter()
+            .map(|input| {
+                let state = match (input.idle, input.paused) {
+                    (true, _) => "idle",
+                    (false, true) => "paused",
+                    (false, false) => "counting",
+                };
+                format!("{} at {} clock {} {state}", input.topic, input.position, ms(input.clock_ms))
+            })
+            .collect();
+        outln!(
+            "partition {}: clock {} ms, watermark lag {} ms, {} events ({} bytes) held; {}",
+            timing.partition,
+            ms(timing.clock_ms),
+            ms(timing.watermark_lag_ms),
+            timing.held_events,
+            timing.held_bytes,
+            inputs.join("; ")
+        )?;
+    }
     if let Some(rebuild) = &status.rebuild {
         let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
         outln!(

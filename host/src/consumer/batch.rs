@@ -16,7 +16,8 @@ use super::call_time::CallTime;
 use super::key::{KeyWork, RunWork, WorkerOutcome};
 use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
-use super::{Consumer, ConsumerError, Summary};
+use super::timing::Advance;
+use super::{Consumer, ConsumerError, Summary, release_marks};
 use crate::event::{Algebra, Envelope, HeaderError};
 use crate::handler::{BatchBudget, BatchCounters, KeyOutcome};
 use crate::key::Key;
@@ -29,13 +30,15 @@ use crate::routing::{self, RetryQueue, Routed, RoutedTopics};
 use crate::state::{BatchCommit, StateReader};
 
 impl<L: EventLog> Consumer<L> {
-    /// Plans, executes and commits one batch polled from the topic. Runs on
-    /// a blocking thread.
+    /// Plans, executes and commits one batch polled from the topic (or
+    /// released by the release stage, in release order), moving the
+    /// partition on by `advance` in the same commit. Runs on a blocking
+    /// thread.
     pub(super) fn process_batch(
         &self,
         partition: u32,
         records: &PolledBatch,
-        next: u64,
+        advance: &Advance,
         queue: &RetryQueue,
         buffers: &mut BatchBuffers,
     ) -> Result<Summary, ConsumerError> {
@@ -97,7 +100,13 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         }
-        commit.positions.push((projection.topic().to_owned(), partition, next));
+        match advance {
+            Advance::Topic(next) => commit.positions.push((projection.topic().to_owned(), partition, *next)),
+            Advance::Released(progress) => {
+                release_marks::add_to_commit(&mut commit, &progress.topics, partition, &progress.checkpoint);
+                summary.order_violations += progress.violations;
+            }
+        }
         // What the retry topic holds below the queue's position is done or
         // not this projection's: a restart need not read it again.
         commit.positions.push((projection.routed_topics().retry().to_owned(), partition, queue.position()));

@@ -85,13 +85,19 @@ use crate::state::StateError;
 
 mod batch;
 use batch::BatchBuffers;
+use timing::Advance;
 mod call_time;
 mod failure;
 mod key;
 mod key_table;
 pub mod phase;
+mod release_marks;
+mod timing;
+pub mod timing_status;
 
 pub use phase::{Phase, PhaseTimes};
+pub use timing_status::{InputTiming, PartitionTiming, TimingBoard};
+use wakuwaku_core::release::{ReleaseError, ReleaseLimits};
 
 /// Names of the per-projection counts kept with the state, in events
 /// (a folded run counts every event folded into it).
@@ -120,6 +126,9 @@ pub mod stat {
     /// Emitted messages that could never be delivered and went to the
     /// dead-letter topic instead ([`crate::outbox`]).
     pub const UNDELIVERABLE: &str = "undeliverable";
+    /// Events read after the clock passed their event time (projections
+    /// over several topics): applied at once, out of event-time order.
+    pub const ORDER_VIOLATIONS: &str = "order_violations";
 }
 
 /// How a consumer polls and executes.
@@ -153,6 +162,10 @@ pub struct ConsumerConfig {
     /// ([`CallError::BatchTime`](crate::handler::CallError::BatchTime)), so
     /// a slow module cannot hold up the partition. Default 30 s.
     pub module_time_per_batch: Duration,
+    /// What bounds the events a projection over several topics holds for
+    /// event-time order, per partition index ([`ReleaseLimits`]; default
+    /// 64 MiB held).
+    pub release: ReleaseLimits,
 }
 
 impl Default for ConsumerConfig {
@@ -166,6 +179,7 @@ impl Default for ConsumerConfig {
             retry: RetryPolicy::default(),
             log_backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             module_time_per_batch: Duration::from_secs(30),
+            release: ReleaseLimits::default(),
         }
     }
 }
@@ -190,6 +204,21 @@ pub enum ConsumerError {
         /// How many the topic has.
         partitions: u32,
     },
+    /// The topics of a projection over several topics have different
+    /// partition counts: a key would not land in the same partition index
+    /// in each.
+    #[error(
+        "the topics of a projection must have the same number of partitions (co-partitioned), but {}",
+        .counts.iter().map(|(topic, count)| format!("`{topic}` has {count}")).collect::<Vec<_>>().join(", ")
+    )]
+    NotCoPartitioned {
+        /// Each topic with its partition count, in the order given.
+        counts: Vec<(String, u32)>,
+    },
+    /// The release stage refused a call: a bug in the host, never message
+    /// content.
+    #[error("the release stage refused a call: {0}")]
+    Release(ReleaseError),
     /// A retry or dead-letter topic exists with another partition count
     /// than its main topic; records could not keep their partition.
     #[error(
@@ -288,6 +317,9 @@ pub struct Summary {
     pub retry_out: u64,
     /// Emitted messages that could never be delivered (dead-lettered).
     pub undeliverable: u64,
+    /// Late events (read after the clock passed their event time),
+    /// applied at once.
+    pub order_violations: u64,
     /// Handler calls made.
     pub calls: u64,
     /// Where the time went, per phase of a batch (see [`phase`]).
@@ -306,6 +338,7 @@ impl Summary {
         self.retry_in += other.retry_in;
         self.retry_out += other.retry_out;
         self.undeliverable += other.undeliverable;
+        self.order_violations += other.order_violations;
         self.calls += other.calls;
         self.phases.absorb(&other.phases);
     }
@@ -319,6 +352,7 @@ impl Summary {
             (stat::DEAD_LETTERED, self.dead_lettered),
             (stat::RETRY_IN, self.retry_in),
             (stat::RETRY_OUT, self.retry_out),
+            (stat::ORDER_VIOLATIONS, self.order_violations),
         ]
         .into_iter()
         .filter(|&(_, count)| count > 0)
@@ -347,6 +381,8 @@ pub struct Consumer<L> {
     /// When set, the partitions to hold while following, as they change
     /// ([`Consumer::with_assignment`]).
     assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
+    /// What the release stages show (projections over several topics).
+    timing: Arc<TimingBoard>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -362,6 +398,7 @@ impl<L> Clone for Consumer<L> {
             budget: self.budget.clone(),
             counters: self.counters.clone(),
             assignment: self.assignment.clone(),
+            timing: self.timing.clone(),
         }
     }
 }
@@ -379,6 +416,7 @@ impl<L: EventLog> Consumer<L> {
             budget: BatchBudget::new(&config.payload),
             counters: CounterQuota::new(&config.payload),
             assignment: None,
+            timing: Arc::default(),
             config,
         }
     }
@@ -412,10 +450,30 @@ impl<L: EventLog> Consumer<L> {
         self.progress.clone()
     }
 
+    /// What the release stages of a projection over several topics show:
+    /// clocks, held events, late events.
+    pub fn timing(&self) -> Arc<TimingBoard> {
+        self.timing.clone()
+    }
+
+    /// The partition count of the projection's topics, checked to be the
+    /// same in each (co-partitioned).
+    pub async fn partition_count(&self) -> Result<u32, ConsumerError> {
+        let mut counts = Vec::new();
+        for topic in self.projection.topics() {
+            counts.push((topic.clone(), self.log.partitions(topic).await?));
+        }
+        let count = counts[0].1;
+        if counts.iter().any(|(_, other)| *other != count) {
+            return Err(ConsumerError::NotCoPartitioned { counts });
+        }
+        Ok(count)
+    }
+
     /// The partitions this consumer owns, checked against the topic.
     pub async fn partitions(&self) -> Result<Vec<u32>, ConsumerError> {
         let topic = self.projection.topic();
-        let count = self.log.partitions(topic).await?;
+        let count = self.partition_count().await?;
         match &self.config.partitions {
             None => Ok((0..count).collect()),
             Some(owned) => {
@@ -469,7 +527,7 @@ impl<L: EventLog> Consumer<L> {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Summary, ConsumerError> {
         let topic = self.projection.topic();
-        let count = self.log.partitions(topic).await?;
+        let count = self.partition_count().await?;
         let routed_topics = self.projection.routed_topics();
         let routed = [(routed_topics.retry(), TopicRole::Retry), (routed_topics.dlq(), TopicRole::DeadLetter)];
         for (routed, role) in routed.map(|(name, role)| (name.to_owned(), role)) {
@@ -482,10 +540,12 @@ impl<L: EventLog> Consumer<L> {
             }
             loss::require_durable(&*self.log, &routed, role).await?;
         }
-        loss::warn_if_lossy(&*self.log, topic).await?;
-        for truncation in loss::check_identity(&*self.log, self.projection.store(), topic).await? {
-            if let Some(metrics) = &self.metrics {
-                metrics.log_truncated(&truncation.topic, truncation.partition);
+        for topic in self.projection.topics() {
+            loss::warn_if_lossy(&*self.log, topic).await?;
+            for truncation in loss::check_identity(&*self.log, self.projection.store(), topic).await? {
+                if let Some(metrics) = &self.metrics {
+                    metrics.log_truncated(&truncation.topic, truncation.partition);
+                }
             }
         }
         if let (Some(assignment), Until::Shutdown) = (&self.assignment, &until) {
@@ -510,8 +570,8 @@ impl<L: EventLog> Consumer<L> {
         // The gate: every partition's end offset, read once at start-up.
         let mut gate = Vec::with_capacity(partitions.len());
         for &partition in &partitions {
-            let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
-            gate.push((partition, position, self.log.end_offset(topic, partition).await?));
+            let (position, end) = self.gate_of(partition).await?;
+            gate.push((partition, position, end));
         }
         self.progress.begin(gate.iter().copied());
         let mut tasks = tokio::task::JoinSet::new();
@@ -613,6 +673,7 @@ impl<L: EventLog> Consumer<L> {
                     let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
                     held.remove(&partition);
                     self.progress.release(partition);
+                    self.timing.remove(partition);
                     // Not this host's any more: what the store kept of it goes.
                     self.projection.store().release(partition);
                     match ended {
@@ -648,12 +709,10 @@ impl<L: EventLog> Consumer<L> {
     /// holds, and gates it at its committed position and the end offset
     /// read now. Returns the messages found undeliverable.
     async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
-        let topic = self.projection.topic();
         let epoch = self.projection.store().claim(partition)?;
         outbox::forget_stamps(&*self.log, self.projection.store(), self.projection.name(), partition)?;
         let left = self.publish_outbox(&[partition]).await?;
-        let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
-        let end = self.log.end_offset(topic, partition).await?;
+        let (position, end) = self.gate_of(partition).await?;
         self.progress.take(partition, position, end);
         tracing::info!(
             projection = self.projection.name(),
@@ -664,6 +723,18 @@ impl<L: EventLog> Consumer<L> {
             "took partition {partition}"
         );
         Ok(left.undeliverable)
+    }
+
+    /// A partition index's gate: its committed position and the end offset
+    /// read now, each summed over the projection's topics (for one topic,
+    /// the topic's own).
+    async fn gate_of(&self, partition: u32) -> Result<(u64, u64), ConsumerError> {
+        let (mut position, mut end) = (0, 0);
+        for topic in self.projection.topics() {
+            position += self.projection.store().position(topic, partition)?.unwrap_or(0);
+            end += self.log.end_offset(topic, partition).await?;
+        }
+        Ok((position, end))
     }
 
     /// Logs and counts a failed [`Consumer::take_partition`] and returns
@@ -701,8 +772,15 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<(Summary, bool), ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
-        self.check_tail_at_start(partition, position).await?;
+        let timed = match self.projection.topics().len() {
+            1 => {
+                self.check_tail_at_start(&topic, partition, position).await?;
+                None
+            }
+            _ => Some(self.start_timed(partition).await?),
+        };
         let mut state = PartitionState {
+            timed,
             position,
             known_end: end.unwrap_or(0).max(position),
             tail_checked: None,
@@ -813,17 +891,7 @@ impl<L: EventLog> Consumer<L> {
             None => self.rebuild_retry_queue(partition).await?,
         };
         if state.settle {
-            // After a commit: its outbox out, its retry records indexed (so
-            // the next batch diverts their keys), the log's offset updated.
-            let started = Instant::now();
-            summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
-            self.index_retries(partition, &mut queue, &FxHashSet::default()).await?;
-            self.log.store_consumer_offset(self.projection.name(), topic, partition, state.position).await?;
-            state.settle = false;
-            let mut phases = PhaseTimes::default();
-            phases.add(Phase::Outbox, started.elapsed());
-            self.record_phases(&phases);
-            summary.phases.absorb(&phases);
+            self.settle(partition, state, &mut queue, summary).await?;
         }
         // After a retry batch the topic has its turn, while it has more to
         // read: keys that stay due (a module slow on every call, cut by its
@@ -865,67 +933,156 @@ impl<L: EventLog> Consumer<L> {
         if std::mem::take(&mut state.queue_full) {
             tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
         }
-        let want = match end {
-            Some(end) if state.position >= end => {
-                state.queue = Some(queue);
-                return Ok(Step::Done);
+        let polling = Instant::now();
+        let polled = match state.timed.take() {
+            Some(mut timed) => {
+                if let Some(appends) = &mut state.appends {
+                    appends.borrow_and_update();
+                }
+                let polled = self.timed_read(partition, end.is_some(), &mut timed).await;
+                state.timed = Some(timed);
+                polled
             }
+            None => self.poll_topic(partition, end, state, &queue).await,
+        };
+        match polled {
+            Ok(Polled::Batch(records, advance)) => {
+                self.apply(partition, (records, advance, polling.elapsed()), queue, state, summary).await
+            }
+            Ok(Polled::Nothing(step)) => {
+                state.queue = Some(queue);
+                Ok(step)
+            }
+            Err(error) => {
+                state.queue = Some(queue);
+                Err(error)
+            }
+        }
+    }
+
+    /// After a commit: its outbox out, its retry records indexed (so the
+    /// next batch diverts their keys), the log's consumer offsets updated.
+    async fn settle(
+        &self,
+        partition: u32,
+        state: &mut PartitionState,
+        queue: &mut RetryQueue,
+        summary: &mut Summary,
+    ) -> Result<(), ConsumerError> {
+        let started = Instant::now();
+        summary.undeliverable += self.publish_outbox(&[partition]).await?.undeliverable;
+        self.index_retries(partition, queue, &FxHashSet::default()).await?;
+        let name = self.projection.name();
+        match &state.timed {
+            None => self.log.store_consumer_offset(name, self.projection.topic(), partition, state.position).await?,
+            Some(_) => {
+                for topic in self.projection.topics() {
+                    let position = self.projection.store().position(topic, partition)?.unwrap_or(0);
+                    self.log.store_consumer_offset(name, topic, partition, position).await?;
+                }
+            }
+        }
+        state.settle = false;
+        let mut phases = PhaseTimes::default();
+        phases.add(Phase::Outbox, started.elapsed());
+        self.record_phases(&phases);
+        summary.phases.absorb(&phases);
+        Ok(())
+    }
+
+    /// Polls the one topic of a projection from the partition's position
+    /// (up to `end` if given). On an empty poll, looks for a lost tail and
+    /// says how long to wait: the idle poll, or less if a retry is due
+    /// sooner.
+    async fn poll_topic(
+        &self,
+        partition: u32,
+        end: Option<u64>,
+        state: &mut PartitionState,
+        queue: &RetryQueue,
+    ) -> Result<Polled, ConsumerError> {
+        let want = match end {
+            Some(end) if state.position >= end => return Ok(Polled::Nothing(Step::Done)),
             Some(end) => self.config.batch_size.min((end - state.position) as usize),
             None => self.config.batch_size,
         };
-        let polling = Instant::now();
         if let Some(appends) = &mut state.appends {
             // Seen before polling: an append from here on ends the idle
             // wait should this poll find nothing.
             appends.borrow_and_update();
         }
         let spare = std::mem::take(&mut state.spare);
-        let records = match self.log.poll(topic, partition, state.position, want, spare).await {
-            Ok(records) => records,
-            Err(error) => {
-                state.queue = Some(queue);
-                return Err(error.into());
-            }
-        };
+        let topic = self.projection.topic();
+        let records = self.log.poll(topic, partition, state.position, want, spare).await?;
         let Some(last) = records.last() else {
-            if let Err(error) = self.check_tail(partition, state).await {
-                state.queue = Some(queue);
-                state.spare = records;
-                return Err(error);
-            }
-            let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
-            state.queue = Some(queue);
             state.spare = records;
-            return Ok(Step::Idle(until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll))));
+            self.check_tail(partition, state).await?;
+            let until_due = queue.next_due_ms().map(|due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+            let wait = until_due.map_or(self.config.idle_poll, |until| until.min(self.config.idle_poll));
+            return Ok(Polled::Nothing(Step::Idle(wait)));
         };
-        let polled = polling.elapsed();
         let next = last.offset() + 1;
+        Ok(Polled::Batch(records, Advance::Topic(next)))
+    }
+
+    /// Plans, executes and commits a polled (or released) batch on a
+    /// blocking thread, then moves the partition on by `advance`. Released
+    /// events whose commit failed stay pending, to be applied again.
+    async fn apply(
+        &self,
+        partition: u32,
+        (records, advance, polled): (PolledBatch, Advance, Duration),
+        queue: RetryQueue,
+        state: &mut PartitionState,
+        summary: &mut Summary,
+    ) -> Result<Step, ConsumerError> {
         let consumer = self.clone();
         let mut buffers = std::mem::take(&mut state.buffers);
-        let (batch, returned, records, buffers) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, &records, next, &queue, &mut buffers);
-            (batch, queue, records, buffers)
+        let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
+            let batch = consumer.process_batch(partition, &records, &advance, &queue, &mut buffers);
+            (batch, queue, records, buffers, advance)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         state.queue = Some(returned);
-        state.spare = records;
         state.buffers = buffers;
-        let mut batch = batch?;
+        let batch = match (&advance, &mut state.timed) {
+            (Advance::Released(progress), Some(timed)) => match batch {
+                Ok(batch) => {
+                    if let Some(metrics) = self.metrics.as_ref().filter(|_| progress.violations > 0) {
+                        metrics.order_violations(self.projection.name(), progress.violations);
+                    }
+                    timed.committed(records, progress);
+                    self.progress.advance(partition, timed.committed_sum());
+                    batch
+                }
+                Err(error) => {
+                    timed.not_committed(records);
+                    return Err(error);
+                }
+            },
+            (_, _) => {
+                state.spare = records;
+                let batch = batch?;
+                if let Advance::Topic(next) = advance {
+                    state.position = next;
+                    self.progress.advance(partition, next);
+                }
+                batch
+            }
+        };
+        let mut batch = batch;
         batch.phases.add(Phase::Poll, polled);
         self.record_phases(&batch.phases);
         summary.add(&batch);
-        state.position = next;
         state.settle = true;
-        self.progress.advance(partition, next);
         Ok(Step::Worked)
     }
 
     /// Stops a partition whose recorded truncation lost offsets the
     /// projection applied, or whose end offset is below its position now
     /// (recording that): before it reads anything.
-    async fn check_tail_at_start(&self, partition: u32, position: u64) -> Result<(), ConsumerError> {
-        let topic = self.projection.topic();
+    async fn check_tail_at_start(&self, topic: &str, partition: u32, position: u64) -> Result<(), ConsumerError> {
         if let Some(truncation) = loss::recorded(self.projection.store(), topic, partition)?
             && truncation.applied_lost()
         {
@@ -1171,6 +1328,9 @@ struct PartitionState {
     queue_full: bool,
     /// Whether the last step was a retry batch: the topic goes next.
     topic_turn: bool,
+    /// The release stage, for a projection over several topics: the
+    /// partition index is read across all of them in event-time order.
+    timed: Option<timing::Timed>,
 }
 
 /// Resolves once records were appended since `appends` last looked;
@@ -1182,6 +1342,14 @@ async fn appended(appends: &mut Option<tokio::sync::watch::Receiver<()>>) {
         return;
     }
     std::future::pending().await
+}
+
+/// What a poll (or a timed read) found.
+enum Polled {
+    /// A batch to apply, and how it moves the partition on.
+    Batch(PolledBatch, Advance),
+    /// Nothing to apply: the step ends so.
+    Nothing(Step),
 }
 
 /// What one step did.

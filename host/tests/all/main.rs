@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+mod event_time;
 mod first_hour;
 mod one_machine;
 mod rebuild;

@@ -58,6 +58,7 @@ impl Served {
             library: None,
             rebuild: None,
             token: None,
+            timing: None,
         })
         .await
     }
@@ -91,6 +92,7 @@ async fn the_admin_endpoint_answers_over_http() {
         library: None,
         rebuild: None,
         token: None,
+        timing: None,
     })
     .await;
     let base = format!("http://{}", served.address);
@@ -372,6 +374,7 @@ async fn with_a_token_only_the_probes_answer_a_caller_without_it() {
         library: None,
         rebuild: None,
         token: admin::AdminToken::new("lib-token", "test").unwrap(),
+        timing: None,
     })
     .await;
     let base = format!("http://{}", served.address);

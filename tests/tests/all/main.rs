@@ -7,6 +7,7 @@
 mod admin;
 mod bank;
 mod consumer;
+mod event_time;
 mod guest_output;
 mod host;
 mod hostile;

@@ -1,0 +1,116 @@
+//! The release stage's checkpoint ([`Checkpoint`]) kept with the state, in
+//! the commit of every batch of a projection over several topics.
+//!
+//! Rules it keeps:
+//! - **One transaction.** The checkpoint is written as committed positions
+//!   ([`BatchCommit::positions`]), which every state backend already stores
+//!   in the batch's transaction and fences by partition: so the released
+//!   events applied, the state they wrote and the checkpoint that says they
+//!   were released are never apart, whenever the host is killed.
+//! - **Where each topic resumes is its own position**: an input's `commit`
+//!   (its lowest held offset, or its position) is the topic's committed
+//!   position, read back by everything that reads positions (`waku status`,
+//!   `waku reset`, the lag gauge) as for a one-topic projection.
+//! - **The rest under names no topic can have** (a topic name has no `:`):
+//!   `release:read-to:<topic>` for an input's `read_to`, and
+//!   `release:clock-high` and `release:clock-low` for the partition index's
+//!   clock: its 64 bits (sign flipped) in two halves of 32, as a position
+//!   must fit a PostgreSQL `bigint`, which the clock's bits need not.
+//! - **A checkpoint that does not match the positions is not used.** After
+//!   `waku reset`, which starts every position over, the marks are gone
+//!   with them; were one left with positions it does not match, it would
+//!   judge the replay wrongly, so the stage starts fresh from the positions.
+
+use wakuwaku_core::release::{Checkpoint, InputCheckpoint, Millis};
+
+use crate::state::{BatchCommit, StateError, StateStore};
+
+/// The position names of the clock's halves.
+const CLOCK_HIGH: &str = "release:clock-high";
+const CLOCK_LOW: &str = "release:clock-low";
+
+/// The position name of a topic's `read_to`.
+fn read_to_name(topic: &str) -> String {
+    format!("release:read-to:{topic}")
+}
+
+/// The clock's bits, sign flipped.
+fn clock_bits(clock: Millis) -> u64 {
+    (clock as u64) ^ (1 << 63)
+}
+
+fn clock_of(bits: u64) -> Millis {
+    (bits ^ (1 << 63)) as Millis
+}
+
+/// Adds `checkpoint` of `partition` over `topics` (one per input, in input
+/// order) to `commit`.
+pub(super) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partition: u32, checkpoint: &Checkpoint) {
+    for (topic, input) in topics.iter().zip(&checkpoint.inputs) {
+        commit.positions.push((topic.clone(), partition, input.commit));
+        commit.positions.push((read_to_name(topic), partition, input.read_to));
+    }
+    if let Some(clock) = checkpoint.clock {
+        let bits = clock_bits(clock);
+        commit.positions.push((CLOCK_HIGH.to_owned(), partition, bits >> 32));
+        commit.positions.push((CLOCK_LOW.to_owned(), partition, bits & u64::from(u32::MAX)));
+    }
+}
+
+/// The checkpoint of `partition` over `topics` as last committed: each
+/// input resumes at its topic's position. Without marks (a first run, or
+/// after a reset) it is a fresh start at the positions.
+pub(super) fn restore(store: &StateStore, topics: &[String], partition: u32) -> Result<Checkpoint, StateError> {
+    let mut inputs = Vec::with_capacity(topics.len());
+    let mut matches = true;
+    for topic in topics {
+        let commit = store.position(topic, partition)?.unwrap_or(0);
+        let read_to = store.position(&read_to_name(topic), partition)?;
+        matches &= read_to.is_some_and(|read_to| read_to >= commit);
+        inputs.push(InputCheckpoint { commit, read_to: read_to.unwrap_or(commit).max(commit) });
+    }
+    if !matches {
+        let positions: Vec<u64> = inputs.iter().map(|input| input.commit).collect();
+        return Ok(Checkpoint::start(&positions));
+    }
+    let clock = match (store.position(CLOCK_HIGH, partition)?, store.position(CLOCK_LOW, partition)?) {
+        (Some(high), Some(low)) => Some(clock_of((high << 32) | low)),
+        _ => None,
+    };
+    Ok(Checkpoint { clock, inputs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clock_keeps_its_order_as_a_position() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_796_212_800_000, i64::MAX];
+        for pair in times.windows(2) {
+            assert!(clock_bits(pair[0]) < clock_bits(pair[1]), "{pair:?}");
+        }
+        for time in times {
+            assert_eq!(clock_of(clock_bits(time)), time);
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_round_trips_through_a_commit_and_a_reset_starts_it_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("p.redb")).unwrap();
+        let topics = vec!["a".to_owned(), "b".to_owned()];
+        assert_eq!(restore(&store, &topics, 1).unwrap(), Checkpoint::start(&[0, 0]));
+        let checkpoint = Checkpoint {
+            clock: Some(1_796_169_600_000),
+            inputs: vec![InputCheckpoint { commit: 3, read_to: 9 }, InputCheckpoint { commit: 4, read_to: 4 }],
+        };
+        let mut commit = BatchCommit::default();
+        add_to_commit(&mut commit, &topics, 1, &checkpoint);
+        store.commit(commit).unwrap();
+        assert_eq!(restore(&store, &topics, 1).unwrap(), checkpoint);
+        assert_eq!(restore(&store, &topics, 0).unwrap(), Checkpoint::start(&[0, 0]), "another partition index");
+        store.start_over(vec![("a".to_owned(), 1, 2), ("b".to_owned(), 1, 0)]).unwrap();
+        assert_eq!(restore(&store, &topics, 1).unwrap(), Checkpoint::start(&[2, 0]));
+    }
+}

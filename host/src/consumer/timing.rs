@@ -1,0 +1,287 @@
+//! Event time across topics: the consumer's side of the release stage
+//! ([`wakuwaku_core::release`]) for a projection over several
+//! co-partitioned topics.
+//!
+//! One partition task holds one partition index across every topic of the
+//! projection (its inputs, in the order the topics are given), so a key's
+//! events from every topic meet here. Each step reads every input that is
+//! not paused, hands each record to the stage with its `waku-event-time`
+//! header, and applies what the stage releases as one batch, in release
+//! order, through the same planner, reduction, retries, dead letters and
+//! commit as a one-topic batch ([`super::batch`]).
+//!
+//! Rules it keeps:
+//! - **The clock moves only on evidence.** Before anything is read, every
+//!   input's end offset is read and reported to the stage; afterwards an
+//!   input's end offset is read again right after a poll that read all the
+//!   log had, and reported with the instant it was read. An input counts
+//!   toward the clock until its position reached such an end offset. No
+//!   timer marks an input idle: a topic whose partitions are read late at
+//!   start-up (the start-up race) holds the clock back, because its
+//!   position is below the end offset read before.
+//! - **Events without event time pass at once**, as they arrive (no
+//!   `waku-event-time` header). A message whose headers, that header
+//!   included, cannot be read passes at once too, and goes to the
+//!   dead-letter topic with the reason, as in a one-topic batch.
+//! - **Late events are delivered, never dropped**: released at once,
+//!   counted (`order_violations` in the statistics, committed with the
+//!   batch; `waku_order_violations_total`) and logged with their key and
+//!   lateness.
+//! - **Exactly once across crashes.** The stage's checkpoint (where each
+//!   input resumes: never past a held event; how far each had read; the
+//!   clock) is committed in the transaction of the batch that applies what
+//!   it released ([`super::release_marks`]). Held events stay in the log:
+//!   a restart reads them again from the committed positions, and the
+//!   stage skips what was released before. Released events not yet
+//!   committed stay pending and are applied before anything more is read.
+//! - **Bounded.** Inputs the stage pauses (held bytes over
+//!   [`super::ConsumerConfig::release`]) are not read until it lets them
+//!   go on.
+
+use wakuwaku_core::release::{
+    Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseStage, Released,
+};
+
+use super::timing_status::PartitionTiming;
+use super::{Consumer, ConsumerError, Polled, Step, release_marks};
+use crate::event::Envelope;
+use crate::key::Key;
+use crate::log::{EventLog, PolledBatch, Record, RecordView};
+use crate::routing;
+
+/// The release stage of one partition index, and what its steps keep.
+pub(super) struct Timed {
+    /// The projection's topics: one input each, in this order.
+    topics: Vec<String>,
+    stage: ReleaseStage<Record>,
+    /// Each input's end offset read when the partition was taken: catching
+    /// up ends once every input reached it and nothing is held.
+    start_ends: Vec<u64>,
+    /// Released events not committed yet, in release order.
+    pending: PolledBatch,
+    /// Released events as the stage hands them out.
+    released: Vec<Released<Record>>,
+    /// The last poll's batch, reused by the next one.
+    spare: PolledBatch,
+    /// Late events already committed (counted in the statistics).
+    violations_committed: u64,
+}
+
+/// What the partition commits with a batch of released events.
+pub(super) struct ReleasedProgress {
+    /// The projection's topics, one per input of the checkpoint.
+    pub(super) topics: Vec<String>,
+    /// The stage's checkpoint once the batch is applied.
+    pub(super) checkpoint: Checkpoint,
+    /// Late events among the batch (and since the last commit).
+    pub(super) violations: u64,
+}
+
+/// How a batch moves the partition on.
+pub(super) enum Advance {
+    /// A batch polled from the one topic: the next offset.
+    Topic(u64),
+    /// A batch of released events over several topics.
+    Released(ReleasedProgress),
+}
+
+impl Timed {
+    /// Whether every input reached its end offset read at the start and
+    /// nothing waits.
+    fn caught_up(&self) -> bool {
+        self.pending.is_empty()
+            && self.stage.held_events() == 0
+            && (0..self.topics.len())
+                .all(|input| self.stage.input_status(input).is_some_and(|s| s.position >= self.start_ends[input]))
+    }
+
+    /// The sum of the inputs' committed positions: what the caught-up gate
+    /// counts for a partition index.
+    pub(super) fn committed_sum(&self) -> u64 {
+        self.stage.checkpoint().inputs.iter().map(|input| input.commit).sum()
+    }
+
+    /// The progress to commit with the pending events.
+    fn progress(&self) -> ReleasedProgress {
+        ReleasedProgress {
+            topics: self.topics.clone(),
+            checkpoint: self.stage.checkpoint(),
+            violations: self.stage.violations() - self.violations_committed,
+        }
+    }
+
+    /// After the pending batch committed: it is done, and so are its late
+    /// events.
+    pub(super) fn committed(&mut self, batch: PolledBatch, progress: &ReleasedProgress) {
+        self.violations_committed += progress.violations;
+        self.spare = batch;
+        self.spare.clear();
+    }
+
+    /// After the pending batch failed: it is applied again next time.
+    pub(super) fn not_committed(&mut self, batch: PolledBatch) {
+        self.pending = batch;
+    }
+}
+
+impl<L: EventLog> Consumer<L> {
+    /// Starts the release stage of `partition` across the projection's
+    /// topics: restored from its committed checkpoint, then told every
+    /// input's end offset before anything is read.
+    pub(super) async fn start_timed(&self, partition: u32) -> Result<Timed, ConsumerError> {
+        let topics = self.projection.topics().to_vec();
+        let store = self.projection.store();
+        for topic in &topics {
+            let position = store.position(topic, partition)?.unwrap_or(0);
+            self.check_tail_at_start(topic, partition, position).await?;
+        }
+        let checkpoint = release_marks::restore(store, &topics, partition)?;
+        let inputs: Vec<Input> =
+            (0..topics.len() as u32).map(|topic| Input { topic, partition, clock: ClockSource::EventTime }).collect();
+        let mut stage = ReleaseStage::restore(&inputs, &checkpoint, self.config.release)?;
+        let mut start_ends = Vec::with_capacity(topics.len());
+        for (input, topic) in topics.iter().enumerate() {
+            let end = self.log.end_offset(topic, partition).await?;
+            stage.observe_end(input, end, now())?;
+            start_ends.push(end);
+        }
+        tracing::info!(
+            projection = self.projection.name(),
+            partition,
+            clock = checkpoint.clock,
+            "partition {partition} reads {} topics in event-time order (end offsets at start: {start_ends:?})",
+            topics.len()
+        );
+        let timed = Timed {
+            topics,
+            stage,
+            start_ends,
+            pending: PolledBatch::new(),
+            released: Vec::new(),
+            spare: PolledBatch::new(),
+            violations_committed: 0,
+        };
+        self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now()));
+        Ok(timed)
+    }
+
+    /// One read of a timed partition: the pending events if a commit of
+    /// them failed, else every input that is not paused read once and what
+    /// the stage releases then. `catching_up`: stop at the end offsets read
+    /// at the start.
+    pub(super) async fn timed_read(
+        &self,
+        partition: u32,
+        catching_up: bool,
+        timed: &mut Timed,
+    ) -> Result<Polled, ConsumerError> {
+        if !timed.pending.is_empty() {
+            let progress = Advance::Released(timed.progress());
+            return Ok(Polled::Batch(std::mem::take(&mut timed.pending), progress));
+        }
+        if catching_up && timed.caught_up() {
+            return Ok(Polled::Nothing(Step::Done));
+        }
+        let read = self.read_inputs(partition, timed).await?;
+        timed.stage.release(now(), &mut timed.released);
+        for released in timed.released.drain(..) {
+            // Cannot fail: the record was read from the log so.
+            timed.pending.push(released.offset, &released.payload).map_err(ConsumerError::HostFault)?;
+        }
+        self.show_timing(partition, timed);
+        if !timed.pending.is_empty() {
+            let progress = Advance::Released(timed.progress());
+            return Ok(Polled::Batch(std::mem::take(&mut timed.pending), progress));
+        }
+        // Something read but nothing released: read on at once, the
+        // clock waits for the other inputs.
+        Ok(Polled::Nothing(if read { Step::Worked } else { Step::Idle(self.config.idle_poll) }))
+    }
+
+    /// Polls every input the stage does not pause, once, and hands what it
+    /// read to the stage. An input whose poll read all the log had gets
+    /// its end offset read now and reported. Says whether anything was
+    /// read.
+    async fn read_inputs(&self, partition: u32, timed: &mut Timed) -> Result<bool, ConsumerError> {
+        let mut read_any = false;
+        let share = (self.config.batch_size / timed.topics.len()).max(1);
+        for input in 0..timed.topics.len() {
+            if timed.stage.is_paused(input) {
+                continue;
+            }
+            let topic = timed.topics[input].clone();
+            let from = timed.stage.input_status(input).map_or(0, |status| status.position);
+            let records = self.log.poll(&topic, partition, from, share, std::mem::take(&mut timed.spare)).await?;
+            let read_all = records.len() < share && !records.is_full();
+            for view in records.iter() {
+                self.admit(partition, input, view, timed)?;
+            }
+            read_any |= !records.is_empty();
+            timed.spare = records;
+            if read_all {
+                let end = self.log.end_offset(&topic, partition).await?;
+                timed.stage.observe_end(input, end, now())?;
+            }
+        }
+        Ok(read_any)
+    }
+
+    /// Hands one record to the stage with its event time; logs it if it is
+    /// late.
+    fn admit(
+        &self,
+        partition: u32,
+        input: usize,
+        view: RecordView<'_>,
+        timed: &mut Timed,
+    ) -> Result<(), ConsumerError> {
+        // Unreadable headers: no event time, so it passes at once and the
+        // batch dead-letters it with the reason.
+        let envelope = Envelope::parse(view.headers()).ok();
+        let arrival = Arrival {
+            input,
+            offset: view.offset(),
+            event_time: envelope.and_then(|envelope| envelope.event_time),
+            bytes: view.stored_len() as u64,
+            payload: view.to_record(),
+        };
+        let admission = timed.stage.read(arrival, &mut timed.released)?;
+        if admission == Admission::Released
+            && let Some(Released { release: Release::Late { by }, event_time, .. }) = timed.released.last()
+        {
+            let key = envelope.and_then(|envelope| Key::from_canonical(envelope.key).ok());
+            let key = key.map_or_else(|| "?".to_owned(), |key| key.to_string());
+            tracing::warn!(
+                projection = self.projection.name(),
+                topic = timed.topics[input],
+                partition,
+                offset = view.offset(),
+                event_time,
+                lateness_ms = by,
+                "late event of key {key}: read {by} ms after the clock passed its event time; applied at once, out \
+                 of event-time order, and counted as an order violation"
+            );
+        }
+        Ok(())
+    }
+
+    /// Shows the stage on the board (`/status`) and in the metrics.
+    fn show_timing(&self, partition: u32, timed: &Timed) {
+        let timing = PartitionTiming::of(partition, &timed.topics, &timed.stage, now());
+        if let Some(metrics) = &self.metrics {
+            metrics.event_time(self.projection.name(), &timing);
+        }
+        self.timing.update(timing);
+    }
+}
+
+/// The processing time, in ms since the epoch.
+fn now() -> Millis {
+    Millis::try_from(routing::now_ms()).unwrap_or(Millis::MAX)
+}
+
+impl From<ReleaseError> for ConsumerError {
+    fn from(error: ReleaseError) -> Self {
+        ConsumerError::Release(error)
+    }
+}

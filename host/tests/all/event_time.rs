@@ -1,0 +1,298 @@
+//! `waku run --topic a --topic b`: a projection over two co-partitioned
+//! topics applies each key's events in event-time order (the
+//! `waku-event-time` header), exactly once, across restarts and SIGKILLs,
+//! and delivers late events at once, counted.
+//!
+//! The workload is the probe's ledger: `seq` rises with each key's event
+//! time, and the module counts `out_of_order` when it sees it fall, so the
+//! state says whether the order held; `ledger` counts the entries applied.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use wakuwaku::consumer::stat;
+use wakuwaku::event::{EventTypeTag, header_name, partition_for};
+use wakuwaku::handler::HandlerModule;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, Record};
+use wakuwaku::projection::load_module_file;
+use wakuwaku::publish::headers_for;
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::state::StateStore;
+
+use crate::common::{probe_wasm, text, waku, waku_command};
+
+const PARTITIONS: u32 = 2;
+const LEDGER: EventTypeTag = EventTypeTag::new(50);
+/// 2026-12-02T00:00:00Z, in ms.
+const BASE_MS: i64 = 1_796_169_600_000;
+
+/// One ledger entry to publish.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: u64,
+    seq: u64,
+    amount: i64,
+    event_time: i64,
+}
+
+fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
+    let modules = dir.join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
+    load_module_file(&Sandbox::new(SandboxLimits::default()).unwrap(), probe_wasm()).unwrap()
+}
+
+/// Each key's `per_key` entries, `seq` and event time rising together,
+/// each put in topic `a` or `b` at random: the two topics interleave each
+/// key's history. Each partition is in event-time order, as producers that
+/// stamp their events when they send them write them; with `jitter`, only
+/// per key: entries of one `seq` of different keys are appended in any
+/// order within their second, as several producers sharing a partition
+/// write them.
+fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut entries = Vec::new();
+    for key in 0..keys {
+        for seq in 1..=per_key {
+            let within = if jitter { rng.random_range(0..1000) } else { key as i64 };
+            let event_time = BASE_MS + (seq as i64) * 1000 + within;
+            let topic = if rng.random_range(0..2) == 0 { "a" } else { "b" };
+            entries.push((topic, Entry { key, seq, amount: rng.random_range(1..100), event_time }));
+        }
+    }
+    match jitter {
+        false => entries.sort_by_key(|(_, entry)| entry.event_time),
+        true => {
+            let mut order: Vec<(u64, u64, usize)> =
+                entries.iter().enumerate().map(|(at, (_, entry))| (entry.seq, rng.random::<u64>(), at)).collect();
+            order.sort_unstable();
+            entries = order.into_iter().map(|(_, _, at)| entries[at]).collect();
+        }
+    }
+    entries
+}
+
+/// Appends `entries` to their topics, each with its `waku-event-time`
+/// header, in the order given.
+async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
+    let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
+    for topic in ["a", "b"] {
+        if log.partitions(topic).await.is_err() {
+            log.create_topic(topic, PARTITIONS).await.unwrap();
+        }
+    }
+    let event_type = module.event_types().iter().find(|t| t.tag == LEDGER).unwrap().clone();
+    let mut instance = module.instantiate().unwrap();
+    for (topic, entry) in entries {
+        let body = serde_json::to_vec(&serde_json::json!({
+            "key": entry.key, "seq": entry.seq, "amount": entry.amount, "fail": null, "ordering": "relaxed"
+        }))
+        .unwrap();
+        let mut headers = headers_for(&mut *instance, &event_type, &body).unwrap();
+        headers.event_time = Some(entry.event_time);
+        let partition = partition_for(headers.key.key_hash(), PARTITIONS);
+        log.append(topic, vec![(partition, vec![Record { headers: headers.to_headers(), body }])]).await.unwrap();
+    }
+}
+
+fn run_args() -> Vec<&'static str> {
+    vec![
+        "run",
+        "--data",
+        "data",
+        "--projection",
+        "ledger",
+        "--topic",
+        "a",
+        "--topic",
+        "b",
+        "--modules",
+        "modules",
+        "--until-caught-up",
+        "--batch-size",
+        "16",
+        "--create-emit-topics",
+        "1",
+    ]
+}
+
+/// What the projection holds at the end.
+struct Outcome {
+    applied_entries: i128,
+    out_of_order: Option<i128>,
+    violations: u64,
+    balances: HashMap<u64, i64>,
+    last_seq: HashMap<u64, u64>,
+}
+
+fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
+    let store = StateStore::open(&dir.join("data/projections/ledger.redb")).unwrap();
+    let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
+    let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
+    let mut instance = module.instantiate().unwrap();
+    let (mut balances, mut last_seq) = (HashMap::new(), HashMap::new());
+    for key in 0..keys {
+        let body = serde_json::json!({ "key": key, "seq": 0, "amount": 0, "fail": null, "ordering": "relaxed" });
+        let state_key = instance.key(LEDGER, &serde_json::to_vec(&body).unwrap()).unwrap();
+        let read = |name: &str| store.get(&state_key, name).unwrap();
+        balances.insert(key, read("balance").map_or(0, |b| serde_json::from_slice(&b).unwrap()));
+        last_seq.insert(key, read("seq").map_or(0, |s| serde_json::from_slice(&s).unwrap()));
+    }
+    Outcome {
+        applied_entries: counters.get("ledger").copied().unwrap_or(0),
+        out_of_order: counters.get("out_of_order").copied(),
+        violations: stats.get(stat::ORDER_VIOLATIONS).copied().unwrap_or(0),
+        balances,
+        last_seq,
+    }
+}
+
+fn oracle_balances(entries: &[(&str, Entry)]) -> HashMap<u64, i64> {
+    let mut balances = HashMap::new();
+    for (_, entry) in entries {
+        *balances.entry(entry.key).or_default() += entry.amount;
+    }
+    balances
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_topics_interleaving_each_keys_history_are_applied_in_event_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let (keys, per_key) = (30, 40);
+    let entries = workload(keys, per_key, 32, false);
+    publish(dir.path(), &module, &entries).await;
+
+    let run = waku(&run_args(), dir.path());
+    let stderr = text(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(!stderr.contains("late event"), "{stderr}");
+
+    let found = outcome(dir.path(), &module, keys);
+    assert_eq!(found.out_of_order, None, "a key saw its entries out of event-time order");
+    assert_eq!(found.applied_entries, (keys * per_key) as i128, "every entry applied exactly once");
+    assert_eq!(found.violations, 0);
+    assert_eq!(found.balances, oracle_balances(&entries));
+    assert!(found.last_seq.values().all(|&seq| seq == per_key), "{:?}", found.last_seq);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_event_is_applied_at_once_counted_and_logged_and_an_unreadable_event_time_dead_lettered() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let entries = workload(4, 10, 7, false);
+    publish(dir.path(), &module, &entries).await;
+    assert!(waku(&run_args(), dir.path()).status.success());
+
+    // Key 3's next entry, stamped an hour before everything read so far:
+    // the clock (committed with the last batch) is past it already.
+    let late = Entry { key: 3, seq: 11, amount: 5, event_time: BASE_MS - 3_600_000 };
+    publish(dir.path(), &module, &[("b", late)]).await;
+    // And a message whose event time is 3 bytes, not 8.
+    {
+        let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+        let mut record = log.read("a", 0, 0, 1).await.unwrap().remove(0).record;
+        let header = record.headers.iter_mut().find(|h| h.name == header_name::EVENT_TIME).unwrap();
+        header.value.truncate(3);
+        log.append("a", vec![(0, vec![record])]).await.unwrap();
+    }
+    let run = waku(&run_args(), dir.path());
+    let stderr = text(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let line = stderr.lines().find(|line| line.contains("late event of key")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("late event of key 3") && line.contains("lateness_ms"), "{line}");
+
+    let unreadable =
+        stderr.lines().find(|line| line.contains("unreadable headers")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(unreadable.contains("waku-event-time"), "the reason names the header: {unreadable}");
+    let store = StateStore::open(&dir.path().join("data/projections/ledger.redb")).unwrap();
+    let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
+    assert_eq!((stats.get(stat::MALFORMED), stats.get(stat::DEAD_LETTERED)), (Some(&1), Some(&1)));
+    drop(store);
+
+    let found = outcome(dir.path(), &module, 4);
+    assert_eq!(found.violations, 1, "the late event is counted once");
+    assert_eq!(found.applied_entries, 41, "and applied, not dropped");
+    assert_eq!(found.last_seq[&3], 11);
+    let mut expected = oracle_balances(&entries);
+    *expected.get_mut(&3).unwrap() += 5;
+    assert_eq!(found.balances, expected);
+
+    let status = waku(&["status", "--data", "data", "--projection", "ledger", "--topic", "a"], dir.path());
+    let shown = text(&status.stdout);
+    assert!(shown.contains("1 order violations"), "{shown}{}", text(&status.stderr));
+}
+
+#[test]
+fn topics_with_different_partition_counts_are_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    probe(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+        log.create_topic("a", 2).await.unwrap();
+        log.create_topic("b", 3).await.unwrap();
+    });
+    let run = waku(&run_args(), dir.path());
+    let stderr = text(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        stderr.contains("`a` has 2") && stderr.contains("`b` has 3") && stderr.contains("co-partitioned"),
+        "{stderr}"
+    );
+}
+
+/// SIGKILL at random moments while the two topics are read (the stage
+/// holds events whenever one topic is ahead of the other, and, as the
+/// partitions are in event-time order only per key, events above the
+/// committed position that were released already), then one run to the
+/// end: every entry applied once, each key in event-time order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_host_while_events_are_held_loses_none_and_repeats_none() {
+    let trials: u64 = std::env::var("WAKU_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let (keys, per_key) = (50, 160);
+    let entries = workload(keys, per_key, 2026, true);
+    publish(dir.path(), &module, &entries).await;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut killed = 0;
+    for trial in 0..trials {
+        let mut child = waku_command(dir.path())
+            .args(run_args())
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("waku starts");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 && !line.contains("batch 16") {
+            line.clear();
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
+        match child.try_wait().unwrap() {
+            Some(status) => assert!(status.success(), "trial {trial}: waku failed on its own"),
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                killed += 1;
+            }
+        }
+    }
+    assert!(killed > 0, "no run was killed mid-way");
+    let last = waku(&run_args(), dir.path());
+    assert!(last.status.success(), "{}", text(&last.stderr));
+
+    let found = outcome(dir.path(), &module, keys);
+    assert_eq!(found.out_of_order, None, "after {killed} kills, a key saw its entries out of event-time order");
+    assert_eq!(found.applied_entries, (keys * per_key) as i128, "after {killed} kills, not exactly once");
+    assert_eq!(found.balances, oracle_balances(&entries));
+}

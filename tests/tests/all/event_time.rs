@@ -1,0 +1,104 @@
+//! The start-up race of a projection over several topics: one topic's
+//! partition is read late (its reads find nothing for a while, though the
+//! log holds its history). The clock waits for it, because its position is
+//! below the end offset read before anything was read, so no event is
+//! late; a rule that took its silence for the end would have let the other
+//! topic push the clock past its history.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::json;
+use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::event::{EventTypeTag, Header, header_name};
+use wakuwaku::host::{Host, StateSettings};
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::log::{EventLog, Record};
+use wakuwaku_tests::faulty::{Call, FaultyLog};
+use wakuwaku_tests::{fresh_stream, host_settings, json_record, postgres_url, probe_module};
+
+const LEDGER: EventTypeTag = EventTypeTag::new(50);
+const BASE_MS: i64 = 1_796_169_600_000;
+
+/// Key `key`'s entry `seq`, stamped `event_time`.
+fn entry(key: u64, seq: u64, event_time: i64) -> Record {
+    let body = json!({ "key": key, "seq": seq, "amount": 1, "fail": null, "ordering": "relaxed" });
+    let mut record = json_record(LEDGER, key, body);
+    record.headers.push(Header { name: header_name::EVENT_TIME.into(), value: event_time.to_le_bytes().to_vec() });
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_read_late_at_start_up_holds_the_clock_and_no_event_is_late() {
+    start_up_race("ledger", None).await;
+}
+
+/// The same with the state (and the release checkpoint) in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_read_late_at_start_up_holds_the_clock_on_postgres_too() {
+    let Some(url) = postgres_url("event time with the state in PostgreSQL") else { return };
+    start_up_race(&fresh_stream("ledger").replace('-', "_"), Some(url)).await;
+}
+
+/// Two topics, one of them silent for its first 40 reads; the projection
+/// `projection`, its state embedded or in the PostgreSQL database `url`.
+async fn start_up_race(projection: &str, url: Option<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+    let (keys, per_key) = (20u64, 30u64);
+    // Odd entries of every key in `early`, even ones in `late`: each key's
+    // history alternates between the two topics.
+    for topic in ["early", "late"] {
+        log.create_topic(topic, 1).await.unwrap();
+        let records: Vec<Record> = (1..=per_key)
+            .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
+            .filter(|(_, seq)| (seq % 2 == 1) == (topic == "early"))
+            .map(|(key, seq)| entry(key, seq, BASE_MS + seq as i64 * 1000 + key as i64))
+            .collect();
+        log.append(topic, vec![(0, records)]).await.unwrap();
+    }
+    // `late` finds nothing for its first 40 reads, while `early` is read
+    // 4 entries a time (half a batch of 8 each).
+    let silent_reads = Arc::new(AtomicU64::new(0));
+    let counted = silent_reads.clone();
+    let log = Arc::new(FaultyLog::new(log, |_| None).with_silence(move |call| {
+        matches!(call, Call::Read { topic: "late", .. }) && counted.fetch_add(1, Ordering::SeqCst) < 40
+    }));
+    let consumer = ConsumerConfig { batch_size: 8, ..ConsumerConfig::default() };
+    let mut settings = host_settings(dir.path(), projection, "early", vec![probe_module()], consumer);
+    settings.more_topics = vec!["late".to_owned()];
+    if let Some(url) = url {
+        settings.state = StateSettings::Postgres { url };
+    }
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let (projection, metrics) = (host.projection().clone(), host.metrics().clone());
+    let summary = host.finished().await.unwrap();
+
+    assert!(silent_reads.load(Ordering::SeqCst) > 40, "`late` was never silent");
+    assert_eq!(summary.order_violations, 0);
+    let store = projection.store();
+    let counters: std::collections::HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
+    assert_eq!(counters.get("out_of_order"), None, "a key saw its entries out of event-time order");
+    assert_eq!(counters.get("ledger").copied(), Some((keys * per_key) as i128));
+    let stats: std::collections::HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::ORDER_VIOLATIONS), None);
+
+    // The metrics show each input's clock and that both ended idle, with
+    // nothing held.
+    let shown = metrics.encode();
+    let line = |metric: &str, topic: &str| {
+        shown
+            .lines()
+            .find(|line| line.starts_with(&format!("{metric}{{")) && line.contains(&format!("topic=\"{topic}\"")))
+            .unwrap_or_else(|| panic!("no {metric} of {topic}: {shown}"))
+            .to_owned()
+    };
+    for topic in ["early", "late"] {
+        assert!(line("waku_input_idle", topic).ends_with(" 1"), "{shown}");
+        let last_seq = if topic == "early" { per_key - 1 } else { per_key };
+        let clock = BASE_MS + last_seq as i64 * 1000 + keys as i64 - 1;
+        assert!(line("waku_input_clock_ms", topic).ends_with(&format!(" {clock}")), "{shown}");
+    }
+    let held = shown.lines().find(|line| line.starts_with("waku_held_events{")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(held.ends_with(" 0"), "{held}");
+}
