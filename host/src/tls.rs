@@ -320,6 +320,9 @@ pub fn refusal(error: &(dyn std::error::Error + 'static), peer: &str, ca: &str) 
         rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
             format!("the certificate of {peer} is not signed by a CA in {ca} (unknown issuer)")
         }
+        rustls::Error::InvalidCertificate(CertificateError::BadSignature) => format!(
+            "the certificate of {peer} is not signed by a CA in {ca} (one there has its issuer's name, not its key)"
+        ),
         rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { expected, presented }) => {
             format!(
                 "the certificate of {peer} is not valid for the name `{}` the host connected to (it names {}); \
@@ -352,7 +355,7 @@ pub(crate) mod test_pki {
     /// The files of a test CA and of a certificate it signed.
     pub(crate) struct TestPki {
         /// Holds the files.
-        pub(crate) dir: tempfile::TempDir,
+        pub(crate) _dir: tempfile::TempDir,
         /// The CA's certificate (PEM).
         pub(crate) ca: PathBuf,
         /// The server's certificate (PEM).
@@ -386,6 +389,6 @@ pub(crate) mod test_pki {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
-        TestPki { dir, ca, cert, key }
+        TestPki { _dir: dir, ca, cert, key }
     }
 }

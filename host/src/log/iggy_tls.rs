@@ -121,6 +121,39 @@ mod tests {
         );
     }
 
+    /// Against the TLS Iggy server named by `WAKU_IGGY_TLS_URL` (its
+    /// options `tls=true&tls_ca_file=…&tls_domain=<the certificate's name>`,
+    /// reached by an address the certificate does not name): records go
+    /// both ways over TLS, and a wrong CA and a wrong name are each refused
+    /// at connect with their reason.
+    #[tokio::test]
+    async fn a_tls_server_is_reached_with_its_ca_and_name_and_refused_with_others() {
+        use crate::log::{EventLog, LogError, Record};
+        let Ok(url) = std::env::var("WAKU_IGGY_TLS_URL") else {
+            eprintln!("skipped: the Iggy TLS test needs a TLS Iggy server named by WAKU_IGGY_TLS_URL");
+            return;
+        };
+        let tls = IggyTls::of_url(&url).expect("WAKU_IGGY_TLS_URL says tls=true");
+        let stream = format!("waku-tls-{}", std::process::id());
+        let log = crate::log::IggyLog::connect(&url, &stream).await.unwrap();
+        log.create_topic("t", 1).await.unwrap();
+        log.append("t", vec![(0, vec![Record { headers: vec![], body: b"over tls".to_vec() }])]).await.unwrap();
+        let read = log.read("t", 0, 0, 10).await.unwrap();
+        assert_eq!(read.first().map(|stored| stored.record.body.as_slice()), Some(&b"over tls"[..]));
+
+        let without_name = url.replace(&format!("&tls_domain={}", tls.domain), "");
+        assert_ne!(without_name, url, "WAKU_IGGY_TLS_URL ends its options with tls_domain");
+        let error = crate::log::IggyLog::connect(&without_name, &stream).await.err().expect("a wrong name");
+        assert!(matches!(&error, LogError::Tls { reason, .. } if reason.contains("not valid for the name")), "{error}");
+
+        let other = crate::tls::test_pki::make(&[&tls.domain]);
+        let ca = tls.ca_file.as_ref().expect("WAKU_IGGY_TLS_URL names tls_ca_file").display().to_string();
+        let other_ca = url.replace(&ca, &other.ca.display().to_string());
+        let error = crate::log::IggyLog::connect(&other_ca, &stream).await.err().expect("an unknown CA");
+        assert!(matches!(&error, LogError::Tls { reason, .. } if reason.contains("not signed by a CA")), "{error}");
+        assert!(!error.to_string().contains(":iggy@"), "the password is masked: {error}");
+    }
+
     #[tokio::test]
     async fn an_unreadable_ca_file_is_named() {
         let tls = IggyTls::of_url("iggy://u:p@127.0.0.1:1?tls=true&tls_ca_file=/nonexistent/ca.pem").unwrap();
