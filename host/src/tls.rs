@@ -130,11 +130,11 @@ pub fn read_certificates(path: &Path, what: &'static str) -> Result<Vec<Certific
     Ok(certificates)
 }
 
-/// The private key in the PEM file at `path` (PKCS#8, PKCS#1 or SEC1),
-/// warning when its group or others may read it.
+/// The private key in the PEM file at `path` (PKCS#8, PKCS#1 or SEC1).
+/// Callers warn of a file others may read ([`warn_if_readable_by_others`]),
+/// each where its user looks.
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read(path, "private key")?;
-    warn_if_readable_by_others(path, "private key");
     // The PEM reader's errors quote no bytes of the file.
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::Pem {
         what: "private key",

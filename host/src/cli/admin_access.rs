@@ -161,6 +161,7 @@ fn refused(url: &str, ca_file: Option<&Path>, error: ureq::Error) -> anyhow::Err
     );
     let reason = match &error {
         ureq::Error::Rustls(tls) => crate::tls::refusal(tls, "the admin endpoint", &ca),
+        ureq::Error::Io(io) => crate::tls::refusal(io, "the admin endpoint", &ca),
         other => crate::tls::refusal(other, "the admin endpoint", &ca),
     };
     match reason {

@@ -223,7 +223,10 @@ impl PostgresTls {
             (SslMode::VerifyFull, None) => ServerCheck::Full(roots(&default_root()?)?.into()),
         };
         let identity = match (&self.client_cert, &self.client_key) {
-            (Some(cert), Some(key)) => Some((tls::read_certificates(cert, "client certificate")?, tls::read_key(key)?)),
+            (Some(cert), Some(key)) => {
+                tls::warn_if_readable_by_others(key, "PostgreSQL client key (sslkey)");
+                Some((tls::read_certificates(cert, "client certificate")?, tls::read_key(key)?))
+            }
             _ => None,
         };
         Ok(MakeRustlsConnect::new(tls::client_config(&check, identity)?))
