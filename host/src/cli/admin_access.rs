@@ -1,5 +1,5 @@
-//! Who may ask the admin endpoint: the token `run` and `demo` protect it
-//! with, and the token `status` and `state` send to it.
+//! Who may ask the admin endpoint: the token `run`, `demo` and `dev`
+//! protect it with, and the token `status` and `state` send to it.
 //!
 //! The token comes from the file `--admin-token-file` names (a setting
 //! like the others, `WAKU_ADMIN_TOKEN_FILE` or `admin-token-file` in
@@ -8,6 +8,14 @@
 //! shows to every user of the machine; and the token is never printed
 //! (the settings show the file's name, errors name the file or the
 //! variable). A token file its group or others may read draws a warning.
+//!
+//! TLS: `run`, `demo` and `dev` serve it with `--admin-tls-cert` and
+//! `--admin-tls-key` (a key file others may read draws a warning), and
+//! `status` and `state` check an `https://` endpoint against the CAs of
+//! `--admin-ca-file`, else the machine's, with the host's crypto
+//! provider. A refused handshake is said in plain words
+//! ([`crate::tls::refusal`]), and the token is sent only once the
+//! endpoint passed the check.
 
 use std::path::{Path, PathBuf};
 

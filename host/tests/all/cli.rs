@@ -1478,6 +1478,78 @@ fn the_admin_endpoint_serves_tls_that_status_and_state_check_against_the_given_c
     }
 }
 
+/// `WAKU_POSTGRES_URL` when it reaches its server as `localhost` with
+/// `sslmode=verify-full` (as `.ci/run`'s does), else `None`, saying so;
+/// a failure under CI.
+fn verify_full_postgres_url() -> Option<String> {
+    let url = std::env::var("WAKU_POSTGRES_URL").ok().filter(|url| {
+        url.starts_with("postgres://postgres@localhost:")
+            && url.contains("sslmode=verify-full")
+            && url.contains("sslrootcert=")
+    });
+    if url.is_none() {
+        const WHY: &str = "the PostgreSQL TLS command test needs WAKU_POSTGRES_URL=postgres://postgres@localhost:PORT/…\
+                           ?sslmode=verify-full&sslrootcert=<CA> (as .ci/run sets it)";
+        assert!(!std::env::var("CI").is_ok_and(|ci| ci == "true"), "{WHY}");
+        eprintln!("skipped: {WHY}");
+    }
+    url
+}
+
+#[test]
+fn a_postgresql_server_failing_the_tls_checks_stops_run_saying_why_and_never_the_password() {
+    let Some(url) = verify_full_postgres_url() else { return };
+    const PASSWORD: &str = "pw-9d2c-never-shown";
+    let dir = tempfile::tempdir().unwrap();
+    one_account_consumed(dir.path());
+    let (other_ca, _, _) = test_pki(dir.path(), "other", 0o600);
+    let with_password = url.replacen("postgres://postgres@", &format!("postgres://postgres:{PASSWORD}@"), 1);
+    let root = with_password.split("sslrootcert=").nth(1).unwrap().split('&').next().unwrap().to_owned();
+    let args = [
+        "run",
+        "--data",
+        "data",
+        "--projection",
+        "tls_bank",
+        "--topic",
+        "accounts",
+        "--modules",
+        "modules",
+        "--until-caught-up",
+    ];
+    let run = |state: &str| common::waku_command(dir.path()).args(args).env("WAKU_STATE", state).output().unwrap();
+
+    let out = run(&with_password);
+    assert!(out.status.success(), "the right CA and name: {}", text(&out.stderr));
+    let out = run(&with_password.replace(&root, &other_ca));
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(
+        refused.contains("TLS refused: the certificate of the PostgreSQL server is not signed by a CA in sslrootcert=")
+            && refused.contains(&other_ca),
+        "{refused}"
+    );
+    assert!(!refused.contains(PASSWORD), "{refused}");
+    let out = run(&with_password.replacen("@localhost:", "@127.0.0.1:", 1));
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(refused.contains("is not valid for the name `127.0.0.1`") && refused.contains("localhost"), "{refused}");
+    assert!(!refused.contains(PASSWORD), "{refused}");
+    // The settings show the file names, not the password.
+    let out = common::waku_command(dir.path())
+        .args(args)
+        .arg("--print-config")
+        .env("WAKU_STATE", &with_password)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("sslrootcert=") && !text(&out.stdout).contains(PASSWORD),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn an_admin_endpoint_off_loopback_needs_a_token_or_the_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
