@@ -57,6 +57,19 @@ pub enum SslMode {
     VerifyFull,
 }
 
+impl SslMode {
+    /// The mode as the URL spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+}
+
 impl FromStr for SslMode {
     type Err = SettingError;
 
@@ -257,9 +270,9 @@ impl PostgresTls {
         if remote && !self.checks_certificate() {
             tracing::warn!(
                 store = location,
-                "the PostgreSQL server's certificate is not checked (sslmode={:?}): anyone on the path can pose \
+                "the PostgreSQL server's certificate is not checked (sslmode={}): anyone on the path can pose \
                  as it; add sslmode=verify-full&sslrootcert=<CA file> to the URL",
-                self.mode
+                self.mode.name()
             );
         }
     }
@@ -405,6 +418,9 @@ mod tests {
         assert_eq!(config.pg.get_ssl_mode(), WireMode::Prefer);
         assert!(!config.tls.checks_certificate());
         assert_eq!(parsed("postgres://u@h/db?sslmode=disable").pg.get_ssl_mode(), WireMode::Disable);
+        for mode in [SslMode::Disable, SslMode::Prefer, SslMode::Require, SslMode::VerifyCa, SslMode::VerifyFull] {
+            assert_eq!(mode.name().parse::<SslMode>().unwrap(), mode);
+        }
         assert!(parsed("host=h sslmode=require sslrootcert=/ca.pem").tls.checks_certificate());
         for (text, says) in [
             ("postgres://u@h/db?sslmode=allow", "`allow` is not supported"),
