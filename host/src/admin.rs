@@ -282,7 +282,7 @@ impl axum::serve::Listener for Capped {
         let connection = Connection { stream, idle, answer_by: None, _permit: permit };
         let stream = match &self.tls {
             None => AdminStream::Plain(connection),
-            Some(acceptor) => AdminStream::Handshaking(acceptor.accept(connection)),
+            Some(acceptor) => AdminStream::Handshaking(Box::new(acceptor.accept(connection))),
         };
         (stream, address)
     }
@@ -375,7 +375,7 @@ impl tokio::io::AsyncWrite for Connection {
 /// handshake (driven by the first read or write) is done.
 enum AdminStream {
     Plain(Connection),
-    Handshaking(tokio_rustls::Accept<Connection>),
+    Handshaking(Box<tokio_rustls::Accept<Connection>>),
     Tls(Box<tokio_rustls::server::TlsStream<Connection>>),
     /// The handshake failed; the connection only fails from now on.
     Failed,
@@ -390,7 +390,7 @@ impl AdminStream {
                 _ => Poll::Ready(Ok(())),
             };
         };
-        match std::pin::Pin::new(accept).poll(cx) {
+        match std::pin::Pin::new(&mut **accept).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(stream)) => {
                 *self = AdminStream::Tls(Box::new(stream));
