@@ -59,7 +59,7 @@ pub enum TlsError {
     },
     /// rustls refused a certificate or key (one it cannot use, or a key
     /// that is not the certificate's).
-    #[error("the {what} cannot be used: {source}")]
+    #[error("the {what} cannot be used: {source}{}", version_hint(.source))]
     Refused {
         /// What was refused, with its file.
         what: String,
@@ -180,6 +180,22 @@ pub fn client_config(
         Some((chain, key)) => builder
             .with_client_auth_cert(chain, key)
             .map_err(|source| TlsError::Refused { what: "client certificate and key".to_owned(), source }),
+    }
+}
+
+/// How to fix a certificate rustls refuses for being X.509 v1 (what
+/// `openssl x509 -req` makes when given no extension), else nothing.
+fn version_hint(error: &rustls::Error) -> &'static str {
+    // webpki's error sits behind rustls' `OtherError`; its name is the
+    // only handle without depending on webpki itself.
+    match error {
+        rustls::Error::InvalidCertificate(CertificateError::Other(other))
+            if format!("{other:?}").contains("UnsupportedCertVersion") =>
+        {
+            " (an X.509 v1 certificate; rustls takes v3 only: sign it with an extension, e.g. \
+             `openssl x509 -req … -extfile FILE` with FILE holding `extendedKeyUsage=clientAuth`)"
+        }
+        _ => "",
     }
 }
 

@@ -128,8 +128,9 @@ pub enum StateError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The TLS handshake with the database was refused: its certificate
-    /// did not pass the checks the URL's `sslmode` asks for, or it offers
-    /// no TLS ([`postgres_tls`]).
+    /// did not pass the checks the URL's `sslmode` asks for, it offers
+    /// no TLS, or it asks for a client certificate (`sslcert`/`sslkey`)
+    /// it did not get or did not take ([`postgres_tls`]).
     #[error("{store}: TLS refused: {reason}")]
     Tls {
         /// The store ([`StateBackend::location`]).

@@ -245,6 +245,7 @@ impl PostgresStore {
             config.connector().map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
         config.tls.warn_if_unchecked(config.pg.get_hosts(), &location);
         let roots = config.tls.roots_named();
+        let client_cert = config.tls.client_cert.clone();
         let manager =
             Manager::from_config(config.pg, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -263,7 +264,9 @@ impl PostgresStore {
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
             written: Arc::default(),
         };
-        store.run(|db| async move { db.migrate().await }).map_err(|error| tls_refusal(error, &roots))?;
+        store
+            .run(|db| async move { db.migrate().await })
+            .map_err(|error| tls_refusal(error, &roots, client_cert.as_deref()))?;
         Ok(store)
     }
 
@@ -1460,22 +1463,47 @@ fn wait<T: Send + 'static>(
     })
 }
 
-/// `error`, as [`StateError::Tls`] when a TLS handshake was refused
-/// (`roots`: where the trusted CAs came from).
-fn tls_refusal(error: StateError, roots: &str) -> StateError {
+/// `error`, as [`StateError::Tls`] when a TLS handshake was refused or the
+/// server asked for a client certificate it did not get or did not take
+/// (`roots`: where the trusted CAs came from; `client_cert`: `sslcert`).
+fn tls_refusal(error: StateError, roots: &str, client_cert: Option<&std::path::Path>) -> StateError {
     let StateError::Storage { store, source } = &error else { return error };
-    let refused = crate::tls::refusal(source.as_ref(), "the PostgreSQL server", roots).or_else(|| {
-        // tokio-postgres's own words when `require` meets a server without TLS.
-        let chain = std::iter::successors(Some(source.as_ref() as &dyn std::error::Error), |e| e.source());
-        chain.map(ToString::to_string).any(|text| text.contains("server does not support TLS")).then(|| {
-            "the PostgreSQL server does not offer TLS, and the URL's sslmode asks for it: turn `ssl = on` at the \
-             server, or set sslmode=prefer or disable"
-                .to_owned()
+    let chain = || std::iter::successors(Some(source.as_ref() as &(dyn std::error::Error + 'static)), |e| e.source());
+    let refused = crate::tls::refusal(source.as_ref(), "the PostgreSQL server", roots)
+        .or_else(|| {
+            // tokio-postgres's own words when `require` meets a server without TLS.
+            chain().map(ToString::to_string).any(|text| text.contains("server does not support TLS")).then(|| {
+                "the PostgreSQL server does not offer TLS, and the URL's sslmode asks for it: turn `ssl = on` at the \
+                 server, or set sslmode=prefer or disable"
+                    .to_owned()
+            })
         })
-    });
+        .or_else(|| {
+            let db = chain().find_map(|e| e.downcast_ref::<tokio_postgres::Error>()?.as_db_error())?;
+            let about_certificate = db.code() == &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                && db.message().contains("certificate");
+            about_certificate.then(|| client_certificate_refused(db.message(), client_cert))
+        });
     match refused {
         Some(reason) => StateError::Tls { store: store.clone(), reason },
         None => error,
+    }
+}
+
+/// What to do when the server's pg_hba asks for a client certificate
+/// (`cert` or `clientcert=`) and refused the login (`said`: its words).
+fn client_certificate_refused(said: &str, client_cert: Option<&std::path::Path>) -> String {
+    match client_cert {
+        None => format!(
+            "the PostgreSQL server asks for a client certificate (it said: {said}): add \
+             sslcert=<certificate file>&sslkey=<key file> to the URL, a certificate signed by a CA in the server's \
+             ssl_ca_file whose CN is the URL's user"
+        ),
+        Some(cert) => format!(
+            "the PostgreSQL server refused the client certificate sslcert={} (it said: {said}): its CN must be the \
+             URL's user, and a CA in the server's ssl_ca_file must have signed it",
+            cert.display()
+        ),
     }
 }
 
@@ -1659,6 +1687,50 @@ mod tests {
         let mut config = by_address(&database, "disable");
         config.pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
         assert!(!over_tls(&PostgresStore::connect_with(config, "bank").unwrap()));
+    }
+
+    /// `WAKU_POSTGRES_CLIENT_CERT_URL`: a verify-full URL for a role the
+    /// server lets in only with a client certificate (`.ci/run` makes the
+    /// role `waku_cert` and its certificate), else `None`, saying so once;
+    /// a failure under CI.
+    fn client_cert_config() -> Option<PostgresConfig> {
+        if let Ok(url) = std::env::var("WAKU_POSTGRES_CLIENT_CERT_URL") {
+            return Some(PostgresConfig::from_str(&url).expect("WAKU_POSTGRES_CLIENT_CERT_URL is a PostgreSQL URL"));
+        }
+        const WHY: &str = "the PostgreSQL client-certificate test needs WAKU_POSTGRES_CLIENT_CERT_URL (a verify-full \
+                           URL with sslcert and sslkey for a role pg_hba lets in by `cert`, as .ci/run does)";
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{WHY}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: {WHY}");
+        None
+    }
+
+    #[test]
+    fn a_client_certificate_logs_in_the_role_it_names_and_its_absence_is_refused_saying_so() {
+        let Some(config) = client_cert_config() else { return };
+        let user = config.pg.get_user().expect("the URL names the certificate's role").to_owned();
+        let store = PostgresStore::connect_with(config.clone(), "bank").unwrap();
+        let (session_user, client_dn) = store
+            .run(|db| async move {
+                let sql = "SELECT session_user::text, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+                let row = db.client().query_one(sql, &[]).await.map_err(|e| db.error(e))?;
+                Ok((row.get::<_, String>(0), row.get::<_, Option<String>>(1)))
+            })
+            .unwrap();
+        assert_eq!(session_user, user);
+        assert_eq!(client_dn.as_deref(), Some(format!("/CN={user}").as_str()), "the server saw no client certificate");
+
+        // The same URL without sslcert/sslkey: the server's pg_hba asks for one.
+        let mut config = config;
+        config.tls.client_cert = None;
+        config.tls.client_key = None;
+        let error = PostgresStore::connect_with(config, "bank").unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, StateError::Tls { .. }), "not a TLS refusal: {text}");
+        assert!(text.contains("asks for a client certificate") && text.contains("sslcert=<"), "{text}");
+        assert!(text.contains("sslkey=<") && text.contains("requires a valid client certificate"), "{text}");
     }
 
     #[test]

@@ -242,7 +242,16 @@ impl PostgresTls {
             }
             _ => None,
         };
-        Ok(MakeRustlsConnect::new(tls::client_config(&check, identity)?))
+        let config = tls::client_config(&check, identity).map_err(|error| {
+            match (error, &self.client_cert, &self.client_key) {
+                (TlsError::Refused { source, .. }, Some(cert), Some(key)) => TlsError::Refused {
+                    what: format!("client certificate sslcert={} with key sslkey={}", cert.display(), key.display()),
+                    source,
+                },
+                (error, ..) => error,
+            }
+        })?;
+        Ok(MakeRustlsConnect::new(config))
     }
 
     /// Whether the server's certificate is checked.
