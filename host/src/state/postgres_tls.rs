@@ -388,6 +388,38 @@ fn split_key_values(text: &str) -> Result<(String, Vec<(String, String)>), Setti
 mod tests {
     use super::*;
 
+    /// An X.509 v1 certificate (no extensions) and its key, as
+    /// `openssl req -new -key KEY | openssl x509 -req -signkey KEY` makes
+    /// them (valid until 2126).
+    const V1_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBHzCBxwIUKy+vTmPt9Q+qNhIfyxGtbbhvD+QwCgYIKoZIzj0EAwIwEjEQMA4G\n\
+A1UEAwwHd2FrdV92MTAgFw0yNjEyMDIxODE0NDFaGA8yMTI2MTEwODE4MTQ0MVow\n\
+EjEQMA4GA1UEAwwHd2FrdV92MTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABGM9\n\
+5gZbCZIuR3rRyhAEArL1fYfTPaa5o+feItgl9HstFE4aBi+HXCfn+ptYqt6mgYE8\n\
+upvlX77IMLRneUtpgBQwCgYIKoZIzj0EAwIDRwAwRAIgC30FJD7epqvRwMHRWdyz\n\
+zH+J/BubvG2HXQ1EioLiiKYCICw+LNonxhAhudka+qvmjnigBPC2Q4K2Y2D3hf7m\n\
+9QWX\n\
+-----END CERTIFICATE-----\n";
+    const V1_KEY: &str = "-----BEGIN PRIVATE KEY-----\n\
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg459k7/awGX24qsWb\n\
+wQKS5SIKx+I04auqpHgVIpvsAz6hRANCAARjPeYGWwmSLkd60coQBAKy9X2H0z2m\n\
+uaPn3iLYJfR7LRROGgYvh1wn5/qbWKrepoGBPLqb5V++yDC0Z3lLaYAU\n\
+-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn a_v1_client_certificate_is_refused_naming_its_files_and_how_to_make_a_v3_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+        std::fs::write(&cert, V1_CERTIFICATE).unwrap();
+        std::fs::write(&key, V1_KEY).unwrap();
+        let tls =
+            PostgresTls { client_cert: Some(cert.clone()), client_key: Some(key.clone()), ..PostgresTls::default() };
+        let text = tls.connector().err().expect("a v1 certificate is refused").to_string();
+        assert!(text.contains(&format!("sslcert={}", cert.display())), "{text}");
+        assert!(text.contains(&format!("sslkey={}", key.display())), "{text}");
+        assert!(text.contains("X.509 v1") && text.contains("-extfile"), "{text}");
+    }
+
     fn parsed(text: &str) -> PostgresConfig {
         text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
     }
