@@ -22,6 +22,12 @@
 //! allows on a loopback address only unless told otherwise
 //! ([`crate::host::HostSettings::admin_insecure`]).
 //!
+//! **Over TLS** when given a certificate and key ([`AdminTls`],
+//! `--admin-tls-cert`/`--admin-tls-key`): every connection is TLS, the
+//! handshake made by the connection's first read, so a slow client holds
+//! only its own connection (within the same timeouts), never the accept
+//! loop.
+//!
 //! Rules it keeps: it only reads (nothing here changes state or modules);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
 //! at request time, so lag is current. No answer grows with what modules
@@ -176,6 +182,31 @@ pub fn readable_by_others(path: &std::path::Path) -> bool {
     }
 }
 
+/// The certificate and key the endpoint serves TLS with. `Debug` names
+/// the certificate file, never the key.
+#[derive(Clone)]
+pub struct AdminTls {
+    config: Arc<rustls::ServerConfig>,
+    certificate: std::path::PathBuf,
+}
+
+impl std::fmt::Debug for AdminTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AdminTls").field(&self.certificate).finish()
+    }
+}
+
+impl AdminTls {
+    /// The chain in the PEM file `certificate` with the key in `key`
+    /// (read now; a key file its group or others may read draws a
+    /// warning).
+    pub fn from_files(certificate: &std::path::Path, key: &std::path::Path) -> Result<Self, crate::tls::TlsError> {
+        let mut config = crate::tls::server_config(certificate, key)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self { config: Arc::new(config), certificate: certificate.to_owned() })
+    }
+}
+
 /// Lets `request` through when the endpoint has no token or the request
 /// carries it; otherwise a 401 that reveals nothing.
 async fn require_token<L: EventLog>(State(admin): State<Arc<Admin<L>>>, request: Request, next: Next) -> Response {
@@ -191,10 +222,12 @@ async fn require_token<L: EventLog>(State(admin): State<Arc<Admin<L>>>, request:
     }
 }
 
-/// Serves the endpoint on `listener` until `shutdown` resolves.
+/// Serves the endpoint on `listener` until `shutdown` resolves, over TLS
+/// with `tls`.
 pub async fn serve<L: EventLog>(
     listener: tokio::net::TcpListener,
     admin: Admin<L>,
+    tls: Option<AdminTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let admin = Arc::new(admin);
@@ -212,7 +245,11 @@ pub async fn serve<L: EventLog>(
         .route("/ready", get(ready::<L>))
         .merge(protected)
         .with_state(admin);
-    let listener = Capped { listener, permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)) };
+    let listener = Capped {
+        listener,
+        permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        tls: tls.map(|tls| tokio_rustls::TlsAcceptor::from(tls.config)),
+    };
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
 
@@ -233,17 +270,24 @@ pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs
 struct Capped {
     listener: tokio::net::TcpListener,
     permits: Arc<tokio::sync::Semaphore>,
+    /// Makes every connection's TLS handshake, when serving TLS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl axum::serve::Listener for Capped {
-    type Io = Connection;
+    type Io = AdminStream;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Connection, SocketAddr) {
+    async fn accept(&mut self) -> (AdminStream, SocketAddr) {
         let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
         let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
         let idle = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
-        (Connection { stream, idle, answer_by: None, _permit: permit }, address)
+        let connection = Connection { stream, idle, answer_by: None, _permit: permit };
+        let stream = match &self.tls {
+            None => AdminStream::Plain(connection),
+            Some(acceptor) => AdminStream::Handshaking(Box::new(acceptor.accept(connection))),
+        };
+        (stream, address)
     }
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -327,6 +371,85 @@ impl tokio::io::AsyncWrite for Connection {
 
     fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A connection as the endpoint serves it: plain, or TLS once its
+/// handshake (driven by the first read or write) is done.
+enum AdminStream {
+    Plain(Connection),
+    Handshaking(Box<tokio_rustls::Accept<Connection>>),
+    Tls(Box<tokio_rustls::server::TlsStream<Connection>>),
+    /// The handshake failed; the connection only fails from now on.
+    Failed,
+}
+
+impl AdminStream {
+    /// Drives the handshake; ready once the stream can carry bytes.
+    fn handshake(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        let AdminStream::Handshaking(accept) = self else {
+            return match self {
+                AdminStream::Failed => Poll::Ready(Err(std::io::ErrorKind::NotConnected.into())),
+                _ => Poll::Ready(Ok(())),
+            };
+        };
+        match std::pin::Pin::new(&mut **accept).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(stream)) => {
+                *self = AdminStream::Tls(Box::new(stream));
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => {
+                *self = AdminStream::Failed;
+                Poll::Ready(Err(error))
+            }
+        }
+    }
+}
+
+/// `$poll` on the stream `$this` carries bytes on, once its handshake is done.
+macro_rules! carried {
+    ($this:ident, $cx:ident, $stream:ident => $poll:expr) => {{
+        let this = $this.get_mut();
+        std::task::ready!(this.handshake($cx))?;
+        match this {
+            AdminStream::Plain($stream) => $poll,
+            AdminStream::Tls($stream) => {
+                let $stream = &mut **$stream;
+                $poll
+            }
+            AdminStream::Handshaking(_) | AdminStream::Failed => {
+                Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
+            }
+        }
+    }};
+}
+
+impl tokio::io::AsyncRead for AdminStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        carried!(self, cx, stream => std::pin::Pin::new(stream).poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for AdminStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        carried!(self, cx, stream => std::pin::Pin::new(stream).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        carried!(self, cx, stream => std::pin::Pin::new(stream).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        carried!(self, cx, stream => std::pin::Pin::new(stream).poll_shutdown(cx))
     }
 }
 

@@ -64,6 +64,13 @@ pub struct DevSettings {
     pub target_dir: Option<PathBuf>,
     /// Serve the admin endpoint (state, status, modules) here.
     pub admin: Option<std::net::SocketAddr>,
+    /// The token it asks for on every route but `/health` and `/ready`
+    /// (`None`: open, which only a loopback address allows).
+    pub admin_token: Option<crate::admin::AdminToken>,
+    /// Serve it without a token off loopback all the same.
+    pub admin_insecure: bool,
+    /// Serve it over TLS with this certificate and key.
+    pub admin_tls: Option<crate::admin::AdminTls>,
 }
 
 /// What `waku dev` did, for the person watching.
@@ -78,8 +85,8 @@ pub enum DevEvent {
         module: String,
         /// The data directory.
         data_dir: PathBuf,
-        /// Where the admin endpoint listens, if it does.
-        admin: Option<std::net::SocketAddr>,
+        /// The admin endpoint's URL (`http://…` or `https://…`), if it serves.
+        admin: Option<String>,
     },
     /// Sources changed; building.
     Rebuilding {
@@ -121,7 +128,7 @@ impl std::fmt::Display for DevEvent {
             Self::Started { projection, module, data_dir, admin } => {
                 write!(f, "projection `{projection}` runs {module} (data in {}", data_dir.display())?;
                 if let Some(address) = admin {
-                    write!(f, ", admin endpoint on http://{address}")?;
+                    write!(f, ", admin endpoint on {address}")?;
                 }
                 write!(f, "); watching the sources")
             }
@@ -217,6 +224,9 @@ pub async fn run(
     host_settings.create_topic = Some(settings.partitions);
     host_settings.create_emit_topics = Some(settings.partitions);
     host_settings.admin = settings.admin;
+    host_settings.admin_token = settings.admin_token.clone();
+    host_settings.admin_insecure = settings.admin_insecure;
+    host_settings.admin_tls = settings.admin_tls.clone();
     let log = Arc::new(EmbeddedLog::open(settings.data_dir.join("log.redb"))?);
     let host = Host::start_on(log, host_settings).await?;
     let library = host.library().expect("a host of a module directory has a library").clone();
@@ -225,7 +235,10 @@ pub async fn run(
         projection,
         module: session.running(&name),
         data_dir: session.settings.data_dir.clone(),
-        admin: session.host.admin_address(),
+        admin: session.host.admin_address().map(|address| {
+            let scheme = if session.host.serves_admin_tls() { "https" } else { "http" };
+            format!("{scheme}://{address}")
+        }),
     });
     session.publish_events().await;
 
@@ -411,6 +424,9 @@ mod tests {
             data_dir: "/p/dev-data".into(),
             events: None,
             target_dir: None,
+            admin_token: None,
+            admin_insecure: false,
+            admin_tls: None,
             admin: None,
         };
         let ignored = Ignored::new(Path::new("/p"), &settings);

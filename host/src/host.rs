@@ -126,6 +126,9 @@ pub struct HostSettings {
     /// ([`HostError::AdminUnprotected`]): anyone who reaches the address
     /// reads the state. Default `false`.
     pub admin_insecure: bool,
+    /// Serve the admin endpoint over TLS with this certificate and key
+    /// ([`admin::AdminTls`]). Default `None`: plain HTTP.
+    pub admin_tls: Option<admin::AdminTls>,
     /// Stop once the end offsets read at start-up are reached. Default
     /// `false`: follow the topic until stopped.
     pub until_caught_up: bool,
@@ -164,6 +167,7 @@ impl HostSettings {
             admin: None,
             admin_token: None,
             admin_insecure: false,
+            admin_tls: None,
             until_caught_up: false,
             group: None,
             observer: None,
@@ -514,6 +518,7 @@ impl Host {
         let progress = consumer.progress();
         let timing = consumer.timing();
         let rebuild_watch = rebuilds.as_ref().map(|_| Arc::new(RebuildWatch::default()));
+        let admin_tls = settings.admin.is_some() && settings.admin_tls.is_some();
         let (stop_admin, admin_address) = match settings.admin {
             None => (None, None),
             Some(address) => {
@@ -527,7 +532,7 @@ impl Host {
                     token: settings.admin_token.clone(),
                     timing: Some(timing.clone()),
                 };
-                let (stop, address) = serve_admin(address, admin).await?;
+                let (stop, address) = serve_admin(address, admin, settings.admin_tls.clone()).await?;
                 (Some(stop), Some(address))
             }
         };
@@ -570,6 +575,7 @@ impl Host {
             sandbox,
             differences: loaded.differences,
             admin_address,
+            admin_tls,
             rebuild: rebuild_watch,
             stop: Some(stop),
             stop_admin,
@@ -637,6 +643,7 @@ fn emit_topics<L: EventLog>(log: &Arc<L>, settings: &HostSettings) -> Arc<dyn Em
 async fn serve_admin<L: EventLog>(
     address: SocketAddr,
     admin: Admin<L>,
+    tls: Option<admin::AdminTls>,
 ) -> Result<(tokio::sync::oneshot::Sender<()>, SocketAddr), HostError> {
     let listener = admin::bind(address).await?;
     let address = listener.local_addr()?;
@@ -645,7 +652,7 @@ async fn serve_admin<L: EventLog>(
         let stopped = async {
             let _ = stopped.await;
         };
-        if let Err(error) = admin::serve(listener, admin, stopped).await {
+        if let Err(error) = admin::serve(listener, admin, tls, stopped).await {
             tracing::error!("the admin endpoint stopped: {error}");
         }
     });
@@ -664,6 +671,8 @@ pub struct RunningHost<L = AnyLog> {
     sandbox: Sandbox,
     differences: Vec<Difference>,
     admin_address: Option<SocketAddr>,
+    /// Whether the admin endpoint serves TLS.
+    admin_tls: bool,
     rebuild: Option<Arc<RebuildWatch>>,
     /// Dropping it (or the host) stops the consumer after the batch in
     /// flight; likewise `stop_admin` for the admin endpoint.
@@ -719,6 +728,11 @@ impl<L: EventLog> RunningHost<L> {
     /// Where the admin endpoint listens, when it serves one.
     pub fn admin_address(&self) -> Option<SocketAddr> {
         self.admin_address
+    }
+
+    /// Whether the admin endpoint serves TLS ([`HostSettings::admin_tls`]).
+    pub fn serves_admin_tls(&self) -> bool {
+        self.admin_tls
     }
 
     /// Where the projection stands: positions, lag, module versions and

@@ -61,6 +61,8 @@
 //! - `redb_file`: how both embedded backends open their redb files, checked
 //!   in full so that a damaged file is an error naming it, never a crash.
 //! - [`memory`]: how the process takes memory pages from the kernel.
+//! - [`tls`]: rustls configurations for the host's links (PostgreSQL, the
+//!   admin endpoint and its callers) and refused handshakes in plain words.
 //!
 //! The [`iggy`] module is the public facade the user documentation
 //! (`spec/ordering.md`) imports from; it re-exports, it holds no code.
@@ -90,6 +92,7 @@ pub mod routing;
 pub mod runtime;
 pub mod scaffold;
 pub mod state;
+pub mod tls;
 pub mod trial;
 
 pub use wakuwaku_core::{event, key, plan, reduce};

@@ -48,8 +48,7 @@ impl CuttableProxy {
     /// `url` (`iggy://user:password@host:port?options`) pointed at this
     /// proxy instead.
     pub fn url_for(&self, url: &str) -> String {
-        let (start, end) = address_span(url);
-        format!("{}127.0.0.1:{}{}", &url[..start], self.port, &url[end..])
+        proxied(url, self.port)
     }
 
     /// Drops every open connection and refuses new ones for `down`.
@@ -128,8 +127,7 @@ impl LatencyProxy {
 
     /// `url` (`postgres://user@host:port/db`) pointed at this proxy instead.
     pub fn url_for(&self, url: &str) -> String {
-        let (start, end) = address_span(url);
-        format!("{}127.0.0.1:{}{}", &url[..start], self.port, &url[end..])
+        proxied(url, self.port)
     }
 
     /// The client turns counted so far, over every connection.
@@ -182,6 +180,18 @@ async fn delayed(
 pub fn upstream_of(url: &str) -> &str {
     let (start, end) = address_span(url);
     &url[start..end]
+}
+
+/// `url` with its address replaced by the proxy's on this machine, by the
+/// name `localhost` when `url` named it so (a certificate checked with
+/// `sslmode=verify-full` names `localhost`, not `127.0.0.1`).
+fn proxied(url: &str, port: u16) -> String {
+    let (start, end) = address_span(url);
+    let host = match url[start..end].starts_with("localhost:") {
+        true => "localhost",
+        false => "127.0.0.1",
+    };
+    format!("{}{host}:{port}{}", &url[..start], &url[end..])
 }
 
 fn address_span(url: &str) -> (usize, usize) {

@@ -1,5 +1,5 @@
-//! Who may ask the admin endpoint: the token `run` and `demo` protect it
-//! with, and the token `status` and `state` send to it.
+//! Who may ask the admin endpoint: the token `run`, `demo` and `dev`
+//! protect it with, and the token `status` and `state` send to it.
 //!
 //! The token comes from the file `--admin-token-file` names (a setting
 //! like the others, `WAKU_ADMIN_TOKEN_FILE` or `admin-token-file` in
@@ -8,6 +8,14 @@
 //! shows to every user of the machine; and the token is never printed
 //! (the settings show the file's name, errors name the file or the
 //! variable). A token file its group or others may read draws a warning.
+//!
+//! TLS: `run`, `demo` and `dev` serve it with `--admin-tls-cert` and
+//! `--admin-tls-key` (a key file others may read draws a warning), and
+//! `status` and `state` check an `https://` endpoint against the CAs of
+//! `--admin-ca-file`, else the machine's, with the host's crypto
+//! provider. A refused handshake is said in plain words
+//! ([`crate::tls::refusal`]), and the token is sent only once the
+//! endpoint passed the check.
 
 use std::path::{Path, PathBuf};
 
@@ -32,15 +40,40 @@ pub(super) struct AdminServeArgs {
     /// loopback (refused otherwise: anyone who reaches it reads the state).
     #[arg(long)]
     pub(super) admin_insecure: bool,
+    /// Serve the admin endpoint over TLS with the certificate chain in
+    /// this PEM file (with --admin-tls-key).
+    #[arg(long, value_name = "FILE", requires = "admin_tls_key")]
+    pub(super) admin_tls_cert: Option<PathBuf>,
+    /// The private key of --admin-tls-cert (PEM; keep it `chmod 600`).
+    #[arg(long, value_name = "FILE", requires = "admin_tls_cert")]
+    pub(super) admin_tls_key: Option<PathBuf>,
 }
 
 impl AdminServeArgs {
-    /// Sets the token and the opt-in of `settings`.
+    /// Sets the token, the opt-in and the TLS of `settings`.
     pub(super) fn apply(&self, settings: &mut crate::host::HostSettings) -> Result<()> {
         settings.admin_token = token(self.admin_token_file.as_deref())?;
         settings.admin_insecure = self.admin_insecure;
+        settings.admin_tls = self.tls()?;
         Ok(())
     }
+
+    /// The certificate and key to serve TLS with, read now.
+    pub(super) fn tls(&self) -> Result<Option<admin::AdminTls>> {
+        let (Some(cert), Some(key)) = (&self.admin_tls_cert, &self.admin_tls_key) else { return Ok(None) };
+        if admin::readable_by_others(key) {
+            errln!(
+                "waku: warning: the admin TLS key file {} is readable by its group or others; `chmod 600` it",
+                key.display()
+            );
+        }
+        Ok(Some(admin::AdminTls::from_files(cert, key).context("the admin endpoint's TLS")?))
+    }
+}
+
+/// The endpoint's URL at `address`: `https://` when it serves TLS.
+pub(super) fn endpoint_url(address: std::net::SocketAddr, tls: bool) -> String {
+    format!("{}://{address}", if tls { "https" } else { "http" })
 }
 
 /// The token `status` and `state` send to the admin endpoint.
@@ -50,6 +83,10 @@ pub(super) struct AdminClientArgs {
     /// WAKU_ADMIN_TOKEN, if set).
     #[arg(long, value_name = "FILE")]
     pub(super) admin_token_file: Option<PathBuf>,
+    /// With an https:// --admin: trust the CAs in this PEM file (else the
+    /// machine's trusted CAs).
+    #[arg(long, value_name = "FILE")]
+    pub(super) admin_ca_file: Option<PathBuf>,
 }
 
 /// `--admin` of `status` and `state`: the endpoint's URL. An address
@@ -105,13 +142,14 @@ pub(super) fn token(file: Option<&Path>) -> Result<Option<AdminToken>> {
 /// The body of `url`'s answer, asked with `token` as a bearer token; an
 /// answer other than 2xx is an error, a 401 one that says how to give the
 /// token.
-pub(super) fn get(url: &str, token: Option<&AdminToken>) -> Result<String> {
-    let mut request = ureq::get(url);
+pub(super) fn get(url: &str, token: Option<&AdminToken>, ca_file: Option<&Path>) -> Result<String> {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().tls_config(tls_config(ca_file)?).http_status_as_error(false).build().into();
+    let mut request = agent.get(url);
     if let Some(token) = token {
         request = request.header("Authorization", format!("Bearer {}", token.secret()));
     }
-    let mut response =
-        request.config().http_status_as_error(false).build().call().with_context(|| format!("asking {url}"))?;
+    let mut response = request.call().map_err(|error| refused(url, ca_file, error))?;
     let body = response.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
     if response.status() == ureq::http::StatusCode::UNAUTHORIZED {
         bail!(
@@ -123,4 +161,42 @@ pub(super) fn get(url: &str, token: Option<&AdminToken>) -> Result<String> {
         bail!("{url} answered {}: {}", response.status(), body.trim());
     }
     Ok(body)
+}
+
+/// How the commands check an https endpoint: against the CAs of
+/// `ca_file`, else the machine's; the provider the host uses everywhere.
+fn tls_config(ca_file: Option<&Path>) -> Result<ureq::tls::TlsConfig> {
+    let roots: Vec<ureq::tls::Certificate<'static>> = match ca_file {
+        Some(path) => crate::tls::read_certificates(path, "CA file")?
+            .iter()
+            .map(|der| ureq::tls::Certificate::from_der(der.as_ref()).to_owned())
+            .collect(),
+        None => rustls_native_certs::load_native_certs()
+            .certs
+            .iter()
+            .map(|der| ureq::tls::Certificate::from_der(der.as_ref()).to_owned())
+            .collect(),
+    };
+    Ok(ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
+        .unversioned_rustls_crypto_provider(crate::tls::provider())
+        .build())
+}
+
+/// `error` from asking `url`, in plain words when TLS refused it.
+fn refused(url: &str, ca_file: Option<&Path>, error: ureq::Error) -> anyhow::Error {
+    let ca = ca_file.map_or_else(
+        || "the machine's trusted CAs (or give --admin-ca-file)".to_owned(),
+        |path| format!("--admin-ca-file {}", path.display()),
+    );
+    let reason = match &error {
+        ureq::Error::Rustls(tls) => crate::tls::refusal(tls, "the admin endpoint", &ca),
+        ureq::Error::Io(io) => crate::tls::refusal(io, "the admin endpoint", &ca),
+        other => crate::tls::refusal(other, "the admin endpoint", &ca),
+    };
+    match reason {
+        Some(reason) => anyhow::anyhow!("asking {url}: {reason}"),
+        None => anyhow::Error::new(error).context(format!("asking {url}")),
+    }
 }

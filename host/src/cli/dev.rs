@@ -38,6 +38,8 @@ pub(super) struct DevArgs {
     /// e.g. `127.0.0.1:9100`.
     #[arg(long, value_parser = super::admin_access::serve_address)]
     admin: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    admin_access: super::admin_access::AdminServeArgs,
 }
 
 pub(super) async fn dev(args: DevArgs) -> Result<()> {
@@ -59,6 +61,9 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         events: args.events,
         target_dir: args.target_dir,
         admin: args.admin,
+        admin_token: super::admin_access::token(args.admin_access.admin_token_file.as_deref())?,
+        admin_insecure: args.admin_access.admin_insecure,
+        admin_tls: args.admin_access.tls()?,
     };
     dev::run(settings, |event| errln!("waku dev: {event}"), signals.first()).await?;
     Ok(())

@@ -150,7 +150,7 @@ fn ask_admin(
         url = format!("{url}?{}", query.join("&"));
     }
     let token = admin_access::token(access.admin_token_file.as_deref())?;
-    let body = admin_access::get(&url, token.as_ref())?;
+    let body = admin_access::get(&url, token.as_ref(), access.admin_ca_file.as_deref())?;
     serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a view of the state"))
 }
 

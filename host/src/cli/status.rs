@@ -35,7 +35,7 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         Some(url) => {
             let url = format!("{}/status", url.trim_end_matches('/'));
             let token = admin_access::token(args.admin_access.admin_token_file.as_deref())?;
-            let body = admin_access::get(&url, token.as_ref())?;
+            let body = admin_access::get(&url, token.as_ref(), args.admin_access.admin_ca_file.as_deref())?;
             let status: admin::Status =
                 serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
             if status.projection != target.projection {

@@ -1,6 +1,11 @@
 //! Apache Iggy as the log: a stream of an Iggy server, its topics and
 //! partitions, over the `iggy` client crate.
 //!
+//! The connection is the URL's (`iggy://user:password@host:port?options`),
+//! over TLS with the client's own options (`tls=true&tls_ca_file=…&tls_domain=…`;
+//! [`super::iggy_tls`] says how they are read and how a refusal is
+//! explained, as [`LogError::Tls`]).
+//!
 //! How the [`EventLog`] promises map onto Iggy:
 //! - **Topics live in one stream**, named when connecting
 //!   ([`IggyLog::connect`]); the stream is created if it does not exist.
@@ -111,7 +116,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -229,7 +234,10 @@ impl IggyLog {
             ),
             e => storage(&address, "connecting", e),
         };
-        let client = new_client(url).await.map_err(failed)?;
+        let client = match new_client(url).await {
+            Ok(client) => client,
+            Err(error) => return Err(explained(url, &address, error, failed).await),
+        };
         let stream_id = Identifier::named(stream).map_err(|_| LogError::InvalidTopicName {
             topic: stream.to_owned(),
             reason: "Iggy cannot name a stream so",
@@ -912,6 +920,17 @@ pub(crate) fn stamp_headers(producer: &str, sequence: u64) -> [Header; 2] {
         Header { name: PRODUCER.to_owned(), value: producer.as_bytes().to_vec() },
         Header { name: SEQUENCE.to_owned(), value: sequence.to_le_bytes().to_vec() },
     ]
+}
+
+/// `error` from connecting to `url`, as [`LogError::Tls`] when the URL
+/// asks for TLS and a handshake of the host's own says why it was refused
+/// ([`super::iggy_tls`]), else as `failed` makes it.
+async fn explained(url: &str, address: &Path, error: IggyError, failed: impl Fn(IggyError) -> LogError) -> LogError {
+    let Some(tls) = super::iggy_tls::IggyTls::of_url(url) else { return failed(error) };
+    match tls.explain().await {
+        Some(reason) => LogError::Tls { address: address.display().to_string(), reason },
+        None => failed(error),
+    }
 }
 
 /// A connected client for `url`.

@@ -65,6 +65,7 @@ use crate::event::Header;
 
 pub mod embedded;
 pub mod iggy;
+pub mod iggy_tls;
 pub mod loss;
 pub mod polled;
 
@@ -75,11 +76,21 @@ pub use polled::{PolledBatch, RecordView};
 /// `scheme://user:password@host…` with the password replaced by `****`, for
 /// messages and listings; `None` when the URL holds no credentials. The last
 /// `@` ends the credentials, so a password holding `@` is masked whole.
+///
+/// An Iggy URL whose credentials have no `:` holds a personal access
+/// token there, not a user name: it is masked whole (`iggy://****@host`).
 pub fn masked_password(url: &str) -> Option<String> {
     let (scheme, at) = (url.find("://")?, url.rfind('@')?);
     (scheme < at).then(|| {
-        let user = url[scheme + 3..at].split(':').next().unwrap_or_default();
-        format!("{}{user}:****{}", &url[..scheme + 3], &url[at..])
+        let credentials = &url[scheme + 3..at];
+        let token = url.starts_with("iggy") && !credentials.contains(':');
+        match token {
+            true => format!("{}****{}", &url[..scheme + 3], &url[at..]),
+            false => {
+                let user = credentials.split(':').next().unwrap_or_default();
+                format!("{}{user}:****{}", &url[..scheme + 3], &url[at..])
+            }
+        }
     })
 }
 
@@ -246,6 +257,16 @@ pub enum LogError {
     InUse {
         /// The file.
         path: PathBuf,
+    },
+    /// The TLS handshake with the log server was refused: its certificate
+    /// did not pass the checks, or it speaks no TLS ([`iggy_tls`]).
+    /// Trying again fails the same way until a setting changes.
+    #[error("`{address}`: TLS refused: {reason}")]
+    Tls {
+        /// The server's address, its URL's password masked.
+        address: String,
+        /// Why, in plain words.
+        reason: String,
     },
     /// The storage engine failed (I/O error, ...).
     #[error("log storage failed on `{}`", path.display())]
@@ -684,6 +705,8 @@ mod tests {
         assert_eq!(masked_password("iggy://u:p@ss@host:1").unwrap(), "iggy://u:****@host:1");
         assert_eq!(masked_password("postgres://waku@db/state").unwrap(), "postgres://waku:****@db/state");
         assert_eq!(masked_password("iggy://127.0.0.1:8090"), None);
+        assert_eq!(masked_password("iggy://personal-token@127.0.0.1:8090").unwrap(), "iggy://****@127.0.0.1:8090");
+        assert_eq!(masked_password("iggy+tcp://tok@h:1?tls=true").unwrap(), "iggy+tcp://****@h:1?tls=true");
         assert_eq!(masked_password("host=db password=x@y"), None);
     }
 

@@ -88,6 +88,7 @@ use crate::log::Record;
 pub mod cache;
 pub mod embedded;
 pub mod postgres;
+pub mod postgres_tls;
 #[cfg(test)]
 mod suite;
 
@@ -125,6 +126,17 @@ pub enum StateError {
         /// The cause.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The TLS handshake with the database was refused: its certificate
+    /// did not pass the checks the URL's `sslmode` asks for, it offers
+    /// no TLS, or it asks for a client certificate (`sslcert`/`sslkey`)
+    /// it did not get or did not take ([`postgres_tls`]).
+    #[error("{store}: TLS refused: {reason}")]
+    Tls {
+        /// The store ([`StateBackend::location`]).
+        store: String,
+        /// Why, in plain words.
+        reason: String,
     },
     /// A stored value cannot be decoded.
     #[error("corrupt state in {store}: {what}")]

@@ -67,7 +67,11 @@
 //! nothing): names are any UTF-8 a module chooses, and a database that
 //! converts text to another encoding is refused at connect.
 //!
-//! Connections are plain TCP or Unix sockets (no TLS yet).
+//! **Connections** are TCP (over TLS as the URL's `sslmode` says:
+//! [`super::postgres_tls`], default `prefer` as libpq's) or Unix sockets.
+//! A refused handshake fails the connect at start-up with
+//! [`StateError::Tls`], which says why (an unknown CA, a certificate for
+//! other names, a server without TLS).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -75,7 +79,8 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+
+use super::postgres_tls::PostgresConfig;
 
 use super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, KeyEntries, StateCache};
 use super::{
@@ -226,17 +231,23 @@ impl PostgresStore {
     /// or key=value pairs), creates or migrates the schema, and creates the
     /// projection's view.
     pub fn connect(url: &str, projection: &str) -> Result<Self, StateError> {
-        let config = tokio_postgres::Config::from_str(url)
+        let config = PostgresConfig::from_str(url)
             .map_err(|e| StateError::Storage { store: "the PostgreSQL URL".to_owned(), source: Box::new(e) })?;
         Self::connect_with(config, projection)
     }
 
     /// [`connect`](Self::connect) with a parsed configuration.
-    pub fn connect_with(config: tokio_postgres::Config, projection: &str) -> Result<Self, StateError> {
-        let location: Arc<str> = describe(&config, projection).into();
+    pub fn connect_with(config: PostgresConfig, projection: &str) -> Result<Self, StateError> {
+        let location: Arc<str> = describe(&config.pg, projection).into();
         crate::log::embedded::validate_topic_name(projection)
             .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let connector =
+            config.connector().map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
+        config.tls.warn_if_unchecked(config.pg.get_hosts(), &location);
+        let roots = config.tls.roots_named();
+        let client_cert = config.tls.client_cert.clone();
+        let manager =
+            Manager::from_config(config.pg, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .build()
@@ -253,7 +264,9 @@ impl PostgresStore {
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
             written: Arc::default(),
         };
-        store.run(|db| async move { db.migrate().await })?;
+        store
+            .run(|db| async move { db.migrate().await })
+            .map_err(|error| tls_refusal(error, &roots, client_cert.as_deref()))?;
         Ok(store)
     }
 
@@ -1450,6 +1463,50 @@ fn wait<T: Send + 'static>(
     })
 }
 
+/// `error`, as [`StateError::Tls`] when a TLS handshake was refused or the
+/// server asked for a client certificate it did not get or did not take
+/// (`roots`: where the trusted CAs came from; `client_cert`: `sslcert`).
+fn tls_refusal(error: StateError, roots: &str, client_cert: Option<&std::path::Path>) -> StateError {
+    let StateError::Storage { store, source } = &error else { return error };
+    let chain = || std::iter::successors(Some(source.as_ref() as &(dyn std::error::Error + 'static)), |e| e.source());
+    let refused = crate::tls::refusal(source.as_ref(), "the PostgreSQL server", roots)
+        .or_else(|| {
+            // tokio-postgres's own words when `require` meets a server without TLS.
+            chain().map(ToString::to_string).any(|text| text.contains("server does not support TLS")).then(|| {
+                "the PostgreSQL server does not offer TLS, and the URL's sslmode asks for it: turn `ssl = on` at the \
+                 server, or set sslmode=prefer or disable"
+                    .to_owned()
+            })
+        })
+        .or_else(|| {
+            let db = chain().find_map(|e| e.downcast_ref::<tokio_postgres::Error>()?.as_db_error())?;
+            let about_certificate = db.code() == &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                && db.message().contains("certificate");
+            about_certificate.then(|| client_certificate_refused(db.message(), client_cert))
+        });
+    match refused {
+        Some(reason) => StateError::Tls { store: store.clone(), reason },
+        None => error,
+    }
+}
+
+/// What to do when the server's pg_hba asks for a client certificate
+/// (`cert` or `clientcert=`) and refused the login (`said`: its words).
+fn client_certificate_refused(said: &str, client_cert: Option<&std::path::Path>) -> String {
+    match client_cert {
+        None => format!(
+            "the PostgreSQL server asks for a client certificate (it said: {said}): add \
+             sslcert=<certificate file>&sslkey=<key file> to the URL, a certificate signed by a CA in the server's \
+             ssl_ca_file whose CN is the URL's user"
+        ),
+        Some(cert) => format!(
+            "the PostgreSQL server refused the client certificate sslcert={} (it said: {said}): its CN must be the \
+             URL's user, and a CA in the server's ssl_ca_file must have signed it",
+            cert.display()
+        ),
+    }
+}
+
 /// `postgres host:port/db projection `p``, without the password.
 fn describe(config: &tokio_postgres::Config, projection: &str) -> String {
     let host = match config.get_hosts().first() {
@@ -1487,7 +1544,7 @@ mod tests {
     /// A schema of its own (so a version table of its own) in the database
     /// named by `WAKU_POSTGRES_URL`.
     struct Database {
-        config: tokio_postgres::Config,
+        config: PostgresConfig,
     }
 
     impl Fixture for Database {
@@ -1509,8 +1566,7 @@ mod tests {
         fn execute(&self, sql: &str) {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
-                let (client, connection) = self.config.connect(NoTls).await.unwrap();
-                tokio::spawn(connection);
+                let client = self.config.connect_client().await.unwrap();
                 client.batch_execute(sql).await.unwrap();
             });
         }
@@ -1538,14 +1594,144 @@ mod tests {
         };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
         let schema = format!("test_{}_{}_{}", now.as_secs(), std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let mut config = tokio_postgres::Config::from_str(&url).expect("WAKU_POSTGRES_URL is a PostgreSQL URL");
+        let mut config = PostgresConfig::from_str(&url).expect("WAKU_POSTGRES_URL is a PostgreSQL URL");
         let database = Database { config: config.clone() };
         database.execute(&format!("CREATE SCHEMA {schema}"));
-        config.options(format!("-c search_path={schema}"));
+        config.pg.options(format!("-c search_path={schema}"));
         Some(Database { config })
     }
 
     state_suite!(database());
+
+    /// The fixture when `WAKU_POSTGRES_URL` reaches its server over TLS
+    /// with `verify-full` by the name `localhost` (`.ci/run` makes one,
+    /// with a certificate for `localhost` alone), else `None`, saying so
+    /// once; a failure under CI.
+    fn tls_database() -> Option<Database> {
+        let database = database()?;
+        let tls = &database.config.tls;
+        let by_localhost = database.config.pg.get_hosts() == [tokio_postgres::config::Host::Tcp("localhost".into())];
+        if tls.mode == super::super::postgres_tls::SslMode::VerifyFull && tls.root_cert.is_some() && by_localhost {
+            return Some(database);
+        }
+        const WHY: &str = "the PostgreSQL TLS tests need WAKU_POSTGRES_URL to reach the server as `localhost` with \
+                           sslmode=verify-full&sslrootcert=<CA file> (as .ci/run does)";
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{WHY}");
+        }
+        static SKIPPED: Once = Once::new();
+        SKIPPED.call_once(|| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: {WHY}");
+        });
+        None
+    }
+
+    /// Whether the store's connection is encrypted, as the server sees it.
+    fn over_tls(store: &PostgresStore) -> bool {
+        store
+            .run(|db| async move {
+                let row = db.client().query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await;
+                Ok(row.map_err(|e| db.error(e))?.get::<_, bool>(0))
+            })
+            .unwrap()
+    }
+
+    /// `database`'s configuration reaching the server by its address
+    /// (`127.0.0.1`) instead of the name its certificate holds.
+    fn by_address(database: &Database, mode: &str) -> PostgresConfig {
+        let url = std::env::var("WAKU_POSTGRES_URL").unwrap().replacen("@localhost", "@127.0.0.1", 1);
+        let mut config = PostgresConfig::from_str(&url).unwrap();
+        config.tls.mode = mode.parse().unwrap();
+        config.pg.ssl_mode(tokio_postgres::config::SslMode::Require);
+        config.pg.options(database.config.pg.get_options().unwrap_or_default());
+        config
+    }
+
+    #[test]
+    fn verify_full_connects_over_tls_and_refuses_an_unknown_ca_and_a_wrong_name_saying_which() {
+        let Some(database) = tls_database() else { return };
+        assert!(over_tls(&database.connect().unwrap()), "the verify-full store's connection is not encrypted");
+
+        // A CA the server's certificate was not signed by.
+        let other = crate::tls::test_pki::make(&["localhost"]);
+        let mut config = database.config.clone();
+        config.tls.root_cert = Some(super::super::postgres_tls::RootCert::File(other.ca.clone()));
+        let error = PostgresStore::connect_with(config, "bank").unwrap_err();
+        let StateError::Tls { reason, .. } = &error else { panic!("not a TLS refusal: {error}") };
+        assert!(
+            reason.contains("not signed by a CA in sslrootcert=") && reason.contains(&other.ca.display().to_string()),
+            "{error}"
+        );
+
+        // The right CA, the wrong name: the certificate names `localhost`.
+        let error = PostgresStore::connect_with(by_address(&database, "verify-full"), "bank").unwrap_err();
+        let StateError::Tls { reason, .. } = &error else { panic!("not a TLS refusal: {error}") };
+        assert!(reason.contains("not valid for the name `127.0.0.1`") && reason.contains("localhost"), "{error}");
+    }
+
+    #[test]
+    fn verify_ca_checks_the_chain_and_not_the_name_and_require_checks_nothing() {
+        let Some(database) = tls_database() else { return };
+        // verify-ca: the name does not matter, the CA does.
+        assert!(over_tls(&PostgresStore::connect_with(by_address(&database, "verify-ca"), "bank").unwrap()));
+        let other = crate::tls::test_pki::make(&["127.0.0.1"]);
+        let mut config = by_address(&database, "verify-ca");
+        config.tls.root_cert = Some(super::super::postgres_tls::RootCert::File(other.ca.clone()));
+        assert!(matches!(PostgresStore::connect_with(config, "bank"), Err(StateError::Tls { .. })));
+        // require without a root file: encrypted, unchecked.
+        let mut config = by_address(&database, "require");
+        config.tls.root_cert = None;
+        assert!(over_tls(&PostgresStore::connect_with(config, "bank").unwrap()));
+        // disable: plain, which the server takes from loopback.
+        let mut config = by_address(&database, "disable");
+        config.pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        assert!(!over_tls(&PostgresStore::connect_with(config, "bank").unwrap()));
+    }
+
+    /// `WAKU_POSTGRES_CLIENT_CERT_URL`: a verify-full URL for a role the
+    /// server lets in only with a client certificate (`.ci/run` makes the
+    /// role `waku_cert` and its certificate), else `None`, saying so once;
+    /// a failure under CI.
+    fn client_cert_config() -> Option<PostgresConfig> {
+        if let Ok(url) = std::env::var("WAKU_POSTGRES_CLIENT_CERT_URL") {
+            return Some(PostgresConfig::from_str(&url).expect("WAKU_POSTGRES_CLIENT_CERT_URL is a PostgreSQL URL"));
+        }
+        const WHY: &str = "the PostgreSQL client-certificate test needs WAKU_POSTGRES_CLIENT_CERT_URL (a verify-full \
+                           URL with sslcert and sslkey for a role pg_hba lets in by `cert`, as .ci/run does)";
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{WHY}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: {WHY}");
+        None
+    }
+
+    #[test]
+    fn a_client_certificate_logs_in_the_role_it_names_and_its_absence_is_refused_saying_so() {
+        let Some(config) = client_cert_config() else { return };
+        let user = config.pg.get_user().expect("the URL names the certificate's role").to_owned();
+        let store = PostgresStore::connect_with(config.clone(), "bank").unwrap();
+        let (session_user, client_dn) = store
+            .run(|db| async move {
+                let sql = "SELECT session_user::text, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+                let row = db.client().query_one(sql, &[]).await.map_err(|e| db.error(e))?;
+                Ok((row.get::<_, String>(0), row.get::<_, Option<String>>(1)))
+            })
+            .unwrap();
+        assert_eq!(session_user, user);
+        assert_eq!(client_dn.as_deref(), Some(format!("/CN={user}").as_str()), "the server saw no client certificate");
+
+        // The same URL without sslcert/sslkey: the server's pg_hba asks for one.
+        let mut config = config;
+        config.tls.client_cert = None;
+        config.tls.client_key = None;
+        let error = PostgresStore::connect_with(config, "bank").unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, StateError::Tls { .. }), "not a TLS refusal: {text}");
+        assert!(text.contains("asks for a client certificate") && text.contains("sslcert=<"), "{text}");
+        assert!(text.contains("sslkey=<") && text.contains("requires a valid client certificate"), "{text}");
+    }
 
     #[test]
     fn json_values_are_read_by_sql_through_the_projection_view() {
@@ -1768,7 +1954,7 @@ mod tests {
             "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
         ));
         let mut config = database.config.clone();
-        config.dbname(&name);
+        config.pg.dbname(&name);
         let refused = PostgresStore::connect_with(config, "bank").map(drop);
         database.execute(&format!("DROP DATABASE {name}"));
         let error = refused.unwrap_err();

@@ -1390,6 +1390,170 @@ fn the_admin_endpoint_asks_for_the_token_on_every_route_but_health_and_ready() {
     assert!(!printed.contains(TOKEN) && !printed.contains("env-token-never-shown"), "{printed}");
 }
 
+/// A fresh CA's certificate and a certificate for 127.0.0.1 signed by it,
+/// with its key (mode `key_mode`), as PEM files in `dir`: (CA, cert, key).
+fn test_pki(dir: &Path, name: &str, key_mode: u32) -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} CA"));
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
+    let write = |file: &str, text: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let files = (write("ca.pem", ca.pem()), write("cert.pem", cert.pem()), write("key.pem", key.serialize_pem()));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&files.2, std::fs::Permissions::from_mode(key_mode)).unwrap();
+    files
+}
+
+#[test]
+fn the_admin_endpoint_serves_tls_that_status_and_state_check_against_the_given_ca() {
+    const TOKEN: &str = "tls-tok-77e1-never-shown";
+    let dir = tempfile::tempdir().unwrap();
+    one_account_consumed(dir.path());
+    let (ca, cert, key) = test_pki(dir.path(), "served", 0o644);
+    let (other_ca, _, _) = test_pki(dir.path(), "other", 0o600);
+    let args = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let mut child = common::waku_command(dir.path())
+        .args(args)
+        .args(["--admin", "127.0.0.1:0", "--admin-tls-cert", &cert, "--admin-tls-key", &key])
+        .env("WAKU_ADMIN_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    common::wait_for_line(&lines, &mut seen, |line| line.starts_with("waku: admin endpoint on "));
+    let url = seen.iter().find_map(|line| line.strip_prefix("waku: admin endpoint on ")).unwrap().to_owned();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    assert!(
+        seen.iter()
+            .any(|line| line.contains(&format!("the admin TLS key file {key} is readable by its group or others"))),
+        "a 644 key draws a warning: {seen:?}"
+    );
+
+    let status = ["status", "--projection", "bank", "--topic", "accounts", "--admin", &url];
+    let trusted = ["--admin-ca-file", &ca];
+    let out =
+        common::waku_command(dir.path()).args(status).args(trusted).env("WAKU_ADMIN_TOKEN", TOKEN).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("projection `bank` on topic `accounts`"), "{}", text(&out.stdout));
+    let get = ["state", "get", "--projection", "bank", "--key", "1", "--admin", &url, "--output", "json"];
+    let out = common::waku_command(dir.path()).args(get).args(trusted).env("WAKU_ADMIN_TOKEN", TOKEN).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["key"], json!(1));
+    // Still the token: TLS does not stand in for it.
+    let out =
+        common::waku_command(dir.path()).args(status).args(trusted).env_remove("WAKU_ADMIN_TOKEN").output().unwrap();
+    assert!(text(&out.stderr).contains("refused the token"), "{}", text(&out.stderr));
+    // Another CA: refused, saying so, and the token never sent.
+    let out = common::waku_command(dir.path())
+        .args(status)
+        .args(["--admin-ca-file", &other_ca])
+        .env("WAKU_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(
+        refused.contains("the certificate of the admin endpoint is not signed by a CA in --admin-ca-file")
+            && refused.contains(&other_ca),
+        "{refused}"
+    );
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = url.replacen("https://", "http://", 1);
+    let out = common::waku_command(dir.path())
+        .args(["status", "--projection", "bank", "--topic", "accounts", "--admin", &plain])
+        .env("WAKU_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    assert!(child.wait().unwrap().success());
+    seen.extend(lines.iter());
+    assert!(!seen.iter().any(|line| line.contains(TOKEN) || line.contains("PRIVATE KEY")), "{seen:?}");
+    assert!(!refused.contains(TOKEN), "{refused}");
+}
+
+/// `WAKU_POSTGRES_URL` when it reaches its server as `localhost` with
+/// `sslmode=verify-full` (as `.ci/run`'s does), else `None`, saying so;
+/// a failure under CI.
+fn verify_full_postgres_url() -> Option<String> {
+    let url = std::env::var("WAKU_POSTGRES_URL").ok().filter(|url| {
+        url.starts_with("postgres://postgres@localhost:")
+            && url.contains("sslmode=verify-full")
+            && url.contains("sslrootcert=")
+    });
+    if url.is_none() {
+        const WHY: &str = "the PostgreSQL TLS command test needs WAKU_POSTGRES_URL=postgres://postgres@localhost:PORT/…\
+                           ?sslmode=verify-full&sslrootcert=<CA> (as .ci/run sets it)";
+        assert!(!std::env::var("CI").is_ok_and(|ci| ci == "true"), "{WHY}");
+        eprintln!("skipped: {WHY}");
+    }
+    url
+}
+
+#[test]
+fn a_postgresql_server_failing_the_tls_checks_stops_run_saying_why_and_never_the_password() {
+    let Some(url) = verify_full_postgres_url() else { return };
+    const PASSWORD: &str = "pw-9d2c-never-shown";
+    let dir = tempfile::tempdir().unwrap();
+    one_account_consumed(dir.path());
+    let (other_ca, _, _) = test_pki(dir.path(), "other", 0o600);
+    let with_password = url.replacen("postgres://postgres@", &format!("postgres://postgres:{PASSWORD}@"), 1);
+    let root = with_password.split("sslrootcert=").nth(1).unwrap().split('&').next().unwrap().to_owned();
+    let args = [
+        "run",
+        "--data",
+        "data",
+        "--projection",
+        "tls_bank",
+        "--topic",
+        "accounts",
+        "--modules",
+        "modules",
+        "--until-caught-up",
+    ];
+    let run = |state: &str| common::waku_command(dir.path()).args(args).env("WAKU_STATE", state).output().unwrap();
+
+    let out = run(&with_password);
+    assert!(out.status.success(), "the right CA and name: {}", text(&out.stderr));
+    let out = run(&with_password.replace(&root, &other_ca));
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(
+        refused.contains("TLS refused: the certificate of the PostgreSQL server is not signed by a CA in sslrootcert=")
+            && refused.contains(&other_ca),
+        "{refused}"
+    );
+    assert!(!refused.contains(PASSWORD), "{refused}");
+    let out = run(&with_password.replacen("@localhost:", "@127.0.0.1:", 1));
+    assert!(!out.status.success());
+    let refused = text(&out.stderr);
+    assert!(refused.contains("is not valid for the name `127.0.0.1`") && refused.contains("localhost"), "{refused}");
+    assert!(!refused.contains(PASSWORD), "{refused}");
+    // The settings show the file names, not the password.
+    let out = common::waku_command(dir.path())
+        .args(args)
+        .arg("--print-config")
+        .env("WAKU_STATE", &with_password)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("sslrootcert=") && !text(&out.stdout).contains(PASSWORD),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn an_admin_endpoint_off_loopback_needs_a_token_or_the_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();

@@ -230,12 +230,17 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
         std::fs::write(&lib, now.replace(from, to)).unwrap();
     };
     let target = shared_target();
+    let token_file = project.join("admin-token");
+    std::fs::write(&token_file, "dev-token-never-shown\n").unwrap();
     let mut child = KillOnDrop(
         common::waku_command(&project)
             .args(["dev", ".", "--topic", "visits", "--events", "events.jsonl"])
             .arg("--target-dir")
             .arg(&target)
+            .args(["--admin", "127.0.0.1:0", "--admin-token-file"])
+            .arg(&token_file)
             .env_remove("RUST_LOG")
+            .env_remove("WAKU_ADMIN_TOKEN")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -248,6 +253,18 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     // already): the new version is swapped in, runs the sample events
     // again on the state the first run left, and says so in its own words.
     wait_for(&lines, "watching the sources", &mut seen);
+    // Its admin endpoint asks for the token it was given.
+    let started = seen.iter().find(|line| line.contains("admin endpoint on http://")).expect("an admin endpoint");
+    let url = started.split("admin endpoint on ").nth(1).unwrap().split(')').next().unwrap().to_owned();
+    let status = |authorization: Option<&str>| {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut request = agent.get(&format!("{url}/status"));
+        if let Some(value) = authorization {
+            request = request.header("Authorization", value);
+        }
+        request.call().unwrap().status().as_u16()
+    };
+    assert_eq!((status(None), status(Some("Bearer dev-token-never-shown"))), (401, 200));
     assert!(source.contains("ctx.info(&format!(\"{now} visits\"));"));
     edit("\"{now} visits\"", "\"edited: {now} visits\"");
     wait_for(&lines, "swapped in visits@", &mut seen);
@@ -280,6 +297,7 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     wait_for(&lines, "events.jsonl changed; publishing the sample events again", &mut seen);
     wait_for(&lines, "fixed: 8 visits module=\"visits\" key=7", &mut seen);
     assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
+    assert!(!seen.iter().any(|line| line.contains("dev-token-never-shown")), "the token was logged");
 }
 
 /// A componentize-py and a python with pytest, found as `waku build` finds

@@ -39,7 +39,7 @@ impl Served {
         let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(admin::serve(listener, admin, async {
+        let server = tokio::spawn(admin::serve(listener, admin, None, async {
             let _ = stopped.await;
         }));
         Self { address, stop, server }

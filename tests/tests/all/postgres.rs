@@ -60,8 +60,8 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
     assert_eq!(stats.get(stat::APPLIED).copied(), Some(spec.events as u64));
 
     // Plain SQL on the documented view answers an account's balance.
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let client = config.connect_client().await.unwrap();
     for (&account, expected) in oracle.accounts.iter().take(20) {
         let sql = format!(
             "SELECT (json->>'balance')::bigint FROM \"waku_state_{projection}\" \
