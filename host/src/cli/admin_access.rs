@@ -72,7 +72,7 @@ impl AdminServeArgs {
 }
 
 /// The endpoint's URL at `address`: `https://` when it serves TLS.
-pub(super) fn endpoint_url(address: std::net::SocketAddr, tls: bool) -> String {
+pub(super) fn served_url(address: std::net::SocketAddr, tls: bool) -> String {
     format!("{}://{address}", if tls { "https" } else { "http" })
 }
 
@@ -99,16 +99,21 @@ pub(super) fn endpoint_url(value: &str) -> Result<String, String> {
     }
     match value.split_once("://") {
         Some(("http" | "https", rest)) if !rest.is_empty() => Ok(value.to_owned()),
-        Some((scheme, _)) => Err(format!("`{value}`: the admin endpoint speaks http, not `{scheme}`")),
+        Some((scheme, _)) => Err(format!("`{value}`: the admin endpoint speaks http or https, not `{scheme}`")),
         None => Ok(format!("http://{value}")),
     }
 }
 
 /// `--admin` of `run`, `dev` and `demo`: the address to serve on. A URL
-/// (`http://127.0.0.1:9100`, as `status --admin` takes it) is taken as its
+/// (`http://127.0.0.1:9100` or `https://…`, as `status --admin` takes it) is taken as its
 /// address, so one value serves both.
 pub(super) fn serve_address(value: &str) -> Result<std::net::SocketAddr, String> {
-    let address = value.trim().trim_start_matches("http://").trim_end_matches('/');
+    let value_trimmed = value.trim();
+    let address = value_trimmed
+        .strip_prefix("https://")
+        .or_else(|| value_trimmed.strip_prefix("http://"))
+        .unwrap_or(value_trimmed)
+        .trim_end_matches('/');
     address.parse().map_err(|_| format!("`{value}` is no address to serve on: give <ip>:<port>, e.g. 127.0.0.1:9100"))
 }
 

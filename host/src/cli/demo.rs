@@ -143,7 +143,7 @@ pub(super) async fn demo_run(
     let workers = settings.consumer.workers;
     let host = Host::start_on(log, settings).await.map_err(|error| explain(error, TOPIC))?;
     if let Some(address) = host.admin_address() {
-        errln!("waku: admin endpoint on {}", super::admin_access::endpoint_url(address, host.serves_admin_tls()));
+        errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }
     let projection = host.projection().clone();
     if std::io::stderr().is_terminal() {

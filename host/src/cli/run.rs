@@ -164,7 +164,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     );
     errln!("waku: sandbox limits: {}", host.sandbox().limits());
     if let Some(address) = host.admin_address() {
-        errln!("waku: admin endpoint on {}", super::admin_access::endpoint_url(address, host.serves_admin_tls()));
+        errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }
     let store = projection.store().clone();
     let display = show_progress(&args.projection, host.progress().clone());
