@@ -83,6 +83,13 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         status.undeliverable,
         status.outbox
     )?;
+    if args.admin.is_some() {
+        outln!(
+            "this host redid {} events since it started (processed, then refused by fencing: another host took \
+             their partition)",
+            status.redone
+        )?;
+    }
     if let Some(rebuild) = &status.rebuild {
         let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
         outln!(
