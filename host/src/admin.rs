@@ -717,6 +717,11 @@ pub struct Status {
     /// Outbox records committed but not yet appended to the log.
     #[serde(default)]
     pub outbox: u64,
+    /// Events the running host processed for nothing since it started:
+    /// their batch's commit was refused because another host took the
+    /// partition (`waku_events_redone_total`; 0 when read from the files).
+    #[serde(default)]
+    pub redone: u64,
     /// The last rebuild the running host ran: its phase and distance to
     /// promotion ([`crate::rebuild`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -808,6 +813,7 @@ pub async fn status_of_topics<L: EventLog>(
         redriven: count(stat::REDRIVEN),
         undeliverable: count(stat::UNDELIVERABLE),
         outbox: store.outbox()?.len() as u64,
+        redone: progress.map_or(0, Progress::redone),
         rebuild: None,
         more_topics: topics[1..].to_vec(),
         order_violations: count(stat::ORDER_VIOLATIONS),

@@ -509,11 +509,13 @@ impl Host {
         if let Some(observer) = &settings.observer {
             consumer = consumer.with_observer(observer.clone());
         }
+        let mut membership = None;
         if let Some(group) = &settings.group {
-            let assigned = crate::membership::follow_group(log.clone(), &settings.topic, group)
+            let (assigned, member) = crate::membership::follow_group(log.clone(), &settings.topic, group)
                 .await
                 .map_err(|source| HostError::Group { group: group.clone(), topic: settings.topic.clone(), source })?;
             consumer = consumer.with_assignment(assigned);
+            membership = Some(member);
         }
         let progress = consumer.progress();
         let timing = consumer.timing();
@@ -580,6 +582,7 @@ impl Host {
             stop: Some(stop),
             stop_admin,
             consuming: Some(consuming),
+            membership,
             _reloader: reloader,
         })
     }
@@ -679,6 +682,9 @@ pub struct RunningHost<L = AnyLog> {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     stop_admin: Option<tokio::sync::oneshot::Sender<()>>,
     consuming: Option<tokio::task::JoinHandle<Result<Summary, ConsumerError>>>,
+    /// Its consumer group membership, left once the consumer let its
+    /// partitions go ([`crate::membership`]).
+    membership: Option<crate::membership::Membership>,
     _reloader: Option<Reloader>,
 }
 
@@ -768,6 +774,11 @@ impl<L: EventLog> RunningHost<L> {
             }
         };
         self.stop_admin.take();
+        // The partitions were let go after their last commits: leaving now
+        // hands them to the group's other hosts at once.
+        if let Some(membership) = self.membership.take() {
+            membership.leave().await;
+        }
         ended.map_err(|e| HostError::Panicked { what: "the consumer", message: e.to_string() })?.map_err(Into::into)
     }
 }

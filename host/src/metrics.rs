@@ -13,6 +13,7 @@
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
+//! | `waku_events_redone_total` | projection | events processed for nothing: their batch's commit was refused because another host took the partition (a host moving partitions as the group asks, and stopping gracefully, redoes none; see `Consumer::with_assignment`) |
 //! | `waku_partition_takes_failed_total` | projection | attempts to take an assigned partition that failed (log or state store unreachable) and are tried again after a backoff |
 //! | `waku_log_truncated_total` | topic, partition | times a partition's end offset was found below the host's position or below an end offset read earlier: the log lost messages it had acknowledged, or the topic was deleted and created again ([`crate::log::loss`]) |
 //! | `waku_order_violations_total` | projection | late events of a projection over several topics: read after the clock passed their event time, applied at once, out of event-time order (counted when committed) |
@@ -114,6 +115,7 @@ pub struct Metrics {
     unavailable: Family<ProjectionLabels, Counter>,
     undeliverable: Family<ProjectionLabels, Counter>,
     fenced: Family<ProjectionLabels, Counter>,
+    redone: Family<ProjectionLabels, Counter>,
     take_failed: Family<ProjectionLabels, Counter>,
     truncated: Family<TopicPartitionLabels, Counter>,
     phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
@@ -160,6 +162,7 @@ impl Default for Metrics {
             unavailable: Family::default(),
             undeliverable: Family::default(),
             fenced: Family::default(),
+            redone: Family::default(),
             take_failed: Family::default(),
             truncated: Family::default(),
             phases: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -194,6 +197,11 @@ impl Default for Metrics {
             "waku_partitions_fenced",
             "Partitions dropped because another host took them",
             metrics.fenced.clone(),
+        );
+        registry.register(
+            "waku_events_redone",
+            "Events processed for nothing: their batch's commit was refused because another host took the partition",
+            metrics.redone.clone(),
         );
         registry.register(
             "waku_partition_takes_failed",
@@ -342,6 +350,12 @@ impl Metrics {
     /// Counts a partition dropped because another host took it.
     pub fn partition_fenced(&self, projection: &str) {
         self.fenced.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
+    }
+
+    /// Counts `events` processed for nothing (their batch's commit was
+    /// refused by fencing).
+    pub fn events_redone(&self, projection: &str, events: u64) {
+        self.redone.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(events);
     }
 
     /// Counts a failed attempt to take an assigned partition (it is tried

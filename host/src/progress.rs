@@ -47,6 +47,9 @@ pub struct Progress {
     started: OnceLock<Started>,
     /// Set while the log cannot be reached.
     log_unavailable: std::sync::atomic::AtomicBool,
+    /// Events this host processed for nothing since it started (their
+    /// batch's commit was refused by fencing): what rebalances cost it.
+    redone: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -139,6 +142,19 @@ impl Progress {
     /// Records whether the log can be reached.
     pub fn set_log_available(&self, available: bool) {
         self.log_unavailable.store(!available, Ordering::Relaxed);
+    }
+
+    /// Counts `events` processed for nothing: their batch's commit was
+    /// refused because another host took the partition
+    /// (`waku_events_redone_total`).
+    pub fn add_redone(&self, events: u64) {
+        self.redone.fetch_add(events, Ordering::Relaxed);
+    }
+
+    /// Events this host processed for nothing since it started
+    /// ([`Progress::add_redone`]).
+    pub fn redone(&self) -> u64 {
+        self.redone.load(Ordering::Relaxed)
     }
 
     /// Whether the log could be reached at the last try.

@@ -44,6 +44,11 @@ impl GroupHost {
         Self { runtime: Some(runtime), host: Some(host) }
     }
 
+    /// Events it processed for nothing so far (commits refused by fencing).
+    pub fn redone(&self) -> u64 {
+        self.host.as_ref().unwrap().progress().redone()
+    }
+
     /// The partitions it holds now.
     pub fn held(&self) -> Vec<u32> {
         self.host.as_ref().unwrap().progress().partitions().iter().map(|p| p.partition).collect()
@@ -55,9 +60,11 @@ impl GroupHost {
         drop(self.host.take());
     }
 
-    /// Stops it as `waku run` stops on a signal.
-    pub fn stop(mut self) {
+    /// Stops it as `waku run` stops on a signal (its batches in flight
+    /// committed, its partitions let go, the group left) and says what it
+    /// did.
+    pub fn stop(mut self) -> wakuwaku::consumer::Summary {
         let (runtime, host) = (self.runtime.take().unwrap(), self.host.take().unwrap());
-        runtime.block_on(host.stop()).unwrap();
+        runtime.block_on(host.stop()).unwrap()
     }
 }

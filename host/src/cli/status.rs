@@ -119,6 +119,13 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
             inputs.join("; ")
         )?;
     }
+    if args.admin.is_some() {
+        outln!(
+            "this host redid {} events since it started (processed, then refused by fencing: another host took \
+             their partition)",
+            status.redone
+        )?;
+    }
     if let Some(rebuild) = &status.rebuild {
         let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
         outln!(

@@ -40,8 +40,12 @@
 //!
 //! A partition another host took ([`StateError::Fenced`]: its commit was
 //! refused whole) is dropped: logged with the epochs, counted
-//! (`waku_partitions_fenced_total`), taken out of the caught-up gate, while
-//! the host keeps consuming its other partitions. Taking an assigned
+//! (`waku_partitions_fenced_total`, and its batch's events in
+//! `waku_events_redone_total`), taken out of the caught-up gate, while
+//! the host keeps consuming its other partitions. Partitions that follow a
+//! consumer group move without that ([`Consumer::with_assignment`]): the
+//! host that loses one lets it go after its batch in flight, and the one
+//! that gains it waits for that. Taking an assigned
 //! partition that fails (the log or the state store unreachable while
 //! claiming it, publishing its outbox or reading its end offset) never
 //! stops the host: logged, counted (`waku_partition_takes_failed_total`)
@@ -322,6 +326,9 @@ pub struct Summary {
     pub order_violations: u64,
     /// Handler calls made.
     pub calls: u64,
+    /// Events processed for nothing: their batch's commit was refused
+    /// because another host took the partition (fencing).
+    pub redone: u64,
     /// Where the time went, per phase of a batch (see [`phase`]).
     pub phases: PhaseTimes,
 }
@@ -340,6 +347,7 @@ impl Summary {
         self.undeliverable += other.undeliverable;
         self.order_violations += other.order_violations;
         self.calls += other.calls;
+        self.redone += other.redone;
         self.phases.absorb(&other.phases);
     }
 
@@ -423,10 +431,25 @@ impl<L: EventLog> Consumer<L> {
 
     /// Follows the partitions `assignment` names as it changes (Iggy's
     /// consumer-group assignment) instead of a fixed set, when following
-    /// ([`Consumer::follow`]). Taking a partition claims it, publishes what
-    /// its outbox holds and resumes from its committed position, its gate
-    /// the position and end offset read then; losing one stops it between
-    /// batches. Needs a state store shared by the hosts (PostgreSQL).
+    /// ([`Consumer::follow`]). Needs a state store shared by the hosts
+    /// (PostgreSQL).
+    ///
+    /// Partitions move without redone work:
+    /// - **Losing** one stops it between batches: the batch in flight
+    ///   commits, then the partition is let go (its hold in the store too,
+    ///   [`StateBackend::release`](crate::state::StateBackend::release)).
+    ///   Stopping lets every partition go the same way.
+    /// - **Gaining** one claims it only once its previous host let it go or
+    ///   that host's hold ended (it died, or stopped answering the store):
+    ///   [`StateBackend::claim_released`](crate::state::StateBackend::claim_released),
+    ///   asked again every [`HOLD_RETRY`] meanwhile. What decides is the
+    ///   store's view of the previous host, never a timer of this one; and
+    ///   fencing still refuses a host that was wrong about holding one.
+    /// - Taking one publishes what its outbox holds and resumes from its
+    ///   committed position, its gate the position and end offset read then.
+    ///
+    /// A batch refused by fencing anyway is counted as redone
+    /// (`waku_events_redone_total`, [`Summary::redone`]).
     pub fn with_assignment(mut self, assignment: tokio::sync::watch::Receiver<Vec<u32>>) -> Self {
         self.assignment = Some(assignment);
         self
@@ -602,7 +625,8 @@ impl<L: EventLog> Consumer<L> {
     /// Follows the partitions `assignment` names until `shutdown`
     /// ([`Consumer::with_assignment`]): one task per partition held, started
     /// when the partition is taken and stopped (between batches) when it is
-    /// lost. A partition another host took while it is still assigned here
+    /// lost, and let go when its task ends. One its previous host still
+    /// holds is asked for again after [`HOLD_RETRY`]. A partition another host took while it is still assigned here
     /// is taken back only after [`RETAKE_AFTER`]: the other host's view of
     /// the assignment was newer or older than this one's, and by then both
     /// have asked again (two hosts never claim it back and forth at full
@@ -622,6 +646,13 @@ impl<L: EventLog> Consumer<L> {
         // Partitions whose taking failed: when to try again, and the wait
         // after that.
         let mut failed: FxHashMap<u32, (Instant, Duration)> = FxHashMap::default();
+        // Partitions another host still holds (finishing its batch in
+        // flight): when to ask again.
+        let mut waiting: FxHashMap<u32, Instant> = FxHashMap::default();
+        if let Some(metrics) = &self.metrics {
+            // Shown at 0 from the start, so a rebalance's cost reads as a difference.
+            metrics.events_redone(self.projection.name(), 0);
+        }
         let mut tasks = tokio::task::JoinSet::new();
         let mut total = Summary::default();
         let result = loop {
@@ -629,6 +660,7 @@ impl<L: EventLog> Consumer<L> {
                 assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
             fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
             failed.retain(|partition, _| wanted.contains(partition));
+            waiting.retain(|partition, _| wanted.contains(partition));
             for (&partition, stop) in &held {
                 if !wanted.contains(&partition) {
                     tracing::info!(
@@ -645,12 +677,25 @@ impl<L: EventLog> Consumer<L> {
                 .copied()
                 .filter(|p| !held.contains_key(p) && !fenced.contains_key(p))
                 .filter(|p| failed.get(p).is_none_or(|(again, _)| *again <= now))
+                .filter(|p| waiting.get(p).is_none_or(|again| *again <= now))
                 .collect();
             taken.sort_unstable();
             for partition in taken {
                 match self.take_partition(partition).await {
-                    Ok(left) => {
+                    Ok(None) => {
+                        if waiting.insert(partition, Instant::now() + HOLD_RETRY).is_none() {
+                            tracing::info!(
+                                projection = self.projection.name(),
+                                partition,
+                                "partition {partition} is still held by its previous host: taking it once that host \
+                                 commits its batch in flight and lets it go"
+                            );
+                        }
+                        continue;
+                    }
+                    Ok(Some(left)) => {
                         failed.remove(&partition);
+                        waiting.remove(&partition);
                         total.undeliverable += left;
                     }
                     Err(error) => {
@@ -664,7 +709,10 @@ impl<L: EventLog> Consumer<L> {
                 let consumer = self.clone();
                 tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
             }
-            let retake = fenced.values().map(|at| *at + RETAKE_AFTER).chain(failed.values().map(|f| f.0)).min();
+            let retake = (fenced.values().map(|at| *at + RETAKE_AFTER))
+                .chain(failed.values().map(|f| f.0))
+                .chain(waiting.values().copied())
+                .min();
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 changed = assignment.changed() => if changed.is_err() { break Ok(()) },
@@ -672,10 +720,7 @@ impl<L: EventLog> Consumer<L> {
                 Some(joined) = tasks.join_next() => {
                     let (partition, ended) = joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
                     held.remove(&partition);
-                    self.progress.release(partition);
-                    self.timing.remove(partition);
-                    // Not this host's any more: what the store kept of it goes.
-                    self.projection.store().release(partition);
+                    self.let_go(partition);
                     match ended {
                         Ok((summary, was_fenced)) => {
                             total.add(&summary);
@@ -692,10 +737,19 @@ impl<L: EventLog> Consumer<L> {
             let _ = stop.send(true);
         }
         let mut first_error = result.err();
+        // Stopping: each partition lets go once its batch in flight
+        // committed, so the hosts that get it take it at once.
         while let Some(joined) = tasks.join_next().await {
             match joined.map_err(|e| ConsumerError::WorkerPanicked(e.to_string())) {
-                Ok((_, Ok((summary, _)))) => total.add(&summary),
-                Ok((_, Err(error))) | Err(error) => {
+                Ok((partition, Ok((summary, _)))) => {
+                    self.let_go(partition);
+                    total.add(&summary);
+                }
+                Ok((partition, Err(error))) => {
+                    self.let_go(partition);
+                    first_error.get_or_insert(error);
+                }
+                Err(error) => {
                     first_error.get_or_insert(error);
                 }
             }
@@ -703,13 +757,24 @@ impl<L: EventLog> Consumer<L> {
         first_error.map_or(Ok(total), Err)
     }
 
+    /// Gives up a partition whose task ended (after its last commit, or
+    /// fenced): out of the gate, and the store drops what it kept of it and
+    /// its hold ([`StateBackend::release`](crate::state::StateBackend::release)).
+    fn let_go(&self, partition: u32) {
+        self.progress.release(partition);
+        self.timing.remove(partition);
+        self.projection.store().release(partition);
+    }
+
     /// Takes a partition: claims it (fencing its previous host), forgets
     /// the stamps this process remembers of its outbox producer (the
     /// previous host appended under that name), publishes what its outbox
     /// holds, and gates it at its committed position and the end offset
-    /// read now. Returns the messages found undeliverable.
-    async fn take_partition(&self, partition: u32) -> Result<u64, ConsumerError> {
-        let epoch = self.projection.store().claim(partition)?;
+    /// read now. Returns the messages found undeliverable, or `None` while
+    /// the partition's previous host still holds it
+    /// ([`StateBackend::claim_released`](crate::state::StateBackend::claim_released)).
+    async fn take_partition(&self, partition: u32) -> Result<Option<u64>, ConsumerError> {
+        let Some(epoch) = self.projection.store().claim_released(partition)? else { return Ok(None) };
         outbox::forget_stamps(&*self.log, self.projection.store(), self.projection.name(), partition)?;
         let left = self.publish_outbox(&[partition]).await?;
         let (position, end) = self.gate_of(partition).await?;
@@ -722,7 +787,7 @@ impl<L: EventLog> Consumer<L> {
             end,
             "took partition {partition}"
         );
-        Ok(left.undeliverable)
+        Ok(Some(left.undeliverable))
     }
 
     /// A partition index's gate: its committed position and the end offset
@@ -792,6 +857,7 @@ impl<L: EventLog> Consumer<L> {
             appends: self.log.appends(),
             queue_full: false,
             topic_turn: false,
+            in_flight: 0,
         };
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
@@ -836,7 +902,8 @@ impl<L: EventLog> Consumer<L> {
                     continue;
                 }
                 Err(ConsumerError::State(StateError::Fenced { held, current, .. })) => {
-                    self.drop_fenced(partition, held, current);
+                    summary.redone += state.in_flight;
+                    self.drop_fenced(partition, held, current, state.in_flight);
                     return Ok((summary, true));
                 }
                 Err(error) => return Err(error),
@@ -903,6 +970,7 @@ impl<L: EventLog> Consumer<L> {
             false => queue.take_due(routing::now_ms(), self.config.batch_size, PolledBatch::BYTE_BUDGET),
         };
         if !due.is_empty() {
+            state.in_flight = due.iter().map(|(_, in_retry)| in_retry.records.len() as u64).sum();
             // On an error the queue is rebuilt from the log next time.
             let (batch, settled) = self.retry_batch(partition, due, queue).await?;
             self.record_phases(&batch.phases);
@@ -1036,6 +1104,7 @@ impl<L: EventLog> Consumer<L> {
         state: &mut PartitionState,
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
+        state.in_flight = records.len() as u64;
         let consumer = self.clone();
         let mut buffers = std::mem::take(&mut state.buffers);
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
@@ -1253,16 +1322,19 @@ impl<L: EventLog> Consumer<L> {
     /// host's was `held`): its refused commit changed nothing, the
     /// partition's new host resumes from the last commit, and this host
     /// goes on with its other partitions.
-    fn drop_fenced(&self, partition: u32, held: u64, current: u64) {
+    fn drop_fenced(&self, partition: u32, held: u64, current: u64, redone: u64) {
         tracing::warn!(
             projection = self.projection.name(),
             partition,
+            redone,
             "partition {partition} was taken over by another host (epoch {current}, this host held {held}): \
-             its last batch was not committed and this host stops consuming it"
+             its last batch ({redone} events) was not committed and this host stops consuming it"
         );
         self.progress.release(partition);
+        self.progress.add_redone(redone);
         if let Some(metrics) = &self.metrics {
             metrics.partition_fenced(self.projection.name());
+            metrics.events_redone(self.projection.name(), redone);
         }
     }
 
@@ -1291,6 +1363,12 @@ impl<L: EventLog> Consumer<L> {
 /// assignment still names it here ([`Consumer::with_assignment`]): longer
 /// than the consumer group is polled ([`crate::membership::GROUP_POLL`]).
 pub const RETAKE_AFTER: Duration = Duration::from_secs(2);
+
+/// How soon a partition its previous host still holds is asked for again
+/// ([`StateBackend::claim_released`](crate::state::StateBackend::claim_released)):
+/// that host lets go as soon as its batch in flight commits, so a handover
+/// waits about this much past that commit.
+pub const HOLD_RETRY: Duration = Duration::from_millis(25);
 
 /// How often a partition that finds nothing to read reads its end offset
 /// again, to notice a log that lost its tail ([`loss`]).
@@ -1331,6 +1409,9 @@ struct PartitionState {
     /// The release stage, for a projection over several topics: the
     /// partition index is read across all of them in event-time order.
     timed: Option<timing::Timed>,
+    /// The events of the batch being processed (or last processed): what
+    /// a refused commit redid.
+    in_flight: u64,
 }
 
 /// Resolves once records were appended since `appends` last looked;

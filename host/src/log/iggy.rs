@@ -713,6 +713,26 @@ impl EventLog for IggyLog {
         tracing::info!(topic, group, "joined consumer group `{group}` of `{topic}`");
         Ok(self.assignment(&client, &topic_id, &group_id).await?.unwrap_or_default())
     }
+
+    async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
+        let topic_id = self.topic_id(topic)?;
+        let group_id = Identifier::named(group).map_err(|_| LogError::InvalidTopicName {
+            topic: group.to_owned(),
+            reason: "Iggy cannot name a group so",
+        })?;
+        let client = self.client().await?;
+        match client.leave_consumer_group(&self.stream, &topic_id, &group_id).await {
+            Ok(()) => Ok(()),
+            // Not a member (never joined on this connection, or dropped with
+            // an earlier one): nothing to leave.
+            Err(
+                IggyError::ConsumerGroupMemberNotFound(..)
+                | IggyError::ConsumerGroupIdNotFound(..)
+                | IggyError::ConsumerGroupNameNotFound(..),
+            ) => Ok(()),
+            Err(e) => Err(self.storage("leaving a consumer group", e)),
+        }
+    }
 }
 
 impl IggyLog {

@@ -529,6 +529,15 @@ pub trait EventLog: Send + Sync + 'static {
         let _ = (topic, group);
         async { Err(LogError::NoConsumerGroups) }
     }
+
+    /// Leaves consumer group `group` of `topic` on this connection, so the
+    /// server hands this member's partitions to the others now rather than
+    /// when the connection closes. Not being a member is no error; logs
+    /// without consumer groups answer [`LogError::NoConsumerGroups`].
+    fn leave_group(&self, topic: &str, group: &str) -> impl Future<Output = Result<(), LogError>> + Send {
+        let _ = (topic, group);
+        async { Err(LogError::NoConsumerGroups) }
+    }
 }
 
 /// Appends a record read from `topic`'s `partition` to a polled batch; one
@@ -679,6 +688,10 @@ impl EventLog for AnyLog {
 
     async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
         delegate!(self, log => log.group_partitions(topic, group))
+    }
+
+    async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
+        delegate!(self, log => log.leave_group(topic, group))
     }
 }
 

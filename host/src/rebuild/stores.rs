@@ -52,6 +52,9 @@ impl StateBackend for SwitchingStore {
     fn claim(&self, partition: u32) -> Result<u64, StateError> {
         self.current().claim(partition)
     }
+    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
+        self.current().claim_released(partition)
+    }
     fn reader(&self) -> Result<StateReader, StateError> {
         self.current().reader()
     }
@@ -142,6 +145,9 @@ impl StateBackend for HoldBackEmits {
     }
     fn claim(&self, partition: u32) -> Result<u64, StateError> {
         self.0.claim(partition)
+    }
+    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
+        self.0.claim_released(partition)
     }
     fn reader(&self) -> Result<StateReader, StateError> {
         self.0.reader()

@@ -87,6 +87,7 @@ use crate::log::Record;
 
 pub mod cache;
 pub mod embedded;
+mod hold;
 pub mod postgres;
 pub mod postgres_tls;
 #[cfg(test)]
@@ -349,6 +350,18 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// refused from now on ([`StateError::Fenced`]). Returns the new epoch.
     fn claim(&self, partition: u32) -> Result<u64, StateError>;
 
+    /// Takes `partition` as [`claim`](StateBackend::claim) does, but only
+    /// once no other host holds it: its previous host let it go after its
+    /// last commit ([`release`](StateBackend::release)), or the store saw
+    /// that host's hold end (a host that died or stopped answering). `None`
+    /// while another host still holds it (it is finishing its batch in
+    /// flight): ask again. A partition that moves this way has no batch
+    /// refused by fencing. A store only one host uses (embedded) claims at
+    /// once.
+    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
+        self.claim(partition).map(Some)
+    }
+
     /// A read snapshot: it sees every commit made before this call and none
     /// made after, however long it is kept. Hold one per batch.
     fn reader(&self) -> Result<StateReader, StateError>;
@@ -365,7 +378,10 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     }
 
     /// Says that this host stopped consuming `partition` (it was unassigned
-    /// or taken over): what the store kept of it in memory goes ([`cache`]).
+    /// or taken over, or the host is stopping), after its last commit: what
+    /// the store kept of it in memory goes ([`cache`]), and so does its
+    /// hold, so that the next host claims it at once
+    /// ([`claim_released`](StateBackend::claim_released)).
     fn release(&self, partition: u32) {
         let _ = partition;
     }

@@ -47,6 +47,13 @@
 //! store never claimed are not fenced (one host, or a command such as
 //! `waku dlq`).
 //!
+//! **Holds.** A claim also takes the partition's hold, a session advisory
+//! lock on a connection of the store's own ([`super::hold`]), kept until
+//! [`StateBackend::release`] or the session's end;
+//! [`StateBackend::claim_released`] claims only a partition no other
+//! session holds, so a partition moving between hosts waits for its
+//! previous host's last commit instead of fencing it.
+//!
 //! **Bridging.** tokio-postgres is async and the [`StateBackend`] trait is
 //! not (see [`super`]): the store owns a small runtime (two threads) that
 //! drives the connections, and each call spawns its queries there and
@@ -83,6 +90,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use super::postgres_tls::PostgresConfig;
 
 use super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, KeyEntries, StateCache};
+use super::hold::Holds;
 use super::{
     BatchCommit, KeyWrites, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox,
 };
@@ -195,6 +203,9 @@ pub struct PostgresStore {
     run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
     /// The entries of the keys of the claimed partitions ([`super::cache`]).
     cache: StateCache,
+    /// The partitions this store holds, on a session of their own
+    /// ([`super::hold`]).
+    holds: Arc<Holds>,
     /// What the store's commits wrote.
     written: Arc<Written>,
 }
@@ -262,6 +273,7 @@ impl PostgresStore {
             claims: Mutex::default(),
             run_lock: Mutex::default(),
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
+            holds: Arc::default(),
             written: Arc::default(),
         };
         store
@@ -335,6 +347,34 @@ impl PostgresStore {
         held
     }
 
+    /// Bumps `partition`'s epoch and remembers it as this store's claim.
+    fn bump_epoch(&self, partition: u32) -> Result<u64, StateError> {
+        let epoch = self.run(move |db| async move {
+            let row = db
+                .client()
+                .query_one(
+                    "INSERT INTO waku_epochs (projection, partition, epoch) VALUES ($1, $2, 1) \
+                     ON CONFLICT (projection, partition) DO UPDATE SET epoch = waku_epochs.epoch + 1 \
+                     RETURNING epoch",
+                    &[&&*db.projection, &i32_of(partition)],
+                )
+                .await
+                .map_err(|e| db.error(e))?;
+            Ok(row.get::<_, i64>(0))
+        })?;
+        self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, epoch);
+        self.cache.drop_partition(partition);
+        Ok(epoch.unsigned_abs())
+    }
+
+    /// Takes the hold on `partition` unless another session has it
+    /// ([`super::hold`]).
+    fn try_hold(&self, partition: u32) -> Result<bool, StateError> {
+        let (holds, pool) = (self.holds.clone(), self.pool.clone());
+        let (projection, location) = (self.projection.clone(), self.location.clone());
+        self.bridge.run(&self.location, async move { holds.try_hold(&pool, &projection, partition, &location).await })
+    }
+
     /// Takes the run lock, shared or exclusive, with a try-lock on a
     /// connection of its own kept until the store is dropped.
     fn take_run_lock(&self, shared: bool) -> Result<(), StateError> {
@@ -361,23 +401,18 @@ impl StateBackend for PostgresStore {
         &self.location
     }
 
+    /// Bumps the epoch whoever holds the partition, and holds it too when
+    /// nobody else does.
     fn claim(&self, partition: u32) -> Result<u64, StateError> {
-        let epoch = self.run(move |db| async move {
-            let row = db
-                .client()
-                .query_one(
-                    "INSERT INTO waku_epochs (projection, partition, epoch) VALUES ($1, $2, 1) \
-                     ON CONFLICT (projection, partition) DO UPDATE SET epoch = waku_epochs.epoch + 1 \
-                     RETURNING epoch",
-                    &[&&*db.projection, &i32_of(partition)],
-                )
-                .await
-                .map_err(|e| db.error(e))?;
-            Ok(row.get::<_, i64>(0))
-        })?;
-        self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, epoch);
-        self.cache.drop_partition(partition);
-        Ok(epoch.unsigned_abs())
+        self.try_hold(partition)?;
+        self.bump_epoch(partition)
+    }
+
+    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
+        match self.try_hold(partition)? {
+            true => self.bump_epoch(partition).map(Some),
+            false => Ok(None),
+        }
     }
 
     /// One round trip: the snapshot's transaction begins, the partition's
@@ -427,6 +462,11 @@ impl StateBackend for PostgresStore {
 
     fn release(&self, partition: u32) {
         self.cache.drop_partition(partition);
+        let (holds, projection, location) = (self.holds.clone(), self.projection.clone(), self.location.clone());
+        let _ = self.bridge.run(&self.location, async move {
+            holds.unhold(&projection, partition, &location).await;
+            Ok(())
+        });
     }
 
     fn reader(&self) -> Result<StateReader, StateError> {
@@ -1536,6 +1576,7 @@ fn i64_of(n: u64, location: &str) -> Result<i64, StateError> {
 mod tests {
     use std::sync::Once;
     use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
 
     use super::*;
     use crate::state::suite::{Fixture, state_suite};
@@ -1731,6 +1772,54 @@ mod tests {
         assert!(matches!(error, StateError::Tls { .. }), "not a TLS refusal: {text}");
         assert!(text.contains("asks for a client certificate") && text.contains("sslcert=<"), "{text}");
         assert!(text.contains("sslkey=<") && text.contains("requires a valid client certificate"), "{text}");
+    }
+
+    /// A partition its holder has not let go is not claimed; it is once the
+    /// holder lets go after its last commit, or once its session ends (a
+    /// host that died).
+    #[test]
+    fn a_held_partition_is_claimed_once_its_holder_lets_go_or_its_session_ends() {
+        let Some(database) = database() else { return };
+        let (a, b) = (database.connect().unwrap(), database.connect().unwrap());
+        let first = a.claim_released(3).unwrap().expect("nobody held partition 3");
+        assert_eq!(b.claim_released(3).unwrap(), None, "A holds partition 3");
+        assert!(b.claim_released(4).unwrap().is_some(), "holds are per partition");
+        assert_eq!(a.claim_released(3).unwrap(), Some(first + 1), "the holder claims its own again");
+        a.release(3);
+        let second = b.claim_released(3).unwrap().expect("A let partition 3 go");
+        assert!(second > first + 1);
+        assert_eq!(a.claim_released(3).unwrap(), None, "B holds partition 3 now");
+        drop(b);
+        assert!(a.claim_released(3).unwrap().is_some(), "B's session ended with it");
+        assert!(a.claim_released(4).unwrap().is_some());
+    }
+
+    /// A holder that stops answering (paused, cut off) loses its holds once
+    /// PostgreSQL ends its silent session; another host claims the
+    /// partition then, and the old holder's commit to it is refused.
+    #[test]
+    fn a_silent_holder_loses_its_holds_and_its_commits_are_fenced() {
+        let Some(database) = database() else { return };
+        let (a, b) = (database.connect().unwrap(), database.connect().unwrap());
+        let held = a.claim_released(3).unwrap().expect("nobody held partition 3");
+        let commit = || BatchCommit { positions: vec![("t".into(), 3, 10)], ..BatchCommit::default() };
+        a.commit(commit()).unwrap();
+        std::thread::sleep(super::super::hold::HOLD_LEASE + Duration::from_secs(1));
+        assert_eq!(b.claim_released(3).unwrap(), None, "a holder that answers keeps its hold");
+        a.holds.fall_silent();
+        let deadline = std::time::Instant::now() + super::super::hold::HOLD_LEASE * 3;
+        let current = loop {
+            if let Some(epoch) = b.claim_released(3).unwrap() {
+                break epoch;
+            }
+            assert!(std::time::Instant::now() < deadline, "the silent holder kept its hold");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let refused = a.commit(commit()).unwrap_err();
+        assert!(
+            matches!(refused, StateError::Fenced { partition: 3, held: h, current: c } if h == held && c == current),
+            "{refused}"
+        );
     }
 
     #[test]
