@@ -864,6 +864,7 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
             "outbox",
             "partitions",
             "projection",
+            "redone",
             "redriven",
             "retrying",
             "skipped",

@@ -154,7 +154,9 @@ async fn what_waits_in_retry_and_the_dead_letters_are_not_applied_on_top_of_the_
     let events = vec![step(1, 1, &["retryable"]), step(2, 2, &["unrecoverable"]), step(3, 3, &[])];
     log.append("steps", vec![(0, events)]).await.unwrap();
     let module = Flaky::new();
-    let retry = RetryPolicy { delays: vec![Duration::from_millis(300)], max_attempts: 5, ..RetryPolicy::default() };
+    // The delay outlasts the first catch-up even on a loaded machine (a
+    // retry due before it ends would be applied in it).
+    let retry = RetryPolicy { delays: vec![Duration::from_secs(2)], max_attempts: 5, ..RetryPolicy::default() };
     let config = ConsumerConfig { retry, ..ConsumerConfig::default() };
     let settings = host_settings(dir.path(), "flaky", "steps", vec![Arc::new(module.clone())], config);
     let (summary, _) = catch_up(&log, settings.clone()).await.unwrap();
@@ -171,7 +173,7 @@ async fn what_waits_in_retry_and_the_dead_letters_are_not_applied_on_top_of_the_
     drop(store);
 
     // Past the retry's delay: the record waiting from before would be due.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let (summary, projection) = catch_up(&log, settings).await.unwrap();
     assert_eq!((summary.applied, summary.retry_in, summary.retry_out), (3, 0, 0), "{summary:?}");
     for key in 1..=3u64 {
