@@ -359,6 +359,41 @@ fn checked(arg: &clap::Arg, text: &str, source: &Source) -> Result<Vec<OsString>
     Ok(vec![given.into()])
 }
 
+/// A warning for each secret given as a flag: a password (or an Iggy
+/// token) in `--state` or `--iggy` is shown by `ps` to every user of the
+/// machine, for as long as the command runs.
+pub(super) fn secrets_on_the_command_line(settings: &[Setting]) -> Vec<String> {
+    settings
+        .iter()
+        .filter(|setting| setting.source == Source::Flag && SECRETS.contains(&setting.name.as_str()))
+        .filter(|setting| setting.values.iter().any(|value| holds_a_secret(value)))
+        .map(|setting| {
+            format!(
+                "warning: the password in --{} is shown by `ps` to every user of this machine; give the URL in {} \
+                 or `{}` in waku.toml instead",
+                setting.name,
+                env_name(&setting.name),
+                setting.name
+            )
+        })
+        .collect()
+}
+
+/// Whether a connection string holds a secret: a password in a URL's user
+/// part (`user:password@`), an Iggy token (`iggy://token@`), or a
+/// `password=` option in its query.
+fn holds_a_secret(value: &str) -> bool {
+    if value.contains("password=") {
+        return true;
+    }
+    let (Some(scheme), Some(at)) = (value.find("://"), value.rfind('@')) else { return false };
+    let credentials = if scheme < at { &value[scheme + 3..at] } else { return false };
+    match credentials.split_once(':') {
+        Some((_, password)) => !password.is_empty(),
+        None => value.starts_with("iggy") && !credentials.is_empty(),
+    }
+}
+
 /// `iggy://user:password@host` (or `postgres://...`) with the password masked.
 pub(super) fn masked(setting: &str, value: &str) -> String {
     if !SECRETS.contains(&setting) {
@@ -585,6 +620,22 @@ mod tests {
         assert!(error.starts_with("the config file <file> is not valid TOML"), "{error}");
         // A bad value in a file a flag overrides is never read.
         parse_with(&[&BASE[..], &["--workers", "2"]].concat(), &[], Some("workers = \"many\"\n")).unwrap();
+    }
+
+    #[test]
+    fn a_secret_given_as_a_flag_is_warned_of_and_one_from_the_environment_is_not() {
+        let with = |args: &[&str], env: &[(&str, &str)]| {
+            let mut all = BASE.to_vec();
+            all.extend_from_slice(args);
+            secrets_on_the_command_line(&parse_with(&all, env, None).unwrap().settings)
+        };
+        let warned = with(&["--state", "postgres://waku:secret@db:5432/waku"], &[]);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("--state") && warned[0].contains("WAKU_STATE") && !warned[0].contains("secret@"));
+        assert_eq!(with(&["--iggy", "iggy://token@127.0.0.1:8090"], &[]).len(), 1, "an Iggy token is a secret");
+        assert_eq!(with(&["--state", "postgres://waku@db/waku?password=secret"], &[]).len(), 1);
+        assert!(with(&["--state", "postgres://waku@db:5432/waku"], &[]).is_empty(), "no password, no warning");
+        assert!(with(&[], &[("WAKU_STATE", "postgres://waku:secret@db/waku")]).is_empty(), "the environment is fine");
     }
 
     #[test]

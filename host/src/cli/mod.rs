@@ -306,6 +306,9 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         Err(config::Failure::Clap(error)) => error.exit(),
         Err(config::Failure::Config(error)) => return report_with(&anyhow::Error::new(error), ExitCode::from(2)),
     };
+    for warning in config::secrets_on_the_command_line(&layered.settings) {
+        errln!("waku: {warning}");
+    }
     let filter = match log_filter(layered.cli.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref()) {
         Ok(filter) => filter,
         Err(error) => return report_with(&error, ExitCode::from(2)),
