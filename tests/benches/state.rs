@@ -3,15 +3,18 @@
 //! consumed through the host into the embedded state store and into
 //! PostgreSQL, alternately, in one run.
 //!
-//! Three ways, back to back in each round: the embedded store, PostgreSQL
+//! Five ways, back to back in each round: the embedded store, PostgreSQL
 //! on loopback, and PostgreSQL behind a proxy the bench starts itself
 //! ([`LatencyProxy`]) holding each direction back 0.5 ms (a 1 ms round
-//! trip, a database in the same region). Each consumption starts from a
+//! trip, a database in the same region); then the two PostgreSQL ways
+//! again with the URL's `synchronous_commit=off` (each batch's commit
+//! returns before PostgreSQL flushes it). Each consumption starts from a
 //! fresh store (a file of its own, or a projection of its own in the
 //! database) and is checked against the oracle. Prints events/s per way,
 //! best of the rounds, its ratio to the embedded store, batches, rows per
 //! PostgreSQL commit and the process's CPU-seconds.
-//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload, `WAKU_BENCH_ROUNDS` sets the rounds (default 2)
+//! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload, `WAKU_BENCH_ROUNDS` sets the rounds (default 2),
+//! `WAKU_BENCH_BATCH` the most events of a batch (default the consumer's)
 //! (default 200 000 events over 10 000 accounts, 4 partitions). Without
 //! `WAKU_POSTGRES_URL` it says so and stops.
 //!
@@ -73,28 +76,42 @@ fn main() {
         seed: 42,
     };
     let rounds = env_or("WAKU_BENCH_ROUNDS", 2) as usize;
+    let mut config = ConsumerConfig::default();
+    if let Some(batch) = std::env::var("WAKU_BENCH_BATCH").ok().and_then(|v| v.parse().ok()) {
+        config.batch_size = batch;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, oracle) = runtime.block_on(bank_log(dir.path(), module.clone(), spec, 4));
     println!(
-        "workload: {} events, {} accounts, 4 partitions, default batch and workers; best of {rounds} rounds",
-        spec.events, spec.accounts
+        "workload: {} events, {} accounts, 4 partitions, batch {}, default workers; best of {rounds} rounds",
+        spec.events, spec.accounts, config.batch_size
     );
     // PostgreSQL across a network, as the bench's own proxy makes it:
     // each way held back 0.5 ms, a round trip 1 ms.
     let proxy = LatencyProxy::start(upstream_of(&url).to_owned(), Duration::from_micros(500)).expect("the proxy");
     let far = proxy.url_for(&url);
-    let ways = ["embedded state (redb)", "PostgreSQL, loopback", "PostgreSQL, 1 ms round trip"];
-    let mut best = [f64::MAX; 3];
-    let mut written = [(0, 0, 0.0); 3];
+    // The same two, with each batch's transaction opting out of waiting
+    // for the flush (the URL's `synchronous_commit=off`).
+    let relaxed = |url: &str| format!("{url}{}synchronous_commit=off", if url.contains('?') { '&' } else { '?' });
+    let urls = [url.clone(), far.clone(), relaxed(&url), relaxed(&far)];
+    let ways = [
+        "embedded state (redb)",
+        "PostgreSQL, loopback",
+        "PostgreSQL, 1 ms round trip",
+        "PostgreSQL, loopback, sync off",
+        "PostgreSQL, 1 ms, sync off",
+    ];
+    let mut best = [f64::MAX; 5];
+    let mut written = [(0, 0, 0.0); 5];
     for round in 0..rounds {
         for (way, name) in ways.iter().enumerate() {
             let projection = fresh_stream("bench").replace('-', "_");
             let (store, counts) = match way {
                 0 => (StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap(), None),
                 _ => {
-                    let store = PostgresStore::connect([&url, &far][way - 1], &projection).unwrap();
+                    let store = PostgresStore::connect(&urls[way - 1], &projection).unwrap();
                     let counts = store.written();
                     (StateStore::from_backend(store), Some(counts))
                 }
@@ -102,7 +119,7 @@ fn main() {
             let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
             let started = Instant::now();
             let cpu = cpu_seconds();
-            let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+            let consumer = Consumer::new(log.clone(), projection.clone(), config.clone());
             let summary = runtime.block_on(consumer.catch_up()).unwrap();
             let secs = started.elapsed().as_secs_f64();
             let cpu = cpu_seconds() - cpu;

@@ -208,6 +208,9 @@ pub struct PostgresStore {
     holds: Arc<Holds>,
     /// What the store's commits wrote.
     written: Arc<Written>,
+    /// What a batch's transaction begins with: `BEGIN`, and `SET LOCAL
+    /// synchronous_commit` when the URL opts in ([`PostgresConfig::synchronous_commit`]).
+    begin: Arc<str>,
 }
 
 /// What a store's commits wrote, counted as they succeed
@@ -257,6 +260,10 @@ impl PostgresStore {
         config.tls.warn_if_unchecked(config.pg.get_hosts(), &location);
         let roots = config.tls.roots_named();
         let client_cert = config.tls.client_cert.clone();
+        let begin: Arc<str> = match config.synchronous_commit {
+            Some(setting) => format!("BEGIN; SET LOCAL synchronous_commit = {setting}").into(),
+            None => "BEGIN".into(),
+        };
         let manager =
             Manager::from_config(config.pg, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -275,6 +282,7 @@ impl PostgresStore {
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
             holds: Arc::default(),
             written: Arc::default(),
+            begin,
         };
         store
             .run(|db| async move { db.migrate().await })
@@ -496,9 +504,10 @@ impl StateBackend for PostgresStore {
             None => Vec::new(),
         };
         let written = self.written.clone();
+        let begin = self.begin.clone();
         let committed = CommitRows::fold(commit, &self.location).and_then(|rows| {
             let count = rows.count() as u64;
-            self.run(move |db| async move { db.commit(held, rows).await })?;
+            self.run(move |db| async move { db.commit(&begin, held, rows).await })?;
             written.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             written.rows.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
             Ok(())
@@ -1107,8 +1116,9 @@ impl Db {
     /// one round trip whatever the batch holds (and one more per statement
     /// the first time a connection prepares it). A check that finds a newer
     /// epoch fails its statement, so the server rolls everything after it
-    /// back and the `COMMIT` commits nothing.
-    async fn commit(self, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
+    /// back and the `COMMIT` commits nothing. `begin` opens the
+    /// transaction (`BEGIN`, and the opted-in `synchronous_commit`).
+    async fn commit(self, begin: &str, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
         let r = &rows;
         let p = &*self.projection;
         let fence_partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
@@ -1136,7 +1146,7 @@ impl Db {
             statements.push(self.prepared(sql).await?);
         }
         let client = self.client();
-        let mut flight: Vec<Pending<'_>> = vec![Box::pin(client.batch_execute("BEGIN"))];
+        let mut flight: Vec<Pending<'_>> = vec![Box::pin(client.batch_execute(begin))];
         for (sql, statement) in wanted.iter().zip(&statements) {
             let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match *sql {
                 FENCE => vec![&p, &fence_partitions, &fence_epochs, &fence_count],
@@ -1790,7 +1800,13 @@ mod tests {
         assert!(second > first + 1);
         assert_eq!(a.claim_released(3).unwrap(), None, "B holds partition 3 now");
         drop(b);
-        assert!(a.claim_released(3).unwrap().is_some(), "B's session ended with it");
+        // The server frees a closed session's locks a moment after the
+        // socket closes; well within the lease, which would free them too.
+        let waited = std::time::Instant::now();
+        while a.claim_released(3).unwrap().is_none() {
+            assert!(waited.elapsed() < super::super::hold::HOLD_LEASE / 2, "B's session ended with it");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(a.claim_released(4).unwrap().is_some());
     }
 
@@ -1872,6 +1888,58 @@ mod tests {
     fn read(store: &PostgresStore, partition: u32, key: u64, name: &str) -> Option<String> {
         let reader = store.batch_reader(partition, &[Key::int(key)]).unwrap();
         reader.get(&Key::int(key), name).unwrap().map(|value| String::from_utf8(value).unwrap())
+    }
+
+    /// The `synchronous_commit` each batch commit ran under, as a trigger
+    /// on `waku_positions` sees it inside the commit's transaction.
+    fn commit_settings(database: &Database, store: &PostgresStore, partition: u32) -> Vec<String> {
+        database.execute(
+            "CREATE TABLE IF NOT EXISTS seen_sync (partition integer, setting text);
+             CREATE OR REPLACE FUNCTION see_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO seen_sync VALUES (NEW.partition, current_setting('synchronous_commit'));
+                 RETURN NEW;
+             END $$;
+             CREATE OR REPLACE TRIGGER see_sync AFTER INSERT OR UPDATE ON waku_positions
+                 FOR EACH ROW EXECUTE FUNCTION see_sync();",
+        );
+        store.claim(partition).unwrap();
+        store.commit(batch(partition, 1, 1, "v", Some("a"))).unwrap();
+        store.commit(batch(partition, 2, 1, "v", Some("b"))).unwrap();
+        // Outside a batch's transaction, the session keeps the server's.
+        let after = store
+            .run(|db| async move {
+                let row = db.client().query_one("SELECT current_setting('synchronous_commit')", &[]).await;
+                Ok(row.map_err(|e| db.error(e))?.get::<_, String>(0))
+            })
+            .unwrap();
+        assert_eq!(after, "on", "SET LOCAL ends with its transaction");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = database.config.connect_client().await.unwrap();
+            let rows = client
+                .query("SELECT setting FROM seen_sync WHERE partition = $1", &[&i32_of(partition)])
+                .await
+                .unwrap();
+            rows.iter().map(|row| row.get(0)).collect()
+        })
+    }
+
+    #[test]
+    fn synchronous_commit_is_off_in_the_batch_transactions_only_when_the_url_opts_in() {
+        let Some(database) = database() else { return };
+        let durable = database.connect().unwrap();
+        assert_eq!(commit_settings(&database, &durable, 1), ["on", "on"]);
+        let mut opted = database.config.clone();
+        opted.synchronous_commit = Some("off");
+        let relaxed = PostgresStore::connect_with(opted, "bank").unwrap();
+        assert_eq!(commit_settings(&database, &relaxed, 2), ["off", "off"]);
+        assert!(matches!(
+            "postgres://h/db?synchronous_commit=maybe".parse::<PostgresConfig>(),
+            Err(super::super::postgres_tls::SettingError::Invalid { option: "synchronous_commit", .. })
+        ));
+        let parsed: PostgresConfig = "postgres://h/db?synchronous_commit=off&sslmode=disable".parse().unwrap();
+        assert_eq!(parsed.synchronous_commit, Some("off"));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! | `sslmode=verify-full` | TLS; the chain, and the certificate must name the host connected to |
 //! | `sslrootcert=FILE` | the trusted CAs (PEM); `system`: the machine's; without it `verify-*` reads `~/.postgresql/root.crt`, as libpq does |
 //! | `sslcert=FILE`, `sslkey=FILE` | a client certificate (PEM) and its key, for servers that ask for one |
+//! | `synchronous_commit=off` (or another of PostgreSQL's values) | not TLS: each batch's transaction runs `SET LOCAL synchronous_commit` to it (opt-in; without it the server's setting, durable by default) |
 //!
 //! Rules kept here:
 //! - **The default is `prefer`, as libpq's**: a URL means what it means
@@ -130,6 +131,11 @@ pub struct PostgresConfig {
     pub pg: tokio_postgres::Config,
     /// The TLS settings.
     pub tls: PostgresTls,
+    /// `synchronous_commit=…` of the URL: what each batch's transaction
+    /// sets it to (`SET LOCAL`), or `None` for the server's own setting.
+    /// Only the batch commits take it; see the README ("PostgreSQL for the
+    /// state") for what `off` can lose.
+    pub synchronous_commit: Option<&'static str>,
 }
 
 /// Why a connection string or its TLS files cannot be used.
@@ -153,7 +159,10 @@ pub enum SettingError {
 }
 
 /// The options taken out of the string before tokio-postgres reads it.
-const TLS_OPTIONS: [&str; 5] = ["sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword"];
+const TAKEN_OPTIONS: [&str; 6] = ["sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "synchronous_commit"];
+
+/// The values PostgreSQL's `synchronous_commit` takes.
+const SYNCHRONOUS_COMMIT: [&str; 5] = ["on", "off", "local", "remote_write", "remote_apply"];
 
 impl FromStr for PostgresConfig {
     type Err = SettingError;
@@ -165,8 +174,16 @@ impl FromStr for PostgresConfig {
             split_key_values(text)?
         };
         let mut tls = PostgresTls::default();
+        let mut synchronous_commit = None;
         for (option, value) in options {
             match option.as_str() {
+                "synchronous_commit" => {
+                    let known = SYNCHRONOUS_COMMIT.iter().find(|known| **known == value);
+                    synchronous_commit = Some(*known.ok_or_else(|| SettingError::Invalid {
+                        option: "synchronous_commit",
+                        reason: format!("`{value}` is none of {}", SYNCHRONOUS_COMMIT.join(", ")),
+                    })?);
+                }
                 "sslmode" => tls.mode = value.parse()?,
                 "sslrootcert" if value == "system" => tls.root_cert = Some(RootCert::System),
                 "sslrootcert" => tls.root_cert = Some(RootCert::File(value.into())),
@@ -195,7 +212,7 @@ impl FromStr for PostgresConfig {
         }
         let mut pg = tokio_postgres::Config::from_str(&rest).map_err(SettingError::Parse)?;
         pg.ssl_mode(tls.wire_mode());
-        Ok(Self { pg, tls })
+        Ok(Self { pg, tls, synchronous_commit })
     }
 }
 
@@ -326,7 +343,7 @@ fn split_url(url: &str) -> (String, Vec<(String, String)>) {
     let mut taken = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match TLS_OPTIONS.contains(&key) {
+        match TAKEN_OPTIONS.contains(&key) {
             true => {
                 let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy().into_owned();
                 taken.push((key.to_owned(), value));
@@ -373,7 +390,7 @@ fn split_key_values(text: &str) -> Result<(String, Vec<(String, String)>), Setti
             }
         }
         let end = chars.peek().map_or(text.len(), |&(end, _)| end);
-        match TLS_OPTIONS.contains(&key.as_str()) {
+        match TAKEN_OPTIONS.contains(&key.as_str()) {
             true => taken.push((key, value)),
             false => {
                 kept.push_str(&text[start..end]);
