@@ -168,11 +168,11 @@ pub fn client_config(
         .expect("the provider supports the default protocol versions");
     let builder = match check {
         ServerCheck::Full(roots) => builder.with_root_certificates(roots.clone()),
-        ServerCheck::Chain(roots) => {
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly { roots: roots.clone(), provider }))
-        }
+        ServerCheck::Chain(roots) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NamesUnchecked { roots: Some(roots.clone()), provider })),
         ServerCheck::Nothing => {
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(SignaturesOnly { provider }))
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(NamesUnchecked { roots: None, provider }))
         }
     };
     match identity {
@@ -215,15 +215,17 @@ pub fn server_config(certificate: &Path, key: &Path) -> Result<ServerConfig, Tls
         })
 }
 
-/// Checks a server's chain against its CAs and not its names
-/// ([`ServerCheck::Chain`]).
+/// Checks a server's chain against `roots` and not its names
+/// ([`ServerCheck::Chain`]), or with no roots takes any certificate
+/// ([`ServerCheck::Nothing`]); either way the handshake must be signed by
+/// the certificate's key.
 #[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
+struct NamesUnchecked {
+    roots: Option<Arc<RootCertStore>>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NamesUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -232,56 +234,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let certificate = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &certificate,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// Takes any certificate, still checking that the handshake was signed by
-/// its key ([`ServerCheck::Nothing`]).
-#[derive(Debug)]
-struct SignaturesOnly {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for SignaturesOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Some(roots) = &self.roots {
+            let certificate = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &certificate,
+                roots,
+                intermediates,
+                now,
+                self.provider.signature_verification_algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 

@@ -690,10 +690,7 @@ impl EventLog for IggyLog {
 
     async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
         let topic_id = self.topic_id(topic)?;
-        let group_id = Identifier::named(group).map_err(|_| LogError::InvalidTopicName {
-            topic: group.to_owned(),
-            reason: "Iggy cannot name a group so",
-        })?;
+        let group_id = group_identifier(group)?;
         let client = self.client().await?;
         if let Some(partitions) = self.assignment(&client, &topic_id, &group_id).await? {
             return Ok(partitions);
@@ -716,10 +713,7 @@ impl EventLog for IggyLog {
 
     async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
         let topic_id = self.topic_id(topic)?;
-        let group_id = Identifier::named(group).map_err(|_| LogError::InvalidTopicName {
-            topic: group.to_owned(),
-            reason: "Iggy cannot name a group so",
-        })?;
+        let group_id = group_identifier(group)?;
         let client = self.client().await?;
         match client.leave_consumer_group(&self.stream, &topic_id, &group_id).await {
             Ok(()) => Ok(()),
@@ -1191,6 +1185,12 @@ fn with_bounded_reconnection(url: &str) -> String {
         }
         Some(_) => format!("{url}&{DEFAULT}"),
     }
+}
+
+/// Iggy's identifier of the consumer group `group`.
+fn group_identifier(group: &str) -> Result<Identifier, LogError> {
+    Identifier::named(group)
+        .map_err(|_| LogError::InvalidTopicName { topic: group.to_owned(), reason: "Iggy cannot name a group so" })
 }
 
 #[cfg(test)]
