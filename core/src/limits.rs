@@ -10,7 +10,7 @@
 //! - **Every refusal names its rule.** A [`Refusal`] (a value an import
 //!   refused) and a [`ContractError`] (a return value the host cannot use)
 //!   display as `<rule>: <what is wrong>`, where `<rule>` is a stable id
-//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler.wit`.
+//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler-0.3.wit`.
 //!   Tests and operators can match on it.
 //! - **A refused value leaves nothing behind.** [`CallTally`] counts a
 //!   value against the per-call limits only when it is accepted.
@@ -39,10 +39,15 @@ use serde::{Deserialize, Serialize};
 use crate::key::{Key, KeyError};
 
 /// The WIT package and version of the contract, e.g.
-/// `wakuwaku:handler@0.2.0`, read from `wit/handler.wit`: the same file the
-/// host's and the SDK's bindings are generated from, so the version is
+/// `wakuwaku:handler@0.3.0`, read from `wit/handler-0.3.wit`: the same file
+/// the host's and the SDK's bindings are generated from, so the version is
 /// written down once.
-pub const CONTRACT: &str = package_of(include_str!("../../wit/handler.wit"));
+pub const CONTRACT: &str = package_of(include_str!("../../wit/handler-0.3.wit"));
+
+/// The previous version of the contract, `wakuwaku:handler@0.2.0`, read
+/// from `wit/handler.wit` (kept as it was): the host still loads modules
+/// built for it, whose event types are all untimed.
+pub const CONTRACT_0_2: &str = package_of(include_str!("../../wit/handler.wit"));
 
 /// The longest state entry or counter name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -85,12 +90,12 @@ const fn package_of(wit: &'static str) -> &'static str {
             let (package, _) = rest.split_at(end - start);
             return match std::str::from_utf8(package) {
                 Ok(package) => package,
-                Err(_) => panic!("the package line of wit/handler.wit is not UTF-8"),
+                Err(_) => panic!("the package line of a WIT file is not UTF-8"),
             };
         }
         at += 1;
     }
-    panic!("wit/handler.wit declares no package")
+    panic!("a WIT file declares no package")
 }
 
 /// Whether `text` is 1 to `max` bytes of ASCII letters, digits, `_`, `-`,
@@ -763,6 +768,22 @@ pub enum ContractError {
         /// Why.
         reason: KeyError,
     },
+    /// An event type declared `timed` whose event has no event time: its
+    /// `event-time` answered none, or its message carries no
+    /// `waku-event-time` header.
+    #[error(
+        "event-time-declared: event type `{name}` (tag {tag}) declares event time, but {}",
+        if *from_module { "`event-time` returned none for this body" } else { "the message carries no `waku-event-time` header" }
+    )]
+    EventTimeDeclared {
+        /// The event type's name.
+        name: String,
+        /// Its tag.
+        tag: u32,
+        /// Whether the module's `event-time` answered none (else the
+        /// message lacks the header).
+        from_module: bool,
+    },
     /// A `combine` answer that is empty or over
     /// [`PayloadLimits::max_emit_body`].
     #[error("combine-body-size: `combine` returns a body of 1 to {limit} bytes; this one has {length}")]
@@ -859,7 +880,9 @@ mod tests {
     #[test]
     fn the_contract_is_read_from_the_wit_file() {
         assert!(CONTRACT.starts_with("wakuwaku:handler@"), "{CONTRACT}");
-        assert!(include_str!("../../wit/handler.wit").contains(&format!("package {CONTRACT};")));
+        assert!(include_str!("../../wit/handler-0.3.wit").contains(&format!("package {CONTRACT};")));
+        assert_eq!(CONTRACT_0_2, "wakuwaku:handler@0.2.0", "the 0.2 contract is kept as it was");
+        assert_eq!(CONTRACT, "wakuwaku:handler@0.3.0");
         assert_eq!(package_of("// x\npackage a:b@1.2.3;\nworld w {}"), "a:b@1.2.3");
     }
 

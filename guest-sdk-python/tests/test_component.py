@@ -1,5 +1,5 @@
 """The bridge to componentize-py's bindings, against stand-in bindings
-shaped as componentize-py 0.25 generates them for `wit/handler.wit`: what
+shaped as componentize-py 0.25 generates them for `wit/handler-0.3.wit`: what
 crosses the boundary, how errors and refusals map, and that an uncaught
 exception is reported as retryable."""
 
@@ -19,6 +19,7 @@ from wakuwaku_guest import (
     Module,
     Ordering,
     Refused,
+    Timing,
     TransientError,
     UnrecoverableError,
     encode_key,
@@ -39,6 +40,7 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
     wit.Algebra = enum.Enum("Algebra", "NON_ASSOCIATIVE COMMUTATIVE IDEMPOTENT IDEMPOTENT_COMMUTATIVE ASSOCIATIVE")
     wit.Ordering = enum.Enum("Ordering", "RELAXED ACQUIRE RELEASE ACQ_REL")
     wit.ErrorClass = enum.Enum("ErrorClass", "TRANSIENT RETRYABLE UNRECOVERABLE")
+    wit.Timing = enum.Enum("Timing", "UNTIMED TIMED")
 
     @dataclass
     class EventType:
@@ -46,6 +48,7 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
         name: str
         algebra: object
         max_batch: int
+        timing: object
 
     @dataclass
     class ModuleInfo:
@@ -120,7 +123,24 @@ class Noted(Event, tag=9, algebra=Algebra.IDEMPOTENT, max_batch=4):
         return Ordering.ACQ_REL if self.note == "fence" else Ordering.RELAXED
 
 
+@dataclass
+class Stamped(Event, tag=10, timing=Timing.TIMED):
+    user: int
+    at: int | None
+
+    def key(self) -> int:
+        return self.user
+
+    def event_time(self) -> int | None:
+        return self.at
+
+
 notes = Module("notes", emits=["out"])
+
+
+@notes.handles(Stamped)
+def stamped(ctx: Context, events: list[Stamped]) -> None:
+    pass
 
 
 @notes.handles(Noted)
@@ -159,8 +179,9 @@ def test_describe_key_ordering_and_handle_cross_the_boundary(monkeypatch):
     wit = modules["wit_world.imports.types"]
     info = handler.describe()
     assert info.emits == ["out"]
-    assert [(t.tag, t.name, t.algebra, t.max_batch) for t in info.event_types] == [
-        (9, "Noted", wit.Algebra.IDEMPOTENT, 4)
+    assert [(t.tag, t.name, t.algebra, t.max_batch, t.timing) for t in info.event_types] == [
+        (10, "Stamped", wit.Algebra.NON_ASSOCIATIVE, 256, wit.Timing.TIMED),
+        (9, "Noted", wit.Algebra.IDEMPOTENT, 4, wit.Timing.UNTIMED),
     ]
     assert handler.key(9, b'{"user": 3, "note": "x"}') == encode_key(3)
     assert handler.ordering(9, b'{"user": 3, "note": "fence"}') is wit.Ordering.ACQ_REL
@@ -172,6 +193,17 @@ def test_describe_key_ordering_and_handle_cross_the_boundary(monkeypatch):
         "out", 9, encode_key(3), wit.Ordering.RELAXED, wit.Algebra.IDEMPOTENT, b'{"user":3,"note":"b"}'
     )
     assert calls[5] == ("log", modules["wit_world.imports.log"].Level.DEBUG, "done")
+
+
+def test_event_time_crosses_the_boundary_for_a_timed_type_only(monkeypatch):
+    handler, modules = exported(monkeypatch)
+    classes = modules["wit_world.imports.types"].ErrorClass
+    assert handler.event_time(10, b'{"user": 3, "at": 1796212800000}') == 1796212800000
+    assert handler.event_time(9, b"not even json") is None, "an untimed type is not decoded"
+    missing = error_of(lambda: handler.event_time(10, b'{"user": 3, "at": null}'))
+    assert missing.class_ is classes.UNRECOVERABLE and missing.message.startswith("event-time-declared: Stamped")
+    too_big = error_of(lambda: handler.event_time(10, b'{"user": 3, "at": 9223372036854775808}'))
+    assert too_big.message.startswith("event-time-declared: ")
 
 
 def error_of(call):

@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use wakuwaku_core::key::{Key, KeyError};
 
 use crate::context::Context;
-use crate::types::{Algebra, EventAtomicOrdering, EventTypeTag, HandlerError};
+use crate::types::{Algebra, EventAtomicOrdering, EventTiming, EventTypeTag, HandlerError};
 
 /// What order is scoped to: one account, one order, one user.
 ///
@@ -82,6 +82,13 @@ pub trait Event: Serialize + DeserializeOwned {
     const ALGEBRA: Algebra = Algebra::NonAssociative;
     /// The most events one handler call receives (at least 1). Default 256.
     const MAX_BATCH: u32 = 256;
+    /// Whether this type's events carry an event time. Default
+    /// [`EventTiming::Untimed`]: applied as they arrive. A
+    /// [`EventTiming::Timed`] type implements
+    /// [`event_time`](Event::event_time); its events are applied, per key,
+    /// in event-time order across the projection's topics (see the crate
+    /// docs, "Event time").
+    const TIMING: EventTiming = EventTiming::Untimed;
 
     /// The key type that scopes this event's order.
     type Key: PartitionKey;
@@ -94,6 +101,14 @@ pub trait Event: Serialize + DeserializeOwned {
     /// transitions), but only on the message. Default: `Relaxed`.
     fn atomic_ordering(&self) -> EventAtomicOrdering {
         EventAtomicOrdering::Relaxed
+    }
+
+    /// When this event happened, in milliseconds since the Unix epoch
+    /// (UTC), read from the event itself (never from a clock). Asked only
+    /// when [`TIMING`](Event::TIMING) is [`EventTiming::Timed`], where
+    /// `None` fails the publish (`event-time-declared`). Default: `None`.
+    fn event_time(&self) -> Option<i64> {
+        None
     }
 
     /// Folds a run of events (at least one, of one key, in log order) into

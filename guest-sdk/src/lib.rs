@@ -106,6 +106,57 @@
 //! type's shape changes its bytes, and the state of existing keys is then
 //! no longer found.
 //!
+//! # Event time
+//!
+//! An event type whose events say when they happened declares it, as it
+//! declares its algebra: `const TIMING = EventTiming::Timed` and an
+//! [`Event::event_time`] that reads the time from the event (milliseconds
+//! since the Unix epoch, UTC). `waku publish` asks the module for it and
+//! writes it into the message's `waku-event-time` header; the host then
+//! applies a key's timed events in event-time order across every topic of
+//! the projection (ties: the topic's place in the projection, then the
+//! position in the log), once the log's end offsets show nothing earlier
+//! can still come. The rules (in `wit/handler-0.3.wit`, "Event time"):
+//!
+//! - `event-time-declared`: a timed event whose `event_time` returns `None`
+//!   is not published (an unrecoverable error naming the rule); a message
+//!   of a timed type that reaches the host without the header (written by
+//!   another producer) is dead-lettered with a reason naming the rule.
+//! - `event-time-untimed`: an untimed type (the default) is never asked,
+//!   and a header on its messages is ignored: they are applied as they
+//!   arrive. A module built for the 0.2 contract has only untimed types.
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use wakuwaku_guest::{Event, EventTiming, EventTypeTag};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Shipped {
+//!     pub product: u64,
+//!     pub quantity: u32,
+//!     /// When it left the warehouse, ms since the epoch.
+//!     pub at_ms: i64,
+//! }
+//!
+//! impl Event for Shipped {
+//!     const TYPE_TAG: EventTypeTag = EventTypeTag::new(10);
+//!     const NAME: &'static str = "Shipped";
+//!     const TIMING: EventTiming = EventTiming::Timed;
+//!     type Key = u64;
+//!
+//!     fn key(&self) -> u64 {
+//!         self.product
+//!     }
+//!
+//!     fn event_time(&self) -> Option<i64> {
+//!         Some(self.at_ms)
+//!     }
+//! }
+//! ```
+//!
+//! [`testing::MemoryHost::handle_in_event_time_order`] applies events of
+//! several types in the order the host would.
+//!
 //! # Errors and refusals
 //!
 //! A handler returns a [`HandlerError`]; its [`ErrorClass`] decides where the
@@ -121,7 +172,7 @@
 //!
 //! The host checks every value a handler hands it, and refuses one that
 //! breaks a rule with a message starting with the rule's id (the rules, and
-//! their limits, are in `wit/handler.wit` and
+//! their limits, are in `wit/handler-0.3.wit` and
 //! [`wakuwaku_core::limits`]): entry and counter names of 1 to 256 bytes
 //! (`name-length`) without NUL (`name-nul`), state values up to the host's limit
 //! (`state-value-size`), per call at most so many state writes, bytes,
@@ -169,21 +220,21 @@ pub use event::{Event, Handler, PartitionKey};
 #[doc(hidden)]
 pub use module::__private;
 pub use module::{EventTypeInfo, Module, ModuleInfo};
-pub use types::{Algebra, ErrorClass, EventAtomicOrdering, EventTypeTag, HandlerError, Level};
+pub use types::{Algebra, ErrorClass, EventAtomicOrdering, EventTiming, EventTypeTag, HandlerError, Level};
 pub use wakuwaku_core::key::{Key, KeyError, KeyValue};
 pub use wakuwaku_core::limits::PayloadLimits;
 
 /// The WIT package and version this SDK's components implement, read from
-/// `wit/handler.wit`.
+/// `wit/handler-0.3.wit`.
 pub const WIT_PACKAGE: &str = wakuwaku_core::limits::CONTRACT;
 
-/// Bindings generated from `wit/` (world `module`); used by
+/// Bindings generated from `wit/handler-0.3.wit` (world `module`); used by
 /// [`export_module!`], not meant to be used directly.
 #[doc(hidden)]
 #[allow(missing_docs, unsafe_op_in_unsafe_fn, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../wit/handler-0.3.wit",
         world: "module",
         pub_export_macro: true,
         default_bindings_module: "wakuwaku_guest::bindings",

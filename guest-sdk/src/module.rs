@@ -5,7 +5,7 @@ use wakuwaku_core::key::Key;
 
 use crate::context::{Context, HostApi};
 use crate::event::{Event, Handler, PartitionKey};
-use crate::types::{Algebra, EventAtomicOrdering, HandlerError};
+use crate::types::{Algebra, EventAtomicOrdering, EventTiming, HandlerError};
 
 /// One event type a module handles, as `describe` reports it to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,12 +18,14 @@ pub struct EventTypeInfo {
     pub algebra: Algebra,
     /// [`Event::MAX_BATCH`].
     pub max_batch: u32,
+    /// [`Event::TIMING`].
+    pub timing: EventTiming,
 }
 
 impl EventTypeInfo {
     /// The description of `E`.
     pub const fn of<E: Event>() -> Self {
-        Self { tag: E::TYPE_TAG.get(), name: E::NAME, algebra: E::ALGEBRA, max_batch: E::MAX_BATCH }
+        Self { tag: E::TYPE_TAG.get(), name: E::NAME, algebra: E::ALGEBRA, max_batch: E::MAX_BATCH, timing: E::TIMING }
     }
 }
 
@@ -61,6 +63,10 @@ pub trait Module {
     fn key(tag: u32, body: &[u8]) -> Result<Key, HandlerError>;
     /// The ordering a message body asks for ([`Event::atomic_ordering`]).
     fn ordering(tag: u32, body: &[u8]) -> Result<EventAtomicOrdering, HandlerError>;
+    /// When the event of a body happened ([`Event::event_time`]) for a
+    /// timed type, where none is an unrecoverable error naming the rule
+    /// (`event-time-declared`); none for an untimed type.
+    fn event_time(tag: u32, body: &[u8]) -> Result<Option<i64>, HandlerError>;
     /// Folds a run of bodies (at least one) of an associative type into one
     /// body ([`Event::combine`]).
     fn combine(tag: u32, bodies: &[Vec<u8>]) -> Result<Vec<u8>, HandlerError>;
@@ -169,6 +175,18 @@ macro_rules! export_module {
                 $(
                     if tag == <$event as $crate::Event>::TYPE_TAG.get() {
                         return $crate::__private::ordering::<$event>(body);
+                    }
+                )+
+                ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
+            }
+
+            fn event_time(
+                tag: u32,
+                body: &[u8],
+            ) -> ::core::result::Result<::core::option::Option<i64>, $crate::HandlerError> {
+                $(
+                    if tag == <$event as $crate::Event>::TYPE_TAG.get() {
+                        return $crate::__private::event_time::<$event>(body);
                     }
                 )+
                 ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
@@ -291,6 +309,24 @@ pub mod __private {
 
     pub fn ordering<E: Event>(body: &[u8]) -> Result<EventAtomicOrdering, HandlerError> {
         Ok(E::decode(body)?.atomic_ordering())
+    }
+
+    pub fn event_time<E: Event>(body: &[u8]) -> Result<Option<i64>, HandlerError> {
+        match E::TIMING {
+            EventTiming::Untimed => Ok(None),
+            EventTiming::Timed => event_time_of(&E::decode(body)?).map(Some),
+        }
+    }
+
+    /// The event time of an event of a timed type, or an unrecoverable
+    /// error naming the rule.
+    pub fn event_time_of<E: Event>(event: &E) -> Result<i64, HandlerError> {
+        event.event_time().ok_or_else(|| {
+            HandlerError::unrecoverable(format!(
+                "event-time-declared: {} declares event time, but its `event_time` returned none",
+                E::NAME
+            ))
+        })
     }
 
     pub fn combine<E: Event>(bodies: &[Vec<u8>]) -> Result<Vec<u8>, HandlerError> {

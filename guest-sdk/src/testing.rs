@@ -51,8 +51,11 @@ use wakuwaku_core::reduce::{chunks, reduce};
 
 use crate::context::{HostApi, Outgoing, Refusal};
 use crate::event::{Event, Handler, PartitionKey};
-use crate::module::{__private::key_of, Module};
-use crate::types::{HandlerError, Level};
+use crate::module::{
+    __private::{event_time_of, key_of},
+    Module,
+};
+use crate::types::{EventTiming, HandlerError, Level};
 
 /// A line a handler logged, as the host keeps it (cut to the limit and
 /// marked; a closing `log-lines-per-call` warning when lines were dropped).
@@ -129,6 +132,64 @@ impl MemoryHost {
         for (key, bodies) in runs(events)? {
             let bodies = reduce(E::ALGEBRA, bodies, combine)?;
             self.deliver::<M>(tag, E::MAX_BATCH, &key, &bodies)?;
+        }
+        Ok(())
+    }
+
+    /// Applies events of several types, as the host applies a projection's
+    /// events read from several topics once it has read them all: events
+    /// of untimed types as they come, in the order given; events of timed
+    /// types ([`Event::TIMING`]) held and then applied in event-time order,
+    /// ties in the order given (the host breaks ties by topic, then by
+    /// position in the log: list the events topic by topic, each in log
+    /// order). Consecutive events of one key and type form a run, cut into
+    /// chunks of at most their type's `MAX_BATCH`, as in
+    /// [`handle`](Self::handle), without reduction. Stops at the first
+    /// failing chunk; earlier chunks stay applied.
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use wakuwaku_guest::{Context, Event, EventTiming, EventTypeTag, Handler, HandlerError};
+    /// # use wakuwaku_guest::testing::{MemoryHost, Published};
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Seen { id: u64, at: i64 }
+    /// impl Event for Seen {
+    ///     const TYPE_TAG: EventTypeTag = EventTypeTag::new(1);
+    ///     const NAME: &'static str = "Seen";
+    ///     const TIMING: EventTiming = EventTiming::Timed;
+    ///     type Key = u64;
+    ///     fn key(&self) -> u64 { self.id }
+    ///     fn event_time(&self) -> Option<i64> { Some(self.at) }
+    /// }
+    /// struct Log;
+    /// impl Handler<Seen> for Log {
+    ///     fn handle(ctx: &mut Context<'_>, events: &[Seen]) -> Result<(), HandlerError> {
+    ///         let mut times: Vec<i64> = ctx.get("times")?.unwrap_or_default();
+    ///         times.extend(events.iter().map(|e| e.at));
+    ///         ctx.set("times", &times)
+    ///     }
+    /// }
+    /// wakuwaku_guest::export_module!(Log: Seen);
+    ///
+    /// let mut host = MemoryHost::new();
+    /// let events = [Published::of(&Seen { id: 1, at: 30 })?, Published::of(&Seen { id: 1, at: 10 })?];
+    /// host.handle_in_event_time_order::<Log>(&events)?;
+    /// assert_eq!(host.get::<Vec<i64>>(&1u64, "times"), Some(vec![10, 30]));
+    /// # Ok::<(), HandlerError>(())
+    /// ```
+    pub fn handle_in_event_time_order<M: Module>(&mut self, events: &[Published]) -> Result<(), HandlerError> {
+        let (untimed, mut timed): (Vec<&Published>, Vec<&Published>) =
+            events.iter().partition(|event| event.event_time.is_none());
+        // Stable: equal times keep the order given.
+        timed.sort_by_key(|event| event.event_time);
+        let mut run: Vec<Vec<u8>> = Vec::new();
+        let mut ordered = untimed.into_iter().chain(timed).peekable();
+        while let Some(event) = ordered.next() {
+            run.push(event.body.clone());
+            let same_run = ordered.peek().is_some_and(|next| next.tag == event.tag && next.key == event.key);
+            if !same_run {
+                self.deliver::<M>(event.tag, event.max_batch, &event.key, &std::mem::take(&mut run))?;
+            }
         }
         Ok(())
     }
@@ -223,6 +284,41 @@ impl MemoryHost {
     /// The lines logged so far, in order.
     pub fn logs(&self) -> &[LogLine] {
         &self.logs
+    }
+}
+
+/// One event of any type, as a publisher writes it: its tag, key, body and
+/// event time; what [`MemoryHost::handle_in_event_time_order`] applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// [`Event::TYPE_TAG`].
+    pub tag: u32,
+    /// The key's canonical bytes.
+    pub key: Key,
+    /// The encoded body.
+    pub body: Vec<u8>,
+    /// The event time, for a timed type; `None` for an untimed one.
+    pub event_time: Option<i64>,
+    max_batch: u32,
+}
+
+impl Published {
+    /// `event` as `waku publish` would write it. A timed type whose
+    /// [`Event::event_time`] is `None` is refused as the publisher refuses
+    /// it (`event-time-declared`); an untimed one has no event time,
+    /// whatever `event_time` says.
+    pub fn of<E: Event>(event: &E) -> Result<Self, HandlerError> {
+        let event_time = match E::TIMING {
+            EventTiming::Untimed => None,
+            EventTiming::Timed => Some(event_time_of(event)?),
+        };
+        Ok(Self {
+            tag: E::TYPE_TAG.get(),
+            key: key_of(event)?,
+            body: event.encode(),
+            event_time,
+            max_batch: E::MAX_BATCH,
+        })
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Tags, orderings and algebras are the host's own types: one definition
 /// of the contract's vocabulary for both sides.
-pub use wakuwaku_core::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+pub use wakuwaku_core::event::{Algebra, EventAtomicOrdering, EventTiming, EventTypeTag};
 
 /// What kind of failure a handler reports; it decides where the host sends
 /// the events of the failed call.

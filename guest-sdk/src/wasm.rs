@@ -12,7 +12,7 @@ use wakuwaku_core::key::Key;
 
 use crate::context::{HostApi, Outgoing, Refusal};
 use crate::module::{EventTypeInfo, Module};
-use crate::types::{Algebra, ErrorClass, EventAtomicOrdering, HandlerError, Level};
+use crate::types::{Algebra, ErrorClass, EventAtomicOrdering, EventTiming, HandlerError, Level};
 
 /// The host as seen from inside a component: every call is a WIT import.
 #[derive(Debug, Default)]
@@ -76,6 +76,10 @@ impl<M: Module> wit_handler::Guest for Export<M> {
         M::ordering(tag, &body).map(ordering_to_wit).map_err(error_to_wit)
     }
 
+    fn event_time(tag: u32, body: Vec<u8>) -> Result<Option<i64>, wit::HandlerError> {
+        M::event_time(tag, &body).map_err(error_to_wit)
+    }
+
     fn combine(tag: u32, bodies: Vec<Vec<u8>>) -> Result<Vec<u8>, wit::HandlerError> {
         M::combine(tag, &bodies).map_err(error_to_wit)
     }
@@ -94,6 +98,10 @@ fn event_type_to_wit(info: EventTypeInfo) -> wit::EventType {
         name: info.name.to_owned(),
         algebra: algebra_to_wit(info.algebra),
         max_batch: info.max_batch,
+        timing: match info.timing {
+            EventTiming::Untimed => wit::Timing::Untimed,
+            EventTiming::Timed => wit::Timing::Timed,
+        },
     }
 }
 

@@ -502,6 +502,7 @@ mod tests {
             name: type_name.to_owned(),
             algebra: crate::event::Algebra::NonAssociative,
             max_batch: 1,
+            timing: crate::event::EventTiming::Untimed,
         };
         ModuleSet::new("bank", "accounts", vec![std::sync::Arc::new(Named(name.to_owned(), vec![event_type]))]).unwrap()
     }

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::event::EventTypeTag;
-use crate::handler::{CallError, EventType, HandlerInstance, HandlerModule};
+use crate::handler::{CallError, ContractError, EventType, HandlerInstance, HandlerModule};
 use crate::routing::RoutedTopics;
 use crate::runtime::{LoadError, Sandbox, WasmModule};
 use crate::state::{StateError, StateStore};
@@ -165,6 +165,21 @@ impl ModuleSet {
     /// Where events of `tag` go, if any module declares it.
     pub fn route(&self, tag: EventTypeTag) -> Option<&Route> {
         self.routes.get(&tag)
+    }
+
+    /// The event time a message of `tag` has, from the `waku-event-time`
+    /// it carried, as its type declares it (`event-time-declared`,
+    /// `event-time-untimed`): the header's for a timed type, refused when
+    /// it is absent; none for an untimed type, whatever it carried; the
+    /// header's for a tag no module declares (which no module handles).
+    pub fn event_time(&self, tag: EventTypeTag, carried: Option<i64>) -> Result<Option<i64>, ContractError> {
+        let Some(route) = self.route(tag) else { return Ok(carried) };
+        let event_type = &route.event_type;
+        event_type.timing.event_time(carried).map_err(|_| ContractError::EventTimeDeclared {
+            name: event_type.name.clone(),
+            tag: tag.get(),
+            from_module: false,
+        })
     }
 
     /// Borrows pooled instances for one worker; they return on drop.

@@ -1,8 +1,9 @@
 //! Publishing events: bodies in, messages with headers out.
 //!
 //! The headers of a message come from the module that handles it: its
-//! `key` and `ordering` exports read the body, and its declared event type
-//! gives the algebra. A publisher never hard-codes any of it.
+//! `key` and `ordering` exports read the body, its declared event type
+//! gives the algebra, and for a timed type its `event-time` export gives
+//! the `waku-event-time` header. A publisher never hard-codes any of it.
 //!
 //! Rules it keeps:
 //! - **All or nothing.** Every event of a call is checked (parsed, its type
@@ -11,6 +12,11 @@
 //!   The embedded log then appends everything in one transaction.
 //! - **Errors name the line.** In JSON-lines input, line numbers start at 1
 //!   and blank lines are skipped but still counted.
+//! - **A timed type's events carry their time** (`event-time-declared`):
+//!   the module's `event-time` answer is written into `waku-event-time`,
+//!   and an answer of none refuses the event
+//!   ([`ContractError::EventTimeDeclared`]). An untimed type's module is
+//!   never asked, and its messages carry no such header.
 //! - **Each event fits the log.** An event larger with its headers than
 //!   the log takes per record ([`EventLog::max_record_bytes`]) is
 //!   [`PublishError::TooLarge`], before anything is appended.
@@ -19,8 +25,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::event::{EventHeaders, EventTypeTag, partition_for};
-use crate::handler::{CallError, EventType, HandlerModule};
+use crate::event::{EventHeaders, EventTiming, EventTypeTag, partition_for};
+use crate::handler::{CallError, ContractError, EventType, HandlerModule};
 use crate::log::{EventLog, LogError, Record};
 
 /// Why events could not be published. Nothing was appended.
@@ -246,17 +252,29 @@ fn known_types(types: &[EventType]) -> String {
     types.iter().map(|t| format!("{} (tag {})", t.name, t.tag)).collect::<Vec<_>>().join(", ")
 }
 
-/// The envelope of one body, from the module's `key` and `ordering`.
+/// The envelope of one body, from the module's `key` and `ordering`, and
+/// for a timed type its `event-time` (none is refused:
+/// `event-time-declared`).
 pub fn headers_for(
     instance: &mut dyn crate::handler::HandlerInstance,
     event_type: &EventType,
     body: &[u8],
 ) -> Result<EventHeaders, CallError> {
+    let event_time = match event_type.timing {
+        EventTiming::Untimed => None,
+        EventTiming::Timed => {
+            Some(instance.event_time(event_type.tag, body)?.ok_or_else(|| ContractError::EventTimeDeclared {
+                name: event_type.name.clone(),
+                tag: event_type.tag.get(),
+                from_module: true,
+            })?)
+        }
+    };
     Ok(EventHeaders {
         tag: event_type.tag,
         key: instance.key(event_type.tag, body)?,
         ordering: instance.ordering(event_type.tag, body)?,
         algebra: event_type.algebra,
-        event_time: None,
+        event_time,
     })
 }

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::guest_build::python::{HANDLER_WIT, TESTED_COMPONENTIZE_PY};
+use crate::guest_build::python::{HANDLER_WIT, HANDLER_WIT_0_2, TESTED_COMPONENTIZE_PY};
 
 /// The language of a new project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -76,7 +76,8 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// project, text)`. `vendored_sources_are_the_repositorys` checks that
 /// every source file of `core/` and `guest-sdk/` is here.
 const RUST_SDK: &[(&str, &str)] = &[
-    ("vendor/wakuwaku/wit/handler.wit", HANDLER_WIT),
+    ("vendor/wakuwaku/wit/handler.wit", HANDLER_WIT_0_2),
+    ("vendor/wakuwaku/wit/handler-0.3.wit", HANDLER_WIT),
     ("vendor/wakuwaku/core/src/lib.rs", include_str!("../../core/src/lib.rs")),
     ("vendor/wakuwaku/core/src/event.rs", include_str!("../../core/src/event.rs")),
     ("vendor/wakuwaku/core/src/key.rs", include_str!("../../core/src/key.rs")),
@@ -371,7 +372,8 @@ mod tests {
         assert!(read("Cargo.toml").contains("name = \"my-handler\""));
         assert!(read("src/lib.rs").contains("export_module!(MyHandler: Visited)"));
         assert_eq!(read("README.md").lines().count(), 3);
-        assert_eq!(read("vendor/wakuwaku/wit/handler.wit"), HANDLER_WIT);
+        assert_eq!(read("vendor/wakuwaku/wit/handler.wit"), HANDLER_WIT_0_2);
+        assert_eq!(read("vendor/wakuwaku/wit/handler-0.3.wit"), HANDLER_WIT);
         assert!(read("vendor/wakuwaku/guest-sdk/Cargo.toml").contains(&format!("version = \"{VERSION}\"")));
         let no_placeholder = |path: &PathBuf| !std::fs::read_to_string(empty.join(path)).unwrap().contains("{{");
         assert!(created.files.iter().filter(|p| !p.starts_with("vendor/wakuwaku/core")).all(no_placeholder));

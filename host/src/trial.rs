@@ -3,11 +3,19 @@
 //!
 //! Rules it keeps:
 //! - **The real path.** Events are published as `waku publish` does (the
-//!   module's `key` and `ordering` exports write the headers; a bad line is
-//!   refused with its number and nothing runs), into an embedded log in a
-//!   temporary directory, and consumed by a host started as `waku run`
-//!   starts one ([`crate::host::Host`]): plan, reduce, `combine`, `handle`,
-//!   state, counters, emits, routing. Nothing of it outlives the call.
+//!   module's `key`, `ordering` and, for a timed type, `event-time`
+//!   exports write the headers; a bad line is refused with its file and
+//!   number and nothing runs), into an embedded log in a temporary
+//!   directory, and consumed by a host started as `waku run` starts one
+//!   ([`crate::host::Host`]): plan, reduce, `combine`, `handle`, state,
+//!   counters, emits, routing. Nothing of it outlives the call.
+//! - **Several files are several topics.** Each events file is published
+//!   to a topic of its own (one partition each, so co-partitioned), in the
+//!   order given, and the host consumes them all as one projection, as
+//!   `waku run --topic a --topic b` does: a key's events of timed types
+//!   are applied in event-time order across the files (ties: the file's
+//!   place in the list, then the line), those of untimed types as they are
+//!   read. One file is one topic, as before.
 //! - **Failures end at once.** A retryable failure or a trap is
 //!   dead-lettered at its first attempt (transient ones are still retried
 //!   in place), so the outcome is known when the log is consumed; each is
@@ -22,7 +30,7 @@
 //!   them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,8 +46,14 @@ use crate::publish::{self, PublishError};
 use crate::routing::RetryPolicy;
 use crate::state::StateError;
 
-/// The topic the sample events are published to.
+/// The topic the sample events are published to (the first file's, when
+/// there are several: `events`, `events-2`, `events-3`, …).
 const TOPIC: &str = "events";
+
+/// The topic of the `index`th events file (from 0).
+fn topic_of(index: usize) -> String {
+    if index == 0 { TOPIC.to_owned() } else { format!("{TOPIC}-{}", index + 1) }
+}
 /// The projection's name.
 const PROJECTION: &str = "test";
 
@@ -155,17 +169,26 @@ pub struct Emitted {
 
 /// Runs `module` on the JSON-lines `events` (read from `file`, named in
 /// errors) in a throwaway store.
-pub async fn run(module: Arc<dyn HandlerModule>, events: &str, file: &Path) -> Result<Outcome, TrialError> {
-    let bad_events = |error| TrialError::Events { file: file.to_owned(), error };
-    let outgoing = publish::parse_json_lines(events, &*module).map_err(bad_events)?;
-    let lines = publish::event_lines(events);
+pub async fn run(module: Arc<dyn HandlerModule>, files: &[(String, PathBuf)]) -> Result<Outcome, TrialError> {
     let temp = tempfile::tempdir().map_err(TrialError::Temp)?;
     let log = Arc::new(EmbeddedLog::open(temp.path().join("log.redb"))?);
-    log.create_topic(TOPIC, 1).await?;
-    let published =
-        publish::publish(&*log, TOPIC, module.clone(), outgoing, Some(lines), 1).await.map_err(bad_events)?;
+    let mut outgoing = Vec::with_capacity(files.len());
+    for (events, file) in files {
+        let bad_events = |error| TrialError::Events { file: file.to_owned(), error };
+        let parsed = publish::parse_json_lines(events, &*module).map_err(bad_events)?;
+        outgoing.push((parsed, publish::event_lines(events), file));
+    }
+    let mut published = 0;
+    for (index, (events, lines, file)) in outgoing.into_iter().enumerate() {
+        let topic = topic_of(index);
+        log.create_topic(&topic, 1).await?;
+        published += publish::publish(&*log, &topic, module.clone(), events, Some(lines), 1)
+            .await
+            .map_err(|error| TrialError::Events { file: file.to_owned(), error })?;
+    }
 
     let mut settings = HostSettings::new(temp.path(), PROJECTION, TOPIC, ModuleSource::Loaded(vec![module.clone()]));
+    settings.more_topics = (1..files.len()).map(topic_of).collect();
     settings.create_emit_topics = Some(1);
     settings.until_caught_up = true;
     settings.consumer.retry =

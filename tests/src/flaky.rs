@@ -81,6 +81,7 @@ impl Flaky {
             name: name.to_owned(),
             algebra,
             max_batch,
+            timing: wakuwaku::event::EventTiming::Untimed,
         };
         Self {
             event_types: Arc::new(vec![
@@ -198,5 +199,9 @@ impl HandlerInstance for Flaky {
 
     fn ordering(&mut self, _tag: EventTypeTag, _body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
         Ok(EventAtomicOrdering::Relaxed)
+    }
+
+    fn event_time(&mut self, _tag: EventTypeTag, _body: &[u8]) -> Result<Option<i64>, CallError> {
+        Ok(None)
     }
 }

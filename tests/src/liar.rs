@@ -6,9 +6,11 @@
 //! every call.
 //!
 //! [`liar`] builds one from component text: a core module with a bump
-//! allocator, lifted as the `handler` interface of the contract's current
-//! version ([`wakuwaku::runtime::CONTRACT`]). It imports nothing, so it
-//! loads into any sandbox. What `describe` returns is chosen with
+//! allocator, lifted as the `handler` interface of the contract's previous
+//! version ([`wakuwaku::runtime::CONTRACT_0_2`], which the host still
+//! loads: no `event-time` export, no `timing` in an event type, so the
+//! records below keep their layout). It imports nothing, so it loads into
+//! any sandbox. What `describe` returns is chosen with
 //! [`Describe`]; the other exports answer by tag:
 //!
 //! | tag | name | every export |
@@ -24,7 +26,8 @@
 //! [`other_world`] and [`wrong_shape`] are components that are not handlers
 //! at all: one exports some other interface, the other exports the handler
 //! interface's name with functions of the wrong types. [`old_contract`] is
-//! a well-formed handler of the previous contract version, 0.1.0.
+//! a well-formed handler of a contract version the host no longer loads,
+//! 0.1.0.
 
 use wakuwaku::event::EventTypeTag;
 
@@ -103,10 +106,10 @@ fn wat_bytes(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("\\{byte:02x}")).collect()
 }
 
-/// The package and version of the contract, e.g. `wakuwaku:handler` and
-/// `0.2.0`.
+/// The package and version of the contract the liars are built for:
+/// `wakuwaku:handler` and `0.2.0`.
 fn contract() -> (&'static str, &'static str) {
-    wakuwaku::runtime::CONTRACT.split_once('@').expect("a versioned package")
+    wakuwaku::runtime::CONTRACT_0_2.split_once('@').expect("a versioned package")
 }
 
 fn liar_text(describe: Describe) -> String {
@@ -314,4 +317,23 @@ pub fn old_contract() -> Vec<u8> {
         )"#,
     )
     .expect("the old contract's component text is valid")
+}
+
+/// A component that uses the contract at two versions: it imports the 0.2
+/// `log` and exports the current version's `handler` (reduced to
+/// `describe`). No SDK builds such a thing; the host refuses it.
+pub fn mixed_contract() -> Vec<u8> {
+    let (package, previous) = contract();
+    let current = wakuwaku::runtime::CONTRACT.split_once('@').expect("a versioned package").1;
+    wat::parse_str(format!(
+        r#"(component
+            (import "{package}/log@{previous}" (instance))
+            (core module $mixed (func (export "describe") (result i32) (i32.const 3)))
+            (core instance $core (instantiate $mixed))
+            (func $describe (result u32) (canon lift (core func $core "describe")))
+            (instance $handler (export "describe" (func $describe)))
+            (export "{package}/handler@{current}" (instance $handler))
+        )"#
+    ))
+    .expect("the mixed component's text is valid")
 }

@@ -47,6 +47,7 @@ impl<M: guest::Module + 'static> NativeModule<M> {
                 name: info.name.to_owned(),
                 algebra: info.algebra,
                 max_batch: info.max_batch,
+                timing: info.timing,
             })
             .collect();
         let emits = info.emits.iter().map(|topic| (*topic).to_owned()).collect();
@@ -106,6 +107,10 @@ impl<M: guest::Module> HandlerInstance for NativeInstance<M> {
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
         M::ordering(tag.get(), body).map_err(call_error)
+    }
+
+    fn event_time(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Option<i64>, CallError> {
+        M::event_time(tag.get(), body).map_err(call_error)
     }
 }
 

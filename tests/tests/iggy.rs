@@ -711,7 +711,8 @@ async fn two_topics_on_iggy_are_applied_in_event_time_order_per_key() {
     let Some(url) = iggy_url("two topics in event-time order on Iggy") else { return };
     let _shared = SERVER.read().await;
     let log = Arc::new(IggyLog::connect(&url, &fresh_stream("waku-test-event-time")).await.unwrap());
-    const LEDGER: wakuwaku::event::EventTypeTag = wakuwaku::event::EventTypeTag::new(50);
+    // The probe's `TimedLedger`, a timed type.
+    const LEDGER: wakuwaku::event::EventTypeTag = wakuwaku::event::EventTypeTag::new(51);
     let (keys, per_key, partitions) = (24u64, 30u64, 2u32);
     for topic in ["early", "late"] {
         log.create_topic(topic, partitions).await.unwrap();

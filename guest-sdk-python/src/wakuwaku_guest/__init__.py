@@ -7,7 +7,7 @@ deriving from :class:`Event` (tag, name, algebra, max batch, key, ordering
 per message); handlers are functions or methods registered on a
 :class:`Module`; the handler file ends with ``Handler = export(module)``.
 Build with ``waku build <project>`` (componentize-py against
-``wit/handler.wit``, world ``module``) and hand the ``.wasm`` to the host;
+``wit/handler-0.3.wit``, world ``module``) and hand the ``.wasm`` to the host;
 test with pytest, using :class:`testing.MemoryHost`.
 
 A minimal handler::
@@ -96,12 +96,13 @@ from .types import (
     Refusal,
     Refused,
     RetryableError,
+    Timing,
     TransientError,
     UnrecoverableError,
 )
 
 #: The WIT package and version this SDK's components implement.
-WIT_PACKAGE = "wakuwaku:handler@0.2.0"
+WIT_PACKAGE = "wakuwaku:handler@0.3.0"
 
 __all__ = [
     "WIT_PACKAGE",
@@ -121,6 +122,7 @@ __all__ = [
     "Refusal",
     "Refused",
     "RetryableError",
+    "Timing",
     "TransientError",
     "UnrecoverableError",
     "decode_key",

@@ -8,7 +8,7 @@ componentize-py looks for a class named ``Handler`` in the app module and
 exports it as the WIT interface ``handler`` of world ``module``. Build it
 with ``waku build <project>``, or by hand, with the SDK importable::
 
-    componentize-py -d wit/handler.wit -w module componentize bank -o bank.wasm
+    componentize-py -d wit/handler-0.3.wit -w module componentize bank -o bank.wasm
 
 What the bridge does:
 
@@ -63,7 +63,10 @@ def export(module: Module) -> type:
     for kind in module.event_types:
         codec.prepare(kind)
     described = wit.ModuleInfo(
-        [wit.EventType(t.tag, t.name, wit.Algebra[t.algebra.name], t.max_batch) for t in info.event_types],
+        [
+            wit.EventType(t.tag, t.name, wit.Algebra[t.algebra.name], t.max_batch, wit.Timing[t.timing.name])
+            for t in info.event_types
+        ],
         list(info.emits),
     )
     orderings = {ordering: wit.Ordering[ordering.name] for ordering in Ordering}
@@ -146,6 +149,9 @@ def export(module: Module) -> type:
 
         def ordering(self, tag: int, body: bytes) -> Any:
             return orderings[call(module.ordering, tag, body)]
+
+        def event_time(self, tag: int, body: bytes) -> int | None:
+            return call(module.event_time, tag, body)
 
         def combine(self, tag: int, bodies: list[bytes]) -> bytes:
             return call(module.combine, tag, bodies)

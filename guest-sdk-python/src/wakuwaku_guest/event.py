@@ -1,5 +1,5 @@
 """Event types: a body schema with a tag, a name, an algebra, a max batch,
-a key and a per-message ordering.
+a timing, a key and a per-message ordering.
 
 An event type is a dataclass deriving from :class:`Event`; what the host
 needs to know about it is given as class keywords::
@@ -20,9 +20,30 @@ The keywords are checked when the class is created (so a bad one fails the
 import, and with it the component build): ``tag`` is a u32 unique among the
 types of one topic (uniqueness is checked by the module), ``name`` 1 to 128
 bytes of letters, digits, ``_``, ``-``, ``.`` and ``:`` (default: the class
-name), ``max_batch`` at least 1 (default 256), and an associative type must
-define ``combine``. They are read back as ``TAG``, ``NAME``, ``ALGEBRA`` and
-``MAX_BATCH``, as the Rust SDK's associated constants.
+name), ``max_batch`` at least 1 (default 256), ``timing`` a :class:`Timing`
+(default ``UNTIMED``), an associative type must define ``combine`` and a
+timed one ``event_time``. They are read back as ``TAG``, ``NAME``,
+``ALGEBRA``, ``MAX_BATCH`` and ``TIMING``, as the Rust SDK's associated
+constants.
+
+A timed type says when each event happened::
+
+    @dataclass
+    class Shipped(Event, tag=10, timing=Timing.TIMED):
+        product: int
+        at_ms: int
+
+        def key(self) -> int:
+            return self.product
+
+        def event_time(self) -> int:
+            return self.at_ms
+
+``waku publish`` writes that time into the message's ``waku-event-time``
+header (``event-time-declared``: ``None`` refuses the event), and the host
+applies a key's timed events in event-time order across the projection's
+topics. An untimed type is never asked, and a header on its messages is
+ignored (``event-time-untimed``).
 """
 
 from __future__ import annotations
@@ -33,7 +54,7 @@ from typing import Any, ClassVar, TypeVar
 from . import codec
 from .key import KeyFormatError, encode_key
 from .limits import is_event_type_name
-from .types import Algebra, Ordering, UnrecoverableError
+from .types import Algebra, Ordering, Timing, UnrecoverableError
 
 __all__ = ["Event"]
 
@@ -57,6 +78,8 @@ class Event:
     ALGEBRA: ClassVar[Algebra] = Algebra.NON_ASSOCIATIVE
     #: The most events one handler call receives.
     MAX_BATCH: ClassVar[int] = 256
+    #: Whether its events carry an event time.
+    TIMING: ClassVar[Timing] = Timing.UNTIMED
 
     def __init_subclass__(
         cls,
@@ -65,11 +88,12 @@ class Event:
         name: str | None = None,
         algebra: Algebra | None = None,
         max_batch: int | None = None,
+        timing: Timing | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
         if tag is None:
-            if name is not None or algebra is not None or max_batch is not None:
+            if name is not None or algebra is not None or max_batch is not None or timing is not None:
                 raise TypeError(f"event type {cls.__name__} gives no tag (class {cls.__name__}(Event, tag=...))")
             # A base class shared by event types: it declares nothing itself.
             return
@@ -87,14 +111,20 @@ class Event:
         max_batch = cls.MAX_BATCH if max_batch is None else max_batch
         if type(max_batch) is not int or not 1 <= max_batch <= _U32_MAX:
             raise TypeError(f"event type {cls.__name__}: max_batch {max_batch!r} is not from 1 to {_U32_MAX}")
+        timing = cls.TIMING if timing is None else timing
+        if not isinstance(timing, Timing):
+            raise TypeError(f"event type {cls.__name__}: timing {timing!r} is not a Timing")
         if cls.key is Event.key:
             raise TypeError(f"event type {cls.__name__} does not define key(self)")
+        if timing is Timing.TIMED and cls.event_time is Event.event_time:
+            raise TypeError(f"event type {cls.__name__} is timed but does not define event_time(self)")
         if algebra is Algebra.ASSOCIATIVE and cls.combine.__func__ is Event.combine.__func__:
             raise TypeError(f"event type {cls.__name__} is associative but does not define combine(cls, events)")
         cls.TAG = tag
         cls.NAME = name
         cls.ALGEBRA = algebra
         cls.MAX_BATCH = max_batch
+        cls.TIMING = timing
 
     def key(self) -> Any:
         """The key of this message: an int, str, bytes, or a tuple of those
@@ -106,6 +136,13 @@ class Event:
         key. It may depend on the message, but only on the message. Default:
         ``RELAXED``."""
         return Ordering.RELAXED
+
+    def event_time(self) -> int | None:
+        """When this event happened, in milliseconds since the Unix epoch
+        (UTC), read from the event itself (never from a clock). Asked only
+        of a timed type, where ``None`` refuses the event
+        (``event-time-declared``). Default: ``None``."""
+        return None
 
     @classmethod
     def combine(cls: type[E], events: list[E]) -> E:

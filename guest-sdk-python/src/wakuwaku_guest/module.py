@@ -23,8 +23,8 @@ Every handler call gets events of one key and one type, in log order
 key never overlap. On error nothing the call wrote is kept, and the events
 go where the error's class says.
 
-:class:`Module`'s ``describe``, ``key``, ``ordering``, ``combine`` and
-``handle`` are the WIT ``handler`` interface over bytes: the component
+:class:`Module`'s ``describe``, ``key``, ``ordering``, ``event_time``,
+``combine`` and ``handle`` are the WIT ``handler`` interface over bytes: the component
 exports them (:func:`wakuwaku_guest.component.export`) and the test host
 calls them, so a unit test runs exactly the code the component runs. Each
 fails with an unrecoverable error naming the tag when the module has no
@@ -40,13 +40,16 @@ from typing import Any, TypeVar
 from .context import Context, HostApi
 from .event import Event, decoder
 from .limits import ContractError, check_description, check_emits
-from .types import Algebra, Ordering, UnrecoverableError
+from .types import Algebra, Ordering, Timing, UnrecoverableError
 
 __all__ = ["Module", "handles", "EventTypeInfo", "ModuleInfo"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HANDLES = "__wakuwaku_handles__"
+
+_S64_MIN = -(1 << 63)
+_S64_MAX = (1 << 63) - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +60,12 @@ class EventTypeInfo:
     name: str
     algebra: Algebra
     max_batch: int
+    timing: Timing = Timing.UNTIMED
 
     @classmethod
     def of(cls, kind: type[Event]) -> EventTypeInfo:
         """The description of event type ``kind``."""
-        return cls(kind.TAG, kind.NAME, kind.ALGEBRA, kind.MAX_BATCH)
+        return cls(kind.TAG, kind.NAME, kind.ALGEBRA, kind.MAX_BATCH, kind.TIMING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +177,23 @@ class Module:
     def ordering(self, tag: int, body: bytes) -> Ordering:
         """The ordering a message body asks for."""
         return self.event_type(tag).decode(body).ordering()
+
+    def event_time(self, tag: int, body: bytes) -> int | None:
+        """When the event of a message body happened (ms since the epoch)
+        for a timed type; ``None`` for an untimed one, which is not
+        decoded. A timed event without one (or with a time that is no s64)
+        is an unrecoverable error naming the rule
+        (``event-time-declared``)."""
+        kind = self.event_type(tag)
+        if kind.TIMING is Timing.UNTIMED:
+            return None
+        time = kind.decode(body).event_time()
+        if type(time) is not int or not _S64_MIN <= time <= _S64_MAX:
+            raise UnrecoverableError(
+                f"event-time-declared: {kind.NAME} declares event time, but its event_time() returned {time!r}, "
+                "not milliseconds since the epoch as an s64"
+            )
+        return time
 
     def combine(self, tag: int, bodies: Sequence[bytes]) -> bytes:
         """Folds a run of bodies (at least one) of an associative type into

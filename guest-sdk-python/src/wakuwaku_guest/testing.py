@@ -100,6 +100,36 @@ class MemoryHost:
             reduced = reduce(kind.ALGEBRA, bodies, lambda run, tag=kind.TAG: self._combine(tag, run))
             self._deliver(kind, key, reduced)
 
+    def handle_in_event_time_order(self, events: Iterable[Event]) -> None:
+        """Applies events of several types as the host applies a
+        projection's events read from several topics once it has read them
+        all: events of untimed types as they come, in the order given;
+        events of timed types (``timing=Timing.TIMED``) held and then
+        applied in event-time order, ties in the order given (the host
+        breaks ties by topic, then by position in the log: list the events
+        topic by topic, each in log order). Each event's time comes from
+        the module's ``event_time``, as ``waku publish`` takes it, so a
+        timed event without one raises the publisher's
+        ``event-time-declared`` error before anything is applied.
+        Consecutive events of one type and key form a run, chunked by
+        ``MAX_BATCH``, without reduction; stops at the first failing chunk.
+
+        ::
+
+            host.handle_in_event_time_order([Shipped(1, at_ms=30), Received(1, at_ms=10)])
+        """
+        untimed: list[Event] = []
+        timed: list[tuple[int, Event]] = []
+        for event in events:
+            time = self.module.event_time(type(event).TAG, event.encode())
+            if time is None:
+                untimed.append(event)
+            else:
+                timed.append((time, event))
+        # Stable: equal times keep the order given.
+        timed.sort(key=lambda pair: pair[0])
+        self.handle(untimed + [event for _, event in timed])
+
     def _combine(self, tag: int, bodies: list[bytes]) -> bytes:
         body = self.module.combine(tag, bodies)
         check_combined_body(self.limits, body)

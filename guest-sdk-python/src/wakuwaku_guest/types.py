@@ -1,7 +1,7 @@
 """The vocabulary shared with the host: algebras, orderings, error classes,
 log levels, and the errors a handler raises.
 
-Each enum's values are the names ``wit/handler.wit`` uses
+Each enum's values are the names ``wit/handler-0.3.wit`` uses
 (``non-associative``, ``acq-rel``, ...), so ``Algebra("associative")`` reads
 a name as the contract writes it.
 """
@@ -13,6 +13,7 @@ import enum
 __all__ = [
     "Algebra",
     "Ordering",
+    "Timing",
     "ErrorClass",
     "Level",
     "HandlerError",
@@ -52,6 +53,19 @@ class Ordering(enum.Enum):
     RELEASE = "release"
     #: A full barrier: both of the above.
     ACQ_REL = "acq-rel"
+
+
+class Timing(enum.Enum):
+    """Whether an event type's events carry an event time (when the event
+    happened, in milliseconds since the Unix epoch): declared per type, as
+    its algebra is."""
+
+    #: No event time: applied as they arrive, in log order. The default.
+    UNTIMED = "untimed"
+    #: Every event has one, which ``event_time`` returns and the publisher
+    #: writes into the ``waku-event-time`` header; the host applies a key's
+    #: timed events in event-time order across the projection's topics.
+    TIMED = "timed"
 
 
 class ErrorClass(enum.Enum):

@@ -32,9 +32,9 @@ pub(super) struct RunArgs {
     pub(super) projection: String,
     /// The topic to consume. Give it more than once (or a comma-separated
     /// list) for a projection over several co-partitioned topics: each
-    /// partition index is read across all of them, and a key's events that
-    /// carry an event time (the `waku-event-time` header) are applied in
-    /// event-time order (see the README, "Event time across topics").
+    /// partition index is read across all of them, and a key's events of
+    /// types declared timed (their `waku-event-time` header) are applied
+    /// in event-time order (see the README, "Event time across topics").
     #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
     pub(super) topics: Vec<String>,
     /// With several topics: the most MiB of events each partition index

@@ -20,8 +20,13 @@ pub(super) struct TestArgs {
     /// The built component (`waku build`'s output).
     module: PathBuf,
     /// Sample events, JSON lines as `waku publish` reads them:
-    /// `{"type": "<event type>", "body": {...}}` (or `"tag": N`).
-    events: PathBuf,
+    /// `{"type": "<event type>", "body": {...}}` (or `"tag": N`). Several
+    /// files are several topics of one projection, as `waku run --topic a
+    /// --topic b`: a key's events of timed types are applied in event-time
+    /// order across them (ties: the file's place in the list, then the
+    /// line), the others as they are read.
+    #[arg(required = true, num_args = 1..)]
+    events: Vec<PathBuf>,
     /// Compare the outcome with this stored one (JSON) and exit 3 on a
     /// difference, printing each.
     #[arg(long)]
@@ -39,6 +44,21 @@ pub(super) struct TestArgs {
     no_compile_cache: bool,
 }
 
+/// The text of an events file; a component given in its place is named,
+/// with the order the arguments go in.
+fn read_events(path: &PathBuf, module: &PathBuf) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.starts_with(WASM_MAGIC) {
+        bail!(
+            "{} is a WebAssembly component, not sample events: the component comes first, `waku test {} {}`",
+            path.display(),
+            path.display(),
+            module.display()
+        );
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} holds no text: sample events are JSON lines", path.display()))
+}
+
 /// Where `waku test` keeps compiled modules: the flag's directory, else
 /// `waku/compiled` in the user's cache directory, else nowhere.
 fn compile_cache(args: &TestArgs) -> Option<PathBuf> {
@@ -51,23 +71,16 @@ fn compile_cache(args: &TestArgs) -> Option<PathBuf> {
 }
 
 pub(super) async fn test_module(args: TestArgs) -> Result<ExitCode> {
-    let bytes = std::fs::read(&args.events).with_context(|| format!("reading {}", args.events.display()))?;
-    if bytes.starts_with(WASM_MAGIC) {
-        bail!(
-            "{} is a WebAssembly component, not sample events: the component comes first, `waku test {} {}`",
-            args.events.display(),
-            args.events.display(),
-            args.module.display()
-        );
+    let mut files = Vec::with_capacity(args.events.len());
+    for path in &args.events {
+        files.push((read_events(path, &args.module)?, path.clone()));
     }
-    let events = String::from_utf8(bytes)
-        .with_context(|| format!("{} holds no text: sample events are JSON lines", args.events.display()))?;
     let mut sandbox = Sandbox::new(SandboxLimits::default())?;
     if let Some(dir) = compile_cache(&args) {
         sandbox = sandbox.with_compile_cache(&dir);
     }
     let module = load_module(&sandbox, &args.module)?;
-    let outcome = trial::run(module, &events, &args.events).await?;
+    let outcome = trial::run(module, &files).await?;
     outln!("{}", outcome.report())?;
     let Some(expect) = &args.expect else { return Ok(ExitCode::SUCCESS) };
     let found = outcome.to_json();

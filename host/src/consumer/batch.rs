@@ -19,7 +19,7 @@ use super::phase::{Laps, Phase};
 use super::timing::Advance;
 use super::{Consumer, ConsumerError, Summary, release_marks};
 use crate::event::{Algebra, Envelope, HeaderError};
-use crate::handler::{BatchBudget, BatchCounters, KeyOutcome};
+use crate::handler::{BatchBudget, BatchCounters, ContractError, KeyOutcome};
 use crate::key::Key;
 use crate::log::{EventLog, PolledBatch, StoredRecord};
 use crate::metrics::BatchTally;
@@ -28,6 +28,14 @@ use crate::projection::ModuleSet;
 use crate::reduce::Origin;
 use crate::routing::{self, RetryQueue, Routed, RoutedTopics};
 use crate::state::{BatchCommit, StateReader};
+
+/// Why a polled message is dead-lettered before it is planned.
+enum Unreadable {
+    /// Its headers cannot be read.
+    Headers(HeaderError),
+    /// Its type declares event time and it carries none.
+    Declared(ContractError),
+}
 
 impl<L: EventLog> Consumer<L> {
     /// Plans, executes and commits one batch polled from the topic (or
@@ -53,8 +61,16 @@ impl<L: EventLog> Consumer<L> {
         input.clear();
         let now = routing::now_ms();
         for view in records.iter() {
-            let parsed =
-                Envelope::parse(view.headers()).and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)));
+            // Unreadable headers, or a timed type's message without its
+            // event time (`event-time-declared`), are dead-lettered.
+            let parsed = Envelope::parse(view.headers())
+                .and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)))
+                .map_err(Unreadable::Headers)
+                .and_then(|(number, mut envelope)| {
+                    envelope.event_time =
+                        modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
+                    Ok((number, envelope))
+                });
             match parsed {
                 Ok((number, envelope)) if queue.holds(input.keys.key(number)) => {
                     // Behind its key's retry, so its order is kept.
@@ -86,7 +102,10 @@ impl<L: EventLog> Consumer<L> {
                 }
                 Err(error) => {
                     let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
-                    let reason = routing::malformed_reason(&stored.record, &error);
+                    let reason = match error {
+                        Unreadable::Headers(error) => routing::malformed_reason(&stored.record, &error),
+                        Unreadable::Declared(error) => error.to_string(),
+                    };
                     tracing::warn!(
                         projection = projection.name(),
                         partition,
@@ -301,18 +320,22 @@ struct BatchInput {
     bodies: Vec<Vec<u8>>,
     /// Attempts each record has had (records taken from retry).
     attempts: Vec<u32>,
+    /// Each record's event time, as its type declares it: kept in the
+    /// records it goes to retry or the dead-letter topic as.
+    event_times: Vec<Option<i64>>,
 }
 
 impl BatchInput {
     /// Empties every vector and the key table, keeping their allocations.
     fn clear(&mut self) {
-        let Self { plan, keys, algebras, origins, bodies, attempts } = self;
+        let Self { plan, keys, algebras, origins, bodies, attempts, event_times } = self;
         plan.clear();
         keys.clear();
         algebras.clear();
         origins.clear();
         bodies.clear();
         attempts.clear();
+        event_times.clear();
     }
 
     /// Appends a record whose key has `number` in [`BatchInput::keys`].
@@ -322,6 +345,7 @@ impl BatchInput {
         self.origins.push(origin);
         self.attempts.push(attempts);
         self.bodies.push(body);
+        self.event_times.push(envelope.event_time);
     }
 }
 
@@ -337,6 +361,7 @@ pub(super) struct BatchWork {
     bodies: Vec<Vec<u8>>,
     origins: Vec<Origin>,
     attempts: Vec<u32>,
+    event_times: Vec<Option<i64>>,
     /// Each record's index in the batch's input.
     inputs: Vec<usize>,
     /// Where the records of a batch taken from the retry topic wait; `None`
@@ -381,6 +406,7 @@ impl BatchWork {
                             self.bodies.push(std::mem::take(&mut input.bodies[index]));
                             self.origins.push(input.origins[index]);
                             self.attempts.push(input.attempts[index]);
+                            self.event_times.push(input.event_times[index]);
                             self.inputs.push(index);
                         }
                         let first = records[0];
@@ -404,12 +430,13 @@ impl BatchWork {
     /// Empties it, dropping the bodies and keeping the vectors (and the
     /// retry slice, set once for the batch).
     fn clear(&mut self) {
-        let Self { keys, runs, bodies, origins, attempts, inputs, retry: _ } = self;
+        let Self { keys, runs, bodies, origins, attempts, event_times, inputs, retry: _ } = self;
         keys.clear();
         runs.clear();
         bodies.clear();
         origins.clear();
         attempts.clear();
+        event_times.clear();
         inputs.clear();
     }
 
@@ -434,6 +461,12 @@ impl BatchWork {
     pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[u32]) {
         let records = run.records.clone();
         (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
+    }
+
+    /// A run's records' event times, index for index with
+    /// [`BatchWork::records`].
+    pub(super) fn event_times(&self, run: &RunWork) -> &[Option<i64>] {
+        &self.event_times[run.records.clone()]
     }
 
     /// A run's records' indexes in the batch's input.

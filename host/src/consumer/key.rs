@@ -119,6 +119,7 @@ impl<L: EventLog> Consumer<L> {
         let mut runs = work.runs(key_work).iter();
         while let Some(run) = runs.next() {
             let (origins, bodies, attempts) = work.records(run);
+            let times = work.event_times(run);
             let Some(route) = modules.route(run.tag) else {
                 out.summary.skipped += origins.iter().map(|o| o.events).sum::<u64>();
                 untouched = false;
@@ -169,6 +170,15 @@ impl<L: EventLog> Consumer<L> {
             let inflated = reduced.bodies.len() == 1
                 && run_records > 1
                 && reduced.bodies[0].len() > run_bodies.iter().map(Vec::len).sum::<usize>();
+            // The event time a reduced record carries on to retry or the
+            // dead-letter topic: its own, or for one that stands for
+            // several the time of the event whose place (origin) it takes.
+            let reduced_time = |index: usize| match reduced.bodies.len() == run_records {
+                true => times[index],
+                false => {
+                    run_origins.iter().position(|o| o.offset == reduced.origins[index].offset).and_then(|i| times[i])
+                }
+            };
             // A failed fold is one failure of the whole run.
             let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
             let (mut start, mut calls, mut all_applied) = (0, 0, true);
@@ -271,10 +281,12 @@ impl<L: EventLog> Consumer<L> {
                 }
                 let brief = failure.brief(whole.then(|| failed_origins.first().map_or(0, |origin| origin.offset)));
                 let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
+                let failed_time = |index: usize| if inflated { times[index] } else { reduced_time(begin + index) };
                 if next == Route::DeadLetter {
                     for (index, (body, &origin)) in failed_bodies.iter().zip(failed_origins).enumerate() {
                         let routed = self.routed(partition, origin, attempt, Some(failure_of(index)));
-                        let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
+                        let envelope = shape.envelope(key, failed_time(index));
+                        let record = routing::routed_record(&envelope, &routed, body.clone());
                         out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
                         out.tally.of(route.module, tag).dead_lettered += origin.events;
@@ -293,6 +305,7 @@ impl<L: EventLog> Consumer<L> {
                                 origin,
                                 attempts: attempt,
                                 failure: Some(failure_of(index)),
+                                event_time: failed_time(index),
                                 body: body.clone(),
                             }
                         });
@@ -301,6 +314,7 @@ impl<L: EventLog> Consumer<L> {
                         origin: reduced.origins[index],
                         attempts: attempts[index],
                         failure: None,
+                        event_time: reduced_time(index),
                         body: reduced.bodies[index].clone(),
                     });
                     failed.chain(rest)
@@ -335,8 +349,12 @@ impl<L: EventLog> Consumer<L> {
                 for run in runs {
                     let shape = run.shape();
                     let (origins, bodies, attempts) = work.records(run);
-                    for ((&origin, body), &attempts) in origins.iter().zip(bodies).zip(attempts) {
-                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body: body.clone() });
+                    let times = work.event_times(run);
+                    for (((&origin, body), &attempts), &event_time) in
+                        origins.iter().zip(bodies).zip(attempts).zip(times)
+                    {
+                        let body = body.clone();
+                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, event_time, body });
                     }
                 }
                 self.retry_later(partition, key, modules, (unfinished, None), out);
@@ -388,7 +406,7 @@ impl<L: EventLog> Consumer<L> {
         let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
         for (item, ordering) in unfinished.into_iter().zip(orderings) {
             let routed = Routed { ahead_of, ..self.routed(partition, item.origin, item.attempts, item.failure) };
-            let envelope = RunShape { ordering, ..item.shape }.envelope(key);
+            let envelope = RunShape { ordering, ..item.shape }.envelope(key, item.event_time);
             let record = routing::routed_record(&envelope, &routed, item.body);
             out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
             out.summary.retry_in += item.origin.events;
@@ -468,16 +486,10 @@ struct RunShape {
 }
 
 impl RunShape {
-    fn envelope(&self, key: &Key) -> EventHeaders {
-        // No event time yet: the host does not read event times (the release
-        // stage is not wired in), so none is carried over to a retry record.
-        EventHeaders {
-            tag: self.tag,
-            key: key.clone(),
-            ordering: self.ordering,
-            algebra: self.algebra,
-            event_time: None,
-        }
+    /// The envelope of a routed record of the run, with its event time,
+    /// so that a retried or dead-lettered event keeps it.
+    fn envelope(&self, key: &Key, event_time: Option<i64>) -> EventHeaders {
+        EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra, event_time }
     }
 }
 
@@ -488,6 +500,8 @@ struct Unfinished {
     attempts: u32,
     /// Why, for the chunk that failed.
     failure: Option<Failure>,
+    /// Its event time, carried in the record's `waku-event-time`.
+    event_time: Option<i64>,
     body: Vec<u8>,
 }
 

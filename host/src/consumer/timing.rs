@@ -19,10 +19,13 @@
 //!   timer marks an input idle: a topic whose partitions are read late at
 //!   start-up (the start-up race) holds the clock back, because its
 //!   position is below the end offset read before.
-//! - **Events without event time pass at once**, as they arrive (no
-//!   `waku-event-time` header). A message whose headers, that header
-//!   included, cannot be read passes at once too, and goes to the
-//!   dead-letter topic with the reason, as in a one-topic batch.
+//! - **Events without event time pass at once**, as they arrive: those of
+//!   a type declared untimed (`event-time-untimed`: a `waku-event-time`
+//!   header on them is ignored) and those of a tag no module declares
+//!   without the header. A message whose headers, that header included,
+//!   cannot be read passes at once too, and so does one of a timed type
+//!   without the header: the batch dead-letters both with the reason
+//!   (`event-time-declared` for the second), as in a one-topic batch.
 //! - **Late events are delivered, never dropped**: released at once,
 //!   counted (`order_violations` in the statistics, committed with the
 //!   batch; `waku_order_violations_total`) and logged with their key and
@@ -47,6 +50,7 @@ use super::{Consumer, ConsumerError, Polled, Step, release_marks};
 use crate::event::Envelope;
 use crate::key::Key;
 use crate::log::{EventLog, PolledBatch, Record, RecordView};
+use crate::projection::ModuleSet;
 use crate::routing;
 
 /// The release stage of one partition index, and what its steps keep.
@@ -205,6 +209,7 @@ impl<L: EventLog> Consumer<L> {
     async fn read_inputs(&self, partition: u32, timed: &mut Timed) -> Result<bool, ConsumerError> {
         let mut read_any = false;
         let share = (self.config.batch_size / timed.topics.len()).max(1);
+        let modules = self.projection.current();
         for input in 0..timed.topics.len() {
             if timed.stage.is_paused(input) {
                 continue;
@@ -214,7 +219,7 @@ impl<L: EventLog> Consumer<L> {
             let records = self.log.poll(&topic, partition, from, share, std::mem::take(&mut timed.spare)).await?;
             let read_all = records.len() < share && !records.is_full();
             for view in records.iter() {
-                self.admit(partition, input, view, timed)?;
+                self.admit(partition, input, view, &modules, timed)?;
             }
             read_any |= !records.is_empty();
             timed.spare = records;
@@ -233,15 +238,19 @@ impl<L: EventLog> Consumer<L> {
         partition: u32,
         input: usize,
         view: RecordView<'_>,
+        modules: &ModuleSet,
         timed: &mut Timed,
     ) -> Result<(), ConsumerError> {
-        // Unreadable headers: no event time, so it passes at once and the
-        // batch dead-letters it with the reason.
+        // Unreadable headers, or a timed type without its time: no event
+        // time, so it passes at once and the batch dead-letters it with
+        // the reason.
         let envelope = Envelope::parse(view.headers()).ok();
+        let event_time =
+            envelope.and_then(|envelope| modules.event_time(envelope.tag, envelope.event_time).ok().flatten());
         let arrival = Arrival {
             input,
             offset: view.offset(),
-            event_time: envelope.and_then(|envelope| envelope.event_time),
+            event_time,
             bytes: view.stored_len() as u64,
             payload: view.to_record(),
         };

@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+use crate::event::{Algebra, EventAtomicOrdering, EventTiming, EventTypeTag};
 use crate::key::Key;
 pub use wakuwaku_core::limits;
 pub use wakuwaku_core::limits::{ContractError, LimitsError, PayloadLimits, Refusal};
@@ -46,6 +46,11 @@ pub struct EventType {
     pub algebra: Algebra,
     /// The most events one `handle` call receives (at least 1).
     pub max_batch: u32,
+    /// Whether its events carry an event time (WIT `event-type.timing`;
+    /// every type of a module built for the 0.2 contract is untimed).
+    /// Untimed when absent from a serialized form.
+    #[serde(default)]
+    pub timing: EventTiming,
 }
 
 /// A loaded module: what it declares and how to get an instance of it.
@@ -81,6 +86,10 @@ pub trait HandlerInstance: Send {
     fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError>;
     /// The ordering a body asks for.
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError>;
+    /// When the event of a body happened (ms since the Unix epoch), asked
+    /// only about a timed type; none for an untimed one. A timed type's
+    /// none is the caller's to refuse (`event-time-declared`).
+    fn event_time(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Option<i64>, CallError>;
 }
 
 /// Severity of a line a handler logs.

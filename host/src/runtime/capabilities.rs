@@ -9,10 +9,16 @@
 //! entry is refused, with every import that is not listed: another
 //! package, a WASI interface the host does not link (`wasi:http/…`,
 //! `wasi:clocks/timezone`, …) or a WASI version it does not link
-//! (`…@0.3.0`, an unversioned name, a pre-release). One that imports or
-//! exports the contract at another version is refused naming both
-//! versions. The contract's version is read from `wit/handler.wit`
-//! ([`super::CONTRACT`]), so no version is written here. The WASI list is
+//! (`…@0.3.0`, an unversioned name, a pre-release).
+//!
+//! The contract's interfaces are served at two versions: the current one
+//! ([`super::CONTRACT`], read from `wit/handler-0.3.wit`) and the previous
+//! one ([`super::CONTRACT_0_2`], `wit/handler.wit`, served through
+//! `contract_0_2`), so no version is written here. A component's version is
+//! the one of its contract imports and export ([`check_imports`] returns
+//! it, and the sandbox binds the component with that version's bindings);
+//! one that uses the contract at another version, or at both in one
+//! component, is refused naming them. The WASI list is
 //! written out by hand from wasmtime-wasi's `add_to_linker_sync` (wasmtime
 //! has no way to ask a linker what it defines): after an upgrade, the real
 //! Rust and Python guests the tests load are what show it still fits.
@@ -21,7 +27,7 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
 use super::bindings::wakuwaku::handler::types;
-use super::{CONTRACT, LoadError, StoreData, emit, log, state, wasi};
+use super::{CONTRACT, CONTRACT_0_2, LoadError, StoreData, contract_0_2, emit, log, state, wasi};
 
 /// One capability the sandbox grants.
 struct Capability {
@@ -33,7 +39,7 @@ struct Capability {
 
 /// Which imports a capability serves.
 enum Imports {
-    /// One interface of the contract, at the contract's version.
+    /// One interface of the contract, at either version the host serves.
     Contract(&'static str),
     /// WASI 0.2: these interfaces (`wasi:cli/environment`), at any
     /// `0.2.<patch>` version (the linker resolves every 0.2 patch version
@@ -92,9 +98,35 @@ fn link_types(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
 impl types::Host for StoreData {}
 
 /// The contract's package without its version (`wakuwaku:handler`) and the
-/// version (`0.2.0`).
+/// version (`0.3.0`).
 fn contract_parts() -> (&'static str, &'static str) {
     CONTRACT.split_once('@').expect("the contract's package has a version")
+}
+
+/// The previous version the host serves (`0.2.0`).
+fn previous_version() -> &'static str {
+    CONTRACT_0_2.split_once('@').expect("the contract's package has a version").1
+}
+
+/// The version of the contract a component was built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// [`CONTRACT`].
+    Current,
+    /// [`CONTRACT_0_2`], without event time.
+    V0_2,
+}
+
+impl Contract {
+    fn of_version(version: &str) -> Option<Self> {
+        if version == contract_parts().1 {
+            Some(Self::Current)
+        } else if version == previous_version() {
+            Some(Self::V0_2)
+        } else {
+            None
+        }
+    }
 }
 
 /// The full name of the contract's interface `name` at its version, e.g.
@@ -107,7 +139,10 @@ pub fn interface(name: &str) -> String {
 impl Imports {
     fn serves(&self, import: &str) -> bool {
         match self {
-            Self::Contract(name) => import == interface(name),
+            Self::Contract(name) => {
+                let previous = format!("{}/{name}@{}", contract_parts().0, previous_version());
+                import == interface(name) || import == previous
+            }
             Self::Wasi(interfaces) => {
                 let Some((interface, version)) = import.strip_prefix("wasi:").and_then(|name| name.split_once('@'))
                 else {
@@ -121,7 +156,7 @@ impl Imports {
 
     fn describe(&self) -> String {
         match self {
-            Self::Contract(name) => interface(name),
+            Self::Contract(name) => format!("{} (or @{})", interface(name), previous_version()),
             Self::Wasi(_) => {
                 "wasi:*@0.2.x of the command world, without `run` and `timezone` (with an empty context)".to_owned()
             }
@@ -129,9 +164,10 @@ impl Imports {
     }
 }
 
-/// Links every capability.
+/// Links every capability, the contract's at both versions.
 pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
-    CAPABILITIES.iter().try_for_each(|capability| (capability.link)(linker))
+    CAPABILITIES.iter().try_for_each(|capability| (capability.link)(linker))?;
+    contract_0_2::link(linker)
 }
 
 /// What the sandbox grants, for error messages.
@@ -144,23 +180,37 @@ pub fn is_granted(import: &str) -> bool {
     CAPABILITIES.iter().any(|capability| capability.serves.serves(import))
 }
 
-/// Refuses a component that uses the contract at another version, or that
-/// imports anything no capability serves.
-pub(super) fn check_imports(engine: &Engine, module: &str, component: &Component) -> Result<(), LoadError> {
+/// The version of the contract a component was built for (the current one
+/// when it names none); refuses a component that uses the contract at a
+/// version the host does not serve, or at two versions, or that imports
+/// anything no capability serves.
+pub(super) fn check_imports(engine: &Engine, module: &str, component: &Component) -> Result<Contract, LoadError> {
     let component_type = component.component_type();
     let imports: Vec<String> = component_type.imports(engine).map(|(name, _)| name.to_owned()).collect();
     let exports = component_type.exports(engine).map(|(name, _)| name.to_owned());
-    let (package, version) = contract_parts();
-    let other_version = imports.iter().cloned().chain(exports).find_map(|name| {
-        let found = name.strip_prefix(package)?.strip_prefix('/')?.split_once('@')?.1.to_owned();
-        (found != version).then(|| format!("{package}@{found}"))
-    });
-    if let Some(found) = other_version {
-        return Err(LoadError::ContractVersion { module: module.to_owned(), found });
-    }
+    let package = contract_parts().0;
+    let mut versions: Vec<String> = imports
+        .iter()
+        .cloned()
+        .chain(exports)
+        .filter_map(|name| Some(name.strip_prefix(package)?.strip_prefix('/')?.split_once('@')?.1.to_owned()))
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let contract = match &versions[..] {
+        [] => Contract::Current,
+        [version] => Contract::of_version(version).ok_or_else(|| LoadError::ContractVersion {
+            module: module.to_owned(),
+            found: format!("{package}@{version}"),
+        })?,
+        several => {
+            let found = several.iter().map(|v| format!("{package}@{v}")).collect::<Vec<_>>().join(" and ");
+            return Err(LoadError::ContractVersion { module: module.to_owned(), found: format!("{found} at once") });
+        }
+    };
     let forbidden: Vec<String> = imports.into_iter().filter(|import| !is_granted(import)).collect();
     if forbidden.is_empty() {
-        Ok(())
+        Ok(contract)
     } else {
         Err(LoadError::ForbiddenImports { module: module.to_owned(), imports: forbidden })
     }
@@ -173,7 +223,7 @@ mod tests {
     /// The interfaces the WIT world `module` imports, read from the file
     /// the bindings are generated from.
     fn world_imports() -> Vec<String> {
-        let wit = include_str!("../../../wit/handler.wit");
+        let wit = include_str!("../../../wit/handler-0.3.wit");
         let world = &wit[wit.find("world module").expect("the world")..];
         world
             .lines()
@@ -190,6 +240,11 @@ mod tests {
         }
         assert!(!is_granted(&interface("handler")), "the export is not an import");
         assert!(!is_granted("wakuwaku:handler/state@0.1.0"));
+        assert!(is_granted("wakuwaku:handler/state@0.2.0"), "the previous contract's imports are served");
+        assert!(!is_granted("wakuwaku:handler/handler@0.2.0"), "the export is not an import");
+        assert_eq!(Contract::of_version("0.2.0"), Some(Contract::V0_2));
+        assert_eq!(Contract::of_version("0.3.0"), Some(Contract::Current));
+        assert_eq!(Contract::of_version("0.4.0"), None);
         assert!(!is_granted("evil:net/socket"));
         assert!(is_granted("wasi:cli/environment@0.2.0"));
     }

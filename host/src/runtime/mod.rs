@@ -4,7 +4,7 @@
 //! everything a module is allowed to do is decided here:
 //!
 //! - **Only the contract is linked, one capability at a time.** Each import
-//!   of `wit/handler.wit` is a unit of its own, with its rules: [`state`]
+//!   of `wit/handler-0.3.wit` is a unit of its own, with its rules: [`state`]
 //!   (the key's entries and shared counters), [`emit`] (messages to the
 //!   module's declared topics), [`log`] (diagnostics), and [`wasi`] (WASI
 //!   with an empty context: no preopened directory, no environment, no
@@ -15,7 +15,13 @@
 //!   version the linker lacks included) is refused, and the error lists
 //!   the imports; a granted name imported with functions the host lacks is
 //!   refused as an import mismatch. A component built for another version
-//!   of the contract is refused with both versions named.
+//!   of the contract is refused with the versions named.
+//! - **Modules of the previous contract keep running.** A component built
+//!   for `wakuwaku:handler@0.2.0` is recognised at load by the versions of
+//!   its imports and export and bound with that version's bindings
+//!   ([`contract_0_2`]): the same capabilities serve it, and its event
+//!   types are all untimed. So a host upgrade never stops a pinned module
+//!   version from running.
 //! - **Every value crossing the boundary is checked.** What a module hands
 //!   an import is checked at the call (the rules of
 //!   [`wakuwaku_core::limits`], applied by the [`KeyScope`] of the call);
@@ -72,7 +78,7 @@ use wakuwaku_core::limits::{ContractError, check_combined_body, check_descriptio
 use wasmtime::component::{Linker, ResourceTableError};
 use wasmtime::{Config, Engine, Store, StoreLimitsBuilder, Trap};
 
-use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
+use crate::event::{Algebra, EventAtomicOrdering, EventTiming, EventTypeTag};
 use crate::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
 use crate::key::Key;
 
@@ -81,6 +87,7 @@ mod cache;
 pub mod capabilities;
 pub mod compiler;
 pub mod component_file;
+mod contract_0_2;
 pub mod emit;
 mod instance_limits;
 pub mod log;
@@ -89,7 +96,7 @@ pub mod wasi;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/handler-0.3.wit",
         world: "module",
         // State reads may fail in the host; those imports trap with a host
         // fault instead of answering the guest.
@@ -97,12 +104,15 @@ mod bindings {
     });
 }
 
-use bindings::exports::wakuwaku::handler::handler as guest;
 use bindings::wakuwaku::handler::types;
 
 /// The WIT package and version this host implements, read from
-/// `wit/handler.wit`.
+/// `wit/handler-0.3.wit`.
 pub const CONTRACT: &str = wakuwaku_core::limits::CONTRACT;
+
+/// The previous version of the contract, which the host still loads
+/// ([`contract_0_2`]).
+pub const CONTRACT_0_2: &str = wakuwaku_core::limits::CONTRACT_0_2;
 
 /// How often the epoch ticks; the CPU budget is rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -249,8 +259,8 @@ pub enum LoadError {
     },
     /// The component was built for another version of the contract.
     #[error(
-        "module `{module}` was built for {found}, but this host implements {CONTRACT}; rebuild it with a \
-         wakuwaku-guest SDK for {CONTRACT}"
+        "module `{module}` was built for {found}, but this host implements {CONTRACT} (and loads modules built \
+         for {CONTRACT_0_2}); rebuild it with a wakuwaku-guest SDK for {CONTRACT}"
     )]
     ContractVersion {
         /// The module's name.
@@ -547,7 +557,7 @@ impl Sandbox {
             .and_then(|()| component_file::check_code(bytes).map(drop))
             .map_err(|e| LoadError::Invalid { module: name.to_owned(), reason: e.to_string() })?;
         let (component, from_cache) = cache::compile(self, name, bytes)?;
-        capabilities::check_imports(&self.shared.engine, name, &component)?;
+        let contract = capabilities::check_imports(&self.shared.engine, name, &component)?;
         // Linking checks imports before exports: a mismatch found here is
         // an import's, not a missing handler export.
         self.shared
@@ -558,7 +568,10 @@ impl Sandbox {
             .shared
             .linker
             .instantiate_pre(&component)
-            .and_then(bindings::ModulePre::new)
+            .and_then(|pre| match contract {
+                capabilities::Contract::Current => bindings::ModulePre::new(pre).map(Pre::Current),
+                capabilities::Contract::V0_2 => contract_0_2::bindings::ModulePre::new(pre).map(Pre::V0_2),
+            })
             .map_err(|e| LoadError::NotAHandler { module: name.to_owned(), reason: format!("{e:#}") })?;
         let mut module = WasmModule {
             handle: ModuleHandle { name: name.to_owned(), pre, sandbox: self.clone(), emits: Arc::from([]) },
@@ -680,6 +693,13 @@ fn algebra_from_wit(algebra: types::Algebra) -> Algebra {
     }
 }
 
+fn timing_from_wit(timing: types::Timing) -> EventTiming {
+    match timing {
+        types::Timing::Untimed => EventTiming::Untimed,
+        types::Timing::Timed => EventTiming::Timed,
+    }
+}
+
 fn class_from_wit(class: types::ErrorClass) -> ErrorClass {
     match class {
         types::ErrorClass::Transient => ErrorClass::Transient,
@@ -738,11 +758,36 @@ impl HandlerModule for WasmModule {
     }
 }
 
+/// A pre-linked component, bound with the bindings of the contract version
+/// it was built for.
+#[derive(Clone)]
+enum Pre {
+    /// [`CONTRACT`].
+    Current(bindings::ModulePre<StoreData>),
+    /// [`CONTRACT_0_2`].
+    V0_2(contract_0_2::bindings::ModulePre<StoreData>),
+}
+
+/// The exports of one instance, by contract version.
+enum Exports {
+    Current(bindings::Module),
+    V0_2(contract_0_2::bindings::Module),
+}
+
+impl Pre {
+    fn instantiate(&self, store: &mut Store<StoreData>) -> wasmtime::Result<Exports> {
+        match self {
+            Self::Current(pre) => pre.instantiate(store).map(Exports::Current),
+            Self::V0_2(pre) => pre.instantiate(store).map(Exports::V0_2),
+        }
+    }
+}
+
 /// What an instance needs to replace itself after a trap.
 #[derive(Clone)]
 struct ModuleHandle {
     name: String,
-    pre: bindings::ModulePre<StoreData>,
+    pre: Pre,
     sandbox: Sandbox,
     emits: Arc<[String]>,
 }
@@ -750,7 +795,7 @@ struct ModuleHandle {
 impl ModuleHandle {
     /// A fresh store and instance, its start-up code run under the CPU
     /// budget.
-    fn instantiate(&self) -> Result<(Store<StoreData>, bindings::Module), CallError> {
+    fn instantiate(&self) -> Result<(Store<StoreData>, Exports), CallError> {
         let mut attempts = 1;
         loop {
             let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
@@ -772,7 +817,7 @@ impl ModuleHandle {
 /// One instance of a [`WasmModule`], with its own store.
 pub struct WasmInstance {
     store: Store<StoreData>,
-    bindings: bindings::Module,
+    bindings: Exports,
     module: ModuleHandle,
     poisoned: bool,
 }
@@ -796,7 +841,7 @@ impl WasmInstance {
     fn call<R: Send>(
         &mut self,
         seed: u64,
-        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
+        f: impl FnOnce(&Exports, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
         self.prepare(seed)?;
         let payload = self.module.sandbox.payload;
@@ -809,10 +854,10 @@ impl WasmInstance {
     /// [`CallError::HostFault`] and traps into [`CallError::Trap`].
     fn invoke<R: Send>(
         &mut self,
-        f: impl FnOnce(&guest::Guest, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
+        f: impl FnOnce(&Exports, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
         let (bindings, store) = (&self.bindings, &mut self.store);
-        let result = match blocking::off_async_runtime(|| f(bindings.wakuwaku_handler_handler(), store)) {
+        let result = match blocking::off_async_runtime(|| f(bindings, store)) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => {
                 Err(CallError::Handler { class: class_from_wit(error.class), message: error_message(error.message) })
@@ -830,8 +875,14 @@ impl WasmInstance {
     /// answer against the rules of `module-info`.
     fn describe(&mut self) -> Result<(Vec<EventType>, Vec<String>), String> {
         let seed = wasi::call_seed("describe", 0, &[], &[] as &[&[u8]]);
-        let info =
-            self.call(seed, |guest, store| guest.call_describe(store).map(Ok)).map_err(|error| error.to_string())?;
+        let info = self
+            .call(seed, |exports, store| match exports {
+                Exports::Current(m) => m.wakuwaku_handler_handler().call_describe(store).map(Ok),
+                Exports::V0_2(m) => {
+                    m.wakuwaku_handler_handler().call_describe(store).map(contract_0_2::module_info).map(Ok)
+                }
+            })
+            .map_err(|error| error.to_string())?;
         let types = info.event_types.iter().map(|t| (t.tag, t.name.as_str(), t.max_batch));
         check_description(types, &info.emits).map_err(|error| error.to_string())?;
         let event_types = info
@@ -842,6 +893,7 @@ impl WasmInstance {
                 name: t.name,
                 algebra: algebra_from_wit(t.algebra),
                 max_batch: t.max_batch,
+                timing: timing_from_wit(t.timing),
             })
             .collect();
         Ok((event_types, info.emits))
@@ -858,7 +910,12 @@ impl HandlerInstance for WasmInstance {
         let data = self.store.data_mut();
         data.log.begin(Some(key.clone()), *scope.limits());
         data.scope = Some(scope.take_for_call());
-        let result = self.invoke(|guest, store| guest.call_handle(store, tag.get(), key.as_bytes(), bodies));
+        let result = self.invoke(|exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies),
+            Exports::V0_2(m) => {
+                contract_0_2::answer(m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies))
+            }
+        });
         if let Some(taken) = self.store.data_mut().scope.take() {
             *scope = taken;
         }
@@ -867,20 +924,45 @@ impl HandlerInstance for WasmInstance {
 
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
         let seed = wasi::call_seed("combine", tag.get(), &[], bodies);
-        let body = self.call(seed, |guest, store| guest.call_combine(store, tag.get(), bodies))?;
+        let body = self.call(seed, |exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies),
+            Exports::V0_2(m) => {
+                contract_0_2::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
+            }
+        })?;
         check_combined_body(&self.module.sandbox.payload, &body)?;
         Ok(body)
     }
 
     fn key(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Key, CallError> {
         let seed = wasi::call_seed("key", tag.get(), &[], &[body]);
-        let bytes = self.call(seed, |guest, store| guest.call_key(store, tag.get(), body))?;
+        let bytes = self.call(seed, |exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_key(store, tag.get(), body),
+            Exports::V0_2(m) => contract_0_2::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
+        })?;
         Ok(check_key(&bytes)?)
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
         let seed = wasi::call_seed("ordering", tag.get(), &[], &[body]);
-        self.call(seed, |guest, store| guest.call_ordering(store, tag.get(), body)).map(ordering_from_wit)
+        self.call(seed, |exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body),
+            Exports::V0_2(m) => {
+                contract_0_2::answer(m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body))
+                    .map(|answer| answer.map(contract_0_2::ordering))
+            }
+        })
+        .map(ordering_from_wit)
+    }
+
+    /// A module of the 0.2 contract has no `event-time` export and no timed
+    /// type: none.
+    fn event_time(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Option<i64>, CallError> {
+        let seed = wasi::call_seed("event-time", tag.get(), &[], &[body]);
+        self.call(seed, |exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body),
+            Exports::V0_2(_) => Ok(Ok(None)),
+        })
     }
 }
 

@@ -3,9 +3,10 @@
 //! `waku-event-time` header), exactly once, across restarts and SIGKILLs,
 //! and delivers late events at once, counted.
 //!
-//! The workload is the probe's ledger: `seq` rises with each key's event
-//! time, and the module counts `out_of_order` when it sees it fall, so the
-//! state says whether the order held; `ledger` counts the entries applied.
+//! The workload is the probe's timed ledger (`TimedLedger`, a timed type):
+//! `seq` rises with each key's event time, and the module counts
+//! `out_of_order` when it sees it fall, so the state says whether the order
+//! held; `ledger` counts the entries applied.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -28,7 +29,8 @@ use wakuwaku::state::StateStore;
 use crate::common::{probe_wasm, text, waku, waku_command};
 
 const PARTITIONS: u32 = 2;
-const LEDGER: EventTypeTag = EventTypeTag::new(50);
+/// The probe's `TimedLedger`.
+const LEDGER: EventTypeTag = EventTypeTag::new(51);
 /// 2026-12-02T00:00:00Z, in ms.
 const BASE_MS: i64 = 1_796_169_600_000;
 
@@ -78,8 +80,9 @@ fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static s
     entries
 }
 
-/// Appends `entries` to their topics, each with its `waku-event-time`
-/// header, in the order given.
+/// Appends `entries` to their topics in the order given, each with the
+/// headers the module writes for it (`waku-event-time` from its body's
+/// `at`).
 async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     for topic in ["a", "b"] {
@@ -91,11 +94,12 @@ async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, 
     let mut instance = module.instantiate().unwrap();
     for (topic, entry) in entries {
         let body = serde_json::to_vec(&serde_json::json!({
-            "key": entry.key, "seq": entry.seq, "amount": entry.amount, "fail": null, "ordering": "relaxed"
+            "key": entry.key, "seq": entry.seq, "amount": entry.amount, "fail": null, "ordering": "relaxed",
+            "at": entry.event_time
         }))
         .unwrap();
-        let mut headers = headers_for(&mut *instance, &event_type, &body).unwrap();
-        headers.event_time = Some(entry.event_time);
+        let headers = headers_for(&mut *instance, &event_type, &body).unwrap();
+        assert_eq!(headers.event_time, Some(entry.event_time), "the module's event time");
         let partition = partition_for(headers.key.key_hash(), PARTITIONS);
         log.append(topic, vec![(partition, vec![Record { headers: headers.to_headers(), body }])]).await.unwrap();
     }
@@ -295,4 +299,81 @@ async fn killing_the_host_while_events_are_held_loses_none_and_repeats_none() {
     assert_eq!(found.out_of_order, None, "after {killed} kills, a key saw its entries out of event-time order");
     assert_eq!(found.applied_entries, (keys * per_key) as i128, "after {killed} kills, not exactly once");
     assert_eq!(found.balances, oracle_balances(&entries));
+}
+
+/// A timed ledger entry as a JSON line for `waku publish` and `waku test`,
+/// stamped `at` (none when `None`).
+fn timed_line(key: u64, seq: u64, at: Option<i64>) -> String {
+    let body = serde_json::json!({
+        "key": key, "seq": seq, "amount": seq, "fail": null, "ordering": "relaxed", "at": at
+    });
+    serde_json::json!({ "type": "TimedLedger", "body": body }).to_string()
+}
+
+/// `waku publish` asks the module for a timed type's event time and writes
+/// it into `waku-event-time` (the bytes README documents for other
+/// producers); an untimed type's message carries none; a timed event the
+/// module has no time for is refused with the rule, and nothing of the
+/// file is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waku_publish_writes_the_modules_event_time_and_refuses_a_timed_event_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    probe(dir.path());
+    let probe = probe_wasm().display().to_string();
+    let untimed =
+        r#"{"type": "Ledger", "body": {"key": 1, "seq": 2, "amount": 1, "fail": null, "ordering": "relaxed"}}"#;
+    let lines = [timed_line(1, 1, Some(1_796_212_800_000)), untimed.to_owned()];
+    std::fs::write(dir.path().join("good.jsonl"), lines.join("\n")).unwrap();
+    let publish = |file: &str| {
+        let args = ["publish", "--data", "data", "--topic", "a", "--partitions", "1", "--module", &probe, file];
+        waku(&args, dir.path())
+    };
+    let out = publish("good.jsonl");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let bad = [timed_line(2, 1, Some(1)), timed_line(2, 2, None)].join("\n");
+    std::fs::write(dir.path().join("bad.jsonl"), bad).unwrap();
+    let out = publish("bad.jsonl");
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("line 2") && stderr.contains("event-time-declared: event type `TimedLedger`"), "{stderr}");
+
+    let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
+    let records = log.read("a", 0, 0, 10).await.unwrap();
+    let event_times: Vec<Option<Vec<u8>>> = records
+        .iter()
+        .map(|r| r.record.headers.iter().find(|h| h.name == header_name::EVENT_TIME).map(|h| h.value.clone()))
+        .collect();
+    // 2026-12-02T12:00:00Z, as README "Event time across topics" shows it.
+    assert_eq!(event_times, [Some(vec![0x00, 0x3a, 0xa0, 0x36, 0xa2, 0x01, 0x00, 0x00]), None], "nothing of bad.jsonl");
+}
+
+/// `waku test` with two files consumes them as two topics of one
+/// projection, as the host does: each key's timed entries are applied in
+/// event-time order across the files, whatever file they are in.
+#[test]
+fn waku_test_applies_timed_events_across_files_in_event_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = probe_wasm().display().to_string();
+    // Key 1's entries alternate between the files; `seq` rises with time.
+    let a: Vec<String> = [1u64, 3, 5].iter().map(|&seq| timed_line(1, seq, Some(BASE_MS + seq as i64))).collect();
+    let b: Vec<String> = [2u64, 4, 6].iter().map(|&seq| timed_line(1, seq, Some(BASE_MS + seq as i64))).collect();
+    std::fs::write(dir.path().join("a.jsonl"), a.join("\n")).unwrap();
+    std::fs::write(dir.path().join("b.jsonl"), b.join("\n")).unwrap();
+
+    let out = waku(&["test", &probe, "a.jsonl", "b.jsonl", "--expect", "expected.json", "--update"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let outcome: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("expected.json")).unwrap()).unwrap();
+    let key = &outcome["keys"]["1"]["state"];
+    assert_eq!((&key["seq"], &key["balance"]), (&serde_json::json!(6), &serde_json::json!(21)), "{outcome}");
+    assert_eq!(outcome["counters"]["ledger"], serde_json::json!(6), "{outcome}");
+    assert!(outcome["counters"].get("out_of_order").is_none(), "applied out of event-time order: {outcome}");
+
+    // One file is one topic, applied in its order.
+    let out = waku(&["test", &probe, "b.jsonl", "--expect", "one.json", "--update"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let outcome: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("one.json")).unwrap()).unwrap();
+    assert_eq!(outcome["keys"]["1"]["state"]["seq"], serde_json::json!(6), "{outcome}");
 }

@@ -4,6 +4,10 @@
 //! below the end offset read before anything was read, so no event is
 //! late; a rule that took its silence for the end would have let the other
 //! topic push the clock past its history.
+//!
+//! And each event type is held to what it declares: a timed type's message
+//! without its event time is dead-lettered naming the rule, an untimed
+//! type's header is ignored, and records routed to retry keep their time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +21,8 @@ use wakuwaku::log::{EventLog, Record};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{fresh_stream, host_settings, json_record, postgres_url, probe_module};
 
-const LEDGER: EventTypeTag = EventTypeTag::new(50);
+/// The probe's `TimedLedger`, a timed type.
+const LEDGER: EventTypeTag = EventTypeTag::new(51);
 const BASE_MS: i64 = 1_796_169_600_000;
 
 /// Key `key`'s entry `seq`, stamped `event_time`.
@@ -101,4 +106,89 @@ async fn start_up_race(projection: &str, url: Option<String>) {
     }
     let held = shown.lines().find(|line| line.starts_with("waku_held_events{")).unwrap_or_else(|| panic!("{shown}"));
     assert!(held.ends_with(" 0"), "{held}");
+}
+
+/// The probe's `Ledger`, an untimed type sharing `TimedLedger`'s handler
+/// (and so a key's `seq`).
+const UNTIMED_LEDGER: EventTypeTag = EventTypeTag::new(50);
+
+/// A ledger entry of type `tag`, with a `waku-event-time` header when
+/// `event_time` is given, failing as `fail` says.
+fn ledger(tag: EventTypeTag, key: u64, seq: u64, event_time: Option<i64>, fail: Option<&str>) -> Record {
+    let body = json!({ "key": key, "seq": seq, "amount": 1, "fail": fail, "ordering": "relaxed" });
+    let mut record = json_record(tag, key, body);
+    if let Some(time) = event_time {
+        record.headers.push(Header { name: header_name::EVENT_TIME.into(), value: time.to_le_bytes().to_vec() });
+    }
+    record
+}
+
+/// The host enforces what each type declares (`event-time-declared`,
+/// `event-time-untimed`), and a record routed to retry keeps its event
+/// time:
+/// - key 1: a timed entry without the header is dead-lettered naming the
+///   rule; its other entry is applied;
+/// - key 3: an untimed entry stamped later than a timed one of the key is
+///   applied as it arrives, first, so the key's `seq` stays in order (were
+///   the header honoured, the timed entry would go first and the key see
+///   `seq` fall);
+/// - key 4: a timed entry that fails as retryable goes to the retry topic
+///   with its `waku-event-time`, and from there to the dead-letter topic
+///   with it still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_type_is_held_to_its_event_time_declaration_and_retried_records_keep_their_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    for topic in ["early", "late"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let early = vec![
+        ledger(LEDGER, 1, 1, Some(BASE_MS + 1000), None),
+        ledger(LEDGER, 3, 2, Some(BASE_MS + 1000), None),
+        ledger(LEDGER, 4, 1, Some(BASE_MS + 4000), Some("retryable")),
+    ];
+    let late = vec![ledger(LEDGER, 1, 2, None, None), ledger(UNTIMED_LEDGER, 3, 1, Some(BASE_MS + 5000), None)];
+    log.append("early", vec![(0, early)]).await.unwrap();
+    log.append("late", vec![(0, late)]).await.unwrap();
+
+    let mut consumer = ConsumerConfig::default();
+    consumer.retry.delays = vec![std::time::Duration::from_millis(10)];
+    consumer.retry.max_attempts = 2;
+    let mut settings = host_settings(dir.path(), "ledger", "early", vec![probe_module()], consumer);
+    settings.more_topics = vec!["late".to_owned()];
+    let (summary, projection) = wakuwaku_tests::catch_up(&log, settings).await.unwrap();
+    assert_eq!(summary.order_violations, 0, "{summary:?}");
+    let store = projection.store();
+    let counters: std::collections::HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
+    assert_eq!(counters.get("out_of_order"), None, "key 3's untimed entry was held by its header");
+    assert_eq!(counters.get("ledger"), Some(&3), "keys 1 and 3 applied, the missing time and key 4 not");
+
+    // Key 1's entry without its time: dead-lettered, naming the rule.
+    let letters = wakuwaku::dead_letter::list(&*log, "early", "ledger", store).await.unwrap();
+    let reasons: Vec<String> = letters
+        .iter()
+        .filter_map(|letter| letter.routed.failure.as_ref().map(|failure| failure.message.clone()))
+        .collect();
+    let declared = reasons
+        .iter()
+        .find(|reason| reason.starts_with("event-time-declared: event type `TimedLedger` (tag 51)"))
+        .unwrap_or_else(|| panic!("no event-time-declared dead letter in {reasons:?}"));
+    assert!(declared.contains("no `waku-event-time` header"), "{declared}");
+
+    // Key 4's entry in the retry topic, and in the dead-letter topic once
+    // retried, with its event time.
+    let stamped = (BASE_MS + 4000).to_le_bytes().to_vec();
+    let time_of =
+        |record: &Record| record.headers.iter().find(|h| h.name == header_name::EVENT_TIME).map(|h| h.value.clone());
+    let retried = log.read(projection.routed_topics().retry(), 0, 0, 10).await.unwrap();
+    assert!(!retried.is_empty(), "key 4 went to retry");
+    for stored in &retried {
+        assert_eq!(time_of(&stored.record), Some(stamped.clone()), "a retry record keeps the event time");
+    }
+    let key_4 = letters
+        .iter()
+        .find(|letter| letter.envelope.as_ref().is_ok_and(|envelope| envelope.key == wakuwaku::key::Key::int(4u64)));
+    if let Some(letter) = key_4 {
+        assert_eq!(letter.envelope.as_ref().unwrap().event_time, Some(BASE_MS + 4000), "and so does its dead letter");
+    }
 }

@@ -194,6 +194,20 @@ fn a_module_of_the_previous_contract_is_refused_naming_both_versions() {
     }
 }
 
+#[test]
+fn a_module_using_two_contract_versions_at_once_is_refused_naming_both() {
+    match sandbox().load("mixed", &liar::mixed_contract()) {
+        Err(error @ LoadError::ContractVersion { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains(wakuwaku::runtime::CONTRACT_0_2), "{message}");
+            assert!(message.contains(wakuwaku::runtime::CONTRACT), "{message}");
+            assert!(message.contains("at once"), "{message}");
+        }
+        Err(other) => panic!("expected a contract version error, got {other}"),
+        Ok(_) => panic!("a module of two contract versions loaded"),
+    }
+}
+
 /// A projection of the probe (tags 1..) and an honest liar (tags 100..).
 fn two_module_projection(dir: &std::path::Path) -> Arc<Projection> {
     let sandbox = sandbox();

@@ -7,6 +7,7 @@
 mod admin;
 mod bank;
 mod consumer;
+mod contract_versions;
 mod event_time;
 mod guest_output;
 mod host;

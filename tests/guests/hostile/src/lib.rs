@@ -1,6 +1,8 @@
 //! A handler module written by an attacker: against the raw WIT
-//! (`wit/handler.wit`, world `module`) through `wit-bindgen` alone, without
-//! the guest SDK and its guard rails. Each event type is one attack on the
+//! (`wit/handler.wit`, the 0.2 contract, world `module`) through
+//! `wit-bindgen` alone, without the guest SDK and its guard rails. It stays
+//! on 0.2, the contract the host still loads unchanged: the imports it
+//! attacks are the same in 0.3 and served by the same code. Each event type is one attack on the
 //! host; the body (JSON, see [`Params`]) picks the attack's size, so tests
 //! can scale it. The tags (200 and up) collide with none of the bank's
 //! (1–5), the probe's or the liar's.
@@ -33,7 +35,7 @@ use serde::Deserialize;
 
 #[allow(missing_docs, unsafe_op_in_unsafe_fn, clippy::all)]
 mod bindings {
-    wit_bindgen::generate!({ path: "../../../wit", world: "module" });
+    wit_bindgen::generate!({ path: "../../../wit/handler.wit", world: "module" });
 }
 
 use bindings::exports::wakuwaku::handler::handler::{Guest, MessageOrdering};

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{
-    Context, ErrorClass, Event, EventAtomicOrdering, EventTypeTag, Handler, HandlerError, PartitionKey,
+    Context, ErrorClass, Event, EventAtomicOrdering, EventTiming, EventTypeTag, Handler, HandlerError, PartitionKey,
 };
 
 /// Every probe event is keyed by a plain number.
@@ -101,29 +101,74 @@ impl Event for Ledger {
 /// The probe module.
 pub struct Probe;
 
+/// The ledger entry of a timed type: applied by the ledger's handler, in
+/// event-time order across a projection's topics. Its event time is `at`
+/// when the body has it (`None` breaks the declaration); the tests that
+/// stamp `waku-event-time` themselves leave it out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimedLedger {
+    /// The entry.
+    #[serde(flatten)]
+    pub entry: Ledger,
+    /// Its event time.
+    #[serde(default)]
+    pub at: Option<i64>,
+}
+
+impl Event for TimedLedger {
+    const TYPE_TAG: EventTypeTag = EventTypeTag::new(51);
+    const NAME: &'static str = "TimedLedger";
+    const MAX_BATCH: u32 = 1;
+    const TIMING: EventTiming = EventTiming::Timed;
+    type Key = ProbeKey;
+
+    fn key(&self) -> ProbeKey {
+        self.entry.key()
+    }
+
+    fn atomic_ordering(&self) -> EventAtomicOrdering {
+        self.entry.atomic_ordering()
+    }
+
+    fn event_time(&self) -> Option<i64> {
+        self.at
+    }
+}
+
+impl Handler<TimedLedger> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[TimedLedger]) -> Result<(), HandlerError> {
+        apply_ledger(ctx, events.iter().map(|timed| &timed.entry))
+    }
+}
+
 impl Handler<Ledger> for Probe {
     fn handle(ctx: &mut Context<'_>, events: &[Ledger]) -> Result<(), HandlerError> {
-        for entry in events {
-            let class = match entry.fail.as_deref() {
-                None => None,
-                Some("trap") => panic!("ledger entry {} of key {} traps", entry.seq, entry.key),
-                Some("transient") => Some(ErrorClass::Transient),
-                Some("retryable") => Some(ErrorClass::Retryable),
-                Some(_) => Some(ErrorClass::Unrecoverable),
-            };
-            if let Some(class) = class {
-                return Err(HandlerError::new(class, format!("ledger entry {} of key {}", entry.seq, entry.key)));
-            }
-            if ctx.get::<u64>("seq")?.is_some_and(|last| last >= entry.seq) {
-                ctx.counter_add("out_of_order", 1)?;
-            }
-            ctx.set("seq", &entry.seq)?;
-            let balance = ctx.get::<i64>("balance")?.unwrap_or(0);
-            ctx.set("balance", &(balance + entry.amount))?;
-            ctx.counter_add("ledger", 1)?;
-        }
-        Ok(())
+        apply_ledger(ctx, events)
     }
+}
+
+/// Applies ledger entries (see [`Ledger`]).
+fn apply_ledger<'a>(ctx: &mut Context<'_>, events: impl IntoIterator<Item = &'a Ledger>) -> Result<(), HandlerError> {
+    for entry in events {
+        let class = match entry.fail.as_deref() {
+            None => None,
+            Some("trap") => panic!("ledger entry {} of key {} traps", entry.seq, entry.key),
+            Some("transient") => Some(ErrorClass::Transient),
+            Some("retryable") => Some(ErrorClass::Retryable),
+            Some(_) => Some(ErrorClass::Unrecoverable),
+        };
+        if let Some(class) = class {
+            return Err(HandlerError::new(class, format!("ledger entry {} of key {}", entry.seq, entry.key)));
+        }
+        if ctx.get::<u64>("seq")?.is_some_and(|last| last >= entry.seq) {
+            ctx.counter_add("out_of_order", 1)?;
+        }
+        ctx.set("seq", &entry.seq)?;
+        let balance = ctx.get::<i64>("balance")?.unwrap_or(0);
+        ctx.set("balance", &(balance + entry.amount))?;
+        ctx.counter_add("ledger", 1)?;
+    }
+    Ok(())
 }
 
 impl Handler<Spin> for Probe {
@@ -290,6 +335,6 @@ impl Handler<Raw> for Probe {
 }
 
 wakuwaku_guest::export_module!(
-    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, Raw;
+    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Raw;
     emits: ["notes-out", "out"]
 );

@@ -1,0 +1,70 @@
+//! A host upgrade never stops a pinned module version from running: a
+//! module built for the previous contract (`wakuwaku:handler@0.2.0`, the
+//! raw-WIT guest `tests/guests/tally-0-2`) loads and runs unchanged beside
+//! a module of the current one (0.3, the probe, built with the SDK), in
+//! one projection, published and consumed by the same host.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::event::{EventTiming, EventTypeTag, header_name};
+use wakuwaku::key::Key;
+use wakuwaku::log::EventLog;
+use wakuwaku::log::embedded::EmbeddedLog;
+use wakuwaku::projection::load_module_file;
+use wakuwaku::publish::{self, Outgoing};
+use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku_tests::{catch_up, guest_wasm, host_settings, probe_wasm};
+
+/// `Added` of the 0.2 module.
+const ADDED: EventTypeTag = EventTypeTag::new(300);
+/// The probe's `TimedLedger` (timed) and `Ledger` (untimed).
+const TIMED_LEDGER: EventTypeTag = EventTypeTag::new(51);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_of_the_0_2_contract_runs_beside_a_0_3_one_in_one_projection() {
+    let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+    let old = load_module_file(&sandbox, &guest_wasm("tests/guests/tally-0-2")).expect("the 0.2 module loads");
+    let new = load_module_file(&sandbox, &probe_wasm()).expect("the 0.3 module loads");
+    // A 0.2 module has no event time: all its types are untimed.
+    let timings = |module: &dyn wakuwaku::handler::HandlerModule| -> HashMap<u32, EventTiming> {
+        module.event_types().iter().map(|t| (t.tag.get(), t.timing)).collect()
+    };
+    assert_eq!(timings(&*old), HashMap::from([(300, EventTiming::Untimed)]));
+    assert_eq!(timings(&*new)[&51], EventTiming::Timed);
+    assert_eq!(timings(&*new)[&50], EventTiming::Untimed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("mixed", 1).await.unwrap();
+    let added =
+        |amount: i64| Outgoing { tag: ADDED, body: serde_json::to_vec(&json!({"key": 1, "amount": amount})).unwrap() };
+    publish::publish(&*log, "mixed", old.clone(), vec![added(5), added(7)], None, 1).await.unwrap();
+    let entry =
+        json!({"key": 2, "seq": 1, "amount": 3, "fail": null, "ordering": "relaxed", "at": 1_796_169_600_000i64});
+    let timed = Outgoing { tag: TIMED_LEDGER, body: serde_json::to_vec(&entry).unwrap() };
+    publish::publish(&*log, "mixed", new.clone(), vec![timed], None, 1).await.unwrap();
+    publish::publish(&*log, "mixed", old.clone(), vec![added(-2)], None, 1).await.unwrap();
+
+    // The publisher asked each module what it can answer: no event time of
+    // the 0.2 module, the 0.3 module's for its timed type.
+    let records = log.read("mixed", 0, 0, 10).await.unwrap();
+    let event_times: Vec<Option<Vec<u8>>> = records
+        .iter()
+        .map(|r| r.record.headers.iter().find(|h| h.name == header_name::EVENT_TIME).map(|h| h.value.clone()))
+        .collect();
+    let stamped = 1_796_169_600_000i64.to_le_bytes().to_vec();
+    assert_eq!(event_times, [None, None, Some(stamped), None]);
+
+    let settings = host_settings(dir.path(), "mixed", "mixed", vec![old, new], ConsumerConfig::default());
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (4, 0), "{summary:?}");
+    let store = projection.store();
+    let amounts = store.get(&Key::int(1u64), "amounts").unwrap().expect("the 0.2 module wrote its state");
+    assert_eq!(serde_json::from_slice::<Vec<i64>>(&amounts).unwrap(), [5, 7, -2], "in log order");
+    let balance = store.get(&Key::int(2u64), "balance").unwrap().expect("the 0.3 module wrote its state");
+    assert_eq!(serde_json::from_slice::<i64>(&balance).unwrap(), 3);
+    let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
+    assert_eq!((counters.get("added"), counters.get("ledger")), (Some(&3), Some(&1)));
+}
