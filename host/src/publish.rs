@@ -278,3 +278,50 @@ pub fn headers_for(
         event_time,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Algebra, EventAtomicOrdering};
+    use crate::handler::{HandlerInstance, KeyScope};
+    use crate::key::Key;
+
+    /// Answers `event-time` with `time`, and key 7 and relaxed.
+    struct Stamps(Option<i64>);
+
+    impl HandlerInstance for Stamps {
+        fn handle(&mut self, _: &mut KeyScope, _: EventTypeTag, _: &[Vec<u8>]) -> Result<(), CallError> {
+            Ok(())
+        }
+        fn combine(&mut self, _: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
+            Ok(bodies[0].clone())
+        }
+        fn key(&mut self, _: EventTypeTag, _: &[u8]) -> Result<Key, CallError> {
+            Ok(Key::int(7u64))
+        }
+        fn ordering(&mut self, _: EventTypeTag, _: &[u8]) -> Result<EventAtomicOrdering, CallError> {
+            Ok(EventAtomicOrdering::Relaxed)
+        }
+        fn event_time(&mut self, _: EventTypeTag, _: &[u8]) -> Result<Option<i64>, CallError> {
+            Ok(self.0)
+        }
+    }
+
+    fn event_type(timing: EventTiming) -> EventType {
+        let tag = EventTypeTag::new(3);
+        EventType { tag, name: "Shipped".into(), algebra: Algebra::NonAssociative, max_batch: 1, timing }
+    }
+
+    #[test]
+    fn a_timed_type_gets_the_modules_time_and_none_is_refused_naming_the_rule() {
+        let timed = event_type(EventTiming::Timed);
+        assert_eq!(headers_for(&mut Stamps(Some(-5)), &timed, b"{}").unwrap().event_time, Some(-5));
+        let refused = headers_for(&mut Stamps(None), &timed, b"{}").unwrap_err();
+        assert!(
+            refused.to_string().contains("event-time-declared: event type `Shipped` (tag 3) declares event time"),
+            "{refused}"
+        );
+        let untimed = event_type(EventTiming::Untimed);
+        assert_eq!(headers_for(&mut Stamps(Some(9)), &untimed, b"{}").unwrap().event_time, None, "never asked");
+    }
+}

@@ -336,7 +336,7 @@ async fn waku_publish_writes_the_modules_event_time_and_refuses_a_timed_event_wi
     let out = publish("bad.jsonl");
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("line 2") && stderr.contains("event-time-declared: event type `TimedLedger`"), "{stderr}");
+    assert!(stderr.contains("line 2") && stderr.contains("event-time-declared: TimedLedger"), "{stderr}");
 
     let log = EmbeddedLog::open(dir.path().join("data/log.redb")).unwrap();
     let records = log.read("a", 0, 0, 10).await.unwrap();
