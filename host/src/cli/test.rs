@@ -1,7 +1,7 @@
 //! `waku test`: a built component on sample events, compared with a
 //! stored outcome.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -46,7 +46,7 @@ pub(super) struct TestArgs {
 
 /// The text of an events file; a component given in its place is named,
 /// with the order the arguments go in.
-fn read_events(path: &PathBuf, module: &PathBuf) -> Result<String> {
+fn read_events(path: &Path, module: &Path) -> Result<String> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if bytes.starts_with(WASM_MAGIC) {
         bail!(
