@@ -42,6 +42,15 @@
 //!   idle), and otherwise one past the highest event time read (the log has
 //!   said everything it had, so everything read may go). The clock never
 //!   goes back.
+//! - **The processing-time clock reaches as far as the evidence**: the
+//!   earliest of the instants at which the event-time partitions were last
+//!   found at their ends (the `at` of [`ReleaseStage::observe_end`]; the host
+//!   takes it before it asks the log), never the instant of the release
+//!   itself. Each of them had said everything appended before its instant,
+//!   so the clock passes no event that was in the log then. An event
+//!   appended after with an earlier time is late, and counted: the one
+//!   thing the clock cannot know. With no event-time partition at all it
+//!   is the processing time given to [`ReleaseStage::release`].
 //! - **The clock is exclusive.** Every held event whose time is *below* the
 //!   clock is released; an event *at* the clock waits, because a counting
 //!   partition may still deliver another one at that same time that sorts
@@ -552,7 +561,11 @@ impl<T> ReleaseStage<T> {
             return counting.map(|state| state.clock).min().flatten();
         }
         if self.has_processing_time {
-            return Some(now);
+            // Every event-time input is idle: the processing time, as far
+            // as the evidence reaches, the earliest instant at which one of
+            // them was last found at its end.
+            let evidence = self.inputs.iter().filter(|state| state.input.clock == ClockSource::EventTime);
+            return Some(evidence.filter_map(|state| state.idle_since).min().map_or(now, |since| since.min(now)));
         }
         self.inputs.iter().filter_map(|state| state.clock).max().map(|highest| highest.saturating_add(1))
     }
@@ -873,6 +886,7 @@ pub mod test_support {
                 return Err(format!("input {input} commits {commit} past its position {}", status.position));
             }
         }
+        check_processing_time(stage, before)?;
         check_pauses(partitions, stage)?;
         // A late release happened at the read, before this step's release.
         let late_at_read = Some(clock_at_read);
@@ -894,6 +908,23 @@ pub mod test_support {
             if idle != matches!(progress, Progress::Idle { .. }) {
                 return Err(format!("input {input} after {read} reads: {progress:?}, the log says idle: {idle}"));
             }
+        }
+        Ok(())
+    }
+
+    /// With a processing-time input and every event-time input idle (and
+    /// none replaying), the clock is where the evidence reaches: the
+    /// earliest instant an event-time input was last found at its end,
+    /// unless it was past that already.
+    fn check_processing_time(stage: &ReleaseStage<()>, before: Option<Millis>) -> Result<(), String> {
+        let timed: Vec<_> = stage.inputs.iter().filter(|s| s.input.clock == ClockSource::EventTime).collect();
+        if !stage.has_processing_time || stage.replaying > 0 || timed.is_empty() || timed.iter().any(|s| s.counts()) {
+            return Ok(());
+        }
+        let evidence = timed.iter().filter_map(|s| s.idle_since).min();
+        let expected = before.max(evidence);
+        if stage.clock() != expected {
+            return Err(format!("processing-time clock {:?}, the evidence reaches {evidence:?}", stage.clock()));
         }
         Ok(())
     }
@@ -1221,12 +1252,26 @@ mod tests {
         assert_eq!(stage.clock(), Some(100), "while input 0 counts, processing time does not matter");
         stage.read(arrival(0, 1, Some(200)), &mut out).unwrap();
         stage.observe_end(0, 2, 150).unwrap();
-        stage.release(150, &mut out);
-        assert_eq!(stage.clock(), Some(150), "idle: the processing time");
+        stage.release(170, &mut out);
+        assert_eq!(stage.clock(), Some(150), "idle: the processing time of the evidence, not of the release");
         assert_eq!(offsets(&out), [(0, 0)]);
         assert_eq!(stage.held_events(), 1, "200 waits for the processing time to pass it");
-        stage.release(201, &mut out);
+        stage.release(300, &mut out);
+        assert_eq!(stage.clock(), Some(150), "no new evidence, no move");
+        stage.observe_end(0, 2, 201).unwrap();
+        stage.release(300, &mut out);
         assert_eq!((stage.clock(), stage.held_events()), (Some(201), 0));
+        // Live again: new data counts, holds the clock, and is in order.
+        stage.read(arrival(0, 2, Some(250)), &mut out).unwrap();
+        stage.release(400, &mut out);
+        assert_eq!((stage.clock(), stage.held_events()), (Some(250), 1), "counting again: its own clock");
+        stage.observe_end(0, 3, 260).unwrap();
+        stage.release(400, &mut out);
+        assert_eq!((stage.clock(), stage.held_events(), stage.violations()), (Some(260), 0, 0));
+        // An event appended after the evidence with an earlier time is late.
+        stage.read(arrival(0, 3, Some(255)), &mut out).unwrap();
+        assert_eq!(out.last().map(|r| r.release), Some(Release::Late { by: 5 }));
+        assert_eq!(stage.violations(), 1);
     }
 
     #[test]
