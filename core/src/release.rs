@@ -1031,6 +1031,10 @@ pub mod test_support {
                 outcome.replay_commits = outcome.commits.len() + 1;
             }
         }
+        // The log says again, at the end, that everything was read.
+        for (input, partition) in partitions.iter().enumerate() {
+            stage.observe_end(input, partition.records.len() as u64, LATE_NOW).map_err(|e| e.to_string())?;
+        }
         stage.release(LATE_NOW, &mut out);
         collect(partitions, &mut out, None, &mut outcome)?;
         outcome.violations = stage.violations();

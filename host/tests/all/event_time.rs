@@ -25,7 +25,7 @@ use wakuwaku::publish::headers_for;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 
-use crate::common::{probe_wasm, text, waku, waku_command};
+use crate::common::{inventory_wasm, probe_wasm, text, waku, waku_command};
 
 const PARTITIONS: u32 = 2;
 const LEDGER: EventTypeTag = EventTypeTag::new(50);
@@ -295,4 +295,25 @@ async fn killing_the_host_while_events_are_held_loses_none_and_repeats_none() {
     assert_eq!(found.out_of_order, None, "after {killed} kills, a key saw its entries out of event-time order");
     assert_eq!(found.applied_entries, (keys * per_key) as i128, "after {killed} kills, not exactly once");
     assert_eq!(found.balances, oracle_balances(&entries));
+}
+
+/// `waku demo inventory`, small: 13 topics with one read late at start-up,
+/// history then live traffic, no violation, and the read model equal to
+/// the oracle's (each product's events sorted by event time).
+#[test]
+fn the_inventory_demo_ends_with_no_violation_and_the_oracle_matching() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = inventory_wasm().to_str().unwrap().to_owned();
+    let args = ["demo", "inventory", "--module", &module, "--history", "3000", "--products", "50"];
+    let more = ["--live-secs", "1.5", "--live-rate", "300", "--late-start-secs", "1"];
+    let output = waku(&[&args[..], &more[..]].concat(), dir.path());
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in
+        ["order violations: 0", "oracle check: match (50 products", "start-up race: reads of topic `adjustments`"]
+    {
+        assert!(stdout.contains(line), "no `{line}` in:\n{stdout}");
+    }
+    let latency = stdout.lines().find(|line| line.starts_with("release latency (live")).unwrap_or_default();
+    assert!(latency.contains("p50 ") && !latency.contains("p50 -"), "no live release measured: {stdout}");
 }
