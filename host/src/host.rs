@@ -501,6 +501,11 @@ impl Host {
         // A rebuild lines a shadow up with one topic's positions; a
         // projection over several topics does not rebuild in the shadow yet.
         let one_topic = settings.more_topics.is_empty();
+        // So that `waku rebuild` refuses a projection over several topics
+        // instead of asking a host that will never answer.
+        RebuildPaths::new(&settings.data, &settings.projection)
+            .note_topics(&topics)
+            .map_err(|source| HostError::Rebuild { projection: settings.projection.clone(), source })?;
         let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
             (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
                 Some((SwitchingStore::new(store.clone()), path.clone()))

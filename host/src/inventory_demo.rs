@@ -445,15 +445,16 @@ impl Encoder {
         Ok(Encoder { instance: module.instantiate()?, types: module.event_types().to_vec(), tags, partitions })
     }
 
-    /// `event`'s partition and record, with its event time in the
-    /// `waku-event-time` header (none for the catalogue).
+    /// `event`'s partition and record, with its event time, if it has one,
+    /// in the `waku-event-time` header. Its topic decides its type: a
+    /// catalogue entry, or stock added or removed.
     pub fn record(&mut self, event: &Planned) -> Result<(u32, Record), InventoryError> {
-        let (tag, body) = match event.time {
-            None => (
+        let (tag, body) = match event.topic >= TIMED_TOPICS.len() {
+            true => (
                 self.tags[2],
                 json!({ "product": event.product, "name": format!("product {}", event.id), "price": event.id % 1000 }),
             ),
-            Some(_) => {
+            false => {
                 let tag = if adds_stock(event.topic) { self.tags[0] } else { self.tags[1] };
                 (tag, json!({ "product": event.product, "quantity": event.quantity, "id": event.id }))
             }

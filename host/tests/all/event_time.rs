@@ -317,3 +317,29 @@ fn the_inventory_demo_ends_with_no_violation_and_the_oracle_matching() {
     let latency = stdout.lines().find(|line| line.starts_with("release latency (live")).unwrap_or_default();
     assert!(latency.contains("p50 ") && !latency.contains("p50 -"), "no live release measured: {stdout}");
 }
+
+/// `waku rebuild` of a projection over two topics is refused with a message
+/// naming them and what to do instead, rather than left for a host that
+/// would never take it up; once a host runs it over one topic, it is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_over_two_topics_refuses_a_shadow_rebuild_naming_its_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    publish(dir.path(), &module, &workload(2, 4, 7, false)).await;
+    let run = waku(&run_args(), dir.path());
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let rebuild = ["rebuild", "--data", "data", "--projection", "ledger", "--topic", "a", "--modules", "modules"];
+    let refused = waku(&rebuild, dir.path());
+    let said = text(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("reads 2 topics in event-time order (`a`, `b`)"), "{said}");
+    assert!(said.contains("under another projection name"), "{said}");
+
+    let mut one_topic = run_args();
+    let b = one_topic.iter().position(|&arg| arg == "b").unwrap();
+    one_topic.drain(b - 1..=b);
+    let run = waku(&one_topic, dir.path());
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let asked = waku(&rebuild, dir.path());
+    assert!(asked.status.success(), "{}", text(&asked.stderr));
+}
