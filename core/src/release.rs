@@ -46,7 +46,12 @@
 //!   earliest of the instants at which the event-time partitions were last
 //!   found at their ends (the `at` of [`ReleaseStage::observe_end`]; the host
 //!   takes it before it asks the log), never the instant of the release
-//!   itself. Each of them had said everything appended before its instant,
+//!   itself. With a processing-time partition, an idle event-time partition
+//!   does not leave the minimum: it stays in it with that instant, so a
+//!   partition still counting cannot push the clock past what the idle one
+//!   may still say (a live event stamped after its last end offset was
+//!   read); an idle partition's instant is far ahead of any history, so it
+//!   holds no history back. Each of them had said everything appended before its instant,
 //!   so the clock passes no event that was in the log then. An event
 //!   appended after with an earlier time is late, and counted: the one
 //!   thing the clock cannot know. With no event-time partition at all it
@@ -555,17 +560,19 @@ impl<T> ReleaseStage<T> {
         if self.replaying > 0 {
             return None;
         }
+        if self.has_processing_time {
+            // The processing time, as far as the evidence reaches: a
+            // counting event-time input bounds it by its clock (none yet
+            // holds it), an idle one by the instant it was last found at
+            // its end, which bounds the times of what it can still say.
+            let timed = self.inputs.iter().filter(|state| state.input.clock == ClockSource::EventTime);
+            let bounds = timed.map(|state| if state.counts() { state.clock } else { state.idle_since });
+            return bounds.min().map_or(Some(now), |bound| bound.map(|bound| bound.min(now)));
+        }
         let mut counting = self.inputs.iter().filter(|state| state.counts()).peekable();
         if counting.peek().is_some() {
             // A counting input that has said nothing holds the clock.
             return counting.map(|state| state.clock).min().flatten();
-        }
-        if self.has_processing_time {
-            // Every event-time input is idle: the processing time, as far
-            // as the evidence reaches, the earliest instant at which one of
-            // them was last found at its end.
-            let evidence = self.inputs.iter().filter(|state| state.input.clock == ClockSource::EventTime);
-            return Some(evidence.filter_map(|state| state.idle_since).min().map_or(now, |since| since.min(now)));
         }
         self.inputs.iter().filter_map(|state| state.clock).max().map(|highest| highest.saturating_add(1))
     }
@@ -622,7 +629,11 @@ impl<T> ReleaseStage<T> {
         }
         let laggard =
             state.counts() && state.clock.is_none_or(|clock| self.clock.is_some_and(|projection| clock <= projection));
-        !laggard
+        // With a processing-time input, an idle event-time input bounds the
+        // clock by the instant of its last end offset: it is read, so that
+        // its next end offset moves the clock.
+        let bounds = self.has_processing_time && state.input.clock == ClockSource::EventTime && !state.counts();
+        !laggard && !bounds
     }
 
     /// One input as the stage sees it, or none for an index that is not an
@@ -940,7 +951,15 @@ pub mod test_support {
                     && stage.input_status(input).is_some_and(|s| s.progress == Progress::Counting)
             })
             .collect();
-        if !counting.is_empty() && counting.iter().all(|input| paused.contains(input)) {
+        // With a processing-time input, idle event-time inputs bound the
+        // clock too, and are never paused.
+        let idle_bounds = stage.has_processing_time
+            && (0..partitions.len()).any(|input| {
+                partitions[input].input.clock == ClockSource::EventTime
+                    && !counting.contains(&input)
+                    && !paused.contains(&input)
+            });
+        if !counting.is_empty() && counting.iter().all(|input| paused.contains(input)) && !idle_bounds {
             return Err(format!("every counting input is paused: {paused:?}"));
         }
         Ok(())

@@ -33,6 +33,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wakuwaku::consumer::Summary;
 use wakuwaku::host::{CompileCache, Host, HostSettings, ModuleSource};
 use wakuwaku::inventory_demo::{self, Encoder, InventorySpec, LATE_TOPIC, Planned, TIMED_TOPICS};
 use wakuwaku::log::{EmbeddedLog, EventLog, Record};
@@ -208,8 +209,8 @@ async fn append(
 }
 
 /// Events per second of a host catching up on the history, in event-time
-/// order over the 13 topics or (`plain`) in one topic.
-async fn throughput(history: &[Vec<Planned>], partitions: u32, plain: bool) -> f64 {
+/// order over the 13 topics or (`plain`) in one topic, and its summary.
+async fn throughput(history: &[Vec<Planned>], partitions: u32, plain: bool) -> (f64, Summary) {
     let module = inventory_module();
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
@@ -220,7 +221,7 @@ async fn throughput(history: &[Vec<Planned>], partitions: u32, plain: bool) -> f
     let summary = host.finished().await.unwrap();
     let events: usize = history.iter().map(Vec::len).sum();
     assert_eq!(summary.consumed as usize, events);
-    events as f64 / started.elapsed().as_secs_f64()
+    (events as f64 / started.elapsed().as_secs_f64(), summary)
 }
 
 #[tokio::main]
@@ -267,10 +268,15 @@ async fn main() {
     }
 
     println!("\n3. throughput catching up on the history (the host, embedded log and state):");
-    let timed = throughput(&history, spec.partitions, false).await;
-    let plain = throughput(&history, spec.partitions, true).await;
-    println!("   event-time path over 13 topics: {timed:>8.0} events/s");
-    println!("   plain projection, one topic:    {plain:>8.0} events/s");
+    let (timed, timed_summary) = throughput(&history, spec.partitions, false).await;
+    let (plain, plain_summary) = throughput(&history, spec.partitions, true).await;
+    for (name, rate, summary) in [
+        ("event-time path over 13 topics", timed, &timed_summary),
+        ("plain projection, one topic", plain, &plain_summary),
+    ] {
+        println!("   {name:<31} {rate:>8.0} events/s, {} batches, {} handler calls", summary.batches, summary.calls);
+        println!("      time per phase: {}", summary.phases);
+    }
     println!("   ratio: {:.2}", timed / plain);
 
     println!("\n4. waku demo inventory, live at {LIVE_RATE} events/s for {LIVE_SECS} s:");

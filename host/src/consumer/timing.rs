@@ -79,6 +79,8 @@ pub(super) struct Timed {
     pending_in_order: u64,
     /// The most bytes held at once.
     peak_held_bytes: u64,
+    /// Which inputs were paused at the last read: a change is logged.
+    paused: Vec<bool>,
 }
 
 /// What the partition commits with a batch of released events.
@@ -187,6 +189,7 @@ impl<L: EventLog> Consumer<L> {
             pending_since: None,
             pending_in_order: 0,
             peak_held_bytes: 0,
+            paused: Vec::new(),
         };
         self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
         Ok(timed)
@@ -237,6 +240,7 @@ impl<L: EventLog> Consumer<L> {
     async fn read_inputs(&self, partition: u32, timed: &mut Timed) -> Result<bool, ConsumerError> {
         let mut read_any = false;
         let share = (self.config.batch_size / timed.topics.len()).max(1);
+        self.log_pauses(partition, timed);
         for input in 0..timed.topics.len() {
             if timed.stage.is_paused(input) {
                 continue;
@@ -257,6 +261,36 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         Ok(read_any)
+    }
+
+    /// Logs each input that was paused or let go since the last read.
+    fn log_pauses(&self, partition: u32, timed: &mut Timed) {
+        timed.paused.resize(timed.topics.len(), false);
+        for (input, was) in timed.paused.iter_mut().enumerate() {
+            let paused = timed.stage.is_paused(input);
+            if paused == *was {
+                continue;
+            }
+            *was = paused;
+            let (topic, held_bytes) = (&timed.topics[input], timed.stage.held_bytes());
+            match paused {
+                true => tracing::info!(
+                    projection = self.projection.name(),
+                    topic,
+                    partition,
+                    held_bytes,
+                    "input `{topic}` partition {partition} paused: {held_bytes} bytes held, over --max-held-mib, and \
+                     its clock is ahead; it is read again once the others catch up (event-time alignment)"
+                ),
+                false => tracing::info!(
+                    projection = self.projection.name(),
+                    topic,
+                    partition,
+                    held_bytes,
+                    "input `{topic}` partition {partition} read again"
+                ),
+            }
+        }
     }
 
     /// Hands one record to the stage with its event time; logs it if it is

@@ -288,9 +288,6 @@ impl RebuildPaths {
         write_toml(&self.pointer_path(), pointer)
     }
 
-    /// Asks for a rebuild of the projection with the modules of
-    /// `modules`, copied into the shadow's directory. Refused while
-    /// another is under way.
     /// Notes the topics a host of the projection starts with: with several,
     /// a rebuild is refused ([`RebuildError::SeveralTopics`]) until a host
     /// starts it over one topic again.
@@ -323,6 +320,9 @@ impl RebuildPaths {
         self.dir().join("topics")
     }
 
+    /// Asks for a rebuild of the projection with the modules of
+    /// `modules`, copied into the shadow's directory. Refused while
+    /// another is under way, and for a projection over several topics.
     pub fn ask(&self, topic: &str, modules: &Path, promote: Promote) -> Result<Request, RebuildError> {
         if let Some(topics) = self.several_topics()? {
             return Err(RebuildError::SeveralTopics { projection: self.projection.clone(), topics });
