@@ -125,12 +125,13 @@ impl RunArgs {
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
         let mut settings = HostSettings::new(&self.data.data, &self.projection, self.topic(), modules);
         settings.more_topics = self.topics[1..].to_vec();
-        settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
-        settings.consumer.untimed_topics = self.untimed_topics.clone();
         settings.log = self.data.log_settings();
         settings.state = self.data.state_settings();
         settings.consumer.partitions = self.partitions.clone();
         self.consume.apply(&mut settings)?;
+        // After the consumer's configuration is made, which would reset them.
+        settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
+        settings.consumer.untimed_topics = self.untimed_topics.clone();
         settings.create_topic = self.create_topic;
         settings.compile_cache = match (&self.compile_cache, self.no_compile_cache) {
             (_, true) => CompileCache::Off,

@@ -358,7 +358,7 @@ async fn a_projection_over_two_topics_refuses_a_shadow_rebuild_naming_its_topics
 async fn killing_the_host_while_inputs_are_paused_for_alignment_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let module = probe(dir.path());
-    let (keys, per_key) = (200u64, 200u64);
+    let (keys, per_key) = (200u64, 320u64);
     let entries: Vec<(&str, Entry)> = (1..=per_key)
         .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
         .map(|(key, seq)| {
