@@ -216,12 +216,16 @@ impl Stock {
     }
 }
 
+/// One stock event as the oracle keeps it: (event time, topic, position
+/// in the topic, adds, quantity, id).
+type OracleEvent = (i64, usize, usize, bool, i64, u64);
+
 /// What the oracle expects per product: its stock. (Catalogue entries
 /// commute with everything and are not checked.)
 #[derive(Debug, Default)]
 pub struct Oracle {
-    /// Per product: (event time, topic, position in topic, adds, quantity, id).
-    timed: BTreeMap<u64, Vec<(i64, usize, usize, bool, i64, u64)>>,
+    /// Per product, its stock events as appended.
+    timed: BTreeMap<u64, Vec<OracleEvent>>,
     appended: Vec<usize>,
 }
 
