@@ -42,6 +42,20 @@
 //!   idle), and otherwise one past the highest event time read (the log has
 //!   said everything it had, so everything read may go). The clock never
 //!   goes back.
+//! - **The processing-time clock reaches as far as the evidence**: the
+//!   earliest of the instants at which the event-time partitions were last
+//!   found at their ends (the `at` of [`ReleaseStage::observe_end`]; the host
+//!   takes it before it asks the log), never the instant of the release
+//!   itself. With a processing-time partition, an idle event-time partition
+//!   does not leave the minimum: it stays in it with that instant, so a
+//!   partition still counting cannot push the clock past what the idle one
+//!   may still say (a live event stamped after its last end offset was
+//!   read); an idle partition's instant is far ahead of any history, so it
+//!   holds no history back. Each of them had said everything appended before its instant,
+//!   so the clock passes no event that was in the log then. An event
+//!   appended after with an earlier time is late, and counted: the one
+//!   thing the clock cannot know. With no event-time partition at all it
+//!   is the processing time given to [`ReleaseStage::release`].
 //! - **The clock is exclusive.** Every held event whose time is *below* the
 //!   clock is released; an event *at* the clock waits, because a counting
 //!   partition may still deliver another one at that same time that sorts
@@ -546,13 +560,19 @@ impl<T> ReleaseStage<T> {
         if self.replaying > 0 {
             return None;
         }
+        if self.has_processing_time {
+            // The processing time, as far as the evidence reaches: a
+            // counting event-time input bounds it by its clock (none yet
+            // holds it), an idle one by the instant it was last found at
+            // its end, which bounds the times of what it can still say.
+            let timed = self.inputs.iter().filter(|state| state.input.clock == ClockSource::EventTime);
+            let bounds = timed.map(|state| if state.counts() { state.clock } else { state.idle_since });
+            return bounds.min().map_or(Some(now), |bound| bound.map(|bound| bound.min(now)));
+        }
         let mut counting = self.inputs.iter().filter(|state| state.counts()).peekable();
         if counting.peek().is_some() {
             // A counting input that has said nothing holds the clock.
             return counting.map(|state| state.clock).min().flatten();
-        }
-        if self.has_processing_time {
-            return Some(now);
         }
         self.inputs.iter().filter_map(|state| state.clock).max().map(|highest| highest.saturating_add(1))
     }
@@ -609,7 +629,11 @@ impl<T> ReleaseStage<T> {
         }
         let laggard =
             state.counts() && state.clock.is_none_or(|clock| self.clock.is_some_and(|projection| clock <= projection));
-        !laggard
+        // With a processing-time input, an idle event-time input bounds the
+        // clock by the instant of its last end offset: it is read, so that
+        // its next end offset moves the clock.
+        let bounds = self.has_processing_time && state.input.clock == ClockSource::EventTime && !state.counts();
+        !laggard && !bounds
     }
 
     /// One input as the stage sees it, or none for an index that is not an
@@ -873,6 +897,7 @@ pub mod test_support {
                 return Err(format!("input {input} commits {commit} past its position {}", status.position));
             }
         }
+        check_processing_time(stage, before)?;
         check_pauses(partitions, stage)?;
         // A late release happened at the read, before this step's release.
         let late_at_read = Some(clock_at_read);
@@ -898,6 +923,23 @@ pub mod test_support {
         Ok(())
     }
 
+    /// With a processing-time input and every event-time input idle (and
+    /// none replaying), the clock is where the evidence reaches: the
+    /// earliest instant an event-time input was last found at its end,
+    /// unless it was past that already.
+    fn check_processing_time(stage: &ReleaseStage<()>, before: Option<Millis>) -> Result<(), String> {
+        let timed: Vec<_> = stage.inputs.iter().filter(|s| s.input.clock == ClockSource::EventTime).collect();
+        if !stage.has_processing_time || stage.replaying > 0 || timed.is_empty() || timed.iter().any(|s| s.counts()) {
+            return Ok(());
+        }
+        let evidence = timed.iter().filter_map(|s| s.idle_since).min();
+        let expected = before.max(evidence);
+        if stage.clock() != expected {
+            return Err(format!("processing-time clock {:?}, the evidence reaches {evidence:?}", stage.clock()));
+        }
+        Ok(())
+    }
+
     fn check_pauses(partitions: &[Partition], stage: &ReleaseStage<()>) -> Result<(), String> {
         let paused = stage.paused();
         if !paused.is_empty() && stage.held_bytes() <= stage.limits.max_held_bytes {
@@ -909,7 +951,15 @@ pub mod test_support {
                     && stage.input_status(input).is_some_and(|s| s.progress == Progress::Counting)
             })
             .collect();
-        if !counting.is_empty() && counting.iter().all(|input| paused.contains(input)) {
+        // With a processing-time input, idle event-time inputs bound the
+        // clock too, and are never paused.
+        let idle_bounds = stage.has_processing_time
+            && (0..partitions.len()).any(|input| {
+                partitions[input].input.clock == ClockSource::EventTime
+                    && !counting.contains(&input)
+                    && !paused.contains(&input)
+            });
+        if !counting.is_empty() && counting.iter().all(|input| paused.contains(input)) && !idle_bounds {
             return Err(format!("every counting input is paused: {paused:?}"));
         }
         Ok(())
@@ -999,6 +1049,10 @@ pub mod test_support {
             if replaying {
                 outcome.replay_commits = outcome.commits.len() + 1;
             }
+        }
+        // The log says again, at the end, that everything was read.
+        for (input, partition) in partitions.iter().enumerate() {
+            stage.observe_end(input, partition.records.len() as u64, LATE_NOW).map_err(|e| e.to_string())?;
         }
         stage.release(LATE_NOW, &mut out);
         collect(partitions, &mut out, None, &mut outcome)?;
@@ -1221,12 +1275,26 @@ mod tests {
         assert_eq!(stage.clock(), Some(100), "while input 0 counts, processing time does not matter");
         stage.read(arrival(0, 1, Some(200)), &mut out).unwrap();
         stage.observe_end(0, 2, 150).unwrap();
-        stage.release(150, &mut out);
-        assert_eq!(stage.clock(), Some(150), "idle: the processing time");
+        stage.release(170, &mut out);
+        assert_eq!(stage.clock(), Some(150), "idle: the processing time of the evidence, not of the release");
         assert_eq!(offsets(&out), [(0, 0)]);
         assert_eq!(stage.held_events(), 1, "200 waits for the processing time to pass it");
-        stage.release(201, &mut out);
+        stage.release(300, &mut out);
+        assert_eq!(stage.clock(), Some(150), "no new evidence, no move");
+        stage.observe_end(0, 2, 201).unwrap();
+        stage.release(300, &mut out);
         assert_eq!((stage.clock(), stage.held_events()), (Some(201), 0));
+        // Live again: new data counts, holds the clock, and is in order.
+        stage.read(arrival(0, 2, Some(250)), &mut out).unwrap();
+        stage.release(400, &mut out);
+        assert_eq!((stage.clock(), stage.held_events()), (Some(250), 1), "counting again: its own clock");
+        stage.observe_end(0, 3, 260).unwrap();
+        stage.release(400, &mut out);
+        assert_eq!((stage.clock(), stage.held_events(), stage.violations()), (Some(260), 0, 0));
+        // An event appended after the evidence with an earlier time is late.
+        stage.read(arrival(0, 3, Some(255)), &mut out).unwrap();
+        assert_eq!(out.last().map(|r| r.release), Some(Release::Late { by: 5 }));
+        assert_eq!(stage.violations(), 1);
     }
 
     #[test]

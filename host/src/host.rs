@@ -362,6 +362,20 @@ pub enum HostError {
         #[source]
         source: LogError,
     },
+    /// A topic named as untimed is not one of the projection's topics, or
+    /// the projection has one topic only (the processing-time clock is for
+    /// a projection over several).
+    #[error(
+        "--untimed-topic `{topic}` is not one of the topics of a projection over several (`{}`): name one of them, \
+         or leave the flag out",
+        topics.join("`, `")
+    )]
+    UntimedTopic {
+        /// The topic named.
+        topic: String,
+        /// The projection's topics.
+        topics: Vec<String>,
+    },
     /// The projection's state store could not be opened.
     #[error("opening the state of projection `{projection}`")]
     State {
@@ -467,6 +481,12 @@ impl Host {
         {
             return Err(HostError::AdminUnprotected { address });
         }
+        let topics: Vec<String> = std::iter::once(&settings.topic).chain(&settings.more_topics).cloned().collect();
+        if let Some(topic) =
+            settings.consumer.untimed_topics.iter().find(|topic| topics.len() < 2 || !topics.contains(topic))
+        {
+            return Err(HostError::UntimedTopic { topic: topic.clone(), topics });
+        }
         if let (Some(group), StateSettings::Embedded) = (&settings.group, &settings.state) {
             return Err(HostError::GroupNeedsSharedState { group: group.clone() });
         }
@@ -481,6 +501,11 @@ impl Host {
         // A rebuild lines a shadow up with one topic's positions; a
         // projection over several topics does not rebuild in the shadow yet.
         let one_topic = settings.more_topics.is_empty();
+        // So that `waku rebuild` refuses a projection over several topics
+        // instead of asking a host that will never answer.
+        RebuildPaths::new(&settings.data, &settings.projection)
+            .note_topics(&topics)
+            .map_err(|source| HostError::Rebuild { projection: settings.projection.clone(), source })?;
         let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
             (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
                 Some((SwitchingStore::new(store.clone()), path.clone()))
@@ -702,6 +727,13 @@ impl<L: EventLog> RunningHost<L> {
     /// The library of its modules, when they come from a directory.
     pub fn library(&self) -> Option<&Arc<Library>> {
         self.library.as_ref()
+    }
+
+    /// What the release stages of a projection over several topics show:
+    /// each partition index's clock, held events and inputs, and the
+    /// release latency.
+    pub fn timing(&self) -> &Arc<crate::consumer::TimingBoard> {
+        &self.timing
     }
 
     /// Its Prometheus metrics.

@@ -76,6 +76,7 @@ pub mod dev;
 pub mod guest_build;
 pub mod handler;
 pub mod host;
+pub mod inventory_demo;
 pub mod lifecycle;
 pub mod log;
 pub mod membership;

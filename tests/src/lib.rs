@@ -118,6 +118,14 @@ pub fn bank_module() -> Arc<dyn HandlerModule> {
     wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads")
 }
 
+/// The inventory example (`waku demo inventory`) as a component, loaded
+/// into a default sandbox.
+pub fn inventory_module() -> Arc<dyn HandlerModule> {
+    let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
+    let wasm = guest_wasm("examples/inventory");
+    wakuwaku::projection::load_module_file(&sandbox, &wasm).expect("the inventory module loads")
+}
+
 /// Loads the probe component into a default sandbox.
 pub fn probe_module() -> Arc<dyn HandlerModule> {
     let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");

@@ -23,7 +23,10 @@ use crate::projection::load_module_file;
 use crate::publish;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(super) struct DemoArgs {
+    #[command(subcommand)]
+    pub(super) example: Option<DemoExample>,
     /// Events to generate.
     #[arg(long, default_value_t = 1_000_000)]
     pub(super) events: usize,
@@ -57,32 +60,48 @@ pub(super) struct DemoArgs {
     pub(super) consume: ConsumeArgs,
 }
 
+/// Other demos than the bank's.
+#[derive(clap::Subcommand)]
+pub(super) enum DemoExample {
+    /// Event time across 13 topics (the inventory example): days of history
+    /// read with one topic late at start-up, then live traffic; checks the
+    /// read model against an oracle that sorts each product's events by
+    /// event time.
+    #[command(after_help = "Example:\n  waku demo inventory --products 500 --history 50000 --live-secs 10")]
+    Inventory(super::demo_inventory::InventoryArgs),
+}
+
 /// The topic of the bank workload.
 const TOPIC: &str = "accounts";
 
-pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
-    let module_path = match &args.module {
-        Some(path) => path.clone(),
-        None => {
-            // A clone of the repository: the working directory, else the
-            // one this binary was built in (gone for an installed one).
-            let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
-            let Some(repo) =
-                [PathBuf::from("."), built_in].into_iter().find(|repo| repo.join("examples/bank").is_dir())
-            else {
-                bail!(
-                    "the demo builds the bank example of the repository, and there is no `examples/bank` here: run it \
-                     in a clone of the repository, or pass --module <bank.wasm> (built there with `waku build \
-                     examples/bank --out bank.wasm`)"
-                );
-            };
-            let crate_dir = repo.join("examples").join("bank");
-            errln!("waku: building {} ...", crate_dir.display());
-            let build =
-                GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
-            build.run()?
-        }
+/// The module `example` of the repository's `examples/`, built, unless
+/// `module` names one already built.
+pub(super) fn example_module(example: &str, module: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = module {
+        return Ok(path.to_owned());
+    }
+    // A clone of the repository: the working directory, else the one this
+    // binary was built in (gone for an installed one).
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_owned();
+    let dir = Path::new("examples").join(example);
+    let Some(repo) = [PathBuf::from("."), built_in].into_iter().find(|repo| repo.join(&dir).is_dir()) else {
+        bail!(
+            "the demo builds the {example} example of the repository, and there is no `examples/{example}` here: run \
+             it in a clone of the repository, or pass --module <{example}.wasm> (built there with `waku build \
+             examples/{example} --out {example}.wasm`)"
+        );
     };
+    let crate_dir = repo.join(dir);
+    errln!("waku: building {} ...", crate_dir.display());
+    let build = GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
+    Ok(build.run()?)
+}
+
+pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+    if let Some(DemoExample::Inventory(inventory)) = args.example {
+        return super::demo_inventory::run(inventory).await;
+    }
+    let module_path = example_module("bank", args.module.as_deref())?;
     let temp;
     let data_dir = match &args.data {
         Some(dir) => {

@@ -125,6 +125,7 @@ mod args;
 mod build;
 mod config;
 mod demo;
+mod demo_inventory;
 mod dev;
 mod dlq;
 mod existing;

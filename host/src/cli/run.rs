@@ -42,6 +42,13 @@ pub(super) struct RunArgs {
     /// ahead of the clock (read in event-time alignment).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub(super) max_held_mib: u64,
+    /// With several topics: one of them whose events carry no event time
+    /// (a catalogue). Its events are applied as they arrive, and it serves
+    /// as the processing-time clock once every other topic's partitions are
+    /// idle (reached an end offset the log reported). Give it more than once
+    /// for several.
+    #[arg(long = "untimed-topic", value_name = "TOPIC", value_delimiter = ',')]
+    pub(super) untimed_topics: Vec<String>,
     /// The directory of the projection's modules (*.wasm).
     #[arg(long)]
     pub(super) modules: PathBuf,
@@ -118,11 +125,13 @@ impl RunArgs {
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
         let mut settings = HostSettings::new(&self.data.data, &self.projection, self.topic(), modules);
         settings.more_topics = self.topics[1..].to_vec();
-        settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
         settings.log = self.data.log_settings();
         settings.state = self.data.state_settings();
         settings.consumer.partitions = self.partitions.clone();
         self.consume.apply(&mut settings)?;
+        // After the consumer's configuration is made, which would reset them.
+        settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
+        settings.consumer.untimed_topics = self.untimed_topics.clone();
         settings.create_topic = self.create_topic;
         settings.compile_cache = match (&self.compile_cache, self.no_compile_cache) {
             (_, true) => CompileCache::Off,

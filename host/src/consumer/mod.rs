@@ -100,7 +100,7 @@ mod timing;
 pub mod timing_status;
 
 pub use phase::{Phase, PhaseTimes};
-pub use timing_status::{InputTiming, PartitionTiming, TimingBoard};
+pub use timing_status::{InputTiming, LatencyHistogram, PartitionTiming, TimingBoard};
 use wakuwaku_core::release::{ReleaseError, ReleaseLimits};
 
 /// Names of the per-projection counts kept with the state, in events
@@ -170,6 +170,12 @@ pub struct ConsumerConfig {
     /// event-time order, per partition index ([`ReleaseLimits`]; default
     /// 64 MiB held).
     pub release: ReleaseLimits,
+    /// Topics of a projection over several topics whose events carry no
+    /// event time (a catalogue): their events pass at once, and they serve
+    /// as the processing-time clock once every other topic's partitions
+    /// are idle ([`wakuwaku_core::release`], "processing-time clock").
+    /// Default: none.
+    pub untimed_topics: Vec<String>,
 }
 
 impl Default for ConsumerConfig {
@@ -184,6 +190,7 @@ impl Default for ConsumerConfig {
             log_backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             module_time_per_batch: Duration::from_secs(30),
             release: ReleaseLimits::default(),
+            untimed_topics: Vec::new(),
         }
     }
 }
@@ -1121,7 +1128,7 @@ impl<L: EventLog> Consumer<L> {
                     if let Some(metrics) = self.metrics.as_ref().filter(|_| progress.violations > 0) {
                         metrics.order_violations(self.projection.name(), progress.violations);
                     }
-                    timed.committed(records, progress);
+                    timed.committed(records, progress, &self.timing);
                     self.progress.advance(partition, timed.committed_sum());
                     batch
                 }

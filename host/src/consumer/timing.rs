@@ -19,6 +19,12 @@
 //!   timer marks an input idle: a topic whose partitions are read late at
 //!   start-up (the start-up race) holds the clock back, because its
 //!   position is below the end offset read before.
+//! - **A topic without event time is the processing-time clock**
+//!   ([`super::ConsumerConfig::untimed_topics`], `--untimed-topic`): its
+//!   events pass at once, and once every other input is idle the clock is
+//!   the instant they were last found at their ends, taken before the log
+//!   is asked; so it moves with processing time while the log says the
+//!   others are done, and never past what was in the log at that instant.
 //! - **Events without event time pass at once**, as they arrive: those of
 //!   a type declared untimed (`event-time-untimed`: a `waku-event-time`
 //!   header on them is ignored) and those of a tag no module declares
@@ -45,7 +51,9 @@ use wakuwaku_core::release::{
     Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseStage, Released,
 };
 
-use super::timing_status::PartitionTiming;
+use std::time::Instant;
+
+use super::timing_status::{PartitionTiming, TimingBoard};
 use super::{Consumer, ConsumerError, Polled, Step, release_marks};
 use crate::event::Envelope;
 use crate::key::Key;
@@ -69,6 +77,14 @@ pub(super) struct Timed {
     spare: PolledBatch,
     /// Late events already committed (counted in the statistics).
     violations_committed: u64,
+    /// When the pending events were released, and how many of them in
+    /// event-time order: their release latency is counted at their commit.
+    pending_since: Option<Instant>,
+    pending_in_order: u64,
+    /// The most bytes held at once.
+    peak_held_bytes: u64,
+    /// Which inputs were paused at the last read: a change is logged.
+    paused: Vec<bool>,
 }
 
 /// What the partition commits with a batch of released events.
@@ -116,8 +132,11 @@ impl Timed {
 
     /// After the pending batch committed: it is done, and so are its late
     /// events.
-    pub(super) fn committed(&mut self, batch: PolledBatch, progress: &ReleasedProgress) {
+    pub(super) fn committed(&mut self, batch: PolledBatch, progress: &ReleasedProgress, board: &TimingBoard) {
         self.violations_committed += progress.violations;
+        if let Some(since) = self.pending_since.take() {
+            board.released(since.elapsed(), std::mem::take(&mut self.pending_in_order));
+        }
         self.spare = batch;
         self.spare.clear();
     }
@@ -140,13 +159,20 @@ impl<L: EventLog> Consumer<L> {
             self.check_tail_at_start(topic, partition, position).await?;
         }
         let checkpoint = release_marks::restore(store, &topics, partition)?;
+        let clock = |topic: &String| match self.config.untimed_topics.contains(topic) {
+            true => ClockSource::ProcessingTime,
+            false => ClockSource::EventTime,
+        };
         let inputs: Vec<Input> =
-            (0..topics.len() as u32).map(|topic| Input { topic, partition, clock: ClockSource::EventTime }).collect();
+            topics.iter().zip(0..).map(|(name, topic)| Input { topic, partition, clock: clock(name) }).collect();
         let mut stage = ReleaseStage::restore(&inputs, &checkpoint, self.config.release)?;
         let mut start_ends = Vec::with_capacity(topics.len());
         for (input, topic) in topics.iter().enumerate() {
+            // The instant before the log is asked: everything appended
+            // before it is below the end offset the log reports.
+            let at = now();
             let end = self.log.end_offset(topic, partition).await?;
-            stage.observe_end(input, end, now())?;
+            stage.observe_end(input, end, at)?;
             start_ends.push(end);
         }
         tracing::info!(
@@ -164,8 +190,12 @@ impl<L: EventLog> Consumer<L> {
             released: Vec::new(),
             spare: PolledBatch::new(),
             violations_committed: 0,
+            pending_since: None,
+            pending_in_order: 0,
+            peak_held_bytes: 0,
+            paused: Vec::new(),
         };
-        self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now()));
+        self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
         Ok(timed)
     }
 
@@ -187,8 +217,13 @@ impl<L: EventLog> Consumer<L> {
             return Ok(Polled::Nothing(Step::Done));
         }
         let read = self.read_inputs(partition, timed).await?;
+        timed.peak_held_bytes = timed.peak_held_bytes.max(timed.stage.held_bytes());
         timed.stage.release(now(), &mut timed.released);
+        if !timed.released.is_empty() {
+            timed.pending_since = Some(Instant::now());
+        }
         for released in timed.released.drain(..) {
+            timed.pending_in_order += u64::from(released.release == Release::InOrder);
             // Cannot fail: the record was read from the log so.
             timed.pending.push(released.offset, &released.payload).map_err(ConsumerError::HostFault)?;
         }
@@ -210,6 +245,7 @@ impl<L: EventLog> Consumer<L> {
         let mut read_any = false;
         let share = (self.config.batch_size / timed.topics.len()).max(1);
         let modules = self.projection.current();
+        self.log_pauses(partition, timed);
         for input in 0..timed.topics.len() {
             if timed.stage.is_paused(input) {
                 continue;
@@ -224,11 +260,42 @@ impl<L: EventLog> Consumer<L> {
             read_any |= !records.is_empty();
             timed.spare = records;
             if read_all {
+                let at = now();
                 let end = self.log.end_offset(&topic, partition).await?;
-                timed.stage.observe_end(input, end, now())?;
+                timed.stage.observe_end(input, end, at)?;
             }
         }
         Ok(read_any)
+    }
+
+    /// Logs each input that was paused or let go since the last read.
+    fn log_pauses(&self, partition: u32, timed: &mut Timed) {
+        timed.paused.resize(timed.topics.len(), false);
+        for (input, was) in timed.paused.iter_mut().enumerate() {
+            let paused = timed.stage.is_paused(input);
+            if paused == *was {
+                continue;
+            }
+            *was = paused;
+            let (topic, held_bytes) = (&timed.topics[input], timed.stage.held_bytes());
+            match paused {
+                true => tracing::info!(
+                    projection = self.projection.name(),
+                    topic,
+                    partition,
+                    held_bytes,
+                    "input `{topic}` partition {partition} paused: {held_bytes} bytes held, over --max-held-mib, and \
+                     its clock is ahead; it is read again once the others catch up (event-time alignment)"
+                ),
+                false => tracing::info!(
+                    projection = self.projection.name(),
+                    topic,
+                    partition,
+                    held_bytes,
+                    "input `{topic}` partition {partition} read again"
+                ),
+            }
+        }
     }
 
     /// Hands one record to the stage with its event time; logs it if it is
@@ -276,7 +343,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Shows the stage on the board (`/status`) and in the metrics.
     fn show_timing(&self, partition: u32, timed: &Timed) {
-        let timing = PartitionTiming::of(partition, &timed.topics, &timed.stage, now());
+        let timing = PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), timed.peak_held_bytes);
         if let Some(metrics) = &self.metrics {
             metrics.event_time(self.projection.name(), &timing);
         }

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_core::release::{Millis, Progress, ReleaseStage};
@@ -30,6 +31,8 @@ pub struct PartitionTiming {
     /// Late events (read after the clock passed their time) since the
     /// partition was taken: delivered at once and counted.
     pub order_violations: u64,
+    /// The most bytes held at once since the partition was taken.
+    pub peak_held_bytes: u64,
     /// Each input partition, in the order of the projection's topics.
     pub inputs: Vec<InputTiming>,
 }
@@ -57,7 +60,13 @@ impl PartitionTiming {
     /// The status of `stage`, the release stage of `partition` over
     /// `topics`, at processing time `now`; `violations` late events since
     /// the partition was taken.
-    pub(super) fn of<T>(partition: u32, topics: &[String], stage: &ReleaseStage<T>, now: Millis) -> Self {
+    pub(super) fn of<T>(
+        partition: u32,
+        topics: &[String],
+        stage: &ReleaseStage<T>,
+        now: Millis,
+        peak_held_bytes: u64,
+    ) -> Self {
         let inputs = (0..stage.inputs())
             .filter_map(|input| stage.input_status(input))
             .zip(topics)
@@ -77,6 +86,7 @@ impl PartitionTiming {
             held_events: stage.held_events() as u64,
             held_bytes: stage.held_bytes(),
             order_violations: stage.violations(),
+            peak_held_bytes: peak_held_bytes.max(stage.held_bytes()),
             inputs,
         }
     }
@@ -87,6 +97,7 @@ impl PartitionTiming {
 #[derive(Debug, Default)]
 pub struct TimingBoard {
     partitions: Mutex<BTreeMap<u32, PartitionTiming>>,
+    latency: Mutex<LatencyHistogram>,
 }
 
 impl TimingBoard {
@@ -103,5 +114,94 @@ impl TimingBoard {
     /// Every entry, by partition.
     pub fn snapshot(&self) -> Vec<PartitionTiming> {
         self.partitions.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Counts `events` released in event-time order together, whose
+    /// handle calls were committed `latency` after the clock passed them.
+    pub(super) fn released(&self, latency: Duration, events: u64) {
+        self.latency.lock().unwrap_or_else(|e| e.into_inner()).observe(latency, events);
+    }
+
+    /// The release latencies counted so far, over every partition index:
+    /// from the clock passing an event to the commit of its handle call.
+    pub fn release_latency(&self) -> LatencyHistogram {
+        self.latency.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Counts of latencies in buckets of a quarter of a power of two of
+/// microseconds (each bucket about 19 % wide), up to about 70 minutes: a
+/// percentile is read as its bucket's upper bound, so it is never
+/// understated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    counts: Vec<u64>,
+}
+
+/// Quarter steps of a power of two: 4 buckets per doubling.
+const STEPS: f64 = 4.0;
+/// Buckets: 2^(128/4) µs is over an hour; longer ones share the last.
+const BUCKETS: usize = 128;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self { counts: vec![0; BUCKETS] }
+    }
+}
+
+impl LatencyHistogram {
+    /// Counts `n` samples of `latency`.
+    pub fn observe(&mut self, latency: Duration, n: u64) {
+        let micros = latency.as_micros().max(1) as f64;
+        let bucket = ((micros.log2() * STEPS).ceil() as usize).min(BUCKETS - 1);
+        self.counts[bucket] += n;
+    }
+
+    /// How many samples were counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// What was counted since `earlier`, a copy of this histogram taken
+    /// before.
+    pub fn since(&self, earlier: &LatencyHistogram) -> LatencyHistogram {
+        let counts = self.counts.iter().zip(&earlier.counts).map(|(now, then)| now.saturating_sub(*then)).collect();
+        LatencyHistogram { counts }
+    }
+
+    /// The latency `q` (0..=1) of the samples are at or below, as the upper
+    /// bound of its bucket; none without samples.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        let bucket = self.counts.iter().position(|&count| {
+            seen += count;
+            seen >= rank
+        })?;
+        Some(Duration::from_micros(2f64.powf(bucket as f64 / STEPS).round() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_bucket_upper_bounds_and_never_understate() {
+        let mut histogram = LatencyHistogram::default();
+        assert_eq!(histogram.quantile(0.5), None);
+        histogram.observe(Duration::from_millis(3), 98);
+        histogram.observe(Duration::from_millis(80), 2);
+        let before = histogram.clone();
+        let p50 = histogram.quantile(0.5).unwrap();
+        assert!(p50 >= Duration::from_millis(3) && p50 < Duration::from_micros(3600), "{p50:?}");
+        let p99 = histogram.quantile(0.99).unwrap();
+        assert!(p99 >= Duration::from_millis(80) && p99 < Duration::from_millis(96), "{p99:?}");
+        histogram.observe(Duration::from_secs(1 << 20), 1);
+        assert_eq!(histogram.since(&before).count(), 1, "an hour and more share the last bucket");
     }
 }

@@ -64,6 +64,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use wakuwaku_core::terminal::printable;
 
 #[cfg(doc)]
 use crate::routing::RoutedTopics;
@@ -167,6 +168,21 @@ pub enum RebuildError {
     NoneUnderWay {
         /// The projection.
         projection: String,
+    },
+    /// The projection reads several topics in event-time order, which a
+    /// shadow cannot line up with yet.
+    #[error(
+        "projection `{projection}` reads {} topics in event-time order (`{}`), and a projection over several topics \
+         cannot be rebuilt in the shadow yet: run the new modules under another projection name over the same \
+         topics, then switch readers to it",
+        topics.len(),
+        topics.join("`, `")
+    )]
+    SeveralTopics {
+        /// The projection.
+        projection: String,
+        /// Its topics, as its host last started with them.
+        topics: Vec<String>,
     },
     /// `--rollback` without a previous store.
     #[error("projection `{projection}` has no previous state to roll back to (it was never promoted)")]
@@ -272,10 +288,45 @@ impl RebuildPaths {
         write_toml(&self.pointer_path(), pointer)
     }
 
+    /// Notes the topics a host of the projection starts with: with several,
+    /// a rebuild is refused ([`RebuildError::SeveralTopics`]) until a host
+    /// starts it over one topic again.
+    pub fn note_topics(&self, topics: &[String]) -> Result<(), RebuildError> {
+        let path = self.topics_path();
+        let io = |source| RebuildError::Io { path: path.clone(), source };
+        match topics.len() {
+            0 | 1 => match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io(error)),
+                _ => Ok(()),
+            },
+            _ => {
+                std::fs::create_dir_all(self.dir()).map_err(io)?;
+                std::fs::write(&path, topics.join("\n")).map_err(io)
+            }
+        }
+    }
+
+    /// The topics noted by [`RebuildPaths::note_topics`]: several, or none.
+    fn several_topics(&self) -> Result<Option<Vec<String>>, RebuildError> {
+        let path = self.topics_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(text.lines().map(|topic| printable(topic).into_owned()).collect())),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(RebuildError::Io { path, source }),
+        }
+    }
+
+    fn topics_path(&self) -> PathBuf {
+        self.dir().join("topics")
+    }
+
     /// Asks for a rebuild of the projection with the modules of
     /// `modules`, copied into the shadow's directory. Refused while
-    /// another is under way.
+    /// another is under way, and for a projection over several topics.
     pub fn ask(&self, topic: &str, modules: &Path, promote: Promote) -> Result<Request, RebuildError> {
+        if let Some(topics) = self.several_topics()? {
+            return Err(RebuildError::SeveralTopics { projection: self.projection.clone(), topics });
+        }
         if let Some(pending) = self.request()? {
             return Err(RebuildError::Pending { projection: self.projection.clone(), generation: pending.generation });
         }

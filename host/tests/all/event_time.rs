@@ -26,7 +26,7 @@ use wakuwaku::publish::headers_for;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 
-use crate::common::{probe_wasm, text, waku, waku_command};
+use crate::common::{inventory_wasm, probe_wasm, text, waku, waku_command};
 
 const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
@@ -80,9 +80,9 @@ fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static s
     entries
 }
 
-/// Appends `entries` to their topics in the order given, each with the
-/// headers the module writes for it (`waku-event-time` from its body's
-/// `at`).
+/// Appends `entries` to their topics, each partition's in the order given,
+/// each with the headers the module writes for it (`waku-event-time` from
+/// its body's `at`).
 async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     for topic in ["a", "b"] {
@@ -92,6 +92,7 @@ async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, 
     }
     let event_type = module.event_types().iter().find(|t| t.tag == LEDGER).unwrap().clone();
     let mut instance = module.instantiate().unwrap();
+    let mut batched: std::collections::BTreeMap<&str, Vec<(u32, Vec<Record>)>> = Default::default();
     for (topic, entry) in entries {
         let body = serde_json::to_vec(&serde_json::json!({
             "key": entry.key, "seq": entry.seq, "amount": entry.amount, "fail": null, "ordering": "relaxed",
@@ -101,7 +102,12 @@ async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, 
         let headers = headers_for(&mut *instance, &event_type, &body).unwrap();
         assert_eq!(headers.event_time, Some(entry.event_time), "the module's event time");
         let partition = partition_for(headers.key.key_hash(), PARTITIONS);
-        log.append(topic, vec![(partition, vec![Record { headers: headers.to_headers(), body }])]).await.unwrap();
+        let batches = batched.entry(*topic).or_insert_with(|| (0..PARTITIONS).map(|p| (p, Vec::new())).collect());
+        batches[partition as usize].1.push(Record { headers: headers.to_headers(), body });
+    }
+    // Each partition's records in the order given, a topic's in one append.
+    for (topic, batches) in batched {
+        log.append(topic, batches).await.unwrap();
     }
 }
 
@@ -376,4 +382,112 @@ fn waku_test_applies_timed_events_across_files_in_event_time_order() {
     let outcome: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("one.json")).unwrap()).unwrap();
     assert_eq!(outcome["keys"]["1"]["state"]["seq"], serde_json::json!(6), "{outcome}");
+}
+
+/// `waku demo inventory`, small: 13 topics with one read late at start-up,
+/// history then live traffic, no violation, and the read model equal to
+/// the oracle's (each product's events sorted by event time).
+#[test]
+fn the_inventory_demo_ends_with_no_violation_and_the_oracle_matching() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = inventory_wasm().to_str().unwrap().to_owned();
+    let args = ["demo", "inventory", "--module", &module, "--history", "3000", "--products", "50"];
+    let more = ["--live-secs", "1.5", "--live-rate", "300", "--late-start-secs", "1"];
+    let output = waku(&[&args[..], &more[..]].concat(), dir.path());
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in
+        ["order violations: 0", "oracle check: match (50 products", "start-up race: reads of topic `adjustments`"]
+    {
+        assert!(stdout.contains(line), "no `{line}` in:\n{stdout}");
+    }
+    let latency = stdout.lines().find(|line| line.starts_with("release latency (live")).unwrap_or_default();
+    assert!(latency.contains("p50 ") && !latency.contains("p50 -"), "no live release measured: {stdout}");
+}
+
+/// `waku rebuild` of a projection over two topics is refused with a message
+/// naming them and what to do instead, rather than left for a host that
+/// would never take it up; once a host runs it over one topic, it is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_over_two_topics_refuses_a_shadow_rebuild_naming_its_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    publish(dir.path(), &module, &workload(2, 4, 7, false)).await;
+    let run = waku(&run_args(), dir.path());
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let rebuild = ["rebuild", "--data", "data", "--projection", "ledger", "--topic", "a", "--modules", "modules"];
+    let refused = waku(&rebuild, dir.path());
+    let said = text(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("reads 2 topics in event-time order (`a`, `b`)"), "{said}");
+    assert!(said.contains("under another projection name"), "{said}");
+
+    let mut one_topic = run_args();
+    let b = one_topic.iter().position(|&arg| arg == "b").unwrap();
+    one_topic.drain(b - 1..=b);
+    let run = waku(&one_topic, dir.path());
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let asked = waku(&rebuild, dir.path());
+    assert!(asked.status.success(), "{}", text(&asked.stderr));
+}
+
+/// SIGKILL while an input is paused for alignment: `b` is all ahead of
+/// `a` in event time, so it is held until the bound (1 MiB) pauses it, and
+/// `a` is read alone; killed then (and a run to the end after), every
+/// entry is applied once, each key in event-time order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_host_while_inputs_are_paused_for_alignment_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let (keys, per_key) = (200u64, 320u64);
+    let entries: Vec<(&str, Entry)> = (1..=per_key)
+        .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
+        .map(|(key, seq)| {
+            let topic = if seq <= per_key / 2 { "a" } else { "b" };
+            (topic, Entry { key, seq, amount: (key + seq) as i64 % 50, event_time: BASE_MS + seq as i64 * 1000 })
+        })
+        .collect();
+    publish(dir.path(), &module, &entries).await;
+    let mut args = run_args();
+    let batch = args.iter().position(|&arg| arg == "--batch-size").unwrap() + 1;
+    args[batch] = "64";
+    args.extend(["--max-held-mib", "1"]);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut killed_paused = 0;
+    for trial in 0..3 {
+        let mut child = waku_command(dir.path())
+            .args(&args)
+            .env("RUST_LOG", "wakuwaku::consumer::timing=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("waku starts");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let mut paused = false;
+        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 {
+            if line.contains("input `b` partition") && line.contains("paused") {
+                paused = true;
+                break;
+            }
+            line.clear();
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
+        match child.try_wait().unwrap() {
+            Some(status) => assert!(status.success(), "trial {trial}: waku failed on its own"),
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                killed_paused += u64::from(paused);
+            }
+        }
+    }
+    assert!(killed_paused > 0, "no run was killed while `b` was paused");
+    let last = waku(&args, dir.path());
+    assert!(last.status.success(), "{}", text(&last.stderr));
+    let found = outcome(dir.path(), &module, keys);
+    assert_eq!(found.out_of_order, None, "a key saw its entries out of event-time order");
+    assert_eq!(found.applied_entries, (keys * per_key) as i128, "not exactly once");
+    assert_eq!(found.balances, oracle_balances(&entries));
 }

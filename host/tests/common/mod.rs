@@ -59,6 +59,12 @@ pub fn bank_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("examples/bank"))
 }
 
+/// The inventory example, built once for this test binary.
+pub fn inventory_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| guest("examples/inventory"))
+}
+
 /// The probe test module, built once for this test binary.
 pub fn probe_wasm() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();

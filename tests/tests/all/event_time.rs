@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wakuwaku::consumer::{ConsumerConfig, stat};
@@ -191,4 +192,91 @@ async fn each_type_is_held_to_its_event_time_declaration_and_retried_records_kee
     if let Some(letter) = key_4 {
         assert_eq!(letter.envelope.as_ref().unwrap().event_time, Some(BASE_MS + 4000), "and so does its dead letter");
     }
+}
+
+/// The ledger counters of `store`: (`ledger`, `out_of_order`).
+fn ledger_counts(store: &wakuwaku::state::StateStore) -> (i128, i128) {
+    let counters: std::collections::HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
+    (counters.get("ledger").copied().unwrap_or(0), counters.get("out_of_order").copied().unwrap_or(0))
+}
+
+/// Waits until `store` counted `applied` ledger entries.
+async fn wait_for(store: &wakuwaku::state::StateStore, applied: i128) -> Instant {
+    let since = Instant::now();
+    while ledger_counts(store).0 < applied {
+        assert!(since.elapsed() < Duration::from_secs(60), "{:?} of {applied} applied", ledger_counts(store));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Instant::now()
+}
+
+/// After catching up, every input is idle and an untimed topic is the
+/// clock: it follows processing time (far past the history), an event that
+/// then arrives on an idle partition with a time just ahead waits until
+/// processing time passes it (then goes, in order), and one with a time the
+/// clock already passed is applied at once and counted late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_partition_that_receives_new_data_after_catch_up_counts_again_under_the_processing_time_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    let (keys, per_key) = (5u64, 6u64);
+    for topic in ["early", "late", "catalogue"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    for topic in ["early", "late"] {
+        let records: Vec<Record> = (1..=per_key)
+            .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
+            .filter(|(_, seq)| (seq % 2 == 1) == (topic == "early"))
+            .map(|(key, seq)| entry(key, seq, BASE_MS + seq as i64 * 1000 + key as i64))
+            .collect();
+        log.append(topic, vec![(0, records)]).await.unwrap();
+    }
+    // The catalogue: no event time, applied as it arrives.
+    let untimed = |key: u64| {
+        json_record(UNTIMED_LEDGER, key, json!({ "key": key, "seq": 1, "amount": 1, "fail": null, "ordering": "relaxed" }))
+    };
+    log.append("catalogue", vec![(0, vec![untimed(100), untimed(101)])]).await.unwrap();
+    let consumer = ConsumerConfig { untimed_topics: vec!["catalogue".to_owned()], ..ConsumerConfig::default() };
+    let mut settings = host_settings(dir.path(), "stock", "early", vec![probe_module()], consumer);
+    settings.more_topics = vec!["late".to_owned(), "catalogue".to_owned()];
+    settings.until_caught_up = false;
+    let started_ms = wakuwaku::routing::now_ms() as i64;
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let store = host.projection().store().clone();
+    let history = (keys * per_key + 2) as i128;
+    wait_for(&store, history).await;
+
+    // Caught up: every input idle, the clock at processing time, not at
+    // one past the history's latest event time.
+    let clock = {
+        let since = Instant::now();
+        loop {
+            let timing = host.timing().snapshot();
+            let idle = timing.iter().all(|t| t.inputs.iter().all(|input| input.idle));
+            if let (true, Some(clock)) = (idle, timing[0].clock_ms)
+                && clock >= started_ms
+            {
+                break clock;
+            }
+            assert!(since.elapsed() < Duration::from_secs(10), "{timing:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    assert!(clock <= wakuwaku::routing::now_ms() as i64);
+
+    // New data on the idle `early`, 300 ms ahead of processing time: it
+    // counts again, and waits for the processing-time clock to pass it.
+    let ahead = wakuwaku::routing::now_ms() as i64 + 300;
+    log.append("early", vec![(0, vec![entry(0, per_key + 1, ahead)])]).await.unwrap();
+    wait_for(&store, history + 1).await;
+    let applied_ms = wakuwaku::routing::now_ms() as i64;
+    assert!(applied_ms > ahead, "applied at {applied_ms}, before processing time passed its event time {ahead}");
+    // Then on the idle `late`, a time the clock passed long ago: late,
+    // applied at once, counted.
+    log.append("late", vec![(0, vec![entry(7, 1, BASE_MS)])]).await.unwrap();
+    wait_for(&store, history + 2).await;
+    assert_eq!(ledger_counts(&store).1, 0, "a key saw its entries out of event-time order");
+    let violations = host.timing().snapshot()[0].order_violations;
+    let summary = host.stop().await.unwrap();
+    assert_eq!((violations, summary.order_violations), (1, 1));
 }
