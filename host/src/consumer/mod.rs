@@ -891,12 +891,12 @@ impl<L: EventLog> Consumer<L> {
                     return Ok((summary, true));
                 }
                 Err(ConsumerError::State(moved @ StateError::PositionMoved { .. })) => {
-                    let Some(reloaded) = self.reload(partition, end, &state, &moved).await? else {
+                    let Some((reloaded, redone)) = self.reload(partition, end, &state, &moved).await? else {
                         summary.redone += state.in_flight;
                         self.give_up(partition, state.in_flight);
                         return Ok((summary, true));
                     };
-                    summary.redone += state.in_flight + state.position.saturating_sub(reloaded.position);
+                    summary.redone += redone;
                     state = reloaded;
                     continue;
                 }
@@ -952,15 +952,16 @@ impl<L: EventLog> Consumer<L> {
     /// which drops what the store kept of it and reads its positions, and
     /// starts it over from what the store holds, nothing of the host's
     /// memory kept. The refused batch and the forgotten ones are counted as
-    /// redone. `None` when another host holds the partition now (the
-    /// database's restart ended this host's hold): it is given up.
+    /// redone, and returned with the new state. `None` when another host
+    /// holds the partition now (the database's restart ended this host's
+    /// hold): it is given up.
     async fn reload(
         &self,
         partition: u32,
         end: Option<u64>,
         state: &PartitionState,
         moved: &StateError,
-    ) -> Result<Option<PartitionState>, ConsumerError> {
+    ) -> Result<Option<(PartitionState, u64)>, ConsumerError> {
         if self.projection.store().claim_released(partition)?.is_none() {
             tracing::warn!(
                 projection = self.projection.name(),
@@ -973,7 +974,11 @@ impl<L: EventLog> Consumer<L> {
         // What the last commits the store kept owe the log is published
         // again (the stamps keep the log from taking anything twice).
         reloaded.settle = true;
-        let redone = state.in_flight + state.position.saturating_sub(reloaded.position);
+        // The gate's position: summed over the topics, as it was and as the
+        // store holds it now.
+        let before = self.progress.partitions().into_iter().find(|p| p.partition == partition);
+        let (now, _) = self.gate_of(partition).await?;
+        let redone = state.in_flight + before.map_or(state.position, |p| p.position).saturating_sub(now);
         tracing::warn!(
             projection = self.projection.name(),
             partition,
@@ -982,12 +987,12 @@ impl<L: EventLog> Consumer<L> {
              done again)",
             reloaded.position
         );
-        self.progress.rewind(partition, reloaded.position);
+        self.progress.rewind(partition, now);
         self.progress.add_redone(redone);
         if let Some(metrics) = &self.metrics {
             metrics.events_redone(self.projection.name(), redone);
         }
-        Ok(Some(reloaded))
+        Ok(Some((reloaded, redone)))
     }
 
     /// A stop leaves nothing owed that a later command cannot see: the
