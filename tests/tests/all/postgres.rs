@@ -179,7 +179,8 @@ async fn a_host_whose_database_forgot_its_last_commits_goes_on_from_the_database
 
     let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
     let client = config.connect_client().await.unwrap();
-    let tables = ["waku_state", "waku_counters", "waku_stats", "waku_positions", "waku_done", "waku_outbox", "waku_outbox_next"];
+    let tables =
+        ["waku_state", "waku_counters", "waku_stats", "waku_positions", "waku_done", "waku_outbox", "waku_outbox_next"];
     for table in tables {
         let sql = format!("CREATE TEMP TABLE snap_{table} AS SELECT * FROM {table} WHERE projection = '{projection}'");
         client.batch_execute(&sql).await.unwrap();
