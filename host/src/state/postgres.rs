@@ -1264,7 +1264,6 @@ impl Db {
     /// The error for a commit whose position check failed: the first of
     /// `checks` not where the store left it.
     async fn moved(&self, checks: &PositionChecks) -> StateError {
-        let mut now: HashMap<(&str, i32), i64> = HashMap::new();
         let rows = match self
             .query(
                 "SELECT topic, partition, next FROM waku_positions WHERE projection = $1 AND partition = ANY($2)",
@@ -1275,15 +1274,11 @@ impl Db {
             Ok(rows) => rows,
             Err(error) => return error,
         };
-        for row in &rows {
-            if let Some(at) = checks.topics.iter().position(|topic| topic == row.get::<_, &str>(0)) {
-                now.insert((&checks.topics[at], row.get(1)), row.get(2));
-            }
-        }
-        let mut topics = checks.topics.iter().zip(&checks.partitions).zip(&checks.expected);
-        topics
+        let now: HashMap<(String, i32), i64> = rows.iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect();
+        let mut checked = checks.topics.iter().zip(&checks.partitions).zip(&checks.expected);
+        checked
             .find_map(|((topic, &partition), &expected)| {
-                let found = now.get(&(topic.as_str(), partition)).copied();
+                let found = now.get(&(topic.clone(), partition)).copied();
                 (found != expected).then(|| StateError::PositionMoved {
                     partition: partition.unsigned_abs(),
                     topic: topic.clone(),
