@@ -13,7 +13,7 @@
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::state::StateError::Fenced`]) |
-//! | `waku_events_redone_total` | projection | events processed for nothing: their batch's commit was refused because another host took the partition (a host moving partitions as the group asks, and stopping gracefully, redoes none; see `Consumer::with_assignment`) |
+//! | `waku_events_redone_total` | projection | events processed for nothing: their batch's commit was refused because another host took the partition, or done again because the database had forgotten commits (the position check, `StateError::PositionMoved`) (a host moving partitions as the group asks, and stopping gracefully, redoes none; see `Consumer::with_assignment`) |
 //! | `waku_partition_takes_failed_total` | projection | attempts to take an assigned partition that failed (log or state store unreachable) and are tried again after a backoff |
 //! | `waku_log_truncated_total` | topic, partition | times a partition's end offset was found below the host's position or below an end offset read earlier: the log lost messages it had acknowledged, or the topic was deleted and created again ([`crate::log::loss`]) |
 //! | `waku_order_violations_total` | projection | late events of a projection over several topics: read after the clock passed their event time, applied at once, out of event-time order (counted when committed) |

@@ -32,6 +32,10 @@ pub struct PartitionProgress {
     pub end_at_start: u64,
     /// The committed position now.
     pub position: u64,
+    /// The offset after the last batch read (at least the position): what
+    /// lies between the two is the batch in flight, which a host that takes
+    /// the partition after this one dies reads again.
+    pub read_to: u64,
 }
 
 impl PartitionProgress {
@@ -55,16 +59,35 @@ pub struct Progress {
 #[derive(Debug)]
 struct Started {
     at: Instant,
-    /// (partition, start, end at start, position now) of each held one.
-    partitions: RwLock<Vec<(u32, u64, u64, AtomicU64)>>,
+    /// Each partition held.
+    partitions: RwLock<Vec<Held>>,
+}
+
+/// A partition in the gate.
+#[derive(Debug)]
+struct Held {
+    partition: u32,
+    start: u64,
+    /// The end offset at start.
+    end: u64,
+    /// The committed position now.
+    now: AtomicU64,
+    /// The offset after the last batch read.
+    read_to: AtomicU64,
+}
+
+impl Held {
+    fn new(partition: u32, start: u64, end: u64) -> Self {
+        Self { partition, start, end, now: AtomicU64::new(start), read_to: AtomicU64::new(start) }
+    }
 }
 
 impl Started {
-    fn partitions(&self) -> std::sync::RwLockReadGuard<'_, Vec<(u32, u64, u64, AtomicU64)>> {
+    fn partitions(&self) -> std::sync::RwLockReadGuard<'_, Vec<Held>> {
         self.partitions.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn partitions_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(u32, u64, u64, AtomicU64)>> {
+    fn partitions_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Held>> {
         self.partitions.write().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -74,7 +97,7 @@ impl Progress {
     /// (partition, committed position, end offset). Only the first call
     /// counts: the gate is the end offsets of the first start.
     pub fn begin(&self, partitions: impl IntoIterator<Item = (u32, u64, u64)>) {
-        let partitions = partitions.into_iter().map(|(p, start, end)| (p, start, end, AtomicU64::new(start))).collect();
+        let partitions = partitions.into_iter().map(|(p, start, end)| Held::new(p, start, end)).collect();
         let _ = self.started.set(Started { at: Instant::now(), partitions: RwLock::new(partitions) });
     }
 
@@ -83,15 +106,15 @@ impl Progress {
     pub fn take(&self, partition: u32, start: u64, end: u64) {
         let started = self.started.get_or_init(|| Started { at: Instant::now(), partitions: RwLock::default() });
         let mut partitions = started.partitions_mut();
-        partitions.retain(|(p, ..)| *p != partition);
-        partitions.push((partition, start, end, AtomicU64::new(start)));
-        partitions.sort_unstable_by_key(|(p, ..)| *p);
+        partitions.retain(|held| held.partition != partition);
+        partitions.push(Held::new(partition, start, end));
+        partitions.sort_unstable_by_key(|held| held.partition);
     }
 
     /// Takes a partition the host no longer holds out of the gate.
     pub fn release(&self, partition: u32) {
         if let Some(started) = self.started.get() {
-            started.partitions_mut().retain(|(p, ..)| *p != partition);
+            started.partitions_mut().retain(|held| held.partition != partition);
         }
     }
 
@@ -100,9 +123,9 @@ impl Progress {
     /// ([`crate::log::loss`]).
     pub fn lower_end(&self, partition: u32, end: u64) {
         if let Some(started) = self.started.get() {
-            for (p, _, gate, _) in started.partitions_mut().iter_mut() {
-                if *p == partition {
-                    *gate = (*gate).min(end);
+            for held in started.partitions_mut().iter_mut() {
+                if held.partition == partition {
+                    held.end = held.end.min(end);
                 }
             }
         }
@@ -110,11 +133,36 @@ impl Progress {
 
     /// Records a partition's committed position.
     pub fn advance(&self, partition: u32, position: u64) {
+        self.with(partition, |held| {
+            held.now.fetch_max(position, Ordering::Relaxed);
+            held.read_to.fetch_max(position, Ordering::Relaxed);
+        });
+    }
+
+    /// Records that a batch of a partition up to (not including) `offset`
+    /// was read: it is in flight until its commit.
+    pub fn read(&self, partition: u32, offset: u64) {
+        self.with(partition, |held| {
+            held.read_to.fetch_max(offset, Ordering::Relaxed);
+        });
+    }
+
+    /// Calls `f` on `partition`, if it is in the gate.
+    fn with(&self, partition: u32, f: impl FnOnce(&Held)) {
         if let Some(started) = self.started.get()
-            && let Some((.., now)) = started.partitions().iter().find(|(p, ..)| *p == partition)
+            && let Some(held) = started.partitions().iter().find(|held| held.partition == partition)
         {
-            now.fetch_max(position, Ordering::Relaxed);
+            f(held);
         }
+    }
+
+    /// Sets a partition's committed position back to `position`: the store
+    /// holds less than this host had committed (it forgot commits).
+    pub fn rewind(&self, partition: u32, position: u64) {
+        self.with(partition, |held| {
+            held.now.store(position, Ordering::Relaxed);
+            held.read_to.store(position, Ordering::Relaxed);
+        });
     }
 
     /// Every partition held, once the consumer has started.
@@ -123,11 +171,12 @@ impl Progress {
             started
                 .partitions()
                 .iter()
-                .map(|(partition, start, end, now)| PartitionProgress {
-                    partition: *partition,
-                    start: *start,
-                    end_at_start: *end,
-                    position: now.load(Ordering::Relaxed),
+                .map(|held| PartitionProgress {
+                    partition: held.partition,
+                    start: held.start,
+                    end_at_start: held.end,
+                    position: held.now.load(Ordering::Relaxed),
+                    read_to: held.read_to.load(Ordering::Relaxed),
                 })
                 .collect()
         })

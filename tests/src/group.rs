@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::host::{Host, RunningHost, StateSettings};
+use wakuwaku::host::{Host, ModuleSource, RunningHost, StateSettings};
 use wakuwaku::log::IggyLog;
 
-use crate::{bank_module, host_settings};
+use crate::{bank_wasm, host_settings};
 
 /// A `waku run` of the projection as the CLI starts it (a consumer group,
 /// state in PostgreSQL, its own Iggy connection), on a runtime of its own
@@ -33,12 +33,17 @@ impl GroupHost {
         data: &Path,
     ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let mut settings = host_settings(data, projection, "accounts", Vec::new(), config);
+        settings.state = StateSettings::Postgres { url: postgres.to_owned() };
+        settings.until_caught_up = false;
+        settings.group = Some(group.to_owned());
+        // Loaded through the compile cache in `data`, as `waku run` loads
+        // its modules: only the first host of a shared `data` compiles.
+        let sandbox = settings.sandbox().unwrap();
+        let module = wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads");
+        settings.modules = ModuleSource::Loaded(vec![module]);
         let host = runtime.block_on(async {
             let log = Arc::new(IggyLog::connect(url, stream).await.unwrap());
-            let mut settings = host_settings(data, projection, "accounts", vec![bank_module()], config);
-            settings.state = StateSettings::Postgres { url: postgres.to_owned() };
-            settings.until_caught_up = false;
-            settings.group = Some(group.to_owned());
             Host::start_on(log, settings).await.unwrap()
         });
         Self { runtime: Some(runtime), host: Some(host) }
@@ -47,6 +52,12 @@ impl GroupHost {
     /// Events it processed for nothing so far (commits refused by fencing).
     pub fn redone(&self) -> u64 {
         self.host.as_ref().unwrap().progress().redone()
+    }
+
+    /// Its caught-up gate: per partition held, the committed position and
+    /// what was read past it (the batch in flight).
+    pub fn progress(&self) -> Arc<wakuwaku::progress::Progress> {
+        self.host.as_ref().unwrap().progress().clone()
     }
 
     /// The partitions it holds now.

@@ -42,7 +42,12 @@
 //! refused whole) is dropped: logged with the epochs, counted
 //! (`waku_partitions_fenced_total`, and its batch's events in
 //! `waku_events_redone_total`), taken out of the caught-up gate, while
-//! the host keeps consuming its other partitions. Partitions that follow a
+//! the host keeps consuming its other partitions. A commit refused because
+//! the database no longer holds the position this host's last commit left
+//! ([`StateError::PositionMoved`]: it forgot acknowledged commits) starts
+//! the partition over from what the database holds, nothing of the host's
+//! memory of it kept, and counts the refused and forgotten events as
+//! redone. Partitions that follow a
 //! consumer group move without that ([`Consumer::with_assignment`]): the
 //! host that loses one lets it go after its batch in flight, and the one
 //! that gains it waits for that. Taking an assigned
@@ -334,7 +339,9 @@ pub struct Summary {
     /// Handler calls made.
     pub calls: u64,
     /// Events processed for nothing: their batch's commit was refused
-    /// because another host took the partition (fencing).
+    /// because another host took the partition (fencing), or done again
+    /// because the database had forgotten their commits
+    /// ([`StateError::PositionMoved`]).
     pub redone: u64,
     /// Where the time went, per phase of a batch (see [`phase`]).
     pub phases: PhaseTimes,
@@ -842,30 +849,7 @@ impl<L: EventLog> Consumer<L> {
         mut end: Option<u64>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Summary, bool), ConsumerError> {
-        let topic = self.projection.topic().to_owned();
-        let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
-        let timed = match self.projection.topics().len() {
-            1 => {
-                self.check_tail_at_start(&topic, partition, position).await?;
-                None
-            }
-            _ => Some(self.start_timed(partition).await?),
-        };
-        let mut state = PartitionState {
-            timed,
-            position,
-            known_end: end.unwrap_or(0).max(position),
-            tail_checked: None,
-            lowered_end: None,
-            queue: None,
-            settle: false,
-            spare: PolledBatch::new(),
-            buffers: BatchBuffers::default(),
-            appends: self.log.appends(),
-            queue_full: false,
-            topic_turn: false,
-            in_flight: 0,
-        };
+        let mut state = self.partition_state(partition, end).await?;
         let mut summary = Summary::default();
         let mut backoff = Duration::ZERO;
         loop {
@@ -913,6 +897,16 @@ impl<L: EventLog> Consumer<L> {
                     self.drop_fenced(partition, held, current, state.in_flight);
                     return Ok((summary, true));
                 }
+                Err(ConsumerError::State(moved @ StateError::PositionMoved { .. })) => {
+                    let Some((reloaded, redone)) = self.reload(partition, end, &state, &moved).await? else {
+                        summary.redone += state.in_flight;
+                        self.give_up(partition, state.in_flight);
+                        return Ok((summary, true));
+                    };
+                    summary.redone += redone;
+                    state = reloaded;
+                    continue;
+                }
                 Err(error) => return Err(error),
             }
             if !backoff.is_zero() {
@@ -927,6 +921,85 @@ impl<L: EventLog> Consumer<L> {
             self.settle_at_stop(partition, &state, &mut summary).await;
         }
         Ok((summary, false))
+    }
+
+    /// A partition's state as it starts: from its committed position (its
+    /// end offset checked, or its release stage restored), its retry queue
+    /// to be rebuilt from the log.
+    async fn partition_state(&self, partition: u32, end: Option<u64>) -> Result<PartitionState, ConsumerError> {
+        let topic = self.projection.topic().to_owned();
+        let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
+        let timed = match self.projection.topics().len() {
+            1 => {
+                self.check_tail_at_start(&topic, partition, position).await?;
+                None
+            }
+            _ => Some(self.start_timed(partition).await?),
+        };
+        Ok(PartitionState {
+            timed,
+            position,
+            known_end: end.unwrap_or(0).max(position),
+            tail_checked: None,
+            lowered_end: None,
+            queue: None,
+            settle: false,
+            spare: PolledBatch::new(),
+            buffers: BatchBuffers::default(),
+            appends: self.log.appends(),
+            queue_full: false,
+            topic_turn: false,
+            in_flight: 0,
+        })
+    }
+
+    /// After a commit refused because the store's position was not where
+    /// this host's last commit left it ([`StateError::PositionMoved`]: the
+    /// database forgot acknowledged commits): claims the partition again,
+    /// which drops what the store kept of it and reads its positions, and
+    /// starts it over from what the store holds, nothing of the host's
+    /// memory kept. The refused batch and the forgotten ones are counted as
+    /// redone, and returned with the new state. `None` when another host
+    /// holds the partition now (the database's restart ended this host's
+    /// hold): it is given up.
+    async fn reload(
+        &self,
+        partition: u32,
+        end: Option<u64>,
+        state: &PartitionState,
+        moved: &StateError,
+    ) -> Result<Option<(PartitionState, u64)>, ConsumerError> {
+        if self.projection.store().claim_released(partition)?.is_none() {
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                "{moved}; another host holds partition {partition} now: this host stops consuming it"
+            );
+            return Ok(None);
+        }
+        let mut reloaded = self.partition_state(partition, end).await?;
+        // What the last commits the store kept owe the log is published
+        // again (the stamps keep the log from taking anything twice).
+        reloaded.settle = true;
+        // The gate's position: summed over the topics, as it was and as the
+        // store holds it now.
+        let before = self.progress.partitions().into_iter().find(|p| p.partition == partition);
+        let (now, _) = self.gate_of(partition).await?;
+        let redone = state.in_flight + before.map_or(state.position, |p| p.position).saturating_sub(now);
+        tracing::warn!(
+            projection = self.projection.name(),
+            partition,
+            redone,
+            "{moved}; partition {partition} starts again from offset {} as the store holds it ({redone} events \
+             done again)",
+            reloaded.position
+        );
+        self.progress.rewind(partition, now);
+        self.progress.add_redone(redone);
+        if let Some(metrics) = &self.metrics {
+            metrics.events_redone(self.projection.name(), redone);
+        }
+        Ok(Some((reloaded, redone)))
     }
 
     /// A stop leaves nothing owed that a later command cannot see: the
@@ -1112,6 +1185,9 @@ impl<L: EventLog> Consumer<L> {
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
         state.in_flight = records.len() as u64;
+        if let Advance::Topic(next) = advance {
+            self.progress.read(partition, next);
+        }
         let consumer = self.clone();
         let mut buffers = std::mem::take(&mut state.buffers);
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
@@ -1337,6 +1413,12 @@ impl<L: EventLog> Consumer<L> {
             "partition {partition} was taken over by another host (epoch {current}, this host held {held}): \
              its last batch ({redone} events) was not committed and this host stops consuming it"
         );
+        self.give_up(partition, redone);
+    }
+
+    /// Takes a partition another host has now out of the gate, and counts
+    /// its refused batch's events as redone.
+    fn give_up(&self, partition: u32, redone: u64) {
         self.progress.release(partition);
         self.progress.add_redone(redone);
         if let Some(metrics) = &self.metrics {

@@ -50,6 +50,10 @@
 //! it, which bumps the partition's epoch; every later commit touching that
 //! partition (its positions, done marks or outbox) checks the epoch in the same transaction and is refused with
 //! [`StateError::Fenced`] once another host has claimed it since. The
+//! same transaction checks that each position it writes is still where
+//! this store's last commit (or its claim) left it, and refuses the commit
+//! with [`StateError::PositionMoved`] if not: a database that forgot
+//! acknowledged commits is never built on from the host's memory. The
 //! embedded store has nothing to fence: one process holds its file lock.
 //!
 //! **Runs and resets exclude each other.** A running host holds its
@@ -179,6 +183,29 @@ pub enum StateError {
         held: u64,
         /// The epoch in the store now.
         current: u64,
+    },
+    /// A position the commit writes was not, in the store, where this
+    /// store's last commit (or its claim) left it: the database forgot
+    /// commits it had acknowledged (a crash with `synchronous_commit=off`)
+    /// or something else moved it. The commit was refused and nothing of it
+    /// applied; the host must continue from what the store holds, not from
+    /// its memory ([`StateBackend::claim`] reads the positions again).
+    #[error(
+        "partition {partition} of `{topic}` is at {} in the state store, not at {} where this host's last commit \
+         left it: the database lost acknowledged commits (a crash with synchronous_commit=off) or something else \
+         moved it; commit refused",
+        found.map_or_else(|| "no position".to_owned(), |at| format!("offset {at}")),
+        expected.map_or_else(|| "no position".to_owned(), |at| format!("offset {at}"))
+    )]
+    PositionMoved {
+        /// The partition.
+        partition: u32,
+        /// The topic (or mark) of the position.
+        topic: String,
+        /// Where this store left it (`None`: it had none).
+        expected: Option<u64>,
+        /// Where the store holds it now.
+        found: Option<u64>,
     },
     /// Another process holds the projection: a `waku run` (the embedded
     /// store's file lock, PostgreSQL's run lock) or a `waku reset`.
@@ -347,7 +374,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 
     /// Takes `partition` of the projection for this store: bumps its epoch,
     /// so commits touching it from any store that claimed it earlier are
-    /// refused from now on ([`StateError::Fenced`]). Returns the new epoch.
+    /// refused from now on ([`StateError::Fenced`]), and reads its
+    /// positions, which its commits are checked against from now on
+    /// ([`StateError::PositionMoved`]). Returns the new epoch.
     fn claim(&self, partition: u32) -> Result<u64, StateError>;
 
     /// Takes `partition` as [`claim`](StateBackend::claim) does, but only

@@ -47,6 +47,16 @@
 //! store never claimed are not fenced (one host, or a command such as
 //! `waku dlq`).
 //!
+//! **Positions are checked too.** A claim reads the partition's positions,
+//! and the store remembers where each of its commits left them. A commit
+//! writing a position of a claimed partition checks, in the same
+//! transaction and flight, that the database still holds it where the
+//! store left it, and is refused whole otherwise
+//! ([`StateError::PositionMoved`]): a database that came back from a crash
+//! without commits it had acknowledged (`synchronous_commit=off`) makes the
+//! host continue from what the database holds, never from its memory of
+//! the forgotten batches.
+//!
 //! **Holds.** A claim also takes the partition's hold, a session advisory
 //! lock on a connection of the store's own ([`super::hold`]), kept until
 //! [`StateBackend::release`] or the session's end;
@@ -198,6 +208,10 @@ pub struct PostgresStore {
     location: Arc<str>,
     /// The epoch of each partition this store claimed.
     claims: Mutex<HashMap<u32, i64>>,
+    /// The positions of each claimed partition, by topic, where this
+    /// store's last commit (or its claim) left them: a commit writing one
+    /// must find it there ([`StateError::PositionMoved`]).
+    continues: Mutex<HashMap<u32, HashMap<String, i64>>>,
     /// The connection holding the run lock (shared for a run, exclusive
     /// for a reset), out of the pool: the lock lasts as long as its session.
     run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
@@ -278,6 +292,7 @@ impl PostgresStore {
             projection: projection.into(),
             location,
             claims: Mutex::default(),
+            continues: Mutex::default(),
             run_lock: Mutex::default(),
             cache: StateCache::new(DEFAULT_CACHE_BYTES),
             holds: Arc::default(),
@@ -355,9 +370,36 @@ impl PostgresStore {
         held
     }
 
-    /// Bumps `partition`'s epoch and remembers it as this store's claim.
+    /// The positions `commit` writes of the partitions this store claimed,
+    /// each with where the store's last commit left it.
+    fn position_checks(&self, commit: &BatchCommit) -> PositionChecks {
+        let continues = self.continues.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut checks = PositionChecks::default();
+        for (topic, partition, next) in &commit.positions {
+            let Some(positions) = continues.get(partition) else { continue };
+            checks.topics.push(topic.clone());
+            checks.partitions.push(i32_of(*partition));
+            checks.expected.push(positions.get(topic).copied());
+            checks.next.push(i64::try_from(*next).unwrap_or(i64::MAX));
+        }
+        checks
+    }
+
+    /// Remembers where a commit that passed `checks` left its positions.
+    fn continued(&self, checks: &PositionChecks) {
+        let mut continues = self.continues.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for ((topic, partition), next) in checks.topics.iter().zip(&checks.partitions).zip(&checks.next) {
+            if let Some(positions) = continues.get_mut(&partition.unsigned_abs()) {
+                positions.insert(topic.clone(), *next);
+            }
+        }
+    }
+
+    /// Bumps `partition`'s epoch and remembers it as this store's claim,
+    /// with the partition's positions then (after the bump, no other
+    /// store's commit to it lands).
     fn bump_epoch(&self, partition: u32) -> Result<u64, StateError> {
-        let epoch = self.run(move |db| async move {
+        let (epoch, positions) = self.run(move |db| async move {
             let row = db
                 .client()
                 .query_one(
@@ -368,9 +410,11 @@ impl PostgresStore {
                 )
                 .await
                 .map_err(|e| db.error(e))?;
-            Ok(row.get::<_, i64>(0))
+            let positions = db.positions_of(partition).await?;
+            Ok((row.get::<_, i64>(0), positions))
         })?;
         self.claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, epoch);
+        self.continues.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(partition, positions);
         self.cache.drop_partition(partition);
         Ok(epoch.unsigned_abs())
     }
@@ -496,6 +540,7 @@ impl StateBackend for PostgresStore {
             return Ok(());
         }
         let held = self.held_epochs(&commit);
+        let checks = self.position_checks(&commit);
         let committing = self.committing_partition(&commit);
         let taken = self.cache.begin_write(commit.writes.iter().map(|(key, _)| key));
         // What goes back into the cache once the commit succeeded.
@@ -507,7 +552,9 @@ impl StateBackend for PostgresStore {
         let begin = self.begin.clone();
         let committed = CommitRows::fold(commit, &self.location).and_then(|rows| {
             let count = rows.count() as u64;
-            self.run(move |db| async move { db.commit(&begin, held, rows).await })?;
+            let checked = checks.clone();
+            self.run(move |db| async move { db.commit(&begin, held, &checked, rows).await })?;
+            self.continued(&checks);
             written.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             written.rows.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
             Ok(())
@@ -829,6 +876,18 @@ impl CommitRows {
     }
 }
 
+/// The positions a commit writes of claimed partitions: each must be where
+/// the store's last commit left it ([`CHECK_POSITIONS`]).
+#[derive(Debug, Clone, Default)]
+struct PositionChecks {
+    topics: Vec<String>,
+    partitions: Vec<i32>,
+    /// Where the store left each (`None`: no position yet).
+    expected: Vec<Option<i64>>,
+    /// Where the commit moves each.
+    next: Vec<i64>,
+}
+
 /// Every entry of the keys `$2` (sorted), in order of key and name, while
 /// the names and values so far stay within `$3` bytes; then, if that cut
 /// the list short, one row (key, NULL, NULL) naming the key it stopped in.
@@ -1116,14 +1175,24 @@ impl Db {
     /// one round trip whatever the batch holds (and one more per statement
     /// the first time a connection prepares it). A check that finds a newer
     /// epoch fails its statement, so the server rolls everything after it
-    /// back and the `COMMIT` commits nothing. `begin` opens the
-    /// transaction (`BEGIN`, and the opted-in `synchronous_commit`).
-    async fn commit(self, begin: &str, held: Vec<(u32, i64)>, rows: CommitRows) -> Result<(), StateError> {
+    /// back and the `COMMIT` commits nothing. Then (in the same flight) a
+    /// check that each position of `checks` is where the store left it,
+    /// which fails the same way when the database lost commits
+    /// ([`StateError::PositionMoved`]). `begin` opens the transaction
+    /// (`BEGIN`, and the opted-in `synchronous_commit`).
+    async fn commit(
+        self,
+        begin: &str,
+        held: Vec<(u32, i64)>,
+        checks: &PositionChecks,
+        rows: CommitRows,
+    ) -> Result<(), StateError> {
         let r = &rows;
         let p = &*self.projection;
         let fence_partitions: Vec<i32> = held.iter().map(|&(partition, _)| i32_of(partition)).collect();
         let fence_epochs: Vec<i64> = held.iter().map(|&(_, epoch)| epoch).collect();
         let fence_count = held.len() as i64;
+        let check_count = checks.topics.len() as i64;
         let outbox_count = r.outbox.len() as i64;
         let mut wanted: Vec<&str> = Vec::new();
         let mut add = |needed: bool, sql: &'static str| {
@@ -1132,6 +1201,7 @@ impl Db {
             }
         };
         add(!held.is_empty(), FENCE);
+        add(!checks.topics.is_empty(), CHECK_POSITIONS);
         add(!r.set_keys.is_empty(), SET_ENTRIES);
         add(!r.deleted_keys.is_empty(), DELETE_ENTRIES);
         add(!r.counter_names.is_empty(), ADD_COUNTERS);
@@ -1150,6 +1220,7 @@ impl Db {
         for (sql, statement) in wanted.iter().zip(&statements) {
             let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match *sql {
                 FENCE => vec![&p, &fence_partitions, &fence_epochs, &fence_count],
+                CHECK_POSITIONS => vec![&p, &checks.topics, &checks.partitions, &checks.expected, &check_count],
                 SET_ENTRIES => vec![&p, &r.set_keys, &r.set_names, &r.set_key_texts, &r.set_values, &r.set_jsons],
                 DELETE_ENTRIES => vec![&p, &r.deleted_keys, &r.deleted_names],
                 ADD_COUNTERS => vec![&p, &r.counter_names, &r.counter_deltas],
@@ -1168,19 +1239,65 @@ impl Db {
         }
         flight.push(Box::pin(client.batch_execute("COMMIT")));
         let answers = all_at_once(flight).await;
-        let fenced = !held.is_empty()
-            && answers[1].as_ref().err().and_then(tokio_postgres::Error::code)
-                == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO);
+        // Which check failed, if one did: its answer (after `BEGIN`'s) is
+        // a division by zero.
+        let failed = |sql: &str| {
+            wanted.iter().position(|wanted| *wanted == sql).is_some_and(|at| {
+                answers[at + 1].as_ref().err().and_then(tokio_postgres::Error::code)
+                    == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+            })
+        };
+        let (fenced, moved) = (failed(FENCE), failed(CHECK_POSITIONS));
         if let Some(error) = answers.into_iter().find_map(Result::err) {
             // `COMMIT` after a failed statement rolls back; this makes sure
             // the connection goes back to the pool outside a transaction.
             let _ = client.batch_execute("ROLLBACK").await;
-            return Err(match fenced {
-                true => self.fenced(held).await,
-                false => self.error(error),
+            return Err(match (fenced, moved) {
+                (true, _) => self.fenced(held).await,
+                (false, true) => self.moved(checks).await,
+                (false, false) => self.error(error),
             });
         }
         Ok(())
+    }
+
+    /// The error for a commit whose position check failed: the first of
+    /// `checks` not where the store left it.
+    async fn moved(&self, checks: &PositionChecks) -> StateError {
+        let rows = match self
+            .query(
+                "SELECT topic, partition, next FROM waku_positions WHERE projection = $1 AND partition = ANY($2)",
+                &[&&*self.projection, &checks.partitions],
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) => return error,
+        };
+        let now: HashMap<(String, i32), i64> = rows.iter().map(|row| ((row.get(0), row.get(1)), row.get(2))).collect();
+        let mut checked = checks.topics.iter().zip(&checks.partitions).zip(&checks.expected);
+        checked
+            .find_map(|((topic, &partition), &expected)| {
+                let found = now.get(&(topic.clone(), partition)).copied();
+                (found != expected).then(|| StateError::PositionMoved {
+                    partition: partition.unsigned_abs(),
+                    topic: topic.clone(),
+                    expected: expected.map(i64::unsigned_abs),
+                    found: found.map(i64::unsigned_abs),
+                })
+            })
+            .unwrap_or_else(|| self.error(NoMovedPosition))
+    }
+
+    /// Every position of `partition`, by topic.
+    async fn positions_of(&self, partition: u32) -> Result<HashMap<String, i64>, StateError> {
+        let rows = self
+            .query(
+                "SELECT topic, next FROM waku_positions WHERE projection = $1 AND partition = $2",
+                &[&&*self.projection, &i32_of(partition)],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
     }
 
     /// The error for a commit whose fence check failed: the first of the
@@ -1214,6 +1331,11 @@ impl Db {
 #[derive(Debug, thiserror::Error)]
 #[error("the commit's fence check failed, yet no partition it touches was claimed since")]
 struct NoFencedPartition;
+
+/// A position check failed, yet every position is where the store left it.
+#[derive(Debug, thiserror::Error)]
+#[error("the commit's position check failed, yet every position it checks is where this store left it")]
+struct NoMovedPosition;
 
 /// A statement on its way, in a flight of them ([`all_at_once`]).
 type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>;
@@ -1253,6 +1375,14 @@ const FENCE: &str = "SELECT 1 / (CASE WHEN count(*) = $4 THEN 1 ELSE 0 END) FROM
          SELECT 1 FROM waku_epochs e JOIN unnest($2::integer[], $3::bigint[]) AS h(partition, epoch) \
          ON e.partition = h.partition AND e.epoch = h.epoch WHERE e.projection = $1 FOR SHARE OF e \
      ) AS held";
+
+/// Fails (a division by zero) unless each position (`$2` topic, `$3`
+/// partition) is at `$4` (`NULL`: none), `$5` of them: where the store's
+/// last commit left them.
+const CHECK_POSITIONS: &str = "SELECT 1 / (CASE WHEN count(*) = $5 THEN 1 ELSE 0 END) \
+     FROM unnest($2::text[], $3::integer[], $4::bigint[]) AS c(topic, partition, next) \
+     LEFT JOIN waku_positions p ON p.projection = $1 AND p.topic = c.topic AND p.partition = c.partition \
+     WHERE p.next IS NOT DISTINCT FROM c.next";
 
 const SET_ENTRIES: &str = "INSERT INTO waku_state (projection, key, name, key_text, value, json) \
      SELECT $1, k, n, t, v, j::jsonb FROM unnest($2::bytea[], $3::text[], $4::text[], $5::bytea[], $6::text[]) \
@@ -1980,6 +2110,53 @@ mod tests {
         // A released partition's keys go at once.
         old.release(3);
         assert_eq!(old.cache_held().1, 0);
+    }
+
+    /// The database comes back without acknowledged commits (as after a
+    /// crash with `synchronous_commit=off`), stood for by setting the
+    /// positions back behind the store's back: the next commit is refused
+    /// whole, naming where the store left the position and where the
+    /// database holds it, and a claim reads the positions again. Without
+    /// the check the commit would go on from the store's memory.
+    #[test]
+    fn a_commit_is_refused_when_the_database_forgot_where_the_store_left_a_position() {
+        let Some(database) = database() else { return };
+        let store = database.connect().unwrap();
+        store.claim(5).unwrap();
+        store.claim(6).unwrap();
+        for next in [10, 20] {
+            store.commit(batch(5, next, 1, "v", Some("kept"))).unwrap();
+            store.commit(batch(6, next, 2, "v", Some("kept"))).unwrap();
+        }
+        // The last commit of partition 5 forgotten; every commit of 6.
+        database.execute(
+            "UPDATE waku_positions SET next = 10 WHERE projection = 'bank' AND partition = 5; \
+             DELETE FROM waku_positions WHERE projection = 'bank' AND partition = 6",
+        );
+        let refused = store.commit(batch(5, 30, 1, "v", Some("refused"))).unwrap_err();
+        assert!(
+            matches!(&refused, StateError::PositionMoved { partition: 5, topic, expected: Some(20), found: Some(10) }
+                if topic == "t"),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("at offset 10 in the state store, not at offset 20"), "{refused}");
+        let refused = store.commit(batch(6, 30, 2, "v", Some("refused"))).unwrap_err();
+        assert!(
+            matches!(&refused, StateError::PositionMoved { partition: 6, expected: Some(20), found: None, .. }),
+            "{refused}"
+        );
+        // Nothing of either applied.
+        assert_eq!((store.position("t", 5).unwrap(), store.position("t", 6).unwrap()), (Some(10), None));
+        assert_eq!(store.get(&Key::int(1), "v").unwrap().as_deref(), Some(&b"kept"[..]));
+        // Refused again until claimed again; then the store goes on from
+        // what the database holds.
+        assert!(matches!(store.commit(batch(5, 30, 1, "v", None)), Err(StateError::PositionMoved { .. })));
+        store.claim(5).unwrap();
+        store.claim(6).unwrap();
+        store.commit(batch(5, 30, 1, "v", Some("again"))).unwrap();
+        store.commit(batch(6, 10, 2, "v", Some("again"))).unwrap();
+        assert_eq!((store.position("t", 5).unwrap(), store.position("t", 6).unwrap()), (Some(30), Some(10)));
+        assert_eq!(read(&store, 5, 1, "v").as_deref(), Some("again"));
     }
 
     #[test]

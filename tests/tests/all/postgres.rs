@@ -142,6 +142,73 @@ async fn a_fenced_partition_is_dropped_and_the_host_keeps_its_others() {
     assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
 }
 
+/// The database forgets the host's last commits behind its back (every
+/// batch table of the projection set back to a snapshot, as a crash with
+/// `synchronous_commit=off` leaves it) while the host is idle. The host's
+/// next commit is refused by its position check, and it starts the
+/// partitions over from what the database holds: the forgotten events are
+/// applied again, the read model equals the oracle and every event counts
+/// once. Without the check the host would go on from its memory, and the
+/// forgotten batches would be missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_database_forgot_its_last_commits_goes_on_from_the_database_not_its_memory() {
+    let Some(url) = postgres_url("a database that forgot commits") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, mut oracle) =
+        bank_log(dir.path(), module.clone(), WorkloadSpec { events: 2_000, accounts: 300, seed: 71 }, 2).await;
+    let projection = fresh_stream("forgot").replace('-', "_");
+    let config = ConsumerConfig { batch_size: 200, ..ConsumerConfig::default() };
+    let mut settings = host_settings(dir.path(), &projection, "accounts", vec![module.clone()], config);
+    settings.state = StateSettings::Postgres { url: url.clone() };
+    settings.until_caught_up = false;
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let store = host.projection().store().clone();
+    let consumed = || async {
+        let ends = log.end_offsets("accounts").await.unwrap();
+        (0..2).all(|p| store.position("accounts", p).unwrap() == Some(ends[p as usize]))
+    };
+    let wait_consumed = |what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !consumed().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_consumed("the first workload was consumed").await;
+
+    let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let client = config.connect_client().await.unwrap();
+    let tables =
+        ["waku_state", "waku_counters", "waku_stats", "waku_positions", "waku_done", "waku_outbox", "waku_outbox_next"];
+    for table in tables {
+        let sql = format!("CREATE TEMP TABLE snap_{table} AS SELECT * FROM {table} WHERE projection = '{projection}'");
+        client.batch_execute(&sql).await.unwrap();
+    }
+    publish_more(&*log, &module, WorkloadSpec { events: 2_000, accounts: 300, seed: 72 }, &mut oracle).await;
+    wait_consumed("the second workload was consumed").await;
+    // The database forgets the second workload's commits.
+    let mut forget = String::from("BEGIN;");
+    for table in tables {
+        forget += &format!(
+            "DELETE FROM {table} WHERE projection = '{projection}'; INSERT INTO {table} SELECT * FROM snap_{table};"
+        );
+    }
+    client.batch_execute(&(forget + "COMMIT")).await.unwrap();
+    // A few events more: few accounts, so most of what was forgotten is
+    // read back only if it is applied again.
+    publish_more(&*log, &module, WorkloadSpec { events: 100, accounts: 300, seed: 73 }, &mut oracle).await;
+    wait_consumed("the forgotten and the new events were consumed").await;
+    let redone = host.progress().redone();
+    host.stop().await.unwrap();
+
+    let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_100), "every event applied once in the database");
+    assert!(redone >= 2_000, "the forgotten events count as redone: {redone}");
+}
+
 /// Two consumers of one PostgreSQL projection follow an assignment (as
 /// Iggy's consumer group hands one out): partitions moved from A to B stop
 /// on A and resume on B; then A dies mid-run (its task aborted, a batch
