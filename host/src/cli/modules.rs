@@ -22,6 +22,16 @@ pub(super) enum ModulesCommand {
     Rollback(ModulesRollbackArgs),
 }
 
+impl ModulesCommand {
+    /// Where its data is.
+    pub(super) fn data(&self) -> &DataArgs {
+        match self {
+            Self::List(args) => &args.data,
+            Self::Rollback(args) => &args.data,
+        }
+    }
+}
+
 #[derive(Args)]
 pub(super) struct ModulesListArgs {
     #[command(flatten)]

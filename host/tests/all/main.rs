@@ -12,4 +12,5 @@ mod one_machine;
 mod rebuild;
 mod reset;
 mod scale;
+mod through_the_host;
 mod untrusted;
