@@ -35,8 +35,8 @@ pub(super) enum DlqCommand {
     /// run it again and it re-drives the rest, none twice. Only the partitions this host's
     /// state store owns (those it holds a position for: the ones its `waku
     /// run` consumes) are re-driven; it says which, and which it left to
-    /// other hosts. Stop `waku run` first: the embedded log and state files
-    /// are open in one process at a time.
+    /// other hosts. While `waku run` runs on the data directory, this runs
+    /// through it.
     #[command(after_help = "Example:\n  waku dlq redrive --data waku-data --projection bank --topic accounts --key 42")]
     Redrive(DlqRedriveArgs),
 }

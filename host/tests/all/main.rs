@@ -10,6 +10,7 @@ mod event_time;
 mod first_hour;
 mod one_machine;
 mod rebuild;
+mod readme_day;
 mod reset;
 mod scale;
 mod through_the_host;
