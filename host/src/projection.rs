@@ -361,9 +361,9 @@ fn record_type_names(store: &StateStore, projection: &str, modules: &[Arc<dyn Ha
     if names == before {
         return;
     }
-    let recorded = serde_json::to_vec(&names).map_err(|error| error.to_string()).and_then(|bytes| {
-        store.set_meta(EVENT_TYPES_META, &bytes).map_err(|error| error.to_string())
-    });
+    let recorded = serde_json::to_vec(&names)
+        .map_err(|error| error.to_string())
+        .and_then(|bytes| store.set_meta(EVENT_TYPES_META, &bytes).map_err(|error| error.to_string()));
     if let Err(error) = recorded {
         tracing::warn!(projection, "cannot record the names of the event types: {error}");
     }

@@ -195,7 +195,10 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             };
             let shown = dead_letter::show_on(&log, topic, &shelf, &store, partition, offset).await?;
             match show.output.json() {
-                true => outln!("{}", super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body), &names), false)?)?,
+                true => outln!(
+                    "{}",
+                    super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body), &names), false)?
+                )?,
                 false => outln!("{}", dead_letter_details(&shown.letter, &shown.body, &names))?,
             }
         }
@@ -395,7 +398,9 @@ pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8], names: &Type
         }
     }
     match &letter.envelope {
-        Ok(e) => lines.push(format!("event:        key {}, {}, {}, {}", e.key, type_of(e.tag, names), e.ordering, e.algebra)),
+        Ok(e) => {
+            lines.push(format!("event:        key {}, {}, {}, {}", e.key, type_of(e.tag, names), e.ordering, e.algebra))
+        }
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
     lines.push(format!(

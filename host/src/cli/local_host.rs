@@ -221,7 +221,13 @@ impl Shared {
     }
 
     /// What the host of `run` shares: its log and state where embedded.
-    pub(super) fn of_host(data: &Path, projection: &str, log: &AnyLog, store: &StateStore, embedded_state: bool) -> Self {
+    pub(super) fn of_host(
+        data: &Path,
+        projection: &str,
+        log: &AnyLog,
+        store: &StateStore,
+        embedded_state: bool,
+    ) -> Self {
         let log = match log {
             AnyLog::Embedded(log) => Some(log.clone()),
             _ => None,
@@ -285,8 +291,7 @@ pub(super) fn write_out(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
 
 /// Writes a message line, as [`write_out`] does a result.
 pub(super) fn write_err(line: &str) {
-    let sent =
-        FORWARDED.try_with(|forwarded| send(&forwarded.frames, Frame::Err(format!("{line}\n").into_bytes())));
+    let sent = FORWARDED.try_with(|forwarded| send(&forwarded.frames, Frame::Err(format!("{line}\n").into_bytes())));
     if sent.is_err() {
         let _ = writeln!(std::io::stderr().lock(), "{line}");
     }
@@ -344,14 +349,17 @@ pub(super) fn serve(shared: Shared, run: Runner) -> Result<Served> {
         true => (in_data, None),
         false => {
             let dir = std::env::temp_dir().join(format!("waku-{}", token_text()));
-            std::fs::DirBuilder::new().mode(0o700).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
             (dir.join(SOCKET_FILE), Some(dir))
         }
     };
     // A socket left by a host killed before it could remove it.
     let _ = std::fs::remove_file(&socket);
-    let listener =
-        std::os::unix::net::UnixListener::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    let listener = std::os::unix::net::UnixListener::bind(&socket)
+        .with_context(|| format!("listening on {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("protecting {}", socket.display()))?;
     listener.set_nonblocking(true)?;
@@ -613,7 +621,9 @@ fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> 
     let mut reader = std::io::BufReader::new(stream.try_clone()?);
     match Frame::read(&mut reader) {
         Ok(Frame::Accepted) => {}
-        Ok(Frame::Refused(reason)) => bail!("{host} refused the command: {}", wakuwaku_core::terminal::printable(&reason)),
+        Ok(Frame::Refused(reason)) => {
+            bail!("{host} refused the command: {}", wakuwaku_core::terminal::printable(&reason))
+        }
         Ok(other) => bail!("{host} answered {other:?} instead of taking the command"),
         Err(error) if timed_out(&error) => {
             bail!("{host} took the connection but did not answer within {} s", ANSWER_TIMEOUT.as_secs())
@@ -674,7 +684,8 @@ fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<Vec<Str
         leaf_command = leaf_command.find_subcommand(name).context("a subcommand")?;
         leaf = sub;
     }
-    let is_path = |arg: &clap::Arg| arg.get_value_parser().type_id() == clap::builder::ValueParser::path_buf().type_id();
+    let is_path =
+        |arg: &clap::Arg| arg.get_value_parser().type_id() == clap::builder::ValueParser::path_buf().type_id();
     let text = |value: &std::ffi::OsStr, arg: &clap::Arg| -> Result<String> {
         let value = match is_path(arg) && value != "-" {
             true => cwd.join(value).into_os_string(),
@@ -749,7 +760,8 @@ mod tests {
                 "/home/ann/shop/events.jsonl"
             ]
         );
-        let stdin = absolute_argv(&os(&["waku", "publish", "--topic", "t", "--module", "/m.wasm", "-"]), cwd, &[]).unwrap();
+        let stdin =
+            absolute_argv(&os(&["waku", "publish", "--topic", "t", "--module", "/m.wasm", "-"]), cwd, &[]).unwrap();
         assert_eq!(stdin.last().map(String::as_str), Some("-"));
         let list = absolute_argv(
             &os(&["waku", "dlq", "redrive", "--projection", "p", "--topic", "t", "--record", "0:1,1:2"]),

@@ -168,13 +168,8 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
         errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }
     let store = projection.store().clone();
-    let shared = local_host::Shared::of_host(
-        &args.data.data,
-        &args.projection,
-        host.log(),
-        &store,
-        args.data.state.is_none(),
-    );
+    let shared =
+        local_host::Shared::of_host(&args.data.data, &args.projection, host.log(), &store, args.data.state.is_none());
     let served = local_host::serve_or_warn(shared, super::run_forwarded);
     let display = show_progress(&args.projection, host.progress().clone());
     let started = Instant::now();

@@ -272,7 +272,8 @@ fn settings_from_waku_toml_reach_every_command() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).starts_with("projection `bank` on topic `accounts`"), "{}", text(&out.stdout));
     assert!(
-        text(&out.stderr).contains("no host answers at the admin endpoint http://127.0.0.1:1 (setting `admin`); reading the files"),
+        text(&out.stderr)
+            .contains("no host answers at the admin endpoint http://127.0.0.1:1 (setting `admin`); reading the files"),
         "{}",
         text(&out.stderr)
     );

@@ -83,7 +83,10 @@ fn the_readme_day_on_one_machine_runs_as_written() {
     assert!(stdout.contains("re-drove 1 dead letter (1 event)"), "{stdout}");
     // `pages`: the consumed messages (`partition:offset` first) without
     // routing headers.
-    let consumed = |line: &&str| line.split('\t').next().is_some_and(|place| place.contains(':'));
+    let consumed = |line: &&str| {
+        let place = line.split('\t').next().unwrap_or_default();
+        place.split_once(':').is_some_and(|(p, o)| p.parse::<u32>().is_ok() && o.parse::<u64>().is_ok())
+    };
     let pages: Vec<&str> = stdout
         .lines()
         .filter(|line| consumed(line) && line.contains("\"page\"") && !line.contains("waku-projection"))

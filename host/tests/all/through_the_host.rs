@@ -85,7 +85,8 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     std::fs::create_dir(dir.join("modules")).unwrap();
     std::fs::copy(&probe, dir.join("modules/probe.wasm")).unwrap();
     // Key 1 ends in a dead letter, key 2 emits to `out`.
-    let first = write_lines(dir, "first.jsonl", &[ledger(1, 0, None), ledger(1, 1, Some("unrecoverable")), note(2, "a")]);
+    let first =
+        write_lines(dir, "first.jsonl", &[ledger(1, 0, None), ledger(1, 1, Some("unrecoverable")), note(2, "a")]);
     let publish = ["publish", "--data", "data", "--topic", "ledger", "--module", probe.as_str()];
     ok(dir, &[&publish[..], &["--partitions", "1", &first]].concat());
     let run = ["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
@@ -120,8 +121,12 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
         .unwrap();
     let lines = stdout_lines(&mut follower);
     // Standard input, as `publish -` reads it.
-    let mut publisher =
-        common::waku_command(dir).args([&publish[..], &["-"]].concat()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut publisher = common::waku_command(dir)
+        .args([&publish[..], &["-"]].concat())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     use std::io::Write as _;
     let more = [note(3, "while-running"), ledger(4, 0, Some("unrecoverable"))];
     let text_lines: Vec<String> = more.iter().map(ToString::to_string).collect();
@@ -140,9 +145,14 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     wait_until("the new dead letter is listed", || text(&waku(&list, dir).stdout).lines().count() == 2);
     let listed = text(&ok(dir, &list).stdout);
     let place = listed.lines().nth(1).unwrap().split('\t').next().unwrap().to_owned();
-    let shown = text(&ok(dir, &["dlq", "show", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--record", &place]).stdout);
+    let shown = text(
+        &ok(dir, &["dlq", "show", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--record", &place])
+            .stdout,
+    );
     assert!(shown.contains("class:        unrecoverable"), "{shown}");
-    let redriven = text(&ok(dir, &["dlq", "redrive", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--all"]).stdout);
+    let redriven = text(
+        &ok(dir, &["dlq", "redrive", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--all"]).stdout,
+    );
     assert!(redriven.starts_with("re-drove 2 dead letters (2 events)"), "{redriven}");
 
     // A new version swapped in, then rolled back through the host.
@@ -164,10 +174,31 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     // State and status of what the host applied since it started.
     let state = text(&ok(dir, &["state", "get", "--data", "data", "--projection", "ledger", "--key", "3"]).stdout);
     assert!(state.contains("while-running"), "{state}");
-    let status = text(&ok(dir, &["status", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--output", "json"]).stdout);
+    let status = text(
+        &ok(dir, &["status", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--output", "json"])
+            .stdout,
+    );
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["projection"], "ledger", "{status}");
-    let asked = text(&ok(dir, &["rebuild", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules", "--promote", "manual"]).stdout);
+    let asked = text(
+        &ok(
+            dir,
+            &[
+                "rebuild",
+                "--data",
+                "data",
+                "--projection",
+                "ledger",
+                "--topic",
+                "ledger",
+                "--modules",
+                "modules",
+                "--promote",
+                "manual",
+            ],
+        )
+        .stdout,
+    );
     assert!(asked.starts_with("asked for rebuild 1 of `ledger`"), "{asked}");
 
     // A clean stop takes the address away.
