@@ -205,6 +205,18 @@ pub async fn run(
     report: impl Fn(DevEvent) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DevError> {
+    run_with(settings, report, shutdown, |_| ()).await
+}
+
+/// [`run`], calling `started` with the host once it runs; what it returns
+/// is kept until the host is asked to stop (the command line serves its
+/// local endpoint so).
+pub async fn run_with<G>(
+    settings: DevSettings,
+    report: impl Fn(DevEvent) + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    started: impl FnOnce(&RunningHost<EmbeddedLog>) -> G,
+) -> Result<(), DevError> {
     let report: Arc<dyn Fn(DevEvent) + Send + Sync> = Arc::new(report);
     // Watching starts before anything is built or reported: an edit made
     // during the first build, or as soon as the person reads that the
@@ -230,6 +242,7 @@ pub async fn run(
     let log = Arc::new(EmbeddedLog::open(settings.data_dir.join("log.redb"))?);
     let host = Host::start_on(log, host_settings).await?;
     let library = host.library().expect("a host of a module directory has a library").clone();
+    let kept = started(&host);
     let session = Session { settings, host, library, module_dir, report };
     (session.report)(DevEvent::Started {
         projection,
@@ -247,6 +260,7 @@ pub async fn run(
         () = &mut shutdown => Ok(()),
         result = session.rebuild_on(changes, name.clone()) => result,
     };
+    drop(kept);
     session.host.stop().await?;
     result
 }

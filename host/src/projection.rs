@@ -25,6 +25,7 @@
 //!   between, so a hot reload never lands on a set a rebuild's promotion
 //!   or rollback put in place after it looked.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -198,6 +199,7 @@ impl Projection {
         store: StateStore,
     ) -> Result<Self, ProjectionError> {
         let set = ModuleSet::new(name, topic, modules)?;
+        record_type_names(&store, name, set.modules());
         let routed = RoutedTopics::shared(topic);
         Ok(Self {
             name: name.to_owned(),
@@ -333,6 +335,7 @@ impl ModuleSwap<'_> {
         let set = ModuleSet::new(&projection.name, projection.topic(), modules)?;
         no_emit_loop(&projection.name, &projection.topics[1..], set.modules())?;
         record()?;
+        record_type_names(&projection.store, &projection.name, set.modules());
         let old = projection.current();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         for (index, module) in set.modules.iter().enumerate() {
@@ -346,6 +349,38 @@ impl ModuleSwap<'_> {
         *projection.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
         *self.generation += 1;
         Ok(())
+    }
+}
+
+/// The `meta` entry naming the event types a projection's modules
+/// declared: tag → name (JSON), so that `waku dlq` names a dead letter's
+/// type where a tag alone would say little.
+const EVENT_TYPES_META: &str = "event-types";
+
+/// The names of the event types recorded with `store` by tag; empty when
+/// none are (or the entry is not what this host writes).
+pub fn type_names(store: &StateStore) -> BTreeMap<u32, String> {
+    let Ok(Some(bytes)) = store.meta(EVENT_TYPES_META) else { return BTreeMap::new() };
+    serde_json::from_slice(&bytes).unwrap_or_default()
+}
+
+/// Records the names of the event types `modules` declare, keeping the
+/// names recorded before (a type whose module left still names its dead
+/// letters). Only a log line when it cannot: names are for people.
+fn record_type_names(store: &StateStore, projection: &str, modules: &[Arc<dyn HandlerModule>]) {
+    let mut names = type_names(store);
+    let before = names.clone();
+    for event_type in modules.iter().flat_map(|module| module.event_types()) {
+        names.insert(event_type.tag.get(), event_type.name.clone());
+    }
+    if names == before {
+        return;
+    }
+    let recorded = serde_json::to_vec(&names)
+        .map_err(|error| error.to_string())
+        .and_then(|bytes| store.set_meta(EVENT_TYPES_META, &bytes).map_err(|error| error.to_string()));
+    if let Err(error) = recorded {
+        tracing::warn!(projection, "cannot record the names of the event types: {error}");
     }
 }
 

@@ -168,6 +168,18 @@ pub(super) fn get(url: &str, token: Option<&AdminToken>, ca_file: Option<&Path>)
     Ok(body)
 }
 
+/// Whether `error` (from [`get`]) says nothing listens at the endpoint:
+/// the connection was refused, or the address does not resolve.
+pub(super) fn unreachable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| match cause.downcast_ref::<ureq::Error>() {
+        Some(ureq::Error::Io(io)) => {
+            matches!(io.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable)
+        }
+        Some(ureq::Error::HostNotFound | ureq::Error::ConnectionFailed) => true,
+        _ => false,
+    })
+}
+
 /// How the commands check an https endpoint: against the CAs of
 /// `ca_file`, else the machine's; the provider the host uses everywhere.
 fn tls_config(ca_file: Option<&Path>) -> Result<ureq::tls::TlsConfig> {

@@ -75,7 +75,14 @@ impl DataArgs {
         }
     }
 
+    /// The log; the running host's own when this command runs in it
+    /// ([`super::local_host`]).
     pub(super) async fn log(&self) -> Result<AnyLog, HostError> {
+        if self.iggy.is_none()
+            && let Some(log) = super::local_host::shared_log(&self.data)
+        {
+            return Ok(log);
+        }
         self.log_settings().open(&self.data).await
     }
 
@@ -87,7 +94,14 @@ impl DataArgs {
         }
     }
 
+    /// The projection's state store; the running host's own when this
+    /// command runs in it ([`super::local_host`]).
     pub(super) fn state(&self, projection: &str) -> Result<StateStore, HostError> {
+        if self.state.is_none()
+            && let Some(store) = super::local_host::shared_state(&self.data, projection)
+        {
+            return Ok(store);
+        }
         crate::host::open_state(&self.data, &self.state_settings(), projection)
     }
 

@@ -119,6 +119,9 @@ pub(super) struct Layered {
     pub(super) cli: Cli,
     /// Each setting of the command, in the order of its flags.
     pub(super) settings: Vec<Setting>,
+    /// The command line with the settings of the environment and the file
+    /// appended as flags: what was parsed.
+    pub(super) argv: Vec<OsString>,
 }
 
 /// One setting's effective value and its source.
@@ -132,6 +135,13 @@ pub(super) struct Setting {
     pub(super) list: bool,
     /// Where it came from.
     pub(super) source: Source,
+}
+
+impl Setting {
+    /// The setting `name`, given as a flag (its values in the command line).
+    pub(super) fn flag(name: String) -> Self {
+        Self { name, values: Vec::new(), list: false, source: Source::Flag }
+    }
 }
 
 /// A parse failure: clap's own (usage, `--help`, `--version`), or a
@@ -155,7 +165,8 @@ pub(super) fn parse(
     let Some(leaf_command) = find(&command, &path) else {
         // No command: the strict parse says what is wrong.
         let strict = command.try_get_matches_from(&args).map_err(Failure::Clap)?;
-        return Ok(Layered { cli: Cli::from_arg_matches(&strict).map_err(Failure::Clap)?, settings: Vec::new() });
+        let cli = Cli::from_arg_matches(&strict).map_err(Failure::Clap)?;
+        return Ok(Layered { cli, settings: Vec::new(), argv: args });
     };
     let explicit_file = match leaf_matches.get_one::<PathBuf>("config") {
         Some(path) => Some(path.clone()),
@@ -192,13 +203,14 @@ pub(super) fn parse(
         sources.insert(long(arg).to_owned(), source);
     }
 
-    let strict = command.clone().try_get_matches_from(args.into_iter().chain(extra)).map_err(Failure::Clap)?;
+    let argv: Vec<OsString> = args.into_iter().chain(extra).collect();
+    let strict = command.clone().try_get_matches_from(&argv).map_err(Failure::Clap)?;
     let cli = Cli::from_arg_matches(&strict).map_err(Failure::Clap)?;
     let (_, leaf_matches) = leaf(&strict);
     let settings = settings_of(leaf_command)
         .filter_map(|arg| Some(effective(arg, leaf_matches, sources.get(long(arg))?.clone())))
         .collect();
-    Ok(Layered { cli, settings })
+    Ok(Layered { cli, settings, argv })
 }
 
 /// Where a setting not given as a flag comes from, and the arguments that

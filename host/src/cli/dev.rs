@@ -45,6 +45,9 @@ pub(super) struct DevArgs {
 pub(super) async fn dev(args: DevArgs) -> Result<()> {
     let signals = ShutdownSignals::install()?;
     let temp;
+    // With --data the directory outlives the session: other commands may
+    // run through it as through `waku run`.
+    let serve_others = args.data.is_some();
     let data_dir = match args.data {
         Some(dir) => dir,
         None => {
@@ -52,6 +55,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
             temp.path().to_owned()
         }
     };
+    let data_dir_for_others = data_dir.clone();
     let settings = DevSettings {
         guest_dir: args.crate_dir,
         topic: args.topic,
@@ -65,6 +69,15 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         admin_insecure: args.admin_access.admin_insecure,
         admin_tls: args.admin_access.tls()?,
     };
-    dev::run(settings, |event| errln!("waku dev: {event}"), signals.first()).await?;
+    let started = move |host: &crate::host::RunningHost<crate::log::EmbeddedLog>| {
+        if !serve_others {
+            return None;
+        }
+        let (projection, store) = (host.projection().name().to_owned(), host.projection().store().clone());
+        let log = (**host.log()).clone();
+        let shared = super::local_host::Shared::new(&data_dir_for_others, &projection, Some(log), Some(store));
+        super::local_host::serve_or_warn(shared, super::run_forwarded)
+    };
+    dev::run_with(settings, |event| errln!("waku dev: {event}"), signals.first(), started).await?;
     Ok(())
 }

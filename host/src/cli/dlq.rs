@@ -35,10 +35,21 @@ pub(super) enum DlqCommand {
     /// run it again and it re-drives the rest, none twice. Only the partitions this host's
     /// state store owns (those it holds a position for: the ones its `waku
     /// run` consumes) are re-driven; it says which, and which it left to
-    /// other hosts. Stop `waku run` first: the embedded log and state files
-    /// are open in one process at a time.
+    /// other hosts. While `waku run` runs on the data directory, this runs
+    /// through it.
     #[command(after_help = "Example:\n  waku dlq redrive --data waku-data --projection bank --topic accounts --key 42")]
     Redrive(DlqRedriveArgs),
+}
+
+impl DlqCommand {
+    /// Where its data is.
+    pub(super) fn data(&self) -> &super::args::DataArgs {
+        match self {
+            Self::List(args) => &args.dlq.data,
+            Self::Show(args) => &args.dlq.data,
+            Self::Redrive(args) => &args.dlq.data,
+        }
+    }
 }
 
 /// `--rebuilt`.
@@ -130,6 +141,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     let (log, store) = args.existing(hint).await?;
     let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
     let shelf = shelf.shelf(topic, projection);
+    let names = crate::projection::type_names(&store);
     match &command {
         DlqCommand::List(list) => {
             let json = list.output.json();
@@ -148,9 +160,9 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 for letter in &page.letters {
                     if json {
                         let separator = if tally.letters == 0 { "" } else { "," };
-                        out!("{separator}{}", super::json_text(&DeadLetterView::new(letter, None), false)?)?;
+                        out!("{separator}{}", super::json_text(&DeadLetterView::new(letter, None, &names), false)?)?;
                     } else {
-                        outln!("{}", dead_letter_line(letter))?;
+                        outln!("{}", dead_letter_line(letter, &names))?;
                     }
                     tally.count(letter);
                 }
@@ -183,8 +195,11 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
             };
             let shown = dead_letter::show_on(&log, topic, &shelf, &store, partition, offset).await?;
             match show.output.json() {
-                true => outln!("{}", super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body)), false)?)?,
-                false => outln!("{}", dead_letter_details(&shown.letter, &shown.body))?,
+                true => outln!(
+                    "{}",
+                    super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body), &names), false)?
+                )?,
+                false => outln!("{}", dead_letter_details(&shown.letter, &shown.body, &names))?,
             }
         }
         DlqCommand::Redrive(redrive) => {
@@ -322,11 +337,11 @@ pub(super) fn failed_at(ms: u64) -> String {
 /// publisher wrote (keys, messages) is shown escaped
 /// ([`wakuwaku_core::terminal::printable`]): it never drives the terminal or
 /// breaks the line.
-pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
+pub(super) fn dead_letter_line(letter: &DeadLetter, names: &TypeNames) -> String {
     let routed = &letter.routed;
     let failure = routed.failure.as_ref();
     let event = match &letter.envelope {
-        Ok(envelope) => printable(&format!("key {} tag {}", envelope.key, envelope.tag)).into_owned(),
+        Ok(envelope) => printable(&format!("key {} {}", envelope.key, type_of(envelope.tag, names))).into_owned(),
         Err(_) => "unreadable headers".to_owned(),
     };
     format!(
@@ -348,9 +363,22 @@ pub(super) fn dead_letter_line(letter: &DeadLetter) -> String {
     )
 }
 
+/// The event types' names by tag, as the projection recorded them
+/// ([`crate::projection::type_names`]).
+type TypeNames = std::collections::BTreeMap<u32, String>;
+
+/// An event type as people know it: `type Deposited (tag 2)`, or `tag 2`
+/// when no module of the projection named it.
+fn type_of(tag: crate::event::EventTypeTag, names: &TypeNames) -> String {
+    match names.get(&tag.get()) {
+        Some(name) => format!("type {name} (tag {tag})"),
+        None => format!("tag {tag}"),
+    }
+}
+
 /// Everything about one dead letter, for `waku dlq show`, each line and the
 /// body's lines escaped as in [`dead_letter_line`].
-pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8]) -> String {
+pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8], names: &TypeNames) -> String {
     let routed = &letter.routed;
     let mut lines = vec![
         format!("dead letter:  partition {}, offset {}", letter.partition, letter.offset),
@@ -370,7 +398,9 @@ pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8]) -> String {
         }
     }
     match &letter.envelope {
-        Ok(e) => lines.push(format!("event:        key {}, tag {}, {}, {}", e.key, e.tag, e.ordering, e.algebra)),
+        Ok(e) => {
+            lines.push(format!("event:        key {}, {}, {}, {}", e.key, type_of(e.tag, names), e.ordering, e.algebra))
+        }
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
     lines.push(format!(
@@ -435,6 +465,9 @@ struct Place {
 struct EventView {
     key: serde_json::Value,
     tag: u32,
+    /// The type's name, when a module of the projection named it.
+    #[serde(rename = "type")]
+    type_name: Option<String>,
     ordering: String,
     algebra: String,
 }
@@ -449,7 +482,7 @@ struct BodyView {
 
 impl<'a> DeadLetterView<'a> {
     /// `body`: for `dlq show`.
-    fn new(letter: &'a DeadLetter, body: Option<&[u8]>) -> Self {
+    fn new(letter: &'a DeadLetter, body: Option<&[u8]>, names: &TypeNames) -> Self {
         let routed = &letter.routed;
         let failure = routed.failure.as_ref();
         Self {
@@ -468,6 +501,7 @@ impl<'a> DeadLetterView<'a> {
             event: letter.envelope.as_ref().ok().map(|e| EventView {
                 key: e.key.value().to_json(),
                 tag: e.tag.get(),
+                type_name: names.get(&e.tag.get()).cloned(),
                 ordering: e.ordering.to_string(),
                 algebra: e.algebra.to_string(),
             }),

@@ -79,8 +79,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 macro_rules! outln {
     ($($arg:tt)*) => {
         {
-            use std::io::Write as _;
-            writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)
+            $crate::cli::local_host::write_out(format_args!("{}\n", format_args!($($arg)*))).map_err($crate::cli::StdoutError)
         }
     };
 }
@@ -89,8 +88,7 @@ macro_rules! outln {
 macro_rules! out {
     ($($arg:tt)*) => {
         {
-            use std::io::Write as _;
-            write!(std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)
+            $crate::cli::local_host::write_out(format_args!($($arg)*)).map_err($crate::cli::StdoutError)
         }
     };
 }
@@ -101,9 +99,8 @@ macro_rules! out {
 /// included, is escaped ([`wakuwaku_core::terminal::printable`]).
 macro_rules! errln {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
         let message = format!($($arg)*);
-        let _ = writeln!(std::io::stderr().lock(), "{}", wakuwaku_core::terminal::printable(&message));
+        $crate::cli::local_host::write_err(&wakuwaku_core::terminal::printable(&message));
     }};
 }
 
@@ -129,6 +126,7 @@ mod demo_inventory;
 mod dev;
 mod dlq;
 mod existing;
+mod local_host;
 mod modules;
 mod new;
 mod publish;
@@ -314,6 +312,9 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         Ok(filter) => filter,
         Err(error) => return report_with(&error, ExitCode::from(2)),
     };
+    if let Some(code) = through_running_host(&layered) {
+        return code;
+    }
     // A second command in one process keeps the first one's subscriber.
     let colours = log_colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
     // `waku test` keeps the module's log lines for its outcome (a bounded
@@ -344,6 +345,69 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     // nothing.
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     code
+}
+
+/// Runs the command through the host running on its data directory, if
+/// it is one a running host serves and one runs ([`local_host`]): its exit
+/// code; `None` when the command opens the files itself.
+fn through_running_host(layered: &config::Layered) -> Option<ExitCode> {
+    let data = served(&layered.cli.command, config::from_flag(&layered.settings, "admin"))?;
+    let flags = layered.settings.iter().filter(|setting| setting.source == config::Source::Flag);
+    let flags = flags.map(|setting| setting.name.clone()).collect();
+    match local_host::forward(data, &layered.argv, flags, &FORWARD_LEAVES_OUT) {
+        Ok(None) => None,
+        Ok(Some(code)) => Some(ExitCode::from(code)),
+        Err(error) => Some(report(&error)),
+    }
+}
+
+/// The settings a forwarded command goes without: the host it runs in is
+/// the one `--admin` would ask (given as a flag, the command asks it).
+const FORWARD_LEAVES_OUT: [&str; 3] = ["admin", "admin-token-file", "admin-ca-file"];
+
+/// The data directory of a command a running host runs for others; `None`
+/// for the other commands (and for `status` and `state` told to ask an
+/// admin endpoint with `--admin`).
+fn served(command: &Command, admin_flag: bool) -> Option<&Path> {
+    let data = match command {
+        Command::Publish(args) => &args.data,
+        Command::Topic(command) => command.data(),
+        Command::State(StateCommand::Get(args)) if !admin_flag => &args.data,
+        Command::State(StateCommand::Counters(args)) if !admin_flag => &args.data,
+        Command::Dlq(command) => command.data(),
+        Command::Modules(command) => command.data(),
+        Command::Status(args) if !admin_flag => &args.target.data,
+        Command::Rebuild(args) => &args.data,
+        _ => return None,
+    };
+    Some(&data.data)
+}
+
+/// Runs a command another process sent to this host ([`local_host`]):
+/// parsed as that process parsed it, and only one of those [`served`].
+fn run_forwarded(argv: Vec<String>, flags: Vec<String>) -> local_host::Running {
+    Box::pin(async move {
+        let cli = match Cli::try_parse_from(&argv) {
+            Ok(cli) => cli,
+            Err(error) => {
+                errln!("waku: error: the running host cannot read the command: {}", error.kind());
+                return 2;
+            }
+        };
+        if served(&cli.command, false).is_none() {
+            errln!("waku: error: the running host runs only publish, topic, state, dlq, modules, status and rebuild");
+            return 2;
+        }
+        let settings: Vec<config::Setting> = flags.into_iter().map(config::Setting::flag).collect();
+        match dispatch(cli.command, &settings).await {
+            Ok(_) => 0,
+            Err(error) if stdout_closed(&error) => 0,
+            Err(error) => {
+                report(&error);
+                1
+            }
+        }
+    })
 }
 
 /// How long the end of a command waits for blocking work nobody awaits.
@@ -418,7 +482,9 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
         Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
         Command::Rebuild(args) => rebuild::rebuild(args, settings).await.map(|()| ExitCode::SUCCESS),
-        Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => {
+            status::status(args, config::from_flag(settings, "admin")).await.map(|()| ExitCode::SUCCESS)
+        }
         Command::Demo(args) => demo::run_demo(args).await,
     }
 }

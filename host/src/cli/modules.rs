@@ -17,9 +17,19 @@ pub(super) enum ModulesCommand {
     #[command(after_help = "Example:\n  waku modules list --data waku-data --projection bank --modules modules")]
     List(ModulesListArgs),
     /// Make an earlier kept version of a module active (the next `waku run`
-    /// runs it). Stop `waku run` first.
+    /// runs it; a running one keeps its version until then).
     #[command(after_help = "Example:\n  waku modules rollback --data waku-data --projection bank bank 778e4efa")]
     Rollback(ModulesRollbackArgs),
+}
+
+impl ModulesCommand {
+    /// Where its data is.
+    pub(super) fn data(&self) -> &DataArgs {
+        match self {
+            Self::List(args) => &args.data,
+            Self::Rollback(args) => &args.data,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -55,7 +65,7 @@ pub(super) fn modules(command: ModulesCommand) -> Result<()> {
         ModulesCommand::List(args) => (&args.data, &args.projection),
         ModulesCommand::Rollback(args) => (&args.data, &args.projection),
     };
-    let store = data.existing_state(projection, "is `waku run` using it? stop it first")?;
+    let store = data.existing_state(projection, "is another process using it? stop it first")?;
     let library = Library::new(&data.data, projection, store, Sandbox::new(SandboxLimits::default())?);
     match &command {
         ModulesCommand::List(args) => list(args, &library),

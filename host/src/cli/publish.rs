@@ -33,7 +33,9 @@ pub(super) struct PublishArgs {
 }
 
 pub(super) async fn publish_file(args: PublishArgs) -> Result<()> {
-    let text = if args.file == Path::new("-") {
+    let text = if let Some(text) = super::local_host::forwarded_stdin().filter(|_| args.file == Path::new("-")) {
+        text
+    } else if args.file == Path::new("-") {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text).context("reading standard input")?;
         text

@@ -13,6 +13,7 @@ use super::admin_access::AdminServeArgs;
 use super::args::{ConsumeArgs, DataArgs};
 use super::available_threads;
 use super::config;
+use super::local_host;
 use super::signals::ShutdownSignals;
 use crate::consumer::{ConsumerError, Summary, stat};
 use crate::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
@@ -176,10 +177,14 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
         errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }
     let store = projection.store().clone();
+    let shared =
+        local_host::Shared::of_host(&args.data.data, &args.projection, host.log(), &store, args.data.state.is_none());
+    let served = local_host::serve_or_warn(shared, super::run_forwarded);
     let display = show_progress(&args.projection, host.progress().clone());
     let started = Instant::now();
     let summary = host.stop_when(signals.first()).await;
     drop(display);
+    drop(served);
     let summary = summary.map_err(|error| explain(error, args.topic()))?;
     print_summary(&summary, started.elapsed().as_secs_f64(), &store)
 }

@@ -29,20 +29,26 @@ pub(super) struct StatusArgs {
     pub(super) output: OutputArgs,
 }
 
-pub(super) async fn status(args: StatusArgs) -> Result<()> {
-    let target = &args.target;
-    let status = match &args.admin {
-        Some(url) => {
-            let url = format!("{}/status", url.trim_end_matches('/'));
-            let token = admin_access::token(args.admin_access.admin_token_file.as_deref())?;
-            let body = admin_access::get(&url, token.as_ref(), args.admin_access.admin_ca_file.as_deref())?;
-            let status: admin::Status =
-                serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
-            if status.projection != target.projection {
-                bail!("{url} runs projection `{}`, not `{}`", status.projection, target.projection);
+/// `waku status`; `admin_from_flag`: `--admin` was given on the command
+/// line (else it came from the environment or `waku.toml`, and an
+/// endpoint nobody listens on means no host runs: the files are read).
+pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Result<()> {
+    let asked = match &args.admin {
+        Some(url) => match ask(url, &args) {
+            Err(error) if !admin_from_flag && admin_access::unreachable(&error) => {
+                errln!("waku: no host answers at the admin endpoint {url} (setting `admin`); reading the files");
+                None
             }
-            status
-        }
+            asked => Some(asked?),
+        },
+        None => None,
+    };
+    if asked.is_none() {
+        args.admin = None;
+    }
+    let target = &args.target;
+    let status = match asked {
+        Some(status) => status,
         None => {
             let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
             let (log, store) = target.existing(hint).await?;
@@ -171,6 +177,19 @@ pub(super) async fn status(args: StatusArgs) -> Result<()> {
         outln!("partition {}: log truncated: {truncated}", p.partition)?;
     }
     Ok(())
+}
+
+/// The status the admin endpoint at `url` answers.
+fn ask(url: &str, args: &StatusArgs) -> Result<admin::Status> {
+    let url = format!("{}/status", url.trim_end_matches('/'));
+    let token = admin_access::token(args.admin_access.admin_token_file.as_deref())?;
+    let body = admin_access::get(&url, token.as_ref(), args.admin_access.admin_ca_file.as_deref())?;
+    let status: admin::Status =
+        serde_json::from_str(&body).with_context(|| format!("{url} answered something else than a status"))?;
+    if status.projection != args.target.projection {
+        bail!("{url} runs projection `{}`, not `{}`", status.projection, args.target.projection);
+    }
+    Ok(status)
 }
 
 /// A rebuild asked for but not running (no host, or the host that builds

@@ -49,6 +49,18 @@ pub(super) enum TopicCommand {
     Consume(TopicConsumeArgs),
 }
 
+impl TopicCommand {
+    /// Where its data is.
+    pub(super) fn data(&self) -> &DataArgs {
+        match self {
+            Self::Create(args) => &args.data,
+            Self::List(args) => &args.data,
+            Self::Describe(args) => &args.data,
+            Self::Consume(args) => &args.data,
+        }
+    }
+}
+
 #[derive(Args)]
 pub(super) struct TopicCreateArgs {
     #[command(flatten)]

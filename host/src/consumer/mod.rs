@@ -1098,8 +1098,15 @@ impl<L: EventLog> Consumer<L> {
                 self.apply(partition, (records, advance, polling.elapsed()), queue, state, summary).await
             }
             Ok(Polled::Nothing(step)) => {
+                // Records another process appended to the retry topic (a
+                // `waku dlq redrive` run through this host) join the queue
+                // while the topic is quiet, and are attempted at once.
+                let scanned = queue.scanned();
+                let indexed = self.index_retries(partition, &mut queue, &FxHashSet::default()).await;
+                let grew = queue.scanned() != scanned;
                 state.queue = Some(queue);
-                Ok(step)
+                indexed?;
+                Ok(if grew { Step::Worked } else { step })
             }
             Err(error) => {
                 state.queue = Some(queue);

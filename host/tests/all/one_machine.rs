@@ -266,9 +266,19 @@ fn settings_from_waku_toml_reach_every_command() {
     // The admin address in one form for `run` and `status`.
     std::fs::write(dir.path().join("waku.toml"), "data = \"data\"\nprojection = \"bank\"\nadmin = \"127.0.0.1:1\"\n")
         .unwrap();
+    // From the file, an endpoint nobody listens on means no host runs: the
+    // files are read. Given as a flag, it is what was asked for.
     let out = waku(&["status", "--topic", "accounts"], dir.path());
-    assert!(text(&out.stderr).contains("asking http://127.0.0.1:1/status"), "{}", text(&out.stderr));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("projection `bank` on topic `accounts`"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr)
+            .contains("no host answers at the admin endpoint http://127.0.0.1:1 (setting `admin`); reading the files"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = waku(&["status", "--topic", "accounts", "--admin", "http://127.0.0.1:1/"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("asking http://127.0.0.1:1/status"), "{}", text(&out.stderr));
 }
 
