@@ -475,7 +475,8 @@ impl Encoder {
     pub fn stocks(&mut self, store: &StateStore, products: u64) -> Result<BTreeMap<u64, Stock>, InventoryError> {
         let mut stocks = BTreeMap::new();
         for product in 0..products {
-            let body = serde_json::to_vec(&json!({ "product": product, "quantity": 0, "id": 0, "at": 0 })).expect("JSON");
+            let body =
+                serde_json::to_vec(&json!({ "product": product, "quantity": 0, "id": 0, "at": 0 })).expect("JSON");
             let key = self.instance.key(self.tags[0], &body)?;
             if let Some(bytes) = store.get(&key, STOCK_ENTRY)? {
                 // An entry the module wrote badly reads as a difference.

@@ -233,7 +233,11 @@ async fn an_idle_partition_that_receives_new_data_after_catch_up_counts_again_un
     }
     // The catalogue: no event time, applied as it arrives.
     let untimed = |key: u64| {
-        json_record(UNTIMED_LEDGER, key, json!({ "key": key, "seq": 1, "amount": 1, "fail": null, "ordering": "relaxed" }))
+        json_record(
+            UNTIMED_LEDGER,
+            key,
+            json!({ "key": key, "seq": 1, "amount": 1, "fail": null, "ordering": "relaxed" }),
+        )
     };
     log.append("catalogue", vec![(0, vec![untimed(100), untimed(101)])]).await.unwrap();
     let consumer = ConsumerConfig { untimed_topics: vec!["catalogue".to_owned()], ..ConsumerConfig::default() };
