@@ -37,7 +37,7 @@ use wakuwaku_core::reduce;
 
 use super::batch::BatchWork;
 use super::call_time::CallTime;
-use super::failure::{self, Route};
+use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
@@ -154,13 +154,12 @@ impl<L: EventLog> Consumer<L> {
                 time.charge(route.module, folding.elapsed());
                 laps.lap(&mut out.summary.phases, Phase::Reduce);
             }
-            let attempts: Cow<[u32]> = if attempts.len() == reduced.bodies.len() {
+            let attempts: Cow<[Tries]> = if attempts.len() == reduced.bodies.len() {
                 attempts.into()
             } else {
                 // Reduced records stand for several: they carry the most
-                // attempts any of them had.
-                let most = attempts.iter().copied().max().unwrap_or(0);
-                vec![most; reduced.bodies.len()].into()
+                // attempts any of them had, and the earliest first failure.
+                vec![Tries::merged(attempts.iter().copied()); reduced.bodies.len()].into()
             };
             // Should the run fail, it goes to retry or the dead-letter topic
             // as reduced, unless `combine` made it larger than the events
@@ -231,9 +230,13 @@ impl<L: EventLog> Consumer<L> {
                 let failure::Decision { attempt, route: next } = failure::decide(
                     class,
                     error.counts_as_attempt(),
-                    attempts[begin..end].iter().copied(),
+                    attempts[begin..end].iter().map(|tries| tries.attempts),
                     self.config.retry.max_attempts,
                 );
+                let tries = Tries {
+                    attempts: attempt,
+                    first_failed_at_ms: Tries::merged(attempts[begin..end].iter().copied()).first_failed_at_ms,
+                };
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -273,7 +276,8 @@ impl<L: EventLog> Consumer<L> {
                 let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
                 if next == Route::DeadLetter {
                     for (index, (body, &origin)) in failed_bodies.iter().zip(failed_origins).enumerate() {
-                        let routed = self.routed(partition, origin, attempt, Some(failure_of(index)));
+                        let routed =
+                            self.routed(partition, origin, tries, Some(failure_of(index)), &route.event_type.name);
                         let record = routing::routed_record(&shape.envelope(key), &routed, body.clone());
                         out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
                         out.summary.dead_lettered += origin.events;
@@ -288,18 +292,12 @@ impl<L: EventLog> Consumer<L> {
                 let unfinished_run = |records: Range<usize>| {
                     let failed =
                         failed_bodies.iter().zip(failed_origins).enumerate().map(|(index, (body, &origin))| {
-                            Unfinished {
-                                shape,
-                                origin,
-                                attempts: attempt,
-                                failure: Some(failure_of(index)),
-                                body: body.clone(),
-                            }
+                            Unfinished { shape, origin, tries, failure: Some(failure_of(index)), body: body.clone() }
                         });
                     let rest = records.filter(|&index| index >= end).map(|index| Unfinished {
                         shape,
                         origin: reduced.origins[index],
-                        attempts: attempts[index],
+                        tries: attempts[index],
                         failure: None,
                         body: reduced.bodies[index].clone(),
                     });
@@ -335,8 +333,8 @@ impl<L: EventLog> Consumer<L> {
                 for run in runs {
                     let shape = run.shape();
                     let (origins, bodies, attempts) = work.records(run);
-                    for ((&origin, body), &attempts) in origins.iter().zip(bodies).zip(attempts) {
-                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, body: body.clone() });
+                    for ((&origin, body), &tries) in origins.iter().zip(bodies).zip(attempts) {
+                        unfinished.push(Unfinished { shape, origin, tries, failure: None, body: body.clone() });
                     }
                 }
                 self.retry_later(partition, key, modules, (unfinished, None), out);
@@ -387,7 +385,9 @@ impl<L: EventLog> Consumer<L> {
     ) {
         let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
         for (item, ordering) in unfinished.into_iter().zip(orderings) {
-            let routed = Routed { ahead_of, ..self.routed(partition, item.origin, item.attempts, item.failure) };
+            let event_type = modules.route(item.shape.tag).map_or("", |route| route.event_type.name.as_str());
+            let routed =
+                Routed { ahead_of, ..self.routed(partition, item.origin, item.tries, item.failure, event_type) };
             let envelope = RunShape { ordering, ..item.shape }.envelope(key);
             let record = routing::routed_record(&envelope, &routed, item.body);
             out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
@@ -399,14 +399,25 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// The routing headers of a record of this projection.
-    fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
+    fn routed(
+        &self,
+        partition: u32,
+        origin: Origin,
+        tries: Tries,
+        failure: Option<Failure>,
+        event_type: &str,
+    ) -> Routed {
+        let now = routing::now_ms();
         Routed {
             projection: self.projection.name().to_owned(),
+            topic: self.projection.topic().to_owned(),
+            event_type: event_type.to_owned(),
             origin_partition: partition,
             origin_offset: origin.offset,
             events: origin.events,
-            attempts,
-            failed_at_ms: routing::now_ms(),
+            attempts: tries.attempts,
+            failed_at_ms: now,
+            first_failed_at_ms: tries.first_failure(failure.is_some(), now),
             failure,
             ahead_of: None,
         }
@@ -485,7 +496,7 @@ impl RunShape {
 struct Unfinished {
     shape: RunShape,
     origin: Origin,
-    attempts: u32,
+    tries: Tries,
     /// Why, for the chunk that failed.
     failure: Option<Failure>,
     body: Vec<u8>,
