@@ -415,7 +415,7 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
         Command::Topic(command) => topic::topic(command).await.map(|()| ExitCode::SUCCESS),
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
-        Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Modules(command) => modules::modules(command).await.map(|()| ExitCode::SUCCESS),
         Command::Rebuild(args) => rebuild::rebuild(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::Status(args) => status::status(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run_demo(args).await,
