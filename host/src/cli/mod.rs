@@ -177,6 +177,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Create a handler project (Rust or Python) with one event type, a
     /// unit test, sample events and a copy of the guest SDK, in a new

@@ -118,11 +118,11 @@ pub fn to_headers(routed: &Routed) -> Vec<Header> {
     text(name::PARTITION, &routed.origin_partition.to_string(), MAX_VALUE_BYTES);
     text(name::OFFSET, &routed.origin_offset.to_string(), MAX_VALUE_BYTES);
     text(name::PROJECTION, &routed.projection, MAX_VALUE_BYTES);
-    if let Some(failure) = &routed.failure {
-        if !failure.module.is_empty() {
-            text(name::MODULE, &failure.module, MAX_VALUE_BYTES);
-            text(name::MODULE_VERSION, &failure.version, MAX_VALUE_BYTES);
-        }
+    if let Some(failure) = &routed.failure
+        && !failure.module.is_empty()
+    {
+        text(name::MODULE, &failure.module, MAX_VALUE_BYTES);
+        text(name::MODULE_VERSION, &failure.version, MAX_VALUE_BYTES);
     }
     if !routed.event_type.is_empty() {
         text(name::EVENT_TYPE, &routed.event_type, MAX_VALUE_BYTES);
