@@ -705,8 +705,13 @@ impl<L: EventLog> Slicer<'_, L> {
         for ((letter, body), ordering) in pending.into_iter().zip(orderings) {
             let Ok(envelope) = letter.envelope else { continue };
             let envelope = EventHeaders { ordering, ..envelope };
+            let topic = match letter.routed.topic.is_empty() {
+                true => self.topic.to_owned(),
+                false => letter.routed.topic,
+            };
             let routed = Routed {
                 projection: self.projection.to_owned(),
+                topic,
                 attempts: 0,
                 failed_at_ms: now,
                 ahead_of: None,
@@ -875,6 +880,16 @@ mod tests {
     /// [`PROJECTION`] with bodies of `body_bytes` each (every third one
     /// another projection's, in between), and a store that owns partition 0.
     async fn shelf_of(dir: &tempfile::TempDir, letters: u64, body_bytes: usize) -> (Watched, StateStore) {
+        shelf_written_by(dir, letters, body_bytes, routing::routed_record).await
+    }
+
+    /// [`shelf_of`] with the records written by `write`.
+    async fn shelf_written_by(
+        dir: &tempfile::TempDir,
+        letters: u64,
+        body_bytes: usize,
+        write: fn(&EventHeaders, &Routed, Vec<u8>) -> Record,
+    ) -> (Watched, StateStore) {
         let log = Watched::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
         for topic in [TOPIC, "retry_t", "dlq_t"] {
             log.create_topic(topic, 1).await.unwrap();
@@ -895,18 +910,21 @@ mod tests {
             };
             let routed = Routed {
                 projection: PROJECTION.into(),
+                topic: TOPIC.into(),
+                event_type: "e".into(),
                 origin_partition: 0,
                 origin_offset: origin,
                 events: 1,
                 attempts: 1,
                 failed_at_ms: 1,
+                first_failed_at_ms: Some(1),
                 failure: Some(failure),
                 ahead_of: None,
             };
-            let mut records = vec![routing::routed_record(&envelope, &routed, vec![b'x'; body_bytes])];
+            let mut records = vec![write(&envelope, &routed, vec![b'x'; body_bytes])];
             if origin % 3 == 0 {
                 let other = Routed { projection: "other".into(), ..routed };
-                records.push(routing::routed_record(&envelope, &other, vec![b'y'; body_bytes]));
+                records.push(write(&envelope, &other, vec![b'y'; body_bytes]));
             }
             log.append("dlq_t", vec![(0, records)]).await.unwrap();
         }
@@ -914,6 +932,45 @@ mod tests {
         let owned = BatchCommit { positions: vec![(TOPIC.into(), 0, letters)], ..BatchCommit::default() };
         store.commit(owned).unwrap();
         (log, store)
+    }
+
+    /// A record as versions before the text context headers wrote it.
+    fn old_record(envelope: &EventHeaders, routed: &Routed, body: Vec<u8>) -> Record {
+        let mut headers = envelope.to_headers();
+        headers.extend(routing::context::legacy_headers(routed));
+        Record { headers, body }
+    }
+
+    #[tokio::test]
+    async fn letters_an_older_version_wrote_still_list_show_and_redrive() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, store) = shelf_written_by(&dir, 6, 10, old_record).await;
+        let raw = log.log.read("dlq_t", 0, 0, 1).await.unwrap().remove(0).record.headers;
+        assert!(raw.iter().any(|h| h.name == "waku-origin-offset" && h.value == 0u64.to_le_bytes()), "{raw:?}");
+        assert!(raw.iter().all(|h| !h.name.starts_with("waku.error.")));
+
+        let shelf = Shelf::shared(TOPIC, PROJECTION);
+        let listed = list_on(&log, TOPIC, &shelf, &store).await.unwrap();
+        assert_eq!(origins(&listed), (0..6).collect::<Vec<_>>());
+        let first = &listed[0].routed;
+        assert_eq!((first.topic.as_str(), first.first_failed_at_ms), ("", None), "older records had neither");
+        assert_eq!(first.failure.as_ref().unwrap().message, "broken");
+        let shown = show_on(&log, TOPIC, &shelf, &store, 0, listed[3].offset).await.unwrap();
+        assert_eq!((shown.letter.routed.origin_offset, shown.body), (3, vec![b'x'; 10]));
+
+        let done = redrive(&log, TOPIC, PROJECTION, &store, &Selection::default()).await.unwrap();
+        assert_eq!((done.records, done.events), (6, 6));
+        // Re-driven in the text scheme, naming the topic they came from.
+        let retried = log.log.read("retry_t", 0, 0, 100).await.unwrap();
+        let headers = &retried[0].record.headers;
+        let text = |name: &str| headers.iter().find(|h| h.name == name).map(|h| h.value.clone());
+        assert_eq!(text("waku.error.topic"), Some(TOPIC.as_bytes().to_vec()));
+        assert_eq!(text("waku.error.offset"), Some(b"0".to_vec()));
+        assert_eq!(text("waku-origin-offset"), None);
+        let retried: Vec<u64> =
+            retried.iter().map(|r| Routed::parse(&r.record.headers).unwrap().origin_offset).collect();
+        assert_eq!(retried, (0..6).collect::<Vec<_>>());
+        assert!(list_on(&log, TOPIC, &shelf, &store).await.unwrap().iter().all(|l| l.redriven));
     }
 
     fn origins(letters: &[DeadLetter]) -> Vec<u64> {

@@ -97,6 +97,10 @@ pub struct HostSettings {
     /// [`CreateTopics::DEFAULT_LIMIT`] while the host runs. Default
     /// `None`: a missing emit topic refuses the module.
     pub create_emit_topics: Option<u32>,
+    /// Modules named by OCI reference, pulled into the module directory of
+    /// [`ModuleSource::Directory`] before it is loaded ([`crate::oci::pins`]).
+    /// Default: none.
+    pub module_refs: Vec<crate::oci::ModuleRef>,
     /// Where compiled modules are kept. Default: `<data>/cache`.
     pub compile_cache: CompileCache,
     /// The most bytes the compile cache keeps; the least recently used
@@ -159,6 +163,7 @@ impl HostSettings {
             modules,
             create_topic: None,
             create_emit_topics: None,
+            module_refs: Vec::new(),
             compile_cache: CompileCache::InData,
             compile_cache_max_bytes: crate::runtime::DEFAULT_COMPILE_CACHE_MAX_BYTES,
             state_cache_bytes: crate::state::cache::DEFAULT_CACHE_BYTES,
@@ -400,6 +405,9 @@ pub enum HostError {
     /// A module could not be loaded, recorded or watched.
     #[error(transparent)]
     Modules(#[from] LifecycleError),
+    /// A module named by OCI reference could not be pulled or pinned.
+    #[error(transparent)]
+    ModuleRefs(#[from] crate::oci::pins::PinError),
     /// The modules do not make a projection (tags clash).
     #[error(transparent)]
     Projection(#[from] ProjectionError),
@@ -649,10 +657,23 @@ async fn load_modules<L: EventLog>(
     );
     // Loading compiles and asks the log about emit topics: off the async
     // runtime's threads.
+    let synced = match settings.module_refs.is_empty() {
+        true => None,
+        false => Some(crate::oci::pins::sync(store, &path, &settings.module_refs, adopt).await?),
+    };
+    for note in synced.iter().flat_map(|synced| &synced.notes) {
+        tracing::warn!(projection = settings.projection, "{}", wakuwaku_core::terminal::printable(note));
+    }
     let starting = library.clone();
-    let (modules, differences) = tokio::task::spawn_blocking(move || starting.start(&path, adopt))
-        .await
-        .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
+    let adopted = synced.as_ref().map(|synced| synced.adopt.clone()).unwrap_or_default();
+    let (modules, differences) =
+        tokio::task::spawn_blocking(move || starting.start_adopting(&path, &|name| adopt || adopted.contains(name)))
+            .await
+            .map_err(|e| HostError::Panicked { what: "loading the modules", message: e.to_string() })??;
+    // Pinned once the library recorded the versions they name.
+    if let Some(synced) = synced {
+        crate::oci::pins::save(store, &synced.pins)?;
+    }
     Ok(Loaded { modules, library: Some(library), differences })
 }
 

@@ -82,6 +82,7 @@ pub mod log;
 pub mod membership;
 pub mod memory;
 pub mod metrics;
+pub mod oci;
 pub mod outbox;
 pub mod progress;
 pub mod projection;

@@ -453,6 +453,12 @@ impl Library {
     /// ([`Difference::Refused`]), as a hot reload refused it: a bad file
     /// dropped in while the host ran must not keep it down after a crash.
     pub fn start(&self, module_dir: &Path, adopt: bool) -> Result<Started, LifecycleError> {
+        self.start_adopting(module_dir, &|_| adopt)
+    }
+
+    /// [`Library::start`], adopting the directory's version of the modules
+    /// `adopt` names (those whose OCI reference changed, [`crate::oci::pins`]).
+    pub fn start_adopting(&self, module_dir: &Path, adopt: &dyn Fn(&str) -> bool) -> Result<Started, LifecycleError> {
         let files = all_read(scan(module_dir, &BTreeMap::new())?.read)?;
         let mut recorded = self.recorded()?;
         if files.is_empty() && recorded.active.is_empty() {
@@ -467,7 +473,7 @@ impl Library {
         for (name, bytes) in &files {
             let version = content_version(bytes);
             match recorded.active.get(name).cloned() {
-                Some(running) if running != version && !adopt => {
+                Some(running) if running != version && !adopt(name) => {
                     modules.push(self.load_kept(&recorded, name, &running)?);
                     differences.push(Difference::Changed { module: name.clone(), running, in_directory: version });
                 }
@@ -488,7 +494,7 @@ impl Library {
             .map(|(n, v)| (n.clone(), v.clone()))
             .collect();
         for (name, running) in missing {
-            if adopt {
+            if adopt(&name) {
                 recorded.active.remove(&name);
                 differences.push(Difference::Adopted { module: name, from: None, to: running });
             } else {

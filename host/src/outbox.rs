@@ -77,7 +77,7 @@ use rustc_hash::FxHashMap;
 use crate::consumer::stat;
 use crate::event::{EventHeaders, Header, partition_for};
 use crate::log::{EventLog, LogError, Record};
-use crate::routing::{Failure, FailureClass, Routed, RoutedTopics, header_name, now_ms};
+use crate::routing::{Failure, FailureClass, Routed, RoutedTopics, context, now_ms};
 use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateStore};
 
 /// Most records in one stamped append of the outbox.
@@ -149,6 +149,7 @@ pub async fn publish<L: EventLog>(
             log,
             store,
             projection,
+            topic: routed.topic().to_owned(),
             dlq: routed.dlq().to_owned(),
             source,
             producer,
@@ -250,7 +251,8 @@ struct Publisher<'a, L> {
     log: &'a L,
     store: &'a StateStore,
     projection: &'a str,
-    /// The projection's dead-letter topic.
+    /// The projection's topic and its dead-letter topic.
+    topic: String,
     dlq: String,
     /// The partition of the projection's topic whose entries these are.
     source: u32,
@@ -483,13 +485,17 @@ impl<L: EventLog> Publisher<'_, L> {
             entry.topic,
             self.dlq
         );
+        let now = now_ms();
         let routed = Routed {
             projection: self.projection.to_owned(),
+            topic: self.topic.to_owned(),
+            event_type: String::new(),
             origin_partition: origin.partition,
             origin_offset: origin.offset,
             events: 0,
             attempts: 0,
-            failed_at_ms: now_ms(),
+            failed_at_ms: now,
+            first_failed_at_ms: Some(now),
             failure: Some(Failure {
                 class: FailureClass::Undeliverable,
                 message: format!("the message emitted to `{}` cannot be delivered: {reason}", entry.topic),
@@ -499,7 +505,7 @@ impl<L: EventLog> Publisher<'_, L> {
             ahead_of: None,
         };
         let mut headers: Vec<Header> =
-            entry.record.headers.into_iter().filter(|h| !header_name::ALL.contains(&h.name.as_str())).collect();
+            entry.record.headers.into_iter().filter(|h| !context::is_context_header(&h.name)).collect();
         headers.extend(routed.to_headers());
         OutboxEntry {
             topic: self.dlq.clone(),

@@ -16,7 +16,8 @@
 //!   the projection it belongs to (several projections may share a topic and
 //!   so its retry and dead-letter topics), the origin partition and offset,
 //!   how many events it accounts for (a folded run is one record), the
-//!   attempts made, when it failed, and why.
+//!   attempts made, when it first and last failed, and why, as text
+//!   headers any consumer can read ([`context`], `waku.error.*`).
 //! - **Order survives retries.** Unfinished work is written in the order it
 //!   would have executed, and its orderings are rewritten
 //!   ([`rewrite_orderings`]) so that planning it again keeps that order:
@@ -52,6 +53,8 @@ use crate::key::Key;
 use crate::log::{Record, StoredRecord};
 use crate::reduce::Origin;
 
+pub mod context;
+
 /// The retry topic of `topic`.
 pub fn retry_topic(topic: &str) -> String {
     format!("retry_{topic}")
@@ -68,6 +71,7 @@ pub fn dlq_topic(topic: &str) -> String {
 /// modules may never emit to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedTopics {
+    topic: String,
     retry: String,
     dlq: String,
 }
@@ -77,14 +81,23 @@ impl RoutedTopics {
     /// projection of the topic routes there, its records tagged with its
     /// name.
     pub fn shared(topic: &str) -> Self {
-        Self { retry: retry_topic(topic), dlq: dlq_topic(topic) }
+        Self { topic: topic.to_owned(), retry: retry_topic(topic), dlq: dlq_topic(topic) }
     }
 
     /// A rebuild shadow's own, `retry_<topic>.rebuild` and
     /// `dlq_<topic>.rebuild`, so a rebuild never adds to what the live
     /// projection and its readers of the shared ones see.
     pub fn shadow(topic: &str) -> Self {
-        Self { retry: format!("{}.rebuild", retry_topic(topic)), dlq: format!("{}.rebuild", dlq_topic(topic)) }
+        Self {
+            topic: topic.to_owned(),
+            retry: format!("{}.rebuild", retry_topic(topic)),
+            dlq: format!("{}.rebuild", dlq_topic(topic)),
+        }
+    }
+
+    /// The topic whose failures go here.
+    pub fn topic(&self) -> &str {
+        &self.topic
     }
 
     /// The retry topic.
@@ -252,6 +265,11 @@ impl Failure {
 pub struct Routed {
     /// The projection the record belongs to.
     pub projection: String,
+    /// The topic the event was read from; empty on a record an older
+    /// version wrote.
+    pub topic: String,
+    /// The event type's name, when the host knew it; empty otherwise.
+    pub event_type: String,
     /// The partition the event was first read from.
     pub origin_partition: u32,
     /// Its offset there (the earliest, for a folded run).
@@ -262,6 +280,9 @@ pub struct Routed {
     pub attempts: u32,
     /// When it failed (or was diverted, or re-driven), in ms since the epoch.
     pub failed_at_ms: u64,
+    /// When its first attempt failed, in ms since the epoch; `None` before
+    /// any failure, and on a record an older version wrote.
+    pub first_failed_at_ms: Option<u64>,
     /// Why; `None` for an event diverted behind its key.
     pub failure: Option<Failure>,
     /// The retry offset of the record of the same key this one goes
@@ -270,7 +291,8 @@ pub struct Routed {
     pub ahead_of: Option<u64>,
 }
 
-/// Names of the routing headers.
+/// Names of the binary routing headers older versions wrote: read
+/// ([`context::parse_legacy`]), never written.
 pub mod header_name {
     /// The projection, UTF-8.
     pub const PROJECTION: &str = "waku-projection";
@@ -312,80 +334,21 @@ pub mod header_name {
 }
 
 impl Routed {
-    /// The routing headers, in a fixed order.
+    /// The context headers, in the text scheme ([`context`]).
     pub fn to_headers(&self) -> Vec<Header> {
-        use header_name::*;
-        let header = |name: &str, value: &[u8]| Header { name: name.to_owned(), value: value.to_vec() };
-        let mut headers = vec![
-            header(PROJECTION, self.projection.as_bytes()),
-            header(ORIGIN_PARTITION, &self.origin_partition.to_le_bytes()),
-            header(ORIGIN_OFFSET, &self.origin_offset.to_le_bytes()),
-            header(EVENTS, &self.events.to_le_bytes()),
-            header(ATTEMPTS, &self.attempts.to_le_bytes()),
-            header(FAILED_AT, &self.failed_at_ms.to_le_bytes()),
-        ];
-        if let Some(failure) = &self.failure {
-            headers.extend([
-                header(CLASS, failure.class.name().as_bytes()),
-                header(MESSAGE, failure.message.as_bytes()),
-                header(MODULE, failure.module.as_bytes()),
-                header(VERSION, failure.version.as_bytes()),
-            ]);
-        }
-        if let Some(offset) = self.ahead_of {
-            headers.push(header(AHEAD_OF, &offset.to_le_bytes()));
-        }
-        headers
+        context::to_headers(self)
     }
 
-    /// Reads the routing headers, strictly: every header present exactly
-    /// once with the right length, the four failure headers all or none,
-    /// `waku-ahead-of` optional.
+    /// Reads the context headers: the text scheme, or the binary one of
+    /// older versions ([`context::parse`]).
     pub fn parse(headers: &[Header]) -> Result<Self, HeaderError> {
-        let mut fields: [Option<&[u8]>; 11] = [None; 11];
-        for h in headers {
-            if let Some(slot) = header_name::ALL.iter().position(|name| *name == h.name)
-                && fields[slot].replace(&h.value).is_some()
-            {
-                return Err(HeaderError::Duplicate { name: header_name::ALL[slot] });
-            }
-        }
-        let field = |slot: usize| fields[slot].ok_or(HeaderError::Missing { name: header_name::ALL[slot] });
-        let text = |slot: usize| -> Result<String, HeaderError> {
-            String::from_utf8(field(slot)?.to_vec())
-                .map_err(|_| HeaderError::Invalid { name: header_name::ALL[slot], reason: "not UTF-8".into() })
-        };
-        let failure = if fields[6..10].iter().all(Option::is_none) {
-            None
-        } else {
-            let class = text(6)?;
-            let class = FailureClass::ALL.into_iter().find(|c| c.name() == class).ok_or_else(|| {
-                HeaderError::Invalid { name: header_name::CLASS, reason: format!("unknown class {class:?}") }
-            })?;
-            Some(Failure { class, message: text(7)?, module: text(8)?, version: text(9)? })
-        };
-        Ok(Self {
-            projection: text(0)?,
-            origin_partition: u32::from_le_bytes(fixed(header_name::ALL[1], field(1)?)?),
-            origin_offset: u64::from_le_bytes(fixed(header_name::ALL[2], field(2)?)?),
-            events: u64::from_le_bytes(fixed(header_name::ALL[3], field(3)?)?),
-            attempts: u32::from_le_bytes(fixed(header_name::ALL[4], field(4)?)?),
-            failed_at_ms: u64::from_le_bytes(fixed(header_name::ALL[5], field(5)?)?),
-            failure,
-            ahead_of: fields[10]
-                .map(|value| fixed(header_name::AHEAD_OF, value).map(u64::from_le_bytes))
-                .transpose()?,
-        })
+        context::parse(headers)
     }
 
     /// When the record is due again under `policy`, in ms since the epoch.
     pub fn due_ms(&self, policy: &RetryPolicy) -> u64 {
         self.failed_at_ms.saturating_add(policy.delay(self.attempts).as_millis() as u64)
     }
-}
-
-fn fixed<const N: usize>(name: &'static str, value: &[u8]) -> Result<[u8; N], HeaderError> {
-    value.try_into().map_err(|_| HeaderError::WrongLength { name, expected: N, found: value.len() })
 }
 
 /// A record routed to the retry or dead-letter topic: the event's envelope
@@ -409,14 +372,24 @@ pub fn malformed_reason(record: &Record, error: &HeaderError) -> String {
 /// own headers as they were (minus any that pose as routing headers) and
 /// its body, plus the routing headers naming why (`message`, from
 /// [`malformed_reason`]).
-pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, message: String) -> Record {
+pub fn malformed_record(
+    projection: &str,
+    topic: &str,
+    partition: u32,
+    stored: StoredRecord,
+    message: String,
+) -> Record {
+    let now = now_ms();
     let routed = Routed {
         projection: projection.to_owned(),
+        topic: topic.to_owned(),
+        event_type: String::new(),
         origin_partition: partition,
         origin_offset: stored.offset,
         events: 1,
         attempts: 0,
-        failed_at_ms: now_ms(),
+        failed_at_ms: now,
+        first_failed_at_ms: Some(now),
         failure: Some(Failure {
             class: FailureClass::Malformed,
             message,
@@ -426,7 +399,7 @@ pub fn malformed_record(projection: &str, partition: u32, stored: StoredRecord, 
         ahead_of: None,
     };
     let mut headers: Vec<Header> =
-        stored.record.headers.into_iter().filter(|h| !header_name::ALL.contains(&h.name.as_str())).collect();
+        stored.record.headers.into_iter().filter(|h| !context::is_context_header(&h.name)).collect();
     headers.extend(routed.to_headers());
     Record { headers, body: stored.record.body }
 }
@@ -692,11 +665,14 @@ mod tests {
     fn routed(attempts: u32, failure: bool) -> Routed {
         Routed {
             projection: "bank".into(),
+            topic: "accounts".into(),
+            event_type: "deposited".into(),
             origin_partition: 2,
             origin_offset: 41,
             events: 3,
             attempts,
             failed_at_ms: 1_000,
+            first_failed_at_ms: failure.then_some(500),
             failure: failure.then(|| Failure {
                 class: FailureClass::Trap,
                 message: "module trapped: out of fuel".into(),
@@ -710,9 +686,13 @@ mod tests {
     #[test]
     fn routing_headers_round_trip_with_and_without_a_failure() {
         for value in [routed(2, true), routed(0, false), Routed { ahead_of: Some(7), ..routed(1, true) }] {
-            assert_eq!(Routed::parse(&value.to_headers()), Ok(value));
+            assert_eq!(Routed::parse(&value.to_headers()), Ok(value.clone()));
+            // What older versions wrote reads as it did: without what they
+            // did not write.
+            let old = Routed { topic: String::new(), event_type: String::new(), first_failed_at_ms: None, ..value };
+            assert_eq!(Routed::parse(&context::legacy_headers(&old)), Ok(old));
         }
-        let mut short = Routed { ahead_of: Some(7), ..routed(1, true) }.to_headers();
+        let mut short = context::legacy_headers(&Routed { ahead_of: Some(7), ..routed(1, true) });
         short.last_mut().unwrap().value.pop();
         assert_eq!(
             Routed::parse(&short),
@@ -721,8 +701,8 @@ mod tests {
     }
 
     #[test]
-    fn routing_headers_are_parsed_strictly() {
-        let headers = routed(1, true).to_headers();
+    fn older_binary_routing_headers_are_parsed_strictly() {
+        let headers = context::legacy_headers(&routed(1, true));
         let without = |name: &str| headers.iter().filter(|h| h.name != name).cloned().collect::<Vec<_>>();
         assert_eq!(
             Routed::parse(&without(header_name::ATTEMPTS)),
@@ -755,7 +735,7 @@ mod tests {
             record: Record { headers: vec![Header { name: "waku-tag".into(), value: vec![1] }, forged], body: vec![7] },
         };
         let error = HeaderError::Missing { name: "waku-version" };
-        let record = malformed_record("bank", 3, stored, error.to_string());
+        let record = malformed_record("bank", "accounts", 3, stored, error.to_string());
         let routed = Routed::parse(&record.headers).unwrap();
         assert_eq!((routed.origin_partition, routed.origin_offset, routed.attempts), (3, 17, 0));
         let failure = routed.failure.unwrap();
@@ -774,7 +754,8 @@ mod tests {
         };
         let error = EventHeaders::parse_stored(&stand_in.headers).unwrap_err();
         assert_eq!(malformed_reason(&stand_in, &error), reason);
-        let record = malformed_record("bank", 0, StoredRecord { offset: 5, record: stand_in }, reason.to_owned());
+        let record =
+            malformed_record("bank", "accounts", 0, StoredRecord { offset: 5, record: stand_in }, reason.to_owned());
         let routed = Routed::parse(&record.headers).unwrap();
         assert_eq!((routed.origin_offset, routed.failure.unwrap().message.as_str()), (5, reason));
         // Only a lone such header is a stand-in.

@@ -55,7 +55,7 @@ pub mod proxy;
 pub mod python;
 mod servers;
 
-pub use servers::{fresh_stream, iggy_url, postgres_url};
+pub use servers::{fresh_stream, iggy_url, oci_registry, postgres_url};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {

@@ -39,6 +39,27 @@ pub fn postgres_url(what: &str) -> Option<String> {
     url
 }
 
+/// The OCI registry the tests may push to and pull from
+/// (`WAKU_OCI_REGISTRY`, `host:port` of a registry speaking plain HTTP on
+/// loopback, as `.ci/run` starts one). Without one, prints one line saying
+/// `what` was skipped and returns `None`; under CI (`CI=true`) panics
+/// instead.
+pub fn oci_registry(what: &str) -> Option<String> {
+    let registry = std::env::var("WAKU_OCI_REGISTRY").ok().filter(|value| !value.is_empty());
+    if registry.is_none() {
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{what}: CI starts an OCI registry (.ci/run), but WAKU_OCI_REGISTRY is not set");
+        }
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {what} needs an OCI registry named by WAKU_OCI_REGISTRY (e.g. 127.0.0.1:5000: apt-get install \
+             docker-registry, see .ci/run)"
+        );
+    }
+    registry
+}
+
 /// A stream name no earlier run used, for tests against a shared server.
 pub fn fresh_stream(prefix: &str) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");

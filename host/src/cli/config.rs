@@ -51,8 +51,19 @@ use wakuwaku_core::terminal::printable;
 
 /// The settings every command that takes them reads from the environment
 /// and the file; the others are `run`'s alone.
-const SHARED: [&str; 10] =
-    ["data", "iggy", "stream", "lossy-topics", "state", "projection", "topic", "modules", "admin", "admin-token-file"];
+const SHARED: [&str; 11] = [
+    "data",
+    "iggy",
+    "stream",
+    "lossy-topics",
+    "state",
+    "projection",
+    "topic",
+    "modules",
+    "module-ref",
+    "admin",
+    "admin-token-file",
+];
 
 /// What `demo` takes from the environment and the file: the credential
 /// only, as it makes its own fresh data (and stream).

@@ -1,7 +1,5 @@
 //! `waku dlq list|show|redrive`: a projection's dead letters.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 
@@ -330,7 +328,7 @@ pub(super) fn parse_place(text: &str) -> Result<(u32, u64), String> {
 }
 
 pub(super) fn failed_at(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    crate::routing::context::rfc3339(ms)
 }
 
 /// One line per dead letter, for `waku dlq list`. What a module or a
@@ -388,8 +386,17 @@ pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8], names: &Type
             routed.origin_partition, routed.origin_offset, routed.events
         ),
         format!("attempts:     {}", routed.attempts),
-        format!("failed at:    {}", failed_at(routed.failed_at_ms)),
     ];
+    if !routed.topic.is_empty() {
+        lines.insert(2, format!("topic:        {}", routed.topic));
+    }
+    if let Some(first) = routed.first_failed_at_ms {
+        lines.push(format!("first failed: {}", failed_at(first)));
+    }
+    lines.push(format!("failed at:    {}", failed_at(routed.failed_at_ms)));
+    if !routed.event_type.is_empty() {
+        lines.push(format!("event type:   {}", routed.event_type));
+    }
     if let Some(failure) = &routed.failure {
         lines.push(format!("class:        {}", failure.class));
         lines.push(format!("message:      {}", failure.message));
@@ -432,11 +439,17 @@ struct DeadLetterView<'a> {
     partition: u32,
     offset: u64,
     projection: &'a str,
+    /// Null on a letter an older version wrote.
+    topic: Option<&'a str>,
     origin: Place,
     events: u64,
     attempts: u32,
+    /// Null before any failure, and on a letter an older version wrote.
+    first_failed_at: Option<String>,
     failed_at: String,
     failed_at_ms: u64,
+    /// Null when the host did not know it, or an older version wrote it.
+    event_type: Option<&'a str>,
     /// The failure's class, message, module and version; all null for an
     /// event diverted behind its key.
     class: Option<&'static str>,
@@ -489,11 +502,14 @@ impl<'a> DeadLetterView<'a> {
             partition: letter.partition,
             offset: letter.offset,
             projection: &routed.projection,
+            topic: Some(routed.topic.as_str()).filter(|topic| !topic.is_empty()),
             origin: Place { partition: routed.origin_partition, offset: routed.origin_offset },
             events: routed.events,
             attempts: routed.attempts,
+            first_failed_at: routed.first_failed_at_ms.map(failed_at),
             failed_at: failed_at(routed.failed_at_ms),
             failed_at_ms: routed.failed_at_ms,
+            event_type: Some(routed.event_type.as_str()).filter(|name| !name.is_empty()),
             class: failure.map(|f| f.class.name()),
             message: failure.map(|f| f.message.as_str()),
             module: failure.filter(|f| !f.module.is_empty()).map(|f| f.module.as_str()),

@@ -176,6 +176,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Create a handler project (Rust or Python) with one event type, a
     /// unit test, sample events and a copy of the guest SDK, in a new
@@ -375,7 +377,7 @@ fn served(command: &Command, admin_flag: bool) -> Option<&Path> {
         Command::State(StateCommand::Get(args)) if !admin_flag => &args.data,
         Command::State(StateCommand::Counters(args)) if !admin_flag => &args.data,
         Command::Dlq(command) => command.data(),
-        Command::Modules(command) => command.data(),
+        Command::Modules(command) => command.data()?,
         Command::Status(args) if !admin_flag => &args.target.data,
         Command::Rebuild(args) => &args.data,
         _ => return None,
@@ -480,7 +482,7 @@ async fn dispatch(command: Command, settings: &[config::Setting]) -> Result<Exit
         Command::Dlq(command) => dlq::dlq(command).await.map(|()| ExitCode::SUCCESS),
         Command::Topic(command) => topic::topic(command).await.map(|()| ExitCode::SUCCESS),
         Command::Reset(args) => reset::reset(args).await.map(|()| ExitCode::SUCCESS),
-        Command::Modules(command) => modules::modules(command).map(|()| ExitCode::SUCCESS),
+        Command::Modules(command) => modules::modules(command).await.map(|()| ExitCode::SUCCESS),
         Command::Rebuild(args) => rebuild::rebuild(args, settings).await.map(|()| ExitCode::SUCCESS),
         Command::Status(args) => {
             status::status(args, config::from_flag(settings, "admin")).await.map(|()| ExitCode::SUCCESS)

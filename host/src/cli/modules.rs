@@ -1,14 +1,16 @@
-//! `waku modules list|rollback`: a projection's module versions.
+//! `waku modules list|rollback|push|pull|adopt`: a projection's module
+//! versions, and modules in OCI registries.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::args::{DataArgs, OutputArgs};
 use crate::lifecycle::Library;
+use crate::oci::{ModuleRef, Registry, pins};
 use crate::runtime::{Sandbox, SandboxLimits};
 
 #[derive(Subcommand)]
@@ -20,14 +22,37 @@ pub(super) enum ModulesCommand {
     /// runs it; a running one keeps its version until then).
     #[command(after_help = "Example:\n  waku modules rollback --data waku-data --projection bank bank 778e4efa")]
     Rollback(ModulesRollbackArgs),
+    /// Push a component to an OCI registry, in the Wasm artifact layout
+    /// `wkg oci push` writes. Credentials: WAKU_OCI_USERNAME and
+    /// WAKU_OCI_PASSWORD, or a Docker config.json (never flags).
+    #[command(after_help = "Example:\n  waku modules push modules/bank.wasm oci://registry.example/team/bank:v1")]
+    Push(ModulesPushArgs),
+    /// Pull a component from an OCI registry into a module directory, as
+    /// `<last segment of the repository>.wasm`, verified against its digests.
+    #[command(
+        after_help = "Example:\n  waku modules pull oci://registry.example/team/bank:v1 --modules modules\n  waku modules pull \
+                      oci://registry.example/team/bank@sha256:… --modules modules"
+    )]
+    Pull(ModulesPullArgs),
+    /// Take what the projection's module references (--module-ref, or
+    /// `module-ref` in waku.toml) name now: pull each, pin it, and make it
+    /// the recorded version, so the next `waku run` runs it. A restart
+    /// otherwise keeps the pinned digests even after a tag moved. Stop
+    /// `waku run` first.
+    #[command(after_help = "Example:\n  waku modules adopt --data waku-data --projection bank --modules modules \
+                            --module-ref oci://registry.example/team/bank:v1")]
+    Adopt(ModulesAdoptArgs),
 }
 
 impl ModulesCommand {
-    /// Where its data is.
-    pub(super) fn data(&self) -> &DataArgs {
+    /// Where its data is, for the commands a running host runs for
+    /// others: not push and pull (no data directory), nor adopt (which
+    /// wants the host stopped).
+    pub(super) fn data(&self) -> Option<&DataArgs> {
         match self {
-            Self::List(args) => &args.data,
-            Self::Rollback(args) => &args.data,
+            Self::List(args) => Some(&args.data),
+            Self::Rollback(args) => Some(&args.data),
+            Self::Push(_) | Self::Pull(_) | Self::Adopt(_) => None,
         }
     }
 }
@@ -60,21 +85,118 @@ pub(super) struct ModulesRollbackArgs {
     pub(super) target: Option<String>,
 }
 
-pub(super) fn modules(command: ModulesCommand) -> Result<()> {
+#[derive(Args)]
+pub(super) struct ModulesPushArgs {
+    /// The component file.
+    pub(super) file: PathBuf,
+    /// Where to push it: oci://REGISTRY/REPOSITORY:TAG.
+    #[arg(value_parser = super::run::module_ref)]
+    pub(super) reference: ModuleRef,
+}
+
+#[derive(Args)]
+pub(super) struct ModulesPullArgs {
+    /// What to pull: oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST].
+    #[arg(value_parser = super::run::module_ref)]
+    pub(super) reference: ModuleRef,
+    /// The module directory to pull into.
+    #[arg(long)]
+    pub(super) modules: PathBuf,
+}
+
+#[derive(Args)]
+pub(super) struct ModulesAdoptArgs {
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    /// The projection.
+    #[arg(long)]
+    pub(super) projection: String,
+    /// The projection's module directory.
+    #[arg(long)]
+    pub(super) modules: PathBuf,
+    /// The module references, as `waku run` takes them.
+    #[arg(long = "module-ref", value_name = "REF", value_delimiter = ',', value_parser = super::run::module_ref)]
+    pub(super) module_refs: Vec<ModuleRef>,
+}
+
+pub(super) async fn modules(command: ModulesCommand) -> Result<()> {
     let (data, projection) = match &command {
+        ModulesCommand::Push(args) => return push(args).await,
+        ModulesCommand::Pull(args) => return pull(args).await,
+        ModulesCommand::Adopt(args) => return adopt(args).await,
         ModulesCommand::List(args) => (&args.data, &args.projection),
         ModulesCommand::Rollback(args) => (&args.data, &args.projection),
     };
     let store = data.existing_state(projection, "is another process using it? stop it first")?;
+    let pinned = pins::read(&store)?;
     let library = Library::new(&data.data, projection, store, Sandbox::new(SandboxLimits::default())?);
     match &command {
-        ModulesCommand::List(args) => list(args, &library),
+        ModulesCommand::List(args) => list(args, &library, &pinned),
         ModulesCommand::Rollback(args) => {
             let (from, to) = library.rollback(&args.module, args.target.as_deref())?;
             outln!("module `{}`: {from} → {to}; the next `waku run` runs {to}", args.module)?;
             Ok(())
         }
+        _ => unreachable!("handled above"),
     }
+}
+
+async fn push(args: &ModulesPushArgs) -> Result<()> {
+    let bytes =
+        crate::runtime::read_component(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let registry = Registry::for_registry(args.reference.registry())?;
+    let artifact = registry.push(bytes, &args.reference).await?;
+    outln!("pushed {} as {}", args.file.display(), args.reference)?;
+    outln!("  manifest {}\n  layer    {}", artifact.manifest, artifact.layer)?;
+    outln!("  pin it with {}", args.reference.at_digest(&artifact.manifest))?;
+    Ok(())
+}
+
+async fn pull(args: &ModulesPullArgs) -> Result<()> {
+    let registry = Registry::for_registry(args.reference.registry())?;
+    let pulled = registry.pull(&args.reference).await?;
+    let path = crate::oci::write_module(&args.modules, args.reference.module(), &pulled.bytes)
+        .with_context(|| format!("writing into {}", args.modules.display()))?;
+    outln!("pulled {} into {}", args.reference, path.display())?;
+    outln!("  manifest {}\n  layer    {}", pulled.artifact.manifest, pulled.artifact.layer)?;
+    outln!("  version  {}", crate::runtime::content_version(&pulled.bytes))?;
+    Ok(())
+}
+
+async fn adopt(args: &ModulesAdoptArgs) -> Result<()> {
+    if args.module_refs.is_empty() {
+        bail!("no module references to adopt: give --module-ref, or `module-ref` in waku.toml");
+    }
+    let store = args.data.existing_state(&args.projection, "is `waku run` using it? stop it first")?;
+    let before = pins::read(&store)?;
+    let synced = pins::sync(&store, &args.modules, &args.module_refs, true).await?;
+    let library =
+        Library::new(&args.data.data, &args.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
+    let dir = args.modules.clone();
+    let adopted = synced.adopt.clone();
+    tokio::task::spawn_blocking(move || library.start_adopting(&dir, &|name| adopted.contains(name)))
+        .await
+        .context("loading the modules")??;
+    pins::save(&store, &synced.pins)?;
+    for (module, pin) in &synced.pins {
+        match before.get(module) {
+            Some(old) if old.manifest == pin.manifest => {
+                outln!("module `{module}`: {} stays at {}", pin.reference, pin.manifest)?
+            }
+            Some(old) => outln!(
+                "module `{module}`: {} → {} ({}); the next `waku run` runs it",
+                old.manifest,
+                pin.manifest,
+                pin.reference
+            )?,
+            None => outln!(
+                "module `{module}`: pinned to {} ({}); the next `waku run` runs it",
+                pin.manifest,
+                pin.reference
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// `waku modules list --output json`.
@@ -95,9 +217,13 @@ struct ModuleVersions<'a> {
     /// missing; left out without `--modules`.
     #[serde(skip_serializing_if = "Option::is_none")]
     in_directory: Option<Option<&'a str>>,
+    /// For a module named by OCI reference: the reference and the digests
+    /// it is pinned to. Left out otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pinned: Option<&'a pins::Pin>,
 }
 
-fn list(args: &ModulesListArgs, library: &Library) -> Result<()> {
+fn list(args: &ModulesListArgs, library: &Library, pinned: &pins::Pins) -> Result<()> {
     let recorded = library.recorded()?;
     let in_directory = match &args.modules {
         None => None,
@@ -111,6 +237,7 @@ fn list(args: &ModulesListArgs, library: &Library) -> Result<()> {
             active,
             kept: recorded.kept.get(module).map(Vec::as_slice).unwrap_or_default(),
             in_directory: in_directory.as_ref().map(|versions| versions.get(module).map(String::as_str)),
+            pinned: pinned.get(module),
         })
         .collect();
     if args.output.json() {
@@ -131,6 +258,9 @@ fn list(args: &ModulesListArgs, library: &Library) -> Result<()> {
             None => String::new(),
         };
         outln!("{}: {active}{directory}\n  kept, newest first: {}", view.module, kept.join(", "))?;
+        if let Some(pin) = view.pinned {
+            outln!("  from {} pinned to {} (layer {})", pin.reference, pin.manifest, pin.layer)?;
+        }
     }
     Ok(())
 }

@@ -53,6 +53,14 @@ pub(super) struct RunArgs {
     /// The directory of the projection's modules (*.wasm).
     #[arg(long)]
     pub(super) modules: PathBuf,
+    /// A module from an OCI registry, `oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`
+    /// (repeat, or comma-separate): pulled into the module directory as
+    /// `<last segment>.wasm` at start-up and pinned to its digest; a
+    /// restart runs the pinned digest even if the tag moved (`waku modules
+    /// adopt` or --adopt-modules takes the new one). In waku.toml:
+    /// `module-ref = ["oci://…"]`.
+    #[arg(long = "module-ref", value_name = "REF", value_delimiter = ',', value_parser = module_ref)]
+    pub(super) module_refs: Vec<crate::oci::ModuleRef>,
     /// Only these partitions (comma-separated), e.g. `0,2`.
     #[arg(long, value_delimiter = ',')]
     pub(super) partitions: Option<Vec<u32>>,
@@ -113,6 +121,11 @@ pub(super) struct RunArgs {
     pub(super) print_config: bool,
 }
 
+/// Parses a `--module-ref`.
+pub(super) fn module_ref(text: &str) -> Result<crate::oci::ModuleRef, String> {
+    text.parse().map_err(|error: crate::oci::OciError| error.to_string())
+}
+
 impl RunArgs {
     /// The first topic: it names the projection's retry and dead-letter
     /// topics.
@@ -126,6 +139,7 @@ impl RunArgs {
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
         let mut settings = HostSettings::new(&self.data.data, &self.projection, self.topic(), modules);
         settings.more_topics = self.topics[1..].to_vec();
+        settings.module_refs = self.module_refs.clone();
         settings.log = self.data.log_settings();
         settings.state = self.data.state_settings();
         settings.consumer.partitions = self.partitions.clone();

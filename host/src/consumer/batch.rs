@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::call_time::CallTime;
+use super::failure::Tries;
 use super::key::{KeyWork, RunWork, WorkerOutcome};
 use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
@@ -77,11 +78,14 @@ impl<L: EventLog> Consumer<L> {
                     let headers = envelope.with_key(input.keys.key(number).clone());
                     let routed = Routed {
                         projection: projection.name().to_owned(),
+                        topic: projection.topic().to_owned(),
+                        event_type: modules.route(headers.tag).map(|r| r.event_type.name.clone()).unwrap_or_default(),
                         origin_partition: partition,
                         origin_offset: view.offset(),
                         events: 1,
                         attempts: 0,
                         failed_at_ms: now,
+                        first_failed_at_ms: None,
                         failure: None,
                         ahead_of: None,
                     };
@@ -98,7 +102,7 @@ impl<L: EventLog> Consumer<L> {
                     }
                 }
                 Ok((number, envelope)) => {
-                    input.push(number, envelope, Origin::single(view.offset()), 0, view.body().to_vec());
+                    input.push(number, envelope, Origin::single(view.offset()), Tries::default(), view.body().to_vec());
                 }
                 Err(error) => {
                     let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
@@ -112,7 +116,8 @@ impl<L: EventLog> Consumer<L> {
                         offset = view.offset(),
                         "message has unreadable headers and goes to the dead-letter topic: {reason}"
                     );
-                    let record = routing::malformed_record(projection.name(), partition, stored, reason);
+                    let record =
+                        routing::malformed_record(projection.name(), projection.topic(), partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.malformed += 1;
                     summary.dead_lettered += 1;
@@ -161,14 +166,15 @@ impl<L: EventLog> Consumer<L> {
             match parsed {
                 Ok((routed, number, envelope)) => {
                     offsets.push(stored.offset);
-                    input.push(number, envelope, routing::origin_of(&routed), routed.attempts, stored.record.body);
+                    input.push(number, envelope, routing::origin_of(&routed), Tries::of(&routed), stored.record.body);
                 }
                 Err(error) => {
                     // It was readable when it was indexed: the log changed
                     // under the host. Keep it, with the reason.
                     commit.done.push((retry.clone(), partition, stored.offset));
                     let reason = routing::malformed_reason(&stored.record, &error);
-                    let record = routing::malformed_record(projection.name(), partition, stored, reason);
+                    let record =
+                        routing::malformed_record(projection.name(), projection.topic(), partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.retry_out += 1;
                     summary.dead_lettered += 1;
@@ -319,7 +325,7 @@ struct BatchInput {
     origins: Vec<Origin>,
     bodies: Vec<Vec<u8>>,
     /// Attempts each record has had (records taken from retry).
-    attempts: Vec<u32>,
+    attempts: Vec<Tries>,
     /// Each record's event time, as its type declares it: kept in the
     /// records it goes to retry or the dead-letter topic as.
     event_times: Vec<Option<i64>>,
@@ -339,7 +345,7 @@ impl BatchInput {
     }
 
     /// Appends a record whose key has `number` in [`BatchInput::keys`].
-    fn push(&mut self, number: u32, envelope: Envelope<'_>, origin: Origin, attempts: u32, body: Vec<u8>) {
+    fn push(&mut self, number: u32, envelope: Envelope<'_>, origin: Origin, attempts: Tries, body: Vec<u8>) {
         self.plan.push(PlanRecord { key: u64::from(number), tag: envelope.tag, ordering: envelope.ordering });
         self.algebras.push(envelope.algebra);
         self.origins.push(origin);
@@ -360,7 +366,7 @@ pub(super) struct BatchWork {
     runs: Vec<RunWork>,
     bodies: Vec<Vec<u8>>,
     origins: Vec<Origin>,
-    attempts: Vec<u32>,
+    attempts: Vec<Tries>,
     event_times: Vec<Option<i64>>,
     /// Each record's index in the batch's input.
     inputs: Vec<usize>,
@@ -458,7 +464,7 @@ impl BatchWork {
     }
 
     /// A run's origins, bodies and attempts, index for index.
-    pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[u32]) {
+    pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[Tries]) {
         let records = run.records.clone();
         (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
     }

@@ -12,7 +12,45 @@
 //!   attempt reaches `max_attempts`: then it is dead-lettered, never
 //!   retried forever.
 
-use crate::routing::FailureClass;
+use crate::routing::{FailureClass, Routed};
+
+/// The attempts a record has had, and when the first of them failed: what
+/// its next retry or dead-letter record carries on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tries {
+    /// Attempts made.
+    pub(super) attempts: u32,
+    /// When the first failed, in ms since the epoch; 0 before any failure.
+    pub(super) first_failed_at_ms: u64,
+}
+
+impl Tries {
+    /// What a record taken from the retry topic had.
+    pub(super) fn of(routed: &Routed) -> Self {
+        Self { attempts: routed.attempts, first_failed_at_ms: routed.first_failed_at_ms.unwrap_or(0) }
+    }
+
+    /// What records folded into one carry: the most attempts any had, and
+    /// the earliest first failure.
+    pub(super) fn merged(tries: impl IntoIterator<Item = Tries>) -> Self {
+        tries.into_iter().fold(Self::default(), |merged, tries| Self {
+            attempts: merged.attempts.max(tries.attempts),
+            first_failed_at_ms: match (merged.first_failed_at_ms, tries.first_failed_at_ms) {
+                (0, first) | (first, 0) => first,
+                (one, other) => one.min(other),
+            },
+        })
+    }
+
+    /// The first failure time a record failing (`failed`) at `now_ms`
+    /// carries: its earlier one, else `now_ms` if it failed, else none.
+    pub(super) fn first_failure(self, failed: bool, now_ms: u64) -> Option<u64> {
+        match self.first_failed_at_ms {
+            0 => failed.then_some(now_ms),
+            first => Some(first),
+        }
+    }
+}
 
 /// Where a failed chunk goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +87,16 @@ pub(super) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folded_tries_keep_the_most_attempts_and_the_earliest_first_failure() {
+        let tries = |attempts, first_failed_at_ms| Tries { attempts, first_failed_at_ms };
+        assert_eq!(Tries::merged([tries(1, 500), tries(3, 900), tries(0, 0)]), tries(3, 500));
+        assert_eq!(Tries::merged([tries(0, 0), tries(2, 700)]), tries(2, 700));
+        assert_eq!(tries(0, 0).first_failure(true, 42), Some(42));
+        assert_eq!(tries(0, 0).first_failure(false, 42), None);
+        assert_eq!(tries(2, 7).first_failure(true, 42), Some(7));
+    }
 
     const MAX: u32 = 6;
 

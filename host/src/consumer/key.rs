@@ -37,7 +37,7 @@ use wakuwaku_core::reduce;
 
 use super::batch::BatchWork;
 use super::call_time::CallTime;
-use super::failure::{self, Route};
+use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
@@ -155,13 +155,12 @@ impl<L: EventLog> Consumer<L> {
                 time.charge(route.module, folding.elapsed());
                 laps.lap(&mut out.summary.phases, Phase::Reduce);
             }
-            let attempts: Cow<[u32]> = if attempts.len() == reduced.bodies.len() {
+            let attempts: Cow<[Tries]> = if attempts.len() == reduced.bodies.len() {
                 attempts.into()
             } else {
                 // Reduced records stand for several: they carry the most
-                // attempts any of them had.
-                let most = attempts.iter().copied().max().unwrap_or(0);
-                vec![most; reduced.bodies.len()].into()
+                // attempts any of them had, and the earliest first failure.
+                vec![Tries::merged(attempts.iter().copied()); reduced.bodies.len()].into()
             };
             // Should the run fail, it goes to retry or the dead-letter topic
             // as reduced, unless `combine` made it larger than the events
@@ -241,9 +240,13 @@ impl<L: EventLog> Consumer<L> {
                 let failure::Decision { attempt, route: next } = failure::decide(
                     class,
                     error.counts_as_attempt(),
-                    attempts[begin..end].iter().copied(),
+                    attempts[begin..end].iter().map(|tries| tries.attempts),
                     self.config.retry.max_attempts,
                 );
+                let tries = Tries {
+                    attempts: attempt,
+                    first_failed_at_ms: Tries::merged(attempts[begin..end].iter().copied()).first_failed_at_ms,
+                };
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -284,7 +287,8 @@ impl<L: EventLog> Consumer<L> {
                 let failed_time = |index: usize| if inflated { times[index] } else { reduced_time(begin + index) };
                 if next == Route::DeadLetter {
                     for (index, (body, &origin)) in failed_bodies.iter().zip(failed_origins).enumerate() {
-                        let routed = self.routed(partition, origin, attempt, Some(failure_of(index)));
+                        let routed =
+                            self.routed(partition, origin, tries, Some(failure_of(index)), &route.event_type.name);
                         let envelope = shape.envelope(key, failed_time(index));
                         let record = routing::routed_record(&envelope, &routed, body.clone());
                         out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
@@ -303,7 +307,7 @@ impl<L: EventLog> Consumer<L> {
                             Unfinished {
                                 shape,
                                 origin,
-                                attempts: attempt,
+                                tries,
                                 failure: Some(failure_of(index)),
                                 event_time: failed_time(index),
                                 body: body.clone(),
@@ -312,7 +316,7 @@ impl<L: EventLog> Consumer<L> {
                     let rest = records.filter(|&index| index >= end).map(|index| Unfinished {
                         shape,
                         origin: reduced.origins[index],
-                        attempts: attempts[index],
+                        tries: attempts[index],
                         failure: None,
                         event_time: reduced_time(index),
                         body: reduced.bodies[index].clone(),
@@ -350,11 +354,10 @@ impl<L: EventLog> Consumer<L> {
                     let shape = run.shape();
                     let (origins, bodies, attempts) = work.records(run);
                     let times = work.event_times(run);
-                    for (((&origin, body), &attempts), &event_time) in
-                        origins.iter().zip(bodies).zip(attempts).zip(times)
+                    for (((&origin, body), &tries), &event_time) in origins.iter().zip(bodies).zip(attempts).zip(times)
                     {
                         let body = body.clone();
-                        unfinished.push(Unfinished { shape, origin, attempts, failure: None, event_time, body });
+                        unfinished.push(Unfinished { shape, origin, tries, failure: None, event_time, body });
                     }
                 }
                 self.retry_later(partition, key, modules, (unfinished, None), out);
@@ -405,7 +408,9 @@ impl<L: EventLog> Consumer<L> {
     ) {
         let orderings = routing::rewrite_orderings(unfinished.iter().map(|u| u.shape.stage));
         for (item, ordering) in unfinished.into_iter().zip(orderings) {
-            let routed = Routed { ahead_of, ..self.routed(partition, item.origin, item.attempts, item.failure) };
+            let event_type = modules.route(item.shape.tag).map_or("", |route| route.event_type.name.as_str());
+            let routed =
+                Routed { ahead_of, ..self.routed(partition, item.origin, item.tries, item.failure, event_type) };
             let envelope = RunShape { ordering, ..item.shape }.envelope(key, item.event_time);
             let record = routing::routed_record(&envelope, &routed, item.body);
             out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
@@ -417,14 +422,25 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// The routing headers of a record of this projection.
-    fn routed(&self, partition: u32, origin: Origin, attempts: u32, failure: Option<Failure>) -> Routed {
+    fn routed(
+        &self,
+        partition: u32,
+        origin: Origin,
+        tries: Tries,
+        failure: Option<Failure>,
+        event_type: &str,
+    ) -> Routed {
+        let now = routing::now_ms();
         Routed {
             projection: self.projection.name().to_owned(),
+            topic: self.projection.topic().to_owned(),
+            event_type: event_type.to_owned(),
             origin_partition: partition,
             origin_offset: origin.offset,
             events: origin.events,
-            attempts,
-            failed_at_ms: routing::now_ms(),
+            attempts: tries.attempts,
+            failed_at_ms: now,
+            first_failed_at_ms: tries.first_failure(failure.is_some(), now),
             failure,
             ahead_of: None,
         }
@@ -497,7 +513,7 @@ impl RunShape {
 struct Unfinished {
     shape: RunShape,
     origin: Origin,
-    attempts: u32,
+    tries: Tries,
     /// Why, for the chunk that failed.
     failure: Option<Failure>,
     /// Its event time, carried in the record's `waku-event-time`.

@@ -977,6 +977,16 @@ fn to_message(
             // Names without `~`: their keys are the names.
             (TAG, 4) => put(name, HeaderValue::from(u32::from_le_bytes(value[..].try_into().expect("4 bytes"))))?,
             (_, 0) => put(&header_key(name, Some("empty")), HeaderValue::from(0u8))?,
+            // Context headers are text: stored as Iggy strings, so its web
+            // UI and CLI show them, cut only at character boundaries.
+            _ if crate::routing::context::is_text_header(name) && std::str::from_utf8(value).is_ok() => {
+                let text = std::str::from_utf8(value).expect("checked");
+                for (index, piece) in text_pieces(text, 255).enumerate() {
+                    let suffix = (index > 0).then(|| index.to_string());
+                    let piece = HeaderValue::from_raw(HeaderKind::String, piece.as_bytes()).expect("1 to 255 bytes");
+                    put(&header_key(name, suffix.as_deref()), piece)?;
+                }
+            }
             _ => {
                 for (index, piece) in value.chunks(255).enumerate() {
                     let suffix = (index > 0).then(|| index.to_string());
@@ -1005,6 +1015,19 @@ fn to_message(
         .user_headers(headers)
         .build()
         .map_err(|e| refused(format!("{e} (Iggy error {})", e.as_code())))
+}
+
+/// `text` in pieces of 1 to `max` bytes (`max` at least 4), each cut at a
+/// character boundary.
+fn text_pieces(mut text: &str, max: usize) -> impl Iterator<Item = &str> {
+    std::iter::from_fn(move || {
+        if text.is_empty() {
+            return None;
+        }
+        let (piece, _) = wakuwaku_core::limits::cut(text, max);
+        text = &text[piece.len()..];
+        Some(piece)
+    })
 }
 
 /// The user-header key of header `name`, or of its piece `suffix`: the name
@@ -1313,6 +1336,33 @@ mod tests {
         assert_eq!(find(SEQUENCE), Some(3u64.to_le_bytes().to_vec()));
         assert_eq!(find(PRODUCER), Some(b"p".to_vec()));
         assert_eq!(stored.record.body, b"{}");
+    }
+
+    #[test]
+    fn context_headers_are_iggy_strings_cut_at_characters() {
+        let message = "é".repeat(300);
+        let record = Record {
+            headers: vec![
+                Header { name: "waku.error.message".into(), value: message.clone().into_bytes() },
+                Header { name: "waku.error.offset".into(), value: b"41".to_vec() },
+                // Not UTF-8 (only a hostile writer's): raw, as any value.
+                Header { name: "waku.error.module".into(), value: vec![0xff] },
+            ],
+            body: b"{}".to_vec(),
+        };
+        let sent = to_message("t", 0, record.clone(), None, 1).unwrap();
+        let headers = sent.user_headers_map().unwrap().unwrap();
+        let text = |key: &str| {
+            headers.get(&HeaderKey::from_str(key).unwrap()).map(|v| (v.kind(), v.as_str().ok().map(str::to_owned)))
+        };
+        assert_eq!(text("waku.error.offset"), Some((HeaderKind::String, Some("41".to_owned()))));
+        let (kind, first) = text("waku.error.message").unwrap();
+        assert_eq!((kind, first.unwrap().chars().count()), (HeaderKind::String, 127), "254 bytes of 2-byte characters");
+        assert_eq!(text("waku.error.module").unwrap().0, HeaderKind::Raw);
+        assert_eq!(
+            round_trip(&record).headers.iter().find(|h| h.name == "waku.error.message").unwrap().value,
+            message.as_bytes()
+        );
     }
 
     fn round_trip(record: &Record) -> Record {

@@ -14,13 +14,15 @@ use wakuwaku::state::StateStore;
 
 /// The fields of a dead letter in `waku dlq list --output json`, sorted
 /// (`dlq show` adds `body`).
-const DEAD_LETTER_FIELDS: [&str; 16] = [
+const DEAD_LETTER_FIELDS: [&str; 19] = [
     "attempts",
     "class",
     "event",
+    "event_type",
     "events",
     "failed_at",
     "failed_at_ms",
+    "first_failed_at",
     "headers_error",
     "message",
     "module",
@@ -30,6 +32,7 @@ const DEAD_LETTER_FIELDS: [&str; 16] = [
     "partition",
     "projection",
     "redriven",
+    "topic",
     "version",
 ];
 
@@ -648,6 +651,8 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert_eq!(keys(first), DEAD_LETTER_FIELDS);
     assert_eq!((&first["partition"], &first["offset"], &first["projection"]), (&json!(0), &json!(0), &json!("ledger")));
     assert_eq!(first["origin"], json!({ "partition": 0, "offset": 1 }));
+    assert_eq!(first["topic"], json!("ledger"));
+    assert!(first["first_failed_at"].as_str().is_some_and(|at| at.ends_with('Z')), "{first}");
     assert_eq!((&first["events"], &first["attempts"]), (&json!(1), &json!(1)));
     assert_eq!((&first["class"], &first["module"]), (&json!("unrecoverable"), &json!("probe")));
     assert!(first["message"].as_str().unwrap().contains("ledger entry 2 of key 1"), "{first}");

@@ -15,6 +15,7 @@ mod hostile;
 mod lifecycle;
 mod log_conformance;
 mod loss;
+mod oci;
 mod outage;
 mod outbox;
 mod postgres;

@@ -219,6 +219,67 @@ async fn every_row_of_the_error_table_lands_where_it_should() {
     assert_eq!(store.position("retry_steps", 0).unwrap(), Some(setup.log.end_offset("retry_steps", 0).await.unwrap()));
 }
 
+/// The value of header `name`, as any consumer would read it: UTF-8 text.
+/// No wakuwaku code.
+fn text_header<'a>(headers: &'a [Header], name: &str) -> Option<&'a str> {
+    let mut found = headers.iter().filter(|h| h.name == name);
+    let value = found.next().map(|h| std::str::from_utf8(&h.value).expect("a text header"));
+    assert!(found.next().is_none(), "{name} twice");
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_and_retries_carry_their_context_as_plain_text() {
+    let setup = Setup::new(1).await;
+    setup
+        .publish(&[
+            event(1, STEP, Relaxed, 1, &["trap"; 20]),
+            event(2, STEP, Relaxed, 2, &["retryable"; 20]),
+            event(2, STEP, Relaxed, 3, &[]),
+        ])
+        .await;
+    let started = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let (summary, _) = catch_up(&setup.log, setup.settings(100, eager(3))).await.unwrap();
+    assert_eq!(summary.dead_lettered, 2, "{summary:?}");
+
+    // Read back with the log's plain reader: names and UTF-8 text, nothing
+    // of wakuwaku's header parsing.
+    let letters = setup.log.read("dlq_steps", 0, 0, 10).await.unwrap();
+    let by_offset = |offset: &str| {
+        letters.iter().find(|r| text_header(&r.record.headers, "waku.error.offset") == Some(offset)).unwrap()
+    };
+    let trapped = &by_offset("0").record.headers;
+    let get = |name: &str| text_header(trapped, name).unwrap_or_else(|| panic!("no {name}"));
+    assert_eq!(get("waku.error.topic"), TOPIC);
+    assert_eq!(get("waku.error.partition"), "0");
+    assert_eq!(get("waku.error.projection"), "flaky");
+    assert_eq!(get("waku.error.module"), "flaky");
+    assert_eq!(get("waku.error.module.version"), "flaky-1");
+    assert_eq!(get("waku.error.event.type"), "Step");
+    assert_eq!(get("waku.error.class"), "trap");
+    assert_eq!(get("waku.error.message"), "module trapped: wasm trap: step 1 hit unreachable");
+    assert_eq!(get("waku.error.attempts"), "3");
+    assert_eq!(get("waku.error.events"), "1");
+    // RFC 3339 UTC: ordered as text; the first attempt before the last.
+    let (first, last) = (get("waku.error.first.failure"), get("waku.error.last.failure"));
+    assert!(first.ends_with('Z') && first.len() == started.len(), "{first}");
+    assert!(started.as_str() <= first && first <= last, "{started} {first} {last}");
+    // Written in the text scheme only.
+    assert!(trapped.iter().all(|h| !matches!(h.name.as_str(), "waku-failure" | "waku-origin-offset")));
+
+    // The key's later event waited behind it in the retry topic, diverted
+    // with no failure of its own.
+    let retried = setup.log.read("retry_steps", 0, 0, 100).await.unwrap();
+    let diverted = retried
+        .iter()
+        .map(|r| &r.record.headers)
+        .find(|h| text_header(h, "waku.error.offset") == Some("2") && text_header(h, "waku.error.class").is_none())
+        .expect("the diverted event");
+    assert_eq!(text_header(diverted, "waku.error.attempts"), Some("0"));
+    assert_eq!(text_header(diverted, "waku.error.first.failure"), None);
+    assert_eq!(text_header(diverted, "waku.error.event.type"), Some("Step"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_keeps_its_order_across_retries_and_diversion() {
     let mut diverted = 0;
