@@ -28,7 +28,8 @@ pub(super) enum DlqCommand {
     Show(DlqShowArgs),
     /// Send dead letters back through the normal path (after fixing the
     /// module): they join the retry topic, in dead-letter order per key, and
-    /// the next `waku run` applies them. They go in slices (1 000 letters or
+    /// the running `waku run` of the projection applies them at once (else
+    /// the next one does). They go in slices (1 000 letters or
     /// 16 MiB of bodies), each committed on its own: if it stops half way,
     /// run it again and it re-drives the rest, none twice. Only the partitions this host's
     /// state store owns (those it holds a position for: the ones its `waku
@@ -222,8 +223,12 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
                 }
                 done => done?,
             };
+            let applies = match super::local_host::runs_projection(&args.data.data, projection) {
+                true => "the running `waku run` applies them now",
+                false => "the next `waku run` applies them",
+            };
             outln!(
-                "re-drove {} ({}) of `{projection}` from {} into `retry_{topic}`{}; the next `waku run` applies them",
+                "re-drove {} ({}) of `{projection}` from {} into `retry_{topic}`{}; {applies}",
                 counted(done.records, "dead letter", "dead letters"),
                 counted(done.events, "event", "events"),
                 partition_list(&done.partitions),

@@ -275,6 +275,14 @@ pub(super) fn shared_state(data: &Path, projection: &str) -> Option<StateStore> 
         .flatten()
 }
 
+/// Whether this command runs in a host that runs `projection` on `data`
+/// (its consumer applies what is re-driven at once).
+pub(super) fn runs_projection(data: &Path, projection: &str) -> bool {
+    FORWARDED
+        .try_with(|forwarded| forwarded.shared.projection == projection && forwarded.shared.holds(data))
+        .unwrap_or(false)
+}
+
 /// Standard input the command was sent, when it runs for another process.
 pub(super) fn forwarded_stdin() -> Option<String> {
     FORWARDED.try_with(|forwarded| forwarded.stdin.clone()).ok().flatten()

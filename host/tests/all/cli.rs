@@ -707,6 +707,8 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert!(text(&out.stderr).contains("say which dead letters to re-drive"), "{}", text(&out.stderr));
     let out = dlq(&["redrive", "--record", "0:0"]);
     assert!(text(&out.stdout).starts_with("re-drove 1 dead letter (1 event)"), "{}", text(&out.stdout));
+    // Nothing runs: the next `waku run` applies them, and it says so.
+    assert!(text(&out.stdout).trim_end().ends_with("the next `waku run` applies them"), "{}", text(&out.stdout));
     let out = dlq(&["redrive", "--all"]);
     assert!(text(&out.stdout).contains("re-drove 1 dead letter (1 event)"), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("(1 re-driven before, left alone)"), "{}", text(&out.stdout));

@@ -81,6 +81,7 @@ fn the_readme_day_on_one_machine_runs_as_written() {
     assert!(stdout.contains("key 9 type Visited (tag 1)"), "{stdout}");
     assert!(stdout.contains("page `/checkout` is too long"), "{stdout}");
     assert!(stdout.contains("re-drove 1 dead letter (1 event)"), "{stdout}");
+    assert!(stdout.contains("into `retry_visits`; the running `waku run` applies them now"), "{stdout}");
     // `pages`: the consumed messages (`partition:offset` first) without
     // routing headers.
     let consumed = |line: &&str| {

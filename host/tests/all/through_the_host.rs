@@ -154,6 +154,7 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
         &ok(dir, &["dlq", "redrive", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--all"]).stdout,
     );
     assert!(redriven.starts_with("re-drove 2 dead letters (2 events)"), "{redriven}");
+    assert!(redriven.trim_end().ends_with("the running `waku run` applies them now"), "{redriven}");
 
     // A new version swapped in, then rolled back through the host.
     let mut second = std::fs::read(&probe).unwrap();
