@@ -920,6 +920,7 @@ mod tests {
                 first_failed_at_ms: Some(1),
                 failure: Some(failure),
                 ahead_of: None,
+                ordering: None,
             };
             let mut records = vec![write(&envelope, &routed, vec![b'x'; body_bytes])];
             if origin % 3 == 0 {

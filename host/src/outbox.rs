@@ -503,6 +503,7 @@ impl<L: EventLog> Publisher<'_, L> {
                 version: origin.version,
             }),
             ahead_of: None,
+            ordering: None,
         };
         let mut headers: Vec<Header> =
             entry.record.headers.into_iter().filter(|h| !context::is_context_header(&h.name)).collect();

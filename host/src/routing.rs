@@ -289,6 +289,10 @@ pub struct Routed {
     /// before: set on a failed chunk re-appended while later work of its
     /// key stays where it waits ([`RetryQueue::index`]).
     pub ahead_of: Option<u64>,
+    /// The ordering the event had on its topic, before a retry rewrote it
+    /// ([`rewrite_orderings`]); carried from the first routing through
+    /// every attempt. `None` on a record an older version wrote.
+    pub ordering: Option<EventAtomicOrdering>,
 }
 
 /// Names of the binary routing headers older versions wrote: read
@@ -397,6 +401,7 @@ pub fn malformed_record(
             version: String::new(),
         }),
         ahead_of: None,
+        ordering: None,
     };
     let mut headers: Vec<Header> =
         stored.record.headers.into_iter().filter(|h| !context::is_context_header(&h.name)).collect();
@@ -680,6 +685,7 @@ mod tests {
                 version: "0123456789abcdef".into(),
             }),
             ahead_of: None,
+            ordering: Some(EventAtomicOrdering::Release),
         }
     }
 
@@ -689,7 +695,13 @@ mod tests {
             assert_eq!(Routed::parse(&value.to_headers()), Ok(value.clone()));
             // What older versions wrote reads as it did: without what they
             // did not write.
-            let old = Routed { topic: String::new(), event_type: String::new(), first_failed_at_ms: None, ..value };
+            let old = Routed {
+                topic: String::new(),
+                event_type: String::new(),
+                first_failed_at_ms: None,
+                ordering: None,
+                ..value
+            };
             assert_eq!(Routed::parse(&context::legacy_headers(&old)), Ok(old));
         }
         let mut short = context::legacy_headers(&Routed { ahead_of: Some(7), ..routed(1, true) });

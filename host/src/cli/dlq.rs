@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use super::args::{OutputArgs, ProjectionArgs, parse_key};
 use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
+use crate::event::EventAtomicOrdering;
+use crate::routing::Routed;
 use wakuwaku_core::terminal::printable;
 
 #[derive(Subcommand)]
@@ -381,6 +383,17 @@ fn type_of(tag: crate::event::EventTypeTag, names: &TypeNames) -> String {
 
 /// Everything about one dead letter, for `waku dlq show`, each line and the
 /// body's lines escaped as in [`dead_letter_line`].
+/// A letter's ordering on its topic, from its context, else its record's
+/// own, and whether that one is known to be rewritten: a record an older
+/// version retried (more than one attempt) carries the ordering its retry
+/// gave it.
+fn ordering_of(routed: &Routed, record: EventAtomicOrdering) -> (EventAtomicOrdering, bool) {
+    match routed.ordering {
+        Some(original) => (original, false),
+        None => (record, routed.attempts > 1),
+    }
+}
+
 pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8], names: &TypeNames) -> String {
     let routed = &letter.routed;
     let mut lines = vec![
@@ -411,7 +424,14 @@ pub(super) fn dead_letter_details(letter: &DeadLetter, body: &[u8], names: &Type
     }
     match &letter.envelope {
         Ok(e) => {
-            lines.push(format!("event:        key {}, {}, {}, {}", e.key, type_of(e.tag, names), e.ordering, e.algebra))
+            let (ordering, rewritten) = ordering_of(routed, e.ordering);
+            let rewritten = if rewritten { " (rewritten for a retry; the original was not recorded)" } else { "" };
+            lines.push(format!(
+                "event:        key {}, {}, {ordering}{rewritten}, {}",
+                e.key,
+                type_of(e.tag, names),
+                e.algebra
+            ))
         }
         Err(error) => lines.push(format!("event:        headers unreadable: {error}")),
     }
@@ -486,7 +506,12 @@ struct EventView {
     /// The type's name, when a module of the projection named it.
     #[serde(rename = "type")]
     type_name: Option<String>,
+    /// Its ordering on its topic; the record's own, when an older version
+    /// did not record that.
     ordering: String,
+    /// Whether `ordering` is known to be the one a retry rewrote.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ordering_rewritten: bool,
     algebra: String,
 }
 
@@ -523,7 +548,8 @@ impl<'a> DeadLetterView<'a> {
                 key: e.key.value().to_json(),
                 tag: e.tag.get(),
                 type_name: names.get(&e.tag.get()).cloned(),
-                ordering: e.ordering.to_string(),
+                ordering: ordering_of(routed, e.ordering).0.to_string(),
+                ordering_rewritten: ordering_of(routed, e.ordering).1,
                 algebra: e.algebra.to_string(),
             }),
             headers_error: letter.envelope.as_ref().err().map(ToString::to_string),
@@ -538,5 +564,40 @@ impl<'a> DeadLetterView<'a> {
                 }
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::{Failure, FailureClass};
+
+    #[test]
+    fn a_letter_shows_its_ordering_on_its_topic_and_marks_a_rewritten_one() {
+        let routed = |attempts, ordering| Routed {
+            projection: "p".into(),
+            topic: "t".into(),
+            event_type: String::new(),
+            origin_partition: 0,
+            origin_offset: 0,
+            events: 1,
+            attempts,
+            failed_at_ms: 0,
+            first_failed_at_ms: None,
+            failure: Some(Failure {
+                class: FailureClass::Trap,
+                message: "m".into(),
+                module: "m".into(),
+                version: "v".into(),
+            }),
+            ahead_of: None,
+            ordering,
+        };
+        let (relaxed, acquire) = (EventAtomicOrdering::Relaxed, EventAtomicOrdering::Acquire);
+        // Recorded: the original, whatever the record's own says.
+        assert_eq!(ordering_of(&routed(3, Some(relaxed)), acquire), (relaxed, false));
+        // An older version's record: its own, rewritten once it was retried.
+        assert_eq!(ordering_of(&routed(1, None), acquire), (acquire, false));
+        assert_eq!(ordering_of(&routed(2, None), acquire), (acquire, true));
     }
 }

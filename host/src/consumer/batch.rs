@@ -88,6 +88,7 @@ impl<L: EventLog> Consumer<L> {
                         first_failed_at_ms: None,
                         failure: None,
                         ahead_of: None,
+                        ordering: Some(headers.ordering),
                     };
                     let record = routing::routed_record(&headers, &routed, view.body().to_vec());
                     commit.outbox.push(self.routed_entry(
@@ -102,7 +103,8 @@ impl<L: EventLog> Consumer<L> {
                     }
                 }
                 Ok((number, envelope)) => {
-                    input.push(number, envelope, Origin::single(view.offset()), Tries::default(), view.body().to_vec());
+                    let tries = Tries::fresh(envelope.ordering);
+                    input.push(number, envelope, Origin::single(view.offset()), tries, view.body().to_vec());
                 }
                 Err(error) => {
                     let stored = StoredRecord { offset: view.offset(), record: view.to_record() };

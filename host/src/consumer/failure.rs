@@ -12,6 +12,7 @@
 //!   attempt reaches `max_attempts`: then it is dead-lettered, never
 //!   retried forever.
 
+use crate::event::EventAtomicOrdering;
 use crate::routing::{FailureClass, Routed};
 
 /// The attempts a record has had, and when the first of them failed: what
@@ -22,16 +23,28 @@ pub(super) struct Tries {
     pub(super) attempts: u32,
     /// When the first failed, in ms since the epoch; 0 before any failure.
     pub(super) first_failed_at_ms: u64,
+    /// The ordering its event had on its topic, before a retry rewrote
+    /// it; `None` when an older version routed it without saying.
+    pub(super) ordering: Option<EventAtomicOrdering>,
 }
 
 impl Tries {
     /// What a record taken from the retry topic had.
     pub(super) fn of(routed: &Routed) -> Self {
-        Self { attempts: routed.attempts, first_failed_at_ms: routed.first_failed_at_ms.unwrap_or(0) }
+        Self {
+            attempts: routed.attempts,
+            first_failed_at_ms: routed.first_failed_at_ms.unwrap_or(0),
+            ordering: routed.ordering,
+        }
+    }
+
+    /// What an event read from its topic has: no attempt, its ordering.
+    pub(super) fn fresh(ordering: EventAtomicOrdering) -> Self {
+        Self { ordering: Some(ordering), ..Self::default() }
     }
 
     /// What records folded into one carry: the most attempts any had, and
-    /// the earliest first failure.
+    /// the earliest first failure, the first ordering recorded.
     pub(super) fn merged(tries: impl IntoIterator<Item = Tries>) -> Self {
         tries.into_iter().fold(Self::default(), |merged, tries| Self {
             attempts: merged.attempts.max(tries.attempts),
@@ -39,6 +52,7 @@ impl Tries {
                 (0, first) | (first, 0) => first,
                 (one, other) => one.min(other),
             },
+            ordering: merged.ordering.or(tries.ordering),
         })
     }
 
@@ -90,7 +104,7 @@ mod tests {
 
     #[test]
     fn folded_tries_keep_the_most_attempts_and_the_earliest_first_failure() {
-        let tries = |attempts, first_failed_at_ms| Tries { attempts, first_failed_at_ms };
+        let tries = |attempts, first_failed_at_ms| Tries { attempts, first_failed_at_ms, ordering: None };
         assert_eq!(Tries::merged([tries(1, 500), tries(3, 900), tries(0, 0)]), tries(3, 500));
         assert_eq!(Tries::merged([tries(0, 0), tries(2, 700)]), tries(2, 700));
         assert_eq!(tries(0, 0).first_failure(true, 42), Some(42));

@@ -243,10 +243,7 @@ impl<L: EventLog> Consumer<L> {
                     attempts[begin..end].iter().map(|tries| tries.attempts),
                     self.config.retry.max_attempts,
                 );
-                let tries = Tries {
-                    attempts: attempt,
-                    first_failed_at_ms: Tries::merged(attempts[begin..end].iter().copied()).first_failed_at_ms,
-                };
+                let tries = Tries { attempts: attempt, ..Tries::merged(attempts[begin..end].iter().copied()) };
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -443,6 +440,7 @@ impl<L: EventLog> Consumer<L> {
             first_failed_at_ms: tries.first_failure(failure.is_some(), now),
             failure,
             ahead_of: None,
+            ordering: tries.ordering,
         }
     }
 

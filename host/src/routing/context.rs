@@ -26,7 +26,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Failure, FailureClass, Routed, header_name as legacy};
-use crate::event::{Header, HeaderError};
+use crate::event::{EventAtomicOrdering, Header, HeaderError};
 
 /// Names of the text context headers.
 pub mod name {
@@ -63,9 +63,12 @@ pub mod name {
     /// The retry offset of the record of the same key this one goes
     /// before, decimal; optional.
     pub const AHEAD_OF: &str = "waku.error.ahead.of";
+    /// The event's ordering on its topic (`relaxed`, `acquire`, `release`,
+    /// `acq-rel`), before a retry rewrote the record's own; optional.
+    pub const ORDERING: &str = "waku.error.ordering";
 
     /// Every name, in the order they are written.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         TOPIC,
         PARTITION,
         OFFSET,
@@ -80,6 +83,7 @@ pub mod name {
         LAST_FAILURE,
         EVENTS,
         AHEAD_OF,
+        ORDERING,
     ];
 }
 
@@ -110,7 +114,7 @@ pub fn is_text_header(name: &str) -> bool {
 
 /// The text context headers of `routed`, in the order of [`name::ALL`].
 pub fn to_headers(routed: &Routed) -> Vec<Header> {
-    let mut headers = Vec::with_capacity(14);
+    let mut headers = Vec::with_capacity(15);
     let mut text = |name: &str, value: &str, max: usize| {
         headers.push(Header { name: name.to_owned(), value: bounded(value, max).into_bytes() });
     };
@@ -140,6 +144,9 @@ pub fn to_headers(routed: &Routed) -> Vec<Header> {
     if let Some(offset) = routed.ahead_of {
         text(name::AHEAD_OF, &offset.to_string(), MAX_VALUE_BYTES);
     }
+    if let Some(ordering) = routed.ordering {
+        text(name::ORDERING, ordering.name(), MAX_VALUE_BYTES);
+    }
     headers
 }
 
@@ -153,7 +160,7 @@ pub fn parse(headers: &[Header]) -> Result<Routed, HeaderError> {
 /// projection, attempts, last failure and events required; class and
 /// message together or not at all.
 fn parse_text(headers: &[Header]) -> Result<Routed, HeaderError> {
-    let mut fields: [Option<&[u8]>; 14] = [None; 14];
+    let mut fields: [Option<&[u8]>; 15] = [None; 15];
     for h in headers {
         if let Some(slot) = name::ALL.iter().position(|name| *name == h.name)
             && fields[slot].replace(&h.value).is_some()
@@ -187,6 +194,10 @@ fn parse_text(headers: &[Header]) -> Result<Routed, HeaderError> {
         first_failed_at_ms: get(name::FIRST_FAILURE).map(|value| time_ms(name::FIRST_FAILURE, value)).transpose()?,
         failure,
         ahead_of: get(name::AHEAD_OF).map(|value| decimal(name::AHEAD_OF, value)).transpose()?,
+        // Only shown and carried on: a name this version does not know
+        // reads as not recorded.
+        ordering: get(name::ORDERING)
+            .and_then(|value| EventAtomicOrdering::ALL.into_iter().find(|o| o.name().as_bytes() == value)),
     })
 }
 
@@ -229,6 +240,7 @@ pub fn parse_legacy(headers: &[Header]) -> Result<Routed, HeaderError> {
         first_failed_at_ms: None,
         failure,
         ahead_of: fields[10].map(|value| fixed(legacy::AHEAD_OF, value).map(u64::from_le_bytes)).transpose()?,
+        ordering: None,
     })
 }
 
@@ -343,6 +355,7 @@ mod tests {
                 version: "sha256:0123".into(),
             }),
             ahead_of: Some(9),
+            ordering: Some(EventAtomicOrdering::Relaxed),
         }
     }
 
@@ -359,8 +372,9 @@ mod tests {
         assert_eq!(value(&headers, name::LAST_FAILURE), "2025-11-24T16:00:00.123Z");
         assert_eq!(value(&headers, name::FIRST_FAILURE), "2025-11-24T16:00:00.000Z");
         assert_eq!(value(&headers, name::CLASS), "trap");
+        assert_eq!(value(&headers, name::ORDERING), "relaxed");
         assert_eq!(parse(&headers), Ok(routed()));
-        let diverted = Routed { failure: None, first_failed_at_ms: None, ahead_of: None, ..routed() };
+        let diverted = Routed { failure: None, first_failed_at_ms: None, ahead_of: None, ordering: None, ..routed() };
         let headers = to_headers(&diverted);
         assert!(headers.iter().all(|h| h.name != name::CLASS && h.name != name::MODULE), "{headers:?}");
         assert_eq!(parse(&headers), Ok(diverted));
@@ -401,6 +415,7 @@ mod tests {
             match h.name.as_str() {
                 name::MESSAGE => h.value = [b"bad \xff\xfe".as_slice(), &[b'x'; 1 << 20]].concat(),
                 name::MODULE => h.value = b"m\xc3".to_vec(),
+                name::ORDERING => h.value = b"sideways".to_vec(),
                 _ => {}
             }
         }
@@ -409,6 +424,8 @@ mod tests {
         assert!(failure.message.starts_with("bad \\xff\\xfe"), "{}", &failure.message[..20]);
         assert!(failure.message.len() <= MAX_MESSAGE_BYTES);
         assert_eq!(failure.module, "m\\xc3");
+        // An ordering this version does not name reads as not recorded.
+        assert_eq!(read.ordering, None);
         assert_eq!(lenient(b"\x80", 64), "\\x80");
     }
 

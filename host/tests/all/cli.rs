@@ -659,13 +659,16 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     assert_eq!(first["version"].as_str().unwrap().len(), 16, "{first}");
     assert!(first["failed_at"].as_str().unwrap().ends_with('Z'), "{first}");
     assert!(first["failed_at_ms"].as_u64().unwrap() > 1_600_000_000_000, "{first}");
-    assert_eq!(keys(&first["event"]), ["algebra", "key", "ordering", "tag"]);
+    assert_eq!(keys(&first["event"]), ["algebra", "key", "ordering", "tag", "type"]);
     assert_eq!((&first["event"]["key"], &first["event"]["ordering"]), (&json!(1), &json!("relaxed")));
     assert!(first["event"]["tag"].is_u64() && first["event"]["algebra"].is_string(), "{first}");
     assert_eq!(first["headers_error"], serde_json::Value::Null);
     assert_eq!((&first["owned"], &first["redriven"]), (&json!(true), &json!(false)));
     assert_eq!((&letters[1]["class"], &letters[1]["attempts"]), (&json!("trap"), &json!(2)));
     assert_eq!(letters[1]["event"]["key"], json!(2));
+    // Retried once (its record's ordering rewritten to keep its key's
+    // order), it shows the ordering it was published with.
+    assert_eq!(letters[1]["event"]["ordering"], json!("relaxed"), "{listing}");
     // A page at a time: --limit cuts it and names the next page's --after.
     let out = dlq(&["list", "--limit", "1"]);
     assert_eq!(text(&out.stdout).lines().count(), 1, "{}", text(&out.stdout));
@@ -697,6 +700,8 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let shown = text(&out.stdout);
     assert!(shown.contains("class:        trap"), "{shown}");
     assert!(shown.contains("module:       probe@"), "{shown}");
+    let event = shown.lines().find(|line| line.starts_with("event:")).unwrap_or_default();
+    assert!(event.contains(", relaxed, ") && !event.contains("rewritten"), "{shown}");
     assert!(shown.contains(r#""fail":"trap""#), "{shown}");
     let out = dlq(&["show", "--partition", "0", "--offset", "9"]);
     assert_eq!(out.status.code(), Some(1));

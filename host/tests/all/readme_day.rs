@@ -90,7 +90,7 @@ fn the_readme_day_on_one_machine_runs_as_written() {
     };
     let pages: Vec<&str> = stdout
         .lines()
-        .filter(|line| consumed(line) && line.contains("\"page\"") && !line.contains("waku-projection"))
+        .filter(|line| consumed(line) && line.contains("\"page\"") && !line.contains("waku.error.projection="))
         .collect();
     assert_eq!(pages.len(), 4, "{stdout}");
     assert!(pages.iter().any(|line| line.contains("/checkout")), "user 9's visit reached `pages`: {stdout}");
