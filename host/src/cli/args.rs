@@ -118,11 +118,15 @@ impl DataArgs {
     /// The state store of a projection that must exist already
     /// ([`existing`]; in PostgreSQL, looked for there by opening it).
     pub(super) fn existing_state(&self, projection: &str, hint: &'static str) -> Result<StateStore> {
-        if self.state.is_none() {
-            crate::log::embedded::validate_topic_name(projection)
-                .with_context(|| format!("projection `{projection}`"))?;
-            existing::projection(&self.data, projection)?;
+        if let Some(url) = &self.state {
+            let (store, found) = crate::state::postgres::PostgresStore::connect_existing(url, projection)?;
+            if !found.iter().any(|name| name == projection) {
+                return Err(existing::Missing::StateProjection { name: projection.to_owned(), found }.into());
+            }
+            return Ok(StateStore::from_backend(store));
         }
+        crate::log::embedded::validate_topic_name(projection).with_context(|| format!("projection `{projection}`"))?;
+        existing::projection(&self.data, projection)?;
         self.state(projection).map_err(hint_if_in_use(hint))
     }
 }

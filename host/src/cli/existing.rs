@@ -11,8 +11,10 @@
 //!   (data directories beside the one asked for, the projections of the
 //!   data directory, the topics of the log), so the fix is one look away.
 //! - Only the embedded parts are looked for on disk: with `--state` the
-//!   projection lives in PostgreSQL, with `--iggy` the topics on the
-//!   server (checked through [`EventLog::topics`]).
+//!   projection is looked for in PostgreSQL without creating its schema
+//!   ([`PostgresStore::connect_existing`](crate::state::postgres::PostgresStore::connect_existing)),
+//!   with `--iggy` the topics on the server (checked through
+//!   [`EventLog::topics`]).
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +46,17 @@ pub(super) enum Missing {
         name: String,
         /// The data directory.
         data: PathBuf,
+        /// The projections it holds.
+        found: Vec<String>,
+    },
+    /// The PostgreSQL state holds no such projection.
+    #[error(
+        "projection `{name}` does not exist in the PostgreSQL state ({})",
+        list("its projections", found, "it holds none yet: `waku run --state …` creates one")
+    )]
+    StateProjection {
+        /// The name asked for.
+        name: String,
         /// The projections it holds.
         found: Vec<String>,
     },

@@ -266,6 +266,34 @@ impl PostgresStore {
 
     /// [`connect`](Self::connect) with a parsed configuration.
     pub fn connect_with(config: PostgresConfig, projection: &str) -> Result<Self, StateError> {
+        let (store, roots, client_cert) = Self::pool_for(config, projection)?;
+        store
+            .run(|db| async move { db.migrate().await })
+            .map_err(|error| tls_refusal(error, &roots, client_cert.as_deref()))?;
+        Ok(store)
+    }
+
+    /// The store of `projection` in the database `url` names, for a
+    /// command that only reads: it creates and migrates nothing, and
+    /// answers also the projections the database holds (those with a
+    /// position, an epoch or a meta entry, sorted; none when it holds no
+    /// waku schema), so the caller can refuse one that is not there.
+    pub fn connect_existing(url: &str, projection: &str) -> Result<(Self, Vec<String>), StateError> {
+        let config = PostgresConfig::from_str(url)
+            .map_err(|e| StateError::Storage { store: "the PostgreSQL URL".to_owned(), source: Box::new(e) })?;
+        let (store, roots, client_cert) = Self::pool_for(config, projection)?;
+        let found = store
+            .run(|db| async move { db.projections().await })
+            .map_err(|error| tls_refusal(error, &roots, client_cert.as_deref()))?;
+        Ok((store, found))
+    }
+
+    /// The pool and handle of a store, not connected yet, and what a TLS
+    /// refusal's message needs.
+    fn pool_for(
+        config: PostgresConfig,
+        projection: &str,
+    ) -> Result<(Self, String, Option<std::path::PathBuf>), StateError> {
         let location: Arc<str> = describe(&config.pg, projection).into();
         crate::log::embedded::validate_topic_name(projection)
             .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
@@ -299,10 +327,7 @@ impl PostgresStore {
             written: Arc::default(),
             begin,
         };
-        store
-            .run(|db| async move { db.migrate().await })
-            .map_err(|error| tls_refusal(error, &roots, client_cert.as_deref()))?;
-        Ok(store)
+        Ok((store, roots, client_cert))
     }
 
     /// The store with a cache of at most `bytes` ([`super::cache`]; the
@@ -1071,6 +1096,38 @@ impl Db {
         Self { projection: self.projection.clone(), location: self.location.clone(), client: self.client.clone() }
     }
 
+    /// The projections the database holds, creating nothing: none when it
+    /// holds no waku schema; an error when its schema is one this build
+    /// would have to migrate (reading it as it is could misread it).
+    async fn projections(mut self) -> Result<Vec<String>, StateError> {
+        let client = self.take()?;
+        let row =
+            client.query_one("SELECT to_regclass('waku_schema') IS NOT NULL", &[]).await.map_err(|e| self.error(e))?;
+        if !row.get::<_, bool>(0) {
+            return Ok(Vec::new());
+        }
+        let row = client
+            .query_one("SELECT coalesce(max(version), 0) FROM waku_schema", &[])
+            .await
+            .map_err(|e| self.error(e))?;
+        let (found, known): (i32, i32) = (row.get(0), MIGRATIONS.len() as i32);
+        if found > known {
+            return Err(StateError::SchemaTooNew { store: self.location.to_string(), found, known });
+        }
+        if found < known {
+            return Err(self.error(OlderSchema { found, known }));
+        }
+        let rows = client
+            .query(
+                "SELECT projection FROM waku_positions UNION SELECT projection FROM waku_epochs \
+                 UNION SELECT projection FROM waku_meta ORDER BY 1",
+                &[],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     /// Creates or migrates the schema and the projection's view.
     async fn migrate(mut self) -> Result<(), StateError> {
         let mut client = self.take()?;
@@ -1507,6 +1564,14 @@ fn view_name(projection: &str) -> String {
 )]
 struct NotUtf8 {
     encoding: String,
+}
+
+/// A read-only command found a schema `waku run` has not migrated yet.
+#[derive(Debug, thiserror::Error)]
+#[error("the database holds schema version {found} and this build reads {known}: `waku run` migrates it")]
+struct OlderSchema {
+    found: i32,
+    known: i32,
 }
 
 /// A reader's transaction, rolled back when it is dropped.

@@ -392,3 +392,43 @@ fn topics_on_iggy_are_created_listed_described_and_consumed_as_on_the_embedded_l
     );
     assert!(tree(dir.path()).iter().all(|path| path == "events.jsonl"), "{:?}", tree(dir.path()));
 }
+
+#[test]
+fn read_only_commands_on_postgresql_state_refuse_a_missing_projection_and_create_nothing() {
+    let Ok(url) = std::env::var("WAKU_POSTGRES_URL") else {
+        const WHY: &str = "the PostgreSQL read-only command test needs a server named by WAKU_POSTGRES_URL";
+        assert!(!std::env::var("CI").is_ok_and(|ci| ci == "true"), "{WHY}");
+        eprintln!("skipped: {WHY}");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    bank_data(dir.path());
+    // Projections of their own: the tables are shared.
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let (there, nope) = (format!("ro-{stamp}"), format!("nope-{stamp}"));
+    let run = ["run", "--data", "data", "--topic", "accounts", "--modules", "modules", "--until-caught-up"];
+    let out = waku(&[&run[..], &["--projection", &there, "--state", &url]].concat(), dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let commands: [&[&str]; 5] = [
+        &["status", "--topic", "accounts"],
+        &["state", "get", "--key", "1"],
+        &["state", "counters"],
+        &["dlq", "list", "--topic", "accounts"],
+        &["modules", "list"],
+    ];
+    for command in commands {
+        let args = [command, &["--data", "data", "--projection", &nope, "--state", &url]].concat();
+        let out = waku(&args, dir.path());
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "`waku {}`: {stderr}", command.join(" "));
+        let refused = format!("projection `{nope}` does not exist in the PostgreSQL state (its projections: ");
+        assert!(stderr.contains(&refused) && stderr.contains(&there), "`waku {}`: {stderr}", command.join(" "));
+        // The one that is there still reads.
+        let args = [command, &["--data", "data", "--projection", &there, "--state", &url]].concat();
+        let out = waku(&args, dir.path());
+        assert!(out.status.success(), "`waku {}`: {}", command.join(" "), text(&out.stderr));
+    }
+    // Nothing of the misspelt one was written.
+    let (_, found) = wakuwaku::state::postgres::PostgresStore::connect_existing(&url, &there).unwrap();
+    assert!(found.contains(&there) && !found.contains(&nope), "{found:?}");
+}
