@@ -109,9 +109,11 @@ impl DataArgs {
     /// must exist already ([`existing`]); `hint` goes with a file another
     /// process holds.
     pub(super) async fn existing_log(&self, hint: &'static str) -> Result<AnyLog> {
-        if self.iggy.is_none() {
-            existing::log_file(&self.data)?;
+        if let Some(url) = &self.iggy {
+            let log = crate::log::iggy::IggyLog::connect_existing(url, &self.stream).await?;
+            return Ok(AnyLog::Iggy(log.with_lossy_topics(self.lossy_topics)));
         }
+        existing::log_file(&self.data)?;
         self.log().await.map_err(hint_if_in_use(hint))
     }
 

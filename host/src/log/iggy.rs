@@ -224,6 +224,16 @@ impl IggyLog {
     /// consumer keeps trying after that, with its own backoff, and reports
     /// the outage.
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
+        Self::connect_as(url, stream, true).await
+    }
+
+    /// [`connect`](Self::connect) for a command that only reads: a stream
+    /// that does not exist is [`LogError::StreamNotFound`], never created.
+    pub async fn connect_existing(url: &str, stream: &str) -> Result<Self, LogError> {
+        Self::connect_as(url, stream, false).await
+    }
+
+    async fn connect_as(url: &str, stream: &str, create: bool) -> Result<Self, LogError> {
         let address = PathBuf::from(crate::log::masked_password(url).unwrap_or_else(|| url.to_owned()));
         let failed = |e: IggyError| match e {
             IggyError::InvalidConnectionString | IggyError::InvalidNumberValue => storage(
@@ -243,6 +253,12 @@ impl IggyLog {
             reason: "Iggy cannot name a stream so",
         })?;
         if client.get_stream(&stream_id).await.map_err(failed)?.is_none() {
+            if !create {
+                let mut found: Vec<String> =
+                    client.get_streams().await.map_err(failed)?.into_iter().map(|stream| stream.name).collect();
+                found.sort();
+                return Err(LogError::StreamNotFound { stream: stream.to_owned(), found });
+            }
             match client.create_stream(stream).await {
                 Ok(_) | Err(IggyError::StreamNameAlreadyExists(_)) => {}
                 Err(e) => return Err(failed(e)),

@@ -150,6 +150,18 @@ pub enum LogError {
     /// The log has no consumer groups (only Apache Iggy's has them).
     #[error("this log has no consumer groups (they need Apache Iggy: --iggy)")]
     NoConsumerGroups,
+    /// A command that only reads named an Iggy stream the server does
+    /// not hold.
+    #[error("Iggy stream `{stream}` does not exist ({})", match found.is_empty() {
+        true => "the server holds none yet: `waku run` or `waku publish` creates it".to_owned(),
+        false => format!("the server's streams: {}", found.join(", ")),
+    })]
+    StreamNotFound {
+        /// The stream asked for.
+        stream: String,
+        /// The streams the server holds, sorted.
+        found: Vec<String>,
+    },
     /// The topic has not been created.
     #[error("topic `{topic}` does not exist")]
     TopicNotFound {

@@ -432,3 +432,42 @@ fn read_only_commands_on_postgresql_state_refuse_a_missing_projection_and_create
     let (_, found) = wakuwaku::state::postgres::PostgresStore::connect_existing(&url, &there).unwrap();
     assert!(found.contains(&there) && !found.contains(&nope), "{found:?}");
 }
+
+#[test]
+fn read_only_commands_on_iggy_refuse_a_missing_stream_or_topic_and_create_nothing() {
+    let Ok(url) = std::env::var("WAKU_IGGY_URL") else {
+        eprintln!("skipped: the Iggy read-only command test needs a server named by WAKU_IGGY_URL");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let (there, nope) = (format!("ro-{stamp}"), format!("nope-{stamp}"));
+    let out = waku(
+        &["topic", "create", "--iggy", &url, "--stream", &there, "--topic", "accounts", "--partitions", "1"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let commands: [&[&str]; 3] = [
+        &["topic", "list"],
+        &["topic", "describe", "--topic", "accounts"],
+        &["topic", "consume", "--topic", "accounts"],
+    ];
+    for command in commands {
+        // Twice: the first refusal created nothing the second finds.
+        for _ in 0..2 {
+            let out = waku(&[command, &["--iggy", &url, "--stream", &nope]].concat(), dir.path());
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "`waku {}`: {stderr}", command.join(" "));
+            let refused = format!("Iggy stream `{nope}` does not exist (the server's streams: ");
+            assert!(stderr.contains(&refused) && stderr.contains(&there), "`waku {}`: {stderr}", command.join(" "));
+        }
+    }
+    let out = waku(&["topic", "describe", "--iggy", &url, "--stream", &there, "--topic", "acounts"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("topic `acounts` does not exist (the log's topics: accounts)"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path().join("waku-data").exists());
+}
