@@ -1257,7 +1257,8 @@ impl Db {
                 if prepared {
                     return client.execute(statement, &params).await.map(drop);
                 }
-                let typed: Vec<_> = params.iter().zip(statement.params()).map(|(value, ty)| (*value, ty.clone())).collect();
+                let typed: Vec<_> =
+                    params.iter().zip(statement.params()).map(|(value, ty)| (*value, ty.clone())).collect();
                 client.query_typed(sql, &typed).await.map(drop)
             }));
         }
