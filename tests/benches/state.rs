@@ -3,19 +3,23 @@
 //! consumed through the host into the embedded state store and into
 //! PostgreSQL, alternately, in one run.
 //!
-//! Five ways, back to back in each round: the embedded store, PostgreSQL
+//! Six ways, back to back in each round: the embedded store, PostgreSQL
 //! on loopback, and PostgreSQL behind a proxy the bench starts itself
 //! ([`LatencyProxy`]) holding each direction back 0.5 ms (a 1 ms round
 //! trip, a database in the same region); then the two PostgreSQL ways
 //! again with the URL's `synchronous_commit=off` (each batch's commit
-//! returns before PostgreSQL flushes it). Each consumption starts from a
+//! returns before PostgreSQL flushes it); then PostgreSQL on loopback with
+//! the commit statements unprepared (parsed and planned at each commit,
+//! [`PostgresStore::with_prepared_commits`]). Each consumption starts from a
 //! fresh store (a file of its own, or a projection of its own in the
 //! database) and is checked against the oracle. Prints events/s per way,
 //! best of the rounds, its ratio to the embedded store, batches, rows per
 //! PostgreSQL commit and the process's CPU-seconds.
 //! `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the workload, `WAKU_BENCH_ROUNDS` sets the rounds (default 2),
 //! `WAKU_BENCH_BATCH` the most events of a batch (default the consumer's)
-//! (default 200 000 events over 10 000 accounts, 4 partitions). Without
+//! (default 200 000 events over 10 000 accounts, 4 partitions).
+//! `WAKU_BENCH_ONLY=stores` runs only these ways, `WAKU_BENCH_ONLY=hosts`
+//! only the hosts in a group below (without the rebalances). Without
 //! `WAKU_POSTGRES_URL` it says so and stops.
 //!
 //! With `WAKU_IGGY_URL` too, on a 6-partition Iggy topic holding the same
@@ -74,48 +78,66 @@ fn main() {
         return;
     };
     wakuwaku::memory::prefer_small_pages();
+    let only = std::env::var("WAKU_BENCH_ONLY").ok();
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 200_000) as usize,
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
         seed: 42,
     };
-    let rounds = env_or("WAKU_BENCH_ROUNDS", 2) as usize;
     let mut config = ConsumerConfig::default();
     if let Some(batch) = std::env::var("WAKU_BENCH_BATCH").ok().and_then(|v| v.parse().ok()) {
         config.batch_size = batch;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
+    if only.as_deref() != Some("hosts") {
+        stores(&runtime, &url, spec, config, dir.path());
+    }
+    let iggy = std::env::var("WAKU_IGGY_URL").ok().filter(|_| only.as_deref() != Some("stores"));
+    if let Some(iggy) = iggy {
+        scale_out(&runtime, &iggy, &url, spec, dir.path(), only.as_deref() != Some("hosts"));
+    }
+}
+
+/// The ways of the state store, each consuming the embedded log of the
+/// workload `rounds` times (the best of them counts).
+fn stores(runtime: &tokio::runtime::Runtime, url: &str, spec: WorkloadSpec, config: ConsumerConfig, dir: &Path) {
+    let rounds = env_or("WAKU_BENCH_ROUNDS", 2) as usize;
     let module = bank_module();
-    let (log, oracle) = runtime.block_on(bank_log(dir.path(), module.clone(), spec, 4));
+    let (log, oracle) = runtime.block_on(bank_log(dir, module.clone(), spec, 4));
     println!(
         "workload: {} events, {} accounts, 4 partitions, batch {}, default workers; best of {rounds} rounds",
         spec.events, spec.accounts, config.batch_size
     );
     // PostgreSQL across a network, as the bench's own proxy makes it:
     // each way held back 0.5 ms, a round trip 1 ms.
-    let proxy = LatencyProxy::start(upstream_of(&url).to_owned(), Duration::from_micros(500)).expect("the proxy");
-    let far = proxy.url_for(&url);
+    let proxy = LatencyProxy::start(upstream_of(url).to_owned(), Duration::from_micros(500)).expect("the proxy");
+    let far = proxy.url_for(url);
     // The same two, with each batch's transaction opting out of waiting
     // for the flush (the URL's `synchronous_commit=off`).
     let relaxed = |url: &str| format!("{url}{}synchronous_commit=off", if url.contains('?') { '&' } else { '?' });
-    let urls = [url.clone(), far.clone(), relaxed(&url), relaxed(&far)];
+    // The URL and whether the commit statements are prepared of each
+    // PostgreSQL way.
+    let urls = [(url.to_owned(), true), (far.clone(), true), (relaxed(url), true), (relaxed(&far), true)];
+    let urls = [urls.as_slice(), &[(url.to_owned(), false)]].concat();
     let ways = [
         "embedded state (redb)",
         "PostgreSQL, loopback",
         "PostgreSQL, 1 ms round trip",
         "PostgreSQL, loopback, sync off",
         "PostgreSQL, 1 ms, sync off",
+        "PostgreSQL, loopback, unprepared",
     ];
-    let mut best = [f64::MAX; 5];
-    let mut written = [(0, 0, 0.0); 5];
+    let mut best = [f64::MAX; 6];
+    let mut written = [(0, 0, 0.0); 6];
     for round in 0..rounds {
         for (way, name) in ways.iter().enumerate() {
             let projection = fresh_stream("bench").replace('-', "_");
             let (store, counts) = match way {
-                0 => (StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap(), None),
+                0 => (StateStore::open(&dir.join(format!("bank-{round}.redb"))).unwrap(), None),
                 _ => {
-                    let store = PostgresStore::connect(&urls[way - 1], &projection).unwrap();
+                    let (url, prepared) = &urls[way - 1];
+                    let store = PostgresStore::connect(url, &projection).unwrap().with_prepared_commits(*prepared);
                     let counts = store.written();
                     (StateStore::from_backend(store), Some(counts))
                 }
@@ -146,15 +168,19 @@ fn main() {
             best[0] / best[way],
         );
     }
-
-    if let Ok(iggy) = std::env::var("WAKU_IGGY_URL") {
-        scale_out(&runtime, &iggy, &url, spec, dir.path());
-    }
 }
 
 /// Hosts in a consumer group: 1, 2, 3 of them (time, CPU-seconds and
-/// redone events of each), then the rebalances ([`rebalances`]).
-fn scale_out(runtime: &tokio::runtime::Runtime, iggy: &str, postgres: &str, spec: WorkloadSpec, dir: &Path) {
+/// redone events of each), then, with `and_rebalances`, the rebalances
+/// ([`rebalances`]).
+fn scale_out(
+    runtime: &tokio::runtime::Runtime,
+    iggy: &str,
+    postgres: &str,
+    spec: WorkloadSpec,
+    dir: &Path,
+    and_rebalances: bool,
+) {
     let stream = fresh_stream("bench-scale");
     let log = runtime.block_on(IggyLog::connect(iggy, &stream)).unwrap();
     let module = bank_module();
@@ -193,7 +219,9 @@ fn scale_out(runtime: &tokio::runtime::Runtime, iggy: &str, postgres: &str, spec
     }
     println!("  ratio 2 hosts / 1 host:  {:>6.2}", runs[0].0 / runs[1].0);
     println!("  ratio 3 hosts / 1 host:  {:>6.2}", runs[0].0 / runs[2].0);
-    rebalances(runtime, &log, postgres, &start, spec);
+    if and_rebalances {
+        rebalances(runtime, &log, postgres, &start, spec);
+    }
 }
 
 /// Whether `store`'s positions of `partitions` reached `ends`.

@@ -225,6 +225,10 @@ pub struct PostgresStore {
     /// What a batch's transaction begins with: `BEGIN`, and `SET LOCAL
     /// synchronous_commit` when the URL opts in ([`PostgresConfig::synchronous_commit`]).
     begin: Arc<str>,
+    /// Whether a commit's statements run prepared (the default) or are
+    /// parsed and planned by the server at each commit
+    /// ([`PostgresStore::with_prepared_commits`]).
+    prepared: bool,
 }
 
 /// What a store's commits wrote, counted as they succeed
@@ -326,6 +330,7 @@ impl PostgresStore {
             holds: Arc::default(),
             written: Arc::default(),
             begin,
+            prepared: true,
         };
         Ok((store, roots, client_cert))
     }
@@ -335,6 +340,17 @@ impl PostgresStore {
     /// too; 0 caches nothing and reads every entry with a query of its own.
     pub fn with_cache_bytes(mut self, bytes: usize) -> Self {
         self.cache = StateCache::new(bytes);
+        self
+    }
+
+    /// The store with its commit statements sent prepared (`true`, the
+    /// default: named statements each connection prepares once) or not
+    /// (`false`: each commit sends every statement's text with its
+    /// parameter types, unnamed, so the server parses and plans it again;
+    /// the round trips stay one per commit). For the benchmark that
+    /// measures what preparing is worth (BENCHMARKS.md).
+    pub fn with_prepared_commits(mut self, prepared: bool) -> Self {
+        self.prepared = prepared;
         self
     }
 
@@ -574,11 +590,11 @@ impl StateBackend for PostgresStore {
             None => Vec::new(),
         };
         let written = self.written.clone();
-        let begin = self.begin.clone();
+        let (begin, prepared) = (self.begin.clone(), self.prepared);
         let committed = CommitRows::fold(commit, &self.location).and_then(|rows| {
             let count = rows.count() as u64;
             let checked = checks.clone();
-            self.run(move |db| async move { db.commit(&begin, held, &checked, rows).await })?;
+            self.run(move |db| async move { db.commit((&begin, prepared), held, &checked, rows).await })?;
             self.continued(&checks);
             written.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             written.rows.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
@@ -1236,10 +1252,12 @@ impl Db {
     /// check that each position of `checks` is where the store left it,
     /// which fails the same way when the database lost commits
     /// ([`StateError::PositionMoved`]). `begin` opens the transaction
-    /// (`BEGIN`, and the opted-in `synchronous_commit`).
+    /// (`BEGIN`, and the opted-in `synchronous_commit`); unless `prepared`,
+    /// each statement goes as its text, unnamed, with the parameter types
+    /// its prepared form reports (the same single flight, parsed anew).
     async fn commit(
         self,
-        begin: &str,
+        (begin, prepared): (&str, bool),
         held: Vec<(u32, i64)>,
         checks: &PositionChecks,
         rows: CommitRows,
@@ -1292,7 +1310,14 @@ impl Db {
                 },
                 _ => vec![&p, &outbox_count, &r.outbox, &r.outbox_partitions],
             };
-            flight.push(Box::pin(async move { client.execute(statement, &params).await.map(drop) }));
+            flight.push(Box::pin(async move {
+                if prepared {
+                    return client.execute(statement, &params).await.map(drop);
+                }
+                let typed: Vec<_> =
+                    params.iter().zip(statement.params()).map(|(value, ty)| (*value, ty.clone())).collect();
+                client.query_typed(sql, &typed).await.map(drop)
+            }));
         }
         flight.push(Box::pin(client.batch_execute("COMMIT")));
         let answers = all_at_once(flight).await;
@@ -2175,6 +2200,50 @@ mod tests {
         // A released partition's keys go at once.
         old.release(3);
         assert_eq!(old.cache_held().1, 0);
+    }
+
+    /// What `counter-get` rests on when two hosts share a projection, each
+    /// owning other partitions: a batch's counter is the value committed
+    /// when the batch began (the handler adds its key's own changes on top,
+    /// the same on every backend), so what the other host commits meanwhile
+    /// shows from the next batch on, in both directions, and the counter
+    /// sums both hosts' changes (README "PostgreSQL for the state",
+    /// `wit/handler.wit` `counter-get`).
+    #[test]
+    fn a_counter_another_host_changed_shows_from_its_next_batch_on() {
+        let Some(database) = database() else { return };
+        let (a, b) = (database.connect().unwrap(), database.connect().unwrap());
+        a.claim(1).unwrap();
+        b.claim(2).unwrap();
+        let adding = |partition: u32, next: u64, delta: i128| {
+            let mut commit = batch(partition, next, u64::from(partition), "v", Some("x"));
+            commit.counter_deltas.insert("total".into(), delta);
+            commit
+        };
+        let counter_of = |store: &PostgresStore, partition: u32| {
+            store.batch_reader(partition, &[Key::int(u64::from(partition))]).unwrap().counter("total").unwrap()
+        };
+        a.commit(adding(1, 1, 10)).unwrap();
+        assert_eq!(counter_of(&b, 2), 10, "B's batch sees what A committed before it began");
+        // A batch of B under way while A commits twice more.
+        let under_way = b.batch_reader(2, &[Key::int(2)]).unwrap();
+        assert_eq!(under_way.counter("total").unwrap(), 10);
+        a.commit(adding(1, 2, 5)).unwrap();
+        assert_eq!(under_way.counter("total").unwrap(), 10, "not before B's next batch");
+        a.commit(adding(1, 3, 1)).unwrap();
+        assert_eq!(under_way.counter("total").unwrap(), 10);
+        drop(under_way);
+        assert_eq!(counter_of(&b, 2), 16, "B's next batch sees both of A's commits");
+        // The other way round: B's change, while a batch of A is under way.
+        let under_way = a.batch_reader(1, &[Key::int(1)]).unwrap();
+        assert_eq!(under_way.counter("total").unwrap(), 16);
+        b.commit(adding(2, 1, -20)).unwrap();
+        assert_eq!(under_way.counter("total").unwrap(), 16, "not before A's next batch");
+        drop(under_way);
+        assert_eq!(counter_of(&a, 1), -4, "A's next batch sees B's commit");
+        // Both hosts' changes summed, neither lost.
+        assert_eq!(a.counters().unwrap(), vec![("total".to_owned(), -4)]);
+        assert_eq!(b.counters().unwrap(), vec![("total".to_owned(), -4)]);
     }
 
     /// The database comes back without acknowledged commits (as after a
