@@ -1,7 +1,8 @@
 //! The platform on Apache Iggy, end to end: the bank projection against the
-//! oracle, Iggy's own consumer offsets, two hosts sharing a topic, a
-//! server that goes away mid-run, producer stamps read back by a fresh
-//! client, and emits, retries and dead letters through Iggy topics.
+//! oracle, Iggy's own consumer offsets (and how they follow the commits),
+//! two hosts sharing a topic, a server that goes away mid-run, producer
+//! stamps read back by a fresh client, and emits, retries and dead letters
+//! through Iggy topics.
 //!
 //! Every test needs a server named by `WAKU_IGGY_URL` (for example
 //! `iggy://iggy:iggy@127.0.0.1:8090`) and otherwise prints one line saying
@@ -109,6 +110,79 @@ async fn the_bank_projection_on_iggy_matches_the_oracle_and_iggy_shows_its_progr
     }
     for routed in ["retry_accounts", "dlq_accounts"] {
         assert_eq!(log.partitions(routed).await.unwrap(), PARTITIONS, "{routed}");
+    }
+}
+
+/// Iggy's stored offsets are what its own tools and its consumer groups'
+/// cooperative join go by, so they follow the commits: never ahead of
+/// what the state store committed (a host that dies must not have told
+/// Iggy it consumed what it never committed), and at most the batch
+/// committed but not yet settled, plus the one being committed while we
+/// look, behind it, moving as the host consumes, not only at its stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iggy_offsets_follow_the_commits_and_never_run_ahead_of_them() {
+    let Some(url) = iggy_url("Iggy offsets following the commits") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-offsets");
+    let publisher = IggyLog::connect(&url, &stream).await.unwrap();
+    publisher.create_topic(TOPIC, PARTITIONS).await.unwrap();
+    let module = bank_module();
+    let (events, oracle) = demo::workload(WorkloadSpec { events: 20_000, accounts: 500, seed: 13 });
+    let outgoing: Vec<Outgoing> = demo::outgoing(&*module, &events).expect("the bank module");
+
+    const BATCH: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(IggyLog::connect(&url, &stream).await.unwrap());
+    let settings = HostSettings { until_caught_up: false, ..bank_host(dir.path(), "host", config(BATCH)) };
+    let host = Host::start_on(log, settings).await.unwrap();
+    let projection = host.projection().clone();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(host.stop_when(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    }));
+
+    let publishing = {
+        let (publisher, module) = (IggyLog::connect(&url, &stream).await.unwrap(), module.clone());
+        tokio::spawn(async move {
+            for chunk in outgoing.chunks(500) {
+                publish::publish(&publisher, TOPIC, module.clone(), chunk.to_vec(), None, 2).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut seen: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); PARTITIONS as usize];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        for partition in 0..PARTITIONS {
+            // Iggy first, then the store: both only grow, so an offset
+            // read before the position can only understate the first.
+            let stored = publisher.consumer_offset("bank", TOPIC, partition).await.unwrap().unwrap_or(0);
+            let committed = projection.store().position(TOPIC, partition).unwrap().unwrap_or(0);
+            assert!(stored <= committed, "partition {partition}: Iggy has {stored}, the store committed {committed}");
+            assert!(
+                committed - stored <= 2 * BATCH as u64,
+                "partition {partition}: Iggy's offset {stored} lags the commit {committed} by more than two batches"
+            );
+            seen[partition as usize].insert(stored);
+        }
+        if publishing.is_finished() && caught_up(&publisher, &[projection.store()]).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the host did not catch up in 2 minutes");
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    publishing.await.unwrap();
+    stop.send(true).unwrap();
+    let summary: Summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.applied, 20_000);
+    let check = check_hosts(&oracle, &[(&[0, 1, 2, 3], projection.store())]);
+    assert!(check.matches(), "{}", check.report(5));
+    for partition in 0..PARTITIONS {
+        let end = publisher.end_offset(TOPIC, partition).await.unwrap();
+        assert_eq!(publisher.consumer_offset("bank", TOPIC, partition).await.unwrap(), Some(end));
+        // Moved while the host consumed: more than a start and an end.
+        let moved = seen[partition as usize].len();
+        assert!(moved > 3, "partition {partition}: Iggy's offset took only {moved} values while the host consumed");
     }
 }
 
