@@ -302,7 +302,9 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
     }
     let entries = runtime.block_on(publish_timed_history(&log, keys, per_key, partitions));
     let total = entries.len() as i128;
-    let config = ConsumerConfig { batch_size: 32, ..ConsumerConfig::default() };
+    // Small batches, so that B joins (a second or more after A) while A
+    // is still reading the history.
+    let config = ConsumerConfig { batch_size: 8, ..ConsumerConfig::default() };
     let probe = wakuwaku_tests::probe_wasm();
     let host = |name: &str| {
         let names = (projection.as_str(), "ledger");
@@ -318,6 +320,7 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
     };
     let store = StateStore::from_backend(PostgresStore::connect(&postgres, &projection).unwrap());
     let applied = || store.counters().unwrap().into_iter().find(|(name, _)| name == "ledger").map_or(0, |(_, n)| n);
+    let started = Instant::now();
     let (a, b) = (host("a"), host("b"));
     let owned_once = |a: &GroupHost, b: &GroupHost| {
         let both = held_by_both(a, b);
@@ -334,14 +337,17 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
         held(&[&a, &b]) == [0, 1, 2, 3] && !a.held().is_empty() && !b.held().is_empty()
     });
     assert!(applied() < total, "A read the whole history before B joined: make it longer");
+    eprintln!("shared after {:?}, {} of {total} applied", started.elapsed(), applied());
     wait_until("half the history applied", || {
         owned_once(&a, &b);
         applied() >= total / 2
     });
     let b_summary = b.stop();
+    eprintln!("B stopped after {:?}", started.elapsed());
     wait_until("A holds every index and applied the history", || {
         reads_every_topic(&a) && a.held() == [0, 1, 2, 3] && applied() == total
     });
+    eprintln!("A applied the rest after {:?}", started.elapsed());
     let ends: Vec<Vec<u64>> =
         TIMED_TOPICS.iter().map(|topic| runtime.block_on(log.end_offsets(topic)).unwrap()).collect();
     wait_until("every partition of both topics committed to its end", || {
