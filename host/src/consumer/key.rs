@@ -18,7 +18,8 @@
 //! was applied: after everything its key's order puts before it, before
 //! everything after it ([`reduced_event_time`]). A record standing for
 //! several events (a fold, or duplicates dropped into one) takes the time
-//! of the first of them in release order, except in a run that closes its
+//! of the first of them in its run (release order; for one topic, log
+//! order), except in a run that closes its
 //! segment (the tail, ending at its `Release` event), where it takes the
 //! last's. Neither the earliest nor the latest time alone keeps that: a
 //! head run folds a `Relaxed` event of its type from after body events into

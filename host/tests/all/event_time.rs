@@ -6,7 +6,9 @@
 //! The workload is the probe's timed ledger (`TimedLedger`, a timed type):
 //! `seq` rises with each key's event time, and the module counts
 //! `out_of_order` when it sees it fall, so the state says whether the order
-//! held; `ledger` counts the entries applied.
+//! held; `ledger` counts the entries applied. A timed Python module
+//! (`tests/guests/ledger-py`) goes through `waku test` with two files the
+//! same way.
 
 use std::collections::HashMap;
 use std::path::Path;

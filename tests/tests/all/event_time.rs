@@ -7,7 +7,8 @@
 //!
 //! And each event type is held to what it declares: a timed type's message
 //! without its event time is dead-lettered naming the rule, an untimed
-//! type's header is ignored, and records routed to retry keep their time.
+//! type's header is ignored, and records routed to retry keep their time;
+//! a retried fold keeps the time of the event whose place it takes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,9 @@
 //! partitions that together cover the topic, and the partitions of a
 //! member whose connection closes go to the members left; three hosts of
 //! one projection (state in PostgreSQL) survive one killed mid-run and one
-//! added later.
+//! added later; and two hosts of a projection over two co-partitioned
+//! timed topics hold each partition index across both, one host at a time,
+//! applying every key's events once, in event-time order.
 //!
 //! Needs a server named by `WAKU_IGGY_URL` (and, for the hosts, one named
 //! by `WAKU_POSTGRES_URL`); without them each test prints one `skipped: …`
