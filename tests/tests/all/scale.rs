@@ -280,6 +280,13 @@ fn reads_every_topic(host: &GroupHost) -> bool {
     })
 }
 
+/// Whether a host's release stages show every partition index it holds
+/// (one shows a moment after the index is taken).
+fn shows_held(host: &GroupHost) -> bool {
+    let shown: Vec<u32> = host.timing().iter().map(|timing| timing.partition).collect();
+    host.held().iter().all(|p| shown.contains(p))
+}
+
 /// Two hosts of a projection over two co-partitioned timed topics, one
 /// consumer group, state in PostgreSQL: each partition index is held by
 /// one host at a time, across both topics (the group assigns indexes of
@@ -336,7 +343,8 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
     };
     wait_until("A and B share the four partition indexes", || {
         owned_once(&a, &b);
-        held(&[&a, &b]) == [0, 1, 2, 3] && !a.held().is_empty() && !b.held().is_empty()
+        let shared = held(&[&a, &b]) == [0, 1, 2, 3] && !a.held().is_empty() && !b.held().is_empty();
+        shared && shows_held(&a) && shows_held(&b)
     });
     assert!(applied() < total, "A read the whole history before B joined: make it longer");
     eprintln!("shared after {:?}, {} of {total} applied", started.elapsed(), applied());
@@ -347,7 +355,7 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
     let b_summary = b.stop();
     eprintln!("B stopped after {:?}", started.elapsed());
     wait_until("A holds every index and applied the history", || {
-        reads_every_topic(&a) && a.held() == [0, 1, 2, 3] && applied() == total
+        reads_every_topic(&a) && a.held() == [0, 1, 2, 3] && shows_held(&a) && applied() == total
     });
     eprintln!("A applied the rest after {:?}", started.elapsed());
     let ends: Vec<Vec<u64>> =
