@@ -93,6 +93,17 @@ impl Flaky {
         }
     }
 
+    /// The same module with every type timed: the consumer takes each
+    /// event's time from its `waku-event-time` header.
+    pub fn timed(self) -> Self {
+        let timed = self
+            .event_types
+            .iter()
+            .cloned()
+            .map(|event_type| EventType { timing: wakuwaku::event::EventTiming::Timed, ..event_type });
+        Self { event_types: Arc::new(timed.collect()), ..self }
+    }
+
     /// Every successful call so far.
     pub fn handled(&self) -> Vec<Handled> {
         self.handled.lock().unwrap().clone()

@@ -28,19 +28,36 @@ impl GroupHost {
         url: &str,
         stream: &str,
         postgres: &str,
+        names: (&str, &str),
+        config: ConsumerConfig,
+        data: &Path,
+    ) -> Self {
+        Self::start_over(url, stream, postgres, names, (&["accounts"], &bank_wasm()), config, data)
+    }
+
+    /// [`GroupHost::start`] of the component `wasm` over `topics`
+    /// (co-partitioned; the group is the first topic's, and a partition
+    /// index it assigns is held across all of them), as `waku run --topic
+    /// a --topic b --group G` starts one.
+    pub fn start_over(
+        url: &str,
+        stream: &str,
+        postgres: &str,
         (projection, group): (&str, &str),
+        (topics, wasm): (&[&str], &Path),
         config: ConsumerConfig,
         data: &Path,
     ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let mut settings = host_settings(data, projection, "accounts", Vec::new(), config);
+        let mut settings = host_settings(data, projection, topics[0], Vec::new(), config);
+        settings.more_topics = topics[1..].iter().map(|topic| (*topic).to_owned()).collect();
         settings.state = StateSettings::Postgres { url: postgres.to_owned() };
         settings.until_caught_up = false;
         settings.group = Some(group.to_owned());
         // Loaded through the compile cache in `data`, as `waku run` loads
         // its modules: only the first host of a shared `data` compiles.
         let sandbox = settings.sandbox().unwrap();
-        let module = wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads");
+        let module = wakuwaku::projection::load_module_file(&sandbox, wasm).expect("the module loads");
         settings.modules = ModuleSource::Loaded(vec![module]);
         let host = runtime.block_on(async {
             let log = Arc::new(IggyLog::connect(url, stream).await.unwrap());
@@ -63,6 +80,12 @@ impl GroupHost {
     /// The partitions it holds now.
     pub fn held(&self) -> Vec<u32> {
         self.host.as_ref().unwrap().progress().partitions().iter().map(|p| p.partition).collect()
+    }
+
+    /// What its release stages show (a projection over several topics):
+    /// per partition index held, each topic's input.
+    pub fn timing(&self) -> Vec<wakuwaku::consumer::PartitionTiming> {
+        self.host.as_ref().unwrap().timing().snapshot()
     }
 
     /// Ends it abruptly: no batch finished, nothing settled, connection cut.

@@ -423,6 +423,7 @@ impl BatchWork {
                             stage: stage_index,
                             ordering: input.plan[first].ordering,
                             algebra: input.algebras[first],
+                            closes: matches!(stage, Stage::Tail(_)),
                             records: start..self.bodies.len(),
                         });
                     }

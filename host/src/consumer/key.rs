@@ -11,6 +11,24 @@
 //! ([`CallTime`]) is not called again in it: its keys' runs fail as
 //! retryable without costing an attempt. A host fault stops the worker:
 //! its batch will not commit.
+//!
+//! **The event time of a reduced record** that goes to retry or the
+//! dead-letter topic is that of the event whose place in its key's order it
+//! takes, so that, released again in event-time order, it lands where it
+//! was applied: after everything its key's order puts before it, before
+//! everything after it ([`reduced_event_time`]). A record standing for
+//! several events (a fold, or duplicates dropped into one) takes the time
+//! of the first of them in its run (release order; for one topic, log
+//! order), except in a run that closes its
+//! segment (the tail, ending at its `Release` event), where it takes the
+//! last's. Neither the earliest nor the latest time alone keeps that: a
+//! head run folds a `Relaxed` event of its type from after body events into
+//! the `Acquire` that opens the segment, so its latest time would put the
+//! fold after those body events; a tail folds an earlier `Relaxed` event
+//! into the closing `Release`, so its earliest would put the fold before
+//! them. The events are found by their place in the run, never by offset:
+//! in a batch released across several topics, offsets of different topics
+//! coincide.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -170,13 +188,10 @@ impl<L: EventLog> Consumer<L> {
                 && run_records > 1
                 && reduced.bodies[0].len() > run_bodies.iter().map(Vec::len).sum::<usize>();
             // The event time a reduced record carries on to retry or the
-            // dead-letter topic: its own, or for one that stands for
-            // several the time of the event whose place (origin) it takes.
-            let reduced_time = |index: usize| match reduced.bodies.len() == run_records {
-                true => times[index],
-                false => {
-                    run_origins.iter().position(|o| o.offset == reduced.origins[index].offset).and_then(|i| times[i])
-                }
+            // dead-letter topic (see the module doc).
+            let reduced_time = |index: usize| {
+                let algebra = route.event_type.algebra;
+                reduced_event_time(algebra, run.closes, (run_bodies, times), &reduced.bodies, index)
             };
             // A failed fold is one failure of the whole run.
             let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
@@ -480,6 +495,8 @@ pub(super) struct RunWork {
     /// The ordering and algebra its first record carried.
     pub(super) ordering: EventAtomicOrdering,
     pub(super) algebra: Algebra,
+    /// Whether it is its segment's tail (it closes the segment).
+    pub(super) closes: bool,
     /// Its records' bodies, origins and attempts.
     pub(super) records: Range<usize>,
 }
@@ -488,6 +505,42 @@ impl RunWork {
     fn shape(&self) -> RunShape {
         RunShape { tag: self.tag, stage: self.stage, ordering: self.ordering, algebra: self.algebra }
     }
+}
+
+/// The event time of reduced record `index` of a run (`reduced`, from the
+/// run's `bodies` by `algebra`, each with its event time in `times`, in
+/// release order): the time of the event whose place it takes (see the
+/// module doc). `closes`: the run is its segment's tail.
+fn reduced_event_time(
+    algebra: Algebra,
+    closes: bool,
+    (bodies, times): (&[Vec<u8>], &[Option<i64>]),
+    reduced: &[Vec<u8>],
+    index: usize,
+) -> Option<i64> {
+    // The events (by their place in the run) that it stands for.
+    let stands_for: Vec<usize> = match algebra {
+        // Sorted by body, each body once: every event with its body.
+        Algebra::IdempotentCommutative => (0..bodies.len()).filter(|&i| bodies[i] == reduced[index]).collect(),
+        // Left as it came.
+        _ if reduced.len() == bodies.len() => return times[index],
+        // One fold of the whole run.
+        Algebra::Associative => (0..bodies.len()).collect(),
+        // The `index`th group of adjacent equal bodies.
+        Algebra::Idempotent => {
+            let mut group = 0;
+            (0..bodies.len())
+                .filter(|&i| {
+                    group += usize::from(i > 0 && bodies[i] != bodies[i - 1]);
+                    group == index
+                })
+                .collect()
+        }
+        // Never reduced.
+        Algebra::NonAssociative | Algebra::Commutative => return times[index],
+    };
+    let place = if closes { stands_for.last() } else { stands_for.first() };
+    place.and_then(|&i| times[i])
 }
 
 /// What a routed record of a run needs besides its body and origin.
@@ -537,4 +590,55 @@ pub(super) struct WorkerOutcome {
     whole_message_bytes: usize,
     pub(super) summary: Summary,
     pub(super) tally: BatchTally,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reduced_event_time;
+    use crate::event::Algebra;
+
+    /// A run of the bodies named.
+    fn run(names: &[&str]) -> Vec<Vec<u8>> {
+        names.iter().map(|name| name.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn a_fold_takes_its_first_events_time_and_a_tails_fold_its_last_events() {
+        // Release order, so not sorted by time: a late event at 2.
+        let (bodies, times) = (run(&["x", "y", "z"]), [Some(5), Some(2), Some(9)]);
+        let folded = run(&["xyz"]);
+        let time = |closes| reduced_event_time(Algebra::Associative, closes, (&bodies, &times), &folded, 0);
+        assert_eq!((time(false), time(true)), (Some(5), Some(9)));
+    }
+
+    #[test]
+    fn a_record_left_by_dropping_duplicates_takes_the_time_of_the_first_or_for_a_tail_the_last_of_them() {
+        let (bodies, times) = (run(&["a", "a", "b", "a", "a"]), [1, 2, 3, 4, 5].map(Some));
+        let kept = run(&["a", "b", "a"]);
+        let time = |closes, index| reduced_event_time(Algebra::Idempotent, closes, (&bodies, &times), &kept, index);
+        assert_eq!([0, 1, 2].map(|index| time(false, index)), [Some(1), Some(3), Some(4)]);
+        assert_eq!([0, 1, 2].map(|index| time(true, index)), [Some(2), Some(3), Some(5)]);
+
+        // Sorted by body, each once: by body, not by place.
+        let (bodies, times) = (run(&["b", "a", "b"]), [1, 2, 3].map(Some));
+        let sorted = run(&["a", "b"]);
+        let time = |closes, index| {
+            reduced_event_time(Algebra::IdempotentCommutative, closes, (&bodies, &times), &sorted, index)
+        };
+        assert_eq!([time(false, 0), time(false, 1), time(true, 1)], [Some(2), Some(1), Some(3)]);
+        // Sorted without duplicates: still by body.
+        let (bodies, times) = (run(&["b", "a"]), [1, 2].map(Some));
+        let sorted = run(&["a", "b"]);
+        let time = |index| reduced_event_time(Algebra::IdempotentCommutative, false, (&bodies, &times), &sorted, index);
+        assert_eq!([time(0), time(1)], [Some(2), Some(1)]);
+    }
+
+    #[test]
+    fn a_record_left_as_it_came_keeps_its_own_time() {
+        let (bodies, times) = (run(&["x", "y"]), [Some(7), None]);
+        for algebra in [Algebra::NonAssociative, Algebra::Commutative, Algebra::Idempotent, Algebra::Associative] {
+            let time = |index| reduced_event_time(algebra, true, (&bodies, &times), &bodies, index);
+            assert_eq!([time(0), time(1)], [Some(7), None], "{algebra:?}");
+        }
+    }
 }

@@ -6,7 +6,9 @@
 //! The workload is the probe's timed ledger (`TimedLedger`, a timed type):
 //! `seq` rises with each key's event time, and the module counts
 //! `out_of_order` when it sees it fall, so the state says whether the order
-//! held; `ledger` counts the entries applied.
+//! held; `ledger` counts the entries applied. A timed Python module
+//! (`tests/guests/ledger-py`) goes through `waku test` with two files the
+//! same way.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,7 +28,7 @@ use wakuwaku::publish::headers_for;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 
-use crate::common::{inventory_wasm, probe_wasm, text, waku, waku_command};
+use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command};
 
 const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
@@ -382,6 +384,47 @@ fn waku_test_applies_timed_events_across_files_in_event_time_order() {
     let outcome: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("one.json")).unwrap()).unwrap();
     assert_eq!(outcome["keys"]["1"]["state"]["seq"], serde_json::json!(6), "{outcome}");
+}
+
+/// A timed Python module (`tests/guests/ledger-py`, built with
+/// componentize-py) through `waku test` with two files, two topics of one
+/// projection: each account's entries are split over the files and
+/// published out of event-time order across them (`a.jsonl` first, though
+/// `b.jsonl` holds each account's earliest entries), and applied in
+/// event-time order, as the module's `applied` list shows.
+#[test]
+fn a_timed_python_module_applies_entries_across_files_in_event_time_order() {
+    let Some(wasm) = ledger_py_wasm("a timed Python module through `waku test`") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let line = |account: u64, seq: u64| {
+        let body = serde_json::json!({ "account": account, "seq": seq, "amount": seq, "at": BASE_MS + seq as i64 });
+        serde_json::json!({ "type": "Entry", "body": body }).to_string()
+    };
+    let file = |entries: &[(u64, u64)]| entries.iter().map(|&(account, seq)| line(account, seq)).collect::<Vec<_>>();
+    let a = file(&[(1, 3), (2, 2), (1, 4), (2, 3), (1, 6)]);
+    let b = file(&[(1, 1), (2, 1), (1, 2), (1, 5)]);
+    std::fs::write(dir.path().join("a.jsonl"), a.join("\n")).unwrap();
+    std::fs::write(dir.path().join("b.jsonl"), b.join("\n")).unwrap();
+
+    let (wasm, cache) = (wasm.display().to_string(), compile_cache().display().to_string());
+    let test = |files: &[&str], outcome: &str| {
+        let args = [&["test", wasm.as_str()], files, &["--compile-cache", &cache, "--expect", outcome, "--update"]];
+        let out = waku(&args.concat(), dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let text = std::fs::read_to_string(dir.path().join(outcome)).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let outcome = test(&["a.jsonl", "b.jsonl"], "both.json");
+    let state = |account: &str| &outcome["keys"][account]["state"];
+    assert_eq!(state("1")["applied"], serde_json::json!([1, 2, 3, 4, 5, 6]), "{outcome}");
+    assert_eq!(state("2")["applied"], serde_json::json!([1, 2, 3]), "{outcome}");
+    assert_eq!((&state("1")["balance"], &state("2")["balance"]), (&serde_json::json!(21), &serde_json::json!(6)));
+    assert_eq!(outcome["counters"]["entries"], serde_json::json!(9), "{outcome}");
+    assert!(outcome["counters"].get("out_of_order").is_none(), "applied out of event-time order: {outcome}");
+
+    // One file is one topic, applied in its order.
+    let outcome = test(&["a.jsonl"], "one.json");
+    assert_eq!(outcome["keys"]["1"]["state"]["applied"], serde_json::json!([3, 4, 6]), "{outcome}");
 }
 
 /// `waku demo inventory`, small: 13 topics with one read late at start-up,

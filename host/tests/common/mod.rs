@@ -78,6 +78,33 @@ pub fn bank_fee_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/bank-fee"))
 }
 
+/// The timed Python ledger (`tests/guests/ledger-py`), built once for this
+/// test binary with componentize-py, found as `waku build` finds it; `None`
+/// after a `skipped:` line saying `what` was skipped, or a panic under CI,
+/// which installs componentize-py (.ci/run).
+pub fn ledger_py_wasm(what: &str) -> Option<&'static PathBuf> {
+    use wakuwaku::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
+    const PROJECT: &str = "tests/guests/ledger-py";
+    let project = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join(PROJECT);
+    if let Err(error) = find_componentize_py(&project, std::env::var_os(COMPONENTIZE_PY_ENV)) {
+        if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+            panic!("{what}: CI installs componentize-py (.ci/run), but {error}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: {what} needs componentize-py: {error}");
+        return None;
+    }
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    Some(BUILT.get_or_init(|| guest(PROJECT)))
+}
+
+/// Where the tests keep compiled components (`waku test --compile-cache`),
+/// shared with the `wakuwaku-tests` crate's: a component compiled once is
+/// not compiled again by a later run (a Python one takes about 25 s).
+pub fn compile_cache() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/guests/cache")
+}
+
 fn guest(crate_path: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     GuestBuild { target_dir: Some(root.join("target/guests")), quiet: true, ..GuestBuild::new(root.join(crate_path)) }

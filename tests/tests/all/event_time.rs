@@ -7,7 +7,8 @@
 //!
 //! And each event type is held to what it declares: a timed type's message
 //! without its event time is dead-lettered naming the rule, an untimed
-//! type's header is ignored, and records routed to retry keep their time.
+//! type's header is ignored, and records routed to retry keep their time;
+//! a retried fold keeps the time of the event whose place it takes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,11 +16,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wakuwaku::consumer::{ConsumerConfig, stat};
-use wakuwaku::event::{EventTypeTag, Header, header_name};
+use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, header_name};
 use wakuwaku::host::{Host, StateSettings};
+use wakuwaku::key::Key;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::log::{EventLog, Record};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
+use wakuwaku_tests::flaky;
 use wakuwaku_tests::{fresh_stream, host_settings, json_record, postgres_url, probe_module};
 
 /// The probe's `TimedLedger`, a timed type.
@@ -283,4 +286,72 @@ async fn an_idle_partition_that_receives_new_data_after_catch_up_counts_again_un
     let violations = host.timing().snapshot()[0].order_violations;
     let summary = host.stop().await.unwrap();
     assert_eq!((violations, summary.order_violations), (1, 1));
+}
+
+/// A record of the flaky module's type `tag` for `key`, stamped
+/// `event_time`; a sum of odd `seq` fails (retryable) on its first call.
+fn flaky_record(tag: EventTypeTag, key: u64, seq: u64, (ordering, event_time): (EventAtomicOrdering, i64)) -> Record {
+    let algebra = if tag == flaky::SUM { Algebra::Associative } else { Algebra::NonAssociative };
+    let fail = if tag == flaky::SUM && seq % 2 == 1 { vec!["retryable".to_owned()] } else { Vec::new() };
+    let headers = EventHeaders { tag, key: Key::int(key), ordering, algebra, event_time: Some(event_time) };
+    Record { headers: headers.to_headers(), body: flaky::Step { seq, amount: 1, fail, ..Default::default() }.body() }
+}
+
+/// A fold released across two topics that goes to retry keeps the event
+/// time of the event whose place it takes in its key's order (never an
+/// event found by its offset, which another topic's event shares):
+/// - key 1's run of sums, one from each topic, is a body run: its fold
+///   keeps its first event's time (2 000), not that of topic `b`'s event
+///   at offset 0 (3 000), the fold's origin;
+/// - key 3's sums end at a `Release`: the run is the tail after the body
+///   run `Other`, and its fold keeps the `Release`'s time (2 700), which
+///   keeps it after `Other` (2 600); its first event's (2 500) would not.
+///
+/// Both folds fail once (retryable) and are applied from the retry topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_fold_keeps_the_event_time_of_the_event_whose_place_it_takes() {
+    use flaky::{OTHER, STEP, SUM};
+    use wakuwaku::event::EventAtomicOrdering::{Relaxed, Release};
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    for topic in ["a", "b"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let at = |ms: i64| BASE_MS + ms;
+    let a = vec![
+        flaky_record(STEP, 9, 10, (Relaxed, at(1000))),
+        flaky_record(SUM, 1, 1, (Relaxed, at(2000))),
+        flaky_record(SUM, 3, 3, (Relaxed, at(2500))),
+    ];
+    let b = vec![
+        flaky_record(SUM, 1, 2, (Relaxed, at(3000))),
+        flaky_record(OTHER, 3, 4, (Relaxed, at(2600))),
+        flaky_record(SUM, 3, 6, (Release, at(2700))),
+    ];
+    log.append("a", vec![(0, a)]).await.unwrap();
+    log.append("b", vec![(0, b)]).await.unwrap();
+
+    let module = flaky::Flaky::new().timed();
+    let mut consumer = ConsumerConfig::default();
+    consumer.retry.delays = vec![Duration::from_millis(10)];
+    consumer.retry.max_attempts = 3;
+    let mut settings = host_settings(dir.path(), "folds", "a", vec![Arc::new(module.clone())], consumer);
+    settings.more_topics = vec!["b".to_owned()];
+    let (summary, projection) = wakuwaku_tests::catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.order_violations, summary.dead_lettered), (0, 0), "{summary:?}");
+
+    let retried = log.read(projection.routed_topics().retry(), 0, 0, 10).await.unwrap();
+    let mut times: Vec<(Key, Option<i64>)> = retried
+        .iter()
+        .map(|stored| {
+            let headers = EventHeaders::parse_stored(&stored.record.headers).unwrap();
+            (headers.key, headers.event_time)
+        })
+        .collect();
+    times.sort_by_key(|(key, _)| key.to_string());
+    assert_eq!(times, [(Key::int(1u64), Some(at(2000))), (Key::int(3u64), Some(at(2700)))], "the retried folds");
+    // Applied from there: key 3's fold after its `Other`.
+    let store = projection.store();
+    assert_eq!(flaky::Flaky::applied(store, &Key::int(1u64)), [1]);
+    assert_eq!(flaky::Flaky::applied(store, &Key::int(3u64)), [4, 3]);
 }
