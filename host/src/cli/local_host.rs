@@ -40,7 +40,9 @@
 //!   then the command ends as with a closed pipe.
 //! - **In the host**, a forwarded command runs with the host's open log
 //!   and the open state store of its projection ([`shared_log`],
-//!   [`shared_state`]); other projections' files it opens itself.
+//!   [`shared_state`]); other projections' files it opens itself. A
+//!   `modules rollback` of the host's projection swaps the version in at
+//!   once, through the hot-reload checks ([`live_modules`]).
 //!   At most [`MAX_CLIENTS`] commands run at once; more are refused.
 
 use std::ffi::OsString;
@@ -53,7 +55,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::lifecycle::Library;
 use crate::log::{AnyLog, EmbeddedLog};
+use crate::projection::Projection;
 use crate::state::StateStore;
 
 /// The address file's name in the data directory.
@@ -206,6 +210,9 @@ pub(super) struct Shared {
     log: Option<EmbeddedLog>,
     /// Its projection's state, when embedded.
     store: Option<StateStore>,
+    /// Its projection as it runs and the library of its modules, when
+    /// they come from a directory: a rollback swaps the version in at once.
+    live: Option<(Arc<Library>, Arc<Projection>)>,
 }
 
 impl Shared {
@@ -217,7 +224,15 @@ impl Shared {
             projection: projection.to_owned(),
             log,
             store,
+            live: None,
         }
+    }
+
+    /// Also shares the running `projection` and the `library` of its
+    /// modules, so that `modules rollback` swaps the version in at once.
+    pub(super) fn with_live_modules(mut self, library: Option<&Arc<Library>>, projection: &Arc<Projection>) -> Self {
+        self.live = library.map(|library| (library.clone(), projection.clone()));
+        self
     }
 
     /// What the host of `run` shares: its log and state where embedded.
@@ -270,6 +285,18 @@ pub(super) fn shared_state(data: &Path, projection: &str) -> Option<StateStore> 
         .try_with(|forwarded| {
             let shared = &forwarded.shared;
             shared.store.clone().filter(|_| shared.projection == projection && shared.holds(data))
+        })
+        .ok()
+        .flatten()
+}
+
+/// The library and the running projection, when this command runs in a
+/// host that runs `projection` on `data` with modules from a directory.
+pub(super) fn live_modules(data: &Path, projection: &str) -> Option<(Arc<Library>, Arc<Projection>)> {
+    FORWARDED
+        .try_with(|forwarded| {
+            let shared = &forwarded.shared;
+            shared.live.clone().filter(|_| shared.projection == projection && shared.holds(data))
         })
         .ok()
         .flatten()
