@@ -78,6 +78,12 @@ const READERS: [&[&str]; 8] = [
     &["topic", "consume", "--data", "data", "--topic", "out", "--output", "json"],
 ];
 
+/// Read commands that fail, with a path as typed in their message.
+const REFUSED: [&[&str]; 2] = [
+    &["state", "get", "--data", "data", "--projection", "nope", "--key", "1"],
+    &["modules", "list", "--data", "data", "--projection", "ledger", "--modules", "nowhere"],
+];
+
 #[test]
 fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,15 +100,22 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     ok(dir, &[&run[..], &["--create-emit-topics", "1", "--until-caught-up"]].concat());
 
     // With nothing running, then with the host running: the same.
-    let alone: Vec<Output> = READERS.iter().map(|args| waku(args, dir)).collect();
+    let alone: Vec<Output> = READERS.iter().chain(&REFUSED).map(|args| waku(args, dir)).collect();
     let mut host = start_host(dir);
     let address = dir.join(ADDRESS_FILE);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&address).unwrap().permissions().mode() & 0o777, 0o600);
-    for (args, alone) in READERS.iter().zip(&alone) {
+    for (index, (args, alone)) in READERS.iter().chain(&REFUSED).zip(&alone).enumerate() {
         let through = waku(args, dir);
         let command = args.join(" ");
-        assert!(alone.status.success(), "`waku {command}` alone: {}", text(&alone.stderr));
+        match index < READERS.len() {
+            true => assert!(alone.status.success(), "`waku {command}` alone: {}", text(&alone.stderr)),
+            // The path as typed, never absolute.
+            false => {
+                let said = text(&alone.stderr);
+                assert!(said.contains("`data`") || said.contains(" nowhere"), "`waku {command}` alone: {said}");
+            }
+        }
         assert_eq!(through.status.code(), alone.status.code(), "`waku {command}`: {}", text(&through.stderr));
         assert_eq!(text(&through.stdout), text(&alone.stdout), "`waku {command}`");
         assert_eq!(text(&through.stderr), text(&alone.stderr), "`waku {command}`");
