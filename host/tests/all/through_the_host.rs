@@ -67,7 +67,7 @@ fn signal(child: &Child, name: &str) {
 }
 
 /// The commands that read, each as a user would type it.
-const READERS: [&[&str]; 8] = [
+const READERS: [&[&str]; 9] = [
     &["status", "--data", "data", "--projection", "ledger", "--topic", "ledger"],
     &["state", "get", "--data", "data", "--projection", "ledger", "--key", "1"],
     &["state", "counters", "--data", "data", "--projection", "ledger"],
@@ -76,6 +76,7 @@ const READERS: [&[&str]; 8] = [
     &["modules", "list", "--data", "data", "--projection", "ledger", "--modules", "modules", "--output", "json"],
     &["topic", "list", "--data", "data"],
     &["topic", "consume", "--data", "data", "--topic", "out", "--output", "json"],
+    &["topic", "consume", "--data", "data", "--topic", "out", "--modules", "modules"],
 ];
 
 /// Read commands that fail, with a path as typed in their message.
@@ -98,6 +99,11 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     ok(dir, &[&publish[..], &["--partitions", "1", &first]].concat());
     let run = ["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
     ok(dir, &[&run[..], &["--create-emit-topics", "1", "--until-caught-up"]].concat());
+
+    // The modules of `modules/` emit to `out`: their names are not its.
+    let out = waku(&["topic", "consume", "--data", "data", "--topic", "out", "--modules", "modules"], dir);
+    assert!(text(&out.stdout).contains(" tag "), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("module `probe` of modules emits to `out`"), "{}", text(&out.stderr));
 
     // With nothing running, then with the host running: the same.
     let alone: Vec<Output> = READERS.iter().chain(&REFUSED).map(|args| waku(args, dir)).collect();
