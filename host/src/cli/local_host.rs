@@ -572,12 +572,7 @@ pub(super) fn forward(data: &Path, argv: &[OsString], flags: Vec<String>, drop: 
         }
     };
     let cwd = std::env::current_dir().context("the working directory")?;
-    let (argv, typed) = absolute_argv(argv, &cwd, drop)?;
-    // Its messages name the paths as typed, as the command alone does; its
-    // result too, but a result that shows what the log or state holds is
-    // left as it came.
-    let shows_data = argv.get(1).is_some_and(|command| ["topic", "state", "dlq"].contains(&command.as_str()));
-    let paths = AsTyped { typed, in_results: !shows_data };
+    let (argv, paths) = absolute_argv(argv, &cwd, drop)?;
     let reads_stdin = argv.get(1).is_some_and(|command| command == "publish") && argv.last().is_some_and(|a| a == "-");
     let stdin = match reads_stdin {
         true => {
@@ -593,7 +588,6 @@ pub(super) fn forward(data: &Path, argv: &[OsString], flags: Vec<String>, drop: 
 
 /// Puts back the paths a command line was given as typed (relative), in
 /// what the host sends: it ran the command with them made absolute.
-#[derive(Default)]
 struct AsTyped {
     /// Each path as sent and as typed, as a message shows them
     /// ([`printable`]), longest first.
@@ -746,8 +740,8 @@ fn timed_out(error: &std::io::Error) -> bool {
 /// `argv` (settings applied) as the host must run it: every path absolute
 /// against `cwd`, the settings named in `drop` left out, each flag as
 /// `--<flag>=<value>` and the positional arguments after `--`. Also each
-/// path made absolute, with the path as typed, for [`AsTyped`].
-fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<(Vec<String>, Vec<(String, String)>)> {
+/// path made absolute, with the path as typed ([`AsTyped`]).
+fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<(Vec<String>, AsTyped)> {
     use clap::CommandFactory;
     use clap::parser::ValueSource;
     let command = super::Cli::command();
@@ -813,7 +807,11 @@ fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<(Vec<St
     // The longest first: a path that begins another is put back after it.
     typed.sort_by_key(|(absolute, _): &(String, String)| std::cmp::Reverse(absolute.len()));
     typed.dedup();
-    Ok((out, typed))
+    // Its messages name the paths as typed, as the command alone does; its
+    // result too, but a result that shows what the log or state holds is
+    // left as it came.
+    let shows_data = out.get(1).is_some_and(|command| ["topic", "state", "dlq"].contains(&command.as_str()));
+    Ok((out, AsTyped { typed, in_results: !shows_data }))
 }
 
 #[cfg(test)]
@@ -827,7 +825,7 @@ mod tests {
     #[test]
     fn a_forwarded_command_line_has_absolute_paths_and_parses_as_the_original() {
         let cwd = Path::new("/home/ann/shop");
-        let (argv, typed) = absolute_argv(
+        let (argv, paths) = absolute_argv(
             &os(&["waku", "publish", "--topic", "carts", "--module", "m.wasm", "--partitions=2", "events.jsonl"]),
             cwd,
             &[],
@@ -846,16 +844,15 @@ mod tests {
                 "/home/ann/shop/events.jsonl"
             ]
         );
-        let paths = AsTyped { typed, in_results: true };
         let message = "waku: error: reading /home/ann/shop/events.jsonl: no such file\n  in /home/ann/shop/waku-data\n";
         assert_eq!(
             paths.put_back(message.as_bytes().to_vec()),
             b"waku: error: reading events.jsonl: no such file\n  in waku-data\n"
         );
         assert_eq!(paths.put_back(vec![0xff, b'/']), [0xff, b'/'], "not UTF-8: as it came");
-        let (stdin, typed) =
+        let (stdin, paths) =
             absolute_argv(&os(&["waku", "publish", "--topic", "t", "--module", "/m.wasm", "-"]), cwd, &[]).unwrap();
-        assert!(!typed.iter().any(|(_, typed)| typed == "/m.wasm" || typed == "-"), "{typed:?}");
+        assert!(!paths.typed.iter().any(|(_, typed)| typed == "/m.wasm" || typed == "-"), "{:?}", paths.typed);
         assert_eq!(stdin.last().map(String::as_str), Some("-"));
         let (list, _) = absolute_argv(
             &os(&["waku", "dlq", "redrive", "--projection", "p", "--topic", "t", "--record", "0:1,1:2"]),
