@@ -32,16 +32,16 @@
 //!   absolute (the host runs in another directory), the settings given as
 //!   flags, and standard input for `publish -`. The host parses it with
 //!   the same parser and refuses any command but those above.
-//! - **The answer names paths as typed**: the command puts the paths it
-//!   made absolute back as the user typed them, in the messages the host
-//!   sends ([`AsTyped`]) and in the results of commands that show no data
-//!   of the log or state, so its output is the command's alone.
 //! - **The answer** is a stream of frames ([`Frame`]): standard output and
 //!   standard error as the command writes them (so `topic consume --follow`
 //!   shows each message as it comes), heartbeats, then the exit code. A
 //!   client that closes its end (Ctrl-C) ends the command; one that stops
 //!   reading holds at most [`QUEUED_FRAMES`] frames and [`WRITE_TIMEOUT`],
 //!   then the command ends as with a closed pipe.
+//! - **The answer names paths as typed**: the command puts the paths it
+//!   made absolute back as the user typed them, in the messages the host
+//!   sends ([`AsTyped`]) and in the results of commands that show no data
+//!   of the log or state, so its output is the command's alone.
 //! - **In the host**, a forwarded command runs with the host's open log
 //!   and the open state store of its projection ([`shared_log`],
 //!   [`shared_state`]); other projections' files it opens itself. A
