@@ -114,6 +114,19 @@ pub enum LifecycleError {
         /// Its active version.
         active: String,
     },
+    /// A rollback in a running projection was refused: the kept version
+    /// failed the checks a hot reload makes, and nothing changed.
+    #[error("module `{module}`: version {version} is refused, and {running} runs on (nothing changed): {source}")]
+    RollbackRefused {
+        /// The module.
+        module: String,
+        /// The version rolled back to.
+        version: String,
+        /// The version that runs on.
+        running: String,
+        /// Why.
+        source: Box<LifecycleError>,
+    },
     /// A module declares it emits to a topic the log does not have.
     #[error(
         "module `{module}` declares it emits to topic `{topic}`, which does not exist; create it, or pass \
@@ -549,9 +562,76 @@ impl Library {
 
     /// Makes `version` of `module` active again (default: the kept version
     /// before the active one). Returns (from, to). Takes effect when the
-    /// projection next starts.
+    /// projection next starts; [`Library::rollback_running`] swaps it in
+    /// at once.
     pub fn rollback(&self, module: &str, version: Option<&str>) -> Result<(String, String), LifecycleError> {
         let mut recorded = self.recorded()?;
+        let (active, target) = self.rollback_target(&recorded, module, version)?;
+        // Loading it proves the kept copy is intact before it is recorded.
+        self.load_kept(&recorded, module, &target)?;
+        // Keep the rolled-back-from version, so rolling forward is possible.
+        recorded.active.insert(module.to_owned(), target.clone());
+        self.save(&recorded, Vec::new())?;
+        Ok((active, target))
+    }
+
+    /// [`Library::rollback`] of a module of `projection` while it runs,
+    /// taking effect at once: the kept version is loaded and checked as a
+    /// hot reload checks a changed file (it loads under the sandbox, its
+    /// emit topics exist, its tags clash with no other module's, it emits
+    /// to no topic the projection consumes), then recorded and swapped in
+    /// between batches, so the batches that start after this returns run
+    /// it. If any of that fails, nothing changes: neither the record nor
+    /// what runs. The module directory keeps what it holds; a later change
+    /// of its file is swapped in as usual.
+    ///
+    /// Compiles on the calling thread (with an [`EmitTopics`] check, off
+    /// the async runtime's threads, as [`Library::reload`]).
+    pub fn rollback_running(
+        &self,
+        projection: &Projection,
+        module: &str,
+        version: Option<&str>,
+    ) -> Result<(String, String), LifecycleError> {
+        // The swap lock throughout: no reload or rebuild switch comes
+        // between reading the record and replacing the set.
+        let mut swap = projection.swap_modules();
+        let mut recorded = self.recorded()?;
+        let (active, target) = self.rollback_target(&recorded, module, version)?;
+        let refused = |source| LifecycleError::RollbackRefused {
+            module: module.to_owned(),
+            version: target.clone(),
+            running: active.clone(),
+            source: Box::new(source),
+        };
+        let loaded = self.load_kept(&recorded, module, &target).map_err(refused)?;
+        let mut next: Vec<_> = swap.modules().into_iter().filter(|m| m.name() != module).collect();
+        next.push(loaded);
+        swap.replace_recorded(next, || {
+            recorded.active.insert(module.to_owned(), target.clone());
+            self.save(&recorded, Vec::new())
+        })
+        .map_err(refused)?;
+        drop(swap);
+        tracing::info!(
+            target: RELOAD_LOG_TARGET,
+            projection = self.projection,
+            module,
+            version = target,
+            "module rolled back; the next batches run it"
+        );
+        Ok((active, target))
+    }
+
+    /// The (active, target) versions of a rollback of `module` to
+    /// `version` (a prefix of a kept one; default: the kept version before
+    /// the active one).
+    fn rollback_target(
+        &self,
+        recorded: &Recorded,
+        module: &str,
+        version: Option<&str>,
+    ) -> Result<(String, String), LifecycleError> {
         let Some(active) = recorded.active.get(module).cloned() else {
             return Err(LifecycleError::UnknownModule {
                 projection: self.projection.clone(),
@@ -576,11 +656,6 @@ impl Library {
                 })?
             }
         };
-        // Loading it proves the kept copy is intact before it is recorded.
-        self.load_kept(&recorded, module, &target)?;
-        // Keep the rolled-back-from version, so rolling forward is possible.
-        recorded.active.insert(module.to_owned(), target.clone());
-        self.save(&recorded, Vec::new())?;
         Ok((active, target))
     }
 

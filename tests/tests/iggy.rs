@@ -828,3 +828,71 @@ async fn two_topics_on_iggy_are_applied_in_event_time_order_per_key() {
         }
     }
 }
+
+/// A dead letter's context read back as any Iggy consumer reads it: the
+/// `iggy` client alone polls the dead-letter topic, and every context
+/// header is an Iggy String header holding text, with no wakuwaku code
+/// between the server and the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_iggy_client_reads_a_dead_letters_context_as_string_headers() {
+    use iggy::prelude::{
+        Client, Consumer, HeaderKey, HeaderKind, Identifier, IggyClient, MessageClient, PollingStrategy,
+    };
+    use std::str::FromStr;
+    use wakuwaku::event::EventTypeTag;
+    let Some(url) = iggy_url("the plain Iggy reader of dead letters") else { return };
+    let _shared = SERVER.read().await;
+    let stream = fresh_stream("waku-test-plain-dlq");
+    let log = Arc::new(IggyLog::connect(&url, &stream).await.unwrap());
+    log.create_topic("probes", 1).await.unwrap();
+    let fail = serde_json::json!({ "key": 7, "class": "unrecoverable", "message": "no such account" });
+    let note = serde_json::json!({ "key": 8, "text": "fine", "emit_to": null });
+    let records = vec![json_record(EventTypeTag::new(4), 8, note), json_record(EventTypeTag::new(5), 7, fail)];
+    log.append("probes", vec![(0, records)]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = host_settings(dir.path(), "probe", "probes", vec![probe_module()], config(8));
+    let (summary, _) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (1, 1));
+
+    let client = IggyClient::from_connection_string(&url).unwrap();
+    client.connect().await.unwrap();
+    let polled = client
+        .poll_messages(
+            &Identifier::named(&stream).unwrap(),
+            &Identifier::named("dlq_probes").unwrap(),
+            Some(0),
+            &Consumer::new(Identifier::named("a-plain-reader").unwrap()),
+            &PollingStrategy::offset(0),
+            10,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(polled.messages.len(), 1, "one dead letter");
+    let letter = &polled.messages[0];
+    let headers = letter.user_headers_map().unwrap().expect("the letter has headers");
+    let text = |name: &str| {
+        let value = headers.get(&HeaderKey::from_str(name).unwrap()).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(value.kind(), HeaderKind::String, "{name}");
+        value.as_str().unwrap().to_owned()
+    };
+    assert_eq!(text("waku.error.topic"), "probes");
+    assert_eq!(text("waku.error.partition"), "0");
+    assert_eq!(text("waku.error.offset"), "1");
+    assert_eq!(text("waku.error.projection"), "probe");
+    assert_eq!(text("waku.error.module"), "probe");
+    assert_eq!(text("waku.error.module.version"), probe_module().version());
+    assert_eq!(text("waku.error.event.type"), "Fail");
+    assert_eq!(text("waku.error.class"), "unrecoverable");
+    assert!(text("waku.error.message").contains("no such account"), "{}", text("waku.error.message"));
+    assert_eq!(text("waku.error.attempts"), "1");
+    assert_eq!(text("waku.error.events"), "1");
+    for time in ["waku.error.first.failure", "waku.error.last.failure"] {
+        let at = humantime::parse_rfc3339(&text(time)).unwrap_or_else(|e| panic!("{time}: {e}"));
+        let age = std::time::SystemTime::now().duration_since(at).unwrap();
+        assert!(age < Duration::from_secs(600), "{time}: {at:?}");
+    }
+    // The body is the event's, as published.
+    let body: serde_json::Value = serde_json::from_slice(&letter.payload).unwrap();
+    assert_eq!(body["message"], "no such account");
+}

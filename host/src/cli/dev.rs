@@ -75,7 +75,8 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         }
         let (projection, store) = (host.projection().name().to_owned(), host.projection().store().clone());
         let log = (**host.log()).clone();
-        let shared = super::local_host::Shared::new(&data_dir_for_others, &projection, Some(log), Some(store));
+        let shared = super::local_host::Shared::new(&data_dir_for_others, &projection, Some(log), Some(store))
+            .with_live_modules(host.library(), host.projection());
         super::local_host::serve_or_warn(shared, super::run_forwarded)
     };
     dev::run_with(settings, |event| errln!("waku dev: {event}"), signals.first(), started).await?;

@@ -370,11 +370,11 @@ pub(super) fn dead_letter_line(letter: &DeadLetter, names: &TypeNames) -> String
 
 /// The event types' names by tag, as the projection recorded them
 /// ([`crate::projection::type_names`]).
-type TypeNames = std::collections::BTreeMap<u32, String>;
+pub(super) type TypeNames = std::collections::BTreeMap<u32, String>;
 
 /// An event type as people know it: `type Deposited (tag 2)`, or `tag 2`
 /// when no module of the projection named it.
-fn type_of(tag: crate::event::EventTypeTag, names: &TypeNames) -> String {
+pub(super) fn type_of(tag: crate::event::EventTypeTag, names: &TypeNames) -> String {
     match names.get(&tag.get()) {
         Some(name) => format!("type {name} (tag {tag})"),
         None => format!("tag {tag}"),

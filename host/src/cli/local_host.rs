@@ -38,9 +38,15 @@
 //!   client that closes its end (Ctrl-C) ends the command; one that stops
 //!   reading holds at most [`QUEUED_FRAMES`] frames and [`WRITE_TIMEOUT`],
 //!   then the command ends as with a closed pipe.
+//! - **The answer names paths as typed**: the command puts the paths it
+//!   made absolute back as the user typed them, in the messages the host
+//!   sends ([`AsTyped`]) and in the results of commands that show no data
+//!   of the log or state, so its output is the command's alone.
 //! - **In the host**, a forwarded command runs with the host's open log
 //!   and the open state store of its projection ([`shared_log`],
-//!   [`shared_state`]); other projections' files it opens itself.
+//!   [`shared_state`]); other projections' files it opens itself. A
+//!   `modules rollback` of the host's projection swaps the version in at
+//!   once, through the hot-reload checks ([`live_modules`]).
 //!   At most [`MAX_CLIENTS`] commands run at once; more are refused.
 
 use std::ffi::OsString;
@@ -52,8 +58,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use wakuwaku_core::terminal::printable;
 
+use crate::lifecycle::Library;
 use crate::log::{AnyLog, EmbeddedLog};
+use crate::projection::Projection;
 use crate::state::StateStore;
 
 /// The address file's name in the data directory.
@@ -206,6 +215,9 @@ pub(super) struct Shared {
     log: Option<EmbeddedLog>,
     /// Its projection's state, when embedded.
     store: Option<StateStore>,
+    /// Its projection as it runs and the library of its modules, when
+    /// they come from a directory: a rollback swaps the version in at once.
+    live: Option<(Arc<Library>, Arc<Projection>)>,
 }
 
 impl Shared {
@@ -217,7 +229,15 @@ impl Shared {
             projection: projection.to_owned(),
             log,
             store,
+            live: None,
         }
+    }
+
+    /// Also shares the running `projection` and the `library` of its
+    /// modules, so that `modules rollback` swaps the version in at once.
+    pub(super) fn with_live_modules(mut self, library: Option<&Arc<Library>>, projection: &Arc<Projection>) -> Self {
+        self.live = library.map(|library| (library.clone(), projection.clone()));
+        self
     }
 
     /// What the host of `run` shares: its log and state where embedded.
@@ -270,6 +290,18 @@ pub(super) fn shared_state(data: &Path, projection: &str) -> Option<StateStore> 
         .try_with(|forwarded| {
             let shared = &forwarded.shared;
             shared.store.clone().filter(|_| shared.projection == projection && shared.holds(data))
+        })
+        .ok()
+        .flatten()
+}
+
+/// The library and the running projection, when this command runs in a
+/// host that runs `projection` on `data` with modules from a directory.
+pub(super) fn live_modules(data: &Path, projection: &str) -> Option<(Arc<Library>, Arc<Projection>)> {
+    FORWARDED
+        .try_with(|forwarded| {
+            let shared = &forwarded.shared;
+            shared.live.clone().filter(|_| shared.projection == projection && shared.holds(data))
         })
         .ok()
         .flatten()
@@ -540,7 +572,7 @@ pub(super) fn forward(data: &Path, argv: &[OsString], flags: Vec<String>, drop: 
         }
     };
     let cwd = std::env::current_dir().context("the working directory")?;
-    let argv = absolute_argv(argv, &cwd, drop)?;
+    let (argv, paths) = absolute_argv(argv, &cwd, drop)?;
     let reads_stdin = argv.get(1).is_some_and(|command| command == "publish") && argv.last().is_some_and(|a| a == "-");
     let stdin = match reads_stdin {
         true => {
@@ -551,7 +583,34 @@ pub(super) fn forward(data: &Path, argv: &[OsString], flags: Vec<String>, drop: 
         false => None,
     };
     let request = Request { token: address.token, argv, flags, stdin };
-    run_remote(&address.socket, address.pid, &request)
+    run_remote(&address.socket, address.pid, &request, &paths)
+}
+
+/// Puts back the paths a command line was given as typed (relative), in
+/// what the host sends: it ran the command with them made absolute.
+struct AsTyped {
+    /// Each path as sent and as typed, as a message shows them
+    /// ([`printable`]), longest first.
+    typed: Vec<(String, String)>,
+    /// Whether standard output is put back too.
+    in_results: bool,
+}
+
+impl AsTyped {
+    /// `bytes` with every path as sent put back as typed; bytes that are
+    /// not UTF-8 are left as they are.
+    fn put_back(&self, bytes: Vec<u8>) -> Vec<u8> {
+        let mut text = match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(error) => return error.into_bytes(),
+        };
+        for (absolute, typed) in &self.typed {
+            if text.contains(absolute.as_str()) {
+                text = text.replace(absolute.as_str(), typed);
+            }
+        }
+        text.into_bytes()
+    }
 }
 
 /// The address of the host running on `data`.
@@ -608,7 +667,7 @@ fn alive(pid: u32) -> bool {
 
 /// Sends `request` to the host at `socket` and relays its answer.
 #[cfg(unix)]
-fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> {
+fn run_remote(socket: &Path, pid: u32, request: &Request, paths: &AsTyped) -> Result<Option<u8>> {
     use std::os::unix::fs::MetadataExt;
     let stream = match std::fs::symlink_metadata(socket) {
         // SAFETY: getuid has no preconditions and cannot fail.
@@ -630,7 +689,7 @@ fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> 
     match Frame::read(&mut reader) {
         Ok(Frame::Accepted) => {}
         Ok(Frame::Refused(reason)) => {
-            bail!("{host} refused the command: {}", wakuwaku_core::terminal::printable(&reason))
+            bail!("{host} refused the command: {}", printable(&reason))
         }
         Ok(other) => bail!("{host} answered {other:?} instead of taking the command"),
         Err(error) if timed_out(&error) => {
@@ -643,6 +702,7 @@ fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> 
     loop {
         match Frame::read(&mut reader) {
             Ok(Frame::Out(bytes)) => {
+                let bytes = if paths.in_results { paths.put_back(bytes) } else { bytes };
                 if let Err(error) = stdout.write_all(&bytes).and_then(|()| stdout.flush()) {
                     // `| head`: the reader is gone, so is the command.
                     return match error.kind() {
@@ -652,7 +712,7 @@ fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> 
                 }
             }
             Ok(Frame::Err(bytes)) => {
-                let _ = stderr.write_all(&bytes);
+                let _ = stderr.write_all(&paths.put_back(bytes));
             }
             Ok(Frame::Heartbeat) => {}
             Ok(Frame::Exit(code)) => return Ok(Some(code)),
@@ -669,7 +729,7 @@ fn run_remote(socket: &Path, pid: u32, request: &Request) -> Result<Option<u8>> 
 }
 
 #[cfg(not(unix))]
-fn run_remote(_socket: &Path, _pid: u32, _request: &Request) -> Result<Option<u8>> {
+fn run_remote(_socket: &Path, _pid: u32, _request: &Request, _paths: &AsTyped) -> Result<Option<u8>> {
     Ok(None)
 }
 
@@ -679,8 +739,9 @@ fn timed_out(error: &std::io::Error) -> bool {
 
 /// `argv` (settings applied) as the host must run it: every path absolute
 /// against `cwd`, the settings named in `drop` left out, each flag as
-/// `--<flag>=<value>` and the positional arguments after `--`.
-fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<Vec<String>> {
+/// `--<flag>=<value>` and the positional arguments after `--`. Also each
+/// path made absolute, with the path as typed ([`AsTyped`]).
+fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<(Vec<String>, AsTyped)> {
     use clap::CommandFactory;
     use clap::parser::ValueSource;
     let command = super::Cli::command();
@@ -694,12 +755,20 @@ fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<Vec<Str
     }
     let is_path =
         |arg: &clap::Arg| arg.get_value_parser().type_id() == clap::builder::ValueParser::path_buf().type_id();
-    let text = |value: &std::ffi::OsStr, arg: &clap::Arg| -> Result<String> {
-        let value = match is_path(arg) && value != "-" {
-            true => cwd.join(value).into_os_string(),
-            false => value.to_owned(),
-        };
+    let utf8 = |value: OsString| {
         value.into_string().map_err(|value| anyhow::anyhow!("`{}` is not UTF-8", value.to_string_lossy()))
+    };
+    let mut typed = Vec::new();
+    let mut text = |value: &std::ffi::OsStr, arg: &clap::Arg| -> Result<String> {
+        if !is_path(arg) || value == "-" {
+            return utf8(value.to_owned());
+        }
+        let absolute = utf8(cwd.join(value).into_os_string())?;
+        let as_typed = utf8(value.to_owned())?;
+        if absolute != as_typed {
+            typed.push((printable(&absolute).into_owned(), printable(&as_typed).into_owned()));
+        }
+        Ok(absolute)
     };
     let mut positionals = Vec::new();
     for arg in leaf_command.get_arguments().filter(|arg| !arg.is_global_set()) {
@@ -735,7 +804,14 @@ fn absolute_argv(argv: &[OsString], cwd: &Path, drop: &[&str]) -> Result<Vec<Str
         out.push("--".to_owned());
         out.extend(positionals.into_iter().flat_map(|(_, values)| values));
     }
-    Ok(out)
+    // The longest first: a path that begins another is put back after it.
+    typed.sort_by_key(|(absolute, _): &(String, String)| std::cmp::Reverse(absolute.len()));
+    typed.dedup();
+    // Its messages name the paths as typed, as the command alone does; its
+    // result too, but a result that shows what the log or state holds is
+    // left as it came.
+    let shows_data = out.get(1).is_some_and(|command| ["topic", "state", "dlq"].contains(&command.as_str()));
+    Ok((out, AsTyped { typed, in_results: !shows_data }))
 }
 
 #[cfg(test)]
@@ -749,7 +825,7 @@ mod tests {
     #[test]
     fn a_forwarded_command_line_has_absolute_paths_and_parses_as_the_original() {
         let cwd = Path::new("/home/ann/shop");
-        let argv = absolute_argv(
+        let (argv, paths) = absolute_argv(
             &os(&["waku", "publish", "--topic", "carts", "--module", "m.wasm", "--partitions=2", "events.jsonl"]),
             cwd,
             &[],
@@ -768,17 +844,24 @@ mod tests {
                 "/home/ann/shop/events.jsonl"
             ]
         );
-        let stdin =
+        let message = "waku: error: reading /home/ann/shop/events.jsonl: no such file\n  in /home/ann/shop/waku-data\n";
+        assert_eq!(
+            paths.put_back(message.as_bytes().to_vec()),
+            b"waku: error: reading events.jsonl: no such file\n  in waku-data\n"
+        );
+        assert_eq!(paths.put_back(vec![0xff, b'/']), [0xff, b'/'], "not UTF-8: as it came");
+        let (stdin, paths) =
             absolute_argv(&os(&["waku", "publish", "--topic", "t", "--module", "/m.wasm", "-"]), cwd, &[]).unwrap();
+        assert!(!paths.typed.iter().any(|(_, typed)| typed == "/m.wasm" || typed == "-"), "{:?}", paths.typed);
         assert_eq!(stdin.last().map(String::as_str), Some("-"));
-        let list = absolute_argv(
+        let (list, _) = absolute_argv(
             &os(&["waku", "dlq", "redrive", "--projection", "p", "--topic", "t", "--record", "0:1,1:2"]),
             cwd,
             &[],
         )
         .unwrap();
         assert!(list.contains(&"--record=0:1,1:2".to_owned()), "{list:?}");
-        let admin = absolute_argv(
+        let (admin, _) = absolute_argv(
             &os(&["waku", "status", "--projection", "p", "--topic", "t", "--admin", "127.0.0.1:1"]),
             cwd,
             &["admin"],

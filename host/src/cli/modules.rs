@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
@@ -11,6 +12,7 @@ use serde::Serialize;
 use super::args::{DataArgs, OutputArgs};
 use crate::lifecycle::Library;
 use crate::oci::{ModuleRef, Registry, pins};
+use crate::projection::Projection;
 use crate::runtime::{Sandbox, SandboxLimits};
 
 #[derive(Subcommand)]
@@ -18,8 +20,9 @@ pub(super) enum ModulesCommand {
     /// Each module's active version and the versions kept for rollback.
     #[command(after_help = "Example:\n  waku modules list --data waku-data --projection bank --modules modules")]
     List(ModulesListArgs),
-    /// Make an earlier kept version of a module active (the next `waku run`
-    /// runs it; a running one keeps its version until then).
+    /// Make an earlier kept version of a module active: a `waku run` of
+    /// the projection swaps it in at once (as a hot reload, with its
+    /// checks); otherwise the next `waku run` runs it.
     #[command(after_help = "Example:\n  waku modules rollback --data waku-data --projection bank bank 778e4efa")]
     Rollback(ModulesRollbackArgs),
     /// Push a component to an OCI registry, in the Wasm artifact layout
@@ -127,6 +130,11 @@ pub(super) async fn modules(command: ModulesCommand) -> Result<()> {
         ModulesCommand::List(args) => (&args.data, &args.projection),
         ModulesCommand::Rollback(args) => (&args.data, &args.projection),
     };
+    if let ModulesCommand::Rollback(args) = &command
+        && let Some((library, running)) = super::local_host::live_modules(&args.data.data, projection)
+    {
+        return rollback_running(args, library, running).await;
+    }
     let store = data.existing_state(projection, "is another process using it? stop it first")?;
     let pinned = pins::read(&store)?;
     let library = Library::new(&data.data, projection, store, Sandbox::new(SandboxLimits::default())?);
@@ -139,6 +147,18 @@ pub(super) async fn modules(command: ModulesCommand) -> Result<()> {
         }
         _ => unreachable!("handled above"),
     }
+}
+
+/// `modules rollback` run by the host of the projection: swapped in at
+/// once, through the hot-reload checks.
+async fn rollback_running(args: &ModulesRollbackArgs, library: Arc<Library>, running: Arc<Projection>) -> Result<()> {
+    let (module, target) = (args.module.clone(), args.target.clone());
+    let (from, to) =
+        tokio::task::spawn_blocking(move || library.rollback_running(&running, &module, target.as_deref()))
+            .await
+            .context("rolling the module back")??;
+    outln!("module `{}`: {from} → {to}; the running host runs {to} from its next batch", args.module)?;
+    Ok(())
 }
 
 async fn push(args: &ModulesPushArgs) -> Result<()> {

@@ -192,7 +192,8 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     }
     let store = projection.store().clone();
     let shared =
-        local_host::Shared::of_host(&args.data.data, &args.projection, host.log(), &store, args.data.state.is_none());
+        local_host::Shared::of_host(&args.data.data, &args.projection, host.log(), &store, args.data.state.is_none())
+            .with_live_modules(host.library(), projection);
     let served = local_host::serve_or_warn(shared, super::run_forwarded);
     let display = show_progress(&args.projection, host.progress().clone());
     let started = Instant::now();

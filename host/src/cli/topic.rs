@@ -9,14 +9,18 @@
 //!   [`super::json_text`]: a record can neither drive the terminal nor
 //!   break its line. A value that is not UTF-8 is shown as hex.
 //! - The host's own headers are shown decoded (key, type tag, ordering,
-//!   algebra), the others as `name=value`.
+//!   algebra), the others as `name=value`. A type is named only by the
+//!   modules of a projection that reads the topic (`--modules`): the names
+//!   of modules that emit to it are not its.
 //! - `consume` reads a page at a time ([`PAGE`]), whatever the topic
 //!   holds; `--follow` asks again for what was appended, every
 //!   [`FOLLOW_EVERY`], until a signal.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -113,6 +117,11 @@ pub(super) struct TopicConsumeArgs {
     /// Keep printing what is appended, until Ctrl-C.
     #[arg(long)]
     pub(super) follow: bool,
+    /// The module directory of a projection that reads the topic (as
+    /// `waku run --modules`; also `modules` in waku.toml, WAKU_MODULES):
+    /// each event type is shown by the name its modules give it.
+    #[arg(long)]
+    pub(super) modules: Option<PathBuf>,
     /// How to print each message: `table`, one line each; `json`, one JSON
     /// document a line.
     #[command(flatten)]
@@ -275,6 +284,14 @@ async fn consume(args: &TopicConsumeArgs) -> Result<()> {
             From::Offset(offset) => offset.max(first),
         });
     }
+    let mut types = match &args.modules {
+        Some(dir) => type_names(dir, &args.topic).await?,
+        None => Types::Tags(Some(format!(
+            "waku: event types are shown by tag; give the module directory of a projection that reads `{}` \
+             (--modules, or `modules` in waku.toml) to see their names",
+            args.topic
+        ))),
+    };
     let mut left = args.limit.unwrap_or(u64::MAX);
     let mut signals = args.follow.then(ShutdownSignals::install).transpose()?;
     loop {
@@ -287,7 +304,7 @@ async fn consume(args: &TopicConsumeArgs) -> Result<()> {
                 next[index] = last.offset + 1;
                 read_any = true;
                 for stored in records.iter().take(usize::try_from(left).unwrap_or(usize::MAX)) {
-                    print_record(&args.topic, partition, stored, args.output.json())?;
+                    print_record(&args.topic, partition, stored, args.output.json(), &mut types)?;
                     left -= 1;
                 }
             }
@@ -301,6 +318,56 @@ async fn consume(args: &TopicConsumeArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How `consume` shows an event's type.
+enum Types {
+    /// By name (and tag), as the modules that read the topic name them.
+    Named(BTreeMap<u32, String>),
+    /// By tag; the hint, said once before the first event shown in a
+    /// table, says how to see names.
+    Tags(Option<String>),
+}
+
+/// The event types' names by tag, as the modules of `dir` declare them;
+/// tags alone, saying why, when a module there emits to `topic` (its tags
+/// are the emitter's choice, not the names these modules read). A file that
+/// does not load is said in a warning and passed over.
+async fn type_names(dir: &Path, topic: &str) -> Result<Types> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+        .take(crate::runtime::component_file::MAX_MODULES)
+        .collect();
+    paths.sort();
+    let topic = topic.to_owned();
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let sandbox = crate::runtime::Sandbox::new(crate::runtime::SandboxLimits::default())?;
+        let mut names = BTreeMap::new();
+        for path in &paths {
+            let module = match crate::projection::load_module_file(&sandbox, path) {
+                Ok(module) => module,
+                Err(error) => {
+                    errln!("waku: warning: {} gives no type names: {error}", path.display());
+                    continue;
+                }
+            };
+            if module.emits().contains(&topic) {
+                return Ok(Types::Tags(Some(format!(
+                    "waku: event types are shown by tag: module `{}` of {} emits to `{topic}`, so its names are not \
+                     this topic's; give the module directory of a projection that reads `{topic}` to see them",
+                    module.name(),
+                    dir.display()
+                ))));
+            }
+            names.extend(module.event_types().iter().map(|t| (t.tag.get(), t.name.clone())));
+        }
+        Ok(Types::Named(names))
+    })
+    .await
+    .context("reading the modules")?
 }
 
 /// A header value: text when it is UTF-8, else hex.
@@ -351,7 +418,7 @@ fn is_envelope(header: &Header) -> bool {
         .contains(&header.name.as_str())
 }
 
-fn print_record(topic: &str, partition: u32, stored: &StoredRecord, json: bool) -> Result<()> {
+fn print_record(topic: &str, partition: u32, stored: &StoredRecord, json: bool, types: &mut Types) -> Result<()> {
     let headers = &stored.record.headers;
     let envelope = EventHeaders::parse_stored(headers).ok();
     let others: Vec<(String, ValueView)> = headers
@@ -360,11 +427,17 @@ fn print_record(topic: &str, partition: u32, stored: &StoredRecord, json: bool) 
         .map(|header| (header.name.clone(), ValueView::new(&header.value)))
         .collect();
     let body = ValueView::new(&stored.record.body);
+    let no_names = BTreeMap::new();
+    let names = match types {
+        Types::Named(names) => &*names,
+        Types::Tags(_) => &no_names,
+    };
     if json {
         let event = envelope.as_ref().map(|e| {
             serde_json::json!({
                 "key": e.key.value().to_json(),
                 "tag": e.tag.get(),
+                "type_name": names.get(&e.tag.get()),
                 "ordering": e.ordering.to_string(),
                 "algebra": e.algebra.to_string(),
                 "event_time_ms": e.event_time,
@@ -375,9 +448,14 @@ fn print_record(topic: &str, partition: u32, stored: &StoredRecord, json: bool) 
         return Ok(());
     }
     let event = match &envelope {
-        Some(e) => format!("key {} tag {} {}", e.key, e.tag, e.ordering),
+        Some(e) => format!("key {} {} {}", e.key, super::dlq::type_of(e.tag, names), e.ordering),
         None => "no event headers".to_owned(),
     };
+    if let (Some(_), Types::Tags(hint)) = (&envelope, types)
+        && let Some(hint) = hint.take()
+    {
+        errln!("{hint}");
+    }
     let others: Vec<String> =
         others.iter().map(|(name, value)| format!("{}={}", printable(name), value.shown())).collect();
     outln!(

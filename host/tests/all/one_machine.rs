@@ -255,6 +255,7 @@ fn settings_from_waku_toml_reach_every_command() {
     assert!(ok(&["modules", "list"]).contains("the directory holds the active version"), "modules from the file");
     assert!(ok(&["topic", "describe"]).starts_with("topic `accounts`: 2 partitions, 2 messages"));
     assert_eq!(ok(&["topic", "consume", "--output", "json"]).lines().count(), 2);
+    assert!(ok(&["topic", "consume"]).contains("type AccountOpened (tag "), "names from the file's modules");
     // The file's modules ask for a rebuild; a bare --promote is the
     // go-ahead whatever the file says, and --rollback leaves them out.
     let asked = ok(&["rebuild", "--promote", "manual"]);
@@ -314,15 +315,43 @@ fn topics_are_created_listed_described_and_consumed() {
         described["partitions"].as_array().unwrap().iter().map(|p| p["messages"].as_u64().unwrap()).sum();
     assert_eq!((messages, &described["durability"]), (2, &json!("durable")), "{described}");
 
-    let consumed = ok(&["topic", "consume", "--data", "data", "--topic", "accounts"]);
+    let out = waku(&["topic", "consume", "--data", "data", "--topic", "accounts"], dir.path());
+    let consumed = text(&out.stdout);
     let lines: Vec<&str> = consumed.lines().collect();
     assert_eq!(lines.len(), 2, "{consumed}");
     assert!(lines.iter().all(|line| line.contains("key 1 tag ")), "{consumed}");
     assert!(consumed.contains(r#""owner":"ann""#), "{consumed}");
+    // Without modules, one line says how to see the types' names.
+    let hint = text(&out.stderr);
+    assert_eq!(hint.lines().count(), 1, "{hint}");
+    assert!(hint.contains("shown by tag; give the module directory of a projection that reads `accounts`"), "{hint}");
+    // With the modules of a projection that reads it, the names.
+    let out = waku(&["topic", "consume", "--data", "data", "--topic", "accounts", "--modules", "modules"], dir.path());
+    let named = text(&out.stdout);
+    assert!(named.lines().any(|line| line.contains("key 1 type AccountOpened (tag ")), "{named}");
+    assert!(named.lines().any(|line| line.contains("key 1 type Deposited (tag ")), "{named}");
+    assert_eq!(text(&out.stderr), "");
     let json_lines =
         ok(&["topic", "consume", "--data", "data", "--topic", "accounts", "--output", "json", "--limit", "1"]);
     let first: serde_json::Value = serde_json::from_str(json_lines.trim()).unwrap();
     assert_eq!((&first["topic"], &first["event"]["key"]), (&json!("accounts"), &json!(1)), "{first}");
+    assert_eq!(first["event"]["type_name"], json!(null), "{first}");
+    let json_lines = ok(&[
+        "topic",
+        "consume",
+        "--data",
+        "data",
+        "--topic",
+        "accounts",
+        "--output",
+        "json",
+        "--limit",
+        "1",
+        "--modules",
+        "modules",
+    ]);
+    let first: serde_json::Value = serde_json::from_str(json_lines.trim()).unwrap();
+    assert!(["AccountOpened", "Deposited"].contains(&first["event"]["type_name"].as_str().unwrap_or("")), "{first}");
     assert!(first["body"]["text"].as_str().unwrap().contains("\"account\":1"), "{first}");
     assert_eq!(ok(&["topic", "consume", "--data", "data", "--topic", "accounts", "--from", "end"]), "");
     let out = waku(&["topic", "consume", "--data", "data", "--topic", "accounts", "--partition", "5"], dir.path());

@@ -2,7 +2,8 @@
 //! of that directory finds it and runs through it, through the real
 //! binary: the same output as with nothing running; publishing, following
 //! a topic, listing, showing and re-driving dead letters, rolling a module
-//! back, reading state and status, asking for a rebuild. A host killed
+//! back (which takes effect at once), reading state and status, asking
+//! for a rebuild. A host killed
 //! with SIGKILL leaves its address file behind, and a file that is not a
 //! host's may be there: the commands read the files then.
 
@@ -66,7 +67,7 @@ fn signal(child: &Child, name: &str) {
 }
 
 /// The commands that read, each as a user would type it.
-const READERS: [&[&str]; 8] = [
+const READERS: [&[&str]; 9] = [
     &["status", "--data", "data", "--projection", "ledger", "--topic", "ledger"],
     &["state", "get", "--data", "data", "--projection", "ledger", "--key", "1"],
     &["state", "counters", "--data", "data", "--projection", "ledger"],
@@ -75,6 +76,13 @@ const READERS: [&[&str]; 8] = [
     &["modules", "list", "--data", "data", "--projection", "ledger", "--modules", "modules", "--output", "json"],
     &["topic", "list", "--data", "data"],
     &["topic", "consume", "--data", "data", "--topic", "out", "--output", "json"],
+    &["topic", "consume", "--data", "data", "--topic", "out", "--modules", "modules"],
+];
+
+/// Read commands that fail, with a path as typed in their message.
+const REFUSED: [&[&str]; 2] = [
+    &["state", "get", "--data", "data", "--projection", "nope", "--key", "1"],
+    &["modules", "list", "--data", "data", "--projection", "ledger", "--modules", "nowhere"],
 ];
 
 #[test]
@@ -92,16 +100,28 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     let run = ["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
     ok(dir, &[&run[..], &["--create-emit-topics", "1", "--until-caught-up"]].concat());
 
+    // The modules of `modules/` emit to `out`: their names are not its.
+    let out = waku(&["topic", "consume", "--data", "data", "--topic", "out", "--modules", "modules"], dir);
+    assert!(text(&out.stdout).contains(" tag "), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("module `probe` of modules emits to `out`"), "{}", text(&out.stderr));
+
     // With nothing running, then with the host running: the same.
-    let alone: Vec<Output> = READERS.iter().map(|args| waku(args, dir)).collect();
+    let alone: Vec<Output> = READERS.iter().chain(&REFUSED).map(|args| waku(args, dir)).collect();
     let mut host = start_host(dir);
     let address = dir.join(ADDRESS_FILE);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&address).unwrap().permissions().mode() & 0o777, 0o600);
-    for (args, alone) in READERS.iter().zip(&alone) {
+    for (index, (args, alone)) in READERS.iter().chain(&REFUSED).zip(&alone).enumerate() {
         let through = waku(args, dir);
         let command = args.join(" ");
-        assert!(alone.status.success(), "`waku {command}` alone: {}", text(&alone.stderr));
+        match index < READERS.len() {
+            true => assert!(alone.status.success(), "`waku {command}` alone: {}", text(&alone.stderr)),
+            // The path as typed, never absolute.
+            false => {
+                let said = text(&alone.stderr);
+                assert!(said.contains("`data`") || said.contains(" nowhere"), "`waku {command}` alone: {said}");
+            }
+        }
         assert_eq!(through.status.code(), alone.status.code(), "`waku {command}`: {}", text(&through.stderr));
         assert_eq!(text(&through.stdout), text(&alone.stdout), "`waku {command}`");
         assert_eq!(text(&through.stderr), text(&alone.stderr), "`waku {command}`");
@@ -248,6 +268,91 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("did not answer within"), "{}", text(&out.stderr));
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// `(withdrawals, balance)` of bank account 42, read through whatever
+/// owns the data directory.
+fn account_42(dir: &Path) -> (i64, i64) {
+    let out = ok(dir, &["state", "get", "--data", "data", "--projection", "bank", "--key", "42", "--output", "json"]);
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let account = &state["entries"]["account"];
+    (account["withdrawals"].as_i64().unwrap_or(0), account["balance"].as_i64().unwrap_or(0))
+}
+
+/// Publishes a withdrawal of 10 from account 42 and waits until the
+/// running host applied it: the balance after it.
+fn withdraw_10(dir: &Path, bank: &str) -> i64 {
+    let (withdrawals, _) = account_42(dir);
+    let events =
+        write_lines(dir, "withdraw.jsonl", &[json!({"type": "Withdrawn", "body": {"account": 42, "amount": 10}})]);
+    ok(dir, &["publish", "--data", "data", "--topic", "accounts", "--module", bank, &events]);
+    wait_until("the withdrawal is applied", || account_42(dir).0 == withdrawals + 1);
+    account_42(dir).1
+}
+
+/// The active version of the bank module, as `modules list` shows it.
+fn active_bank(dir: &Path) -> String {
+    let out = ok(dir, &["modules", "list", "--data", "data", "--projection", "bank", "--output", "json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    listed["modules"][0]["active"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_rollback_through_the_running_host_takes_effect_at_once_or_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let (v1, v2) = (common::bank_wasm(), common::bank_fee_wasm());
+    let bank = v1.to_string_lossy().into_owned();
+    std::fs::create_dir(dir.join("modules")).unwrap();
+    std::fs::copy(v1, dir.join("modules/bank.wasm")).unwrap();
+    let opened = write_lines(
+        dir,
+        "open.jsonl",
+        &[
+            json!({"type": "AccountOpened", "body": {"account": 42, "owner": "ann"}}),
+            json!({"type": "Deposited", "body": {"account": 42, "amount": 100}}),
+        ],
+    );
+    ok(dir, &["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module", &bank, &opened]);
+    let run = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
+    let mut host = common::waku_command(dir).args(run).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_until("the host serves its data directory", || dir.join(ADDRESS_FILE).exists());
+    let first = active_bank(dir);
+
+    // v2 (a fee of 1 on every withdrawal) swapped in by a hot reload.
+    let partial = dir.join("modules/.bank.partial");
+    std::fs::copy(v2, &partial).unwrap();
+    std::fs::rename(&partial, dir.join("modules/bank.wasm")).unwrap();
+    wait_until("the new version is swapped in", || active_bank(dir) != first);
+    let second = active_bank(dir);
+    assert_eq!(withdraw_10(dir, &bank), 89, "v2 takes the fee");
+
+    // Rolled back through the host: the next event is v1's, no fee.
+    let rolled = ok(dir, &["modules", "rollback", "--data", "data", "--projection", "bank", "bank"]);
+    assert_eq!(withdraw_10(dir, &bank), 79, "v1 runs at once after the rollback: no fee");
+    assert_eq!(
+        text(&rolled.stdout),
+        format!("module `bank`: {second} → {first}; the running host runs {first} from its next batch\n")
+    );
+    assert_eq!(active_bank(dir), first);
+
+    // A version that no longer loads (its kept copy altered) is refused,
+    // said, and nothing changes: v1 runs on and stays recorded.
+    let kept = dir.join(format!("data/modules/bank/bank/{second}.wasm"));
+    let mut altered = std::fs::read(&kept).unwrap();
+    altered.extend_from_slice(&[0, 4, 3, b'b', b'a', b'd']);
+    std::fs::write(&kept, altered).unwrap();
+    let refused = waku(&["modules", "rollback", "--data", "data", "--projection", "bank", "bank", &second[..8]], dir);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stdout));
+    let said = text(&refused.stderr);
+    assert!(said.contains(&format!("version {second} is refused, and {first} runs on (nothing changed)")), "{said}");
+    assert!(said.contains("was altered"), "{said}");
+    assert_eq!(text(&refused.stdout), "");
+    assert_eq!(active_bank(dir), first);
+    assert_eq!(withdraw_10(dir, &bank), 69, "v1 runs on");
+
+    signal(&host, "-INT");
+    assert!(host.wait().unwrap().success());
 }
 
 /// The lines of `child`'s standard output (piped), as they come.
