@@ -42,7 +42,8 @@ use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::handler::{
-    BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, ScopeShared,
+    BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
+    ScopeShared,
 };
 use crate::key::Key;
 use crate::log::EventLog;
@@ -51,6 +52,7 @@ use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
+use crate::telemetry::{CallOf, CallOutcome};
 
 impl<L: EventLog> Consumer<L> {
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
@@ -201,6 +203,7 @@ impl<L: EventLog> Consumer<L> {
                 let error = match result {
                     Ok(()) => {
                         let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
+                        self.trace_call(&**module, &route.event_type.name, key, events, elapsed, CallOutcome::Ok);
                         out.summary.applied += events;
                         out.tally.of(route.module, tag).applied += events;
                         out.summary.calls += 1;
@@ -224,6 +227,8 @@ impl<L: EventLog> Consumer<L> {
                         continue;
                     }
                     Err(CallError::HostFault(fault)) => {
+                        let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
+                        self.trace_call(&**module, &route.event_type.name, key, events, elapsed, CallOutcome::HostFault);
                         tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
                         out.host_fault.get_or_insert(fault);
                         return;
@@ -244,6 +249,11 @@ impl<L: EventLog> Consumer<L> {
                     self.config.retry.max_attempts,
                 );
                 let tries = Tries { attempts: attempt, ..Tries::merged(attempts[begin..end].iter().copied()) };
+                if self.trace.is_some() {
+                    let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
+                    let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
+                    self.trace_call(&**module, &route.event_type.name, key, events, elapsed, outcome);
+                }
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -367,6 +377,22 @@ impl<L: EventLog> Consumer<L> {
                 let key = key.clone();
                 observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
             }
+        }
+    }
+
+    /// Reports a call to the batch's trace, when telemetry is on.
+    fn trace_call(
+        &self,
+        module: &dyn HandlerModule,
+        event_type: &str,
+        key: &Key,
+        events: u64,
+        elapsed: std::time::Duration,
+        outcome: CallOutcome,
+    ) {
+        if let Some(trace) = &self.trace {
+            let call = CallOf { module: module.name(), version: module.version(), event_type, key, events };
+            trace.call(call, elapsed, outcome);
         }
     }
 
