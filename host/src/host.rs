@@ -57,7 +57,6 @@ use crate::lifecycle::{
 };
 use crate::log::{AnyLog, EmbeddedLog, EventLog, IggyLog, LogError};
 use crate::metrics::Metrics;
-use crate::telemetry::{Telemetry, TelemetryError};
 use crate::progress::Progress;
 use crate::projection::{Projection, ProjectionError};
 use crate::rebuild::conductor::{Conductor, RebuildStatus, RebuildWatch};
@@ -65,6 +64,7 @@ use crate::rebuild::stores::SwitchingStore;
 use crate::rebuild::{RebuildError, RebuildPaths};
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::{PostgresStore, StateError, StateStore};
+use crate::telemetry::{Telemetry, TelemetryError};
 
 /// Everything a host needs to start; [`HostSettings::new`] lists the
 /// defaults.

@@ -65,20 +65,23 @@ pub const CALL_SPANS_PER_BATCH: usize = 64;
 pub const KEY_TEXT_BYTES: usize = 256;
 
 /// The longest [`Telemetry::shutdown`] waits for the last export.
-pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// The service name when `OTEL_SERVICE_NAME` is not set.
 const SERVICE_NAME: &str = "waku";
 
 /// Bucket boundaries of `messaging.process.duration`, in seconds (the
 /// conventions' advice for durations).
-const DURATION_BOUNDARIES: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+const DURATION_BOUNDARIES: [f64; 14] =
+    [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
 
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// A protocol other than the one this host speaks.
-    #[error("{variable}={value}: this host sends OTLP over HTTP with protobuf bodies only; set it to `http/protobuf` or unset it")]
+    #[error(
+        "{variable}={value}: this host sends OTLP over HTTP with protobuf bodies only; set it to `http/protobuf` or unset it"
+    )]
     Protocol {
         /// The variable.
         variable: &'static str,
@@ -235,13 +238,26 @@ impl Telemetry {
                     .with_start_time(start_time)
                     .with_attributes(attributes)
                     .start(tracer);
-                let parent = span.span_context().is_sampled().then(|| {
-                    (Context::new().with_remote_span_context(span.span_context().clone()), tracer.clone())
-                });
-                (Some(span), CallTrace { parent, left: AtomicUsize::new(CALL_SPANS_PER_BATCH), keys: AtomicUsize::new(0) })
+                let parent = span
+                    .span_context()
+                    .is_sampled()
+                    .then(|| (Context::new().with_remote_span_context(span.span_context().clone()), tracer.clone()));
+                (
+                    Some(span),
+                    CallTrace { parent, left: AtomicUsize::new(CALL_SPANS_PER_BATCH), keys: AtomicUsize::new(0) },
+                )
             }
         };
-        BatchTrace { telemetry: self.clone(), span, calls: Arc::new(calls), common, started, start_time, polled, count: batch.count }
+        BatchTrace {
+            telemetry: self.clone(),
+            span,
+            calls: Arc::new(calls),
+            common,
+            started,
+            start_time,
+            polled,
+            count: batch.count,
+        }
     }
 
     /// Sends what is left and stops the providers, waiting at most
@@ -489,7 +505,10 @@ mod tests {
     #[test]
     fn nothing_is_on_without_an_endpoint_and_disabled_wins() {
         assert_eq!(signals(&[]).unwrap(), Signals::default());
-        assert_eq!(signals(&[("OTEL_SERVICE_NAME", "x"), ("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]).unwrap(), Signals::default());
+        assert_eq!(
+            signals(&[("OTEL_SERVICE_NAME", "x"), ("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]).unwrap(),
+            Signals::default()
+        );
         let both = Signals { traces: true, metrics: true };
         assert_eq!(signals(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")]).unwrap(), both);
         let disabled = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"), ("OTEL_SDK_DISABLED", "TRUE")];

@@ -244,7 +244,8 @@ impl Collector {
                             return;
                         }
                         counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                        let answer =
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                         if writer.write_all(answer.as_bytes()).is_err() {
                             return;
                         }

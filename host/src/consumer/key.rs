@@ -228,7 +228,14 @@ impl<L: EventLog> Consumer<L> {
                     }
                     Err(CallError::HostFault(fault)) => {
                         let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
-                        self.trace_call(&**module, &route.event_type.name, key, events, elapsed, CallOutcome::HostFault);
+                        self.trace_call(
+                            &**module,
+                            &route.event_type.name,
+                            key,
+                            events,
+                            elapsed,
+                            CallOutcome::HostFault,
+                        );
                         tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
                         out.host_fault.get_or_insert(fault);
                         return;

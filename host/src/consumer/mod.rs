@@ -1420,7 +1420,9 @@ impl<L: EventLog> Consumer<L> {
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
         if let Some(trace) = trace {
-            trace.finish(processed.as_ref().map(|(summary, _)| summary).map_err(|error| error as &dyn std::fmt::Display));
+            trace.finish(
+                processed.as_ref().map(|(summary, _)| summary).map_err(|error| error as &dyn std::fmt::Display),
+            );
         }
         let (mut summary, left) = processed?;
         summary.phases.add(Phase::Poll, polled);

@@ -178,7 +178,8 @@ fn a_run_exports_its_batch_spans_call_spans_and_consumer_metrics() {
         assert_eq!(attributes["messaging.operation.name"], "process");
         assert_eq!(attributes["messaging.destination.name"], TOPIC);
         assert_eq!(attributes["messaging.consumer.group.name"], "bank");
-        let (first, last) = (number(attributes, "waku.batch.first_offset"), number(attributes, "waku.batch.last_offset"));
+        let (first, last) =
+            (number(attributes, "waku.batch.first_offset"), number(attributes, "waku.batch.last_offset"));
         let count = number(attributes, "messaging.batch.message_count");
         assert_eq!(count, last - first + 1, "{attributes:?}");
         assert!(number(attributes, "waku.batch.key_count") >= 1);
