@@ -84,11 +84,18 @@ async fn metrics(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> V
 /// variable of this process but `otel`; waits at most two minutes (a run
 /// takes seconds) and returns how it exited.
 fn demo(dir: &Path, otel: &[(&str, &str)]) -> ExitStatus {
-    let mut command = waku_command(dir);
     let events = EVENTS.to_string();
     let module = bank_wasm().to_str().unwrap().to_owned();
-    command.args(["demo", "--module", &module, "--events", &events, "--accounts", "20", "--partitions", "2"]);
-    command.args(["--data", "data"]);
+    let args = ["demo", "--module", &module, "--events", &events, "--accounts", "20", "--partitions", "2"];
+    waku_with(dir, &[&args[..], &["--data", "data"]].concat(), otel)
+}
+
+/// `waku args` in `dir` with no `OTEL_*` variable of this process but
+/// `otel`; waits at most two minutes (a run takes seconds) and returns how
+/// it exited.
+fn waku_with(dir: &Path, args: &[&str], otel: &[(&str, &str)]) -> ExitStatus {
+    let mut command = waku_command(dir);
+    command.args(args);
     for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("OTEL_")) {
         command.env_remove(name);
     }
@@ -294,4 +301,47 @@ fn a_collector_that_never_answers_or_is_not_there_does_not_hold_the_run_up() {
         demo(dir.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "10")]);
     }
     assert!(!held.lock().unwrap().is_empty(), "the run never tried the silent collector");
+}
+
+#[test]
+fn call_spans_tell_a_retry_and_a_dead_letter_from_a_success() {
+    let receiver = Receiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let probe = crate::common::probe_wasm().to_string_lossy().into_owned();
+    let lines = [
+        r#"{"type": "Ledger", "body": {"key": 1, "seq": 1, "amount": 5, "fail": null, "ordering": "relaxed"}}"#,
+        r#"{"type": "Ledger", "body": {"key": 2, "seq": 1, "amount": 7, "fail": "unrecoverable", "ordering": "relaxed"}}"#,
+        r#"{"type": "Ledger", "body": {"key": 3, "seq": 1, "amount": 1, "fail": "retryable", "ordering": "relaxed"}}"#,
+    ];
+    std::fs::write(dir.path().join("ledger.jsonl"), lines.join("\n") + "\n").unwrap();
+    let publish = ["publish", "--data", "data", "--topic", "ledger", "--partitions", "1", "--module", &probe];
+    waku_with(dir.path(), &[&publish[..], &["ledger.jsonl"]].concat(), &[]);
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    std::fs::copy(&probe, dir.path().join("modules/probe.wasm")).unwrap();
+    let run = ["run", "--data", "data", "--projection", "ledger", "--topic", "ledger", "--modules", "modules"];
+    let flags = ["--until-caught-up", "--max-attempts", "2", "--retry-delays", "0s", "--create-emit-topics", "1"];
+    let endpoint = receiver.endpoint();
+    waku_with(dir.path(), &[&run[..], &flags[..]].concat(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+
+    let received = receiver.received.lock().unwrap();
+    let spans = spans(&received);
+    let outcome_of = |key: &str| -> Vec<String> {
+        spans
+            .iter()
+            .map(|span| attributes(&span.attributes))
+            .filter(|attributes| attributes.get("waku.key").is_some_and(|text| text == key))
+            .map(|attributes| attributes["waku.call.outcome"].clone())
+            .collect()
+    };
+    assert_eq!(outcome_of("1"), ["ok"]);
+    assert_eq!(outcome_of("2"), ["dead-letter"]);
+    assert_eq!(outcome_of("3").first().map(String::as_str), Some("retry"), "{:?}", outcome_of("3"));
+    for span in spans.iter().filter(|span| span.name.starts_with("call ")) {
+        let attributes = attributes(&span.attributes);
+        assert_eq!(attributes["waku.module.name"], "probe");
+        assert_eq!(attributes["waku.event.type"], "Ledger");
+        let failed = attributes["waku.call.outcome"] != "ok";
+        let status = span.status.as_ref().map_or(0, |status| status.code);
+        assert_eq!(status == 2, failed, "{attributes:?}: status {status}");
+    }
 }
