@@ -202,8 +202,9 @@ impl<L: EventLog> Consumer<L> {
                 }
                 let error = match result {
                     Ok(()) => {
-                        let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
-                        self.trace_call(&**module, &route.event_type.name, key, events, elapsed, CallOutcome::Ok);
+                        let served = &reduced.origins[begin..end];
+                        let events = served.iter().map(|o| o.events).sum::<u64>();
+                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
                         out.summary.applied += events;
                         out.tally.of(route.module, tag).applied += events;
                         out.summary.calls += 1;
@@ -227,15 +228,8 @@ impl<L: EventLog> Consumer<L> {
                         continue;
                     }
                     Err(CallError::HostFault(fault)) => {
-                        let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
-                        self.trace_call(
-                            &**module,
-                            &route.event_type.name,
-                            key,
-                            events,
-                            elapsed,
-                            CallOutcome::HostFault,
-                        );
+                        let (served, outcome) = (&reduced.origins[begin..end], CallOutcome::HostFault);
+                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, outcome);
                         tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
                         out.host_fault.get_or_insert(fault);
                         return;
@@ -256,11 +250,8 @@ impl<L: EventLog> Consumer<L> {
                     self.config.retry.max_attempts,
                 );
                 let tries = Tries { attempts: attempt, ..Tries::merged(attempts[begin..end].iter().copied()) };
-                if self.trace.is_some() {
-                    let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
-                    let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
-                    self.trace_call(&**module, &route.event_type.name, key, events, elapsed, outcome);
-                }
+                let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
+                self.trace_call(&**module, &route.event_type.name, key, &reduced.origins[begin..end], elapsed, outcome);
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -387,17 +378,19 @@ impl<L: EventLog> Consumer<L> {
         }
     }
 
-    /// Reports a call to the batch's trace, when telemetry is on.
+    /// Reports a call for the events of `origins` to the batch's trace,
+    /// when telemetry is on.
     fn trace_call(
         &self,
         module: &dyn HandlerModule,
         event_type: &str,
         key: &Key,
-        events: u64,
+        origins: &[Origin],
         elapsed: std::time::Duration,
         outcome: CallOutcome,
     ) {
         if let Some(trace) = &self.trace {
+            let events = origins.iter().map(|origin| origin.events).sum();
             let call = CallOf { module: module.name(), version: module.version(), event_type, key, events };
             trace.call(call, elapsed, outcome);
         }
