@@ -475,7 +475,7 @@ pub enum HostError {
         source: LogError,
     },
     /// OpenTelemetry export could not start (the `OTEL_*` variables).
-    #[error("OpenTelemetry: {0}")]
+    #[error("starting OpenTelemetry export (the `OTEL_*` variables)")]
     Telemetry(#[from] TelemetryError),
     /// A task of the host panicked.
     #[error("{what} panicked: {message}")]

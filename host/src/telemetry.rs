@@ -88,6 +88,15 @@ pub enum TelemetryError {
         /// Its value.
         value: String,
     },
+    /// An endpoint that is not an `http://` or `https://` URL (the SDK
+    /// would send to its default, `localhost:4318`, instead).
+    #[error("{variable}={value:?}: not an http:// or https:// URL")]
+    Endpoint {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// The exporter refused its configuration (an endpoint that is not a
     /// URL, a compression it cannot do, …).
     #[error("the OTLP exporter: {0}")]
@@ -115,6 +124,16 @@ impl Signals {
         {
             if let Some(value) = var(variable).filter(|value| value.trim() != "http/protobuf" && !value.is_empty()) {
                 return Err(TelemetryError::Protocol { variable, value });
+            }
+        }
+        for variable in
+            ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
+        {
+            let value = var(variable).unwrap_or_default();
+            let url = value.trim();
+            let authority = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+            if !url.is_empty() && (authority.is_none_or(str::is_empty) || url.parse::<axum::http::Uri>().is_err()) {
+                return Err(TelemetryError::Endpoint { variable, value });
             }
         }
         let any = set("OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -526,6 +545,15 @@ mod tests {
         assert!(error.starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: "), "{error}");
         let fine = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://h"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")];
         assert!(signals(&fine).is_ok());
+    }
+
+    #[test]
+    fn an_endpoint_that_is_no_http_url_is_refused_not_replaced_by_the_default() {
+        for bad in ["collector:4318", "http://", "ftp://h", "http://a b"] {
+            let error = signals(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", bad)]).unwrap_err().to_string();
+            assert!(error.starts_with("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="), "{bad}: {error}");
+        }
+        assert!(signals(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.example:4318/otlp")]).is_ok());
     }
 
     #[test]
