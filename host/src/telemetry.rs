@@ -28,7 +28,9 @@
 //!   `OTEL_RESOURCE_ATTRIBUTES` (the service name defaults to `waku`),
 //!   `OTEL_TRACES_SAMPLER` / `_ARG`, the batch processor's `OTEL_BSP_*` and
 //!   the metric reader's `OTEL_METRIC_EXPORT_INTERVAL`. Only `http/protobuf`
-//!   is sent; another `OTEL_EXPORTER_OTLP_PROTOCOL` is refused at start-up.
+//!   is sent; another `OTEL_EXPORTER_OTLP_PROTOCOL` is refused at start-up,
+//!   and so is an endpoint that is no `http(s)://` URL (which the SDK would
+//!   replace with its default).
 //! - **A collector never holds up the consumer.** Spans go through the
 //!   SDK's batch processor (its own thread, a bounded queue, spans dropped
 //!   when it is full) and metrics through the periodic reader (its own
