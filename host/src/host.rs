@@ -64,6 +64,7 @@ use crate::rebuild::stores::SwitchingStore;
 use crate::rebuild::{RebuildError, RebuildPaths};
 use crate::runtime::{LoadError, Sandbox, SandboxLimits};
 use crate::state::{PostgresStore, StateError, StateStore};
+use crate::telemetry::{Telemetry, TelemetryError};
 
 /// Everything a host needs to start; [`HostSettings::new`] lists the
 /// defaults.
@@ -144,6 +145,11 @@ pub struct HostSettings {
     /// Told of every run handled (tests check the order of calls with it).
     /// Default `None`.
     pub observer: Option<Arc<dyn CallObserver>>,
+    /// Export OpenTelemetry spans and metrics as the `OTEL_*` variables of
+    /// the process say ([`crate::telemetry`]): nothing unless they name an
+    /// endpoint. Default `false`: none, whatever they say (`waku run` and
+    /// `waku demo` set it).
+    pub telemetry_from_env: bool,
 }
 
 impl HostSettings {
@@ -176,6 +182,7 @@ impl HostSettings {
             until_caught_up: false,
             group: None,
             observer: None,
+            telemetry_from_env: false,
         }
     }
 
@@ -283,6 +290,15 @@ impl LogSettings {
                 let path = data.join("log.redb");
                 EmbeddedLog::open(&path).map(AnyLog::Embedded).map_err(|source| HostError::EmbeddedLog { path, source })
             }
+        }
+    }
+
+    /// The log as OpenTelemetry's `messaging.system` names it: `iggy`, or
+    /// `waku-embedded` for the embedded log.
+    pub fn messaging_system(&self) -> &'static str {
+        match self {
+            Self::Iggy { .. } => "iggy",
+            Self::Embedded => "waku-embedded",
         }
     }
 }
@@ -458,6 +474,9 @@ pub enum HostError {
         #[source]
         source: LogError,
     },
+    /// OpenTelemetry export could not start (the `OTEL_*` variables).
+    #[error("starting OpenTelemetry export (the `OTEL_*` variables)")]
+    Telemetry(#[from] TelemetryError),
     /// A task of the host panicked.
     #[error("{what} panicked: {message}")]
     Panicked {
@@ -537,8 +556,19 @@ impl Host {
                     .map_err(|source| HostError::CreateTopic { topic: topic.clone(), source })?;
             }
         }
-        let mut consumer =
-            Consumer::new(log.clone(), projection.clone(), settings.consumer.clone()).with_metrics(metrics.clone());
+        let telemetry = match settings.telemetry_from_env {
+            false => None,
+            // It builds an HTTP client that blocks: off the runtime's threads.
+            true => {
+                let system = settings.log.messaging_system();
+                tokio::task::spawn_blocking(move || Telemetry::from_env(system))
+                    .await
+                    .map_err(|e| HostError::Panicked { what: "starting OpenTelemetry", message: e.to_string() })??
+            }
+        };
+        let mut consumer = Consumer::new(log.clone(), projection.clone(), settings.consumer.clone())
+            .with_metrics(metrics.clone())
+            .with_telemetry(telemetry.clone());
         if let Some(observer) = &settings.observer {
             consumer = consumer.with_observer(observer.clone());
         }
@@ -616,6 +646,7 @@ impl Host {
             stop_admin,
             consuming: Some(consuming),
             membership,
+            telemetry,
             _reloader: reloader,
         })
     }
@@ -731,6 +762,8 @@ pub struct RunningHost<L = AnyLog> {
     /// Its consumer group membership, left once the consumer let its
     /// partitions go ([`crate::membership`]).
     membership: Option<crate::membership::Membership>,
+    /// Shut down (its last spans and metrics sent) once the consumer stopped.
+    telemetry: Option<Telemetry>,
     _reloader: Option<Reloader>,
 }
 
@@ -831,6 +864,10 @@ impl<L: EventLog> RunningHost<L> {
         // hands them to the group's other hosts at once.
         if let Some(membership) = self.membership.take() {
             membership.leave().await;
+        }
+        if let Some(telemetry) = self.telemetry.take() {
+            // Waits on a thread of its own, at most `SHUTDOWN_WAIT`.
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         }
         ended.map_err(|e| HostError::Panicked { what: "the consumer", message: e.to_string() })?.map_err(Into::into)
     }

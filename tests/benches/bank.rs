@@ -9,12 +9,15 @@
 //!    order, without planning or reduction, with the same commits.
 //! 4. **wasm, small batches**: as 1, with batches of 4096 instead of the
 //!    default 65 536 (fewer events per key per batch to fold).
+//! 5. **wasm, OpenTelemetry on**: as 1, exporting a span per batch, call
+//!    spans and the consumer metrics over OTLP/HTTP to a receiver in this
+//!    process that answers every request with 200 (`host/src/telemetry.rs`).
 //!
 //! Each way consumes the same log into a fresh state store; each is checked
 //! against the oracle, so a fast wrong answer cannot win. Prints events/s
 //! and the ratios. `WAKU_BENCH_EVENTS` and `WAKU_BENCH_ACCOUNTS` resize the
 //! workload (default 1 000 000 events over 10 000 accounts);
-//! `WAKU_BENCH_ONLY=native` (or `wasm`, `per-event`, `wasm-small`, several
+//! `WAKU_BENCH_ONLY=native` (or `wasm`, `per-event`, `wasm-small`, `wasm-otel`, several
 //! separated by commas) runs only those ways, e.g. under a profiler.
 
 use std::sync::Arc;
@@ -30,6 +33,7 @@ use wakuwaku::log::EventLog;
 use wakuwaku::log::embedded::EmbeddedLog;
 use wakuwaku::projection::Projection;
 use wakuwaku::state::{BatchCommit, StateStore};
+use wakuwaku::telemetry::Telemetry;
 use wakuwaku_tests::native::NativeModule;
 use wakuwaku_tests::{bank_log, bank_module};
 
@@ -55,6 +59,15 @@ fn main() {
     }
     // As the `waku` command does, so the figures match it.
     wakuwaku::memory::prefer_small_pages();
+    let collector = Collector::start();
+    // SAFETY: no other thread runs yet (the collector's thread reads no
+    // environment), and the telemetry way is the only reader.
+    unsafe {
+        for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("OTEL_")) {
+            std::env::remove_var(name);
+        }
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{}", collector.address));
+    }
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 1_000_000) as usize,
         accounts: env_or("WAKU_BENCH_ACCOUNTS", 10_000),
@@ -75,11 +88,11 @@ fn main() {
 
     let only = std::env::var("WAKU_BENCH_ONLY").ok();
     let runs = |way: &str| only.as_deref().is_none_or(|only| only.split(',').any(|o| o.trim() == way));
-    let mut best = [f64::MAX; 4];
+    let mut best = [f64::MAX; 5];
     for round in 0..ROUNDS {
         let state = |name: &str| StateStore::open(&dir.path().join(format!("{name}-{round}.redb"))).unwrap();
         let host = |module: &Arc<dyn HandlerModule>, name, batch| {
-            runtime.block_on(through_host(&log, module.clone(), state(name), &oracle, batch))
+            runtime.block_on(through_host(&log, module.clone(), state(name), &oracle, (batch, None)))
         };
         if runs("wasm") {
             best[0] = best[0].min(host(&wasm, "wasm", BATCH));
@@ -93,6 +106,13 @@ fn main() {
         if runs("wasm-small") {
             best[3] = best[3].min(host(&wasm, "wasm-small", SMALL_BATCH));
         }
+        if runs("wasm-otel") {
+            let telemetry = Telemetry::from_env("waku-embedded").unwrap().expect("an endpoint is set");
+            let config = (BATCH, Some(telemetry.clone()));
+            let secs = runtime.block_on(through_host(&log, wasm.clone(), state("wasm-otel"), &oracle, config));
+            assert!(telemetry.shutdown(), "the last export finished in time");
+            best[4] = best[4].min(secs);
+        }
     }
     // A way left out (`WAKU_BENCH_ONLY`) prints nothing, nor any ratio it is in.
     let measured = |way: usize| best[way] < f64::MAX;
@@ -101,6 +121,7 @@ fn main() {
         "native handlers through the host:   ".to_owned(),
         "wasm, one call per event, no plan:  ".to_owned(),
         format!("wasm through the host, batch {SMALL_BATCH}: "),
+        "wasm through the host, OTel on:     ".to_owned(),
     ];
     for (way, label) in labels.iter().enumerate().filter(|(way, _)| measured(*way)) {
         println!("{label} {:>12.0} events/s", spec.events as f64 / best[way]);
@@ -109,9 +130,13 @@ fn main() {
         ("ratio native / wasm:                ".to_owned(), 0, 1),
         ("ratio wasm / wasm-per-event:        ".to_owned(), 2, 0),
         (format!("ratio batch {BATCH} / batch {SMALL_BATCH}:     "), 3, 0),
+        ("ratio OTel on / off (time):         ".to_owned(), 4, 0),
     ];
     for (label, slower, faster) in ratios.iter().filter(|(_, a, b)| measured(*a) && measured(*b)) {
         println!("{label} {:>12.2}", best[*slower] / best[*faster]);
+    }
+    if measured(4) {
+        println!("OTLP requests received: {}", collector.requests.load(std::sync::atomic::Ordering::Relaxed));
     }
 }
 
@@ -127,12 +152,12 @@ async fn through_host(
     module: Arc<dyn HandlerModule>,
     store: StateStore,
     oracle: &Oracle,
-    batch_size: usize,
+    (batch_size, telemetry): (usize, Option<Telemetry>),
 ) -> f64 {
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let config = ConsumerConfig { batch_size, ..ConsumerConfig::default() };
     let started = Instant::now();
-    Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
+    Consumer::new(log.clone(), projection.clone(), config).with_telemetry(telemetry).catch_up().await.unwrap();
     let secs = started.elapsed().as_secs_f64();
     assert_matches(oracle, &*module, projection.store(), module.name());
     secs
@@ -176,4 +201,58 @@ async fn per_event(log: &Arc<EmbeddedLog>, module: Arc<dyn HandlerModule>, store
     let secs = started.elapsed().as_secs_f64();
     assert_matches(oracle, &*module, &store, "wasm per event");
     secs
+}
+
+/// An OTLP/HTTP endpoint that reads each request and answers 200 with an
+/// empty body (an empty export response), on a thread of its own.
+struct Collector {
+    address: std::net::SocketAddr,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Collector {
+    fn start() -> Self {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let requests = Arc::new(std::sync::atomic::AtomicU64::default());
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let counted = counted.clone();
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    let mut writer = stream;
+                    loop {
+                        let mut length = 0usize;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(value) = lower.strip_prefix("content-length:") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let answer =
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                        if writer.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { address, requests }
+    }
 }

@@ -125,6 +125,7 @@ pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     settings.admin = args.admin;
     args.admin_access.apply(&mut settings)?;
     settings.until_caught_up = true;
+    settings.telemetry_from_env = true;
     let module = load_module_file(&settings.sandbox()?, &module_path)
         .map_err(hint_at_limit_flags)
         .with_context(|| format!("loading module {}", module_path.display()))?;

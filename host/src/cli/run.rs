@@ -159,6 +159,7 @@ impl RunArgs {
         self.admin_access.apply(&mut settings)?;
         settings.until_caught_up = self.until_caught_up;
         settings.group = self.group.clone();
+        settings.telemetry_from_env = true;
         Ok(settings)
     }
 }

@@ -214,6 +214,9 @@ impl<L: EventLog> Consumer<L> {
         // so no call waits for the store ([`crate::state::cache`]).
         let snapshot = Arc::new(store.batch_reader(partition, input.keys.keys())?);
         laps.lap(&mut summary.phases, Phase::Plan);
+        if let Some(trace) = &self.trace {
+            trace.set_keys(input.keys.keys().len());
+        }
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();

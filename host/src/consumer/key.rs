@@ -60,7 +60,8 @@ use super::phase::{Laps, Phase};
 use super::{Consumer, RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::handler::{
-    BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, KeyOutcome, KeyScope, ScopeShared,
+    BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
+    ScopeShared,
 };
 use crate::key::Key;
 use crate::log::EventLog;
@@ -69,6 +70,7 @@ use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
+use crate::telemetry::{CallOf, CallOutcome};
 
 impl<L: EventLog> Consumer<L> {
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
@@ -215,7 +217,9 @@ impl<L: EventLog> Consumer<L> {
                 }
                 let error = match result {
                     Ok(()) => {
-                        let events = reduced.origins[begin..end].iter().map(|o| o.events).sum::<u64>();
+                        let served = &reduced.origins[begin..end];
+                        let events = served.iter().map(|o| o.events).sum::<u64>();
+                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
                         out.summary.applied += events;
                         out.tally.of(route.module, tag).applied += events;
                         out.summary.calls += 1;
@@ -239,6 +243,8 @@ impl<L: EventLog> Consumer<L> {
                         continue;
                     }
                     Err(CallError::HostFault(fault)) => {
+                        let (served, outcome) = (&reduced.origins[begin..end], CallOutcome::HostFault);
+                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, outcome);
                         tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
                         out.host_fault.get_or_insert(fault);
                         return;
@@ -259,6 +265,8 @@ impl<L: EventLog> Consumer<L> {
                     self.config.retry.max_attempts,
                 );
                 let tries = Tries { attempts: attempt, ..Tries::merged(attempts[begin..end].iter().copied()) };
+                let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
+                self.trace_call(&**module, &route.event_type.name, key, &reduced.origins[begin..end], elapsed, outcome);
                 if class == FailureClass::Trap {
                     out.tally.of(route.module, tag).traps += 1;
                 }
@@ -382,6 +390,24 @@ impl<L: EventLog> Consumer<L> {
                 let key = key.clone();
                 observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
             }
+        }
+    }
+
+    /// Reports a call for the events of `origins` to the batch's trace,
+    /// when telemetry is on.
+    fn trace_call(
+        &self,
+        module: &dyn HandlerModule,
+        event_type: &str,
+        key: &Key,
+        origins: &[Origin],
+        elapsed: std::time::Duration,
+        outcome: CallOutcome,
+    ) {
+        if let Some(trace) = &self.trace {
+            let events = origins.iter().map(|origin| origin.events).sum();
+            let call = CallOf { module: module.name(), version: module.version(), event_type, key, events };
+            trace.call(call, elapsed, outcome);
         }
     }
 

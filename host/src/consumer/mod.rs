@@ -91,6 +91,7 @@ use crate::progress::Progress;
 use crate::projection::Projection;
 use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed};
 use crate::state::StateError;
+use crate::telemetry::{BatchOf, BatchTrace, CallTrace, Telemetry};
 
 mod batch;
 use batch::BatchBuffers;
@@ -405,6 +406,10 @@ pub struct Consumer<L> {
     assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
     /// What the release stages show (projections over several topics).
     timing: Arc<TimingBoard>,
+    /// OpenTelemetry export, when configured ([`crate::telemetry`]).
+    telemetry: Option<Telemetry>,
+    /// On the clone a batch runs on: where its calls report.
+    trace: Option<Arc<CallTrace>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -421,6 +426,8 @@ impl<L> Clone for Consumer<L> {
             counters: self.counters.clone(),
             assignment: self.assignment.clone(),
             timing: self.timing.clone(),
+            telemetry: self.telemetry.clone(),
+            trace: self.trace.clone(),
         }
     }
 }
@@ -439,6 +446,8 @@ impl<L: EventLog> Consumer<L> {
             counters: CounterQuota::new(&config.payload),
             assignment: None,
             timing: Arc::default(),
+            telemetry: None,
+            trace: None,
             config,
         }
     }
@@ -472,6 +481,13 @@ impl<L: EventLog> Consumer<L> {
     /// Reports every handled run to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Exports a span per batch (and its calls) and the messaging metrics
+    /// through `telemetry`.
+    pub fn with_telemetry(mut self, telemetry: Option<Telemetry>) -> Self {
+        self.telemetry = telemetry;
         self
     }
 
@@ -1195,7 +1211,10 @@ impl<L: EventLog> Consumer<L> {
         if let Advance::Topic(next) = advance {
             self.progress.read(partition, next);
         }
-        let consumer = self.clone();
+        let mut consumer = self.clone();
+        let offsets = records.iter().map(|view| view.offset());
+        let trace = self.open_trace(self.projection.topic(), partition, offsets, records.len(), polled);
+        consumer.trace = trace.as_ref().map(BatchTrace::calls);
         let mut buffers = std::mem::take(&mut state.buffers);
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
             let batch = consumer.process_batch(partition, &records, &advance, &queue, &mut buffers);
@@ -1203,6 +1222,9 @@ impl<L: EventLog> Consumer<L> {
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+        if let Some(trace) = trace {
+            trace.finish(batch.as_ref().map_err(|error| error as &dyn std::fmt::Display));
+        }
         state.queue = Some(returned);
         state.buffers = buffers;
         let batch = match (&advance, &mut state.timed) {
@@ -1388,12 +1410,21 @@ impl<L: EventLog> Consumer<L> {
         // Once every record taken is done; the batch lowers it to the first
         // record it leaves.
         let retry_position = queue.position();
-        let consumer = self.clone();
-        let (mut summary, left) = tokio::task::spawn_blocking(move || {
+        let mut consumer = self.clone();
+        let offsets = records.iter().map(|stored| stored.offset);
+        let trace = self.open_trace(&retry, partition, offsets, records.len(), polled);
+        consumer.trace = trace.as_ref().map(BatchTrace::calls);
+        let processed = tokio::task::spawn_blocking(move || {
             consumer.process_retry_batch(partition, records, next_waiting, retry_position)
         })
         .await
-        .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))??;
+        .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
+        if let Some(trace) = trace {
+            trace.finish(
+                processed.as_ref().map(|(summary, _)| summary).map_err(|error| error as &dyn std::fmt::Display),
+            );
+        }
+        let (mut summary, left) = processed?;
         summary.phases.add(Phase::Poll, polled);
         // An attempt that did nothing at all (its calls not made, for the
         // batch's budget or the module's time) leaves its keys waiting a
@@ -1432,6 +1463,22 @@ impl<L: EventLog> Consumer<L> {
             metrics.partition_fenced(self.projection.name());
             metrics.events_redone(self.projection.name(), redone);
         }
+    }
+
+    /// The OpenTelemetry trace of a batch of `count` records of `topic` at
+    /// `offsets`, when telemetry is on.
+    fn open_trace(
+        &self,
+        topic: &str,
+        partition: u32,
+        offsets: impl Iterator<Item = u64>,
+        count: usize,
+        polled: Duration,
+    ) -> Option<BatchTrace> {
+        let telemetry = self.telemetry.as_ref()?;
+        let (first, last) = offsets.fold((u64::MAX, 0), |(first, last), offset| (first.min(offset), last.max(offset)));
+        let projection = self.projection.name();
+        Some(telemetry.batch(BatchOf { projection, topic, partition, count, first: first.min(last), last }, polled))
     }
 
     /// Observes a batch's (or a settle step's) phases in the metrics.

@@ -14,5 +14,6 @@ mod readme_day;
 mod rebuild;
 mod reset;
 mod scale;
+mod telemetry;
 mod through_the_host;
 mod untrusted;
