@@ -280,7 +280,6 @@ fn simulations(split: &[Vec<Vec<Planned>>]) {
             found.violations
         );
     }
-
 }
 
 /// Part 3: the host on both paths.

@@ -430,7 +430,7 @@ impl<L: EventLog> Consumer<L> {
         let now = routing::now_ms();
         Routed {
             projection: self.projection.name().to_owned(),
-            topic: self.projection.topic().to_owned(),
+            topic: self.topic_name(origin.topic).to_owned(),
             event_type: event_type.to_owned(),
             origin_partition: partition,
             origin_offset: origin.offset,
@@ -442,6 +442,13 @@ impl<L: EventLog> Consumer<L> {
             ahead_of: None,
             ordering: tries.ordering,
         }
+    }
+
+    /// The name of the projection's topic of index `topic` (an
+    /// [`Origin::topic`]); the first for an index it does not have.
+    pub(super) fn topic_name(&self, topic: u32) -> &str {
+        let topics = self.projection.topics();
+        topics.get(topic as usize).map_or(self.projection.topic(), String::as_str)
     }
 
     /// An outbox entry for the retry or dead-letter topic (`topic_of` the
