@@ -25,30 +25,44 @@ use std::borrow::Cow;
 
 use crate::event::Algebra;
 
-/// What one body of a run stands for: the log offset of the first event in
-/// it and how many events it carries. A body read from the log stands for
-/// itself (`events: 1`); a folded body for every event folded into it.
+/// What one body of a run stands for: the topic and log offset of the
+/// first event in it and how many events it carries. A body read from the
+/// log stands for itself (`events: 1`); a folded body for every event
+/// folded into it.
 ///
 /// Reduction keeps origins so that work handed on after a failure (to the
 /// retry or dead-letter topic) still says where it came from and how many
-/// events it accounts for.
+/// events it accounts for. A run of a projection over several topics may
+/// hold events of each: a body standing for several names the one with the
+/// lowest topic index and, in that topic, the lowest offset, so it always
+/// names an event it stands for (in a projection of one topic, the
+/// earliest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Origin {
-    /// Offset of the earliest event, in the topic the run was read from.
+    /// The index of the topic the event was read from, among the
+    /// projection's topics (0 for a projection of one topic).
+    pub topic: u32,
+    /// Offset of the earliest event, in that topic.
     pub offset: u64,
     /// Events it accounts for (at least 1).
     pub events: u64,
 }
 
 impl Origin {
-    /// One event at `offset`.
+    /// One event at `offset` of the first (or only) topic.
     pub const fn single(offset: u64) -> Self {
-        Self { offset, events: 1 }
+        Self::in_topic(0, offset)
     }
 
-    /// Folds `other` into `self`: the earlier offset, the events of both.
+    /// One event at `offset` of the topic of index `topic`.
+    pub const fn in_topic(topic: u32, offset: u64) -> Self {
+        Self { topic, offset, events: 1 }
+    }
+
+    /// Folds `other` into `self`: the earlier place (topic, then offset),
+    /// the events of both.
     fn absorb(&mut self, other: Origin) {
-        self.offset = self.offset.min(other.offset);
+        (self.topic, self.offset) = (self.topic, self.offset).min((other.topic, other.offset));
         self.events += other.events;
     }
 }
@@ -278,7 +292,7 @@ mod tests {
     #[test]
     fn origins_count_every_event_once_for_owned_and_borrowed_runs() {
         let origins = |pairs: &[(u64, u64)]| -> Vec<Origin> {
-            pairs.iter().map(|&(offset, events)| Origin { offset, events }).collect()
+            pairs.iter().map(|&(offset, events)| Origin { topic: 0, offset, events }).collect()
         };
         let singles = |offsets: &[u64]| -> Vec<Origin> { offsets.iter().map(|&o| Origin::single(o)).collect() };
         let cases = [
@@ -305,6 +319,19 @@ mod tests {
         assert_eq!(folded.unwrap().origins, origins(&[(7, 5)]));
         let failed = reduce_traced(Algebra::Associative, weighted.clone(), |_: &[Vec<u8>]| Err("no".to_owned()));
         assert_eq!(failed, Err(("no".to_owned(), weighted)), "a failed fold gives the run back");
+    }
+
+    #[test]
+    fn a_body_standing_for_events_of_several_topics_names_one_of_them() {
+        let fold = |origins: &[Origin]| {
+            let run = Traced { bodies: bodies(&["1", "1", "1"]).into(), origins: origins.to_vec().into() };
+            reduce_traced(Algebra::Associative, run, |_: &[Vec<u8>]| Ok::<_, String>(b"3".to_vec())).unwrap().origins
+        };
+        let origins = [Origin::in_topic(2, 4), Origin::in_topic(1, 90), Origin::in_topic(1, 7)];
+        assert_eq!(fold(&origins)[..], [Origin { topic: 1, offset: 7, events: 3 }]);
+        let run = Traced { bodies: bodies(&["a", "a"]).into(), origins: origins[..2].to_vec().into() };
+        let deduped = reduce_traced(Algebra::Idempotent, run, no_combine).unwrap();
+        assert_eq!(deduped.origins[..], [Origin { topic: 1, offset: 90, events: 2 }]);
     }
 
     #[test]

@@ -427,9 +427,13 @@ pub fn rewrite_orderings(stages: impl IntoIterator<Item = usize>) -> Vec<EventAt
         .collect()
 }
 
-/// The origin a routed record stands for.
-pub fn origin_of(routed: &Routed) -> Origin {
-    Origin { offset: routed.origin_offset, events: routed.events }
+/// The origin a routed record of a projection over `topics` stands for:
+/// its topic's index among them, or the first's for a topic that is not
+/// one of them (an older host wrote none, or the projection's topics
+/// changed since).
+pub fn origin_of(routed: &Routed, topics: &[String]) -> Origin {
+    let topic = topics.iter().position(|topic| *topic == routed.topic).unwrap_or(0);
+    Origin { topic: u32::try_from(topic).unwrap_or(0), offset: routed.origin_offset, events: routed.events }
 }
 
 /// One record of a key waiting in retry.

@@ -21,14 +21,16 @@
 //! 3. **Throughput, event-time path ÷ plain projection**: the host
 //!    (inventory module, embedded log and state) catching up on the
 //!    history over the 13 topics in event-time order, against the same
-//!    events in one topic of as many partitions without event time; events
-//!    per second of each in the same run, and their ratio.
+//!    records in one topic of as many partitions (a one-topic projection:
+//!    log order, the event times only carried); events per second of each
+//!    in the same run, their ratio, and the time of each per phase.
 //! 4. **Release latency in the live phase**: `waku demo inventory`'s run
 //!    (history, then live traffic at [`LIVE_RATE`] events/s for
 //!    [`LIVE_SECS`] s): p50 and p99 from the clock passing an event to the
 //!    commit of its handle call, with the violations and the oracle check.
 //!
-//! `WAKU_BENCH_EVENTS` (default 60 000) sizes the history.
+//! `WAKU_BENCH_EVENTS` (default 60 000) sizes the history;
+//! `WAKU_BENCH_ONLY=throughput` runs part 3 alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,9 +181,8 @@ fn settings(
     settings
 }
 
-/// Appends `events` (per topic, in order) to `log` as topics named `names`
-/// (`None`: all into one topic `all`, without event time). Returns the
-/// topics to consume.
+/// Appends `events` (per topic, in order) to `log` as the demo's topics
+/// (`plain`: all into one topic `all`). Returns the topics to consume.
 async fn append(
     log: &EmbeddedLog,
     history: &[Vec<Planned>],
@@ -198,8 +199,9 @@ async fn append(
         for chunk in events.chunks(4096) {
             let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
             for event in chunk {
-                let event = Planned { time: if plain { None } else { event.time }, ..*event };
-                let (partition, record) = encoder.record(&event).unwrap();
+                // The same records on both paths: a one-topic projection
+                // applies them in log order, its event times only carried.
+                let (partition, record) = encoder.record(event).unwrap();
                 batches[partition as usize].1.push(record);
             }
             log.append(name, batches).await.unwrap();
@@ -240,12 +242,24 @@ async fn main() {
         spec.history, spec.products, spec.partitions, spec.seed
     );
 
+    let only_throughput = std::env::var("WAKU_BENCH_ONLY").is_ok_and(|only| only == "throughput");
+    if !only_throughput {
+        simulations(&split);
+    }
+    throughputs(&history, spec.partitions).await;
+    if !only_throughput {
+        live(spec).await;
+    }
+}
+
+/// Parts 1 and 2: the release stage alone.
+fn simulations(split: &[Vec<Vec<Planned>>]) {
     println!(
         "\n1. violations, topic `{}` read {LATE_ROUNDS} ms late, {SHARE} records a read:",
         TIMED_TOPICS[LATE_TOPIC]
     );
     for (name, rule) in [("timer-based idleness (1 s)", Rule::Timer(TIMEOUT_ROUNDS)), ("offset gate", Rule::Gate)] {
-        let found = simulate_all(&split, rule, None, ReleaseLimits::default());
+        let found = simulate_all(split, rule, None, ReleaseLimits::default());
         println!(
             "   {name:<28} {:>7} of {} timed events late ({:.2} %)",
             found.violations,
@@ -257,7 +271,7 @@ async fn main() {
     println!("\n2. peak held bytes of one partition index, topic `{}` read 10x slower:", TIMED_TOPICS[LATE_TOPIC]);
     for limit in [64u64 << 20, 1 << 20] {
         let limits = ReleaseLimits { max_held_bytes: limit };
-        let found = simulate_all(&split, Rule::Gate, Some(LATE_TOPIC), limits);
+        let found = simulate_all(split, Rule::Gate, Some(LATE_TOPIC), limits);
         let unbounded = if limit == 64 << 20 { " (nothing paused below it)" } else { "" };
         println!(
             "   limit {:>5} KiB: peak {:>9} bytes{unbounded}, {} violations",
@@ -266,10 +280,13 @@ async fn main() {
             found.violations
         );
     }
+}
 
+/// Part 3: the host on both paths.
+async fn throughputs(history: &[Vec<Planned>], partitions: u32) {
     println!("\n3. throughput catching up on the history (the host, embedded log and state):");
-    let (timed, timed_summary) = throughput(&history, spec.partitions, false).await;
-    let (plain, plain_summary) = throughput(&history, spec.partitions, true).await;
+    let (timed, timed_summary) = throughput(history, partitions, false).await;
+    let (plain, plain_summary) = throughput(history, partitions, true).await;
     for (name, rate, summary) in [
         ("event-time path over 13 topics", timed, &timed_summary),
         ("plain projection, one topic", plain, &plain_summary),
@@ -278,7 +295,10 @@ async fn main() {
         println!("      time per phase: {}", summary.phases);
     }
     println!("   ratio: {:.2}", timed / plain);
+}
 
+/// Part 4: the demo's live phase.
+async fn live(spec: InventorySpec) {
     println!("\n4. waku demo inventory, live at {LIVE_RATE} events/s for {LIVE_SECS} s:");
     let module = inventory_module();
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,8 @@ impl<L: EventLog> Consumer<L> {
         input.clear();
         let now = routing::now_ms();
         for view in records.iter() {
+            // The topic it was read from (a released batch gathers several).
+            let topic = self.topic_name(view.input());
             // Unreadable headers, or a timed type's message without its
             // event time (`event-time-declared`), are dead-lettered.
             let parsed = Envelope::parse(view.headers())
@@ -78,7 +80,7 @@ impl<L: EventLog> Consumer<L> {
                     let headers = envelope.with_key(input.keys.key(number).clone());
                     let routed = Routed {
                         projection: projection.name().to_owned(),
-                        topic: projection.topic().to_owned(),
+                        topic: topic.to_owned(),
                         event_type: modules.route(headers.tag).map(|r| r.event_type.name.clone()).unwrap_or_default(),
                         origin_partition: partition,
                         origin_offset: view.offset(),
@@ -104,7 +106,8 @@ impl<L: EventLog> Consumer<L> {
                 }
                 Ok((number, envelope)) => {
                     let tries = Tries::fresh(envelope.ordering);
-                    input.push(number, envelope, Origin::single(view.offset()), tries, view.body().to_vec());
+                    let origin = Origin::in_topic(view.input(), view.offset());
+                    input.push(number, envelope, origin, tries, view.body().to_vec());
                 }
                 Err(error) => {
                     let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
@@ -114,12 +117,12 @@ impl<L: EventLog> Consumer<L> {
                     };
                     tracing::warn!(
                         projection = projection.name(),
+                        topic,
                         partition,
                         offset = view.offset(),
                         "message has unreadable headers and goes to the dead-letter topic: {reason}"
                     );
-                    let record =
-                        routing::malformed_record(projection.name(), projection.topic(), partition, stored, reason);
+                    let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
                     commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.malformed += 1;
                     summary.dead_lettered += 1;
@@ -168,7 +171,8 @@ impl<L: EventLog> Consumer<L> {
             match parsed {
                 Ok((routed, number, envelope)) => {
                     offsets.push(stored.offset);
-                    input.push(number, envelope, routing::origin_of(&routed), Tries::of(&routed), stored.record.body);
+                    let origin = routing::origin_of(&routed, projection.topics());
+                    input.push(number, envelope, origin, Tries::of(&routed), stored.record.body);
                 }
                 Err(error) => {
                     // It was readable when it was indexed: the log changed

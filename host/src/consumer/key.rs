@@ -148,33 +148,13 @@ impl<L: EventLog> Consumer<L> {
             let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
             let shape = run.shape();
             let tag = run.tag;
-            // Only a run its algebra may change is timed as reduced (two
-            // clock reads fewer for every other run).
-            let reduces = reduce::may_change(route.event_type.algebra, bodies.len());
             let (run_records, run_origins, run_bodies) = (bodies.len(), origins, bodies);
-            if reduces {
-                laps.lap(&mut out.summary.phases, Phase::Calls);
-            }
-            // A failed fold fails the whole run, unreduced; so does a module
-            // out of time for this batch.
             let module = &modules.modules()[route.module];
-            let traced = Traced { bodies: bodies.into(), origins: origins.into() };
-            let folding = reduces.then(std::time::Instant::now);
             let reachable =
                 |scope: &KeyScope| time.check(route.module, module.name()).and_then(|()| scope.budget_not_spent());
-            let (reduced, fold_error) = match reachable(scope).and_then(|()| instances.get(route.module)) {
-                Err(error) => (traced, Some(error)),
-                Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
-                    reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
-                }) {
-                    Ok(reduced) => (reduced, None),
-                    Err((error, run)) => (run, Some(error)),
-                },
-            };
-            if let Some(folding) = folding {
-                time.charge(route.module, folding.elapsed());
-                laps.lap(&mut out.summary.phases, Phase::Reduce);
-            }
+            let traced = Traced { bodies: bodies.into(), origins: origins.into() };
+            let calls = Calls { modules, instances: &mut *instances, time };
+            let (reduced, fold_error) = Self::reduce_run(route, tag, traced, reachable(scope), calls, laps, out);
             let attempts: Cow<[Tries]> = if attempts.len() == reduced.bodies.len() {
                 attempts.into()
             } else {
@@ -218,28 +198,14 @@ impl<L: EventLog> Consumer<L> {
                 let error = match result {
                     Ok(()) => {
                         let served = &reduced.origins[begin..end];
-                        let events = served.iter().map(|o| o.events).sum::<u64>();
                         self.trace_call(&**module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
-                        out.summary.applied += events;
-                        out.tally.of(route.module, tag).applied += events;
-                        out.summary.calls += 1;
-                        calls += 1;
-                        untouched = false;
                         // Unreduced chunks are reported one by one, so a
                         // failure later in the run hides none of them.
-                        if let (Some(observer), Some(offsets)) = (&self.observer, &observed)
-                            && offsets.len() == reduced.bodies.len()
-                        {
-                            let offsets = offsets[begin..end].to_vec();
-                            observer.run_handled(&RunCall {
-                                partition,
-                                key: key.clone(),
-                                tag,
-                                offsets,
-                                reduced: end - begin,
-                                calls: 1,
-                            });
-                        }
+                        let unreduced = observed.as_deref().filter(|offsets| offsets.len() == reduced.bodies.len());
+                        let chunk = (tag, route.module, served);
+                        self.chunk_applied(partition, key, chunk, unreduced.map(|offsets| &offsets[begin..end]), out);
+                        calls += 1;
+                        untouched = false;
                         continue;
                     }
                     Err(CallError::HostFault(fault)) => {
@@ -306,15 +272,8 @@ impl<L: EventLog> Consumer<L> {
                 let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
                 let failed_time = |index: usize| if inflated { times[index] } else { reduced_time(begin + index) };
                 if next == Route::DeadLetter {
-                    for (index, (body, &origin)) in failed_bodies.iter().zip(failed_origins).enumerate() {
-                        let routed =
-                            self.routed(partition, origin, tries, Some(failure_of(index)), &route.event_type.name);
-                        let envelope = shape.envelope(key, failed_time(index));
-                        let record = routing::routed_record(&envelope, &routed, body.clone());
-                        out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
-                        out.summary.dead_lettered += origin.events;
-                        out.tally.of(route.module, tag).dead_lettered += origin.events;
-                    }
+                    let failed = (failed_bodies, failed_origins, tries);
+                    self.dead_letter_chunk(partition, key, (shape, route), failed, (&failure_of, &failed_time), out);
                     untouched = false;
                     continue;
                 }
@@ -370,16 +329,7 @@ impl<L: EventLog> Consumer<L> {
                 }
                 // Retry later: the rest of the run, then every later run.
                 let mut unfinished: Vec<Unfinished> = unfinished_run(begin..reduced.bodies.len()).collect();
-                for run in runs {
-                    let shape = run.shape();
-                    let (origins, bodies, attempts) = work.records(run);
-                    let times = work.event_times(run);
-                    for (((&origin, body), &tries), &event_time) in origins.iter().zip(bodies).zip(attempts).zip(times)
-                    {
-                        let body = body.clone();
-                        unfinished.push(Unfinished { shape, origin, tries, failure: None, event_time, body });
-                    }
-                }
+                unfinished.extend(runs.flat_map(|run| unfinished_of(work, run)));
                 self.retry_later(partition, key, modules, (unfinished, None), out);
                 return;
             }
@@ -409,6 +359,86 @@ impl<L: EventLog> Consumer<L> {
             let call = CallOf { module: module.name(), version: module.version(), event_type, key, events };
             trace.call(call, elapsed, outcome);
         }
+    }
+
+    /// Counts a chunk of a run (`tag`, handled by module `module`, its
+    /// records' `origins`) applied, and reports it to the observer if the
+    /// run was not reduced (`offsets`: the chunk's).
+    fn chunk_applied(
+        &self,
+        partition: u32,
+        key: &Key,
+        (tag, module, origins): (EventTypeTag, usize, &[Origin]),
+        offsets: Option<&[u64]>,
+        out: &mut WorkerOutcome,
+    ) {
+        let events = origins.iter().map(|o| o.events).sum::<u64>();
+        out.summary.applied += events;
+        out.tally.of(module, tag).applied += events;
+        out.summary.calls += 1;
+        if let (Some(observer), Some(offsets)) = (&self.observer, offsets) {
+            let offsets = offsets.to_vec();
+            let reduced = offsets.len();
+            observer.run_handled(&RunCall { partition, key: key.clone(), tag, offsets, reduced, calls: 1 });
+        }
+    }
+
+    /// Dead-letters a failed chunk of a run (its `shape`, routed by
+    /// `route`): each record with its failure and event time (by its index
+    /// in the chunk) and the chunk's tries.
+    fn dead_letter_chunk(
+        &self,
+        partition: u32,
+        key: &Key,
+        (shape, route): (RunShape, &crate::projection::Route),
+        (bodies, origins, tries): (&[Vec<u8>], &[Origin], Tries),
+        (failure_of, time_of): (ByIndex<'_, Failure>, ByIndex<'_, Option<i64>>),
+        out: &mut WorkerOutcome,
+    ) {
+        for (index, (body, &origin)) in bodies.iter().zip(origins).enumerate() {
+            let routed = self.routed(partition, origin, tries, Some(failure_of(index)), &route.event_type.name);
+            let envelope = shape.envelope(key, time_of(index));
+            let record = routing::routed_record(&envelope, &routed, body.clone());
+            out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
+            out.summary.dead_lettered += origin.events;
+            out.tally.of(route.module, shape.tag).dead_lettered += origin.events;
+        }
+    }
+
+    /// Reduces one run with its type's algebra (a long associative run
+    /// folded in parts), unless the module cannot be reached (`reachable`:
+    /// out of time or budget for this batch). A failed fold, or a module
+    /// out of reach, gives the run back unreduced with the error: it fails
+    /// whole. Only a run its algebra may change is timed as reduced (two
+    /// clock reads fewer for every other run).
+    fn reduce_run<'a>(
+        route: &crate::projection::Route,
+        tag: EventTypeTag,
+        traced: Traced<'a>,
+        reachable: Result<(), CallError>,
+        Calls { instances, time, .. }: Calls<'_, '_>,
+        laps: &mut Laps,
+        out: &mut WorkerOutcome,
+    ) -> (Traced<'a>, Option<CallError>) {
+        let reduces = reduce::may_change(route.event_type.algebra, traced.bodies.len());
+        if reduces {
+            laps.lap(&mut out.summary.phases, Phase::Calls);
+        }
+        let folding = reduces.then(std::time::Instant::now);
+        let reduced = match reachable.and_then(|()| instances.get(route.module)) {
+            Err(error) => (traced, Some(error)),
+            Ok(instance) => match reduce_traced(route.event_type.algebra, traced, |bodies| {
+                reduce::fold_in_parts(bodies, COMBINE_PART_BYTES, |part| instance.combine(tag, part))
+            }) {
+                Ok(reduced) => (reduced, None),
+                Err((error, run)) => (run, Some(error)),
+            },
+        };
+        if let Some(folding) = folding {
+            time.charge(route.module, folding.elapsed());
+            laps.lap(&mut out.summary.phases, Phase::Reduce);
+        }
+        reduced
     }
 
     /// Calls `handle`, retrying in place while it fails transiently, as
@@ -471,7 +501,7 @@ impl<L: EventLog> Consumer<L> {
         let now = routing::now_ms();
         Routed {
             projection: self.projection.name().to_owned(),
-            topic: self.projection.topic().to_owned(),
+            topic: self.topic_name(origin.topic).to_owned(),
             event_type: event_type.to_owned(),
             origin_partition: partition,
             origin_offset: origin.offset,
@@ -483,6 +513,13 @@ impl<L: EventLog> Consumer<L> {
             ahead_of: None,
             ordering: tries.ordering,
         }
+    }
+
+    /// The name of the projection's topic of index `topic` (an
+    /// [`Origin::topic`]); the first for an index it does not have.
+    pub(super) fn topic_name(&self, topic: u32) -> &str {
+        let topics = self.projection.topics();
+        topics.get(topic as usize).map_or(self.projection.topic(), String::as_str)
     }
 
     /// An outbox entry for the retry or dead-letter topic (`topic_of` the
@@ -584,6 +621,19 @@ impl RunShape {
     fn envelope(&self, key: &Key, event_time: Option<i64>) -> EventHeaders {
         EventHeaders { tag: self.tag, key: key.clone(), ordering: self.ordering, algebra: self.algebra, event_time }
     }
+}
+
+/// Something of each record of a chunk, by its index in the chunk.
+type ByIndex<'a, T> = &'a dyn Fn(usize) -> T;
+
+/// A run not reached, as it goes to retry: its records as they came.
+fn unfinished_of<'w>(work: &'w BatchWork, run: &'w RunWork) -> impl Iterator<Item = Unfinished> + 'w {
+    let shape = run.shape();
+    let (origins, bodies, attempts) = work.records(run);
+    let times = work.event_times(run);
+    origins.iter().zip(bodies).zip(attempts).zip(times).map(move |(((&origin, body), &tries), &event_time)| {
+        Unfinished { shape, origin, tries, failure: None, event_time, body: body.clone() }
+    })
 }
 
 /// A record of a key's work that did not run, on its way to retry.

@@ -45,7 +45,13 @@
 //!   committed stay pending and are applied before anything more is read.
 //! - **Bounded.** Inputs the stage pauses (held bytes over
 //!   [`super::ConsumerConfig::release`]) are not read until it lets them
-//!   go on.
+//!   go on. A held record is its stored encoding copied out of its poll
+//!   alone ([`EncodedRecord`]), so what is held is what is counted: no
+//!   record keeps a poll's buffer alive. It goes into the released batch
+//!   as it is, never decoded or encoded again.
+//! - **Each released record keeps its topic** (its input's index,
+//!   [`crate::log::RecordView::input`]): the batch routes it to retry or
+//!   the dead-letter topic naming the topic it was read from.
 
 use wakuwaku_core::release::{
     Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseStage, Released,
@@ -57,7 +63,7 @@ use super::timing_status::{PartitionTiming, TimingBoard};
 use super::{Consumer, ConsumerError, Polled, Step, release_marks};
 use crate::event::Envelope;
 use crate::key::Key;
-use crate::log::{EventLog, PolledBatch, Record, RecordView};
+use crate::log::{EncodedRecord, EventLog, PolledBatch, RecordView};
 use crate::projection::ModuleSet;
 use crate::routing;
 
@@ -65,14 +71,15 @@ use crate::routing;
 pub(super) struct Timed {
     /// The projection's topics: one input each, in this order.
     topics: Vec<String>,
-    stage: ReleaseStage<Record>,
+    stage: ReleaseStage<EncodedRecord>,
     /// Each input's end offset read when the partition was taken: catching
     /// up ends once every input reached it and nothing is held.
     start_ends: Vec<u64>,
-    /// Released events not committed yet, in release order.
+    /// Released events not committed yet, in release order, each with
+    /// its input ([`crate::log::RecordView::input`]).
     pending: PolledBatch,
     /// Released events as the stage hands them out.
-    released: Vec<Released<Record>>,
+    released: Vec<Released<EncodedRecord>>,
     /// The last poll's batch, reused by the next one.
     spare: PolledBatch,
     /// Late events already committed (counted in the statistics).
@@ -224,8 +231,9 @@ impl<L: EventLog> Consumer<L> {
         }
         for released in timed.released.drain(..) {
             timed.pending_in_order += u64::from(released.release == Release::InOrder);
-            // Cannot fail: the record was read from the log so.
-            timed.pending.push(released.offset, &released.payload).map_err(ConsumerError::HostFault)?;
+            // An input index fits: the inputs are the projection's topics.
+            let input = u32::try_from(released.input).unwrap_or(u32::MAX);
+            timed.pending.push_record(released.offset, input, &released.payload);
         }
         self.show_timing(partition, timed);
         if !timed.pending.is_empty() {
@@ -319,7 +327,7 @@ impl<L: EventLog> Consumer<L> {
             offset: view.offset(),
             event_time,
             bytes: view.stored_len() as u64,
-            payload: view.to_record(),
+            payload: view.to_encoded(),
         };
         let admission = timed.stage.read(arrival, &mut timed.released)?;
         if admission == Admission::Released

@@ -71,7 +71,7 @@ pub mod polled;
 
 pub use embedded::EmbeddedLog;
 pub use iggy::IggyLog;
-pub use polled::{PolledBatch, RecordView};
+pub use polled::{EncodedRecord, PolledBatch, RecordView};
 
 /// `scheme://user:password@host…` with the password replaced by `****`, for
 /// messages and listings; `None` when the URL holds no credentials. The last

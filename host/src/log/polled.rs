@@ -17,6 +17,15 @@
 //!   a bad encoding later.
 //! - **Exactly the record.** [`RecordView::to_record`] gives back the
 //!   [`Record`] that was pushed or stored, header for header, byte for byte.
+//! - **A record taken out is its encoding.** [`RecordView::to_encoded`]
+//!   copies one record's stored bytes out alone ([`EncodedRecord`]: one
+//!   allocation of exactly its size, so it keeps no poll's buffer alive),
+//!   and [`PolledBatch::push_record`] copies them into another batch as
+//!   they are: never decoded into headers and a body, never encoded or
+//!   checked again. The release stage holds records so.
+//! - **A batch gathered from several inputs says where each record came
+//!   from** ([`RecordView::input`]: for a projection over several topics,
+//!   the topic's index); 0 for every record of a poll.
 //! - **No allocation per record.** The buffer and the index
 //!   grow with the batch and are kept across polls ([`PolledBatch::clear`]),
 //!   so a partition that polls batches of one size allocates them once.
@@ -51,6 +60,10 @@ impl Default for PolledBatch {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     offset: u64,
+    /// The input it came from ([`RecordView::input`]).
+    input: u32,
+    /// Where its encoding starts (its header count).
+    start: usize,
     /// Where its first header starts (after the header count).
     headers: usize,
     /// How many headers it has.
@@ -112,13 +125,24 @@ impl PolledBatch {
         self.push_encoded(offset, &encoded)
     }
 
+    /// Appends a record taken out of a batch ([`RecordView::to_encoded`]),
+    /// read from `input`: its bytes copied in as they are, checked when
+    /// they were first pushed.
+    pub fn push_record(&mut self, offset: u64, input: u32, record: &EncodedRecord) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&record.bytes);
+        let Layout { headers, count, body } = record.layout;
+        let body = (start + body.0, start + body.1);
+        self.records.push(Entry { offset, input, start, headers: start + headers, count, body });
+    }
+
     /// Checks and indexes the encoded record that starts at `start` and
     /// runs to the end of the buffer; on an error, removes it again.
     fn index(&mut self, offset: u64, start: usize) -> Result<(), String> {
         match check(&self.bytes[start..]) {
             Ok(Layout { headers, count, body }) => {
                 let body = (start + body.0, start + body.1);
-                self.records.push(Entry { offset, headers: start + headers, count, body });
+                self.records.push(Entry { offset, input: 0, start, headers: start + headers, count, body });
                 Ok(())
             }
             Err(reason) => {
@@ -150,6 +174,7 @@ impl PolledBatch {
 }
 
 /// Where the parts of one encoded record lie, relative to its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Layout {
     headers: usize,
     count: usize,
@@ -222,6 +247,12 @@ impl<'a> RecordView<'a> {
         self.entry.offset
     }
 
+    /// The input it was read from, in a batch gathered from several
+    /// ([`PolledBatch::push_record`]); 0 in a poll.
+    pub fn input(&self) -> u32 {
+        self.entry.input
+    }
+
     /// The user headers, in the order they were written: name and value
     /// bytes (names were checked to be UTF-8 when the batch was filled).
     pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + use<'a> {
@@ -254,6 +285,32 @@ impl<'a> RecordView<'a> {
     /// The record as an owned [`Record`], exactly as it was stored.
     pub fn to_record(&self) -> Record {
         Record { headers: self.owned_headers(), body: self.body().to_vec() }
+    }
+
+    /// The record's stored encoding copied out alone, for
+    /// [`PolledBatch::push_record`].
+    pub fn to_encoded(&self) -> EncodedRecord {
+        let Entry { start, headers, count, body, .. } = *self.entry;
+        EncodedRecord {
+            bytes: self.batch.bytes[start..body.1].into(),
+            layout: Layout { headers: headers - start, count, body: (body.0 - start, body.1 - start) },
+        }
+    }
+}
+
+/// One record's stored encoding, taken out of its batch alone
+/// ([`RecordView::to_encoded`]) and checked when it was first pushed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedRecord {
+    /// Exactly its bytes, so holding it holds nothing more.
+    bytes: Box<[u8]>,
+    layout: Layout,
+}
+
+impl EncodedRecord {
+    /// Its size as stored, headers and body ([`RecordView::stored_len`]).
+    pub fn stored_len(&self) -> usize {
+        self.layout.body.1 - self.layout.headers
     }
 }
 
@@ -291,6 +348,29 @@ mod tests {
             assert_eq!(names, record.headers.iter().map(|h| h.name.as_bytes()).collect::<Vec<_>>());
         }
         assert_eq!(batch.last().map(|view| view.offset()), Some(12));
+    }
+
+    #[test]
+    fn a_record_taken_out_goes_into_another_batch_exactly_with_its_input() {
+        let records = [record(b"first"), Record::default(), record(&[7; 300])];
+        let mut polled = PolledBatch::new();
+        for (offset, record) in (10..).zip(&records) {
+            polled.push(offset, record).unwrap();
+        }
+        let taken: Vec<EncodedRecord> = polled.iter().map(|view| view.to_encoded()).collect();
+        let mut gathered = PolledBatch::new();
+        gathered.push(3, &record(b"before")).unwrap();
+        for (index, record) in taken.iter().enumerate().rev() {
+            gathered.push_record(20 + index as u64, index as u32 + 1, record);
+        }
+        let views: Vec<_> = gathered.iter().collect();
+        assert_eq!((views[0].input(), views[0].to_record()), (0, record(b"before")));
+        for (view, index) in views[1..].iter().zip([2usize, 1, 0]) {
+            assert_eq!(view.to_record(), records[index]);
+            assert_eq!((view.offset(), view.input()), (20 + index as u64, index as u32 + 1));
+            assert_eq!(view.stored_len(), taken[index].stored_len());
+            assert_eq!(view.to_encoded(), taken[index]);
+        }
     }
 
     #[test]

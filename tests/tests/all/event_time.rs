@@ -355,3 +355,92 @@ async fn a_retried_fold_keeps_the_event_time_of_the_event_whose_place_it_takes()
     assert_eq!(flaky::Flaky::applied(store, &Key::int(1u64)), [1]);
     assert_eq!(flaky::Flaky::applied(store, &Key::int(3u64)), [4, 3]);
 }
+
+/// Dead-letter and retry records of a projection over two topics name the
+/// topic, partition and offset each event was read from (the first topic
+/// was named for every one before), and a re-driven letter that fails
+/// again names them still:
+/// - `second` offset 1 fails for good: dead-lettered naming `second`;
+/// - `second` offset 2 fails retryably: its retry record names `second`;
+/// - `first` offset 2 fails for good: dead-lettered naming `first`;
+/// - the letter of `second` re-driven fails again: its new letter names
+///   `second` offset 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_a_projection_over_two_topics_name_the_topic_each_event_was_read_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    for topic in ["first", "second"] {
+        log.create_topic(topic, 2).await.unwrap();
+    }
+    // Three keys of partition 1, so offsets and the partition say something.
+    let in_partition_1 = |key: &u64| wakuwaku::event::partition_for(wakuwaku::key::Key::int(*key).key_hash(), 2) == 1;
+    let keys: Vec<u64> = (1..).filter(in_partition_1).take(3).collect();
+    let (a, b, c) = (keys[0], keys[1], keys[2]);
+    let at = |ms: i64| Some(BASE_MS + ms);
+    let first = vec![
+        ledger(LEDGER, a, 1, at(1000), None),
+        ledger(LEDGER, a, 2, at(3000), None),
+        ledger(LEDGER, a, 3, at(3500), Some("unrecoverable")),
+    ];
+    let second = vec![
+        ledger(LEDGER, b, 1, at(1500), None),
+        ledger(LEDGER, b, 2, at(2000), Some("unrecoverable")),
+        ledger(LEDGER, c, 1, at(2500), Some("retryable")),
+    ];
+    log.append("first", vec![(1, first)]).await.unwrap();
+    log.append("second", vec![(1, second)]).await.unwrap();
+
+    let mut consumer = ConsumerConfig::default();
+    // Retries wait past the catch-up: key c's record stays in retry.
+    consumer.retry.delays = vec![Duration::from_secs(600)];
+    let mut settings = host_settings(dir.path(), "ledger", "first", vec![probe_module()], consumer);
+    settings.more_topics = vec!["second".to_owned()];
+    let (summary, projection) = wakuwaku_tests::catch_up(&log, settings.clone()).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered, summary.retry_in), (3, 2, 1), "{summary:?}");
+
+    // Where each dead letter says its event came from, by key.
+    let origins = |letters: &[wakuwaku::dead_letter::DeadLetter]| {
+        let mut origins: Vec<(u64, String, u32, u64, bool)> = letters
+            .iter()
+            .map(|letter| {
+                let key = letter.envelope.as_ref().unwrap().key.clone();
+                let key = [a, b, c].into_iter().find(|k| wakuwaku::key::Key::int(*k) == key).unwrap();
+                let routed = &letter.routed;
+                (key, routed.topic.clone(), routed.origin_partition, routed.origin_offset, letter.redriven)
+            })
+            .collect();
+        origins.sort();
+        origins
+    };
+    let store = projection.store();
+    let letters = wakuwaku::dead_letter::list(&*log, "first", "ledger", store).await.unwrap();
+    assert_eq!(origins(&letters), [(a, "first".into(), 1, 2, false), (b, "second".into(), 1, 1, false)]);
+    // As the text header `waku.error.topic` says it, read off the log.
+    let dlq = log.read(projection.routed_topics().dlq(), 1, 0, 10).await.unwrap();
+    let topics: Vec<&[u8]> = dlq
+        .iter()
+        .filter_map(|stored| stored.record.headers.iter().find(|h| h.name == "waku.error.topic"))
+        .map(|h| &h.value[..])
+        .collect();
+    assert_eq!(topics.len(), 2, "{dlq:?}");
+    assert!(topics.contains(&&b"second"[..]) && topics.contains(&&b"first"[..]), "{topics:?}");
+    // Key c's record waiting in retry.
+    let retried = log.read(projection.routed_topics().retry(), 1, 0, 10).await.unwrap();
+    let routed: Vec<_> =
+        retried.iter().map(|stored| wakuwaku::routing::Routed::parse(&stored.record.headers).unwrap()).collect();
+    let places: Vec<_> = routed.iter().map(|r| (r.topic.as_str(), r.origin_partition, r.origin_offset)).collect();
+    assert_eq!(places, [("second", 1, 2)], "key c's retry record");
+
+    // Key b's letter re-driven fails again, and still names where it came from.
+    let selection = wakuwaku::dead_letter::Selection { key: Some(wakuwaku::key::Key::int(b)), ..Default::default() };
+    let redriven = wakuwaku::dead_letter::redrive(&*log, "first", "ledger", store, &selection).await.unwrap();
+    assert_eq!(redriven.records, 1, "{redriven:?}");
+    drop(projection);
+    let (summary, projection) = wakuwaku_tests::catch_up(&log, settings).await.unwrap();
+    assert_eq!(summary.dead_lettered, 1, "the re-driven letter failed again: {summary:?}");
+    let letters = wakuwaku::dead_letter::list(&*log, "first", "ledger", projection.store()).await.unwrap();
+    assert_eq!(
+        origins(&letters),
+        [(a, "first".into(), 1, 2, false), (b, "second".into(), 1, 1, false), (b, "second".into(), 1, 1, true)]
+    );
+}
