@@ -31,7 +31,7 @@
 //! coincide.
 
 use std::borrow::Cow;
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
 /// The most bytes of bodies one `combine` call gets: a longer run is
@@ -102,8 +102,9 @@ impl<L: EventLog> Consumer<L> {
             }
             let key = key_work.key.clone();
             let mut scope = KeyScope::sharing(key.clone(), &shared);
-            let calls = Calls { modules, instances: &mut instances, time: call_time };
-            self.run_key(partition, work, key_work, &mut scope, calls, &mut laps, &mut outcome);
+            let calls = Calls { instances: &mut instances, time: call_time };
+            let at = KeyInBatch { partition, work, key_work, modules };
+            self.run_key(at, &mut scope, calls, &mut laps, &mut outcome);
             outcome.keys.push((key, scope.into_outcome()));
         }
         laps.lap(&mut outcome.summary.phases, Phase::Calls);
@@ -120,88 +121,50 @@ impl<L: EventLog> Consumer<L> {
 
     /// Runs one key's runs in order. A failed chunk is dead-lettered (the
     /// key goes on) or sent to retry with everything after it (the key
-    /// stops), as its class and the attempts its records have had say.
-    #[allow(clippy::too_many_arguments)]
+    /// stops), as its class and the attempts its records have had say
+    /// ([`Self::chunk_failed`]).
     fn run_key(
         &self,
-        partition: u32,
-        work: &BatchWork,
-        key_work: &KeyWork,
+        at: KeyInBatch<'_>,
         scope: &mut KeyScope,
-        Calls { modules, instances, time }: Calls<'_, '_>,
+        Calls { instances, time }: Calls<'_, '_>,
         laps: &mut Laps,
         out: &mut WorkerOutcome,
     ) {
-        let projection = &*self.projection;
+        let KeyInBatch { partition, work, key_work, modules } = at;
         let key = &key_work.key;
         // Nothing of the key applied, skipped or dead-lettered yet.
         let mut untouched = true;
         let mut runs = work.runs(key_work).iter();
         while let Some(run) = runs.next() {
-            let (origins, bodies, attempts) = work.records(run);
-            let times = work.event_times(run);
             let Some(route) = modules.route(run.tag) else {
-                out.summary.skipped += origins.iter().map(|o| o.events).sum::<u64>();
+                out.summary.skipped += work.records(run).0.iter().map(|o| o.events).sum::<u64>();
                 untouched = false;
                 continue;
             };
+            let origins = work.records(run).0;
             let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
-            let shape = run.shape();
             let tag = run.tag;
-            let (run_records, run_origins, run_bodies) = (bodies.len(), origins, bodies);
-            let module = &modules.modules()[route.module];
-            let reachable =
-                |scope: &KeyScope| time.check(route.module, module.name()).and_then(|()| scope.budget_not_spent());
-            let traced = Traced { bodies: bodies.into(), origins: origins.into() };
-            let calls = Calls { modules, instances: &mut *instances, time };
-            let (reduced, fold_error) = Self::reduce_run(route, tag, traced, reachable(scope), calls, laps, out);
-            let attempts: Cow<[Tries]> = if attempts.len() == reduced.bodies.len() {
-                attempts.into()
-            } else {
-                // Reduced records stand for several: they carry the most
-                // attempts any of them had, and the earliest first failure.
-                vec![Tries::merged(attempts.iter().copied()); reduced.bodies.len()].into()
-            };
-            // Should the run fail, it goes to retry or the dead-letter topic
-            // as reduced, unless `combine` made it larger than the events
-            // it stands for: then as the events came, so that a fold never
-            // costs the batch's memory or the log more than its events did.
-            let inflated = reduced.bodies.len() == 1
-                && run_records > 1
-                && reduced.bodies[0].len() > run_bodies.iter().map(Vec::len).sum::<usize>();
-            // The event time a reduced record carries on to retry or the
-            // dead-letter topic (see the module doc).
-            let reduced_time = |index: usize| {
-                let algebra = route.event_type.algebra;
-                reduced_event_time(algebra, run.closes, (run_bodies, times), &reduced.bodies, index)
-            };
+            let module = &*modules.modules()[route.module];
+            let with = Calls { instances: &mut *instances, time };
+            let reach = reachable(time, route, module, scope);
+            let reduced = Self::reduced_run(work, run, (route, module), reach, with, laps, out);
             // A failed fold is one failure of the whole run.
-            let max_batch = if fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
+            let max_batch = if reduced.fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
             let (mut start, mut calls, mut all_applied) = (0, 0, true);
-            for chunk in reduce::chunks(&reduced.bodies, max_batch) {
+            for chunk in reduce::chunks(&reduced.records.bodies, max_batch) {
                 let (begin, end) = (start, start + chunk.len());
                 start = end;
-                let started = std::time::Instant::now();
-                let result = match &fold_error {
-                    Some(error) => Err(error.clone()),
-                    None => reachable(scope).and_then(|()| {
-                        let earliest = reduced.origins[begin..end].iter().map(|o| o.offset).min().unwrap_or_default();
-                        scope.set_emit_origin(partition, earliest, module.name(), module.version());
-                        instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
-                    }),
-                };
-                let elapsed = started.elapsed();
-                time.charge(route.module, elapsed);
-                if self.metrics.is_some() {
-                    out.tally.of(route.module, tag).call_times.push(elapsed);
-                }
+                let served = &reduced.records.origins[begin..end];
+                let with = Calls { instances: &mut *instances, time };
+                let (result, elapsed) = self.call_chunk(partition, &reduced, (chunk, served), scope, with, out);
                 let error = match result {
                     Ok(()) => {
-                        let served = &reduced.origins[begin..end];
-                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
+                        self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
                         // Unreduced chunks are reported one by one, so a
                         // failure later in the run hides none of them.
-                        let unreduced = observed.as_deref().filter(|offsets| offsets.len() == reduced.bodies.len());
+                        let unreduced =
+                            observed.as_deref().filter(|offsets| offsets.len() == reduced.records.bodies.len());
                         let chunk = (tag, route.module, served);
                         self.chunk_applied(partition, key, chunk, unreduced.map(|offsets| &offsets[begin..end]), out);
                         calls += 1;
@@ -209,138 +172,236 @@ impl<L: EventLog> Consumer<L> {
                         continue;
                     }
                     Err(CallError::HostFault(fault)) => {
-                        let (served, outcome) = (&reduced.origins[begin..end], CallOutcome::HostFault);
-                        self.trace_call(&**module, &route.event_type.name, key, served, elapsed, outcome);
-                        tracing::error!(projection = projection.name(), partition, %key, "host fault: {fault}");
+                        self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::HostFault);
+                        tracing::error!(projection = self.projection.name(), partition, %key, "host fault: {fault}");
                         out.host_fault.get_or_insert(fault);
                         return;
                     }
                     Err(error) => error,
                 };
                 all_applied = false;
-                // A cut is logged once per module and batch, by `CallTime`;
-                // past so many failures a worker's batch counts the rest.
-                let reported = !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. });
-                out.failures += usize::from(reported);
-                let class = FailureClass::of(&error);
-                // A key that only shared a batch with a flood loses no attempt.
-                let failure::Decision { attempt, route: next } = failure::decide(
-                    class,
-                    error.counts_as_attempt(),
-                    attempts[begin..end].iter().map(|tries| tries.attempts),
-                    self.config.retry.max_attempts,
-                );
-                let tries = Tries { attempts: attempt, ..Tries::merged(attempts[begin..end].iter().copied()) };
-                let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
-                self.trace_call(&**module, &route.event_type.name, key, &reduced.origins[begin..end], elapsed, outcome);
-                if class == FailureClass::Trap {
-                    out.tally.of(route.module, tag).traps += 1;
+                let failed = FailedChunk { records: begin..end, error, elapsed };
+                match self.chunk_failed(at, &reduced, runs.as_slice(), failed, untouched, out) {
+                    ControlFlow::Continue(()) => untouched = false,
+                    ControlFlow::Break(()) => return,
                 }
-                let failure = Failure {
-                    class,
-                    message: error.to_string(),
-                    module: module.name().to_owned(),
-                    version: module.version().to_owned(),
-                };
-                if reported && out.failures_logged < FAILURES_LOGGED_PER_BATCH {
-                    out.failures_logged += 1;
-                    tracing::warn!(
-                        projection = projection.name(),
-                        partition,
-                        %key,
-                        event_type = route.event_type.name,
-                        attempt,
-                        "{}",
-                        wakuwaku_core::terminal::printable(&error.to_string())
-                    );
-                }
-                // The failed chunk as it is routed: an inflated fold (the
-                // run's one chunk) as its events.
-                let (failed_bodies, failed_origins) = match inflated {
-                    true => (run_bodies, run_origins),
-                    false => (&reduced.bodies[begin..end], &reduced.origins[begin..end]),
-                };
-                // The chunk's first record carries the whole message while
-                // the worker's batch has written less than
-                // `WHOLE_MESSAGE_BYTES_PER_BATCH` of them; every other
-                // record a brief one.
-                let whole = out.whole_message_bytes < WHOLE_MESSAGE_BYTES_PER_BATCH;
-                if whole {
-                    out.whole_message_bytes += failure.message.len();
-                }
-                let brief = failure.brief(whole.then(|| failed_origins.first().map_or(0, |origin| origin.offset)));
-                let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
-                let failed_time = |index: usize| if inflated { times[index] } else { reduced_time(begin + index) };
-                if next == Route::DeadLetter {
-                    let failed = (failed_bodies, failed_origins, tries);
-                    self.dead_letter_chunk(partition, key, (shape, route), failed, (&failure_of, &failed_time), out);
-                    untouched = false;
-                    continue;
-                }
-                // The records of the run from `begin` on as they go to
-                // retry: the failed chunk with its attempt counted, the
-                // rest as they were.
-                let unfinished_run = |records: Range<usize>| {
-                    let failed =
-                        failed_bodies.iter().zip(failed_origins).enumerate().map(|(index, (body, &origin))| {
-                            Unfinished {
-                                shape,
-                                origin,
-                                tries,
-                                failure: Some(failure_of(index)),
-                                event_time: failed_time(index),
-                                body: body.clone(),
-                            }
-                        });
-                    let rest = records.filter(|&index| index >= end).map(|index| Unfinished {
-                        shape,
-                        origin: reduced.origins[index],
-                        tries: attempts[index],
-                        failure: None,
-                        event_time: reduced_time(index),
-                        body: reduced.bodies[index].clone(),
-                    });
-                    failed.chain(rest)
-                };
-                if let Some(slice) = &work.retry {
-                    // Taken from the retry topic: only what must go before
-                    // the rest is written again; the rest stays where it
-                    // waits ([`RetrySlice`]).
-                    let key_runs = work.runs(key_work);
-                    if untouched && !error.counts_as_attempt() {
-                        // Not the key's doing and nothing of it done: all
-                        // of it stays.
-                        out.left.extend(key_runs.iter().flat_map(|run| work.inputs(run)).map(|&i| slice.offsets[i]));
-                        return;
-                    }
-                    // The failed chunk goes ahead, and the rest of its run
-                    // too when the run was folded (its parts stand for
-                    // several records); every record not reached stays.
-                    let unreduced = reduced.bodies.len() == run_records;
-                    let mut left: Vec<usize> = if unreduced { work.inputs(run)[end..].to_vec() } else { Vec::new() };
-                    left.extend(runs.flat_map(|later| work.inputs(later)));
-                    let ahead_of =
-                        left.iter().min().map(|&i| slice.offsets[i]).or_else(|| slice.next_waiting.get(key).copied());
-                    out.left.extend(left.iter().map(|&i| slice.offsets[i]));
-                    let ahead_end = if unreduced { end } else { reduced.bodies.len() };
-                    let unfinished = unfinished_run(begin..ahead_end).collect();
-                    self.retry_later(partition, key, modules, (unfinished, ahead_of), out);
-                    return;
-                }
-                // Retry later: the rest of the run, then every later run.
-                let mut unfinished: Vec<Unfinished> = unfinished_run(begin..reduced.bodies.len()).collect();
-                unfinished.extend(runs.flat_map(|run| unfinished_of(work, run)));
-                self.retry_later(partition, key, modules, (unfinished, None), out);
-                return;
             }
             if all_applied
                 && let (Some(observer), Some(offsets)) = (&self.observer, observed)
-                && offsets.len() != reduced.bodies.len()
+                && offsets.len() != reduced.records.bodies.len()
             {
                 let key = key.clone();
-                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced: reduced.bodies.len(), calls });
+                let reduced = reduced.records.bodies.len();
+                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced, calls });
             }
         }
+    }
+
+    /// Calls `handle` with a chunk of `run` (`chunk`, its records' origins
+    /// `served`), unless its fold failed or its module is out of reach,
+    /// and charges the time taken to the module.
+    fn call_chunk(
+        &self,
+        partition: u32,
+        run: &ReducedRun<'_>,
+        (chunk, served): (&[Vec<u8>], &[Origin]),
+        scope: &mut KeyScope,
+        Calls { instances, time }: Calls<'_, '_>,
+        out: &mut WorkerOutcome,
+    ) -> (Result<(), CallError>, std::time::Duration) {
+        let (route, module, tag) = (run.route, run.module, run.run.tag);
+        let started = std::time::Instant::now();
+        let result = match &run.fold_error {
+            Some(error) => Err(error.clone()),
+            None => reachable(time, route, module, scope).and_then(|()| {
+                let earliest = served.iter().map(|o| o.offset).min().unwrap_or_default();
+                scope.set_emit_origin(partition, earliest, module.name(), module.version());
+                instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
+            }),
+        };
+        let elapsed = started.elapsed();
+        time.charge(route.module, elapsed);
+        if self.metrics.is_some() {
+            out.tally.of(route.module, tag).call_times.push(elapsed);
+        }
+        (result, elapsed)
+    }
+
+    /// Reduces `run` of `work` ([`Self::reduce_run`]; `route`d to
+    /// `module`) for its calls, with what its records need should a chunk
+    /// of it fail.
+    fn reduced_run<'a>(
+        work: &'a BatchWork,
+        run: &'a RunWork,
+        (route, module): (&'a crate::projection::Route, &'a dyn HandlerModule),
+        reachable: Result<(), CallError>,
+        calls: Calls<'_, '_>,
+        laps: &mut Laps,
+        out: &mut WorkerOutcome,
+    ) -> ReducedRun<'a> {
+        let (origins, bodies, attempts) = work.records(run);
+        let traced = Traced { bodies: bodies.into(), origins: origins.into() };
+        let (records, fold_error) = Self::reduce_run(route, run.tag, traced, reachable, calls, laps, out);
+        let attempts: Cow<[Tries]> = if attempts.len() == records.bodies.len() {
+            attempts.into()
+        } else {
+            // Reduced records stand for several: they carry the most
+            // attempts any of them had, and the earliest first failure.
+            vec![Tries::merged(attempts.iter().copied()); records.bodies.len()].into()
+        };
+        // Should the run fail, it goes to retry or the dead-letter topic
+        // as reduced, unless `combine` made it larger than the events
+        // it stands for: then as the events came, so that a fold never
+        // costs the batch's memory or the log more than its events did.
+        let inflated = records.bodies.len() == 1
+            && bodies.len() > 1
+            && records.bodies[0].len() > bodies.iter().map(Vec::len).sum::<usize>();
+        let times = work.event_times(run);
+        ReducedRun { run, route, module, bodies, origins, times, records, attempts, fold_error, inflated }
+    }
+
+    /// Routes a failed chunk of `run`, as [`failure::decide`] says:
+    /// dead-letters it (the key goes on: `Continue`), or sends it to retry
+    /// with all of the key's unfinished work, `later` its runs not reached
+    /// (the key stops: `Break`). `untouched`: nothing of the key was
+    /// applied, skipped or dead-lettered before it.
+    fn chunk_failed(
+        &self,
+        at: KeyInBatch<'_>,
+        run: &ReducedRun<'_>,
+        later: &[RunWork],
+        FailedChunk { records, error, elapsed }: FailedChunk,
+        untouched: bool,
+        out: &mut WorkerOutcome,
+    ) -> ControlFlow<()> {
+        let (partition, key, route, module) = (at.partition, &at.key_work.key, run.route, run.module);
+        let (begin, end) = (records.start, records.end);
+        // A cut is logged once per module and batch, by `CallTime`;
+        // past so many failures a worker's batch counts the rest.
+        let reported = !matches!(error, CallError::BatchTime { .. } | CallError::BatchBudgetSpent { .. });
+        out.failures += usize::from(reported);
+        let class = FailureClass::of(&error);
+        // A key that only shared a batch with a flood loses no attempt.
+        let failure::Decision { attempt, route: next } = failure::decide(
+            class,
+            error.counts_as_attempt(),
+            run.attempts[begin..end].iter().map(|tries| tries.attempts),
+            self.config.retry.max_attempts,
+        );
+        let tries = Tries { attempts: attempt, ..Tries::merged(run.attempts[begin..end].iter().copied()) };
+        let outcome = if next == Route::DeadLetter { CallOutcome::DeadLetter } else { CallOutcome::Retry };
+        self.trace_call(module, &route.event_type.name, key, &run.records.origins[begin..end], elapsed, outcome);
+        if class == FailureClass::Trap {
+            out.tally.of(route.module, run.run.tag).traps += 1;
+        }
+        let failure = Failure {
+            class,
+            message: error.to_string(),
+            module: module.name().to_owned(),
+            version: module.version().to_owned(),
+        };
+        if reported && out.failures_logged < FAILURES_LOGGED_PER_BATCH {
+            out.failures_logged += 1;
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                %key,
+                event_type = route.event_type.name,
+                attempt,
+                "{}",
+                wakuwaku_core::terminal::printable(&error.to_string())
+            );
+        }
+        // The failed chunk as it is routed: an inflated fold (the
+        // run's one chunk) as its events.
+        let (bodies, origins) = match run.inflated {
+            true => (run.bodies, run.origins),
+            false => (&run.records.bodies[begin..end], &run.records.origins[begin..end]),
+        };
+        // The chunk's first record carries the whole message while
+        // the worker's batch has written less than
+        // `WHOLE_MESSAGE_BYTES_PER_BATCH` of them; every other
+        // record a brief one.
+        let whole = out.whole_message_bytes < WHOLE_MESSAGE_BYTES_PER_BATCH;
+        if whole {
+            out.whole_message_bytes += failure.message.len();
+        }
+        let brief = failure.brief(whole.then(|| origins.first().map_or(0, |origin| origin.offset)));
+        let failure_of = |index: usize| if index == 0 && whole { failure.clone() } else { brief.clone() };
+        let time_of = |index: usize| if run.inflated { run.times[index] } else { run.reduced_time(begin + index) };
+        if next == Route::DeadLetter {
+            let failed = (bodies, origins, tries);
+            self.dead_letter_chunk(partition, key, (run.run.shape(), route), failed, (&failure_of, &time_of), out);
+            return ControlFlow::Continue(());
+        }
+        let chunk = RoutedChunk { end, bodies, origins, tries, failure_of: &failure_of, time_of: &time_of };
+        self.retry_key(at, run, later, chunk, untouched && !error.counts_as_attempt(), out);
+        ControlFlow::Break(())
+    }
+
+    /// Sends a key's unfinished work to retry: the failed `chunk` of `run`
+    /// with its attempt counted, then the rest of the run and the runs
+    /// `later` as they were. Taken from the retry topic, only what must go
+    /// before the rest is written again; the rest stays where it waits
+    /// ([`RetrySlice`](super::batch::RetrySlice)), all of it when `stays`
+    /// (not the key's doing and nothing of it done).
+    fn retry_key(
+        &self,
+        KeyInBatch { partition, work, key_work, modules }: KeyInBatch<'_>,
+        run: &ReducedRun<'_>,
+        later: &[RunWork],
+        chunk: RoutedChunk<'_>,
+        stays: bool,
+        out: &mut WorkerOutcome,
+    ) {
+        let (key, shape, end, reduced) = (&key_work.key, run.run.shape(), chunk.end, &run.records);
+        // The records of the run from the failed chunk on, up to the
+        // end given, as they go to retry: the failed chunk with its
+        // attempt counted, the rest as they were.
+        let unfinished_run = |ahead_end: usize| {
+            let failed =
+                chunk.bodies.iter().zip(chunk.origins).enumerate().map(|(index, (body, &origin))| Unfinished {
+                    shape,
+                    origin,
+                    tries: chunk.tries,
+                    failure: Some((chunk.failure_of)(index)),
+                    event_time: (chunk.time_of)(index),
+                    body: body.clone(),
+                });
+            let rest = (end..ahead_end).map(|index| Unfinished {
+                shape,
+                origin: reduced.origins[index],
+                tries: run.attempts[index],
+                failure: None,
+                event_time: run.reduced_time(index),
+                body: reduced.bodies[index].clone(),
+            });
+            failed.chain(rest)
+        };
+        if let Some(slice) = &work.retry {
+            if stays {
+                let key_runs = work.runs(key_work);
+                out.left.extend(key_runs.iter().flat_map(|run| work.inputs(run)).map(|&i| slice.offsets[i]));
+                return;
+            }
+            // The failed chunk goes ahead, and the rest of its run
+            // too when the run was folded (its parts stand for
+            // several records); every record not reached stays.
+            let unreduced = reduced.bodies.len() == run.bodies.len();
+            let mut left: Vec<usize> = if unreduced { work.inputs(run.run)[end..].to_vec() } else { Vec::new() };
+            left.extend(later.iter().flat_map(|later| work.inputs(later)));
+            let ahead_of =
+                left.iter().min().map(|&i| slice.offsets[i]).or_else(|| slice.next_waiting.get(key).copied());
+            out.left.extend(left.iter().map(|&i| slice.offsets[i]));
+            let ahead_end = if unreduced { end } else { reduced.bodies.len() };
+            let unfinished = unfinished_run(ahead_end).collect();
+            self.retry_later(partition, key, modules, (unfinished, ahead_of), out);
+            return;
+        }
+        // Retry later: the rest of the run, then every later run.
+        let mut unfinished: Vec<Unfinished> = unfinished_run(reduced.bodies.len()).collect();
+        unfinished.extend(later.iter().flat_map(|run| unfinished_of(work, run)));
+        self.retry_later(partition, key, modules, (unfinished, None), out);
     }
 
     /// Reports a call for the events of `origins` to the batch's trace,
@@ -416,7 +477,7 @@ impl<L: EventLog> Consumer<L> {
         tag: EventTypeTag,
         traced: Traced<'a>,
         reachable: Result<(), CallError>,
-        Calls { instances, time, .. }: Calls<'_, '_>,
+        Calls { instances, time }: Calls<'_, '_>,
         laps: &mut Laps,
         out: &mut WorkerOutcome,
     ) -> (Traced<'a>, Option<CallError>) {
@@ -536,12 +597,82 @@ impl<L: EventLog> Consumer<L> {
     }
 }
 
-/// What a worker calls modules with: the batch's module set, the worker's
-/// instances of them, and the time each module's calls may still take.
+/// What a worker calls modules with: its instances of the batch's
+/// modules ([`KeyInBatch::modules`]), and the time each module's calls may
+/// still take.
 struct Calls<'w, 'i> {
-    modules: &'w ModuleSet,
     instances: &'w mut Instances<'i>,
     time: &'w CallTime,
+}
+
+/// One key of a worker's batch as its runs are run: the partition, the
+/// batch's work and module set, and the key's runs in it.
+#[derive(Clone, Copy)]
+struct KeyInBatch<'w> {
+    partition: u32,
+    work: &'w BatchWork,
+    key_work: &'w KeyWork,
+    modules: &'w ModuleSet,
+}
+
+/// Whether the module of `route` may be called again in this batch: its
+/// calls have time left ([`CallTime`]) and the batch's budget is not spent.
+fn reachable(
+    time: &CallTime,
+    route: &crate::projection::Route,
+    module: &dyn HandlerModule,
+    scope: &KeyScope,
+) -> Result<(), CallError> {
+    time.check(route.module, module.name()).and_then(|()| scope.budget_not_spent())
+}
+
+/// A run of a key as its chunks are called: its records as they came and
+/// as reduced, and what a failed chunk of it needs to be routed.
+struct ReducedRun<'a> {
+    run: &'a RunWork,
+    route: &'a crate::projection::Route,
+    module: &'a dyn HandlerModule,
+    /// Its records as they came, with their event times.
+    bodies: &'a [Vec<u8>],
+    origins: &'a [Origin],
+    times: &'a [Option<i64>],
+    /// Its records as reduced, and the attempts each has had.
+    records: Traced<'a>,
+    attempts: Cow<'a, [Tries]>,
+    /// Why the fold failed or the module was out of reach, if so: the run
+    /// fails whole.
+    fold_error: Option<CallError>,
+    /// Whether `combine` made its one record larger than the events it
+    /// stands for: a failure routes those events instead.
+    inflated: bool,
+}
+
+impl ReducedRun<'_> {
+    /// The event time reduced record `index` carries on to retry or the
+    /// dead-letter topic (see the module doc).
+    fn reduced_time(&self, index: usize) -> Option<i64> {
+        let algebra = self.route.event_type.algebra;
+        reduced_event_time(algebra, self.run.closes, (self.bodies, self.times), &self.records.bodies, index)
+    }
+}
+
+/// A chunk of a run (its reduced `records`) whose call failed.
+struct FailedChunk {
+    records: Range<usize>,
+    error: CallError,
+    elapsed: std::time::Duration,
+}
+
+/// A failed chunk as it goes to retry: its records (those of the reduced
+/// run up to `end`, or an inflated fold's events) with their tries, and
+/// each one's failure and event time by its index in the chunk.
+struct RoutedChunk<'c> {
+    end: usize,
+    bodies: &'c [Vec<u8>],
+    origins: &'c [Origin],
+    tries: Tries,
+    failure_of: ByIndex<'c, Failure>,
+    time_of: ByIndex<'c, Option<i64>>,
 }
 
 /// One key of a batch: its runs in [`BatchWork`], in execution order.
