@@ -72,6 +72,14 @@ struct Entry {
     body: (usize, usize),
 }
 
+impl Entry {
+    /// The entry of the record of `offset` read from `input`, whose
+    /// encoding starts at `start` and has the parts `layout` says.
+    fn placed(offset: u64, input: u32, start: usize, Layout { headers, count, body }: Layout) -> Self {
+        Entry { offset, input, start, headers: start + headers, count, body: (start + body.0, start + body.1) }
+    }
+}
+
 impl PolledBatch {
     /// How many bytes of stored records a batch takes before it is full:
     /// 32 MiB, far above what a batch of ordinary events holds (a default
@@ -131,18 +139,15 @@ impl PolledBatch {
     pub fn push_record(&mut self, offset: u64, input: u32, record: &EncodedRecord) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(&record.bytes);
-        let Layout { headers, count, body } = record.layout;
-        let body = (start + body.0, start + body.1);
-        self.records.push(Entry { offset, input, start, headers: start + headers, count, body });
+        self.records.push(Entry::placed(offset, input, start, record.layout));
     }
 
     /// Checks and indexes the encoded record that starts at `start` and
     /// runs to the end of the buffer; on an error, removes it again.
     fn index(&mut self, offset: u64, start: usize) -> Result<(), String> {
         match check(&self.bytes[start..]) {
-            Ok(Layout { headers, count, body }) => {
-                let body = (start + body.0, start + body.1);
-                self.records.push(Entry { offset, input: 0, start, headers: start + headers, count, body });
+            Ok(layout) => {
+                self.records.push(Entry::placed(offset, 0, start, layout));
                 Ok(())
             }
             Err(reason) => {
