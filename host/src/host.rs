@@ -153,6 +153,12 @@ pub struct HostSettings {
 }
 
 impl HostSettings {
+    /// The topics the projection reads: [`Self::topic`], then
+    /// [`Self::more_topics`].
+    pub fn topics(&self) -> Vec<String> {
+        std::iter::once(&self.topic).chain(&self.more_topics).cloned().collect()
+    }
+
     /// Settings for `projection` over `topic` with its modules from
     /// `modules`, data in `data`, and every other setting at its default:
     /// the embedded log, no topic created, the compile cache in
@@ -501,45 +507,10 @@ impl Host {
     /// it, e.g. to publish); [`HostSettings::log`] is not used. Must be
     /// called inside a tokio runtime.
     pub async fn start_on<L: EventLog>(log: Arc<L>, settings: HostSettings) -> Result<RunningHost<L>, HostError> {
-        if let Some(address) = settings.admin
-            && settings.admin_token.is_none()
-            && !settings.admin_insecure
-            && !address.ip().is_loopback()
-        {
-            return Err(HostError::AdminUnprotected { address });
-        }
-        let topics: Vec<String> = std::iter::once(&settings.topic).chain(&settings.more_topics).cloned().collect();
-        if let Some(topic) =
-            settings.consumer.untimed_topics.iter().find(|topic| topics.len() < 2 || !topics.contains(topic))
-        {
-            return Err(HostError::UntimedTopic { topic: topic.clone(), topics });
-        }
-        if let (Some(group), StateSettings::Embedded) = (&settings.group, &settings.state) {
-            return Err(HostError::GroupNeedsSharedState { group: group.clone() });
-        }
+        check_settings(&settings)?;
         let sandbox = settings.sandbox()?;
         let metrics = Arc::new(Metrics::default());
-        let store = settings.open_state()?;
-        // A reset of the projection is refused while this host runs it.
-        store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
-        // A host that follows an embedded store, its modules from a
-        // directory, can rebuild in the shadow: every part of it shares one
-        // store handle that promotion switches.
-        // A rebuild lines a shadow up with one topic's positions; a
-        // projection over several topics does not rebuild in the shadow yet.
-        let one_topic = settings.more_topics.is_empty();
-        // So that `waku rebuild` refuses a projection over several topics
-        // instead of asking a host that will never answer.
-        RebuildPaths::new(&settings.data, &settings.projection)
-            .note_topics(&topics)
-            .map_err(|source| HostError::Rebuild { projection: settings.projection.clone(), source })?;
-        let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
-            (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
-                Some((SwitchingStore::new(store.clone()), path.clone()))
-            }
-            _ => None,
-        };
-        let store = rebuilds.as_ref().map_or(store, |(switching, _)| StateStore::from_backend(switching.clone()));
+        let (store, rebuilds) = open_store(&settings)?;
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
         let projection = Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?;
         let projection = Arc::new(projection.with_more_topics(&settings.more_topics)?);
@@ -556,16 +527,7 @@ impl Host {
                     .map_err(|source| HostError::CreateTopic { topic: topic.clone(), source })?;
             }
         }
-        let telemetry = match settings.telemetry_from_env {
-            false => None,
-            // It builds an HTTP client that blocks: off the runtime's threads.
-            true => {
-                let system = settings.log.messaging_system();
-                tokio::task::spawn_blocking(move || Telemetry::from_env(system))
-                    .await
-                    .map_err(|e| HostError::Panicked { what: "starting OpenTelemetry", message: e.to_string() })??
-            }
-        };
+        let telemetry = start_telemetry(&settings).await?;
         let mut consumer = Consumer::new(log.clone(), projection.clone(), settings.consumer.clone())
             .with_metrics(metrics.clone())
             .with_telemetry(telemetry.clone());
@@ -601,12 +563,6 @@ impl Host {
                 (Some(stop), Some(address))
             }
         };
-        // Dropping the sender (with the host) stops the consumer too.
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let stopped = async {
-            let _ = stopped.await;
-        };
-        let until_caught_up = settings.until_caught_up;
         let conductor = match (rebuilds, &rebuild_watch, &loaded.library) {
             (Some((switching, module_dir)), Some(watch), Some(library)) => Some(Conductor {
                 log: log.clone(),
@@ -623,13 +579,7 @@ impl Host {
             }),
             _ => None,
         };
-        let consuming = tokio::spawn(async move {
-            match (conductor, until_caught_up) {
-                (Some(conductor), _) => conductor.run(stopped).await,
-                (None, true) => consumer.catch_up_or_stop(stopped).await,
-                (None, false) => consumer.follow(stopped).await,
-            }
-        });
+        let (stop, consuming) = spawn_consuming(consumer, conductor, settings.until_caught_up);
         Ok(RunningHost {
             log,
             projection,
@@ -650,6 +600,93 @@ impl Host {
             _reloader: reloader,
         })
     }
+}
+
+/// The settings' combinations a host refuses before it opens anything.
+fn check_settings(settings: &HostSettings) -> Result<(), HostError> {
+    if let Some(address) = settings.admin
+        && settings.admin_token.is_none()
+        && !settings.admin_insecure
+        && !address.ip().is_loopback()
+    {
+        return Err(HostError::AdminUnprotected { address });
+    }
+    let topics = settings.topics();
+    if let Some(topic) =
+        settings.consumer.untimed_topics.iter().find(|topic| topics.len() < 2 || !topics.contains(topic))
+    {
+        return Err(HostError::UntimedTopic { topic: topic.clone(), topics });
+    }
+    if let (Some(group), StateSettings::Embedded) = (&settings.group, &settings.state) {
+        return Err(HostError::GroupNeedsSharedState { group: group.clone() });
+    }
+    Ok(())
+}
+
+/// A store held for this run, and, for a host that can rebuild in the
+/// shadow, the switching store its parts share and the module directory.
+type OpenedStore = (StateStore, Option<(SwitchingStore, PathBuf)>);
+
+/// Opens the state of `settings` and holds it for the run.
+fn open_store(settings: &HostSettings) -> Result<OpenedStore, HostError> {
+    let store = settings.open_state()?;
+    // A reset of the projection is refused while this host runs it.
+    store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
+    // A host that follows an embedded store, its modules from a
+    // directory, can rebuild in the shadow: every part of it shares one
+    // store handle that promotion switches.
+    // A rebuild lines a shadow up with one topic's positions; a
+    // projection over several topics does not rebuild in the shadow yet.
+    let one_topic = settings.more_topics.is_empty();
+    let topics = settings.topics();
+    // So that `waku rebuild` refuses a projection over several topics
+    // instead of asking a host that will never answer.
+    RebuildPaths::new(&settings.data, &settings.projection)
+        .note_topics(&topics)
+        .map_err(|source| HostError::Rebuild { projection: settings.projection.clone(), source })?;
+    let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
+        (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
+            Some((SwitchingStore::new(store.clone()), path.clone()))
+        }
+        _ => None,
+    };
+    let store = rebuilds.as_ref().map_or(store, |(switching, _)| StateStore::from_backend(switching.clone()));
+    Ok((store, rebuilds))
+}
+
+/// OpenTelemetry export, when the settings ask for it from the `OTEL_*`
+/// variables.
+async fn start_telemetry(settings: &HostSettings) -> Result<Option<Telemetry>, HostError> {
+    if !settings.telemetry_from_env {
+        return Ok(None);
+    }
+    // It builds an HTTP client that blocks: off the runtime's threads.
+    let system = settings.log.messaging_system();
+    Ok(tokio::task::spawn_blocking(move || Telemetry::from_env(system))
+        .await
+        .map_err(|e| HostError::Panicked { what: "starting OpenTelemetry", message: e.to_string() })??)
+}
+
+/// Runs the consumer (through the rebuild conductor when there is one)
+/// until the returned sender is dropped; returns it and the task.
+fn spawn_consuming<L: EventLog>(
+    consumer: Consumer<L>,
+    conductor: Option<Conductor<L>>,
+    until_caught_up: bool,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Summary, ConsumerError>>) {
+    // Dropping the sender (with the host) stops the consumer too.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    let consuming = tokio::spawn(async move {
+        match (conductor, until_caught_up) {
+            (Some(conductor), _) => conductor.run(stopped).await,
+            (None, true) => consumer.catch_up_or_stop(stopped).await,
+            (None, false) => consumer.follow(stopped).await,
+        }
+    });
+    (stop, consuming)
 }
 
 /// What [`load_modules`] found.

@@ -140,114 +140,138 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     };
     let hint = "is `waku run` using it? stop it first";
     let (log, store) = args.existing(hint).await?;
-    let (topic, projection) = (args.topic.as_str(), args.projection.as_str());
-    let shelf = shelf.shelf(topic, projection);
     let names = crate::projection::type_names(&store);
+    let open = Opened {
+        shelf: shelf.shelf(&args.topic, &args.projection),
+        topic: &args.topic,
+        projection: &args.projection,
+        log,
+        store,
+        names,
+    };
     match &command {
-        DlqCommand::List(list) => {
-            let json = list.output.json();
+        DlqCommand::List(list) => list_letters(&open, list).await,
+        DlqCommand::Show(show) => show_letter(&open, show).await,
+        DlqCommand::Redrive(redrive) => redrive_letters(&open, redrive).await,
+    }
+}
+
+/// What every `waku dlq` command reads from.
+struct Opened<'a> {
+    log: crate::log::AnyLog,
+    store: crate::state::StateStore,
+    topic: &'a str,
+    projection: &'a str,
+    shelf: Shelf,
+    /// Event type names by tag, as the projection recorded them.
+    names: std::collections::BTreeMap<u32, String>,
+}
+
+/// `waku dlq list`: every dead letter, or a page, streamed.
+async fn list_letters(open: &Opened<'_>, list: &DlqListArgs) -> Result<()> {
+    let Opened { log, store, topic, projection, shelf, names } = open;
+    let (topic, projection) = (*topic, *projection);
+    let json = list.output.json();
+    if json {
+        // The document is written a letter at a time: its head, each
+        // letter, its tail.
+        let (projection, topic) = (super::json_text(&projection, false)?, super::json_text(&topic, false)?);
+        out!("{{\"projection\":{projection},\"topic\":{topic},\"dead_letters\":[")?;
+    }
+    let mut tally = Tally::default();
+    let mut after = list.after;
+    let mut left = list.limit.map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
+    let next = loop {
+        let want = left.map_or(LIST_PAGE, |left| left.min(LIST_PAGE));
+        let page = dead_letter::list_page_on(log, topic, shelf, store, after, want).await?;
+        for letter in &page.letters {
             if json {
-                // The document is written a letter at a time: its head, each
-                // letter, its tail.
-                let (projection, topic) = (super::json_text(&projection, false)?, super::json_text(&topic, false)?);
-                out!("{{\"projection\":{projection},\"topic\":{topic},\"dead_letters\":[")?;
+                let separator = if tally.letters == 0 { "" } else { "," };
+                out!("{separator}{}", super::json_text(&DeadLetterView::new(letter, None, names), false)?)?;
+            } else {
+                outln!("{}", dead_letter_line(letter, names))?;
             }
-            let mut tally = Tally::default();
-            let mut after = list.after;
-            let mut left = list.limit.map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
-            let next = loop {
-                let want = left.map_or(LIST_PAGE, |left| left.min(LIST_PAGE));
-                let page = dead_letter::list_page_on(&log, topic, &shelf, &store, after, want).await?;
-                for letter in &page.letters {
-                    if json {
-                        let separator = if tally.letters == 0 { "" } else { "," };
-                        out!("{separator}{}", super::json_text(&DeadLetterView::new(letter, None, &names), false)?)?;
-                    } else {
-                        outln!("{}", dead_letter_line(letter, &names))?;
-                    }
-                    tally.count(letter);
-                }
-                if let Some(left) = &mut left {
-                    *left -= page.letters.len();
-                }
-                match page.next {
-                    Some(next) if left == Some(0) => break Some(next),
-                    Some(next) => after = Some(next),
-                    None => break None,
-                }
-            };
-            let next_place = next.map(|(partition, offset)| format!("{partition}:{offset}"));
-            tally.owed = dead_letter::owed(&store, &shelf)?;
-            if json {
-                match (&next_place, list.limit) {
-                    (_, None) => outln!("],\"in_outbox\":{}}}", tally.owed)?,
-                    (next, Some(_)) => {
-                        outln!("],\"in_outbox\":{},\"next\":{}}}", tally.owed, super::json_text(next, false)?)?
-                    }
-                }
-            }
-            errln!("{}", tally.summary(projection, next_place.as_deref()));
+            tally.count(letter);
         }
-        DlqCommand::Show(show) => {
-            let (partition, offset) = match (show.record, show.partition, show.offset) {
-                (Some(place), _, _) => place,
-                (None, Some(partition), Some(offset)) => (partition, offset),
-                _ => bail!("say which dead letter: --record <partition>:<offset>"),
-            };
-            let shown = dead_letter::show_on(&log, topic, &shelf, &store, partition, offset).await?;
-            match show.output.json() {
-                true => outln!(
-                    "{}",
-                    super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body), &names), false)?
-                )?,
-                false => outln!("{}", dead_letter_details(&shown.letter, &shown.body, &names))?,
-            }
+        if let Some(left) = &mut left {
+            *left -= page.letters.len();
         }
-        DlqCommand::Redrive(redrive) => {
-            let selection = Selection {
-                partitions: redrive.partition.clone(),
-                records: redrive.record.clone(),
-                key: redrive.key.as_deref().map(parse_key).transpose()?,
-            };
-            if !redrive.all && selection == Selection::default() {
-                bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
-            }
-            let done = match dead_letter::redrive_on(&log, topic, projection, &shelf, &store, &selection).await {
-                Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
-                    let state = store.location();
-                    return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
-                }
-                Err(error @ (DeadLetterError::Log(_) | DeadLetterError::State(_) | DeadLetterError::Publish(_))) => {
-                    return Err(anyhow::Error::new(error).context(
-                        "re-drive stopped: the slices it committed stay re-driven (`waku dlq list` marks them); run \
-                         it again to re-drive the rest, none twice",
-                    ));
-                }
-                done => done?,
-            };
-            let applies = match super::local_host::runs_projection(&args.data.data, projection) {
-                true => "the running `waku run` applies them now",
-                false => "the next `waku run` applies them",
-            };
-            outln!(
-                "re-drove {} ({}) of `{projection}` from {} into `retry_{topic}`{}; {applies}",
-                counted(done.records, "dead letter", "dead letters"),
-                counted(done.events, "event", "events"),
-                partition_list(&done.partitions),
-                if done.already > 0 {
-                    format!(" ({} re-driven before, left alone)", done.already)
-                } else {
-                    String::new()
-                }
-            )?;
-            if done.left > 0 {
-                outln!(
-                    "left {} in {} to the hosts that own them (this state store holds no position there)",
-                    counted(done.left, "dead letter", "dead letters"),
-                    partition_list(&done.others)
-                )?;
-            }
+        match page.next {
+            Some(next) if left == Some(0) => break Some(next),
+            Some(next) => after = Some(next),
+            None => break None,
         }
+    };
+    let next_place = next.map(|(partition, offset)| format!("{partition}:{offset}"));
+    tally.owed = dead_letter::owed(store, shelf)?;
+    if json {
+        match (&next_place, list.limit) {
+            (_, None) => outln!("],\"in_outbox\":{}}}", tally.owed)?,
+            (next, Some(_)) => outln!("],\"in_outbox\":{},\"next\":{}}}", tally.owed, super::json_text(next, false)?)?,
+        }
+    }
+    errln!("{}", tally.summary(projection, next_place.as_deref()));
+    Ok(())
+}
+
+/// `waku dlq show`: one dead letter with its body.
+async fn show_letter(open: &Opened<'_>, show: &DlqShowArgs) -> Result<()> {
+    let Opened { log, store, topic, shelf, names, .. } = open;
+    let (partition, offset) = match (show.record, show.partition, show.offset) {
+        (Some(place), _, _) => place,
+        (None, Some(partition), Some(offset)) => (partition, offset),
+        _ => bail!("say which dead letter: --record <partition>:<offset>"),
+    };
+    let shown = dead_letter::show_on(log, topic, shelf, store, partition, offset).await?;
+    match show.output.json() {
+        true => outln!("{}", super::json_text(&DeadLetterView::new(&shown.letter, Some(&shown.body), names), false)?)?,
+        false => outln!("{}", dead_letter_details(&shown.letter, &shown.body, names))?,
+    }
+    Ok(())
+}
+
+/// `waku dlq redrive`: the selected dead letters into the retry topic.
+async fn redrive_letters(open: &Opened<'_>, redrive: &DlqRedriveArgs) -> Result<()> {
+    let Opened { log, store, topic, projection, shelf, .. } = open;
+    let (topic, projection) = (*topic, *projection);
+    let selection = Selection {
+        partitions: redrive.partition.clone(),
+        records: redrive.record.clone(),
+        key: redrive.key.as_deref().map(parse_key).transpose()?,
+    };
+    if !redrive.all && selection == Selection::default() {
+        bail!("say which dead letters to re-drive: --partition, --record, --key, or --all");
+    }
+    let done = match dead_letter::redrive_on(log, topic, projection, shelf, store, &selection).await {
+        Err(error @ (DeadLetterError::NothingOwned { .. } | DeadLetterError::NotOwned { .. })) => {
+            let state = store.location();
+            return Err(anyhow::Error::new(error).context(format!("nothing re-driven with the state {state}")));
+        }
+        Err(error @ (DeadLetterError::Log(_) | DeadLetterError::State(_) | DeadLetterError::Publish(_))) => {
+            return Err(anyhow::Error::new(error).context(
+                "re-drive stopped: the slices it committed stay re-driven (`waku dlq list` marks them); run \
+                 it again to re-drive the rest, none twice",
+            ));
+        }
+        done => done?,
+    };
+    let applies = match super::local_host::runs_projection(&redrive.dlq.data.data, projection) {
+        true => "the running `waku run` applies them now",
+        false => "the next `waku run` applies them",
+    };
+    outln!(
+        "re-drove {} ({}) of `{projection}` from {} into `retry_{topic}`{}; {applies}",
+        counted(done.records, "dead letter", "dead letters"),
+        counted(done.events, "event", "events"),
+        partition_list(&done.partitions),
+        if done.already > 0 { format!(" ({} re-driven before, left alone)", done.already) } else { String::new() }
+    )?;
+    if done.left > 0 {
+        outln!(
+            "left {} in {} to the hosts that own them (this state store holds no position there)",
+            counted(done.left, "dead letter", "dead letters"),
+            partition_list(&done.others)
+        )?;
     }
     Ok(())
 }

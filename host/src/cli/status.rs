@@ -46,27 +46,31 @@ pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Resul
     if asked.is_none() {
         args.admin = None;
     }
-    let target = &args.target;
     let status = match asked {
         Some(status) => status,
-        None => {
-            let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
-            let (log, store) = target.existing(hint).await?;
-            let library = Library::new(
-                &target.data.data,
-                &target.projection,
-                store.clone(),
-                Sandbox::new(SandboxLimits::default())?,
-            );
-            let versions = library.recorded()?.active;
-            let status = admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?;
-            admin::Status { rebuild: pending_rebuild(&log, target, &store).await?, ..status }
-        }
+        None => from_files(&args.target).await?,
     };
     if args.output.json() {
         outln!("{}", super::json_text(&status, false)?)?;
         return Ok(());
     }
+    print_counts(&status)?;
+    print_event_time(&status)?;
+    if args.admin.is_some() {
+        outln!(
+            "this host redid {} events since it started (processed, then refused by fencing: another host took \
+             their partition)",
+            status.redone
+        )?;
+    }
+    if let Some(rebuild) = &status.rebuild {
+        print_rebuild(rebuild)?;
+    }
+    print_partitions(&status)
+}
+
+/// The standing, the modules and the counts of events and messages.
+fn print_counts(status: &admin::Status) -> Result<()> {
     let caught_up = status.partitions.iter().all(|p| p.caught_up);
     let stopped = status.partitions.iter().filter(|p| p.stopped).count();
     let standing = match (stopped, caught_up) {
@@ -101,6 +105,12 @@ pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Resul
             status.order_violations,
         )?;
     }
+    Ok(())
+}
+
+/// Each partition index's clock, held events and inputs (projections over
+/// several topics).
+fn print_event_time(status: &admin::Status) -> Result<()> {
     for timing in &status.event_time {
         let ms = |value: Option<i64>| value.map_or_else(|| "-".to_owned(), |value| value.to_string());
         let inputs: Vec<String> = timing
@@ -125,36 +135,37 @@ pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Resul
             inputs.join("; ")
         )?;
     }
-    if args.admin.is_some() {
-        outln!(
-            "this host redid {} events since it started (processed, then refused by fencing: another host took \
-             their partition)",
-            status.redone
-        )?;
+    Ok(())
+}
+
+/// A rebuild in the shadow, running or asked for.
+fn print_rebuild(rebuild: &RebuildStatus) -> Result<()> {
+    let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+    outln!(
+        "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back; {} \
+         events dead-lettered",
+        rebuild.generation,
+        rebuild.promote,
+        modules.join(", "),
+        rebuild.phase,
+        rebuild.distance,
+        rebuild.held_back,
+        rebuild.dead_lettered
+    )?;
+    if let Some(note) = &rebuild.note {
+        outln!("rebuild: {note}")?;
     }
-    if let Some(rebuild) = &status.rebuild {
-        let modules: Vec<String> = rebuild.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
-        outln!(
-            "rebuild {} ({} promotion, modules {}): {}; {} events to promotion; {} emitted messages held back; {} \
-             events dead-lettered",
-            rebuild.generation,
-            rebuild.promote,
-            modules.join(", "),
-            rebuild.phase,
-            rebuild.distance,
-            rebuild.held_back,
-            rebuild.dead_lettered
-        )?;
-        if let Some(note) = &rebuild.note {
-            outln!("rebuild: {note}")?;
-        }
-        if let Some(error) = &rebuild.error {
-            outln!("rebuild error: {error}")?;
-        }
-        for (partition, shadow, live) in &rebuild.partitions {
-            outln!("rebuild partition {partition}: shadow at {shadow}, live at {live}")?;
-        }
+    if let Some(error) = &rebuild.error {
+        outln!("rebuild error: {error}")?;
     }
+    for (partition, shadow, live) in &rebuild.partitions {
+        outln!("rebuild partition {partition}: shadow at {shadow}, live at {live}")?;
+    }
+    Ok(())
+}
+
+/// The table of partitions, and what the log no longer holds.
+fn print_partitions(status: &admin::Status) -> Result<()> {
     outln!("partition\tfirst\tposition\tstart-up end\tend\tlag\tcaught up")?;
     for p in &status.partitions {
         let at_start = p.end_at_start.map_or_else(|| "-".to_owned(), |end| end.to_string());
@@ -177,6 +188,17 @@ pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Resul
         outln!("partition {}: log truncated: {truncated}", p.partition)?;
     }
     Ok(())
+}
+
+/// The status from the log and the files, when no host answers.
+async fn from_files(target: &ProjectionArgs) -> Result<admin::Status> {
+    let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
+    let (log, store) = target.existing(hint).await?;
+    let library =
+        Library::new(&target.data.data, &target.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
+    let versions = library.recorded()?.active;
+    let status = admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?;
+    Ok(admin::Status { rebuild: pending_rebuild(&log, target, &store).await?, ..status })
 }
 
 /// The status the admin endpoint at `url` answers.
