@@ -13,7 +13,7 @@ use clap::Args;
 use super::demo::example_module;
 use super::run::hint_at_limit_flags;
 use crate::host::{CompileCache, HostSettings, ModuleSource};
-use crate::inventory_demo::{self, CATALOGUE, InventorySpec, LATE_TOPIC, TIMED_TOPICS};
+use crate::inventory_demo::{self, CATALOGUE, InventoryReport, InventorySpec, LATE_TOPIC, TIMED_TOPICS};
 use crate::log::EmbeddedLog;
 use crate::projection::load_module_file;
 
@@ -101,8 +101,16 @@ pub(super) async fn run(args: InventoryArgs) -> Result<ExitCode> {
         spec.live_rate
     );
     let report = inventory_demo::run(log, settings, module, spec).await?;
-    let ms = |latency: Option<Duration>| latency.map_or("-".to_owned(), |l| format!("{:.1} ms", l.as_secs_f64() * 1e3));
+    let lines = report_lines(&report, &spec, args.max_held_mib);
     let matches = report.differences.is_empty();
+    outln!("{}", lines.join("\n"))?;
+    Ok(if matches && report.violations == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
+
+/// What the demo prints: the workload, the start-up race, the figures and
+/// the checks.
+fn report_lines(report: &InventoryReport, spec: &InventorySpec, max_held_mib: u64) -> Vec<String> {
+    let ms = |latency: Option<Duration>| latency.map_or("-".to_owned(), |l| format!("{:.1} ms", l.as_secs_f64() * 1e3));
     let mut lines = vec![
         format!(
             "workload: {} history events over {} days of event time, {} products as keys, 13 topics of {} partitions \
@@ -134,10 +142,10 @@ pub(super) async fn run(args: InventoryArgs) -> Result<ExitCode> {
         ),
         format!(
             "peak held bytes: {} (largest partition index), {} (sum over partition indexes); limit {} MiB each",
-            report.peak_held_bytes.0, report.peak_held_bytes.1, args.max_held_mib
+            report.peak_held_bytes.0, report.peak_held_bytes.1, max_held_mib
         ),
         format!("order violations: {}", report.violations),
-        match matches {
+        match report.differences.is_empty() {
             true => format!(
                 "oracle check: match ({} products; each product's events sorted by event time, ties by topic order, \
                  then by position in the topic)",
@@ -147,6 +155,5 @@ pub(super) async fn run(args: InventoryArgs) -> Result<ExitCode> {
         },
     ];
     lines.extend(report.differences.iter().map(|difference| format!("  {difference}")));
-    outln!("{}", lines.join("\n"))?;
-    Ok(if matches && report.violations == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
+    lines
 }
