@@ -48,7 +48,7 @@ use crate::handler::HandlerModule;
 use crate::log::{EventLog, LogError};
 use crate::metrics::Metrics;
 use crate::projection::{ModuleSwap, Projection, ProjectionError};
-use crate::runtime::component_file::{ComponentFileError, MAX_MODULES, check_module_dir_size};
+use crate::runtime::component_file::{check_module_dir_size, module_paths};
 use crate::runtime::{Sandbox, content_version, read_component};
 use crate::state::{StateError, StateStore};
 
@@ -1048,16 +1048,7 @@ fn scan(dir: &Path, known: &BTreeMap<String, Trusted>) -> Result<Scanned, Lifecy
         let path = path.to_owned();
         move |source| LifecycleError::Io { what, path, source }
     };
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io("reading the module directory", dir))? {
-        let path = entry.map_err(io("reading the module directory", dir))?.path();
-        if path.extension().is_some_and(|ext| ext == "wasm") {
-            if paths.len() == MAX_MODULES {
-                return Err(io("reading the module directory", dir)(ComponentFileError::TooManyModules.into()));
-            }
-            paths.push(path);
-        }
-    }
+    let paths = module_paths(dir).map_err(io("reading the module directory", dir))?;
     let (mut scanned, mut total) = (Scanned::default(), 0);
     for path in paths {
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();

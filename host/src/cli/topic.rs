@@ -28,7 +28,10 @@ use super::args::{DataArgs, OutputArgs};
 use super::dlq::counted;
 use super::signals::ShutdownSignals;
 use crate::event::{EventHeaders, Header};
+use crate::handler::HandlerModule;
 use crate::log::{AnyLog, EventLog, StoredRecord};
+use crate::runtime::component_file::{check_module_dir_size, module_paths};
+use crate::runtime::read_component;
 use wakuwaku_core::terminal::printable;
 
 #[derive(Subcommand)]
@@ -334,23 +337,25 @@ enum Types {
 /// are the emitter's choice, not the names these modules read). A file that
 /// does not load is said in a warning and passed over.
 async fn type_names(dir: &Path, topic: &str) -> Result<Types> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|entry| Some(entry.ok()?.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
-        .take(crate::runtime::component_file::MAX_MODULES)
-        .collect();
-    paths.sort();
+    // The rules of a module directory, as a host keeps them
+    // (`module-count`, `module-dir-size`).
+    let paths = module_paths(dir).with_context(|| format!("reading {}", dir.display()))?;
     let topic = topic.to_owned();
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || {
         let sandbox = crate::runtime::Sandbox::new(crate::runtime::SandboxLimits::default())?;
-        let mut names = BTreeMap::new();
+        let (mut names, mut total) = (BTreeMap::new(), 0);
         for path in &paths {
-            let module = match crate::projection::load_module_file(&sandbox, path) {
+            let bytes = read_component(path);
+            if let Ok(bytes) = &bytes {
+                total += bytes.len() as u64;
+                check_module_dir_size(total).with_context(|| format!("reading {}", dir.display()))?;
+            }
+            let name = path.file_stem().map_or_else(|| "module".into(), |stem| stem.to_string_lossy());
+            let module = match bytes.map_err(anyhow::Error::from).and_then(|bytes| Ok(sandbox.load(&name, &bytes)?)) {
                 Ok(module) => module,
                 Err(error) => {
-                    errln!("waku: warning: {} gives no type names: {error}", path.display());
+                    errln!("waku: warning: {} gives no type names: {error:#}", path.display());
                     continue;
                 }
             };

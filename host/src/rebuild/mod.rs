@@ -68,7 +68,7 @@ use wakuwaku_core::terminal::printable;
 
 #[cfg(doc)]
 use crate::routing::RoutedTopics;
-use crate::runtime::component_file::{ComponentFileError, MAX_MODULES, check_module_dir_size};
+use crate::runtime::component_file::{check_module_dir_size, module_paths};
 use crate::runtime::read_component;
 
 pub mod conductor;
@@ -330,20 +330,11 @@ impl RebuildPaths {
         if let Some(pending) = self.request()? {
             return Err(RebuildError::Pending { projection: self.projection.clone(), generation: pending.generation });
         }
-        let wasm: Vec<PathBuf> = std::fs::read_dir(modules)
-            .map_err(|source| RebuildError::Io { path: modules.to_owned(), source })?
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
-            .collect();
+        // The rules of a module directory (`module-count`, `module-dir-size`).
+        let wasm = module_paths(modules).map_err(|source| RebuildError::Io { path: modules.to_owned(), source })?;
+        let wasm: Vec<PathBuf> = wasm.into_iter().filter(|path| path.is_file()).collect();
         if wasm.is_empty() {
             return Err(RebuildError::NoModules { dir: modules.to_owned() });
-        }
-        // The rules of a module directory (`module-count`, `module-dir-size`).
-        if wasm.len() > MAX_MODULES {
-            return Err(RebuildError::Io {
-                path: modules.to_owned(),
-                source: ComponentFileError::TooManyModules.into(),
-            });
         }
         let generation = self.next_generation()?;
         let copy = self.modules_dir(generation);
@@ -480,6 +471,7 @@ fn touch(path: &Path) -> Result<(), RebuildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::component_file::MAX_MODULES;
 
     #[test]
     fn a_request_is_written_once_and_the_pointer_round_trips() {

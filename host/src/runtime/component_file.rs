@@ -47,7 +47,7 @@
 //!   a directory full of large files cannot make the host hold them all.
 
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The largest component the host reads or loads, in bytes (128 MiB; a
 /// Rust handler is well under 10 MiB, a Python one about 20 MiB).
@@ -239,6 +239,25 @@ pub fn check_code(bytes: &[u8]) -> Result<u64, ComponentFileError> {
         }
     }
     Ok(functions)
+}
+
+/// The `*.wasm` entries of the module directory `dir`, sorted; refused
+/// when there are over [`MAX_MODULES`] of them (`module-count`), without
+/// listing further. Whether each is a file that loads is the reader's to
+/// find out.
+pub fn module_paths(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "wasm") {
+            if paths.len() == MAX_MODULES {
+                return Err(ComponentFileError::TooManyModules.into());
+            }
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
 }
 
 /// Refuses a module directory whose components read so far hold `total`

@@ -353,6 +353,20 @@ fn topics_are_created_listed_described_and_consumed() {
     let first: serde_json::Value = serde_json::from_str(json_lines.trim()).unwrap();
     assert!(["AccountOpened", "Deposited"].contains(&first["event"]["type_name"].as_str().unwrap_or("")), "{first}");
     assert!(first["body"]["text"].as_str().unwrap().contains("\"account\":1"), "{first}");
+    // A module directory past its count is refused, as `waku run` refuses it,
+    // not read in part.
+    let crowded = dir.path().join("crowded");
+    std::fs::create_dir_all(&crowded).unwrap();
+    for n in 0..=64 {
+        std::fs::write(crowded.join(format!("m{n:02}.wasm")), b"not a component").unwrap();
+    }
+    let out = waku(&["topic", "consume", "--data", "data", "--topic", "accounts", "--modules", "crowded"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("module-count: a module directory holds at most 64 modules"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(ok(&["topic", "consume", "--data", "data", "--topic", "accounts", "--from", "end"]), "");
     let out = waku(&["topic", "consume", "--data", "data", "--topic", "accounts", "--partition", "5"], dir.path());
     assert!(
