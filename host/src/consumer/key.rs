@@ -53,18 +53,17 @@ const WHOLE_MESSAGE_BYTES_PER_BATCH: usize = 1 << 20;
 
 use wakuwaku_core::reduce;
 
-use super::batch::BatchWork;
+use super::batch::{BatchRunner, BatchWork};
 use super::call_time::CallTime;
 use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
-use super::{Consumer, RunCall, Summary};
+use super::{RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::handler::{
     BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
     ScopeShared,
 };
 use crate::key::Key;
-use crate::log::EventLog;
 use crate::metrics::BatchTally;
 use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
@@ -72,7 +71,7 @@ use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
 use crate::telemetry::{CallOf, CallOutcome};
 
-impl<L: EventLog> Consumer<L> {
+impl BatchRunner {
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
     /// key after another.
     #[allow(clippy::too_many_arguments)]

@@ -81,7 +81,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::event::{EventHeaders, EventTypeTag};
-use crate::handler::{BatchBudget, CounterQuota, PayloadLimits};
+use crate::handler::PayloadLimits;
 use crate::key::Key;
 use crate::log::loss::{self, LostHistory, TopicRole, Truncation};
 use crate::log::{EventLog, LogError, PolledBatch};
@@ -91,10 +91,10 @@ use crate::progress::Progress;
 use crate::projection::Projection;
 use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed};
 use crate::state::StateError;
-use crate::telemetry::{BatchOf, BatchTrace, CallTrace, Telemetry};
+use crate::telemetry::{BatchOf, BatchTrace, Telemetry};
 
 mod batch;
-use batch::BatchBuffers;
+use batch::{BatchBuffers, BatchRunner};
 use timing::Advance;
 mod call_time;
 mod failure;
@@ -389,18 +389,13 @@ pub struct Consumer<L> {
     log: Arc<L>,
     projection: Arc<Projection>,
     config: ConsumerConfig,
-    observer: Option<Arc<dyn CallObserver>>,
+    /// What runs its batches, from records to their commit.
+    runner: BatchRunner,
     /// Partitions commit to one outbox; one publisher at a time, or two
     /// could publish the same entries before either clears them.
     outbox: Arc<tokio::sync::Mutex<()>>,
     progress: Arc<Progress>,
     metrics: Option<Arc<Metrics>>,
-    /// What the batches in flight (one per partition) may make the host
-    /// hold, together.
-    budget: BatchBudget,
-    /// The counters the batches in flight add, against the projection's
-    /// quota (`counter-count`).
-    counters: CounterQuota,
     /// When set, the partitions to hold while following, as they change
     /// ([`Consumer::with_assignment`]).
     assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
@@ -408,8 +403,6 @@ pub struct Consumer<L> {
     timing: Arc<TimingBoard>,
     /// OpenTelemetry export, when configured ([`crate::telemetry`]).
     telemetry: Option<Telemetry>,
-    /// On the clone a batch runs on: where its calls report.
-    trace: Option<Arc<CallTrace>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -418,16 +411,13 @@ impl<L> Clone for Consumer<L> {
             log: self.log.clone(),
             projection: self.projection.clone(),
             config: self.config.clone(),
-            observer: self.observer.clone(),
+            runner: self.runner.clone(),
             outbox: self.outbox.clone(),
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
-            budget: self.budget.clone(),
-            counters: self.counters.clone(),
             assignment: self.assignment.clone(),
             timing: self.timing.clone(),
             telemetry: self.telemetry.clone(),
-            trace: self.trace.clone(),
         }
     }
 }
@@ -437,17 +427,14 @@ impl<L: EventLog> Consumer<L> {
     pub fn new(log: Arc<L>, projection: Arc<Projection>, config: ConsumerConfig) -> Self {
         Self {
             log,
+            runner: BatchRunner::new(&projection, &config),
             projection,
-            observer: None,
             outbox: Arc::default(),
             progress: Arc::default(),
             metrics: None,
-            budget: BatchBudget::new(&config.payload),
-            counters: CounterQuota::new(&config.payload),
             assignment: None,
             timing: Arc::default(),
             telemetry: None,
-            trace: None,
             config,
         }
     }
@@ -480,7 +467,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Reports every handled run to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
-        self.observer = Some(observer);
+        self.runner.observer = Some(observer);
         self
     }
 
@@ -493,6 +480,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Records what every committed batch did in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.runner.metrics = Some(metrics.clone());
         self.metrics = Some(metrics);
         self
     }
@@ -1211,13 +1199,16 @@ impl<L: EventLog> Consumer<L> {
         if let Advance::Topic(next) = advance {
             self.progress.read(partition, next);
         }
-        let mut consumer = self.clone();
+        let mut runner = self.runner.clone();
         let offsets = records.iter().map(|view| view.offset());
         let trace = self.open_trace(self.projection.topic(), partition, offsets, records.len(), polled);
-        consumer.trace = trace.as_ref().map(BatchTrace::calls);
+        runner.trace = trace.as_ref().map(BatchTrace::calls);
         let mut buffers = std::mem::take(&mut state.buffers);
+        // The modules of this batch, whatever is swapped in meanwhile.
+        let (modules, store) = (self.projection.current(), self.projection.store().clone());
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, &records, &advance, &queue, &mut buffers);
+            let polled = (&records, &advance);
+            let batch = runner.process_batch(partition, polled, &queue, &mut buffers, modules, &store);
             (batch, queue, records, buffers, advance)
         })
         .await
@@ -1410,12 +1401,13 @@ impl<L: EventLog> Consumer<L> {
         // Once every record taken is done; the batch lowers it to the first
         // record it leaves.
         let retry_position = queue.position();
-        let mut consumer = self.clone();
+        let mut runner = self.runner.clone();
         let offsets = records.iter().map(|stored| stored.offset);
         let trace = self.open_trace(&retry, partition, offsets, records.len(), polled);
-        consumer.trace = trace.as_ref().map(BatchTrace::calls);
+        runner.trace = trace.as_ref().map(BatchTrace::calls);
+        let (modules, store) = (self.projection.current(), self.projection.store().clone());
         let processed = tokio::task::spawn_blocking(move || {
-            consumer.process_retry_batch(partition, records, next_waiting, retry_position)
+            runner.process_retry_batch(partition, records, (next_waiting, retry_position), modules, &store)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
