@@ -241,12 +241,12 @@ impl BatchRunner {
         let (origins, bodies, attempts) = work.records(run);
         let traced = Traced { bodies: bodies.into(), origins: origins.into() };
         let (records, fold_error) = Self::reduce_run(route, run.tag, traced, reachable, calls, laps, out);
-        let attempts: Cow<[Tries]> = if attempts.len() == records.bodies.len() {
-            attempts.into()
-        } else {
-            // Reduced records stand for several: they carry the most
-            // attempts any of them had, and the earliest first failure.
-            vec![Tries::merged(attempts.iter().copied()); records.bodies.len()].into()
+        // Left as it came (a borrowed run comes back borrowed only so), or
+        // changed: then possibly reordered, the same length or not.
+        let as_it_came = matches!(records.bodies, Cow::Borrowed(_)) || records.bodies[..] == bodies[..];
+        let attempts: Cow<[Tries]> = match as_it_came {
+            true => attempts.into(),
+            false => reduced_tries(route.event_type.algebra, (bodies, attempts), &records.bodies).into(),
         };
         // Should the run fail, it goes to retry or the dead-letter topic
         // as reduced, unless `combine` made it larger than the events
@@ -256,7 +256,7 @@ impl BatchRunner {
             && bodies.len() > 1
             && records.bodies[0].len() > bodies.iter().map(Vec::len).sum::<usize>();
         let times = work.event_times(run);
-        ReducedRun { run, route, module, bodies, origins, times, records, attempts, fold_error, inflated }
+        ReducedRun { run, route, module, bodies, origins, times, records, attempts, as_it_came, fold_error, inflated }
     }
 
     /// Routes a failed chunk of `run`, as [`failure::decide`] says:
@@ -386,7 +386,7 @@ impl BatchRunner {
             // The failed chunk goes ahead, and the rest of its run
             // too when the run was folded (its parts stand for
             // several records); every record not reached stays.
-            let unreduced = reduced.bodies.len() == run.bodies.len();
+            let unreduced = run.as_it_came;
             let mut left: Vec<usize> = if unreduced { work.inputs(run.run)[end..].to_vec() } else { Vec::new() };
             left.extend(later.iter().flat_map(|later| work.inputs(later)));
             let ahead_of =
@@ -638,6 +638,10 @@ struct ReducedRun<'a> {
     /// Its records as reduced, and the attempts each has had.
     records: Traced<'a>,
     attempts: Cow<'a, [Tries]>,
+    /// Whether its records as reduced are its records as they came, index
+    /// for index (an idempotent-commutative run without duplicates is
+    /// sorted: the same length, another order).
+    as_it_came: bool,
     /// Why the fold failed or the module was out of reach, if so: the run
     /// fails whole.
     fold_error: Option<CallError>,
@@ -736,6 +740,34 @@ fn reduced_event_time(
     place.and_then(|&i| times[i])
 }
 
+/// The tries of each reduced record of a run (`reduced`, from `bodies`
+/// by `algebra`, each with its `tries`, changed by the reduction): those of
+/// the events it stands for, merged ([`Tries::merged`]: the most attempts,
+/// the earliest first failure). Found by body, never by index: a sorted
+/// run's records are in another order than its events.
+fn reduced_tries(algebra: Algebra, (bodies, tries): (&[Vec<u8>], &[Tries]), reduced: &[Vec<u8>]) -> Vec<Tries> {
+    let mut merged = vec![Tries::default(); reduced.len()];
+    let last = reduced.len().saturating_sub(1);
+    let mut group = 0;
+    for (index, (body, &each)) in bodies.iter().zip(tries).enumerate() {
+        let place = match algebra {
+            // Sorted by body, each body once.
+            Algebra::IdempotentCommutative => reduced.binary_search(body).unwrap_or_else(|place| place.min(last)),
+            // The `group`th run of adjacent equal bodies.
+            Algebra::Idempotent => {
+                group += usize::from(index > 0 && bodies[index] != bodies[index - 1]);
+                group.min(last)
+            }
+            // One fold of the whole run (no other algebra changes a run).
+            _ => 0,
+        };
+        if let Some(slot) = merged.get_mut(place) {
+            *slot = Tries::merged([*slot, each]);
+        }
+    }
+    merged
+}
+
 /// What a routed record of a run needs besides its body and origin.
 #[derive(Clone, Copy)]
 struct RunShape {
@@ -800,7 +832,7 @@ pub(super) struct WorkerOutcome {
 
 #[cfg(test)]
 mod tests {
-    use super::reduced_event_time;
+    use super::{Tries, reduced_event_time, reduced_tries};
     use crate::event::Algebra;
 
     /// A run of the bodies named.
@@ -837,6 +869,25 @@ mod tests {
         let sorted = run(&["a", "b"]);
         let time = |index| reduced_event_time(Algebra::IdempotentCommutative, false, (&bodies, &times), &sorted, index);
         assert_eq!([time(0), time(1)], [Some(2), Some(1)]);
+    }
+
+    #[test]
+    fn a_reduced_record_carries_the_tries_of_the_events_it_stands_for() {
+        let tries = |attempts| Tries { attempts, first_failed_at_ms: u64::from(attempts) * 10, ordering: None };
+        let attempts = |algebra, bodies: &[Vec<u8>], reduced: &[Vec<u8>], each: &[u32]| {
+            let each: Vec<Tries> = each.iter().map(|&a| tries(a)).collect();
+            reduced_tries(algebra, (bodies, &each), reduced).iter().map(|t| t.attempts).collect::<Vec<_>>()
+        };
+        // Sorted, no duplicate dropped: by body, not by index.
+        assert_eq!(attempts(Algebra::IdempotentCommutative, &run(&["b", "a"]), &run(&["a", "b"]), &[3, 0]), [0, 3]);
+        let (bodies, sorted) = (run(&["c", "a", "c", "b"]), run(&["a", "b", "c"]));
+        assert_eq!(attempts(Algebra::IdempotentCommutative, &bodies, &sorted, &[1, 0, 4, 2]), [0, 2, 4]);
+        let (bodies, kept) = (run(&["a", "a", "b", "a"]), run(&["a", "b", "a"]));
+        assert_eq!(attempts(Algebra::Idempotent, &bodies, &kept, &[1, 2, 0, 5]), [2, 0, 5]);
+        assert_eq!(attempts(Algebra::Associative, &bodies, &run(&["aaba"]), &[1, 2, 0, 5]), [5]);
+        // The earliest first failure of those merged.
+        let merged = reduced_tries(Algebra::Idempotent, (&bodies, &[tries(1), tries(2), tries(0), tries(5)]), &kept);
+        assert_eq!(merged[0].first_failed_at_ms, 10);
     }
 
     #[test]

@@ -357,6 +357,41 @@ fn a_timed_event_without_its_time_is_dead_lettered_and_a_retried_one_keeps_its_t
 }
 
 #[test]
+fn a_sorted_run_carries_each_events_own_attempts() {
+    // Taken from retry: "ok" after 3 attempts, then "fail", new. Sorted by
+    // body, "fail" runs first: it fails with its own first attempt, and
+    // "ok" goes on to retry with its 3.
+    let stored = |offset, body: &str, attempts| {
+        let envelope = EventHeaders {
+            tag: EventTypeTag::new(TAG),
+            key: Key::int(1),
+            ordering: Relaxed,
+            algebra: Algebra::IdempotentCommutative,
+            event_time: None,
+        };
+        let routed = Routed {
+            projection: "p".into(),
+            topic: "t".into(),
+            event_type: "tag".into(),
+            origin_partition: 0,
+            origin_offset: offset,
+            events: 1,
+            attempts,
+            failed_at_ms: 0,
+            first_failed_at_ms: None,
+            failure: None,
+            ahead_of: None,
+            ordering: Some(Relaxed),
+        };
+        StoredRecord { offset, record: routing::routed_record(&envelope, &routed, body.as_bytes().to_vec()) }
+    };
+    let Finished { commit, .. } = retried(vec![stored(0, "ok", 3), stored(1, "fail", 0)], 2);
+    let retry = routed_to(&commit, &routing::retry_topic("t"));
+    let attempts: Vec<_> = retry.iter().map(|(body, routed, _)| (body.as_str(), routed.attempts)).collect();
+    assert_eq!(attempts, [("fail", 1), ("ok", 3)]);
+}
+
+#[test]
 fn a_panicking_worker_fails_the_batch_on_the_calling_thread_too() {
     struct Panics(Vec<EventType>);
     impl HandlerModule for Panics {
