@@ -659,14 +659,7 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         self.progress.begin([]);
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
-        let mut fenced: FxHashMap<u32, Instant> = FxHashMap::default();
-        // Partitions whose taking failed: when to try again, and the wait
-        // after that.
-        let mut failed: FxHashMap<u32, (Instant, Duration)> = FxHashMap::default();
-        // Partitions another host still holds (finishing its batch in
-        // flight): when to ask again.
-        let mut waiting: FxHashMap<u32, Instant> = FxHashMap::default();
+        let mut assigned = Assigned::default();
         if let Some(metrics) = &self.metrics {
             // Shown at 0 from the start, so a rebalance's cost reads as a difference.
             metrics.events_redone(self.projection.name(), 0);
@@ -676,57 +669,8 @@ impl<L: EventLog> Consumer<L> {
         let result = loop {
             let wanted: FxHashSet<u32> =
                 assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
-            fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
-            failed.retain(|partition, _| wanted.contains(partition));
-            waiting.retain(|partition, _| wanted.contains(partition));
-            for (&partition, stop) in &held {
-                if !wanted.contains(&partition) {
-                    tracing::info!(
-                        projection = self.projection.name(),
-                        partition,
-                        "partition {partition} unassigned: stopping it"
-                    );
-                    let _ = stop.send(true);
-                }
-            }
-            let now = Instant::now();
-            let mut taken: Vec<u32> = wanted
-                .iter()
-                .copied()
-                .filter(|p| !held.contains_key(p) && !fenced.contains_key(p))
-                .filter(|p| failed.get(p).is_none_or(|(again, _)| *again <= now))
-                .filter(|p| waiting.get(p).is_none_or(|again| *again <= now))
-                .collect();
-            taken.sort_unstable();
-            for partition in taken {
-                match self.take_partition(partition).await {
-                    Ok(None) => {
-                        if waiting.insert(partition, Instant::now() + HOLD_RETRY).is_none() {
-                            tracing::info!(
-                                projection = self.projection.name(),
-                                partition,
-                                "partition {partition} is still held by its previous host: taking it once that host \
-                                 commits its batch in flight and lets it go"
-                            );
-                        }
-                        continue;
-                    }
-                    Ok(Some(left)) => {
-                        failed.remove(&partition);
-                        waiting.remove(&partition);
-                        total.undeliverable += left;
-                    }
-                    Err(error) => {
-                        let backoff = self.take_failed(partition, &error, failed.get(&partition).map(|f| f.1));
-                        failed.insert(partition, (Instant::now() + backoff, backoff));
-                        continue;
-                    }
-                }
-                let (stop, stopped) = tokio::sync::watch::channel(false);
-                held.insert(partition, stop);
-                let consumer = self.clone();
-                tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
-            }
+            self.take_wanted(&wanted, &mut assigned, &mut tasks, &mut total).await;
+            let Assigned { held, fenced, failed, waiting } = &mut assigned;
             let retake = (fenced.values().map(|at| *at + RETAKE_AFTER))
                 .chain(failed.values().map(|f| f.0))
                 .chain(waiting.values().copied())
@@ -751,7 +695,7 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         };
-        for stop in held.values() {
+        for stop in assigned.held.values() {
             let _ = stop.send(true);
         }
         let mut first_error = result.err();
@@ -773,6 +717,70 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         first_error.map_or(Ok(total), Err)
+    }
+
+    /// Follows `wanted`, the partitions assigned now: stops the tasks of
+    /// those held and no longer assigned, and takes each assigned one not
+    /// held (unless fenced lately, or its take is to be tried again or
+    /// asked for again later), starting its task in `tasks`.
+    async fn take_wanted(
+        &self,
+        wanted: &FxHashSet<u32>,
+        assigned: &mut Assigned,
+        tasks: &mut PartitionTasks,
+        total: &mut Summary,
+    ) {
+        assigned.fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
+        assigned.failed.retain(|partition, _| wanted.contains(partition));
+        assigned.waiting.retain(|partition, _| wanted.contains(partition));
+        for (&partition, stop) in &assigned.held {
+            if !wanted.contains(&partition) {
+                tracing::info!(
+                    projection = self.projection.name(),
+                    partition,
+                    "partition {partition} unassigned: stopping it"
+                );
+                let _ = stop.send(true);
+            }
+        }
+        let now = Instant::now();
+        let mut taken: Vec<u32> = wanted
+            .iter()
+            .copied()
+            .filter(|p| !assigned.held.contains_key(p) && !assigned.fenced.contains_key(p))
+            .filter(|p| assigned.failed.get(p).is_none_or(|(again, _)| *again <= now))
+            .filter(|p| assigned.waiting.get(p).is_none_or(|again| *again <= now))
+            .collect();
+        taken.sort_unstable();
+        for partition in taken {
+            match self.take_partition(partition).await {
+                Ok(None) => {
+                    if assigned.waiting.insert(partition, Instant::now() + HOLD_RETRY).is_none() {
+                        tracing::info!(
+                            projection = self.projection.name(),
+                            partition,
+                            "partition {partition} is still held by its previous host: taking it once that host \
+                             commits its batch in flight and lets it go"
+                        );
+                    }
+                    continue;
+                }
+                Ok(Some(left)) => {
+                    assigned.failed.remove(&partition);
+                    assigned.waiting.remove(&partition);
+                    total.undeliverable += left;
+                }
+                Err(error) => {
+                    let backoff = self.take_failed(partition, &error, assigned.failed.get(&partition).map(|f| f.1));
+                    assigned.failed.insert(partition, (Instant::now() + backoff, backoff));
+                    continue;
+                }
+            }
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            assigned.held.insert(partition, stop);
+            let consumer = self.clone();
+            tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
+        }
     }
 
     /// Gives up a partition whose task ended (after its last commit, or
@@ -1036,7 +1044,6 @@ impl<L: EventLog> Consumer<L> {
         state: &mut PartitionState,
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
-        let topic = self.projection.topic();
         let mut queue = match state.queue.take() {
             Some(queue) => queue,
             None => self.rebuild_retry_queue(partition).await?,
@@ -1064,26 +1071,9 @@ impl<L: EventLog> Consumer<L> {
             state.topic_turn = true;
             return Ok(Step::Worked);
         }
-        if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
-            // Diverting more would hold a record per event of the backlog:
-            // the topic waits until retries drain.
-            if !std::mem::replace(&mut state.queue_full, true) {
-                tracing::warn!(
-                    projection = self.projection.name(),
-                    partition,
-                    "the retry queue holds {} MiB (`--retry-queue-mib`): partition {partition} reads no more of \
-                     topic `{topic}` until its retries are done or dead-lettered",
-                    queue.held_bytes() >> 20,
-                );
-            }
-            let until_due = queue
-                .next_due_ms()
-                .map_or(Duration::MAX, |due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+        if let Some(until_due) = self.retry_queue_full(partition, state, &queue) {
             state.queue = Some(queue);
             return Ok(Step::Full(until_due));
-        }
-        if std::mem::take(&mut state.queue_full) {
-            tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
         }
         let polling = Instant::now();
         let polled = match state.timed.take() {
@@ -1117,6 +1107,34 @@ impl<L: EventLog> Consumer<L> {
                 Err(error)
             }
         }
+    }
+
+    /// Whether the partition's retry `queue` holds too much for it to read
+    /// on (`queue_max_bytes`), and then how long until a retry is due;
+    /// logs when the queue fills and when it has room again.
+    fn retry_queue_full(&self, partition: u32, state: &mut PartitionState, queue: &RetryQueue) -> Option<Duration> {
+        if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
+            // Diverting more would hold a record per event of the backlog:
+            // the topic waits until retries drain.
+            if !std::mem::replace(&mut state.queue_full, true) {
+                tracing::warn!(
+                    projection = self.projection.name(),
+                    partition,
+                    "the retry queue holds {} MiB (`--retry-queue-mib`): partition {partition} reads no more of \
+                     topic `{}` until its retries are done or dead-lettered",
+                    queue.held_bytes() >> 20,
+                    self.projection.topic(),
+                );
+            }
+            let until_due = queue
+                .next_due_ms()
+                .map_or(Duration::MAX, |due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+            return Some(until_due);
+        }
+        if std::mem::take(&mut state.queue_full) {
+            tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
+        }
+        None
     }
 
     /// After a commit: its outbox out, its retry records indexed (so the
@@ -1512,6 +1530,25 @@ pub const TAIL_CHECK: Duration = Duration::from_secs(1);
 /// How long keys wait after an attempt whose calls were none of them made
 /// ([`Consumer::retry_batch`]).
 const NOTHING_DONE_PAUSE_MS: u64 = 50;
+
+/// What [`Consumer::consume_assigned`] keeps of the partitions it follows.
+#[derive(Default)]
+struct Assigned {
+    /// The partitions held, each with what stops its task.
+    held: FxHashMap<u32, tokio::sync::watch::Sender<bool>>,
+    /// Partitions another host took while assigned here, and when.
+    fenced: FxHashMap<u32, Instant>,
+    /// Partitions whose taking failed: when to try again, and the wait
+    /// after that.
+    failed: FxHashMap<u32, (Instant, Duration)>,
+    /// Partitions another host still holds (finishing its batch in
+    /// flight): when to ask again.
+    waiting: FxHashMap<u32, Instant>,
+}
+
+/// The tasks of the partitions followed, each ending with its partition,
+/// its summary and whether it was fenced.
+type PartitionTasks = tokio::task::JoinSet<(u32, Result<(Summary, bool), ConsumerError>)>;
 
 /// Where one partition's consuming stands between steps.
 struct PartitionState {
