@@ -4,6 +4,12 @@
 //! outcomes gathered into one [`BatchCommit`] with the position, and that
 //! committed in one transaction.
 //!
+//! The batch is a value: [`BatchRunner`] holds neither the log nor the
+//! store. It takes records and a way to read the snapshot of the batch's
+//! keys and gives back the [`Finished`] batch, its commit not yet made;
+//! [`BatchRunner::commit`] then hands that to the store. Gathering the
+//! workers' outcomes into the commit is a function of them ([`gather`]).
+//!
 //! The planner groups records by a number per key, never by its hash: each
 //! distinct key of the batch (its canonical bytes) gets its own, so two
 //! keys never share a run, a fold, a state scope or a retry diversion.

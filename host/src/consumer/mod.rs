@@ -8,7 +8,8 @@
 //!    state scope or a retry diversion. A message whose headers cannot be
 //!    parsed goes to the dead-letter topic with the parse error. Events of a key that is waiting in retry are
 //!    diverted behind it, to the retry topic ([`crate::routing`]).
-//! 2. **Execute per key.** Keys are spread over worker threads; one key's
+//! 2. **Execute per key.** Keys are spread over worker threads (a batch
+//!    with one worker runs on the calling thread); one key's
 //!    runs execute one after another (head, body runs, tail, segment after
 //!    segment), so a key never races with itself. Each run is reduced with
 //!    its type's algebra ([`crate::reduce`]) and handed to the module in
@@ -71,7 +72,10 @@
 //! applied stops the partition ([`ConsumerError::LogTruncated`]).
 //!
 //! Layout: this module holds the partition loop (poll, settle, retries due);
-//! `batch` takes a polled batch to its one commit; `key_table` numbers a
+//! `batch` takes a polled batch to its one commit, as a value: its
+//! `BatchRunner` holds no log and no store, takes records and a snapshot
+//! and gives back the commit, which the loop then hands the store (its unit
+//! tests run batches so, with a native module); `key_table` numbers a
 //! batch's keys; `key` runs one worker's keys; `failure` decides where a
 //! failed chunk goes; [`phase`] times every batch phase by phase.
 
