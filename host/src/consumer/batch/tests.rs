@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Advance, BatchBuffers, BatchRunner, Finished, ProjectionNames};
-use crate::consumer::ConsumerConfig;
+use crate::consumer::{ConsumerConfig, ConsumerError};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTiming, EventTypeTag};
 use crate::handler::{
     BatchBudget, CallError, CounterQuota, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope,
@@ -33,6 +33,8 @@ const SUM: u32 = 5;
 /// retryably, `bad…` unrecoverably, whatever the type.
 struct Ledger {
     types: Vec<EventType>,
+    /// Whether making an instance panics.
+    panics: bool,
 }
 
 impl Ledger {
@@ -52,6 +54,7 @@ impl Ledger {
                 event_type(READING, "reading", Algebra::NonAssociative, 1, EventTiming::Timed),
                 event_type(SUM, "sum", Algebra::Associative, 10, EventTiming::Untimed),
             ],
+            panics: false,
         }
     }
 
@@ -74,6 +77,7 @@ impl HandlerModule for Ledger {
     }
 
     fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
+        assert!(!self.panics, "no instance today");
         Ok(Box::new(LedgerInstance))
     }
 }
@@ -180,8 +184,8 @@ fn runner() -> BatchRunner {
     }
 }
 
-fn modules() -> Arc<ModuleSet> {
-    Arc::new(ModuleSet::new("p", "t", vec![Arc::new(Ledger::new())]).unwrap())
+fn modules(ledger: Ledger) -> Arc<ModuleSet> {
+    Arc::new(ModuleSet::new("p", "t", vec![Arc::new(ledger)]).unwrap())
 }
 
 /// An event of `key` and type `tag`, as the publisher writes it.
@@ -203,6 +207,11 @@ fn relaxed(key: i64, tag: u32, body: &str) -> Record {
 /// Runs `records` (offsets 0, 1, …) as a batch polled from the topic, over
 /// `state`, to its commit.
 fn polled(records: &[Record], state: MapSnapshot) -> Finished {
+    run_polled(records, state, Ledger::new()).unwrap()
+}
+
+/// [`polled`] with `ledger`, its error as it comes.
+fn run_polled(records: &[Record], state: MapSnapshot, ledger: Ledger) -> Result<Finished, ConsumerError> {
     let mut batch = PolledBatch::new();
     for (offset, record) in records.iter().enumerate() {
         batch.push(offset as u64, record).unwrap();
@@ -211,14 +220,14 @@ fn polled(records: &[Record], state: MapSnapshot) -> Finished {
     let queue = RetryQueue::starting_at(0);
     let mut buffers = BatchBuffers::default();
     let read = |_: &[Key]| Ok(StateReader::new(state));
-    runner().polled(0, (&batch, &advance), &queue, &mut buffers, modules(), read).unwrap()
+    runner().polled(0, (&batch, &advance), &queue, &mut buffers, modules(ledger), read)
 }
 
 /// Runs records taken from the retry topic (the retry position once they
 /// are done: `position`) to its commit.
 fn retried(records: Vec<StoredRecord>, position: u64) -> Finished {
     let read = |_: &[Key]| Ok(StateReader::new(MapSnapshot::default()));
-    runner().retried(0, records, (HashMap::new(), position), modules(), read).unwrap()
+    runner().retried(0, records, (HashMap::new(), position), modules(Ledger::new()), read).unwrap()
 }
 
 /// The value `key` writes to `name` in the commit.
@@ -393,30 +402,11 @@ fn a_sorted_run_carries_each_events_own_attempts() {
 
 #[test]
 fn a_panicking_worker_fails_the_batch_on_the_calling_thread_too() {
-    struct Panics(Vec<EventType>);
-    impl HandlerModule for Panics {
-        fn name(&self) -> &str {
-            "panics"
-        }
-        fn version(&self) -> &str {
-            "1"
-        }
-        fn event_types(&self) -> &[EventType] {
-            &self.0
-        }
-        fn instantiate(&self) -> Result<Box<dyn HandlerInstance>, CallError> {
-            panic!("no instance today")
-        }
-    }
-    let modules = Arc::new(ModuleSet::new("p", "t", vec![Arc::new(Panics(Ledger::new().types))]).unwrap());
-    let mut batch = PolledBatch::new();
-    batch.push(0, &relaxed(1, DEPOSIT, "1")).unwrap();
-    let read = |_: &[Key]| Ok(StateReader::new(MapSnapshot::default()));
-    let (queue, mut buffers) = (RetryQueue::starting_at(0), BatchBuffers::default());
-    let result = runner().polled(0, (&batch, &Advance::Topic(1)), &queue, &mut buffers, modules, read);
-    assert!(
-        matches!(&result, Err(crate::consumer::ConsumerError::WorkerPanicked(message)) if message == "no instance today"),
-        "{:?}",
-        result.err()
-    );
+    let ledger = Ledger { panics: true, ..Ledger::new() };
+    let result = run_polled(&[relaxed(1, DEPOSIT, "1")], MapSnapshot::default(), ledger);
+    let message = match result {
+        Err(ConsumerError::WorkerPanicked(message)) => message,
+        other => panic!("not a panic: {:?}", other.err()),
+    };
+    assert_eq!(message, "no instance today");
 }
