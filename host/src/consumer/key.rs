@@ -654,6 +654,11 @@ impl ReducedRun<'_> {
     /// The event time reduced record `index` carries on to retry or the
     /// dead-letter topic (see the module doc).
     fn reduced_time(&self, index: usize) -> Option<i64> {
+        if self.as_it_came {
+            // Each record is the event of its place (a run that failed whole
+            // unreduced keeps equal bodies apart).
+            return self.times[index];
+        }
         let algebra = self.route.event_type.algebra;
         reduced_event_time(algebra, self.run.closes, (self.bodies, self.times), &self.records.bodies, index)
     }

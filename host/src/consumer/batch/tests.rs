@@ -28,6 +28,8 @@ const TAG: u32 = 3;
 const READING: u32 = 4;
 /// Associative (a fold adds the numbers): adds the sum to `balance`.
 const SUM: u32 = 5;
+/// Timed and idempotent-commutative, one a call: appends to `readings`.
+const MARK: u32 = 6;
 
 /// A native module of the event types above. A body `fail…` fails
 /// retryably, `bad…` unrecoverably, whatever the type.
@@ -53,6 +55,7 @@ impl Ledger {
                 event_type(TAG, "tag", Algebra::IdempotentCommutative, 1, EventTiming::Untimed),
                 event_type(READING, "reading", Algebra::NonAssociative, 1, EventTiming::Timed),
                 event_type(SUM, "sum", Algebra::Associative, 10, EventTiming::Untimed),
+                event_type(MARK, "mark", Algebra::IdempotentCommutative, 1, EventTiming::Timed),
             ],
             panics: false,
         }
@@ -109,7 +112,7 @@ fn apply(scope: &mut KeyScope, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<
             scope.counter_add("deposits", bodies.len() as i64).unwrap();
         }
         RESET => scope.set("balance", b"0".to_vec()).unwrap(),
-        TAG | READING => {
+        TAG | READING | MARK => {
             let name = if tag.get() == TAG { "tags" } else { "readings" };
             let mut list = read(scope, name);
             bodies.iter().for_each(|body| list.extend_from_slice(&[body.as_slice(), b" "].concat()));
@@ -398,6 +401,32 @@ fn a_sorted_run_carries_each_events_own_attempts() {
     let retry = routed_to(&commit, &routing::retry_topic("t"));
     let attempts: Vec<_> = retry.iter().map(|(body, routed, _)| (body.as_str(), routed.attempts)).collect();
     assert_eq!(attempts, [("fail", 1), ("ok", 3)]);
+}
+
+#[test]
+fn a_run_that_fails_whole_as_it_came_keeps_each_events_own_time() {
+    // No time per batch: the module's first call (key 1's) is its last, and
+    // key 2's run fails unreduced, without costing an attempt.
+    let records = [
+        relaxed(1, DEPOSIT, "1"),
+        event(2, MARK, Relaxed, Some(5_000), "m"),
+        event(2, MARK, Relaxed, Some(3_000), "m"),
+    ];
+    let mut batch = PolledBatch::new();
+    for (offset, record) in records.iter().enumerate() {
+        batch.push(offset as u64, record).unwrap();
+    }
+    let mut runner = runner();
+    runner.config.module_time_per_batch = std::time::Duration::ZERO;
+    let read = |_: &[Key]| Ok(StateReader::new(MapSnapshot::default()));
+    let (queue, mut buffers) = (RetryQueue::starting_at(0), BatchBuffers::default());
+    let advance = Advance::Topic(3);
+    let finished = runner.polled(0, (&batch, &advance), &queue, &mut buffers, modules(Ledger::new()), read).unwrap();
+    assert_eq!(written(&finished.commit, 1, "balance").as_deref(), Some("1"));
+    let retry = routed_to(&finished.commit, &routing::retry_topic("t"));
+    let times: Vec<_> =
+        retry.iter().map(|(_, routed, e)| (routed.origin_offset, routed.attempts, e.event_time)).collect();
+    assert_eq!(times, [(1, 0, Some(5_000)), (2, 0, Some(3_000))]);
 }
 
 #[test]
