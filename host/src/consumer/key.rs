@@ -241,8 +241,9 @@ impl BatchRunner {
         let (origins, bodies, attempts) = work.records(run);
         let traced = Traced { bodies: bodies.into(), origins: origins.into() };
         let (records, fold_error) = Self::reduce_run(route, run.tag, traced, reachable, calls, laps, out);
-        // Left as it came (a borrowed run comes back borrowed only so), or
-        // changed: then possibly reordered, the same length or not.
+        // Left as it came (reduction gives a borrowed run back borrowed only
+        // when it leaves it so), or changed: then perhaps reordered, whether
+        // or not it kept its length.
         let as_it_came = matches!(records.bodies, Cow::Borrowed(_)) || records.bodies[..] == bodies[..];
         let attempts: Cow<[Tries]> = match as_it_came {
             true => attempts.into(),
