@@ -718,39 +718,9 @@ impl Library {
         if !gone.is_empty() {
             // Removed files first, so that a module renamed in place (its
             // old name gone, its tags under a new one) loads in this pass.
-            let mut swap = projection.swap_modules();
-            if swap.generation() != prepared {
-                return Ok(Reloaded::Superseded);
-            }
-            let (kept, removed): (Vec<_>, Vec<_>) =
-                swap.modules().into_iter().partition(|m| !gone.iter().any(|name| *name == m.name()));
-            if !removed.is_empty() {
-                swap.replace_recorded(kept, || {
-                    let mut recorded = self.recorded()?;
-                    // Nothing runs a removed module any more, nor rolls it
-                    // back: its kept copies go (a file renamed again and
-                    // again would otherwise leave a copy under every name).
-                    let mut forgotten = Vec::new();
-                    for module in &removed {
-                        recorded.active.remove(module.name());
-                        for version in recorded.kept.remove(module.name()).unwrap_or_default() {
-                            forgotten.push(self.kept_path(&recorded, module.name(), &version));
-                        }
-                    }
-                    self.save(&recorded, forgotten)
-                })?;
-            }
-            prepared = swap.generation();
-            self.seen.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| !gone.contains(&name));
-            drop(swap);
-            for module in removed {
-                tracing::info!(
-                    target: RELOAD_LOG_TARGET,
-                    projection = self.projection,
-                    module = module.name(),
-                    "module file removed; its event types are no longer handled"
-                );
-                changed.push(module.name().to_owned());
+            match self.remove_gone(projection, &gone, prepared, changed)? {
+                Some(generation) => prepared = generation,
+                None => return Ok(Reloaded::Superseded),
             }
         }
         for (name, (stamp, read)) in &files {
@@ -766,74 +736,153 @@ impl Library {
             if seen.get(name) == Some(&version) {
                 continue;
             }
-            let running =
-                |modules: &[Arc<dyn HandlerModule>]| modules.iter().any(|m| m.name() == name && m.version() == version);
-            // Compiling takes a while: done before the swap lock is taken.
-            let loaded = (!running(&projection.modules())).then(|| self.load(name, bytes));
-            let mut swap = projection.swap_modules();
-            if swap.generation() != prepared {
-                return Ok(Reloaded::Superseded);
-            }
-            let current = swap.modules();
-            let replaces = current.iter().any(|m| m.name() == name);
-            let attempt = match loaded {
-                Some(Err(error)) => Err(error),
-                Some(Ok(module)) if !running(&current) => {
-                    let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
-                    next.push(module);
-                    swap.replace_recorded(next, || {
-                        let mut recorded = self.recorded()?;
-                        let forgotten = self.activate(&mut recorded, name, &version, bytes)?;
-                        self.save(&recorded, forgotten)
-                    })
-                    .map(|()| true)
-                }
-                // Already running (the file holds what runs): nothing to swap.
-                _ => Ok(false),
-            };
-            prepared = swap.generation();
-            if attempt.is_ok() {
-                self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), version.clone());
-            }
-            // Refused for its bytes, it would be refused again; a clash, a
-            // missing emit topic or the host's memory may pass at the next
-            // change.
-            let for_its_bytes = matches!(&attempt,
-                Err(LifecycleError::Projection(ProjectionError::Load(error))) if error.is_of_the_bytes());
-            if let Some(trusted) = stamp.and_then(Trusted::new).filter(|_| attempt.is_ok() || for_its_bytes) {
-                self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), trusted);
-            }
-            drop(swap);
-            let status =
-                ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
-            self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), status);
-            match attempt {
-                Ok(false) => {}
-                Ok(true) => {
-                    tracing::info!(
-                        target: RELOAD_LOG_TARGET,
-                        projection = self.projection,
-                        module = name,
-                        version,
-                        "module swapped in"
-                    );
-                    changed.push(name.clone());
-                }
-                Err(error) if replaces => tracing::error!(
-                    projection = self.projection,
-                    module = name,
-                    version,
-                    "the new version is refused, the old one keeps running: {error}"
-                ),
-                Err(error) => tracing::error!(
-                    projection = self.projection,
-                    module = name,
-                    version,
-                    "the new module is refused (no version of it runs: its event types stay unhandled): {error}"
-                ),
+            match self.reload_file(projection, (name, *stamp, bytes, version), prepared, changed)? {
+                Some(generation) => prepared = generation,
+                None => return Ok(Reloaded::Superseded),
             }
         }
         Ok(Reloaded::Done)
+    }
+
+    /// Takes the modules whose files are `gone` out of the projection, and
+    /// forgets their kept copies. Returns the module set's generation
+    /// after, or `None` if the set was replaced by someone else since
+    /// `prepared`.
+    fn remove_gone(
+        &self,
+        projection: &Projection,
+        gone: &[&String],
+        mut prepared: u64,
+        changed: &mut Vec<String>,
+    ) -> Result<Option<u64>, LifecycleError> {
+        let mut swap = projection.swap_modules();
+        if swap.generation() != prepared {
+            return Ok(None);
+        }
+        let (kept, removed): (Vec<_>, Vec<_>) =
+            swap.modules().into_iter().partition(|m| !gone.iter().any(|name| *name == m.name()));
+        if !removed.is_empty() {
+            swap.replace_recorded(kept, || {
+                let mut recorded = self.recorded()?;
+                // Nothing runs a removed module any more, nor rolls it
+                // back: its kept copies go (a file renamed again and
+                // again would otherwise leave a copy under every name).
+                let mut forgotten = Vec::new();
+                for module in &removed {
+                    recorded.active.remove(module.name());
+                    for version in recorded.kept.remove(module.name()).unwrap_or_default() {
+                        forgotten.push(self.kept_path(&recorded, module.name(), &version));
+                    }
+                }
+                self.save(&recorded, forgotten)
+            })?;
+        }
+        prepared = swap.generation();
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).retain(|name, _| !gone.contains(&name));
+        drop(swap);
+        for module in removed {
+            tracing::info!(
+                target: RELOAD_LOG_TARGET,
+                projection = self.projection,
+                module = module.name(),
+                "module file removed; its event types are no longer handled"
+            );
+            changed.push(module.name().to_owned());
+        }
+        Ok(Some(prepared))
+    }
+
+    /// Loads module file `name` (its `stamp`, `bytes` and their
+    /// `version`, not the one seen last) and swaps it in, unless what it
+    /// holds already runs; records and reports the outcome. Returns the
+    /// module set's generation after, or `None` if the set was replaced by
+    /// someone else since `prepared`.
+    fn reload_file(
+        &self,
+        projection: &Projection,
+        (name, stamp, bytes, version): (&str, Option<FileStamp>, &[u8], String),
+        mut prepared: u64,
+        changed: &mut Vec<String>,
+    ) -> Result<Option<u64>, LifecycleError> {
+        let running =
+            |modules: &[Arc<dyn HandlerModule>]| modules.iter().any(|m| m.name() == name && m.version() == version);
+        // Compiling takes a while: done before the swap lock is taken.
+        let loaded = (!running(&projection.modules())).then(|| self.load(name, bytes));
+        let mut swap = projection.swap_modules();
+        if swap.generation() != prepared {
+            return Ok(None);
+        }
+        let current = swap.modules();
+        let replaces = current.iter().any(|m| m.name() == name);
+        let attempt = match loaded {
+            Some(Err(error)) => Err(error),
+            Some(Ok(module)) if !running(&current) => {
+                let mut next: Vec<_> = current.into_iter().filter(|m| m.name() != name).collect();
+                next.push(module);
+                swap.replace_recorded(next, || {
+                    let mut recorded = self.recorded()?;
+                    let forgotten = self.activate(&mut recorded, name, &version, bytes)?;
+                    self.save(&recorded, forgotten)
+                })
+                .map(|()| true)
+            }
+            // Already running (the file holds what runs): nothing to swap.
+            _ => Ok(false),
+        };
+        prepared = swap.generation();
+        if attempt.is_ok() {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), version.clone());
+        }
+        // Refused for its bytes, it would be refused again; a clash, a
+        // missing emit topic or the host's memory may pass at the next
+        // change.
+        let for_its_bytes = matches!(&attempt,
+            Err(LifecycleError::Projection(ProjectionError::Load(error))) if error.is_of_the_bytes());
+        if let Some(trusted) = stamp.and_then(Trusted::new).filter(|_| attempt.is_ok() || for_its_bytes) {
+            self.unchanged.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), trusted);
+        }
+        drop(swap);
+        self.report_reload(name, version, (attempt, replaces), changed);
+        Ok(Some(prepared))
+    }
+
+    /// Keeps the outcome of reloading module file `name` (at `version`)
+    /// for `/modules`, and logs it: swapped in, already running, or
+    /// refused (`replaces`: an old version keeps running).
+    fn report_reload(
+        &self,
+        name: &str,
+        version: String,
+        (attempt, replaces): (Result<bool, LifecycleError>, bool),
+        changed: &mut Vec<String>,
+    ) {
+        let status = ReloadStatus { version: version.clone(), error: attempt.as_ref().err().map(|e| e.to_string()) };
+        self.reloads.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), status);
+        match attempt {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(
+                    target: RELOAD_LOG_TARGET,
+                    projection = self.projection,
+                    module = name,
+                    version,
+                    "module swapped in"
+                );
+                changed.push(name.to_owned());
+            }
+            Err(error) if replaces => tracing::error!(
+                projection = self.projection,
+                module = name,
+                version,
+                "the new version is refused, the old one keeps running: {error}"
+            ),
+            Err(error) => tracing::error!(
+                projection = self.projection,
+                module = name,
+                version,
+                "the new module is refused (no version of it runs: its event types stay unhandled): {error}"
+            ),
+        }
     }
 
     /// Tells the library that the projection's modules were just replaced

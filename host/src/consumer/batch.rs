@@ -4,6 +4,12 @@
 //! outcomes gathered into one [`BatchCommit`] with the position, and that
 //! committed in one transaction.
 //!
+//! The batch is a value: [`BatchRunner`] holds neither the log nor the
+//! store. It takes records and a way to read the snapshot of the batch's
+//! keys and gives back the [`Finished`] batch, its commit not yet made;
+//! [`BatchRunner::commit`] then hands that to the store. Gathering the
+//! workers' outcomes into the commit is a function of them ([`gather`]).
+//!
 //! The planner groups records by a number per key, never by its hash: each
 //! distinct key of the batch (its canonical bytes) gets its own, so two
 //! keys never share a run, a fold, a state scope or a retry diversion.
@@ -18,17 +24,18 @@ use super::key::{KeyWork, RunWork, WorkerOutcome};
 use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
 use super::timing::Advance;
-use super::{Consumer, ConsumerError, Summary, release_marks};
+use super::{CallObserver, ConsumerConfig, ConsumerError, Summary, release_marks};
 use crate::event::{Algebra, Envelope, HeaderError};
-use crate::handler::{BatchBudget, BatchCounters, ContractError, KeyOutcome};
+use crate::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome};
 use crate::key::Key;
-use crate::log::{EventLog, PolledBatch, StoredRecord};
-use crate::metrics::BatchTally;
+use crate::log::{PolledBatch, RecordView, StoredRecord};
+use crate::metrics::{BatchTally, Metrics};
 use crate::plan::{Plan, PlanRecord, Stage};
-use crate::projection::ModuleSet;
+use crate::projection::{ModuleSet, Projection};
 use crate::reduce::Origin;
 use crate::routing::{self, RetryQueue, Routed, RoutedTopics};
-use crate::state::{BatchCommit, StateReader};
+use crate::state::{BatchCommit, StateError, StateReader, StateStore};
+use crate::telemetry::CallTrace;
 
 /// Why a polled message is dead-lettered before it is planned.
 enum Unreadable {
@@ -38,96 +45,148 @@ enum Unreadable {
     Declared(ContractError),
 }
 
-impl<L: EventLog> Consumer<L> {
+/// What runs a partition's batches, from records to the commit they make:
+/// the batch's part of a [`Consumer`](super::Consumer), without its log or
+/// its store. [`BatchRunner::polled`] and [`BatchRunner::retried`] take
+/// records and a way to read the batch's state, and give back the
+/// [`Finished`] batch whose [`BatchCommit`] the store is then handed
+/// ([`BatchRunner::commit`]); nothing between reads a log, and a batch of
+/// one worker runs on the calling thread, so a unit test runs one as a
+/// value.
+#[derive(Clone)]
+pub(super) struct BatchRunner {
+    /// The projection's names: the batch's module set comes with each batch.
+    pub(super) projection: Arc<ProjectionNames>,
+    pub(super) config: ConsumerConfig,
+    pub(super) observer: Option<Arc<dyn CallObserver>>,
+    pub(super) metrics: Option<Arc<Metrics>>,
+    /// What the batches in flight (one per partition) may make the host
+    /// hold, together.
+    pub(super) budget: BatchBudget,
+    /// The counters the batches in flight add, against the projection's
+    /// quota (`counter-count`).
+    pub(super) counters: CounterQuota,
+    /// On the clone a batch runs on: where its calls report.
+    pub(super) trace: Option<Arc<CallTrace>>,
+}
+
+/// What a batch needs of its projection besides its modules and its store:
+/// its name, its topics and where its failures go.
+pub(super) struct ProjectionNames {
+    name: String,
+    topics: Vec<String>,
+    routed: RoutedTopics,
+}
+
+impl ProjectionNames {
+    /// The names of `projection`.
+    pub(super) fn of(projection: &Projection) -> Self {
+        Self {
+            name: projection.name().to_owned(),
+            topics: projection.topics().to_vec(),
+            routed: projection.routed_topics().clone(),
+        }
+    }
+
+    /// The projection's name.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its first topic, whose retry and dead-letter topics it routes to.
+    pub(super) fn topic(&self) -> &str {
+        &self.topics[0]
+    }
+
+    /// Every topic it consumes, in the order given.
+    pub(super) fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// Where its failures go.
+    pub(super) fn routed_topics(&self) -> &RoutedTopics {
+        &self.routed
+    }
+}
+
+impl BatchRunner {
+    /// The runner of `projection`'s batches under `config`.
+    pub(super) fn new(projection: &Projection, config: &ConsumerConfig) -> Self {
+        Self {
+            projection: Arc::new(ProjectionNames::of(projection)),
+            config: config.clone(),
+            observer: None,
+            metrics: None,
+            budget: BatchBudget::new(&config.payload),
+            counters: CounterQuota::new(&config.payload),
+            trace: None,
+        }
+    }
+
     /// Plans, executes and commits one batch polled from the topic (or
-    /// released by the release stage, in release order), moving the
-    /// partition on by `advance` in the same commit. Runs on a blocking
-    /// thread.
+    /// released by the release stage, in release order) with `modules`,
+    /// moving the partition on by `advance` in the same commit. Runs on a
+    /// blocking thread.
     pub(super) fn process_batch(
         &self,
         partition: u32,
-        records: &PolledBatch,
-        advance: &Advance,
+        (records, advance): (&PolledBatch, &Advance),
         queue: &RetryQueue,
         buffers: &mut BatchBuffers,
+        modules: Arc<ModuleSet>,
+        store: &StateStore,
     ) -> Result<Summary, ConsumerError> {
+        let read = |keys: &[Key]| store.batch_reader(partition, keys);
+        let finished = self.polled(partition, (records, advance), queue, buffers, modules, read)?;
+        Ok(self.commit(finished, store)?.0)
+    }
+
+    /// Plans, executes and commits records taken from the retry topic, each
+    /// key's in execution order; `next_waiting` names the first record of
+    /// each key whose others still wait. Returns the retry offsets of the
+    /// records it left where they wait. Runs on a blocking thread.
+    pub(super) fn process_retry_batch(
+        &self,
+        partition: u32,
+        records: Vec<StoredRecord>,
+        (next_waiting, retry_position): (HashMap<Key, u64>, u64),
+        modules: Arc<ModuleSet>,
+        store: &StateStore,
+    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
+        let read = |keys: &[Key]| store.batch_reader(partition, keys);
+        let finished = self.retried(partition, records, (next_waiting, retry_position), modules, read)?;
+        self.commit(finished, store)
+    }
+
+    /// Runs one batch polled from the topic (or released) to the commit it
+    /// makes, not committed: its records parsed into the planner's input
+    /// (keys in retry diverted behind them, unreadable headers
+    /// dead-lettered), then [`BatchRunner::execute_batch`]. `read` gives
+    /// the snapshot of the batch's keys.
+    pub(super) fn polled(
+        &self,
+        partition: u32,
+        (records, advance): (&PolledBatch, &Advance),
+        queue: &RetryQueue,
+        buffers: &mut BatchBuffers,
+        modules: Arc<ModuleSet>,
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
         let projection = &*self.projection;
-        // The modules of this batch, whatever is swapped in meanwhile.
         let decoding = Instant::now();
-        let modules = projection.current();
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
         let mut tally = BatchTally::default();
-        let input = &mut buffers.input;
-        input.clear();
+        buffers.input.clear();
         let now = routing::now_ms();
         for view in records.iter() {
-            // The topic it was read from (a released batch gathers several).
-            let topic = self.topic_name(view.input());
-            // Unreadable headers, or a timed type's message without its
-            // event time (`event-time-declared`), are dead-lettered.
-            let parsed = Envelope::parse(view.headers())
-                .and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)))
-                .map_err(Unreadable::Headers)
-                .and_then(|(number, mut envelope)| {
-                    envelope.event_time =
-                        modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
-                    Ok((number, envelope))
-                });
-            match parsed {
-                Ok((number, envelope)) if queue.holds(input.keys.key(number)) => {
-                    // Behind its key's retry, so its order is kept.
-                    let headers = envelope.with_key(input.keys.key(number).clone());
-                    let routed = Routed {
-                        projection: projection.name().to_owned(),
-                        topic: topic.to_owned(),
-                        event_type: modules.route(headers.tag).map(|r| r.event_type.name.clone()).unwrap_or_default(),
-                        origin_partition: partition,
-                        origin_offset: view.offset(),
-                        events: 1,
-                        attempts: 0,
-                        failed_at_ms: now,
-                        first_failed_at_ms: None,
-                        failure: None,
-                        ahead_of: None,
-                        ordering: Some(headers.ordering),
-                    };
-                    let record = routing::routed_record(&headers, &routed, view.body().to_vec());
-                    commit.outbox.push(self.routed_entry(
-                        RoutedTopics::retry,
-                        partition,
-                        headers.key.key_hash(),
-                        record,
-                    ));
-                    summary.retry_in += 1;
-                    if let Some(route) = modules.route(headers.tag) {
-                        tally.of(route.module, headers.tag).retried += 1;
-                    }
-                }
-                Ok((number, envelope)) => {
-                    let tries = Tries::fresh(envelope.ordering);
-                    let origin = Origin::in_topic(view.input(), view.offset());
-                    input.push(number, envelope, origin, tries, view.body().to_vec());
-                }
-                Err(error) => {
-                    let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
-                    let reason = match error {
-                        Unreadable::Headers(error) => routing::malformed_reason(&stored.record, &error),
-                        Unreadable::Declared(error) => error.to_string(),
-                    };
-                    tracing::warn!(
-                        projection = projection.name(),
-                        topic,
-                        partition,
-                        offset = view.offset(),
-                        "message has unreadable headers and goes to the dead-letter topic: {reason}"
-                    );
-                    let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
-                    commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
-                    summary.malformed += 1;
-                    summary.dead_lettered += 1;
-                }
-            }
+            self.take_polled(
+                partition,
+                view,
+                (queue, &modules, now),
+                &mut buffers.input,
+                (&mut commit, &mut summary, &mut tally),
+            );
         }
         match advance {
             Advance::Topic(next) => commit.positions.push((projection.topic().to_owned(), partition, *next)),
@@ -140,21 +199,94 @@ impl<L: EventLog> Consumer<L> {
         // not this projection's: a restart need not read it again.
         commit.positions.push((projection.routed_topics().retry().to_owned(), partition, queue.position()));
         summary.phases.add(Phase::Decode, decoding.elapsed());
-        let (summary, _) = self.execute_and_commit(partition, &modules, buffers, summary, commit, tally)?;
-        Ok(summary)
+        self.execute_batch(partition, modules, buffers, (summary, commit, tally), read)
     }
 
-    /// Plans, executes and commits records taken from the retry topic, each
-    /// key's in execution order; `next_waiting` names the first record of
-    /// each key whose others still wait. Returns the retry offsets of the
-    /// records it left where they wait. Runs on a blocking thread.
-    pub(super) fn process_retry_batch(
+    /// Takes one polled record into the batch: into `input` for the
+    /// planner, or, behind its key's retry or unreadable, into the commit's
+    /// outbox as a retry or dead-letter record.
+    fn take_polled(
+        &self,
+        partition: u32,
+        view: RecordView<'_>,
+        (queue, modules, now): (&RetryQueue, &ModuleSet, u64),
+        input: &mut BatchInput,
+        (commit, summary, tally): (&mut BatchCommit, &mut Summary, &mut BatchTally),
+    ) {
+        let projection = &*self.projection;
+        // The topic it was read from (a released batch gathers several).
+        let topic = self.topic_name(view.input());
+        // Unreadable headers, or a timed type's message without its
+        // event time (`event-time-declared`), are dead-lettered.
+        let parsed = Envelope::parse(view.headers())
+            .and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)))
+            .map_err(Unreadable::Headers)
+            .and_then(|(number, mut envelope)| {
+                envelope.event_time =
+                    modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
+                Ok((number, envelope))
+            });
+        match parsed {
+            Ok((number, envelope)) if queue.holds(input.keys.key(number)) => {
+                // Behind its key's retry, so its order is kept.
+                let headers = envelope.with_key(input.keys.key(number).clone());
+                let routed = Routed {
+                    projection: projection.name().to_owned(),
+                    topic: topic.to_owned(),
+                    event_type: modules.route(headers.tag).map(|r| r.event_type.name.clone()).unwrap_or_default(),
+                    origin_partition: partition,
+                    origin_offset: view.offset(),
+                    events: 1,
+                    attempts: 0,
+                    failed_at_ms: now,
+                    first_failed_at_ms: None,
+                    failure: None,
+                    ahead_of: None,
+                    ordering: Some(headers.ordering),
+                };
+                let record = routing::routed_record(&headers, &routed, view.body().to_vec());
+                commit.outbox.push(self.routed_entry(RoutedTopics::retry, partition, headers.key.key_hash(), record));
+                summary.retry_in += 1;
+                if let Some(route) = modules.route(headers.tag) {
+                    tally.of(route.module, headers.tag).retried += 1;
+                }
+            }
+            Ok((number, envelope)) => {
+                let tries = Tries::fresh(envelope.ordering);
+                let origin = Origin::in_topic(view.input(), view.offset());
+                input.push(number, envelope, origin, tries, view.body().to_vec());
+            }
+            Err(error) => {
+                let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
+                let reason = match error {
+                    Unreadable::Headers(error) => routing::malformed_reason(&stored.record, &error),
+                    Unreadable::Declared(error) => error.to_string(),
+                };
+                tracing::warn!(
+                    projection = projection.name(),
+                    topic,
+                    partition,
+                    offset = view.offset(),
+                    "message has unreadable headers and goes to the dead-letter topic: {reason}"
+                );
+                let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
+                commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
+                summary.malformed += 1;
+                summary.dead_lettered += 1;
+            }
+        }
+    }
+
+    /// Runs records taken from the retry topic to the commit they make, not
+    /// committed (see [`BatchRunner::process_retry_batch`]).
+    pub(super) fn retried(
         &self,
         partition: u32,
         records: Vec<StoredRecord>,
-        next_waiting: HashMap<Key, u64>,
-        retry_position: u64,
-    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
+        (next_waiting, retry_position): (HashMap<Key, u64>, u64),
+        modules: Arc<ModuleSet>,
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
         let decoding = Instant::now();
         let projection = &*self.projection;
         let retry = projection.routed_topics().retry().to_owned();
@@ -189,24 +321,21 @@ impl<L: EventLog> Consumer<L> {
         }
         summary.phases.add(Phase::Decode, decoding.elapsed());
         buffers.work.retry = Some(RetrySlice { offsets, next_waiting, position: retry_position });
-        self.execute_and_commit(partition, &projection.current(), &mut buffers, summary, commit, BatchTally::default())
+        self.execute_batch(partition, modules, &mut buffers, (summary, commit, BatchTally::default()), read)
     }
 
-    /// Plans `input`, executes it across workers and commits everything in
-    /// one transaction together with what `commit` already holds. For a
-    /// batch taken from the retry topic, the records it did not leave where
-    /// they wait are committed as done, and the offsets of those it left
-    /// are returned.
-    fn execute_and_commit(
+    /// Plans `input`, executes it across workers and gathers their
+    /// outcomes into one commit together with what `commit` already holds,
+    /// not committed ([`gather`]). `read` gives the snapshot of the
+    /// batch's keys.
+    fn execute_batch(
         &self,
         partition: u32,
-        modules: &ModuleSet,
+        modules: Arc<ModuleSet>,
         buffers: &mut BatchBuffers,
-        mut summary: Summary,
-        mut commit: BatchCommit,
-        mut tally: BatchTally,
-    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
-        let store = self.projection.store();
+        (mut summary, commit, tally): (Summary, BatchCommit, BatchTally),
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
         let mut laps = Laps::start();
         let BatchBuffers { input, plan, work } = buffers;
         plan.rebuild(&input.plan);
@@ -216,7 +345,7 @@ impl<L: EventLog> Consumer<L> {
         let counters = self.counters.batch();
         // Every entry of the batch's keys is read here, before the calls,
         // so no call waits for the store ([`crate::state::cache`]).
-        let snapshot = Arc::new(store.batch_reader(partition, input.keys.keys())?);
+        let snapshot = Arc::new(read(input.keys.keys())?);
         laps.lap(&mut summary.phases, Phase::Plan);
         if let Some(trace) = &self.trace {
             trace.set_keys(input.keys.keys().len());
@@ -225,55 +354,36 @@ impl<L: EventLog> Consumer<L> {
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();
         let call_time = CallTime::new(self.config.module_time_per_batch, modules.modules().len());
-        let outcomes = self.execute(partition, work, &snapshot, (&budget, &counters, &call_time), modules)?;
+        let outcomes = self.execute(partition, work, &snapshot, (&budget, &counters, &call_time), &modules)?;
         drop(snapshot);
         // The bodies are freed here, by the thread that allocated them.
         work.clear();
         // The workers time their own reduce and calls phases.
-        let mut laps = Laps::start();
-        // A host fault (the state store failed under a call) is not the
-        // module's doing: nothing of the batch is committed, and the
-        // partition tries it again after a backoff.
-        if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
-            return Err(ConsumerError::HostFault(fault));
-        }
-        let mut left = Vec::new();
-        for outcome in outcomes {
-            summary.add(&outcome.summary);
-            tally.absorb(outcome.tally);
-            left.extend(outcome.left);
-            for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
-                if !writes.is_empty() {
-                    commit.writes.push((key, writes));
-                }
-                for (name, delta) in counters {
-                    *commit.counter_deltas.entry(name).or_default() += delta;
-                }
-                commit.outbox.extend(outbox);
-            }
-            commit.outbox.extend(outcome.routed);
-        }
-        if let Some(slice) = &work.retry {
-            let retry = self.projection.routed_topics().retry();
-            let stays: HashSet<u64> = left.iter().copied().collect();
-            for (index, &offset) in slice.offsets.iter().enumerate().filter(|(_, offset)| !stays.contains(offset)) {
-                commit.done.push((retry.to_owned(), partition, offset));
-                summary.retry_out += input.origins[index].events;
-            }
-            let position = left.iter().copied().fold(slice.position, u64::min);
-            commit.positions.push((retry.to_owned(), partition, position));
-        }
-        commit.stat_deltas = summary.stat_deltas();
+        let laps = Laps::start();
+        let routed = self.projection.routed_topics();
+        let gathered = gather(partition, outcomes, (&work.retry, &input.origins), routed, (summary, commit, tally))?;
+        let (commit, summary, left, tally) = gathered;
+        Ok(Finished { commit, summary, left, tally, modules, counters, budget, laps })
+    }
+
+    /// Commits a finished batch to `store`, then reports it. Returns its
+    /// summary and the retry offsets of the records it left where they
+    /// wait.
+    pub(super) fn commit(&self, finished: Finished, store: &StateStore) -> Result<(Summary, Vec<u64>), ConsumerError> {
+        let Finished { commit, mut summary, left, tally, modules, counters, budget, mut laps } = finished;
         store.commit(commit)?;
         counters.committed();
+        drop(budget);
         laps.lap(&mut summary.phases, Phase::Commit);
         if let Some(metrics) = &self.metrics {
-            metrics.record(self.projection.name(), modules, &tally, summary.skipped, summary.malformed);
+            metrics.record(self.projection.name(), &modules, &tally, summary.skipped, summary.malformed);
         }
         Ok((summary, left))
     }
 
-    /// Runs every worker's keys on its own thread.
+    /// Runs every worker's keys: on its own thread each when there are
+    /// several, on this one when there is one. A worker that panics fails
+    /// the batch ([`ConsumerError::WorkerPanicked`]) either way.
     fn execute(
         &self,
         partition: u32,
@@ -283,30 +393,98 @@ impl<L: EventLog> Consumer<L> {
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         let workers = work.workers(self.config.workers);
+        let run = |worker| {
+            let shares = (budget, counters);
+            self.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
+        };
+        if workers == 1 {
+            // What a spawned worker's join would catch. Nothing outlives
+            // the unwind but what the batch drops on failing.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(0)));
+            return outcome.map(|outcome| vec![outcome]).map_err(|panic| panicked(&*panic));
+        }
         std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|worker| {
-                    scope.spawn(move || {
-                        let shares = (budget, counters);
-                        self.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| {
-                    handle.join().map_err(|panic| {
-                        let message = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                            .unwrap_or_default();
-                        ConsumerError::WorkerPanicked(message)
-                    })
-                })
-                .collect()
+            let handles: Vec<_> = (0..workers).map(|worker| scope.spawn(move || run(worker))).collect();
+            handles.into_iter().map(|handle| handle.join().map_err(|panic| panicked(&*panic))).collect()
         })
     }
+}
+
+/// A batch run to the commit it makes, not yet committed: the commit, and
+/// what follows it ([`BatchRunner::commit`]).
+pub(super) struct Finished {
+    /// What the store commits in one transaction.
+    pub(super) commit: BatchCommit,
+    pub(super) summary: Summary,
+    /// The retry offsets of the records a batch taken from the retry topic
+    /// left where they wait.
+    pub(super) left: Vec<u64>,
+    tally: BatchTally,
+    modules: Arc<ModuleSet>,
+    /// Held until the commit is done: the counters the batch adds, what it
+    /// holds of the budget.
+    counters: BatchCounters,
+    budget: BatchBudget,
+    /// Timing the commit phase since the workers ended.
+    laps: Laps,
+}
+
+/// Gathers the workers' `outcomes` into `commit`: their writes, counter
+/// changes and outbox, and, for a batch taken from the retry topic
+/// (`retry`, its input's `origins`), the records done and the retry
+/// position. A host fault fails the batch: nothing of it is committed, and
+/// the partition tries it again after a backoff. Returns the commit, the
+/// summary, the retry offsets left where they wait and the tally.
+fn gather(
+    partition: u32,
+    outcomes: Vec<WorkerOutcome>,
+    (retry, origins): (&Option<RetrySlice>, &[Origin]),
+    routed: &RoutedTopics,
+    (mut summary, mut commit, mut tally): (Summary, BatchCommit, BatchTally),
+) -> Result<(BatchCommit, Summary, Vec<u64>, BatchTally), ConsumerError> {
+    // A host fault (the state store failed under a call) is not the
+    // module's doing.
+    if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
+        return Err(ConsumerError::HostFault(fault));
+    }
+    let mut left = Vec::new();
+    for outcome in outcomes {
+        summary.add(&outcome.summary);
+        tally.absorb(outcome.tally);
+        left.extend(outcome.left);
+        for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
+            if !writes.is_empty() {
+                commit.writes.push((key, writes));
+            }
+            for (name, delta) in counters {
+                *commit.counter_deltas.entry(name).or_default() += delta;
+            }
+            commit.outbox.extend(outbox);
+        }
+        commit.outbox.extend(outcome.routed);
+    }
+    if let Some(slice) = retry {
+        let retry = routed.retry();
+        let stays: HashSet<u64> = left.iter().copied().collect();
+        for (index, &offset) in slice.offsets.iter().enumerate().filter(|(_, offset)| !stays.contains(offset)) {
+            commit.done.push((retry.to_owned(), partition, offset));
+            summary.retry_out += origins[index].events;
+        }
+        let position = left.iter().copied().fold(slice.position, u64::min);
+        commit.positions.push((retry.to_owned(), partition, position));
+    }
+    commit.stat_deltas = summary.stat_deltas();
+    Ok((commit, summary, left, tally))
+}
+
+/// The message of a worker's panic.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> ConsumerError {
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    ConsumerError::WorkerPanicked(message)
 }
 
 /// What a partition keeps from one batch to the next, so that the next
@@ -490,3 +668,6 @@ impl BatchWork {
         &self.inputs[run.records.clone()]
     }
 }
+
+#[cfg(test)]
+mod tests;

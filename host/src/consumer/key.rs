@@ -53,18 +53,17 @@ const WHOLE_MESSAGE_BYTES_PER_BATCH: usize = 1 << 20;
 
 use wakuwaku_core::reduce;
 
-use super::batch::BatchWork;
+use super::batch::{BatchRunner, BatchWork};
 use super::call_time::CallTime;
 use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
-use super::{Consumer, RunCall, Summary};
+use super::{RunCall, Summary};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::handler::{
     BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
     ScopeShared,
 };
 use crate::key::Key;
-use crate::log::EventLog;
 use crate::metrics::BatchTally;
 use crate::projection::{Instances, ModuleSet};
 use crate::reduce::{Origin, Traced, reduce_traced};
@@ -72,7 +71,7 @@ use crate::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
 use crate::state::{OutboxEntry, StateReader};
 use crate::telemetry::{CallOf, CallOutcome};
 
-impl<L: EventLog> Consumer<L> {
+impl BatchRunner {
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
     /// key after another.
     #[allow(clippy::too_many_arguments)]
@@ -242,12 +241,13 @@ impl<L: EventLog> Consumer<L> {
         let (origins, bodies, attempts) = work.records(run);
         let traced = Traced { bodies: bodies.into(), origins: origins.into() };
         let (records, fold_error) = Self::reduce_run(route, run.tag, traced, reachable, calls, laps, out);
-        let attempts: Cow<[Tries]> = if attempts.len() == records.bodies.len() {
-            attempts.into()
-        } else {
-            // Reduced records stand for several: they carry the most
-            // attempts any of them had, and the earliest first failure.
-            vec![Tries::merged(attempts.iter().copied()); records.bodies.len()].into()
+        // Left as it came (reduction gives a borrowed run back borrowed only
+        // when it leaves it so), or changed: then perhaps reordered, whether
+        // or not it kept its length.
+        let as_it_came = matches!(records.bodies, Cow::Borrowed(_)) || records.bodies[..] == bodies[..];
+        let attempts: Cow<[Tries]> = match as_it_came {
+            true => attempts.into(),
+            false => reduced_tries(route.event_type.algebra, (bodies, attempts), &records.bodies).into(),
         };
         // Should the run fail, it goes to retry or the dead-letter topic
         // as reduced, unless `combine` made it larger than the events
@@ -257,7 +257,7 @@ impl<L: EventLog> Consumer<L> {
             && bodies.len() > 1
             && records.bodies[0].len() > bodies.iter().map(Vec::len).sum::<usize>();
         let times = work.event_times(run);
-        ReducedRun { run, route, module, bodies, origins, times, records, attempts, fold_error, inflated }
+        ReducedRun { run, route, module, bodies, origins, times, records, attempts, as_it_came, fold_error, inflated }
     }
 
     /// Routes a failed chunk of `run`, as [`failure::decide`] says:
@@ -387,7 +387,7 @@ impl<L: EventLog> Consumer<L> {
             // The failed chunk goes ahead, and the rest of its run
             // too when the run was folded (its parts stand for
             // several records); every record not reached stays.
-            let unreduced = reduced.bodies.len() == run.bodies.len();
+            let unreduced = run.as_it_came;
             let mut left: Vec<usize> = if unreduced { work.inputs(run.run)[end..].to_vec() } else { Vec::new() };
             left.extend(later.iter().flat_map(|later| work.inputs(later)));
             let ahead_of =
@@ -639,6 +639,10 @@ struct ReducedRun<'a> {
     /// Its records as reduced, and the attempts each has had.
     records: Traced<'a>,
     attempts: Cow<'a, [Tries]>,
+    /// Whether its records as reduced are its records as they came, index
+    /// for index (an idempotent-commutative run without duplicates is
+    /// sorted: the same length, another order).
+    as_it_came: bool,
     /// Why the fold failed or the module was out of reach, if so: the run
     /// fails whole.
     fold_error: Option<CallError>,
@@ -651,6 +655,11 @@ impl ReducedRun<'_> {
     /// The event time reduced record `index` carries on to retry or the
     /// dead-letter topic (see the module doc).
     fn reduced_time(&self, index: usize) -> Option<i64> {
+        if self.as_it_came {
+            // Each record is the event of its place (a run that failed whole
+            // unreduced keeps equal bodies apart).
+            return self.times[index];
+        }
         let algebra = self.route.event_type.algebra;
         reduced_event_time(algebra, self.run.closes, (self.bodies, self.times), &self.records.bodies, index)
     }
@@ -737,6 +746,34 @@ fn reduced_event_time(
     place.and_then(|&i| times[i])
 }
 
+/// The tries of each reduced record of a run (`reduced`, from `bodies`
+/// by `algebra`, each with its `tries`, changed by the reduction): those of
+/// the events it stands for, merged ([`Tries::merged`]: the most attempts,
+/// the earliest first failure). Found by body, never by index: a sorted
+/// run's records are in another order than its events.
+fn reduced_tries(algebra: Algebra, (bodies, tries): (&[Vec<u8>], &[Tries]), reduced: &[Vec<u8>]) -> Vec<Tries> {
+    let mut merged = vec![Tries::default(); reduced.len()];
+    let last = reduced.len().saturating_sub(1);
+    let mut group = 0;
+    for (index, (body, &each)) in bodies.iter().zip(tries).enumerate() {
+        let place = match algebra {
+            // Sorted by body, each body once.
+            Algebra::IdempotentCommutative => reduced.binary_search(body).unwrap_or_else(|place| place.min(last)),
+            // The `group`th run of adjacent equal bodies.
+            Algebra::Idempotent => {
+                group += usize::from(index > 0 && bodies[index] != bodies[index - 1]);
+                group.min(last)
+            }
+            // One fold of the whole run (no other algebra changes a run).
+            _ => 0,
+        };
+        if let Some(slot) = merged.get_mut(place) {
+            *slot = Tries::merged([*slot, each]);
+        }
+    }
+    merged
+}
+
 /// What a routed record of a run needs besides its body and origin.
 #[derive(Clone, Copy)]
 struct RunShape {
@@ -801,7 +838,7 @@ pub(super) struct WorkerOutcome {
 
 #[cfg(test)]
 mod tests {
-    use super::reduced_event_time;
+    use super::{Tries, reduced_event_time, reduced_tries};
     use crate::event::Algebra;
 
     /// A run of the bodies named.
@@ -838,6 +875,25 @@ mod tests {
         let sorted = run(&["a", "b"]);
         let time = |index| reduced_event_time(Algebra::IdempotentCommutative, false, (&bodies, &times), &sorted, index);
         assert_eq!([time(0), time(1)], [Some(2), Some(1)]);
+    }
+
+    #[test]
+    fn a_reduced_record_carries_the_tries_of_the_events_it_stands_for() {
+        let tries = |attempts| Tries { attempts, first_failed_at_ms: u64::from(attempts) * 10, ordering: None };
+        let attempts = |algebra, bodies: &[Vec<u8>], reduced: &[Vec<u8>], each: &[u32]| {
+            let each: Vec<Tries> = each.iter().map(|&a| tries(a)).collect();
+            reduced_tries(algebra, (bodies, &each), reduced).iter().map(|t| t.attempts).collect::<Vec<_>>()
+        };
+        // Sorted, no duplicate dropped: by body, not by index.
+        assert_eq!(attempts(Algebra::IdempotentCommutative, &run(&["b", "a"]), &run(&["a", "b"]), &[3, 0]), [0, 3]);
+        let (bodies, sorted) = (run(&["c", "a", "c", "b"]), run(&["a", "b", "c"]));
+        assert_eq!(attempts(Algebra::IdempotentCommutative, &bodies, &sorted, &[1, 0, 4, 2]), [0, 2, 4]);
+        let (bodies, kept) = (run(&["a", "a", "b", "a"]), run(&["a", "b", "a"]));
+        assert_eq!(attempts(Algebra::Idempotent, &bodies, &kept, &[1, 2, 0, 5]), [2, 0, 5]);
+        assert_eq!(attempts(Algebra::Associative, &bodies, &run(&["aaba"]), &[1, 2, 0, 5]), [5]);
+        // The earliest first failure of those merged.
+        let merged = reduced_tries(Algebra::Idempotent, (&bodies, &[tries(1), tries(2), tries(0), tries(5)]), &kept);
+        assert_eq!(merged[0].first_failed_at_ms, 10);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!    state scope or a retry diversion. A message whose headers cannot be
 //!    parsed goes to the dead-letter topic with the parse error. Events of a key that is waiting in retry are
 //!    diverted behind it, to the retry topic ([`crate::routing`]).
-//! 2. **Execute per key.** Keys are spread over worker threads; one key's
+//! 2. **Execute per key.** Keys are spread over worker threads (a batch
+//!    with one worker runs on the calling thread); one key's
 //!    runs execute one after another (head, body runs, tail, segment after
 //!    segment), so a key never races with itself. Each run is reduced with
 //!    its type's algebra ([`crate::reduce`]) and handed to the module in
@@ -71,7 +72,10 @@
 //! applied stops the partition ([`ConsumerError::LogTruncated`]).
 //!
 //! Layout: this module holds the partition loop (poll, settle, retries due);
-//! `batch` takes a polled batch to its one commit; `key_table` numbers a
+//! `batch` takes a polled batch to its one commit, as a value: its
+//! `BatchRunner` holds no log and no store, takes records and a snapshot
+//! and gives back the commit, which the loop then hands the store (its unit
+//! tests run batches so, with a native module); `key_table` numbers a
 //! batch's keys; `key` runs one worker's keys; `failure` decides where a
 //! failed chunk goes; [`phase`] times every batch phase by phase.
 
@@ -81,7 +85,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::event::{EventHeaders, EventTypeTag};
-use crate::handler::{BatchBudget, CounterQuota, PayloadLimits};
+use crate::handler::PayloadLimits;
 use crate::key::Key;
 use crate::log::loss::{self, LostHistory, TopicRole, Truncation};
 use crate::log::{EventLog, LogError, PolledBatch};
@@ -91,10 +95,10 @@ use crate::progress::Progress;
 use crate::projection::Projection;
 use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed};
 use crate::state::StateError;
-use crate::telemetry::{BatchOf, BatchTrace, CallTrace, Telemetry};
+use crate::telemetry::{BatchOf, BatchTrace, Telemetry};
 
 mod batch;
-use batch::BatchBuffers;
+use batch::{BatchBuffers, BatchRunner};
 use timing::Advance;
 mod call_time;
 mod failure;
@@ -389,18 +393,13 @@ pub struct Consumer<L> {
     log: Arc<L>,
     projection: Arc<Projection>,
     config: ConsumerConfig,
-    observer: Option<Arc<dyn CallObserver>>,
+    /// What runs its batches, from records to their commit.
+    runner: BatchRunner,
     /// Partitions commit to one outbox; one publisher at a time, or two
     /// could publish the same entries before either clears them.
     outbox: Arc<tokio::sync::Mutex<()>>,
     progress: Arc<Progress>,
     metrics: Option<Arc<Metrics>>,
-    /// What the batches in flight (one per partition) may make the host
-    /// hold, together.
-    budget: BatchBudget,
-    /// The counters the batches in flight add, against the projection's
-    /// quota (`counter-count`).
-    counters: CounterQuota,
     /// When set, the partitions to hold while following, as they change
     /// ([`Consumer::with_assignment`]).
     assignment: Option<tokio::sync::watch::Receiver<Vec<u32>>>,
@@ -408,8 +407,6 @@ pub struct Consumer<L> {
     timing: Arc<TimingBoard>,
     /// OpenTelemetry export, when configured ([`crate::telemetry`]).
     telemetry: Option<Telemetry>,
-    /// On the clone a batch runs on: where its calls report.
-    trace: Option<Arc<CallTrace>>,
 }
 
 impl<L> Clone for Consumer<L> {
@@ -418,16 +415,13 @@ impl<L> Clone for Consumer<L> {
             log: self.log.clone(),
             projection: self.projection.clone(),
             config: self.config.clone(),
-            observer: self.observer.clone(),
+            runner: self.runner.clone(),
             outbox: self.outbox.clone(),
             progress: self.progress.clone(),
             metrics: self.metrics.clone(),
-            budget: self.budget.clone(),
-            counters: self.counters.clone(),
             assignment: self.assignment.clone(),
             timing: self.timing.clone(),
             telemetry: self.telemetry.clone(),
-            trace: self.trace.clone(),
         }
     }
 }
@@ -437,17 +431,14 @@ impl<L: EventLog> Consumer<L> {
     pub fn new(log: Arc<L>, projection: Arc<Projection>, config: ConsumerConfig) -> Self {
         Self {
             log,
+            runner: BatchRunner::new(&projection, &config),
             projection,
-            observer: None,
             outbox: Arc::default(),
             progress: Arc::default(),
             metrics: None,
-            budget: BatchBudget::new(&config.payload),
-            counters: CounterQuota::new(&config.payload),
             assignment: None,
             timing: Arc::default(),
             telemetry: None,
-            trace: None,
             config,
         }
     }
@@ -480,7 +471,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Reports every handled run to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
-        self.observer = Some(observer);
+        self.runner.observer = Some(observer);
         self
     }
 
@@ -493,6 +484,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Records what every committed batch did in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.runner.metrics = Some(metrics.clone());
         self.metrics = Some(metrics);
         self
     }
@@ -671,14 +663,7 @@ impl<L: EventLog> Consumer<L> {
     ) -> Result<Summary, ConsumerError> {
         self.progress.begin([]);
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut held: FxHashMap<u32, tokio::sync::watch::Sender<bool>> = FxHashMap::default();
-        let mut fenced: FxHashMap<u32, Instant> = FxHashMap::default();
-        // Partitions whose taking failed: when to try again, and the wait
-        // after that.
-        let mut failed: FxHashMap<u32, (Instant, Duration)> = FxHashMap::default();
-        // Partitions another host still holds (finishing its batch in
-        // flight): when to ask again.
-        let mut waiting: FxHashMap<u32, Instant> = FxHashMap::default();
+        let mut assigned = Assigned::default();
         if let Some(metrics) = &self.metrics {
             // Shown at 0 from the start, so a rebalance's cost reads as a difference.
             metrics.events_redone(self.projection.name(), 0);
@@ -688,57 +673,8 @@ impl<L: EventLog> Consumer<L> {
         let result = loop {
             let wanted: FxHashSet<u32> =
                 assignment.borrow_and_update().iter().copied().filter(|&p| p < count).collect();
-            fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
-            failed.retain(|partition, _| wanted.contains(partition));
-            waiting.retain(|partition, _| wanted.contains(partition));
-            for (&partition, stop) in &held {
-                if !wanted.contains(&partition) {
-                    tracing::info!(
-                        projection = self.projection.name(),
-                        partition,
-                        "partition {partition} unassigned: stopping it"
-                    );
-                    let _ = stop.send(true);
-                }
-            }
-            let now = Instant::now();
-            let mut taken: Vec<u32> = wanted
-                .iter()
-                .copied()
-                .filter(|p| !held.contains_key(p) && !fenced.contains_key(p))
-                .filter(|p| failed.get(p).is_none_or(|(again, _)| *again <= now))
-                .filter(|p| waiting.get(p).is_none_or(|again| *again <= now))
-                .collect();
-            taken.sort_unstable();
-            for partition in taken {
-                match self.take_partition(partition).await {
-                    Ok(None) => {
-                        if waiting.insert(partition, Instant::now() + HOLD_RETRY).is_none() {
-                            tracing::info!(
-                                projection = self.projection.name(),
-                                partition,
-                                "partition {partition} is still held by its previous host: taking it once that host \
-                                 commits its batch in flight and lets it go"
-                            );
-                        }
-                        continue;
-                    }
-                    Ok(Some(left)) => {
-                        failed.remove(&partition);
-                        waiting.remove(&partition);
-                        total.undeliverable += left;
-                    }
-                    Err(error) => {
-                        let backoff = self.take_failed(partition, &error, failed.get(&partition).map(|f| f.1));
-                        failed.insert(partition, (Instant::now() + backoff, backoff));
-                        continue;
-                    }
-                }
-                let (stop, stopped) = tokio::sync::watch::channel(false);
-                held.insert(partition, stop);
-                let consumer = self.clone();
-                tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
-            }
+            self.take_wanted(&wanted, &mut assigned, &mut tasks, &mut total).await;
+            let Assigned { held, fenced, failed, waiting } = &mut assigned;
             let retake = (fenced.values().map(|at| *at + RETAKE_AFTER))
                 .chain(failed.values().map(|f| f.0))
                 .chain(waiting.values().copied())
@@ -763,7 +699,7 @@ impl<L: EventLog> Consumer<L> {
                 }
             }
         };
-        for stop in held.values() {
+        for stop in assigned.held.values() {
             let _ = stop.send(true);
         }
         let mut first_error = result.err();
@@ -785,6 +721,70 @@ impl<L: EventLog> Consumer<L> {
             }
         }
         first_error.map_or(Ok(total), Err)
+    }
+
+    /// Follows `wanted`, the partitions assigned now: stops the tasks of
+    /// those held and no longer assigned, and takes each assigned one not
+    /// held (unless fenced lately, or its take is to be tried again or
+    /// asked for again later), starting its task in `tasks`.
+    async fn take_wanted(
+        &self,
+        wanted: &FxHashSet<u32>,
+        assigned: &mut Assigned,
+        tasks: &mut PartitionTasks,
+        total: &mut Summary,
+    ) {
+        assigned.fenced.retain(|partition, at| wanted.contains(partition) && at.elapsed() < RETAKE_AFTER);
+        assigned.failed.retain(|partition, _| wanted.contains(partition));
+        assigned.waiting.retain(|partition, _| wanted.contains(partition));
+        for (&partition, stop) in &assigned.held {
+            if !wanted.contains(&partition) {
+                tracing::info!(
+                    projection = self.projection.name(),
+                    partition,
+                    "partition {partition} unassigned: stopping it"
+                );
+                let _ = stop.send(true);
+            }
+        }
+        let now = Instant::now();
+        let mut taken: Vec<u32> = wanted
+            .iter()
+            .copied()
+            .filter(|p| !assigned.held.contains_key(p) && !assigned.fenced.contains_key(p))
+            .filter(|p| assigned.failed.get(p).is_none_or(|(again, _)| *again <= now))
+            .filter(|p| assigned.waiting.get(p).is_none_or(|again| *again <= now))
+            .collect();
+        taken.sort_unstable();
+        for partition in taken {
+            match self.take_partition(partition).await {
+                Ok(None) => {
+                    if assigned.waiting.insert(partition, Instant::now() + HOLD_RETRY).is_none() {
+                        tracing::info!(
+                            projection = self.projection.name(),
+                            partition,
+                            "partition {partition} is still held by its previous host: taking it once that host \
+                             commits its batch in flight and lets it go"
+                        );
+                    }
+                    continue;
+                }
+                Ok(Some(left)) => {
+                    assigned.failed.remove(&partition);
+                    assigned.waiting.remove(&partition);
+                    total.undeliverable += left;
+                }
+                Err(error) => {
+                    let backoff = self.take_failed(partition, &error, assigned.failed.get(&partition).map(|f| f.1));
+                    assigned.failed.insert(partition, (Instant::now() + backoff, backoff));
+                    continue;
+                }
+            }
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            assigned.held.insert(partition, stop);
+            let consumer = self.clone();
+            tasks.spawn(async move { (partition, consumer.consume_partition(partition, None, stopped).await) });
+        }
     }
 
     /// Gives up a partition whose task ended (after its last commit, or
@@ -1048,7 +1048,6 @@ impl<L: EventLog> Consumer<L> {
         state: &mut PartitionState,
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
-        let topic = self.projection.topic();
         let mut queue = match state.queue.take() {
             Some(queue) => queue,
             None => self.rebuild_retry_queue(partition).await?,
@@ -1076,26 +1075,9 @@ impl<L: EventLog> Consumer<L> {
             state.topic_turn = true;
             return Ok(Step::Worked);
         }
-        if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
-            // Diverting more would hold a record per event of the backlog:
-            // the topic waits until retries drain.
-            if !std::mem::replace(&mut state.queue_full, true) {
-                tracing::warn!(
-                    projection = self.projection.name(),
-                    partition,
-                    "the retry queue holds {} MiB (`--retry-queue-mib`): partition {partition} reads no more of \
-                     topic `{topic}` until its retries are done or dead-lettered",
-                    queue.held_bytes() >> 20,
-                );
-            }
-            let until_due = queue
-                .next_due_ms()
-                .map_or(Duration::MAX, |due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+        if let Some(until_due) = self.retry_queue_full(partition, state, &queue) {
             state.queue = Some(queue);
             return Ok(Step::Full(until_due));
-        }
-        if std::mem::take(&mut state.queue_full) {
-            tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
         }
         let polling = Instant::now();
         let polled = match state.timed.take() {
@@ -1129,6 +1111,34 @@ impl<L: EventLog> Consumer<L> {
                 Err(error)
             }
         }
+    }
+
+    /// Whether the partition's retry `queue` holds too much for it to read
+    /// on (`queue_max_bytes`), and then how long until a retry is due;
+    /// logs when the queue fills and when it has room again.
+    fn retry_queue_full(&self, partition: u32, state: &mut PartitionState, queue: &RetryQueue) -> Option<Duration> {
+        if !queue.is_empty() && queue.held_bytes() >= self.config.retry.queue_max_bytes {
+            // Diverting more would hold a record per event of the backlog:
+            // the topic waits until retries drain.
+            if !std::mem::replace(&mut state.queue_full, true) {
+                tracing::warn!(
+                    projection = self.projection.name(),
+                    partition,
+                    "the retry queue holds {} MiB (`--retry-queue-mib`): partition {partition} reads no more of \
+                     topic `{}` until its retries are done or dead-lettered",
+                    queue.held_bytes() >> 20,
+                    self.projection.topic(),
+                );
+            }
+            let until_due = queue
+                .next_due_ms()
+                .map_or(Duration::MAX, |due| Duration::from_millis(due.saturating_sub(routing::now_ms())));
+            return Some(until_due);
+        }
+        if std::mem::take(&mut state.queue_full) {
+            tracing::info!(projection = self.projection.name(), partition, "the retry queue has room: reading on");
+        }
+        None
     }
 
     /// After a commit: its outbox out, its retry records indexed (so the
@@ -1211,13 +1221,16 @@ impl<L: EventLog> Consumer<L> {
         if let Advance::Topic(next) = advance {
             self.progress.read(partition, next);
         }
-        let mut consumer = self.clone();
+        let mut runner = self.runner.clone();
         let offsets = records.iter().map(|view| view.offset());
         let trace = self.open_trace(self.projection.topic(), partition, offsets, records.len(), polled);
-        consumer.trace = trace.as_ref().map(BatchTrace::calls);
+        runner.trace = trace.as_ref().map(BatchTrace::calls);
         let mut buffers = std::mem::take(&mut state.buffers);
+        // The modules of this batch, whatever is swapped in meanwhile.
+        let (modules, store) = (self.projection.current(), self.projection.store().clone());
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
-            let batch = consumer.process_batch(partition, &records, &advance, &queue, &mut buffers);
+            let polled = (&records, &advance);
+            let batch = runner.process_batch(partition, polled, &queue, &mut buffers, modules, &store);
             (batch, queue, records, buffers, advance)
         })
         .await
@@ -1410,12 +1423,13 @@ impl<L: EventLog> Consumer<L> {
         // Once every record taken is done; the batch lowers it to the first
         // record it leaves.
         let retry_position = queue.position();
-        let mut consumer = self.clone();
+        let mut runner = self.runner.clone();
         let offsets = records.iter().map(|stored| stored.offset);
         let trace = self.open_trace(&retry, partition, offsets, records.len(), polled);
-        consumer.trace = trace.as_ref().map(BatchTrace::calls);
+        runner.trace = trace.as_ref().map(BatchTrace::calls);
+        let (modules, store) = (self.projection.current(), self.projection.store().clone());
         let processed = tokio::task::spawn_blocking(move || {
-            consumer.process_retry_batch(partition, records, next_waiting, retry_position)
+            runner.process_retry_batch(partition, records, (next_waiting, retry_position), modules, &store)
         })
         .await
         .map_err(|e| ConsumerError::WorkerPanicked(e.to_string()))?;
@@ -1520,6 +1534,25 @@ pub const TAIL_CHECK: Duration = Duration::from_secs(1);
 /// How long keys wait after an attempt whose calls were none of them made
 /// ([`Consumer::retry_batch`]).
 const NOTHING_DONE_PAUSE_MS: u64 = 50;
+
+/// What [`Consumer::consume_assigned`] keeps of the partitions it follows.
+#[derive(Default)]
+struct Assigned {
+    /// The partitions held, each with what stops its task.
+    held: FxHashMap<u32, tokio::sync::watch::Sender<bool>>,
+    /// Partitions another host took while assigned here, and when.
+    fenced: FxHashMap<u32, Instant>,
+    /// Partitions whose taking failed: when to try again, and the wait
+    /// after that.
+    failed: FxHashMap<u32, (Instant, Duration)>,
+    /// Partitions another host still holds (finishing its batch in
+    /// flight): when to ask again.
+    waiting: FxHashMap<u32, Instant>,
+}
+
+/// The tasks of the partitions followed, each ending with its partition,
+/// its summary and whether it was fenced.
+type PartitionTasks = tokio::task::JoinSet<(u32, Result<(Summary, bool), ConsumerError>)>;
 
 /// Where one partition's consuming stands between steps.
 struct PartitionState {
