@@ -82,12 +82,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::KeyHash;
 use crate::key::Key;
 use crate::log::Record;
+use crate::stats::Stats;
 
 pub mod cache;
 pub mod embedded;
@@ -336,7 +336,7 @@ pub struct BatchCommit {
     /// Amounts to add to counters (a missing counter starts at 0).
     pub counter_deltas: HashMap<String, i128>,
     /// Amounts to add to statistics (saturating at `u64::MAX`).
-    pub stat_deltas: FxHashMap<String, u64>,
+    pub stat_deltas: Stats,
     /// For each (topic, partition) consumed, the next offset to consume.
     pub positions: Vec<(String, u32, u64)>,
     /// Messages emitted by the batch, in order; each gets the next outbox
@@ -453,8 +453,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         max_bytes: usize,
     ) -> Result<Vec<(String, Vec<u8>)>, StateError>;
 
-    /// Every statistic with its value, by name.
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError>;
+    /// Every statistic with its value (those under names this host does
+    /// not know kept by name, [`Stats::unknown`]).
+    fn stats(&self) -> Result<Stats, StateError>;
 
     /// The next offset to consume from a partition, as last committed.
     fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError>;

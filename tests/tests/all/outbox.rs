@@ -4,12 +4,11 @@
 //! exact counts; a record of the host's own that cannot be appended stops
 //! the run naming its topic, and a restart delivers it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
 use wakuwaku::event::{EventHeaders, EventTypeTag};
 use wakuwaku::key::Key;
@@ -18,6 +17,7 @@ use wakuwaku::outbox::{self, OutboxError, Published};
 use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
+use wakuwaku::stats::{Stat, Stats};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
@@ -38,8 +38,8 @@ fn emitted(topic: &str, key: u64, origin: (u32, u64)) -> OutboxEntry {
     }
 }
 
-fn stats(store: &StateStore) -> HashMap<String, u64> {
-    store.stats().unwrap().into_iter().collect()
+fn stats(store: &StateStore) -> Stats {
+    store.stats().unwrap()
 }
 
 /// Every record of a topic's partitions, as (partition, routing, body).
@@ -70,7 +70,7 @@ async fn messages_to_a_missing_topic_or_an_invalid_name_become_dead_letters_and_
     let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 3, undeliverable: 2 });
     assert!(store.outbox().unwrap().is_empty());
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 2);
+    assert_eq!(stats(&store)[Stat::Undeliverable], 2);
     assert_eq!(log.end_offset("out", 0).await.unwrap(), 1);
 
     // Each letter sits in the partition of the event that emitted it, with
@@ -161,8 +161,8 @@ async fn a_topic_deleted_after_the_commit_does_not_stop_the_consumer() {
     let summary = Consumer::new(log.clone(), projection.clone(), config.clone()).catch_up().await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.undeliverable), (20, 20, 20));
     let counts = stats(projection.store());
-    assert_eq!((counts[stat::APPLIED], counts[stat::UNDELIVERABLE]), (20, 20));
-    assert!(!counts.contains_key(stat::DEAD_LETTERED), "no event was dead-lettered");
+    assert_eq!((counts[Stat::Applied], counts[Stat::Undeliverable]), (20, 20));
+    assert_eq!(counts[Stat::DeadLettered], 0, "no event was dead-lettered");
     assert!(projection.store().outbox().unwrap().is_empty());
 
     // One letter per emit, beside the event that emitted it.
@@ -291,7 +291,7 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let pending = store.outbox().unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].1.topic, "dlq_probes");
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 1, "counted once, with the letter");
+    assert_eq!(stats(&store)[Stat::Undeliverable], 1, "counted once, with the letter");
 
     // Starting a host creates the routed topics, then publishes.
     drop(store);
@@ -301,5 +301,5 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let dead = letters(&*log, "dlq_probes").await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].1.failure.as_ref().unwrap().class, FailureClass::Undeliverable);
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 1);
+    assert_eq!(stats(&store)[Stat::Undeliverable], 1);
 }
