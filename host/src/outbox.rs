@@ -36,7 +36,8 @@
 //!   commit that settles the outbox, by a dead letter in `dlq_<topic>` of
 //!   the projection's topic, in the partition of the event that emitted it:
 //!   the message's headers and body plus the routing headers ([`Routed`])
-//!   naming that event (the earliest of its handler call), class
+//!   naming that event (the earliest of its handler call, with the topic it
+//!   was read from), class
 //!   `undeliverable`, the reason, the module and its version, and 0 events
 //!   (the event itself was applied). [`Stat::Undeliverable`] counts them,
 //!   and the run goes on. An unavailable log ([`LogError::Unavailable`]) is
@@ -487,7 +488,7 @@ impl<L: EventLog> Publisher<'_, L> {
         let now = now_ms();
         let routed = Routed {
             projection: self.projection.to_owned(),
-            topic: self.topic.to_owned(),
+            topic: origin.topic.unwrap_or_else(|| self.topic.to_owned()),
             event_type: String::new(),
             origin_partition: origin.partition,
             origin_offset: origin.offset,
@@ -745,7 +746,7 @@ mod tests {
                 headers: vec![Header { name: "n".into(), value: n.to_le_bytes().to_vec() }],
                 body: vec![1],
             },
-            origin: Some(EmitOrigin { partition: 0, offset: n, module: "m".into(), version: "v".into() }),
+            origin: Some(EmitOrigin { partition: 0, offset: n, module: "m".into(), version: "v".into(), topic: None }),
         }
     }
 

@@ -626,6 +626,7 @@ fn emitted(topic: &str, key: u64, record: wakuwaku::log::Record) -> wakuwaku::st
             offset: key,
             module: "probe".into(),
             version: "v".into(),
+            topic: None,
         }),
     }
 }

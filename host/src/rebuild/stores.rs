@@ -239,7 +239,7 @@ mod tests {
     use crate::state::{EmitOrigin, KeyWrites};
 
     fn entry(topic: &str, emitted: bool) -> OutboxEntry {
-        let origin = EmitOrigin { partition: 0, offset: 0, module: "bank".into(), version: "v".into() };
+        let origin = EmitOrigin { partition: 0, offset: 0, module: "bank".into(), version: "v".into(), topic: None };
         OutboxEntry {
             topic: topic.to_owned(),
             partition_key: 0,

@@ -61,6 +61,7 @@ fn entry(topic: &str, n: u8) -> OutboxEntry {
             offset: u64::from(n) * 10,
             module: "m".into(),
             version: "v".into(),
+            topic: Some("t".into()),
         }),
     }
 }

@@ -34,6 +34,7 @@ fn emitted(topic: &str, key: u64, origin: (u32, u64)) -> OutboxEntry {
             offset: origin.1,
             module: "probe".into(),
             version: "0123abcd".into(),
+            topic: None,
         }),
     }
 }
@@ -183,6 +184,51 @@ async fn a_topic_deleted_after_the_commit_does_not_stop_the_consumer() {
     let again = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
     assert_eq!((again.consumed, again.undeliverable), (0, 0));
     assert_eq!(letters(&log.log, "dlq_probes").await.len(), 20);
+}
+
+/// The dead letter of an undeliverable message emitted by an event of a
+/// projection's second topic names that topic as its origin, with the
+/// event's offset in it (the first topic was named for every one before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undeliverable_messages_of_a_projection_over_two_topics_name_the_topic_of_the_event_that_emitted_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), |call| match call {
+        Call::Write { topic: "notes-out" } | Call::Query { topic: "notes-out" } => {
+            Some(LogError::TopicNotFound { topic: "notes-out".into() })
+        }
+        _ => None,
+    }));
+    // `more` has more events than `probes`, so its offsets are not those
+    // of `probes`; the keys differ, so each call handles events of one
+    // topic (a call names the earliest of its events).
+    for (topic, events, keys) in [("probes", 2u64, 0), ("more", 5, 100)] {
+        log.create_topic(topic, 1).await.unwrap();
+        let note = |i: u64| json!({ "key": keys + i, "text": format!("{topic}-{i}"), "emit_to": "notes-out" });
+        let notes = (0..events).map(|i| record(NOTE, keys + i, note(i))).collect();
+        log.append(topic, vec![(0, notes)]).await.unwrap();
+    }
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let projection = Projection::new("probe", "probes", vec![probe_module()], store).unwrap();
+    let projection = Arc::new(projection.with_more_topics(&["more".to_owned()]).unwrap());
+    let summary = Consumer::new(log.clone(), projection, ConsumerConfig::default()).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.undeliverable), (7, 7), "{summary:?}");
+
+    // Each letter's origin, against the event its body names.
+    let mut origins: Vec<(String, String, u64)> = letters(&log.log, "dlq_probes")
+        .await
+        .into_iter()
+        .map(|(_, routed, body)| {
+            let text = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["text"].as_str().unwrap().to_owned();
+            (text, routed.topic, routed.origin_offset)
+        })
+        .collect();
+    origins.sort();
+    let mut expected: Vec<(String, String, u64)> = [("probes", 2u64), ("more", 5)]
+        .into_iter()
+        .flat_map(|(topic, events)| (0..events).map(move |i| (format!("{topic}-{i}"), topic.to_owned(), i)))
+        .collect();
+    expected.sort();
+    assert_eq!(origins, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
