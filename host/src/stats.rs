@@ -13,9 +13,9 @@
 //!   [`Stat::name`] would lose its count.
 //! - **Unknown names are kept, not dropped.** A store may hold a count this
 //!   host does not know (written by a newer host). [`Stats::add_named`]
-//!   keeps it under its name ([`Stats::unknown`]), so it is shown, copied
-//!   (a reset keeps the counts, [`crate::reset`]) and written back
-//!   unchanged, never lost and never a panic.
+//!   keeps it under its name ([`Stats::unknown`]), so it is copied (a
+//!   reset keeps the counts, [`crate::reset`]) and written back unchanged:
+//!   never lost, never a panic.
 //! - **Counts saturate** at `u64::MAX`, as the stores do.
 //!
 //! # The balance
@@ -26,7 +26,8 @@
 //! > consumed + re-driven = applied + skipped + dead-lettered + (retry_in − retry_out)
 //!
 //! [`Stats::accounted`] is the right-hand side less the re-driven, so it
-//! equals the events consumed (the sum of the committed positions).
+//! equals the events consumed (the sum of the committed positions in the
+//! projection's topics, not its retry topic).
 //! [`Stat::Malformed`] events are dead-lettered too (counted in both);
 //! [`Stat::Undeliverable`], [`Stat::OrderViolations`] and
 //! [`Stat::HeldBack`] count something else (messages, or events also

@@ -262,8 +262,8 @@ pub struct EmitOrigin {
     /// Its version.
     pub version: String,
     /// The projection's topic that event was read from; `None` in entries
-    /// written by hosts that did not keep it ([`decode_outbox`] reads them):
-    /// the projection's first topic is named then.
+    /// written by hosts that did not keep it (the projection's first topic
+    /// is named then).
     pub topic: Option<String>,
 }
 
