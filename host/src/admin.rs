@@ -55,7 +55,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::consumer::stat;
 use crate::key::Key;
 use crate::lifecycle::Library;
 use crate::log::EventLog;
@@ -65,6 +64,7 @@ use crate::projection::Projection;
 use crate::rebuild::RebuildWatch;
 use crate::rebuild::conductor::RebuildStatus;
 use crate::state::StateStore;
+use crate::stats::Stat;
 
 pub mod view;
 pub use view::counter_json;
@@ -799,24 +799,23 @@ pub async fn status_of_topics<L: EventLog>(
             stopped,
         });
     }
-    let stats: BTreeMap<String, u64> = store.stats()?.into_iter().collect();
-    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
+    let stats = store.stats()?;
     Ok(Status {
         projection: projection.to_owned(),
         topic: topic.to_owned(),
         partitions,
         modules,
-        applied: count(stat::APPLIED),
-        skipped: count(stat::SKIPPED),
-        retrying: count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT)),
-        dead_lettered: count(stat::DEAD_LETTERED),
-        redriven: count(stat::REDRIVEN),
-        undeliverable: count(stat::UNDELIVERABLE),
+        applied: stats[Stat::Applied],
+        skipped: stats[Stat::Skipped],
+        retrying: stats.retrying(),
+        dead_lettered: stats[Stat::DeadLettered],
+        redriven: stats[Stat::Redriven],
+        undeliverable: stats[Stat::Undeliverable],
         outbox: store.outbox()?.len() as u64,
         redone: progress.map_or(0, Progress::redone),
         rebuild: None,
         more_topics: topics[1..].to_vec(),
-        order_violations: count(stat::ORDER_VIOLATIONS),
+        order_violations: stats[Stat::OrderViolations],
         event_time: Vec::new(),
     })
 }

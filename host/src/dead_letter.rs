@@ -54,7 +54,6 @@
 //!   [`list`] and [`list_on`] still return every letter, for tests and small
 //!   topics; they hold the letters' routing headers, never their bodies.
 
-use crate::consumer::stat;
 use crate::event::Header;
 use crate::event::{EventHeaders, HeaderError};
 use crate::key::Key;
@@ -62,6 +61,7 @@ use crate::log::{EventLog, LogError, PolledBatch, RecordView};
 use crate::outbox::{self, OutboxError};
 use crate::routing::{self, FailureClass, Routed, RoutedTopics, dlq_topic, retry_topic};
 use crate::state::{BatchCommit, OutboxEntry, StateError, StateStore};
+use crate::stats::Stat;
 
 /// One record of a dead-letter topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -728,8 +728,7 @@ impl<L: EventLog> Slicer<'_, L> {
             });
             commit.done.push((self.dlq.to_owned(), letter.partition, letter.offset));
         }
-        commit.stat_deltas =
-            [(stat::REDRIVEN.to_owned(), events), (stat::RETRY_IN.to_owned(), events)].into_iter().collect();
+        commit.stat_deltas = [(Stat::Redriven, events), (Stat::RetryIn, events)].into_iter().collect();
         self.store.commit(commit)?;
         self.report.records += records;
         self.report.events += events;

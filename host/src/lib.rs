@@ -94,6 +94,7 @@ pub mod routing;
 pub mod runtime;
 pub mod scaffold;
 pub mod state;
+pub mod stats;
 pub mod telemetry;
 pub mod tls;
 pub mod trial;

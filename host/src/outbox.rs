@@ -36,9 +36,10 @@
 //!   commit that settles the outbox, by a dead letter in `dlq_<topic>` of
 //!   the projection's topic, in the partition of the event that emitted it:
 //!   the message's headers and body plus the routing headers ([`Routed`])
-//!   naming that event (the earliest of its handler call), class
+//!   naming that event (the earliest of its handler call, with the topic it
+//!   was read from), class
 //!   `undeliverable`, the reason, the module and its version, and 0 events
-//!   (the event itself was applied). [`stat::UNDELIVERABLE`] counts them,
+//!   (the event itself was applied). [`Stat::Undeliverable`] counts them,
 //!   and the run goes on. An unavailable log ([`LogError::Unavailable`]) is
 //!   not permanent: the publish fails, the consumer backs off and publishes
 //!   again, and the stamps keep the resend exact. Other failures (storage,
@@ -74,11 +75,11 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use crate::consumer::stat;
 use crate::event::{EventHeaders, Header, partition_for};
 use crate::log::{EventLog, LogError, Record};
 use crate::routing::{Failure, FailureClass, Routed, RoutedTopics, context, now_ms};
 use crate::state::{BatchCommit, EmitOrigin, OutboxEntry, StateError, StateStore};
+use crate::stats::Stat;
 
 /// Most records in one stamped append of the outbox.
 pub const STAMPED_APPEND_RECORDS: usize = 1000;
@@ -390,10 +391,9 @@ impl<L: EventLog> Publisher<'_, L> {
             self.store.remove_outbox(self.source, last_sequence)?;
             return Ok(false);
         }
-        let counted = (undeliverable > 0).then(|| (stat::UNDELIVERABLE.to_owned(), undeliverable));
         self.store.commit(BatchCommit {
             outbox: replacements,
-            stat_deltas: counted.into_iter().collect(),
+            stat_deltas: [(Stat::Undeliverable, undeliverable)].into_iter().collect(),
             outbox_through: Some((self.source, last_sequence)),
             ..BatchCommit::default()
         })?;
@@ -488,7 +488,7 @@ impl<L: EventLog> Publisher<'_, L> {
         let now = now_ms();
         let routed = Routed {
             projection: self.projection.to_owned(),
-            topic: self.topic.to_owned(),
+            topic: origin.topic.unwrap_or_else(|| self.topic.to_owned()),
             event_type: String::new(),
             origin_partition: origin.partition,
             origin_offset: origin.offset,
@@ -746,7 +746,7 @@ mod tests {
                 headers: vec![Header { name: "n".into(), value: n.to_le_bytes().to_vec() }],
                 body: vec![1],
             },
-            origin: Some(EmitOrigin { partition: 0, offset: n, module: "m".into(), version: "v".into() }),
+            origin: Some(EmitOrigin { partition: 0, offset: n, module: "m".into(), version: "v".into(), topic: None }),
         }
     }
 

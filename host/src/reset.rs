@@ -359,7 +359,7 @@ fn copy_state(from: &StateStore, file: &Path) -> Result<(), StateError> {
     to.commit(BatchCommit { writes, ..BatchCommit::default() })?;
     to.commit(BatchCommit {
         counter_deltas: from.counters()?.into_iter().collect(),
-        stat_deltas: from.stats()?.into_iter().collect(),
+        stat_deltas: from.stats()?,
         positions: from.positions()?,
         done: from.done_marks()?,
         outbox: from.outbox()?.into_iter().map(|(_, entry)| entry).collect(),

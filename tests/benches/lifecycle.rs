@@ -18,13 +18,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall, stat};
+use wakuwaku::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall};
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::lifecycle::{Library, Reloader};
 use wakuwaku::log::EventLog;
 use wakuwaku::projection::Projection;
 use wakuwaku::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::{bank_log, bank_module, bank_variant, check_call_order, read_partition};
 
 #[global_allocator]
@@ -170,8 +171,7 @@ async fn main() {
     );
 
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
-    let applied =
-        projection.store().stats().unwrap().into_iter().find(|(n, _)| n == stat::APPLIED).map_or(0, |(_, n)| n);
+    let applied = projection.store().stats().unwrap()[Stat::Applied];
     let calls = clock.calls.lock().unwrap().clone();
     let mut order = Ok(());
     for partition in 0..2 {

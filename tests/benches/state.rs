@@ -47,6 +47,7 @@ use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::projection::Projection;
 use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::proxy::{LatencyProxy, upstream_of};
 use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
@@ -306,7 +307,7 @@ fn rebalances(
         read_again += p.read_to.saturating_sub(start);
     }
     a.stop();
-    let applied = store.stats().unwrap().into_iter().find(|(name, _)| name == "applied").map_or(0, |(_, n)| n);
+    let applied = store.stats().unwrap()[Stat::Applied];
     assert_eq!(applied, ends.iter().sum::<u64>(), "every event applied once");
     println!(
         "rebalance, kill of {orphaned:?} right after 60 000 events arrived: its partitions consumed to their new \

@@ -17,13 +17,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use wakuwaku::consumer::stat;
 use wakuwaku::event::EventTypeTag;
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::key::Key;
 use wakuwaku::log::Record;
 use wakuwaku::runtime::Sandbox;
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stat;
 
 use crate::{guest_wasm, json_record};
 
@@ -228,18 +228,17 @@ impl Accounts {
     /// Reads the counts of a projection of `topic` (with `partitions`
     /// partitions) from its store.
     pub fn of(store: &StateStore, topic: &str, partitions: u32) -> Self {
-        let stats: BTreeMap<String, u64> = store.stats().expect("stats read").into_iter().collect();
-        let stat = |name: &str| stats.get(name).copied().unwrap_or(0);
+        let stats = store.stats().expect("stats read");
         let consumed = (0..partitions).map(|p| store.position(topic, p).expect("positions read").unwrap_or(0)).sum();
-        let (retry_in, retry_out) = (stat(stat::RETRY_IN), stat(stat::RETRY_OUT));
+        let (retry_in, retry_out) = (stats[Stat::RetryIn], stats[Stat::RetryOut]);
         assert!(retry_out <= retry_in, "{retry_out} events left the retry topic but only {retry_in} entered it");
         Self {
             consumed,
-            applied: stat(stat::APPLIED),
-            skipped: stat(stat::SKIPPED),
-            dead_lettered: stat(stat::DEAD_LETTERED),
+            applied: stats[Stat::Applied],
+            skipped: stats[Stat::Skipped],
+            dead_lettered: stats[Stat::DeadLettered],
             waiting: retry_in - retry_out,
-            redriven: stat(stat::REDRIVEN),
+            redriven: stats[Stat::Redriven],
         }
     }
 

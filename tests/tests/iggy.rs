@@ -23,6 +23,7 @@ use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::publish::{self, Outgoing};
 use wakuwaku::routing::RoutedTopics;
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stats;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
 use wakuwaku_tests::{
     bank_module, catch_up, fresh_stream, host_settings, iggy_url, json_record, probe_module, publish_bank,
@@ -365,7 +366,7 @@ async fn a_server_restart_mid_run_loses_nothing() {
 struct ProbeOutcome {
     /// The projection's statistics (applied, retry_in, retry_out,
     /// dead_lettered, ...).
-    stats: Vec<(String, u64)>,
+    stats: Stats,
     /// Its counters (`notes`: notes applied).
     counters: Vec<(String, i128)>,
     /// The texts of the messages in `notes-out`, sorted.
@@ -625,6 +626,7 @@ fn emitted(topic: &str, key: u64, record: wakuwaku::log::Record) -> wakuwaku::st
             offset: key,
             module: "probe".into(),
             version: "v".into(),
+            topic: None,
         }),
     }
 }

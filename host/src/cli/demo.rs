@@ -13,7 +13,6 @@ use clap::Args;
 use super::args::ConsumeArgs;
 use super::available_threads;
 use super::run::{explain, hint_at_limit_flags};
-use crate::consumer::stat;
 use crate::demo::{self, WorkloadSpec};
 use crate::guest_build::GuestBuild;
 use crate::handler::HandlerModule;
@@ -21,6 +20,7 @@ use crate::host::{CompileCache, Host, HostSettings, LogSettings, ModuleSource};
 use crate::log::EventLog;
 use crate::projection::load_module_file;
 use crate::publish;
+use crate::stats::Stat;
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -176,7 +176,7 @@ pub(super) async fn demo_run(
     let store = projection.store();
     let check = demo::check_projection(&oracle, &*module, store)?;
 
-    let stats: std::collections::BTreeMap<String, u64> = store.stats()?.into_iter().collect();
+    let stats = store.stats()?;
     let lines = vec![
         format!(
             "workload: {} events over {} accounts (seed {}), {} partitions of topic `{TOPIC}`",
@@ -193,9 +193,9 @@ pub(super) async fn demo_run(
             summary.consumed,
             summary.batches,
             workers,
-            stats.get(stat::APPLIED).copied().unwrap_or(0),
-            stats.get(stat::SKIPPED).copied().unwrap_or(0),
-            stats.get(stat::DEAD_LETTERED).copied().unwrap_or(0),
+            stats[Stat::Applied],
+            stats[Stat::Skipped],
+            stats[Stat::DeadLettered],
             summary.calls,
         ),
         format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),

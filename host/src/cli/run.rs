@@ -15,7 +15,7 @@ use super::available_threads;
 use super::config;
 use super::local_host;
 use super::signals::ShutdownSignals;
-use crate::consumer::{ConsumerError, Summary, stat};
+use crate::consumer::{ConsumerError, Summary};
 use crate::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
 use crate::lifecycle::LifecycleError;
 use crate::log::LogError;
@@ -23,6 +23,7 @@ use crate::progress::Progress;
 use crate::projection::ProjectionError;
 use crate::runtime::LoadError;
 use crate::state::StateStore;
+use crate::stats::Stat;
 
 #[derive(Args)]
 pub(super) struct RunArgs {
@@ -320,20 +321,19 @@ pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) ->
             summary.order_violations
         )?;
     }
-    let stats: std::collections::HashMap<String, u64> = store.stats()?.into_iter().collect();
-    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
-    let waiting = count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    let stats = store.stats()?;
+    let waiting = stats.retrying();
     if waiting > 0 {
         outln!("{waiting} events wait in retry; the next `waku run` takes them when they are due")?;
     }
-    if count(stat::DEAD_LETTERED) > 0 {
-        outln!("{} events are dead letters in all (see `waku dlq list`)", count(stat::DEAD_LETTERED))?;
+    if stats[Stat::DeadLettered] > 0 {
+        outln!("{} events are dead letters in all (see `waku dlq list`)", stats[Stat::DeadLettered])?;
     }
-    if count(stat::UNDELIVERABLE) > 0 {
+    if stats[Stat::Undeliverable] > 0 {
         outln!(
             "{} emitted messages could not be delivered and are dead letters in all (class `undeliverable` in `waku \
              dlq list`)",
-            count(stat::UNDELIVERABLE)
+            stats[Stat::Undeliverable]
         )?;
     }
     Ok(())

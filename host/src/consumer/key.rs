@@ -213,8 +213,9 @@ impl BatchRunner {
         let result = match &run.fold_error {
             Some(error) => Err(error.clone()),
             None => reachable(time, route, module, scope).and_then(|()| {
-                let earliest = served.iter().map(|o| o.offset).min().unwrap_or_default();
-                scope.set_emit_origin(partition, earliest, module.name(), module.version());
+                let (topic, offset) = served.iter().map(|o| (o.topic, o.offset)).min().unwrap_or_default();
+                let place = (self.topic_name(topic), partition, offset);
+                scope.set_emit_origin(place, module.name(), module.version());
                 instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
             }),
         };

@@ -32,7 +32,7 @@
 //! (all of a key's waiting records at once), planned and executed the same
 //! way, and committed with the retry position and the offsets now done.
 //! Every event ends applied, skipped, in retry or dead-lettered, and the
-//! counts in [`stat`] say which.
+//! counts in [`crate::stats`] say which.
 //!
 //! A host fault ([`CallError::HostFault`](crate::handler::CallError::HostFault): the state store failed under a
 //! call) is never counted against a module: the batch is not committed,
@@ -95,6 +95,7 @@ use crate::progress::Progress;
 use crate::projection::Projection;
 use crate::routing::{self, KeyInRetry, RetryPolicy, RetryQueue, Routed};
 use crate::state::StateError;
+use crate::stats::{Stat, Stats};
 use crate::telemetry::{BatchOf, BatchTrace, Telemetry};
 
 mod batch;
@@ -112,38 +113,6 @@ pub mod timing_status;
 pub use phase::{Phase, PhaseTimes};
 pub use timing_status::{InputTiming, LatencyHistogram, PartitionTiming, TimingBoard};
 use wakuwaku_core::release::{ReleaseError, ReleaseLimits};
-
-/// Names of the per-projection counts kept with the state, in events
-/// (a folded run counts every event folded into it).
-///
-/// Every event read from the topic ends in exactly one of `applied`,
-/// `skipped`, `dead_lettered` or the retry topic, where `retry_in −
-/// retry_out` events wait: consumed + re-driven = applied + skipped +
-/// dead-lettered + (retry_in − retry_out). `undeliverable` counts
-/// messages, not events: emitted by applied events, dead-lettered because
-/// they could never be delivered; they stand for no event in that sum.
-pub mod stat {
-    /// Events handed to a handler successfully.
-    pub const APPLIED: &str = "applied";
-    /// Events whose tag no module declares.
-    pub const SKIPPED: &str = "skipped";
-    /// Messages whose headers could not be parsed (also dead-lettered).
-    pub const MALFORMED: &str = "malformed";
-    /// Events written to the dead-letter topic.
-    pub const DEAD_LETTERED: &str = "dead_lettered";
-    /// Events written to the retry topic (failed, or diverted behind a key).
-    pub const RETRY_IN: &str = "retry_in";
-    /// Events taken back from the retry topic for another attempt.
-    pub const RETRY_OUT: &str = "retry_out";
-    /// Dead letters re-driven into the retry topic.
-    pub const REDRIVEN: &str = "redriven";
-    /// Emitted messages that could never be delivered and went to the
-    /// dead-letter topic instead ([`crate::outbox`]).
-    pub const UNDELIVERABLE: &str = "undeliverable";
-    /// Events read after the clock passed their event time (projections
-    /// over several topics): applied at once, out of event-time order.
-    pub const ORDER_VIOLATIONS: &str = "order_violations";
-}
 
 /// How a consumer polls and executes.
 #[derive(Debug, Clone)]
@@ -370,20 +339,18 @@ impl Summary {
         self.phases.absorb(&other.phases);
     }
 
-    /// The counts to add to the projection's statistics.
-    fn stat_deltas(&self) -> FxHashMap<String, u64> {
+    /// The counts to add to the projection's statistics ([`crate::stats`]).
+    fn stat_deltas(&self) -> Stats {
         [
-            (stat::APPLIED, self.applied),
-            (stat::SKIPPED, self.skipped),
-            (stat::MALFORMED, self.malformed),
-            (stat::DEAD_LETTERED, self.dead_lettered),
-            (stat::RETRY_IN, self.retry_in),
-            (stat::RETRY_OUT, self.retry_out),
-            (stat::ORDER_VIOLATIONS, self.order_violations),
+            (Stat::Applied, self.applied),
+            (Stat::Skipped, self.skipped),
+            (Stat::Malformed, self.malformed),
+            (Stat::DeadLettered, self.dead_lettered),
+            (Stat::RetryIn, self.retry_in),
+            (Stat::RetryOut, self.retry_out),
+            (Stat::OrderViolations, self.order_violations),
         ]
         .into_iter()
-        .filter(|&(_, count)| count > 0)
-        .map(|(name, count)| (name.to_owned(), count))
         .collect()
     }
 }

@@ -313,19 +313,22 @@ impl KeyScope {
     }
 
     /// Names the call about to be made as the origin of what it emits
-    /// ([`OutboxEntry::origin`]): the partition, the earliest offset of the
-    /// call's events, and the module. The module's name and version are
-    /// kept from the previous call of the key when they are the same (one
-    /// module handles most of a key's runs), so a call does not copy them.
-    pub fn set_emit_origin(&mut self, partition: u32, offset: u64, module: &str, version: &str) {
+    /// ([`OutboxEntry::origin`]): the topic, partition and offset of the
+    /// earliest of the call's events, and the module. The topic and the
+    /// module's name and version are kept from the previous call of the
+    /// key when they are the same (one module handles most of a key's runs,
+    /// read from one topic), so a call does not copy them.
+    pub fn set_emit_origin(&mut self, (topic, partition, offset): (&str, u32, u64), module: &str, version: &str) {
         match &mut self.emit_origin {
-            Some(origin) if origin.module == module && origin.version == version => {
+            Some(origin)
+                if origin.module == module && origin.version == version && origin.topic.as_deref() == Some(topic) =>
+            {
                 origin.partition = partition;
                 origin.offset = offset;
             }
             _ => {
-                let (module, version) = (module.to_owned(), version.to_owned());
-                self.emit_origin = Some(EmitOrigin { partition, offset, module, version });
+                let (module, version, topic) = (module.to_owned(), version.to_owned(), Some(topic.to_owned()));
+                self.emit_origin = Some(EmitOrigin { partition, offset, module, version, topic });
             }
         }
     }
@@ -636,8 +639,9 @@ mod tests {
         let mut scope = store.scope(1, limits, &BatchBudget::new(&limits));
         let declared = ["out".to_owned()];
         let key = Key::int(1);
-        for (offset, module, version) in [(7, "a", "1"), (9, "a", "1"), (12, "b", "1"), (15, "b", "2")] {
-            scope.set_emit_origin(3, offset, module, version);
+        let calls = [("t", 7, "a", "1"), ("u", 9, "a", "1"), ("u", 12, "b", "1"), ("u", 15, "b", "2")];
+        for (topic, offset, module, version) in calls {
+            scope.set_emit_origin((topic, 3, offset), module, version);
             scope.emit(&declared, emitted("out", &key, b"x")).unwrap();
             scope.finish_call(Ok(())).unwrap();
         }
@@ -645,10 +649,11 @@ mod tests {
             .into_outcome()
             .outbox
             .into_iter()
-            .map(|entry| entry.origin.map(|o| (o.partition, o.offset, o.module, o.version)))
+            .map(|entry| entry.origin.map(|o| (o.topic.unwrap(), o.partition, o.offset, o.module, o.version)))
             .collect();
-        let expected = [(7, "a", "1"), (9, "a", "1"), (12, "b", "1"), (15, "b", "2")]
-            .map(|(offset, module, version)| Some((3, offset, module.to_owned(), version.to_owned())));
+        let expected = calls.map(|(topic, offset, module, version)| {
+            Some((topic.to_owned(), 3, offset, module.to_owned(), version.to_owned()))
+        });
         assert_eq!(origins, expected);
     }
 

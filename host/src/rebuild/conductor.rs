@@ -22,9 +22,9 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use super::stores::{HELD_BACK, HoldBackEmits, SwitchingStore};
+use super::stores::{HoldBackEmits, SwitchingStore};
 use super::{Pointer, Promote, RebuildError, RebuildPaths, Request};
-use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary, stat};
+use crate::consumer::{Consumer, ConsumerConfig, ConsumerError, Summary};
 use crate::handler::HandlerModule;
 use crate::lifecycle::{EmitTopics, Library};
 use crate::log::EventLog;
@@ -32,6 +32,7 @@ use crate::projection::{Projection, ProjectionError};
 use crate::routing::{Routed, RoutedTopics, retry_topic};
 use crate::runtime::Sandbox;
 use crate::state::{BatchCommit, StateError, StateStore};
+use crate::stats::Stat;
 
 /// The phase of a caught-up shadow waiting for a person.
 const WAITING: &str = "waiting for --promote";
@@ -478,9 +479,7 @@ impl<L: EventLog> Conductor<L> {
         }
         self.live.catch_up_to(targets.clone()).await?;
         shadow.consumer.catch_up_to(targets).await?;
-        let stats: BTreeMap<String, u64> = shadow.store.stats()?.into_iter().collect();
-        let count = |name: &str| stats.get(name).copied().unwrap_or(0);
-        if count(stat::RETRY_IN) > count(stat::RETRY_OUT) {
+        if shadow.store.stats()?.retrying() > 0 {
             shadow.following = follow(&shadow.consumer);
             return Ok(Some(shadow));
         }
@@ -631,18 +630,17 @@ pub async fn measure<L: EventLog>(
         distance += live.saturating_sub(at);
         partitions.push((partition, at, live));
     }
-    let stats: BTreeMap<String, u64> = shadow.stats()?.into_iter().collect();
-    let count = |name: &str| stats.get(name).copied().unwrap_or(0);
-    distance += count(stat::RETRY_IN).saturating_sub(count(stat::RETRY_OUT));
+    let stats = shadow.stats()?;
+    distance += stats.retrying();
     Ok(RebuildStatus {
         generation: request.generation,
         phase: "building".to_owned(),
         promote: request.promote.name().to_owned(),
         partitions,
         distance,
-        held_back: count(HELD_BACK),
-        dead_lettered: count(stat::DEAD_LETTERED),
-        malformed: count(stat::MALFORMED),
+        held_back: stats[Stat::HeldBack],
+        dead_lettered: stats[Stat::DeadLettered],
+        malformed: stats[Stat::Malformed],
         modules,
         note: None,
         error: None,

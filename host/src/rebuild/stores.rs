@@ -9,16 +9,13 @@
 //! - [`HoldBackEmits`]: the shadow's store. Its commits keep the host's own
 //!   retry and dead-letter records in the outbox (so the shadow's failures
 //!   are routed like any projection's) but drop the messages its handlers
-//!   emitted, counting them as [`HELD_BACK`]: a shadow never publishes.
+//!   emitted, counting them as [`Stat::HeldBack`]: a shadow never publishes.
 
 use std::sync::{Arc, RwLock};
 
 use crate::key::Key;
 use crate::state::{BatchCommit, OutboxEntry, StateBackend, StateError, StateReader, StateStore};
-
-/// The statistic counting messages a shadow's handlers emitted and the
-/// rebuild held back (never published).
-pub const HELD_BACK: &str = "held_back";
+use crate::stats::{Stat, Stats};
 
 /// A store handle whose store can be replaced under every clone of it.
 #[derive(Debug, Clone)]
@@ -91,7 +88,7 @@ impl StateBackend for SwitchingStore {
     ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         self.current().entries_page(key, after, limit, max_bytes)
     }
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
+    fn stats(&self) -> Result<Stats, StateError> {
         self.current().stats()
     }
     fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
@@ -164,9 +161,7 @@ impl StateBackend for HoldBackEmits {
         let before = commit.outbox.len();
         commit.outbox.retain(|entry| entry.origin.is_none());
         let held = (before - commit.outbox.len()) as u64;
-        if held > 0 {
-            *commit.stat_deltas.entry(HELD_BACK.to_owned()).or_default() += held;
-        }
+        commit.stat_deltas.add(Stat::HeldBack, held);
         self.0.commit(commit)
     }
     fn keys(&self) -> Result<Vec<Key>, StateError> {
@@ -193,7 +188,7 @@ impl StateBackend for HoldBackEmits {
     ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         self.0.entries_page(key, after, limit, max_bytes)
     }
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
+    fn stats(&self) -> Result<Stats, StateError> {
         self.0.stats()
     }
     fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
@@ -244,7 +239,7 @@ mod tests {
     use crate::state::{EmitOrigin, KeyWrites};
 
     fn entry(topic: &str, emitted: bool) -> OutboxEntry {
-        let origin = EmitOrigin { partition: 0, offset: 0, module: "bank".into(), version: "v".into() };
+        let origin = EmitOrigin { partition: 0, offset: 0, module: "bank".into(), version: "v".into(), topic: None };
         OutboxEntry {
             topic: topic.to_owned(),
             partition_key: 0,
@@ -270,7 +265,7 @@ mod tests {
         shadow.commit(commit).unwrap();
         let outbox: Vec<String> = inner.outbox().unwrap().into_iter().map(|(_, e)| e.topic).collect();
         assert_eq!(outbox, ["retry_accounts"]);
-        assert!(inner.stats().unwrap().contains(&(HELD_BACK.to_owned(), 2)));
+        assert_eq!(inner.stats().unwrap()[Stat::HeldBack], 2);
         assert_eq!(inner.position("accounts", 0).unwrap(), Some(3));
         assert_eq!(inner.get(&Key::int(1), "account").unwrap(), Some(b"1".to_vec()));
     }

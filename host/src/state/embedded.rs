@@ -30,6 +30,7 @@ use redb::{
 use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
 use crate::key::Key;
 use crate::redb_file::{self, OpenError};
+use crate::stats::Stats;
 
 const STATE: TableDefinition<(&[u8], &str), &[u8]> = TableDefinition::new("state");
 const COUNTERS: TableDefinition<&str, i128> = TableDefinition::new("counters");
@@ -221,9 +222,9 @@ impl StateBackend for EmbeddedStore {
             }
 
             let mut stats = txn.open_table(STATS).map_err(|e| self.storage(e))?;
-            for (name, &delta) in &stat_deltas {
-                let value = stats.get(name.as_str()).map_err(|e| self.storage(e))?.map_or(0, |v| v.value());
-                stats.insert(name.as_str(), value.saturating_add(delta)).map_err(|e| self.storage(e))?;
+            for (name, delta) in stat_deltas.named() {
+                let value = stats.get(name).map_err(|e| self.storage(e))?.map_or(0, |v| v.value());
+                stats.insert(name, value.saturating_add(delta)).map_err(|e| self.storage(e))?;
             }
 
             let mut done_table = txn.open_table(DONE).map_err(|e| self.storage(e))?;
@@ -348,9 +349,13 @@ impl StateBackend for EmbeddedStore {
         Ok(page)
     }
 
-    /// Every statistic with its value, by name.
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
-        self.list(STATS)
+    /// Every statistic with its value.
+    fn stats(&self) -> Result<Stats, StateError> {
+        let mut stats = Stats::new();
+        for (name, count) in self.list(STATS)? {
+            stats.add_named(&name, count);
+        }
+        Ok(stats)
     }
 
     /// The next offset to consume from a partition, as last committed.
@@ -540,6 +545,48 @@ mod tests {
     }
 
     state_suite!(Some(Dir(tempfile::tempdir().unwrap())));
+
+    #[test]
+    fn stats_written_by_name_by_earlier_hosts_read_back_typed_and_keep_their_names() {
+        use crate::stats::tests::PERSISTED;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        drop(StateStore::open(&path).unwrap());
+        // The rows as earlier hosts (and a newer one, `from_a_newer_host`) wrote them.
+        let rows = |path: &Path| {
+            let db = Database::create(path).unwrap();
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(STATS).unwrap();
+            let rows = table.iter().unwrap().map(|row| row.unwrap());
+            rows.map(|(name, value)| (name.value().to_owned(), value.value())).collect::<Vec<_>>()
+        };
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(STATS).unwrap();
+                for ((name, _), n) in PERSISTED.into_iter().zip(1..) {
+                    table.insert(name, n).unwrap();
+                }
+                table.insert("from_a_newer_host", 99).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = StateStore::open(&path).unwrap();
+        let stats = store.stats().unwrap();
+        for ((_, stat), n) in PERSISTED.into_iter().zip(1..) {
+            assert_eq!(stats[stat], n, "{stat}");
+        }
+        assert_eq!(stats.unknown().get("from_a_newer_host"), Some(&99));
+        // Written back under the same names: one row each, added to.
+        store.commit(BatchCommit { stat_deltas: stats, ..BatchCommit::default() }).unwrap();
+        drop(store);
+        let mut expected: Vec<(String, u64)> =
+            PERSISTED.into_iter().zip(1..).map(|((name, _), n)| (name.to_owned(), 2 * n)).collect();
+        expected.push(("from_a_newer_host".to_owned(), 198));
+        expected.sort();
+        assert_eq!(rows(&path), expected);
+    }
 
     #[test]
     fn a_file_of_the_old_format_is_refused_with_the_way_out() {

@@ -82,12 +82,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::KeyHash;
 use crate::key::Key;
 use crate::log::Record;
+use crate::stats::Stats;
 
 pub mod cache;
 pub mod embedded;
@@ -250,14 +250,56 @@ impl OutboxEntry {
 /// call ([`crate::outbox`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmitOrigin {
-    /// The partition of the projection's topic the events came from.
+    /// The partition the events came from (of every topic of the
+    /// projection: they share their partition indices).
     pub partition: u32,
-    /// The earliest of the call's events, as an offset of that partition.
+    /// The earliest of the call's events (by topic, then offset, as
+    /// [`wakuwaku_core::reduce::Origin`] orders them), as an offset of
+    /// that partition of `topic`.
     pub offset: u64,
     /// The module that emitted the message.
     pub module: String,
     /// Its version.
     pub version: String,
+    /// The projection's topic that event was read from; `None` in entries
+    /// written by hosts that did not keep it (the projection's first topic
+    /// is named then).
+    pub topic: Option<String>,
+}
+
+/// An outbox entry as hosts before [`EmitOrigin::topic`] stored it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct EntryWithoutOriginTopic {
+    topic: String,
+    partition_key: KeyHash,
+    partition: Option<u32>,
+    record: Record,
+    origin: Option<OriginWithoutTopic>,
+}
+
+/// An [`EmitOrigin`] as hosts before its `topic` stored it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct OriginWithoutTopic {
+    partition: u32,
+    offset: u64,
+    module: String,
+    version: String,
+}
+
+impl From<EntryWithoutOriginTopic> for OutboxEntry {
+    fn from(old: EntryWithoutOriginTopic) -> Self {
+        let EntryWithoutOriginTopic { topic, partition_key, partition, record, origin } = old;
+        let origin = origin.map(|OriginWithoutTopic { partition, offset, module, version }| EmitOrigin {
+            partition,
+            offset,
+            module,
+            version,
+            topic: None,
+        });
+        OutboxEntry { topic, partition_key, partition, record, origin }
+    }
 }
 
 /// The buffered writes of one key during a batch: for each entry name, the
@@ -336,7 +378,7 @@ pub struct BatchCommit {
     /// Amounts to add to counters (a missing counter starts at 0).
     pub counter_deltas: HashMap<String, i128>,
     /// Amounts to add to statistics (saturating at `u64::MAX`).
-    pub stat_deltas: FxHashMap<String, u64>,
+    pub stat_deltas: Stats,
     /// For each (topic, partition) consumed, the next offset to consume.
     pub positions: Vec<(String, u32, u64)>,
     /// Messages emitted by the batch, in order; each gets the next outbox
@@ -453,8 +495,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         max_bytes: usize,
     ) -> Result<Vec<(String, Vec<u8>)>, StateError>;
 
-    /// Every statistic with its value, by name.
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError>;
+    /// Every statistic with its value (those under names this host does
+    /// not know kept by name, [`Stats::unknown`]).
+    fn stats(&self) -> Result<Stats, StateError>;
 
     /// The next offset to consume from a partition, as last committed.
     fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError>;
@@ -633,11 +676,19 @@ fn encode_outbox(entry: &OutboxEntry, location: &str) -> Result<Vec<u8>, StateEr
 }
 
 /// The outbox entry `seq` from its stored bytes; the error says what is wrong.
+///
+/// An entry an earlier host wrote, whose emit origin has no topic, ends
+/// where this one expects the topic, so it cannot read as one of this
+/// host's; it is read as such an entry ([`EntryWithoutOriginTopic`]).
 fn decode_outbox(seq: u64, bytes: &[u8]) -> Result<OutboxEntry, String> {
-    match postcard::take_from_bytes::<OutboxEntry>(bytes) {
-        Ok((entry, [])) => Ok(entry),
-        Ok((_, rest)) => Err(format!("outbox entry {seq}: {} trailing bytes", rest.len())),
-        Err(e) => Err(format!("outbox entry {seq}: {e}")),
+    let error = match postcard::take_from_bytes::<OutboxEntry>(bytes) {
+        Ok((entry, [])) => return Ok(entry),
+        Ok((_, rest)) => format!("outbox entry {seq}: {} trailing bytes", rest.len()),
+        Err(e) => format!("outbox entry {seq}: {e}"),
+    };
+    match postcard::take_from_bytes::<EntryWithoutOriginTopic>(bytes) {
+        Ok((old, [])) => Ok(old.into()),
+        _ => Err(error),
     }
 }
 
@@ -661,6 +712,30 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<StateReader>();
         assert_send_sync::<StateStore>();
+    }
+
+    #[test]
+    fn outbox_entries_of_earlier_hosts_read_back_with_no_origin_topic() {
+        let record = Record { headers: vec![], body: b"x".to_vec() };
+        let origin = OriginWithoutTopic { partition: 2, offset: 7, module: "m".into(), version: "v".into() };
+        let old = EntryWithoutOriginTopic {
+            topic: "out".into(),
+            partition_key: 9,
+            partition: None,
+            record: record.clone(),
+            origin: Some(origin),
+        };
+        let bytes = postcard::to_allocvec(&old).unwrap();
+        let entry = decode_outbox(1, &bytes).unwrap();
+        let origin = EmitOrigin { partition: 2, offset: 7, module: "m".into(), version: "v".into(), topic: None };
+        let expected =
+            OutboxEntry { topic: "out".into(), partition_key: 9, partition: None, record, origin: Some(origin) };
+        assert_eq!(entry, expected);
+        // This host's entries read back as written, their origin's topic too.
+        let mut entry = expected;
+        entry.origin.as_mut().unwrap().topic = Some("second".into());
+        assert_eq!(decode_outbox(2, &encode_outbox(&entry, "test").unwrap()).unwrap(), entry);
+        assert!(decode_outbox(3, &bytes[..bytes.len() - 1]).is_err(), "a cut entry is still refused");
     }
 
     #[test]

@@ -105,6 +105,7 @@ use super::{
     BatchCommit, KeyWrites, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox,
 };
 use crate::key::Key;
+use crate::stats::Stats;
 
 /// The schema, one migration per version: `MIGRATIONS[n]` takes the
 /// database from version `n` to `n + 1`. Append; never edit a published one.
@@ -693,8 +694,13 @@ impl StateBackend for PostgresStore {
         })
     }
 
-    fn stats(&self) -> Result<Vec<(String, u64)>, StateError> {
-        self.run(|db| async move { db.numbers("waku_stats").await })
+    fn stats(&self) -> Result<Stats, StateError> {
+        let rows = self.run(|db| async move { db.numbers::<u64>("waku_stats").await })?;
+        let mut stats = Stats::new();
+        for (name, count) in rows {
+            stats.add_named(&name, count);
+        }
+        Ok(stats)
     }
 
     fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
@@ -878,7 +884,7 @@ impl CommitRows {
         (rows.counter_names, rows.counter_deltas) =
             counter_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
         (rows.stat_names, rows.stat_deltas) =
-            stat_deltas.into_iter().map(|(name, delta)| (name, delta.to_string())).unzip();
+            stat_deltas.named().map(|(name, delta)| (name.to_owned(), delta.to_string())).unzip();
         for (topic, partition, next) in positions {
             rows.add_position(topic, partition, next, location)?;
         }
@@ -2384,6 +2390,39 @@ mod tests {
         let store = database.connect().unwrap();
         assert_eq!(store.outbox_of(5).unwrap(), vec![(7, entry)]);
         assert!(store.outbox_of(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn stats_written_by_name_by_earlier_hosts_read_back_typed_and_keep_their_names() {
+        let Some(database) = database() else { return };
+        drop(database.connect().unwrap());
+        // The rows as earlier hosts (and a newer one, `from_a_newer_host`) wrote them.
+        use crate::stats::tests::PERSISTED;
+        let names = PERSISTED.map(|(name, _)| name);
+        let values: Vec<String> = names.iter().zip(1..).map(|(name, n)| format!("('bank', '{name}', {n})")).collect();
+        database.execute(&format!(
+            "INSERT INTO waku_stats (projection, name, value) VALUES {}, ('bank', 'from_a_newer_host', 99)",
+            values.join(", ")
+        ));
+        let store = database.connect().unwrap();
+        let stats = store.stats().unwrap();
+        for ((_, stat), n) in PERSISTED.into_iter().zip(1..) {
+            assert_eq!(stats[stat], n, "{stat}");
+        }
+        assert_eq!(stats.unknown().get("from_a_newer_host"), Some(&99));
+        // Written back under the same names: one row each, added to.
+        store.commit(BatchCommit { stat_deltas: stats, ..BatchCommit::default() }).unwrap();
+        let rows = store
+            .run(|db| async move {
+                let rows = db.query("SELECT name, value::text FROM waku_stats ORDER BY name", &[]).await?;
+                Ok(rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, String>(1))).collect::<Vec<_>>())
+            })
+            .unwrap();
+        let mut expected: Vec<(String, String)> =
+            names.iter().zip(1..).map(|(name, n): (&&str, u64)| (name.to_string(), (2 * n).to_string())).collect();
+        expected.push(("from_a_newer_host".to_owned(), "198".to_owned()));
+        expected.sort();
+        assert_eq!(rows, expected);
     }
 
     #[test]

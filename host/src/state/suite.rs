@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::event::Header;
+use crate::stats::Stat;
 
 /// Opens a backend's store; a second call opens the same store again (the
 /// caller drops the first one before, as a restarting host does).
@@ -60,6 +61,7 @@ fn entry(topic: &str, n: u8) -> OutboxEntry {
             offset: u64::from(n) * 10,
             module: "m".into(),
             version: "v".into(),
+            topic: Some("t".into()),
         }),
     }
 }
@@ -163,17 +165,22 @@ pub(super) fn delete_removes_an_entry_and_an_empty_key(fixture: &dyn Fixture) {
 pub(super) fn counters_add_across_commits_and_stats_saturate(fixture: &dyn Fixture) {
     let store = fixture.open();
     for (delta, stat) in [(5, 1), (-8, 2), (10, u64::MAX)] {
+        // `from_a_newer_host`: a count this host has no `Stat` for.
+        let mut stat_deltas: Stats = [(Stat::Applied, stat)].into_iter().collect();
+        stat_deltas.add_named("from_a_newer_host", 1);
         store
             .commit(BatchCommit {
                 counter_deltas: [("c".to_owned(), delta), ("d".to_owned(), 1)].into_iter().collect(),
-                stat_deltas: [("applied".to_owned(), stat), ("retried".to_owned(), 1)].into_iter().collect(),
+                stat_deltas,
                 ..Default::default()
             })
             .unwrap();
     }
     assert_eq!(store.counters().unwrap(), vec![("c".to_owned(), 7), ("d".to_owned(), 3)]);
     assert_eq!(store.reader().unwrap().counter("c").unwrap(), 7);
-    assert_eq!(store.stats().unwrap(), vec![("applied".to_owned(), u64::MAX), ("retried".to_owned(), 3)]);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.named().collect::<Vec<_>>(), vec![("applied", u64::MAX), ("from_a_newer_host", 3)]);
+    assert_eq!(stats[Stat::Applied], u64::MAX);
 }
 
 pub(super) fn outbox_sequence_numbers_keep_increasing(fixture: &dyn Fixture) {
@@ -334,7 +341,7 @@ pub(super) fn starting_over_clears_all_but_host_values_in_one_commit(fixture: &d
         .commit(BatchCommit {
             writes: vec![(k(1), writes(&[("a", Some("1"))])), (k(2), writes(&[("b", Some("2"))]))],
             counter_deltas: [("c".to_owned(), 5)].into_iter().collect(),
-            stat_deltas: [("applied".to_owned(), 3)].into_iter().collect(),
+            stat_deltas: [(Stat::Applied, 3)].into_iter().collect(),
             positions: vec![("t".into(), 0, 10), ("t".into(), 1, 20), ("retry_t".into(), 0, 3)],
             done: vec![("retry_t".into(), 0, 6), ("dlq_t".into(), 1, 2)],
             outbox: vec![entry("out", 0), entry("out", 1)],

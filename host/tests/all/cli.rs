@@ -11,6 +11,7 @@ use wakuwaku::key::Key;
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stats;
 
 /// The fields of a dead letter in `waku dlq list --output json`, sorted
 /// (`dlq show` adds `body`).
@@ -432,7 +433,7 @@ fn sandbox_limit_flags_reach_the_sandbox() {
 
 /// What a projection's state file holds: every key's entries, the counters,
 /// and the counts of applied/skipped/malformed events.
-type StateDump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Vec<(String, u64)>);
+type StateDump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Stats);
 
 fn dump_state(data: &Path, projection: &str) -> StateDump {
     let store = StateStore::open(&data.join("projections").join(format!("{projection}.redb"))).unwrap();

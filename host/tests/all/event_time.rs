@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use wakuwaku::consumer::stat;
 use wakuwaku::event::{EventTypeTag, header_name, partition_for};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::log::embedded::EmbeddedLog;
@@ -27,6 +26,7 @@ use wakuwaku::projection::load_module_file;
 use wakuwaku::publish::headers_for;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stat;
 
 use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command};
 
@@ -146,7 +146,7 @@ struct Outcome {
 fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
     let store = StateStore::open(&dir.join("data/projections/ledger.redb")).unwrap();
     let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
-    let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
+    let stats = store.stats().unwrap();
     let mut instance = module.instantiate().unwrap();
     let (mut balances, mut last_seq) = (HashMap::new(), HashMap::new());
     for key in 0..keys {
@@ -159,7 +159,7 @@ fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
     Outcome {
         applied_entries: counters.get("ledger").copied().unwrap_or(0),
         out_of_order: counters.get("out_of_order").copied(),
-        violations: stats.get(stat::ORDER_VIOLATIONS).copied().unwrap_or(0),
+        violations: stats[Stat::OrderViolations],
         balances,
         last_seq,
     }
@@ -224,8 +224,8 @@ async fn a_late_event_is_applied_at_once_counted_and_logged_and_an_unreadable_ev
         stderr.lines().find(|line| line.contains("unreadable headers")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(unreadable.contains("waku-event-time"), "the reason names the header: {unreadable}");
     let store = StateStore::open(&dir.path().join("data/projections/ledger.redb")).unwrap();
-    let stats: HashMap<String, u64> = store.stats().unwrap().into_iter().collect();
-    assert_eq!((stats.get(stat::MALFORMED), stats.get(stat::DEAD_LETTERED)), (Some(&1), Some(&1)));
+    let stats = store.stats().unwrap();
+    assert_eq!((stats[Stat::Malformed], stats[Stat::DeadLettered]), (1, 1));
     drop(store);
 
     let found = outcome(dir.path(), &module, 4);

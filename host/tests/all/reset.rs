@@ -15,6 +15,7 @@ use wakuwaku::log::{EmbeddedLog, EventLog};
 use wakuwaku::projection::load_module_file;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::{Stat, Stats};
 
 const PROJECTION: [&str; 6] = ["--data", "data", "--projection", "bank", "--topic", "accounts"];
 
@@ -63,7 +64,7 @@ fn reset(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// Every key's entries, the counters and the statistics of a state file.
-type Dump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Vec<(String, u64)>);
+type Dump = (BTreeMap<Key, Vec<(String, Vec<u8>)>>, Vec<(String, i128)>, Stats);
 
 fn dump(store: &StateStore) -> Dump {
     let entries = store.keys().unwrap().into_iter().map(|key| (key.clone(), store.entries(&key).unwrap())).collect();
@@ -121,8 +122,11 @@ fn earliest_starts_the_bank_over_and_keeps_the_old_state_as_a_backup() {
     assert_eq!(run_until_caught_up(dir.path()), EVENTS as u64);
     let after = state(dir.path());
     check_oracle(&after, &oracle);
-    let applied = after.stats().unwrap().into_iter().find(|(name, _)| name == "applied").map(|(_, n)| n);
-    assert_eq!(applied, Some(EVENTS as u64), "every event applied exactly once since the reset");
+    assert_eq!(
+        after.stats().unwrap()[Stat::Applied],
+        EVENTS as u64,
+        "every event applied exactly once since the reset"
+    );
     assert!(dump(&after) == before, "the replay gives the read model the first run gave");
     drop(after);
 

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::servers::{fresh_stream, iggy_url, postgres_url};
 use crate::common::{bank_wasm, waku_command};
-use wakuwaku::consumer::stat;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::host::{StateSettings, open_state};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::projection::load_module_file;
 use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::stats::Stat;
 
 const PARTITIONS: u32 = 6;
 const EVENTS: usize = 3_000;
@@ -191,8 +191,8 @@ fn three_waku_processes_in_a_group_survive_one_sigkilled_and_a_late_one_joins() 
 
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(published), "every event applied exactly once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], published, "every event applied exactly once");
 }
 
 /// Three `waku run --group` processes while events keep arriving: C joins
@@ -281,6 +281,6 @@ fn waku_processes_join_late_leave_on_sigterm_and_die_on_sigkill_redoing_only_the
     assert_eq!(redone_in(&c_log), 0, "C, which only gained partitions, redid events:\n{c_log}");
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(published), "every event applied exactly once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], published, "every event applied exactly once");
 }

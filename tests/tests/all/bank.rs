@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::host::HostSettings;
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::{Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, read_partition};
 
 async fn consume_and_check(spec: WorkloadSpec, partitions: u32, batch_size: usize, workers: usize) {
@@ -34,8 +35,8 @@ async fn consume_and_check(spec: WorkloadSpec, partitions: u32, batch_size: usiz
     assert_eq!(check.accounts, oracle.accounts.len());
 
     // Counts are committed with the state.
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(spec.events as u64));
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], spec.events as u64);
 
     // Every key's calls keep the spec's order, every event handled once.
     let calls = recorder.calls();

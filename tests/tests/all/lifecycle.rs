@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::demo::{self, WorkloadSpec};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::host::{Host, HostSettings, ModuleSource};
@@ -19,6 +19,7 @@ use wakuwaku::projection::{Projection, load_module_file};
 use wakuwaku::publish;
 use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
 use wakuwaku::state::StateStore;
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::{
     Recorder, bank_fee_wasm, bank_log, bank_variant, bank_wasm, check_call_order, probe_wasm, read_partition,
 };
@@ -648,8 +649,8 @@ async fn a_hundred_swaps_under_load_lose_nothing_and_apply_nothing_twice() {
     assert_eq!(library.load_counts(), (101, 0));
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "{}", check.report(5));
-    let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
-    assert_eq!(stats[stat::APPLIED], spec.events as u64);
+    let stats = projection.store().stats().unwrap();
+    assert_eq!(stats[Stat::Applied], spec.events as u64);
     let calls = recorder.calls();
     for partition in 0..2 {
         let records = read_partition(&log, "accounts", partition).await;

@@ -4,12 +4,11 @@
 //! exact counts; a record of the host's own that cannot be appended stops
 //! the run naming its topic, and a restart delivers it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
 use wakuwaku::event::{EventHeaders, EventTypeTag};
 use wakuwaku::key::Key;
@@ -18,6 +17,7 @@ use wakuwaku::outbox::{self, OutboxError, Published};
 use wakuwaku::projection::Projection;
 use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
+use wakuwaku::stats::{Stat, Stats};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
@@ -34,12 +34,13 @@ fn emitted(topic: &str, key: u64, origin: (u32, u64)) -> OutboxEntry {
             offset: origin.1,
             module: "probe".into(),
             version: "0123abcd".into(),
+            topic: None,
         }),
     }
 }
 
-fn stats(store: &StateStore) -> HashMap<String, u64> {
-    store.stats().unwrap().into_iter().collect()
+fn stats(store: &StateStore) -> Stats {
+    store.stats().unwrap()
 }
 
 /// Every record of a topic's partitions, as (partition, routing, body).
@@ -70,7 +71,7 @@ async fn messages_to_a_missing_topic_or_an_invalid_name_become_dead_letters_and_
     let published = outbox::publish(&log, &store, "probe", &RoutedTopics::shared("probes"), &[0, 1]).await.unwrap();
     assert_eq!(published, Published { appended: 3, undeliverable: 2 });
     assert!(store.outbox().unwrap().is_empty());
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 2);
+    assert_eq!(stats(&store)[Stat::Undeliverable], 2);
     assert_eq!(log.end_offset("out", 0).await.unwrap(), 1);
 
     // Each letter sits in the partition of the event that emitted it, with
@@ -161,8 +162,8 @@ async fn a_topic_deleted_after_the_commit_does_not_stop_the_consumer() {
     let summary = Consumer::new(log.clone(), projection.clone(), config.clone()).catch_up().await.unwrap();
     assert_eq!((summary.consumed, summary.applied, summary.undeliverable), (20, 20, 20));
     let counts = stats(projection.store());
-    assert_eq!((counts[stat::APPLIED], counts[stat::UNDELIVERABLE]), (20, 20));
-    assert!(!counts.contains_key(stat::DEAD_LETTERED), "no event was dead-lettered");
+    assert_eq!((counts[Stat::Applied], counts[Stat::Undeliverable]), (20, 20));
+    assert_eq!(counts[Stat::DeadLettered], 0, "no event was dead-lettered");
     assert!(projection.store().outbox().unwrap().is_empty());
 
     // One letter per emit, beside the event that emitted it.
@@ -183,6 +184,51 @@ async fn a_topic_deleted_after_the_commit_does_not_stop_the_consumer() {
     let again = Consumer::new(log.clone(), projection.clone(), config).catch_up().await.unwrap();
     assert_eq!((again.consumed, again.undeliverable), (0, 0));
     assert_eq!(letters(&log.log, "dlq_probes").await.len(), 20);
+}
+
+/// The dead letter of an undeliverable message emitted by an event of a
+/// projection's second topic names that topic as its origin, with the
+/// event's offset in it (the first topic was named for every one before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undeliverable_messages_of_a_projection_over_two_topics_name_the_topic_of_the_event_that_emitted_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(FaultyLog::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap(), |call| match call {
+        Call::Write { topic: "notes-out" } | Call::Query { topic: "notes-out" } => {
+            Some(LogError::TopicNotFound { topic: "notes-out".into() })
+        }
+        _ => None,
+    }));
+    // `more` has more events than `probes`, so its offsets are not those
+    // of `probes`; the keys differ, so each call handles events of one
+    // topic (a call names the earliest of its events).
+    for (topic, events, keys) in [("probes", 2u64, 0), ("more", 5, 100)] {
+        log.create_topic(topic, 1).await.unwrap();
+        let note = |i: u64| json!({ "key": keys + i, "text": format!("{topic}-{i}"), "emit_to": "notes-out" });
+        let notes = (0..events).map(|i| record(NOTE, keys + i, note(i))).collect();
+        log.append(topic, vec![(0, notes)]).await.unwrap();
+    }
+    let store = StateStore::open(&dir.path().join("probe.redb")).unwrap();
+    let projection = Projection::new("probe", "probes", vec![probe_module()], store).unwrap();
+    let projection = Arc::new(projection.with_more_topics(&["more".to_owned()]).unwrap());
+    let summary = Consumer::new(log.clone(), projection, ConsumerConfig::default()).catch_up().await.unwrap();
+    assert_eq!((summary.applied, summary.undeliverable), (7, 7), "{summary:?}");
+
+    // Each letter's origin, against the event its body names.
+    let mut origins: Vec<(String, String, u64)> = letters(&log.log, "dlq_probes")
+        .await
+        .into_iter()
+        .map(|(_, routed, body)| {
+            let text = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["text"].as_str().unwrap().to_owned();
+            (text, routed.topic, routed.origin_offset)
+        })
+        .collect();
+    origins.sort();
+    let mut expected: Vec<(String, String, u64)> = [("probes", 2u64), ("more", 5)]
+        .into_iter()
+        .flat_map(|(topic, events)| (0..events).map(move |i| (format!("{topic}-{i}"), topic.to_owned(), i)))
+        .collect();
+    expected.sort();
+    assert_eq!(origins, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,7 +337,7 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let pending = store.outbox().unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].1.topic, "dlq_probes");
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 1, "counted once, with the letter");
+    assert_eq!(stats(&store)[Stat::Undeliverable], 1, "counted once, with the letter");
 
     // Starting a host creates the routed topics, then publishes.
     drop(store);
@@ -301,5 +347,5 @@ async fn a_missing_dead_letter_topic_stops_naming_it_and_a_restart_delivers() {
     let dead = letters(&*log, "dlq_probes").await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].1.failure.as_ref().unwrap().class, FailureClass::Undeliverable);
-    assert_eq!(stats(&store)[stat::UNDELIVERABLE], 1);
+    assert_eq!(stats(&store)[Stat::Undeliverable], 1);
 }

@@ -10,11 +10,10 @@
 //! Also: a host whose partition another host took drops that partition
 //! (its commit refused) and goes on with its others.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig, stat};
+use wakuwaku::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::handler::HandlerModule;
 use wakuwaku::host::{Host, StateSettings};
@@ -23,6 +22,7 @@ use wakuwaku::progress::Progress;
 use wakuwaku::projection::Projection;
 use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::{bank_log, bank_module, catch_up, fresh_stream, host_settings, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,8 +56,8 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
     assert!(check.matches(), "{}", check.report(10));
     assert_eq!(check.accounts, oracle.accounts.len());
     // Every event applied exactly once across the three runs.
-    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(spec.events as u64));
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], spec.events as u64);
 
     // Plain SQL on the documented view answers an account's balance.
     let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
@@ -138,8 +138,8 @@ async fn a_fenced_partition_is_dropped_and_the_host_keeps_its_others() {
 
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 4_000, "every event applied once");
 }
 
 /// The database forgets the host's last commits behind its back (every
@@ -204,8 +204,8 @@ async fn a_host_whose_database_forgot_its_last_commits_goes_on_from_the_database
 
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_100), "every event applied once in the database");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 4_100, "every event applied once in the database");
     assert!(redone >= 2_000, "the forgotten events count as redone: {redone}");
 }
 
@@ -275,8 +275,8 @@ async fn partitions_follow_the_assignment_and_a_dead_hosts_partitions_are_taken_
 
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(9_000), "every event applied exactly once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 9_000, "every event applied exactly once");
 }
 
 /// A host whose view of the assignment never changed while another host
@@ -322,8 +322,8 @@ async fn a_partition_fenced_while_still_assigned_is_taken_back() {
     task.await.unwrap().unwrap();
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(4_000), "every event applied once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 4_000, "every event applied once");
 }
 
 /// The round trips a batch costs stay the same as the batch holds more

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::dead_letter::{self, Selection};
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders};
@@ -19,6 +19,7 @@ use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::reset::{self, Target};
 use wakuwaku::routing::RetryPolicy;
 use wakuwaku::state::{StateError, StateStore};
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, host_settings, publish_bank};
 
@@ -67,8 +68,7 @@ async fn start_over_and_replay<L: EventLog>(
     assert_eq!(summary.applied, EVENTS as u64);
     let check = demo::check_projection(oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "after the replay: {}", check.report(5));
-    let applied = projection.store().stats().unwrap().into_iter().find(|(name, _)| name == stat::APPLIED);
-    assert_eq!(applied.map(|(_, n)| n), Some(EVENTS as u64), "nothing applied twice");
+    assert_eq!(projection.store().stats().unwrap()[Stat::Applied], EVENTS as u64, "nothing applied twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +179,7 @@ async fn what_waits_in_retry_and_the_dead_letters_are_not_applied_on_top_of_the_
     for key in 1..=3u64 {
         assert_eq!(Flaky::applied(projection.store(), &Key::int(key)), [key], "key {key}: applied once, by the replay");
     }
-    let stats: std::collections::HashMap<_, _> = projection.store().stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED), Some(&3));
-    assert_eq!(stats.get(stat::DEAD_LETTERED), None, "the replay dead-lettered nothing");
+    let stats = projection.store().stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 3);
+    assert_eq!(stats[Stat::DeadLettered], 0, "the replay dead-lettered nothing");
 }

@@ -13,11 +13,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{ConsumerConfig, stat};
+use wakuwaku::consumer::ConsumerConfig;
 use wakuwaku::demo::{self, Oracle, WorkloadSpec};
 use wakuwaku::log::{EventLog, IggyLog};
 use wakuwaku::publish;
 use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku::stats::Stat;
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, postgres_url, publish_bank};
 
@@ -130,8 +131,8 @@ fn three_hosts_in_a_group_survive_a_killed_one_and_a_late_one_joins() {
 
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(12_000), "every event applied exactly once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 12_000, "every event applied exactly once");
 }
 
 /// Three hosts in one group while events keep arriving: C joins late, B
@@ -215,8 +216,8 @@ fn a_late_join_and_a_graceful_leave_redo_nothing_and_a_killed_hosts_partitions_m
     assert_eq!(c_redone, 0, "C, which only gained partitions, redid events");
     let check = demo::check_projection(&oracle, &*module, &store).unwrap();
     assert!(check.matches(), "{}", check.report(10));
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(24_000), "every event applied exactly once");
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], 24_000, "every event applied exactly once");
 }
 
 /// The probe's `TimedLedger`, a timed type: `seq` rises with each key's
@@ -373,9 +374,9 @@ fn two_hosts_in_a_group_share_co_partitioned_timed_topics_by_partition_index() {
     let counters: std::collections::HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     assert_eq!(counters.get("out_of_order"), None, "a key saw its entries out of event-time order");
     assert_eq!(counters.get("ledger").copied(), Some(total));
-    let stats: std::collections::HashMap<_, _> = store.stats().unwrap().into_iter().collect();
-    assert_eq!(stats.get(stat::APPLIED).copied(), Some(total as u64), "every entry applied exactly once");
-    assert_eq!(stats.get(stat::ORDER_VIOLATIONS), None);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats[Stat::Applied], total as u64, "every entry applied exactly once");
+    assert_eq!(stats[Stat::OrderViolations], 0);
     // The oracle: each key's entries in event-time order (as published).
     for key in 0..keys {
         let mine: Vec<&(u64, u64, i64)> = entries.iter().filter(|entry| entry.0 == key).collect();

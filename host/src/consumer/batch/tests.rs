@@ -15,6 +15,7 @@ use crate::log::{PolledBatch, Record, StoredRecord};
 use crate::projection::ModuleSet;
 use crate::routing::{self, FailureClass, RetryQueue, Routed, RoutedTopics};
 use crate::state::{BatchCommit, Snapshot, StateError, StateReader};
+use crate::stats::Stat;
 
 use EventAtomicOrdering::{AcqRel, Relaxed};
 
@@ -272,7 +273,7 @@ fn a_keyed_fold_writes_each_keys_state_and_moves_the_positions_on() {
     assert_eq!(commit.counter_deltas.get("deposits"), Some(&5), "3 deposits, 1 deposit, 1 folded sum");
     assert_eq!(commit.positions, [("t".to_owned(), 0, 6), (routing::retry_topic("t"), 0, 0)]);
     assert!(commit.outbox.is_empty() && commit.done.is_empty());
-    assert_eq!(commit.stat_deltas.get("applied"), Some(&6));
+    assert_eq!(commit.stat_deltas[Stat::Applied], 6);
 }
 
 #[test]
@@ -311,6 +312,7 @@ fn a_retryable_failure_sends_the_keys_unfinished_work_to_retry_past_its_fence_in
         ]
     );
     assert_eq!((summary.applied, summary.retry_in, summary.dead_lettered), (3, 4, 0));
+    assert_eq!((commit.stat_deltas[Stat::Applied], commit.stat_deltas[Stat::RetryIn]), (3, 4), "kept with the state");
 
     // Taken back from the retry topic, it fails again: the failed chunk
     // is written again, one attempt more, ahead of the records not reached,
@@ -329,6 +331,7 @@ fn a_retryable_failure_sends_the_keys_unfinished_work_to_retry_past_its_fence_in
     assert_eq!(commit.done, [(retry.clone(), 0, 0), (retry.clone(), 0, 1)]);
     assert_eq!(commit.positions, [(retry, 0, 2)]);
     assert_eq!((summary.retry_in, summary.retry_out), (2, 2));
+    assert_eq!((commit.stat_deltas[Stat::RetryIn], commit.stat_deltas[Stat::RetryOut]), (2, 2));
 }
 
 #[test]
@@ -347,6 +350,7 @@ fn an_unrecoverable_failure_is_dead_lettered_and_its_key_goes_on() {
     );
     assert_eq!((envelope.key.clone(), envelope.tag), (Key::int(1), EventTypeTag::new(RESET)));
     assert_eq!((summary.applied, summary.dead_lettered, summary.retry_in), (2, 1, 0));
+    assert_eq!((commit.stat_deltas[Stat::Applied], commit.stat_deltas[Stat::DeadLettered]), (2, 1));
 }
 
 #[test]
