@@ -565,30 +565,7 @@ pub async fn redrive_in_slices<L: EventLog>(
     outbox::publish(log, store, projection, &RoutedTopics::shared(topic), &owned)
         .await
         .map_err(DeadLetterError::Publish)?;
-    // Records named by place: each must be there, this store's, and
-    // re-drivable, before anything is committed. Read one at a time.
-    let mut named = selection.records.clone();
-    named.sort_unstable();
-    named.dedup();
-    let mut named_letters = Vec::new();
-    for &(partition, offset) in &named {
-        let shown = show_on(log, topic, shelf, store, partition, offset).await.map_err(|error| match error {
-            DeadLetterError::NotFound { partition, offset, .. } => {
-                DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset }
-            }
-            error => error,
-        })?;
-        named_letters.push(shown.letter);
-    }
-    let mut named_partitions = selection.partitions.iter().chain(named.iter().map(|(partition, _)| partition));
-    if let Some(&partition) = named_partitions.find(|partition| !owned.contains(partition)) {
-        return Err(DeadLetterError::NotOwned { topic: topic.to_owned(), partition });
-    }
-    for letter in named_letters.iter().filter(|l| selection.picks(l) && !l.redriven) {
-        if let Err(reason) = redrivable(letter) {
-            return Err(DeadLetterError::CannotRedrive { partition: letter.partition, offset: letter.offset, reason });
-        }
-    }
+    let named = checked_named(log, topic, projection, shelf, store, selection, &owned).await?;
 
     let mut slicer = Slicer {
         log,
@@ -624,6 +601,44 @@ pub async fn redrive_in_slices<L: EventLog>(
     }
     slicer.flush().await?;
     Ok(slicer.report)
+}
+
+/// The records `selection` names by place, sorted, once each: refused
+/// unless each is there, in a partition of `owned` and re-drivable, so
+/// that nothing is committed for a selection that cannot be done whole.
+async fn checked_named<L: EventLog>(
+    log: &L,
+    topic: &str,
+    projection: &str,
+    shelf: &Shelf,
+    store: &StateStore,
+    selection: &Selection,
+    owned: &[u32],
+) -> Result<Vec<(u32, u64)>, DeadLetterError> {
+    let mut named = selection.records.clone();
+    named.sort_unstable();
+    named.dedup();
+    let mut named_letters = Vec::new();
+    // Read one at a time.
+    for &(partition, offset) in &named {
+        let shown = show_on(log, topic, shelf, store, partition, offset).await.map_err(|error| match error {
+            DeadLetterError::NotFound { partition, offset, .. } => {
+                DeadLetterError::NotFound { projection: projection.to_owned(), partition, offset }
+            }
+            error => error,
+        })?;
+        named_letters.push(shown.letter);
+    }
+    let mut named_partitions = selection.partitions.iter().chain(named.iter().map(|(partition, _)| partition));
+    if let Some(&partition) = named_partitions.find(|partition| !owned.contains(partition)) {
+        return Err(DeadLetterError::NotOwned { topic: topic.to_owned(), partition });
+    }
+    for letter in named_letters.iter().filter(|l| selection.picks(l) && !l.redriven) {
+        if let Err(reason) = redrivable(letter) {
+            return Err(DeadLetterError::CannotRedrive { partition: letter.partition, offset: letter.offset, reason });
+        }
+    }
+    Ok(named)
 }
 
 /// Why `letter` cannot go back through the normal path, if it cannot: only

@@ -528,20 +528,7 @@ impl Host {
             }
         }
         let telemetry = start_telemetry(&settings).await?;
-        let mut consumer = Consumer::new(log.clone(), projection.clone(), settings.consumer.clone())
-            .with_metrics(metrics.clone())
-            .with_telemetry(telemetry.clone());
-        if let Some(observer) = &settings.observer {
-            consumer = consumer.with_observer(observer.clone());
-        }
-        let mut membership = None;
-        if let Some(group) = &settings.group {
-            let (assigned, member) = crate::membership::follow_group(log.clone(), &settings.topic, group)
-                .await
-                .map_err(|source| HostError::Group { group: group.clone(), topic: settings.topic.clone(), source })?;
-            consumer = consumer.with_assignment(assigned);
-            membership = Some(member);
-        }
+        let (consumer, membership) = consumer_for(&log, &projection, &settings, &metrics, &telemetry).await?;
         let progress = consumer.progress();
         let timing = consumer.timing();
         let rebuild_watch = rebuilds.as_ref().map(|_| Arc::new(RebuildWatch::default()));
@@ -621,6 +608,32 @@ fn check_settings(settings: &HostSettings) -> Result<(), HostError> {
         return Err(HostError::GroupNeedsSharedState { group: group.clone() });
     }
     Ok(())
+}
+
+/// The consumer of `projection`, and its place in the consumer group when
+/// the settings name one.
+async fn consumer_for<L: EventLog>(
+    log: &Arc<L>,
+    projection: &Arc<Projection>,
+    settings: &HostSettings,
+    metrics: &Arc<Metrics>,
+    telemetry: &Option<Telemetry>,
+) -> Result<(Consumer<L>, Option<crate::membership::Membership>), HostError> {
+    let mut consumer = Consumer::new(log.clone(), projection.clone(), settings.consumer.clone())
+        .with_metrics(metrics.clone())
+        .with_telemetry(telemetry.clone());
+    if let Some(observer) = &settings.observer {
+        consumer = consumer.with_observer(observer.clone());
+    }
+    let mut membership = None;
+    if let Some(group) = &settings.group {
+        let (assigned, member) = crate::membership::follow_group(log.clone(), &settings.topic, group)
+            .await
+            .map_err(|source| HostError::Group { group: group.clone(), topic: settings.topic.clone(), source })?;
+        consumer = consumer.with_assignment(assigned);
+        membership = Some(member);
+    }
+    Ok((consumer, membership))
 }
 
 /// A store held for this run, and, for a host that can rebuild in the

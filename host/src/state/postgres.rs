@@ -1275,23 +1275,7 @@ impl Db {
         let fence_count = held.len() as i64;
         let check_count = checks.topics.len() as i64;
         let outbox_count = r.outbox.len() as i64;
-        let mut wanted: Vec<&str> = Vec::new();
-        let mut add = |needed: bool, sql: &'static str| {
-            if needed {
-                wanted.push(sql);
-            }
-        };
-        add(!held.is_empty(), FENCE);
-        add(!checks.topics.is_empty(), CHECK_POSITIONS);
-        add(!r.set_keys.is_empty(), SET_ENTRIES);
-        add(!r.deleted_keys.is_empty(), DELETE_ENTRIES);
-        add(!r.counter_names.is_empty(), ADD_COUNTERS);
-        add(!r.stat_names.is_empty(), ADD_STATS);
-        add(!r.done_topics.is_empty(), ADD_DONE);
-        add(!r.position_topics.is_empty(), SET_POSITIONS);
-        add(!r.position_topics.is_empty(), DROP_DONE_BELOW);
-        add(r.outbox_through.is_some(), SETTLE_OUTBOX);
-        add(!r.outbox.is_empty(), ADD_OUTBOX);
+        let wanted = wanted_statements(&held, checks, r);
         let mut statements = Vec::with_capacity(wanted.len());
         for sql in &wanted {
             statements.push(self.prepared(sql).await?);
@@ -1413,6 +1397,29 @@ impl Db {
             })
             .unwrap_or_else(|| self.error(NoFencedPartition))
     }
+}
+
+/// The statements a commit of `rows` runs, in their order: those with
+/// nothing to do are left out.
+fn wanted_statements(held: &[(u32, i64)], checks: &PositionChecks, r: &CommitRows) -> Vec<&'static str> {
+    let mut wanted: Vec<&str> = Vec::new();
+    let mut add = |needed: bool, sql: &'static str| {
+        if needed {
+            wanted.push(sql);
+        }
+    };
+    add(!held.is_empty(), FENCE);
+    add(!checks.topics.is_empty(), CHECK_POSITIONS);
+    add(!r.set_keys.is_empty(), SET_ENTRIES);
+    add(!r.deleted_keys.is_empty(), DELETE_ENTRIES);
+    add(!r.counter_names.is_empty(), ADD_COUNTERS);
+    add(!r.stat_names.is_empty(), ADD_STATS);
+    add(!r.done_topics.is_empty(), ADD_DONE);
+    add(!r.position_topics.is_empty(), SET_POSITIONS);
+    add(!r.position_topics.is_empty(), DROP_DONE_BELOW);
+    add(r.outbox_through.is_some(), SETTLE_OUTBOX);
+    add(!r.outbox.is_empty(), ADD_OUTBOX);
+    wanted
 }
 
 /// A fence check failed, yet every claimed partition holds its epoch.
