@@ -232,6 +232,8 @@ impl<L: EventLog> Consumer<L> {
         if !timed.released.is_empty() {
             timed.pending_since = Some(Instant::now());
         }
+        let bytes = timed.released.iter().map(|released| released.payload.encoded_len()).sum();
+        timed.pending.reserve(timed.released.len(), bytes);
         for released in timed.released.drain(..) {
             timed.pending_in_order += u64::from(released.release == Release::InOrder);
             // An input index fits: the inputs are the projection's topics.
