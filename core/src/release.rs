@@ -130,7 +130,7 @@
 //! and the declaration of its type by the module version recorded as
 //! active, see [`crate::event`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -394,7 +394,64 @@ struct InputState {
     /// An end offset the log reported above the position, and when.
     pending_end: Option<(u64, Millis)>,
     idle_since: Option<Millis>,
-    held: BTreeSet<u64>,
+    held: HeldOffsets,
+}
+
+/// The offsets of one input's held events: what its checkpoint's `commit`
+/// needs (the lowest) and how many there are.
+///
+/// An input's events arrive in offset order but leave in event-time order,
+/// so this is the offsets in arrival order, each marked once it leaves:
+/// appending is a push, removing a binary search, and the lowest held
+/// offset the first entry once the marked ones in front are dropped.
+/// Marked entries behind a held one are dropped in one pass once they
+/// outnumber the held ones, so the entries stay fewer than twice the held
+/// events (plus a few): one event held far ahead cannot make the input
+/// keep an entry for everything released after it.
+#[derive(Debug, Clone, Default)]
+struct HeldOffsets {
+    /// Ascending offsets; `true` once the event left.
+    entries: VecDeque<(u64, bool)>,
+    /// How many entries are held (not marked).
+    held: usize,
+}
+
+impl HeldOffsets {
+    /// Below this many entries, marked ones are only dropped from the front.
+    const COMPACT_FROM: usize = 64;
+
+    /// Adds `offset`, above every offset added before.
+    fn insert(&mut self, offset: u64) {
+        debug_assert!(self.entries.back().is_none_or(|&(last, _)| last < offset));
+        self.entries.push_back((offset, false));
+        self.held += 1;
+    }
+
+    /// Removes a held `offset`; nothing if it is not held.
+    fn remove(&mut self, offset: u64) {
+        let Ok(at) = self.entries.binary_search_by_key(&offset, |&(offset, _)| offset) else { return };
+        let entry = &mut self.entries[at];
+        if std::mem::replace(&mut entry.1, true) {
+            return;
+        }
+        self.held -= 1;
+        while self.entries.front().is_some_and(|&(_, gone)| gone) {
+            self.entries.pop_front();
+        }
+        if self.entries.len() >= Self::COMPACT_FROM && self.entries.len() > 2 * self.held {
+            self.entries.retain(|&(_, gone)| !gone);
+        }
+    }
+
+    /// The lowest held offset.
+    fn first(&self) -> Option<u64> {
+        // Marked entries never stay in front.
+        self.entries.front().map(|&(offset, _)| offset)
+    }
+
+    fn len(&self) -> usize {
+        self.held
+    }
 }
 
 impl InputState {
@@ -439,7 +496,7 @@ impl<T> ReleaseStage<T> {
                 clock: None,
                 pending_end: None,
                 idle_since: None,
-                held: BTreeSet::new(),
+                held: HeldOffsets::default(),
             });
         }
         let replaying = states.iter().filter(|state| state.replaying()).count();
@@ -542,7 +599,7 @@ impl<T> ReleaseStage<T> {
                 break;
             }
             let (key, held) = entry.remove_entry();
-            self.inputs[held.input].held.remove(&key.offset);
+            self.inputs[held.input].held.remove(key.offset);
             self.held_bytes -= held.bytes;
             out.push(Released {
                 input: held.input,
@@ -585,7 +642,7 @@ impl<T> ReleaseStage<T> {
                 .inputs
                 .iter()
                 .map(|state| InputCheckpoint {
-                    commit: state.held.first().copied().unwrap_or(state.position).min(state.position),
+                    commit: state.held.first().unwrap_or(state.position).min(state.position),
                     read_to: state.position.max(state.replay_to),
                 })
                 .collect(),
@@ -1103,6 +1160,49 @@ mod tests {
     use super::*;
 
     const EVENT_TIME: ClockSource = ClockSource::EventTime;
+
+    /// The held offsets of an input against a `BTreeSet` of them, removed
+    /// in a scrambled order (event-time order is not offset order), with
+    /// one offset held far ahead of the rest: same lowest offset and count
+    /// after every step, and fewer entries than twice the held ones plus
+    /// [`HeldOffsets::COMPACT_FROM`].
+    #[test]
+    fn held_offsets_follow_a_set_and_stay_bounded() {
+        for seed in 0..20u64 {
+            let (mut ours, mut set) = (HeldOffsets::default(), std::collections::BTreeSet::new());
+            let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            for offset in 0..3_000u64 {
+                ours.insert(offset);
+                set.insert(offset);
+                // Remove about one held offset per insert, never offset 0:
+                // it stays held to the end, in front of everything.
+                while set.len() > 1 && next() % 2 == 0 {
+                    let candidates: Vec<u64> = set.range(1..).copied().collect();
+                    if candidates.is_empty() {
+                        break;
+                    }
+                    let gone = candidates[(next() % candidates.len() as u64) as usize];
+                    ours.remove(gone);
+                    set.remove(&gone);
+                }
+                ours.remove(offset + 10_000); // not held: nothing changes
+                assert_eq!((ours.first(), ours.len()), (set.first().copied(), set.len()), "seed {seed}");
+                assert!(ours.entries.len() < 2 * ours.len() + HeldOffsets::COMPACT_FROM, "seed {seed}");
+            }
+            for gone in set.clone() {
+                ours.remove(gone);
+                set.remove(&gone);
+                assert_eq!((ours.first(), ours.len()), (set.first().copied(), set.len()));
+            }
+            assert!(ours.entries.is_empty());
+        }
+    }
 
     fn input(topic: u32, clock: ClockSource) -> Input {
         Input { topic, partition: 0, clock }

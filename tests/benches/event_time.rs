@@ -23,7 +23,9 @@
 //!    history over the 13 topics in event-time order, against the same
 //!    records in one topic of as many partitions (a one-topic projection:
 //!    log order, the event times only carried); events per second of each
-//!    in the same run, their ratio, and the time of each per phase.
+//!    in the same run, their ratio, the time of each per phase, and the
+//!    ratio in CPU time (the process's CPU seconds during each path: far
+//!    steadier than wall time on a machine shared with other work).
 //! 4. **Release latency in the live phase**: `waku demo inventory`'s run
 //!    (history, then live traffic at [`LIVE_RATE`] events/s for
 //!    [`LIVE_SECS`] s): p50 and p99 from the clock passing an event to the
@@ -212,18 +214,34 @@ async fn append(
 
 /// Events per second of a host catching up on the history, in event-time
 /// order over the 13 topics or (`plain`) in one topic, and its summary.
-async fn throughput(history: &[Vec<Planned>], partitions: u32, plain: bool) -> (f64, Summary) {
+/// Also the CPU seconds the process spent meanwhile (none where
+/// `/proc/self/stat` cannot be read).
+async fn throughput(history: &[Vec<Planned>], partitions: u32, plain: bool) -> (f64, Option<f64>, Summary) {
     let module = inventory_module();
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
     let mut encoder = Encoder::new(&*module, partitions).unwrap();
     let topics = append(&log, history, &mut encoder, partitions, plain).await;
-    let started = Instant::now();
+    let (started, cpu_before) = (Instant::now(), cpu_seconds());
     let host = Host::start_on(log, settings(dir.path(), &topics, &module)).await.unwrap();
     let summary = host.finished().await.unwrap();
+    let cpu = cpu_seconds().zip(cpu_before).map(|(after, before)| after - before);
     let events: usize = history.iter().map(Vec::len).sum();
     assert_eq!(summary.consumed as usize, events);
-    (events as f64 / started.elapsed().as_secs_f64(), summary)
+    (events as f64 / started.elapsed().as_secs_f64(), cpu, summary)
+}
+
+/// The CPU time of this process so far, user and system, in seconds
+/// (Linux: `/proc/self/stat`, in clock ticks of 1/100 s). On a machine
+/// shared with other work, the CPU time of a path moves far less from
+/// run to run than its wall time.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may
+    // hold spaces): utime and stime are the 12th and 13th of them.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 #[tokio::main]
@@ -285,16 +303,26 @@ fn simulations(split: &[Vec<Vec<Planned>>]) {
 /// Part 3: the host on both paths.
 async fn throughputs(history: &[Vec<Planned>], partitions: u32) {
     println!("\n3. throughput catching up on the history (the host, embedded log and state):");
-    let (timed, timed_summary) = throughput(history, partitions, false).await;
-    let (plain, plain_summary) = throughput(history, partitions, true).await;
-    for (name, rate, summary) in [
-        ("event-time path over 13 topics", timed, &timed_summary),
-        ("plain projection, one topic", plain, &plain_summary),
+    let (timed, timed_cpu, timed_summary) = throughput(history, partitions, false).await;
+    let (plain, plain_cpu, plain_summary) = throughput(history, partitions, true).await;
+    let cpu = |seconds: Option<f64>| seconds.map_or_else(|| "CPU n/a".to_owned(), |s| format!("CPU {s:.2} s"));
+    for (name, rate, seconds, summary) in [
+        ("event-time path over 13 topics", timed, timed_cpu, &timed_summary),
+        ("plain projection, one topic", plain, plain_cpu, &plain_summary),
     ] {
-        println!("   {name:<31} {rate:>8.0} events/s, {} batches, {} handler calls", summary.batches, summary.calls);
+        println!(
+            "   {name:<31} {rate:>8.0} events/s, {}, {} batches, {} handler calls",
+            cpu(seconds),
+            summary.batches,
+            summary.calls
+        );
         println!("      time per phase: {}", summary.phases);
     }
     println!("   ratio: {:.2}", timed / plain);
+    if let (Some(timed), Some(plain)) = (timed_cpu, plain_cpu) {
+        // Events per CPU second of each path, divided: the same events.
+        println!("   ratio in CPU time (plain CPU s / event-time CPU s): {:.2}", plain / timed);
+    }
 }
 
 /// Part 4: the demo's live phase.

@@ -76,11 +76,14 @@ pub(super) struct Timed {
     /// up ends once every input reached it and nothing is held.
     start_ends: Vec<u64>,
     /// Released events not committed yet, in release order, each with
-    /// its input ([`crate::log::RecordView::input`]).
+    /// its input ([`crate::log::RecordView::input`]). The batch handed
+    /// out comes back at its commit ([`Timed::committed`]) and is filled
+    /// again, so its buffers grow once rather than anew per batch.
     pending: PolledBatch,
     /// Released events as the stage hands them out.
     released: Vec<Released<EncodedRecord>>,
-    /// The last poll's batch, reused by the next one.
+    /// The last poll's batch, reused by the next one (a poll buffer of
+    /// its own: the released batch never takes its place).
     spare: PolledBatch,
     /// Late events already committed (counted in the statistics).
     violations_committed: u64,
@@ -144,8 +147,8 @@ impl Timed {
         if let Some(since) = self.pending_since.take() {
             board.released(since.elapsed(), std::mem::take(&mut self.pending_in_order));
         }
-        self.spare = batch;
-        self.spare.clear();
+        self.pending = batch;
+        self.pending.clear();
     }
 
     /// After the pending batch failed: it is applied again next time.
@@ -229,6 +232,8 @@ impl<L: EventLog> Consumer<L> {
         if !timed.released.is_empty() {
             timed.pending_since = Some(Instant::now());
         }
+        let bytes = timed.released.iter().map(|released| released.payload.encoded_len()).sum();
+        timed.pending.reserve(timed.released.len(), bytes);
         for released in timed.released.drain(..) {
             timed.pending_in_order += u64::from(released.release == Release::InOrder);
             // An input index fits: the inputs are the projection's topics.

@@ -133,6 +133,14 @@ impl PolledBatch {
         self.push_encoded(offset, &encoded)
     }
 
+    /// Makes room for `records` more records of `bytes` bytes of stored
+    /// encodings in all, so that pushing them grows nothing (what is
+    /// already there is kept).
+    pub fn reserve(&mut self, records: usize, bytes: usize) {
+        self.records.reserve(records);
+        self.bytes.reserve(bytes);
+    }
+
     /// Appends a record taken out of a batch ([`RecordView::to_encoded`]),
     /// read from `input`: its bytes copied in as they are, checked when
     /// they were first pushed.
@@ -316,6 +324,12 @@ impl EncodedRecord {
     /// Its size as stored, headers and body ([`RecordView::stored_len`]).
     pub fn stored_len(&self) -> usize {
         self.layout.body.1 - self.layout.headers
+    }
+
+    /// The bytes it takes in a batch ([`PolledBatch::push_record`]): its
+    /// whole encoding, header count and lengths included.
+    pub fn encoded_len(&self) -> usize {
+        self.bytes.len()
     }
 }
 
