@@ -49,6 +49,8 @@ struct Rates {
 }
 
 fn main() {
+    // As the `waku` command does, so the figures match it.
+    wakuwaku::memory::prefer_small_pages();
     let Some(url) = iggy_url("the durability benchmark") else { return };
     let spec = WorkloadSpec { events: env_or("WAKU_BENCH_EVENTS", 200_000), accounts: 10_000, seed: 42 };
     let rounds = env_or("WAKU_BENCH_ROUNDS", 2);

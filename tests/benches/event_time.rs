@@ -246,6 +246,8 @@ fn cpu_seconds() -> Option<f64> {
 
 #[tokio::main]
 async fn main() {
+    // As the `waku` command does, so the figures match it.
+    wakuwaku::memory::prefer_small_pages();
     let spec = InventorySpec {
         history: env_or("WAKU_BENCH_EVENTS", 60_000),
         products: 1_000,

@@ -52,6 +52,8 @@ fn env_or(name: &str, default: usize) -> usize {
 }
 
 fn main() {
+    // As the `waku` command does, so the figures match it.
+    wakuwaku::memory::prefer_small_pages();
     let Some(url) = iggy_url("the Iggy benchmark") else { return };
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 1_000_000),
