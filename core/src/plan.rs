@@ -670,6 +670,8 @@ pub mod test_support {
             self.check_quietly(records, plan).map_err(|why| format!("{why}\n  input: {records:?}\n  plan: {plan:?}"))
         }
 
+        // One rule of the specification after another, each with its own
+        // message; split up, they would only pass the same buffers around.
         fn check_quietly(&mut self, records: &[PlanRecord], plan: &Plan) -> Result<(), String> {
             self.places.clear();
             self.places.resize(records.len(), None);

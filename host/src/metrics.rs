@@ -148,6 +148,8 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Default for Metrics {
+    // Every metric registered with its name and help, one after another:
+    // long, and flat on purpose, so each name is found where it is made.
     fn default() -> Self {
         let mut registry = Registry::default();
         let metrics = Self {

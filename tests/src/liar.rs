@@ -112,6 +112,7 @@ fn contract() -> (&'static str, &'static str) {
     wakuwaku::runtime::CONTRACT_0_2.split_once('@').expect("a versioned package")
 }
 
+// Long because it is one module's text, written out as the host reads it.
 fn liar_text(describe: Describe) -> String {
     // Names: "Truth" at NAMES, "Lie" at +5, "Trap" at +8, "Bad" at +12,
     // "no spaces" at +15.
