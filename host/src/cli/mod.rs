@@ -257,7 +257,7 @@ const REBUILD_HELP: &str = "Example:\n  waku rebuild --data waku-data --projecti
                             --promote\n\nTo go back to the state and versions before the last promotion:\n  waku \
                             rebuild --projection bank --rollback\n\nThe running `waku run` of the projection does the \
                             work; `waku status --admin <endpoint>` shows the rebuild's phase and distance to promotion. \
-                            Emitted messages: see the README, \"Rebuilding a projection\".";
+                            Emitted messages: see docs/rebuild-reset.md, \"Rebuilding a projection\".";
 
 /// `waku reset --help`'s epilogue.
 const RESET_HELP: &str = "Example:\n  waku reset --data waku-data --projection bank --topic accounts --to earliest \

@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+mod docs_links;
 mod event_time;
 mod first_hour;
 mod oci;
