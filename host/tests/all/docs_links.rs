@@ -97,7 +97,11 @@ fn broken_links(file: &Path) -> Vec<String> {
         if let Some(fragment) = fragment {
             let linked_text = std::fs::read_to_string(&linked).unwrap_or_default();
             if !anchors(&linked_text).contains(fragment) {
-                broken.push(format!("{}: `{target}`: {} has no heading `#{fragment}`", file.display(), linked.display()));
+                broken.push(format!(
+                    "{}: `{target}`: {} has no heading `#{fragment}`",
+                    file.display(),
+                    linked.display()
+                ));
             }
         }
     }
@@ -128,7 +132,8 @@ fn every_relative_link_in_the_readme_and_docs_resolves() {
 #[test]
 fn the_readme_links_every_docs_file() {
     let readme = std::fs::read_to_string(repository_root().join("README.md")).unwrap();
-    let linked: HashSet<String> = link_targets(&readme).into_iter().map(|t| t.split('#').next().unwrap().to_owned()).collect();
+    let linked: HashSet<String> =
+        link_targets(&readme).into_iter().map(|t| t.split('#').next().unwrap().to_owned()).collect();
     for file in documentation_files().iter().skip(1) {
         let name = format!("docs/{}", file.file_name().unwrap().to_string_lossy());
         assert!(linked.contains(&name), "README.md's contents do not link {name}");
@@ -138,7 +143,8 @@ fn the_readme_links_every_docs_file() {
 #[test]
 fn the_checker_finds_a_missing_file_and_a_missing_heading() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("b.md"), "# B title\n\n## Settings: flags, `waku.toml`\n\n## Twice\n\n## Twice\n").unwrap();
+    std::fs::write(dir.path().join("b.md"), "# B title\n\n## Settings: flags, `waku.toml`\n\n## Twice\n\n## Twice\n")
+        .unwrap();
     let a = dir.path().join("a.md");
     std::fs::write(
         &a,
