@@ -66,7 +66,7 @@ fn build_notice(crate_dir: &Path, target_dir: &Path, release: bool) -> String {
     if !target_dir.join(GUEST_TARGET).join(profile).is_dir() {
         notice.push_str(
             "; the first build there compiles the dependencies too (wit-bindgen, serde) and takes minutes \
-             (about 2 to 4 on 2 cores), later builds seconds; cargo's progress follows",
+             (2 to 9 on 2 cores, by their load), later builds seconds; cargo's progress follows",
         );
     }
     notice
