@@ -8,6 +8,7 @@ mod common;
 mod cli;
 mod event_time;
 mod first_hour;
+mod hostile_registry;
 mod oci;
 mod one_machine;
 mod readme_day;
