@@ -113,7 +113,11 @@ impl Bounds {
     /// From the process's environment.
     pub fn from_env() -> Result<Self, OciError> {
         let var = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
-        Self::parse(var(MAX_MANIFEST_BYTES_ENV).as_deref(), var(TIMEOUT_ENV).as_deref(), var(TOKEN_SERVICES_ENV).as_deref())
+        Self::parse(
+            var(MAX_MANIFEST_BYTES_ENV).as_deref(),
+            var(TIMEOUT_ENV).as_deref(),
+            var(TOKEN_SERVICES_ENV).as_deref(),
+        )
     }
 }
 
@@ -129,7 +133,12 @@ pub(super) struct Distribution {
 }
 
 impl Distribution {
-    pub(super) fn new(registry: &str, plain: bool, credentials: RegistryAuth, bounds: Bounds) -> Result<Self, OciError> {
+    pub(super) fn new(
+        registry: &str,
+        plain: bool,
+        credentials: RegistryAuth,
+        bounds: Bounds,
+    ) -> Result<Self, OciError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))

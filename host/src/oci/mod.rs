@@ -165,7 +165,8 @@ pub enum OciError {
     #[error(
         "registry `{registry}` refused access to `{reference}` (HTTP {status}); check {} and {} or the \
          Docker config.json entry",
-        credentials::USERNAME_ENV, credentials::PASSWORD_ENV
+        credentials::USERNAME_ENV,
+        credentials::PASSWORD_ENV
     )]
     Denied {
         /// The reference.
@@ -483,11 +484,7 @@ impl Registry {
 /// (compiles, links, describes itself) as module `module`: what `waku
 /// modules push` checks before sending and every pull before writing.
 /// Compiles: call it off the async runtime's threads.
-pub fn check_loads(
-    sandbox: &crate::runtime::Sandbox,
-    reference: &ModuleRef,
-    bytes: &[u8],
-) -> Result<(), OciError> {
+pub fn check_loads(sandbox: &crate::runtime::Sandbox, reference: &ModuleRef, bytes: &[u8]) -> Result<(), OciError> {
     match sandbox.load(reference.module(), bytes) {
         Ok(_) => Ok(()),
         Err(error) => Err(OciError::DoesNotLoad { reference: reference.to_string(), reason: error.to_string() }),

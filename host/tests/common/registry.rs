@@ -97,7 +97,8 @@ fn serve(stream: TcpStream, handler: &Handler, requests: &Mutex<Vec<String>>, se
             }
         }
         Reply::Trickle { content_length, every } => {
-            let _ = stream.write_all(format!("{}Content-Length: {content_length}\r\n\r\n", status_line(200)).as_bytes());
+            let _ =
+                stream.write_all(format!("{}Content-Length: {content_length}\r\n\r\n", status_line(200)).as_bytes());
             for _ in 0..content_length {
                 std::thread::sleep(every);
                 if stream.write_all(b" ").and_then(|()| stream.flush()).is_err() {
