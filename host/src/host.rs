@@ -740,7 +740,7 @@ async fn load_modules<L: EventLog>(
     // runtime's threads.
     let synced = match settings.module_refs.is_empty() {
         true => None,
-        false => Some(crate::oci::pins::sync(store, &path, &settings.module_refs, adopt).await?),
+        false => Some(crate::oci::pins::sync(store, &path, &settings.module_refs, adopt, sandbox).await?),
     };
     for note in synced.iter().flat_map(|synced| &synced.notes) {
         tracing::warn!(projection = settings.projection, "{}", wakuwaku_core::terminal::printable(note));

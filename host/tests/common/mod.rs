@@ -116,3 +116,5 @@ fn guest(crate_path: &str) -> PathBuf {
 /// `wakuwaku-tests` crate has them.
 #[path = "../../../tests/src/servers.rs"]
 pub mod servers;
+
+pub mod registry;
