@@ -251,6 +251,8 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
 
 /// `waku rebuild --help`'s epilogue.
 const REBUILD_HELP: &str = "Example:\n  waku rebuild --data waku-data --projection bank --topic accounts --modules \
+                            new-modules\n\nA projection over several topics names every one, in the order `waku run` \
+                            takes them:\n  waku rebuild --projection stock --topic orders --topic shipments --modules \
                             new-modules\n\nTo compare before promoting (--data defaults to waku-data):\n  waku \
                             rebuild --projection bank --topic accounts --modules new-modules --promote manual\n  waku \
                             state get --projection bank --key 42 --shadow\n  waku rebuild --projection bank \
@@ -586,7 +588,7 @@ mod tests {
     fn every_example_of_rebuild_help_parses() {
         use clap::Parser;
         let examples: Vec<&str> = REBUILD_HELP.lines().filter_map(|line| line.strip_prefix("  waku ")).collect();
-        assert_eq!(examples.len(), 5, "{REBUILD_HELP}");
+        assert_eq!(examples.len(), 6, "{REBUILD_HELP}");
         for example in examples {
             let args = std::iter::once("waku").chain(example.split_whitespace());
             if let Err(error) = Cli::try_parse_from(args) {

@@ -30,7 +30,7 @@ use wakuwaku::stats::Stat;
 
 use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command};
 
-const PARTITIONS: u32 = 2;
+pub(crate) const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
 const LEDGER: EventTypeTag = EventTypeTag::new(51);
 /// 2026-12-02T00:00:00Z, in ms.
@@ -38,14 +38,14 @@ const BASE_MS: i64 = 1_796_169_600_000;
 
 /// One ledger entry to publish.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    key: u64,
-    seq: u64,
-    amount: i64,
-    event_time: i64,
+pub(crate) struct Entry {
+    pub(crate) key: u64,
+    pub(crate) seq: u64,
+    pub(crate) amount: i64,
+    pub(crate) event_time: i64,
 }
 
-fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
+pub(crate) fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
     std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
@@ -59,7 +59,7 @@ fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
 /// per key: entries of one `seq` of different keys are appended in any
 /// order within their second, as several producers sharing a partition
 /// write them.
-fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
+pub(crate) fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut entries = Vec::new();
     for key in 0..keys {
@@ -85,7 +85,7 @@ fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static s
 /// Appends `entries` to their topics, each partition's in the order given,
 /// each with the headers the module writes for it (`waku-event-time` from
 /// its body's `at`).
-async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
+pub(crate) async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     for topic in ["a", "b"] {
         if log.partitions(topic).await.is_err() {
@@ -113,7 +113,7 @@ async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, 
     }
 }
 
-fn run_args() -> Vec<&'static str> {
+pub(crate) fn run_args() -> Vec<&'static str> {
     vec![
         "run",
         "--data",
@@ -446,32 +446,6 @@ fn the_inventory_demo_ends_with_no_violation_and_the_oracle_matching() {
     }
     let latency = stdout.lines().find(|line| line.starts_with("release latency (live")).unwrap_or_default();
     assert!(latency.contains("p50 ") && !latency.contains("p50 -"), "no live release measured: {stdout}");
-}
-
-/// `waku rebuild` of a projection over two topics is refused with a message
-/// naming them and what to do instead, rather than left for a host that
-/// would never take it up; once a host runs it over one topic, it is asked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_projection_over_two_topics_refuses_a_shadow_rebuild_naming_its_topics() {
-    let dir = tempfile::tempdir().unwrap();
-    let module = probe(dir.path());
-    publish(dir.path(), &module, &workload(2, 4, 7, false)).await;
-    let run = waku(&run_args(), dir.path());
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let rebuild = ["rebuild", "--data", "data", "--projection", "ledger", "--topic", "a", "--modules", "modules"];
-    let refused = waku(&rebuild, dir.path());
-    let said = text(&refused.stderr);
-    assert!(!refused.status.success(), "{said}");
-    assert!(said.contains("reads 2 topics in event-time order (`a`, `b`)"), "{said}");
-    assert!(said.contains("under another projection name"), "{said}");
-
-    let mut one_topic = run_args();
-    let b = one_topic.iter().position(|&arg| arg == "b").unwrap();
-    one_topic.drain(b - 1..=b);
-    let run = waku(&one_topic, dir.path());
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let asked = waku(&rebuild, dir.path());
-    assert!(asked.status.success(), "{}", text(&asked.stderr));
 }
 
 /// SIGKILL while an input is paused for alignment: `b` is all ahead of
