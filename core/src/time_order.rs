@@ -11,7 +11,7 @@
 //! the consumer puts between the two: for each record it gives the
 //! ordering the planner plans it with.
 //!
-//! Rules kept here:
+//! Rules kept here (`event-time-order` in `wit/handler-0.4.wit`):
 //! - **A change of timed type is a fence.** Among one key's records of
 //!   [`EventTiming::Timed`] types, in the order they are handed to the
 //!   planner, the first record of a type after a record of another such
