@@ -194,7 +194,8 @@ mod tests {
     fn every_batch(len: usize, keys: u64, each: &mut impl FnMut(&[PlanRecord])) {
         let symbols: Vec<PlanRecord> = (0..keys)
             .flat_map(|key| {
-                TAGS.iter().flat_map(move |&tag| ORDERINGS.iter().map(move |&ordering| PlanRecord { key, tag, ordering }))
+                TAGS.iter()
+                    .flat_map(move |&tag| ORDERINGS.iter().map(move |&ordering| PlanRecord { key, tag, ordering }))
             })
             .collect();
         let mut batch = vec![symbols[0]; len];
@@ -226,7 +227,10 @@ mod tests {
         for len in 1..=3 {
             run(len, 2);
         }
-        assert_eq!(checked, (0..=5).map(|n| 16usize.pow(n)).sum::<usize>() + (1..=3).map(|n| 32usize.pow(n)).sum::<usize>());
+        assert_eq!(
+            checked,
+            (0..=5).map(|n| 16usize.pow(n)).sum::<usize>() + (1..=3).map(|n| 32usize.pow(n)).sum::<usize>()
+        );
     }
 
     /// The README's example: orders and shipments of one product, both
@@ -254,10 +258,8 @@ mod tests {
     #[test]
     fn an_opted_out_type_moves_past_the_other_timed_types_as_its_ordering_allows() {
         let mut order = TimeOrder::default();
-        let planned: Vec<_> = [ORDER, AUDIT, ORDER, AUDIT]
-            .iter()
-            .map(|&tag| order.planned(7, tag, timing(tag), Relaxed))
-            .collect();
+        let planned: Vec<_> =
+            [ORDER, AUDIT, ORDER, AUDIT].iter().map(|&tag| order.planned(7, tag, timing(tag), Relaxed)).collect();
         assert_eq!(planned, [Relaxed; 4]);
         let planned = [SHIPMENT, ORDER].map(|tag| order.planned(7, tag, EventTiming::TimedRelaxed, Relaxed));
         assert_eq!(planned, [Relaxed; 2], "an opted-out type is no change of timed type");

@@ -28,7 +28,9 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
 use super::bindings::wakuwaku::handler::types;
-use super::{CONTRACT, CONTRACT_0_2, CONTRACT_0_3, LoadError, StoreData, contract_0_2, contract_0_3, emit, log, state, wasi};
+use super::{
+    CONTRACT, CONTRACT_0_2, CONTRACT_0_3, LoadError, StoreData, contract_0_2, contract_0_3, emit, log, state, wasi,
+};
 
 /// One capability the sandbox grants.
 struct Capability {

@@ -428,7 +428,9 @@ fn relaxed_timed_types_of_two_topics_reach_the_handler_in_event_time_order_in_wa
     let in_time_order = ["O@1000", "S@2000", "O@3000", "S@4000", "O@5000", "S@6000"];
     let per_type = ["R@1000", "R@3000", "R@5000", "I@2000", "I@4000", "I@6000"];
 
-    for ((first, second), expected) in [(("orders", "shipments"), in_time_order), (("returns", "inspections"), per_type)] {
+    for ((first, second), expected) in
+        [(("orders", "shipments"), in_time_order), (("returns", "inspections"), per_type)]
+    {
         let (a, b) = (format!("{first}.jsonl"), format!("{second}.jsonl"));
         let outcome = format!("{first}.json");
         let out = waku(&["test", &probe, &a, &b, "--expect", &outcome, "--update"], dir.path());
