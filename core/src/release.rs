@@ -111,24 +111,38 @@
 //!   when it holds nothing; the host starts reading it there after a restart;
 //! - per input partition, `read_to`: the highest position it had reached
 //!   (also before earlier restarts);
+//! - per input partition, `held` ([`InputCheckpoint::held`]): exactly which
+//!   offsets in `commit..read_to` it still holds, as ascending disjoint runs
+//!   of consecutive offsets (commonly one or a few);
 //! - the clock.
 //!
-//! The rule on restart ([`ReleaseStage::restore`]): an event at an offset
-//! below `read_to` was read before; it was released then if and only if it
-//! has no event time or its time is below the committed clock (every event
-//! read is released at once or held until the clock passes it, and the clock
-//! only grows). Such an event is skipped ([`Admission::AlreadyReleased`]);
-//! every other one is held again. So nothing is released twice and nothing
-//! is lost, whenever the crash happens. Until every input partition has read
-//! up to its `read_to` again, the clock stays at the committed one, and a
-//! replaying partition is never paused: otherwise a crash during the replay
-//! would leave a checkpoint whose clock judges wrongly an event not yet read
-//! again.
+//! **A held event's timing is decided once, when it is held.** The rule on
+//! restart ([`ReleaseStage::restore`]): an event at an offset in
+//! `commit..read_to` was read before; it is held again if and only if the
+//! checkpoint's list names it, and then under the event time its header
+//! carries ([`Arrival::carried_time`]), the time it was held under, whatever
+//! its type declares now; every other one was released then and is skipped
+//! ([`Admission::AlreadyReleased`]). Nothing in that range is judged by the
+//! declarations of the module version active now or by the host's flags, so
+//! a hot-reloaded, adopted or rolled-back version, `--untimed-topic` added
+//! or removed, or another `--max-held-mib` can neither lose a held event
+//! nor apply a released one again. A listed event whose header carries no
+//! readable time now is released at once, never dropped. The list costs
+//! what the held runs number: holding the next offset extends a run,
+//! releasing one shrinks or splits its run.
 //!
-//! The rule needs the same event times on every reading: the host derives an
-//! arrival's event time from the record alone (its `waku-event-time` header
-//! and the declaration of its type by the module version recorded as
-//! active, see [`crate::event`]).
+//! A checkpoint written before the list existed (`held` none) is restored
+//! with the rule of that time: an event below `read_to` was released if and
+//! only if it has no event time or its time is below the committed clock.
+//! That rule needs the same event times on every reading, so it is exact
+//! only while the declarations are unchanged; an input restored so writes
+//! no list until it has read up to its `read_to` again, then writes one.
+//!
+//! Until every input partition has read up to its `read_to` again, the
+//! clock stays at the committed one, and a replaying partition is never
+//! paused: the checkpoints written meanwhile carry the restored list (or
+//! clock) for what is not read again yet, and a clock moved past those
+//! events would release them late.
 
 use std::collections::{BTreeMap, VecDeque};
 
