@@ -1331,8 +1331,7 @@ pub mod test_support {
     ) -> Result<(), String> {
         let mut legacy = checkpoint.clone();
         legacy.inputs.iter_mut().for_each(|input| input.held = None);
-        let again =
-            restart(partitions, &legacy, 0, limits).map_err(|why| format!("restart from {legacy:?}: {why}"))?;
+        let again = restart(partitions, &legacy, 0, limits).map_err(|why| format!("restart from {legacy:?}: {why}"))?;
         let both: Vec<_> = before.iter().chain(&again.released).copied().collect();
         check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)))
             .map_err(|why| format!("restart from {legacy:?}: {why}"))?;
@@ -1369,7 +1368,8 @@ mod tests {
                 state ^= state << 17;
                 state
             };
-            let expanded = |runs: &HeldRuns| -> Vec<u64> { runs.runs.iter().flat_map(|run| run.start..run.end).collect() };
+            let expanded =
+                |runs: &HeldRuns| -> Vec<u64> { runs.runs.iter().flat_map(|run| run.start..run.end).collect() };
             for offset in 0..3_000u64 {
                 // Every third offset is released at once, never held.
                 if offset % 3 == 2 {
@@ -1485,10 +1485,7 @@ mod tests {
         assert_eq!(stage.clock(), Some(21));
         assert_eq!(offsets(&out), [(0, 0), (1, 0), (0, 1)]);
         assert!(out.iter().all(|r| r.release == Release::InOrder));
-        assert_eq!(
-            stage.checkpoint().inputs,
-            [listed(2, 2, &[]), listed(1, 1, &[])]
-        );
+        assert_eq!(stage.checkpoint().inputs, [listed(2, 2, &[]), listed(1, 1, &[])]);
     }
 
     #[test]
@@ -1654,10 +1651,7 @@ mod tests {
         assert_eq!(offsets(&out), [(0, 1), (0, 0)]);
         let checkpoint = stage.checkpoint();
         assert_eq!(checkpoint.clock, Some(20));
-        assert_eq!(
-            checkpoint.inputs,
-            [listed(2, 3, &[(2, 3)]), listed(0, 1, &[(0, 1)])]
-        );
+        assert_eq!(checkpoint.inputs, [listed(2, 3, &[(2, 3)]), listed(0, 1, &[(0, 1)])]);
         let mut restored: ReleaseStage<u64> =
             ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
         let mut out = Vec::new();
@@ -1674,10 +1668,7 @@ mod tests {
         // Input 0 is out of time order: 20, then 15. Before the crash the
         // clock was 10 and both were held.
         let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
-        let checkpoint = Checkpoint {
-            clock: Some(10),
-            inputs: vec![legacy(0, 2), legacy(0, 0)],
-        };
+        let checkpoint = Checkpoint { clock: Some(10), inputs: vec![legacy(0, 2), legacy(0, 0)] };
         let mut stage: ReleaseStage<u64> =
             ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
         let mut out = Vec::new();
@@ -1711,11 +1702,17 @@ mod tests {
 
     /// What a restarted stage releases from `checkpoint` when every record
     /// is read again as `read` says (offset, event time now, carried time).
-    fn restarted(inputs: &[Input], checkpoint: &Checkpoint, read: &[(usize, u64, Option<Millis>, Option<Millis>)]) -> Vec<Released<u64>> {
+    fn restarted(
+        inputs: &[Input],
+        checkpoint: &Checkpoint,
+        read: &[(usize, u64, Option<Millis>, Option<Millis>)],
+    ) -> Vec<Released<u64>> {
         let mut stage: ReleaseStage<u64> = ReleaseStage::restore(inputs, checkpoint, ReleaseLimits::default()).unwrap();
         let mut out = Vec::new();
         for &(input, offset, event_time, carried_time) in read {
-            stage.read(Arrival { input, offset, event_time, carried_time, bytes: 1, payload: offset }, &mut out).unwrap();
+            stage
+                .read(Arrival { input, offset, event_time, carried_time, bytes: 1, payload: offset }, &mut out)
+                .unwrap();
         }
         for (input, ends) in [(0, 2), (1, 1)] {
             stage.observe_end(input, ends, 100).unwrap();

@@ -475,7 +475,8 @@ pub(super) fn release_checkpoints_keep_their_held_list_and_old_ones_restore_with
     add_to_commit(&mut commit, &topics, 1, &checkpoint);
     store.commit(commit).unwrap();
     assert_eq!(restore(&store, &topics, 1).unwrap(), checkpoint);
-    let fewer = Checkpoint { clock: Some(1_796_169_600_001), inputs: vec![listed(10, 13, &[run(10, 11)]), listed(4, 6, &[])] };
+    let fewer =
+        Checkpoint { clock: Some(1_796_169_600_001), inputs: vec![listed(10, 13, &[run(10, 11)]), listed(4, 6, &[])] };
     let mut commit = BatchCommit::default();
     add_to_commit(&mut commit, &topics, 1, &fewer);
     store.commit(commit).unwrap();
