@@ -38,14 +38,14 @@ const BASE_MS: i64 = 1_796_169_600_000;
 
 /// One ledger entry to publish.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+pub(crate) struct Entry {
     key: u64,
     seq: u64,
     amount: i64,
     event_time: i64,
 }
 
-fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
+pub(crate) fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
     std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
@@ -59,7 +59,7 @@ fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
 /// per key: entries of one `seq` of different keys are appended in any
 /// order within their second, as several producers sharing a partition
 /// write them.
-fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
+pub(crate) fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut entries = Vec::new();
     for key in 0..keys {
@@ -85,7 +85,7 @@ fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static s
 /// Appends `entries` to their topics, each partition's in the order given,
 /// each with the headers the module writes for it (`waku-event-time` from
 /// its body's `at`).
-async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
+pub(crate) async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     for topic in ["a", "b"] {
         if log.partitions(topic).await.is_err() {
