@@ -84,7 +84,8 @@ async fn every_command_takes_the_topics_of_waku_toml_as_run_does() {
     let said = text(&reset.stderr);
     assert!(said.contains("every event of `a`, `b` is applied again"), "{said}");
     let status = json(&succeeds(dir, &["status", "--output", "json"]));
-    let positions: Vec<u64> = status["partitions"].as_array().unwrap().iter().map(|p| p["position"].as_u64().unwrap()).collect();
+    let positions: Vec<u64> =
+        status["partitions"].as_array().unwrap().iter().map(|p| p["position"].as_u64().unwrap()).collect();
     assert!(positions.iter().all(|&p| p == 0), "every topic starts over: {status}");
 }
 
@@ -94,7 +95,8 @@ async fn a_later_topic_given_first_is_refused_naming_the_first_topic() {
     let dir = dir.path();
     two_topic_projection(dir).await;
     succeeds(dir, &["run", "--until-caught-up", "--create-emit-topics", "1"]);
-    for command in [&["dlq", "list"][..], &["dlq", "redrive", "--all"], &["status"], &["reset", "--to", "latest", "--yes"]]
+    for command in
+        [&["dlq", "list"][..], &["dlq", "redrive", "--all"], &["status"], &["reset", "--to", "latest", "--yes"]]
     {
         let out = waku(&[command, &["--topic", "b"]].concat(), dir);
         let said = text(&out.stderr);
