@@ -635,26 +635,48 @@ fn counters_response<L>(
 }
 
 async fn status_route<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
-    let versions = admin.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
-    let projection = &admin.projection;
-    match status_of_topics(
-        &*admin.log,
-        projection.name(),
-        projection.topics(),
-        projection.store(),
-        Some(&admin.progress),
-        versions,
-    )
-    .await
-    {
-        Ok(status) => Json(Status {
-            rebuild: admin.rebuild.as_ref().and_then(|watch| watch.get()),
-            event_time: admin.timing.as_ref().map(|timing| timing.snapshot()).unwrap_or_default(),
-            ..status
-        })
-        .into_response(),
+    let live = LiveStatus {
+        progress: Some(admin.progress.clone()),
+        timing: admin.timing.clone(),
+        rebuild: admin.rebuild.clone(),
+    };
+    match running_status(&*admin.log, &admin.projection, &live).await {
+        Ok(status) => Json(status).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
     }
+}
+
+/// What only a running host knows about where its projection stands: the
+/// caught-up gate (start-up end offsets, events redone), the release
+/// stages' clocks (a projection over several topics) and the rebuild under
+/// way. `/status`, [`crate::host::RunningHost::status`] and a `waku status`
+/// the host runs for another process all build their answer with it in
+/// [`running_status`], so the three show the same figures.
+#[derive(Debug, Clone, Default)]
+pub struct LiveStatus {
+    /// The consumer's caught-up gate.
+    pub progress: Option<Arc<Progress>>,
+    /// Its release stages' board.
+    pub timing: Option<Arc<crate::consumer::TimingBoard>>,
+    /// Its rebuilds' progress.
+    pub rebuild: Option<Arc<RebuildWatch>>,
+}
+
+/// The status of the running `projection` (its topics, its modules as they
+/// run, its store) with what the running host knows ([`LiveStatus`]).
+pub async fn running_status<L: EventLog>(
+    log: &L,
+    projection: &Projection,
+    live: &LiveStatus,
+) -> Result<Status, crate::consumer::ConsumerError> {
+    let versions = projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
+    let (name, topics, store) = (projection.name(), projection.topics(), projection.store());
+    let status = status_of_topics(log, name, topics, store, live.progress.as_deref(), versions).await?;
+    Ok(Status {
+        rebuild: live.rebuild.as_ref().and_then(|watch| watch.get()),
+        event_time: live.timing.as_ref().map(|timing| timing.snapshot()).unwrap_or_default(),
+        ..status
+    })
 }
 
 /// One partition in a [`Status`].
@@ -685,6 +707,26 @@ pub struct PartitionStatus {
     /// projection applied): it stays stopped until `waku reset`.
     #[serde(default)]
     pub stopped: bool,
+    /// For a projection over several topics, this partition of each of
+    /// them, in the projection's order (the figures above are their sums);
+    /// left out of the JSON for a projection of one topic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<TopicPartitionStatus>,
+}
+
+/// One topic's partition of a [`PartitionStatus`] over several topics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicPartitionStatus {
+    /// The topic.
+    pub topic: String,
+    /// The committed position in it.
+    pub position: u64,
+    /// The first offset the log still holds.
+    pub first: u64,
+    /// Its end offset now.
+    pub end: u64,
+    /// `end - position`.
+    pub lag: u64,
 }
 
 /// What `waku status` shows about one projection.
@@ -762,7 +804,8 @@ pub async fn status<L: EventLog>(
 
 /// [`status`] of a projection over `topics` (the first names it): each
 /// partition index's position and end are summed over the topics, as the
-/// caught-up gate counts them.
+/// caught-up gate counts them, and given per topic beside
+/// ([`PartitionStatus::topics`]).
 pub async fn status_of_topics<L: EventLog>(
     log: &L,
     projection: &str,
@@ -775,11 +818,18 @@ pub async fn status_of_topics<L: EventLog>(
     let gate = progress.map(Progress::partitions).unwrap_or_default();
     let mut partitions = Vec::new();
     for partition in 0..log.partitions(topic).await? {
-        let mut position = store.position(topic, partition)?.unwrap_or(0);
-        let (first, mut end) = log.extent(topic, partition).await?;
-        for more in &topics[1..] {
-            position += store.position(more, partition)?.unwrap_or(0);
-            end += log.end_offset(more, partition).await?;
+        let mut per_topic = Vec::with_capacity(topics.len());
+        for each in topics {
+            let position = store.position(each, partition)?.unwrap_or(0);
+            let (first, end) = log.extent(each, partition).await?;
+            let lag = end.saturating_sub(position);
+            per_topic.push(TopicPartitionStatus { topic: each.clone(), position, first, end, lag });
+        }
+        let position = per_topic.iter().map(|each| each.position).sum();
+        let end = per_topic.iter().map(|each| each.end).sum();
+        let first = per_topic[0].first;
+        if topics.len() == 1 {
+            per_topic.clear();
         }
         let end_at_start = gate.iter().find(|p| p.partition == partition).map(|p| p.end_at_start);
         // Recorded by the consumer; offline, an end below the position is
@@ -797,6 +847,7 @@ pub async fn status_of_topics<L: EventLog>(
             first,
             truncated: truncation.map(|truncation| truncation.to_string()),
             stopped,
+            topics: per_topic,
         });
     }
     let stats = store.stats()?;

@@ -13,6 +13,11 @@
 //! Rules it keeps:
 //! - Nothing is consumed before every module loaded and the projection was
 //!   put together; a failure there is returned and nothing runs.
+//! - **A start that fails on its settings creates nothing.** The settings
+//!   and the topics (they must exist unless [`HostSettings::create_topic`]
+//!   creates them) are checked before the data directory, the embedded
+//!   log, the projection's state or the compile cache is made and before
+//!   any module is compiled.
 //! - A host holds its projection's state for the run
 //!   ([`crate::state::StateBackend::hold_for_run`]): `waku reset` is
 //!   refused meanwhile, and a host does not start during a reset.
@@ -499,6 +504,15 @@ pub struct Host;
 impl Host {
     /// Opens the log of `settings` and starts a host on it.
     pub async fn start(settings: HostSettings) -> Result<RunningHost<AnyLog>, HostError> {
+        // A new embedded log holds no topic: refused before the data
+        // directory and the log are made, unless asked to create the topics.
+        if matches!(settings.log, LogSettings::Embedded)
+            && settings.create_topic.is_none()
+            && !settings.data.join("log.redb").is_file()
+        {
+            let missing = LogError::TopicNotFound { topic: settings.topic.clone() };
+            return Err(HostError::Consumer(missing.into()));
+        }
         let log = Arc::new(settings.log.open(&settings.data).await?);
         Self::start_on(log, settings).await
     }
@@ -509,6 +523,7 @@ impl Host {
     pub async fn start_on<L: EventLog>(log: Arc<L>, settings: HostSettings) -> Result<RunningHost<L>, HostError> {
         check_settings(&settings)?;
         let sandbox = settings.sandbox()?;
+        check_topics(&*log, &settings).await?;
         let metrics = Arc::new(Metrics::default());
         let (store, rebuilds) = open_store(&settings)?;
         let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
@@ -587,6 +602,20 @@ impl Host {
             _reloader: reloader,
         })
     }
+}
+
+/// Every topic the projection consumes must exist unless the settings
+/// create them ([`HostSettings::create_topic`]): checked before the state
+/// store is opened (which creates it) and any module compiled, so a
+/// misspelt topic leaves nothing behind.
+async fn check_topics<L: EventLog>(log: &L, settings: &HostSettings) -> Result<(), HostError> {
+    if settings.create_topic.is_some() {
+        return Ok(());
+    }
+    for topic in std::iter::once(&settings.topic).chain(&settings.more_topics) {
+        log.partitions(topic).await.map_err(ConsumerError::from)?;
+    }
+    Ok(())
 }
 
 /// The settings' combinations a host refuses before it opens anything.
@@ -876,11 +905,17 @@ impl<L: EventLog> RunningHost<L> {
     /// Where the projection stands: positions, lag, module versions and
     /// the counts of applied, skipped, retrying and dead-lettered events.
     pub async fn status(&self) -> Result<Status, HostError> {
-        let modules = self.projection.modules().iter().map(|m| (m.name().to_owned(), m.version().to_owned())).collect();
-        let (name, topics) = (self.projection.name(), self.projection.topics());
-        let store = self.projection.store();
-        let status = admin::status_of_topics(&*self.log, name, topics, store, Some(&self.progress), modules).await?;
-        Ok(admin::Status { rebuild: self.rebuild(), event_time: self.timing.snapshot(), ..status })
+        Ok(admin::running_status(&*self.log, &self.projection, &self.live_status()).await?)
+    }
+
+    /// What only this running host knows of its projection's status, for
+    /// [`admin::running_status`] (as `/status` answers it).
+    pub fn live_status(&self) -> admin::LiveStatus {
+        admin::LiveStatus {
+            progress: Some(self.progress.clone()),
+            timing: Some(self.timing.clone()),
+            rebuild: self.rebuild.clone(),
+        }
     }
 
     /// Asks it to stop after the batch in flight and waits until it has.

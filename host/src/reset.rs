@@ -1,5 +1,5 @@
 //! Resetting a stopped projection (`waku reset`): moving its positions in
-//! its topic, or starting it over from the earliest offset.
+//! its topics, or starting it over from the earliest offset.
 //!
 //! A reset is planned first ([`plan`]: where each partition is and where it
 //! goes, nothing written), shown to a person, then applied ([`apply`]).
@@ -16,6 +16,9 @@
 //!   never applied, events moved back over are applied again on top of the
 //!   state they already changed. Retry and dead-letter records are left as
 //!   they are.
+//! - **Every topic of a projection over several is reset** ([`apply_all`]):
+//!   one plan per topic, shown and checked (lost history) for each; the
+//!   retry and dead-letter topics are the first topic's.
 //! - **Earliest starts over, whole.** [`Target::Earliest`] clears the
 //!   state, counters, statistics, retry bookkeeping, pending outbox and
 //!   positions in one transaction ([`crate::state::StateBackend::start_over`]);
@@ -293,6 +296,33 @@ pub async fn apply<L: EventLog>(
     store.start_over(start)?;
     let all: Vec<u32> = (0..log.partitions(topic).await?).collect();
     loss::clear(store, topic, &all, whole)?;
+    Ok(backup)
+}
+
+/// Applies the plans of a projection over several topics, one per topic,
+/// the first topic's first: earliest starts the whole projection over
+/// once (clearing every topic's position) and forgets the lost tails of
+/// every topic; any other target moves each topic's positions. Returns the
+/// backup's directory, as [`apply`] does.
+pub async fn apply_all<L: EventLog>(
+    log: &L,
+    store: &StateStore,
+    projection: &str,
+    plans: &[Plan],
+    backups: Option<&Path>,
+) -> Result<Option<PathBuf>, ResetError> {
+    let Some((first, later)) = plans.split_first() else { return Ok(None) };
+    if first.target != Target::Earliest {
+        for plan in plans {
+            apply(log, store, projection, plan, None).await?;
+        }
+        return Ok(None);
+    }
+    let backup = apply(log, store, projection, first, backups).await?;
+    for plan in later {
+        let all: Vec<u32> = (0..log.partitions(&plan.topic).await?).collect();
+        loss::clear(store, &plan.topic, &all, true)?;
+    }
     Ok(backup)
 }
 

@@ -159,8 +159,43 @@ impl OutputArgs {
     }
 }
 
-/// A projection and the topic it consumes (its retry and dead-letter
-/// topics are `retry_<topic>` and `dlq_<topic>`).
+/// The topics a projection consumes, taken the same way by every command
+/// (`run`, `status`, `dlq`, `reset`): `--topic` given more than once, a
+/// comma-separated list, `WAKU_TOPIC`, or a list in `waku.toml`
+/// (`topic = ["orders", "shipments"]`). The first names the projection's
+/// retry and dead-letter topics (`retry_<first>`, `dlq_<first>`).
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
+pub(super) struct TopicArgs {
+    /// The topic the projection consumes. Give it more than once (or a
+    /// comma-separated list) for a projection over several co-partitioned
+    /// topics: each partition index is read across all of them, and a key's
+    /// events of types declared timed (their `waku-event-time` header) are
+    /// applied in event-time order (see the README, "Event time across
+    /// topics"). The first names its retry and dead-letter topics.
+    #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
+    pub(super) topics: Vec<String>,
+}
+
+impl TopicArgs {
+    /// The first topic: it names the projection's retry and dead-letter
+    /// topics.
+    pub(super) fn first(&self) -> &str {
+        &self.topics[0]
+    }
+
+    /// The topics after the first.
+    pub(super) fn more(&self) -> &[String] {
+        &self.topics[1..]
+    }
+
+    /// Every topic, in the order given.
+    pub(super) fn all(&self) -> &[String] {
+        &self.topics
+    }
+}
+
+/// A projection and the topics it consumes (its retry and dead-letter
+/// topics are `retry_<first topic>` and `dlq_<first topic>`).
 #[derive(Args)]
 pub(super) struct ProjectionArgs {
     #[command(flatten)]
@@ -168,20 +203,29 @@ pub(super) struct ProjectionArgs {
     /// The projection.
     #[arg(long)]
     pub(super) projection: String,
-    /// The topic it consumes.
-    #[arg(long)]
-    pub(super) topic: String,
+    #[command(flatten)]
+    pub(super) topics: TopicArgs,
 }
 
 impl ProjectionArgs {
-    /// The log and the state store of a projection and topic that must
-    /// exist already, checked before anything is opened ([`existing`]).
+    /// The first topic, which names the retry and dead-letter topics.
+    pub(super) fn topic(&self) -> &str {
+        self.topics.first()
+    }
+
+    /// The log and the state store of a projection and topics that must
+    /// exist already, checked before anything is opened ([`existing`]); a
+    /// first topic that is a later topic of the projection is refused,
+    /// naming the one that names its retry and dead-letter topics.
     pub(super) async fn existing(&self, hint: &'static str) -> Result<(AnyLog, StateStore)> {
         // The log first: a running host holds it, and a bad `--iggy` is
         // what to say before anything else.
         let log = self.data.existing_log(hint).await?;
         let store = self.data.existing_state(&self.projection, hint)?;
-        existing::topic(&log, &self.topic).await?;
+        for topic in self.topics.all() {
+            existing::topic(&log, topic).await?;
+        }
+        existing::first_topic(&log, &store, &self.projection, self.topic()).await?;
         Ok((log, store))
     }
 }

@@ -529,7 +529,7 @@ mod tests {
     #[test]
     fn several_topics_come_from_repeated_flags_a_list_or_the_file() {
         let topics = |layered: Layered| match layered.cli.command {
-            Command::Run(args) => args.topics,
+            Command::Run(args) => args.topics.topics,
             _ => panic!("not run"),
         };
         let expected = ["a".to_owned(), "b".to_owned()];

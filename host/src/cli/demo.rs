@@ -160,7 +160,7 @@ pub(super) async fn demo_run(
     let publish_secs = started.elapsed().as_secs_f64();
 
     let workers = settings.consumer.workers;
-    let host = Host::start_on(log, settings).await.map_err(|error| explain(error, TOPIC))?;
+    let host = Host::start_on(log, settings).await.map_err(|error| explain(error, &[TOPIC.to_owned()]))?;
     if let Some(address) = host.admin_address() {
         errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }

@@ -142,8 +142,8 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     let (log, store) = args.existing(hint).await?;
     let names = crate::projection::type_names(&store);
     let open = Opened {
-        shelf: shelf.shelf(&args.topic, &args.projection),
-        topic: &args.topic,
+        shelf: shelf.shelf(args.topic(), &args.projection),
+        topic: args.topic(),
         projection: &args.projection,
         log,
         store,

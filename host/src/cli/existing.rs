@@ -15,11 +15,16 @@
 //!   ([`PostgresStore::connect_existing`](crate::state::postgres::PostgresStore::connect_existing)),
 //!   with `--iggy` the topics on the server (checked through
 //!   [`EventLog::topics`]).
+//! - **A projection over several topics is named by its first**: given a
+//!   later one first, a command says which topic names its retry and
+//!   dead-letter topics ([`first_topic`]).
 
 use std::path::{Path, PathBuf};
 
 use crate::log::{EventLog, LogError};
 use crate::rebuild::RebuildPaths;
+use crate::routing::dlq_topic;
+use crate::state::StateStore;
 
 /// What was asked for and is not there.
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +73,29 @@ pub(super) enum Missing {
         /// The topics the log holds.
         found: Vec<String>,
     },
+    /// The topic given first is a later topic of a projection over
+    /// several: another one names its retry and dead-letter topics.
+    #[error(
+        "dead letters of projection `{projection}` are in `dlq_{first}`, named by its first topic `{first}`, not \
+         `{given}`; give --topic {first} first (its topics: {})",
+        topics.join(", ")
+    )]
+    NotFirstTopic {
+        /// The projection.
+        projection: String,
+        /// The topic given first.
+        given: String,
+        /// The projection's first topic.
+        first: String,
+        /// Every topic the projection consumes, as its state records them.
+        topics: Vec<String>,
+    },
     /// The log could not say which topics it holds.
     #[error(transparent)]
     Log(#[from] LogError),
+    /// The state could not say which topics the projection consumes.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
 }
 
 /// How a data directory comes to be.
@@ -150,6 +175,37 @@ pub(super) async fn topic(log: &impl EventLog, topic: &str) -> Result<(), Missin
         false => {
             Err(Missing::Topic { name: topic.to_owned(), found: topics.into_iter().map(|(name, _)| name).collect() })
         }
+    }
+}
+
+/// `given` must be the first topic of the projection `store` holds when
+/// that projection consumes several topics (a topic given alone that is a
+/// later one names the wrong retry and dead-letter topics). The topics a
+/// projection over several consumes are those its release checkpoint
+/// names ([`crate::consumer::marked_topics`]); the first is the one whose dead-letter
+/// topic the host created in `log`. When that is not clear (a projection
+/// of one topic, or two of its topics with dead-letter topics), nothing
+/// is refused.
+pub(super) async fn first_topic(
+    log: &impl EventLog,
+    store: &StateStore,
+    projection: &str,
+    given: &str,
+) -> Result<(), Missing> {
+    let topics = crate::consumer::marked_topics(store)?;
+    if topics.len() < 2 || !topics.iter().any(|topic| topic == given) {
+        return Ok(());
+    }
+    let in_log: Vec<String> = log.topics().await?.into_iter().map(|(name, _)| name).collect();
+    let named: Vec<&String> = topics.iter().filter(|topic| in_log.contains(&dlq_topic(topic))).collect();
+    match named.as_slice() {
+        [first] if *first != given => Err(Missing::NotFirstTopic {
+            projection: projection.to_owned(),
+            given: given.to_owned(),
+            first: (*first).clone(),
+            topics: topics.clone(),
+        }),
+        _ => Ok(()),
     }
 }
 

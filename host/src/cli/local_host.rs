@@ -46,7 +46,9 @@
 //!   and the open state store of its projection ([`shared_log`],
 //!   [`shared_state`]); other projections' files it opens itself. A
 //!   `modules rollback` of the host's projection swaps the version in at
-//!   once, through the hot-reload checks ([`live_modules`]).
+//!   once, through the hot-reload checks ([`live_modules`]). A `status` of
+//!   the host's projection shows what its `/status` answers: the same
+//!   figures, start-up end offsets and clocks included ([`live_status`]).
 //!   At most [`MAX_CLIENTS`] commands run at once; more are refused.
 
 use std::ffi::OsString;
@@ -218,6 +220,9 @@ pub(super) struct Shared {
     /// Its projection as it runs and the library of its modules, when
     /// they come from a directory: a rollback swaps the version in at once.
     live: Option<(Arc<Library>, Arc<Projection>)>,
+    /// Its projection as it runs and what only the running host knows of
+    /// its status: a `waku status` run here shows what `/status` does.
+    status: Option<(Arc<Projection>, crate::admin::LiveStatus)>,
 }
 
 impl Shared {
@@ -230,7 +235,15 @@ impl Shared {
             log,
             store,
             live: None,
+            status: None,
         }
+    }
+
+    /// Also shares the running `projection` and what only the running host
+    /// knows of its status ([`live_status`]).
+    pub(super) fn with_live_status(mut self, projection: &Arc<Projection>, live: crate::admin::LiveStatus) -> Self {
+        self.status = Some((projection.clone(), live));
+        self
     }
 
     /// Also shares the running `projection` and the `library` of its
@@ -302,6 +315,19 @@ pub(super) fn live_modules(data: &Path, projection: &str) -> Option<(Arc<Library
         .try_with(|forwarded| {
             let shared = &forwarded.shared;
             shared.live.clone().filter(|_| shared.projection == projection && shared.holds(data))
+        })
+        .ok()
+        .flatten()
+}
+
+/// The running projection and what only the running host knows of its
+/// status, when this command runs in a host that runs `projection` on
+/// `data`: `waku status` then builds what `/status` answers.
+pub(super) fn live_status(data: &Path, projection: &str) -> Option<(Arc<Projection>, crate::admin::LiveStatus)> {
+    FORWARDED
+        .try_with(|forwarded| {
+            let shared = &forwarded.shared;
+            shared.status.clone().filter(|_| shared.projection == projection && shared.holds(data))
         })
         .ok()
         .flatten()

@@ -49,7 +49,7 @@ fn parse_target(value: &str) -> Result<Target, String> {
 }
 
 pub(super) async fn reset(args: ResetArgs) -> Result<()> {
-    let ProjectionArgs { data, projection, topic } = &args.target;
+    let ProjectionArgs { data, projection, topics } = &args.target;
     if data.state.is_none() {
         super::existing::projection(&data.data, projection)?;
     }
@@ -66,19 +66,31 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
         other => other?,
     };
     let log = data.existing_log("is `waku run` using it? stop it first").await?;
-    super::existing::topic(&log, topic).await?;
-    let plan = reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?;
-    errln!("{}", describe(&plan, projection));
-    plan.check_history(args.accept_lost_history)?;
+    for topic in topics.all() {
+        super::existing::topic(&log, topic).await?;
+    }
+    super::existing::first_topic(&log, &store, projection, topics.first()).await?;
+    let mut plans = Vec::with_capacity(topics.all().len());
+    for topic in topics.all() {
+        plans.push(reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?);
+    }
+    errln!("{}", describe(&plans, projection));
+    for plan in &plans {
+        plan.check_history(args.accept_lost_history)?;
+    }
     if !args.yes && !confirmed()? {
         bail!("nothing was reset: standard input is no terminal to ask on; add --yes to reset without asking");
     }
     let backups = (!args.no_backup).then(|| data.data.join("backups"));
-    let backup = reset::apply(&log, &store, projection, &plan, backups.as_deref()).await?;
-    for step in &plan.moves {
-        outln!("partition {}: position {} -> {}", step.partition, step.from, step.to)?;
+    let backup = reset::apply_all(&log, &store, projection, &plans, backups.as_deref()).await?;
+    let several = plans.len() > 1;
+    for plan in &plans {
+        let topic = if several { format!("`{}` ", plan.topic) } else { String::new() };
+        for step in &plan.moves {
+            outln!("{topic}partition {}: position {} -> {}", step.partition, step.from, step.to)?;
+        }
     }
-    match (plan.target, backup) {
+    match (args.to, backup) {
         (Target::Earliest, Some(dir)) => outln!(
             "projection `{projection}` starts over; its old state is in {} (read it with `waku state get --data {} \
              --projection {projection} ...`)",
@@ -86,40 +98,49 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
             dir.display()
         )?,
         (Target::Earliest, None) => outln!("projection `{projection}` starts over; no backup was kept (--no-backup)")?,
-        _ => outln!("projection `{projection}` moved to {}; its state is unchanged", plan.target)?,
+        (target, _) => outln!("projection `{projection}` moved to {target}; its state is unchanged")?,
     }
     Ok(())
 }
 
-/// What the reset will do, in plain words, one partition a line.
-fn describe(plan: &Plan, projection: &str) -> String {
-    let topic = &plan.topic;
-    let mut text = match plan.target {
+/// What the reset will do, in plain words, one partition a line (named
+/// with its topic when the projection consumes several); the retry and
+/// dead-letter topics are the first topic's.
+fn describe(plans: &[Plan], projection: &str) -> String {
+    let Some(first) = plans.first() else { return String::new() };
+    let topic = &first.topic;
+    let all = plans.iter().map(|plan| format!("`{}`", plan.topic)).collect::<Vec<_>>().join(", ");
+    let mut text = match first.target {
         Target::Earliest => format!(
             "This starts projection `{projection}` over: its state, counters, statistics, retry bookkeeping and \
-             pending messages are cleared, and every event of `{topic}` is applied again (handlers emit their \
+             pending messages are cleared, and every event of {all} is applied again (handlers emit their \
              messages again). Records waiting in `retry_{topic}` are skipped (their events are replayed); dead \
              letters so far stay in `dlq_{topic}` but count as re-driven."
         ),
         target => format!(
-            "This moves projection `{projection}` to {target} in `{topic}` and keeps its state: events skipped will \
+            "This moves projection `{projection}` to {target} in {all} and keeps its state: events skipped will \
              never be applied; events moved back over will be applied again on top of the state they already \
              changed."
         ),
     };
-    if !plan.lost_history.is_empty() {
-        text.push_str(&format!(
-            "\nThe log no longer holds the oldest messages of `{topic}` ({}): the replay will lack them.",
-            crate::log::loss::describe_lost(&plan.lost_history)
-        ));
-    }
-    for step in &plan.moves {
-        let what = match (step.skipped(), step.replayed()) {
-            (0, 0) => "no change".to_owned(),
-            (skipped, 0) => format!("{skipped} events will never be applied"),
-            (_, replayed) => format!("{replayed} events will be applied again"),
-        };
-        text.push_str(&format!("\n  partition {}: {} -> {}: {what}", step.partition, step.from, step.to));
+    let several = plans.len() > 1;
+    for plan in plans {
+        let topic = &plan.topic;
+        if !plan.lost_history.is_empty() {
+            text.push_str(&format!(
+                "\nThe log no longer holds the oldest messages of `{topic}` ({}): the replay will lack them.",
+                crate::log::loss::describe_lost(&plan.lost_history)
+            ));
+        }
+        let named = if several { format!("`{topic}` ") } else { String::new() };
+        for step in &plan.moves {
+            let what = match (step.skipped(), step.replayed()) {
+                (0, 0) => "no change".to_owned(),
+                (skipped, 0) => format!("{skipped} events will never be applied"),
+                (_, replayed) => format!("{replayed} events will be applied again"),
+            };
+            text.push_str(&format!("\n  {named}partition {}: {} -> {}: {what}", step.partition, step.from, step.to));
+        }
     }
     text
 }

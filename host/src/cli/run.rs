@@ -1,5 +1,10 @@
 //! `waku run`: consume a topic into a projection until stopped (or caught
 //! up), with a progress bar while the start-up backlog is replayed.
+//!
+//! Rules kept here: a run that fails on its settings, its data directory
+//! or its topics creates nothing (no data directory, log, projection or
+//! compile cache) and compiles nothing: they are checked first, here and
+//! in [`Host::start`]; `--create-topic` is what lets a run make them.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,7 +15,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::admin_access::AdminServeArgs;
-use super::args::{ConsumeArgs, DataArgs};
+use super::args::{ConsumeArgs, DataArgs, TopicArgs};
 use super::available_threads;
 use super::config;
 use super::local_host;
@@ -32,13 +37,8 @@ pub(super) struct RunArgs {
     /// The projection's name (its state file is named after it).
     #[arg(long)]
     pub(super) projection: String,
-    /// The topic to consume. Give it more than once (or a comma-separated
-    /// list) for a projection over several co-partitioned topics: each
-    /// partition index is read across all of them, and a key's events of
-    /// types declared timed (their `waku-event-time` header) are applied
-    /// in event-time order (see docs/event-time.md).
-    #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
-    pub(super) topics: Vec<String>,
+    #[command(flatten)]
+    pub(super) topics: TopicArgs,
     /// With several topics: the most MiB of events each partition index
     /// holds for event-time order before it pauses the inputs that are
     /// ahead of the clock (read in event-time alignment).
@@ -131,7 +131,7 @@ impl RunArgs {
     /// The first topic: it names the projection's retry and dead-letter
     /// topics.
     pub(super) fn topic(&self) -> &str {
-        &self.topics[0]
+        self.topics.first()
     }
 
     /// The host these flags ask for.
@@ -139,7 +139,7 @@ impl RunArgs {
         let modules =
             ModuleSource::Directory { path: self.modules.clone(), adopt: self.adopt_modules, watch: !self.no_watch };
         let mut settings = HostSettings::new(&self.data.data, &self.projection, self.topic(), modules);
-        settings.more_topics = self.topics[1..].to_vec();
+        settings.more_topics = self.topics.more().to_vec();
         settings.module_refs = self.module_refs.clone();
         settings.log = self.data.log_settings();
         settings.state = self.data.state_settings();
@@ -173,7 +173,11 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     }
     let loading = Instant::now();
     let settings = args.settings().map_err(|error| name_the_source(error, layered))?;
-    let host = Host::start(settings).await.map_err(|error| explain(error, args.topic()))?;
+    if args.data.iggy.is_none() && args.create_topic.is_none() {
+        // A misspelt `--data` is said as such, and made nowhere.
+        super::existing::log_file(&args.data.data)?;
+    }
+    let host = Host::start(settings).await.map_err(|error| explain(error, args.topics.all()))?;
     for difference in host.differences() {
         errln!("waku: {difference}");
     }
@@ -181,7 +185,7 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     errln!(
         "waku: projection `{}` on topic `{}`: {} ({} event types, loaded in {:.2} s), batch {}, {} workers",
         args.projection,
-        args.topics.join("`, `"),
+        args.topics.all().join("`, `"),
         projection.modules().iter().map(|m| format!("{}@{}", m.name(), m.version())).collect::<Vec<_>>().join(", "),
         projection.modules().iter().map(|m| m.event_types().len()).sum::<usize>(),
         loading.elapsed().as_secs_f64(),
@@ -195,14 +199,15 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     let store = projection.store().clone();
     let shared =
         local_host::Shared::of_host(&args.data.data, &args.projection, host.log(), &store, args.data.state.is_none())
-            .with_live_modules(host.library(), projection);
+            .with_live_modules(host.library(), projection)
+            .with_live_status(projection, host.live_status());
     let served = local_host::serve_or_warn(shared, super::run_forwarded);
     let display = show_progress(&args.projection, host.progress().clone());
     let started = Instant::now();
     let summary = host.stop_when(signals.first()).await;
     drop(display);
     drop(served);
-    let summary = summary.map_err(|error| explain(error, args.topic()))?;
+    let summary = summary.map_err(|error| explain(error, args.topics.all()))?;
     print_summary(&summary, started.elapsed().as_secs_f64(), &store)
 }
 
@@ -224,9 +229,11 @@ fn name_the_source(error: anyhow::Error, layered: &[config::Setting]) -> anyhow:
 
 /// Turns a host's error into one that says what to do where the flags can
 /// help: a missing topic, a module that does not fit the sandbox limits.
-pub(super) fn explain(error: HostError, topic: &str) -> anyhow::Error {
+pub(super) fn explain(error: HostError, topics: &[String]) -> anyhow::Error {
     match error {
-        HostError::Consumer(ConsumerError::Log(LogError::TopicNotFound { topic: missing })) if missing == topic => {
+        HostError::Consumer(ConsumerError::Log(LogError::TopicNotFound { topic: missing }))
+            if topics.contains(&missing) =>
+        {
             anyhow::anyhow!(
                 "topic `{missing}` does not exist; create it with `waku run --create-topic <partitions>` or `waku \
                  publish --partitions <partitions>`"

@@ -1,5 +1,17 @@
 //! `waku status`: where a projection stands, from the files or from the
 //! running host's admin endpoint.
+//!
+//! Rules kept here:
+//! - **One status, three ways.** Asked of the admin endpoint (`--admin`),
+//!   run inside the running host through its local socket, or read from
+//!   the files with no host running, it is one [`admin::Status`] built by
+//!   the same code ([`admin::status_of_topics`], and
+//!   [`admin::running_status`] where a host runs) and printed here: per
+//!   partition, and for a projection over several topics per topic of each
+//!   partition, with the start-up end offsets and the release clocks a
+//!   running host knows.
+//! - The topics are taken as `run` takes them (`--topic` repeated,
+//!   `WAKU_TOPIC`, a list in `waku.toml`).
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -78,7 +90,10 @@ fn print_counts(status: &admin::Status) -> Result<()> {
         (0, false) => "catching up".to_owned(),
         (stopped, _) => format!("{stopped} partitions stopped: the log lost offsets they applied (see below)"),
     };
-    outln!("projection `{}` on topic `{}`: {standing}", status.projection, status.topic)?;
+    let topics: Vec<String> =
+        std::iter::once(&status.topic).chain(&status.more_topics).map(|topic| format!("`{topic}`")).collect();
+    let on = if topics.len() == 1 { "topic" } else { "topics" };
+    outln!("projection `{}` on {on} {}: {standing}", status.projection, topics.join(", "))?;
     let modules: Vec<String> = status.modules.iter().map(|(name, version)| format!("{name}@{version}")).collect();
     outln!("modules: {}", if modules.is_empty() { "none".to_owned() } else { modules.join(", ") })?;
     let redriven = match status.redriven {
@@ -175,6 +190,10 @@ fn print_partitions(status: &admin::Status) -> Result<()> {
             (false, false) => "no",
         };
         outln!("{}\t{}\t{}\t{at_start}\t{}\t{}\t{caught_up}", p.partition, p.first, p.position, p.end, p.lag)?;
+        // A projection over several topics: the sums above, then each topic.
+        for each in &p.topics {
+            outln!("  {}\t{}\t{}\t\t{}\t{}\t", each.topic, each.first, each.position, each.end, each.lag)?;
+        }
     }
     for p in status.partitions.iter().filter(|p| p.first > 0) {
         outln!(
@@ -194,10 +213,14 @@ fn print_partitions(status: &admin::Status) -> Result<()> {
 async fn from_files(target: &ProjectionArgs) -> Result<admin::Status> {
     let hint = "is `waku run` using it? pass --admin <its admin endpoint>";
     let (log, store) = target.existing(hint).await?;
+    if let Some((running, live)) = super::local_host::live_status(&target.data.data, &target.projection) {
+        // Run by the host itself for another process: what `/status` says.
+        return Ok(admin::running_status(&log, &running, &live).await?);
+    }
     let library =
         Library::new(&target.data.data, &target.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
     let versions = library.recorded()?.active;
-    let status = admin::status(&log, &target.projection, &target.topic, &store, None, versions).await?;
+    let status = admin::status_of_topics(&log, &target.projection, target.topics.all(), &store, None, versions).await?;
     Ok(admin::Status { rebuild: pending_rebuild(&log, target, &store).await?, ..status })
 }
 

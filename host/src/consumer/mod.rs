@@ -111,6 +111,7 @@ mod timing;
 pub mod timing_status;
 
 pub use phase::{Phase, PhaseTimes};
+pub(crate) use release_marks::marked_topics;
 pub use timing_status::{InputTiming, LatencyHistogram, PartitionTiming, TimingBoard};
 use wakuwaku_core::release::{ReleaseError, ReleaseLimits};
 

@@ -39,9 +39,26 @@ use crate::state::{BatchCommit, StateError, StateStore};
 const CLOCK_HIGH: &str = "release:clock-high";
 const CLOCK_LOW: &str = "release:clock-low";
 
+/// The prefix of the position name of a topic's `read_to`.
+const READ_TO: &str = "release:read-to:";
+
 /// The position name of a topic's `read_to`.
 fn read_to_name(topic: &str) -> String {
-    format!("release:read-to:{topic}")
+    format!("{READ_TO}{topic}")
+}
+
+/// The topics whose `read_to` `store` keeps: those of a projection over
+/// several topics that read them (none for a projection of one topic),
+/// sorted by name, as the checkpoint does not keep their order.
+pub(crate) fn marked_topics(store: &StateStore) -> Result<Vec<String>, StateError> {
+    let mut topics: Vec<String> = store
+        .positions()?
+        .into_iter()
+        .filter_map(|(name, _, _)| name.strip_prefix(READ_TO).map(str::to_owned))
+        .collect();
+    topics.sort();
+    topics.dedup();
+    Ok(topics)
 }
 
 /// The position names of a topic's held list: its count of runs, and each

@@ -16,6 +16,7 @@ mod readme_day;
 mod rebuild;
 mod reset;
 mod scale;
+mod several_topics;
 mod telemetry;
 mod through_the_host;
 mod untrusted;
