@@ -170,7 +170,8 @@ pub(super) struct TopicArgs {
     /// comma-separated list) for a projection over several co-partitioned
     /// topics: each partition index is read across all of them, and a key's
     /// events of types declared timed (their `waku-event-time` header) are
-    /// applied in event-time order (see docs/event-time.md). The first names its retry and dead-letter topics.
+    /// applied in event-time order (see docs/event-time.md). The first
+    /// names its retry and dead-letter topics.
     #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
     pub(super) topics: Vec<String>,
 }
