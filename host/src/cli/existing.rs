@@ -127,6 +127,13 @@ pub(super) fn data_dir(data: &Path) -> Result<(), Missing> {
     Err(Missing::DataDir { path: data.to_owned(), found })
 }
 
+impl Missing {
+    /// Whether it names others beside what was asked for (a likely typo).
+    pub(super) fn names_others(&self) -> bool {
+        matches!(self, Missing::DataDir { found, .. } if !found.is_empty())
+    }
+}
+
 /// `data` must be a directory holding an embedded log.
 pub(super) fn log_file(data: &Path) -> Result<(), Missing> {
     data_dir(data)?;

@@ -174,8 +174,14 @@ pub(super) async fn run(args: RunArgs, layered: &[config::Setting]) -> Result<()
     let loading = Instant::now();
     let settings = args.settings().map_err(|error| name_the_source(error, layered))?;
     if args.data.iggy.is_none() && args.create_topic.is_none() {
-        // A misspelt `--data` is said as such, and made nowhere.
-        super::existing::log_file(&args.data.data)?;
+        // A misspelt `--data` (data directories stand beside it) is said as
+        // such, and made nowhere; with none beside it the host says the
+        // topic is missing and how to create it, and creates nothing either.
+        if let Err(missing @ super::existing::Missing::DataDir { .. }) = super::existing::data_dir(&args.data.data)
+            && missing.names_others()
+        {
+            return Err(missing.into());
+        }
     }
     let host = Host::start(settings).await.map_err(|error| explain(error, args.topics.all()))?;
     for difference in host.differences() {

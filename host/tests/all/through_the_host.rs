@@ -123,7 +123,13 @@ fn while_waku_run_runs_every_command_of_its_data_directory_runs_through_it() {
             }
         }
         assert_eq!(through.status.code(), alone.status.code(), "`waku {command}`: {}", text(&through.stderr));
-        assert_eq!(text(&through.stdout), text(&alone.stdout), "`waku {command}`");
+        // Only a running host knows the end offsets it started at; every
+        // other figure is the same.
+        let startup_end_unknown = |out: &Output| match args[0] {
+            "status" => without_startup_end(&text(&out.stdout)),
+            _ => text(&out.stdout),
+        };
+        assert_eq!(startup_end_unknown(&through), startup_end_unknown(alone), "`waku {command}`");
         assert_eq!(text(&through.stderr), text(&alone.stderr), "`waku {command}`");
     }
     // A misspelt name is refused the same way.
@@ -366,4 +372,17 @@ fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
         }
     });
     lines
+}
+
+/// `waku status`'s text with each partition's start-up end shown as
+/// unknown (`-`), as the files show it.
+fn without_startup_end(status: &str) -> String {
+    let row = |line: &str| {
+        let mut fields: Vec<&str> = line.split('\t').collect();
+        if fields.len() == 7 && fields[0].parse::<u32>().is_ok() {
+            fields[3] = "-";
+        }
+        fields.join("\t")
+    };
+    status.lines().map(|line| row(line) + "\n").collect()
 }
