@@ -295,7 +295,7 @@ impl Distribution {
             return Err(refused("which is not a URL", realm.to_owned()));
         };
         let origin = url.origin().ascii_serialization();
-        if self.bounds.token_services.iter().any(|allowed| *allowed == origin) {
+        if self.bounds.token_services.contains(&origin) {
             return Ok(());
         }
         let registry_host = reqwest::Url::parse(&self.base).ok().and_then(|base| base.host_str().map(str::to_owned));

@@ -283,10 +283,13 @@ async fn a_request_that_cannot_be_read_for_now_is_kept_and_started_once_it_can()
 }
 
 /// A projection's read model: every key's entries, and the counters.
-type ReadModel = (Vec<(String, Vec<(String, Vec<u8>)>)>, Vec<(String, i128)>);
+type ReadModel = (Vec<KeyEntries>, Vec<(String, i128)>);
+
+/// One key (as text) and its state entries.
+type KeyEntries = (String, Vec<(String, Vec<u8>)>);
 
 fn read_model(store: &StateStore) -> ReadModel {
-    let mut keys: Vec<(String, Vec<(String, Vec<u8>)>)> =
+    let mut keys: Vec<KeyEntries> =
         store.keys().unwrap().into_iter().map(|key| (key.to_string(), store.entries(&key).unwrap())).collect();
     keys.sort();
     let mut counters = store.counters().unwrap();
