@@ -88,6 +88,8 @@ mod cache;
 pub mod capabilities;
 pub mod compiler;
 pub mod component_file;
+#[macro_use]
+mod contract_adapter;
 mod contract_0_2;
 mod contract_0_3;
 pub mod emit;
