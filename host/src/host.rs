@@ -504,6 +504,8 @@ pub struct Host;
 impl Host {
     /// Opens the log of `settings` and starts a host on it.
     pub async fn start(settings: HostSettings) -> Result<RunningHost<AnyLog>, HostError> {
+        check_settings(&settings)?;
+        settings.sandbox()?;
         // A new embedded log holds no topic: refused before the data
         // directory and the log are made, unless asked to create the topics.
         if matches!(settings.log, LogSettings::Embedded)
@@ -618,8 +620,18 @@ async fn check_topics<L: EventLog>(log: &L, settings: &HostSettings) -> Result<(
     Ok(())
 }
 
-/// The settings' combinations a host refuses before it opens anything.
+/// The settings a host refuses before it opens or creates anything: their
+/// combinations, the projection's name, a module directory it cannot read.
 fn check_settings(settings: &HostSettings) -> Result<(), HostError> {
+    crate::log::embedded::validate_topic_name(&settings.projection)
+        .map_err(|source| HostError::ProjectionName { projection: settings.projection.clone(), source })?;
+    if let ModuleSource::Directory { path, .. } = &settings.modules {
+        crate::runtime::component_file::module_paths(path).map_err(|source| LifecycleError::Io {
+            what: "reading the module directory",
+            path: path.clone(),
+            source,
+        })?;
+    }
     if let Some(address) = settings.admin
         && settings.admin_token.is_none()
         && !settings.admin_insecure

@@ -418,7 +418,8 @@ fn sandbox_limit_flags_reach_the_sandbox() {
     let run = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
 
     // The bank module needs more than one core instance: it cannot load.
-    let out = waku(&[&run[..], &["--until-caught-up", "--max-instances", "1"]].concat(), dir.path());
+    let limited = ["--until-caught-up", "--max-instances", "1", "--create-topic", "1"];
+    let out = waku(&[&run[..], &limited[..]].concat(), dir.path());
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.starts_with("waku: error: a module does not fit the sandbox limits; raise them"), "{stderr}");

@@ -96,24 +96,18 @@ async fn a_host_says_why_it_cannot_start_or_run() {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
 
-    // An empty module directory.
-    let empty = dir.path().join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    let settings = HostSettings::new(dir.path(), "bank", "accounts", ModuleSource::directory(&empty));
-    match Host::start_on(log.clone(), settings).await {
-        Err(HostError::Modules(LifecycleError::NoModules { dir, .. })) => assert_eq!(dir, empty),
-        other => panic!("expected no modules, got {:?}", other.err()),
-    }
-
     // A name that cannot name a state file.
     let settings = HostSettings::new(dir.path(), "a/b", "accounts", ModuleSource::Loaded(vec![bank_module()]));
     assert!(matches!(Host::start_on(log.clone(), settings).await, Err(HostError::ProjectionName { .. })));
 
-    // A topic that does not exist: the host starts, and consuming fails
-    // naming the topic; asked to create it, it consumes nothing.
-    let mut settings = HostSettings::new(dir.path(), "bank", "accounts", ModuleSource::Loaded(vec![bank_module()]));
+    // A topic that does not exist: the host refuses to start, naming the
+    // topic, before it opens the projection's state; asked to create it,
+    // it consumes nothing.
+    let data = dir.path().join("fresh");
+    let mut settings = HostSettings::new(&data, "bank", "accounts", ModuleSource::Loaded(vec![bank_module()]));
     settings.until_caught_up = true;
-    let error = Host::start_on(log.clone(), settings.clone()).await.unwrap().finished().await.unwrap_err();
+    let Err(error) = Host::start_on(log.clone(), settings.clone()).await else { panic!("started on a missing topic") };
+    assert!(!data.exists(), "a refused start created the projection's state");
     match error {
         HostError::Consumer(ConsumerError::Log(LogError::TopicNotFound { topic })) => assert_eq!(topic, "accounts"),
         other => panic!("expected a missing topic, got {other:?}"),
@@ -122,4 +116,13 @@ async fn a_host_says_why_it_cannot_start_or_run() {
     let summary = Host::start_on(log.clone(), settings).await.unwrap().finished().await.unwrap();
     assert_eq!(summary.consumed, 0);
     assert_eq!(log.partitions("accounts").await.unwrap(), 3);
+
+    // An empty module directory, for a projection that has none recorded.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let settings = HostSettings::new(dir.path(), "empty", "accounts", ModuleSource::directory(&empty));
+    match Host::start_on(log.clone(), settings).await {
+        Err(HostError::Modules(LifecycleError::NoModules { dir, .. })) => assert_eq!(dir, empty),
+        other => panic!("expected no modules, got {:?}", other.err()),
+    }
 }
