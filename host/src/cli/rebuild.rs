@@ -127,10 +127,11 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
                 }
             };
             outln!(
-                "asked for rebuild {} of `{}`: the running `waku run` builds it in the shadow from offset 0 (or the next \
-                 one to start); {when}; {follow}",
+                "asked for rebuild {} of `{}` over `{}`: the running `waku run` builds it in the shadow from offset 0 \
+                 (or the next one to start); {when}; {follow}",
                 request.generation,
-                args.projection
+                args.projection,
+                args.topics.join("`, `")
             )?;
         }
         (None, Some(PromoteArg::Now), false) => {

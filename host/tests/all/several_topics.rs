@@ -87,6 +87,11 @@ async fn every_command_takes_the_topics_of_waku_toml_as_run_does() {
     let positions: Vec<u64> =
         status["partitions"].as_array().unwrap().iter().map(|p| p["position"].as_u64().unwrap()).collect();
     assert!(positions.iter().all(|&p| p == 0), "every topic starts over: {status}");
+
+    // A shadow rebuild over both topics, asked with the topics of waku.toml.
+    let asked = succeeds(dir, &["rebuild", "--modules", "modules"]);
+    let said = format!("{}{}", text(&asked.stdout), text(&asked.stderr));
+    assert!(said.contains("rebuild 1 of `ledger` over `a`, `b`"), "both topics rebuilt: {said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
