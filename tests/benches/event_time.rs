@@ -135,6 +135,7 @@ fn simulate(inputs: &[Vec<Planned>], rule: Rule, slow: Option<usize>, limits: Re
                     input,
                     offset: position[input] as u64,
                     event_time: event.time,
+                    carried_time: event.time,
                     bytes: RECORD_BYTES,
                     payload: (),
                 };

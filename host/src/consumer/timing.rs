@@ -331,6 +331,7 @@ impl<L: EventLog> Consumer<L> {
             input,
             offset: view.offset(),
             event_time,
+            carried_time: envelope.and_then(|envelope| envelope.event_time),
             bytes: view.stored_len() as u64,
             payload: view.to_encoded(),
         };
