@@ -34,11 +34,14 @@
 //! wrote: state is shown a page at a time ([`view`]), so a projection of
 //! many counters or a key of many large entries costs a request no more
 //! than a page. Clients cannot hold the host's resources, nor keep
-//! `/health` and `/ready` from answering ([`slots`]): at most
-//! [`MAX_CONNECTIONS`] connections are open, at most
-//! [`MAX_CONNECTIONS_PER_PEER`] from one address, and a newcomer is
-//! always served, in the slot of a connection that waits for its client
-//! (idle ones first, the peer holding the most first); a connection that
+//! `/health` and `/ready` from answering ([`slots`]): a newcomer is
+//! always admitted, and its first request is answered before any later
+//! arrival can close it (within [`NEWCOMER_GRACE`]); at most
+//! [`MAX_CONNECTIONS`] settled connections (answered once, or older than
+//! the grace) are open, at most [`MAX_CONNECTIONS_PER_PEER`] from one
+//! address, and as many newcomers apart; past a bound, connections that
+//! wait for their clients make room (idle ones first, the peer holding
+//! the most first); a connection that
 //! moves no byte either way for [`IDLE_TIMEOUT`] is closed (a request sent
 //! a byte at a time, or a reader that stopped reading, held its
 //! connection, its memory and a file forever), and so is one whose request
@@ -74,7 +77,7 @@ use crate::stats::Stat;
 
 mod slots;
 pub mod view;
-pub use slots::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER};
+pub use slots::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, NEWCOMER_GRACE};
 pub use view::counter_json;
 
 /// What the endpoint serves from.
@@ -288,7 +291,7 @@ impl axum::serve::Listener for Capped {
         let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
         let slot = self.slots.admit(address.ip());
         let idle = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
-        let connection = Connection { stream, idle, answer_by: None, slot };
+        let connection = Connection { stream, idle, answer_by: None, carrying: self.tls.is_none(), slot };
         let stream = match &self.tls {
             None => AdminStream::Plain(connection),
             Some(acceptor) => AdminStream::Handshaking(Box::new(acceptor.accept(connection))),
@@ -312,6 +315,9 @@ struct Connection {
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The deadline of a request read in part or whole and not answered.
     answer_by: Option<tokio::time::Instant>,
+    /// Whether it carries HTTP (plain, or TLS once the handshake is done),
+    /// so that what it writes answers a request.
+    carrying: bool,
     slot: slots::Slot,
 }
 
@@ -336,11 +342,15 @@ impl Connection {
                 }
                 let idle = now + IDLE_TIMEOUT;
                 self.idle.as_mut().reset(self.answer_by.map_or(idle, |deadline| deadline.min(idle)));
+                // A TLS handshake's writes answer no request.
+                let answered = wrote && self.carrying;
                 let kept = match (read || wrote, self.answer_by) {
                     (false, _) => self.slot.wait(cx.waker()),
-                    (true, None) => self.slot.record(slots::Phase::Idle, now, cx.waker()),
+                    (true, None) => self.slot.record(slots::Phase::Idle, now, answered, cx.waker()),
                     // Ordered by deadline, which is by when the request began.
-                    (true, Some(deadline)) => self.slot.record(slots::Phase::Requesting, deadline, cx.waker()),
+                    (true, Some(deadline)) => {
+                        self.slot.record(slots::Phase::Requesting, deadline, answered, cx.waker())
+                    }
                 };
                 match kept {
                     true => Poll::Ready(result),
@@ -413,7 +423,8 @@ impl AdminStream {
         };
         match std::pin::Pin::new(&mut **accept).poll(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(stream)) => {
+            Poll::Ready(Ok(mut stream)) => {
+                stream.get_mut().0.carrying = true;
                 *self = AdminStream::Tls(Box::new(stream));
                 Poll::Ready(Ok(()))
             }

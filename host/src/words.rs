@@ -39,7 +39,8 @@ pub fn plural(noun: &str) -> String {
 /// `count` `noun`s in `secs` as a rate (`12 events/s`, `0.067 events/s`);
 /// `None` when `secs` is too short to measure (under a millisecond).
 pub fn per_second(count: u64, secs: f64, noun: &str) -> Option<String> {
-    if !(secs >= 1e-3) {
+    // NaN compares false, so it is refused too.
+    if secs.is_nan() || secs < 1e-3 {
         return None;
     }
     let rate = count as f64 / secs;

@@ -1,49 +1,72 @@
 //! The admin endpoint's connection slots: how many connections are open,
-//! from whom, and which one a newcomer displaces, so that `/health` and
-//! `/ready` answer whoever else holds connections.
+//! from whom, and which ones close when a newcomer comes, so that
+//! `/health` and `/ready` answer whoever else holds connections.
 //!
 //! Keep-alive clients that sent a request now and then, and clients that
 //! sent a request a byte at a time, took every connection the endpoint
 //! served, and a probe then waited in the kernel's queue until one left.
 //! A bound alone cannot help (whoever holds the slots keeps them), so a
-//! newcomer is never made to wait: it takes the slot of a connection that
-//! waits for its client.
+//! newcomer is never made to wait: it is admitted at once, and connections
+//! that wait for their clients make room. But a crowd that is closed comes
+//! straight back, and each of its returns made room again: a probe's fresh
+//! connection, the newest idle one, was closed before its request was
+//! read. So a connection's first request is protected while it is young.
 //!
 //! Rules kept here:
-//! - At most [`MAX_CONNECTIONS`] connections are open, and at most
+//! - A connection is a **newcomer** from its acceptance until its first
+//!   answer starts or [`NEWCOMER_GRACE`] has passed, whichever is first;
+//!   after that it is **settled**. The two are counted apart, each under
+//!   the same bounds: at most [`MAX_CONNECTIONS`] in all and at most
 //!   [`MAX_CONNECTIONS_PER_PEER`] from one peer address (its IP; the port
-//!   is not part of it).
-//! - A newcomer is always served. When its peer holds the per-peer bound,
-//!   one of that peer's connections is closed to make room; when the total
-//!   is reached, one of the connections of the peer holding the most. So a
-//!   crowd from one address displaces its own connections first, and a
-//!   probe or a scraper from another address keeps its own.
-//! - Which one ([`displaced`]): an idle connection (no request read but
+//!   is not part of it). So at most twice those are open at once.
+//! - A newcomer is always admitted. When a class is over a bound, one of
+//!   its connections is closed ([`closed_for`]), again until both classes
+//!   are within both bounds: one of the peer's that is over its bound,
+//!   else one of the peer holding the most in that class (ties: the lowest
+//!   address). So a crowd from one address closes its own connections
+//!   first, and a probe or a scraper from another address keeps its own.
+//! - A newcomer is closed only to admit another newcomer, and then the one
+//!   accepted first (the newest, a probe that just connected, goes last).
+//!   Connections that finish a request at once (a probe, a keep-alive
+//!   client coming back) stay newcomers for milliseconds, so the class
+//!   fills only with clients slower than the grace, at most the bound
+//!   per [`NEWCOMER_GRACE`] from one address.
+//! - Among settled connections: an idle one (no request read but
 //!   unanswered) before one whose request is being read or answered; among
 //!   idle ones the one that moved no byte for the longest; among the
 //!   others the one whose request began first. A request under way is
-//!   displaced only when every connection that could make room has one.
-//! - A displaced connection is closed at once: its task is woken and its
-//!   next read or write fails, as an idle keep-alive connection closed by
-//!   its timeout does (HTTP clients send again on a new connection).
+//!   closed only when every connection that could make room has one.
+//! - The newcomer being admitted is never the one closed.
+//! - A closed connection is closed at once: its task is woken and its next
+//!   read or write fails, as an idle keep-alive connection closed by its
+//!   timeout does (HTTP clients send again on a new connection).
 //! - The timeouts are the connection's own ([`super::IDLE_TIMEOUT`],
-//!   [`super::REQUEST_DEADLINE`]); displacing is what keeps the endpoint
+//!   [`super::REQUEST_DEADLINE`]); making room is what keeps the endpoint
 //!   answerable within them.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The most connections served at once.
+/// The most settled connections served at once (and, apart, the most
+/// newcomers).
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// The most connections served at once from one peer address.
+/// The most settled connections served at once from one peer address
+/// (and, apart, the most newcomers from one).
 pub const MAX_CONNECTIONS_PER_PEER: usize = 16;
 
-/// What a connection is doing, in the order connections are displaced.
+/// How long a connection not yet answered is a newcomer: long enough for
+/// a probe on a busy machine to send its request and have it answered,
+/// short enough that slow clients leave the class soon.
+pub const NEWCOMER_GRACE: Duration = Duration::from_secs(2);
+
+/// What a connection is doing, in the order settled connections are
+/// closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Phase {
     /// Between requests: it owes nothing and is owed nothing.
@@ -52,7 +75,7 @@ pub(crate) enum Phase {
     Requesting,
 }
 
-/// One open connection, as [`displaced`] sees it.
+/// One open connection, as [`closed_for`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Held<P> {
     /// Its peer's address.
@@ -61,35 +84,84 @@ pub(crate) struct Held<P> {
     pub phase: Phase,
     /// Idle: when it last moved a byte; requesting: when its request began.
     pub since: Instant,
+    /// When it was accepted.
+    pub accepted: Instant,
+    /// Whether an answer to it has started.
+    pub answered: bool,
+}
+
+impl<P> Held<P> {
+    /// Whether it is a newcomer at `now`.
+    fn newcomer(&self, now: Instant) -> bool {
+        !self.answered && now < self.accepted + NEWCOMER_GRACE
+    }
+}
+
+/// How many connections each class may hold, in all and from one peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub per_peer: usize,
+    pub total: usize,
 }
 
 /// Which of the `open` connections (by id, ids in the order they were
-/// accepted) to close so that one more from `peer` fits the bounds; `None`
-/// when it fits as it is.
-pub(crate) fn displaced<P: Copy + Eq + Ord>(
+/// accepted) to close, in order, so that both classes are within `bounds`
+/// at `now`; `admitted`, the newcomer just added to `open`, is never one
+/// of them.
+pub(crate) fn closed_for<P: Copy + Ord>(
     open: &BTreeMap<u64, Held<P>>,
-    peer: P,
-    per_peer: usize,
-    total: usize,
+    admitted: u64,
+    now: Instant,
+    bounds: Bounds,
+) -> Vec<u64> {
+    let mut left = open.clone();
+    let mut closed = Vec::new();
+    for newcomers in [true, false] {
+        loop {
+            let class: BTreeMap<u64, Held<P>> = left
+                .iter()
+                .filter(|(_, held)| held.newcomer(now) == newcomers)
+                .map(|(id, held)| (*id, *held))
+                .collect();
+            let Some(id) = over_bound(&class, newcomers, admitted, bounds) else { break };
+            left.remove(&id);
+            closed.push(id);
+        }
+    }
+    closed
+}
+
+/// One connection of `class` (newcomers or settled ones) to close because
+/// it is over `bounds`, never `admitted`; `None` when it is within them.
+fn over_bound<P: Copy + Ord>(
+    class: &BTreeMap<u64, Held<P>>,
+    newcomers: bool,
+    admitted: u64,
+    bounds: Bounds,
 ) -> Option<u64> {
     let mut held_by: BTreeMap<P, usize> = BTreeMap::new();
-    for held in open.values() {
+    for held in class.values() {
         *held_by.entry(held.peer).or_default() += 1;
     }
-    let from = if held_by.get(&peer).copied().unwrap_or(0) >= per_peer.max(1) {
-        peer
-    } else if open.len() >= total.max(1) {
-        // Ties go to the lowest address: any rule would do, a fixed one
-        // makes tests repeatable.
-        let most = held_by.values().copied().max().unwrap_or(0);
-        held_by.iter().find(|(_, count)| **count == most).map(|(peer, _)| *peer)?
-    } else {
+    // Most held first, ties to the lowest address: any rule would do, a
+    // fixed one makes tests repeatable.
+    let mut peers: Vec<(P, usize)> = held_by.into_iter().collect();
+    peers.sort_by_key(|(peer, count)| (std::cmp::Reverse(*count), *peer));
+    let over_peer = peers.first().is_some_and(|(_, count)| *count > bounds.per_peer.max(1));
+    if !over_peer && class.len() <= bounds.total.max(1) {
         return None;
-    };
-    open.iter()
-        .filter(|(_, held)| held.peer == from)
-        .min_by_key(|(id, held)| (held.phase, held.since, **id))
-        .map(|(id, _)| *id)
+    }
+    // The peer over its bound holds the most; at the total, the peer
+    // holding the most that has one to give (the admitted one is not).
+    peers.into_iter().find_map(|(peer, _)| {
+        let candidates = class.iter().filter(|(id, held)| held.peer == peer && **id != admitted);
+        let chosen = if newcomers {
+            candidates.min_by_key(|(id, held)| (held.accepted, **id))
+        } else {
+            candidates.min_by_key(|(id, held)| (held.phase, held.since, **id))
+        };
+        chosen.map(|(id, _)| *id)
+    })
 }
 
 /// Every open connection of the endpoint.
@@ -106,7 +178,8 @@ struct Table {
 
 struct Entry {
     held: Held<IpAddr>,
-    /// Wakes the connection's task, to close it when displaced.
+    /// Wakes the connection's task, to close it when another takes its
+    /// place.
     waker: Option<Waker>,
 }
 
@@ -118,20 +191,21 @@ impl Slots {
     }
 
     /// A slot for a connection accepted from `peer`, made room for by
-    /// closing another if the bounds are reached.
+    /// closing others if the bounds are reached.
     pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Slot {
         let now = Instant::now();
         let mut table = self.table();
-        let held: BTreeMap<u64, Held<IpAddr>> = table.open.iter().map(|(id, entry)| (*id, entry.held)).collect();
-        if let Some(id) = displaced(&held, peer, MAX_CONNECTIONS_PER_PEER, MAX_CONNECTIONS)
-            && let Some(entry) = table.open.remove(&id)
-            && let Some(waker) = entry.waker
-        {
-            waker.wake();
-        }
         let id = table.next_id;
         table.next_id += 1;
-        table.open.insert(id, Entry { held: Held { peer, phase: Phase::Idle, since: now }, waker: None });
+        let held = Held { peer, phase: Phase::Idle, since: now, accepted: now, answered: false };
+        table.open.insert(id, Entry { held, waker: None });
+        let open: BTreeMap<u64, Held<IpAddr>> = table.open.iter().map(|(id, entry)| (*id, entry.held)).collect();
+        let bounds = Bounds { per_peer: MAX_CONNECTIONS_PER_PEER, total: MAX_CONNECTIONS };
+        for closed in closed_for(&open, id, now, bounds) {
+            if let Some(waker) = table.open.remove(&closed).and_then(|entry| entry.waker) {
+                waker.wake();
+            }
+        }
         Slot { id, slots: self.clone() }
     }
 
@@ -150,18 +224,19 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// Records that the connection moved bytes and is now in `phase` since
-    /// `since`, and that `waker` wakes it; false when it was displaced and
-    /// must close.
-    pub(crate) fn record(&self, phase: Phase, since: Instant, waker: &Waker) -> bool {
+    /// `since`, that an answer started when `answered`, and that `waker`
+    /// wakes it; false when it was closed to make room.
+    pub(crate) fn record(&self, phase: Phase, since: Instant, answered: bool, waker: &Waker) -> bool {
         self.update(|entry| {
             entry.held.phase = phase;
             entry.held.since = since;
+            entry.held.answered |= answered;
             Self::keep_waker(entry, waker);
         })
     }
 
     /// Records that `waker` wakes the connection, which waits; false when
-    /// it was displaced and must close.
+    /// it was closed to make room.
     pub(crate) fn wait(&self, waker: &Waker) -> bool {
         self.update(|entry| Self::keep_waker(entry, waker))
     }
@@ -192,91 +267,178 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    fn held(peer: u8, phase: Phase, at: u64, base: Instant) -> Held<u8> {
-        Held { peer, phase, since: base + Duration::from_secs(at) }
+    const BOUNDS: Bounds = Bounds { per_peer: 3, total: 5 };
+
+    /// A settled connection of `peer` (answered once), in `phase` since
+    /// `at` seconds after `base`, accepted well before.
+    fn settled(peer: u8, phase: Phase, at: u64, base: Instant) -> Held<u8> {
+        Held { peer, phase, since: base + Duration::from_secs(at), accepted: base, answered: true }
+    }
+
+    /// A newcomer of `peer` accepted `at` milliseconds after `base`, its
+    /// request under way when `requesting`.
+    fn newcomer(peer: u8, at: u64, requesting: bool, base: Instant) -> Held<u8> {
+        let accepted = base + Duration::from_millis(at);
+        let phase = if requesting { Phase::Requesting } else { Phase::Idle };
+        Held { peer, phase, since: accepted, accepted, answered: false }
+    }
+
+    /// What admitting a newcomer of `peer` at `now` to `open` closes.
+    fn admit(open: &mut BTreeMap<u64, Held<u8>>, peer: u8, now: Instant, bounds: Bounds) -> Vec<u64> {
+        let id = open.keys().last().map_or(0, |last| last + 1);
+        open.insert(id, Held { peer, phase: Phase::Idle, since: now, accepted: now, answered: false });
+        let closed = closed_for(open, id, now, bounds);
+        for id in &closed {
+            open.remove(id);
+        }
+        closed
     }
 
     #[test]
     fn a_newcomer_fits_until_a_bound_is_reached() {
         let base = Instant::now();
+        let now = base + Duration::from_secs(60);
         let mut open = BTreeMap::new();
         for id in 0..3 {
-            assert_eq!(displaced(&open, 1, 3, 5), None);
-            open.insert(id, held(1, Phase::Idle, id, base));
+            open.insert(id, settled(1, Phase::Idle, id, base));
         }
-        assert_eq!(displaced(&open, 2, 3, 5), None, "another peer fits");
-        assert_eq!(displaced(&open, 1, 3, 5), Some(0), "the peer's oldest idle connection goes");
+        assert_eq!(admit(&mut open, 2, now, BOUNDS), Vec::<u64>::new(), "another peer fits");
+        assert_eq!(admit(&mut open, 1, now, BOUNDS), Vec::<u64>::new(), "newcomers are counted apart");
+        // The two newcomers settle (answered); the next admission puts
+        // peer 1 back within its bound, its longest idle one closed.
+        for held in open.values_mut() {
+            held.answered = true;
+        }
+        assert_eq!(admit(&mut open, 3, now, BOUNDS), vec![0]);
     }
 
     #[test]
-    fn the_idle_go_before_requests_under_way_and_the_oldest_first() {
+    fn settled_idle_ones_go_before_requests_under_way_and_the_oldest_first() {
         let base = Instant::now();
-        let open = BTreeMap::from([
-            (0, held(1, Phase::Requesting, 0, base)),
-            (1, held(1, Phase::Idle, 5, base)),
-            (2, held(1, Phase::Idle, 3, base)),
-            (3, held(1, Phase::Requesting, 1, base)),
+        let now = base + Duration::from_secs(60);
+        let mut open = BTreeMap::from([
+            (0, settled(1, Phase::Requesting, 0, base)),
+            (1, settled(1, Phase::Idle, 5, base)),
+            (2, settled(1, Phase::Idle, 3, base)),
+            (3, settled(1, Phase::Requesting, 1, base)),
         ]);
-        assert_eq!(displaced(&open, 1, 4, 10), Some(2));
-        let requesting: BTreeMap<_, _> = open.into_iter().filter(|(_, h)| h.phase == Phase::Requesting).collect();
-        assert_eq!(displaced(&requesting, 1, 2, 10), Some(0), "the request that began first");
+        let bounds = Bounds { per_peer: 3, total: 10 };
+        assert_eq!(closed_for(&open, u64::MAX, now, bounds), vec![2]);
+        open.remove(&1);
+        open.remove(&2);
+        let bounds = Bounds { per_peer: 1, total: 10 };
+        assert_eq!(closed_for(&open, u64::MAX, now, bounds), vec![0], "the request that began first");
+    }
+
+    /// The probe's case: a crowd of one address holds every settled slot
+    /// and comes straight back when closed. Its returns close settled
+    /// ones, never the probe's fresh connection, which waits for its
+    /// answer however many come back meanwhile.
+    #[test]
+    fn a_fresh_connection_outlives_any_number_of_returns_within_its_grace() {
+        let base = Instant::now();
+        let mut open: BTreeMap<u64, Held<u8>> = (0..3).map(|id| (id, settled(1, Phase::Idle, id, base))).collect();
+        let now = base + Duration::from_secs(60);
+        assert!(admit(&mut open, 1, now, BOUNDS).is_empty());
+        let probe = *open.keys().last().unwrap();
+        for turn in 0..1_000 {
+            let now = now + Duration::from_micros(turn);
+            // The one that came back is answered at once and settles.
+            let closed = admit(&mut open, 1, now, BOUNDS);
+            assert!(!closed.contains(&probe), "turn {turn}: {closed:?}");
+            let back = *open.keys().last().unwrap();
+            open.get_mut(&back).unwrap().answered = true;
+            assert!(open.contains_key(&probe));
+        }
+        // Past its grace, unanswered, it is a slow client like any other:
+        // settled, and idle the longest, it goes first (with the last one
+        // back, which settled after the last admission).
+        let late = now + NEWCOMER_GRACE;
+        assert_eq!(admit(&mut open, 1, late, BOUNDS).first(), Some(&probe));
+    }
+
+    #[test]
+    fn newcomers_over_the_bound_close_the_one_accepted_first() {
+        let base = Instant::now();
+        let mut open: BTreeMap<u64, Held<u8>> =
+            [(0, newcomer(1, 5, true, base)), (1, newcomer(1, 1, false, base)), (2, newcomer(1, 3, true, base))].into();
+        let now = base + Duration::from_millis(10);
+        assert_eq!(admit(&mut open, 1, now, BOUNDS), vec![1]);
     }
 
     #[test]
     fn at_the_total_the_peer_holding_most_makes_room_not_the_newcomer_or_the_few() {
         let base = Instant::now();
-        let mut open = BTreeMap::new();
-        // Peer 1 holds 4 (its requests under way), peer 2 one idle since long.
-        for id in 0..4 {
-            open.insert(id, held(1, Phase::Requesting, 10 + id, base));
-        }
-        open.insert(4, held(2, Phase::Idle, 0, base));
-        assert_eq!(displaced(&open, 3, 10, 5), Some(0), "the crowd's own, though another's is older and idle");
-        assert_eq!(displaced(&open, 2, 10, 5), Some(0));
+        let now = base + Duration::from_secs(60);
+        let bounds = Bounds { per_peer: 10, total: 5 };
+        // Peer 1 holds 4 (its requests under way), peer 2 one idle since
+        // long, and a newcomer of peer 3 settled unanswered (past its
+        // grace), making 6.
+        let mut open: BTreeMap<u64, Held<u8>> =
+            (0..4).map(|id| (id, settled(1, Phase::Requesting, 10 + id, base))).collect();
+        open.insert(4, settled(2, Phase::Idle, 0, base));
+        open.insert(5, newcomer(3, 0, true, base));
+        assert_eq!(closed_for(&open, u64::MAX, now, bounds), vec![0], "the crowd's own, though others are older");
+        // A newcomer alone at the total, every peer holding one: not it.
+        let many: BTreeMap<u64, Held<u8>> = (0..6).map(|id| (id, newcomer(id as u8, id, false, now))).collect();
+        let closed = closed_for(&many, 0, now + Duration::from_millis(10), bounds);
+        assert_eq!(closed, vec![1], "the lowest address that is not the admitted one");
     }
 
-    /// Every way of filling the slots, from three peers in either phase:
-    /// after admitting a newcomer (closing what [`displaced`] names), no
-    /// bound is exceeded, the newcomer is in, and only the newcomer's peer
-    /// or the busiest peer lost a connection.
+    /// Every way of filling the slots, from three peers, settled (in
+    /// either phase) or newcomers: after admitting a newcomer, closing
+    /// what [`closed_for`] names, both classes are within both bounds, the
+    /// newcomer is in, only the newcomer's peer or a busiest peer of the
+    /// class lost a connection, and no newcomer was closed unless the
+    /// newcomers were over a bound.
     #[test]
     fn every_admission_keeps_both_bounds() {
         let base = Instant::now();
-        let (per_peer, total) = (3, 5);
-        // Each open connection: peer 0..3, phase, age 0..2.
-        let shapes: Vec<(u8, Phase, u64)> = (0..3)
-            .flat_map(|peer| [Phase::Idle, Phase::Requesting].map(|phase| (peer, phase)))
-            .flat_map(|(peer, phase)| (0..2).map(move |age| (peer, phase, age)))
+        let now = base + Duration::from_secs(60);
+        let (per_peer, total) = (2, 3);
+        let bounds = Bounds { per_peer, total };
+        // Each open connection: peer 0..3, and settled idle, settled
+        // requesting, or a newcomer; two ages each.
+        let shapes: Vec<Held<u8>> = (0..3u8)
+            .flat_map(|peer| {
+                (0..2).flat_map(move |age| {
+                    [
+                        settled(peer, Phase::Idle, age, base),
+                        settled(peer, Phase::Requesting, age, base),
+                        newcomer(peer, 60_000 - 10 + age, false, base),
+                    ]
+                })
+            })
             .collect();
+        let within = |open: &BTreeMap<u64, Held<u8>>, newcomers: bool| {
+            let class: Vec<&Held<u8>> = open.values().filter(|held| held.newcomer(now) == newcomers).collect();
+            class.len() <= total && (0..3).all(|p| class.iter().filter(|held| held.peer == p).count() <= per_peer)
+        };
         let mut checked = 0;
         let mut stack: Vec<Vec<usize>> = vec![vec![]];
         while let Some(choice) = stack.pop() {
-            let open: BTreeMap<u64, Held<u8>> = choice
-                .iter()
-                .enumerate()
-                .map(|(id, &shape)| (id as u64, held(shapes[shape].0, shapes[shape].1, shapes[shape].2, base)))
-                .collect();
-            let fits = |open: &BTreeMap<u64, Held<u8>>| {
-                open.len() <= total && (0..3).all(|p| open.values().filter(|h| h.peer == p).count() <= per_peer)
-            };
-            if !fits(&open) {
+            let open: BTreeMap<u64, Held<u8>> =
+                choice.iter().enumerate().map(|(id, &shape)| (id as u64, shapes[shape])).collect();
+            if !within(&open, true) || !within(&open, false) {
                 continue;
             }
-            for newcomer in 0..3 {
+            for peer in 0..3 {
                 let mut after = open.clone();
-                let gone = displaced(&open, newcomer, per_peer, total).map(|id| after.remove(&id).unwrap());
-                after.insert(u64::MAX, held(newcomer, Phase::Idle, 9, base));
-                assert!(fits(&after), "{open:?} + peer {newcomer}");
-                if let Some(gone) = gone {
-                    let most = (0..3).map(|p| open.values().filter(|h| h.peer == p).count()).max().unwrap();
-                    let count = open.values().filter(|h| h.peer == gone.peer).count();
-                    assert!(gone.peer == newcomer || count == most, "{open:?} + peer {newcomer}: {gone:?}");
+                let closed = admit(&mut after, peer, now, bounds);
+                let admitted = open.len() as u64;
+                assert!(within(&after, true) && within(&after, false), "{open:?} + peer {peer}");
+                assert!(after.contains_key(&admitted), "{open:?} + peer {peer}");
+                for id in &closed {
+                    let gone = open[id];
+                    let class = |held: &&Held<u8>| held.newcomer(now) == gone.newcomer(now);
+                    let most = (0..3).map(|p| open.values().filter(class).filter(|h| h.peer == p).count()).max();
+                    let count = open.values().filter(class).filter(|h| h.peer == gone.peer).count();
+                    assert!(gone.peer == peer || Some(count) == most, "{open:?} + peer {peer}: {gone:?}");
                 }
                 checked += 1;
             }
-            if choice.len() < total {
+            if choice.len() < 2 * total {
                 // Ascending choices: each multiset of shapes once.
                 for next in choice.last().copied().unwrap_or(0)..shapes.len() {
                     let mut grown = choice.clone();
@@ -289,7 +451,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_displaced_connection_is_woken_and_told_to_close() {
+    async fn a_closed_connection_is_woken_and_told_to_close() {
         struct Woken(std::sync::atomic::AtomicBool);
         impl std::task::Wake for Woken {
             fn wake(self: Arc<Self>) {
@@ -301,14 +463,25 @@ mod tests {
         let woken = Arc::new(Woken(false.into()));
         let waker = Waker::from(woken.clone());
         let first = slots.admit(peer);
-        assert!(first.wait(&waker));
-        let rest: Vec<Slot> = (1..MAX_CONNECTIONS_PER_PEER).map(|_| slots.admit(peer)).collect();
+        assert!(first.record(Phase::Idle, Instant::now(), true, &waker));
+        let rest: Vec<Slot> = (1..MAX_CONNECTIONS_PER_PEER)
+            .map(|_| {
+                let slot = slots.admit(peer);
+                assert!(slot.record(Phase::Idle, Instant::now(), true, &waker));
+                slot
+            })
+            .collect();
         assert!(!woken.0.load(std::sync::atomic::Ordering::SeqCst));
+        // A newcomer fits beside them; once answered, it settles and the
+        // next admission closes the oldest idle one.
         let newcomer = slots.admit(peer);
+        assert!(newcomer.record(Phase::Idle, Instant::now(), true, &waker));
+        assert!(!woken.0.load(std::sync::atomic::Ordering::SeqCst));
+        let next = slots.admit(peer);
         assert!(woken.0.load(std::sync::atomic::Ordering::SeqCst), "the oldest idle one was woken");
         assert!(!first.wait(&waker), "and told to close");
-        assert_eq!(slots.open(), MAX_CONNECTIONS_PER_PEER);
-        drop((first, rest, newcomer));
+        assert_eq!(slots.open(), MAX_CONNECTIONS_PER_PEER + 1);
+        drop((first, rest, newcomer, next));
         assert_eq!(slots.open(), 0);
     }
 }
