@@ -1,6 +1,7 @@
-//! `waku modules pull` against a registry on loopback that this test runs
-//! itself (no `WAKU_OCI_REGISTRY` needed): what it reads is bounded in
-//! bytes and in time, a layer that does not load replaces nothing,
+//! `waku modules pull` and `waku modules push` against a registry on
+//! loopback that this test runs itself (no `WAKU_OCI_REGISTRY` needed):
+//! what they read is bounded in bytes and in time, a layer that does not
+//! load replaces nothing,
 //! credentials go to no token service but the registry's own over TLS
 //! unless allowed, a missing tag says which, and a pulled module file has
 //! the ordinary mode.
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::registry::{Reply, TestRegistry, serving};
+use crate::common::registry::{Reply, TestRegistry, serving, storing};
 use crate::common::{bank_wasm, text, waku_command};
 
 /// `waku modules pull oci://{registry}/team/bank:v1 --modules modules` in
@@ -147,4 +148,101 @@ fn a_pulled_module_has_the_ordinary_mode() {
     };
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644 & !umask, "mode {mode:o}");
+}
+
+/// `waku modules push <bank.wasm> oci://{registry}/team/bank:v1` in `dir`,
+/// with the variables `env`; killed after 60 s (a push that reads without
+/// bound would run for as long as the registry likes).
+fn push(dir: &Path, registry: &TestRegistry, env: &[(&str, &str)]) -> (Output, Duration) {
+    let reference = format!("oci://{}/team/bank:v1", registry.address);
+    let mut command = waku_command(dir);
+    command.args(["modules", "push", bank_wasm().to_str().unwrap(), &reference]);
+    command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").env("DOCKER_CONFIG", dir);
+    command.envs(env.iter().copied());
+    command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let started = std::time::Instant::now();
+    let mut child = command.spawn().unwrap();
+    while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    (child.wait_with_output().unwrap(), started.elapsed())
+}
+
+/// A registry whose every answer is a 401 naming the token service at
+/// `tokens`, asked anonymously (no credentials, so it may be anywhere).
+fn anonymous_challenge(tokens: &TestRegistry) -> TestRegistry {
+    challenging(format!("http://{}/token", tokens.address))
+}
+
+#[test]
+fn a_push_reads_a_token_answer_only_to_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = TestRegistry::start(|_| Reply::Endless { content_length: None });
+    let registry = anonymous_challenge(&tokens);
+    let (out, took) = push(dir.path(), &registry, &[]);
+    let error = failed(&out);
+    assert!(error.contains("the registry's token service's answer is over the bound of 65536 bytes"), "{error}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(tokens.sent() < 32 << 20, "the token service sent {} bytes", tokens.sent());
+}
+
+#[test]
+fn a_trickling_registry_ends_the_push_at_the_time_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = TestRegistry::start(|_| Reply::Trickle { content_length: 1000, every: Duration::from_millis(200) });
+    let registry = anonymous_challenge(&tokens);
+    let (out, took) = push(dir.path(), &registry, &[("WAKU_OCI_TIMEOUT", "2s")]);
+    let error = failed(&out);
+    assert!(error.contains("took over 2s, the bound WAKU_OCI_TIMEOUT sets; stopped"), "{error}");
+    assert!(error.contains("pushing `oci://"), "{error}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+#[test]
+fn a_push_sends_credentials_to_no_token_service_but_an_allowed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = [("WAKU_OCI_USERNAME", "ann"), ("WAKU_OCI_PASSWORD", "s3cret")];
+    let tokens = TestRegistry::start(|_| Reply::ok(br#"{"token": "t"}"#.to_vec()));
+    let plain = format!("http://{}/token", tokens.address);
+    for (realm, why) in
+        [(plain.as_str(), "over plain HTTP"), ("https://auth.example/token", "on another host than the registry")]
+    {
+        let registry = challenging(realm.to_owned());
+        let error = failed(&push(dir.path(), &registry, &credentials).0);
+        assert!(error.contains(&format!("the token service {realm}, {why}; they were not sent")), "{error}");
+        assert!(error.contains("WAKU_OCI_TOKEN_SERVICES"), "{error}");
+        let received = [registry.requests(), tokens.requests()].concat();
+        assert!(received.iter().all(|head| !head.to_lowercase().contains("authorization")), "{received:?}");
+        assert!(tokens.requests().is_empty(), "{:?}", tokens.requests());
+    }
+    // Allowed by name: the token service gets the credentials, and a
+    // scope that lets it push.
+    let registry = challenging(plain.clone());
+    let origin = format!("http://{}", tokens.address);
+    let allowed = [credentials[0], credentials[1], ("WAKU_OCI_TOKEN_SERVICES", origin.as_str())];
+    let error = failed(&push(dir.path(), &registry, &allowed).0);
+    assert!(error.contains("refused access"), "{error}");
+    let asked = tokens.requests();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("YW5uOnMzY3JldA==") && asked[0].contains("pull%2Cpush"), "{asked:?}");
+}
+
+#[test]
+fn a_pushed_module_pulls_back_the_same_and_its_pin_names_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = storing();
+    let (out, _) = push(dir.path(), &registry, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let pin =
+        said.lines().find_map(|line| line.trim().strip_prefix("pin it with ")).unwrap_or_else(|| panic!("{said}"));
+    let out = pull(dir.path(), &registry, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(dir.path().join("modules/bank.wasm")).unwrap(), std::fs::read(bank_wasm()).unwrap());
+    // Pulled by the pin: the manifest's digest is the one the push printed.
+    let mut command = waku_command(dir.path());
+    command.args(["modules", "pull", pin, "--modules", "pinned"]).env("DOCKER_CONFIG", dir.path());
+    let out = command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").output().unwrap();
+    assert!(out.status.success(), "{pin}: {}", text(&out.stderr));
 }
