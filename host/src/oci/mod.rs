@@ -31,6 +31,11 @@
 //!   ([`check_loads`], what `waku modules push` checks) before it replaces
 //!   anything; a module file is written in one rename, with the ordinary
 //!   mode (0644 under the usual umask).
+//! - **A push keeps a pull's rules.** Its requests go through
+//!   [`distribution`] too: the same bounds on what it reads (a token
+//!   service's answer, error bodies), the same total time bound, the same
+//!   token-service rule; the manifest digest it reports is the SHA-256 of
+//!   the manifest it sent, not a second answer of the registry.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -390,8 +395,8 @@ impl Registry {
         let [layer_bytes] = layers;
         let distribution = &self.distribution;
         let pushed = async {
-            distribution.push_blob(reference, &config_digest, config.data.into()).await?;
-            distribution.push_blob(reference, &layer, layer_bytes.data.into()).await?;
+            distribution.push_blob(reference, &config_digest, config.data).await?;
+            distribution.push_blob(reference, &layer, layer_bytes.data).await?;
             distribution.push_manifest(reference, OCI_IMAGE_MEDIA_TYPE, manifest.clone().into()).await
         };
         self.within_time(reference, "pushing", pushed).await?;
