@@ -246,3 +246,58 @@ fn a_pushed_module_pulls_back_the_same_and_its_pin_names_the_manifest() {
     let out = command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").output().unwrap();
     assert!(out.status.success(), "{pin}: {}", text(&out.stderr));
 }
+
+/// Every file under `dir`, with the digest of its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, String> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                found.insert(path.clone(), wakuwaku::oci::sha256_digest(&std::fs::read(&path).unwrap_or_default()));
+            }
+        }
+    }
+    found
+}
+
+/// `waku run --module-ref` at start-up from a registry that sends a huge
+/// manifest, or a layer that is not a component: refused with the bound
+/// or the reason named, and the module directory is as it was (nothing
+/// written beside the module, nothing replaced).
+#[test]
+fn a_run_refuses_a_hostile_module_ref_at_start_up_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::create_dir(dir.join("modules")).unwrap();
+    let bank = std::fs::read(bank_wasm()).unwrap();
+    std::fs::write(dir.join("modules/bank.wasm"), &bank).unwrap();
+    let events = dir.join("open.jsonl");
+    std::fs::write(&events, r#"{"type": "AccountOpened", "body": {"account": 42, "owner": "ann"}}"#).unwrap();
+    let mut publish = waku_command(dir);
+    publish.args(["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module"]);
+    let published = publish.arg(bank_wasm()).arg(&events).output().unwrap();
+    assert!(published.status.success(), "{}", text(&published.stderr));
+    let before = files(&dir.join("modules"));
+
+    let huge = TestRegistry::start(|_| Reply::Endless { content_length: None });
+    let not_a_component = serving(b"not a component at all".to_vec());
+    for (registry, said) in [
+        (&huge, "manifest is over the bound of 4096 bytes, which WAKU_OCI_MAX_MANIFEST_BYTES sets"),
+        (&not_a_component, "the component does not load, so nothing was written"),
+    ] {
+        let reference = format!("oci://{}/team/bank:v1", registry.address);
+        let mut run = waku_command(dir);
+        run.args(["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"]);
+        run.args(["--module-ref", &reference, "--until-caught-up"]);
+        run.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").env("DOCKER_CONFIG", dir);
+        let out = run.env("WAKU_OCI_MAX_MANIFEST_BYTES", "4096").env("WAKU_OCI_TIMEOUT", "20s").output().unwrap();
+        let error = failed(&out);
+        assert!(error.starts_with("waku: error: ") && error.contains(said), "{error}");
+        assert!(error.contains(&reference), "{error}");
+        assert_eq!(files(&dir.join("modules")), before, "{reference}: nothing created, nothing replaced");
+    }
+}
