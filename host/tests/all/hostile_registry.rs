@@ -85,8 +85,11 @@ fn challenging(realm: String) -> TestRegistry {
     })
 }
 
-#[test]
-fn credentials_go_to_no_token_service_but_an_allowed_one() {
+/// What `operation` (a pull or a push, given a directory, a registry and
+/// variables) sends to token services: nothing to one over plain HTTP or
+/// on another host (refused, the setting named), the credentials to one
+/// allowed by name; returns the head of the request the allowed one got.
+fn token_services_are_checked(operation: impl Fn(&Path, &TestRegistry, &[(&str, &str)]) -> Output) -> String {
     let dir = tempfile::tempdir().unwrap();
     let credentials = [("WAKU_OCI_USERNAME", "ann"), ("WAKU_OCI_PASSWORD", "s3cret")];
     let tokens = TestRegistry::start(|_| Reply::ok(br#"{"token": "t"}"#.to_vec()));
@@ -95,7 +98,7 @@ fn credentials_go_to_no_token_service_but_an_allowed_one() {
         [(plain.as_str(), "over plain HTTP"), ("https://auth.example/token", "on another host than the registry")]
     {
         let registry = challenging(realm.to_owned());
-        let error = failed(&pull(dir.path(), &registry, &credentials));
+        let error = failed(&operation(dir.path(), &registry, &credentials));
         assert!(error.contains(&format!("the token service {realm}, {why}; they were not sent")), "{error}");
         assert!(error.contains("WAKU_OCI_TOKEN_SERVICES"), "{error}");
         let received = [registry.requests(), tokens.requests()].concat();
@@ -106,11 +109,18 @@ fn credentials_go_to_no_token_service_but_an_allowed_one() {
     let registry = challenging(plain.clone());
     let origin = format!("http://{}", tokens.address);
     let allowed = [credentials[0], credentials[1], ("WAKU_OCI_TOKEN_SERVICES", origin.as_str())];
-    let error = failed(&pull(dir.path(), &registry, &allowed));
+    let error = failed(&operation(dir.path(), &registry, &allowed));
     assert!(error.contains("refused access"), "{error}");
     let asked = tokens.requests();
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert!(asked[0].contains("YW5uOnMzY3JldA=="), "{asked:?}");
+    asked[0].clone()
+}
+
+#[test]
+fn credentials_go_to_no_token_service_but_an_allowed_one() {
+    let asked = token_services_are_checked(pull);
+    assert!(asked.contains("%3Apull ") || asked.contains("%3Apull&"), "a pull asks to pull only: {asked:?}");
 }
 
 #[test]
@@ -201,31 +211,8 @@ fn a_trickling_registry_ends_the_push_at_the_time_bound() {
 
 #[test]
 fn a_push_sends_credentials_to_no_token_service_but_an_allowed_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let credentials = [("WAKU_OCI_USERNAME", "ann"), ("WAKU_OCI_PASSWORD", "s3cret")];
-    let tokens = TestRegistry::start(|_| Reply::ok(br#"{"token": "t"}"#.to_vec()));
-    let plain = format!("http://{}/token", tokens.address);
-    for (realm, why) in
-        [(plain.as_str(), "over plain HTTP"), ("https://auth.example/token", "on another host than the registry")]
-    {
-        let registry = challenging(realm.to_owned());
-        let error = failed(&push(dir.path(), &registry, &credentials).0);
-        assert!(error.contains(&format!("the token service {realm}, {why}; they were not sent")), "{error}");
-        assert!(error.contains("WAKU_OCI_TOKEN_SERVICES"), "{error}");
-        let received = [registry.requests(), tokens.requests()].concat();
-        assert!(received.iter().all(|head| !head.to_lowercase().contains("authorization")), "{received:?}");
-        assert!(tokens.requests().is_empty(), "{:?}", tokens.requests());
-    }
-    // Allowed by name: the token service gets the credentials, and a
-    // scope that lets it push.
-    let registry = challenging(plain.clone());
-    let origin = format!("http://{}", tokens.address);
-    let allowed = [credentials[0], credentials[1], ("WAKU_OCI_TOKEN_SERVICES", origin.as_str())];
-    let error = failed(&push(dir.path(), &registry, &allowed).0);
-    assert!(error.contains("refused access"), "{error}");
-    let asked = tokens.requests();
-    assert_eq!(asked.len(), 1, "{asked:?}");
-    assert!(asked[0].contains("YW5uOnMzY3JldA==") && asked[0].contains("pull%2Cpush"), "{asked:?}");
+    let asked = token_services_are_checked(|dir, registry, env| push(dir, registry, env).0);
+    assert!(asked.contains("pull%2Cpush"), "a push asks to push: {asked:?}");
 }
 
 #[test]

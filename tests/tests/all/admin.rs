@@ -63,6 +63,16 @@ impl Served {
         .await
     }
 
+    /// The bare endpoint ([`Served::bare`]) of a small bank (10 events on
+    /// 2 accounts) kept in `dir`.
+    async fn small_bank(dir: &std::path::Path) -> Self {
+        let module = bank_module();
+        let (log, _) = bank_log(dir, module.clone(), WorkloadSpec { events: 10, accounts: 2, seed: 8 }, 1).await;
+        let store = StateStore::open(&dir.join("bank.redb")).unwrap();
+        let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
+        Self::bare(log, projection).await
+    }
+
     /// Stops the endpoint and checks it ended cleanly.
     async fn stop(self) {
         self.stop.send(()).unwrap();
@@ -172,12 +182,7 @@ async fn the_admin_endpoint_answers_over_http() {
 async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit() {
     use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_module();
-    let spec = WorkloadSpec { events: 10, accounts: 2, seed: 8 };
-    let (log, _) = bank_log(dir.path(), module.clone(), spec, 1).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
-    let endpoint = Served::bare(log, projection).await;
+    let endpoint = Served::small_bank(dir.path()).await;
     let address = endpoint.address;
 
     const CLIENTS: usize = 3 * admin::MAX_CONNECTIONS;
@@ -241,11 +246,7 @@ async fn health_answers_while_idle_and_slow_clients_crowd_the_endpoint() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_module();
-    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events: 10, accounts: 2, seed: 8 }, 1).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
-    let endpoint = Served::bare(log, projection).await;
+    let endpoint = Served::small_bank(dir.path()).await;
     let address = endpoint.address;
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
@@ -315,11 +316,7 @@ async fn health_answers_while_idle_and_slow_clients_crowd_the_endpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_answers_escape_what_they_echo() {
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_module();
-    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events: 10, accounts: 2, seed: 8 }, 1).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
-    let endpoint = Served::bare(log, projection).await;
+    let endpoint = Served::small_bank(dir.path()).await;
     let base = format!("http://{}", endpoint.address);
     let hidden = |body: &str| body.trim_end_matches('\n').chars().any(wakuwaku_core::terminal::is_hidden);
     let (code, body) = get_async(&base, "/state/bank/x%1b%5b2J%0dforged%e2%80%aey").await;
