@@ -33,14 +33,23 @@
 //! at request time, so lag is current. No answer grows with what modules
 //! wrote: state is shown a page at a time ([`view`]), so a projection of
 //! many counters or a key of many large entries costs a request no more
-//! than a page. Clients cannot hold the host's
-//! resources: at most [`MAX_CONNECTIONS`] connections are served at once
-//! (more wait in the kernel's queue, costing the process no file), and a
-//! connection that moves no byte either way for [`IDLE_TIMEOUT`] is closed
-//! (a request sent a byte at a time, or a reader that stopped reading,
-//! held its connection, its memory and a file forever), and so is one
-//! whose request is not answered within [`REQUEST_DEADLINE`] of its first
-//! byte (a byte every 20 s kept a connection forever).
+//! than a page. Clients cannot hold the host's resources, nor keep
+//! `/health` and `/ready` from answering ([`slots`]): a newcomer is
+//! always admitted, and its first request is answered before any later
+//! arrival can close it (within [`NEWCOMER_GRACE`]); at most
+//! [`MAX_CONNECTIONS`] settled connections (answered once, or older than
+//! the grace) are open, at most [`MAX_CONNECTIONS_PER_PEER`] from one
+//! address, and as many newcomers apart; past a bound, connections that
+//! wait for their clients make room (idle ones first, the peer holding
+//! the most first); a connection that
+//! moves no byte either way for [`IDLE_TIMEOUT`] is closed (a request sent
+//! a byte at a time, or a reader that stopped reading, held its
+//! connection, its memory and a file forever), and so is one whose request
+//! is not answered within [`REQUEST_DEADLINE`] of its first byte (a byte
+//! every 20 s kept a connection forever). Every value an error answer
+//! echoes (a path's decoded parts, a query) is written through
+//! [`wakuwaku_core::terminal::printable`]: no control, bidi or invisible
+//! character reaches whoever reads the answer raw.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -66,7 +75,9 @@ use crate::rebuild::conductor::RebuildStatus;
 use crate::state::StateStore;
 use crate::stats::Stat;
 
+mod slots;
 pub mod view;
+pub use slots::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, NEWCOMER_GRACE};
 pub use view::counter_json;
 
 /// What the endpoint serves from.
@@ -244,17 +255,15 @@ pub async fn serve<L: EventLog>(
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready::<L>))
         .merge(protected)
+        .layer(axum::middleware::map_response(escape_echoes))
         .with_state(admin);
     let listener = Capped {
         listener,
-        permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        slots: Arc::new(slots::Slots::default()),
         tls: tls.map(|tls| tokio_rustls::TlsAcceptor::from(tls.config)),
     };
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
-
-/// The most connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
 
 /// How long a connection may move no byte before it is closed.
 pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -265,11 +274,11 @@ pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30)
 /// liked, and 64 of them kept `/health` from answering.
 pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A listener that accepts a connection only while fewer than
-/// [`MAX_CONNECTIONS`] are open.
+/// A listener that gives each connection a slot ([`slots`]), closing
+/// another to make room when the bounds are reached.
 struct Capped {
     listener: tokio::net::TcpListener,
-    permits: Arc<tokio::sync::Semaphore>,
+    slots: Arc<slots::Slots>,
     /// Makes every connection's TLS handshake, when serving TLS.
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
@@ -279,10 +288,10 @@ impl axum::serve::Listener for Capped {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (AdminStream, SocketAddr) {
-        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
         let (stream, address) = axum::serve::Listener::accept(&mut self.listener).await;
+        let slot = self.slots.admit(address.ip());
         let idle = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
-        let connection = Connection { stream, idle, answer_by: None, _permit: permit };
+        let connection = Connection { stream, idle, answer_by: None, carrying: self.tls.is_none(), slot };
         let stream = match &self.tls {
             None => AdminStream::Plain(connection),
             Some(acceptor) => AdminStream::Handshaking(Box::new(acceptor.accept(connection))),
@@ -295,10 +304,10 @@ impl axum::serve::Listener for Capped {
     }
 }
 
-/// An accepted connection: it holds its permit until it is dropped, and
-/// fails once it has moved no byte for [`IDLE_TIMEOUT`], or once a request
+/// An accepted connection: it holds its slot until it is dropped, and
+/// fails once it has moved no byte for [`IDLE_TIMEOUT`], once a request
 /// has waited [`REQUEST_DEADLINE`] since its first byte without its answer
-/// starting.
+/// starting, or once a newcomer displaced it.
 struct Connection {
     stream: tokio::net::TcpStream,
     /// Fires at the idle timeout or the request's deadline, whichever is
@@ -306,7 +315,10 @@ struct Connection {
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The deadline of a request read in part or whole and not answered.
     answer_by: Option<tokio::time::Instant>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Whether it carries HTTP (plain, or TLS once the handshake is done),
+    /// so that what it writes answers a request.
+    carrying: bool,
+    slot: slots::Slot,
 }
 
 impl Connection {
@@ -330,7 +342,23 @@ impl Connection {
                 }
                 let idle = now + IDLE_TIMEOUT;
                 self.idle.as_mut().reset(self.answer_by.map_or(idle, |deadline| deadline.min(idle)));
-                Poll::Ready(result)
+                // A TLS handshake's writes answer no request.
+                let answered = wrote && self.carrying;
+                let kept = match (read || wrote, self.answer_by) {
+                    (false, _) => self.slot.wait(cx.waker()),
+                    (true, None) => self.slot.record(slots::Phase::Idle, now, answered, cx.waker()),
+                    // Ordered by deadline, which is by when the request began.
+                    (true, Some(deadline)) => {
+                        self.slot.record(slots::Phase::Requesting, deadline, answered, cx.waker())
+                    }
+                };
+                match kept {
+                    true => Poll::Ready(result),
+                    false => Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into())),
+                }
+            }
+            Poll::Pending if !self.slot.wait(cx.waker()) => {
+                Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()))
             }
             Poll::Pending => match self.idle.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
@@ -395,7 +423,8 @@ impl AdminStream {
         };
         match std::pin::Pin::new(&mut **accept).poll(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(stream)) => {
+            Poll::Ready(Ok(mut stream)) => {
+                stream.get_mut().0.carrying = true;
                 *self = AdminStream::Tls(Box::new(stream));
                 Poll::Ready(Ok(()))
             }
@@ -451,6 +480,35 @@ impl tokio::io::AsyncWrite for AdminStream {
     fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
         carried!(self, cx, stream => std::pin::Pin::new(stream).poll_shutdown(cx))
     }
+}
+
+/// The most bytes of an error answer's body [`escape_echoes`] reads; the
+/// endpoint's own are one line.
+const ECHO_BODY_LIMIT: usize = 64 << 10;
+
+/// A 4xx answer in plain text (the endpoint's own, and the router's
+/// rejections) with every hidden character of its body escaped
+/// ([`wakuwaku_core::terminal::printable`]), its final line break kept:
+/// such bodies echo the request's decoded path and query.
+async fn escape_echoes(response: Response) -> Response {
+    let plain =
+        response.headers().get(header::CONTENT_TYPE).is_some_and(|kind| kind.as_bytes().starts_with(b"text/plain"));
+    if !response.status().is_client_error() || !plain {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, ECHO_BODY_LIMIT).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => String::from("the answer was too long to show\n"),
+    };
+    let (line, end) = match text.strip_suffix('\n') {
+        Some(line) => (line, "\n"),
+        None => (text.as_str(), ""),
+    };
+    let escaped = format!("{}{end}", wakuwaku_core::terminal::printable(line));
+    let mut response = Response::from_parts(parts, axum::body::Body::from(escaped));
+    response.headers_mut().remove(header::CONTENT_LENGTH);
+    response
 }
 
 /// Binds the endpoint's address, with an error that names it.

@@ -11,7 +11,8 @@
 //! - **The previous version keeps running** when a build fails or the new
 //!   component is refused at load; the error is reported
 //!   ([`DevEvent::BuildFailed`], [`DevEvent::Refused`]) and the next change
-//!   tries again.
+//!   tries again. A build that is the running component again (a change
+//!   that compiled to the same bytes) says so ([`DevEvent::Unchanged`]).
 //! - **Sample events** (`events`) are published at start, again after
 //!   every swap, so each version shows what it does with them, and again
 //!   when the file itself changes (without a build). State accumulates
@@ -98,6 +99,12 @@ pub enum DevEvent {
         /// The module and its new version.
         module: String,
     },
+    /// The build is the very component that runs (a change that built to
+    /// the same bytes, such as a comment): nothing is swapped in.
+    Unchanged {
+        /// The running module and its version.
+        module: String,
+    },
     /// The build failed; the previous version keeps running.
     BuildFailed(BuildError),
     /// The new component was refused at load; the previous version keeps
@@ -138,6 +145,9 @@ impl std::fmt::Display for DevEvent {
                 "swapped in {module} (it goes on from the state earlier versions built: one projection; for this \
                  version alone, start again without --data)"
             ),
+            Self::Unchanged { module } => {
+                write!(f, "the build is the running version {module}; nothing to swap in")
+            }
             Self::EventsChanged { file } => write!(f, "{} changed; publishing the sample events again", file.display()),
             Self::BuildFailed(error) => write!(f, "the build failed, the previous version keeps running: {error}"),
             Self::Refused { error } => write!(f, "the new version is refused, the previous one keeps running: {error}"),
@@ -351,7 +361,7 @@ impl Session {
             .expect("a reload does not panic")?;
         match self.library.reloads().get(name).and_then(|status| status.error.clone()) {
             Some(error) => (self.report)(DevEvent::Refused { error }),
-            None if self.running(name) == before => {} // the same component again
+            None if self.running(name) == before => (self.report)(DevEvent::Unchanged { module: before }),
             None => {
                 (self.report)(DevEvent::Swapped { module: self.running(name) });
                 self.publish_events().await;

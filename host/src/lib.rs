@@ -61,6 +61,7 @@
 //! - `redb_file`: how both embedded backends open their redb files, checked
 //!   in full so that a damaged file is an error naming it, never a crash.
 //! - [`memory`]: how the process takes memory pages from the kernel.
+//! - [`words`]: counts and rates in messages (`1 event`, `2 batches`).
 //! - [`tls`]: rustls configurations for the host's links (PostgreSQL, the
 //!   admin endpoint and its callers) and refused handshakes in plain words.
 //!
@@ -98,6 +99,7 @@ pub mod stats;
 pub mod telemetry;
 pub mod tls;
 pub mod trial;
+pub mod words;
 
 pub use wakuwaku_core::{event, key, plan, reduce};
 

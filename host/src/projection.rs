@@ -70,8 +70,9 @@ pub enum ProjectionError {
         /// The topic.
         topic: String,
     },
-    /// A module file could not be read.
-    #[error("cannot read module file {path}: {source}")]
+    /// A module file could not be read (why is the cause, not repeated in
+    /// this message, so a chain of causes says it once).
+    #[error("cannot read module file {path}")]
     ReadModule {
         /// The file.
         path: PathBuf,

@@ -158,6 +158,45 @@ struct Inner {
     system: &'static str,
     traces: Option<(SdkTracerProvider, SdkTracer)>,
     metrics: Option<Metrics>,
+    /// Where spans and metrics go, as the environment names it, for
+    /// messages.
+    endpoints: Endpoints,
+}
+
+/// Where each signal is sent, as the environment says (a signal's own
+/// variable, else the common one, else the SDK's default).
+struct Endpoints {
+    traces: String,
+    metrics: String,
+}
+
+impl Endpoints {
+    /// The SDK's default base, which it uses when no variable is set.
+    const DEFAULT: &'static str = "http://localhost:4318";
+
+    fn of(variable: impl Fn(&str) -> Option<String>) -> Self {
+        let set = |name: &str| variable(name).filter(|value| !value.trim().is_empty());
+        let base = set("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_else(|| Self::DEFAULT.to_owned());
+        let base = base.trim_end_matches('/');
+        Self {
+            traces: set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").unwrap_or_else(|| format!("{base}/v1/traces")),
+            metrics: set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").unwrap_or_else(|| format!("{base}/v1/metrics")),
+        }
+    }
+}
+
+/// `error` and its causes, `: `-separated, each said once.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let said = next.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = next.source();
+    }
+    text
 }
 
 struct Metrics {
@@ -226,7 +265,8 @@ impl Telemetry {
                 Some(Metrics { provider, consumed, duration })
             }
         };
-        Ok(Some(Self { inner: Arc::new(Inner { system, traces, metrics }) }))
+        let endpoints = Endpoints::of(|name| std::env::var(name).ok());
+        Ok(Some(Self { inner: Arc::new(Inner { system, traces, metrics, endpoints }) }))
     }
 
     /// Opens the trace of a batch of `count` messages of `topic`'s
@@ -293,12 +333,20 @@ impl Telemetry {
             if let Some((provider, _)) = &inner.traces
                 && let Err(error) = provider.shutdown_with_timeout(SHUTDOWN_WAIT)
             {
-                tracing::warn!("OpenTelemetry: the last spans were not sent: {error}");
+                tracing::warn!(
+                    "OpenTelemetry: the last spans were not sent to {}: {}",
+                    inner.endpoints.traces,
+                    with_causes(&error)
+                );
             }
             if let Some(metrics) = &inner.metrics
                 && let Err(error) = metrics.provider.shutdown_with_timeout(SHUTDOWN_WAIT)
             {
-                tracing::warn!("OpenTelemetry: the last metrics were not sent: {error}");
+                tracing::warn!(
+                    "OpenTelemetry: the last metrics were not sent to {}: {}",
+                    inner.endpoints.metrics,
+                    with_causes(&error)
+                );
             }
             let _ = done.send(());
         });
@@ -521,6 +569,29 @@ mod tests {
 
     fn signals(vars: &[(&str, &str)]) -> Result<Signals, TelemetryError> {
         Signals::of(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned()))
+    }
+
+    #[test]
+    fn a_warning_names_each_signals_endpoint_and_every_cause_once() {
+        let of = |pairs: &'static [(&str, &str)]| {
+            Endpoints::of(|name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned()))
+        };
+        let common = of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]);
+        assert_eq!(
+            (common.traces.as_str(), common.metrics.as_str()),
+            ("http://collector:4318/v1/traces", "http://collector:4318/v1/metrics")
+        );
+        let own = of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:1"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:2/x"),
+        ]);
+        assert_eq!((own.traces.as_str(), own.metrics.as_str()), ("http://t:2/x", "http://c:1/v1/metrics"));
+        assert_eq!(of(&[]).traces, "http://localhost:4318/v1/traces");
+        #[derive(Debug, thiserror::Error)]
+        #[error("export failed")]
+        struct Outer(#[source] std::io::Error);
+        let error = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"));
+        assert_eq!(with_causes(&error), "export failed: connection refused");
     }
 
     #[test]

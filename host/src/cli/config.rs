@@ -194,11 +194,7 @@ pub(super) fn parse(
         return Err(Failure::Config(ConfigError::UnknownKey { key, path: path.clone() }));
     }
 
-    let applies = |name: &str| match path[0].as_str() {
-        "run" => true,
-        "demo" => DEMO.contains(&name),
-        _ => SHARED.contains(&name),
-    };
+    let applies = |name: &str| layered_for(&path[0], name);
     let on_command_line =
         |arg: &clap::Arg| leaf_matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine);
     let flags: Vec<&clap::Arg> = leaf_command.get_arguments().filter(|arg| on_command_line(arg)).collect();
@@ -222,6 +218,29 @@ pub(super) fn parse(
         .filter_map(|arg| Some(effective(arg, leaf_matches, sources.get(long(arg))?.clone())))
         .collect();
     Ok(Layered { cli, settings, argv })
+}
+
+/// Whether the setting `name` of the command `command` (the first word
+/// after `waku`) may come from the environment or the file.
+fn layered_for(command: &str, name: &str) -> bool {
+    match command {
+        "run" => true,
+        "demo" => DEMO.contains(&name),
+        _ => SHARED.contains(&name),
+    }
+}
+
+/// Whether the command `args` names takes any setting from the
+/// environment or the file (`waku test` takes none): a usage error of one
+/// that does may be fixed there too.
+pub(super) fn takes_settings(args: &[OsString]) -> bool {
+    let command = Cli::command();
+    let Ok(lenient) = command.clone().ignore_errors(true).try_get_matches_from(args) else {
+        return false;
+    };
+    let (path, _) = leaf(&lenient);
+    find(&command, &path)
+        .is_some_and(|leaf_command| settings_of(leaf_command).any(|arg| layered_for(&path[0], long(arg))))
 }
 
 /// Where a setting not given as a flag comes from, and the arguments that

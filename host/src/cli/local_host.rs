@@ -639,6 +639,13 @@ impl AsTyped {
     }
 }
 
+/// The process id of the host running on `data`, as its address file
+/// names it (`None`: no live host wrote one): for messages about files it
+/// holds.
+pub(super) fn running_pid(data: &Path) -> Option<u32> {
+    find(data).ok().map(|address| address.pid)
+}
+
 /// The address of the host running on `data`.
 fn find(data: &Path) -> Result<Address, NoHost> {
     let path = data.join(ADDRESS_FILE);

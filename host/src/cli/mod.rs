@@ -297,13 +297,17 @@ pub fn main() -> ExitCode {
 /// the `waku` binary would; for benchmarks that time a command in-process.
 pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
     let environment = |name: &str| std::env::var_os(name);
-    let layered = match config::parse(args.into_iter().collect(), &environment, Path::new(config::DEFAULT_FILE)) {
+    let args: Vec<_> = args.into_iter().collect();
+    let layered = match config::parse(args.clone(), &environment, Path::new(config::DEFAULT_FILE)) {
         Ok(layered) => layered,
-        Err(config::Failure::Clap(error)) if error.kind() == clap::error::ErrorKind::MissingRequiredArgument => {
-            let _ = error.print();
-            errln!(
-                "tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml (see `waku help run`)"
-            );
+        Err(config::Failure::Clap(error)) if error.use_stderr() => {
+            usage_error(&error);
+            if error.kind() == clap::error::ErrorKind::MissingRequiredArgument && config::takes_settings(&args) {
+                errln!(
+                    "tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml (see `waku help \
+                     run`)"
+                );
+            }
             return ExitCode::from(2);
         }
         Err(config::Failure::Clap(error)) => error.exit(),
@@ -349,6 +353,18 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     // nothing.
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     code
+}
+
+/// Prints clap's usage error as every error is printed, `waku: error: …`
+/// (clap writes `error: …`), each line through `errln!`.
+fn usage_error(error: &clap::Error) {
+    let text = error.render().to_string();
+    for (number, line) in text.trim_end().lines().enumerate() {
+        match (number, line.strip_prefix("error: ")) {
+            (0, Some(rest)) => errln!("waku: error: {rest}"),
+            _ => errln!("{line}"),
+        }
+    }
 }
 
 /// Runs the command through the host running on its data directory, if
@@ -458,7 +474,22 @@ fn report_with(error: &anyhow::Error, code: ExitCode) -> ExitCode {
     for cause in error.chain().skip(1) {
         errln!("  caused by: {cause}");
     }
+    if let Some(holder) = holder_of_embedded_log(error) {
+        errln!("  held by: {holder}");
+    }
     code
+}
+
+/// Which process holds the embedded log `error` found in use, as the
+/// address file of its data directory names it.
+fn holder_of_embedded_log(error: &anyhow::Error) -> Option<String> {
+    let path = error.chain().find_map(|cause| match cause.downcast_ref::<crate::log::LogError>() {
+        Some(crate::log::LogError::InUse { path }) => Some(path),
+        _ => None,
+    })?;
+    let data = path.parent()?;
+    let pid = local_host::running_pid(data)?;
+    Some(format!("process {pid} (named in {})", data.join(local_host::ADDRESS_FILE).display()))
 }
 
 /// Whether `error` is a write to a standard output whose reader is gone; a

@@ -59,10 +59,14 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
         Ok(store)
     });
     let store = match store {
-        Err(HostError::State { source: StateError::InUse { store }, .. }) => bail!(
-            "projection `{projection}` is in use ({store}): stop its `waku run` first; a reset works on a stopped \
-             projection"
-        ),
+        Err(HostError::State { source: StateError::InUse { store }, .. }) => {
+            let holder =
+                super::local_host::running_pid(&data.data).map_or(String::new(), |pid| format!(" by process {pid}"));
+            bail!(
+                "projection `{projection}` is in use{holder} ({store}): stop its `waku run` first; a reset works on \
+                 a stopped projection"
+            )
+        }
         other => other?,
     };
     let log = data.existing_log("is `waku run` using it? stop it first").await?;
@@ -74,7 +78,11 @@ pub(super) async fn reset(args: ResetArgs) -> Result<()> {
     for topic in topics.all() {
         plans.push(reset::plan(&log, &store, topic, args.to, args.partitions.as_deref()).await?);
     }
-    errln!("{}", describe(&plans, projection));
+    // One message per line: `errln!` shows a line break inside a message
+    // as `\n`.
+    for line in describe(&plans, projection).lines() {
+        errln!("{line}");
+    }
     for plan in &plans {
         plan.check_history(args.accept_lost_history)?;
     }

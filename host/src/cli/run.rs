@@ -311,12 +311,14 @@ pub(super) fn hint_at_limit_flags(error: impl Into<LifecycleError>) -> anyhow::E
 }
 
 pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()> {
+    use crate::words::counted;
+    let rate =
+        crate::words::per_second(summary.consumed, secs, "event").map_or(String::new(), |rate| format!(" ({rate})"));
     outln!(
-        "consumed {} events in {} batches ({:.0} events/s): {} applied, {} skipped, {} dead-lettered ({} malformed), \
-         {} sent to retry, {} taken back",
-        summary.consumed,
-        summary.batches,
-        summary.consumed as f64 / secs.max(1e-9),
+        "consumed {} in {}{rate}: {} applied, {} skipped, {} dead-lettered ({} malformed), {} sent to retry, {} taken \
+         back",
+        counted(summary.consumed, "event"),
+        counted(summary.batches, "batch"),
         summary.applied,
         summary.skipped,
         summary.dead_lettered,
@@ -329,18 +331,20 @@ pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) ->
     }
     if summary.order_violations > 0 {
         outln!(
-            "{} late events (read after the clock passed their event time) were applied at once, out of event-time \
-             order",
-            summary.order_violations
+            "{} (read after the clock passed their event time) applied at once, out of event-time order",
+            counted(summary.order_violations, "late event")
         )?;
     }
     let stats = store.stats()?;
     let waiting = stats.retrying();
     if waiting > 0 {
-        outln!("{waiting} events wait in retry; the next `waku run` takes them when they are due")?;
+        outln!("{} in retry; the next `waku run` takes them when they are due", counted(waiting, "event"))?;
     }
-    if stats[Stat::DeadLettered] > 0 {
-        outln!("{} events are dead letters in all (see `waku dlq list`)", stats[Stat::DeadLettered])?;
+    // Re-driven letters were applied (or dead-lettered again, counted
+    // anew): they are no longer dead letters.
+    let dead_letters = stats[Stat::DeadLettered].saturating_sub(stats[Stat::Redriven]);
+    if dead_letters > 0 {
+        outln!("{} in all (see `waku dlq list`)", counted(dead_letters, "dead letter"))?;
     }
     if stats[Stat::Undeliverable] > 0 {
         outln!(

@@ -1,7 +1,9 @@
-//! The registry requests of a pull (a manifest, a layer, a token), made
+//! The registry requests of a pull (a manifest, a layer, a token) and of
+//! a push (a blob's check and upload, a manifest's upload, a token), made
 //! here with reqwest rather than through oci-client, which reads every
 //! manifest, token answer and error body whole, with no bound, and sends
-//! credentials to whatever token service a registry names.
+//! credentials to whatever token service a registry names. Pull and push
+//! keep the same rules, here, in one place.
 //!
 //! Rules kept here:
 //! - **Bounded before read.** Every body has a bound known before its
@@ -13,7 +15,9 @@
 //!   [`MAX_ERROR_BYTES`]. A `Content-Length` over the bound is refused
 //!   before the body is read; a body without one, or longer than it says,
 //!   is cut at the bound and refused. The config blob is never read.
-//! - **A total time bound.** A pull, or a tag's lookup, ends within
+//!   A push reads no body but error bodies and the token service's
+//!   answer, under the same bounds.
+//! - **A total time bound.** A pull, a push, or a tag's lookup, ends within
 //!   [`TIMEOUT_ENV`] (default [`DEFAULT_TIMEOUT`]) as a whole, however
 //!   slowly the registry sends: a registry trickling bytes cannot hold a
 //!   pull or a start-up. Besides, connecting waits at most 10 s and each
@@ -35,8 +39,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use oci_client::secrets::RegistryAuth;
-use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
-use reqwest::{Response, StatusCode};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION, WWW_AUTHENTICATE};
+use reqwest::{Method, Response, StatusCode};
 
 use super::{ModuleRef, OciError};
 
@@ -121,7 +125,14 @@ impl Bounds {
     }
 }
 
-/// A registry's HTTP side for pulls: its base URL, credentials and the
+/// What a request may do in its repository, as a token's scope says.
+#[derive(Debug, Clone, Copy)]
+enum Access {
+    Pull,
+    Push,
+}
+
+/// A registry's HTTP side for pulls and pushes: its base URL, credentials and the
 /// authorization its challenge gave.
 pub(super) struct Distribution {
     http: reqwest::Client,
@@ -184,14 +195,78 @@ impl Distribution {
         self.bounded(response, size, |_| tampered(format!("more than the {size} bytes the manifest says"))).await
     }
 
+    /// Uploads the blob `bytes` of digest `digest` to `reference`'s
+    /// repository, unless the registry has it already.
+    pub(super) async fn push_blob(
+        &self,
+        reference: &ModuleRef,
+        digest: &str,
+        bytes: bytes::Bytes,
+    ) -> Result<(), OciError> {
+        let repository = reference.repository();
+        let url = format!("{}/v2/{repository}/blobs/{digest}", self.base);
+        let held = self.request(reference, Method::HEAD, &url, None, None, Access::Push).await?;
+        if held.status().is_success() {
+            return Ok(());
+        }
+        let url = format!("{}/v2/{repository}/blobs/uploads/", self.base);
+        let started = self.request(reference, Method::POST, &url, None, None, Access::Push).await?;
+        let started = self.successful(reference, started, "upload").await?;
+        let location = started.headers().get(LOCATION).and_then(|value| value.to_str().ok());
+        let mut url = location
+            .and_then(|location| reqwest::Url::parse(&self.base).ok()?.join(location).ok())
+            .ok_or_else(|| OciError::Registry {
+                registry: self.registry.clone(),
+                reason: format!("it started an upload to `{reference}` without saying where (no Location)"),
+            })?;
+        url.query_pairs_mut().append_pair("digest", digest);
+        let body = Some(("application/octet-stream", bytes));
+        let put = self.request(reference, Method::PUT, url.as_str(), None, body, Access::Push).await?;
+        self.successful(reference, put, "upload").await.map(drop)
+    }
+
+    /// Uploads the manifest `bytes` of type `media_type` as `reference`'s
+    /// tag (or digest).
+    pub(super) async fn push_manifest(
+        &self,
+        reference: &ModuleRef,
+        media_type: &'static str,
+        bytes: bytes::Bytes,
+    ) -> Result<(), OciError> {
+        let name = reference.tag().or(reference.digest()).unwrap_or("latest");
+        let url = format!("{}/v2/{}/manifests/{name}", self.base, reference.repository());
+        let put = self.request(reference, Method::PUT, &url, None, Some((media_type, bytes)), Access::Push).await?;
+        self.successful(reference, put, "manifest upload").await.map(drop)
+    }
+
     /// GETs `url`, answering the registry's challenge once.
     async fn get(&self, reference: &ModuleRef, url: &str, accept: Option<&str>) -> Result<Response, OciError> {
+        self.request(reference, Method::GET, url, accept, None, Access::Pull).await
+    }
+
+    /// Sends `method` to `url` with `body` (its content type and bytes),
+    /// answering the registry's challenge once, for a token allowing
+    /// `access`. The `Authorization` goes only to the registry's own
+    /// origin (an upload's Location may name another).
+    async fn request(
+        &self,
+        reference: &ModuleRef,
+        method: Method,
+        url: &str,
+        accept: Option<&str>,
+        body: Option<(&'static str, bytes::Bytes)>,
+        access: Access,
+    ) -> Result<Response, OciError> {
+        let own_origin = url == self.base || url.starts_with(&format!("{}/", self.base));
         let send = |authorization: Option<HeaderValue>| {
-            let mut request = self.http.get(url);
+            let mut request = self.http.request(method.clone(), url);
             if let Some(accept) = accept {
                 request = request.header(ACCEPT, accept);
             }
-            if let Some(authorization) = authorization {
+            if let Some((content_type, bytes)) = &body {
+                request = request.header(CONTENT_TYPE, *content_type).body(bytes.clone());
+            }
+            if let Some(authorization) = authorization.filter(|_| own_origin) {
                 request = request.header(AUTHORIZATION, authorization);
             }
             request.send()
@@ -202,7 +277,7 @@ impl Distribution {
             return Ok(response);
         }
         let challenge = response.headers().get(WWW_AUTHENTICATE).cloned();
-        let Some(authorization) = self.authorize(reference, challenge.as_ref()).await? else {
+        let Some(authorization) = self.authorize(reference, challenge.as_ref(), access).await? else {
             return Ok(response);
         };
         *self.authorization.lock().unwrap_or_else(|e| e.into_inner()) = Some(authorization.clone());
@@ -214,6 +289,7 @@ impl Distribution {
         &self,
         reference: &ModuleRef,
         challenge: Option<&HeaderValue>,
+        access: Access,
     ) -> Result<Option<HeaderValue>, OciError> {
         use base64::Engine;
         let header = |text: String| HeaderValue::from_str(&text).ok();
@@ -247,7 +323,11 @@ impl Distribution {
         if basic.is_some() {
             self.check_token_service(&realm)?;
         }
-        let scope = format!("repository:{}:pull", reference.repository());
+        let actions = match access {
+            Access::Pull => "pull",
+            Access::Push => "pull,push",
+        };
+        let scope = format!("repository:{}:{actions}", reference.repository());
         let mut query = vec![("scope", scope)];
         query.extend(service.map(|service| ("service", service)));
         let mut request = self.http.get(realm.as_str()).query(&query);

@@ -31,14 +31,18 @@
 //!   ([`check_loads`], what `waku modules push` checks) before it replaces
 //!   anything; a module file is written in one rename, with the ordinary
 //!   mode (0644 under the usual umask).
+//! - **A push keeps a pull's rules.** Its requests go through
+//!   [`distribution`] too: the same bounds on what it reads (a token
+//!   service's answer, error bodies), the same total time bound, the same
+//!   token-service rule; the manifest digest it reports is the SHA-256 of
+//!   the manifest it sent, not a second answer of the registry.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::{OciImageManifest, OciManifest};
-use oci_client::{Client, Reference};
+use oci_client::client::{Config, ImageLayer};
+use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciImageManifest, OciManifest};
 use sha2::{Digest, Sha256};
 
 use crate::runtime::component_file::MAX_COMPONENT_BYTES;
@@ -135,12 +139,14 @@ pub enum OciError {
         /// The setting that changes the bound, if one does.
         setting: Option<&'static str>,
     },
-    /// The whole pull took over its time bound.
+    /// The whole pull (or push) took over its time bound.
     #[error(
-        "pulling `{reference}` from registry `{registry}` took over {}, the bound {} sets; stopped",
-        humantime::format_duration(*limit), distribution::TIMEOUT_ENV
+        "{doing} `{reference}` {} registry `{registry}` took over {}, the bound {} sets; stopped",
+        if *doing == "pushing" { "to" } else { "from" }, humantime::format_duration(*limit), distribution::TIMEOUT_ENV
     )]
     TimedOut {
+        /// `pulling` or `pushing`.
+        doing: &'static str,
         /// The reference.
         reference: String,
         /// The registry.
@@ -244,17 +250,6 @@ impl ModuleRef {
     pub fn at_digest(&self, digest: &str) -> Self {
         Self { digest: Some(digest.to_owned()), ..self.clone() }
     }
-
-    fn reference(&self) -> Reference {
-        match &self.digest {
-            Some(digest) => Reference::with_digest(self.registry.clone(), self.repository.clone(), digest.clone()),
-            None => Reference::with_tag(
-                self.registry.clone(),
-                self.repository.clone(),
-                self.tag.clone().unwrap_or_else(|| "latest".to_owned()),
-            ),
-        }
-    }
 }
 
 impl fmt::Display for ModuleRef {
@@ -357,8 +352,6 @@ pub fn plain_http(registry: &str, plain_http: Option<&str>) -> bool {
 
 /// A registry client: one per operation's registry.
 pub struct Registry {
-    client: Client,
-    auth: oci_client::secrets::RegistryAuth,
     registry: String,
     distribution: distribution::Distribution,
 }
@@ -368,18 +361,9 @@ impl Registry {
     /// environment ([`credentials`], [`plain_http`]).
     pub fn for_registry(registry: &str) -> Result<Self, OciError> {
         let plain = plain_http(registry, std::env::var(PLAIN_HTTP_ENV).ok().as_deref());
-        let protocol =
-            if plain { ClientProtocol::HttpsExcept(vec![registry.to_owned()]) } else { ClientProtocol::Https };
-        let config = ClientConfig {
-            protocol,
-            connect_timeout: Some(std::time::Duration::from_secs(10)),
-            read_timeout: Some(std::time::Duration::from_secs(60)),
-            ..ClientConfig::default()
-        };
         let auth = credentials::for_registry(registry)?;
-        let distribution =
-            distribution::Distribution::new(registry, plain, auth.clone(), distribution::Bounds::from_env()?)?;
-        Ok(Self { client: Client::new(config), auth, registry: registry.to_owned(), distribution })
+        let distribution = distribution::Distribution::new(registry, plain, auth, distribution::Bounds::from_env()?)?;
+        Ok(Self { registry: registry.to_owned(), distribution })
     }
 
     fn failed(&self, error: impl fmt::Display) -> OciError {
@@ -387,7 +371,8 @@ impl Registry {
     }
 
     /// Pushes the component `bytes` to `reference` in the Wasm OCI artifact
-    /// layout; returns its digests.
+    /// layout, within the bounds of a pull (the same requests' rules:
+    /// [`distribution`]); returns its digests.
     pub async fn push(&self, bytes: Vec<u8>, reference: &ModuleRef) -> Result<Artifact, OciError> {
         check_component(&bytes)?;
         let layer = sha256_digest(&bytes);
@@ -401,37 +386,46 @@ impl Registry {
             "layerDigests": [layer],
         });
         let config = Config::new(config.to_string().into_bytes(), WASM_CONFIG_MEDIA_TYPE.to_owned(), None);
+        let config_digest = sha256_digest(&config.data);
         let annotations = BTreeMap::from([("org.opencontainers.image.created".to_owned(), created)]);
         let layers = [ImageLayer::new(bytes, WASM_LAYER_MEDIA_TYPE.to_owned(), None)];
         let mut manifest = OciImageManifest::build(&layers, &config, Some(annotations));
         manifest.artifact_type = Some(WASM_CONFIG_MEDIA_TYPE.to_owned());
-        let target = reference.reference();
-        self.client.push(&target, &layers, config, &self.auth, Some(manifest)).await.map_err(|e| self.failed(e))?;
-        let manifest = self.client.fetch_manifest_digest(&target, &self.auth).await.map_err(|e| self.failed(e))?;
-        Ok(Artifact { manifest, layer })
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| self.failed(e))?;
+        let [layer_bytes] = layers;
+        let distribution = &self.distribution;
+        let pushed = async {
+            distribution.push_blob(reference, &config_digest, config.data).await?;
+            distribution.push_blob(reference, &layer, layer_bytes.data).await?;
+            distribution.push_manifest(reference, OCI_IMAGE_MEDIA_TYPE, manifest.clone().into()).await
+        };
+        self.within_time(reference, "pushing", pushed).await?;
+        Ok(Artifact { manifest: sha256_digest(&manifest), layer })
     }
 
     /// The manifest digest `reference` names now (a tag's current one),
     /// read within the bounds of a pull.
     pub async fn resolve(&self, reference: &ModuleRef) -> Result<String, OciError> {
-        let manifest = self.within_time(reference, self.distribution.manifest(reference)).await?;
+        let manifest = self.within_time(reference, "pulling", self.distribution.manifest(reference)).await?;
         Ok(sha256_digest(&manifest))
     }
 
     /// Pulls the component `reference` names, verified (see the [module
     /// documentation](self)), within the time bound of a pull.
     pub async fn pull(&self, reference: &ModuleRef) -> Result<Pulled, OciError> {
-        self.within_time(reference, self.pull_unbounded_in_time(reference)).await
+        self.within_time(reference, "pulling", self.pull_unbounded_in_time(reference)).await
     }
 
     async fn within_time<T>(
         &self,
         reference: &ModuleRef,
+        doing: &'static str,
         operation: impl Future<Output = Result<T, OciError>>,
     ) -> Result<T, OciError> {
         let limit = self.distribution.bounds.timeout;
         tokio::time::timeout(limit, operation).await.unwrap_or_else(|_| {
-            Err(OciError::TimedOut { reference: reference.to_string(), registry: self.registry.clone(), limit })
+            let (reference, registry) = (reference.to_string(), self.registry.clone());
+            Err(OciError::TimedOut { doing, reference, registry, limit })
         })
     }
 

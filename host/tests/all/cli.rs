@@ -386,6 +386,17 @@ fn bad_input_gets_a_clear_error() {
 
     let out = waku(&["frobnicate"], dir.path());
     assert_eq!(out.status.code(), Some(2), "usage errors exit 2");
+
+    // A module path that is a directory: why, said once.
+    std::fs::create_dir(dir.path().join("module-dir")).unwrap();
+    let events = write_lines(dir.path(), "events.jsonl", &[]);
+    let out = waku(&["test", "module-dir", &events], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.matches("must be a regular file").count(), 1, "{stderr}");
+    let causes: Vec<&str> = stderr.lines().filter(|line| line.contains("caused by:")).collect();
+    let unique: std::collections::BTreeSet<&&str> = causes.iter().collect();
+    assert_eq!(unique.len(), causes.len(), "{stderr}");
 }
 
 #[test]
@@ -440,6 +451,19 @@ fn dump_state(data: &Path, projection: &str) -> StateDump {
     let store = StateStore::open(&data.join("projections").join(format!("{projection}.redb"))).unwrap();
     let entries = store.keys().unwrap().into_iter().map(|key| (key.clone(), store.entries(&key).unwrap())).collect();
     (entries, store.counters().unwrap(), store.stats().unwrap())
+}
+
+/// Checks a run's summary says its counts in words: singular for one
+/// (`1 batch`, never `1 batches`), and a rate that is not `0 events/s`
+/// for events consumed.
+fn summary_in_words(stdout: &str) {
+    let line = stdout.lines().find(|line| line.starts_with("consumed ")).unwrap_or_else(|| panic!("{stdout}"));
+    let words: Vec<&str> = line.split([' ', '(', ':']).collect();
+    for pair in words.windows(2) {
+        let plural = pair[1].ends_with('s') && pair[1] != "events/s";
+        assert!(!(pair[0] == "1" && plural), "`1 {}` in {line:?}", pair[1]);
+    }
+    assert!(consumed(stdout) == 0 || !line.contains("(0 events/s)"), "{line}");
 }
 
 /// The number in a summary line, `consumed N events in …`.
@@ -619,7 +643,8 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(stdout.contains("1 applied, 0 skipped, 2 dead-lettered"), "{stdout}");
-    assert!(stdout.contains("see `waku dlq list`"), "{stdout}");
+    assert!(stdout.contains("2 dead letters in all (see `waku dlq list`)"), "{stdout}");
+    summary_in_words(&stdout);
     // The failures were logged, without colour codes: stderr is no terminal.
     let stderr = text(&out.stderr);
     assert!(stderr.contains("WARN"), "{stderr}");
@@ -724,6 +749,9 @@ fn dead_letters_are_listed_shown_and_redriven_from_the_command_line() {
     // new dead letters; the old ones are marked re-driven.
     let out = run();
     assert!(text(&out.stdout).contains("0 applied, 0 skipped, 2 dead-lettered"), "{}", text(&out.stdout));
+    // 4 dead-lettered in all, 2 of them re-driven since: 2 are dead letters.
+    assert!(text(&out.stdout).contains("\n2 dead letters in all"), "{}", text(&out.stdout));
+    summary_in_words(&text(&out.stdout));
     let listing = text(&dlq(&["list"]).stdout);
     assert_eq!(listing.lines().filter(|l| l.ends_with("[re-driven]")).count(), 2, "{listing}");
     assert_eq!(listing.lines().count(), 4, "{listing}");
@@ -1051,7 +1079,19 @@ fn settings_come_from_flags_the_environment_and_waku_toml_in_that_order() {
     assert_eq!(output.status.code(), Some(2));
     let error = text(&output.stderr);
     assert!(error.contains("--projection <PROJECTION>"), "{error}");
+    assert!(error.starts_with("waku: error: "), "usage errors read as every error does: {error}");
     assert!(error.contains("tip: a setting can also come from the environment (WAKU_<FLAG>) or waku.toml"), "{error}");
+    // A command with no settings from the environment: no such tip.
+    for args in [&["test"][..], &["frobnicate"], &["run", "--no-such-flag"]] {
+        let output = waku(args, dir.path());
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let error = text(&output.stderr);
+        assert!(error.starts_with("waku: error: "), "{args:?}: {error}");
+        assert!(!error.contains("\nerror:"), "{args:?}: {error}");
+        if args[0] != "run" {
+            assert!(!error.contains("WAKU_<FLAG>"), "{args:?}: {error}");
+        }
+    }
 }
 
 #[test]

@@ -297,6 +297,13 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     wait_for(&lines, "events.jsonl changed; publishing the sample events again", &mut seen);
     wait_for(&lines, "fixed: 8 visits module=\"visits\" key=7", &mut seen);
     assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
+
+    // A change that builds to the same component (a comment): said, and
+    // nothing swapped.
+    let now = std::fs::read_to_string(&lib).unwrap();
+    std::fs::write(&lib, now + "\n// A comment changes nothing the compiler keeps.\n").unwrap();
+    wait_for(&lines, "the build is the running version visits@", &mut seen);
+    assert_eq!(swaps(&seen), 2, "{}", seen.join("\n"));
     assert!(!seen.iter().any(|line| line.contains("dev-token-never-shown")), "the token was logged");
 }
 

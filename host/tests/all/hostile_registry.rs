@@ -1,6 +1,7 @@
-//! `waku modules pull` against a registry on loopback that this test runs
-//! itself (no `WAKU_OCI_REGISTRY` needed): what it reads is bounded in
-//! bytes and in time, a layer that does not load replaces nothing,
+//! `waku modules pull` and `waku modules push` against a registry on
+//! loopback that this test runs itself (no `WAKU_OCI_REGISTRY` needed):
+//! what they read is bounded in bytes and in time, a layer that does not
+//! load replaces nothing,
 //! credentials go to no token service but the registry's own over TLS
 //! unless allowed, a missing tag says which, and a pulled module file has
 //! the ordinary mode.
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::registry::{Reply, TestRegistry, serving};
+use crate::common::registry::{Reply, TestRegistry, serving, storing};
 use crate::common::{bank_wasm, text, waku_command};
 
 /// `waku modules pull oci://{registry}/team/bank:v1 --modules modules` in
@@ -84,8 +85,11 @@ fn challenging(realm: String) -> TestRegistry {
     })
 }
 
-#[test]
-fn credentials_go_to_no_token_service_but_an_allowed_one() {
+/// What `operation` (a pull or a push, given a directory, a registry and
+/// variables) sends to token services: nothing to one over plain HTTP or
+/// on another host (refused, the setting named), the credentials to one
+/// allowed by name; returns the head of the request the allowed one got.
+fn token_services_are_checked(operation: impl Fn(&Path, &TestRegistry, &[(&str, &str)]) -> Output) -> String {
     let dir = tempfile::tempdir().unwrap();
     let credentials = [("WAKU_OCI_USERNAME", "ann"), ("WAKU_OCI_PASSWORD", "s3cret")];
     let tokens = TestRegistry::start(|_| Reply::ok(br#"{"token": "t"}"#.to_vec()));
@@ -94,7 +98,7 @@ fn credentials_go_to_no_token_service_but_an_allowed_one() {
         [(plain.as_str(), "over plain HTTP"), ("https://auth.example/token", "on another host than the registry")]
     {
         let registry = challenging(realm.to_owned());
-        let error = failed(&pull(dir.path(), &registry, &credentials));
+        let error = failed(&operation(dir.path(), &registry, &credentials));
         assert!(error.contains(&format!("the token service {realm}, {why}; they were not sent")), "{error}");
         assert!(error.contains("WAKU_OCI_TOKEN_SERVICES"), "{error}");
         let received = [registry.requests(), tokens.requests()].concat();
@@ -105,11 +109,18 @@ fn credentials_go_to_no_token_service_but_an_allowed_one() {
     let registry = challenging(plain.clone());
     let origin = format!("http://{}", tokens.address);
     let allowed = [credentials[0], credentials[1], ("WAKU_OCI_TOKEN_SERVICES", origin.as_str())];
-    let error = failed(&pull(dir.path(), &registry, &allowed));
+    let error = failed(&operation(dir.path(), &registry, &allowed));
     assert!(error.contains("refused access"), "{error}");
     let asked = tokens.requests();
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert!(asked[0].contains("YW5uOnMzY3JldA=="), "{asked:?}");
+    asked[0].clone()
+}
+
+#[test]
+fn credentials_go_to_no_token_service_but_an_allowed_one() {
+    let asked = token_services_are_checked(pull);
+    assert!(asked.contains("%3Apull ") || asked.contains("%3Apull&"), "a pull asks to pull only: {asked:?}");
 }
 
 #[test]
@@ -147,4 +158,133 @@ fn a_pulled_module_has_the_ordinary_mode() {
     };
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644 & !umask, "mode {mode:o}");
+}
+
+/// `waku modules push <bank.wasm> oci://{registry}/team/bank:v1` in `dir`,
+/// with the variables `env`; killed after 60 s (a push that reads without
+/// bound would run for as long as the registry likes).
+fn push(dir: &Path, registry: &TestRegistry, env: &[(&str, &str)]) -> (Output, Duration) {
+    let reference = format!("oci://{}/team/bank:v1", registry.address);
+    let mut command = waku_command(dir);
+    command.args(["modules", "push", bank_wasm().to_str().unwrap(), &reference]);
+    command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").env("DOCKER_CONFIG", dir);
+    command.envs(env.iter().copied());
+    command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let started = std::time::Instant::now();
+    let mut child = command.spawn().unwrap();
+    while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    (child.wait_with_output().unwrap(), started.elapsed())
+}
+
+/// A registry whose every answer is a 401 naming the token service at
+/// `tokens`, asked anonymously (no credentials, so it may be anywhere).
+fn anonymous_challenge(tokens: &TestRegistry) -> TestRegistry {
+    challenging(format!("http://{}/token", tokens.address))
+}
+
+#[test]
+fn a_push_reads_a_token_answer_only_to_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = TestRegistry::start(|_| Reply::Endless { content_length: None });
+    let registry = anonymous_challenge(&tokens);
+    let (out, took) = push(dir.path(), &registry, &[]);
+    let error = failed(&out);
+    assert!(error.contains("the registry's token service's answer is over the bound of 65536 bytes"), "{error}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(tokens.sent() < 32 << 20, "the token service sent {} bytes", tokens.sent());
+}
+
+#[test]
+fn a_trickling_registry_ends_the_push_at_the_time_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = TestRegistry::start(|_| Reply::Trickle { content_length: 1000, every: Duration::from_millis(200) });
+    let registry = anonymous_challenge(&tokens);
+    let (out, took) = push(dir.path(), &registry, &[("WAKU_OCI_TIMEOUT", "2s")]);
+    let error = failed(&out);
+    assert!(error.contains("took over 2s, the bound WAKU_OCI_TIMEOUT sets; stopped"), "{error}");
+    assert!(error.contains("pushing `oci://"), "{error}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+#[test]
+fn a_push_sends_credentials_to_no_token_service_but_an_allowed_one() {
+    let asked = token_services_are_checked(|dir, registry, env| push(dir, registry, env).0);
+    assert!(asked.contains("pull%2Cpush"), "a push asks to push: {asked:?}");
+}
+
+#[test]
+fn a_pushed_module_pulls_back_the_same_and_its_pin_names_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = storing();
+    let (out, _) = push(dir.path(), &registry, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let pin =
+        said.lines().find_map(|line| line.trim().strip_prefix("pin it with ")).unwrap_or_else(|| panic!("{said}"));
+    let out = pull(dir.path(), &registry, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(dir.path().join("modules/bank.wasm")).unwrap(), std::fs::read(bank_wasm()).unwrap());
+    // Pulled by the pin: the manifest's digest is the one the push printed.
+    let mut command = waku_command(dir.path());
+    command.args(["modules", "pull", pin, "--modules", "pinned"]).env("DOCKER_CONFIG", dir.path());
+    let out = command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").output().unwrap();
+    assert!(out.status.success(), "{pin}: {}", text(&out.stderr));
+}
+
+/// Every file under `dir`, with the digest of its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, String> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                found.insert(path.clone(), wakuwaku::oci::sha256_digest(&std::fs::read(&path).unwrap_or_default()));
+            }
+        }
+    }
+    found
+}
+
+/// `waku run --module-ref` at start-up from a registry that sends a huge
+/// manifest, or a layer that is not a component: refused with the bound
+/// or the reason named, and the module directory is as it was (nothing
+/// written beside the module, nothing replaced).
+#[test]
+fn a_run_refuses_a_hostile_module_ref_at_start_up_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::create_dir(dir.join("modules")).unwrap();
+    let bank = std::fs::read(bank_wasm()).unwrap();
+    std::fs::write(dir.join("modules/bank.wasm"), &bank).unwrap();
+    let events = dir.join("open.jsonl");
+    std::fs::write(&events, r#"{"type": "AccountOpened", "body": {"account": 42, "owner": "ann"}}"#).unwrap();
+    let mut publish = waku_command(dir);
+    publish.args(["publish", "--data", "data", "--topic", "accounts", "--partitions", "1", "--module"]);
+    let published = publish.arg(bank_wasm()).arg(&events).output().unwrap();
+    assert!(published.status.success(), "{}", text(&published.stderr));
+    let before = files(&dir.join("modules"));
+
+    let huge = TestRegistry::start(|_| Reply::Endless { content_length: None });
+    let not_a_component = serving(b"not a component at all".to_vec());
+    for (registry, said) in [
+        (&huge, "manifest is over the bound of 4096 bytes, which WAKU_OCI_MAX_MANIFEST_BYTES sets"),
+        (&not_a_component, "the component does not load, so nothing was written"),
+    ] {
+        let reference = format!("oci://{}/team/bank:v1", registry.address);
+        let mut run = waku_command(dir);
+        run.args(["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"]);
+        run.args(["--module-ref", &reference, "--until-caught-up"]);
+        run.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").env("DOCKER_CONFIG", dir);
+        let out = run.env("WAKU_OCI_MAX_MANIFEST_BYTES", "4096").env("WAKU_OCI_TIMEOUT", "20s").output().unwrap();
+        let error = failed(&out);
+        assert!(error.starts_with("waku: error: ") && error.contains(said), "{error}");
+        assert!(error.contains(&reference), "{error}");
+        assert_eq!(files(&dir.join("modules")), before, "{reference}: nothing created, nothing replaced");
+    }
 }

@@ -168,7 +168,8 @@ fn offset_latest_and_time_move_exactly_the_named_partitions_and_keep_state() {
     let out = reset(dir.path(), &["--to", "offset:5", "--partitions", "0,2", "--yes"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains(&format!("partition 0: {} -> 5: {} events will be applied again", end[0], end[0] - 5)));
+    assert!(stderr.contains(&format!("\n  partition 0: {} -> 5: {} events will be applied again", end[0], end[0] - 5)));
+    assert!(!stderr.contains("\\n"), "each part of the plan on a line of its own, no literal `\\n`: {stderr}");
     assert!(!stderr.contains("partition 1:"), "{stderr}");
     assert_eq!(positions(dir.path(), "accounts"), [Some(5), Some(end[1]), Some(5)]);
     assert_eq!(dump(&state(dir.path())), consumed, "a move keeps the state");
@@ -289,11 +290,28 @@ fn a_reset_is_refused_while_a_run_holds_the_projection() {
     run_until_caught_up(dir.path());
     let before = dump(&state(dir.path()));
     let running = start_run(dir.path(), &PROJECTION);
+    let pid = running.id();
+    // The host names itself in its address file once it serves.
+    let started = std::time::Instant::now();
+    while !dir.path().join("data/running-host.json").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the run never wrote its address file");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = reset(dir.path(), &["--to", "earliest", "--yes"]);
+    // Another projection's run on the same data directory: the log is held.
+    let other = waku(
+        &["run", "--data", "data", "--projection", "other", "--topic", "accounts", "--modules", "modules"],
+        dir.path(),
+    );
     stop_run(running);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("projection `bank` is in use") && stderr.contains("stop its `waku run` first"), "{stderr}");
+    assert!(stderr.contains(&format!("in use by process {pid} ")), "the holder is named: {stderr}");
+    let stderr = text(&other.stderr);
+    assert_eq!(other.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("log.redb` is in use by another process"), "{stderr}");
+    assert!(stderr.contains(&format!("held by: process {pid} (named in ")), "the holder is named: {stderr}");
     assert_eq!(dump(&state(dir.path())), before, "the refused reset changed nothing");
     // Stopped, it resets.
     let out = reset(dir.path(), &["--to", "earliest", "--yes", "--no-backup"]);

@@ -33,13 +33,20 @@ pub struct TestRegistry {
     sent: Arc<AtomicU64>,
 }
 
-/// One request as received: its first line and headers.
-pub type Handler = dyn Fn(&str) -> Reply + Send + Sync;
+/// What answers a request, given its head (first line and headers) and
+/// its body.
+pub type Handler = dyn Fn(&str, &[u8]) -> Reply + Send + Sync;
 
 impl TestRegistry {
     /// Serves `handler`'s answer to each request (given its head) until
     /// the process ends.
     pub fn start(handler: impl Fn(&str) -> Reply + Send + Sync + 'static) -> Self {
+        Self::start_with_bodies(move |head, _| handler(head))
+    }
+
+    /// Serves `handler`'s answer to each request (given its head and
+    /// body) until the process ends.
+    pub fn start_with_bodies(handler: impl Fn(&str, &[u8]) -> Reply + Send + Sync + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let (requests, sent) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicU64::new(0)));
@@ -76,9 +83,18 @@ fn serve(stream: TcpStream, handler: &Handler, requests: &Mutex<Vec<String>>, se
         head.push_str(&line);
     }
     requests.lock().unwrap().push(head.clone());
+    let length = head
+        .lines()
+        .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+        .and_then(|length| length.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
+        return;
+    }
     let mut stream = stream;
     let status_line = |status: u16| format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
-    match handler(&head) {
+    match handler(&head, &body) {
         Reply::Full { status, headers, body } => {
             let mut text = status_line(status);
             for (name, value) in headers {
@@ -141,6 +157,48 @@ pub fn serving(layer: Vec<u8>) -> TestRegistry {
             Reply::ok(layer.clone())
         } else {
             Reply::Full { status: 404, headers: Vec::new(), body: Vec::new() }
+        }
+    })
+}
+
+/// A registry that keeps what is pushed to it, in memory, and serves it
+/// back: blobs by digest, manifests by tag.
+pub fn storing() -> TestRegistry {
+    let kept: Mutex<std::collections::HashMap<String, Vec<u8>>> = Mutex::default();
+    TestRegistry::start_with_bodies(move |head, body| {
+        let first = head.lines().next().unwrap_or_default();
+        let mut words = first.split(' ');
+        let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
+        let empty = |status| Reply::Full { status, headers: Vec::new(), body: Vec::new() };
+        let mut kept = kept.lock().unwrap();
+        match method {
+            "POST" if path.ends_with("/blobs/uploads/") => Reply::Full {
+                status: 202,
+                headers: vec![("Location".into(), format!("{path}upload-1"))],
+                body: Vec::new(),
+            },
+            "PUT" if path.contains("/blobs/uploads/") => {
+                let digest = query.split('&').find_map(|pair| pair.strip_prefix("digest=")).unwrap_or_default();
+                kept.insert(digest.replace("%3A", ":"), body.to_vec());
+                empty(201)
+            }
+            "PUT" if path.contains("/manifests/") => {
+                // By tag and by digest, as a registry finds it.
+                let (repository, _) = path.rsplit_once('/').unwrap_or_default();
+                kept.insert(format!("{repository}/{}", wakuwaku::oci::sha256_digest(body)), body.to_vec());
+                kept.insert(path.to_owned(), body.to_vec());
+                empty(201)
+            }
+            "HEAD" | "GET" => {
+                let key = path.rsplit_once("/blobs/").map_or(path.to_owned(), |(_, digest)| digest.to_owned());
+                match kept.get(&key) {
+                    Some(bytes) if method == "GET" => Reply::ok(bytes.clone()),
+                    Some(_) => empty(200),
+                    None => empty(404),
+                }
+            }
+            _ => empty(405),
         }
     })
 }

@@ -63,6 +63,16 @@ impl Served {
         .await
     }
 
+    /// The bare endpoint ([`Served::bare`]) of a small bank (10 events on
+    /// 2 accounts) kept in `dir`.
+    async fn small_bank(dir: &std::path::Path) -> Self {
+        let module = bank_module();
+        let (log, _) = bank_log(dir, module.clone(), WorkloadSpec { events: 10, accounts: 2, seed: 8 }, 1).await;
+        let store = StateStore::open(&dir.join("bank.redb")).unwrap();
+        let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
+        Self::bare(log, projection).await
+    }
+
     /// Stops the endpoint and checks it ended cleanly.
     async fn stop(self) {
         self.stop.send(()).unwrap();
@@ -172,12 +182,7 @@ async fn the_admin_endpoint_answers_over_http() {
 async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit() {
     use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
-    let module = bank_module();
-    let spec = WorkloadSpec { events: 10, accounts: 2, seed: 8 };
-    let (log, _) = bank_log(dir.path(), module.clone(), spec, 1).await;
-    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store).unwrap());
-    let endpoint = Served::bare(log, projection).await;
+    let endpoint = Served::small_bank(dir.path()).await;
     let address = endpoint.address;
 
     const CLIENTS: usize = 3 * admin::MAX_CONNECTIONS;
@@ -227,6 +232,102 @@ async fn clients_that_never_finish_a_request_hold_at_most_the_connection_limit()
         trickled < admin::REQUEST_DEADLINE + Duration::from_secs(3),
         "a request sent a byte a second was still read after {trickled:?}"
     );
+    endpoint.stop().await;
+}
+
+/// A crowd of keep-alive clients from one address, each sending `GET
+/// /health` now and then and coming back when closed, more of them than
+/// the endpoint serves, and clients that send their request a byte at a
+/// time: `/health` still answers every poll within a bound, from the
+/// crowd's own address and from another. Before, the crowd took every
+/// connection and the polls waited in the kernel's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_idle_and_slow_clients_crowd_the_endpoint() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = Served::small_bank(dir.path()).await;
+    let address = endpoint.address;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crowd = Vec::new();
+    for client in 0..admin::MAX_CONNECTIONS + 16 {
+        let stop = stop.clone();
+        crowd.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(mut connection) = tokio::net::TcpStream::connect(address).await else { continue };
+                if client % 4 == 0 {
+                    // Slow: a request a byte every 300 ms, never finished.
+                    let _ = connection.write_all(b"GET /health HTTP/1.1\r\nX-Slow: ").await;
+                    while !stop.load(Ordering::Relaxed) && connection.write_all(b"x").await.is_ok() {
+                        let mut byte = [0u8; 1];
+                        let read = tokio::time::timeout(Duration::from_millis(300), connection.read(&mut byte));
+                        if read.await.is_ok() {
+                            break; // closed
+                        }
+                    }
+                    continue;
+                }
+                // Idle keep-alive: a request now and then on the same connection.
+                loop {
+                    let request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+                    let mut answer = [0u8; 256];
+                    if connection.write_all(request).await.is_err()
+                        || matches!(connection.read(&mut answer).await, Ok(0) | Err(_))
+                        || stop.load(Ordering::Relaxed)
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(700)).await;
+                }
+            }
+        }));
+    }
+    // Let the crowd take its places.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for poll in 0..20 {
+        let from: std::net::IpAddr = if poll % 2 == 0 { [127, 0, 0, 1] } else { [127, 0, 0, 2] }.into();
+        let asked = Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(5), async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((from, 0).into()).unwrap();
+            let mut connection = socket.connect(address).await.unwrap();
+            connection.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+            let mut answer = Vec::new();
+            let _ = connection.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        })
+        .await;
+        let answer = answer.unwrap_or_else(|_| panic!("poll {poll} from {from}: no answer within 5 s"));
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "poll {poll}: {answer}");
+        assert!(asked.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(accepted_connections(address.port()) <= admin::MAX_CONNECTIONS + 4, "the crowd is held to the bound");
+    stop.store(true, Ordering::Relaxed);
+    for client in crowd {
+        client.abort();
+    }
+    endpoint.stop().await;
+}
+
+/// What a 400 or a 404 echoes of the request (a key, a projection's name,
+/// decoded from the path) holds no control, bidi or invisible character
+/// raw: each is shown as its escape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_answers_escape_what_they_echo() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = Served::small_bank(dir.path()).await;
+    let base = format!("http://{}", endpoint.address);
+    let hidden = |body: &str| body.trim_end_matches('\n').chars().any(wakuwaku_core::terminal::is_hidden);
+    let (code, body) = get_async(&base, "/state/bank/x%1b%5b2J%0dforged%e2%80%aey").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(!hidden(&body) && body.contains("x\\u{1b}[2J\\rforged\\u{202e}y"), "{body:?}");
+    let (code, body) = get_async(&base, "/state/l%0aedger%07/1").await;
+    assert_eq!(code, 404, "{body}");
+    assert!(!hidden(&body) && body.contains("`l\\nedger\\u{7}`"), "{body:?}");
+    let (code, body) = get_async(&base, "/state/bank/counters?after%1b=1").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(!hidden(&body), "{body:?}");
     endpoint.stop().await;
 }
 
