@@ -226,6 +226,11 @@ pub mod header_name {
 /// A timed type's events are held by the release stage ([`crate::release`])
 /// and released in event-time order across the projection's topics; an
 /// untimed type's events are applied as they arrive.
+///
+/// Among one key's events, a [`Timed`](Self::Timed) type's also reach the
+/// handler in event-time order against the key's other `Timed` types'
+/// ([`crate::time_order`]); a [`TimedRelaxed`](Self::TimedRelaxed) type's
+/// may move past those of other timed types as their ordering allows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventTiming {
@@ -233,20 +238,33 @@ pub enum EventTiming {
     /// type declared before event time existed is.
     #[default]
     Untimed,
-    /// Every event carries its event time in `waku-event-time`.
+    /// Every event carries its event time in `waku-event-time`, and a key's
+    /// events of timed types reach its handler in event-time order.
     Timed,
+    /// Every event carries its event time, as for [`Timed`](Self::Timed),
+    /// but its events may move past the key's timed events of other types
+    /// as their [`EventAtomicOrdering`] allows (contract 0.4 on).
+    TimedRelaxed,
 }
 
 impl EventTiming {
-    /// Both timings.
-    pub const ALL: [Self; 2] = [Self::Untimed, Self::Timed];
+    /// Every timing.
+    pub const ALL: [Self; 3] = [Self::Untimed, Self::Timed, Self::TimedRelaxed];
 
-    /// The name used in configuration and logs (`untimed`, `timed`).
+    /// The name used in configuration and logs (`untimed`, `timed`,
+    /// `timed-relaxed`).
     pub const fn name(self) -> &'static str {
         match self {
             Self::Untimed => "untimed",
             Self::Timed => "timed",
+            Self::TimedRelaxed => "timed-relaxed",
         }
+    }
+
+    /// Whether its events carry an event time (held by the release stage,
+    /// `event-time-declared`).
+    pub const fn is_timed(self) -> bool {
+        matches!(self, Self::Timed | Self::TimedRelaxed)
     }
 
     /// The event time a message of a type with this timing has, from the
@@ -260,7 +278,9 @@ impl EventTiming {
     pub fn event_time(self, carried: Option<i64>) -> Result<Option<i64>, HeaderError> {
         match self {
             Self::Untimed => Ok(None),
-            Self::Timed => carried.map(Some).ok_or(HeaderError::Missing { name: header_name::EVENT_TIME }),
+            Self::Timed | Self::TimedRelaxed => {
+                carried.map(Some).ok_or(HeaderError::Missing { name: header_name::EVENT_TIME })
+            }
         }
     }
 }
@@ -679,9 +699,14 @@ mod tests {
         assert_eq!(EventTiming::Untimed.event_time(Some(9)), Ok(None));
         assert_eq!(EventTiming::Untimed.event_time(None), Ok(None));
         assert_eq!(EventTiming::default(), EventTiming::Untimed);
+        assert_eq!(EventTiming::TimedRelaxed.event_time(None), Err(missing.clone()));
+        assert_eq!(EventTiming::TimedRelaxed.event_time(Some(9)), Ok(Some(9)));
         let names: Vec<_> = EventTiming::ALL.iter().map(|timing| timing.to_string()).collect();
-        assert_eq!(names, ["untimed", "timed"]);
+        assert_eq!(names, ["untimed", "timed", "timed-relaxed"]);
         assert_eq!(serde_json::to_string(&EventTiming::Timed).unwrap(), r#""timed""#);
+        assert_eq!(serde_json::to_string(&EventTiming::TimedRelaxed).unwrap(), r#""timed-relaxed""#);
+        let timed: Vec<_> = EventTiming::ALL.iter().map(|timing| timing.is_timed()).collect();
+        assert_eq!(timed, [false, true, true]);
     }
 
     #[test]

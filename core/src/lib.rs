@@ -29,6 +29,8 @@
 //! - [`release`]: the release stage in front of the planner: events held
 //!   under their event time and released in event-time order when the
 //!   log's end offsets say so.
+//! - [`time_order`]: the fences that keep a key's timed events of
+//!   different types in event-time order through the planner.
 //! - [`terminal`]: which characters a terminal or a log line may receive
 //!   raw, and the escaping of everything else (a module's text).
 //!
@@ -49,3 +51,4 @@ pub mod plan;
 pub mod reduce;
 pub mod release;
 pub mod terminal;
+pub mod time_order;

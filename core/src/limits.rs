@@ -10,7 +10,7 @@
 //! - **Every refusal names its rule.** A [`Refusal`] (a value an import
 //!   refused) and a [`ContractError`] (a return value the host cannot use)
 //!   display as `<rule>: <what is wrong>`, where `<rule>` is a stable id
-//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler-0.3.wit`.
+//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler-0.4.wit`.
 //!   Tests and operators can match on it.
 //! - **A refused value leaves nothing behind.** [`CallTally`] counts a
 //!   value against the per-call limits only when it is accepted.
@@ -39,10 +39,16 @@ use serde::{Deserialize, Serialize};
 use crate::key::{Key, KeyError};
 
 /// The WIT package and version of the contract, e.g.
-/// `wakuwaku:handler@0.3.0`, read from `wit/handler-0.3.wit`: the same file
+/// `wakuwaku:handler@0.4.0`, read from `wit/handler-0.4.wit`: the same file
 /// the host's and the SDK's bindings are generated from, so the version is
 /// written down once.
-pub const CONTRACT: &str = package_of(include_str!("../../wit/handler-0.3.wit"));
+pub const CONTRACT: &str = package_of(include_str!("../../wit/handler-0.4.wit"));
+
+/// The version of the contract before `timed-relaxed`,
+/// `wakuwaku:handler@0.3.0`, read from `wit/handler-0.3.wit` (kept as it
+/// was): the host still loads modules built for it, whose `timed` types
+/// are [`crate::event::EventTiming::Timed`].
+pub const CONTRACT_0_3: &str = package_of(include_str!("../../wit/handler-0.3.wit"));
 
 /// The previous version of the contract, `wakuwaku:handler@0.2.0`, read
 /// from `wit/handler.wit` (kept as it was): the host still loads modules
@@ -880,9 +886,10 @@ mod tests {
     #[test]
     fn the_contract_is_read_from_the_wit_file() {
         assert!(CONTRACT.starts_with("wakuwaku:handler@"), "{CONTRACT}");
-        assert!(include_str!("../../wit/handler-0.3.wit").contains(&format!("package {CONTRACT};")));
+        assert!(include_str!("../../wit/handler-0.4.wit").contains(&format!("package {CONTRACT};")));
         assert_eq!(CONTRACT_0_2, "wakuwaku:handler@0.2.0", "the 0.2 contract is kept as it was");
-        assert_eq!(CONTRACT, "wakuwaku:handler@0.3.0");
+        assert_eq!(CONTRACT_0_3, "wakuwaku:handler@0.3.0", "the 0.3 contract is kept as it was");
+        assert_eq!(CONTRACT, "wakuwaku:handler@0.4.0");
         assert_eq!(package_of("// x\npackage a:b@1.2.3;\nworld w {}"), "a:b@1.2.3");
     }
 

@@ -140,30 +140,50 @@
 //!   when it holds nothing; the host starts reading it there after a restart;
 //! - per input partition, `read_to`: the highest position it had reached
 //!   (also before earlier restarts);
+//! - per input partition, `held` ([`InputCheckpoint::held`]): exactly which
+//!   offsets in `commit..read_to` it still holds, as ascending disjoint runs
+//!   of consecutive offsets (commonly one or a few);
 //! - the clock.
 //!
-//! The rule on restart ([`ReleaseStage::restore`]): an event at an offset
-//! below `read_to` was read before; it was released then if and only if it
-//! has no event time or its time is below the committed clock (every event
-//! read is released at once or held until the clock passes it, and the clock
-//! only grows). Such an event is skipped ([`Admission::AlreadyReleased`]);
-//! every other one is held again. So nothing is released twice and nothing
-//! is lost, whenever the crash happens. A refused event (too far ahead)
-//! counts as released: it went to the dead letters when first read. The
-//! committed clock already trails the evidence by the allowed lateness, so
-//! a changed allowance changes nothing of this: raised, the clock waits at
-//! the committed one until the evidence less the new allowance passes it.
-//! The refusal is judged by the bound in force: a bound changed between
-//! two runs judges again the records between `commit` and `read_to`. Until every input partition has read
-//! up to its `read_to` again, the clock stays at the committed one, and a
-//! replaying partition is never paused: otherwise a crash during the replay
-//! would leave a checkpoint whose clock judges wrongly an event not yet read
-//! again.
+//! **A held event's timing is decided once, when it is held.** The rule on
+//! restart ([`ReleaseStage::restore`]): an event at an offset in
+//! `commit..read_to` was read before; it is held again if and only if the
+//! checkpoint's list names it, and then under the event time its header
+//! carries ([`Arrival::carried_time`]), the time it was held under, whatever
+//! its type declares now; every other one was released then and is skipped
+//! ([`Admission::AlreadyReleased`]). Nothing in that range is judged by the
+//! declarations of the module version active now or by the host's flags, so
+//! a hot-reloaded, adopted or rolled-back version, `--untimed-topic` added
+//! or removed, or another `--max-held-mib` can neither lose a held event
+//! nor apply a released one again. A listed event whose header carries no
+//! readable time now is released at once, never dropped. The list costs
+//! what the held runs number: holding the next offset extends a run,
+//! releasing one shrinks or splits its run.
 //!
-//! The rule needs the same event times on every reading: the host derives an
-//! arrival's event time from the record alone (its `waku-event-time` header
-//! and the declaration of its type by the module version recorded as
-//! active, see [`crate::event`]).
+//! A refused event (too far ahead, see above) is never held, so no list
+//! names it: on restart it counts as released, it went to the dead letters
+//! when first read. A listed event is held again under its carried time
+//! without being judged again by the bound (its timing was decided when it
+//! was held), except that `Millis::MAX`, which no clock passes, is refused
+//! whenever it is read. So a bound changed between two runs judges only
+//! what is read for the first time. The committed clock already trails the
+//! evidence by the allowed lateness, so a changed allowance changes nothing
+//! of this: raised, the clock stays at the committed one until the evidence
+//! less the new allowance passes it; lowered, the clock moves on at the
+//! next release and the listed events below it go in release order.
+//!
+//! A checkpoint written before the list existed (`held` none) is restored
+//! with the rule of that time: an event below `read_to` was released if and
+//! only if it has no event time or its time is below the committed clock.
+//! That rule needs the same event times on every reading, so it is exact
+//! only while the declarations are unchanged; an input restored so writes
+//! no list until it has read up to its `read_to` again, then writes one.
+//!
+//! Until every input partition has read up to its `read_to` again, the
+//! clock stays at the committed one, and a replaying partition is never
+//! paused: the checkpoints written meanwhile carry the restored list (or
+//! clock) for what is not read again yet, and a clock moved past those
+//! events would release them late.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -257,6 +277,11 @@ pub struct Arrival<T> {
     /// or none where the log cannot say (a record of a log written before
     /// append times were kept).
     pub append_time: Option<Millis>,
+    /// The event time its header carries, whatever its type declares now:
+    /// an event the checkpoint restored from lists as held is held again
+    /// under it (see the module docs, "Crash safety"), as it was held under
+    /// it before.
+    pub carried_time: Option<Millis>,
     /// What holding it costs (its body and headers), counted against
     /// [`ReleaseLimits::max_held_bytes`].
     pub bytes: u64,
@@ -343,7 +368,7 @@ pub struct Checkpoint {
 }
 
 /// One input partition's part of a [`Checkpoint`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputCheckpoint {
     /// Where reading resumes: the lowest held offset, or the position when
     /// nothing is held. Never past a held event.
@@ -351,6 +376,22 @@ pub struct InputCheckpoint {
     /// The highest position ever reached: below it, the restart rule decides
     /// what was released.
     pub read_to: u64,
+    /// The offsets in `commit..read_to` held when the checkpoint was taken,
+    /// as ascending disjoint runs: on restart exactly these are held again,
+    /// every other offset below `read_to` was released. None in a checkpoint
+    /// written before the list existed: it is restored with the clock rule
+    /// (module docs, "Crash safety").
+    #[serde(default)]
+    pub held: Option<Vec<HeldRun>>,
+}
+
+/// Consecutive offsets `start..end` of one input, every one of them held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HeldRun {
+    /// The first offset.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
 }
 
 impl Checkpoint {
@@ -359,7 +400,10 @@ impl Checkpoint {
     pub fn start(positions: &[u64]) -> Checkpoint {
         Checkpoint {
             clock: None,
-            inputs: positions.iter().map(|&at| InputCheckpoint { commit: at, read_to: at }).collect(),
+            inputs: positions
+                .iter()
+                .map(|&at| InputCheckpoint { commit: at, read_to: at, held: Some(Vec::new()) })
+                .collect(),
         }
     }
 }
@@ -426,6 +470,21 @@ pub enum ReleaseError {
         /// The checkpoint's.
         found: usize,
     },
+    /// A checkpoint entry's held list is not ascending disjoint runs
+    /// inside `commit..read_to`.
+    #[error("input {input}: the checkpoint's held run {start}..{end} is not ascending inside {commit}..{read_to}")]
+    CheckpointHeldRun {
+        /// The input.
+        input: usize,
+        /// The run's first offset.
+        start: u64,
+        /// One past its last.
+        end: u64,
+        /// The entry's commit.
+        commit: u64,
+        /// The entry's read_to.
+        read_to: u64,
+    },
     /// A checkpoint entry resumes past the position it says was reached.
     #[error("input {input}: the checkpoint resumes at {commit}, past read_to {read_to}")]
     CheckpointCommitPastRead {
@@ -473,63 +532,100 @@ struct InputState {
     /// An end offset the log reported above the position, and when.
     pending_end: Option<(u64, Millis)>,
     idle_since: Option<Millis>,
-    held: HeldOffsets,
+    held: HeldRuns,
+    /// What the checkpoint restored from says was held below `replay_to`.
+    restored: RestoredHeld,
 }
 
-/// The offsets of one input's held events: what its checkpoint's `commit`
-/// needs (the lowest) and how many there are.
+/// The offsets of one input's held events, as runs of consecutive held
+/// offsets: what its checkpoint's `commit` needs (the lowest) and its held
+/// list ([`InputCheckpoint::held`]), at a cost in runs, not events.
 ///
-/// An input's events arrive in offset order but leave in event-time order,
-/// so this is the offsets in arrival order, each marked once it leaves:
-/// appending is a push, removing a binary search, and the lowest held
-/// offset the first entry once the marked ones in front are dropped.
-/// Marked entries behind a held one are dropped in one pass once they
-/// outnumber the held ones, so the entries stay fewer than twice the held
-/// events (plus a few): one event held far ahead cannot make the input
-/// keep an entry for everything released after it.
+/// An input's events arrive in offset order but leave in event-time order:
+/// holding the next offset extends the last run or starts one (a push),
+/// letting one go shrinks or splits its run (a binary search). A run holds
+/// only offsets that were held one after another, so every run holds at
+/// least one event and there are never more runs than held events; an input
+/// in time order lets go from the front, and keeps one run.
 #[derive(Debug, Clone, Default)]
-struct HeldOffsets {
-    /// Ascending offsets; `true` once the event left.
-    entries: VecDeque<(u64, bool)>,
-    /// How many entries are held (not marked).
+struct HeldRuns {
+    /// Ascending, disjoint, none empty.
+    runs: VecDeque<HeldRun>,
+    /// How many offsets are held.
     held: usize,
 }
 
-impl HeldOffsets {
-    /// Below this many entries, marked ones are only dropped from the front.
-    const COMPACT_FROM: usize = 64;
-
+impl HeldRuns {
     /// Adds `offset`, above every offset added before.
     fn insert(&mut self, offset: u64) {
-        debug_assert!(self.entries.back().is_none_or(|&(last, _)| last < offset));
-        self.entries.push_back((offset, false));
         self.held += 1;
+        match self.runs.back_mut() {
+            Some(last) if last.end == offset => last.end += 1,
+            _ => {
+                debug_assert!(self.runs.back().is_none_or(|last| last.end < offset));
+                self.runs.push_back(HeldRun { start: offset, end: offset + 1 });
+            }
+        }
     }
 
     /// Removes a held `offset`; nothing if it is not held.
     fn remove(&mut self, offset: u64) {
-        let Ok(at) = self.entries.binary_search_by_key(&offset, |&(offset, _)| offset) else { return };
-        let entry = &mut self.entries[at];
-        if std::mem::replace(&mut entry.1, true) {
-            return;
-        }
+        let at = self.runs.partition_point(|run| run.end <= offset);
+        let Some(run) = self.runs.get_mut(at).filter(|run| run.start <= offset) else { return };
         self.held -= 1;
-        while self.entries.front().is_some_and(|&(_, gone)| gone) {
-            self.entries.pop_front();
-        }
-        if self.entries.len() >= Self::COMPACT_FROM && self.entries.len() > 2 * self.held {
-            self.entries.retain(|&(_, gone)| !gone);
+        let HeldRun { start, end } = *run;
+        match (start == offset, end == offset + 1) {
+            (true, true) => {
+                self.runs.remove(at);
+            }
+            (true, false) => run.start += 1,
+            (false, true) => run.end -= 1,
+            (false, false) => {
+                run.end = offset;
+                self.runs.insert(at + 1, HeldRun { start: offset + 1, end });
+            }
         }
     }
 
     /// The lowest held offset.
     fn first(&self) -> Option<u64> {
-        // Marked entries never stay in front.
-        self.entries.front().map(|&(offset, _)| offset)
+        self.runs.front().map(|run| run.start)
     }
 
     fn len(&self) -> usize {
         self.held
+    }
+}
+
+/// The held list of a restored checkpoint for one input, read alongside
+/// the replay: the offsets of a replayed event only rise, so a cursor
+/// finds each in constant time.
+#[derive(Debug, Clone, Default)]
+struct RestoredHeld {
+    /// [`InputCheckpoint::held`]: none for a checkpoint written without it.
+    runs: Option<Vec<HeldRun>>,
+    /// The first run not wholly below the offsets asked about so far.
+    next: usize,
+}
+
+impl RestoredHeld {
+    /// Whether `offset` (at or above every offset asked before) was held
+    /// when the checkpoint was taken; none when the checkpoint has no list.
+    fn held(&mut self, offset: u64) -> Option<bool> {
+        let runs = self.runs.as_ref()?;
+        while runs.get(self.next).is_some_and(|run| run.end <= offset) {
+            self.next += 1;
+        }
+        Some(runs.get(self.next).is_some_and(|run| run.start <= offset))
+    }
+
+    /// The listed runs at or above `from`.
+    fn from(&self, from: u64) -> impl Iterator<Item = HeldRun> + '_ {
+        let runs = self.runs.as_deref().unwrap_or_default();
+        runs[self.next.min(runs.len())..]
+            .iter()
+            .filter(move |run| run.end > from)
+            .map(move |run| HeldRun { start: run.start.max(from), end: run.end })
     }
 }
 
@@ -541,6 +637,20 @@ impl InputState {
     fn replaying(&self) -> bool {
         self.position < self.replay_to
     }
+}
+
+/// Refuses a held list that is not ascending, disjoint, non-empty runs
+/// inside `commit..read_to`.
+fn check_held_runs(input: usize, saved: &InputCheckpoint, runs: &[HeldRun]) -> Result<(), ReleaseError> {
+    let mut floor = saved.commit;
+    for run in runs {
+        if run.start < floor || run.end <= run.start || run.end > saved.read_to {
+            let (commit, read_to) = (saved.commit, saved.read_to);
+            return Err(ReleaseError::CheckpointHeldRun { input, start: run.start, end: run.end, commit, read_to });
+        }
+        floor = run.end;
+    }
+    Ok(())
 }
 
 impl<T> ReleaseStage<T> {
@@ -568,6 +678,9 @@ impl<T> ReleaseStage<T> {
                     read_to: saved.read_to,
                 });
             }
+            if let Some(runs) = &saved.held {
+                check_held_runs(index, saved, runs)?;
+            }
             states.push(InputState {
                 input,
                 position: saved.commit,
@@ -575,7 +688,8 @@ impl<T> ReleaseStage<T> {
                 clock: None,
                 pending_end: None,
                 idle_since: None,
-                held: HeldOffsets::default(),
+                held: HeldRuns::default(),
+                restored: RestoredHeld { runs: saved.held.clone(), next: 0 },
             });
         }
         let replaying = states.iter().filter(|state| state.replaying()).count();
@@ -597,7 +711,7 @@ impl<T> ReleaseStage<T> {
     /// restart. The clock does not move here; [`ReleaseStage::release`] moves
     /// it.
     pub fn read(&mut self, arrival: Arrival<T>, out: &mut Vec<Released<T>>) -> Result<Admission, ReleaseError> {
-        let Arrival { input, offset, event_time, append_time, bytes, payload } = arrival;
+        let Arrival { input, offset, event_time, append_time, carried_time, bytes, payload } = arrival;
         let limits = self.limits;
         let state = self.input_mut(input)?;
         if offset < state.position {
@@ -611,9 +725,17 @@ impl<T> ReleaseStage<T> {
             ClockSource::EventTime => event_time,
             ClockSource::ProcessingTime => None,
         };
-        // Judged by the record alone, so the same on every reading.
-        let refused = event_time.is_some_and(|time| !limits.admits(time, append_time));
-        if let Some(time) = event_time.filter(|_| !refused) {
+        // Read before the restart: held again exactly when the checkpoint
+        // lists it, under the time its header carries; without a list, the
+        // clock rule judges it by its event time now.
+        let held_before = if replayed { state.restored.held(offset) } else { Some(false) };
+        let listed = held_before == Some(true);
+        let event_time = if listed { carried_time } else { event_time };
+        // Judged by the record alone, so the same on every reading; a listed
+        // event was judged when it was held (only `Millis::MAX` is refused).
+        let evidence = if listed { None } else { append_time };
+        let refused = event_time.is_some_and(|time| !limits.admits(time, evidence));
+        if let Some(time) = event_time.filter(|_| !refused && state.input.clock == ClockSource::EventTime) {
             state.clock = state.clock.max(Some(time));
         }
         let topic = state.input.topic;
@@ -621,13 +743,14 @@ impl<T> ReleaseStage<T> {
         if was_replaying && !state.replaying() {
             self.replaying -= 1;
         }
-        let released_before = match (event_time, self.restored_clock) {
-            (None, _) => true,
-            (Some(_), _) if refused => true,
-            (Some(time), Some(clock)) => time < clock,
-            (Some(_), None) => false,
+        let released_before = match (held_before, event_time, self.restored_clock) {
+            (Some(held), _, _) => replayed && !held,
+            (None, None, _) => true,
+            (None, Some(_), _) if refused => true,
+            (None, Some(time), Some(clock)) => time < clock,
+            (None, Some(_), None) => false,
         };
-        if replayed && released_before {
+        if released_before {
             return Ok(Admission::AlreadyReleased);
         }
         if refused {
@@ -733,6 +856,7 @@ impl<T> ReleaseStage<T> {
                 .map(|state| InputCheckpoint {
                     commit: state.held.first().unwrap_or(state.position).min(state.position),
                     read_to: state.position.max(state.replay_to),
+                    held: state.held_list(),
                 })
                 .collect(),
         }
@@ -823,6 +947,22 @@ impl<T> ReleaseStage<T> {
 }
 
 impl InputState {
+    /// The held list of its checkpoint: what it holds, then what the
+    /// restored list says of the offsets it has not read again. None while
+    /// it replays a checkpoint without a list: the clock rule still judges
+    /// those offsets, and the clock waits until the replay is over.
+    fn held_list(&self) -> Option<Vec<HeldRun>> {
+        if self.restored.runs.is_none() && self.replaying() {
+            return None;
+        }
+        let mut runs = Vec::with_capacity(self.held.runs.len());
+        runs.extend(self.held.runs.iter().copied());
+        if self.replaying() {
+            runs.extend(self.restored.from(self.position));
+        }
+        Some(runs)
+    }
+
     /// After reading `offset` (the position is now past it): a record at or
     /// past an end offset the log reported is new data, so the input counts
     /// again; reaching a pending end offset exactly makes it idle.
@@ -884,6 +1024,10 @@ pub mod test_support {
         /// (only meaningful for live records; history ends are reported at
         /// start-up).
         pub end_after: Vec<bool>,
+        /// Whether its type declares event time: when not, its records
+        /// are read with none, though their headers carry theirs (a type
+        /// whose module version changed, with producers ahead of it).
+        pub timed: bool,
     }
 
     impl Partition {
@@ -939,15 +1083,18 @@ pub mod test_support {
     }
 
     fn arrival(partitions: &[Partition], input: usize, offset: u64) -> Arrival<()> {
-        let record = partitions[input].records[offset as usize];
+        let partition = &partitions[input];
+        let record = partition.records[offset as usize];
+        let event_time = record.event_time.filter(|_| partition.timed);
         // Every record was appended at instant 0: with a bound of 1, times
         // above 1 are too far ahead.
-        Arrival { input, offset, event_time: record.event_time, append_time: Some(0), bytes: 1, payload: () }
+        let (append_time, carried_time) = (Some(0), record.event_time);
+        Arrival { input, offset, event_time, append_time, carried_time, bytes: 1, payload: () }
     }
 
     fn order_key(partitions: &[Partition], input: usize, offset: u64) -> Option<OrderKey> {
         let partition = &partitions[input];
-        let event_time = partition.records[offset as usize].event_time?;
+        let event_time = partition.records[offset as usize].event_time.filter(|_| partition.timed)?;
         Some(OrderKey { event_time, topic: partition.input.topic, partition: partition.input.partition, offset })
     }
 
@@ -1057,7 +1204,9 @@ pub mod test_support {
         }
         for (input, partition) in partitions.iter().enumerate() {
             let status = stage.input_status(input).ok_or("no status")?;
-            let counts = status.progress == Progress::Counting && partition.input.clock == ClockSource::EventTime;
+            let counts = status.progress == Progress::Counting
+                && partition.input.clock == ClockSource::EventTime
+                && partition.timed;
             if counts && partition.in_time_order() {
                 let unread = partition.records[cursor[input] as usize..].iter().filter_map(|r| r.event_time);
                 for time in unread {
@@ -1272,6 +1421,98 @@ pub mod test_support {
                         .map_err(|why| format!("restart from {checkpoint:?}, then from {second:?}: {why}"))?;
                 }
             }
+            for (change, changed) in changes(partitions) {
+                let again = restart(&changed, checkpoint, 0, limits)
+                    .map_err(|why| format!("restart from {checkpoint:?} after {change}: {why}"))?;
+                let both = before.iter().chain(&again.released).map(|&(input, offset, _)| (input, offset));
+                check_once(partitions, both.chain(again.held_at_end.iter().copied()))
+                    .map_err(|why| format!("restart from {checkpoint:?} after {change}: {why}"))?;
+            }
+            check_legacy_restart(partitions, checkpoint, before, limits)?;
+        }
+        Ok(())
+    }
+
+    /// What an operator may change in [`ReleaseLimits`] between two runs:
+    /// the allowed lateness (to none, or one more) and the bound on event
+    /// times ahead of their append time (to none, or to the largest).
+    pub fn limit_changes(limits: ReleaseLimits) -> [(String, ReleaseLimits); 4] {
+        let lateness = |allowed_lateness| ReleaseLimits { allowed_lateness, ..limits };
+        let bound = |max_ahead| ReleaseLimits { max_ahead, ..limits };
+        [
+            ("no allowed lateness".to_owned(), lateness(0)),
+            ("a raised allowed lateness".to_owned(), lateness(limits.allowed_lateness.saturating_add(1))),
+            ("a bound of 0".to_owned(), bound(0)),
+            ("the largest bound".to_owned(), bound(Millis::MAX)),
+        ]
+    }
+
+    /// For every commit of `outcome`, restarts from it under each of
+    /// [`limit_changes`] and checks that the committed releases and the
+    /// restarted host's (with what it still holds at the end) release every
+    /// record exactly once: a changed allowance or bound loses and repeats
+    /// nothing (module docs, "Crash safety").
+    pub fn check_restarts_with_changed_limits(
+        partitions: &[Partition],
+        outcome: &Outcome,
+        limits: ReleaseLimits,
+    ) -> Result<(), String> {
+        for (checkpoint, committed) in &outcome.commits {
+            let before = &outcome.released[..*committed];
+            for (change, changed) in limit_changes(limits) {
+                let again = restart(partitions, checkpoint, 0, changed)
+                    .map_err(|why| format!("restart from {checkpoint:?} with {change}: {why}"))?;
+                let both = before.iter().chain(&again.released).map(|&(input, offset, _)| (input, offset));
+                check_once(partitions, both.chain(again.held_at_end.iter().copied()))
+                    .map_err(|why| format!("restart from {checkpoint:?} with {change}: {why}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What an operator or a module author may change between two runs:
+    /// per input, its types start or stop declaring event time (a new
+    /// module version, hot-reloaded or adopted), or its topic becomes a
+    /// processing-time one (`--untimed-topic`) or stops being one.
+    pub fn changes(partitions: &[Partition]) -> Vec<(String, Vec<Partition>)> {
+        let mut all = Vec::new();
+        for input in 0..partitions.len() {
+            let mut flipped = partitions.to_vec();
+            flipped[input].timed = !flipped[input].timed;
+            all.push((format!("input {input} timed: {}", flipped[input].timed), flipped));
+            let mut flipped = partitions.to_vec();
+            flipped[input].input.clock = match flipped[input].input.clock {
+                ClockSource::EventTime => ClockSource::ProcessingTime,
+                ClockSource::ProcessingTime => ClockSource::EventTime,
+            };
+            all.push((format!("input {input} clock: {:?}", flipped[input].input.clock), flipped));
+        }
+        all
+    }
+
+    /// A checkpoint written before the held list (none): restored with
+    /// the clock rule, which is exact as long as nothing changed between
+    /// the runs; and so is a second crash during that replay.
+    fn check_legacy_restart(
+        partitions: &[Partition],
+        checkpoint: &Checkpoint,
+        before: &[(usize, u64, Release)],
+        limits: ReleaseLimits,
+    ) -> Result<(), String> {
+        let mut legacy = checkpoint.clone();
+        legacy.inputs.iter_mut().for_each(|input| input.held = None);
+        let again = restart(partitions, &legacy, 0, limits).map_err(|why| format!("restart from {legacy:?}: {why}"))?;
+        let both: Vec<_> = before.iter().chain(&again.released).copied().collect();
+        let held = again.held_at_end.iter().copied();
+        check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)).chain(held))
+            .map_err(|why| format!("restart from {legacy:?}: {why}"))?;
+        for (second, committed_again) in &again.commits[..again.replay_commits.min(again.commits.len())] {
+            let third = restart(partitions, second, 1, limits)
+                .map_err(|why| format!("second restart from {second:?}: {why}"))?;
+            let all = before.iter().chain(&again.released[..*committed_again]).chain(&third.released);
+            let held = third.held_at_end.iter().copied();
+            check_once(partitions, all.map(|&(input, offset, _)| (input, offset)).chain(held))
+                .map_err(|why| format!("restart from {legacy:?}, then from {second:?}: {why}"))?;
         }
         Ok(())
     }
@@ -1279,20 +1520,21 @@ pub mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::{Evidence, Outcome, Partition, Record, check_order, check_restarts, run};
+    use super::test_support::{
+        Evidence, Outcome, Partition, Record, check_order, check_restarts, check_restarts_with_changed_limits, run,
+    };
     use super::*;
 
     const EVENT_TIME: ClockSource = ClockSource::EventTime;
 
-    /// The held offsets of an input against a `BTreeSet` of them, removed
-    /// in a scrambled order (event-time order is not offset order), with
-    /// one offset held far ahead of the rest: same lowest offset and count
-    /// after every step, and fewer entries than twice the held ones plus
-    /// [`HeldOffsets::COMPACT_FROM`].
+    /// The held runs of an input against a `BTreeSet` of the held offsets,
+    /// removed in a scrambled order (event-time order is not offset order),
+    /// with one offset held far ahead of the rest: the same offsets, lowest
+    /// and count after every step, and never more runs than held offsets.
     #[test]
-    fn held_offsets_follow_a_set_and_stay_bounded() {
+    fn held_runs_follow_a_set_and_stay_bounded() {
         for seed in 0..20u64 {
-            let (mut ours, mut set) = (HeldOffsets::default(), std::collections::BTreeSet::new());
+            let (mut ours, mut set) = (HeldRuns::default(), std::collections::BTreeSet::new());
             let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             let mut next = || {
                 state ^= state << 13;
@@ -1300,7 +1542,13 @@ mod tests {
                 state ^= state << 17;
                 state
             };
+            let expanded =
+                |runs: &HeldRuns| -> Vec<u64> { runs.runs.iter().flat_map(|run| run.start..run.end).collect() };
             for offset in 0..3_000u64 {
+                // Every third offset is released at once, never held.
+                if offset % 3 == 2 {
+                    continue;
+                }
                 ours.insert(offset);
                 set.insert(offset);
                 // Remove about one held offset per insert, never offset 0:
@@ -1316,15 +1564,30 @@ mod tests {
                 }
                 ours.remove(offset + 10_000); // not held: nothing changes
                 assert_eq!((ours.first(), ours.len()), (set.first().copied(), set.len()), "seed {seed}");
-                assert!(ours.entries.len() < 2 * ours.len() + HeldOffsets::COMPACT_FROM, "seed {seed}");
+                assert!(ours.runs.len() <= ours.len(), "seed {seed}");
+                if offset % 97 == 0 {
+                    assert_eq!(expanded(&ours), set.iter().copied().collect::<Vec<_>>(), "seed {seed}");
+                }
             }
+            assert_eq!(expanded(&ours), set.iter().copied().collect::<Vec<_>>(), "seed {seed}");
             for gone in set.clone() {
                 ours.remove(gone);
                 set.remove(&gone);
                 assert_eq!((ours.first(), ours.len()), (set.first().copied(), set.len()));
             }
-            assert!(ours.entries.is_empty());
+            assert!(ours.runs.is_empty());
         }
+    }
+
+    /// A checkpoint entry with its held list, runs as `(start, end)`.
+    fn listed(commit: u64, read_to: u64, runs: &[(u64, u64)]) -> InputCheckpoint {
+        let held = runs.iter().map(|&(start, end)| HeldRun { start, end }).collect();
+        InputCheckpoint { commit, read_to, held: Some(held) }
+    }
+
+    /// A checkpoint entry as written before the held list.
+    fn legacy(commit: u64, read_to: u64) -> InputCheckpoint {
+        InputCheckpoint { commit, read_to, held: None }
     }
 
     fn input(topic: u32, clock: ClockSource) -> Input {
@@ -1341,11 +1604,12 @@ mod tests {
             history: records.len(),
             end_after: vec![false; records.len()],
             records,
+            timed: true,
         }
     }
 
     fn arrival(input: usize, offset: u64, event_time: Option<Millis>) -> Arrival<u64> {
-        Arrival { input, offset, event_time, append_time: None, bytes: 10, payload: offset }
+        Arrival { input, offset, event_time, append_time: None, carried_time: event_time, bytes: 10, payload: offset }
     }
 
     fn stage(inputs: &[Input]) -> ReleaseStage<u64> {
@@ -1395,10 +1659,7 @@ mod tests {
         assert_eq!(stage.clock(), Some(21));
         assert_eq!(offsets(&out), [(0, 0), (1, 0), (0, 1)]);
         assert!(out.iter().all(|r| r.release == Release::InOrder));
-        assert_eq!(
-            stage.checkpoint().inputs,
-            [InputCheckpoint { commit: 2, read_to: 2 }, InputCheckpoint { commit: 1, read_to: 1 }]
-        );
+        assert_eq!(stage.checkpoint().inputs, [listed(2, 2, &[]), listed(1, 1, &[])]);
     }
 
     #[test]
@@ -1433,8 +1694,8 @@ mod tests {
         assert_eq!(offsets(&out), [(0, 1), (1, 0)]);
         assert!(out.iter().all(|r| r.release == Release::Untimed));
         // The held event keeps the commit of input 0 at offset 0.
-        assert_eq!(stage.checkpoint().inputs[0], InputCheckpoint { commit: 0, read_to: 2 });
-        assert_eq!(stage.checkpoint().inputs[1], InputCheckpoint { commit: 1, read_to: 1 });
+        assert_eq!(stage.checkpoint().inputs[0], listed(0, 2, &[(0, 1)]));
+        assert_eq!(stage.checkpoint().inputs[1], listed(1, 1, &[]));
     }
 
     #[test]
@@ -1495,20 +1756,34 @@ mod tests {
         assert_eq!(offsets(&out), [(0, 0), (1, 0), (1, 1), (0, 5)]);
         assert_eq!((stage.clock(), stage.violations()), (Some(2_000 + bound + 1), 0));
         // A restart re-reading them skips them: they went to the dead
-        // letters when first read.
-        let checkpoint = Checkpoint {
-            clock: Some(1_200),
-            inputs: vec![InputCheckpoint { commit: 0, read_to: 6 }, InputCheckpoint { commit: 0, read_to: 0 }],
-        };
+        // letters when first read, and no held list names them; under a
+        // raised bound too (only what is read for the first time is judged
+        // by the bound in force). Offset 5 was listed: held again.
         let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
-        let mut restored = ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
-        let mut out = Vec::new();
-        assert_eq!(restored.read(appended(0, 0, 1_000, Some(900)), &mut out), Ok(Admission::AlreadyReleased));
-        assert_eq!(restored.read(appended(0, 1, Millis::MAX, Some(2_000)), &mut out), Ok(Admission::AlreadyReleased));
-        assert_eq!(restored.read(appended(0, 4, Millis::MAX, None), &mut out), Ok(Admission::AlreadyReleased));
-        assert!(out.is_empty());
-        // A raised bound admits what the default refused.
         let raised = ReleaseLimits { max_ahead: Millis::MAX, ..ReleaseLimits::default() };
+        let held = Some(vec![HeldRun { start: 5, end: 6 }]);
+        for (held, limits) in
+            [(held.clone(), ReleaseLimits::default()), (held, raised), (None, ReleaseLimits::default())]
+        {
+            let checkpoint = Checkpoint {
+                clock: Some(1_200),
+                inputs: vec![
+                    InputCheckpoint { commit: 0, read_to: 6, held: held.clone() },
+                    InputCheckpoint { commit: 0, read_to: 0, held: Some(Vec::new()) },
+                ],
+            };
+            let mut restored = ReleaseStage::restore(&inputs, &checkpoint, limits).unwrap();
+            let mut out = Vec::new();
+            let again = [(0, 1_000, Some(900)), (1, Millis::MAX, Some(2_000)), (2, year_9999, Some(2_000))];
+            for (offset, time, append_time) in again.into_iter().chain([(4, Millis::MAX, None)]) {
+                let admission = restored.read(appended(0, offset, time, append_time), &mut out);
+                assert_eq!(admission, Ok(Admission::AlreadyReleased), "{offset} with {held:?}");
+            }
+            let admission = restored.read(appended(0, 5, 2_000 + bound, Some(2_000)), &mut out);
+            assert_eq!(admission, Ok(Admission::Held), "with {held:?}");
+            assert!(out.is_empty());
+        }
+        // A raised bound admits what the default refused.
         assert!(raised.admits(year_9999, Some(0)) && !raised.admits(Millis::MAX, Some(0)));
         assert!(ReleaseLimits::default().admits(Millis::MIN, Some(Millis::MAX)));
     }
@@ -1663,10 +1938,7 @@ mod tests {
         assert_eq!(offsets(&out), [(0, 1), (0, 0)]);
         let checkpoint = stage.checkpoint();
         assert_eq!(checkpoint.clock, Some(20));
-        assert_eq!(
-            checkpoint.inputs,
-            [InputCheckpoint { commit: 2, read_to: 3 }, InputCheckpoint { commit: 0, read_to: 1 }]
-        );
+        assert_eq!(checkpoint.inputs, [listed(2, 3, &[(2, 3)]), listed(0, 1, &[(0, 1)])]);
         let mut restored: ReleaseStage<u64> =
             ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
         let mut out = Vec::new();
@@ -1683,10 +1955,7 @@ mod tests {
         // Input 0 is out of time order: 20, then 15. Before the crash the
         // clock was 10 and both were held.
         let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
-        let checkpoint = Checkpoint {
-            clock: Some(10),
-            inputs: vec![InputCheckpoint { commit: 0, read_to: 2 }, InputCheckpoint { commit: 0, read_to: 0 }],
-        };
+        let checkpoint = Checkpoint { clock: Some(10), inputs: vec![legacy(0, 2), legacy(0, 0)] };
         let mut stage: ReleaseStage<u64> =
             ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
         let mut out = Vec::new();
@@ -1701,6 +1970,150 @@ mod tests {
         stage.release(0, &mut out);
         assert_eq!(stage.clock(), Some(20));
         assert_eq!(offsets(&out), [(0, 1)]);
+    }
+
+    /// Input 0 holds 30 (offset 0) and released 10 (offset 1, in order);
+    /// input 1 holds 20. The checkpoint lists the held offsets.
+    fn two_held(inputs: &[Input]) -> Checkpoint {
+        let mut stage = stage(inputs);
+        let mut out = Vec::new();
+        stage.read(arrival(0, 0, Some(30)), &mut out).unwrap();
+        stage.read(arrival(1, 0, Some(20)), &mut out).unwrap();
+        stage.read(arrival(0, 1, Some(10)), &mut out).unwrap();
+        stage.release(0, &mut out);
+        assert_eq!(offsets(&out), [(0, 1)]);
+        let checkpoint = stage.checkpoint();
+        assert_eq!(checkpoint.inputs, [listed(0, 2, &[(0, 1)]), listed(0, 1, &[(0, 1)])]);
+        checkpoint
+    }
+
+    /// What a restarted stage releases from `checkpoint` when every record
+    /// is read again as `read` says (offset, event time now, carried time).
+    fn restarted(
+        inputs: &[Input],
+        checkpoint: &Checkpoint,
+        read: &[(usize, u64, Option<Millis>, Option<Millis>)],
+    ) -> Vec<Released<u64>> {
+        let mut stage: ReleaseStage<u64> = ReleaseStage::restore(inputs, checkpoint, ReleaseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        for &(input, offset, event_time, carried_time) in read {
+            stage
+                .read(
+                    Arrival { input, offset, event_time, append_time: None, carried_time, bytes: 1, payload: offset },
+                    &mut out,
+                )
+                .unwrap();
+        }
+        for (input, ends) in [(0, 2), (1, 1)] {
+            stage.observe_end(input, ends, 100).unwrap();
+        }
+        stage.release(100, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_held_event_is_held_again_under_its_header_time_when_its_type_stopped_declaring_one() {
+        let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let checkpoint = two_held(&inputs);
+        // The new module version's types declare no event time.
+        let read = [(0, 0, None, Some(30)), (0, 1, None, Some(10)), (1, 0, None, Some(20))];
+        let out = restarted(&inputs, &checkpoint, &read);
+        assert_eq!(offsets(&out), [(1, 0), (0, 0)], "both held ones, in event-time order; 10 not again");
+        assert!(out.iter().all(|r| r.release == Release::InOrder), "{out:?}");
+        // The rule before the list judged by today's declaration: lost.
+        let mut old = checkpoint.clone();
+        old.inputs.iter_mut().for_each(|input| input.held = None);
+        assert_eq!(offsets(&restarted(&inputs, &old, &read)), []);
+    }
+
+    #[test]
+    fn an_event_released_untimed_is_not_applied_again_when_its_type_starts_declaring_event_time() {
+        let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let mut stage = stage(&inputs);
+        let mut out = Vec::new();
+        // Another type's 60 is held in front; then the old version reads
+        // the ledger untimed, though producers already stamp it 50.
+        assert_eq!(stage.read(arrival(0, 0, Some(60)), &mut out), Ok(Admission::Held));
+        let untimed = Arrival {
+            input: 0,
+            offset: 1,
+            event_time: None,
+            append_time: None,
+            carried_time: Some(50),
+            bytes: 1,
+            payload: 1,
+        };
+        assert_eq!(stage.read(untimed, &mut out), Ok(Admission::Released));
+        stage.read(arrival(1, 0, Some(20)), &mut out).unwrap();
+        stage.release(0, &mut out);
+        let checkpoint = stage.checkpoint();
+        assert_eq!(checkpoint.inputs, [listed(0, 2, &[(0, 1)]), listed(0, 1, &[(0, 1)])]);
+        let read = [(0, 0, Some(60), Some(60)), (0, 1, Some(50), Some(50)), (1, 0, Some(20), Some(20))];
+        let out = restarted(&inputs, &checkpoint, &read);
+        assert_eq!(offsets(&out), [(1, 0), (0, 0)], "50 was applied before the restart");
+        let mut old = checkpoint.clone();
+        old.inputs.iter_mut().for_each(|input| input.held = None);
+        assert_eq!(offsets(&restarted(&inputs, &old, &read)), [(1, 0), (0, 1), (0, 0)], "the old rule: twice");
+    }
+
+    #[test]
+    fn a_held_event_of_a_topic_made_processing_time_is_released_once_in_event_time_order() {
+        let checkpoint = two_held(&[input(0, EVENT_TIME), input(1, EVENT_TIME)]);
+        // `--untimed-topic` for both topics now.
+        let inputs = [input(0, ClockSource::ProcessingTime), input(1, ClockSource::ProcessingTime)];
+        let read = [(0, 0, Some(30), Some(30)), (0, 1, Some(10), Some(10)), (1, 0, Some(20), Some(20))];
+        let out = restarted(&inputs, &checkpoint, &read);
+        assert_eq!(offsets(&out), [(1, 0), (0, 0)]);
+        // And back: nothing of the processing-time run is held, so nothing
+        // is read as held again.
+        let mut stage: ReleaseStage<u64> =
+            ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        stage.read(arrival(0, 0, Some(30)), &mut out).unwrap();
+        stage.read(arrival(0, 1, Some(10)), &mut out).unwrap();
+        stage.read(arrival(0, 2, Some(40)), &mut out).unwrap();
+        let (clock, checkpoint) = (stage.clock(), stage.checkpoint());
+        assert_eq!(checkpoint.inputs[0], listed(0, 3, &[(0, 1)]), "held 30; 40 passed at once");
+        assert_eq!(checkpoint.inputs[1], listed(0, 1, &[(0, 1)]), "not read again yet: the list carries it");
+        let timed = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let read = [(0, 0, Some(30), Some(30)), (0, 1, Some(10), Some(10)), (0, 2, Some(40), Some(40))];
+        let again = restarted(&timed, &checkpoint, &[read[0], read[1], read[2], (1, 0, Some(20), Some(20))]);
+        assert_eq!(offsets(&again), [(1, 0), (0, 0)], "40 not again; clock {clock:?}");
+    }
+
+    #[test]
+    fn a_held_event_whose_header_lost_its_time_is_released_at_once_not_dropped() {
+        let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let checkpoint = two_held(&inputs);
+        let read = [(0, 0, None, None), (0, 1, Some(10), Some(10)), (1, 0, Some(20), Some(20))];
+        let out = restarted(&inputs, &checkpoint, &read);
+        assert_eq!(offsets(&out), [(0, 0), (1, 0)]);
+        assert_eq!(out[0].release, Release::Untimed);
+    }
+
+    #[test]
+    fn a_held_list_out_of_its_range_is_refused() {
+        let inputs = [input(0, EVENT_TIME)];
+        for runs in [&[(1, 5)][..], &[(3, 3)], &[(3, 5), (4, 6)], &[(3, 7)]] {
+            let checkpoint = Checkpoint { clock: None, inputs: vec![listed(2, 6, runs)] };
+            let refused = ReleaseStage::<u64>::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap_err();
+            assert!(matches!(refused, ReleaseError::CheckpointHeldRun { input: 0, .. }), "{runs:?}: {refused}");
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_of_before_the_held_list_reads_as_none_and_restores_with_the_clock_rule() {
+        let old = r#"{"clock":15,"inputs":[{"commit":0,"read_to":2}]}"#;
+        let checkpoint: Checkpoint = serde_json::from_str(old).unwrap();
+        assert_eq!(checkpoint.inputs, [legacy(0, 2)]);
+        let inputs = [input(0, EVENT_TIME)];
+        let mut stage: ReleaseStage<u64> =
+            ReleaseStage::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(stage.read(arrival(0, 0, Some(10)), &mut out), Ok(Admission::AlreadyReleased));
+        assert_eq!(stage.checkpoint().inputs[0].held, None, "still replaying by the clock rule");
+        assert_eq!(stage.read(arrival(0, 1, Some(20)), &mut out), Ok(Admission::Held));
+        assert_eq!(stage.checkpoint().inputs[0], listed(1, 2, &[(1, 2)]), "replayed: the list from now on");
     }
 
     #[test]
@@ -1718,7 +2131,7 @@ mod tests {
         let checkpoint = Checkpoint::start(&[0, 0]);
         let refused = ReleaseStage::<u64>::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap_err();
         assert_eq!(refused, ReleaseError::CheckpointInputs { expected: 1, found: 2 });
-        let checkpoint = Checkpoint { clock: None, inputs: vec![InputCheckpoint { commit: 3, read_to: 2 }] };
+        let checkpoint = Checkpoint { clock: None, inputs: vec![legacy(3, 2)] };
         let refused = ReleaseStage::<u64>::restore(&inputs, &checkpoint, ReleaseLimits::default()).unwrap_err();
         assert!(refused.to_string().contains("past read_to 2"), "{refused}");
     }
@@ -1852,7 +2265,8 @@ mod tests {
     /// allowance without it are late with it, by their lateness less the
     /// allowance, and every other one is released in its place (release
     /// order per key when none is late); a crash after every step (with an
-    /// allowance of 1) loses and repeats nothing.
+    /// allowance of 1) loses and repeats nothing, also when the next run
+    /// has another allowance or bound.
     #[test]
     fn every_interleaving_with_an_allowed_lateness_releases_in_place_what_is_at_most_that_late() {
         let runs = for_every_pair(|partitions| {
@@ -1881,6 +2295,8 @@ mod tests {
                     }
                     if allowance == 1 {
                         check_restarts(partitions, &with, limits).unwrap_or_else(|why| panic!("{why}{}", context()));
+                        check_restarts_with_changed_limits(partitions, &with, limits)
+                            .unwrap_or_else(|why| panic!("{why}{}", context()));
                     }
                     runs += 1;
                 }
@@ -1894,7 +2310,8 @@ mod tests {
     /// at instant 0 and a bound of 1: the records of time 2 are refused,
     /// and everything else is released exactly as if they carried no event
     /// time (one too far ahead changes nothing for any other event, of its
-    /// key or another); a crash after every step loses and repeats nothing.
+    /// key or another); a crash after every step loses and repeats nothing,
+    /// also when the next run has another allowance or bound.
     #[test]
     fn every_interleaving_with_a_bound_releases_the_rest_as_if_the_refused_had_no_time() {
         let bound = ReleaseLimits { max_ahead: 1, ..ReleaseLimits::default() };
@@ -1925,6 +2342,8 @@ mod tests {
                     .collect();
                 assert_eq!(as_untimed, without.released, "{}", context());
                 check_restarts(partitions, &refused, bound).unwrap_or_else(|why| panic!("{why}{}", context()));
+                check_restarts_with_changed_limits(partitions, &refused, bound)
+                    .unwrap_or_else(|why| panic!("{why}{}", context()));
                 runs += 1;
             }
             runs

@@ -1,5 +1,5 @@
 """The bridge to componentize-py's bindings, against stand-in bindings
-shaped as componentize-py 0.25 generates them for `wit/handler-0.3.wit`: what
+shaped as componentize-py 0.25 generates them for `wit/handler-0.4.wit`: what
 crosses the boundary, how errors and refusals map, and that an uncaught
 exception is reported as retryable."""
 
@@ -40,7 +40,7 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
     wit.Algebra = enum.Enum("Algebra", "NON_ASSOCIATIVE COMMUTATIVE IDEMPOTENT IDEMPOTENT_COMMUTATIVE ASSOCIATIVE")
     wit.Ordering = enum.Enum("Ordering", "RELAXED ACQUIRE RELEASE ACQ_REL")
     wit.ErrorClass = enum.Enum("ErrorClass", "TRANSIENT RETRYABLE UNRECOVERABLE")
-    wit.Timing = enum.Enum("Timing", "UNTIMED TIMED")
+    wit.Timing = enum.Enum("Timing", "UNTIMED TIMED TIMED_RELAXED")
 
     @dataclass
     class EventType:

@@ -86,8 +86,11 @@ pub trait Event: Serialize + DeserializeOwned {
     /// [`EventTiming::Untimed`]: applied as they arrive. A
     /// [`EventTiming::Timed`] type implements
     /// [`event_time`](Event::event_time); its events are applied, per key,
-    /// in event-time order across the projection's topics (see the crate
-    /// docs, "Event time").
+    /// in event-time order across the projection's topics and against the
+    /// key's events of other `Timed` types (see the crate docs, "Event
+    /// time"). [`EventTiming::TimedRelaxed`] is timed too, but its events
+    /// may move past the key's events of other timed types as their
+    /// [`atomic_ordering`](Event::atomic_ordering) allows.
     const TIMING: EventTiming = EventTiming::Untimed;
 
     /// The key type that scopes this event's order.
@@ -105,7 +108,7 @@ pub trait Event: Serialize + DeserializeOwned {
 
     /// When this event happened, in milliseconds since the Unix epoch
     /// (UTC), read from the event itself (never from a clock). Asked only
-    /// when [`TIMING`](Event::TIMING) is [`EventTiming::Timed`], where
+    /// when [`TIMING`](Event::TIMING) is timed, where
     /// `None` fails the publish (`event-time-declared`). Default: `None`.
     fn event_time(&self) -> Option<i64> {
         None

@@ -116,7 +116,7 @@
 //! applies a key's timed events in event-time order across every topic of
 //! the projection (ties: the topic's place in the projection, then the
 //! position in the log), once the log's end offsets show nothing earlier
-//! can still come. The rules (in `wit/handler-0.3.wit`, "Event time"):
+//! can still come. The rules (in `wit/handler-0.4.wit`, "Event time"):
 //!
 //! - `event-time-declared`: a timed event whose `event_time` returns `None`
 //!   is not published (an unrecoverable error naming the rule); a message
@@ -125,6 +125,26 @@
 //! - `event-time-untimed`: an untimed type (the default) is never asked,
 //!   and a header on its messages is ignored: they are applied as they
 //!   arrive. A module built for the 0.2 contract has only untimed types.
+//! - `event-time-order`: a key's events of `Timed` types reach the handler
+//!   in event-time order, whatever their types and orderings (where the
+//!   type changes, the host plans the event as a full barrier; consecutive
+//!   events of one type still form one run). To let a type's events move
+//!   past the key's events of other timed types as their
+//!   [`Event::atomic_ordering`] allows (one run per type between fences,
+//!   fewer handler calls), declare `const TIMING =
+//!   EventTiming::TimedRelaxed` instead.
+//!
+//! What each ordering means to a handler, per key:
+//!
+//! | ordering | without event time (untimed) | between `Timed` types | `TimedRelaxed` |
+//! | --- | --- | --- | --- |
+//! | `Relaxed` | may move past other types' events | event-time order | may move past other types' events |
+//! | `Acquire` | later events wait for it | event-time order | later events wait for it |
+//! | `Release` | waits for every earlier event | event-time order | waits for every earlier event |
+//! | `AcqRel` | nothing passes it either way | event-time order | nothing passes it either way |
+//!
+//! Events of one type and one key always keep their order (for timed
+//! types, event-time order).
 //!
 //! ```
 //! use serde::{Deserialize, Serialize};
@@ -172,7 +192,7 @@
 //!
 //! The host checks every value a handler hands it, and refuses one that
 //! breaks a rule with a message starting with the rule's id (the rules, and
-//! their limits, are in `wit/handler-0.3.wit` and
+//! their limits, are in `wit/handler-0.4.wit` and
 //! [`wakuwaku_core::limits`]): entry and counter names of 1 to 256 bytes
 //! (`name-length`) without NUL (`name-nul`), state values up to the host's limit
 //! (`state-value-size`), per call at most so many state writes, bytes,
@@ -225,16 +245,16 @@ pub use wakuwaku_core::key::{Key, KeyError, KeyValue};
 pub use wakuwaku_core::limits::PayloadLimits;
 
 /// The WIT package and version this SDK's components implement, read from
-/// `wit/handler-0.3.wit`.
+/// `wit/handler-0.4.wit`.
 pub const WIT_PACKAGE: &str = wakuwaku_core::limits::CONTRACT;
 
-/// Bindings generated from `wit/handler-0.3.wit` (world `module`); used by
+/// Bindings generated from `wit/handler-0.4.wit` (world `module`); used by
 /// [`export_module!`], not meant to be used directly.
 #[doc(hidden)]
 #[allow(missing_docs, unsafe_op_in_unsafe_fn, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/handler-0.3.wit",
+        path: "../wit/handler-0.4.wit",
         world: "module",
         pub_export_macro: true,
         default_bindings_module: "wakuwaku_guest::bindings",

@@ -314,7 +314,7 @@ pub mod __private {
     pub fn event_time<E: Event>(body: &[u8]) -> Result<Option<i64>, HandlerError> {
         match E::TIMING {
             EventTiming::Untimed => Ok(None),
-            EventTiming::Timed => event_time_of(&E::decode(body)?).map(Some),
+            EventTiming::Timed | EventTiming::TimedRelaxed => event_time_of(&E::decode(body)?).map(Some),
         }
     }
 

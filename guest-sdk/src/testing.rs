@@ -47,7 +47,9 @@ use wakuwaku_core::limits::{
     CallTally, LogTally, PayloadLimits, check_combined_body, check_counter_count, check_entries_per_key, check_name,
     error_message,
 };
+use wakuwaku_core::plan::{Plan, PlanRecord, Stage};
 use wakuwaku_core::reduce::{chunks, reduce};
+use wakuwaku_core::time_order::TimeOrder;
 
 use crate::context::{HostApi, Outgoing, Refusal};
 use crate::event::{Event, Handler, PartitionKey};
@@ -55,7 +57,7 @@ use crate::module::{
     __private::{event_time_of, key_of},
     Module,
 };
-use crate::types::{EventTiming, HandlerError, Level};
+use crate::types::{EventAtomicOrdering, EventTiming, EventTypeTag, HandlerError, Level};
 
 /// A line a handler logged, as the host keeps it (cut to the limit and
 /// marked; a closing `log-lines-per-call` warning when lines were dropped).
@@ -138,12 +140,17 @@ impl MemoryHost {
 
     /// Applies events of several types, as the host applies a projection's
     /// events read from several topics once it has read them all: events
-    /// of untimed types as they come, in the order given; events of timed
-    /// types ([`Event::TIMING`]) held and then applied in event-time order,
-    /// ties in the order given (the host breaks ties by topic, then by
-    /// position in the log: list the events topic by topic, each in log
-    /// order). Consecutive events of one key and type form a run, cut into
-    /// chunks of at most their type's `MAX_BATCH`, as in
+    /// of untimed types as they come, in the order given (consecutive
+    /// events of one key and type form a run); events of timed types
+    /// ([`Event::TIMING`]) held, put in event-time order, ties in the order
+    /// given (the host breaks ties by topic, then by position in the log:
+    /// list the events topic by topic, each in log order), and planned as
+    /// the host plans a released batch: a key's events of
+    /// [`EventTiming::Timed`] types in event-time order
+    /// (`event-time-order`), those of [`EventTiming::TimedRelaxed`] types
+    /// moving past them as their orderings allow ([`wakuwaku_core::plan`],
+    /// [`wakuwaku_core::time_order`]), key by key. Each run is cut into
+    /// chunks of at most its type's `MAX_BATCH`, as in
     /// [`handle`](Self::handle), without reduction. Stops at the first
     /// failing chunk; earlier chunks stay applied.
     ///
@@ -180,16 +187,20 @@ impl MemoryHost {
     pub fn handle_in_event_time_order<M: Module>(&mut self, events: &[Published]) -> Result<(), HandlerError> {
         let (untimed, mut timed): (Vec<&Published>, Vec<&Published>) =
             events.iter().partition(|event| event.event_time.is_none());
-        // Stable: equal times keep the order given.
-        timed.sort_by_key(|event| event.event_time);
         let mut run: Vec<Vec<u8>> = Vec::new();
-        let mut ordered = untimed.into_iter().chain(timed).peekable();
+        let mut ordered = untimed.into_iter().peekable();
         while let Some(event) = ordered.next() {
             run.push(event.body.clone());
             let same_run = ordered.peek().is_some_and(|next| next.tag == event.tag && next.key == event.key);
             if !same_run {
                 self.deliver::<M>(event.tag, event.max_batch, &event.key, &std::mem::take(&mut run))?;
             }
+        }
+        // Stable: equal times keep the order given.
+        timed.sort_by_key(|event| event.event_time);
+        for (event, records) in planned_runs(&timed) {
+            let bodies: Vec<Vec<u8>> = records.iter().map(|&index| timed[index].body.clone()).collect();
+            self.deliver::<M>(event.tag, event.max_batch, &event.key, &bodies)?;
         }
         Ok(())
     }
@@ -300,6 +311,8 @@ pub struct Published {
     /// The event time, for a timed type; `None` for an untimed one.
     pub event_time: Option<i64>,
     max_batch: u32,
+    ordering: EventAtomicOrdering,
+    timing: EventTiming,
 }
 
 impl Published {
@@ -310,7 +323,7 @@ impl Published {
     pub fn of<E: Event>(event: &E) -> Result<Self, HandlerError> {
         let event_time = match E::TIMING {
             EventTiming::Untimed => None,
-            EventTiming::Timed => Some(event_time_of(event)?),
+            EventTiming::Timed | EventTiming::TimedRelaxed => Some(event_time_of(event)?),
         };
         Ok(Self {
             tag: E::TYPE_TAG.get(),
@@ -318,8 +331,47 @@ impl Published {
             body: event.encode(),
             event_time,
             max_batch: E::MAX_BATCH,
+            ordering: event.atomic_ordering(),
+            timing: E::TIMING,
         })
     }
+}
+
+/// The runs the host makes of `timed` events, in event-time order, in one
+/// released batch: each run's first event and its records' indexes in
+/// `timed`, in the order the host applies them (key by key; a segment's
+/// body runs in plan order, which the host also uses).
+fn planned_runs<'a>(timed: &[&'a Published]) -> Vec<(&'a Published, Vec<usize>)> {
+    let mut keys: Vec<&Key> = Vec::new();
+    let mut order = TimeOrder::default();
+    let records: Vec<PlanRecord> = timed
+        .iter()
+        .map(|event| {
+            let number = keys.iter().position(|key| **key == event.key).unwrap_or_else(|| {
+                keys.push(&event.key);
+                keys.len() - 1
+            }) as u64;
+            let tag = EventTypeTag::new(event.tag);
+            PlanRecord { key: number, tag, ordering: order.planned(number, tag, event.timing, event.ordering) }
+        })
+        .collect();
+    let plan = Plan::new(&records);
+    let mut runs = Vec::new();
+    for key in plan.keys() {
+        for segment in plan.segments(key) {
+            for stage in plan.stages(segment) {
+                let stage_runs = match stage {
+                    Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
+                    Stage::Body(body) => body,
+                };
+                for run in stage_runs {
+                    let records = plan.records(run).to_vec();
+                    runs.push((timed[records[0]], records));
+                }
+            }
+        }
+    }
+    runs
 }
 
 /// Consecutive events of one key: the key and the encoded bodies.

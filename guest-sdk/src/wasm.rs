@@ -101,6 +101,7 @@ fn event_type_to_wit(info: EventTypeInfo) -> wit::EventType {
         timing: match info.timing {
             EventTiming::Untimed => wit::Timing::Untimed,
             EventTiming::Timed => wit::Timing::Timed,
+            EventTiming::TimedRelaxed => wit::Timing::TimedRelaxed,
         },
     }
 }

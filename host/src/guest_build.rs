@@ -8,6 +8,15 @@
 //! wasm32-wasip2`. The built component's path comes from cargo's own JSON
 //! messages, never from a guessed file name.
 //!
+//! The commands (`waku build`, `waku dev`) build every Rust guest into one
+//! shared target directory unless told otherwise ([`shared_target_dir`]):
+//! the dependencies every guest has (the SDK's wit-bindgen, serde) are
+//! compiled once per machine, not once per project. Before cargo starts,
+//! one line says what is built and where; when that target directory holds
+//! no build for the guest target yet, it says that the first build
+//! compiles the dependencies and takes minutes. Cargo's own progress
+//! (standard error) is passed through as it comes.
+//!
 //! A Python project is built with componentize-py, from PyPI, against the
 //! contract this host implements; when componentize-py is missing, the
 //! error says how to install it.
@@ -20,6 +29,48 @@ pub mod python;
 
 /// The target every guest is built for.
 pub const GUEST_TARGET: &str = "wasm32-wasip2";
+
+/// The environment variable naming the shared target directory of Rust
+/// guests (see [`shared_target_dir`]).
+pub const TARGET_DIR_ENV: &str = "WAKU_TARGET_DIR";
+
+/// The target directory the commands build Rust guests into when none is
+/// given: `$WAKU_TARGET_DIR`, else `waku/target` in the user's cache
+/// directory (`$XDG_CACHE_HOME`, else `~/.cache`), beside `waku test`'s
+/// compile cache. `CARGO_TARGET_DIR` is not read: an outer cargo's (a
+/// `cargo test` running `waku`) would make the guest build wait for the
+/// outer build's lock.
+pub fn shared_target_dir() -> Option<PathBuf> {
+    let environment = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+    environment(TARGET_DIR_ENV).or_else(|| {
+        let cache = environment("XDG_CACHE_HOME").or_else(|| environment("HOME").map(|home| home.join(".cache")))?;
+        Some(cache.join("waku").join("target"))
+    })
+}
+
+/// The target directory the commands build the guest in `guest_dir` into
+/// when none is given: [`shared_target_dir`] for a Rust guest (a
+/// Cargo.toml), none (the project's own) for a Python project, whose
+/// component is named by its module and would meet other projects' there.
+pub fn default_target_dir(guest_dir: &Path) -> Option<PathBuf> {
+    if guest_dir.join("Cargo.toml").is_file() { shared_target_dir() } else { None }
+}
+
+/// The line printed before cargo builds `crate_dir` into `target_dir`:
+/// what is built, where, and, when `target_dir` holds no build of this
+/// profile for the guest target yet, that the first build takes minutes.
+fn build_notice(crate_dir: &Path, target_dir: &Path, release: bool) -> String {
+    let profile = if release { "release" } else { "debug" };
+    let mut notice =
+        format!("waku: building {} for {GUEST_TARGET} ({profile}) in {}", crate_dir.display(), target_dir.display());
+    if !target_dir.join(GUEST_TARGET).join(profile).is_dir() {
+        notice.push_str(
+            "; the first build there compiles the dependencies too (wit-bindgen, serde) and takes minutes \
+             (2 to 9 on 2 cores, by their load), later builds seconds; cargo's progress follows",
+        );
+    }
+    notice
+}
 
 /// Why a guest could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +177,12 @@ impl GuestBuild {
 
     fn run_cargo(&self, manifest: &Path) -> Result<PathBuf, BuildError> {
         ensure_target(self.quiet)?;
+        if !self.quiet {
+            let default_target = self.crate_dir.join("target");
+            let target_dir = self.target_dir.as_deref().unwrap_or(&default_target);
+            // Not `eprintln!`, which panics when standard error is a closed pipe.
+            let _ = writeln!(std::io::stderr(), "{}", build_notice(&self.crate_dir, target_dir, self.release));
+        }
         let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         cargo
             .args(["build", "--target", GUEST_TARGET, "--message-format", "json-render-diagnostics"])
@@ -225,6 +282,19 @@ mod tests {
         let other = line.replace("Cargo.toml", "Other.toml");
         assert_eq!(wasm_artifact(&other, &manifest), None);
         assert_eq!(wasm_artifact("not json", &manifest), None);
+    }
+
+    #[test]
+    fn the_build_notice_says_when_a_first_build_takes_minutes() {
+        let target = tempfile::tempdir().unwrap();
+        let first = build_notice(Path::new("shop"), target.path(), true);
+        assert!(first.starts_with("waku: building shop for wasm32-wasip2 (release) in "), "{first}");
+        assert!(first.contains("the first build there compiles the dependencies too"), "{first}");
+        std::fs::create_dir_all(target.path().join(GUEST_TARGET).join("release")).unwrap();
+        let later = build_notice(Path::new("shop"), target.path(), true);
+        assert!(!later.contains("first build"), "{later}");
+        // A debug build has not been made there yet.
+        assert!(build_notice(Path::new("shop"), target.path(), false).contains("first build"));
     }
 
     #[test]

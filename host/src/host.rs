@@ -646,19 +646,15 @@ fn open_store(settings: &HostSettings) -> Result<OpenedStore, HostError> {
     // A reset of the projection is refused while this host runs it.
     store.hold_for_run().map_err(|source| HostError::State { projection: settings.projection.clone(), source })?;
     // A host that follows an embedded store, its modules from a
-    // directory, can rebuild in the shadow: every part of it shares one
-    // store handle that promotion switches.
-    // A rebuild lines a shadow up with one topic's positions; a
-    // projection over several topics does not rebuild in the shadow yet.
-    let one_topic = settings.more_topics.is_empty();
-    let topics = settings.topics();
-    // So that `waku rebuild` refuses a projection over several topics
-    // instead of asking a host that will never answer.
+    // directory, can rebuild in the shadow (over one topic or several):
+    // every part of it shares one store handle that promotion switches.
+    // Its topics are noted, so that `waku rebuild` refuses a request naming
+    // others instead of asking a host that would refuse it.
     RebuildPaths::new(&settings.data, &settings.projection)
-        .note_topics(&topics)
+        .note_topics(&settings.topics())
         .map_err(|source| HostError::Rebuild { projection: settings.projection.clone(), source })?;
     let rebuilds = match (&settings.state, &settings.modules, settings.until_caught_up) {
-        (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) if one_topic => {
+        (StateSettings::Embedded, ModuleSource::Directory { path, .. }, false) => {
             Some((SwitchingStore::new(store.clone()), path.clone()))
         }
         _ => None,
@@ -740,7 +736,7 @@ async fn load_modules<L: EventLog>(
     // runtime's threads.
     let synced = match settings.module_refs.is_empty() {
         true => None,
-        false => Some(crate::oci::pins::sync(store, &path, &settings.module_refs, adopt).await?),
+        false => Some(crate::oci::pins::sync(store, &path, &settings.module_refs, adopt, sandbox).await?),
     };
     for note in synced.iter().flat_map(|synced| &synced.notes) {
         tracing::warn!(projection = settings.projection, "{}", wakuwaku_core::terminal::printable(note));

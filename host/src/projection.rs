@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rustc_hash::FxHashMap;
 
-use crate::event::EventTypeTag;
+use crate::event::{EventTiming, EventTypeTag};
 use crate::handler::{CallError, ContractError, EventType, HandlerInstance, HandlerModule};
 use crate::routing::RoutedTopics;
 use crate::runtime::{LoadError, Sandbox, WasmModule};
@@ -166,6 +166,12 @@ impl ModuleSet {
     /// Where events of `tag` go, if any module declares it.
     pub fn route(&self, tag: EventTypeTag) -> Option<&Route> {
         self.routes.get(&tag)
+    }
+
+    /// The timing `tag`'s type declares; untimed for a tag no module
+    /// declares (which no module handles).
+    pub fn timing(&self, tag: EventTypeTag) -> EventTiming {
+        self.route(tag).map_or(EventTiming::Untimed, |route| route.event_type.timing)
     }
 
     /// The event time a message of `tag` has, from the `waku-event-time`

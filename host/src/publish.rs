@@ -260,9 +260,10 @@ pub fn headers_for(
     event_type: &EventType,
     body: &[u8],
 ) -> Result<EventHeaders, CallError> {
+    // `timed-relaxed` is timed: only how the host plans its events differs.
     let event_time = match event_type.timing {
         EventTiming::Untimed => None,
-        EventTiming::Timed => {
+        EventTiming::Timed | EventTiming::TimedRelaxed => {
             Some(instance.event_time(event_type.tag, body)?.ok_or_else(|| ContractError::EventTimeDeclared {
                 name: event_type.name.clone(),
                 tag: event_type.tag.get(),
@@ -323,5 +324,8 @@ mod tests {
         );
         let untimed = event_type(EventTiming::Untimed);
         assert_eq!(headers_for(&mut Stamps(Some(9)), &untimed, b"{}").unwrap().event_time, None, "never asked");
+        let opted_out = event_type(EventTiming::TimedRelaxed);
+        assert_eq!(headers_for(&mut Stamps(Some(4)), &opted_out, b"{}").unwrap().event_time, Some(4));
+        assert!(headers_for(&mut Stamps(None), &opted_out, b"{}").is_err(), "timed-relaxed is timed");
     }
 }

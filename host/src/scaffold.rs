@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::guest_build::python::{HANDLER_WIT, HANDLER_WIT_0_2, TESTED_COMPONENTIZE_PY};
+use crate::guest_build::python::{HANDLER_WIT, HANDLER_WIT_0_2, HANDLER_WIT_0_3, TESTED_COMPONENTIZE_PY};
 
 /// The language of a new project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -77,7 +77,8 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// every source file of `core/` and `guest-sdk/` is here.
 const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/wit/handler.wit", HANDLER_WIT_0_2),
-    ("vendor/wakuwaku/wit/handler-0.3.wit", HANDLER_WIT),
+    ("vendor/wakuwaku/wit/handler-0.3.wit", HANDLER_WIT_0_3),
+    ("vendor/wakuwaku/wit/handler-0.4.wit", HANDLER_WIT),
     ("vendor/wakuwaku/core/src/lib.rs", include_str!("../../core/src/lib.rs")),
     ("vendor/wakuwaku/core/src/event.rs", include_str!("../../core/src/event.rs")),
     ("vendor/wakuwaku/core/src/key.rs", include_str!("../../core/src/key.rs")),
@@ -87,6 +88,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/core/src/reduce.rs", include_str!("../../core/src/reduce.rs")),
     ("vendor/wakuwaku/core/src/release.rs", include_str!("../../core/src/release.rs")),
     ("vendor/wakuwaku/core/src/terminal.rs", include_str!("../../core/src/terminal.rs")),
+    ("vendor/wakuwaku/core/src/time_order.rs", include_str!("../../core/src/time_order.rs")),
     ("vendor/wakuwaku/guest-sdk/src/lib.rs", include_str!("../../guest-sdk/src/lib.rs")),
     ("vendor/wakuwaku/guest-sdk/src/context.rs", include_str!("../../guest-sdk/src/context.rs")),
     ("vendor/wakuwaku/guest-sdk/src/event.rs", include_str!("../../guest-sdk/src/event.rs")),
@@ -373,7 +375,8 @@ mod tests {
         assert!(read("src/lib.rs").contains("export_module!(MyHandler: Visited)"));
         assert_eq!(read("README.md").lines().count(), 3);
         assert_eq!(read("vendor/wakuwaku/wit/handler.wit"), HANDLER_WIT_0_2);
-        assert_eq!(read("vendor/wakuwaku/wit/handler-0.3.wit"), HANDLER_WIT);
+        assert_eq!(read("vendor/wakuwaku/wit/handler-0.4.wit"), HANDLER_WIT);
+        assert_eq!(read("vendor/wakuwaku/wit/handler-0.3.wit"), HANDLER_WIT_0_3);
         assert!(read("vendor/wakuwaku/guest-sdk/Cargo.toml").contains(&format!("version = \"{VERSION}\"")));
         let no_placeholder = |path: &PathBuf| !std::fs::read_to_string(empty.join(path)).unwrap().contains("{{");
         assert!(created.files.iter().filter(|p| !p.starts_with("vendor/wakuwaku/core")).all(no_placeholder));

@@ -136,6 +136,7 @@ fn simulate(inputs: &[Vec<Planned>], rule: Rule, slow: Option<usize>, limits: Re
                     offset: position[input] as u64,
                     event_time: event.time,
                     append_time: None,
+                    carried_time: event.time,
                     bytes: RECORD_BYTES,
                     payload: (),
                 };

@@ -7,7 +7,7 @@ deriving from :class:`Event` (tag, name, algebra, max batch, key, ordering
 per message); handlers are functions or methods registered on a
 :class:`Module`; the handler file ends with ``Handler = export(module)``.
 Build with ``waku build <project>`` (componentize-py against
-``wit/handler-0.3.wit``, world ``module``) and hand the ``.wasm`` to the host;
+``wit/handler-0.4.wit``, world ``module``) and hand the ``.wasm`` to the host;
 test with pytest, using :class:`testing.MemoryHost`.
 
 A minimal handler::
@@ -102,7 +102,7 @@ from .types import (
 )
 
 #: The WIT package and version this SDK's components implement.
-WIT_PACKAGE = "wakuwaku:handler@0.3.0"
+WIT_PACKAGE = "wakuwaku:handler@0.4.0"
 
 __all__ = [
     "WIT_PACKAGE",

@@ -8,7 +8,7 @@ componentize-py looks for a class named ``Handler`` in the app module and
 exports it as the WIT interface ``handler`` of world ``module``. Build it
 with ``waku build <project>``, or by hand, with the SDK importable::
 
-    componentize-py -d wit/handler-0.3.wit -w module componentize bank -o bank.wasm
+    componentize-py -d wit/handler-0.4.wit -w module componentize bank -o bank.wasm
 
 What the bridge does:
 

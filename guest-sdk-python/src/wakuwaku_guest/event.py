@@ -44,6 +44,13 @@ header (``event-time-declared``: ``None`` refuses the event), and the host
 applies a key's timed events in event-time order across the projection's
 topics. An untimed type is never asked, and a header on its messages is
 ignored (``event-time-untimed``).
+
+A key's events of ``TIMED`` types reach the handler in event-time order
+whatever their types and orderings (``event-time-order``: where the type
+changes the host plans the event as a full barrier; consecutive events of
+one type still form one run). ``timing=Timing.TIMED_RELAXED`` opts out:
+its events may move past the key's events of other timed types as their
+``ordering`` allows, as untimed events do.
 """
 
 from __future__ import annotations
@@ -116,7 +123,7 @@ class Event:
             raise TypeError(f"event type {cls.__name__}: timing {timing!r} is not a Timing")
         if cls.key is Event.key:
             raise TypeError(f"event type {cls.__name__} does not define key(self)")
-        if timing is Timing.TIMED and cls.event_time is Event.event_time:
+        if timing.is_timed and cls.event_time is Event.event_time:
             raise TypeError(f"event type {cls.__name__} is timed but does not define event_time(self)")
         if algebra is Algebra.ASSOCIATIVE and cls.combine.__func__ is Event.combine.__func__:
             raise TypeError(f"event type {cls.__name__} is associative but does not define combine(cls, events)")

@@ -47,11 +47,74 @@ from .limits import (
 )
 from .module import Module
 from .reduce import chunks, reduce
-from .types import Level, Refusal
+from .types import Level, Ordering, Refusal, Timing
 
 __all__ = ["MemoryHost", "LogLine"]
 
 T = TypeVar("T")
+
+
+def _time_fenced(records: Sequence[tuple[type[Event], bytes, Ordering]], index: int) -> Ordering:
+    """The ordering the host plans one key's timed record ``index`` with
+    (``records`` in event-time order): a ``TIMED`` record whose type differs
+    from the key's last ``TIMED`` record before it is a full barrier
+    (``ACQ_REL``, ``event-time-order``); every other record keeps its
+    own."""
+    kind, _, ordering = records[index]
+    if kind.TIMING is not Timing.TIMED:
+        return ordering
+    earlier = [k for k, _, _ in records[:index] if k.TIMING is Timing.TIMED]
+    return Ordering.ACQ_REL if earlier and earlier[-1] is not kind else ordering
+
+
+def _planned_runs(records: Sequence[tuple[type[Event], Ordering]]) -> list[list[int]]:
+    """The runs the host's planner makes of one key's records (type and
+    ordering, in order), as lists of indexes, in the order the host applies
+    them: segments cut at fences (``ACQUIRE`` and ``ACQ_REL`` start one and
+    head it, ``RELEASE`` ends one as its tail, or gets one of its own when
+    its type heads a segment that holds other types), each segment's head,
+    then its body runs in order of first appearance, then its tail."""
+    runs: list[list[int]] = []
+    slots: list[tuple[type[Event], list[int]]] = []
+    state = {"open": False, "head": False, "tail": None}
+
+    def finish() -> None:
+        head = 1 if state["head"] and slots else 0
+        order = list(range(head)) + [i for i in range(head, len(slots)) if i != state["tail"]]
+        order += [] if state["tail"] is None else [state["tail"]]
+        runs.extend(slots[i][1] for i in order)
+        slots.clear()
+        state.update(open=True, head=False, tail=None)
+
+    def slot(kind: type[Event], index: int) -> int:
+        for number, (k, indexes) in enumerate(slots):
+            if k is kind:
+                indexes.append(index)
+                return number
+        slots.append((kind, [index]))
+        return len(slots) - 1
+
+    for index, (kind, ordering) in enumerate(records):
+        if ordering in (Ordering.ACQUIRE, Ordering.ACQ_REL):
+            finish()
+            state["head"] = True
+            slot(kind, index)
+        elif ordering is Ordering.RELAXED:
+            if not state["open"]:
+                finish()
+            slot(kind, index)
+        else:
+            on_head = state["head"] and slots[0][0] is kind
+            if state["open"] and not (on_head and len(slots) > 1):
+                number = slot(kind, index)
+                if not on_head:
+                    state["tail"] = number
+            else:
+                finish()
+                state["tail"] = slot(kind, index)
+            state["open"] = False
+    finish()
+    return runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,16 +166,20 @@ class MemoryHost:
     def handle_in_event_time_order(self, events: Iterable[Event]) -> None:
         """Applies events of several types as the host applies a
         projection's events read from several topics once it has read them
-        all: events of untimed types as they come, in the order given;
-        events of timed types (``timing=Timing.TIMED``) held and then
-        applied in event-time order, ties in the order given (the host
-        breaks ties by topic, then by position in the log: list the events
-        topic by topic, each in log order). Each event's time comes from
-        the module's ``event_time``, as ``waku publish`` takes it, so a
-        timed event without one raises the publisher's
-        ``event-time-declared`` error before anything is applied.
-        Consecutive events of one type and key form a run, chunked by
-        ``MAX_BATCH``, without reduction; stops at the first failing chunk.
+        all: events of untimed types as they come, in the order given
+        (consecutive events of one type and key form a run); events of
+        timed types held, put in event-time order, ties in the order given
+        (the host breaks ties by topic, then by position in the log: list
+        the events topic by topic, each in log order), and planned as the
+        host plans a released batch, key by key: a key's events of
+        ``Timing.TIMED`` types in event-time order (``event-time-order``),
+        those of ``Timing.TIMED_RELAXED`` types moving past them as their
+        orderings allow (one run per type between fences). Each event's
+        time comes from the module's ``event_time``, as ``waku publish``
+        takes it, so a timed event without one raises the publisher's
+        ``event-time-declared`` error before anything is applied. Runs are
+        chunked by ``MAX_BATCH``, without reduction; stops at the first
+        failing chunk.
 
         ::
 
@@ -126,9 +193,18 @@ class MemoryHost:
                 untimed.append(event)
             else:
                 timed.append((time, event))
+        self.handle(untimed)
         # Stable: equal times keep the order given.
         timed.sort(key=lambda pair: pair[0])
-        self.handle(untimed + [event for _, event in timed])
+        by_key: dict[bytes, list[tuple[type[Event], bytes, Ordering]]] = {}
+        for _, event in timed:
+            kind, body = type(event), event.encode()
+            key = self.module.key(kind.TAG, body)
+            check_key(key)
+            by_key.setdefault(key, []).append((kind, body, self.module.ordering(kind.TAG, body)))
+        for key, records in by_key.items():
+            for run in _planned_runs([(kind, _time_fenced(records, i)) for i, (kind, _, _) in enumerate(records)]):
+                self._deliver(records[run[0]][0], key, [records[i][1] for i in run])
 
     def _combine(self, tag: int, bodies: list[bytes]) -> bytes:
         body = self.module.combine(tag, bodies)

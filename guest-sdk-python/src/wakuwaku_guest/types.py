@@ -1,7 +1,7 @@
 """The vocabulary shared with the host: algebras, orderings, error classes,
 log levels, and the errors a handler raises.
 
-Each enum's values are the names ``wit/handler-0.3.wit`` uses
+Each enum's values are the names ``wit/handler-0.4.wit`` uses
 (``non-associative``, ``acq-rel``, ...), so ``Algebra("associative")`` reads
 a name as the contract writes it.
 """
@@ -64,8 +64,19 @@ class Timing(enum.Enum):
     UNTIMED = "untimed"
     #: Every event has one, which ``event_time`` returns and the publisher
     #: writes into the ``waku-event-time`` header; the host applies a key's
-    #: timed events in event-time order across the projection's topics.
+    #: timed events in event-time order across the projection's topics, and
+    #: against the key's events of other ``TIMED`` types
+    #: (``event-time-order``).
     TIMED = "timed"
+    #: Timed as ``TIMED`` is, but its events may move past the key's events
+    #: of other timed types as their ordering allows (one run per type
+    #: between fences: fewer handler calls).
+    TIMED_RELAXED = "timed-relaxed"
+
+    @property
+    def is_timed(self) -> bool:
+        """Whether its events carry an event time."""
+        return self is not Timing.UNTIMED
 
 
 class ErrorClass(enum.Enum):

@@ -36,7 +36,7 @@ pub(super) struct DataArgs {
     /// durable ones (each acknowledged message written and fsynced before
     /// the answer), and accept retry, dead-letter and emit topics that can
     /// lose acknowledged messages. Faster appends; a crash of the server
-    /// can lose events (see the README, "Durability on Iggy").
+    /// can lose events (see docs/iggy.md, "Durability on Iggy").
     /// The embedded log is durable whatever this says.
     #[arg(long)]
     pub(super) lossy_topics: bool,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::guest_build::GuestBuild;
+use crate::guest_build::{GuestBuild, default_target_dir};
 
 #[derive(Args)]
 pub(super) struct BuildArgs {
@@ -19,15 +19,17 @@ pub(super) struct BuildArgs {
     /// Build without optimisation (Rust only).
     #[arg(long)]
     pub(super) debug: bool,
-    /// Cargo's target directory; a Python component goes to
-    /// <it>/python/<module>.wasm (default: the project's target/).
+    /// Cargo's target directory. A Rust guest's default is one directory
+    /// every project shares, so dependencies compile once: $WAKU_TARGET_DIR,
+    /// else waku/target in the user's cache directory. A Python component
+    /// goes to <it>/python/<module>.wasm (default: the project's target/).
     #[arg(long)]
     pub(super) target_dir: Option<PathBuf>,
 }
 
 pub(super) fn build(args: BuildArgs) -> Result<()> {
-    let built =
-        GuestBuild { target_dir: args.target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }.run()?;
+    let target_dir = args.target_dir.or_else(|| default_target_dir(&args.crate_dir));
+    let built = GuestBuild { target_dir, release: !args.debug, ..GuestBuild::new(&args.crate_dir) }.run()?;
     let path = match args.out {
         Some(out) => {
             std::fs::copy(&built, &out).with_context(|| format!("copying {} to {}", built.display(), out.display()))?;

@@ -92,7 +92,6 @@ pub(super) fn example_module(example: &str, module: Option<&Path>) -> Result<Pat
         );
     };
     let crate_dir = repo.join(dir);
-    errln!("waku: building {} ...", crate_dir.display());
     let build = GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
     Ok(build.run()?)
 }

@@ -31,7 +31,9 @@ pub(super) struct DevArgs {
     /// at exit).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Cargo's target directory for the builds.
+    /// Cargo's target directory for the builds (a Rust guest's default:
+    /// the one `waku build` shares between projects, $WAKU_TARGET_DIR or
+    /// waku/target in the user's cache directory).
     #[arg(long)]
     target_dir: Option<PathBuf>,
     /// Serve the admin endpoint (state, status, modules) on this address,
@@ -56,6 +58,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         }
     };
     let data_dir_for_others = data_dir.clone();
+    let target_dir = args.target_dir.or_else(|| crate::guest_build::default_target_dir(&args.crate_dir));
     let settings = DevSettings {
         guest_dir: args.crate_dir,
         topic: args.topic,
@@ -63,7 +66,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         projection: args.projection,
         data_dir,
         events: args.events,
-        target_dir: args.target_dir,
+        target_dir,
         admin: args.admin,
         admin_token: super::admin_access::token(args.admin_access.admin_token_file.as_deref())?,
         admin_insecure: args.admin_access.admin_insecure,

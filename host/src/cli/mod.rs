@@ -251,13 +251,15 @@ const RUN_HELP: &str = "Example:\n  waku run --data waku-data --projection bank 
 
 /// `waku rebuild --help`'s epilogue.
 const REBUILD_HELP: &str = "Example:\n  waku rebuild --data waku-data --projection bank --topic accounts --modules \
+                            new-modules\n\nA projection over several topics names every one, in the order `waku run` \
+                            takes them:\n  waku rebuild --projection stock --topic orders --topic shipments --modules \
                             new-modules\n\nTo compare before promoting (--data defaults to waku-data):\n  waku \
                             rebuild --projection bank --topic accounts --modules new-modules --promote manual\n  waku \
                             state get --projection bank --key 42 --shadow\n  waku rebuild --projection bank \
                             --promote\n\nTo go back to the state and versions before the last promotion:\n  waku \
                             rebuild --projection bank --rollback\n\nThe running `waku run` of the projection does the \
                             work; `waku status --admin <endpoint>` shows the rebuild's phase and distance to promotion. \
-                            Emitted messages: see the README, \"Rebuilding a projection\".";
+                            Emitted messages: see docs/rebuild-reset.md, \"Rebuilding a projection\".";
 
 /// `waku reset --help`'s epilogue.
 const RESET_HELP: &str = "Example:\n  waku reset --data waku-data --projection bank --topic accounts --to earliest \
@@ -586,7 +588,7 @@ mod tests {
     fn every_example_of_rebuild_help_parses() {
         use clap::Parser;
         let examples: Vec<&str> = REBUILD_HELP.lines().filter_map(|line| line.strip_prefix("  waku ")).collect();
-        assert_eq!(examples.len(), 5, "{REBUILD_HELP}");
+        assert_eq!(examples.len(), 6, "{REBUILD_HELP}");
         for example in examples {
             let args = std::iter::once("waku").chain(example.split_whitespace());
             if let Err(error) = Cli::try_parse_from(args) {

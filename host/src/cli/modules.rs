@@ -164,6 +164,7 @@ async fn rollback_running(args: &ModulesRollbackArgs, library: Arc<Library>, run
 async fn push(args: &ModulesPushArgs) -> Result<()> {
     let bytes =
         crate::runtime::read_component(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let bytes = loaded(&args.reference, bytes).await?;
     let registry = Registry::for_registry(args.reference.registry())?;
     let artifact = registry.push(bytes, &args.reference).await?;
     outln!("pushed {} as {}", args.file.display(), args.reference)?;
@@ -175,6 +176,7 @@ async fn push(args: &ModulesPushArgs) -> Result<()> {
 async fn pull(args: &ModulesPullArgs) -> Result<()> {
     let registry = Registry::for_registry(args.reference.registry())?;
     let pulled = registry.pull(&args.reference).await?;
+    let pulled = crate::oci::Pulled { bytes: loaded(&args.reference, pulled.bytes).await?, ..pulled };
     let path = crate::oci::write_module(&args.modules, args.reference.module(), &pulled.bytes)
         .with_context(|| format!("writing into {}", args.modules.display()))?;
     outln!("pulled {} into {}", args.reference, path.display())?;
@@ -183,15 +185,27 @@ async fn pull(args: &ModulesPullArgs) -> Result<()> {
     Ok(())
 }
 
+/// `bytes` if they are a component that loads ([`crate::oci::check_loads`]).
+async fn loaded(reference: &ModuleRef, bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let reference = reference.clone();
+    tokio::task::spawn_blocking(move || {
+        let sandbox = Sandbox::new(SandboxLimits::default())?;
+        crate::oci::check_loads(&sandbox, &reference, &bytes)?;
+        Ok::<_, anyhow::Error>(bytes)
+    })
+    .await
+    .context("loading the component")?
+}
+
 async fn adopt(args: &ModulesAdoptArgs) -> Result<()> {
     if args.module_refs.is_empty() {
         bail!("no module references to adopt: give --module-ref, or `module-ref` in waku.toml");
     }
     let store = args.data.existing_state(&args.projection, "is `waku run` using it? stop it first")?;
     let before = pins::read(&store)?;
-    let synced = pins::sync(&store, &args.modules, &args.module_refs, true).await?;
-    let library =
-        Library::new(&args.data.data, &args.projection, store.clone(), Sandbox::new(SandboxLimits::default())?);
+    let sandbox = Sandbox::new(SandboxLimits::default())?;
+    let synced = pins::sync(&store, &args.modules, &args.module_refs, true, &sandbox).await?;
+    let library = Library::new(&args.data.data, &args.projection, store.clone(), sandbox);
     let dir = args.modules.clone();
     let adopted = synced.adopt.clone();
     tokio::task::spawn_blocking(move || library.start_adopting(&dir, &|name| adopted.contains(name)))

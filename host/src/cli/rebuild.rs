@@ -2,9 +2,12 @@
 //! shadow with new module versions, to promote a shadow waiting for a
 //! person, or to roll back to the state before the last promotion. The
 //! host does the work ([`crate::rebuild`]); this command only leaves the
-//! request in the data directory and says how to follow it. A rebuild
-//! from offset 0 of a topic whose oldest messages retention deleted is
-//! refused unless `--accept-lost-history` ([`crate::log::loss`]).
+//! request in the data directory and says how to follow it. A projection
+//! over several topics is rebuilt over all of them: the request names
+//! every topic, in the order `waku run` takes them, and one naming others
+//! than its host last started with is refused. A rebuild from offset 0 of
+//! a topic whose oldest messages retention deleted is refused unless
+//! `--accept-lost-history` ([`crate::log::loss`]).
 
 use std::path::PathBuf;
 
@@ -33,9 +36,12 @@ pub(super) struct RebuildArgs {
     /// The projection.
     #[arg(long)]
     pub(super) projection: String,
-    /// The topic it consumes (with --modules).
-    #[arg(long)]
-    pub(super) topic: Option<String>,
+    /// The topic it consumes (with --modules): every topic of a projection
+    /// over several, as `waku run` takes them (the flag given more than
+    /// once, a comma-separated list, or a list in `waku.toml`), in the same
+    /// order.
+    #[arg(long = "topic", value_name = "TOPIC", value_delimiter = ',')]
+    pub(super) topics: Vec<String>,
     /// The directory of the new module versions (`*.wasm`, named like the
     /// running ones); copied when the rebuild is asked for. From the
     /// environment or `waku.toml`, it asks for a rebuild only when neither
@@ -96,19 +102,24 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
                 Some(PromoteArg::Manual) => Promote::Manual,
                 Some(PromoteArg::Now) => bail!("with --modules, --promote takes `auto` or `manual`"),
             };
-            let Some(topic) = args.topic.as_deref() else {
-                bail!("--modules asks for a rebuild of the topic the projection consumes: give --topic too");
-            };
+            if args.topics.is_empty() {
+                bail!(
+                    "--modules asks for a rebuild of the topics the projection consumes: give --topic too (every \
+                     topic of a projection over several)"
+                );
+            }
             // Only a log with retention loses its head; the embedded one is
             // held by the running host, and deletes nothing.
             if args.data.iggy.is_some() {
                 let log = args.data.log().await?;
-                crate::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
+                for topic in &args.topics {
+                    crate::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
+                }
             }
             if let Some(missing) = &missing {
                 errln!("waku: note: {missing}; the next `waku run --projection {}` builds it", args.projection);
             }
-            let request = paths.ask(topic, modules, promote)?;
+            let request = paths.ask(&args.topics, modules, promote)?;
             let when = match promote {
                 Promote::Auto => "it is promoted once it caught up with the live projection",
                 Promote::Manual => {

@@ -36,7 +36,7 @@ pub(super) struct RunArgs {
     /// list) for a projection over several co-partitioned topics: each
     /// partition index is read across all of them, and a key's events of
     /// types declared timed (their `waku-event-time` header) are applied
-    /// in event-time order (see the README, "Event time across topics").
+    /// in event-time order (see docs/event-time.md).
     #[arg(long = "topic", value_name = "TOPIC", required = true, value_delimiter = ',')]
     pub(super) topics: Vec<String>,
     /// With several topics: the most MiB of events each partition index

@@ -13,6 +13,21 @@
 //! The planner groups records by a number per key, never by its hash: each
 //! distinct key of the batch (its canonical bytes) gets its own, so two
 //! keys never share a run, a fold, a state scope or a retry diversion.
+//!
+//! Rules kept here:
+//! - **A key's timed events reach its handler in event-time order.** The
+//!   records of a released batch come in event-time order; as they become
+//!   the planner's records, a change of timed type within a key is made a
+//!   fence ([`wakuwaku_core::time_order`]): the first record of a
+//!   [`EventTiming::Timed`] type after one of another such type is planned
+//!   as `AcqRel`, so the planner, which keeps only the orders the ordering
+//!   page requires, cannot put the two types in two body runs. Untimed
+//!   types, and timed types declared `timed-relaxed` (the module's
+//!   opt-out), are planned as they declare. Records taken from retry are
+//!   fenced the same way (they come in the order they were executed).
+//! - **The fence is the planner's alone.** A record keeps its declared
+//!   ordering everywhere else: in its run's headers when it goes to retry
+//!   or the dead-letter topic, and in its tries.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +40,7 @@ use super::key_table::KeyTable;
 use super::phase::{Laps, Phase};
 use super::timing::Advance;
 use super::{CallObserver, ConsumerConfig, ConsumerError, Summary, release_marks};
-use crate::event::{Algebra, Envelope, HeaderError};
+use crate::event::{Algebra, Envelope, EventAtomicOrdering, EventTiming, HeaderError};
 use crate::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome};
 use crate::key::Key;
 use crate::log::{PolledBatch, RecordView, StoredRecord};
@@ -36,6 +51,7 @@ use crate::reduce::Origin;
 use crate::routing::{self, RetryQueue, Routed, RoutedTopics};
 use crate::state::{BatchCommit, StateError, StateReader, StateStore};
 use crate::telemetry::CallTrace;
+use wakuwaku_core::time_order::TimeOrder;
 
 /// Why a polled message is dead-lettered before it is planned.
 enum Unreadable {
@@ -229,7 +245,10 @@ impl BatchRunner {
         let parsed = refusal
             .map_or(Ok(()), |reason| Err(Unreadable::TooFarAhead(reason.to_owned())))
             .and_then(|()| Envelope::parse(view.headers()).map_err(Unreadable::Headers))
-            .and_then(|envelope| Ok((input.keys.number(envelope.key).map_err(Unreadable::Headers)?, envelope)))
+            .and_then(|envelope| {
+                let number = input.keys.number(envelope.key).map_err(|error| Unreadable::Headers(error.into()))?;
+                Ok((number, envelope))
+            })
             .and_then(|(number, mut envelope)| {
                 envelope.event_time =
                     modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
@@ -263,12 +282,15 @@ impl BatchRunner {
             Ok((number, envelope)) => {
                 let tries = Tries::fresh(envelope.ordering);
                 let origin = Origin::in_topic(view.input(), view.offset());
-                input.push(number, envelope, origin, tries, view.body().to_vec());
+                let timing = modules.timing(envelope.tag);
+                input.push(number, (envelope, timing), origin, tries, view.body().to_vec());
             }
             Err(error) => {
                 let stored = StoredRecord { offset: view.offset(), record: view.to_record(), append_time: None };
                 let (reason, what) = match error {
-                    Unreadable::Headers(error) => (routing::malformed_reason(&stored.record, &error), "unreadable headers"),
+                    Unreadable::Headers(error) => {
+                        (routing::malformed_reason(&stored.record, &error), "unreadable headers")
+                    }
                     Unreadable::Declared(error) => (error.to_string(), "unreadable headers"),
                     Unreadable::TooFarAhead(reason) => (reason, "an event time too far ahead"),
                 };
@@ -314,7 +336,8 @@ impl BatchRunner {
                 Ok((routed, number, envelope)) => {
                     offsets.push(stored.offset);
                     let origin = routing::origin_of(&routed, projection.topics());
-                    input.push(number, envelope, origin, Tries::of(&routed), stored.record.body);
+                    let timing = modules.timing(envelope.tag);
+                    input.push(number, (envelope, timing), origin, Tries::of(&routed), stored.record.body);
                 }
                 Err(error) => {
                     // It was readable when it was indexed: the log changed
@@ -515,7 +538,12 @@ pub(super) struct BatchBuffers {
 /// appearance, so two keys never share one whatever their hashes.
 #[derive(Default)]
 struct BatchInput {
+    /// The planner's records: each one's ordering fenced by `time_order`.
     plan: Vec<PlanRecord>,
+    /// Each record's declared ordering, which it keeps outside the plan.
+    orderings: Vec<EventAtomicOrdering>,
+    /// The fences that keep each key's timed events in the order given.
+    time_order: TimeOrder,
     /// The batch's keys, by the number their records carry in `plan`.
     keys: KeyTable,
     algebras: Vec<Algebra>,
@@ -531,8 +559,10 @@ struct BatchInput {
 impl BatchInput {
     /// Empties every vector and the key table, keeping their allocations.
     fn clear(&mut self) {
-        let Self { plan, keys, algebras, origins, bodies, attempts, event_times } = self;
+        let Self { plan, orderings, time_order, keys, algebras, origins, bodies, attempts, event_times } = self;
         plan.clear();
+        orderings.clear();
+        time_order.clear();
         keys.clear();
         algebras.clear();
         origins.clear();
@@ -541,9 +571,20 @@ impl BatchInput {
         event_times.clear();
     }
 
-    /// Appends a record whose key has `number` in [`BatchInput::keys`].
-    fn push(&mut self, number: u32, envelope: Envelope<'_>, origin: Origin, attempts: Tries, body: Vec<u8>) {
-        self.plan.push(PlanRecord { key: u64::from(number), tag: envelope.tag, ordering: envelope.ordering });
+    /// Appends a record whose key has `number` in [`BatchInput::keys`] and
+    /// whose type declares `timing`.
+    fn push(
+        &mut self,
+        number: u32,
+        (envelope, timing): (Envelope<'_>, EventTiming),
+        origin: Origin,
+        attempts: Tries,
+        body: Vec<u8>,
+    ) {
+        let key = u64::from(number);
+        let ordering = self.time_order.planned(key, envelope.tag, timing, envelope.ordering);
+        self.plan.push(PlanRecord { key, tag: envelope.tag, ordering });
+        self.orderings.push(envelope.ordering);
         self.algebras.push(envelope.algebra);
         self.origins.push(origin);
         self.attempts.push(attempts);
@@ -616,7 +657,7 @@ impl BatchWork {
                         self.runs.push(RunWork {
                             tag: run.tag(),
                             stage: stage_index,
-                            ordering: input.plan[first].ordering,
+                            ordering: input.orderings[first],
                             algebra: input.algebras[first],
                             closes: matches!(stage, Stage::Tail(_)),
                             records: start..self.bodies.len(),

@@ -106,7 +106,7 @@ mod failure;
 mod key;
 mod key_table;
 pub mod phase;
-mod release_marks;
+pub(crate) mod release_marks;
 mod timing;
 pub mod timing_status;
 

@@ -16,12 +16,22 @@
 //!   `release:clock-high` and `release:clock-low` for the partition index's
 //!   clock: its 64 bits (sign flipped) in two halves of 32, as a position
 //!   must fit a PostgreSQL `bigint`, which the clock's bits need not.
-//! - **A checkpoint that does not match the positions is not used.** After
-//!   `waku reset`, which starts every position over, the marks are gone
-//!   with them; were one left with positions it does not match, it would
-//!   judge the replay wrongly, so the stage starts fresh from the positions.
+//! - **The held list** ([`InputCheckpoint::held`]) as
+//!   `release:held-runs:<topic>` (how many runs) and, per run `i`,
+//!   `release:held-start:<topic>:<i>` and `release:held-end:<topic>:<i>`:
+//!   two positions per run of held offsets, so a commit costs what the
+//!   held runs number, not the held events. Runs past the count, left by
+//!   an earlier commit, are not read. A checkpoint written before the list
+//!   has no count: it restores as one without a list (the clock rule), and
+//!   so does a count larger than the offsets it covers (a damaged mark).
+//! - **Each topic's marks are its own.** A topic whose marks do not match
+//!   its position (none yet: a topic added to the projection; or a
+//!   `read_to` below it) starts fresh at its position, and the other
+//!   topics keep theirs, so adding a topic repeats nothing of the others.
+//!   After `waku reset`, which starts every position over, every mark is
+//!   gone with them and the whole stage starts fresh from the positions.
 
-use wakuwaku_core::release::{Checkpoint, InputCheckpoint, Millis};
+use wakuwaku_core::release::{Checkpoint, HeldRun, InputCheckpoint, Millis};
 
 use crate::state::{BatchCommit, StateError, StateStore};
 
@@ -32,6 +42,20 @@ const CLOCK_LOW: &str = "release:clock-low";
 /// The position name of a topic's `read_to`.
 fn read_to_name(topic: &str) -> String {
     format!("release:read-to:{topic}")
+}
+
+/// The position names of a topic's held list: its count of runs, and each
+/// run's first offset and end.
+fn held_runs_name(topic: &str) -> String {
+    format!("release:held-runs:{topic}")
+}
+
+fn held_start_name(topic: &str, run: usize) -> String {
+    format!("release:held-start:{topic}:{run}")
+}
+
+fn held_end_name(topic: &str, run: usize) -> String {
+    format!("release:held-end:{topic}:{run}")
 }
 
 /// The clock's bits, sign flipped.
@@ -45,10 +69,17 @@ fn clock_of(bits: u64) -> Millis {
 
 /// Adds `checkpoint` of `partition` over `topics` (one per input, in input
 /// order) to `commit`.
-pub(super) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partition: u32, checkpoint: &Checkpoint) {
+pub(crate) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partition: u32, checkpoint: &Checkpoint) {
     for (topic, input) in topics.iter().zip(&checkpoint.inputs) {
         commit.positions.push((topic.clone(), partition, input.commit));
         commit.positions.push((read_to_name(topic), partition, input.read_to));
+        if let Some(runs) = &input.held {
+            commit.positions.push((held_runs_name(topic), partition, runs.len() as u64));
+            for (at, run) in runs.iter().enumerate() {
+                commit.positions.push((held_start_name(topic, at), partition, run.start));
+                commit.positions.push((held_end_name(topic, at), partition, run.end));
+            }
+        }
     }
     if let Some(clock) = checkpoint.clock {
         let bits = clock_bits(clock);
@@ -60,16 +91,21 @@ pub(super) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partiti
 /// The checkpoint of `partition` over `topics` as last committed: each
 /// input resumes at its topic's position. Without marks (a first run, or
 /// after a reset) it is a fresh start at the positions.
-pub(super) fn restore(store: &StateStore, topics: &[String], partition: u32) -> Result<Checkpoint, StateError> {
+pub(crate) fn restore(store: &StateStore, topics: &[String], partition: u32) -> Result<Checkpoint, StateError> {
     let mut inputs = Vec::with_capacity(topics.len());
-    let mut matches = true;
+    let mut any_marked = false;
     for topic in topics {
         let commit = store.position(topic, partition)?.unwrap_or(0);
-        let read_to = store.position(&read_to_name(topic), partition)?;
-        matches &= read_to.is_some_and(|read_to| read_to >= commit);
-        inputs.push(InputCheckpoint { commit, read_to: read_to.unwrap_or(commit).max(commit) });
+        match store.position(&read_to_name(topic), partition)? {
+            Some(read_to) if read_to >= commit => {
+                any_marked = true;
+                let held = held_list(store, topic, partition, commit, read_to)?;
+                inputs.push(InputCheckpoint { commit, read_to, held });
+            }
+            _ => inputs.push(InputCheckpoint { commit, read_to: commit, held: Some(Vec::new()) }),
+        }
     }
-    if !matches {
+    if !any_marked {
         let positions: Vec<u64> = inputs.iter().map(|input| input.commit).collect();
         return Ok(Checkpoint::start(&positions));
     }
@@ -78,6 +114,29 @@ pub(super) fn restore(store: &StateStore, topics: &[String], partition: u32) -> 
         _ => None,
     };
     Ok(Checkpoint { clock, inputs })
+}
+
+/// A topic's held list: none when its checkpoint was written before the
+/// list, or when the count cannot be runs of `commit..read_to`.
+fn held_list(
+    store: &StateStore,
+    topic: &str,
+    partition: u32,
+    commit: u64,
+    read_to: u64,
+) -> Result<Option<Vec<HeldRun>>, StateError> {
+    let Some(count) = store.position(&held_runs_name(topic), partition)? else { return Ok(None) };
+    if count > read_to - commit {
+        return Ok(None);
+    }
+    let mut runs = Vec::with_capacity(count as usize);
+    for at in 0..count as usize {
+        let start = store.position(&held_start_name(topic, at), partition)?;
+        let end = store.position(&held_end_name(topic, at), partition)?;
+        let (Some(start), Some(end)) = (start, end) else { return Ok(None) };
+        runs.push(HeldRun { start, end });
+    }
+    Ok(Some(runs))
 }
 
 #[cfg(test)]
@@ -103,7 +162,10 @@ mod tests {
         assert_eq!(restore(&store, &topics, 1).unwrap(), Checkpoint::start(&[0, 0]));
         let checkpoint = Checkpoint {
             clock: Some(1_796_169_600_000),
-            inputs: vec![InputCheckpoint { commit: 3, read_to: 9 }, InputCheckpoint { commit: 4, read_to: 4 }],
+            inputs: vec![
+                InputCheckpoint { commit: 3, read_to: 9, held: Some(vec![HeldRun { start: 3, end: 4 }]) },
+                InputCheckpoint { commit: 4, read_to: 4, held: Some(Vec::new()) },
+            ],
         };
         let mut commit = BatchCommit::default();
         add_to_commit(&mut commit, &topics, 1, &checkpoint);

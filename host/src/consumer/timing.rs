@@ -372,6 +372,7 @@ impl<L: EventLog> Consumer<L> {
             offset: view.offset(),
             event_time,
             append_time: view.append_time(),
+            carried_time: envelope.and_then(|envelope| envelope.event_time),
             bytes: view.stored_len() as u64,
             payload: view.to_encoded(),
         };

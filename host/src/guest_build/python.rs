@@ -49,8 +49,13 @@ pub const TESTED_COMPONENTIZE_PY: &str = "0.25.1";
 pub const COMPONENTIZE_PY_ENV: &str = "WAKU_COMPONENTIZE_PY";
 
 /// The contract every component is built against: the WIT package this
-/// host implements (`wit/handler-0.3.wit`).
-pub const HANDLER_WIT: &str = include_str!("../../../wit/handler-0.3.wit");
+/// host implements (`wit/handler-0.4.wit`).
+pub const HANDLER_WIT: &str = include_str!("../../../wit/handler-0.4.wit");
+
+/// The contract before `timed-relaxed` (`wit/handler-0.3.wit`), which the
+/// host still loads; vendored for the Rust SDK's core, which reads its
+/// version.
+pub const HANDLER_WIT_0_3: &str = include_str!("../../../wit/handler-0.3.wit");
 
 /// The previous contract (`wit/handler.wit`, 0.2), which the host still
 /// loads; vendored beside the current one for the Rust SDK's core, which

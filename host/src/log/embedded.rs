@@ -269,9 +269,10 @@ impl EventLog for EmbeddedLog {
                 batch.push_encoded(offset, bytes)?;
                 Ok(if batch.is_full() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
             })?;
-            if let (Some(first), Some(last)) = (batch.iter().next(), batch.last()) {
+            let span = batch.iter().next().map(|first| first.offset()).zip(batch.last().map(|last| last.offset()));
+            if let Some((first, last)) = span {
                 // Read after the records: every record scanned has its entry.
-                let times = inner.append_times(&topic, partition, first.offset(), last.offset())?;
+                let times = inner.append_times(&topic, partition, first, last)?;
                 let mut times = times.into_iter().peekable();
                 let mut current = None;
                 batch.stamp_append_times(|offset| {
@@ -583,7 +584,8 @@ impl Inner {
         };
         // The first entry at or after `time`, as (time, first offset).
         let at_or_after = |time: u64| -> Result<Option<(u64, u64)>, LogError> {
-            let mut range = times.range((topic, partition, time)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))?;
+            let mut range =
+                times.range((topic, partition, time)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))?;
             let entry = range.next().transpose().map_err(|e| self.storage(e))?;
             Ok(entry.map(|(key, offset)| (key.value().2, offset.value())))
         };

@@ -24,20 +24,27 @@
 //!   address (`127.0.0.0/8`, `[::1]`, `localhost`) is spoken to in plain
 //!   HTTP, and so is one listed in `WAKU_OCI_PLAIN_HTTP` (comma-separated
 //!   `host:port`s); every other registry only over HTTPS.
+//! - **A pull is bounded and checked before it writes.** Its requests
+//!   are bounded in bytes and in total time, and credentials go only to
+//!   the registry's own token service over TLS unless allowed
+//!   ([`distribution`]). A pulled layer must be a component that loads
+//!   ([`check_loads`], what `waku modules push` checks) before it replaces
+//!   anything; a module file is written in one rename, with the ordinary
+//!   mode (0644 under the usual umask).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use futures_util::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::OciImageManifest;
+use oci_client::manifest::{OciImageManifest, OciManifest};
 use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
 
 use crate::runtime::component_file::MAX_COMPONENT_BYTES;
 
 pub mod credentials;
+pub mod distribution;
 pub mod pins;
 
 /// The config media type of a Wasm OCI artifact.
@@ -100,6 +107,99 @@ pub enum OciError {
     /// The credentials cannot be read.
     #[error(transparent)]
     Credentials(#[from] credentials::CredentialsError),
+    /// A setting's value is not one.
+    #[error("{name}={value:?} is not {reason}")]
+    Setting {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        reason: String,
+    },
+    /// Something the registry sent is over its bound.
+    #[error(
+        "`{reference}`: the registry's {what} is over the bound of {limit} bytes{}{}; refused",
+        length.map(|length| format!(" (it says {length})")).unwrap_or_default(),
+        setting.map(|name| format!(", which {name} sets")).unwrap_or_default()
+    )]
+    TooLarge {
+        /// The reference.
+        reference: String,
+        /// What was being read.
+        what: &'static str,
+        /// The bound.
+        limit: u64,
+        /// The length the registry gave, if it gave one.
+        length: Option<u64>,
+        /// The setting that changes the bound, if one does.
+        setting: Option<&'static str>,
+    },
+    /// The whole pull took over its time bound.
+    #[error(
+        "pulling `{reference}` from registry `{registry}` took over {}, the bound {} sets; stopped",
+        humantime::format_duration(*limit), distribution::TIMEOUT_ENV
+    )]
+    TimedOut {
+        /// The reference.
+        reference: String,
+        /// The registry.
+        registry: String,
+        /// The bound.
+        limit: std::time::Duration,
+    },
+    /// The registry has no such tag, repository or manifest.
+    #[error(
+        "registry `{registry}` has no {missing} for `{reference}`; check the reference (`waku modules push` puts one \
+         there)"
+    )]
+    NotFound {
+        /// The reference.
+        reference: String,
+        /// The registry.
+        registry: String,
+        /// What is missing: `tag`, `repository`, `manifest`, or `tag or repository`.
+        missing: &'static str,
+    },
+    /// The registry refused access.
+    #[error(
+        "registry `{registry}` refused access to `{reference}` (HTTP {status}); check {} and {} or the \
+         Docker config.json entry",
+        credentials::USERNAME_ENV,
+        credentials::PASSWORD_ENV
+    )]
+    Denied {
+        /// The reference.
+        reference: String,
+        /// The registry.
+        registry: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The registry names a token service credentials must not go to.
+    #[error(
+        "registry `{registry}` asks for credentials at the token service {realm}, {why}; they were not sent (to \
+         allow it, add `{origin}` to {})",
+        distribution::TOKEN_SERVICES_ENV
+    )]
+    TokenService {
+        /// The registry.
+        registry: String,
+        /// The token URL, escaped.
+        realm: String,
+        /// Why it is refused.
+        why: &'static str,
+        /// The origin that would allow it.
+        origin: String,
+    },
+    /// The pulled (or pushed) component does not load.
+    #[error("`{reference}`: the component does not load, so nothing was written: {reason}")]
+    DoesNotLoad {
+        /// The reference.
+        reference: String,
+        /// Why, as loading says.
+        reason: String,
+    },
 }
 
 /// A module reference: `oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`.
@@ -260,6 +360,7 @@ pub struct Registry {
     client: Client,
     auth: oci_client::secrets::RegistryAuth,
     registry: String,
+    distribution: distribution::Distribution,
 }
 
 impl Registry {
@@ -276,7 +377,9 @@ impl Registry {
             ..ClientConfig::default()
         };
         let auth = credentials::for_registry(registry)?;
-        Ok(Self { client: Client::new(config), auth, registry: registry.to_owned() })
+        let distribution =
+            distribution::Distribution::new(registry, plain, auth.clone(), distribution::Bounds::from_env()?)?;
+        Ok(Self { client: Client::new(config), auth, registry: registry.to_owned(), distribution })
     }
 
     fn failed(&self, error: impl fmt::Display) -> OciError {
@@ -308,24 +411,45 @@ impl Registry {
         Ok(Artifact { manifest, layer })
     }
 
-    /// The manifest digest `reference` names now (a tag's current one).
+    /// The manifest digest `reference` names now (a tag's current one),
+    /// read within the bounds of a pull.
     pub async fn resolve(&self, reference: &ModuleRef) -> Result<String, OciError> {
-        self.client.fetch_manifest_digest(&reference.reference(), &self.auth).await.map_err(|e| self.failed(e))
+        let manifest = self.within_time(reference, self.distribution.manifest(reference)).await?;
+        Ok(sha256_digest(&manifest))
     }
 
     /// Pulls the component `reference` names, verified (see the [module
-    /// documentation](self)).
+    /// documentation](self)), within the time bound of a pull.
     pub async fn pull(&self, reference: &ModuleRef) -> Result<Pulled, OciError> {
-        let target = reference.reference();
+        self.within_time(reference, self.pull_unbounded_in_time(reference)).await
+    }
+
+    async fn within_time<T>(
+        &self,
+        reference: &ModuleRef,
+        operation: impl Future<Output = Result<T, OciError>>,
+    ) -> Result<T, OciError> {
+        let limit = self.distribution.bounds.timeout;
+        tokio::time::timeout(limit, operation).await.unwrap_or_else(|_| {
+            Err(OciError::TimedOut { reference: reference.to_string(), registry: self.registry.clone(), limit })
+        })
+    }
+
+    async fn pull_unbounded_in_time(&self, reference: &ModuleRef) -> Result<Pulled, OciError> {
         let not_component = |reason: String| OciError::NotAComponent { reference: reference.to_string(), reason };
-        let (manifest, digest) =
-            self.client.pull_image_manifest(&target, &self.auth).await.map_err(|e| self.failed(e))?;
+        let body = self.distribution.manifest(reference).await?;
+        let digest = sha256_digest(&body);
         if let Some(expected) = reference.digest()
             && expected != digest
         {
             let (expected, actual) = (expected.to_owned(), digest);
             return Err(OciError::Tampered { reference: reference.to_string(), what: "a manifest", expected, actual });
         }
+        let manifest = match serde_json::from_slice::<OciManifest>(&body) {
+            Ok(OciManifest::Image(manifest)) => manifest,
+            Ok(OciManifest::ImageIndex(_)) => return Err(not_component("it is an image index".to_owned())),
+            Err(_) => return Err(not_component("its manifest is not an image manifest".to_owned())),
+        };
         if manifest.config.media_type != WASM_CONFIG_MEDIA_TYPE {
             return Err(not_component(format!("its config has media type {:?}", manifest.config.media_type)));
         }
@@ -341,33 +465,29 @@ impl Registry {
                 "its layer has {size} bytes, over the {MAX_COMPONENT_BYTES} a module may"
             )));
         }
-        let mut stream = self.client.pull_blob_stream(&target, layer).await.map_err(|e| self.failed(e))?;
-        let mut bytes = Vec::with_capacity(size as usize);
         let tampered = |actual: String| OciError::Tampered {
             reference: reference.to_string(),
             what: "a layer",
             expected: layer.digest.clone(),
             actual,
         };
-        while let Some(chunk) = stream.stream.next().await {
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
-                // The client's own check, at the end of the bytes.
-                Err(error) if error.get_ref().is_some_and(|inner| inner.is::<oci_client::errors::DigestError>()) => {
-                    return Err(tampered(sha256_digest(&bytes)));
-                }
-                Err(error) => return Err(self.failed(error)),
-            };
-            if (bytes.len() + chunk.len()) as u64 > size {
-                return Err(tampered(format!("more than the {size} bytes the manifest says")));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
+        let bytes = self.distribution.layer(reference, &layer.digest, size, tampered).await?;
         let actual = sha256_digest(&bytes);
         if actual != layer.digest {
             return Err(tampered(actual));
         }
         Ok(Pulled { artifact: Artifact { manifest: digest, layer: actual }, bytes })
+    }
+}
+
+/// Refuses `bytes` that are not a component that loads in `sandbox`
+/// (compiles, links, describes itself) as module `module`: what `waku
+/// modules push` checks before sending and every pull before writing.
+/// Compiles: call it off the async runtime's threads.
+pub fn check_loads(sandbox: &crate::runtime::Sandbox, reference: &ModuleRef, bytes: &[u8]) -> Result<(), OciError> {
+    match sandbox.load(reference.module(), bytes) {
+        Ok(_) => Ok(()),
+        Err(error) => Err(OciError::DoesNotLoad { reference: reference.to_string(), reason: error.to_string() }),
     }
 }
 
@@ -394,7 +514,15 @@ pub fn write_module(dir: &std::path::Path, module: &str, bytes: &[u8]) -> std::i
     use std::io::Write;
     std::fs::create_dir_all(dir)?;
     let path = dir.join(format!("{module}.wasm"));
-    let mut file = tempfile::Builder::new().prefix(".").suffix(".part").tempfile_in(dir)?;
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        // Created with the ordinary mode, less the umask (tempfile's own
+        // default is 0600, which a module file has no reason for).
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let mut file = builder.prefix(".").suffix(".part").tempfile_in(dir)?;
     file.write_all(bytes)?;
     file.as_file().sync_all()?;
     file.persist(&path).map_err(|e| e.error)?;

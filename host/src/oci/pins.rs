@@ -22,7 +22,9 @@
 //!   it reads, and its module is adopted: the library takes the pulled
 //!   version over a recorded one.
 //! - **Verified before written.** Every pull is checked against the
-//!   digests ([`super::Registry::pull`]) and written in one rename
+//!   digests ([`super::Registry::pull`]), must be a component that loads
+//!   in the host's sandbox ([`super::check_loads`]: what replaces a module
+//!   file would otherwise stop the next start), and is written in one rename
 //!   ([`super::write_module`]); nothing is written for a reference that
 //!   fails, and a start-up with a reference that fails stops with the
 //!   error.
@@ -33,6 +35,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::{ModuleRef, OciError, Registry, sha256_digest, write_module};
+use crate::runtime::Sandbox;
 use crate::state::{StateError, StateStore};
 
 /// The `meta` entry holding the pins.
@@ -118,7 +121,13 @@ pub fn save(store: &StateStore, pins: &Pins) -> Result<(), PinError> {
 /// Puts the module of every reference in `refs` into `dir`, as the
 /// [module documentation](self) says: pinned ones by their pinned digest,
 /// new or changed ones (or all, with `adopt_all`) as they read now.
-pub async fn sync(store: &StateStore, dir: &Path, refs: &[ModuleRef], adopt_all: bool) -> Result<Synced, PinError> {
+pub async fn sync(
+    store: &StateStore,
+    dir: &Path,
+    refs: &[ModuleRef],
+    adopt_all: bool,
+    sandbox: &Sandbox,
+) -> Result<Synced, PinError> {
     let mut by_module: BTreeMap<&str, &ModuleRef> = BTreeMap::new();
     for reference in refs {
         if let Some(first) = by_module.insert(reference.module(), reference) {
@@ -135,13 +144,14 @@ pub async fn sync(store: &StateStore, dir: &Path, refs: &[ModuleRef], adopt_all:
         let registry = Registry::for_registry(reference.registry())?;
         match pinned.cloned() {
             Some(pin) => {
-                keep_pinned(&registry, dir, module, reference, &pin).await?;
+                keep_pinned(&registry, dir, module, reference, &pin, sandbox).await?;
                 if let Some(note) = moved(&registry, reference, &pin).await {
                     synced.notes.push(note);
                 }
             }
             None => {
                 let pulled = registry.pull(reference).await?;
+                let pulled = super::Pulled { bytes: loaded(sandbox, reference, pulled.bytes).await?, ..pulled };
                 write(dir, module, &pulled.bytes)?;
                 let pin = Pin {
                     reference: reference.to_string(),
@@ -172,6 +182,7 @@ async fn keep_pinned(
     module: &str,
     reference: &ModuleRef,
     pin: &Pin,
+    sandbox: &Sandbox,
 ) -> Result<(), PinError> {
     let path = dir.join(format!("{module}.wasm"));
     if crate::runtime::read_component(&path).is_ok_and(|bytes| sha256_digest(&bytes) == pin.layer) {
@@ -187,7 +198,7 @@ async fn keep_pinned(
         }
         .into());
     }
-    write(dir, module, &pulled.bytes)
+    write(dir, module, &loaded(sandbox, reference, pulled.bytes).await?)
 }
 
 /// The line saying a pinned tag now names another manifest, if it does
@@ -207,6 +218,15 @@ async fn moved(registry: &Registry, reference: &ModuleRef, pin: &Pin) -> Option<
         Ok(_) => None,
         Err(error) => Some(format!("module `{}`: runs the pinned {}; {error}", reference.module(), pin.manifest)),
     }
+}
+
+/// `bytes` if they are a component that loads in `sandbox`.
+async fn loaded(sandbox: &Sandbox, reference: &ModuleRef, bytes: Vec<u8>) -> Result<Vec<u8>, PinError> {
+    let (sandbox, reference) = (sandbox.clone(), reference.clone());
+    tokio::task::spawn_blocking(move || super::check_loads(&sandbox, &reference, &bytes).map(|()| bytes))
+        .await
+        .map_err(|e| OciError::DoesNotLoad { reference: String::new(), reason: e.to_string() })?
+        .map_err(PinError::from)
 }
 
 fn write(dir: &Path, module: &str, bytes: &[u8]) -> Result<(), PinError> {

@@ -2,17 +2,22 @@
 //! runs the shadow beside it, and promotes or rolls back between two
 //! batches (see the [parent module](super) for the files and the rules).
 //!
-//! The conductor owns the live consumer: it follows the topic until the
-//! host stops, and is paused (after its batch in flight, which commits)
-//! only to promote or roll back, then follows again. A check every
-//! [`CHECK_EVERY`] looks at the request files and the shadow's progress;
-//! what it decides comes from positions and end offsets only. A rebuild
-//! that fails (a module that does not load, a shadow whose consumer
+//! The conductor owns the live consumer: it follows the projection's
+//! topics until the host stops, and is paused (after its batch in flight,
+//! which commits) only to promote or roll back, then follows again. The
+//! shadow consumes the same topics in the same order with the live
+//! projection's settings, so over several topics it goes through the same
+//! release stage and gives the same event-time order as the live path. A
+//! check every [`CHECK_EVERY`] looks at the request files and the shadow's
+//! progress; what it decides comes from positions and end offsets only. A
+//! rebuild that fails (a module that does not load, a shadow whose consumer
 //! fails) is dropped with its error in the status; the live projection
 //! never stops because of it. A shadow that cannot start for now (an I/O
 //! error reading the request, the log unreachable) is not a failure: the
 //! request stays, the status says `waiting to start` and why, and the
-//! next check tries again.
+//! next check tries again. A host asked to stop while it lines the two up
+//! stops after the batch in flight, as at any other time: the line-up is
+//! taken up again at its next start.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -113,7 +118,9 @@ pub struct RebuildStatus {
     pub phase: String,
     /// `auto` or `manual`.
     pub promote: String,
-    /// Per partition: (partition, shadow position, live position).
+    /// Per partition: (partition, shadow position, live position); over
+    /// several topics, the positions of the partition index summed over
+    /// them (as the caught-up gate counts them).
     pub partitions: Vec<(u32, u64, u64)>,
     /// Events the shadow still has to consume to reach the live positions,
     /// plus those waiting in its retry: its distance to promotion.
@@ -209,6 +216,19 @@ struct Shadow<L> {
 
 type Following = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Summary, ConsumerError>>);
 
+/// Set once the host is asked to stop.
+type Stop = tokio::sync::watch::Receiver<bool>;
+
+/// Resolves once `stop` is set (or its sender is gone).
+async fn stopping(mut stop: Stop) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+/// How many times a promotion over several topics lets the live projection
+/// and the shadow catch up in turn before it gives up until the next check
+/// (their topics were written to all the while).
+pub const LINE_UP_ROUNDS: usize = 4;
+
 /// What a check decided.
 enum Action {
     Stop,
@@ -242,14 +262,25 @@ impl<L: EventLog> Conductor<L> {
     /// Consumes until `stopped` resolves or the live consumer fails,
     /// running rebuilds as they are asked for.
     pub async fn run(self, stopped: impl Future<Output = ()> + Send + 'static) -> Result<Summary, ConsumerError> {
-        tokio::pin!(stopped);
+        // Watched here and by a promotion's line-up, which may take a while.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let watcher = tokio::spawn(async move {
+            stopped.await;
+            let _ = stop.send(true);
+        });
+        let result = self.conduct(stopping).await;
+        watcher.abort();
+        result
+    }
+
+    async fn conduct(self, stop: Stop) -> Result<Summary, ConsumerError> {
         let mut total = Summary::default();
         let mut shadow: Option<Shadow<L>> = None;
         loop {
             let (pause_live, mut live) = follow(&self.live);
             let action = loop {
                 tokio::select! {
-                    () = &mut stopped => break Action::Stop,
+                    () = stopping(stop.clone()) => break Action::Stop,
                     ended = &mut live => {
                         if let Some(shadow) = shadow.take() {
                             let _ = pause(shadow.following).await;
@@ -281,7 +312,7 @@ impl<L: EventLog> Conductor<L> {
                     // Until the pointer's rename, a failure leaves the live
                     // projection as it was: the rebuild is dropped, the
                     // live one goes on.
-                    match self.promote(ready).await {
+                    match self.promote(ready, &stop).await {
                         Ok(not_yet) => shadow = not_yet,
                         Err(error) => self.fail(&self.paths(), format!("promoting: {error}")),
                     }
@@ -390,13 +421,15 @@ impl<L: EventLog> Conductor<L> {
             paths.finish().map_err(StartFailure::reading)?;
             return Ok(None);
         }
-        if request.topic != self.projection.topic() {
-            return Err(StartFailure::Refused(format!(
-                "the rebuild was asked for topic `{}`, but projection `{}` consumes `{}`",
-                request.topic,
-                self.projection.name(),
-                self.projection.topic()
-            )));
+        if request.topics() != self.projection.topics() {
+            return Err(StartFailure::Refused(
+                RebuildError::OtherTopics {
+                    projection: self.projection.name().to_owned(),
+                    asked: request.topics(),
+                    consumed: self.projection.topics().to_vec(),
+                }
+                .to_string(),
+            ));
         }
         let store = StateStore::open(&paths.absolute(&store_path)).map_err(StartFailure::opening)?;
         let copies = Some(paths.kept_copies(request.generation));
@@ -419,6 +452,7 @@ impl<L: EventLog> Conductor<L> {
         let name = super::shadow_name(self.projection.name());
         let held_back = StateStore::from_backend(HoldBackEmits(store.clone()));
         let projection = Projection::new(&name, &request.topic, modules.clone(), held_back)
+            .and_then(|projection| projection.with_more_topics(&request.more_topics))
             .map_err(|e| StartFailure::Refused(e.to_string()))?
             .with_routed_topics(routed);
         let consumer = Consumer::new(self.log.clone(), Arc::new(projection), self.config.clone());
@@ -459,8 +493,8 @@ impl<L: EventLog> Conductor<L> {
     /// Promotes the shadow, the live consumer being paused: lines the two
     /// up on the same positions, then switches. Returns the shadow, still
     /// following, when it cannot be promoted yet (events waiting in its
-    /// retry).
-    async fn promote(&self, mut shadow: Shadow<L>) -> Result<Option<Shadow<L>>, ConsumerError> {
+    /// retry, or two topics' line-up not met).
+    async fn promote(&self, mut shadow: Shadow<L>, stop: &Stop) -> Result<Option<Shadow<L>>, ConsumerError> {
         tracing::info!(
             projection = self.projection.name(),
             generation = shadow.request.generation,
@@ -471,15 +505,11 @@ impl<L: EventLog> Conductor<L> {
         pause((pause_shadow, stopped)).await?;
         let topic = self.projection.topic().to_owned();
         let partitions = self.log.partitions(&topic).await?;
-        let mut targets = FxHashMap::default();
-        for partition in 0..partitions {
-            let live = self.switching.current().position(&topic, partition)?.unwrap_or(0);
-            let at = shadow.store.position(&topic, partition)?.unwrap_or(0);
-            targets.insert(partition, live.max(at));
-        }
-        self.live.catch_up_to(targets.clone()).await?;
-        shadow.consumer.catch_up_to(targets).await?;
-        if shadow.store.stats()?.retrying() > 0 {
+        let lined_up = match self.projection.topics().len() {
+            1 => self.line_up(&shadow, partitions).await?,
+            _ => self.line_up_released(&shadow, partitions, stop).await?,
+        };
+        if !lined_up || shadow.store.stats()?.retrying() > 0 {
             shadow.following = follow(&shadow.consumer);
             return Ok(Some(shadow));
         }
@@ -506,6 +536,56 @@ impl<L: EventLog> Conductor<L> {
         self.watch.set_phase("promoted", None, None);
         tracing::info!(projection = self.projection.name(), generation = shadow.request.generation, "promoted");
         Ok(None)
+    }
+
+    /// Lines the live projection and the shadow of a projection over one
+    /// topic up: whichever is behind consumes up to exactly the other's
+    /// position of every partition.
+    async fn line_up(&self, shadow: &Shadow<L>, partitions: u32) -> Result<bool, ConsumerError> {
+        let topic = self.projection.topic();
+        let mut targets = FxHashMap::default();
+        for partition in 0..partitions {
+            let live = self.switching.current().position(topic, partition)?.unwrap_or(0);
+            let at = shadow.store.position(topic, partition)?.unwrap_or(0);
+            targets.insert(partition, live.max(at));
+        }
+        self.live.catch_up_to(targets.clone()).await?;
+        shadow.consumer.catch_up_to(targets).await?;
+        Ok(true)
+    }
+
+    /// Lines the live projection and the shadow of a projection over
+    /// several topics up where neither holds an event for event-time order
+    /// (see the [parent module](super)): each catches up in turn (every
+    /// input to the end offset read as it starts, nothing held), until both
+    /// stand at the same position of every partition of every topic. Then
+    /// each applied exactly the events below those positions. False when
+    /// they did not meet within [`LINE_UP_ROUNDS`], or the host is stopping.
+    async fn line_up_released(&self, shadow: &Shadow<L>, partitions: u32, stop: &Stop) -> Result<bool, ConsumerError> {
+        for _ in 0..LINE_UP_ROUNDS {
+            self.live.catch_up_or_stop(stopping(stop.clone())).await?;
+            shadow.consumer.catch_up_or_stop(stopping(stop.clone())).await?;
+            if *stop.borrow() {
+                return Ok(false);
+            }
+            let live = self.switching.current();
+            let mut met = true;
+            for topic in self.projection.topics() {
+                for partition in 0..partitions {
+                    met &= live.position(topic, partition)? == shadow.store.position(topic, partition)?;
+                }
+            }
+            if met {
+                return Ok(true);
+            }
+        }
+        tracing::info!(
+            projection = self.projection.name(),
+            generation = shadow.request.generation,
+            "the shadow and the live projection did not meet in {LINE_UP_ROUNDS} rounds (the topics are being \
+             written to): both follow again, and the promotion is tried at the next check"
+        );
+        Ok(false)
     }
 
     /// Switches back to the previous store and its recorded module
@@ -612,7 +692,8 @@ async fn settled<L: EventLog>(log: &L, topics: &[&str]) -> Result<BatchCommit, c
 }
 
 /// Where the shadow of `request` stands against the live projection: per
-/// partition its position and the live one, the distance to promotion,
+/// partition (index, over every topic) its position and the live one, the
+/// distance to promotion (summed over every partition of every topic),
 /// its counts; `modules` are its versions. The phase says `building`.
 pub async fn measure<L: EventLog>(
     log: &L,
@@ -621,14 +702,18 @@ pub async fn measure<L: EventLog>(
     live: &StateStore,
     modules: BTreeMap<String, String>,
 ) -> Result<RebuildStatus, ConsumerError> {
-    let topic = &request.topic;
+    let topics = request.topics();
     let mut partitions = Vec::new();
     let mut distance = 0;
-    for partition in 0..log.partitions(topic).await? {
-        let at = shadow.position(topic, partition)?.unwrap_or(0);
-        let live = live.position(topic, partition)?.unwrap_or(0);
-        distance += live.saturating_sub(at);
-        partitions.push((partition, at, live));
+    for partition in 0..log.partitions(&request.topic).await? {
+        let (mut at, mut live_at) = (0, 0);
+        for topic in &topics {
+            let (shadow_here, live_here) =
+                (shadow.position(topic, partition)?.unwrap_or(0), live.position(topic, partition)?.unwrap_or(0));
+            distance += live_here.saturating_sub(shadow_here);
+            (at, live_at) = (at + shadow_here, live_at + live_here);
+        }
+        partitions.push((partition, at, live_at));
     }
     let stats = shadow.stats()?;
     distance += stats.retrying();

@@ -24,20 +24,32 @@
 //! positions before the pointer names it.
 //!
 //! Rules it keeps:
-//! - The shadow consumes the topic from offset 0 with the new modules,
-//!   under the name `<projection>.rebuild`: its emitted messages are held
-//!   back ([`stores::HoldBackEmits`]); its failures go to retry and
-//!   dead-letter topics of its own ([`RoutedTopics::shadow`]:
-//!   `retry_<topic>.rebuild`, `dlq_<topic>.rebuild`, under the host-owned
-//!   prefixes modules may not emit to), made when it starts with the
-//!   topic's partition count, its positions there set to their end (what
-//!   is there is an earlier rebuild's). The shared ones never see it.
+//! - The shadow consumes every topic of the projection (the topics its
+//!   host runs with, in the same order: the request names them, and a
+//!   request naming others is refused, [`RebuildError::OtherTopics`]) from
+//!   offset 0 with the new modules, under the name `<projection>.rebuild`:
+//!   over several topics through the same release stage as the live
+//!   consumer, so in the same event-time order. Its emitted messages are
+//!   held back ([`stores::HoldBackEmits`]); its failures go to retry and
+//!   dead-letter topics of its own ([`RoutedTopics::shadow`] of the first
+//!   topic: `retry_<topic>.rebuild`, `dlq_<topic>.rebuild`, under the
+//!   host-owned prefixes modules may not emit to), made when it starts with
+//!   the topic's partition count, its positions there set to their end
+//!   (what is there is an earlier rebuild's). The shared ones never see it.
 //! - Promotion is decided from positions and end offsets, never a timer:
 //!   once the shadow reached the end offsets read when it started and has
 //!   nothing waiting in retry, the live consumer is paused after its batch
 //!   in flight, whichever of the two is behind consumes up to exactly the
 //!   other's positions, and the host switches state and modules before the
-//!   next batch. No event is lost or applied twice across the switch. An
+//!   next batch. Over several topics the two are lined up where neither
+//!   holds an event for event-time order: each catches up (every input of
+//!   every partition to the end offset read as it starts, nothing held),
+//!   the one then behind again, until both stand at the same position of
+//!   every partition of every topic; so each has applied exactly the events
+//!   below those positions. A line-up that does not meet within
+//!   [`conductor::LINE_UP_ROUNDS`] (the topics are written to all the
+//!   while) lets both follow again and is tried at the next check. No event
+//!   is lost or applied twice across the switch, nor its emits. An
 //!   automatic promotion waits for a person when the new modules
 //!   dead-lettered events (the promoted state would lack them).
 //! - The promoted projection routes to the topic's shared retry and
@@ -107,12 +119,22 @@ impl Promote {
 pub struct Request {
     /// The projection.
     pub projection: String,
-    /// Its topic.
+    /// Its first topic (it names the retry and dead-letter topics).
     pub topic: String,
+    /// Its other topics, for a projection over several.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_topics: Vec<String>,
     /// Names the shadow's directory, `<generation>/`.
     pub generation: u64,
     /// When to promote.
     pub promote: Promote,
+}
+
+impl Request {
+    /// Every topic of the projection, the first one first.
+    pub fn topics(&self) -> Vec<String> {
+        std::iter::once(&self.topic).chain(&self.more_topics).cloned().collect()
+    }
 }
 
 /// Which store is the projection's: `<projection>.active`.
@@ -169,20 +191,26 @@ pub enum RebuildError {
         /// The projection.
         projection: String,
     },
-    /// The projection reads several topics in event-time order, which a
-    /// shadow cannot line up with yet.
+    /// The rebuild names other topics than the projection's host runs with.
     #[error(
-        "projection `{projection}` reads {} topics in event-time order (`{}`), and a projection over several topics \
-         cannot be rebuilt in the shadow yet: run the new modules under another projection name over the same \
-         topics, then switch readers to it",
-        topics.len(),
-        topics.join("`, `")
+        "projection `{projection}` consumes `{}` (as its host last started), but the rebuild names `{}`: give every \
+         topic of the projection, in the order `waku run` takes them",
+        consumed.join("`, `"),
+        asked.join("`, `")
     )]
-    SeveralTopics {
+    OtherTopics {
         /// The projection.
         projection: String,
-        /// Its topics, as its host last started with them.
-        topics: Vec<String>,
+        /// The topics the rebuild names.
+        asked: Vec<String>,
+        /// The topics it consumes.
+        consumed: Vec<String>,
+    },
+    /// The rebuild names no topic.
+    #[error("a rebuild of `{projection}` names no topic")]
+    NoTopic {
+        /// The projection.
+        projection: String,
     },
     /// `--rollback` without a previous store.
     #[error("projection `{projection}` has no previous state to roll back to (it was never promoted)")]
@@ -288,26 +316,23 @@ impl RebuildPaths {
         write_toml(&self.pointer_path(), pointer)
     }
 
-    /// Notes the topics a host of the projection starts with: with several,
-    /// a rebuild is refused ([`RebuildError::SeveralTopics`]) until a host
-    /// starts it over one topic again.
+    /// Notes the topics a host of the projection starts with, so that a
+    /// rebuild naming others is refused when it is asked for
+    /// ([`RebuildError::OtherTopics`]) instead of when a host takes it up.
     pub fn note_topics(&self, topics: &[String]) -> Result<(), RebuildError> {
         let path = self.topics_path();
         let io = |source| RebuildError::Io { path: path.clone(), source };
-        match topics.len() {
-            0 | 1 => match std::fs::remove_file(&path) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io(error)),
-                _ => Ok(()),
-            },
-            _ => {
-                std::fs::create_dir_all(self.dir()).map_err(io)?;
-                std::fs::write(&path, topics.join("\n")).map_err(io)
-            }
+        let topics = distinct(topics);
+        if self.noted_topics()?.as_ref() == Some(&topics) {
+            return Ok(());
         }
+        std::fs::create_dir_all(self.dir()).map_err(io)?;
+        std::fs::write(&path, topics.join("\n")).map_err(io)
     }
 
-    /// The topics noted by [`RebuildPaths::note_topics`]: several, or none.
-    fn several_topics(&self) -> Result<Option<Vec<String>>, RebuildError> {
+    /// The topics noted by [`RebuildPaths::note_topics`], if a host ever
+    /// started.
+    fn noted_topics(&self) -> Result<Option<Vec<String>>, RebuildError> {
         let path = self.topics_path();
         match std::fs::read_to_string(&path) {
             Ok(text) => Ok(Some(text.lines().map(|topic| printable(topic).into_owned()).collect())),
@@ -320,12 +345,21 @@ impl RebuildPaths {
         self.dir().join("topics")
     }
 
-    /// Asks for a rebuild of the projection with the modules of
-    /// `modules`, copied into the shadow's directory. Refused while
-    /// another is under way, and for a projection over several topics.
-    pub fn ask(&self, topic: &str, modules: &Path, promote: Promote) -> Result<Request, RebuildError> {
-        if let Some(topics) = self.several_topics()? {
-            return Err(RebuildError::SeveralTopics { projection: self.projection.clone(), topics });
+    /// Asks for a rebuild of the projection over `topics` (every one of
+    /// them, the first one first; at least one) with the modules of
+    /// `modules`, copied into the shadow's directory. Refused while another
+    /// is under way, and when a host of the projection last started with
+    /// other topics.
+    pub fn ask(&self, topics: &[String], modules: &Path, promote: Promote) -> Result<Request, RebuildError> {
+        let topics = distinct(topics);
+        let Some((topic, more_topics)) = topics.split_first() else {
+            return Err(RebuildError::NoTopic { projection: self.projection.clone() });
+        };
+        if let Some(consumed) = self.noted_topics()?
+            && consumed != topics
+        {
+            let asked = topics;
+            return Err(RebuildError::OtherTopics { projection: self.projection.clone(), asked, consumed });
         }
         if let Some(pending) = self.request()? {
             return Err(RebuildError::Pending { projection: self.projection.clone(), generation: pending.generation });
@@ -345,7 +379,13 @@ impl RebuildPaths {
             return Err(error);
         }
         let _ = std::fs::remove_file(self.promote_path());
-        let request = Request { projection: self.projection.clone(), topic: topic.to_owned(), generation, promote };
+        let request = Request {
+            projection: self.projection.clone(),
+            topic: topic.clone(),
+            more_topics: more_topics.to_vec(),
+            generation,
+            promote,
+        };
         write_toml(&self.request_path(), &request)?;
         Ok(request)
     }
@@ -411,6 +451,18 @@ impl RebuildPaths {
     }
 }
 
+/// `topics` with each named once, in their order (a projection takes a
+/// topic named twice once).
+fn distinct(topics: &[String]) -> Vec<String> {
+    let mut seen = Vec::with_capacity(topics.len());
+    for topic in topics {
+        if !seen.contains(topic) {
+            seen.push(topic.clone());
+        }
+    }
+    seen
+}
+
 /// Copies the module files `wasm` of directory `modules` into `copy`,
 /// under a module directory's size rule (`module-dir-size`).
 fn copy_modules(modules: &Path, wasm: Vec<PathBuf>, copy: &Path) -> Result<(), RebuildError> {
@@ -473,18 +525,44 @@ mod tests {
     use super::*;
     use crate::runtime::component_file::MAX_MODULES;
 
+    fn accounts() -> Vec<String> {
+        vec!["accounts".to_owned()]
+    }
+
+    #[test]
+    fn a_rebuild_names_every_topic_its_projections_host_started_with_in_order() {
+        let data = tempfile::tempdir().unwrap();
+        let modules = data.path().join("new");
+        std::fs::create_dir_all(&modules).unwrap();
+        std::fs::write(modules.join("ledger.wasm"), b"not really").unwrap();
+        let paths = RebuildPaths::new(data.path(), "ledger");
+        let topics = |names: &[&str]| names.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        paths.note_topics(&topics(&["a", "b"])).unwrap();
+        for other in [&["a"][..], &["b", "a"], &["a", "b", "c"]] {
+            let error = paths.ask(&topics(other), &modules, Promote::Auto).unwrap_err();
+            assert!(matches!(error, RebuildError::OtherTopics { .. }), "{other:?}: {error}");
+            let said = error.to_string();
+            assert!(said.contains("consumes `a`, `b` (as its host last started)"), "{said}");
+        }
+        assert!(matches!(paths.ask(&[], &modules, Promote::Auto), Err(RebuildError::NoTopic { .. })));
+        assert!(paths.request().unwrap().is_none() && !paths.generation_dir(1).exists(), "a refusal left files");
+        let request = paths.ask(&topics(&["a", "b"]), &modules, Promote::Auto).unwrap();
+        assert_eq!((request.topic.as_str(), request.topics()), ("a", topics(&["a", "b"])));
+        assert_eq!(paths.request().unwrap(), Some(request), "the request keeps every topic");
+    }
+
     #[test]
     fn a_request_is_written_once_and_the_pointer_round_trips() {
         let data = tempfile::tempdir().unwrap();
         let modules = data.path().join("new");
         std::fs::create_dir_all(&modules).unwrap();
         let paths = RebuildPaths::new(data.path(), "bank");
-        assert!(matches!(paths.ask("accounts", &modules, Promote::Auto), Err(RebuildError::NoModules { .. })));
+        assert!(matches!(paths.ask(&accounts(), &modules, Promote::Auto), Err(RebuildError::NoModules { .. })));
         std::fs::write(modules.join("bank.wasm"), b"not really").unwrap();
-        let request = paths.ask("accounts", &modules, Promote::Manual).unwrap();
+        let request = paths.ask(&accounts(), &modules, Promote::Manual).unwrap();
         assert_eq!(request.generation, 1);
         assert!(paths.modules_dir(1).join("bank.wasm").is_file());
-        assert!(matches!(paths.ask("accounts", &modules, Promote::Auto), Err(RebuildError::Pending { .. })));
+        assert!(matches!(paths.ask(&accounts(), &modules, Promote::Auto), Err(RebuildError::Pending { .. })));
         assert_eq!(paths.request().unwrap(), Some(request));
         assert!(matches!(paths.ask_rollback(), Err(RebuildError::NothingToRollBackTo { .. })));
         assert_eq!(paths.active_store().unwrap(), paths.original_store());
@@ -494,7 +572,7 @@ mod tests {
         assert_eq!(paths.pointer().unwrap(), Some(pointer));
         paths.finish().unwrap();
         assert_eq!(paths.request().unwrap(), None);
-        assert_eq!(paths.ask("accounts", &modules, Promote::Auto).unwrap().generation, 2);
+        assert_eq!(paths.ask(&accounts(), &modules, Promote::Auto).unwrap().generation, 2);
     }
 
     #[test]
@@ -506,7 +584,7 @@ mod tests {
             std::fs::write(modules.join(format!("m{n}.wasm")), b"not really").unwrap();
         }
         let paths = RebuildPaths::new(data.path(), "bank");
-        let error = paths.ask("accounts", &modules, Promote::Auto).unwrap_err().to_string();
+        let error = paths.ask(&accounts(), &modules, Promote::Auto).unwrap_err().to_string();
         assert!(error.contains("module-count: a module directory holds at most 64 modules"), "{error}");
         assert!(!paths.dir().exists() && paths.request().unwrap().is_none());
     }
@@ -518,13 +596,13 @@ mod tests {
         std::fs::create_dir_all(&modules).unwrap();
         std::fs::write(modules.join("bank.wasm"), b"not really").unwrap();
         let paths = RebuildPaths::new(data.path(), "bank");
-        paths.ask("accounts", &modules, Promote::Auto).unwrap();
+        paths.ask(&accounts(), &modules, Promote::Auto).unwrap();
         assert!(paths.generation_dir(1).exists());
         paths.remove_pending_generation().unwrap();
         assert!(!paths.generation_dir(1).exists(), "the dropped generation's files stay");
         paths.finish().unwrap();
 
-        let request = paths.ask("accounts", &modules, Promote::Auto).unwrap();
+        let request = paths.ask(&accounts(), &modules, Promote::Auto).unwrap();
         let pointer = Pointer { active: paths.shadow_store(request.generation), previous: None, retry_ends: vec![] };
         paths.set_pointer(&pointer).unwrap();
         paths.remove_pending_generation().unwrap();

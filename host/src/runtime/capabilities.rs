@@ -11,10 +11,11 @@
 //! `wasi:clocks/timezone`, …) or a WASI version it does not link
 //! (`…@0.3.0`, an unversioned name, a pre-release).
 //!
-//! The contract's interfaces are served at two versions: the current one
-//! ([`super::CONTRACT`], read from `wit/handler-0.3.wit`) and the previous
-//! one ([`super::CONTRACT_0_2`], `wit/handler.wit`, served through
-//! `contract_0_2`), so no version is written here. A component's version is
+//! The contract's interfaces are served at three versions: the current one
+//! ([`super::CONTRACT`], read from `wit/handler-0.4.wit`) and the previous
+//! ones ([`super::CONTRACT_0_3`], `wit/handler-0.3.wit`, served through
+//! `contract_0_3`; [`super::CONTRACT_0_2`], `wit/handler.wit`, served
+//! through `contract_0_2`), so no version is written here. A component's version is
 //! the one of its contract imports and export ([`check_imports`] returns
 //! it, and the sandbox binds the component with that version's bindings);
 //! one that uses the contract at another version, or at both in one
@@ -27,7 +28,9 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
 use super::bindings::wakuwaku::handler::types;
-use super::{CONTRACT, CONTRACT_0_2, LoadError, StoreData, contract_0_2, emit, log, state, wasi};
+use super::{
+    CONTRACT, CONTRACT_0_2, CONTRACT_0_3, LoadError, StoreData, contract_0_2, contract_0_3, emit, log, state, wasi,
+};
 
 /// One capability the sandbox grants.
 struct Capability {
@@ -39,7 +42,7 @@ struct Capability {
 
 /// Which imports a capability serves.
 enum Imports {
-    /// One interface of the contract, at either version the host serves.
+    /// One interface of the contract, at any version the host serves.
     Contract(&'static str),
     /// WASI 0.2: these interfaces (`wasi:cli/environment`), at any
     /// `0.2.<patch>` version (the linker resolves every 0.2 patch version
@@ -103,9 +106,10 @@ fn contract_parts() -> (&'static str, &'static str) {
     CONTRACT.split_once('@').expect("the contract's package has a version")
 }
 
-/// The previous version the host serves (`0.2.0`).
-fn previous_version() -> &'static str {
-    CONTRACT_0_2.split_once('@').expect("the contract's package has a version").1
+/// The previous versions the host serves (`0.3.0`, `0.2.0`).
+fn previous_versions() -> [&'static str; 2] {
+    let version = |contract: &'static str| contract.split_once('@').expect("the contract's package has a version").1;
+    [version(CONTRACT_0_3), version(CONTRACT_0_2)]
 }
 
 /// The version of the contract a component was built for.
@@ -113,15 +117,20 @@ fn previous_version() -> &'static str {
 pub enum Contract {
     /// [`CONTRACT`].
     Current,
+    /// [`CONTRACT_0_3`], without `timed-relaxed`.
+    V0_3,
     /// [`CONTRACT_0_2`], without event time.
     V0_2,
 }
 
 impl Contract {
     fn of_version(version: &str) -> Option<Self> {
+        let [v0_3, v0_2] = previous_versions();
         if version == contract_parts().1 {
             Some(Self::Current)
-        } else if version == previous_version() {
+        } else if version == v0_3 {
+            Some(Self::V0_3)
+        } else if version == v0_2 {
             Some(Self::V0_2)
         } else {
             None
@@ -140,8 +149,8 @@ impl Imports {
     fn serves(&self, import: &str) -> bool {
         match self {
             Self::Contract(name) => {
-                let previous = format!("{}/{name}@{}", contract_parts().0, previous_version());
-                import == interface(name) || import == previous
+                let previous = |version| format!("{}/{name}@{version}", contract_parts().0);
+                import == interface(name) || previous_versions().into_iter().any(|version| import == previous(version))
             }
             Self::Wasi(interfaces) => {
                 let Some((interface, version)) = import.strip_prefix("wasi:").and_then(|name| name.split_once('@'))
@@ -156,7 +165,10 @@ impl Imports {
 
     fn describe(&self) -> String {
         match self {
-            Self::Contract(name) => format!("{} (or @{})", interface(name), previous_version()),
+            Self::Contract(name) => {
+                let [v0_3, v0_2] = previous_versions();
+                format!("{} (or @{v0_3}, @{v0_2})", interface(name))
+            }
             Self::Wasi(_) => {
                 "wasi:*@0.2.x of the command world, without `run` and `timezone` (with an empty context)".to_owned()
             }
@@ -164,9 +176,10 @@ impl Imports {
     }
 }
 
-/// Links every capability, the contract's at both versions.
+/// Links every capability, the contract's at every version served.
 pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
     CAPABILITIES.iter().try_for_each(|capability| (capability.link)(linker))?;
+    contract_0_3::link(linker)?;
     contract_0_2::link(linker)
 }
 
@@ -223,7 +236,7 @@ mod tests {
     /// The interfaces the WIT world `module` imports, read from the file
     /// the bindings are generated from.
     fn world_imports() -> Vec<String> {
-        let wit = include_str!("../../../wit/handler-0.3.wit");
+        let wit = include_str!("../../../wit/handler-0.4.wit");
         let world = &wit[wit.find("world module").expect("the world")..];
         world
             .lines()
@@ -240,11 +253,14 @@ mod tests {
         }
         assert!(!is_granted(&interface("handler")), "the export is not an import");
         assert!(!is_granted("wakuwaku:handler/state@0.1.0"));
-        assert!(is_granted("wakuwaku:handler/state@0.2.0"), "the previous contract's imports are served");
+        assert!(is_granted("wakuwaku:handler/state@0.2.0"), "the previous contracts' imports are served");
+        assert!(is_granted("wakuwaku:handler/emit@0.3.0"), "the previous contracts' imports are served");
+        assert!(!is_granted("wakuwaku:handler/handler@0.3.0"), "the export is not an import");
         assert!(!is_granted("wakuwaku:handler/handler@0.2.0"), "the export is not an import");
         assert_eq!(Contract::of_version("0.2.0"), Some(Contract::V0_2));
-        assert_eq!(Contract::of_version("0.3.0"), Some(Contract::Current));
-        assert_eq!(Contract::of_version("0.4.0"), None);
+        assert_eq!(Contract::of_version("0.3.0"), Some(Contract::V0_3));
+        assert_eq!(Contract::of_version("0.4.0"), Some(Contract::Current));
+        assert_eq!(Contract::of_version("0.5.0"), None);
         assert!(!is_granted("evil:net/socket"));
         assert!(is_granted("wasi:cli/environment@0.2.0"));
     }

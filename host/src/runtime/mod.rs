@@ -4,7 +4,7 @@
 //! everything a module is allowed to do is decided here:
 //!
 //! - **Only the contract is linked, one capability at a time.** Each import
-//!   of `wit/handler-0.3.wit` is a unit of its own, with its rules: [`state`]
+//!   of `wit/handler-0.4.wit` is a unit of its own, with its rules: [`state`]
 //!   (the key's entries and shared counters), [`emit`] (messages to the
 //!   module's declared topics), [`log`] (diagnostics), and [`wasi`] (WASI
 //!   with an empty context: no preopened directory, no environment, no
@@ -16,12 +16,13 @@
 //!   the imports; a granted name imported with functions the host lacks is
 //!   refused as an import mismatch. A component built for another version
 //!   of the contract is refused with the versions named.
-//! - **Modules of the previous contract keep running.** A component built
-//!   for `wakuwaku:handler@0.2.0` is recognised at load by the versions of
-//!   its imports and export and bound with that version's bindings
-//!   ([`contract_0_2`]): the same capabilities serve it, and its event
-//!   types are all untimed. So a host upgrade never stops a pinned module
-//!   version from running.
+//! - **Modules of the previous contracts keep running.** A component built
+//!   for `wakuwaku:handler@0.2.0` or `@0.3.0` is recognised at load by the
+//!   versions of its imports and export and bound with that version's
+//!   bindings ([`contract_0_2`], [`contract_0_3`]): the same capabilities
+//!   serve it; a 0.2 module's event types are all untimed, a 0.3 module's
+//!   `timed` types are timed (in event-time order against each other). So
+//!   a host upgrade never stops a pinned module version from running.
 //! - **Every value crossing the boundary is checked.** What a module hands
 //!   an import is checked at the call (the rules of
 //!   [`wakuwaku_core::limits`], applied by the [`KeyScope`] of the call);
@@ -87,7 +88,10 @@ mod cache;
 pub mod capabilities;
 pub mod compiler;
 pub mod component_file;
+#[macro_use]
+mod contract_adapter;
 mod contract_0_2;
+mod contract_0_3;
 pub mod emit;
 mod instance_limits;
 pub mod log;
@@ -96,7 +100,7 @@ pub mod wasi;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit/handler-0.3.wit",
+        path: "../wit/handler-0.4.wit",
         world: "module",
         // State reads may fail in the host; those imports trap with a host
         // fault instead of answering the guest.
@@ -107,12 +111,16 @@ mod bindings {
 use bindings::wakuwaku::handler::types;
 
 /// The WIT package and version this host implements, read from
-/// `wit/handler-0.3.wit`.
+/// `wit/handler-0.4.wit`.
 pub const CONTRACT: &str = wakuwaku_core::limits::CONTRACT;
 
-/// The previous version of the contract, which the host still loads
+/// The first version of the contract, which the host still loads
 /// ([`contract_0_2`]).
 pub const CONTRACT_0_2: &str = wakuwaku_core::limits::CONTRACT_0_2;
+
+/// The version before `timed-relaxed`, which the host still loads
+/// ([`contract_0_3`]).
+pub const CONTRACT_0_3: &str = wakuwaku_core::limits::CONTRACT_0_3;
 
 /// How often the epoch ticks; the CPU budget is rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -260,7 +268,7 @@ pub enum LoadError {
     /// The component was built for another version of the contract.
     #[error(
         "module `{module}` was built for {found}, but this host implements {CONTRACT} (and loads modules built \
-         for {CONTRACT_0_2}); rebuild it with a wakuwaku-guest SDK for {CONTRACT}"
+         for {CONTRACT_0_3} and {CONTRACT_0_2}); rebuild it with a wakuwaku-guest SDK for {CONTRACT}"
     )]
     ContractVersion {
         /// The module's name.
@@ -570,6 +578,7 @@ impl Sandbox {
             .instantiate_pre(&component)
             .and_then(|pre| match contract {
                 capabilities::Contract::Current => bindings::ModulePre::new(pre).map(Pre::Current),
+                capabilities::Contract::V0_3 => contract_0_3::bindings::ModulePre::new(pre).map(Pre::V0_3),
                 capabilities::Contract::V0_2 => contract_0_2::bindings::ModulePre::new(pre).map(Pre::V0_2),
             })
             .map_err(|e| LoadError::NotAHandler { module: name.to_owned(), reason: format!("{e:#}") })?;
@@ -697,6 +706,7 @@ fn timing_from_wit(timing: types::Timing) -> EventTiming {
     match timing {
         types::Timing::Untimed => EventTiming::Untimed,
         types::Timing::Timed => EventTiming::Timed,
+        types::Timing::TimedRelaxed => EventTiming::TimedRelaxed,
     }
 }
 
@@ -764,6 +774,8 @@ impl HandlerModule for WasmModule {
 enum Pre {
     /// [`CONTRACT`].
     Current(bindings::ModulePre<StoreData>),
+    /// [`CONTRACT_0_3`].
+    V0_3(contract_0_3::bindings::ModulePre<StoreData>),
     /// [`CONTRACT_0_2`].
     V0_2(contract_0_2::bindings::ModulePre<StoreData>),
 }
@@ -771,6 +783,7 @@ enum Pre {
 /// The exports of one instance, by contract version.
 enum Exports {
     Current(bindings::Module),
+    V0_3(contract_0_3::bindings::Module),
     V0_2(contract_0_2::bindings::Module),
 }
 
@@ -778,6 +791,7 @@ impl Pre {
     fn instantiate(&self, store: &mut Store<StoreData>) -> wasmtime::Result<Exports> {
         match self {
             Self::Current(pre) => pre.instantiate(store).map(Exports::Current),
+            Self::V0_3(pre) => pre.instantiate(store).map(Exports::V0_3),
             Self::V0_2(pre) => pre.instantiate(store).map(Exports::V0_2),
         }
     }
@@ -878,6 +892,9 @@ impl WasmInstance {
         let info = self
             .call(seed, |exports, store| match exports {
                 Exports::Current(m) => m.wakuwaku_handler_handler().call_describe(store).map(Ok),
+                Exports::V0_3(m) => {
+                    m.wakuwaku_handler_handler().call_describe(store).map(contract_0_3::module_info).map(Ok)
+                }
                 Exports::V0_2(m) => {
                     m.wakuwaku_handler_handler().call_describe(store).map(contract_0_2::module_info).map(Ok)
                 }
@@ -912,6 +929,9 @@ impl HandlerInstance for WasmInstance {
         data.scope = Some(scope.take_for_call());
         let result = self.invoke(|exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies),
+            Exports::V0_3(m) => {
+                contract_0_3::answer(m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies))
+            }
             Exports::V0_2(m) => {
                 contract_0_2::answer(m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies))
             }
@@ -926,6 +946,9 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("combine", tag.get(), &[], bodies);
         let body = self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies),
+            Exports::V0_3(m) => {
+                contract_0_3::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
+            }
             Exports::V0_2(m) => {
                 contract_0_2::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
             }
@@ -938,6 +961,7 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("key", tag.get(), &[], &[body]);
         let bytes = self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_key(store, tag.get(), body),
+            Exports::V0_3(m) => contract_0_3::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
             Exports::V0_2(m) => contract_0_2::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
         })?;
         Ok(check_key(&bytes)?)
@@ -947,6 +971,10 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("ordering", tag.get(), &[], &[body]);
         self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body),
+            Exports::V0_3(m) => {
+                contract_0_3::answer(m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body))
+                    .map(|answer| answer.map(contract_0_3::ordering))
+            }
             Exports::V0_2(m) => {
                 contract_0_2::answer(m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body))
                     .map(|answer| answer.map(contract_0_2::ordering))
@@ -961,6 +989,9 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("event-time", tag.get(), &[], &[body]);
         self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body),
+            Exports::V0_3(m) => {
+                contract_0_3::answer(m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body))
+            }
             Exports::V0_2(_) => Ok(Ok(None)),
         })
     }

@@ -20,7 +20,7 @@ pub(super) trait Fixture {
 /// expression of type `Option<impl Fixture>`; `None` skips).
 macro_rules! state_suite {
     ($fixture:expr) => {
-        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other, snapshots_count_what_the_quotas_need_up_to_a_bound, counters_and_entries_are_read_in_pages);
+        $crate::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other, snapshots_count_what_the_quotas_need_up_to_a_bound, counters_and_entries_are_read_in_pages, release_checkpoints_keep_their_held_list_and_old_ones_restore_without);
     };
     (@tests $fixture:expr; $($name:ident),*) => {
         $(
@@ -453,4 +453,55 @@ pub(super) fn counters_and_entries_are_read_in_pages(fixture: &dyn Fixture) {
     assert_eq!(page.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["c2", "c3", "c4"]);
     assert!(store.counters_page(Some("c4"), 10).unwrap().is_empty());
     assert!(store.counters_page(Some("zzz"), 10).unwrap().is_empty());
+}
+
+/// The release stage's checkpoint through a commit: its held list comes
+/// back as written, also when a later commit lists fewer runs; one written
+/// before the list (the positions of that time, no run count) comes back
+/// without one, so the stage judges it with the clock rule; and a topic
+/// added to the projection starts fresh while the others keep theirs.
+pub(super) fn release_checkpoints_keep_their_held_list_and_old_ones_restore_without(fixture: &impl Fixture) {
+    use crate::consumer::release_marks::{add_to_commit, restore};
+    use wakuwaku_core::release::{Checkpoint, HeldRun, InputCheckpoint};
+    let store = fixture.open();
+    let topics = vec!["a".to_owned(), "b".to_owned()];
+    let run = |start, end| HeldRun { start, end };
+    let listed = |commit, read_to, runs: &[HeldRun]| InputCheckpoint { commit, read_to, held: Some(runs.to_vec()) };
+    let checkpoint = Checkpoint {
+        clock: Some(1_796_169_600_000),
+        inputs: vec![listed(3, 12, &[run(3, 5), run(7, 8), run(10, 12)]), listed(4, 4, &[])],
+    };
+    let mut commit = BatchCommit::default();
+    add_to_commit(&mut commit, &topics, 1, &checkpoint);
+    store.commit(commit).unwrap();
+    assert_eq!(restore(&store, &topics, 1).unwrap(), checkpoint);
+    let fewer =
+        Checkpoint { clock: Some(1_796_169_600_001), inputs: vec![listed(10, 13, &[run(10, 11)]), listed(4, 6, &[])] };
+    let mut commit = BatchCommit::default();
+    add_to_commit(&mut commit, &topics, 1, &fewer);
+    store.commit(commit).unwrap();
+    drop(store);
+    let store = fixture.open();
+    assert_eq!(restore(&store, &topics, 1).unwrap(), fewer, "the runs past the count are not read");
+
+    // A topic added: `c` has no marks and starts at its position; `a` and
+    // `b` keep theirs.
+    let three = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let mut expected = fewer.clone();
+    expected.inputs.push(listed(0, 0, &[]));
+    assert_eq!(restore(&store, &three, 1).unwrap(), expected);
+
+    // Partition 2 as a host before the held list committed it.
+    let old = vec![
+        ("a".to_owned(), 2, 3),
+        ("release:read-to:a".to_owned(), 2, 9),
+        ("b".to_owned(), 2, 4),
+        ("release:read-to:b".to_owned(), 2, 4),
+        ("release:clock-high".to_owned(), 2, 1 << 31),
+        ("release:clock-low".to_owned(), 2, 15),
+    ];
+    store.commit(BatchCommit { positions: old, ..BatchCommit::default() }).unwrap();
+    let restored = restore(&store, &topics, 2).unwrap();
+    let without = |commit, read_to| InputCheckpoint { commit, read_to, held: None };
+    assert_eq!(restored, Checkpoint { clock: Some(15), inputs: vec![without(3, 9), without(4, 4)] });
 }

@@ -830,12 +830,7 @@ fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
 /// The bank component with a custom section appended: same behaviour,
 /// another version.
 fn bank_variant() -> Vec<u8> {
-    let mut bytes = std::fs::read(bank_wasm()).unwrap();
-    let name = b"variant";
-    bytes.extend([0x00, (1 + name.len() + 1) as u8, name.len() as u8]);
-    bytes.extend(name);
-    bytes.push(1);
-    bytes
+    crate::common::variant_of(bank_wasm())
 }
 
 #[test]

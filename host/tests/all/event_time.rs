@@ -28,11 +28,9 @@ use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 use wakuwaku::stats::Stat;
 
-use crate::common::{
-    compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command, waku_within,
-};
+use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command, waku_within};
 
-const PARTITIONS: u32 = 2;
+pub(crate) const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
 const LEDGER: EventTypeTag = EventTypeTag::new(51);
 /// 2026-12-02T00:00:00Z, in ms.
@@ -50,14 +48,14 @@ fn now_ms() -> i64 {
 
 /// One ledger entry to publish.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    key: u64,
-    seq: u64,
-    amount: i64,
-    event_time: i64,
+pub(crate) struct Entry {
+    pub(crate) key: u64,
+    pub(crate) seq: u64,
+    pub(crate) amount: i64,
+    pub(crate) event_time: i64,
 }
 
-fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
+pub(crate) fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
     std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
@@ -71,7 +69,7 @@ fn probe(dir: &Path) -> Arc<dyn HandlerModule> {
 /// per key: entries of one `seq` of different keys are appended in any
 /// order within their second, as several producers sharing a partition
 /// write them.
-fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
+pub(crate) fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static str, Entry)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut entries = Vec::new();
     for key in 0..keys {
@@ -97,7 +95,7 @@ fn workload(keys: u64, per_key: u64, seed: u64, jitter: bool) -> Vec<(&'static s
 /// Appends `entries` to their topics, each partition's in the order given,
 /// each with the headers the module writes for it (`waku-event-time` from
 /// its body's `at`).
-async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
+pub(crate) async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, Entry)]) {
     let log = EmbeddedLog::open(dir.join("data/log.redb")).unwrap();
     for topic in ["a", "b"] {
         if log.partitions(topic).await.is_err() {
@@ -125,7 +123,7 @@ async fn publish(dir: &Path, module: &Arc<dyn HandlerModule>, entries: &[(&str, 
     }
 }
 
-fn run_args() -> Vec<&'static str> {
+pub(crate) fn run_args() -> Vec<&'static str> {
     vec![
         "run",
         "--data",
@@ -161,7 +159,12 @@ fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
 }
 
 /// What `projection` holds at the end.
-fn outcome_of(dir: &Path, module: &Arc<dyn HandlerModule>, keys: impl IntoIterator<Item = u64>, projection: &str) -> Outcome {
+fn outcome_of(
+    dir: &Path,
+    module: &Arc<dyn HandlerModule>,
+    keys: impl IntoIterator<Item = u64>,
+    projection: &str,
+) -> Outcome {
     let store = StateStore::open(&dir.join(format!("data/projections/{projection}.redb"))).unwrap();
     let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     let stats = store.stats().unwrap();
@@ -404,6 +407,77 @@ fn waku_test_applies_timed_events_across_files_in_event_time_order() {
     assert_eq!(outcome["keys"]["1"]["state"]["seq"], serde_json::json!(6), "{outcome}");
 }
 
+/// `{"type": ty, "body": {"key": 7, "at": at}}` lines, one per time: the
+/// probe's timed events of product 7 (see its `seen_event!`).
+fn seen_lines(ty: &str, times: &[i64]) -> String {
+    let line = |at: &i64| serde_json::json!({ "type": ty, "body": { "key": 7, "at": BASE_MS + at } }).to_string();
+    times.iter().map(line).collect::<Vec<_>>().join("\n")
+}
+
+/// What product 7's handler saw, `O@1` for an `Ordered` at `BASE_MS + 1`.
+fn seen_by_handler(seen: &serde_json::Value) -> Vec<String> {
+    let seen: Vec<String> = serde_json::from_value(seen.clone()).unwrap_or_else(|e| panic!("{e}: {seen}"));
+    seen.into_iter()
+        .map(|entry| {
+            let (letter, at) = entry.split_once('@').unwrap();
+            format!("{letter}@{}", at.parse::<i64>().unwrap() - BASE_MS)
+        })
+        .collect()
+}
+
+/// Issue 45: two relaxed timed types of one key, one topic each (the
+/// README's orders and shipments), reach the handler in event-time order
+/// through `waku test` with two files and through `waku run` with two
+/// topics alike (`event-time-order`); the same two declared
+/// `timed-relaxed` keep their per-type runs.
+#[test]
+fn relaxed_timed_types_of_two_topics_reach_the_handler_in_event_time_order_in_waku_test_and_waku_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = probe_wasm().display().to_string();
+    let modules = dir.path().join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::copy(probe_wasm(), modules.join("probe.wasm")).unwrap();
+    let files = [
+        ("orders.jsonl", seen_lines("Ordered", &[1000, 3000, 5000])),
+        ("shipments.jsonl", seen_lines("Shipped", &[2000, 4000, 6000])),
+        ("returns.jsonl", seen_lines("Returned", &[1000, 3000, 5000])),
+        ("inspections.jsonl", seen_lines("Inspected", &[2000, 4000, 6000])),
+    ];
+    for (file, lines) in &files {
+        std::fs::write(dir.path().join(file), lines).unwrap();
+    }
+    let in_time_order = ["O@1000", "S@2000", "O@3000", "S@4000", "O@5000", "S@6000"];
+    let per_type = ["R@1000", "R@3000", "R@5000", "I@2000", "I@4000", "I@6000"];
+
+    for ((first, second), expected) in
+        [(("orders", "shipments"), in_time_order), (("returns", "inspections"), per_type)]
+    {
+        let (a, b) = (format!("{first}.jsonl"), format!("{second}.jsonl"));
+        let outcome = format!("{first}.json");
+        let out = waku(&["test", &probe, &a, &b, "--expect", &outcome, "--update"], dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let outcome: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join(&outcome)).unwrap()).unwrap();
+        assert_eq!(seen_by_handler(&outcome["keys"]["7"]["state"]["seen"]), expected, "waku test: {outcome}");
+
+        for (topic, file) in [(first, &a), (second, &b)] {
+            let args = ["publish", "--data", "data", "--topic", topic, "--partitions", "1", "--module", &probe, file];
+            let out = waku(&args, dir.path());
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        let projection = format!("{first}-{second}");
+        let args = ["run", "--data", "data", "--projection", &projection, "--topic", first, "--topic", second];
+        let more = ["--modules", "modules", "--until-caught-up", "--create-emit-topics", "1"];
+        let run = waku(&[&args[..], &more[..]].concat(), dir.path());
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        let store = StateStore::open(&dir.path().join(format!("data/projections/{projection}.redb"))).unwrap();
+        let seen = store.get(&wakuwaku::key::Key::int(7u64), "seen").unwrap().expect("product 7 was handled");
+        let seen: serde_json::Value = serde_json::from_slice(&seen).unwrap();
+        assert_eq!(seen_by_handler(&seen), expected, "waku run");
+        assert_eq!(store.stats().unwrap()[Stat::OrderViolations], 0);
+    }
+}
+
 /// A timed Python module (`tests/guests/ledger-py`, built with
 /// componentize-py) through `waku test` with two files, two topics of one
 /// projection: each account's entries are split over the files and
@@ -464,32 +538,6 @@ fn the_inventory_demo_ends_with_no_violation_and_the_oracle_matching() {
     }
     let latency = stdout.lines().find(|line| line.starts_with("release latency (live")).unwrap_or_default();
     assert!(latency.contains("p50 ") && !latency.contains("p50 -"), "no live release measured: {stdout}");
-}
-
-/// `waku rebuild` of a projection over two topics is refused with a message
-/// naming them and what to do instead, rather than left for a host that
-/// would never take it up; once a host runs it over one topic, it is asked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_projection_over_two_topics_refuses_a_shadow_rebuild_naming_its_topics() {
-    let dir = tempfile::tempdir().unwrap();
-    let module = probe(dir.path());
-    publish(dir.path(), &module, &workload(2, 4, 7, false)).await;
-    let run = waku(&run_args(), dir.path());
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let rebuild = ["rebuild", "--data", "data", "--projection", "ledger", "--topic", "a", "--modules", "modules"];
-    let refused = waku(&rebuild, dir.path());
-    let said = text(&refused.stderr);
-    assert!(!refused.status.success(), "{said}");
-    assert!(said.contains("reads 2 topics in event-time order (`a`, `b`)"), "{said}");
-    assert!(said.contains("under another projection name"), "{said}");
-
-    let mut one_topic = run_args();
-    let b = one_topic.iter().position(|&arg| arg == "b").unwrap();
-    one_topic.drain(b - 1..=b);
-    let run = waku(&one_topic, dir.path());
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let asked = waku(&rebuild, dir.path());
-    assert!(asked.status.success(), "{}", text(&asked.stderr));
 }
 
 /// SIGKILL while an input is paused for alignment: `b` is all ahead of
@@ -644,7 +692,8 @@ fn waku_test_with_extreme_event_times_over_several_files_ends() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("expected.json")).unwrap()).unwrap();
     assert!(outcome["counters"].get("out_of_order").is_none(), "applied out of event-time order: {outcome}");
     assert_eq!(outcome["counters"]["ledger"], serde_json::json!(7), "{outcome}{}", text(&out.stderr));
-    let state = |key: &str| (outcome["keys"][key]["state"]["seq"].clone(), outcome["keys"][key]["state"]["balance"].clone());
+    let state =
+        |key: &str| (outcome["keys"][key]["state"]["seq"].clone(), outcome["keys"][key]["state"]["balance"].clone());
     assert_eq!(state("1"), (serde_json::json!(3), serde_json::json!(6)), "{outcome}");
     assert_eq!(state("2"), (serde_json::json!(4), serde_json::json!(10)), "{outcome}");
 }

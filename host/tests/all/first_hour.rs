@@ -348,3 +348,32 @@ fn a_new_python_project_tests_with_pytest_and_builds_at_once() {
     assert!(stdout.contains("key 7\n  state visits = 2\n  log info 2 visits\n"), "{stdout}");
     assert!(stdout.contains("counter all_visits = 3"), "{stdout}");
 }
+
+/// `waku build` says what it builds and where before cargo starts, that a
+/// first build there takes minutes, and builds a Rust guest into the
+/// target directory projects share: `WAKU_TARGET_DIR`, else `waku/target`
+/// in the user's cache directory. (A crate cargo refuses at once keeps
+/// this cheap: the line comes before cargo runs, its error after.)
+#[test]
+fn waku_build_announces_a_first_build_into_the_shared_target_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let guest = dir.path().join("guest");
+    std::fs::create_dir(&guest).unwrap();
+    std::fs::write(guest.join("Cargo.toml"), "[package]\nname = \"not valid\"\n").unwrap();
+    let cache = dir.path().join("cache");
+    let named = dir.path().join("shared");
+    for (env_target, expected) in [(None, cache.join("waku").join("target")), (Some(&named), named.clone())] {
+        let mut command = common::waku_command(&guest);
+        command.args(["build", "."]).env("XDG_CACHE_HOME", &cache).env_remove("WAKU_TARGET_DIR");
+        if let Some(target) = env_target {
+            command.env("WAKU_TARGET_DIR", target);
+        }
+        let out = command.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        let notice = format!("waku: building . for wasm32-wasip2 (release) in {}", expected.display());
+        let at = stderr.find(&notice).unwrap_or_else(|| panic!("no `{notice}`:\n{stderr}"));
+        assert!(stderr[at..].contains("the first build there compiles the dependencies too"), "{stderr}");
+        assert!(stderr.contains("cargo could not build ."), "{stderr}");
+    }
+}

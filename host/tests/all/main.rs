@@ -6,8 +6,10 @@
 mod common;
 
 mod cli;
+mod docs_links;
 mod event_time;
 mod first_hour;
+mod hostile_registry;
 mod oci;
 mod one_machine;
 mod readme_day;

@@ -9,7 +9,8 @@
 //! the background (`… &`) the script waits until that host serves its data
 //! directory (`waku-data/running-host.json`), where a person waits for its
 //! start-up line; and a trap stops that host if the script fails. The
-//! scaffold builds share the first-hour tests' cargo target directory.
+//! scaffold builds (`cargo test`, and `waku build` through
+//! `WAKU_TARGET_DIR`) share the first-hour tests' cargo target directory.
 
 #![cfg(unix)]
 
@@ -61,7 +62,8 @@ fn the_readme_day_on_one_machine_runs_as_written() {
         .args(["-e", "-c", &script])
         .current_dir(dir.path())
         .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target)
+        .env("CARGO_TARGET_DIR", &target)
+        .env("WAKU_TARGET_DIR", &target)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -105,6 +105,17 @@ pub fn probe_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/probe"))
 }
 
+/// The component at `wasm` with a custom section appended: the same
+/// behaviour, another content hash, so another version.
+pub fn variant_of(wasm: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(wasm).unwrap();
+    let name = b"variant";
+    bytes.extend([0x00, (1 + name.len() + 1) as u8, name.len() as u8]);
+    bytes.extend(name);
+    bytes.push(1);
+    bytes
+}
+
 /// The bank with a withdrawal fee (`tests/guests/bank-fee`), built once
 /// for this test binary.
 pub fn bank_fee_wasm() -> &'static PathBuf {
@@ -150,3 +161,5 @@ fn guest(crate_path: &str) -> PathBuf {
 /// `wakuwaku-tests` crate has them.
 #[path = "../../../tests/src/servers.rs"]
 pub mod servers;
+
+pub mod registry;

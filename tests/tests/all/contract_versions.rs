@@ -1,8 +1,11 @@
 //! A host upgrade never stops a pinned module version from running: a
-//! module built for the previous contract (`wakuwaku:handler@0.2.0`, the
+//! module built for the first contract (`wakuwaku:handler@0.2.0`, the
 //! raw-WIT guest `tests/guests/tally-0-2`) loads and runs unchanged beside
-//! a module of the current one (0.3, the probe, built with the SDK), in
-//! one projection, published and consumed by the same host.
+//! a module of the current one (0.4, the probe, built with the SDK), in
+//! one projection, published and consumed by the same host; and a module
+//! built for 0.3 (`tests/guests/seen-0-3`, before `timed-relaxed`) loads
+//! and runs unchanged, its `timed` types applied in event-time order
+//! against each other.
 
 use std::collections::HashMap;
 
@@ -23,7 +26,7 @@ const ADDED: EventTypeTag = EventTypeTag::new(300);
 const TIMED_LEDGER: EventTypeTag = EventTypeTag::new(51);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_module_of_the_0_2_contract_runs_beside_a_0_3_one_in_one_projection() {
+async fn a_module_of_the_0_2_contract_runs_beside_a_current_one_in_one_projection() {
     let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
     let old = load_module_file(&sandbox, &guest_wasm("tests/guests/tally-0-2")).expect("the 0.2 module loads");
     let new = load_module_file(&sandbox, &probe_wasm()).expect("the 0.3 module loads");
@@ -67,4 +70,32 @@ async fn a_module_of_the_0_2_contract_runs_beside_a_0_3_one_in_one_projection() 
     assert_eq!(serde_json::from_slice::<i64>(&balance).unwrap(), 3);
     let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     assert_eq!((counters.get("added"), counters.get("ledger")), (Some(&3), Some(&1)));
+}
+
+/// `Ordered` and `Shipped` of the 0.3 module: timed, relaxed.
+const ORDERED: EventTypeTag = EventTypeTag::new(310);
+const SHIPPED: EventTypeTag = EventTypeTag::new(311);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_of_the_0_3_contract_runs_unchanged_its_timed_types_in_event_time_order() {
+    let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+    let module = load_module_file(&sandbox, &guest_wasm("tests/guests/seen-0-3")).expect("the 0.3 module loads");
+    let timings: HashMap<u32, EventTiming> = module.event_types().iter().map(|t| (t.tag.get(), t.timing)).collect();
+    assert_eq!(timings, HashMap::from([(310, EventTiming::Timed), (311, EventTiming::Timed)]));
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    let seen = |tag, at: i64| Outgoing { tag, body: serde_json::to_vec(&json!({"key": 7, "at": at})).unwrap() };
+    for (topic, tag, times) in [("orders", ORDERED, [1000, 3000, 5000]), ("shipments", SHIPPED, [2000, 4000, 6000])] {
+        log.create_topic(topic, 1).await.unwrap();
+        let events = times.iter().map(|&at| seen(tag, at)).collect();
+        publish::publish(&*log, topic, module.clone(), events, None, 1).await.unwrap();
+    }
+    let mut settings = host_settings(dir.path(), "seen", "orders", vec![module], ConsumerConfig::default());
+    settings.more_topics = vec!["shipments".to_owned()];
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered, summary.order_violations), (6, 0, 0), "{summary:?}");
+    let seen = projection.store().get(&Key::int(7u64), "seen").unwrap().expect("the 0.3 module wrote its state");
+    let seen: Vec<String> = serde_json::from_slice(&seen).unwrap();
+    assert_eq!(seen, ["O@1000", "S@2000", "O@3000", "S@4000", "O@5000", "S@6000"]);
 }

@@ -148,7 +148,7 @@ async fn a_rebuild_under_load_keeps_the_old_logic_live_then_promotes_the_new_log
     let old_version = module_version(&host);
 
     // The rebuild is asked for while events keep coming.
-    RebuildPaths::new(&dir.path().join("data"), PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
+    RebuildPaths::new(&dir.path().join("data"), PROJECTION).ask(&[TOPIC.to_string()], &new, Promote::Auto).unwrap();
     // The publisher stops once, after two chunks, until the test looked.
     let (paused, mut wait_paused) = tokio::sync::oneshot::channel::<()>();
     let (resume, wait_resume) = tokio::sync::oneshot::channel::<()>();
@@ -228,7 +228,7 @@ async fn a_manual_promotion_waits_for_the_go_ahead_and_a_rollback_restores_the_o
     let old_version = module_version(&host);
 
     let paths = RebuildPaths::new(&data, PROJECTION);
-    paths.ask(TOPIC, &new, Promote::Manual).unwrap();
+    paths.ask(&[TOPIC.to_string()], &new, Promote::Manual).unwrap();
     rebuild_phase(&host, "waiting for --promote").await;
     let waiting = host.rebuild().unwrap();
     assert_eq!(waiting.distance, 0, "caught up: {waiting:?}");
@@ -292,7 +292,7 @@ async fn after_a_promotion_hot_reload_applies_only_later_changes_of_the_watched_
     let data = dir.path().join("data");
     let library = host.library().unwrap().clone();
 
-    RebuildPaths::new(&data, PROJECTION).ask(TOPIC, &new, Promote::Auto).unwrap();
+    RebuildPaths::new(&data, PROJECTION).ask(&[TOPIC.to_string()], &new, Promote::Auto).unwrap();
     rebuild_phase(&host, "promoted").await;
     let promoted = module_version(&host);
     assert_eq!(promoted, content_version(&std::fs::read(bank_fee_wasm()).unwrap()));
@@ -402,7 +402,7 @@ async fn a_shadow_routes_its_failures_to_its_own_topics_and_its_dead_letters_sta
     let shared_ends = [log.end_offsets(shared_retry).await.unwrap(), log.end_offsets(shared_dlq).await.unwrap()];
 
     let paths = RebuildPaths::new(&dir.path().join("data"), PROJECTION);
-    paths.ask(LEDGER, &modules, Promote::Manual).unwrap();
+    paths.ask(&[LEDGER.to_string()], &modules, Promote::Manual).unwrap();
     rebuild_phase(&host, "waiting for --promote").await;
     let shadow = rebuild::shadow_name(PROJECTION);
     assert_eq!(log.partitions("retry_ledger.rebuild").await.unwrap(), 2, "made with the topic's partitions");

@@ -31,6 +31,8 @@ const READING: u32 = 4;
 const SUM: u32 = 5;
 /// Timed and idempotent-commutative, one a call: appends to `readings`.
 const MARK: u32 = 6;
+/// Timed, declared `timed-relaxed`, one a call: appends to `readings`.
+const GLANCE: u32 = 7;
 
 /// A native module of the event types above. A body `fail…` fails
 /// retryably, `bad…` unrecoverably, whatever the type.
@@ -57,6 +59,7 @@ impl Ledger {
                 event_type(READING, "reading", Algebra::NonAssociative, 1, EventTiming::Timed),
                 event_type(SUM, "sum", Algebra::Associative, 10, EventTiming::Untimed),
                 event_type(MARK, "mark", Algebra::IdempotentCommutative, 1, EventTiming::Timed),
+                event_type(GLANCE, "glance", Algebra::NonAssociative, 1, EventTiming::TimedRelaxed),
             ],
             panics: false,
         }
@@ -113,7 +116,7 @@ fn apply(scope: &mut KeyScope, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<
             scope.counter_add("deposits", bodies.len() as i64).unwrap();
         }
         RESET => scope.set("balance", b"0".to_vec()).unwrap(),
-        TAG | READING | MARK => {
+        TAG | READING | MARK | GLANCE => {
             let name = if tag.get() == TAG { "tags" } else { "readings" };
             let mut list = read(scope, name);
             bodies.iter().for_each(|body| list.extend_from_slice(&[body.as_slice(), b" "].concat()));
@@ -318,8 +321,11 @@ fn a_retryable_failure_sends_the_keys_unfinished_work_to_retry_past_its_fence_in
     // is written again, one attempt more, ahead of the records not reached,
     // which stay where they wait; the retry position stops at them.
     let taken = commit.outbox.iter().filter(|entry| entry.topic == routing::retry_topic("t"));
-    let stored =
-        taken.enumerate().map(|(offset, entry)| StoredRecord { offset: offset as u64, record: entry.record.clone(), append_time: None });
+    let stored = taken.enumerate().map(|(offset, entry)| StoredRecord {
+        offset: offset as u64,
+        record: entry.record.clone(),
+        append_time: None,
+    });
     let Finished { commit, summary, left, .. } = retried(stored.collect(), 4);
     let again: Vec<_> = routed_to(&commit, &routing::retry_topic("t"))
         .into_iter()
@@ -370,6 +376,30 @@ fn a_timed_event_without_its_time_is_dead_lettered_and_a_retried_one_keeps_its_t
         [("fail", Some(2_000))]
     );
     assert_eq!((summary.malformed, summary.dead_lettered, summary.applied, summary.retry_in), (1, 1, 1, 1));
+}
+
+/// A key's events of two timed types, released in event-time order, reach
+/// the handler in that order (relaxed, they would be two body runs); one
+/// declared `timed-relaxed` moves past them as its ordering allows. A
+/// record fenced for the planner keeps its declared ordering in the
+/// dead-letter topic.
+#[test]
+fn a_keys_timed_events_of_two_types_are_handled_in_the_order_released() {
+    let timed = |tag, at, body| event(1, tag, Relaxed, Some(at), body);
+    let records = [timed(READING, 1, "r1"), timed(MARK, 2, "m2"), timed(READING, 3, "r3"), timed(MARK, 4, "m4")];
+    let Finished { commit, .. } = polled(&records, MapSnapshot::default());
+    assert_eq!(written(&commit, 1, "readings").as_deref(), Some("r1 m2 r3 m4 "));
+
+    let records = [timed(READING, 1, "r1"), timed(GLANCE, 2, "g2"), timed(READING, 3, "r3")];
+    let Finished { commit, .. } = polled(&records, MapSnapshot::default());
+    assert_eq!(written(&commit, 1, "readings").as_deref(), Some("r1 r3 g2 "), "one run per type");
+
+    let records = [timed(READING, 1, "r1"), timed(MARK, 2, "bad2"), timed(READING, 3, "r3")];
+    let Finished { commit, .. } = polled(&records, MapSnapshot::default());
+    assert_eq!(written(&commit, 1, "readings").as_deref(), Some("r1 r3 "));
+    let dead = routed_to(&commit, &routing::dlq_topic("t"));
+    let dead: Vec<_> = dead.iter().map(|(body, _, envelope)| (body.as_str(), envelope.ordering)).collect();
+    assert_eq!(dead, [("bad2", Relaxed)], "as declared");
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! one thing, well or badly, so tests can check what the sandbox and the
 //! consumer do about it: spin, hog memory, panic, note (state, counter,
 //! log, emit), fail by class, recurse, chatter on stderr, peek at its
-//! surroundings, keep a ledger that fails on cue, or call an import raw,
-//! many times, with values the SDK would never send.
+//! surroundings, keep a ledger that fails on cue, note the order timed
+//! events of several types reach it in, or call an import raw, many times,
+//! with values the SDK would never send.
 //!
 //! It declares that it emits to `notes-out` and `out`.
 
@@ -171,6 +172,53 @@ fn apply_ledger<'a>(ctx: &mut Context<'_>, events: impl IntoIterator<Item = &'a 
     Ok(())
 }
 
+/// Events of four timed types of one product, each `{"key", "at"}`: the
+/// handler appends `<letter>@<at>` to the key's `seen` (a JSON list), so a
+/// test reads the order the handler saw them in. `Ordered` and `Shipped`
+/// are `Timed` (their events reach the handler in event-time order);
+/// `Returned` and `Inspected` are `TimedRelaxed` (each type's events form
+/// one run). All four are relaxed.
+macro_rules! seen_event {
+    ($name:ident, $tag:expr, $timing:expr) => {
+        #[doc = concat!("Timed probe event `", stringify!($name), "` (see `seen_event!`).")]
+        #[derive(Debug, Clone, Serialize, Deserialize)]
+        pub struct $name {
+            /// The key.
+            pub key: u64,
+            /// Its event time.
+            pub at: i64,
+        }
+
+        impl Event for $name {
+            const TYPE_TAG: EventTypeTag = EventTypeTag::new($tag);
+            const NAME: &'static str = stringify!($name);
+            const TIMING: EventTiming = $timing;
+            type Key = ProbeKey;
+
+            fn key(&self) -> ProbeKey {
+                ProbeKey(self.key)
+            }
+
+            fn event_time(&self) -> Option<i64> {
+                Some(self.at)
+            }
+        }
+
+        impl Handler<$name> for Probe {
+            fn handle(ctx: &mut Context<'_>, events: &[$name]) -> Result<(), HandlerError> {
+                let mut seen: Vec<String> = ctx.get("seen")?.unwrap_or_default();
+                seen.extend(events.iter().map(|e| format!("{}@{}", &stringify!($name)[..1], e.at)));
+                ctx.set("seen", &seen)
+            }
+        }
+    };
+}
+
+seen_event!(Ordered, 52, EventTiming::Timed);
+seen_event!(Shipped, 53, EventTiming::Timed);
+seen_event!(Returned, 54, EventTiming::TimedRelaxed);
+seen_event!(Inspected, 55, EventTiming::TimedRelaxed);
+
 impl Handler<Spin> for Probe {
     fn handle(_: &mut Context<'_>, _: &[Spin]) -> Result<(), HandlerError> {
         let mut counter = 0u64;
@@ -335,6 +383,7 @@ impl Handler<Raw> for Probe {
 }
 
 wakuwaku_guest::export_module!(
-    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Raw;
+    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Ordered, Shipped, Returned,
+        Inspected, Raw;
     emits: ["notes-out", "out"]
 );

@@ -1,0 +1,150 @@
+//! `waku modules pull` against a registry on loopback that this test runs
+//! itself (no `WAKU_OCI_REGISTRY` needed): what it reads is bounded in
+//! bytes and in time, a layer that does not load replaces nothing,
+//! credentials go to no token service but the registry's own over TLS
+//! unless allowed, a missing tag says which, and a pulled module file has
+//! the ordinary mode.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use crate::common::registry::{Reply, TestRegistry, serving};
+use crate::common::{bank_wasm, text, waku_command};
+
+/// `waku modules pull oci://{registry}/team/bank:v1 --modules modules` in
+/// `dir`, with the variables `env`.
+fn pull(dir: &Path, registry: &TestRegistry, env: &[(&str, &str)]) -> Output {
+    let reference = format!("oci://{}/team/bank:v1", registry.address);
+    let mut command = waku_command(dir);
+    command.args(["modules", "pull", &reference, "--modules", "modules"]);
+    command.env_remove("WAKU_OCI_USERNAME").env_remove("WAKU_OCI_PASSWORD").env("DOCKER_CONFIG", dir);
+    command.envs(env.iter().copied());
+    command.output().unwrap()
+}
+
+fn failed(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stderr)
+}
+
+#[test]
+fn a_huge_manifest_is_refused_at_the_bound_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let bound = [("WAKU_OCI_MAX_MANIFEST_BYTES", "4096")];
+    // Says 1 GiB: refused on its Content-Length.
+    let says = TestRegistry::start(|_| Reply::Endless { content_length: Some(1 << 30) });
+    let error = failed(&pull(dir.path(), &says, &bound));
+    assert!(error.contains("manifest is over the bound of 4096 bytes (it says 1073741824)"), "{error}");
+    assert!(error.contains("WAKU_OCI_MAX_MANIFEST_BYTES"), "{error}");
+    // Says nothing, and never ends: cut at the bound. What the registry got
+    // out is what the socket buffers took, nowhere near the endless body.
+    let endless = TestRegistry::start(|_| Reply::Endless { content_length: None });
+    let error = failed(&pull(dir.path(), &endless, &bound));
+    assert!(
+        error.contains("manifest is over the bound of 4096 bytes, which WAKU_OCI_MAX_MANIFEST_BYTES sets"),
+        "{error}"
+    );
+    assert!(endless.sent() < 32 << 20, "the registry sent {} bytes", endless.sent());
+    assert!(!dir.path().join("modules").exists(), "nothing written");
+}
+
+#[test]
+fn a_trickling_registry_ends_the_pull_at_the_time_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let trickle = TestRegistry::start(|_| Reply::Trickle { content_length: 1000, every: Duration::from_millis(200) });
+    let out = pull(dir.path(), &trickle, &[("WAKU_OCI_TIMEOUT", "2s")]);
+    let error = failed(&out);
+    assert!(error.contains("took over 2s, the bound WAKU_OCI_TIMEOUT sets; stopped"), "{error}");
+    assert!(trickle.sent() < 100, "stopped early: {} of 1000 bytes sent", trickle.sent());
+}
+
+#[test]
+fn a_layer_that_is_not_a_component_replaces_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("modules")).unwrap();
+    let existing = std::fs::read(bank_wasm()).unwrap();
+    std::fs::write(dir.path().join("modules/bank.wasm"), &existing).unwrap();
+    for layer in [b"not a component at all".to_vec(), [&existing[..8], b"broken"].concat()] {
+        let registry = serving(layer);
+        let error = failed(&pull(dir.path(), &registry, &[]));
+        assert!(error.contains("the component does not load, so nothing was written"), "{error}");
+        assert_eq!(std::fs::read(dir.path().join("modules/bank.wasm")).unwrap(), existing, "unchanged");
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("modules")).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no file left behind");
+    }
+}
+
+/// A registry whose every answer is a 401 naming the token service `realm`.
+fn challenging(realm: String) -> TestRegistry {
+    TestRegistry::start(move |_| Reply::Full {
+        status: 401,
+        headers: vec![("WWW-Authenticate".into(), format!("Bearer realm=\"{realm}\",service=\"r\""))],
+        body: Vec::new(),
+    })
+}
+
+#[test]
+fn credentials_go_to_no_token_service_but_an_allowed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = [("WAKU_OCI_USERNAME", "ann"), ("WAKU_OCI_PASSWORD", "s3cret")];
+    let tokens = TestRegistry::start(|_| Reply::ok(br#"{"token": "t"}"#.to_vec()));
+    let plain = format!("http://{}/token", tokens.address);
+    for (realm, why) in
+        [(plain.as_str(), "over plain HTTP"), ("https://auth.example/token", "on another host than the registry")]
+    {
+        let registry = challenging(realm.to_owned());
+        let error = failed(&pull(dir.path(), &registry, &credentials));
+        assert!(error.contains(&format!("the token service {realm}, {why}; they were not sent")), "{error}");
+        assert!(error.contains("WAKU_OCI_TOKEN_SERVICES"), "{error}");
+        let received = [registry.requests(), tokens.requests()].concat();
+        assert!(received.iter().all(|head| !head.to_lowercase().contains("authorization")), "{received:?}");
+        assert!(tokens.requests().is_empty(), "{:?}", tokens.requests());
+    }
+    // Allowed by name: the token service gets the credentials.
+    let registry = challenging(plain.clone());
+    let origin = format!("http://{}", tokens.address);
+    let allowed = [credentials[0], credentials[1], ("WAKU_OCI_TOKEN_SERVICES", origin.as_str())];
+    let error = failed(&pull(dir.path(), &registry, &allowed));
+    assert!(error.contains("refused access"), "{error}");
+    let asked = tokens.requests();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("YW5uOnMzY3JldA=="), "{asked:?}");
+}
+
+#[test]
+fn a_missing_tag_names_the_reference_and_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = TestRegistry::start(|_| Reply::Full {
+        status: 404,
+        headers: Vec::new(),
+        body: br#"{"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}"#.to_vec(),
+    });
+    let error = failed(&pull(dir.path(), &registry, &[]));
+    let expected = format!(
+        "waku: error: registry `{0}` has no tag for `oci://{0}/team/bank:v1`; check the reference (`waku modules \
+         push` puts one there)",
+        registry.address
+    );
+    assert!(error.starts_with(&expected), "{error}");
+}
+
+#[test]
+fn a_pulled_module_has_the_ordinary_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bank = std::fs::read(bank_wasm()).unwrap();
+    let registry = serving(bank.clone());
+    let out = pull(dir.path(), &registry, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let path = dir.path().join("modules/bank.wasm");
+    assert_eq!(std::fs::read(&path).unwrap(), bank);
+    // SAFETY: umask only swaps the process's mask; set back at once.
+    let umask = unsafe {
+        let umask = libc::umask(0o022);
+        libc::umask(umask);
+        umask
+    };
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644 & !umask, "mode {mode:o}");
+}
