@@ -98,7 +98,12 @@
 //!   lateness less the allowance, and counted. Evidence only: with a quiet
 //!   log, events within the allowance of the latest evidence stay held
 //!   (the committed position stays before them) until more evidence comes,
-//!   and a rebuild reading the same log releases them the same way.
+//!   and a rebuild reading the same log releases them the same way. A stage
+//!   with nothing replaying, no event-time input counting and every held
+//!   event at or past the clock is **settled** ([`ReleaseStage::settled`]):
+//!   it released all the evidence lets it release, so the host's caught-up
+//!   gate (`--until-caught-up`, readiness, a rebuild's promotion) counts it
+//!   caught up and never waits on an allowance.
 //! - **Event-time arithmetic saturates**: no event time (`i64::MIN`,
 //!   `i64::MAX`, anything between) overflows a clock, a lateness or a
 //!   bound.
