@@ -73,6 +73,40 @@
 //!   a violation with its lateness (clock − event time, in milliseconds).
 //!   That is the one thing not promised: an event that lands in the log after
 //!   the clock passed its time cannot be ordered, and it is counted.
+//! - **Event times are bounded by the log's evidence**
+//!   ([`ReleaseLimits::max_ahead`], default one hour). Each arrival carries
+//!   the time the log appended its record ([`Arrival::append_time`]: the
+//!   log's own stamp, the same on every reading, never a wall clock of the
+//!   host). An event whose time is more than the bound past its append
+//!   time, or is `Millis::MAX` (no clock passes it: the clock is
+//!   exclusive), is **refused**: released at once as
+//!   [`Release::TooFarAhead`] for the host to dead-letter with its reason,
+//!   never held, never in any clock. So it neither freezes a partition nor
+//!   moves the clock, and every other event is released exactly as if it
+//!   had carried no event time. A re-drive appends it again, with a later
+//!   append time, and a raised bound admits it.
+//! - **A record without an append time** (one written before the log kept
+//!   them) has no evidence to measure it against: it is admitted as it
+//!   always was, except at `Millis::MAX`, so nothing freezes a partition.
+//!   Its events are history, read once; every record appended since has an
+//!   append time.
+//! - **Allowed lateness** ([`ReleaseLimits::allowed_lateness`], default 0):
+//!   the clock trails the evidence. Every clock the rules above allow is
+//!   lowered by the allowance before the rule that it never goes back, so an
+//!   event read at most that long after the evidence passed its time is
+//!   still held and released in its place; a later one is late, by its
+//!   lateness less the allowance, and counted. Evidence only: with a quiet
+//!   log, events within the allowance of the latest evidence stay held
+//!   (the committed position stays before them) until more evidence comes,
+//!   and a rebuild reading the same log releases them the same way. A stage
+//!   with nothing replaying, no event-time input counting and every held
+//!   event at or past the clock is **settled** ([`ReleaseStage::settled`]):
+//!   it released all the evidence lets it release, so the host's caught-up
+//!   gate (`--until-caught-up`, readiness, a rebuild's promotion) counts it
+//!   caught up and never waits on an allowance.
+//! - **Event-time arithmetic saturates**: no event time (`i64::MIN`,
+//!   `i64::MAX`, anything between) overflows a clock, a lateness or a
+//!   bound.
 //!
 //! # The start-up race, and why evidence
 //!
@@ -131,6 +165,18 @@
 //! what the held runs number: holding the next offset extends a run,
 //! releasing one shrinks or splits its run.
 //!
+//! A refused event (too far ahead, see above) is never held, so no list
+//! names it: on restart it counts as released, it went to the dead letters
+//! when first read. A listed event is held again under its carried time
+//! without being judged again by the bound (its timing was decided when it
+//! was held), except that `Millis::MAX`, which no clock passes, is refused
+//! whenever it is read. So a bound changed between two runs judges only
+//! what is read for the first time. The committed clock already trails the
+//! evidence by the allowed lateness, so a changed allowance changes nothing
+//! of this: raised, the clock stays at the committed one until the evidence
+//! less the new allowance passes it; lowered, the clock moves on at the
+//! next release and the listed events below it go in release order.
+//!
 //! A checkpoint written before the list existed (`held` none) is restored
 //! with the rule of that time: an event below `read_to` was released if and
 //! only if it has no event time or its time is below the committed clock.
@@ -184,11 +230,41 @@ pub struct ReleaseLimits {
     /// earlier (less memory, more pauses); a higher one lets a partition run
     /// further ahead before it waits.
     pub max_held_bytes: u64,
+    /// The most milliseconds an event time may be ahead of the time the log
+    /// appended its record (module docs, "Event times bounded by the
+    /// log"); one further ahead is refused ([`Release::TooFarAhead`]).
+    /// Default [`ReleaseLimits::DEFAULT_MAX_AHEAD`].
+    pub max_ahead: Millis,
+    /// How far, in milliseconds, the projection's clock trails the evidence
+    /// (module docs, "Allowed lateness"): an event read at most this late is
+    /// still released in its place. Default 0.
+    pub allowed_lateness: Millis,
+}
+
+impl ReleaseLimits {
+    /// The default of [`ReleaseLimits::max_ahead`]: one hour. Far above the
+    /// skew of producers' clocks and the time a record takes from its
+    /// producer to the log (seconds), far below what would make the clock
+    /// jump (an event stamped in the year 9999 or at `i64::MAX`): one event
+    /// within the bound moves its partition's clock at most an hour past
+    /// what the log has seen.
+    pub const DEFAULT_MAX_AHEAD: Millis = 60 * 60 * 1000;
+
+    /// Whether an event of time `event_time`, appended to the log at
+    /// `append_time`, is admitted: its time is at most
+    /// [`ReleaseLimits::max_ahead`] past its append time, and below
+    /// `Millis::MAX` (which no clock passes: the clock is exclusive). An
+    /// event whose append time the log cannot give is admitted unless its
+    /// time is `Millis::MAX` (module docs).
+    pub fn admits(&self, event_time: Millis, append_time: Option<Millis>) -> bool {
+        event_time < Millis::MAX
+            && append_time.is_none_or(|appended| event_time <= appended.saturating_add(self.max_ahead.max(0)))
+    }
 }
 
 impl Default for ReleaseLimits {
     fn default() -> Self {
-        ReleaseLimits { max_held_bytes: 64 << 20 }
+        ReleaseLimits { max_held_bytes: 64 << 20, max_ahead: Self::DEFAULT_MAX_AHEAD, allowed_lateness: 0 }
     }
 }
 
@@ -202,6 +278,10 @@ pub struct Arrival<T> {
     pub offset: u64,
     /// Its event time, or none for types that carry none.
     pub event_time: Option<Millis>,
+    /// When the log appended it (its evidence, the same on every reading),
+    /// or none where the log cannot say (a record of a log written before
+    /// append times were kept).
+    pub append_time: Option<Millis>,
     /// The event time its header carries, whatever its type declares now:
     /// an event the checkpoint restored from lists as held is held again
     /// under it (see the module docs, "Crash safety"), as it was held under
@@ -228,6 +308,13 @@ pub enum Release {
         /// How far below the clock it was, in milliseconds (at least 1).
         by: Millis,
     },
+    /// Its event time is further ahead of its append time than
+    /// [`ReleaseLimits::max_ahead`] (or is `Millis::MAX`): released at
+    /// once for the host to dead-letter, never held, never in any clock.
+    TooFarAhead {
+        /// Its append time, as the arrival gave it.
+        append_time: Option<Millis>,
+    },
 }
 
 /// An event the stage lets go, to be planned and applied in this order.
@@ -252,6 +339,9 @@ pub enum Admission {
     Held,
     /// It was released at once (untimed or late) into the output.
     Released,
+    /// Its event time is too far ahead of its append time: released at once
+    /// into the output as [`Release::TooFarAhead`], for the dead letters.
+    Refused,
     /// It was released before the restart the stage was restored from, so
     /// it is skipped (see the module docs, "Crash safety").
     AlreadyReleased,
@@ -626,7 +716,8 @@ impl<T> ReleaseStage<T> {
     /// restart. The clock does not move here; [`ReleaseStage::release`] moves
     /// it.
     pub fn read(&mut self, arrival: Arrival<T>, out: &mut Vec<Released<T>>) -> Result<Admission, ReleaseError> {
-        let Arrival { input, offset, event_time, carried_time, bytes, payload } = arrival;
+        let Arrival { input, offset, event_time, append_time, carried_time, bytes, payload } = arrival;
+        let limits = self.limits;
         let state = self.input_mut(input)?;
         if offset < state.position {
             return Err(ReleaseError::OffsetBehind { input, offset, position: state.position });
@@ -643,8 +734,13 @@ impl<T> ReleaseStage<T> {
         // lists it, under the time its header carries; without a list, the
         // clock rule judges it by its event time now.
         let held_before = if replayed { state.restored.held(offset) } else { Some(false) };
-        let event_time = if held_before == Some(true) { carried_time } else { event_time };
-        if let Some(time) = event_time.filter(|_| state.input.clock == ClockSource::EventTime) {
+        let listed = held_before == Some(true);
+        let event_time = if listed { carried_time } else { event_time };
+        // Judged by the record alone, so the same on every reading; a listed
+        // event was judged when it was held (only `Millis::MAX` is refused).
+        let evidence = if listed { None } else { append_time };
+        let refused = event_time.is_some_and(|time| !limits.admits(time, evidence));
+        if let Some(time) = event_time.filter(|_| !refused && state.input.clock == ClockSource::EventTime) {
             state.clock = state.clock.max(Some(time));
         }
         let topic = state.input.topic;
@@ -655,11 +751,17 @@ impl<T> ReleaseStage<T> {
         let released_before = match (held_before, event_time, self.restored_clock) {
             (Some(held), _, _) => replayed && !held,
             (None, None, _) => true,
+            (None, Some(_), _) if refused => true,
             (None, Some(time), Some(clock)) => time < clock,
             (None, Some(_), None) => false,
         };
         if released_before {
             return Ok(Admission::AlreadyReleased);
+        }
+        if refused {
+            let release = Release::TooFarAhead { append_time };
+            out.push(Released { input, offset, event_time, release, payload });
+            return Ok(Admission::Refused);
         }
         let Some(time) = event_time else {
             out.push(Released { input, offset, event_time, release: Release::Untimed, payload });
@@ -704,8 +806,9 @@ impl<T> ReleaseStage<T> {
     /// time, used only as the module docs say) and releases into `out`, in
     /// release order, every held event below it.
     pub fn release(&mut self, now: Millis, out: &mut Vec<Released<T>>) {
-        if let Some(clock) = self.clock_allowed(now) {
-            self.clock = self.clock.max(Some(clock));
+        if let Some(evidence) = self.clock_allowed(now) {
+            let trailing = evidence.saturating_sub(self.limits.allowed_lateness.max(0));
+            self.clock = self.clock.max(Some(trailing));
         }
         let Some(clock) = self.clock else { return };
         while let Some(entry) = self.held.first_entry() {
@@ -767,6 +870,17 @@ impl<T> ReleaseStage<T> {
     /// The projection's clock: every held event below it has been released.
     pub fn clock(&self) -> Option<Millis> {
         self.clock
+    }
+
+    /// Whether the stage released all the log's evidence lets it release
+    /// until the log says more: no replay under way, no event-time input
+    /// counting toward the clock, and every held event at or past the clock
+    /// (waiting for an allowed lateness, or for the processing time). A
+    /// caught-up gate may count such a partition index as caught up.
+    pub fn settled(&self) -> bool {
+        self.replaying == 0
+            && self.inputs.iter().all(|state| !state.counts())
+            && self.held.keys().next().is_none_or(|first| self.clock.is_some_and(|clock| first.event_time >= clock))
     }
 
     /// How many events are held.
@@ -958,13 +1072,29 @@ pub mod test_support {
         /// How many of the first commits were taken while some input was
         /// still replaying (after a restart), and the one after the replay.
         pub replay_commits: usize,
+        /// What is still held once everything is read and the log said so:
+        /// with an allowed lateness, the events the clock has not passed
+        /// (it trails the evidence), as (input, offset).
+        pub held_at_end: Vec<(usize, u64)>,
+    }
+
+    /// The held events of `stage`, checked to be at or past its clock.
+    fn held_at_end(stage: &ReleaseStage<()>) -> Result<Vec<(usize, u64)>, String> {
+        let clock = stage.clock();
+        if let Some(first) = stage.held.keys().next().filter(|key| clock.is_none_or(|clock| key.event_time < clock)) {
+            return Err(format!("{first:?} is still held below the clock {clock:?}"));
+        }
+        Ok(stage.held.iter().map(|(key, held)| (held.input, key.offset)).collect())
     }
 
     fn arrival(partitions: &[Partition], input: usize, offset: u64) -> Arrival<()> {
         let partition = &partitions[input];
         let record = partition.records[offset as usize];
         let event_time = record.event_time.filter(|_| partition.timed);
-        Arrival { input, offset, event_time, carried_time: record.event_time, bytes: 1, payload: () }
+        // Every record was appended at instant 0: with a bound of 1, times
+        // above 1 are too far ahead.
+        let (append_time, carried_time) = (Some(0), record.event_time);
+        Arrival { input, offset, event_time, append_time, carried_time, bytes: 1, payload: () }
     }
 
     fn order_key(partitions: &[Partition], input: usize, offset: u64) -> Option<OrderKey> {
@@ -1036,7 +1166,9 @@ pub mod test_support {
         stage.release(LATE_NOW, &mut out);
         collect(partitions, &mut out, None, &mut outcome)?;
         outcome.violations = stage.violations();
-        check_once(partitions, outcome.released.iter().map(|&(input, offset, _)| (input, offset)))?;
+        outcome.held_at_end = held_at_end(&stage)?;
+        let released = outcome.released.iter().map(|&(input, offset, _)| (input, offset));
+        check_once(partitions, released.chain(outcome.held_at_end.iter().copied()))?;
         Ok(outcome)
     }
 
@@ -1129,7 +1261,8 @@ pub mod test_support {
             return Ok(());
         }
         let evidence = timed.iter().filter_map(|s| s.idle_since).min();
-        let expected = before.max(evidence);
+        let trailing = evidence.map(|evidence| evidence.saturating_sub(stage.limits.allowed_lateness));
+        let expected = before.max(trailing);
         if stage.clock() != expected {
             return Err(format!("processing-time clock {:?}, the evidence reaches {evidence:?}", stage.clock()));
         }
@@ -1180,8 +1313,10 @@ pub mod test_support {
     /// Checks that the timed events of `released` are in release order
     /// ([`OrderKey`]), over all keys and per key.
     pub fn check_order(partitions: &[Partition], released: &[(usize, u64, Release)]) -> Result<(), String> {
+        // Refused events are not ordered: they go to the dead letters.
         let keys: Vec<(u8, OrderKey)> = released
             .iter()
+            .filter(|&&(_, _, release)| !matches!(release, Release::TooFarAhead { .. }))
             .filter_map(|&(input, offset, _)| {
                 let key = partitions[input].records[offset as usize].key;
                 order_key(partitions, input, offset).map(|order| (key, order))
@@ -1253,6 +1388,7 @@ pub mod test_support {
         stage.release(LATE_NOW, &mut out);
         collect(partitions, &mut out, None, &mut outcome)?;
         outcome.violations = stage.violations();
+        outcome.held_at_end = held_at_end(&stage)?;
         Ok(outcome)
     }
 
@@ -1269,7 +1405,8 @@ pub mod test_support {
                 let again = restart(partitions, checkpoint, first, limits)
                     .map_err(|why| format!("restart from {checkpoint:?}: {why}"))?;
                 let both: Vec<_> = before.iter().chain(&again.released).copied().collect();
-                check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)))
+                let held = again.held_at_end.iter().copied();
+                check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)).chain(held))
                     .map_err(|why| format!("restart from {checkpoint:?} (first {first}): {why}"))?;
                 if outcome.violations == 0 && again.violations == 0 {
                     check_order(partitions, &both).map_err(|why| format!("restart from {checkpoint:?}: {why}"))?;
@@ -1284,18 +1421,56 @@ pub mod test_support {
                     let third = restart(partitions, second, 1, limits)
                         .map_err(|why| format!("second restart from {second:?}: {why}"))?;
                     let all = before.iter().chain(&again.released[..*committed_again]).chain(&third.released);
-                    check_once(partitions, all.map(|&(input, offset, _)| (input, offset)))
+                    let held = third.held_at_end.iter().copied();
+                    check_once(partitions, all.map(|&(input, offset, _)| (input, offset)).chain(held))
                         .map_err(|why| format!("restart from {checkpoint:?}, then from {second:?}: {why}"))?;
                 }
             }
             for (change, changed) in changes(partitions) {
                 let again = restart(&changed, checkpoint, 0, limits)
                     .map_err(|why| format!("restart from {checkpoint:?} after {change}: {why}"))?;
-                let both = before.iter().chain(&again.released);
-                check_once(partitions, both.map(|&(input, offset, _)| (input, offset)))
+                let both = before.iter().chain(&again.released).map(|&(input, offset, _)| (input, offset));
+                check_once(partitions, both.chain(again.held_at_end.iter().copied()))
                     .map_err(|why| format!("restart from {checkpoint:?} after {change}: {why}"))?;
             }
             check_legacy_restart(partitions, checkpoint, before, limits)?;
+        }
+        Ok(())
+    }
+
+    /// What an operator may change in [`ReleaseLimits`] between two runs:
+    /// the allowed lateness (to none, or one more) and the bound on event
+    /// times ahead of their append time (to none, or to the largest).
+    pub fn limit_changes(limits: ReleaseLimits) -> [(String, ReleaseLimits); 4] {
+        let lateness = |allowed_lateness| ReleaseLimits { allowed_lateness, ..limits };
+        let bound = |max_ahead| ReleaseLimits { max_ahead, ..limits };
+        [
+            ("no allowed lateness".to_owned(), lateness(0)),
+            ("a raised allowed lateness".to_owned(), lateness(limits.allowed_lateness.saturating_add(1))),
+            ("a bound of 0".to_owned(), bound(0)),
+            ("the largest bound".to_owned(), bound(Millis::MAX)),
+        ]
+    }
+
+    /// For every commit of `outcome`, restarts from it under each of
+    /// [`limit_changes`] and checks that the committed releases and the
+    /// restarted host's (with what it still holds at the end) release every
+    /// record exactly once: a changed allowance or bound loses and repeats
+    /// nothing (module docs, "Crash safety").
+    pub fn check_restarts_with_changed_limits(
+        partitions: &[Partition],
+        outcome: &Outcome,
+        limits: ReleaseLimits,
+    ) -> Result<(), String> {
+        for (checkpoint, committed) in &outcome.commits {
+            let before = &outcome.released[..*committed];
+            for (change, changed) in limit_changes(limits) {
+                let again = restart(partitions, checkpoint, 0, changed)
+                    .map_err(|why| format!("restart from {checkpoint:?} with {change}: {why}"))?;
+                let both = before.iter().chain(&again.released).map(|&(input, offset, _)| (input, offset));
+                check_once(partitions, both.chain(again.held_at_end.iter().copied()))
+                    .map_err(|why| format!("restart from {checkpoint:?} with {change}: {why}"))?;
+            }
         }
         Ok(())
     }
@@ -1333,13 +1508,15 @@ pub mod test_support {
         legacy.inputs.iter_mut().for_each(|input| input.held = None);
         let again = restart(partitions, &legacy, 0, limits).map_err(|why| format!("restart from {legacy:?}: {why}"))?;
         let both: Vec<_> = before.iter().chain(&again.released).copied().collect();
-        check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)))
+        let held = again.held_at_end.iter().copied();
+        check_once(partitions, both.iter().map(|&(input, offset, _)| (input, offset)).chain(held))
             .map_err(|why| format!("restart from {legacy:?}: {why}"))?;
         for (second, committed_again) in &again.commits[..again.replay_commits.min(again.commits.len())] {
             let third = restart(partitions, second, 1, limits)
                 .map_err(|why| format!("second restart from {second:?}: {why}"))?;
             let all = before.iter().chain(&again.released[..*committed_again]).chain(&third.released);
-            check_once(partitions, all.map(|&(input, offset, _)| (input, offset)))
+            let held = third.held_at_end.iter().copied();
+            check_once(partitions, all.map(|&(input, offset, _)| (input, offset)).chain(held))
                 .map_err(|why| format!("restart from {legacy:?}, then from {second:?}: {why}"))?;
         }
         Ok(())
@@ -1348,7 +1525,9 @@ pub mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::{Evidence, Partition, Record, check_order, check_restarts, run};
+    use super::test_support::{
+        Evidence, Outcome, Partition, Record, check_order, check_restarts, check_restarts_with_changed_limits, run,
+    };
     use super::*;
 
     const EVENT_TIME: ClockSource = ClockSource::EventTime;
@@ -1435,7 +1614,7 @@ mod tests {
     }
 
     fn arrival(input: usize, offset: u64, event_time: Option<Millis>) -> Arrival<u64> {
-        Arrival { input, offset, event_time, carried_time: event_time, bytes: 10, payload: offset }
+        Arrival { input, offset, event_time, append_time: None, carried_time: event_time, bytes: 10, payload: offset }
     }
 
     fn stage(inputs: &[Input]) -> ReleaseStage<u64> {
@@ -1541,6 +1720,119 @@ mod tests {
         assert_eq!(stage.input_status(1).unwrap().progress, Progress::Counting, "new data: it counts again");
     }
 
+    fn appended(input: usize, offset: u64, event_time: Millis, append_time: Option<Millis>) -> Arrival<u64> {
+        Arrival { append_time, ..arrival(input, offset, Some(event_time)) }
+    }
+
+    /// Events stamped far ahead of their append time on one key (input 0,
+    /// offsets 1 to 4) between ordinary ones: each is refused at once,
+    /// none moves a clock, and the ordinary events of both inputs are
+    /// released in event-time order with no violation.
+    #[test]
+    fn an_event_time_too_far_ahead_of_its_append_time_is_refused_and_moves_no_clock() {
+        let mut stage = stage(&[input(0, EVENT_TIME), input(1, EVENT_TIME)]);
+        let bound = ReleaseLimits::DEFAULT_MAX_AHEAD;
+        let year_9999 = 253_402_300_799_000;
+        let mut out = Vec::new();
+        assert_eq!(stage.read(appended(0, 0, 1_000, Some(900)), &mut out), Ok(Admission::Held));
+        for (offset, time) in [(1, Millis::MAX), (2, year_9999), (3, 2_000 + bound + 1)] {
+            assert_eq!(stage.read(appended(0, offset, time, Some(2_000)), &mut out), Ok(Admission::Refused));
+        }
+        // No append time: no evidence to measure, but MAX never passes.
+        assert_eq!(stage.read(appended(0, 4, Millis::MAX, None), &mut out), Ok(Admission::Refused));
+        assert_eq!(stage.input_status(0).unwrap().clock, Some(1_000), "no refused time in the input's clock");
+        // Exactly at the bound: admitted.
+        assert_eq!(stage.read(appended(0, 5, 2_000 + bound, Some(2_000)), &mut out), Ok(Admission::Held));
+        assert_eq!(stage.read(appended(1, 0, 1_500, Some(1_500)), &mut out), Ok(Admission::Held));
+        assert_eq!(stage.read(appended(1, 1, 3_000, Some(3_000)), &mut out), Ok(Admission::Held));
+        let refused: Vec<_> = out.drain(..).map(|r| (r.offset, r.release)).collect();
+        assert_eq!(
+            refused,
+            [
+                (1, Release::TooFarAhead { append_time: Some(2_000) }),
+                (2, Release::TooFarAhead { append_time: Some(2_000) }),
+                (3, Release::TooFarAhead { append_time: Some(2_000) }),
+                (4, Release::TooFarAhead { append_time: None }),
+            ]
+        );
+        stage.observe_end(0, 6, 0).unwrap();
+        stage.observe_end(1, 2, 0).unwrap();
+        stage.release(0, &mut out);
+        assert_eq!(offsets(&out), [(0, 0), (1, 0), (1, 1), (0, 5)]);
+        assert_eq!((stage.clock(), stage.violations()), (Some(2_000 + bound + 1), 0));
+        // A restart re-reading them skips them: they went to the dead
+        // letters when first read, and no held list names them; under a
+        // raised bound too (only what is read for the first time is judged
+        // by the bound in force). Offset 5 was listed: held again.
+        let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let raised = ReleaseLimits { max_ahead: Millis::MAX, ..ReleaseLimits::default() };
+        let held = Some(vec![HeldRun { start: 5, end: 6 }]);
+        for (held, limits) in
+            [(held.clone(), ReleaseLimits::default()), (held, raised), (None, ReleaseLimits::default())]
+        {
+            let checkpoint = Checkpoint {
+                clock: Some(1_200),
+                inputs: vec![
+                    InputCheckpoint { commit: 0, read_to: 6, held: held.clone() },
+                    InputCheckpoint { commit: 0, read_to: 0, held: Some(Vec::new()) },
+                ],
+            };
+            let mut restored = ReleaseStage::restore(&inputs, &checkpoint, limits).unwrap();
+            let mut out = Vec::new();
+            let again = [(0, 1_000, Some(900)), (1, Millis::MAX, Some(2_000)), (2, year_9999, Some(2_000))];
+            for (offset, time, append_time) in again.into_iter().chain([(4, Millis::MAX, None)]) {
+                let admission = restored.read(appended(0, offset, time, append_time), &mut out);
+                assert_eq!(admission, Ok(Admission::AlreadyReleased), "{offset} with {held:?}");
+            }
+            let admission = restored.read(appended(0, 5, 2_000 + bound, Some(2_000)), &mut out);
+            assert_eq!(admission, Ok(Admission::Held), "with {held:?}");
+            assert!(out.is_empty());
+        }
+        // A raised bound admits what the default refused.
+        assert!(raised.admits(year_9999, Some(0)) && !raised.admits(Millis::MAX, Some(0)));
+        assert!(ReleaseLimits::default().admits(Millis::MIN, Some(Millis::MAX)));
+    }
+
+    /// The clock trails the evidence by the allowance: an event read after
+    /// the evidence passed its time, by at most the allowance, is released
+    /// in its place; one later is late by what exceeds the allowance.
+    #[test]
+    fn the_clock_trails_the_evidence_by_the_allowed_lateness() {
+        let limits = ReleaseLimits { allowed_lateness: 1_000, ..ReleaseLimits::default() };
+        let inputs = [input(0, EVENT_TIME), input(1, EVENT_TIME)];
+        let mut stage: ReleaseStage<u64> = ReleaseStage::new(&inputs, &[0, 0], limits).unwrap();
+        let mut out = Vec::new();
+        stage.observe_end(0, 0, 0).unwrap();
+        stage.observe_end(1, 0, 0).unwrap();
+        // Caught up; live: an order at 5 000 (both idle again after it).
+        stage.read(arrival(0, 0, Some(5_000)), &mut out).unwrap();
+        stage.observe_end(0, 1, 10).unwrap();
+        stage.release(10, &mut out);
+        assert_eq!((stage.clock(), stage.held_events()), (Some(4_001), 1), "5 001 less the allowance");
+        // A shipment of 4 500 read a second later: in its place.
+        assert_eq!(stage.read(arrival(1, 0, Some(4_500)), &mut out), Ok(Admission::Held));
+        stage.observe_end(1, 1, 20).unwrap();
+        stage.release(20, &mut out);
+        assert!(out.is_empty(), "nothing passed yet: 4 500 and 5 000 wait");
+        stage.read(arrival(0, 1, Some(6_000)), &mut out).unwrap();
+        stage.observe_end(0, 2, 30).unwrap();
+        stage.release(30, &mut out);
+        assert_eq!((offsets(&out), stage.clock()), (vec![(1, 0), (0, 0)], Some(5_001)));
+        assert_eq!(stage.violations(), 0);
+        // 3 000 is 3 001 below the evidence (6 001): late by 2 001, its
+        // lateness less the allowance.
+        stage.read(arrival(1, 1, Some(3_000)), &mut out).unwrap();
+        assert_eq!(out.last().map(|r| r.release), Some(Release::Late { by: 2_001 }));
+        // The allowance saturates with extreme times.
+        let wide = ReleaseLimits { allowed_lateness: Millis::MAX, ..ReleaseLimits::default() };
+        let mut stage: ReleaseStage<u64> = ReleaseStage::new(&inputs, &[0, 0], wide).unwrap();
+        stage.read(appended(0, 0, Millis::MIN, Some(0)), &mut out).unwrap();
+        stage.observe_end(0, 1, 0).unwrap();
+        stage.observe_end(1, 0, 0).unwrap();
+        stage.release(0, &mut out);
+        assert_eq!((stage.clock(), stage.held_events()), (Some(Millis::MIN), 1));
+    }
+
     #[test]
     fn an_idle_partition_that_receives_new_data_counts_again_until_the_log_says_it_is_at_its_end() {
         let mut stage = stage(&[input(0, EVENT_TIME), input(1, EVENT_TIME)]);
@@ -1610,7 +1902,7 @@ mod tests {
     #[test]
     fn reading_only_the_laggards_keeps_held_bytes_bounded() {
         // Input 0 has a long history of early times; input 1 runs far ahead.
-        let limits = ReleaseLimits { max_held_bytes: 30 };
+        let limits = ReleaseLimits { max_held_bytes: 30, ..ReleaseLimits::default() };
         let mut stage: ReleaseStage<u64> =
             ReleaseStage::new(&[input(0, EVENT_TIME), input(1, EVENT_TIME)], &[0, 0], limits).unwrap();
         stage.observe_end(0, 40, 0).unwrap();
@@ -1711,7 +2003,10 @@ mod tests {
         let mut out = Vec::new();
         for &(input, offset, event_time, carried_time) in read {
             stage
-                .read(Arrival { input, offset, event_time, carried_time, bytes: 1, payload: offset }, &mut out)
+                .read(
+                    Arrival { input, offset, event_time, append_time: None, carried_time, bytes: 1, payload: offset },
+                    &mut out,
+                )
                 .unwrap();
         }
         for (input, ends) in [(0, 2), (1, 1)] {
@@ -1744,7 +2039,15 @@ mod tests {
         // Another type's 60 is held in front; then the old version reads
         // the ledger untimed, though producers already stamp it 50.
         assert_eq!(stage.read(arrival(0, 0, Some(60)), &mut out), Ok(Admission::Held));
-        let untimed = Arrival { input: 0, offset: 1, event_time: None, carried_time: Some(50), bytes: 1, payload: 1 };
+        let untimed = Arrival {
+            input: 0,
+            offset: 1,
+            event_time: None,
+            append_time: None,
+            carried_time: Some(50),
+            bytes: 1,
+            payload: 1,
+        };
         assert_eq!(stage.read(untimed, &mut out), Ok(Admission::Released));
         stage.read(arrival(1, 0, Some(20)), &mut out).unwrap();
         stage.release(0, &mut out);
@@ -1912,15 +2215,23 @@ mod tests {
     /// nothing lost and nothing released twice.
     #[test]
     fn every_interleaving_of_two_partitions_keeps_the_rules() {
+        let limits = ReleaseLimits { max_held_bytes: 1, ..ReleaseLimits::default() };
+        let runs = for_every_pair(|partitions| check_every_schedule(partitions, limits));
+        assert!(runs > 100_000, "{runs}");
+    }
+
+    /// Calls `check` on every pair of partitions of [`partitions_of`], with
+    /// and without a processing-time topic beside them, spread over the
+    /// machine's threads; the sum of what it returns.
+    fn for_every_pair(check: impl Fn(&[Partition]) -> usize + Sync) -> usize {
         let lefts = partitions_of(0);
         let rights = partitions_of(1);
         assert_eq!(lefts.len(), 1 + 4 * 3 + 16 * 7);
-        let limits = ReleaseLimits { max_held_bytes: 1 };
-        let runs: usize = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let threads = std::thread::available_parallelism().map_or(1, usize::from);
             let workers: Vec<_> = (0..threads)
                 .map(|thread| {
-                    let (lefts, rights) = (&lefts, &rights);
+                    let (lefts, rights, check) = (&lefts, &rights, &check);
                     scope.spawn(move || {
                         let mut runs = 0;
                         for left in lefts.iter().skip(thread).step_by(threads) {
@@ -1932,7 +2243,7 @@ mod tests {
                                         clock.input.clock = ClockSource::ProcessingTime;
                                         partitions.push(clock);
                                     }
-                                    runs += check_every_schedule(&partitions, limits);
+                                    runs += check(&partitions);
                                 }
                             }
                         }
@@ -1941,8 +2252,108 @@ mod tests {
                 })
                 .collect();
             workers.into_iter().map(|worker| worker.join().unwrap()).sum()
+        })
+    }
+
+    /// The late events of an outcome, with their lateness.
+    fn late_events(outcome: &Outcome) -> Vec<(usize, u64, Millis)> {
+        let late = outcome.released.iter().filter_map(|&(input, offset, release)| match release {
+            Release::Late { by } => Some((input, offset, by)),
+            _ => None,
+        });
+        late.collect()
+    }
+
+    /// Every pair of partitions, every interleaving, with an allowed
+    /// lateness of 1 and 2 against none: the clock trails the one without
+    /// an allowance by it, so exactly the events late by more than the
+    /// allowance without it are late with it, by their lateness less the
+    /// allowance, and every other one is released in its place (release
+    /// order per key when none is late); a crash after every step (with an
+    /// allowance of 1) loses and repeats nothing, also when the next run
+    /// has another allowance or bound.
+    #[test]
+    fn every_interleaving_with_an_allowed_lateness_releases_in_place_what_is_at_most_that_late() {
+        let runs = for_every_pair(|partitions| {
+            let lens: Vec<usize> = partitions.iter().map(|p| p.records.len()).collect();
+            let mut runs = 0;
+            for schedule in interleavings(&lens) {
+                let context = || format!("\n  partitions: {partitions:?}\n  schedule: {schedule:?}");
+                let none = run(partitions, &schedule, Evidence::Offsets, ReleaseLimits::default())
+                    .unwrap_or_else(|why| panic!("{why}{}", context()));
+                for allowance in [1, 2] {
+                    let limits = ReleaseLimits { allowed_lateness: allowance, ..ReleaseLimits::default() };
+                    let with = run(partitions, &schedule, Evidence::Offsets, limits)
+                        .unwrap_or_else(|why| panic!("{why}{}", context()));
+                    let expected: Vec<_> = late_events(&none)
+                        .into_iter()
+                        .filter(|&(_, _, by)| by > allowance)
+                        .map(|(input, offset, by)| (input, offset, by - allowance))
+                        .collect();
+                    let mut late = late_events(&with);
+                    late.sort_unstable();
+                    let mut expected = expected;
+                    expected.sort_unstable();
+                    assert_eq!(late, expected, "allowance {allowance}{}", context());
+                    if with.violations == 0 {
+                        check_order(partitions, &with.released).unwrap_or_else(|why| panic!("{why}{}", context()));
+                    }
+                    if allowance == 1 {
+                        check_restarts(partitions, &with, limits).unwrap_or_else(|why| panic!("{why}{}", context()));
+                        check_restarts_with_changed_limits(partitions, &with, limits)
+                            .unwrap_or_else(|why| panic!("{why}{}", context()));
+                    }
+                    runs += 1;
+                }
+            }
+            runs
         });
         assert!(runs > 100_000, "{runs}");
+    }
+
+    /// Every pair of partitions, every interleaving, every record appended
+    /// at instant 0 and a bound of 1: the records of time 2 are refused,
+    /// and everything else is released exactly as if they carried no event
+    /// time (one too far ahead changes nothing for any other event, of its
+    /// key or another); a crash after every step loses and repeats nothing,
+    /// also when the next run has another allowance or bound.
+    #[test]
+    fn every_interleaving_with_a_bound_releases_the_rest_as_if_the_refused_had_no_time() {
+        let bound = ReleaseLimits { max_ahead: 1, ..ReleaseLimits::default() };
+        let runs = for_every_pair(|partitions| {
+            let mut untimed = partitions.to_vec();
+            for record in untimed.iter_mut().flat_map(|p| p.records.iter_mut()) {
+                record.event_time = record.event_time.filter(|&time| time <= 1);
+            }
+            let lens: Vec<usize> = partitions.iter().map(|p| p.records.len()).collect();
+            let mut runs = 0;
+            for schedule in interleavings(&lens) {
+                let context = || format!("\n  partitions: {partitions:?}\n  schedule: {schedule:?}");
+                let refused = run(partitions, &schedule, Evidence::Offsets, bound)
+                    .unwrap_or_else(|why| panic!("{why}{}", context()));
+                let without = run(&untimed, &schedule, Evidence::Offsets, ReleaseLimits::default())
+                    .unwrap_or_else(|why| panic!("{why}{}", context()));
+                let as_untimed: Vec<_> = refused
+                    .released
+                    .iter()
+                    .map(|&(input, offset, release)| {
+                        let time = partitions[input].records[offset as usize].event_time;
+                        let timed_partition = partitions[input].input.clock == EVENT_TIME;
+                        let expected_refusal = time == Some(2) && timed_partition;
+                        let is_refusal = matches!(release, Release::TooFarAhead { append_time: Some(0) });
+                        assert_eq!(is_refusal, expected_refusal, "{input}/{offset}{}", context());
+                        (input, offset, if is_refusal { Release::Untimed } else { release })
+                    })
+                    .collect();
+                assert_eq!(as_untimed, without.released, "{}", context());
+                check_restarts(partitions, &refused, bound).unwrap_or_else(|why| panic!("{why}{}", context()));
+                check_restarts_with_changed_limits(partitions, &refused, bound)
+                    .unwrap_or_else(|why| panic!("{why}{}", context()));
+                runs += 1;
+            }
+            runs
+        });
+        assert!(runs > 50_000, "{runs}");
     }
 
     fn check_every_schedule(partitions: &[Partition], limits: ReleaseLimits) -> usize {

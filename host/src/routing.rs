@@ -749,6 +749,7 @@ mod tests {
         let stored = StoredRecord {
             offset: 17,
             record: Record { headers: vec![Header { name: "waku-tag".into(), value: vec![1] }, forged], body: vec![7] },
+            append_time: None,
         };
         let error = HeaderError::Missing { name: "waku-version" };
         let record = malformed_record("bank", "accounts", 3, stored, error.to_string());
@@ -770,8 +771,13 @@ mod tests {
         };
         let error = EventHeaders::parse_stored(&stand_in.headers).unwrap_err();
         assert_eq!(malformed_reason(&stand_in, &error), reason);
-        let record =
-            malformed_record("bank", "accounts", 0, StoredRecord { offset: 5, record: stand_in }, reason.to_owned());
+        let record = malformed_record(
+            "bank",
+            "accounts",
+            0,
+            StoredRecord { offset: 5, record: stand_in, append_time: None },
+            reason.to_owned(),
+        );
         let routed = Routed::parse(&record.headers).unwrap();
         assert_eq!((routed.origin_offset, routed.failure.unwrap().message.as_str()), (5, reason));
         // Only a lone such header is a stand-in.

@@ -135,6 +135,7 @@ fn simulate(inputs: &[Vec<Planned>], rule: Rule, slow: Option<usize>, limits: Re
                     input,
                     offset: position[input] as u64,
                     event_time: event.time,
+                    append_time: None,
                     carried_time: event.time,
                     bytes: RECORD_BYTES,
                     payload: (),
@@ -291,7 +292,7 @@ fn simulations(split: &[Vec<Vec<Planned>>]) {
 
     println!("\n2. peak held bytes of one partition index, topic `{}` read 10x slower:", TIMED_TOPICS[LATE_TOPIC]);
     for limit in [64u64 << 20, 1 << 20] {
-        let limits = ReleaseLimits { max_held_bytes: limit };
+        let limits = ReleaseLimits { max_held_bytes: limit, ..ReleaseLimits::default() };
         let found = simulate_all(split, Rule::Gate, Some(LATE_TOPIC), limits);
         let unbounded = if limit == 64 << 20 { " (nothing paused below it)" } else { "" };
         println!(

@@ -557,11 +557,13 @@ mod tests {
     fn the_event_time_flags_of_run_survive_the_consumer_flags() {
         let flags = ["waku", "run", "--projection", "p", "--topic", "t,catalogue", "--modules", "m"];
         let more = ["--max-held-mib", "3", "--untimed-topic", "catalogue", "--batch-size", "9"];
-        let Command::Run(args) = Cli::try_parse_from(flags.iter().chain(&more)).unwrap().command else {
+        let spans = ["--max-event-time-ahead", "90s", "--allowed-lateness", "2s"];
+        let Command::Run(args) = Cli::try_parse_from(flags.iter().chain(&more).chain(&spans)).unwrap().command else {
             unreachable!("parsed a run command")
         };
         let settings = args.settings().unwrap();
         assert_eq!(settings.consumer.release.max_held_bytes, 3 << 20);
+        assert_eq!((settings.consumer.release.max_ahead, settings.consumer.release.allowed_lateness), (90_000, 2_000));
         assert_eq!(settings.consumer.untimed_topics, ["catalogue"]);
         assert_eq!((settings.consumer.batch_size, settings.more_topics.as_slice()), (9, &["catalogue".to_owned()][..]));
     }

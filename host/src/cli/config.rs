@@ -641,6 +641,44 @@ mod tests {
         assert!(error.starts_with("unknown setting `print-config`"), "{error}");
     }
 
+    /// The event-time bounds of `run` (`max-event-time-ahead`,
+    /// `allowed-lateness`): flag > environment > file > default, and a
+    /// negative, unparsable or too large span refused naming the setting,
+    /// its source and what is wanted.
+    #[test]
+    fn the_event_time_spans_come_from_every_source_and_bad_ones_are_refused() {
+        let spans = |layered: Layered| match layered.cli.command {
+            Command::Run(args) => (args.max_event_time_ahead, args.allowed_lateness),
+            _ => panic!("not run"),
+        };
+        let (secs, defaults) = (std::time::Duration::from_secs, parse_with(&BASE, &[], None).unwrap());
+        assert_eq!(spans(defaults), (secs(3600), secs(0)));
+        let file = "max-event-time-ahead = \"2h\"\nallowed-lateness = \"5s\"\n";
+        assert_eq!(spans(parse_with(&BASE, &[], Some(file)).unwrap()), (secs(7200), secs(5)));
+        let env = [("WAKU_ALLOWED_LATENESS", "3s"), ("WAKU_MAX_EVENT_TIME_AHEAD", "10m")];
+        assert_eq!(spans(parse_with(&BASE, &env, Some(file)).unwrap()), (secs(600), secs(3)));
+        let flags = [&BASE[..], &["--allowed-lateness", "1s", "--max-event-time-ahead", "90s"]].concat();
+        assert_eq!(spans(parse_with(&flags, &env, Some(file)).unwrap()), (secs(90), secs(1)));
+
+        let error = parse_with(&BASE, &[("WAKU_ALLOWED_LATENESS", "-5s")], None).err().unwrap();
+        assert!(
+            error.starts_with("bad value `-5s` for setting `allowed-lateness` from environment variable")
+                && error.contains("is negative"),
+            "{error}"
+        );
+        let error = parse_with(&BASE, &[], Some("max-event-time-ahead = \"soonish\"\n")).err().unwrap();
+        assert!(
+            error.starts_with("bad value `soonish` for setting `max-event-time-ahead` from file <file>: ")
+                && error.contains("such as `90s`"),
+            "{error}"
+        );
+        let error = parse_with(&[&BASE[..], &["--max-event-time-ahead", "200years"]].concat(), &[], None);
+        let error = error.err().unwrap();
+        assert!(error.contains("`200years` is over the most allowed, 100years"), "{error}");
+        let error = parse_with(&[&BASE[..], &["--allowed-lateness", "-1s"]].concat(), &[], None).err().unwrap();
+        assert!(error.contains("allowed-lateness") && error.contains("is negative"), "{error}");
+    }
+
     #[test]
     fn a_bad_value_names_the_setting_and_its_source() {
         let error = parse_with(&BASE, &[("WAKU_WORKERS", "many")], None).err().unwrap();

@@ -51,6 +51,19 @@ pub(super) struct RunArgs {
     /// for several.
     #[arg(long = "untimed-topic", value_name = "TOPIC", value_delimiter = ',')]
     pub(super) untimed_topics: Vec<String>,
+    /// With several topics: the most an event time may be ahead of the
+    /// time the log appended its message (`90s`, `1h`, `2d`). An event
+    /// further ahead goes to the dead-letter topic with its reason instead
+    /// of holding or moving the clock (`waku dlq redrive` applies it).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = event_time_span, allow_hyphen_values = true)]
+    pub(super) max_event_time_ahead: Duration,
+    /// With several topics: how far the projection's clock trails the
+    /// evidence (`0s`, `2s`, `1m`), so that an event read at most this late
+    /// is still applied in event-time order; a later one is applied at once
+    /// and counted as late. Events within it of the latest event time wait
+    /// until the log says more.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = event_time_span, allow_hyphen_values = true)]
+    pub(super) allowed_lateness: Duration,
     /// The directory of the projection's modules (*.wasm).
     #[arg(long)]
     pub(super) modules: PathBuf,
@@ -122,6 +135,30 @@ pub(super) struct RunArgs {
     pub(super) print_config: bool,
 }
 
+/// The longest span of event time a setting takes
+/// (`--max-event-time-ahead`, `--allowed-lateness`): 100 years (of 365.25
+/// days, as durations are written: `100years`).
+const MAX_EVENT_TIME_SPAN: Duration = Duration::from_secs(3_155_760_000);
+
+/// Parses a span of event time: a duration such as `90s`, `5m` or `1h`,
+/// not negative, at most [`MAX_EVENT_TIME_SPAN`].
+pub(super) fn event_time_span(text: &str) -> Result<Duration, String> {
+    if text.trim_start().starts_with('-') {
+        return Err(format!("`{text}` is negative; give a duration of 0s or more, such as `5s` or `1h`"));
+    }
+    let span = humantime::parse_duration(text)
+        .map_err(|error| format!("`{text}` is not a duration ({error}); give one such as `90s`, `5m` or `1h`"))?;
+    if span > MAX_EVENT_TIME_SPAN {
+        return Err(format!("`{text}` is over the most allowed, {}", humantime::format_duration(MAX_EVENT_TIME_SPAN)));
+    }
+    Ok(span)
+}
+
+/// Milliseconds of a span [`event_time_span`] accepted (it fits).
+fn span_millis(span: Duration) -> wakuwaku_core::release::Millis {
+    wakuwaku_core::release::Millis::try_from(span.as_millis()).unwrap_or(wakuwaku_core::release::Millis::MAX)
+}
+
 /// Parses a `--module-ref`.
 pub(super) fn module_ref(text: &str) -> Result<crate::oci::ModuleRef, String> {
     text.parse().map_err(|error: crate::oci::OciError| error.to_string())
@@ -147,6 +184,8 @@ impl RunArgs {
         self.consume.apply(&mut settings)?;
         // After the consumer's configuration is made, which would reset them.
         settings.consumer.release.max_held_bytes = self.max_held_mib << 20;
+        settings.consumer.release.max_ahead = span_millis(self.max_event_time_ahead);
+        settings.consumer.release.allowed_lateness = span_millis(self.allowed_lateness);
         settings.consumer.untimed_topics = self.untimed_topics.clone();
         settings.create_topic = self.create_topic;
         settings.compile_cache = match (&self.compile_cache, self.no_compile_cache) {

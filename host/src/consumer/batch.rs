@@ -59,6 +59,9 @@ enum Unreadable {
     Headers(HeaderError),
     /// Its type declares event time and it carries none.
     Declared(ContractError),
+    /// Its event time is too far ahead of its append time: the release
+    /// stage refused it, for this reason.
+    TooFarAhead(String),
 }
 
 /// What runs a partition's batches, from records to the commit they make:
@@ -195,11 +198,16 @@ impl BatchRunner {
         let mut tally = BatchTally::default();
         buffers.input.clear();
         let now = routing::now_ms();
+        let refused = match advance {
+            Advance::Released(progress) => Some(&progress.refused).filter(|refused| !refused.is_empty()),
+            Advance::Topic(_) => None,
+        };
         for view in records.iter() {
+            let refusal = refused.and_then(|refused| refused.get(&(view.input(), view.offset())));
             self.take_polled(
                 partition,
                 view,
-                (queue, &modules, now),
+                (queue, &modules, now, refusal.map(String::as_str)),
                 &mut buffers.input,
                 (&mut commit, &mut summary, &mut tally),
             );
@@ -225,7 +233,7 @@ impl BatchRunner {
         &self,
         partition: u32,
         view: RecordView<'_>,
-        (queue, modules, now): (&RetryQueue, &ModuleSet, u64),
+        (queue, modules, now, refusal): (&RetryQueue, &ModuleSet, u64, Option<&str>),
         input: &mut BatchInput,
         (commit, summary, tally): (&mut BatchCommit, &mut Summary, &mut BatchTally),
     ) {
@@ -234,9 +242,13 @@ impl BatchRunner {
         let topic = self.topic_name(view.input());
         // Unreadable headers, or a timed type's message without its
         // event time (`event-time-declared`), are dead-lettered.
-        let parsed = Envelope::parse(view.headers())
-            .and_then(|envelope| Ok((input.keys.number(envelope.key)?, envelope)))
-            .map_err(Unreadable::Headers)
+        let parsed = refusal
+            .map_or(Ok(()), |reason| Err(Unreadable::TooFarAhead(reason.to_owned())))
+            .and_then(|()| Envelope::parse(view.headers()).map_err(Unreadable::Headers))
+            .and_then(|envelope| {
+                let number = input.keys.number(envelope.key).map_err(|error| Unreadable::Headers(error.into()))?;
+                Ok((number, envelope))
+            })
             .and_then(|(number, mut envelope)| {
                 envelope.event_time =
                     modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
@@ -274,17 +286,20 @@ impl BatchRunner {
                 input.push(number, (envelope, timing), origin, tries, view.body().to_vec());
             }
             Err(error) => {
-                let stored = StoredRecord { offset: view.offset(), record: view.to_record() };
-                let reason = match error {
-                    Unreadable::Headers(error) => routing::malformed_reason(&stored.record, &error),
-                    Unreadable::Declared(error) => error.to_string(),
+                let stored = StoredRecord { offset: view.offset(), record: view.to_record(), append_time: None };
+                let (reason, what) = match error {
+                    Unreadable::Headers(error) => {
+                        (routing::malformed_reason(&stored.record, &error), "unreadable headers")
+                    }
+                    Unreadable::Declared(error) => (error.to_string(), "unreadable headers"),
+                    Unreadable::TooFarAhead(reason) => (reason, "an event time too far ahead"),
                 };
                 tracing::warn!(
                     projection = projection.name(),
                     topic,
                     partition,
                     offset = view.offset(),
-                    "message has unreadable headers and goes to the dead-letter topic: {reason}"
+                    "message has {what} and goes to the dead-letter topic: {reason}"
                 );
                 let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
                 commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));

@@ -1215,7 +1215,7 @@ impl<L: EventLog> Consumer<L> {
                         metrics.order_violations(self.projection.name(), progress.violations);
                     }
                     timed.committed(records, progress, &self.timing);
-                    self.progress.advance(partition, timed.committed_sum());
+                    self.progress.advance(partition, timed.gate_position());
                     batch
                 }
                 Err(error) => {

@@ -32,6 +32,19 @@
 //!   cannot be read passes at once too, and so does one of a timed type
 //!   without the header: the batch dead-letters both with the reason
 //!   (`event-time-declared` for the second), as in a one-topic batch.
+//! - **Event times are bounded by the log's evidence**: each record goes to
+//!   the stage with the time the log appended it
+//!   ([`crate::log::RecordView::append_time`]), and one whose event time is
+//!   further ahead of it than `--max-event-time-ahead`
+//!   ([`ReleaseLimits::max_ahead`]) is refused by the stage and
+//!   dead-lettered by the batch with a reason naming its event time, its
+//!   append time, the bound and the setting that raises it
+//!   ([`ReleasedProgress::refused`]). It never holds or moves a clock, so
+//!   every reading of the log (live, restart, reset, rebuild) judges it the
+//!   same way and no wall clock decides.
+//! - **The clock trails the evidence by `--allowed-lateness`**
+//!   ([`ReleaseLimits::allowed_lateness`]): an event read at most that late
+//!   is applied in its place.
 //! - **Late events are delivered, never dropped**: released at once,
 //!   counted (`order_violations` in the statistics, committed with the
 //!   batch; `waku_order_violations_total`) and logged with their key and
@@ -54,10 +67,12 @@
 //!   the dead-letter topic naming the topic it was read from.
 
 use wakuwaku_core::release::{
-    Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseStage, Released,
+    Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseLimits, ReleaseStage,
+    Released,
 };
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::timing_status::{PartitionTiming, TimingBoard};
 use super::{Consumer, ConsumerError, Polled, Step, release_marks};
@@ -95,6 +110,9 @@ pub(super) struct Timed {
     peak_held_bytes: u64,
     /// Which inputs were paused at the last read: a change is logged.
     paused: Vec<bool>,
+    /// The refused events among the pending ones, with their reasons
+    /// ([`ReleasedProgress::refused`]).
+    refused: HashMap<(u32, u64), String>,
 }
 
 /// What the partition commits with a batch of released events.
@@ -105,6 +123,10 @@ pub(super) struct ReleasedProgress {
     pub(super) checkpoint: Checkpoint,
     /// Late events among the batch (and since the last commit).
     pub(super) violations: u64,
+    /// The events of the batch whose event time is too far ahead of their
+    /// append time, by (input, offset): the batch dead-letters each with
+    /// its reason.
+    pub(super) refused: HashMap<(u32, u64), String>,
 }
 
 /// How a batch moves the partition on.
@@ -118,17 +140,28 @@ pub(super) enum Advance {
 impl Timed {
     /// Whether every input reached its end offset read at the start and
     /// nothing waits.
+    ///
+    /// Events still held once the stage is [settled](ReleaseStage::settled)
+    /// wait for evidence the log does not hold yet (an allowed lateness, a
+    /// processing time to come): they stay held, and the committed
+    /// positions stay before them.
     fn caught_up(&self) -> bool {
         self.pending.is_empty()
-            && self.stage.held_events() == 0
+            && (self.stage.held_events() == 0 || self.stage.settled())
             && (0..self.topics.len())
                 .all(|input| self.stage.input_status(input).is_some_and(|s| s.position >= self.start_ends[input]))
     }
 
-    /// The sum of the inputs' committed positions: what the caught-up gate
-    /// counts for a partition index.
-    pub(super) fn committed_sum(&self) -> u64 {
-        self.stage.checkpoint().inputs.iter().map(|input| input.commit).sum()
+    /// What the caught-up gate counts for a partition index: the sum of the
+    /// inputs' committed positions, or of their read positions once the
+    /// stage is settled and nothing released waits for its commit (what is
+    /// held then waits for evidence the log does not hold yet).
+    pub(super) fn gate_position(&self) -> u64 {
+        let checkpoint = self.stage.checkpoint();
+        if self.pending.is_empty() && self.stage.settled() {
+            return (0..self.topics.len()).filter_map(|input| self.stage.input_status(input)).map(|s| s.position).sum();
+        }
+        checkpoint.inputs.iter().map(|input| input.commit).sum()
     }
 
     /// The progress to commit with the pending events.
@@ -137,6 +170,7 @@ impl Timed {
             topics: self.topics.clone(),
             checkpoint: self.stage.checkpoint(),
             violations: self.stage.violations() - self.violations_committed,
+            refused: self.refused.clone(),
         }
     }
 
@@ -144,6 +178,7 @@ impl Timed {
     /// events.
     pub(super) fn committed(&mut self, batch: PolledBatch, progress: &ReleasedProgress, board: &TimingBoard) {
         self.violations_committed += progress.violations;
+        self.refused.clear();
         if let Some(since) = self.pending_since.take() {
             board.released(since.elapsed(), std::mem::take(&mut self.pending_in_order));
         }
@@ -204,6 +239,7 @@ impl<L: EventLog> Consumer<L> {
             pending_in_order: 0,
             peak_held_bytes: 0,
             paused: Vec::new(),
+            refused: HashMap::new(),
         };
         self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
         Ok(timed)
@@ -244,6 +280,10 @@ impl<L: EventLog> Consumer<L> {
         if !timed.pending.is_empty() {
             let progress = Advance::Released(timed.progress());
             return Ok(Polled::Batch(std::mem::take(&mut timed.pending), progress));
+        }
+        if timed.stage.settled() {
+            // Nothing to commit, but what is held waits for new evidence.
+            self.progress.advance(partition, timed.gate_position());
         }
         // Something read but nothing released: read on at once, the
         // clock waits for the other inputs.
@@ -331,11 +371,21 @@ impl<L: EventLog> Consumer<L> {
             input,
             offset: view.offset(),
             event_time,
+            append_time: view.append_time(),
             carried_time: envelope.and_then(|envelope| envelope.event_time),
             bytes: view.stored_len() as u64,
             payload: view.to_encoded(),
         };
         let admission = timed.stage.read(arrival, &mut timed.released)?;
+        if admission == Admission::Refused
+            && let Some(Released { release: Release::TooFarAhead { append_time }, event_time: Some(time), .. }) =
+                timed.released.last()
+        {
+            let reason = too_far_ahead(*time, *append_time, self.config.release);
+            // An input index fits: the inputs are the projection's topics.
+            let place = (u32::try_from(input).unwrap_or(u32::MAX), view.offset());
+            timed.refused.insert(place, reason);
+        }
         if admission == Admission::Released
             && let Some(Released { release: Release::Late { by }, event_time, .. }) = timed.released.last()
         {
@@ -362,6 +412,22 @@ impl<L: EventLog> Consumer<L> {
             metrics.event_time(self.projection.name(), &timing);
         }
         self.timing.update(timing);
+    }
+}
+
+/// Why an event of time `event_time`, appended at `append_time`, was
+/// refused under `limits`: what its dead letter says.
+pub(super) fn too_far_ahead(event_time: Millis, append_time: Option<Millis>, limits: ReleaseLimits) -> String {
+    let span = |millis: Millis| humantime::format_duration(Duration::from_millis(millis.unsigned_abs())).to_string();
+    let bound = span(limits.max_ahead);
+    match append_time {
+        Some(appended) => format!(
+            "event-time-ahead: event time {event_time} ms is {} ahead of the time the log appended it, {appended}              ms, over the bound of {bound} (--max-event-time-ahead, WAKU_MAX_EVENT_TIME_AHEAD,              `max-event-time-ahead` in waku.toml, raises it for later events); `waku dlq redrive` applies it",
+            span(event_time.saturating_sub(appended))
+        ),
+        None => format!(
+            "event-time-ahead: event time {event_time} ms is the largest time, which no clock passes (the log              keeps no append time for this record to bound it by)"
+        ),
     }
 }
 

@@ -269,6 +269,20 @@ impl EventLog for EmbeddedLog {
                 batch.push_encoded(offset, bytes)?;
                 Ok(if batch.is_full() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
             })?;
+            let span = batch.iter().next().map(|first| first.offset()).zip(batch.last().map(|last| last.offset()));
+            if let Some((first, last)) = span {
+                // Read after the records: every record scanned has its entry.
+                let times = inner.append_times(&topic, partition, first, last)?;
+                let mut times = times.into_iter().peekable();
+                let mut current = None;
+                batch.stamp_append_times(|offset| {
+                    while let Some(&(_, time)) = times.peek().filter(|entry| entry.0 <= offset) {
+                        current = i64::try_from(time).ok();
+                        times.next();
+                    }
+                    current
+                });
+            }
             Ok(batch)
         })
         .await
@@ -549,10 +563,57 @@ impl Inner {
                 Ok((_, rest)) => return Err(format!("{} trailing bytes", rest.len())),
                 Err(e) => return Err(e.to_string()),
             };
-            records.push(StoredRecord { offset, record });
+            records.push(StoredRecord { offset, record, append_time: None });
             Ok(ControlFlow::Continue(()))
         })?;
         Ok(records)
+    }
+
+    /// The `append-times` entries that cover offsets `first` to `last` of
+    /// `partition`, as (first offset, time), ascending: the last entry at or
+    /// before `first` (none when `first` was appended before the log kept
+    /// times), then every later one up to `last`. Entries ascend in time and
+    /// offset together, so the first one is found by a binary search over
+    /// time, a few dozen lookups, however long the partition's history.
+    fn append_times(&self, topic: &str, partition: u32, first: u64, last: u64) -> Result<Vec<(u64, u64)>, LogError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let times = match txn.open_table(APPEND_TIMES) {
+            Ok(times) => times,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.storage(e)),
+        };
+        // The first entry at or after `time`, as (time, first offset).
+        let at_or_after = |time: u64| -> Result<Option<(u64, u64)>, LogError> {
+            let mut range =
+                times.range((topic, partition, time)..=(topic, partition, u64::MAX)).map_err(|e| self.storage(e))?;
+            let entry = range.next().transpose().map_err(|e| self.storage(e))?;
+            Ok(entry.map(|(key, offset)| (key.value().2, offset.value())))
+        };
+        let (mut low, mut high, mut covering) = (0u64, u64::MAX, None);
+        while low <= high {
+            let middle = low + (high - low) / 2;
+            match at_or_after(middle)? {
+                Some((time, offset)) if offset <= first => {
+                    covering = Some(time);
+                    match time.checked_add(1) {
+                        Some(next) => low = next,
+                        None => break,
+                    }
+                }
+                _ if middle == 0 => break,
+                _ => high = middle - 1,
+            }
+        }
+        let mut found = Vec::new();
+        let range = times.range((topic, partition, covering.unwrap_or(0))..=(topic, partition, u64::MAX));
+        for entry in range.map_err(|e| self.storage(e))? {
+            let (key, offset) = entry.map_err(|e| self.storage(e))?;
+            if offset.value() > last {
+                break;
+            }
+            found.push((offset.value(), key.value().2));
+        }
+        Ok(found)
     }
 
     /// Hands `visit` the stored encoding of up to `max` records from offset
@@ -896,6 +957,39 @@ mod tests {
         log.append("t", vec![(0, records(3..5))]).await.unwrap();
         assert_eq!(log.offset_at("t", 0, SystemTime::UNIX_EPOCH).await.unwrap(), 3);
         assert_eq!(offsets(&log.read("t", 0, 0, 10).await.unwrap()), vec![0, 1, 2, 3, 4]);
+        // A poll says no append time for the records of the earlier build.
+        let polled = log.poll("t", 0, 0, 10, PolledBatch::new()).await.unwrap();
+        let times: Vec<bool> = polled.iter().map(|view| view.append_time().is_some()).collect();
+        assert_eq!(times, [false, false, false, true, true]);
+    }
+
+    /// Every polled record carries the time its append was stored, from
+    /// any offset on: 40 appends in different milliseconds, polled from
+    /// every offset, each record's time within its append's call and the
+    /// times never going back.
+    #[tokio::test]
+    async fn a_poll_gives_each_record_the_time_it_was_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir);
+        log.create_topic("t", 1).await.unwrap();
+        let mut windows = Vec::new();
+        for first in (0..80).step_by(2) {
+            let before = unix_millis(SystemTime::now());
+            log.append("t", vec![(0, records(first..first + 2))]).await.unwrap();
+            let after = unix_millis(SystemTime::now());
+            windows.extend([(before, after); 2]);
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        for from in 0..80u64 {
+            let polled = log.poll("t", 0, from, 7, PolledBatch::new()).await.unwrap();
+            let mut last = 0;
+            for view in polled.iter() {
+                let time = u64::try_from(view.append_time().expect("appended with a time")).unwrap();
+                let (before, after) = windows[view.offset() as usize];
+                assert!(before <= time && time <= after && time >= last, "offset {}: {time}", view.offset());
+                last = time;
+            }
+        }
     }
 
     #[tokio::test]

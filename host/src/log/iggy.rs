@@ -1127,7 +1127,9 @@ fn from_message(message: IggyMessage) -> StoredRecord {
     // a header error.
     let (headers, empty_body) = message.user_headers.as_deref().and_then(decode_headers).unwrap_or_default();
     let body = if empty_body { Vec::new() } else { message.payload.to_vec() };
-    StoredRecord { offset: message.header.offset, record: Record { headers, body } }
+    // Iggy stamps each message with the microsecond it was appended.
+    let append_time = i64::try_from(message.header.timestamp / 1000).ok();
+    StoredRecord { offset: message.header.offset, record: Record { headers, body }, append_time }
 }
 
 /// The headers in a message's user-header bytes, by name (pieces of a split

@@ -141,6 +141,10 @@ pub struct StoredRecord {
     pub offset: u64,
     /// The record itself.
     pub record: Record,
+    /// When the log appended it (ms since the Unix epoch), where the log
+    /// says so when reading (Iggy's message timestamp); the embedded log
+    /// gives it in [`EventLog::poll`] only ([`RecordView::append_time`]).
+    pub append_time: Option<i64>,
 }
 
 /// Why a log operation failed.
@@ -560,7 +564,9 @@ fn push_stored(batch: &mut PolledBatch, topic: &str, partition: u32, stored: &St
         partition,
         offset: stored.offset,
         reason,
-    })
+    })?;
+    batch.stamp_last(stored.append_time);
+    Ok(())
 }
 
 /// Either backend, chosen at run time (the command line's `--iggy`).

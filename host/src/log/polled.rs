@@ -23,6 +23,11 @@
 //!   and [`PolledBatch::push_record`] copies them into another batch as
 //!   they are: never decoded into headers and a body, never encoded or
 //!   checked again. The release stage holds records so.
+//! - **A polled record says when the log appended it**
+//!   ([`RecordView::append_time`]), where the log keeps that (the embedded
+//!   log's `append-times`, Iggy's message timestamps): the evidence the
+//!   release stage bounds event times by. A record taken into another batch
+//!   ([`PolledBatch::push_record`]) has none: it was judged when polled.
 //! - **A batch gathered from several inputs says where each record came
 //!   from** ([`RecordView::input`]: for a projection over several topics,
 //!   the topic's index); 0 for every record of a poll.
@@ -62,6 +67,9 @@ struct Entry {
     offset: u64,
     /// The input it came from ([`RecordView::input`]).
     input: u32,
+    /// When the log appended it, in ms since the Unix epoch
+    /// ([`RecordView::append_time`]).
+    append_time: Option<i64>,
     /// Where its encoding starts (its header count).
     start: usize,
     /// Where its first header starts (after the header count).
@@ -76,7 +84,8 @@ impl Entry {
     /// The entry of the record of `offset` read from `input`, whose
     /// encoding starts at `start` and has the parts `layout` says.
     fn placed(offset: u64, input: u32, start: usize, Layout { headers, count, body }: Layout) -> Self {
-        Entry { offset, input, start, headers: start + headers, count, body: (start + body.0, start + body.1) }
+        let body = (start + body.0, start + body.1);
+        Entry { offset, input, append_time: None, start, headers: start + headers, count, body }
     }
 }
 
@@ -162,6 +171,21 @@ impl PolledBatch {
                 self.bytes.truncate(start);
                 Err(reason)
             }
+        }
+    }
+
+    /// Gives every record the append time `append_time` answers for its
+    /// offset ([`RecordView::append_time`]).
+    pub fn stamp_append_times(&mut self, mut append_time: impl FnMut(u64) -> Option<i64>) {
+        for entry in &mut self.records {
+            entry.append_time = append_time(entry.offset);
+        }
+    }
+
+    /// Gives the last record pushed the append time `millis`.
+    pub fn stamp_last(&mut self, millis: Option<i64>) {
+        if let Some(entry) = self.records.last_mut() {
+            entry.append_time = millis;
         }
     }
 
@@ -264,6 +288,13 @@ impl<'a> RecordView<'a> {
     /// ([`PolledBatch::push_record`]); 0 in a poll.
     pub fn input(&self) -> u32 {
         self.entry.input
+    }
+
+    /// When the log appended it, in milliseconds since the Unix epoch: none
+    /// where the log does not say (a record written before the embedded log
+    /// kept append times, or one taken into another batch).
+    pub fn append_time(&self) -> Option<i64> {
+        self.entry.append_time
     }
 
     /// The user headers, in the order they were written: name and value

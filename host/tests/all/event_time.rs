@@ -28,13 +28,23 @@ use wakuwaku::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::state::StateStore;
 use wakuwaku::stats::Stat;
 
-use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command};
+use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command, waku_within};
 
 pub(crate) const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
 const LEDGER: EventTypeTag = EventTypeTag::new(51);
 /// 2026-12-02T00:00:00Z, in ms.
 const BASE_MS: i64 = 1_796_169_600_000;
+/// 9999-12-31T23:59:59Z, in ms.
+const YEAR_9999_MS: i64 = 253_402_300_799_000;
+/// How long a run that must end may take before the test calls it stuck.
+const MUST_END_WITHIN: Duration = Duration::from_secs(180);
+
+/// The time now, in ms since the epoch.
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
 
 /// One ledger entry to publish.
 #[derive(Debug, Clone, Copy)]
@@ -135,6 +145,7 @@ pub(crate) fn run_args() -> Vec<&'static str> {
 }
 
 /// What the projection holds at the end.
+#[derive(Debug, PartialEq)]
 struct Outcome {
     applied_entries: i128,
     out_of_order: Option<i128>,
@@ -144,12 +155,22 @@ struct Outcome {
 }
 
 fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
-    let store = StateStore::open(&dir.join("data/projections/ledger.redb")).unwrap();
+    outcome_of(dir, module, 0..keys, "ledger")
+}
+
+/// What `projection` holds at the end.
+fn outcome_of(
+    dir: &Path,
+    module: &Arc<dyn HandlerModule>,
+    keys: impl IntoIterator<Item = u64>,
+    projection: &str,
+) -> Outcome {
+    let store = StateStore::open(&dir.join(format!("data/projections/{projection}.redb"))).unwrap();
     let counters: HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     let stats = store.stats().unwrap();
     let mut instance = module.instantiate().unwrap();
     let (mut balances, mut last_seq) = (HashMap::new(), HashMap::new());
-    for key in 0..keys {
+    for key in keys {
         let body = serde_json::json!({ "key": key, "seq": 0, "amount": 0, "fail": null, "ordering": "relaxed" });
         let state_key = instance.key(LEDGER, &serde_json::to_vec(&body).unwrap()).unwrap();
         let read = |name: &str| store.get(&state_key, name).unwrap();
@@ -578,4 +599,152 @@ async fn killing_the_host_while_inputs_are_paused_for_alignment_loses_nothing() 
     assert_eq!(found.out_of_order, None, "a key saw its entries out of event-time order");
     assert_eq!(found.applied_entries, (keys * per_key) as i128, "not exactly once");
     assert_eq!(found.balances, oracle_balances(&entries));
+}
+
+/// Event times at the ends of `i64`, in the year 9999 and two hours ahead
+/// of the log, on one key (99) among other keys' entries over both topics:
+/// the three too far ahead of the time the log appended them are
+/// dead-lettered, each with a reason naming its event time, its append
+/// time, the bound and the setting; the run ends; key 99's others (from
+/// `i64::MIN` on) and every other key are applied in event-time order with
+/// no late event. A later run over newer entries, with one more far ahead
+/// among them, finds the clock where the ordinary events left it: nothing
+/// late, nothing out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_times_far_ahead_of_the_log_are_dead_lettered_and_freeze_or_reorder_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let (keys, per_key) = (6, 10);
+    let entries = workload(keys, per_key, 44, false);
+    let extreme = [
+        ("a", Entry { key: 99, seq: 1, amount: 1, event_time: i64::MIN }),
+        ("b", Entry { key: 99, seq: 2, amount: 2, event_time: -5 }),
+        ("a", Entry { key: 99, seq: 3, amount: 4, event_time: 0 }),
+        ("b", Entry { key: 99, seq: 4, amount: 8, event_time: i64::MAX }),
+        ("a", Entry { key: 99, seq: 5, amount: 16, event_time: YEAR_9999_MS }),
+        ("b", Entry { key: 99, seq: 6, amount: 32, event_time: now_ms() + 2 * 3_600_000 }),
+    ];
+    // Key 99's entries first: its admitted ones are the earliest times.
+    publish(dir.path(), &module, &extreme).await;
+    publish(dir.path(), &module, &entries).await;
+
+    let run = waku_within(&run_args(), dir.path(), MUST_END_WITHIN).expect("the run ends");
+    let stderr = text(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(!stderr.contains("late event"), "{stderr}");
+    let refused: Vec<&str> = stderr.lines().filter(|line| line.contains("an event time too far ahead")).collect();
+    assert_eq!(refused.len(), 3, "{stderr}");
+    let largest = refused.iter().find(|line| line.contains("event time 9223372036854775807 ms")).expect("i64::MAX");
+    assert!(
+        largest.contains("ahead of the time the log appended it")
+            && largest.contains("over the bound of 1h")
+            && largest.contains("--max-event-time-ahead")
+            && largest.contains("WAKU_MAX_EVENT_TIME_AHEAD"),
+        "{largest}"
+    );
+    let store = StateStore::open(&dir.path().join("data/projections/ledger.redb")).unwrap();
+    assert_eq!(store.stats().unwrap()[Stat::DeadLettered], 3);
+    drop(store);
+    let found = outcome_of(dir.path(), &module, (0..keys).chain([99]), "ledger");
+    assert_eq!(found.out_of_order, None, "a key saw its entries out of event-time order");
+    assert_eq!((found.violations, found.applied_entries), (0, (keys * per_key + 3) as i128));
+    let mut expected = oracle_balances(&entries);
+    expected.insert(99, 1 + 2 + 4);
+    assert_eq!((found.balances, found.last_seq[&99]), (expected, 3));
+
+    // Later entries, one of key 99 far ahead among them.
+    let later: Vec<(&str, Entry)> = (0..keys)
+        .map(|key| ("b", Entry { key, seq: per_key + 1, amount: 1, event_time: BASE_MS + 60_000 + key as i64 }))
+        .chain([("a", Entry { key: 99, seq: 7, amount: 64, event_time: YEAR_9999_MS })])
+        .chain((0..keys).map(|key| ("a", Entry { key, seq: per_key + 2, amount: 1, event_time: BASE_MS + 61_000 })))
+        .collect();
+    publish(dir.path(), &module, &later).await;
+    let run = waku_within(&run_args(), dir.path(), MUST_END_WITHIN).expect("the second run ends");
+    let stderr = text(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(!stderr.contains("late event"), "{stderr}");
+    let found = outcome_of(dir.path(), &module, (0..keys).chain([99]), "ledger");
+    assert_eq!((found.out_of_order, found.violations), (None, 0));
+    assert_eq!(found.applied_entries, (keys * (per_key + 2) + 3) as i128);
+    assert!((0..keys).all(|key| found.last_seq[&key] == per_key + 2), "{:?}", found.last_seq);
+}
+
+/// `waku test` with two files whose timed entries are stamped at the ends
+/// of `i64`, at 0, before the epoch, in the year 9999 and two hours ahead:
+/// it ends, applies what is not too far ahead in event-time order across
+/// the files, and the other key's entries are all applied in order.
+#[test]
+fn waku_test_with_extreme_event_times_over_several_files_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = probe_wasm().display().to_string();
+    let ahead = now_ms() + 2 * 3_600_000;
+    let a = [(1, 1, i64::MIN), (2, 1, BASE_MS + 1), (1, 3, 0), (2, 3, BASE_MS + 3), (1, 5, i64::MAX)];
+    let b = [(1, 2, -5), (2, 2, BASE_MS + 2), (1, 4, YEAR_9999_MS), (2, 4, BASE_MS + 4), (1, 6, ahead)];
+    let lines = |entries: &[(u64, u64, i64)]| -> String {
+        entries.iter().map(|&(key, seq, at)| timed_line(key, seq, Some(at))).collect::<Vec<_>>().join("\n")
+    };
+    std::fs::write(dir.path().join("a.jsonl"), lines(&a)).unwrap();
+    std::fs::write(dir.path().join("b.jsonl"), lines(&b)).unwrap();
+    let args = ["test", &probe, "a.jsonl", "b.jsonl", "--expect", "expected.json", "--update"];
+    let out = waku_within(&args, dir.path(), MUST_END_WITHIN).expect("waku test ends");
+    let outcome: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("expected.json")).unwrap()).unwrap();
+    assert!(outcome["counters"].get("out_of_order").is_none(), "applied out of event-time order: {outcome}");
+    assert_eq!(outcome["counters"]["ledger"], serde_json::json!(7), "{outcome}{}", text(&out.stderr));
+    let state =
+        |key: &str| (outcome["keys"][key]["state"]["seq"].clone(), outcome["keys"][key]["state"]["balance"].clone());
+    assert_eq!(state("1"), (serde_json::json!(3), serde_json::json!(6)), "{outcome}");
+    assert_eq!(state("2"), (serde_json::json!(4), serde_json::json!(10)), "{outcome}");
+}
+
+/// With `--allowed-lateness 2s`, a live entry read after one of a later
+/// event time (key 3: seq 12 is read, then seq 11, a second earlier) is
+/// applied in its place once the log's evidence passes both, and the live
+/// read model equals a second projection's that reads the same log from
+/// offset 0 (a replay). An entry later than the allowance is applied at
+/// once and counted as late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_within_the_allowed_lateness_is_applied_in_its_place_live_as_in_a_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(dir.path());
+    let entries = workload(4, 10, 9, false);
+    publish(dir.path(), &module, &entries).await;
+    let allowing = |projection: &'static str| {
+        let mut args = run_args();
+        args[4] = projection;
+        args.extend(["--allowed-lateness", "2s"]);
+        args
+    };
+    let run = |projection| {
+        let run = waku_within(&allowing(projection), dir.path(), MUST_END_WITHIN).expect("the run ends");
+        let stderr = text(&run.stderr);
+        assert!(run.status.success(), "{stderr}");
+        stderr
+    };
+    run("ledger");
+    for (topic, entry) in [
+        ("a", Entry { key: 3, seq: 12, amount: 7, event_time: BASE_MS + 12_000 }),
+        ("b", Entry { key: 3, seq: 11, amount: 5, event_time: BASE_MS + 11_000 }),
+        ("a", Entry { key: 3, seq: 13, amount: 3, event_time: BASE_MS + 15_000 }),
+    ] {
+        publish(dir.path(), &module, &[(topic, entry)]).await;
+        let stderr = run("ledger");
+        assert!(!stderr.contains("late event"), "{stderr}");
+    }
+    // Keys 1 and 2 share the other partition index, which read nothing
+    // new: its last 2 s of entries (seq 9 and 10) wait for evidence, and
+    // the run still ended (settled).
+    let live = outcome_of(dir.path(), &module, 0..4, "ledger");
+    assert_eq!((live.out_of_order, live.violations, live.applied_entries), (None, 0, 38), "{live:?}");
+    assert_eq!(live.last_seq[&3], 12, "13 waits for evidence 2 s past it");
+    assert_eq!((live.last_seq[&1], live.last_seq[&2]), (8, 8), "{live:?}");
+    run("replay");
+    assert_eq!(outcome_of(dir.path(), &module, 0..4, "replay"), live, "live and replay differ");
+
+    // 10 s of event time behind the clock's evidence: past the allowance.
+    publish(dir.path(), &module, &[("b", Entry { key: 2, seq: 11, amount: 1, event_time: BASE_MS + 5_000 })]).await;
+    let stderr = run("ledger");
+    assert!(stderr.contains("late event of key 2"), "{stderr}");
+    let found = outcome_of(dir.path(), &module, 0..4, "ledger");
+    assert_eq!((found.violations, found.applied_entries), (1, 39));
 }

@@ -23,6 +23,40 @@ pub fn waku(args: &[&str], dir: &Path) -> Output {
     waku_command(dir).args(args).output().expect("waku runs")
 }
 
+/// Runs `waku` with `args` in `dir`, killed if it has not ended within
+/// `limit`: its output, or `None` when it had to be killed (so a test of
+/// something that must end ends itself).
+pub fn waku_within(args: &[&str], dir: &Path, limit: Duration) -> Option<Output> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child =
+        waku_command(dir).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("waku runs");
+    // Read as it comes, so that a full pipe never stops the child.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waku can be waited for") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+    status.map(|status| Output { status, stdout, stderr })
+}
+
 /// Lossy text of a command's output.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -321,8 +321,11 @@ fn a_retryable_failure_sends_the_keys_unfinished_work_to_retry_past_its_fence_in
     // is written again, one attempt more, ahead of the records not reached,
     // which stay where they wait; the retry position stops at them.
     let taken = commit.outbox.iter().filter(|entry| entry.topic == routing::retry_topic("t"));
-    let stored =
-        taken.enumerate().map(|(offset, entry)| StoredRecord { offset: offset as u64, record: entry.record.clone() });
+    let stored = taken.enumerate().map(|(offset, entry)| StoredRecord {
+        offset: offset as u64,
+        record: entry.record.clone(),
+        append_time: None,
+    });
     let Finished { commit, summary, left, .. } = retried(stored.collect(), 4);
     let again: Vec<_> = routed_to(&commit, &routing::retry_topic("t"))
         .into_iter()
@@ -426,7 +429,8 @@ fn a_sorted_run_carries_each_events_own_attempts() {
             ahead_of: None,
             ordering: Some(Relaxed),
         };
-        StoredRecord { offset, record: routing::routed_record(&envelope, &routed, body.as_bytes().to_vec()) }
+        let record = routing::routed_record(&envelope, &routed, body.as_bytes().to_vec());
+        StoredRecord { offset, record, append_time: None }
     };
     let Finished { commit, .. } = retried(vec![stored(0, "ok", 3), stored(1, "fail", 0)], 2);
     let retry = routed_to(&commit, &routing::retry_topic("t"));
