@@ -341,21 +341,28 @@ async fn a_projection_cut_to_one_topic_applies_no_released_event_again() {
         .map(|(_, entry)| (if entry.seq <= 2 { "a" } else { "b" }, entry))
         .collect();
     publish(dir.path(), &module, &entries).await;
-    let mut stopped_with_gap = false;
+    let gap = || held_events(dir.path(), "a") == 0 && released_above_held(dir.path(), "b");
+    assert!(kill_until(dir.path(), gap), "no stop left `b` with released events above a held one, and `a` none held");
+    run_to_end(dir.path(), &run_args(&["b"], &[]));
+    assert_exact(dir.path(), &module, &entries, keys, "cut to topic `b`");
+}
+
+/// Runs the projection over `a` and `b` and SIGKILLs it a little later
+/// each time (from 300 ms after its partitions start), until `stopped_as`
+/// accepts what the store holds then; at most five times. Says whether it
+/// did.
+fn kill_until(dir: &Path, stopped_as: impl Fn() -> bool) -> bool {
     for attempt in 0..5u64 {
-        let (child, lines) = start(dir.path(), &run_args(&["a", "b"], &[]));
+        let (child, lines) = start(dir, &run_args(&["a", "b"], &[]));
         let mut seen = Vec::new();
         wait_for_line(&lines, &mut seen, |line| line.contains("reads 2 topics in event-time order"));
         std::thread::sleep(Duration::from_millis(300 + 200 * attempt));
         stop_it(child, Stop::Kill, &seen);
-        if held_events(dir.path(), "a") == 0 && released_above_held(dir.path(), "b") {
-            stopped_with_gap = true;
-            break;
+        if stopped_as() {
+            return true;
         }
     }
-    assert!(stopped_with_gap, "no stop left `b` with released events above a held one, and `a` with none held");
-    run_to_end(dir.path(), &run_args(&["b"], &[]));
-    assert_exact(dir.path(), &module, &entries, keys, "cut to topic `b`");
+    false
 }
 
 /// Whether some partition of `topic` has events below its `read_to` mark
@@ -409,19 +416,8 @@ async fn a_type_that_starts_declaring_event_time_applies_nothing_twice() {
     }
     publish(dir.path(), &module, &entries).await;
     put_untimed_version(dir.path());
-    let mut stopped_with_gap = false;
-    for attempt in 0..5u64 {
-        let (child, lines) = start(dir.path(), &run_args(&["a", "b"], &[]));
-        let mut seen = Vec::new();
-        wait_for_line(&lines, &mut seen, |line| line.contains("reads 2 topics in event-time order"));
-        std::thread::sleep(Duration::from_millis(300 + 200 * attempt));
-        stop_it(child, Stop::Kill, &seen);
-        if held_events(dir.path(), "b") > 0 && released_above_held(dir.path(), "b") {
-            stopped_with_gap = true;
-            break;
-        }
-    }
-    assert!(stopped_with_gap, "no stop left `b` holding its `Ordered` event with ledger entries released after it");
+    let gap = || held_events(dir.path(), "b") > 0 && released_above_held(dir.path(), "b");
+    assert!(kill_until(dir.path(), gap), "no stop left `b` holding its `Ordered` event with entries released after it");
     std::fs::copy(probe_wasm(), dir.path().join("modules/probe.wasm")).unwrap();
     run_to_end(dir.path(), &run_args(&["a", "b"], &["--adopt-modules"]));
     assert_exact(dir.path(), &module, &entries, keys, "the ledger became timed");
