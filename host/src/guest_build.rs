@@ -153,12 +153,15 @@ pub struct GuestBuild {
     pub release: bool,
     /// Hide the build tool's progress output (errors are still shown).
     pub quiet: bool,
+    /// Cargo features to turn on; Rust only. A build with other features
+    /// writes the same file name: give it a target directory of its own.
+    pub features: Vec<String>,
 }
 
 impl GuestBuild {
     /// A release build of the crate in `crate_dir`.
     pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
-        Self { crate_dir: crate_dir.into(), target_dir: None, release: true, quiet: false }
+        Self { crate_dir: crate_dir.into(), target_dir: None, release: true, quiet: false, features: Vec::new() }
     }
 
     /// Builds the guest and returns the path of the component: a crate
@@ -195,6 +198,9 @@ impl GuestBuild {
         }
         if self.quiet {
             cargo.arg("--quiet");
+        }
+        if !self.features.is_empty() {
+            cargo.arg("--features").arg(self.features.join(","));
         }
         if let Some(dir) = &self.target_dir {
             cargo.arg("--target-dir").arg(dir);

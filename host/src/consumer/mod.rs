@@ -206,6 +206,24 @@ pub enum ConsumerError {
         /// Each topic with its partition count, in the order given.
         counts: Vec<(String, u32)>,
     },
+    /// A topic the projection no longer reads holds events in the
+    /// partition index's release stage (its last checkpoint lists them):
+    /// run on without it, they would never be applied.
+    #[error(
+        "topic `{topic}` partition {partition} has {held} events held in the event-time stage (offsets from \
+         {first}), and the projection no longer reads it: run once more with it (`--topic {topic}`) until caught \
+         up, which applies every held event, then without it"
+    )]
+    HeldByRemovedTopic {
+        /// The topic no longer given.
+        topic: String,
+        /// The partition index.
+        partition: u32,
+        /// How many events its checkpoint lists as held.
+        held: u64,
+        /// The lowest held offset.
+        first: u64,
+    },
     /// The release stage refused a call: a bug in the host, never message
     /// content.
     #[error("the release stage refused a call: {0}")]
@@ -913,6 +931,7 @@ impl<L: EventLog> Consumer<L> {
     async fn partition_state(&self, partition: u32, end: Option<u64>) -> Result<PartitionState, ConsumerError> {
         let topic = self.projection.topic().to_owned();
         let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
+        release_marks::refuse_held_by_removed(self.projection.store(), self.projection.topics(), partition)?;
         let timed = match self.projection.topics().len() {
             1 => {
                 self.check_tail_at_start(&topic, partition, position).await?;

@@ -30,9 +30,16 @@
 //!   topics keep theirs, so adding a topic repeats nothing of the others.
 //!   After `waku reset`, which starts every position over, every mark is
 //!   gone with them and the whole stage starts fresh from the positions.
+//! - **A topic removed while it holds events is refused**
+//!   ([`refuse_held_by_removed`]): a topic no longer given whose marks
+//!   still list held events of the partition index would never have them
+//!   applied, so the partition does not start, and the error says to run
+//!   once more with the topic until caught up (which releases every held
+//!   event), then without it.
 
 use wakuwaku_core::release::{Checkpoint, HeldRun, InputCheckpoint, Millis};
 
+use super::ConsumerError;
 use crate::state::{BatchCommit, StateError, StateStore};
 
 /// The position names of the clock's halves.
@@ -131,6 +138,34 @@ pub(crate) fn restore(store: &StateStore, topics: &[String], partition: u32) -> 
         _ => None,
     };
     Ok(Checkpoint { clock, inputs })
+}
+
+/// Refuses to start `partition` when a topic not among `topics` still
+/// holds events there: its held list names them and its marks match its
+/// position.
+pub(crate) fn refuse_held_by_removed(
+    store: &StateStore,
+    topics: &[String],
+    partition: u32,
+) -> Result<(), ConsumerError> {
+    let prefix = "release:held-runs:";
+    for (name, at, runs) in store.positions()? {
+        let Some(topic) = name.strip_prefix(prefix) else { continue };
+        if at != partition || runs == 0 || topics.iter().any(|given| given == topic) {
+            continue;
+        }
+        let commit = store.position(topic, partition)?.unwrap_or(0);
+        let Some(read_to) = store.position(&read_to_name(topic), partition)?.filter(|&read_to| read_to >= commit)
+        else {
+            continue;
+        };
+        if let Some(held) = held_list(store, topic, partition, commit, read_to)?.filter(|held| !held.is_empty()) {
+            let count = held.iter().map(|run| run.end - run.start).sum();
+            let topic = topic.to_owned();
+            return Err(ConsumerError::HeldByRemovedTopic { topic, partition, held: count, first: held[0].start });
+        }
+    }
+    Ok(())
 }
 
 /// A topic's held list: none when its checkpoint was written before the

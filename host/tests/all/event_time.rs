@@ -32,9 +32,9 @@ use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, t
 
 pub(crate) const PARTITIONS: u32 = 2;
 /// The probe's `TimedLedger`.
-const LEDGER: EventTypeTag = EventTypeTag::new(51);
+pub(crate) const LEDGER: EventTypeTag = EventTypeTag::new(51);
 /// 2026-12-02T00:00:00Z, in ms.
-const BASE_MS: i64 = 1_796_169_600_000;
+pub(crate) const BASE_MS: i64 = 1_796_169_600_000;
 /// 9999-12-31T23:59:59Z, in ms.
 const YEAR_9999_MS: i64 = 253_402_300_799_000;
 /// How long a run that must end may take before the test calls it stuck.
@@ -146,15 +146,15 @@ pub(crate) fn run_args() -> Vec<&'static str> {
 
 /// What the projection holds at the end.
 #[derive(Debug, PartialEq)]
-struct Outcome {
-    applied_entries: i128,
-    out_of_order: Option<i128>,
-    violations: u64,
-    balances: HashMap<u64, i64>,
-    last_seq: HashMap<u64, u64>,
+pub(crate) struct Outcome {
+    pub(crate) applied_entries: i128,
+    pub(crate) out_of_order: Option<i128>,
+    pub(crate) violations: u64,
+    pub(crate) balances: HashMap<u64, i64>,
+    pub(crate) last_seq: HashMap<u64, u64>,
 }
 
-fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
+pub(crate) fn outcome(dir: &Path, module: &Arc<dyn HandlerModule>, keys: u64) -> Outcome {
     outcome_of(dir, module, 0..keys, "ledger")
 }
 
@@ -186,7 +186,7 @@ fn outcome_of(
     }
 }
 
-fn oracle_balances(entries: &[(&str, Entry)]) -> HashMap<u64, i64> {
+pub(crate) fn oracle_balances(entries: &[(&str, Entry)]) -> HashMap<u64, i64> {
     let mut balances = HashMap::new();
     for (_, entry) in entries {
         *balances.entry(entry.key).or_default() += entry.amount;

@@ -9,6 +9,7 @@ mod cli;
 mod docs_links;
 mod event_time;
 mod first_hour;
+mod held_across_restart;
 mod hostile_registry;
 mod oci;
 mod one_machine;

@@ -105,6 +105,23 @@ pub fn probe_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/probe"))
 }
 
+/// The probe built with the feature `untimed-ledger` (its `TimedLedger`
+/// declares no event time), once for this test binary, into a target
+/// directory of its own: the file has the probe's name.
+pub fn probe_untimed_ledger_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let build = GuestBuild {
+            target_dir: Some(root.join("target/guests/untimed-ledger")),
+            quiet: true,
+            features: vec!["untimed-ledger".to_owned()],
+            ..GuestBuild::new(root.join("tests/guests/probe"))
+        };
+        build.run().unwrap_or_else(|e| panic!("the probe with `untimed-ledger` builds: {e}"))
+    })
+}
+
 /// The component at `wasm` with a custom section appended: the same
 /// behaviour, another content hash, so another version.
 pub fn variant_of(wasm: &Path) -> Vec<u8> {

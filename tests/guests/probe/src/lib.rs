@@ -6,7 +6,10 @@
 //! events of several types reach it in, or call an import raw, many times,
 //! with values the SDK would never send.
 //!
-//! It declares that it emits to `notes-out` and `out`.
+//! It declares that it emits to `notes-out` and `out`. Built with the
+//! feature `untimed-ledger`, it is the same module but for one thing:
+//! `TimedLedger` declares no event time (a type that stops, or starts,
+//! declaring it between two versions).
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{
@@ -120,7 +123,9 @@ impl Event for TimedLedger {
     const TYPE_TAG: EventTypeTag = EventTypeTag::new(51);
     const NAME: &'static str = "TimedLedger";
     const MAX_BATCH: u32 = 1;
-    const TIMING: EventTiming = EventTiming::Timed;
+    // Built with `untimed-ledger`, the type declares no event time.
+    const TIMING: EventTiming =
+        if cfg!(feature = "untimed-ledger") { EventTiming::Untimed } else { EventTiming::Timed };
     type Key = ProbeKey;
 
     fn key(&self) -> ProbeKey {
@@ -132,7 +137,7 @@ impl Event for TimedLedger {
     }
 
     fn event_time(&self) -> Option<i64> {
-        self.at
+        self.at.filter(|_| !cfg!(feature = "untimed-ledger"))
     }
 }
 
