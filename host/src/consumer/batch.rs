@@ -200,7 +200,7 @@ impl BatchRunner {
         let now = routing::now_ms();
         let refused = match advance {
             Advance::Released(progress) => Some(&progress.refused).filter(|refused| !refused.is_empty()),
-            Advance::Topic(_) => None,
+            Advance::Topic(_) | Advance::PastReleased(..) => None,
         };
         for view in records.iter() {
             let refusal = refused.and_then(|refused| refused.get(&(view.input(), view.offset())));
@@ -214,6 +214,10 @@ impl BatchRunner {
         }
         match advance {
             Advance::Topic(next) => commit.positions.push((projection.topic().to_owned(), partition, *next)),
+            Advance::PastReleased(next, marks) => {
+                commit.positions.push((projection.topic().to_owned(), partition, *next));
+                marks.add_to_commit(&mut commit, projection.topic(), partition, *next);
+            }
             Advance::Released(progress) => {
                 release_marks::add_to_commit(&mut commit, &progress.topics, partition, &progress.checkpoint);
                 summary.order_violations += progress.violations;

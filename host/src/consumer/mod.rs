@@ -224,6 +224,24 @@ pub enum ConsumerError {
         /// The lowest held offset.
         first: u64,
     },
+    /// A topic the projection now reads alone was read in the release
+    /// stage, and its checkpoint (written before checkpoints listed held
+    /// events) does not say which events below `read_to` were applied.
+    #[error(
+        "topic `{topic}` partition {partition} was read in event-time order with other topics up to offset \
+         {read_to}, and its checkpoint does not list which events from offset {commit} on were applied: run once \
+         more with the projection's other topics until caught up, then with `{topic}` alone"
+    )]
+    ReleasedUnlisted {
+        /// The topic read alone now.
+        topic: String,
+        /// The partition index.
+        partition: u32,
+        /// Its committed position.
+        commit: u64,
+        /// Where the release stage had read it to.
+        read_to: u64,
+    },
     /// The release stage refused a call: a bug in the host, never message
     /// content.
     #[error("the release stage refused a call: {0}")]
@@ -932,15 +950,16 @@ impl<L: EventLog> Consumer<L> {
         let topic = self.projection.topic().to_owned();
         let position = self.projection.store().position(&topic, partition)?.unwrap_or(0);
         release_marks::refuse_held_by_removed(self.projection.store(), self.projection.topics(), partition)?;
-        let timed = match self.projection.topics().len() {
+        let (timed, released) = match self.projection.topics().len() {
             1 => {
                 self.check_tail_at_start(&topic, partition, position).await?;
-                None
+                (None, release_marks::released_marks(self.projection.store(), &topic, partition)?.map(Arc::new))
             }
-            _ => Some(self.start_timed(partition).await?),
+            _ => (Some(self.start_timed(partition).await?), None),
         };
         Ok(PartitionState {
             timed,
+            released,
             position,
             known_end: end.unwrap_or(0).max(position),
             tail_checked: None,
@@ -1181,7 +1200,7 @@ impl<L: EventLog> Consumer<L> {
         }
         let spare = std::mem::take(&mut state.spare);
         let topic = self.projection.topic();
-        let records = self.log.poll(topic, partition, state.position, want, spare).await?;
+        let mut records = self.log.poll(topic, partition, state.position, want, spare).await?;
         let Some(last) = records.last() else {
             state.spare = records;
             self.check_tail(partition, state).await?;
@@ -1190,7 +1209,14 @@ impl<L: EventLog> Consumer<L> {
             return Ok(Polled::Nothing(Step::Idle(wait)));
         };
         let next = last.offset() + 1;
-        Ok(Polled::Batch(records, Advance::Topic(next)))
+        let advance = match &state.released {
+            Some(marks) => {
+                records.retain_offsets(|offset| !marks.applied(offset));
+                Advance::PastReleased(next, marks.clone())
+            }
+            None => Advance::Topic(next),
+        };
+        Ok(Polled::Batch(records, advance))
     }
 
     /// Plans, executes and commits a polled (or released) batch on a
@@ -1205,7 +1231,7 @@ impl<L: EventLog> Consumer<L> {
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
         state.in_flight = records.len() as u64;
-        if let Advance::Topic(next) = advance {
+        if let Some(next) = advance.next_offset() {
             self.progress.read(partition, next);
         }
         let mut runner = self.runner.clone();
@@ -1245,9 +1271,12 @@ impl<L: EventLog> Consumer<L> {
             (_, _) => {
                 state.spare = records;
                 let batch = batch?;
-                if let Advance::Topic(next) = advance {
+                if let Some(next) = advance.next_offset() {
                     state.position = next;
                     self.progress.advance(partition, next);
+                    if state.released.as_ref().is_some_and(|marks| next >= marks.read_to()) {
+                        state.released = None;
+                    }
                 }
                 batch
             }
@@ -1572,6 +1601,10 @@ struct PartitionState {
     /// The release stage, for a projection over several topics: the
     /// partition index is read across all of them in event-time order.
     timed: Option<timing::Timed>,
+    /// For a projection of one topic read in the release stage before
+    /// (cut from several): what the stage released above the position,
+    /// skipped until the position passes it.
+    released: Option<Arc<release_marks::ReleasedMarks>>,
     /// The events of the batch being processed (or last processed): what
     /// a refused commit redid.
     in_flight: u64,

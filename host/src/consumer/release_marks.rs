@@ -36,6 +36,15 @@
 //!   applied, so the partition does not start, and the error says to run
 //!   once more with the topic until caught up (which releases every held
 //!   event), then without it.
+//! - **A topic read alone after the stage skips what it released**
+//!   ([`ReleasedMarks`]): a projection cut to one of its topics reads
+//!   that topic from its position (its lowest held offset) without the
+//!   stage; every offset below its `read_to` that the held list does not
+//!   name was released and applied already, so it is skipped, and each
+//!   commit writes the held list again clipped at the new position, until
+//!   the position passes `read_to` and the marks no longer apply. A topic
+//!   whose checkpoint has no held list cannot say which were released: it
+//!   is refused, like a removed topic that holds events.
 
 use wakuwaku_core::release::{Checkpoint, HeldRun, InputCheckpoint, Millis};
 
@@ -168,6 +177,73 @@ pub(crate) fn refuse_held_by_removed(
     Ok(())
 }
 
+/// What a topic's marks say of the offsets from its position to its
+/// `read_to`, for a projection that reads it alone now: the offsets the
+/// held list names are still to be applied, every other one was released
+/// and applied already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReleasedMarks {
+    /// The first offset the release stage had not read.
+    read_to: u64,
+    /// The offsets still held, sorted, at or above the position.
+    held: Vec<HeldRun>,
+}
+
+impl ReleasedMarks {
+    /// The first offset past the marks: from there on, nothing was
+    /// released.
+    pub(crate) fn read_to(&self) -> u64 {
+        self.read_to
+    }
+
+    /// Whether the event at `offset` was released and applied already.
+    pub(crate) fn applied(&self, offset: u64) -> bool {
+        if offset >= self.read_to {
+            return false;
+        }
+        let after = self.held.partition_point(|run| run.start <= offset);
+        after.checked_sub(1).is_none_or(|run| offset >= self.held[run].end)
+    }
+
+    /// Adds the marks of `topic`'s `partition` as they stand once the
+    /// position is `next` to `commit`: the held list clipped at `next`, so
+    /// that a later start, alone or with the other topics again, finds
+    /// them consistent with the position.
+    pub(crate) fn add_to_commit(&self, commit: &mut BatchCommit, topic: &str, partition: u32, next: u64) {
+        let runs: Vec<HeldRun> = self
+            .held
+            .iter()
+            .filter(|run| run.end > next)
+            .map(|run| HeldRun { start: run.start.max(next), end: run.end })
+            .collect();
+        commit.positions.push((held_runs_name(topic), partition, runs.len() as u64));
+        for (at, run) in runs.iter().enumerate() {
+            commit.positions.push((held_start_name(topic, at), partition, run.start));
+            commit.positions.push((held_end_name(topic, at), partition, run.end));
+        }
+    }
+}
+
+/// The marks of `topic`'s `partition` for a projection that reads it alone:
+/// none when the release stage left nothing released above its position.
+/// A checkpoint without a held list is refused
+/// ([`ConsumerError::ReleasedUnlisted`]).
+pub(crate) fn released_marks(
+    store: &StateStore,
+    topic: &str,
+    partition: u32,
+) -> Result<Option<ReleasedMarks>, ConsumerError> {
+    let commit = store.position(topic, partition)?.unwrap_or(0);
+    let Some(read_to) = store.position(&read_to_name(topic), partition)?.filter(|&read_to| read_to > commit) else {
+        return Ok(None);
+    };
+    let Some(mut held) = held_list(store, topic, partition, commit, read_to)? else {
+        return Err(ConsumerError::ReleasedUnlisted { topic: topic.to_owned(), partition, commit, read_to });
+    };
+    held.sort_by_key(|run| run.start);
+    Ok(Some(ReleasedMarks { read_to, held }))
+}
+
 /// A topic's held list: none when its checkpoint was written before the
 /// list, or when the count cannot be runs of `commit..read_to`.
 fn held_list(
@@ -194,6 +270,50 @@ fn held_list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn released_marks_skip_what_is_not_held_and_clip_the_list_at_each_commit() {
+        let marks =
+            ReleasedMarks { read_to: 10, held: vec![HeldRun { start: 2, end: 4 }, HeldRun { start: 7, end: 8 }] };
+        let applied: Vec<u64> = (0..12).filter(|&offset| marks.applied(offset)).collect();
+        assert_eq!(applied, [0, 1, 4, 5, 6, 8, 9]);
+        let mut commit = BatchCommit::default();
+        marks.add_to_commit(&mut commit, "b", 3, 3);
+        let names: Vec<(&str, u64)> = commit.positions.iter().map(|(name, _, at)| (name.as_str(), *at)).collect();
+        assert_eq!(
+            names,
+            [
+                ("release:held-runs:b", 2),
+                ("release:held-start:b:0", 3),
+                ("release:held-end:b:0", 4),
+                ("release:held-start:b:1", 7),
+                ("release:held-end:b:1", 8),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_topic_read_alone_takes_its_marks_and_a_checkpoint_without_a_list_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("p.redb")).unwrap();
+        assert_eq!(released_marks(&store, "b", 0).unwrap(), None, "never read in the stage");
+        let mut commit = BatchCommit::default();
+        commit.positions.push(("b".to_owned(), 0, 3));
+        commit.positions.push((read_to_name("b"), 0, 9));
+        store.commit(commit).unwrap();
+        assert!(matches!(released_marks(&store, "b", 0), Err(ConsumerError::ReleasedUnlisted { read_to: 9, .. })));
+        let mut commit = BatchCommit::default();
+        commit.positions.push((held_runs_name("b"), 0, 1));
+        commit.positions.push((held_start_name("b", 0), 0, 3));
+        commit.positions.push((held_end_name("b", 0), 0, 5));
+        store.commit(commit).unwrap();
+        let marks = released_marks(&store, "b", 0).unwrap().unwrap();
+        assert_eq!(marks, ReleasedMarks { read_to: 9, held: vec![HeldRun { start: 3, end: 5 }] });
+        let mut commit = BatchCommit::default();
+        commit.positions.push(("b".to_owned(), 0, 9));
+        store.commit(commit).unwrap();
+        assert_eq!(released_marks(&store, "b", 0).unwrap(), None, "the position passed the marks");
+    }
 
     #[test]
     fn the_clock_keeps_its_order_as_a_position() {

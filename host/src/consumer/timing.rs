@@ -72,10 +72,12 @@ use wakuwaku_core::release::{
 };
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::release_marks::{self, ReleasedMarks};
 use super::timing_status::{PartitionTiming, TimingBoard};
-use super::{Consumer, ConsumerError, Polled, Step, release_marks};
+use super::{Consumer, ConsumerError, Polled, Step};
 use crate::event::Envelope;
 use crate::key::Key;
 use crate::log::{EncodedRecord, EventLog, PolledBatch, RecordView};
@@ -135,6 +137,21 @@ pub(super) enum Advance {
     Topic(u64),
     /// A batch of released events over several topics.
     Released(ReleasedProgress),
+    /// A batch polled from the one topic of a projection whose release
+    /// stage released events above its position (cut from several
+    /// topics): the next offset, and the marks, written again clipped at
+    /// it.
+    PastReleased(u64, Arc<ReleasedMarks>),
+}
+
+impl Advance {
+    /// The next offset of the one topic, for a batch polled from it.
+    pub(super) fn next_offset(&self) -> Option<u64> {
+        match self {
+            Advance::Topic(next) | Advance::PastReleased(next, _) => Some(*next),
+            Advance::Released(_) => None,
+        }
+    }
 }
 
 impl Timed {

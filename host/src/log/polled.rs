@@ -189,6 +189,12 @@ impl PolledBatch {
         }
     }
 
+    /// Keeps only the records whose offset `keep` accepts (their bytes
+    /// stay in the buffer until the next poll clears it).
+    pub fn retain_offsets(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        self.records.retain(|entry| keep(entry.offset));
+    }
+
     /// How many records the batch holds.
     pub fn len(&self) -> usize {
         self.records.len()

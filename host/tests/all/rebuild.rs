@@ -494,3 +494,53 @@ async fn a_waiting_shadow_over_two_topics_is_read_through_the_host_and_its_files
     kill(child);
     assert!(!check_old_or_replayed(dir.path(), &two, "after the rollback"));
 }
+
+/// A rebuild over two timed topics with an allowed lateness, run as the
+/// live projection is: both hold each partition index's last events, which
+/// wait for evidence the log does not hold yet. The shadow still counts as
+/// caught up (its release stage is settled, its positions where the live
+/// ones are) and is promoted; the promoted projection applied none late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_over_two_topics_with_an_allowed_lateness_is_promoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = event_time::probe(dir.path());
+    std::fs::create_dir_all(dir.path().join("new")).unwrap();
+    std::fs::write(dir.path().join("new/probe.wasm"), variant_of(probe_wasm())).unwrap();
+    event_time::publish(dir.path(), &module, &event_time::workload(LEDGER_KEYS, LEDGER_PER_KEY, 46, true)).await;
+    let lateness = ["--allowed-lateness", "2s"];
+    let run = waku(&[&event_time::run_args()[..], &lateness].concat(), dir.path());
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let held = |store: &StateStore| {
+        (0..event_time::PARTITIONS).any(|partition| {
+            let at = |topic: &str| store.position(topic, partition).unwrap().unwrap_or(0);
+            at("release:read-to:a") + at("release:read-to:b") > at("a") + at("b")
+        })
+    };
+    let live = StateStore::open(&dir.path().join("data/projections/ledger.redb")).unwrap();
+    assert!(held(&live), "the live projection holds events within the allowance");
+    drop(live);
+    let asked = waku(
+        &["rebuild", "--data", "data", "--projection", "ledger", "--topic", "a", "--topic", "b", "--modules", "new"],
+        dir.path(),
+    );
+    assert!(asked.status.success(), "{}", text(&asked.stderr));
+
+    let mut child = follow_ledger(dir.path(), &lateness);
+    let (pid, done) = (child.id(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let watchdog = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(180));
+        if !watchdog.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
+    let promoted = wait_for_line(&mut child, "promoted");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    kill(child);
+    assert!(promoted, "the shadow was never promoted within 180 s");
+    let paths = RebuildPaths::new(&dir.path().join("data"), "ledger");
+    let pointer = paths.pointer().unwrap().expect("a promotion moves the pointer");
+    assert_ne!(pointer.active, paths.original_store());
+    let store = open_state(&dir.path().join("data"), &StateSettings::Embedded, "ledger").unwrap();
+    assert_eq!(store.stats().unwrap()[Stat::OrderViolations], 0, "the shadow applied none late");
+}
