@@ -7,6 +7,6 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     wakuwaku::cli::main()
 }

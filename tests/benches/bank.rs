@@ -11,7 +11,7 @@
 //!    default 65 536 (fewer events per key per batch to fold).
 //! 5. **wasm, OpenTelemetry on**: as 1, exporting a span per batch, call
 //!    spans and the consumer metrics over OTLP/HTTP to a receiver in this
-//!    process that answers every request with 200 (`host/src/telemetry.rs`).
+//!    process that answers every request with 200 (`host/src/engine/telemetry.rs`).
 //!
 //! Each way consumes the same log into a fresh state store; each is checked
 //! against the oracle, so a fast wrong answer cannot win. Prints events/s
@@ -24,16 +24,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::engine::telemetry::Telemetry;
 use wakuwaku::event::EventHeaders;
-use wakuwaku::handler::{BatchBudget, HandlerModule, KeyScope, PayloadLimits};
 use wakuwaku::key::Key;
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::Projection;
-use wakuwaku::state::{BatchCommit, StateStore};
-use wakuwaku::telemetry::Telemetry;
+use wakuwaku::sandbox::handler::{BatchBudget, HandlerModule, KeyScope, PayloadLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::{BatchCommit, StateStore};
 use wakuwaku_tests::native::NativeModule;
 use wakuwaku_tests::{bank_log, bank_module};
 
@@ -58,7 +58,7 @@ fn main() {
         return;
     }
     // As the `waku` command does, so the figures match it.
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let collector = Collector::start();
     // SAFETY: no other thread runs yet (the collector's thread reads no
     // environment), and the telemetry way is the only reader.

@@ -21,13 +21,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::Host;
-use wakuwaku::log::{EventLog, IggyLog, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::operations::host::Host;
+use wakuwaku::storage::log::{EventLog, IggyLog, Record};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{bank_module, bank_wasm, fresh_stream, host_settings, iggy_url, json_record, probe_module};
 
 #[global_allocator]
@@ -50,7 +50,7 @@ struct Rates {
 
 fn main() {
     // As the `waku` command does, so the figures match it.
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let Some(url) = iggy_url("the durability benchmark") else { return };
     let spec = WorkloadSpec { events: env_or("WAKU_BENCH_EVENTS", 200_000), accounts: 10_000, seed: 42 };
     let rounds = env_or("WAKU_BENCH_ROUNDS", 2);

@@ -37,10 +37,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::Summary;
-use wakuwaku::host::{CompileCache, Host, HostSettings, ModuleSource};
-use wakuwaku::inventory_demo::{self, Encoder, InventorySpec, LATE_TOPIC, Planned, TIMED_TOPICS};
-use wakuwaku::log::{EmbeddedLog, EventLog, Record};
+use wakuwaku::authoring::inventory_demo::{self, Encoder, InventorySpec, LATE_TOPIC, Planned, TIMED_TOPICS};
+use wakuwaku::engine::consumer::Summary;
+use wakuwaku::operations::host::{CompileCache, Host, HostSettings, ModuleSource};
+use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku_core::release::{Arrival, ClockSource, Input, Millis, ReleaseLimits, ReleaseStage, Released};
 use wakuwaku_tests::inventory_module;
 
@@ -176,7 +176,7 @@ fn simulate_all(split: &[Vec<Vec<Planned>>], rule: Rule, slow: Option<usize>, li
 fn settings(
     data: &std::path::Path,
     topics: &[String],
-    module: &Arc<dyn wakuwaku::handler::HandlerModule>,
+    module: &Arc<dyn wakuwaku::sandbox::handler::HandlerModule>,
 ) -> HostSettings {
     let mut settings = HostSettings::new(data, "inventory", &topics[0], ModuleSource::Loaded(vec![module.clone()]));
     settings.more_topics = topics[1..].to_vec();
@@ -249,7 +249,7 @@ fn cpu_seconds() -> Option<f64> {
 #[tokio::main]
 async fn main() {
     // As the `waku` command does, so the figures match it.
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let spec = InventorySpec {
         history: env_or("WAKU_BENCH_EVENTS", 60_000),
         products: 1_000,

@@ -29,12 +29,12 @@ use std::time::Instant;
 use iggy::prelude::{
     Client, Consumer as IggyConsumer, HeaderKey, Identifier, IggyClient, MessageClient, PollingStrategy,
 };
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::event::header_name::{KEY, TAG};
-use wakuwaku::log::IggyLog;
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::storage::log::IggyLog;
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{bank_log, bank_module, bank_wasm, fresh_stream, iggy_url};
 
 // The allocator the `waku` command uses, so figures match the demo.
@@ -53,7 +53,7 @@ fn env_or(name: &str, default: usize) -> usize {
 
 fn main() {
     // As the `waku` command does, so the figures match it.
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let Some(url) = iggy_url("the Iggy benchmark") else { return };
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 1_000_000),

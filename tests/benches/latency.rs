@@ -12,7 +12,7 @@
 //!    partitions, at half that rate (an append per partition every
 //!    [`TICK`]). An event's latency runs from the return of the append
 //!    that wrote it to the first moment the consumer's committed position
-//!    (its [`Progress`](wakuwaku::progress::Progress), advanced after every
+//!    (its [`Progress`](wakuwaku::engine::progress::Progress), advanced after every
 //!    commit, read every 100 µs) is past it. Reported: p50, p99 and the
 //!    longest, also in average batches of the same run, and the oracle
 //!    check of the followed projection.
@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall};
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::log::{EmbeddedLog, EventLog, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{bank_log, bank_module};
 
 #[global_allocator]
@@ -80,7 +80,7 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return; // `cargo test` builds benches too; only run under `cargo bench`
     }
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let events = env_or("WAKU_BENCH_EVENTS", 400_000);
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();

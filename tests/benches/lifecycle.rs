@@ -18,14 +18,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall};
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::lifecycle::{Library, Reloader};
-use wakuwaku::log::EventLog;
-use wakuwaku::projection::Projection;
-use wakuwaku::runtime::{Sandbox, SandboxLimits, content_version};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::operations::lifecycle::{Library, Reloader};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, content_version};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::{bank_log, bank_module, bank_variant, check_call_order, read_partition};
 
 #[global_allocator]
@@ -89,7 +89,7 @@ async fn main() {
         return; // `cargo test` builds benches too; only run under `cargo bench`
     }
     // As the `waku` command does, so the figures match it.
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let dir = tempfile::tempdir().unwrap();
 
     // 1. Cold start.

@@ -41,13 +41,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::projection::Projection;
-use wakuwaku::publish;
-use wakuwaku::state::{PostgresStore, StateStore};
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::state::{PostgresStore, StateStore};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::proxy::{LatencyProxy, upstream_of};
 use wakuwaku_tests::{bank_log, bank_module, fresh_stream, publish_bank};
@@ -78,7 +78,7 @@ fn main() {
         println!("state bench: needs a PostgreSQL server named by WAKU_POSTGRES_URL");
         return;
     };
-    wakuwaku::memory::prefer_small_pages();
+    wakuwaku::platform::memory::prefer_small_pages();
     let only = std::env::var("WAKU_BENCH_ONLY").ok();
     let spec = WorkloadSpec {
         events: env_or("WAKU_BENCH_EVENTS", 200_000) as usize,

@@ -1,9 +1,9 @@
 //! A log (the embedded one unless told otherwise) with faults on cue, for
 //! tests of what the consumer does when its log misbehaves.
 
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::loss::Durability;
-use wakuwaku::log::{EventLog, LogError, Record, StoredRecord};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::loss::Durability;
+use wakuwaku::storage::log::{EventLog, LogError, Record, StoredRecord};
 
 /// A call a [`FaultyLog`] is about to make.
 #[derive(Debug, Clone, Copy)]

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventTypeTag};
-use wakuwaku::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope};
 use wakuwaku::key::Key;
+use wakuwaku::sandbox::handler::{CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope};
 
 /// A non-associative type, one event per call.
 pub const STEP: EventTypeTag = EventTypeTag::new(1);
@@ -117,7 +117,7 @@ impl Flaky {
     }
 
     /// Sequence numbers applied to `key`, in order, from committed state.
-    pub fn applied(store: &wakuwaku::state::StateStore, key: &Key) -> Vec<u64> {
+    pub fn applied(store: &wakuwaku::storage::state::StateStore, key: &Key) -> Vec<u64> {
         store.get(key, "seqs").unwrap().map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
     }
 }

@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::host::{Host, ModuleSource, RunningHost, StateSettings};
-use wakuwaku::log::IggyLog;
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::operations::host::{Host, ModuleSource, RunningHost, StateSettings};
+use wakuwaku::storage::log::IggyLog;
 
 use crate::{bank_wasm, host_settings};
 
@@ -57,7 +57,7 @@ impl GroupHost {
         // Loaded through the compile cache in `data`, as `waku run` loads
         // its modules: only the first host of a shared `data` compiles.
         let sandbox = settings.sandbox().unwrap();
-        let module = wakuwaku::projection::load_module_file(&sandbox, wasm).expect("the module loads");
+        let module = wakuwaku::engine::projection::load_module_file(&sandbox, wasm).expect("the module loads");
         settings.modules = ModuleSource::Loaded(vec![module]);
         let host = runtime.block_on(async {
             let log = Arc::new(IggyLog::connect(url, stream).await.unwrap());
@@ -73,7 +73,7 @@ impl GroupHost {
 
     /// Its caught-up gate: per partition held, the committed position and
     /// what was read past it (the batch in flight).
-    pub fn progress(&self) -> Arc<wakuwaku::progress::Progress> {
+    pub fn progress(&self) -> Arc<wakuwaku::engine::progress::Progress> {
         self.host.as_ref().unwrap().progress().clone()
     }
 
@@ -84,7 +84,7 @@ impl GroupHost {
 
     /// What its release stages show (a projection over several topics):
     /// per partition index held, each topic's input.
-    pub fn timing(&self) -> Vec<wakuwaku::consumer::PartitionTiming> {
+    pub fn timing(&self) -> Vec<wakuwaku::engine::consumer::PartitionTiming> {
         self.host.as_ref().unwrap().timing().snapshot()
     }
 
@@ -97,7 +97,7 @@ impl GroupHost {
     /// Stops it as `waku run` stops on a signal (its batches in flight
     /// committed, its partitions let go, the group left) and says what it
     /// did.
-    pub fn stop(mut self) -> wakuwaku::consumer::Summary {
+    pub fn stop(mut self) -> wakuwaku::engine::consumer::Summary {
         let (runtime, host) = (self.runtime.take().unwrap(), self.host.take().unwrap());
         runtime.block_on(host.stop()).unwrap()
     }

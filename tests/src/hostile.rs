@@ -18,12 +18,12 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::HandlerModule;
 use wakuwaku::key::Key;
-use wakuwaku::log::Record;
-use wakuwaku::runtime::Sandbox;
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stat;
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::sandbox::runtime::Sandbox;
+use wakuwaku::storage::log::Record;
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stat;
 
 use crate::{guest_wasm, json_record};
 
@@ -151,7 +151,7 @@ pub fn hostile_wasm() -> PathBuf {
 
 /// Loads the hostile module into `sandbox`.
 pub fn hostile_module(sandbox: &Sandbox) -> Arc<dyn HandlerModule> {
-    wakuwaku::projection::load_module_file(sandbox, &hostile_wasm()).expect("the hostile module loads")
+    wakuwaku::engine::projection::load_module_file(sandbox, &hostile_wasm()).expect("the hostile module loads")
 }
 
 /// The name an attack's tag is declared under.

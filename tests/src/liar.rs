@@ -7,7 +7,7 @@
 //!
 //! [`liar`] builds one from component text: a core module with a bump
 //! allocator, lifted as the `handler` interface of the contract's previous
-//! version ([`wakuwaku::runtime::CONTRACT_0_2`], which the host still
+//! version ([`wakuwaku::sandbox::runtime::CONTRACT_0_2`], which the host still
 //! loads: no `event-time` export, no `timing` in an event type, so the
 //! records below keep their layout). It imports nothing, so it loads into
 //! any sandbox. What `describe` returns is chosen with
@@ -109,7 +109,7 @@ fn wat_bytes(bytes: &[u8]) -> String {
 /// The package and version of the contract the liars are built for:
 /// `wakuwaku:handler` and `0.2.0`.
 fn contract() -> (&'static str, &'static str) {
-    wakuwaku::runtime::CONTRACT_0_2.split_once('@').expect("a versioned package")
+    wakuwaku::sandbox::runtime::CONTRACT_0_2.split_once('@').expect("a versioned package")
 }
 
 // Long because it is one module's text, written out as the host reads it.
@@ -325,7 +325,7 @@ pub fn old_contract() -> Vec<u8> {
 /// `describe`). No SDK builds such a thing; the host refuses it.
 pub fn mixed_contract() -> Vec<u8> {
     let (package, previous) = contract();
-    let current = wakuwaku::runtime::CONTRACT.split_once('@').expect("a versioned package").1;
+    let current = wakuwaku::sandbox::runtime::CONTRACT.split_once('@').expect("a versioned package").1;
     wat::parse_str(format!(
         r#"(component
             (import "{package}/log@{previous}" (instance))

@@ -30,19 +30,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::FxHashMap;
-use wakuwaku::consumer::{CallObserver, ConsumerConfig, RunCall, Summary};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::guest_build::GuestBuild;
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::{CallObserver, ConsumerConfig, RunCall, Summary};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
-use wakuwaku::guest_build::GuestBuild;
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::host::{Host, HostError, HostSettings, ModuleSource};
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
+use wakuwaku::operations::host::{Host, HostError, HostSettings, ModuleSource};
 use wakuwaku::plan::{PlanRecord, must_precede};
-use wakuwaku::projection::Projection;
-use wakuwaku::publish;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
 
 pub mod faulty;
 pub mod flaky;
@@ -115,7 +115,7 @@ pub fn probe_wasm() -> PathBuf {
 /// Loads the bank component into a default sandbox.
 pub fn bank_module() -> Arc<dyn HandlerModule> {
     let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
-    wakuwaku::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads")
+    wakuwaku::engine::projection::load_module_file(&sandbox, &bank_wasm()).expect("the bank module loads")
 }
 
 /// The inventory example (`waku demo inventory`) as a component, loaded
@@ -123,13 +123,13 @@ pub fn bank_module() -> Arc<dyn HandlerModule> {
 pub fn inventory_module() -> Arc<dyn HandlerModule> {
     let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
     let wasm = guest_wasm("examples/inventory");
-    wakuwaku::projection::load_module_file(&sandbox, &wasm).expect("the inventory module loads")
+    wakuwaku::engine::projection::load_module_file(&sandbox, &wasm).expect("the inventory module loads")
 }
 
 /// Loads the probe component into a default sandbox.
 pub fn probe_module() -> Arc<dyn HandlerModule> {
     let sandbox = Sandbox::new(SandboxLimits::default()).expect("a default sandbox");
-    wakuwaku::projection::load_module_file(&sandbox, &probe_wasm()).expect("the probe module loads")
+    wakuwaku::engine::projection::load_module_file(&sandbox, &probe_wasm()).expect("the probe module loads")
 }
 
 /// A message of type `tag` for key `key` with a JSON body, Relaxed and

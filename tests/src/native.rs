@@ -11,11 +11,11 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use wakuwaku::event::{EventAtomicOrdering, EventTypeTag};
-use wakuwaku::handler::{
+use wakuwaku::key::Key;
+use wakuwaku::sandbox::handler::{
     CallError, Emitted, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, LogLevel, limits,
 };
-use wakuwaku::key::Key;
-use wakuwaku::runtime::log::LogUnit;
+use wakuwaku::sandbox::runtime::log::LogUnit;
 use wakuwaku_guest as guest;
 
 /// A native module built from `M`'s `Module` implementation.

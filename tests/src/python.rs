@@ -10,9 +10,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use wakuwaku::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::authoring::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 
 use crate::{guest_wasm, repo_root};
 
@@ -60,7 +60,7 @@ pub fn bank_py_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
                 let cache = repo_root().join("target").join("guests").join("cache");
                 let sandbox =
                     Sandbox::new(SandboxLimits::default()).expect("a default sandbox").with_compile_cache(&cache);
-                wakuwaku::projection::load_module_file(&sandbox, &wasm).expect("the Python bank module loads")
+                wakuwaku::engine::projection::load_module_file(&sandbox, &wasm).expect("the Python bank module loads")
             })
             .clone(),
     )

@@ -10,15 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::routing::RetryPolicy;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::HostSettings;
 use wakuwaku::key::Key;
 use wakuwaku::key::test_support::force_key_hash;
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::routing::RetryPolicy;
+use wakuwaku::operations::host::HostSettings;
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku_tests::{
     Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, json_record, probe_module,
     read_partition,

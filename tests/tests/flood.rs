@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::engine::routing::RetryPolicy;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::PayloadLimits;
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::routing::RetryPolicy;
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::handler::PayloadLimits;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{json_record, probe_module};
 
 const RAW: EventTypeTag = EventTypeTag::new(8);

@@ -10,20 +10,20 @@
 //! need `WAKU_IGGY_RESTART`, a shell command that kills that server with
 //! SIGKILL (no shutdown hook flushes anything) and starts it again: what
 //! the server acknowledged must survive that, and does only on durable
-//! topics (see `wakuwaku::log::iggy`).
+//! topics (see `wakuwaku::storage::log::iggy`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{ConsumerConfig, Summary};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish::{self, Outgoing};
+use wakuwaku::engine::consumer::{ConsumerConfig, Summary};
+use wakuwaku::engine::routing::RoutedTopics;
 use wakuwaku::event::partition_for;
-use wakuwaku::host::{Host, HostSettings};
-use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::routing::RoutedTopics;
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stats;
+use wakuwaku::operations::host::{Host, HostSettings};
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stats;
 use wakuwaku_tests::proxy::{CuttableProxy, upstream_of};
 use wakuwaku_tests::{
     bank_module, catch_up, fresh_stream, host_settings, iggy_url, json_record, probe_module, publish_bank,
@@ -253,7 +253,7 @@ async fn two_hosts_on_disjoint_partitions_apply_every_event_once_while_events_ar
 async fn consume_through_an_outage<F>(
     url: &str,
     consumer_url: &str,
-    outage: impl FnOnce(Arc<wakuwaku::progress::Progress>) -> F,
+    outage: impl FnOnce(Arc<wakuwaku::engine::progress::Progress>) -> F,
 ) where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -286,7 +286,7 @@ async fn consume_through_an_outage<F>(
 }
 
 /// Waits until the consumer has replayed `events`, or 60 s.
-async fn replayed(progress: &wakuwaku::progress::Progress, events: u64) {
+async fn replayed(progress: &wakuwaku::engine::progress::Progress, events: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while progress.replayed().0 < events && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -294,7 +294,7 @@ async fn replayed(progress: &wakuwaku::progress::Progress, events: u64) {
 }
 
 /// Waits until the consumer reports the log unavailable, or 30 s.
-async fn reported_unavailable(progress: &wakuwaku::progress::Progress) -> bool {
+async fn reported_unavailable(progress: &wakuwaku::engine::progress::Progress) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     while progress.log_available() {
         if Instant::now() > deadline {
@@ -381,8 +381,8 @@ struct ProbeOutcome {
 /// and started again once the host replayed a third of it.
 async fn probe_run(url: &str, restart: Option<String>) -> ProbeOutcome {
     use serde_json::json;
+    use wakuwaku::engine::routing::RetryPolicy;
     use wakuwaku::event::EventTypeTag;
-    use wakuwaku::routing::RetryPolicy;
     let stream = fresh_stream("waku-test-crash");
     let log = Arc::new(IggyLog::connect(url, &stream).await.unwrap());
     log.create_topic("probes", 2).await.unwrap();
@@ -455,7 +455,7 @@ async fn a_sigkill_of_the_server_mid_run_changes_no_events_fate_and_repeats_no_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_the_host_creates_are_durable_and_a_retry_topic_without_fsync_is_refused_unless_accepted() {
-    use wakuwaku::log::loss::Durability;
+    use wakuwaku::storage::log::loss::Durability;
     let Some(url) = iggy_url("the topic durability test") else { return };
     let _shared = SERVER.read().await;
     let stream = fresh_stream("waku-test-durability");
@@ -543,9 +543,9 @@ async fn a_producer_forgotten_when_it_comes_back_finds_what_another_client_appen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
     use serde_json::json;
+    use wakuwaku::engine::routing::{FailureClass, RetryPolicy, Routed};
     use wakuwaku::event::EventTypeTag;
-    use wakuwaku::log::Record;
-    use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
+    use wakuwaku::storage::log::Record;
     let Some(url) = iggy_url("the routing test on Iggy") else { return };
     let _shared = SERVER.read().await;
     let record = |tag: u32, key: u64, body: serde_json::Value| json_record(EventTypeTag::new(tag), key, body);
@@ -615,13 +615,13 @@ async fn emits_retries_and_dead_letters_travel_through_iggy_topics() {
 }
 
 /// An outbox entry the probe projection emitted from partition 0.
-fn emitted(topic: &str, key: u64, record: wakuwaku::log::Record) -> wakuwaku::state::OutboxEntry {
-    wakuwaku::state::OutboxEntry {
+fn emitted(topic: &str, key: u64, record: wakuwaku::storage::log::Record) -> wakuwaku::storage::state::OutboxEntry {
+    wakuwaku::storage::state::OutboxEntry {
         topic: topic.into(),
         partition_key: key,
         partition: Some(0),
         record,
-        origin: Some(wakuwaku::state::EmitOrigin {
+        origin: Some(wakuwaku::storage::state::EmitOrigin {
             partition: 0,
             offset: key,
             module: "probe".into(),
@@ -633,10 +633,10 @@ fn emitted(topic: &str, key: u64, record: wakuwaku::log::Record) -> wakuwaku::st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_crash_is_recovered_exactly_behind_more_than_the_old_look_back() {
+    use wakuwaku::engine::outbox::{self, Published};
     use wakuwaku::event::EventTypeTag;
-    use wakuwaku::log::LogError;
-    use wakuwaku::outbox::{self, Published};
-    use wakuwaku::state::BatchCommit;
+    use wakuwaku::storage::log::LogError;
+    use wakuwaku::storage::state::BatchCommit;
     use wakuwaku_tests::faulty::{Call, FaultyLog};
     /// More than the 100 000 messages the old recovery looked back.
     const LATER: u64 = 150_000;
@@ -682,18 +682,20 @@ async fn an_outbox_crash_is_recovered_exactly_behind_more_than_the_old_look_back
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_iggy_cannot_take_is_dead_lettered_and_empty_bodies_travel() {
+    use wakuwaku::engine::outbox::{self, Published};
+    use wakuwaku::engine::routing::{FailureClass, Routed};
     use wakuwaku::event::{EventTypeTag, Header};
-    use wakuwaku::outbox::{self, Published};
-    use wakuwaku::routing::{FailureClass, Routed};
-    use wakuwaku::state::BatchCommit;
+    use wakuwaku::storage::state::BatchCommit;
     let Some(url) = iggy_url("the undeliverable-message test on Iggy") else { return };
     let _shared = SERVER.read().await;
     let log = IggyLog::connect(&url, &fresh_stream("waku-test-undeliverable")).await.unwrap();
     for topic in ["probes", "dlq_probes", "out"] {
         log.create_topic(topic, 1).await.unwrap();
     }
-    let empty =
-        wakuwaku::log::Record { body: Vec::new(), ..json_record(EventTypeTag::new(4), 1, serde_json::json!({})) };
+    let empty = wakuwaku::storage::log::Record {
+        body: Vec::new(),
+        ..json_record(EventTypeTag::new(4), 1, serde_json::json!({}))
+    };
     let mut unstorable = json_record(EventTypeTag::new(4), 2, serde_json::json!({ "n": 2 }));
     unstorable.headers.push(Header { name: "x".repeat(300), value: b"v".to_vec() });
     let fine = json_record(EventTypeTag::new(4), 4, serde_json::json!({ "n": 4 }));
@@ -745,7 +747,7 @@ async fn what_iggy_cannot_take_is_dead_lettered_and_empty_bodies_travel() {
 /// polled as many at a time as the batch allows again after large ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_keep_to_their_byte_budget_through_large_messages() {
-    use wakuwaku::log::{PolledBatch, Record};
+    use wakuwaku::storage::log::{PolledBatch, Record};
     let Some(url) = iggy_url("the Iggy byte-budget poll test") else { return };
     let _shared = SERVER.read().await;
     let log = IggyLog::connect(&url, &fresh_stream("waku-test-budget")).await.unwrap();
@@ -792,7 +794,8 @@ async fn two_topics_on_iggy_are_applied_in_event_time_order_per_key() {
     let (keys, per_key, partitions) = (24u64, 30u64, 2u32);
     for topic in ["early", "late"] {
         log.create_topic(topic, partitions).await.unwrap();
-        let mut batches: Vec<(u32, Vec<wakuwaku::log::Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
+        let mut batches: Vec<(u32, Vec<wakuwaku::storage::log::Record>)> =
+            (0..partitions).map(|p| (p, Vec::new())).collect();
         for seq in (1..=per_key).filter(|seq| (seq % 2 == 1) == (topic == "early")) {
             for key in 0..keys {
                 let body =

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::engine::consumer::ConsumerConfig;
 use wakuwaku::event::EventHeaders;
 use wakuwaku::key::Key;
 use wakuwaku::key::test_support::force_key_hash;
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku_tests::hostile::{Accounts, OUT, attack, counter, hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings};
 

@@ -14,7 +14,7 @@
 //! `status` and `state` check an `https://` endpoint against the CAs of
 //! `--admin-ca-file`, else the machine's, with the host's crypto
 //! provider. A refused handshake is said in plain words
-//! ([`crate::tls::refusal`]), and the token is sent only once the
+//! ([`crate::platform::tls::refusal`]), and the token is sent only once the
 //! endpoint passed the check.
 
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::admin::{self, AdminToken};
+use crate::operations::admin::{self, AdminToken};
 
 /// The environment variable holding the token itself.
 pub(super) const TOKEN_VARIABLE: &str = "WAKU_ADMIN_TOKEN";
@@ -51,7 +51,7 @@ pub(super) struct AdminServeArgs {
 
 impl AdminServeArgs {
     /// Sets the token, the opt-in and the TLS of `settings`.
-    pub(super) fn apply(&self, settings: &mut crate::host::HostSettings) -> Result<()> {
+    pub(super) fn apply(&self, settings: &mut crate::operations::host::HostSettings) -> Result<()> {
         settings.admin_token = token(self.admin_token_file.as_deref())?;
         settings.admin_insecure = self.admin_insecure;
         settings.admin_tls = self.tls()?;
@@ -61,7 +61,7 @@ impl AdminServeArgs {
     /// The certificate and key to serve TLS with, read now.
     pub(super) fn tls(&self) -> Result<Option<admin::AdminTls>> {
         let (Some(cert), Some(key)) = (&self.admin_tls_cert, &self.admin_tls_key) else { return Ok(None) };
-        if admin::readable_by_others(key) {
+        if crate::platform::files::readable_by_others(key) {
             errln!(
                 "waku: warning: the admin TLS key file {} is readable by its group or others; `chmod 600` it",
                 key.display()
@@ -123,7 +123,7 @@ pub(super) fn token(file: Option<&Path>) -> Result<Option<AdminToken>> {
     match file {
         Some(path) => {
             let token = AdminToken::from_file(path)?;
-            if admin::readable_by_others(path) {
+            if crate::platform::files::readable_by_others(path) {
                 errln!(
                     "waku: warning: the admin token file {} is readable by its group or others; `chmod 600` it",
                     path.display()
@@ -184,7 +184,7 @@ pub(super) fn unreachable(error: &anyhow::Error) -> bool {
 /// `ca_file`, else the machine's; the provider the host uses everywhere.
 fn tls_config(ca_file: Option<&Path>) -> Result<ureq::tls::TlsConfig> {
     let roots: Vec<ureq::tls::Certificate<'static>> = match ca_file {
-        Some(path) => crate::tls::read_certificates(path, "CA file")?
+        Some(path) => crate::platform::tls::read_certificates(path, "CA file")?
             .iter()
             .map(|der| ureq::tls::Certificate::from_der(der.as_ref()).to_owned())
             .collect(),
@@ -197,7 +197,7 @@ fn tls_config(ca_file: Option<&Path>) -> Result<ureq::tls::TlsConfig> {
     Ok(ureq::tls::TlsConfig::builder()
         .provider(ureq::tls::TlsProvider::Rustls)
         .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
-        .unversioned_rustls_crypto_provider(crate::tls::provider())
+        .unversioned_rustls_crypto_provider(crate::platform::tls::provider())
         .build())
 }
 
@@ -208,9 +208,9 @@ fn refused(url: &str, ca_file: Option<&Path>, error: ureq::Error) -> anyhow::Err
         |path| format!("--admin-ca-file {}", path.display()),
     );
     let reason = match &error {
-        ureq::Error::Rustls(tls) => crate::tls::refusal(tls, "the admin endpoint", &ca),
-        ureq::Error::Io(io) => crate::tls::refusal(io, "the admin endpoint", &ca),
-        other => crate::tls::refusal(other, "the admin endpoint", &ca),
+        ureq::Error::Rustls(tls) => crate::platform::tls::refusal(tls, "the admin endpoint", &ca),
+        ureq::Error::Io(io) => crate::platform::tls::refusal(io, "the admin endpoint", &ca),
+        other => crate::platform::tls::refusal(other, "the admin endpoint", &ca),
     };
     match reason {
         Some(reason) => anyhow::anyhow!("asking {url}: {reason}"),

@@ -10,14 +10,14 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::existing;
-use crate::consumer::ConsumerConfig;
-use crate::handler::{LimitsError, PayloadLimits};
-use crate::host::{HostError, HostSettings, LogSettings, StateSettings};
+use crate::engine::consumer::ConsumerConfig;
+use crate::engine::routing::RetryPolicy;
 use crate::key::Key;
-use crate::log::AnyLog;
-use crate::routing::RetryPolicy;
-use crate::runtime::SandboxLimits;
-use crate::state::StateStore;
+use crate::operations::host::{HostError, HostSettings, LogSettings, StateSettings};
+use crate::sandbox::handler::{LimitsError, PayloadLimits};
+use crate::sandbox::runtime::SandboxLimits;
+use crate::storage::log::AnyLog;
+use crate::storage::state::StateStore;
 
 #[derive(Args)]
 pub(super) struct DataArgs {
@@ -102,7 +102,7 @@ impl DataArgs {
         {
             return Ok(store);
         }
-        crate::host::open_state(&self.data, &self.state_settings(), projection)
+        crate::operations::host::open_state(&self.data, &self.state_settings(), projection)
     }
 
     /// The log for a command that works on what is there: an embedded one
@@ -110,7 +110,7 @@ impl DataArgs {
     /// process holds.
     pub(super) async fn existing_log(&self, hint: &'static str) -> Result<AnyLog> {
         if let Some(url) = &self.iggy {
-            let log = crate::log::iggy::IggyLog::connect_existing(url, &self.stream).await?;
+            let log = crate::storage::log::iggy::IggyLog::connect_existing(url, &self.stream).await?;
             return Ok(AnyLog::Iggy(log.with_lossy_topics(self.lossy_topics)));
         }
         existing::log_file(&self.data)?;
@@ -121,13 +121,14 @@ impl DataArgs {
     /// ([`existing`]; in PostgreSQL, looked for there by opening it).
     pub(super) fn existing_state(&self, projection: &str, hint: &'static str) -> Result<StateStore> {
         if let Some(url) = &self.state {
-            let (store, found) = crate::state::postgres::PostgresStore::connect_existing(url, projection)?;
+            let (store, found) = crate::storage::state::postgres::PostgresStore::connect_existing(url, projection)?;
             if !found.iter().any(|name| name == projection) {
                 return Err(existing::Missing::StateProjection { name: projection.to_owned(), found }.into());
             }
             return Ok(StateStore::from_backend(store));
         }
-        crate::log::embedded::validate_topic_name(projection).with_context(|| format!("projection `{projection}`"))?;
+        crate::storage::log::embedded::validate_topic_name(projection)
+            .with_context(|| format!("projection `{projection}`"))?;
         existing::projection(&self.data, projection)?;
         self.state(projection).map_err(hint_if_in_use(hint))
     }
@@ -458,7 +459,7 @@ impl LimitArgs {
         };
         // A `combine` body (at most this) may be routed to retry as one
         // record, which the embedded log must be able to hold.
-        let most_emit_kib = crate::log::embedded::MAX_RECORD_BYTES >> 10;
+        let most_emit_kib = crate::storage::log::embedded::MAX_RECORD_BYTES >> 10;
         if self.max_emit_kib > most_emit_kib {
             bail!(
                 "--max-emit-kib {} is over what one record of the log holds ({most_emit_kib} KiB); lower it",
@@ -541,8 +542,8 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
-    use crate::host::{CompileCache, ModuleSource};
-    use crate::runtime::Sandbox;
+    use crate::operations::host::{CompileCache, ModuleSource};
+    use crate::sandbox::runtime::Sandbox;
     use clap::Parser;
 
     fn consume_args(flags: &[&str]) -> ConsumeArgs {

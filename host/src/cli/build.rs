@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::guest_build::{GuestBuild, default_target_dir};
+use crate::authoring::guest_build::{GuestBuild, default_target_dir};
 
 #[derive(Args)]
 pub(super) struct BuildArgs {

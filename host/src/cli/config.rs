@@ -441,7 +441,7 @@ pub(super) fn masked(setting: &str, value: &str) -> String {
     if !SECRETS.contains(&setting) {
         return value.to_owned();
     }
-    crate::log::masked_password(value).unwrap_or_else(|| "****".to_owned())
+    crate::storage::log::masked_password(value).unwrap_or_else(|| "****".to_owned())
 }
 
 /// One line saying how many settings came from the environment and from

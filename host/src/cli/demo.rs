@@ -13,14 +13,14 @@ use clap::Args;
 use super::args::ConsumeArgs;
 use super::available_threads;
 use super::run::{explain, hint_at_limit_flags};
-use crate::demo::{self, WorkloadSpec};
-use crate::guest_build::GuestBuild;
-use crate::handler::HandlerModule;
-use crate::host::{CompileCache, Host, HostSettings, LogSettings, ModuleSource};
-use crate::log::EventLog;
-use crate::projection::load_module_file;
-use crate::publish;
-use crate::stats::Stat;
+use crate::authoring::demo::{self, WorkloadSpec};
+use crate::authoring::guest_build::GuestBuild;
+use crate::authoring::publish;
+use crate::engine::projection::load_module_file;
+use crate::operations::host::{CompileCache, Host, HostSettings, LogSettings, ModuleSource};
+use crate::sandbox::handler::HandlerModule;
+use crate::storage::log::EventLog;
+use crate::storage::stats::Stat;
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]

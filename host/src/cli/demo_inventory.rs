@@ -1,5 +1,5 @@
 //! `waku demo inventory`: build the inventory example, run the demo of
-//! [`crate::inventory_demo`] on a fresh embedded log, and print its
+//! [`crate::authoring::inventory_demo`] on a fresh embedded log, and print its
 //! figures: order violations, the oracle check, the release latency of the
 //! live phase and the peak of held bytes.
 
@@ -12,10 +12,10 @@ use clap::Args;
 
 use super::demo::example_module;
 use super::run::hint_at_limit_flags;
-use crate::host::{CompileCache, HostSettings, ModuleSource};
-use crate::inventory_demo::{self, CATALOGUE, InventoryReport, InventorySpec, LATE_TOPIC, TIMED_TOPICS};
-use crate::log::EmbeddedLog;
-use crate::projection::load_module_file;
+use crate::authoring::inventory_demo::{self, CATALOGUE, InventoryReport, InventorySpec, LATE_TOPIC, TIMED_TOPICS};
+use crate::engine::projection::load_module_file;
+use crate::operations::host::{CompileCache, HostSettings, ModuleSource};
+use crate::storage::log::EmbeddedLog;
 
 #[derive(Args)]
 pub(super) struct InventoryArgs {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::signals::ShutdownSignals;
-use crate::dev::{self, DevSettings};
+use crate::authoring::dev::{self, DevSettings};
 
 #[derive(Args)]
 pub(super) struct DevArgs {
@@ -58,7 +58,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         }
     };
     let data_dir_for_others = data_dir.clone();
-    let target_dir = args.target_dir.or_else(|| crate::guest_build::default_target_dir(&args.crate_dir));
+    let target_dir = args.target_dir.or_else(|| crate::authoring::guest_build::default_target_dir(&args.crate_dir));
     let settings = DevSettings {
         guest_dir: args.crate_dir,
         topic: args.topic,
@@ -72,7 +72,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         admin_insecure: args.admin_access.admin_insecure,
         admin_tls: args.admin_access.tls()?,
     };
-    let started = move |host: &crate::host::RunningHost<crate::log::EmbeddedLog>| {
+    let started = move |host: &crate::operations::host::RunningHost<crate::storage::log::EmbeddedLog>| {
         if !serve_others {
             return None;
         }

@@ -6,9 +6,9 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::args::{OutputArgs, ProjectionArgs, parse_key};
-use crate::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
+use crate::engine::routing::Routed;
 use crate::event::EventAtomicOrdering;
-use crate::routing::Routed;
+use crate::operations::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use wakuwaku_core::terminal::printable;
 
 #[derive(Subcommand)]
@@ -140,7 +140,7 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
     };
     let hint = "is `waku run` using it? stop it first";
     let (log, store) = args.existing(hint).await?;
-    let names = crate::projection::type_names(&store);
+    let names = crate::engine::projection::type_names(&store);
     let open = Opened {
         shelf: shelf.shelf(args.topic(), &args.projection),
         topic: args.topic(),
@@ -158,8 +158,8 @@ pub(super) async fn dlq(command: DlqCommand) -> Result<()> {
 
 /// What every `waku dlq` command reads from.
 struct Opened<'a> {
-    log: crate::log::AnyLog,
-    store: crate::state::StateStore,
+    log: crate::storage::log::AnyLog,
+    store: crate::storage::state::StateStore,
     topic: &'a str,
     projection: &'a str,
     shelf: Shelf,
@@ -359,7 +359,7 @@ pub(super) fn parse_place(text: &str) -> Result<(u32, u64), String> {
 }
 
 pub(super) fn failed_at(ms: u64) -> String {
-    crate::routing::context::rfc3339(ms)
+    crate::engine::routing::context::rfc3339(ms)
 }
 
 /// One line per dead letter, for `waku dlq list`. What a module or a
@@ -393,7 +393,7 @@ pub(super) fn dead_letter_line(letter: &DeadLetter, names: &TypeNames) -> String
 }
 
 /// The event types' names by tag, as the projection recorded them
-/// ([`crate::projection::type_names`]).
+/// ([`crate::engine::projection::type_names`]).
 pub(super) type TypeNames = std::collections::BTreeMap<u32, String>;
 
 /// An event type as people know it: `type Deposited (tag 2)`, or `tag 2`
@@ -594,7 +594,7 @@ impl<'a> DeadLetterView<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Failure, FailureClass};
+    use crate::engine::routing::{Failure, FailureClass};
 
     #[test]
     fn a_letter_shows_its_ordering_on_its_topic_and_marks_a_rewritten_one() {

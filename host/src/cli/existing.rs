@@ -12,7 +12,7 @@
 //!   data directory, the topics of the log), so the fix is one look away.
 //! - Only the embedded parts are looked for on disk: with `--state` the
 //!   projection is looked for in PostgreSQL without creating its schema
-//!   ([`PostgresStore::connect_existing`](crate::state::postgres::PostgresStore::connect_existing)),
+//!   ([`PostgresStore::connect_existing`](crate::storage::state::postgres::PostgresStore::connect_existing)),
 //!   with `--iggy` the topics on the server (checked through
 //!   [`EventLog::topics`]).
 //! - **A projection over several topics is named by its first**: given a
@@ -21,10 +21,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::log::{EventLog, LogError};
-use crate::rebuild::RebuildPaths;
-use crate::routing::dlq_topic;
-use crate::state::StateStore;
+use crate::engine::routing::dlq_topic;
+use crate::operations::rebuild::RebuildPaths;
+use crate::storage::log::{EventLog, LogError};
+use crate::storage::state::StateStore;
 
 /// What was asked for and is not there.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,7 @@ pub(super) enum Missing {
     Log(#[from] LogError),
     /// The state could not say which topics the projection consumes.
     #[error(transparent)]
-    State(#[from] crate::state::StateError),
+    State(#[from] crate::storage::state::StateError),
 }
 
 /// How a data directory comes to be.
@@ -189,7 +189,7 @@ pub(super) async fn topic(log: &impl EventLog, topic: &str) -> Result<(), Missin
 /// that projection consumes several topics (a topic given alone that is a
 /// later one names the wrong retry and dead-letter topics). The topics a
 /// projection over several consumes are those its release checkpoint
-/// names ([`crate::consumer::marked_topics`]); the first is the one whose dead-letter
+/// names ([`crate::engine::consumer::marked_topics`]); the first is the one whose dead-letter
 /// topic the host created in `log`. When that is not clear (a projection
 /// of one topic, or two of its topics with dead-letter topics), nothing
 /// is refused.
@@ -199,7 +199,7 @@ pub(super) async fn first_topic(
     projection: &str,
     given: &str,
 ) -> Result<(), Missing> {
-    let topics = crate::consumer::marked_topics(store)?;
+    let topics = crate::engine::consumer::marked_topics(store)?;
     if topics.len() < 2 || !topics.iter().any(|topic| topic == given) {
         return Ok(());
     }
@@ -219,7 +219,7 @@ pub(super) async fn first_topic(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::embedded::EmbeddedLog;
+    use crate::storage::log::embedded::EmbeddedLog;
 
     #[test]
     fn a_missing_data_directory_lists_the_ones_beside_it_and_creates_nothing() {

@@ -62,10 +62,10 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use wakuwaku_core::terminal::printable;
 
-use crate::lifecycle::Library;
-use crate::log::{AnyLog, EmbeddedLog};
-use crate::projection::Projection;
-use crate::state::StateStore;
+use crate::engine::projection::Projection;
+use crate::operations::lifecycle::Library;
+use crate::storage::log::{AnyLog, EmbeddedLog};
+use crate::storage::state::StateStore;
 
 /// The address file's name in the data directory.
 pub(super) const ADDRESS_FILE: &str = "running-host.json";
@@ -222,7 +222,7 @@ pub(super) struct Shared {
     live: Option<(Arc<Library>, Arc<Projection>)>,
     /// Its projection as it runs and what only the running host knows of
     /// its status: a `waku status` run here shows what `/status` does.
-    status: Option<(Arc<Projection>, crate::admin::LiveStatus)>,
+    status: Option<(Arc<Projection>, crate::operations::admin::LiveStatus)>,
 }
 
 impl Shared {
@@ -241,7 +241,11 @@ impl Shared {
 
     /// Also shares the running `projection` and what only the running host
     /// knows of its status ([`live_status`]).
-    pub(super) fn with_live_status(mut self, projection: &Arc<Projection>, live: crate::admin::LiveStatus) -> Self {
+    pub(super) fn with_live_status(
+        mut self,
+        projection: &Arc<Projection>,
+        live: crate::operations::admin::LiveStatus,
+    ) -> Self {
         self.status = Some((projection.clone(), live));
         self
     }
@@ -323,7 +327,10 @@ pub(super) fn live_modules(data: &Path, projection: &str) -> Option<(Arc<Library
 /// The running projection and what only the running host knows of its
 /// status, when this command runs in a host that runs `projection` on
 /// `data`: `waku status` then builds what `/status` answers.
-pub(super) fn live_status(data: &Path, projection: &str) -> Option<(Arc<Projection>, crate::admin::LiveStatus)> {
+pub(super) fn live_status(
+    data: &Path,
+    projection: &str,
+) -> Option<(Arc<Projection>, crate::operations::admin::LiveStatus)> {
     FORWARDED
         .try_with(|forwarded| {
             let shared = &forwarded.shared;
@@ -450,7 +457,7 @@ pub(super) fn serve(shared: Shared, run: Runner) -> Result<Served> {
         return Err(anyhow::Error::new(error).context(format!("writing {}", address_file.display())));
     }
     let shared = Arc::new(shared);
-    let token = crate::admin::AdminToken::new(&token, "the address file")?.expect("a token is never empty");
+    let token = crate::operations::admin::AdminToken::new(&token, "the address file")?.expect("a token is never empty");
     let clients = Arc::new(AtomicUsize::new(0));
     let task = tokio::spawn(async move {
         loop {
@@ -500,7 +507,7 @@ fn token_text() -> String {
 fn serve_client(
     mut stream: std::os::unix::net::UnixStream,
     shared: &Arc<Shared>,
-    token: &crate::admin::AdminToken,
+    token: &crate::operations::admin::AdminToken,
     clients: &AtomicUsize,
     runtime: &tokio::runtime::Handle,
     run: Runner,

@@ -32,10 +32,10 @@
 //! text form escape the module's parts where they are put together.
 //!
 //! Every limit is a flag of `run` and `demo`, one per field of
-//! [`SandboxLimits`](crate::runtime::SandboxLimits) (what the engine
-//! enforces) and of [`PayloadLimits`](crate::handler::PayloadLimits) (what
+//! [`SandboxLimits`](crate::sandbox::runtime::SandboxLimits) (what the engine
+//! enforces) and of [`PayloadLimits`](crate::sandbox::handler::PayloadLimits) (what
 //! the consumer's key scopes enforce), defaulting to the library's values.
-//! So is the retry policy ([`RetryPolicy`](crate::routing::RetryPolicy)): `--max-attempts`,
+//! So is the retry policy ([`RetryPolicy`](crate::engine::routing::RetryPolicy)): `--max-attempts`,
 //! `--retry-delays`, `--transient-retries`, `--transient-backoff`.
 //!
 //! Data directory layout (`--data`, default `waku-data`):
@@ -61,7 +61,7 @@
 //! find before it opens anything in `existing.rs`, settings from the
 //! environment and the file in `config.rs`, signal handling in
 //! `signals.rs`. `run` and `demo` start their
-//! host with [`crate::host::Host`].
+//! host with [`crate::operations::host::Host`].
 
 use std::io::{ErrorKind, IsTerminal};
 use std::path::Path;
@@ -275,19 +275,19 @@ const EXIT_CODES: &str = "Exit codes: 0 success (also when standard output is cl
 
 /// Runs the command line and returns the process's exit code. Components
 /// are compiled by this program itself, in child processes under the
-/// compile limits ([`crate::runtime::compiler`]), which run its hidden
+/// compile limits ([`crate::sandbox::runtime::compiler`]), which run its hidden
 /// `compile-component` command.
 pub fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|command| command == crate::runtime::compiler::CHILD_COMMAND) {
-        return crate::runtime::compiler::child_main(&args[2..]);
+    if args.get(1).is_some_and(|command| command == crate::sandbox::runtime::compiler::CHILD_COMMAND) {
+        return crate::sandbox::runtime::compiler::child_main(&args[2..]);
     }
     // On Linux `/proc/self/exe` is this very binary even after an upgrade
     // replaced the file: its artifacts fit this host's engine.
     let this_binary = Path::new("/proc/self/exe");
     let program = if this_binary.exists() { Ok(this_binary.to_owned()) } else { std::env::current_exe() };
     match program {
-        Ok(program) => crate::runtime::compile_in_child_processes(program),
+        Ok(program) => crate::sandbox::runtime::compile_in_child_processes(program),
         Err(error) => errln!("waku: warning: compiling in this process, without the compile limits: {error}"),
     }
     main_with(args)
@@ -329,7 +329,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     // number of them), so they are not echoed on standard error as well.
     let testing = matches!(layered.cli.command, Command::Test(_));
     let echoed = tracing_subscriber::filter::filter_fn(move |metadata| {
-        !(testing && metadata.target() == crate::trial::GUEST_LOG_TARGET)
+        !(testing && metadata.target() == crate::authoring::trial::GUEST_LOG_TARGET)
     });
     let lines = tracing_subscriber::fmt::layer()
         .fmt_fields(printable_fields())
@@ -337,7 +337,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
         .with_ansi(colours)
         .with_filter(filter)
         .with_filter(echoed);
-    let capture = testing.then(crate::trial::GuestLogCapture::layer);
+    let capture = testing.then(crate::authoring::trial::GuestLogCapture::layer);
     let _ = tracing_subscriber::registry().with(lines).with(capture).try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -441,7 +441,7 @@ fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> 
 }
 
 /// The default log filter: the host's warnings, the modules' log lines
-/// from info up, and the hot reloads that took ([`crate::lifecycle::RELOAD_LOG_TARGET`]).
+/// from info up, and the hot reloads that took ([`crate::operations::lifecycle::RELOAD_LOG_TARGET`]).
 const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info,waku::reload=info";
 
 /// The log filter: `--log-level`, else `RUST_LOG`, else
@@ -483,8 +483,8 @@ fn report_with(error: &anyhow::Error, code: ExitCode) -> ExitCode {
 /// Which process holds the embedded log `error` found in use, as the
 /// address file of its data directory names it.
 fn holder_of_embedded_log(error: &anyhow::Error) -> Option<String> {
-    let path = error.chain().find_map(|cause| match cause.downcast_ref::<crate::log::LogError>() {
-        Some(crate::log::LogError::InUse { path }) => Some(path),
+    let path = error.chain().find_map(|cause| match cause.downcast_ref::<crate::storage::log::LogError>() {
+        Some(crate::storage::log::LogError::InUse { path }) => Some(path),
         _ => None,
     })?;
     let data = path.parent()?;

@@ -10,10 +10,10 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::args::{DataArgs, OutputArgs};
-use crate::lifecycle::Library;
-use crate::oci::{ModuleRef, Registry, pins};
-use crate::projection::Projection;
-use crate::runtime::{Sandbox, SandboxLimits};
+use crate::engine::projection::Projection;
+use crate::operations::lifecycle::Library;
+use crate::operations::oci::{ModuleRef, Registry, pins};
+use crate::sandbox::runtime::{Sandbox, SandboxLimits};
 
 #[derive(Subcommand)]
 pub(super) enum ModulesCommand {
@@ -162,8 +162,8 @@ async fn rollback_running(args: &ModulesRollbackArgs, library: Arc<Library>, run
 }
 
 async fn push(args: &ModulesPushArgs) -> Result<()> {
-    let bytes =
-        crate::runtime::read_component(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let bytes = crate::sandbox::runtime::read_component(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let bytes = loaded(&args.reference, bytes).await?;
     let registry = Registry::for_registry(args.reference.registry())?;
     let artifact = registry.push(bytes, &args.reference).await?;
@@ -176,21 +176,21 @@ async fn push(args: &ModulesPushArgs) -> Result<()> {
 async fn pull(args: &ModulesPullArgs) -> Result<()> {
     let registry = Registry::for_registry(args.reference.registry())?;
     let pulled = registry.pull(&args.reference).await?;
-    let pulled = crate::oci::Pulled { bytes: loaded(&args.reference, pulled.bytes).await?, ..pulled };
-    let path = crate::oci::write_module(&args.modules, args.reference.module(), &pulled.bytes)
+    let pulled = crate::operations::oci::Pulled { bytes: loaded(&args.reference, pulled.bytes).await?, ..pulled };
+    let path = crate::operations::oci::write_module(&args.modules, args.reference.module(), &pulled.bytes)
         .with_context(|| format!("writing into {}", args.modules.display()))?;
     outln!("pulled {} into {}", args.reference, path.display())?;
     outln!("  manifest {}\n  layer    {}", pulled.artifact.manifest, pulled.artifact.layer)?;
-    outln!("  version  {}", crate::runtime::content_version(&pulled.bytes))?;
+    outln!("  version  {}", crate::sandbox::runtime::content_version(&pulled.bytes))?;
     Ok(())
 }
 
-/// `bytes` if they are a component that loads ([`crate::oci::check_loads`]).
+/// `bytes` if they are a component that loads ([`crate::operations::oci::check_loads`]).
 async fn loaded(reference: &ModuleRef, bytes: Vec<u8>) -> Result<Vec<u8>> {
     let reference = reference.clone();
     tokio::task::spawn_blocking(move || {
         let sandbox = Sandbox::new(SandboxLimits::default())?;
-        crate::oci::check_loads(&sandbox, &reference, &bytes)?;
+        crate::operations::oci::check_loads(&sandbox, &reference, &bytes)?;
         Ok::<_, anyhow::Error>(bytes)
     })
     .await
@@ -307,8 +307,8 @@ fn directory_versions(dir: &Path) -> Result<BTreeMap<String, String>> {
         .map(|entry| entry.path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
         .filter_map(|path| {
-            let bytes = crate::runtime::read_component(&path).ok()?;
-            Some((path.file_stem()?.to_string_lossy().into_owned(), crate::runtime::content_version(&bytes)))
+            let bytes = crate::sandbox::runtime::read_component(&path).ok()?;
+            Some((path.file_stem()?.to_string_lossy().into_owned(), crate::sandbox::runtime::content_version(&bytes)))
         })
         .collect())
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use crate::guest_build::python::TESTED_COMPONENTIZE_PY;
-use crate::scaffold::{self, Lang};
+use crate::authoring::guest_build::python::TESTED_COMPONENTIZE_PY;
+use crate::authoring::scaffold::{self, Lang};
 
 #[derive(Args)]
 pub(super) struct NewArgs {

@@ -9,11 +9,11 @@ use clap::Args;
 
 use super::args::DataArgs;
 use super::available_threads;
-use crate::handler::HandlerModule;
-use crate::log::EventLog;
-use crate::projection::load_module_file;
-use crate::publish;
-use crate::runtime::{Sandbox, SandboxLimits};
+use crate::authoring::publish;
+use crate::engine::projection::load_module_file;
+use crate::sandbox::handler::HandlerModule;
+use crate::sandbox::runtime::{Sandbox, SandboxLimits};
+use crate::storage::log::EventLog;
 
 #[derive(Args)]
 pub(super) struct PublishArgs {

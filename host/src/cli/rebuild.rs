@@ -1,13 +1,13 @@
 //! `waku rebuild`: ask the running host to rebuild a projection in the
 //! shadow with new module versions, to promote a shadow waiting for a
 //! person, or to roll back to the state before the last promotion. The
-//! host does the work ([`crate::rebuild`]); this command only leaves the
+//! host does the work ([`crate::operations::rebuild`]); this command only leaves the
 //! request in the data directory and says how to follow it. A projection
 //! over several topics is rebuilt over all of them: the request names
 //! every topic, in the order `waku run` takes them, and one naming others
 //! than its host last started with is refused. A rebuild from offset 0 of
 //! a topic whose oldest messages retention deleted is refused unless
-//! `--accept-lost-history` ([`crate::log::loss`]).
+//! `--accept-lost-history` ([`crate::storage::log::loss`]).
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ use clap::Args;
 
 use super::args::DataArgs;
 use super::config::Setting;
-use crate::rebuild::{Promote, RebuildError, RebuildPaths};
+use crate::operations::rebuild::{Promote, RebuildError, RebuildPaths};
 
 /// `--promote`'s value: a mode with `--modules`, alone the go-ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -76,7 +76,7 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
              cannot be rebuilt yet: run the new modules under another projection name and switch readers instead"
         );
     }
-    crate::log::embedded::validate_topic_name(&args.projection)?;
+    crate::storage::log::embedded::validate_topic_name(&args.projection)?;
     super::existing::data_dir(&args.data.data)?;
     // A rebuild may be asked for before the projection first runs (the
     // next `waku run` builds it); a promotion or a rollback refused for a
@@ -113,7 +113,7 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
             if args.data.iggy.is_some() {
                 let log = args.data.log().await?;
                 for topic in &args.topics {
-                    crate::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
+                    crate::storage::log::loss::refuse_lost_history(&log, topic, args.accept_lost_history).await?;
                 }
             }
             if let Some(missing) = &missing {

@@ -1,5 +1,5 @@
 //! `waku reset`: move a stopped projection's positions, or start it over
-//! ([`crate::reset`]). Says what will happen, then asks: `--yes`, or a
+//! ([`crate::operations::reset`]). Says what will happen, then asks: `--yes`, or a
 //! question on a terminal; without either it refuses.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -8,9 +8,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use super::args::ProjectionArgs;
-use crate::host::HostError;
-use crate::reset::{self, Plan, Target};
-use crate::state::StateError;
+use crate::operations::host::HostError;
+use crate::operations::reset::{self, Plan, Target};
+use crate::storage::state::StateError;
 
 #[derive(Args)]
 pub(super) struct ResetArgs {
@@ -137,7 +137,7 @@ fn describe(plans: &[Plan], projection: &str) -> String {
         if !plan.lost_history.is_empty() {
             text.push_str(&format!(
                 "\nThe log no longer holds the oldest messages of `{topic}` ({}): the replay will lack them.",
-                crate::log::loss::describe_lost(&plan.lost_history)
+                crate::storage::log::loss::describe_lost(&plan.lost_history)
             ));
         }
         let named = if several { format!("`{topic}` ") } else { String::new() };

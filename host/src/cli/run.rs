@@ -20,15 +20,15 @@ use super::available_threads;
 use super::config;
 use super::local_host;
 use super::signals::ShutdownSignals;
-use crate::consumer::{ConsumerError, Summary};
-use crate::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
-use crate::lifecycle::LifecycleError;
-use crate::log::LogError;
-use crate::progress::Progress;
-use crate::projection::ProjectionError;
-use crate::runtime::LoadError;
-use crate::state::StateStore;
-use crate::stats::Stat;
+use crate::engine::consumer::{ConsumerError, Summary};
+use crate::engine::progress::Progress;
+use crate::engine::projection::ProjectionError;
+use crate::operations::host::{CompileCache, Host, HostError, HostSettings, ModuleSource};
+use crate::operations::lifecycle::LifecycleError;
+use crate::sandbox::runtime::LoadError;
+use crate::storage::log::LogError;
+use crate::storage::state::StateStore;
+use crate::storage::stats::Stat;
 
 #[derive(Args)]
 pub(super) struct RunArgs {
@@ -74,7 +74,7 @@ pub(super) struct RunArgs {
     /// adopt` or --adopt-modules takes the new one). In waku.toml:
     /// `module-ref = ["oci://…"]`.
     #[arg(long = "module-ref", value_name = "REF", value_delimiter = ',', value_parser = module_ref)]
-    pub(super) module_refs: Vec<crate::oci::ModuleRef>,
+    pub(super) module_refs: Vec<crate::operations::oci::ModuleRef>,
     /// Only these partitions (comma-separated), e.g. `0,2`.
     #[arg(long, value_delimiter = ',')]
     pub(super) partitions: Option<Vec<u32>>,
@@ -160,8 +160,8 @@ fn span_millis(span: Duration) -> wakuwaku_core::release::Millis {
 }
 
 /// Parses a `--module-ref`.
-pub(super) fn module_ref(text: &str) -> Result<crate::oci::ModuleRef, String> {
-    text.parse().map_err(|error: crate::oci::OciError| error.to_string())
+pub(super) fn module_ref(text: &str) -> Result<crate::operations::oci::ModuleRef, String> {
+    text.parse().map_err(|error: crate::operations::oci::OciError| error.to_string())
 }
 
 impl RunArgs {
@@ -350,9 +350,9 @@ pub(super) fn hint_at_limit_flags(error: impl Into<LifecycleError>) -> anyhow::E
 }
 
 pub(super) fn print_summary(summary: &Summary, secs: f64, store: &StateStore) -> Result<()> {
-    use crate::words::counted;
-    let rate =
-        crate::words::per_second(summary.consumed, secs, "event").map_or(String::new(), |rate| format!(" ({rate})"));
+    use crate::platform::words::counted;
+    let rate = crate::platform::words::per_second(summary.consumed, secs, "event")
+        .map_or(String::new(), |rate| format!(" ({rate})"));
     outln!(
         "consumed {} in {}{rate}: {} applied, {} skipped, {} dead-lettered ({} malformed), {} sent to retry, {} taken \
          back",

@@ -12,10 +12,10 @@ use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use super::admin_access::{self, AdminClientArgs};
 use super::args::{DataArgs, OutputArgs, parse_key};
 use super::publish::load_module;
-use crate::admin::view;
-use crate::rebuild::RebuildPaths;
-use crate::runtime::{Sandbox, SandboxLimits};
-use crate::state::StateStore;
+use crate::operations::admin::view;
+use crate::operations::rebuild::RebuildPaths;
+use crate::sandbox::runtime::{Sandbox, SandboxLimits};
+use crate::storage::state::StateStore;
 
 #[derive(Subcommand)]
 pub(super) enum StateCommand {

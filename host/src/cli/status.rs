@@ -18,13 +18,13 @@ use clap::Args;
 
 use super::admin_access::{self, AdminClientArgs};
 use super::args::{OutputArgs, ProjectionArgs};
-use crate::admin;
-use crate::lifecycle::Library;
-use crate::log::AnyLog;
-use crate::rebuild::RebuildPaths;
-use crate::rebuild::conductor::{RebuildStatus, measure};
-use crate::runtime::{Sandbox, SandboxLimits};
-use crate::state::StateStore;
+use crate::operations::admin;
+use crate::operations::lifecycle::Library;
+use crate::operations::rebuild::RebuildPaths;
+use crate::operations::rebuild::conductor::{RebuildStatus, measure};
+use crate::sandbox::runtime::{Sandbox, SandboxLimits};
+use crate::storage::log::AnyLog;
+use crate::storage::state::StateStore;
 
 #[derive(Args)]
 pub(super) struct StatusArgs {

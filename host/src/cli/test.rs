@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::publish::load_module;
-use crate::runtime::{Sandbox, SandboxLimits};
-use crate::trial;
+use crate::authoring::trial;
+use crate::sandbox::runtime::{Sandbox, SandboxLimits};
 use wakuwaku_core::terminal::printable;
 
 /// How every WebAssembly binary begins.

@@ -28,10 +28,10 @@ use super::args::{DataArgs, OutputArgs};
 use super::dlq::counted;
 use super::signals::ShutdownSignals;
 use crate::event::{EventHeaders, Header};
-use crate::handler::HandlerModule;
-use crate::log::{AnyLog, EventLog, StoredRecord};
-use crate::runtime::component_file::{check_module_dir_size, module_paths};
-use crate::runtime::read_component;
+use crate::sandbox::handler::HandlerModule;
+use crate::sandbox::runtime::component_file::{check_module_dir_size, module_paths};
+use crate::sandbox::runtime::read_component;
+use crate::storage::log::{AnyLog, EventLog, StoredRecord};
 use wakuwaku_core::terminal::printable;
 
 #[derive(Subcommand)]
@@ -162,7 +162,7 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 pub(super) async fn topic(command: TopicCommand) -> Result<()> {
     match command {
         TopicCommand::Create(args) => {
-            crate::publish::check_topic(&args.topic)?;
+            crate::authoring::publish::check_topic(&args.topic)?;
             let log = args.data.log().await?;
             log.create_topic(&args.topic, args.partitions).await?;
             outln!("topic `{}` has {}", args.topic, counted(args.partitions.into(), "partition", "partitions"))?;
@@ -240,9 +240,9 @@ async fn describe(args: &TopicDescribeArgs) -> Result<()> {
         partitions.push(PartitionView { partition, first, end, messages: end.saturating_sub(first) });
     }
     let durability = match log.durability(&args.topic).await? {
-        crate::log::loss::Durability::Durable => "durable".to_owned(),
-        crate::log::loss::Durability::Lossy { setting } => format!("lossy ({setting})"),
-        crate::log::loss::Durability::Unknown { reason } => format!("unknown ({reason})"),
+        crate::storage::log::loss::Durability::Durable => "durable".to_owned(),
+        crate::storage::log::loss::Durability::Lossy { setting } => format!("lossy ({setting})"),
+        crate::storage::log::loss::Durability::Unknown { reason } => format!("unknown ({reason})"),
     };
     if args.output.json() {
         let view = serde_json::json!({ "topic": args.topic, "durability": durability, "partitions": partitions });
@@ -343,7 +343,7 @@ async fn type_names(dir: &Path, topic: &str) -> Result<Types> {
     let topic = topic.to_owned();
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || {
-        let sandbox = crate::runtime::Sandbox::new(crate::runtime::SandboxLimits::default())?;
+        let sandbox = crate::sandbox::runtime::Sandbox::new(crate::sandbox::runtime::SandboxLimits::default())?;
         let (mut names, mut total) = (BTreeMap::new(), 0);
         for path in &paths {
             let bytes = read_component(path);

@@ -6,12 +6,12 @@ use std::process::Command;
 
 use crate::common::{self, bank_wasm, probe_wasm, text, waku};
 use serde_json::json;
-use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::key::Key;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stats;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stats;
 
 /// The fields of a dead letter in `waku dlq list --output json`, sorted
 /// (`dlq show` adds `body`).
@@ -77,7 +77,7 @@ fn a_malformed_line_is_reported_with_its_number_and_nothing_is_published() {
     let module = bank_wasm().to_string_lossy().into_owned();
     let good = r#"{"type": "AccountOpened", "body": {"account": 1, "owner": "ann"}}"#;
     // Over the embedded log's 16 MiB per record once it has its headers.
-    let owner = "x".repeat(wakuwaku::log::embedded::MAX_RECORD_BYTES);
+    let owner = "x".repeat(wakuwaku::storage::log::embedded::MAX_RECORD_BYTES);
     let large = format!(r#"{{"type": "AccountOpened", "body": {{"account": 2, "owner": "{owner}"}}}}"#);
     let cases = [
         (r#"{"type": "Deposited", "body": {"account": 1, "amount": 5}"#, "line 3"),
@@ -878,7 +878,7 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     let publish = ["publish", "--data", "data", "--topic", "accounts", "--partitions", "2", "--module", &module, &file];
     assert!(waku(&publish, dir.path()).status.success());
     assert!(run_bank_until_caught_up(dir.path()).status.success());
-    let v0 = wakuwaku::runtime::content_version(&std::fs::read(bank_wasm()).unwrap());
+    let v0 = wakuwaku::sandbox::runtime::content_version(&std::fs::read(bank_wasm()).unwrap());
 
     let status = waku(&["status", "--data", "data", "--projection", "bank", "--topic", "accounts"], dir.path());
     let out = text(&status.stdout);
@@ -935,7 +935,7 @@ fn status_modules_and_the_admin_endpoint_from_the_command_line() {
     // A new version in the directory while stopped: the recorded one runs,
     // and the difference is said; --adopt-modules takes the new one.
     std::fs::write(dir.path().join("modules/bank.wasm"), bank_variant()).unwrap();
-    let v1 = wakuwaku::runtime::content_version(&bank_variant());
+    let v1 = wakuwaku::sandbox::runtime::content_version(&bank_variant());
     let out = run_bank_until_caught_up(dir.path());
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&format!("the directory holds version {v1}, but {v0} is recorded")), "{stderr}");
@@ -1282,7 +1282,7 @@ fn waku_test_keeps_a_bounded_outcome_and_counts_what_it_drops() {
     let out = waku_within_a_minute(&["test", &probe, &file], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(stdout.matches("  log info rrrrrrrrrr").count(), wakuwaku::trial::MOST_LOG_LINES);
+    assert_eq!(stdout.matches("  log info rrrrrrrrrr").count(), wakuwaku::authoring::trial::MOST_LOG_LINES);
     // The lines are in the outcome, not echoed on standard error as well
     // (where none was kept back: 11 000 lines).
     assert!(!text(&out.stderr).contains("rrrrrrrrrr"), "{} bytes of standard error", out.stderr.len());

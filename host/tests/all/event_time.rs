@@ -18,15 +18,15 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use wakuwaku::authoring::publish::headers_for;
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::event::{EventTypeTag, header_name, partition_for};
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::headers_for;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stat;
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stat;
 
 use crate::common::{compile_cache, inventory_wasm, ledger_py_wasm, probe_wasm, text, waku, waku_command, waku_within};
 
@@ -566,7 +566,7 @@ async fn killing_the_host_while_inputs_are_paused_for_alignment_loses_nothing() 
     for trial in 0..3 {
         let mut child = waku_command(dir.path())
             .args(&args)
-            .env("RUST_LOG", "wakuwaku::consumer::timing=info")
+            .env("RUST_LOG", "wakuwaku::engine::consumer::timing=info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -311,7 +311,7 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
 /// componentize-py (the python beside it, else `python3`); `None` after a
 /// `skipped:` line, or a panic under CI, which installs both.
 fn python_tools(project: &Path) -> Option<(std::ffi::OsString, PathBuf)> {
-    use wakuwaku::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
+    use wakuwaku::authoring::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
     let skip = |why: String| {
         if std::env::var("CI").is_ok_and(|ci| ci == "true") {
             panic!("the Python scaffold: CI installs componentize-py and pytest (.ci/run), but {why}");

@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use wakuwaku::authoring::publish::headers_for;
 use wakuwaku::event::{EventTypeTag, partition_for};
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::publish::headers_for;
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::StateStore;
 
 use crate::common::{probe_untimed_ledger_wasm, probe_wasm, stderr_lines, text, wait_for_line, waku, waku_command};
 use crate::event_time::{BASE_MS, Entry, PARTITIONS, oracle_balances, outcome, probe, publish, workload};
@@ -84,7 +84,7 @@ fn run_args(topics: &[&str], extra: &[&str]) -> Vec<String> {
 fn start(dir: &Path, args: &[String]) -> (Child, Receiver<String>) {
     let mut child = waku_command(dir)
         .args(args)
-        .env("RUST_LOG", "warn,wakuwaku::consumer::timing=info,waku::reload=info")
+        .env("RUST_LOG", "warn,wakuwaku::engine::consumer::timing=info,waku::reload=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

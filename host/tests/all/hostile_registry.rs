@@ -244,7 +244,10 @@ fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, String> {
             if path.is_dir() {
                 stack.push(path);
             } else {
-                found.insert(path.clone(), wakuwaku::oci::sha256_digest(&std::fs::read(&path).unwrap_or_default()));
+                found.insert(
+                    path.clone(),
+                    wakuwaku::operations::oci::sha256_digest(&std::fs::read(&path).unwrap_or_default()),
+                );
             }
         }
     }

@@ -11,6 +11,7 @@ mod event_time;
 mod first_hour;
 mod held_across_restart;
 mod hostile_registry;
+mod layers;
 mod oci;
 mod one_machine;
 mod readme_day;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, bank_fee_wasm, bank_wasm, text, waku};
 use serde_json::json;
-use wakuwaku::runtime::content_version;
+use wakuwaku::sandbox::runtime::content_version;
 
 fn ok(dir: &Path, args: &[&str]) -> Output {
     let out = waku(args, dir);

@@ -472,7 +472,7 @@ fn read_only_commands_on_postgresql_state_refuse_a_missing_projection_and_create
         assert!(out.status.success(), "`waku {}`: {}", command.join(" "), text(&out.stderr));
     }
     // Nothing of the misspelt one was written.
-    let (_, found) = wakuwaku::state::postgres::PostgresStore::connect_existing(&url, &there).unwrap();
+    let (_, found) = wakuwaku::storage::state::postgres::PostgresStore::connect_existing(&url, &there).unwrap();
     assert!(found.contains(&there) && !found.contains(&nope), "{found:?}");
 }
 

@@ -22,16 +22,16 @@ use crate::common::{bank_fee_wasm, bank_wasm, probe_wasm, stderr_lines, text, va
 use crate::event_time::{self, Entry};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::host::{StateSettings, open_state};
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish;
-use wakuwaku::rebuild::RebuildPaths;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::projection::load_module_file;
+use wakuwaku::operations::host::{StateSettings, open_state};
+use wakuwaku::operations::rebuild::RebuildPaths;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stat;
 
 const RUN: [&str; 9] = ["run", "--data", "data", "--projection", "bank", "--topic", "accounts", "--modules", "modules"];
 
@@ -70,7 +70,7 @@ fn follow(dir: &Path) -> Child {
 fn follow_with(dir: &Path, args: &[&str]) -> Child {
     waku_command(dir)
         .args(args)
-        .env("RUST_LOG", "warn,wakuwaku::rebuild=info")
+        .env("RUST_LOG", "warn,wakuwaku::operations::rebuild=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -212,7 +212,7 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
     let mut child = waku_command(dir.path())
         .args(RUN)
         .args(["--batch-size", "128", "--admin", &address])
-        .env("RUST_LOG", "warn,wakuwaku::rebuild=info")
+        .env("RUST_LOG", "warn,wakuwaku::operations::rebuild=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -226,7 +226,8 @@ async fn a_waiting_shadow_is_read_with_state_get_shadow_and_promoted_on_the_go_a
     let wrong = waku(&["state", "get", "--projection", "other", "--key", &key, "--admin", &url], dir.path());
     assert!(text(&wrong.stderr).contains("no projection `other` here"), "{}", text(&wrong.stderr));
     kill(child);
-    let shadow = wakuwaku::state::StateStore::open(&dir.path().join("data/rebuilds/bank/1/state.redb")).unwrap();
+    let shadow =
+        wakuwaku::storage::state::StateStore::open(&dir.path().join("data/rebuilds/bank/1/state.redb")).unwrap();
     let consumed: u64 = (0..2).map(|p| shadow.position("accounts", p).unwrap().unwrap_or(0)).sum();
     assert_eq!(consumed, 2_000, "the shadow consumed every event");
     drop(shadow);

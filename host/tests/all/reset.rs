@@ -9,13 +9,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use crate::common::{self, bank_wasm, text, waku};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::key::Key;
-use wakuwaku::log::{EmbeddedLog, EventLog};
-use wakuwaku::projection::load_module_file;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::{Stat, Stats};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::{EmbeddedLog, EventLog};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::{Stat, Stats};
 
 const PROJECTION: [&str; 6] = ["--data", "data", "--projection", "bank", "--topic", "accounts"];
 
@@ -419,7 +419,7 @@ fn on_iggy_a_time_finds_each_named_partitions_offset() {
     let ends = || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let log = wakuwaku::log::IggyLog::connect(&url, &stream).await.unwrap();
+            let log = wakuwaku::storage::log::IggyLog::connect(&url, &stream).await.unwrap();
             log.end_offsets("accounts").await.unwrap()
         })
     };

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::servers::{fresh_stream, iggy_url, postgres_url};
 use crate::common::{bank_wasm, waku_command};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::host::{StateSettings, open_state};
-use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::projection::load_module_file;
+use wakuwaku::operations::host::{StateSettings, open_state};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::stats::Stat;
 
 const PARTITIONS: u32 = 6;
 const EVENTS: usize = 3_000;
@@ -42,7 +42,7 @@ impl Member {
             .args(["--projection", projection, "--topic", "accounts", "--modules", "modules", "--batch-size", "200"])
             .args(["--iggy", iggy, "--stream", stream, "--group", "bank", "--state", postgres])
             .args(["--admin", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn,wakuwaku::consumer=info")
+            .env("RUST_LOG", "warn,wakuwaku::engine::consumer=info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

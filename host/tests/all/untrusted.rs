@@ -35,16 +35,16 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::json;
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::guest_build::GuestBuild;
+use wakuwaku::authoring::publish::{self, Outgoing};
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::guest_build::GuestBuild;
-use wakuwaku::handler::{HandlerModule, PayloadLimits};
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::handler::{HandlerModule, PayloadLimits};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_core::terminal::is_hidden;
 
 use crate::common::{bank_wasm, text, waku, waku_command};

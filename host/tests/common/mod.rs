@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use wakuwaku::guest_build::GuestBuild;
+use wakuwaku::authoring::guest_build::GuestBuild;
 
 /// The `waku` binary under test.
 pub fn waku_command(dir: &Path) -> Command {
@@ -145,7 +145,7 @@ pub fn bank_fee_wasm() -> &'static PathBuf {
 /// after a `skipped:` line saying `what` was skipped, or a panic under CI,
 /// which installs componentize-py (.ci/run).
 pub fn ledger_py_wasm(what: &str) -> Option<&'static PathBuf> {
-    use wakuwaku::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
+    use wakuwaku::authoring::guest_build::python::{COMPONENTIZE_PY_ENV, find_componentize_py};
     const PROJECT: &str = "tests/guests/ledger-py";
     let project = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join(PROJECT);
     if let Err(error) = find_componentize_py(&project, std::env::var_os(COMPONENTIZE_PY_ENV)) {

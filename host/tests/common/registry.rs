@@ -134,12 +134,12 @@ pub fn wasm_manifest(layer: &[u8]) -> Vec<u8> {
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {
             "mediaType": "application/vnd.wasm.config.v0+json",
-            "digest": wakuwaku::oci::sha256_digest(config),
+            "digest": wakuwaku::operations::oci::sha256_digest(config),
             "size": config.len(),
         },
         "layers": [{
             "mediaType": "application/wasm",
-            "digest": wakuwaku::oci::sha256_digest(layer),
+            "digest": wakuwaku::operations::oci::sha256_digest(layer),
             "size": layer.len(),
         }],
     })
@@ -186,7 +186,7 @@ pub fn storing() -> TestRegistry {
             "PUT" if path.contains("/manifests/") => {
                 // By tag and by digest, as a registry finds it.
                 let (repository, _) = path.rsplit_once('/').unwrap_or_default();
-                kept.insert(format!("{repository}/{}", wakuwaku::oci::sha256_digest(body)), body.to_vec());
+                kept.insert(format!("{repository}/{}", wakuwaku::operations::oci::sha256_digest(body)), body.to_vec());
                 kept.insert(path.to_owned(), body.to_vec());
                 empty(201)
             }

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::admin::{self, Admin, ModulesView, Status};
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::WorkloadSpec;
-use wakuwaku::metrics::Metrics;
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::authoring::demo::WorkloadSpec;
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::metrics::Metrics;
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::operations::admin::{self, Admin, ModulesView, Status};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{bank_log, bank_module};
 
 /// GETs `path`, returning the status code and the body.
@@ -35,7 +35,7 @@ struct Served {
 }
 
 impl Served {
-    async fn start<L: wakuwaku::log::EventLog>(admin: Admin<L>) -> Self {
+    async fn start<L: wakuwaku::storage::log::EventLog>(admin: Admin<L>) -> Self {
         let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -47,7 +47,7 @@ impl Served {
 
     /// The endpoint of `projection` alone: a bare consumer's progress, no
     /// library or rebuild, metrics of its own.
-    async fn bare<L: wakuwaku::log::EventLog>(log: Arc<L>, projection: Arc<Projection>) -> Self {
+    async fn bare<L: wakuwaku::storage::log::EventLog>(log: Arc<L>, projection: Arc<Projection>) -> Self {
         let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
         let progress = consumer.progress();
         Self::start(Admin {
@@ -364,9 +364,9 @@ fn accepted_connections(port: u16) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_answer_a_page_of_state_however_many_counters_there_are() {
     use wakuwaku::key::Key;
-    use wakuwaku::log::EventLog;
-    use wakuwaku::log::embedded::EmbeddedLog;
-    use wakuwaku::state::{BatchCommit, KeyWrites};
+    use wakuwaku::storage::log::EventLog;
+    use wakuwaku::storage::log::embedded::EmbeddedLog;
+    use wakuwaku::storage::state::{BatchCommit, KeyWrites};
 
     const COUNTERS: usize = 20_000;
     let dir = tempfile::tempdir().unwrap();
@@ -489,7 +489,7 @@ async fn with_a_token_only_the_probes_answer_a_caller_without_it() {
 
 #[tokio::test]
 async fn a_host_refuses_an_open_endpoint_off_loopback_with_a_typed_error() {
-    use wakuwaku::host::{Host, HostError, HostSettings, ModuleSource};
+    use wakuwaku::operations::host::{Host, HostError, HostSettings, ModuleSource};
     let dir = tempfile::tempdir().unwrap();
     let mut settings = HostSettings::new(dir.path(), "bank", "accounts", ModuleSource::Loaded(vec![bank_module()]));
     settings.admin = Some("0.0.0.0:0".parse().unwrap());

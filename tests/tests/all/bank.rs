@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::host::HostSettings;
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::operations::host::HostSettings;
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::{Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, read_partition};
 
 async fn consume_and_check(spec: WorkloadSpec, partitions: u32, batch_size: usize, workers: usize) {
@@ -74,7 +74,7 @@ async fn restarting_from_the_committed_position_applies_nothing_twice() {
     // Second run over all partitions: partition 0 resumes at its end.
     let config = ConsumerConfig { batch_size: 500, ..ConsumerConfig::default() };
     let (summary, projection) = catch_up(&log, settings(config)).await.unwrap();
-    let end0 = wakuwaku::log::EventLog::end_offset(&*log, "accounts", 0).await.unwrap();
+    let end0 = wakuwaku::storage::log::EventLog::end_offset(&*log, "accounts", 0).await.unwrap();
     assert_eq!(summary.consumed, spec.events as u64 - end0, "partition 0 was not consumed again");
 
     let check = demo::check_projection(&oracle, &*module, projection.store()).unwrap();

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::outbox;
+use wakuwaku::engine::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::event::{EventHeaders, EventTypeTag, Header, partition_for};
-use wakuwaku::host::{Host, HostSettings, RunningHost};
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::outbox;
-use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
-use wakuwaku::state::{BatchCommit, OutboxEntry, StateStore};
-use wakuwaku::stats::Stat;
+use wakuwaku::operations::host::{Host, HostSettings, RunningHost};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::{BatchCommit, OutboxEntry, StateStore};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
 const NOTE: EventTypeTag = EventTypeTag::new(4);
@@ -79,7 +79,7 @@ async fn unknown_tags_are_skipped_and_unreadable_headers_counted() {
 /// limit, never loaded into a batch, and the partition goes on past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_record_over_the_log_limit_is_dead_lettered_and_the_partition_goes_on() {
-    use wakuwaku::log::embedded::MAX_RECORD_BYTES;
+    use wakuwaku::storage::log::embedded::MAX_RECORD_BYTES;
     let (dir, log, settings) = setup(vec![record(NOTE, 1, json!({ "key": 1, "text": "a", "emit_to": null }))]).await;
     drop(log);
     // One block holding one record, in the log's block format: format 1,
@@ -231,7 +231,7 @@ async fn a_routed_topic_with_another_partition_count_is_refused_naming_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_outbox_goes_out_in_whole_stamped_appends_and_a_failure_between_them_repeats_nothing() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use wakuwaku::log::LogError;
+    use wakuwaku::storage::log::LogError;
     use wakuwaku_tests::faulty::{Call, FaultyLog};
 
     let dir = tempfile::tempdir().unwrap();
@@ -341,10 +341,10 @@ async fn a_following_host_polls_at_once_when_the_embedded_log_is_appended_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_take_of_an_assigned_partition_is_tried_again_after_a_backoff() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use wakuwaku::consumer::Consumer;
-    use wakuwaku::log::LogError;
-    use wakuwaku::metrics::Metrics;
-    use wakuwaku::projection::Projection;
+    use wakuwaku::engine::consumer::Consumer;
+    use wakuwaku::engine::metrics::Metrics;
+    use wakuwaku::engine::projection::Projection;
+    use wakuwaku::storage::log::LogError;
     use wakuwaku_tests::faulty::{Call, FaultyLog};
 
     const FAULTS: usize = 3;
@@ -369,7 +369,7 @@ async fn a_failed_take_of_an_assigned_partition_is_tried_again_after_a_backoff()
             }
             _ => None,
         }));
-    let spec = wakuwaku::demo::WorkloadSpec { events: 1_000, accounts: 40, seed: 71 };
+    let spec = wakuwaku::authoring::demo::WorkloadSpec { events: 1_000, accounts: 40, seed: 71 };
     let oracle = wakuwaku_tests::publish_bank(&*log, module.clone(), spec, 2).await;
     armed.store(true, Ordering::SeqCst);
 
@@ -405,7 +405,7 @@ async fn a_failed_take_of_an_assigned_partition_is_tried_again_after_a_backoff()
         "{counted}"
     );
     // One forget per take tried (FAULTS failed, two succeeded).
-    let producer = wakuwaku::outbox::producer(projection.store(), "bank").unwrap();
+    let producer = wakuwaku::engine::outbox::producer(projection.store(), "bank").unwrap();
     let forgotten = forgotten.lock().unwrap().clone();
     assert_eq!(forgotten.len(), FAULTS + 2, "{forgotten:?}");
     for partition in [0, 1] {
@@ -413,6 +413,6 @@ async fn a_failed_take_of_an_assigned_partition_is_tried_again_after_a_backoff()
     }
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
-    let check = wakuwaku::demo::check_projection(&oracle, &*module, projection.store()).unwrap();
+    let check = wakuwaku::authoring::demo::check_projection(&oracle, &*module, projection.store()).unwrap();
     assert!(check.matches(), "{}", check.report(10));
 }

@@ -10,14 +10,14 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::authoring::publish::{self, Outgoing};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::event::{EventTiming, EventTypeTag, header_name};
 use wakuwaku::key::Key;
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku_tests::{catch_up, guest_wasm, host_settings, probe_wasm};
 
 /// `Added` of the 0.2 module.
@@ -31,7 +31,7 @@ async fn a_module_of_the_0_2_contract_runs_beside_a_current_one_in_one_projectio
     let old = load_module_file(&sandbox, &guest_wasm("tests/guests/tally-0-2")).expect("the 0.2 module loads");
     let new = load_module_file(&sandbox, &probe_wasm()).expect("the 0.3 module loads");
     // A 0.2 module has no event time: all its types are untimed.
-    let timings = |module: &dyn wakuwaku::handler::HandlerModule| -> HashMap<u32, EventTiming> {
+    let timings = |module: &dyn wakuwaku::sandbox::handler::HandlerModule| -> HashMap<u32, EventTiming> {
         module.event_types().iter().map(|t| (t.tag.get(), t.timing)).collect()
     };
     assert_eq!(timings(&*old), HashMap::from([(300, EventTiming::Untimed)]));

@@ -15,13 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::engine::consumer::ConsumerConfig;
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, header_name};
-use wakuwaku::host::{Host, StateSettings};
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::stats::Stat;
+use wakuwaku::operations::host::{Host, StateSettings};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::flaky;
 use wakuwaku_tests::{fresh_stream, host_settings, json_record, postgres_url, probe_module};
@@ -169,7 +169,7 @@ async fn each_type_is_held_to_its_event_time_declaration_and_retried_records_kee
     assert_eq!(counters.get("ledger"), Some(&3), "keys 1 and 3 applied, the missing time and key 4 not");
 
     // Key 1's entry without its time: dead-lettered, naming the rule.
-    let letters = wakuwaku::dead_letter::list(&*log, "early", "ledger", store).await.unwrap();
+    let letters = wakuwaku::operations::dead_letter::list(&*log, "early", "ledger", store).await.unwrap();
     let reasons: Vec<String> = letters
         .iter()
         .filter_map(|letter| letter.routed.failure.as_ref().map(|failure| failure.message.clone()))
@@ -199,13 +199,13 @@ async fn each_type_is_held_to_its_event_time_declaration_and_retried_records_kee
 }
 
 /// The ledger counters of `store`: (`ledger`, `out_of_order`).
-fn ledger_counts(store: &wakuwaku::state::StateStore) -> (i128, i128) {
+fn ledger_counts(store: &wakuwaku::storage::state::StateStore) -> (i128, i128) {
     let counters: std::collections::HashMap<String, i128> = store.counters().unwrap().into_iter().collect();
     (counters.get("ledger").copied().unwrap_or(0), counters.get("out_of_order").copied().unwrap_or(0))
 }
 
 /// Waits until `store` counted `applied` ledger entries.
-async fn wait_for(store: &wakuwaku::state::StateStore, applied: i128) -> Instant {
+async fn wait_for(store: &wakuwaku::storage::state::StateStore, applied: i128) -> Instant {
     let since = Instant::now();
     while ledger_counts(store).0 < applied {
         assert!(since.elapsed() < Duration::from_secs(60), "{:?} of {applied} applied", ledger_counts(store));
@@ -248,7 +248,7 @@ async fn an_idle_partition_that_receives_new_data_after_catch_up_counts_again_un
     let mut settings = host_settings(dir.path(), "stock", "early", vec![probe_module()], consumer);
     settings.more_topics = vec!["late".to_owned(), "catalogue".to_owned()];
     settings.until_caught_up = false;
-    let started_ms = wakuwaku::routing::now_ms() as i64;
+    let started_ms = wakuwaku::platform::clock::now_ms() as i64;
     let host = Host::start_on(log.clone(), settings).await.unwrap();
     let store = host.projection().store().clone();
     let history = (keys * per_key + 2) as i128;
@@ -270,14 +270,14 @@ async fn an_idle_partition_that_receives_new_data_after_catch_up_counts_again_un
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    assert!(clock <= wakuwaku::routing::now_ms() as i64);
+    assert!(clock <= wakuwaku::platform::clock::now_ms() as i64);
 
     // New data on the idle `early`, 300 ms ahead of processing time: it
     // counts again, and waits for the processing-time clock to pass it.
-    let ahead = wakuwaku::routing::now_ms() as i64 + 300;
+    let ahead = wakuwaku::platform::clock::now_ms() as i64 + 300;
     log.append("early", vec![(0, vec![entry(0, per_key + 1, ahead)])]).await.unwrap();
     wait_for(&store, history + 1).await;
-    let applied_ms = wakuwaku::routing::now_ms() as i64;
+    let applied_ms = wakuwaku::platform::clock::now_ms() as i64;
     assert!(applied_ms > ahead, "applied at {applied_ms}, before processing time passed its event time {ahead}");
     // Then on the idle `late`, a time the clock passed long ago: late,
     // applied at once, counted.
@@ -403,7 +403,7 @@ async fn dead_letters_of_a_projection_over_two_topics_name_the_topic_each_event_
     assert_eq!((summary.applied, summary.dead_lettered, summary.retry_in), (3, 2, 1), "{summary:?}");
 
     // Where each dead letter says its event came from, by key.
-    let origins = |letters: &[wakuwaku::dead_letter::DeadLetter]| {
+    let origins = |letters: &[wakuwaku::operations::dead_letter::DeadLetter]| {
         let mut origins: Vec<(u64, String, u32, u64, bool)> = letters
             .iter()
             .map(|letter| {
@@ -417,7 +417,7 @@ async fn dead_letters_of_a_projection_over_two_topics_name_the_topic_each_event_
         origins
     };
     let store = projection.store();
-    let letters = wakuwaku::dead_letter::list(&*log, "first", "ledger", store).await.unwrap();
+    let letters = wakuwaku::operations::dead_letter::list(&*log, "first", "ledger", store).await.unwrap();
     assert_eq!(origins(&letters), [(a, "first".into(), 1, 2, false), (b, "second".into(), 1, 1, false)]);
     // As the text header `waku.error.topic` says it, read off the log.
     let dlq = log.read(projection.routed_topics().dlq(), 1, 0, 10).await.unwrap();
@@ -430,19 +430,23 @@ async fn dead_letters_of_a_projection_over_two_topics_name_the_topic_each_event_
     assert!(topics.contains(&&b"second"[..]) && topics.contains(&&b"first"[..]), "{topics:?}");
     // Key c's record waiting in retry.
     let retried = log.read(projection.routed_topics().retry(), 1, 0, 10).await.unwrap();
-    let routed: Vec<_> =
-        retried.iter().map(|stored| wakuwaku::routing::Routed::parse(&stored.record.headers).unwrap()).collect();
+    let routed: Vec<_> = retried
+        .iter()
+        .map(|stored| wakuwaku::engine::routing::Routed::parse(&stored.record.headers).unwrap())
+        .collect();
     let places: Vec<_> = routed.iter().map(|r| (r.topic.as_str(), r.origin_partition, r.origin_offset)).collect();
     assert_eq!(places, [("second", 1, 2)], "key c's retry record");
 
     // Key b's letter re-driven fails again, and still names where it came from.
-    let selection = wakuwaku::dead_letter::Selection { key: Some(wakuwaku::key::Key::int(b)), ..Default::default() };
-    let redriven = wakuwaku::dead_letter::redrive(&*log, "first", "ledger", store, &selection).await.unwrap();
+    let selection =
+        wakuwaku::operations::dead_letter::Selection { key: Some(wakuwaku::key::Key::int(b)), ..Default::default() };
+    let redriven =
+        wakuwaku::operations::dead_letter::redrive(&*log, "first", "ledger", store, &selection).await.unwrap();
     assert_eq!(redriven.records, 1, "{redriven:?}");
     drop(projection);
     let (summary, projection) = wakuwaku_tests::catch_up(&log, settings).await.unwrap();
     assert_eq!(summary.dead_lettered, 1, "the re-driven letter failed again: {summary:?}");
-    let letters = wakuwaku::dead_letter::list(&*log, "first", "ledger", projection.store()).await.unwrap();
+    let letters = wakuwaku::operations::dead_letter::list(&*log, "first", "ledger", projection.store()).await.unwrap();
     assert_eq!(
         origins(&letters),
         [(a, "first".into(), 1, 2, false), (b, "second".into(), 1, 1, false), (b, "second".into(), 1, 1, true)]

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use serde_json::json;
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::{BatchBudget, CallError, KeyScope, PayloadLimits};
 use wakuwaku::key::Key;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::handler::{BatchBudget, CallError, KeyScope, PayloadLimits};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::probe_wasm;
 
 const PANIC: EventTypeTag = EventTypeTag::new(3);

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::ConsumerError;
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::host::{Host, HostError, HostSettings, ModuleSource};
-use wakuwaku::lifecycle::LifecycleError;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, LogError};
-use wakuwaku::runtime::content_version;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::ConsumerError;
+use wakuwaku::operations::host::{Host, HostError, HostSettings, ModuleSource};
+use wakuwaku::operations::lifecycle::LifecycleError;
+use wakuwaku::sandbox::runtime::content_version;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, LogError};
 use wakuwaku_tests::{bank_log, bank_module, bank_wasm};
 
 /// The status code of GET `url`, or `None` when nothing answers.

@@ -16,17 +16,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
+use wakuwaku::engine::projection::{Projection, load_module_file};
 use wakuwaku::event::{EventAtomicOrdering, EventTypeTag};
-use wakuwaku::handler::{
+use wakuwaku::key::Key;
+use wakuwaku::operations::lifecycle::{CreateTopics, Library, LifecycleError, LogEmitTopics, ensure_emit_topics};
+use wakuwaku::sandbox::handler::{
     BatchBudget, CallError, ContractError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
 };
-use wakuwaku::key::Key;
-use wakuwaku::lifecycle::{CreateTopics, Library, LifecycleError, LogEmitTopics, ensure_emit_topics};
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::runtime::{LoadError, Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::liar::{self, BAD, BAD_MESSAGE_LEN, Describe, LIE, TRAP, TRUTH};
 use wakuwaku_tests::{catch_up, host_settings, json_record, probe_wasm};
 
@@ -54,7 +54,7 @@ fn bodies(value: serde_json::Value) -> Vec<Vec<u8>> {
     vec![serde_json::to_vec(&value).unwrap()]
 }
 
-fn scope(reader: &Arc<wakuwaku::state::StateReader>, key: u64) -> KeyScope {
+fn scope(reader: &Arc<wakuwaku::storage::state::StateReader>, key: u64) -> KeyScope {
     let limits = PayloadLimits::default();
     KeyScope::new(Key::int(key), reader.clone(), limits, BatchBudget::new(&limits))
 }
@@ -187,7 +187,7 @@ fn a_module_of_the_previous_contract_is_refused_naming_both_versions() {
         Err(error @ LoadError::ContractVersion { .. }) => {
             let message = error.to_string();
             assert!(message.contains("was built for wakuwaku:handler@0.1.0"), "{message}");
-            assert!(message.contains(wakuwaku::runtime::CONTRACT), "{message}");
+            assert!(message.contains(wakuwaku::sandbox::runtime::CONTRACT), "{message}");
         }
         Err(other) => panic!("expected a contract version error, got {other}"),
         Ok(_) => panic!("a module of the old contract loaded"),
@@ -199,8 +199,8 @@ fn a_module_using_two_contract_versions_at_once_is_refused_naming_both() {
     match sandbox().load("mixed", &liar::mixed_contract()) {
         Err(error @ LoadError::ContractVersion { .. }) => {
             let message = error.to_string();
-            assert!(message.contains(wakuwaku::runtime::CONTRACT_0_2), "{message}");
-            assert!(message.contains(wakuwaku::runtime::CONTRACT), "{message}");
+            assert!(message.contains(wakuwaku::sandbox::runtime::CONTRACT_0_2), "{message}");
+            assert!(message.contains(wakuwaku::sandbox::runtime::CONTRACT), "{message}");
             assert!(message.contains("at once"), "{message}");
         }
         Err(other) => panic!("expected a contract version error, got {other}"),
@@ -385,10 +385,10 @@ fn raw(key: u64, op: &str, count: u64, fields: serde_json::Value) -> serde_json:
 /// and every other key of both modules is applied in the same run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_calls_land_in_the_dead_letter_topic_with_their_reasons_and_the_rest_is_applied() {
-    use wakuwaku::consumer::ConsumerConfig;
+    use wakuwaku::engine::consumer::ConsumerConfig;
+    use wakuwaku::engine::routing::{FailureClass, RetryPolicy, Routed};
     use wakuwaku::event::EventHeaders;
-    use wakuwaku::log::Record;
-    use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
+    use wakuwaku::storage::log::Record;
 
     const HOG: EventTypeTag = EventTypeTag::new(2);
     const RECURSE: EventTypeTag = EventTypeTag::new(6);

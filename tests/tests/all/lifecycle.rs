@@ -9,17 +9,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::host::{Host, HostSettings, ModuleSource};
-use wakuwaku::lifecycle::{Difference, EmitTopics, KEPT_VERSIONS, Library, LifecycleError, Reloader};
-use wakuwaku::log::EventLog;
-use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::publish;
-use wakuwaku::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::projection::{Projection, load_module_file};
+use wakuwaku::operations::host::{Host, HostSettings, ModuleSource};
+use wakuwaku::operations::lifecycle::{Difference, EmitTopics, KEPT_VERSIONS, Library, LifecycleError, Reloader};
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, WasmModule, content_version};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::{
     Recorder, bank_fee_wasm, bank_log, bank_variant, bank_wasm, check_call_order, probe_wasm, read_partition,
 };

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
 use wakuwaku::key::Key;
-use wakuwaku::log::{EmbeddedLog, EventLog, IggyLog, LogError, PolledBatch, Record};
+use wakuwaku::storage::log::{EmbeddedLog, EventLog, IggyLog, LogError, PolledBatch, Record};
 
 fn record(key: u64, n: u32) -> Record {
     let headers = EventHeaders {

@@ -1,4 +1,4 @@
-//! A log that does not keep what it held ([`wakuwaku::log::loss`]): a lost
+//! A log that does not keep what it held ([`wakuwaku::storage::log::loss`]): a lost
 //! tail is followed, counted and shown, never waited for, and stops a
 //! partition that applied lost offsets until a reset; a topic created
 //! again is recognised; a lost head is said before a replay; a lossy
@@ -10,16 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use wakuwaku::admin::{self, Status};
-use wakuwaku::consumer::{ConsumerConfig, Summary};
+use wakuwaku::engine::consumer::{ConsumerConfig, Summary};
+use wakuwaku::engine::metrics::Metrics;
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::{Host, HostSettings, ModuleSource};
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::loss::{self, Durability, LostHead};
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::metrics::Metrics;
-use wakuwaku::projection::Projection;
-use wakuwaku::reset::{self, Target};
+use wakuwaku::operations::admin::{self, Status};
+use wakuwaku::operations::host::{Host, HostSettings, ModuleSource};
+use wakuwaku::operations::reset::{self, Target};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::loss::{self, Durability, LostHead};
+use wakuwaku::storage::log::{EventLog, Record};
 use wakuwaku_tests::losing::{LosingLog, copy_prefix};
 use wakuwaku_tests::{json_record as record, probe_module};
 

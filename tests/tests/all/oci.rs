@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use wakuwaku::host::{HostSettings, ModuleSource};
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::oci::{ModuleRef, OciError, Registry, pins, sha256_digest};
-use wakuwaku::runtime::content_version;
-use wakuwaku::state::StateStore;
+use wakuwaku::operations::host::{HostSettings, ModuleSource};
+use wakuwaku::operations::oci::{ModuleRef, OciError, Registry, pins, sha256_digest};
+use wakuwaku::sandbox::runtime::content_version;
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::{bank_variant, catch_up, oci_registry};
 
 /// A repository no earlier run used, ending in `bank` (the module it names).

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::engine::consumer::ConsumerConfig;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::{Host, HostSettings, ModuleSource};
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, LogError, Record};
+use wakuwaku::operations::host::{Host, HostSettings, ModuleSource};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, LogError, Record};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{json_record as record, probe_module};
 

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::outbox::{self, OutboxError, Published};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::engine::routing::{FailureClass, Routed, RoutedTopics};
 use wakuwaku::event::{EventHeaders, EventTypeTag};
 use wakuwaku::key::Key;
-use wakuwaku::log::{EmbeddedLog, EventLog, LogError};
-use wakuwaku::outbox::{self, OutboxError, Published};
-use wakuwaku::projection::Projection;
-use wakuwaku::routing::{FailureClass, Routed, RoutedTopics};
-use wakuwaku::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
-use wakuwaku::stats::{Stat, Stats};
+use wakuwaku::operations::dead_letter::{self, DeadLetterError, Selection};
+use wakuwaku::storage::log::{EmbeddedLog, EventLog, LogError};
+use wakuwaku::storage::state::{BatchCommit, EmitOrigin, OutboxEntry, StateStore};
+use wakuwaku::storage::stats::{Stat, Stats};
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{catch_up, host_settings, json_record as record, probe_module};
 
@@ -277,7 +277,7 @@ async fn only_the_records_the_log_refuses_are_dead_lettered() {
 /// stays in the outbox, never dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_over_the_embedded_log_limit_are_dead_lettered_or_stop_with_the_sizes_never_dropped() {
-    use wakuwaku::log::embedded::{MAX_RECORD_BYTES, ROUTED_HEADROOM};
+    use wakuwaku::storage::log::embedded::{MAX_RECORD_BYTES, ROUTED_HEADROOM};
     let dir = tempfile::tempdir().unwrap();
     let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
     for topic in ["probes", "dlq_probes", "retry_probes", "out"] {

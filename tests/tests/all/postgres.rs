@@ -13,16 +13,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::{Consumer, ConsumerConfig};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::handler::HandlerModule;
-use wakuwaku::host::{Host, StateSettings};
-use wakuwaku::log::EventLog;
-use wakuwaku::progress::Progress;
-use wakuwaku::projection::Projection;
-use wakuwaku::publish;
-use wakuwaku::state::{PostgresStore, StateStore};
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
+use wakuwaku::engine::progress::Progress;
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::operations::host::{Host, StateSettings};
+use wakuwaku::sandbox::handler::HandlerModule;
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::state::{PostgresStore, StateStore};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::{bank_log, bank_module, catch_up, fresh_stream, host_settings, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +60,7 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
     assert_eq!(stats[Stat::Applied], spec.events as u64);
 
     // Plain SQL on the documented view answers an account's balance.
-    let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let config: wakuwaku::storage::state::postgres_tls::PostgresConfig = url.parse().unwrap();
     let client = config.connect_client().await.unwrap();
     for (&account, expected) in oracle.accounts.iter().take(20) {
         let sql = format!(
@@ -177,7 +177,7 @@ async fn a_host_whose_database_forgot_its_last_commits_goes_on_from_the_database
     };
     wait_consumed("the first workload was consumed").await;
 
-    let config: wakuwaku::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let config: wakuwaku::storage::state::postgres_tls::PostgresConfig = url.parse().unwrap();
     let client = config.connect_client().await.unwrap();
     let tables =
         ["waku_state", "waku_counters", "waku_stats", "waku_positions", "waku_done", "waku_outbox", "waku_outbox_next"];

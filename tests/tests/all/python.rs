@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::demo::{self, WorkloadSpec};
-use wakuwaku::handler::{CallError, ErrorClass};
-use wakuwaku::host::HostSettings;
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::operations::host::HostSettings;
+use wakuwaku::sandbox::handler::{CallError, ErrorClass};
 use wakuwaku_tests::python::bank_py_module;
 use wakuwaku_tests::{Recorder, bank_log, bank_module, catch_up, check_call_order, host_settings, read_partition};
 

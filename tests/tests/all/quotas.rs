@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
-use wakuwaku::dead_letter;
-use wakuwaku::handler::PayloadLimits;
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::{PostgresStore, StateStore};
+use wakuwaku::operations::dead_letter;
+use wakuwaku::sandbox::handler::PayloadLimits;
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::{PostgresStore, StateStore};
 use wakuwaku_tests::hostile::{Accounts, OUT, attack, counter, hostile_module, report, tag};
 use wakuwaku_tests::postgres_url;
 

@@ -8,18 +8,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::dead_letter::{self, Selection};
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::routing::RetryPolicy;
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders};
-use wakuwaku::host::{Host, HostSettings, StateSettings};
 use wakuwaku::key::Key;
-use wakuwaku::log::{EmbeddedLog, Record};
-use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::reset::{self, Target};
-use wakuwaku::routing::RetryPolicy;
-use wakuwaku::state::{StateError, StateStore};
-use wakuwaku::stats::Stat;
+use wakuwaku::operations::dead_letter::{self, Selection};
+use wakuwaku::operations::host::{Host, HostSettings, StateSettings};
+use wakuwaku::operations::reset::{self, Target};
+use wakuwaku::storage::log::{EmbeddedLog, Record};
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::state::{StateError, StateStore};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
 use wakuwaku_tests::{bank_log, bank_module, catch_up, host_settings, publish_bank};
 

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, RunCall};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, RunCall};
+use wakuwaku::engine::projection::Projection;
+use wakuwaku::engine::routing::{FailureClass, RetryPolicy, Routed};
 use wakuwaku::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag, Header, partition_for};
-use wakuwaku::host::HostSettings;
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
+use wakuwaku::operations::host::HostSettings;
 use wakuwaku::plan::PlanRecord;
-use wakuwaku::projection::Projection;
-use wakuwaku::routing::{FailureClass, RetryPolicy, Routed};
-use wakuwaku::state::StateStore;
-use wakuwaku::stats::Stats;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::stats::Stats;
 use wakuwaku_tests::flaky::{Flaky, OTHER, STEP, SUM, Step};
 use wakuwaku_tests::{Recorder, catch_up, check_call_order, host_settings};
 
@@ -397,7 +397,7 @@ async fn a_poisoned_key_delays_no_other_key() {
 
 /// Catches up again and again until nothing waits in retry; the summaries
 /// added up.
-async fn drain_retries(consumer: &Consumer<EmbeddedLog>) -> wakuwaku::consumer::Summary {
+async fn drain_retries(consumer: &Consumer<EmbeddedLog>) -> wakuwaku::engine::consumer::Summary {
     let mut summary = consumer.catch_up().await.unwrap();
     while summary.retry_in > summary.retry_out {
         let more = consumer.catch_up().await.unwrap();
@@ -444,7 +444,7 @@ async fn keys_past_a_spent_batch_budget_are_not_called_and_stay_where_they_wait(
     setup.publish(&events).await;
     let projection = setup.projection();
     // A few keys' writes fill a batch's budget.
-    let payload = wakuwaku::handler::PayloadLimits { max_batch_held: 1_000, ..Default::default() };
+    let payload = wakuwaku::sandbox::handler::PayloadLimits { max_batch_held: 1_000, ..Default::default() };
     let config = ConsumerConfig { payload, ..consumer_config(1_000, eager(5)) };
     let consumer = Consumer::new(setup.log.clone(), projection.clone(), config);
     let summary = drain_retries(&consumer).await;
@@ -529,7 +529,7 @@ async fn an_empty_retry_queue_is_never_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_in_the_retry_topic_that_are_not_the_projections_are_read_once() {
     let setup = Setup::new(1).await;
-    let retry = wakuwaku::routing::retry_topic(TOPIC);
+    let retry = wakuwaku::engine::routing::retry_topic(TOPIC);
     setup.log.create_topic(&retry, 1).await.unwrap();
     let junk = (0..50).map(|i| Record { headers: Vec::new(), body: format!("junk {i}").into_bytes() }).collect();
     setup.log.append(&retry, vec![(0, junk)]).await.unwrap();
@@ -592,7 +592,7 @@ async fn a_folded_run_is_retried_as_one_record_that_counts_every_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
-    use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
+    use wakuwaku::operations::dead_letter::{self, DeadLetterError, Selection};
     let setup = Setup::new(2).await;
     let (one, two) = (0x1111_0000_0000_0000u64, 0xF000_0000_0000_0000u64);
     setup
@@ -643,7 +643,7 @@ async fn dead_letters_are_redriven_in_order_once_the_module_is_fixed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_host_redrives_only_the_dead_letters_of_its_own_partitions() {
-    use wakuwaku::dead_letter::{self, DeadLetterError, Selection};
+    use wakuwaku::operations::dead_letter::{self, DeadLetterError, Selection};
     let setup = Setup::new(2).await;
     // Two keys per partition, two events each; host A runs partition 0,
     // host B partition 1, each with its own state store, on one topic.

@@ -7,18 +7,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::ConsumerConfig;
+use wakuwaku::authoring::publish::{self, Outgoing};
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::projection::load_module_file;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::handler::{BatchBudget, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits};
 use wakuwaku::key::Key;
-use wakuwaku::log::EventLog;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::projection::load_module_file;
-use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_COMPONENT_GLOBALS, MAX_FUNCTION_BYTES};
-use wakuwaku::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
-use wakuwaku::runtime::{LoadError, Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::sandbox::handler::{
+    BatchBudget, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
+};
+use wakuwaku::sandbox::runtime::component_file::{MAX_COMPONENT_FUNCTIONS, MAX_COMPONENT_GLOBALS, MAX_FUNCTION_BYTES};
+use wakuwaku::sandbox::runtime::wasi::{MAX_RANDOM_BYTES, MAX_WASI_RESOURCES};
+use wakuwaku::sandbox::runtime::{LoadError, Sandbox, SandboxLimits};
+use wakuwaku::storage::log::EventLog;
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_core::limits::ContractError;
 use wakuwaku_tests::hostile::{ALLOC_TRIGGER, hostile_module, tag};
 use wakuwaku_tests::{catch_up, host_settings, probe_wasm};
@@ -243,7 +245,7 @@ fn a_component_with_a_function_too_large_is_refused_before_it_is_compiled() {
         other => panic!("expected a refusal naming component-function-size, got {:?}", other.err()),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "refused after {:?}: it was compiled", started.elapsed());
-    let checked = wakuwaku::runtime::component_file::check_code(&component(&[function(1000), function(1000)]));
+    let checked = wakuwaku::sandbox::runtime::component_file::check_code(&component(&[function(1000), function(1000)]));
     assert_eq!(checked, Ok(3));
 }
 
@@ -675,7 +677,7 @@ fn a_component_may_ignore_a_refusal_and_only_what_was_accepted_is_kept() {
     assert_eq!(outcome.writes.len(), 4);
 }
 
-fn outbox_keys(outbox: &[wakuwaku::state::OutboxEntry]) -> Vec<Key> {
+fn outbox_keys(outbox: &[wakuwaku::storage::state::OutboxEntry]) -> Vec<Key> {
     outbox.iter().map(|entry| wakuwaku::event::EventHeaders::parse_stored(&entry.record.headers).unwrap().key).collect()
 }
 

@@ -13,12 +13,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use wakuwaku::consumer::ConsumerConfig;
-use wakuwaku::demo::{self, Oracle, WorkloadSpec};
-use wakuwaku::log::{EventLog, IggyLog};
-use wakuwaku::publish;
-use wakuwaku::state::{PostgresStore, StateStore};
-use wakuwaku::stats::Stat;
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::state::{PostgresStore, StateStore};
+use wakuwaku::storage::stats::Stat;
 use wakuwaku_tests::group::GroupHost;
 use wakuwaku_tests::{bank_module, fresh_stream, iggy_url, postgres_url, publish_bank};
 
@@ -52,10 +52,10 @@ async fn group_members_share_the_partitions_and_a_closed_members_go_to_the_rest(
     }
     // The embedded log has no groups.
     let dir = tempfile::tempdir().unwrap();
-    let embedded = wakuwaku::log::EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+    let embedded = wakuwaku::storage::log::EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
     assert!(matches!(
         embedded.group_partitions("accounts", "bank").await,
-        Err(wakuwaku::log::LogError::NoConsumerGroups)
+        Err(wakuwaku::storage::log::LogError::NoConsumerGroups)
     ));
 }
 
@@ -242,7 +242,8 @@ async fn publish_timed_history(log: &IggyLog, keys: u64, per_key: u64, partition
         .collect();
     entries.sort_unstable();
     for (topic_index, topic) in TIMED_TOPICS.iter().enumerate() {
-        let mut batches: Vec<(u32, Vec<wakuwaku::log::Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
+        let mut batches: Vec<(u32, Vec<wakuwaku::storage::log::Record>)> =
+            (0..partitions).map(|p| (p, Vec::new())).collect();
         for &(at, _, key, seq, amount) in entries.iter().filter(|entry| entry.1 == topic_index) {
             let body =
                 serde_json::json!({ "key": key, "seq": seq, "amount": amount, "fail": null, "ordering": "relaxed" });

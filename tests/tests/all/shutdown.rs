@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, ConsumerError};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, ConsumerError};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::event::EventTypeTag;
-use wakuwaku::host::{Host, HostSettings};
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, LogError, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::state::StateStore;
+use wakuwaku::operations::host::{Host, HostSettings};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, LogError, Record};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::faulty::{Call, FaultyLog};
 use wakuwaku_tests::{catch_up, host_settings, json_record, probe_module};
 
@@ -96,7 +96,7 @@ async fn a_failing_partition_stops_follow_without_waiting_for_a_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catching_up_stops_on_shutdown_and_a_second_run_finishes_the_rest() {
-    use wakuwaku::demo::{self, WorkloadSpec};
+    use wakuwaku::authoring::demo::{self, WorkloadSpec};
     use wakuwaku_tests::{bank_log, bank_module};
 
     let dir = tempfile::tempdir().unwrap();

@@ -33,19 +33,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
-use wakuwaku::dead_letter;
-use wakuwaku::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
+use wakuwaku::authoring::publish::{self, Outgoing};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::projection::{Projection, load_module_file};
+use wakuwaku::engine::routing::{FailureClass, RetryPolicy, Routed, dlq_topic, retry_topic};
 use wakuwaku::event::{EventHeaders, EventTypeTag};
-use wakuwaku::handler::{CallError, HandlerModule, PayloadLimits};
 use wakuwaku::key::Key;
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record, StoredRecord};
-use wakuwaku::projection::{Projection, load_module_file};
-use wakuwaku::publish::{self, Outgoing};
-use wakuwaku::routing::{FailureClass, RetryPolicy, Routed, dlq_topic, retry_topic};
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::StateStore;
+use wakuwaku::operations::dead_letter;
+use wakuwaku::sandbox::handler::{CallError, HandlerModule, PayloadLimits};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record, StoredRecord};
+use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::hostile::{
     Accounts, OUT, Report, attack, attack_body, attack_name, counter, hostile_module, report, rule, tag,
 };

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
-use wakuwaku::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::consumer::{Consumer, ConsumerConfig, Summary};
+use wakuwaku::engine::projection::Projection;
 use wakuwaku::key::{Key, KeyValue};
-use wakuwaku::log::embedded::EmbeddedLog;
-use wakuwaku::log::{EventLog, Record};
-use wakuwaku::projection::Projection;
-use wakuwaku::runtime::{Sandbox, SandboxLimits};
-use wakuwaku::state::{BatchCommit, KeyWrites, PostgresStore, StateStore};
+use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
+use wakuwaku::storage::log::embedded::EmbeddedLog;
+use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::{BatchCommit, KeyWrites, PostgresStore, StateStore};
 use wakuwaku_tests::hostile::{Accounts, OUT, attack, hostile_module, report, tag};
 
 const TOPIC: &str = "hostile";

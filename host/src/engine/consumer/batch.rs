@@ -1,0 +1,728 @@
+//! One batch, from records to a commit: headers parsed into the planner's
+//! input (keys in retry diverted behind them, unreadable headers
+//! dead-lettered), the plan split over the partition's workers, their
+//! outcomes gathered into one [`BatchCommit`] with the position, and that
+//! committed in one transaction.
+//!
+//! The batch is a value: [`BatchRunner`] holds neither the log nor the
+//! store. It takes records and a way to read the snapshot of the batch's
+//! keys and gives back the [`Finished`] batch, its commit not yet made;
+//! [`BatchRunner::commit`] then hands that to the store. Gathering the
+//! workers' outcomes into the commit is a function of them ([`gather`]).
+//!
+//! The planner groups records by a number per key, never by its hash: each
+//! distinct key of the batch (its canonical bytes) gets its own, so two
+//! keys never share a run, a fold, a state scope or a retry diversion.
+//!
+//! Rules kept here:
+//! - **A key's timed events reach its handler in event-time order.** The
+//!   records of a released batch come in event-time order; as they become
+//!   the planner's records, a change of timed type within a key is made a
+//!   fence ([`wakuwaku_core::time_order`]): the first record of a
+//!   [`EventTiming::Timed`] type after one of another such type is planned
+//!   as `AcqRel`, so the planner, which keeps only the orders the ordering
+//!   page requires, cannot put the two types in two body runs. Untimed
+//!   types, and timed types declared `timed-relaxed` (the module's
+//!   opt-out), are planned as they declare. Records taken from retry are
+//!   fenced the same way (they come in the order they were executed).
+//! - **The fence is the planner's alone.** A record keeps its declared
+//!   ordering everywhere else: in its run's headers when it goes to retry
+//!   or the dead-letter topic, and in its tries.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::call_time::CallTime;
+use super::failure::Tries;
+use super::key::{KeyWork, RunWork, WorkerOutcome};
+use super::key_table::KeyTable;
+use super::phase::{Laps, Phase};
+use super::timing::Advance;
+use super::{CallObserver, ConsumerConfig, ConsumerError, Summary, release_marks};
+use crate::engine::metrics::{BatchTally, Metrics};
+use crate::engine::projection::{ModuleSet, Projection};
+use crate::engine::routing::{self, RetryQueue, Routed, RoutedTopics};
+use crate::engine::telemetry::CallTrace;
+use crate::event::{Algebra, Envelope, EventAtomicOrdering, EventTiming, HeaderError};
+use crate::key::Key;
+use crate::plan::{Plan, PlanRecord, Stage};
+use crate::reduce::Origin;
+use crate::sandbox::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome};
+use crate::storage::log::{PolledBatch, RecordView, StoredRecord};
+use crate::storage::state::{BatchCommit, StateError, StateReader, StateStore};
+use wakuwaku_core::time_order::TimeOrder;
+
+/// Why a polled message is dead-lettered before it is planned.
+enum Unreadable {
+    /// Its headers cannot be read.
+    Headers(HeaderError),
+    /// Its type declares event time and it carries none.
+    Declared(ContractError),
+    /// Its event time is too far ahead of its append time: the release
+    /// stage refused it, for this reason.
+    TooFarAhead(String),
+}
+
+/// What runs a partition's batches, from records to the commit they make:
+/// the batch's part of a [`Consumer`](super::Consumer), without its log or
+/// its store. [`BatchRunner::polled`] and [`BatchRunner::retried`] take
+/// records and a way to read the batch's state, and give back the
+/// [`Finished`] batch whose [`BatchCommit`] the store is then handed
+/// ([`BatchRunner::commit`]); nothing between reads a log, and a batch of
+/// one worker runs on the calling thread, so a unit test runs one as a
+/// value.
+#[derive(Clone)]
+pub(super) struct BatchRunner {
+    /// The projection's names: the batch's module set comes with each batch.
+    pub(super) projection: Arc<ProjectionNames>,
+    pub(super) config: ConsumerConfig,
+    pub(super) observer: Option<Arc<dyn CallObserver>>,
+    pub(super) metrics: Option<Arc<Metrics>>,
+    /// What the batches in flight (one per partition) may make the host
+    /// hold, together.
+    pub(super) budget: BatchBudget,
+    /// The counters the batches in flight add, against the projection's
+    /// quota (`counter-count`).
+    pub(super) counters: CounterQuota,
+    /// On the clone a batch runs on: where its calls report.
+    pub(super) trace: Option<Arc<CallTrace>>,
+}
+
+/// What a batch needs of its projection besides its modules and its store:
+/// its name, its topics and where its failures go.
+pub(super) struct ProjectionNames {
+    name: String,
+    topics: Vec<String>,
+    routed: RoutedTopics,
+}
+
+impl ProjectionNames {
+    /// The names of `projection`.
+    pub(super) fn of(projection: &Projection) -> Self {
+        Self {
+            name: projection.name().to_owned(),
+            topics: projection.topics().to_vec(),
+            routed: projection.routed_topics().clone(),
+        }
+    }
+
+    /// The projection's name.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its first topic, whose retry and dead-letter topics it routes to.
+    pub(super) fn topic(&self) -> &str {
+        &self.topics[0]
+    }
+
+    /// Every topic it consumes, in the order given.
+    pub(super) fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// Where its failures go.
+    pub(super) fn routed_topics(&self) -> &RoutedTopics {
+        &self.routed
+    }
+}
+
+impl BatchRunner {
+    /// The runner of `projection`'s batches under `config`.
+    pub(super) fn new(projection: &Projection, config: &ConsumerConfig) -> Self {
+        Self {
+            projection: Arc::new(ProjectionNames::of(projection)),
+            config: config.clone(),
+            observer: None,
+            metrics: None,
+            budget: BatchBudget::new(&config.payload),
+            counters: CounterQuota::new(&config.payload),
+            trace: None,
+        }
+    }
+
+    /// Plans, executes and commits one batch polled from the topic (or
+    /// released by the release stage, in release order) with `modules`,
+    /// moving the partition on by `advance` in the same commit. Runs on a
+    /// blocking thread.
+    pub(super) fn process_batch(
+        &self,
+        partition: u32,
+        (records, advance): (&PolledBatch, &Advance),
+        queue: &RetryQueue,
+        buffers: &mut BatchBuffers,
+        modules: Arc<ModuleSet>,
+        store: &StateStore,
+    ) -> Result<Summary, ConsumerError> {
+        let read = |keys: &[Key]| store.batch_reader(partition, keys);
+        let finished = self.polled(partition, (records, advance), queue, buffers, modules, read)?;
+        Ok(self.commit(finished, store)?.0)
+    }
+
+    /// Plans, executes and commits records taken from the retry topic, each
+    /// key's in execution order; `next_waiting` names the first record of
+    /// each key whose others still wait. Returns the retry offsets of the
+    /// records it left where they wait. Runs on a blocking thread.
+    pub(super) fn process_retry_batch(
+        &self,
+        partition: u32,
+        records: Vec<StoredRecord>,
+        (next_waiting, retry_position): (HashMap<Key, u64>, u64),
+        modules: Arc<ModuleSet>,
+        store: &StateStore,
+    ) -> Result<(Summary, Vec<u64>), ConsumerError> {
+        let read = |keys: &[Key]| store.batch_reader(partition, keys);
+        let finished = self.retried(partition, records, (next_waiting, retry_position), modules, read)?;
+        self.commit(finished, store)
+    }
+
+    /// Runs one batch polled from the topic (or released) to the commit it
+    /// makes, not committed: its records parsed into the planner's input
+    /// (keys in retry diverted behind them, unreadable headers
+    /// dead-lettered), then [`BatchRunner::execute_batch`]. `read` gives
+    /// the snapshot of the batch's keys.
+    pub(super) fn polled(
+        &self,
+        partition: u32,
+        (records, advance): (&PolledBatch, &Advance),
+        queue: &RetryQueue,
+        buffers: &mut BatchBuffers,
+        modules: Arc<ModuleSet>,
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
+        let projection = &*self.projection;
+        let decoding = Instant::now();
+        let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
+        let mut commit = BatchCommit::default();
+        let mut tally = BatchTally::default();
+        buffers.input.clear();
+        let now = crate::platform::clock::now_ms();
+        let refused = match advance {
+            Advance::Released(progress) => Some(&progress.refused).filter(|refused| !refused.is_empty()),
+            Advance::Topic(_) | Advance::PastReleased(..) => None,
+        };
+        for view in records.iter() {
+            let refusal = refused.and_then(|refused| refused.get(&(view.input(), view.offset())));
+            self.take_polled(
+                partition,
+                view,
+                (queue, &modules, now, refusal.map(String::as_str)),
+                &mut buffers.input,
+                (&mut commit, &mut summary, &mut tally),
+            );
+        }
+        match advance {
+            Advance::Topic(next) => commit.positions.push((projection.topic().to_owned(), partition, *next)),
+            Advance::PastReleased(next, marks) => {
+                commit.positions.push((projection.topic().to_owned(), partition, *next));
+                marks.add_to_commit(&mut commit, projection.topic(), partition, *next);
+            }
+            Advance::Released(progress) => {
+                release_marks::add_to_commit(&mut commit, &progress.topics, partition, &progress.checkpoint);
+                summary.order_violations += progress.violations;
+            }
+        }
+        // What the retry topic holds below the queue's position is done or
+        // not this projection's: a restart need not read it again.
+        commit.positions.push((projection.routed_topics().retry().to_owned(), partition, queue.position()));
+        summary.phases.add(Phase::Decode, decoding.elapsed());
+        self.execute_batch(partition, modules, buffers, (summary, commit, tally), read)
+    }
+
+    /// Takes one polled record into the batch: into `input` for the
+    /// planner, or, behind its key's retry or unreadable, into the commit's
+    /// outbox as a retry or dead-letter record.
+    fn take_polled(
+        &self,
+        partition: u32,
+        view: RecordView<'_>,
+        (queue, modules, now, refusal): (&RetryQueue, &ModuleSet, u64, Option<&str>),
+        input: &mut BatchInput,
+        (commit, summary, tally): (&mut BatchCommit, &mut Summary, &mut BatchTally),
+    ) {
+        let projection = &*self.projection;
+        // The topic it was read from (a released batch gathers several).
+        let topic = self.topic_name(view.input());
+        // Unreadable headers, or a timed type's message without its
+        // event time (`event-time-declared`), are dead-lettered.
+        let parsed = refusal
+            .map_or(Ok(()), |reason| Err(Unreadable::TooFarAhead(reason.to_owned())))
+            .and_then(|()| Envelope::parse(view.headers()).map_err(Unreadable::Headers))
+            .and_then(|envelope| {
+                let number = input.keys.number(envelope.key).map_err(|error| Unreadable::Headers(error.into()))?;
+                Ok((number, envelope))
+            })
+            .and_then(|(number, mut envelope)| {
+                envelope.event_time =
+                    modules.event_time(envelope.tag, envelope.event_time).map_err(Unreadable::Declared)?;
+                Ok((number, envelope))
+            });
+        match parsed {
+            Ok((number, envelope)) if queue.holds(input.keys.key(number)) => {
+                // Behind its key's retry, so its order is kept.
+                let headers = envelope.with_key(input.keys.key(number).clone());
+                let routed = Routed {
+                    projection: projection.name().to_owned(),
+                    topic: topic.to_owned(),
+                    event_type: modules.route(headers.tag).map(|r| r.event_type.name.clone()).unwrap_or_default(),
+                    origin_partition: partition,
+                    origin_offset: view.offset(),
+                    events: 1,
+                    attempts: 0,
+                    failed_at_ms: now,
+                    first_failed_at_ms: None,
+                    failure: None,
+                    ahead_of: None,
+                    ordering: Some(headers.ordering),
+                };
+                let record = routing::routed_record(&headers, &routed, view.body().to_vec());
+                commit.outbox.push(self.routed_entry(RoutedTopics::retry, partition, headers.key.key_hash(), record));
+                summary.retry_in += 1;
+                if let Some(route) = modules.route(headers.tag) {
+                    tally.of(route.module, headers.tag).retried += 1;
+                }
+            }
+            Ok((number, envelope)) => {
+                let tries = Tries::fresh(envelope.ordering);
+                let origin = Origin::in_topic(view.input(), view.offset());
+                let timing = modules.timing(envelope.tag);
+                input.push(number, (envelope, timing), origin, tries, view.body().to_vec());
+            }
+            Err(error) => {
+                let stored = StoredRecord { offset: view.offset(), record: view.to_record(), append_time: None };
+                let (reason, what) = match error {
+                    Unreadable::Headers(error) => {
+                        (routing::malformed_reason(&stored.record, &error), "unreadable headers")
+                    }
+                    Unreadable::Declared(error) => (error.to_string(), "unreadable headers"),
+                    Unreadable::TooFarAhead(reason) => (reason, "an event time too far ahead"),
+                };
+                tracing::warn!(
+                    projection = projection.name(),
+                    topic,
+                    partition,
+                    offset = view.offset(),
+                    "message has {what} and goes to the dead-letter topic: {reason}"
+                );
+                let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
+                commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
+                summary.malformed += 1;
+                summary.dead_lettered += 1;
+            }
+        }
+    }
+
+    /// Runs records taken from the retry topic to the commit they make, not
+    /// committed (see [`BatchRunner::process_retry_batch`]).
+    pub(super) fn retried(
+        &self,
+        partition: u32,
+        records: Vec<StoredRecord>,
+        (next_waiting, retry_position): (HashMap<Key, u64>, u64),
+        modules: Arc<ModuleSet>,
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
+        let decoding = Instant::now();
+        let projection = &*self.projection;
+        let retry = projection.routed_topics().retry().to_owned();
+        let mut summary = Summary { batches: 1, ..Summary::default() };
+        let mut commit = BatchCommit::default();
+        let mut buffers = BatchBuffers::default();
+        let input = &mut buffers.input;
+        let mut offsets = Vec::with_capacity(records.len());
+        for stored in records {
+            let parsed = Routed::parse(&stored.record.headers).and_then(|routed| {
+                let envelope = Envelope::parse_stored(&stored.record.headers)?;
+                Ok((routed, input.keys.number(envelope.key).map_err(HeaderError::from)?, envelope))
+            });
+            match parsed {
+                Ok((routed, number, envelope)) => {
+                    offsets.push(stored.offset);
+                    let origin = routing::origin_of(&routed, projection.topics());
+                    let timing = modules.timing(envelope.tag);
+                    input.push(number, (envelope, timing), origin, Tries::of(&routed), stored.record.body);
+                }
+                Err(error) => {
+                    // It was readable when it was indexed: the log changed
+                    // under the host. Keep it, with the reason.
+                    commit.done.push((retry.clone(), partition, stored.offset));
+                    let reason = routing::malformed_reason(&stored.record, &error);
+                    let record =
+                        routing::malformed_record(projection.name(), projection.topic(), partition, stored, reason);
+                    commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
+                    summary.retry_out += 1;
+                    summary.dead_lettered += 1;
+                }
+            }
+        }
+        summary.phases.add(Phase::Decode, decoding.elapsed());
+        buffers.work.retry = Some(RetrySlice { offsets, next_waiting, position: retry_position });
+        self.execute_batch(partition, modules, &mut buffers, (summary, commit, BatchTally::default()), read)
+    }
+
+    /// Plans `input`, executes it across workers and gathers their
+    /// outcomes into one commit together with what `commit` already holds,
+    /// not committed ([`gather`]). `read` gives the snapshot of the
+    /// batch's keys.
+    fn execute_batch(
+        &self,
+        partition: u32,
+        modules: Arc<ModuleSet>,
+        buffers: &mut BatchBuffers,
+        (mut summary, commit, tally): (Summary, BatchCommit, BatchTally),
+        read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
+    ) -> Result<Finished, ConsumerError> {
+        let mut laps = Laps::start();
+        let BatchBuffers { input, plan, work } = buffers;
+        plan.rebuild(&input.plan);
+        work.lay_out(plan, input);
+        // Drawn before the snapshot is taken, so it knows which of the
+        // counters other batches added the snapshot surely holds.
+        let counters = self.counters.batch();
+        // Every entry of the batch's keys is read here, before the calls,
+        // so no call waits for the store ([`crate::storage::state::cache`]).
+        let snapshot = Arc::new(read(input.keys.keys())?);
+        laps.lap(&mut summary.phases, Phase::Plan);
+        if let Some(trace) = &self.trace {
+            trace.set_keys(input.keys.keys().len());
+        }
+        // Held until the commit is done: what the batch holds counts
+        // against the budget every partition in flight shares.
+        let budget = self.budget.batch();
+        let call_time = CallTime::new(self.config.module_time_per_batch, modules.modules().len());
+        let outcomes = self.execute(partition, work, &snapshot, (&budget, &counters, &call_time), &modules)?;
+        drop(snapshot);
+        // The bodies are freed here, by the thread that allocated them.
+        work.clear();
+        // The workers time their own reduce and calls phases.
+        let laps = Laps::start();
+        let routed = self.projection.routed_topics();
+        let gathered = gather(partition, outcomes, (&work.retry, &input.origins), routed, (summary, commit, tally))?;
+        let (commit, summary, left, tally) = gathered;
+        Ok(Finished { commit, summary, left, tally, modules, counters, budget, laps })
+    }
+
+    /// Commits a finished batch to `store`, then reports it. Returns its
+    /// summary and the retry offsets of the records it left where they
+    /// wait.
+    pub(super) fn commit(&self, finished: Finished, store: &StateStore) -> Result<(Summary, Vec<u64>), ConsumerError> {
+        let Finished { commit, mut summary, left, tally, modules, counters, budget, mut laps } = finished;
+        store.commit(commit)?;
+        counters.committed();
+        drop(budget);
+        laps.lap(&mut summary.phases, Phase::Commit);
+        if let Some(metrics) = &self.metrics {
+            metrics.record(self.projection.name(), &modules, &tally, summary.skipped, summary.malformed);
+        }
+        Ok((summary, left))
+    }
+
+    /// Runs every worker's keys: on its own thread each when there are
+    /// several, on this one when there is one. A worker that panics fails
+    /// the batch ([`ConsumerError::WorkerPanicked`]) either way.
+    fn execute(
+        &self,
+        partition: u32,
+        work: &BatchWork,
+        snapshot: &Arc<StateReader>,
+        (budget, counters, call_time): (&BatchBudget, &BatchCounters, &CallTime),
+        modules: &ModuleSet,
+    ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
+        let workers = work.workers(self.config.workers);
+        let run = |worker| {
+            let shares = (budget, counters);
+            self.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
+        };
+        if workers == 1 {
+            // What a spawned worker's join would catch. Nothing outlives
+            // the unwind but what the batch drops on failing.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(0)));
+            return outcome.map(|outcome| vec![outcome]).map_err(|panic| panicked(&*panic));
+        }
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers).map(|worker| scope.spawn(move || run(worker))).collect();
+            handles.into_iter().map(|handle| handle.join().map_err(|panic| panicked(&*panic))).collect()
+        })
+    }
+}
+
+/// A batch run to the commit it makes, not yet committed: the commit, and
+/// what follows it ([`BatchRunner::commit`]).
+pub(super) struct Finished {
+    /// What the store commits in one transaction.
+    pub(super) commit: BatchCommit,
+    pub(super) summary: Summary,
+    /// The retry offsets of the records a batch taken from the retry topic
+    /// left where they wait.
+    pub(super) left: Vec<u64>,
+    tally: BatchTally,
+    modules: Arc<ModuleSet>,
+    /// Held until the commit is done: the counters the batch adds, what it
+    /// holds of the budget.
+    counters: BatchCounters,
+    budget: BatchBudget,
+    /// Timing the commit phase since the workers ended.
+    laps: Laps,
+}
+
+/// Gathers the workers' `outcomes` into `commit`: their writes, counter
+/// changes and outbox, and, for a batch taken from the retry topic
+/// (`retry`, its input's `origins`), the records done and the retry
+/// position. A host fault fails the batch: nothing of it is committed, and
+/// the partition tries it again after a backoff. Returns the commit, the
+/// summary, the retry offsets left where they wait and the tally.
+fn gather(
+    partition: u32,
+    outcomes: Vec<WorkerOutcome>,
+    (retry, origins): (&Option<RetrySlice>, &[Origin]),
+    routed: &RoutedTopics,
+    (mut summary, mut commit, mut tally): (Summary, BatchCommit, BatchTally),
+) -> Result<(BatchCommit, Summary, Vec<u64>, BatchTally), ConsumerError> {
+    // A host fault (the state store failed under a call) is not the
+    // module's doing.
+    if let Some(fault) = outcomes.iter().find_map(|outcome| outcome.host_fault.clone()) {
+        return Err(ConsumerError::HostFault(fault));
+    }
+    let mut left = Vec::new();
+    for outcome in outcomes {
+        summary.add(&outcome.summary);
+        tally.absorb(outcome.tally);
+        left.extend(outcome.left);
+        for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
+            if !writes.is_empty() {
+                commit.writes.push((key, writes));
+            }
+            for (name, delta) in counters {
+                *commit.counter_deltas.entry(name).or_default() += delta;
+            }
+            commit.outbox.extend(outbox);
+        }
+        commit.outbox.extend(outcome.routed);
+    }
+    if let Some(slice) = retry {
+        let retry = routed.retry();
+        let stays: HashSet<u64> = left.iter().copied().collect();
+        for (index, &offset) in slice.offsets.iter().enumerate().filter(|(_, offset)| !stays.contains(offset)) {
+            commit.done.push((retry.to_owned(), partition, offset));
+            summary.retry_out += origins[index].events;
+        }
+        let position = left.iter().copied().fold(slice.position, u64::min);
+        commit.positions.push((retry.to_owned(), partition, position));
+    }
+    commit.stat_deltas = summary.stat_deltas();
+    Ok((commit, summary, left, tally))
+}
+
+/// The message of a worker's panic.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> ConsumerError {
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    ConsumerError::WorkerPanicked(message)
+}
+
+/// What a partition keeps from one batch to the next, so that the next
+/// batch refills these vectors, maps and the plan instead of allocating
+/// them again. Emptied at the start of each batch: nothing of one batch is
+/// read by the next.
+#[derive(Default)]
+pub(super) struct BatchBuffers {
+    input: BatchInput,
+    plan: Plan,
+    work: BatchWork,
+}
+
+/// What a batch hands the planner and the workers, index for index.
+///
+/// The planner groups records by a number per key: each distinct key of
+/// the batch (its canonical bytes) gets its own, in order of first
+/// appearance, so two keys never share one whatever their hashes.
+#[derive(Default)]
+struct BatchInput {
+    /// The planner's records: each one's ordering fenced by `time_order`.
+    plan: Vec<PlanRecord>,
+    /// Each record's declared ordering, which it keeps outside the plan.
+    orderings: Vec<EventAtomicOrdering>,
+    /// The fences that keep each key's timed events in the order given.
+    time_order: TimeOrder,
+    /// The batch's keys, by the number their records carry in `plan`.
+    keys: KeyTable,
+    algebras: Vec<Algebra>,
+    origins: Vec<Origin>,
+    bodies: Vec<Vec<u8>>,
+    /// Attempts each record has had (records taken from retry).
+    attempts: Vec<Tries>,
+    /// Each record's event time, as its type declares it: kept in the
+    /// records it goes to retry or the dead-letter topic as.
+    event_times: Vec<Option<i64>>,
+}
+
+impl BatchInput {
+    /// Empties every vector and the key table, keeping their allocations.
+    fn clear(&mut self) {
+        let Self { plan, orderings, time_order, keys, algebras, origins, bodies, attempts, event_times } = self;
+        plan.clear();
+        orderings.clear();
+        time_order.clear();
+        keys.clear();
+        algebras.clear();
+        origins.clear();
+        bodies.clear();
+        attempts.clear();
+        event_times.clear();
+    }
+
+    /// Appends a record whose key has `number` in [`BatchInput::keys`] and
+    /// whose type declares `timing`.
+    fn push(
+        &mut self,
+        number: u32,
+        (envelope, timing): (Envelope<'_>, EventTiming),
+        origin: Origin,
+        attempts: Tries,
+        body: Vec<u8>,
+    ) {
+        let key = u64::from(number);
+        let ordering = self.time_order.planned(key, envelope.tag, timing, envelope.ordering);
+        self.plan.push(PlanRecord { key, tag: envelope.tag, ordering });
+        self.orderings.push(envelope.ordering);
+        self.algebras.push(envelope.algebra);
+        self.origins.push(origin);
+        self.attempts.push(attempts);
+        self.bodies.push(body);
+        self.event_times.push(envelope.event_time);
+    }
+}
+
+/// A batch's work as its workers read it: every planned record's body,
+/// origin and attempts in execution order (key by key, run by run), each
+/// key's runs and each run's records as ranges into them. Laid out once per
+/// batch into vectors the partition keeps, so a batch allocates nothing per
+/// key or run; the workers borrow it.
+#[derive(Default)]
+pub(super) struct BatchWork {
+    keys: Vec<KeyWork>,
+    runs: Vec<RunWork>,
+    bodies: Vec<Vec<u8>>,
+    origins: Vec<Origin>,
+    attempts: Vec<Tries>,
+    event_times: Vec<Option<i64>>,
+    /// Each record's index in the batch's input.
+    inputs: Vec<usize>,
+    /// Where the records of a batch taken from the retry topic wait; `None`
+    /// for a batch polled from the topic.
+    pub(super) retry: Option<RetrySlice>,
+}
+
+/// Where the records of a batch taken from the retry topic wait, so that an
+/// attempt writes again only what must go before the rest of its key and
+/// leaves the rest in place ([`RetryQueue::put_back`]): an attempt costs
+/// the log at most the chunk that failed, however long the key's backlog.
+#[derive(Default)]
+pub(super) struct RetrySlice {
+    /// The retry offset of each record, by its index in the input.
+    pub(super) offsets: Vec<u64>,
+    /// For each key with records waiting that the batch did not take, the
+    /// first of them.
+    pub(super) next_waiting: HashMap<Key, u64>,
+    /// The retry position once every record taken is done.
+    pub(super) position: u64,
+}
+
+impl BatchWork {
+    /// Lays out the plan, moving each body in from `input`. Body runs of a
+    /// segment are executed in plan order, which the spec allows (they may
+    /// run in any order). Stages are numbered per key in execution order.
+    fn lay_out(&mut self, plan: &Plan, input: &mut BatchInput) {
+        self.clear();
+        for key in plan.keys() {
+            let runs_start = self.runs.len();
+            let mut stage_index = 0;
+            for segment in plan.segments(key) {
+                for stage in plan.stages(segment) {
+                    let stage_runs = match stage {
+                        Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
+                        Stage::Body(body) => body,
+                    };
+                    for run in stage_runs {
+                        let records = plan.records(run);
+                        let start = self.bodies.len();
+                        for &index in records {
+                            self.bodies.push(std::mem::take(&mut input.bodies[index]));
+                            self.origins.push(input.origins[index]);
+                            self.attempts.push(input.attempts[index]);
+                            self.event_times.push(input.event_times[index]);
+                            self.inputs.push(index);
+                        }
+                        let first = records[0];
+                        self.runs.push(RunWork {
+                            tag: run.tag(),
+                            stage: stage_index,
+                            ordering: input.orderings[first],
+                            algebra: input.algebras[first],
+                            closes: matches!(stage, Stage::Tail(_)),
+                            records: start..self.bodies.len(),
+                        });
+                    }
+                    stage_index += 1;
+                }
+            }
+            // The planner's key is the number `BatchInput::push` gave the key.
+            let number = u32::try_from(key.key_hash()).expect("a number BatchInput::push gave");
+            self.keys.push(KeyWork { key: input.keys.key(number).clone(), runs: runs_start..self.runs.len() });
+        }
+    }
+
+    /// Empties it, dropping the bodies and keeping the vectors (and the
+    /// retry slice, set once for the batch).
+    fn clear(&mut self) {
+        let Self { keys, runs, bodies, origins, attempts, event_times, inputs, retry: _ } = self;
+        keys.clear();
+        runs.clear();
+        bodies.clear();
+        origins.clear();
+        attempts.clear();
+        event_times.clear();
+        inputs.clear();
+    }
+
+    /// How many workers share the batch: `workers`, but no more than it
+    /// has keys, and at least one.
+    fn workers(&self, workers: usize) -> usize {
+        workers.min(self.keys.len()).max(1)
+    }
+
+    /// The keys worker `worker` of `workers` runs: keys go round-robin to
+    /// workers in order of first appearance.
+    pub(super) fn keys_of(&self, worker: usize, workers: usize) -> impl Iterator<Item = &KeyWork> {
+        self.keys.iter().skip(worker).step_by(workers.max(1))
+    }
+
+    /// A key's runs, in execution order.
+    pub(super) fn runs(&self, key: &KeyWork) -> &[RunWork] {
+        &self.runs[key.runs.clone()]
+    }
+
+    /// A run's origins, bodies and attempts, index for index.
+    pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[Tries]) {
+        let records = run.records.clone();
+        (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
+    }
+
+    /// A run's records' event times, index for index with
+    /// [`BatchWork::records`].
+    pub(super) fn event_times(&self, run: &RunWork) -> &[Option<i64>] {
+        &self.event_times[run.records.clone()]
+    }
+
+    /// A run's records' indexes in the batch's input.
+    pub(super) fn inputs(&self, run: &RunWork) -> &[usize] {
+        &self.inputs[run.records.clone()]
+    }
+}
+
+#[cfg(test)]
+mod tests;
