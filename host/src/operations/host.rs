@@ -625,7 +625,11 @@ async fn check_topics<L: EventLog>(log: &L, settings: &HostSettings) -> Result<(
 fn check_settings(settings: &HostSettings) -> Result<(), HostError> {
     crate::storage::log::embedded::validate_topic_name(&settings.projection)
         .map_err(|source| HostError::ProjectionName { projection: settings.projection.clone(), source })?;
-    if let ModuleSource::Directory { path, .. } = &settings.modules {
+    // A directory modules are pulled into (`--module-ref`) may not exist
+    // yet: the pull creates it.
+    if let ModuleSource::Directory { path, .. } = &settings.modules
+        && (settings.module_refs.is_empty() || path.exists())
+    {
         crate::sandbox::runtime::component_file::module_paths(path).map_err(|source| LifecycleError::Io {
             what: "reading the module directory",
             path: path.clone(),
