@@ -527,8 +527,19 @@ impl Host {
         let sandbox = settings.sandbox()?;
         check_topics(&*log, &settings).await?;
         let metrics = Arc::new(Metrics::default());
-        let (store, rebuilds) = open_store(&settings)?;
-        let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
+        let made = NewProjectionFiles::before(&settings);
+        let opened = async {
+            let (store, rebuilds) = open_store(&settings)?;
+            let loaded = load_modules(&log, &settings, &sandbox, &store, &metrics).await?;
+            Ok::<_, HostError>((store, rebuilds, loaded))
+        };
+        let (store, rebuilds, loaded) = match opened.await {
+            Ok(opened) => opened,
+            Err(error) => {
+                made.remove();
+                return Err(error);
+            }
+        };
         let projection = Projection::new(&settings.projection, &settings.topic, loaded.modules, store)?;
         let projection = Arc::new(projection.with_more_topics(&settings.more_topics)?);
         let reloader = match (&settings.modules, &loaded.library) {
@@ -684,6 +695,39 @@ async fn consumer_for<L: EventLog>(
 /// A store held for this run, and, for a host that can rebuild in the
 /// shadow, the switching store its parts share and the module directory.
 type OpenedStore = (StateStore, Option<(SwitchingStore, PathBuf)>);
+
+/// The files and folders a start makes for a new embedded projection
+/// (its state file, its rebuild folder, their parents), removed again when
+/// the start fails while opening the state or loading the modules (a
+/// `--module-ref` a registry cannot serve): a failed start leaves nothing
+/// behind.
+struct NewProjectionFiles(Vec<(PathBuf, bool)>);
+
+impl NewProjectionFiles {
+    /// Those of `settings` that do not exist yet, each with whether it is
+    /// the projection's own (removed whole) or a shared parent (removed
+    /// only when empty); inner ones first.
+    fn before(settings: &HostSettings) -> Self {
+        let (rebuilds, projections) = (settings.data.join("rebuilds"), settings.data.join("projections"));
+        let mut paths = vec![(rebuilds.join(&settings.projection), true), (rebuilds, false)];
+        if matches!(settings.state, StateSettings::Embedded) {
+            paths.insert(0, (projections.join(format!("{}.redb", settings.projection)), true));
+            paths.push((projections, false));
+        }
+        Self(paths.into_iter().filter(|(path, _)| !path.exists()).collect())
+    }
+
+    /// Removes what exists of them now.
+    fn remove(self) {
+        for (path, own) in self.0 {
+            let _ = match (path.is_dir(), own) {
+                (true, true) => std::fs::remove_dir_all(&path),
+                (true, false) => std::fs::remove_dir(&path),
+                (false, _) => std::fs::remove_file(&path),
+            };
+        }
+    }
+}
 
 /// Opens the state of `settings` and holds it for the run.
 fn open_store(settings: &HostSettings) -> Result<OpenedStore, HostError> {

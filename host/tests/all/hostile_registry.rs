@@ -272,6 +272,8 @@ fn a_run_refuses_a_hostile_module_ref_at_start_up_and_changes_nothing() {
     let published = publish.arg(bank_wasm()).arg(&events).output().unwrap();
     assert!(published.status.success(), "{}", text(&published.stderr));
     let before = files(&dir.join("modules"));
+    let data_files = || files(&dir.join("data")).into_keys().collect::<Vec<_>>();
+    let data_before = data_files();
 
     let huge = TestRegistry::start(|_| Reply::Endless { content_length: None });
     let not_a_component = serving(b"not a component at all".to_vec());
@@ -289,5 +291,6 @@ fn a_run_refuses_a_hostile_module_ref_at_start_up_and_changes_nothing() {
         assert!(error.starts_with("waku: error: ") && error.contains(said), "{error}");
         assert!(error.contains(&reference), "{error}");
         assert_eq!(files(&dir.join("modules")), before, "{reference}: nothing created, nothing replaced");
+        assert_eq!(data_files(), data_before, "{reference}: no projection state or rebuild folder left");
     }
 }
