@@ -6,8 +6,8 @@
 
 use std::marker::PhantomData;
 
-use crate::bindings::exports::wakuwaku::sandbox::handler::handler as wit_handler;
-use crate::bindings::wakuwaku::sandbox::handler::{emit, log, state, types as wit};
+use crate::bindings::exports::wakuwaku::handler::handler as wit_handler;
+use crate::bindings::wakuwaku::handler::{emit, log, state, types as wit};
 use wakuwaku_core::key::Key;
 
 use crate::context::{HostApi, Outgoing, Refusal};

@@ -208,19 +208,10 @@ struct Session {
 }
 
 /// Builds the guest, runs it in a projection and swaps in every new build
-/// of its sources until `shutdown` resolves. Must run inside a tokio
-/// runtime with more than one thread.
-pub async fn run(
-    settings: DevSettings,
-    report: impl Fn(DevEvent) + Send + Sync + 'static,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), DevError> {
-    run_with(settings, report, shutdown, |_| ()).await
-}
-
-/// [`run`], calling `started` with the host once it runs; what it returns
-/// is kept until the host is asked to stop (the command line serves its
-/// local endpoint so).
+/// of its sources until `shutdown` resolves, calling `started` with the
+/// host once it runs; what it returns is kept until the host is asked to
+/// stop (the command line serves its local endpoint so). Must run inside a
+/// tokio runtime with more than one thread.
 pub async fn run_with<G>(
     settings: DevSettings,
     report: impl Fn(DevEvent) + Send + Sync + 'static,

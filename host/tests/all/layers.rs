@@ -58,8 +58,7 @@ fn reached(module: &[&str], source: &str) -> Vec<String> {
 /// The first names of the items of a `{…}` group.
 fn group_heads(group: &str) -> Vec<String> {
     let (mut depth, mut heads, mut start) = (0usize, Vec::new(), true);
-    let mut chars = group.char_indices();
-    while let Some((at, c)) = chars.next() {
+    for (at, c) in group.char_indices() {
         match c {
             '{' => depth += 1,
             '}' if depth == 0 => break,

@@ -79,7 +79,6 @@ use super::release_marks::{self, ReleasedMarks};
 use super::timing_status::{PartitionTiming, TimingBoard};
 use super::{Consumer, ConsumerError, Polled, Step};
 use crate::engine::projection::ModuleSet;
-use crate::engine::routing;
 use crate::event::Envelope;
 use crate::key::Key;
 use crate::storage::log::{EncodedRecord, EventLog, PolledBatch, RecordView};

@@ -27,7 +27,7 @@
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
-use super::bindings::wakuwaku::sandbox::handler::types;
+use super::bindings::wakuwaku::handler::types;
 use super::{
     CONTRACT, CONTRACT_0_2, CONTRACT_0_3, LoadError, StoreData, contract_0_2, contract_0_3, emit, log, state, wasi,
 };

@@ -20,7 +20,7 @@
 use wasmtime::component::{HasSelf, Linker};
 
 use super::StoreData;
-use super::bindings::wakuwaku::sandbox::handler as current;
+use super::bindings::wakuwaku::handler as current;
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
@@ -30,7 +30,7 @@ pub(super) mod bindings {
     });
 }
 
-use bindings::wakuwaku::sandbox::handler::{emit, log, state, types};
+use bindings::wakuwaku::handler::{emit, log, state, types};
 
 older_contract!("0.3");
 

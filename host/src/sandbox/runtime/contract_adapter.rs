@@ -5,7 +5,7 @@
 //! - **One adapter, written once.** An older contract whose `state`,
 //!   `emit` and `log` interfaces have the functions and types of the
 //!   current ones is served by [`older_contract!`], expanded inside its
-//!   own file beside its bindings (`bindings::wakuwaku::sandbox::handler::{emit, log,
+//!   own file beside its bindings (`bindings::wakuwaku::handler::{emit, log,
 //!   state, types}` in scope, and `current` naming the current
 //!   contract's): each value is converted and handed on, so every rule is
 //!   the one the current capability keeps. What differs between versions

@@ -22,7 +22,7 @@
 
 use wasmtime::component::{HasSelf, Linker};
 
-use super::bindings::wakuwaku::sandbox::handler::{emit, types};
+use super::bindings::wakuwaku::handler::{emit, types};
 use super::{StoreData, algebra_from_wit, ordering_from_wit};
 use crate::event::EventTypeTag;
 use crate::sandbox::handler::{Emitted, Refusal};

@@ -21,7 +21,7 @@ use wakuwaku_core::terminal::printable;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::StoreData;
-use super::bindings::wakuwaku::sandbox::handler::log;
+use super::bindings::wakuwaku::handler::log;
 use crate::key::Key;
 use crate::sandbox::handler::{LogLevel, PayloadLimits};
 

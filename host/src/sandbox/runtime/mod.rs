@@ -110,7 +110,7 @@ mod bindings {
     });
 }
 
-use bindings::wakuwaku::sandbox::handler::types;
+use bindings::wakuwaku::handler::types;
 
 /// The WIT package and version this host implements, read from
 /// `wit/handler-0.4.wit`.

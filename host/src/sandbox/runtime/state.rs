@@ -33,7 +33,7 @@
 
 use wasmtime::component::{HasSelf, Linker};
 
-use super::bindings::wakuwaku::sandbox::handler::state;
+use super::bindings::wakuwaku::handler::state;
 use super::{HostFault, StoreData};
 use crate::sandbox::handler::{KeyScope, Refusal, ScopeError};
 

@@ -38,9 +38,9 @@ mod bindings {
     wit_bindgen::generate!({ path: "../../../wit/handler.wit", world: "module" });
 }
 
-use bindings::exports::wakuwaku::sandbox::handler::handler::{Guest, MessageOrdering};
-use bindings::wakuwaku::sandbox::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo, Outgoing};
-use bindings::wakuwaku::sandbox::handler::{emit, log, state};
+use bindings::exports::wakuwaku::handler::handler::{Guest, MessageOrdering};
+use bindings::wakuwaku::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo, Outgoing};
+use bindings::wakuwaku::handler::{emit, log, state};
 
 /// The one topic the module declares it emits to.
 pub const OUT: &str = "hostile_out";

@@ -341,7 +341,7 @@ impl Handler<Peek> for Probe {
 /// call succeeds whatever was refused.
 impl Handler<Raw> for Probe {
     fn handle(ctx: &mut Context<'_>, events: &[Raw]) -> Result<(), HandlerError> {
-        use wakuwaku_guest::bindings::wakuwaku::sandbox::handler::{emit, log, state, types};
+        use wakuwaku_guest::bindings::wakuwaku::handler::{emit, log, state, types};
         for raw in events {
             if raw.op == "key" {
                 let key = ctx.key().to_string();

@@ -16,9 +16,9 @@ mod bindings {
     wit_bindgen::generate!({ path: "../../../wit/handler-0.3.wit", world: "module" });
 }
 
-use bindings::exports::wakuwaku::sandbox::handler::handler::{Guest, MessageOrdering};
-use bindings::wakuwaku::sandbox::handler::state;
-use bindings::wakuwaku::sandbox::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo, Timing};
+use bindings::exports::wakuwaku::handler::handler::{Guest, MessageOrdering};
+use bindings::wakuwaku::handler::state;
+use bindings::wakuwaku::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo, Timing};
 
 /// The tag of `Ordered`; it collides with none of the other test modules'.
 pub const ORDERED: u32 = 310;

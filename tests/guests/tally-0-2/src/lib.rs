@@ -15,9 +15,9 @@ mod bindings {
     wit_bindgen::generate!({ path: "../../../wit/handler.wit", world: "module" });
 }
 
-use bindings::exports::wakuwaku::sandbox::handler::handler::{Guest, MessageOrdering};
-use bindings::wakuwaku::sandbox::handler::state;
-use bindings::wakuwaku::sandbox::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo};
+use bindings::exports::wakuwaku::handler::handler::{Guest, MessageOrdering};
+use bindings::wakuwaku::handler::state;
+use bindings::wakuwaku::handler::types::{Algebra, ErrorClass, EventType, HandlerError, ModuleInfo};
 
 /// The tag of `Added`; it collides with none of the other test modules'.
 pub const ADDED: u32 = 300;
