@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -38,7 +38,7 @@ use crate::engine::consumer::LatencyHistogram;
 use crate::event::{EventTypeTag, partition_for};
 use crate::operations::host::{Host, HostError, HostSettings, RunningHost};
 use crate::sandbox::handler::{CallError, HandlerInstance, HandlerModule};
-use crate::storage::log::{EventLog, LogError, PolledBatch, Record, StoredRecord};
+use crate::storage::log::{self, EventLog, LogError, PolledBatch, Record, StoredRecord};
 use crate::storage::state::{StateError, StateStore};
 
 /// The 12 topics whose events carry event time, in release-order index.
@@ -544,37 +544,13 @@ impl<L: EventLog> DemoLog<L> {
     }
 }
 
-impl<L: EventLog> EventLog for DemoLog<L> {
-    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-        self.log.create_topic(topic, partitions).await
+impl<L: EventLog> log::ForwardingLog for DemoLog<L> {
+    type Inner = L;
+
+    fn inner(&self) -> impl std::ops::Deref<Target = L> + Send + '_ {
+        &self.log
     }
-    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-        self.log.partitions(topic).await
-    }
-    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
-        self.log.topics().await
-    }
-    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        self.log.append(topic, batches).await
-    }
-    async fn append_as(
-        &self,
-        topic: &str,
-        batches: Vec<(u32, Vec<Record>)>,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<bool, LogError> {
-        self.log.append_as(topic, batches, producer, sequence).await
-    }
-    async fn producer_sequence(
-        &self,
-        topic: &str,
-        partition: u32,
-        producer: &str,
-        since: u64,
-    ) -> Result<Option<u64>, LogError> {
-        self.log.producer_sequence(topic, partition, producer, since).await
-    }
+
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
         if self.reads_late(topic) {
             return Ok(Vec::new());
@@ -595,15 +571,6 @@ impl<L: EventLog> EventLog for DemoLog<L> {
         }
         self.log.poll(topic, partition, from, max, batch).await
     }
-    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
-        self.log.max_record_bytes(topic)
-    }
-    fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
-        self.log.appends()
-    }
-    fn forget_producer(&self, producer: &str) {
-        self.log.forget_producer(producer);
-    }
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
         let _stamping = self.stamping.lock().await;
         self.log.end_offset(topic, partition).await
@@ -615,36 +582,6 @@ impl<L: EventLog> EventLog for DemoLog<L> {
     async fn extent(&self, topic: &str, partition: u32) -> Result<(u64, u64), LogError> {
         let _stamping = self.stamping.lock().await;
         self.log.extent(topic, partition).await
-    }
-    async fn durability(&self, topic: &str) -> Result<crate::storage::log::loss::Durability, LogError> {
-        self.log.durability(topic).await
-    }
-    fn accepts_lossy_topics(&self) -> bool {
-        self.log.accepts_lossy_topics()
-    }
-    async fn topic_identity(&self, topic: &str) -> Result<Option<String>, LogError> {
-        self.log.topic_identity(topic).await
-    }
-    async fn store_consumer_offset(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-        next: u64,
-    ) -> Result<(), LogError> {
-        self.log.store_consumer_offset(consumer, topic, partition, next).await
-    }
-    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-        self.log.consumer_offset(consumer, topic, partition).await
-    }
-    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
-        self.log.offset_at(topic, partition, time).await
-    }
-    async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
-        self.log.group_partitions(topic, group).await
-    }
-    async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
-        self.log.leave_group(topic, group).await
     }
 }
 

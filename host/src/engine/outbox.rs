@@ -640,7 +640,7 @@ mod tests {
 
     use super::*;
     use crate::storage::log::iggy::{last_stamp, stamp_headers};
-    use crate::storage::log::{EmbeddedLog, StoredRecord};
+    use crate::storage::log::{self, EmbeddedLog};
 
     /// A log that keeps producer stamps only in its messages and finds them
     /// by reading, as Iggy does: the embedded log underneath, `append_as` a
@@ -660,19 +660,13 @@ mod tests {
         }
     }
 
-    impl EventLog for ScanningLog {
-        async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-            self.log.create_topic(topic, partitions).await
+    impl log::ForwardingLog for ScanningLog {
+        type Inner = EmbeddedLog;
+
+        fn inner(&self) -> impl std::ops::Deref<Target = EmbeddedLog> + Send + '_ {
+            &self.log
         }
-        async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-            self.log.partitions(topic).await
-        }
-        async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
-            self.log.topics().await
-        }
-        async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-            self.log.append(topic, batches).await
-        }
+
         async fn append_as(
             &self,
             topic: &str,
@@ -682,7 +676,10 @@ mod tests {
         ) -> Result<bool, LogError> {
             let mut appended = false;
             for (partition, mut records) in batches {
-                if self.producer_sequence(topic, partition, producer, 0).await?.is_some_and(|s| s >= sequence) {
+                if EventLog::producer_sequence(self, topic, partition, producer, 0)
+                    .await?
+                    .is_some_and(|s| s >= sequence)
+                {
                     continue;
                 }
                 for record in &mut records {
@@ -711,30 +708,6 @@ mod tests {
             let found = last_stamp(&self.log, topic, partition, producer, since).await?;
             self.known.lock().unwrap().insert(key, found);
             Ok(found)
-        }
-        async fn read(
-            &self,
-            topic: &str,
-            partition: u32,
-            from: u64,
-            max: usize,
-        ) -> Result<Vec<StoredRecord>, LogError> {
-            self.log.read(topic, partition, from, max).await
-        }
-        async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-            self.log.end_offset(topic, partition).await
-        }
-        async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
-            self.log.end_offsets(topic).await
-        }
-        async fn store_consumer_offset(&self, c: &str, topic: &str, partition: u32, next: u64) -> Result<(), LogError> {
-            self.log.store_consumer_offset(c, topic, partition, next).await
-        }
-        async fn consumer_offset(&self, c: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-            self.log.consumer_offset(c, topic, partition).await
-        }
-        async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
-            self.log.offset_at(topic, partition, time).await
         }
     }
 

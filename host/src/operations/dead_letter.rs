@@ -767,7 +767,7 @@ mod tests {
     use super::*;
     use crate::engine::routing::Failure;
     use crate::event::{Algebra, EventAtomicOrdering, EventTypeTag};
-    use crate::storage::log::{EmbeddedLog, Record, StoredRecord};
+    use crate::storage::log::{self, EmbeddedLog, Record, StoredRecord};
 
     const TOPIC: &str = "t";
     const PROJECTION: &str = "p";
@@ -811,16 +811,13 @@ mod tests {
         }
     }
 
-    impl EventLog for Watched {
-        async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-            self.log.create_topic(topic, partitions).await
+    impl log::ForwardingLog for Watched {
+        type Inner = EmbeddedLog;
+
+        fn inner(&self) -> impl std::ops::Deref<Target = EmbeddedLog> + Send + '_ {
+            &self.log
         }
-        async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-            self.log.partitions(topic).await
-        }
-        async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
-            self.log.topics().await
-        }
+
         async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
             self.appending(topic)?;
             self.log.append(topic, batches).await
@@ -834,15 +831,6 @@ mod tests {
         ) -> Result<bool, LogError> {
             self.appending(topic)?;
             self.log.append_as(topic, batches, producer, sequence).await
-        }
-        async fn producer_sequence(
-            &self,
-            topic: &str,
-            partition: u32,
-            producer: &str,
-            since: u64,
-        ) -> Result<Option<u64>, LogError> {
-            self.log.producer_sequence(topic, partition, producer, since).await
         }
         async fn read(
             &self,
@@ -866,27 +854,6 @@ mod tests {
             let batch = self.log.poll(topic, partition, from, max, batch).await?;
             self.saw(topic, batch.iter().map(|view| view.body().len()).sum());
             Ok(batch)
-        }
-        async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-            self.log.end_offset(topic, partition).await
-        }
-        async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
-            self.log.end_offsets(topic).await
-        }
-        async fn store_consumer_offset(
-            &self,
-            consumer: &str,
-            topic: &str,
-            partition: u32,
-            next: u64,
-        ) -> Result<(), LogError> {
-            self.log.store_consumer_offset(consumer, topic, partition, next).await
-        }
-        async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-            self.log.consumer_offset(consumer, topic, partition).await
-        }
-        async fn offset_at(&self, topic: &str, partition: u32, time: std::time::SystemTime) -> Result<u64, LogError> {
-            self.log.offset_at(topic, partition, time).await
         }
     }
 

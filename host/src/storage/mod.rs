@@ -6,9 +6,12 @@
 //! - `state`: a projection's state store: read model, counters, positions
 //!   and outbox, committed in one transaction per batch.
 //! - `stats`: the statistics a projection keeps with its state.
+//! - `forwarding`: the forwarding of `EventLog` and `StateBackend`, written
+//!   once, for the types that wrap a log or a store.
 //! - `redb_file`: how both embedded backends open their redb files, checked
 //!   in full so that a damaged file is an error naming it.
 
+mod forwarding;
 pub mod log;
 pub(crate) mod redb_file;
 pub mod state;

@@ -11,11 +11,11 @@
 //!   are routed like any projection's) but drop the messages its handlers
 //!   emitted, counting them as [`Stat::HeldBack`]: a shadow never publishes.
 
+use std::ops::Deref;
 use std::sync::{Arc, RwLock};
 
-use crate::key::Key;
-use crate::storage::state::{BatchCommit, OutboxEntry, StateBackend, StateError, StateReader, StateStore};
-use crate::storage::stats::{Stat, Stats};
+use crate::storage::state::{self, BatchCommit, StateBackend, StateError, StateStore};
+use crate::storage::stats::Stat;
 
 /// A store handle whose store can be replaced under every clone of it.
 #[derive(Debug, Clone)]
@@ -40,95 +40,17 @@ impl SwitchingStore {
     }
 }
 
-impl StateBackend for SwitchingStore {
+impl state::ForwardingStore for SwitchingStore {
+    type Inner = dyn StateBackend;
+
+    fn inner(&self) -> impl Deref<Target = dyn StateBackend> + '_ {
+        self.current()
+    }
+
     fn location(&self) -> &str {
         // The location names the file for messages; a switch changes it, so
         // messages name the handle's role instead.
         "the running projection's store"
-    }
-    fn claim(&self, partition: u32) -> Result<u64, StateError> {
-        self.current().claim(partition)
-    }
-    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
-        self.current().claim_released(partition)
-    }
-    fn reader(&self) -> Result<StateReader, StateError> {
-        self.current().reader()
-    }
-    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
-        self.current().batch_reader(partition, keys)
-    }
-    fn release(&self, partition: u32) {
-        self.current().release(partition)
-    }
-    fn commit(&self, commit: BatchCommit) -> Result<(), StateError> {
-        self.current().commit(commit)
-    }
-    fn keys(&self) -> Result<Vec<Key>, StateError> {
-        self.current().keys()
-    }
-    fn entries(&self, key: &Key) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.current().entries(key)
-    }
-    fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
-        self.current().get(key, name)
-    }
-    fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
-        self.current().counters()
-    }
-    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
-        self.current().counters_page(after, limit)
-    }
-    fn entries_page(
-        &self,
-        key: &Key,
-        after: Option<&str>,
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.current().entries_page(key, after, limit, max_bytes)
-    }
-    fn stats(&self) -> Result<Stats, StateError> {
-        self.current().stats()
-    }
-    fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
-        self.current().position(topic, partition)
-    }
-    fn done(&self, topic: &str, partition: u32) -> Result<Vec<u64>, StateError> {
-        self.current().done(topic, partition)
-    }
-    fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
-        self.current().outbox()
-    }
-    fn outbox_of(&self, partition: u32) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
-        self.current().outbox_of(partition)
-    }
-    fn remove_outbox(&self, partition: u32, through_seq: u64) -> Result<(), StateError> {
-        self.current().remove_outbox(partition, through_seq)
-    }
-    fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
-        self.current().meta(name)
-    }
-    fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError> {
-        self.current().set_meta(name, value)
-    }
-    fn hold_for_run(&self) -> Result<(), StateError> {
-        self.current().hold_for_run()
-    }
-    fn lock_for_reset(&self) -> Result<(), StateError> {
-        self.current().lock_for_reset()
-    }
-    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
-        self.current().positions()
-    }
-    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
-        self.current().done_marks()
-    }
-    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.current().meta_entries()
-    }
-    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
-        self.current().start_over(positions)
     }
 }
 
@@ -136,25 +58,17 @@ impl StateBackend for SwitchingStore {
 #[derive(Debug)]
 pub struct HoldBackEmits(pub StateStore);
 
-impl StateBackend for HoldBackEmits {
+impl state::ForwardingStore for HoldBackEmits {
+    type Inner = dyn StateBackend;
+
+    fn inner(&self) -> impl Deref<Target = dyn StateBackend> + '_ {
+        &*self.0
+    }
+
     fn location(&self) -> &str {
         self.0.location()
     }
-    fn claim(&self, partition: u32) -> Result<u64, StateError> {
-        self.0.claim(partition)
-    }
-    fn claim_released(&self, partition: u32) -> Result<Option<u64>, StateError> {
-        self.0.claim_released(partition)
-    }
-    fn reader(&self) -> Result<StateReader, StateError> {
-        self.0.reader()
-    }
-    fn batch_reader(&self, partition: u32, keys: &[Key]) -> Result<StateReader, StateError> {
-        self.0.batch_reader(partition, keys)
-    }
-    fn release(&self, partition: u32) {
-        self.0.release(partition)
-    }
+
     fn commit(&self, mut commit: BatchCommit) -> Result<(), StateError> {
         // Emitted messages carry their origin; the host's own routed
         // records carry none.
@@ -164,78 +78,14 @@ impl StateBackend for HoldBackEmits {
         commit.stat_deltas.add(Stat::HeldBack, held);
         self.0.commit(commit)
     }
-    fn keys(&self) -> Result<Vec<Key>, StateError> {
-        self.0.keys()
-    }
-    fn entries(&self, key: &Key) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.0.entries(key)
-    }
-    fn get(&self, key: &Key, name: &str) -> Result<Option<Vec<u8>>, StateError> {
-        self.0.get(key, name)
-    }
-    fn counters(&self) -> Result<Vec<(String, i128)>, StateError> {
-        self.0.counters()
-    }
-    fn counters_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<(String, i128)>, StateError> {
-        self.0.counters_page(after, limit)
-    }
-    fn entries_page(
-        &self,
-        key: &Key,
-        after: Option<&str>,
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.0.entries_page(key, after, limit, max_bytes)
-    }
-    fn stats(&self) -> Result<Stats, StateError> {
-        self.0.stats()
-    }
-    fn position(&self, topic: &str, partition: u32) -> Result<Option<u64>, StateError> {
-        self.0.position(topic, partition)
-    }
-    fn done(&self, topic: &str, partition: u32) -> Result<Vec<u64>, StateError> {
-        self.0.done(topic, partition)
-    }
-    fn outbox(&self) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
-        self.0.outbox()
-    }
-    fn outbox_of(&self, partition: u32) -> Result<Vec<(u64, OutboxEntry)>, StateError> {
-        self.0.outbox_of(partition)
-    }
-    fn remove_outbox(&self, partition: u32, through_seq: u64) -> Result<(), StateError> {
-        self.0.remove_outbox(partition, through_seq)
-    }
-    fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
-        self.0.meta(name)
-    }
-    fn set_meta(&self, name: &str, value: &[u8]) -> Result<(), StateError> {
-        self.0.set_meta(name, value)
-    }
-    fn hold_for_run(&self) -> Result<(), StateError> {
-        self.0.hold_for_run()
-    }
-    fn lock_for_reset(&self) -> Result<(), StateError> {
-        self.0.lock_for_reset()
-    }
-    fn positions(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
-        self.0.positions()
-    }
-    fn done_marks(&self) -> Result<Vec<(String, u32, u64)>, StateError> {
-        self.0.done_marks()
-    }
-    fn meta_entries(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.0.meta_entries()
-    }
-    fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError> {
-        self.0.start_over(positions)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Key;
     use crate::storage::log::Record;
+    use crate::storage::state::OutboxEntry;
     use crate::storage::state::{EmitOrigin, KeyWrites};
 
     fn entry(topic: &str, emitted: bool) -> OutboxEntry {

@@ -54,6 +54,10 @@
 //! - [`EmbeddedLog`]: one redb file on this machine, the default.
 //! - [`IggyLog`]: a stream of an Apache Iggy server, for production and
 //!   for more than one host.
+//!
+//! A log that wraps another and changes part of what it does (a test
+//! double, the inventory demo's late reads) implements [`ForwardingLog`]
+//! (`forwarding`): what it does not define goes to the log it wraps.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -64,12 +68,14 @@ use serde::{Deserialize, Serialize};
 use crate::event::Header;
 
 pub mod embedded;
+pub mod forwarding;
 pub mod iggy;
 pub mod iggy_tls;
 pub mod loss;
 pub mod polled;
 
 pub use embedded::EmbeddedLog;
+pub use forwarding::{ForwardingLog, poll_by_reading};
 pub use iggy::IggyLog;
 pub use polled::{EncodedRecord, PolledBatch, RecordView};
 
@@ -434,18 +440,9 @@ pub trait EventLog: Send + Sync + 'static {
         partition: u32,
         from: u64,
         max: usize,
-        mut batch: PolledBatch,
+        batch: PolledBatch,
     ) -> impl Future<Output = Result<PolledBatch, LogError>> + Send {
-        async move {
-            batch.clear();
-            for stored in self.read(topic, partition, from, max).await? {
-                if batch.is_full() {
-                    break;
-                }
-                push_stored(&mut batch, topic, partition, &stored)?;
-            }
-            Ok(batch)
-        }
+        poll_by_reading(self, topic, partition, from, max, batch)
     }
 
     /// The most one record of `topic` may hold as stored (postcard:
@@ -579,148 +576,13 @@ fn push_stored(batch: &mut PolledBatch, topic: &str, partition: u32, stored: &St
     Ok(())
 }
 
-/// Either backend, chosen at run time (the command line's `--iggy`).
+/// Either backend, chosen at run time (the command line's `--iggy`); each
+/// call goes to the one it holds (`forwarding`).
 pub enum AnyLog {
     /// The embedded log.
     Embedded(EmbeddedLog),
     /// An Iggy server.
     Iggy(IggyLog),
-}
-
-macro_rules! delegate {
-    ($self:ident, $log:ident => $call:expr) => {
-        match $self {
-            AnyLog::Embedded($log) => $call.await,
-            AnyLog::Iggy($log) => $call.await,
-        }
-    };
-}
-
-impl EventLog for AnyLog {
-    async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-        delegate!(self, log => log.create_topic(topic, partitions))
-    }
-
-    async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-        delegate!(self, log => log.partitions(topic))
-    }
-
-    async fn topics(&self) -> Result<Vec<(String, u32)>, LogError> {
-        delegate!(self, log => log.topics())
-    }
-
-    async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        delegate!(self, log => log.append(topic, batches))
-    }
-
-    async fn append_as(
-        &self,
-        topic: &str,
-        batches: Vec<(u32, Vec<Record>)>,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<bool, LogError> {
-        delegate!(self, log => log.append_as(topic, batches, producer, sequence))
-    }
-
-    async fn producer_sequence(
-        &self,
-        topic: &str,
-        partition: u32,
-        producer: &str,
-        since: u64,
-    ) -> Result<Option<u64>, LogError> {
-        delegate!(self, log => log.producer_sequence(topic, partition, producer, since))
-    }
-
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
-        delegate!(self, log => log.read(topic, partition, from, max))
-    }
-
-    async fn poll(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-        batch: PolledBatch,
-    ) -> Result<PolledBatch, LogError> {
-        delegate!(self, log => log.poll(topic, partition, from, max, batch))
-    }
-
-    fn max_record_bytes(&self, topic: &str) -> Option<usize> {
-        match self {
-            AnyLog::Embedded(log) => log.max_record_bytes(topic),
-            AnyLog::Iggy(log) => log.max_record_bytes(topic),
-        }
-    }
-
-    fn appends(&self) -> Option<tokio::sync::watch::Receiver<()>> {
-        match self {
-            AnyLog::Embedded(log) => log.appends(),
-            AnyLog::Iggy(log) => log.appends(),
-        }
-    }
-
-    fn forget_producer(&self, producer: &str) {
-        match self {
-            AnyLog::Embedded(log) => log.forget_producer(producer),
-            AnyLog::Iggy(log) => log.forget_producer(producer),
-        }
-    }
-
-    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        delegate!(self, log => log.end_offset(topic, partition))
-    }
-
-    async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
-        delegate!(self, log => log.end_offsets(topic))
-    }
-
-    async fn extent(&self, topic: &str, partition: u32) -> Result<(u64, u64), LogError> {
-        delegate!(self, log => log.extent(topic, partition))
-    }
-
-    async fn durability(&self, topic: &str) -> Result<loss::Durability, LogError> {
-        delegate!(self, log => log.durability(topic))
-    }
-
-    fn accepts_lossy_topics(&self) -> bool {
-        match self {
-            AnyLog::Embedded(log) => log.accepts_lossy_topics(),
-            AnyLog::Iggy(log) => log.accepts_lossy_topics(),
-        }
-    }
-
-    async fn topic_identity(&self, topic: &str) -> Result<Option<String>, LogError> {
-        delegate!(self, log => log.topic_identity(topic))
-    }
-
-    async fn store_consumer_offset(
-        &self,
-        consumer: &str,
-        topic: &str,
-        partition: u32,
-        next: u64,
-    ) -> Result<(), LogError> {
-        delegate!(self, log => log.store_consumer_offset(consumer, topic, partition, next))
-    }
-
-    async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-        delegate!(self, log => log.consumer_offset(consumer, topic, partition))
-    }
-
-    async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
-        delegate!(self, log => log.offset_at(topic, partition, time))
-    }
-
-    async fn group_partitions(&self, topic: &str, group: &str) -> Result<Vec<u32>, LogError> {
-        delegate!(self, log => log.group_partitions(topic, group))
-    }
-
-    async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
-        delegate!(self, log => log.leave_group(topic, group))
-    }
 }
 
 #[cfg(test)]

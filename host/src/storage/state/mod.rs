@@ -11,7 +11,9 @@
 //! **One trait, two backends.** A [`StateStore`] is a cheap handle on a
 //! [`StateBackend`]: the embedded store ([`embedded`], one redb file per
 //! projection, the default) or PostgreSQL ([`postgres`], state shared by
-//! several hosts). Both pass one test suite (`suite`).
+//! several hosts). Both pass one test suite (`suite`). A store that wraps
+//! another and changes part of what it does implements [`ForwardingStore`]
+//! (`forwarding`): what it does not define goes to the store it wraps.
 //!
 //! **One batch, one commit.** [`StateBackend::commit`] applies a
 //! [`BatchCommit`] in a single durable transaction holding:
@@ -91,6 +93,7 @@ use crate::storage::stats::Stats;
 
 pub mod cache;
 pub mod embedded;
+pub mod forwarding;
 mod hold;
 pub mod postgres;
 pub mod postgres_tls;
@@ -98,6 +101,7 @@ pub mod postgres_tls;
 mod suite;
 
 pub use embedded::EmbeddedStore;
+pub use forwarding::ForwardingStore;
 pub use postgres::PostgresStore;
 
 /// Why a state operation failed.

@@ -1,0 +1,212 @@
+//! [`ForwardingLog`]: a log that wraps another and changes part of what it
+//! does, every other call going to the log it wraps (the forwarding is
+//! written once, in `storage/forwarding.rs`).
+//!
+//! Rules kept here:
+//! - `event_log_methods!` lists every method of [`EventLog`] once: a new
+//!   method of the trait is one line there, and [`AnyLog`] and every
+//!   forwarding log forward it.
+//! - A forwarding log forwards the methods [`EventLog`] gives a default
+//!   too: one that wants the default's answer over the wrapped log's writes
+//!   it ([`poll_by_reading`] is [`EventLog::poll`]'s).
+
+use std::ops::Deref;
+use std::time::SystemTime;
+
+use super::loss::Durability;
+use super::{AnyLog, EventLog, LogError, PolledBatch, Record, StoredRecord};
+use crate::storage::forwarding::forward_methods;
+
+/// Every method of [`EventLog`], handed to `forward_methods!` after `how`.
+macro_rules! event_log_methods {
+    ($($how:tt)+) => {
+        forward_methods! { $($how)+;
+            async fn create_topic(topic: &str, partitions: u32) -> Result<(), LogError>;
+            async fn partitions(topic: &str) -> Result<u32, LogError>;
+            async fn topics() -> Result<Vec<(String, u32)>, LogError>;
+            async fn append(topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError>;
+            async fn append_as(topic: &str, batches: Vec<(u32, Vec<Record>)>, producer: &str, sequence: u64) -> Result<bool, LogError>;
+            async fn producer_sequence(topic: &str, partition: u32, producer: &str, since: u64) -> Result<Option<u64>, LogError>;
+            async fn read(topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError>;
+            async fn poll(topic: &str, partition: u32, from: u64, max: usize, batch: PolledBatch) -> Result<PolledBatch, LogError>;
+            fn max_record_bytes(topic: &str) -> Option<usize>;
+            fn appends() -> Option<tokio::sync::watch::Receiver<()>>;
+            fn forget_producer(producer: &str);
+            async fn end_offset(topic: &str, partition: u32) -> Result<u64, LogError>;
+            async fn end_offsets(topic: &str) -> Result<Vec<u64>, LogError>;
+            async fn extent(topic: &str, partition: u32) -> Result<(u64, u64), LogError>;
+            async fn durability(topic: &str) -> Result<Durability, LogError>;
+            fn accepts_lossy_topics() -> bool;
+            async fn topic_identity(topic: &str) -> Result<Option<String>, LogError>;
+            async fn store_consumer_offset(consumer: &str, topic: &str, partition: u32, next: u64) -> Result<(), LogError>;
+            async fn consumer_offset(consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError>;
+            async fn offset_at(topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError>;
+            async fn group_partitions(topic: &str, group: &str) -> Result<Vec<u32>, LogError>;
+            async fn leave_group(topic: &str, group: &str) -> Result<(), LogError>;
+        }
+    };
+}
+
+/// A log that wraps another: every [`EventLog`] method it does not define
+/// goes to [`ForwardingLog::inner`]. It is an [`EventLog`] itself.
+///
+/// Define a method in the implementation of this trait, under its
+/// [`EventLog`] name, to change it. Name this trait by its path there
+/// (`impl log::ForwardingLog for …`) rather than importing it: with both
+/// traits in scope, a call such as `wrapper.read(…)` is ambiguous (inside
+/// that implementation it is: call `EventLog::read(self, …)` there).
+pub trait ForwardingLog: Send + Sync + 'static {
+    /// The log wrapped.
+    type Inner: EventLog;
+
+    /// The log each call goes to, held for the call: a reference, or a
+    /// handle on a log that may be replaced between calls.
+    fn inner(&self) -> impl Deref<Target = Self::Inner> + Send + '_;
+
+    event_log_methods!(to_inner EventLog);
+}
+
+impl<W: ForwardingLog> EventLog for W {
+    event_log_methods!(to_forwarding ForwardingLog);
+}
+
+impl EventLog for AnyLog {
+    event_log_methods!(to_variants AnyLog [Embedded, Iggy]);
+}
+
+/// [`EventLog::poll`] as its default does it: `log`'s
+/// [`read`](EventLog::read), packed into `batch`. For a wrapper that polls
+/// through its own `read` rather than the wrapped log's `poll`.
+pub async fn poll_by_reading<L: EventLog + ?Sized>(
+    log: &L,
+    topic: &str,
+    partition: u32,
+    from: u64,
+    max: usize,
+    mut batch: PolledBatch,
+) -> Result<PolledBatch, LogError> {
+    batch.clear();
+    for stored in log.read(topic, partition, from, max).await? {
+        if batch.is_full() {
+            break;
+        }
+        super::push_stored(&mut batch, topic, partition, &stored)?;
+    }
+    Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Deref;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    // Not `super::*`: with `ForwardingLog` in scope, calls on a wrapper
+    // would be ambiguous (see its docs).
+    use super::poll_by_reading;
+    use crate::storage::log::embedded::MAX_RECORD_BYTES;
+    use crate::storage::log::{AnyLog, EmbeddedLog, EventLog, LogError, PolledBatch, Record, StoredRecord};
+
+    /// Counts the reads it forwards and hides partition 1; nothing else of
+    /// its own.
+    struct CountingReads {
+        log: EmbeddedLog,
+        reads: AtomicUsize,
+        poll_by_reading: bool,
+    }
+
+    impl super::ForwardingLog for CountingReads {
+        type Inner = EmbeddedLog;
+
+        fn inner(&self) -> impl Deref<Target = EmbeddedLog> + Send + '_ {
+            &self.log
+        }
+
+        async fn read(
+            &self,
+            topic: &str,
+            partition: u32,
+            from: u64,
+            max: usize,
+        ) -> Result<Vec<StoredRecord>, LogError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            match partition {
+                1 => Ok(Vec::new()),
+                _ => self.log.read(topic, partition, from, max).await,
+            }
+        }
+
+        async fn poll(
+            &self,
+            topic: &str,
+            partition: u32,
+            from: u64,
+            max: usize,
+            batch: PolledBatch,
+        ) -> Result<PolledBatch, LogError> {
+            match self.poll_by_reading {
+                true => poll_by_reading(self, topic, partition, from, max, batch).await,
+                false => self.log.poll(topic, partition, from, max, batch).await,
+            }
+        }
+    }
+
+    fn record(body: &[u8]) -> Record {
+        Record { headers: Vec::new(), body: body.to_vec() }
+    }
+
+    async fn wrapped(dir: &tempfile::TempDir, poll_by_reading: bool) -> CountingReads {
+        let log = EmbeddedLog::open(dir.path().join("log.redb")).unwrap();
+        let wrapper = CountingReads { log, reads: AtomicUsize::new(0), poll_by_reading };
+        wrapper.create_topic("t", 2).await.unwrap();
+        wrapper.append("t", vec![(0, vec![record(b"a"), record(b"b")]), (1, vec![record(b"c")])]).await.unwrap();
+        wrapper
+    }
+
+    #[tokio::test]
+    async fn a_forwarding_log_changes_what_it_defines_and_forwards_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let wrapper = wrapped(&dir, false).await;
+        // Forwarded: the wrapped log holds what went through the wrapper,
+        // and the wrapper answers as the wrapped log does, the methods with
+        // a default in the trait included.
+        assert_eq!(wrapper.log.end_offsets("t").await.unwrap(), [2, 1]);
+        assert_eq!(wrapper.end_offsets("t").await.unwrap(), [2, 1]);
+        assert_eq!(wrapper.topics().await.unwrap(), [("t".to_owned(), 2)]);
+        assert_eq!(wrapper.max_record_bytes("t"), Some(MAX_RECORD_BYTES));
+        assert!(wrapper.appends().is_some(), "the embedded log's append signal");
+        assert_eq!(wrapper.extent("t", 0).await.unwrap(), (0, 2));
+        // Defined: reads are counted and partition 1 hides its record.
+        assert_eq!(wrapper.read("t", 0, 0, 10).await.unwrap().len(), 2);
+        assert!(wrapper.read("t", 1, 0, 10).await.unwrap().is_empty());
+        assert_eq!(wrapper.reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_forwarding_log_may_poll_through_its_own_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let wrapper = wrapped(&dir, true).await;
+        let polled = wrapper.poll("t", 0, 1, 10, PolledBatch::new()).await.unwrap();
+        assert_eq!(polled.iter().map(|view| view.body().to_vec()).collect::<Vec<_>>(), [b"b".to_vec()]);
+        assert_eq!(polled.len(), 1);
+        assert!(wrapper.poll("t", 1, 0, 10, polled).await.unwrap().is_empty(), "its read hides partition 1");
+        assert_eq!(wrapper.reads.load(Ordering::SeqCst), 2);
+        // The wrapped log's own poll sees partition 1.
+        let wrapper = CountingReads { poll_by_reading: false, ..wrapper };
+        assert_eq!(wrapper.poll("t", 1, 0, 10, PolledBatch::new()).await.unwrap().len(), 1);
+        assert_eq!(wrapper.reads.load(Ordering::SeqCst), 2, "not through its read");
+    }
+
+    #[tokio::test]
+    async fn any_log_forwards_to_the_log_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let any = AnyLog::Embedded(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+        any.create_topic("t", 3).await.unwrap();
+        any.append("t", vec![(2, vec![record(b"a")])]).await.unwrap();
+        let AnyLog::Embedded(log) = &any else { unreachable!() };
+        assert_eq!(log.end_offsets("t").await.unwrap(), [0, 0, 1]);
+        assert_eq!(any.partitions("t").await.unwrap(), 3);
+        assert_eq!(any.max_record_bytes("t"), Some(MAX_RECORD_BYTES));
+        assert!(any.appends().is_some());
+        assert!(matches!(any.group_partitions("t", "g").await, Err(LogError::NoConsumerGroups)));
+    }
+}
