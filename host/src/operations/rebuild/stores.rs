@@ -10,6 +10,9 @@
 //!   retry and dead-letter records in the outbox (so the shadow's failures
 //!   are routed like any projection's) but drop the messages its handlers
 //!   emitted, counting them as [`Stat::HeldBack`]: a shadow never publishes.
+//!
+//! Both are [`ForwardingStore`](state::ForwardingStore)s: what they do not
+//! change goes to the store behind them.
 
 use std::ops::Deref;
 use std::sync::{Arc, RwLock};
