@@ -5,7 +5,9 @@
 //! Rules kept here:
 //! - `event_log_methods!` lists every method of [`EventLog`] once: a new
 //!   method of the trait is one line there, and [`AnyLog`] and every
-//!   forwarding log forward it.
+//!   forwarding log forward it. A test reads both and fails on a method
+//!   the list misses (it would not be forwarded: wrappers would answer the
+//!   trait's default).
 //! - A forwarding log forwards the methods [`EventLog`] gives a default
 //!   too: one that wants the default's answer over the wrapped log's writes
 //!   it ([`poll_by_reading`] is [`EventLog::poll`]'s).
@@ -96,7 +98,7 @@ pub async fn poll_by_reading<L: EventLog + ?Sized>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::ops::Deref;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -192,5 +194,32 @@ mod tests {
         assert_eq!(any.max_record_bytes("t"), Some(MAX_RECORD_BYTES));
         assert!(any.appends().is_some());
         assert!(matches!(any.group_partitions("t", "g").await, Err(LogError::NoConsumerGroups)));
+    }
+
+    /// The names of the methods declared in `source` between `start` and
+    /// the next line `end`, at `indent`.
+    pub(crate) fn declared(source: &str, start: &str, end: &str, indent: &str) -> Vec<String> {
+        let block = &source[source.find(start).expect("start")..];
+        let block = &block[..block.find(end).expect("end")];
+        let mut names: Vec<String> = block
+            .lines()
+            .filter_map(|line| line.strip_prefix(indent))
+            .filter_map(|line| line.strip_prefix("async ").or(Some(line)))
+            .filter_map(|line| line.strip_prefix("fn "))
+            .map(|line| line[..line.find(['(', '<']).unwrap_or(line.len())].to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A method missing from the list would not be forwarded: a wrapper
+    /// would answer the trait's default, or fail to build.
+    #[test]
+    fn the_list_names_every_method_of_the_trait() {
+        let trait_methods = declared(include_str!("mod.rs"), "pub trait EventLog", "\n}\n", "    ");
+        let listed =
+            declared(include_str!("forwarding.rs"), "macro_rules! event_log_methods", "\n    };", "            ");
+        assert_eq!(trait_methods.len(), 22);
+        assert_eq!(listed, trait_methods);
     }
 }

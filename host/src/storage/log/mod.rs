@@ -432,8 +432,8 @@ pub trait EventLog: Send + Sync + 'static {
     /// returned, so its buffers are reused instead of grown again. A poll
     /// takes at most `max` records and stops early once the batch
     /// [is full](PolledBatch::is_full) (its byte budget). The default reads
-    /// owned records and packs them; a backend that stores records encoded
-    /// (embedded) copies them in without decoding.
+    /// owned records and packs them ([`poll_by_reading`]); a backend that
+    /// stores records encoded (embedded) copies them in without decoding.
     fn poll(
         &self,
         topic: &str,

@@ -5,7 +5,8 @@
 //! Rules kept here:
 //! - `state_backend_methods!` lists every method of [`StateBackend`] but
 //!   [`location`](StateBackend::location) once: a new method of the trait
-//!   is one line there, and every forwarding store forwards it.
+//!   is one line there, and every forwarding store forwards it. A test
+//!   reads both and fails on a method the list misses.
 //! - [`location`](StateBackend::location) is the one method each
 //!   forwarding store writes: it lends its answer for as long as the
 //!   wrapper lives, and the store behind a wrapper is held for one call
@@ -138,5 +139,18 @@ mod tests {
         wrapper.remove_outbox(1, seq).unwrap();
         assert_eq!(inner.outbox().unwrap().len(), 1);
         assert!(wrapper.claim_released(0).unwrap().is_some());
+    }
+
+    /// A method missing from the list would not be forwarded: a wrapper
+    /// would answer the trait's default, or fail to build.
+    #[test]
+    fn the_list_names_every_method_of_the_trait_but_its_location() {
+        use crate::storage::log::forwarding::tests::declared;
+        let mut trait_methods = declared(include_str!("mod.rs"), "pub trait StateBackend", "\n}\n", "    ");
+        let listed =
+            declared(include_str!("forwarding.rs"), "macro_rules! state_backend_methods", "\n    };", "            ");
+        assert_eq!(trait_methods.len(), 27);
+        trait_methods.retain(|name| name != "location");
+        assert_eq!(listed, trait_methods);
     }
 }
