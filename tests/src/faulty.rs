@@ -65,8 +65,8 @@ impl<L> FaultyLog<L> {
     }
 }
 
-/// Every call but `accepts_lossy_topics`, `max_record_bytes` and the
-/// consumer-group calls passes `fault` first. Two answers are the
+/// Every call but `accepts_lossy_topics`, `max_record_bytes`, `appends`
+/// and the consumer-group calls passes `fault` first. Two answers are the
 /// trait's defaults rather than the wrapped log's, as the tests over this
 /// log were written against: `poll` goes through this log's faulty `read`,
 /// and there is no append signal (`appends`), so a consumer polls on its
