@@ -129,9 +129,7 @@ mod tests {
         assert_eq!(check_projection_name("../x"), Err(NameError::Character { at: 2, allowed: NAME_CHARACTERS }));
     }
 
-    #[test]
-    fn the_rules_hold_in_const_context() {
-        const CHECKED: bool = check_topic_name("out").is_ok() && check_topic_name("a b").is_err();
-        assert!(CHECKED);
-    }
+    // The rules hold in const context (the guest SDK checks a module's
+    // declared topics at compile time): this fails to compile otherwise.
+    const _: () = assert!(check_topic_name("out").is_ok() && check_topic_name("a b").is_err());
 }

@@ -117,18 +117,16 @@
 //!   partition is the state store's fencing, not the group.
 //! - **Errors carry codes, not text** over TCP: they are matched by variant.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use iggy::prelude::{
-    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
-    IggyClient, IggyError, IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning,
-    PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
+    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, IggyError, IggyExpiry,
+    IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient,
+    TopicCreateOptions,
 };
 use rustc_hash::FxHashMap;
 
@@ -1083,6 +1081,11 @@ fn group_identifier(group: &str) -> Result<Identifier, LogError> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::str::FromStr;
+
+    use iggy::prelude::{HeaderKey, HeaderKind, HeaderValue};
+
     use super::*;
     use crate::event::header_name::{KEY, TAG};
     use crate::storage::log::iggy_headers::{HeaderPiece, header_key, parse_header_key};
