@@ -24,6 +24,8 @@
 //! - [`limits`]: the rules and limits of the module boundary: what a module
 //!   may hand the host and return to it, per value, per call and per batch
 //!   (shared by the host and the guest SDK's test host).
+//! - [`names`]: the naming rules of topics and projections, each refusal
+//!   naming the rule it breaks.
 //! - [`plan`]: the pure planner: records in, plan out, no I/O.
 //! - [`reduce`]: what each algebra lets the host do to a run, and chunking.
 //! - [`release`]: the release stage in front of the planner: events held
@@ -47,6 +49,7 @@ pub mod event;
 pub mod key;
 pub mod key_serde;
 pub mod limits;
+pub mod names;
 pub mod plan;
 pub mod reduce;
 pub mod release;

@@ -105,8 +105,8 @@ const fn package_of(wit: &'static str) -> &'static str {
 }
 
 /// Whether `text` is 1 to `max` bytes of ASCII letters, digits, `_`, `-`,
-/// `.`, and `:` when `colon`.
-const fn is_name(text: &str, max: usize, colon: bool) -> bool {
+/// `.` and `:` (an event type name's characters).
+const fn is_event_type_text(text: &str, max: usize) -> bool {
     let bytes = text.as_bytes();
     if bytes.is_empty() || bytes.len() > max {
         return false;
@@ -114,7 +114,7 @@ const fn is_name(text: &str, max: usize, colon: bool) -> bool {
     let mut at = 0;
     while at < bytes.len() {
         let byte = bytes[at];
-        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.' || (colon && byte == b':')) {
+        if !(byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || byte == b'.' || byte == b':') {
             return false;
         }
         at += 1;
@@ -123,9 +123,10 @@ const fn is_name(text: &str, max: usize, colon: bool) -> bool {
 }
 
 /// Whether `topic` is a valid topic name: 1 to 255 bytes of ASCII letters,
-/// digits, `_`, `-` and `.`.
+/// digits, `_`, `-` and `.` ([`crate::names::check_topic_name`], the one
+/// place the rule is kept).
 pub const fn is_topic_name(topic: &str) -> bool {
-    is_name(topic, MAX_TOPIC_NAME_BYTES, false)
+    crate::names::check_topic_name(topic).is_ok()
 }
 
 /// Whether `topic` is one of the host's own topics (`retry_*`, `dlq_*`),
@@ -150,7 +151,7 @@ pub const fn is_host_topic(topic: &str) -> bool {
 /// Whether `name` is a valid event type name: 1 to 128 bytes of ASCII
 /// letters, digits, `_`, `-`, `.` and `:`.
 pub const fn is_event_type_name(name: &str) -> bool {
-    is_name(name, MAX_EVENT_TYPE_NAME_BYTES, true)
+    is_event_type_text(name, MAX_EVENT_TYPE_NAME_BYTES)
 }
 
 /// `text` cut to at most `max` bytes at a character boundary, and whether

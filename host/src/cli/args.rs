@@ -127,8 +127,7 @@ impl DataArgs {
             }
             return Ok(StateStore::from_backend(store));
         }
-        crate::storage::log::embedded::validate_topic_name(projection)
-            .with_context(|| format!("projection `{projection}`"))?;
+        crate::storage::log::check_projection_name(projection).with_context(|| format!("projection `{projection}`"))?;
         existing::projection(&self.data, projection)?;
         self.state(projection).map_err(hint_if_in_use(hint))
     }

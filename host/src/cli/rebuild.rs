@@ -76,7 +76,7 @@ pub(super) async fn rebuild(mut args: RebuildArgs, settings: &[Setting]) -> Resu
              cannot be rebuilt yet: run the new modules under another projection name and switch readers instead"
         );
     }
-    crate::storage::log::embedded::validate_topic_name(&args.projection)?;
+    crate::storage::log::check_projection_name(&args.projection)?;
     super::existing::data_dir(&args.data.data)?;
     // A rebuild may be asked for before the projection first runs (the
     // next `waku run` builds it); a promotion or a rollback refused for a

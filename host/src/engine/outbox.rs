@@ -227,6 +227,7 @@ fn is_permanent(error: &LogError) -> bool {
         error,
         LogError::TopicNotFound { .. }
             | LogError::InvalidTopicName { .. }
+            | LogError::BackendName { .. }
             | LogError::PartitionNotFound { .. }
             | LogError::Refused { .. }
             | LogError::RecordTooLarge { .. }
@@ -235,7 +236,7 @@ fn is_permanent(error: &LogError) -> bool {
 
 /// Whether a permanent failure is the topic's, so every entry for it fails.
 fn is_topic_gone(error: &LogError) -> bool {
-    matches!(error, LogError::TopicNotFound { .. } | LogError::InvalidTopicName { .. })
+    matches!(error, LogError::TopicNotFound { .. } | LogError::InvalidTopicName { .. } | LogError::BackendName { .. })
 }
 
 /// Pending entries with their sequence numbers.

@@ -244,7 +244,7 @@ pub fn open_state_cached(
     projection: &str,
     cache_bytes: usize,
 ) -> Result<StateStore, HostError> {
-    crate::storage::log::embedded::validate_topic_name(projection)
+    crate::storage::log::check_projection_name(projection)
         .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
     let opened = match state {
         StateSettings::Embedded => {
@@ -634,7 +634,7 @@ async fn check_topics<L: EventLog>(log: &L, settings: &HostSettings) -> Result<(
 /// The settings a host refuses before it opens or creates anything: their
 /// combinations, the projection's name, a module directory it cannot read.
 fn check_settings(settings: &HostSettings) -> Result<(), HostError> {
-    crate::storage::log::embedded::validate_topic_name(&settings.projection)
+    crate::storage::log::check_projection_name(&settings.projection)
         .map_err(|source| HostError::ProjectionName { projection: settings.projection.clone(), source })?;
     // A directory modules are pulled into (`--module-ref`) may not exist
     // yet: the pull creates it.

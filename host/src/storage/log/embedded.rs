@@ -46,8 +46,9 @@
 //! reads a value whole, so reading past such a record loads it once, but
 //! nothing holds it.
 //!
-//! Topic names are non-empty, at most 255 bytes, and use only ASCII letters,
-//! digits, `.`, `_` and `-`; anything else is
+//! Topic names follow core's topic-name rule
+//! ([`wakuwaku_core::names::check_topic_name`]: non-empty, at most 255
+//! bytes, only ASCII letters, digits, `.`, `_` and `-`); anything else is
 //! [`LogError::InvalidTopicName`]. This keeps the table names unambiguous
 //! and the names safe to print and to use as file or URL parts.
 
@@ -58,7 +59,7 @@ use std::time::SystemTime;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::{EventLog, LogError, PolledBatch, Record, StoredRecord};
+use super::{EventLog, LogError, PolledBatch, Record, StoredRecord, check_topic_name};
 use crate::event::Header;
 use crate::storage::redb_file::{self, OpenError};
 
@@ -102,9 +103,6 @@ pub fn record_limit(topic: &str) -> usize {
         MAX_RECORD_BYTES
     }
 }
-
-/// The longest topic name accepted, in bytes.
-pub const MAX_TOPIC_NAME_LEN: usize = 255;
 
 /// An [`EventLog`] stored in one redb file on this machine.
 ///
@@ -176,13 +174,13 @@ impl EmbeddedLog {
 
 impl EventLog for EmbeddedLog {
     async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| inner.create_topic(&topic, partitions)).await
     }
 
     async fn partitions(&self, topic: &str) -> Result<u32, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
@@ -207,7 +205,7 @@ impl EventLog for EmbeddedLog {
     }
 
     async fn append(&self, topic: &str, batches: Vec<(u32, Vec<Record>)>) -> Result<(), LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| inner.append(&topic, batches, None).map(|_| ())).await
     }
@@ -219,7 +217,7 @@ impl EventLog for EmbeddedLog {
         producer: &str,
         sequence: u64,
     ) -> Result<bool, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let (topic, producer) = (topic.to_owned(), producer.to_owned());
         self.blocking(move |inner| inner.append(&topic, batches, Some((&producer, sequence)))).await
     }
@@ -232,7 +230,7 @@ impl EventLog for EmbeddedLog {
         producer: &str,
         _since: u64,
     ) -> Result<Option<u64>, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let (topic, producer) = (topic.to_owned(), producer.to_owned());
         self.blocking(move |inner| {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
@@ -248,7 +246,7 @@ impl EventLog for EmbeddedLog {
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<StoredRecord>, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| inner.read(&topic, partition, from, max)).await
     }
@@ -261,7 +259,7 @@ impl EventLog for EmbeddedLog {
         max: usize,
         mut batch: PolledBatch,
     ) -> Result<PolledBatch, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| {
             batch.clear();
@@ -299,7 +297,7 @@ impl EventLog for EmbeddedLog {
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
@@ -311,7 +309,7 @@ impl EventLog for EmbeddedLog {
     }
 
     async fn end_offsets(&self, topic: &str) -> Result<Vec<u64>, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         self.blocking(move |inner| {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
@@ -329,7 +327,7 @@ impl EventLog for EmbeddedLog {
         partition: u32,
         next: u64,
     ) -> Result<(), LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let (consumer, topic) = (consumer.to_owned(), topic.to_owned());
         self.blocking(move |inner| {
             let mut txn = inner.db.begin_write().map_err(|e| inner.storage(e))?;
@@ -349,7 +347,7 @@ impl EventLog for EmbeddedLog {
     }
 
     async fn consumer_offset(&self, consumer: &str, topic: &str, partition: u32) -> Result<Option<u64>, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let (consumer, topic) = (consumer.to_owned(), topic.to_owned());
         self.blocking(move |inner| {
             let txn = inner.db.begin_read().map_err(|e| inner.storage(e))?;
@@ -365,7 +363,7 @@ impl EventLog for EmbeddedLog {
     /// The first entry of `append-times` at or after `time`, in one
     /// lookup; records without a time count as older than every time.
     async fn offset_at(&self, topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError> {
-        validate_topic_name(topic)?;
+        check_topic_name(topic)?;
         let topic = topic.to_owned();
         let wanted = unix_millis(time);
         self.blocking(move |inner| {
@@ -826,21 +824,6 @@ fn partition_table_name(topic: &str, partition: u32) -> String {
 
 fn partition_table(name: &str) -> TableDefinition<'_, u64, &'static [u8]> {
     TableDefinition::new(name)
-}
-
-/// Checks a topic name against the embedded log's rules (see the module
-/// documentation).
-pub fn validate_topic_name(topic: &str) -> Result<(), LogError> {
-    let reason = if topic.is_empty() {
-        "it is empty"
-    } else if topic.len() > MAX_TOPIC_NAME_LEN {
-        "it is longer than 255 bytes"
-    } else if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
-        "only ASCII letters, digits, '.', '_' and '-' are allowed"
-    } else {
-        return Ok(());
-    };
-    Err(LogError::InvalidTopicName { topic: topic.to_owned(), reason })
 }
 
 #[cfg(test)]

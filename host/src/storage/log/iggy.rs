@@ -56,6 +56,9 @@
 //!   A header name longer than 255 bytes once encoded, headers over Iggy's
 //!   100 kB, or a body over 64 MB are [`LogError::Refused`], as are the
 //!   server's own refusals of a message.
+//!
+//!   The header codec is `iggy_headers`, pure functions over Iggy's header
+//!   types that keep these rules; this file is the client.
 //! - **Appends are per partition and per request.** Iggy stores a request
 //!   whole or not at all, but a call that fails part-way may have reached
 //!   some partitions, and plain appends go 1 000 messages per request.
@@ -114,27 +117,23 @@
 //!   partition is the state store's fencing, not the group.
 //! - **Errors carry codes, not text** over TCP: they are matched by variant.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use iggy::prelude::{
-    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderKind, HeaderValue, Identifier,
-    IggyClient, IggyError, IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning,
-    PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
+    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, IggyError, IggyExpiry,
+    IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient,
+    TopicCreateOptions,
 };
-use iggy_binary_protocol::{WireUserHeaderIterator, validate_user_headers};
 use rustc_hash::FxHashMap;
 
+use super::iggy_headers::{HeaderRefusal, decode_headers, encode_headers, put_raw};
 use super::loss::Durability;
 use super::{EventLog, LogError, PolledBatch, Record, StoredRecord, push_stored};
 use crate::event::Header;
-use crate::event::header_name::TAG;
 
 /// The header naming the producer of an [`EventLog::append_as`].
 const PRODUCER: &str = "waku-producer";
@@ -144,8 +143,6 @@ const SEQUENCE: &str = "waku-sequence";
 const CHUNK: usize = 1000;
 /// Most messages per poll request.
 const POLL: usize = 4096;
-/// The header key marking an empty body (see the module docs).
-const EMPTY_BODY: &str = "~no-body";
 
 /// An Iggy server's stream, as a log.
 pub struct IggyLog {
@@ -248,9 +245,10 @@ impl IggyLog {
             Ok(client) => client,
             Err(error) => return Err(explained(url, &address, error, failed).await),
         };
-        let stream_id = Identifier::named(stream).map_err(|_| LogError::InvalidTopicName {
-            topic: stream.to_owned(),
-            reason: "Iggy cannot name a stream so",
+        let stream_id = Identifier::named(stream).map_err(|_| LogError::BackendName {
+            name: stream.to_owned(),
+            backend: "Iggy",
+            what: "stream",
         })?;
         if client.get_stream(&stream_id).await.map_err(failed)?.is_none() {
             if !create {
@@ -410,8 +408,11 @@ impl IggyLog {
     }
 
     fn topic_id(&self, topic: &str) -> Result<Identifier, LogError> {
-        Identifier::named(topic)
-            .map_err(|_| LogError::InvalidTopicName { topic: topic.to_owned(), reason: "Iggy cannot name a topic so" })
+        Identifier::named(topic).map_err(|_| LogError::BackendName {
+            name: topic.to_owned(),
+            backend: "Iggy",
+            what: "topic",
+        })
     }
 
     async fn topic_details(&self, topic: &str) -> Result<iggy::prelude::TopicDetails, LogError> {
@@ -980,49 +981,15 @@ fn to_message(
     id: u128,
 ) -> Result<IggyMessage, LogError> {
     let refused = |reason: String| LogError::Refused { topic: topic.to_owned(), partition, reason };
-    let mut headers = BTreeMap::new();
-    let mut put = |key: &str, value: HeaderValue| -> Result<(), LogError> {
-        let key = HeaderKey::from_str(key).map_err(|_| {
-            refused(format!("header key {key:?} cannot be stored in Iggy (1 to 255 bytes, `~` counting twice)"))
-        })?;
-        headers.insert(key, value);
-        Ok(())
-    };
-    for Header { name, value } in &record.headers {
-        match (name.as_str(), value.len()) {
-            // Names without `~`: their keys are the names.
-            (TAG, 4) => put(name, HeaderValue::from(u32::from_le_bytes(value[..].try_into().expect("4 bytes"))))?,
-            (_, 0) => put(&header_key(name, Some("empty")), HeaderValue::from(0u8))?,
-            // Context headers are text: stored as Iggy strings, so its web
-            // UI and CLI show them, cut only at character boundaries.
-            _ if super::is_text_header(name) && std::str::from_utf8(value).is_ok() => {
-                let text = std::str::from_utf8(value).expect("checked");
-                for (index, piece) in text_pieces(text, 255).enumerate() {
-                    let suffix = (index > 0).then(|| index.to_string());
-                    let piece = HeaderValue::from_raw(HeaderKind::String, piece.as_bytes()).expect("1 to 255 bytes");
-                    put(&header_key(name, suffix.as_deref()), piece)?;
-                }
-            }
-            _ => {
-                for (index, piece) in value.chunks(255).enumerate() {
-                    let suffix = (index > 0).then(|| index.to_string());
-                    let piece = HeaderValue::from_raw(HeaderKind::Raw, piece).expect("1 to 255 bytes");
-                    put(&header_key(name, suffix.as_deref()), piece)?;
-                }
-            }
-        }
-    }
-    let payload = if record.body.is_empty() {
-        put(EMPTY_BODY, HeaderValue::from(0u8))?;
-        Bytes::from_static(&[0])
-    } else {
-        Bytes::from(record.body)
-    };
+    let mut headers =
+        encode_headers(&record.headers, record.body.is_empty()).map_err(|refusal| refused(refusal.to_string()))?;
+    let payload = if record.body.is_empty() { Bytes::from_static(&[0]) } else { Bytes::from(record.body) };
     if let Some((producer, sequence)) = stamp {
         for Header { name, value } in stamp_headers(producer, sequence) {
-            let value = HeaderValue::from_raw(HeaderKind::Raw, &value)
-                .map_err(|_| refused(format!("producer name {producer:?} must have 1 to 255 bytes")))?;
-            put(&name, value)?;
+            put_raw(&mut headers, &name, &value).map_err(|refusal| match refusal {
+                HeaderRefusal::Value { .. } => refused(format!("producer name {producer:?} must have 1 to 255 bytes")),
+                HeaderRefusal::Key { .. } => refused(refusal.to_string()),
+            })?;
         }
     }
     IggyMessage::builder()
@@ -1031,70 +998,6 @@ fn to_message(
         .user_headers(headers)
         .build()
         .map_err(|e| refused(format!("{e} (Iggy error {})", e.as_code())))
-}
-
-/// `text` in pieces of 1 to `max` bytes (`max` at least 4), each cut at a
-/// character boundary.
-fn text_pieces(mut text: &str, max: usize) -> impl Iterator<Item = &str> {
-    std::iter::from_fn(move || {
-        if text.is_empty() {
-            return None;
-        }
-        let (piece, _) = wakuwaku_core::limits::cut(text, max);
-        text = &text[piece.len()..];
-        Some(piece)
-    })
-}
-
-/// The user-header key of header `name`, or of its piece `suffix`: the name
-/// with every `~` doubled, then `~suffix`.
-fn header_key(name: &str, suffix: Option<&str>) -> String {
-    let mut key = name.replace('~', "~~");
-    if let Some(suffix) = suffix {
-        key.push('~');
-        key.push_str(suffix);
-    }
-    key
-}
-
-/// What a user-header key stands for.
-#[derive(Debug, PartialEq, Eq)]
-enum HeaderPiece {
-    /// Piece `index` of the value of header `name`.
-    Value { name: String, index: usize },
-    /// The header `name`, with an empty value.
-    Empty { name: String },
-    /// The record's body is empty.
-    EmptyBody,
-}
-
-/// Reads a key written by [`header_key`]. Keys no host wrote (another
-/// producer's) that do not follow the scheme are taken as names.
-fn parse_header_key(key: &str) -> HeaderPiece {
-    let mut name = String::with_capacity(key.len());
-    let mut chars = key.char_indices();
-    while let Some((at, c)) = chars.next() {
-        if c != '~' {
-            name.push(c);
-            continue;
-        }
-        let rest = &key[at + 1..];
-        if rest.starts_with('~') {
-            chars.next();
-            name.push('~');
-            continue;
-        }
-        return match rest {
-            "empty" => HeaderPiece::Empty { name },
-            _ if name.is_empty() && EMPTY_BODY.strip_prefix('~') == Some(rest) => HeaderPiece::EmptyBody,
-            _ if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) => match rest.parse() {
-                Ok(index) => HeaderPiece::Value { name, index },
-                Err(_) => HeaderPiece::Value { name: key.to_owned(), index: 0 },
-            },
-            _ => HeaderPiece::Value { name: key.to_owned(), index: 0 },
-        };
-    }
-    HeaderPiece::Value { name, index: 0 }
 }
 
 /// The id of a plain append's message: the client, the append call, the
@@ -1130,67 +1033,6 @@ fn from_message(message: IggyMessage) -> StoredRecord {
     // Iggy stamps each message with the microsecond it was appended.
     let append_time = i64::try_from(message.header.timestamp / 1000).ok();
     StoredRecord { offset: message.header.offset, record: Record { headers, body }, append_time }
-}
-
-/// The headers in a message's user-header bytes, by name (pieces of a split
-/// value joined in order), and whether they mark the body as empty; `None`
-/// for bytes the client's own decoding refuses (a malformed block, a kind
-/// it does not know, a fixed-size value of another size).
-///
-/// Read straight from the bytes, without the client's map of typed keys and
-/// values: every typed value this crate reads (the tag's `u32`, a
-/// sequence's `u64`) is the little-endian bytes it wrote, which is how Iggy
-/// carries them, so a value's bytes are taken as they are whatever its kind.
-fn decode_headers(bytes: &[u8]) -> Option<(Vec<Header>, bool)> {
-    validate_user_headers(bytes).ok()?;
-    let mut pieces: Vec<(Cow<'_, str>, usize, &[u8])> = Vec::new();
-    let mut empty_body = false;
-    for entry in WireUserHeaderIterator::new(bytes) {
-        if !fits_kind(entry.key_kind.0, entry.key) || !fits_kind(entry.value_kind.0, entry.value) {
-            return None;
-        }
-        let key = String::from_utf8_lossy(entry.key);
-        if !key.contains('~') {
-            pieces.push((key, 0, entry.value));
-            continue;
-        }
-        match parse_header_key(&key) {
-            HeaderPiece::Value { name, index } => pieces.push((name.into(), index, entry.value)),
-            HeaderPiece::Empty { name } => pieces.push((name.into(), 0, &[])),
-            HeaderPiece::EmptyBody => empty_body = true,
-        }
-    }
-    // By name, then piece; of a piece given twice (only another producer
-    // can write that), the last one.
-    pieces.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    let mut headers: Vec<Header> = Vec::with_capacity(pieces.len());
-    let mut pieces = pieces.into_iter().peekable();
-    while let Some((name, index, value)) = pieces.next() {
-        if pieces.peek().is_some_and(|(next, next_index, _)| *next == name && *next_index == index) {
-            continue;
-        }
-        match headers.last_mut() {
-            Some(last) if last.name == name => last.value.extend_from_slice(value),
-            _ => headers.push(Header { name: name.into_owned(), value: value.to_vec() }),
-        }
-    }
-    Some((headers, empty_body))
-}
-
-/// Whether `bytes` can be a header key or value of the kind coded `kind`:
-/// a kind Iggy knows, and the size it has if it has one (the checks of the
-/// client's `user_headers_map`).
-fn fits_kind(kind: u8, bytes: &[u8]) -> bool {
-    let size = match HeaderKind::from_code(kind) {
-        Ok(HeaderKind::Raw | HeaderKind::String) => return true,
-        Ok(HeaderKind::Bool | HeaderKind::Int8 | HeaderKind::Uint8) => 1,
-        Ok(HeaderKind::Int16 | HeaderKind::Uint16) => 2,
-        Ok(HeaderKind::Int32 | HeaderKind::Uint32 | HeaderKind::Float32) => 4,
-        Ok(HeaderKind::Int64 | HeaderKind::Uint64 | HeaderKind::Float64) => 8,
-        Ok(HeaderKind::Int128 | HeaderKind::Uint128) => 16,
-        Err(_) => return false,
-    };
-    bytes.len() == size
 }
 
 fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError {
@@ -1230,14 +1072,23 @@ fn with_bounded_reconnection(url: &str) -> String {
 
 /// Iggy's identifier of the consumer group `group`.
 fn group_identifier(group: &str) -> Result<Identifier, LogError> {
-    Identifier::named(group)
-        .map_err(|_| LogError::InvalidTopicName { topic: group.to_owned(), reason: "Iggy cannot name a group so" })
+    Identifier::named(group).map_err(|_| LogError::BackendName {
+        name: group.to_owned(),
+        backend: "Iggy",
+        what: "group",
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::str::FromStr;
+
+    use iggy::prelude::{HeaderKey, HeaderKind, HeaderValue};
+
     use super::*;
-    use crate::event::header_name::KEY;
+    use crate::event::header_name::{KEY, TAG};
+    use crate::storage::log::iggy_headers::{HeaderPiece, header_key, parse_header_key};
 
     const MIB: usize = 1 << 20;
 

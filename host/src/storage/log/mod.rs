@@ -53,7 +53,8 @@
 //! Backends:
 //! - [`EmbeddedLog`]: one redb file on this machine, the default.
 //! - [`IggyLog`]: a stream of an Apache Iggy server, for production and
-//!   for more than one host.
+//!   for more than one host; `iggy_headers` is its codec between our
+//!   headers and Iggy's user headers.
 //!
 //! A log that wraps another and changes part of what it does (a test
 //! double, the inventory demo's late reads) implements [`ForwardingLog`]
@@ -65,11 +66,14 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use wakuwaku_core::names::NameError;
+
 use crate::event::Header;
 
 pub mod embedded;
 pub mod forwarding;
 pub mod iggy;
+mod iggy_headers;
 pub mod iggy_tls;
 pub mod loss;
 pub mod polled;
@@ -216,13 +220,26 @@ pub enum LogError {
         /// The count asked for.
         requested: u32,
     },
-    /// The topic name breaks the backend's naming rules.
+    /// The topic name breaks the topic-name rule
+    /// ([`wakuwaku_core::names::check_topic_name`]; a projection name
+    /// refused by its rule reads the same, [`check_projection_name`]).
     #[error("invalid topic name {topic:?}: {reason}")]
     InvalidTopicName {
         /// The name given.
         topic: String,
         /// Which rule it breaks.
-        reason: &'static str,
+        reason: NameError,
+    },
+    /// The backend cannot name a stream, topic or consumer group so,
+    /// though the topic-name rule may allow it (Iggy's identifiers).
+    #[error("invalid topic name {name:?}: {backend} cannot name a {what} so")]
+    BackendName {
+        /// The name given.
+        name: String,
+        /// The backend refusing it.
+        backend: &'static str,
+        /// What the name was for: `stream`, `topic` or `group`.
+        what: &'static str,
     },
     /// The backend will never store this record as it is (too large, a
     /// header it cannot represent); nothing of the append was stored on
@@ -338,6 +355,22 @@ pub enum LogError {
     /// shutting down.
     #[error("log operation cancelled (runtime shutting down)")]
     Cancelled,
+}
+
+/// Checks `topic` against core's topic-name rule
+/// ([`wakuwaku_core::names::check_topic_name`]), as the log's error.
+pub fn check_topic_name(topic: &str) -> Result<(), LogError> {
+    wakuwaku_core::names::check_topic_name(topic)
+        .map_err(|reason| LogError::InvalidTopicName { topic: topic.to_owned(), reason })
+}
+
+/// Checks `projection` against core's projection-name rule
+/// ([`wakuwaku_core::names::check_projection_name`]). A refusal reads as a
+/// topic name's ([`LogError::InvalidTopicName`]), as it always has: the
+/// rules are the same today.
+pub fn check_projection_name(projection: &str) -> Result<(), LogError> {
+    wakuwaku_core::names::check_projection_name(projection)
+        .map_err(|reason| LogError::InvalidTopicName { topic: projection.to_owned(), reason })
 }
 
 /// A partitioned, append-only event log.

@@ -300,7 +300,7 @@ impl PostgresStore {
         projection: &str,
     ) -> Result<(Self, String, Option<std::path::PathBuf>), StateError> {
         let location: Arc<str> = describe(&config.pg, projection).into();
-        crate::storage::log::embedded::validate_topic_name(projection)
+        crate::storage::log::check_projection_name(projection)
             .map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
         let connector =
             config.connector().map_err(|e| StateError::Storage { store: location.to_string(), source: Box::new(e) })?;
