@@ -84,6 +84,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/core/src/key.rs", include_str!("../../../core/src/key.rs")),
     ("vendor/wakuwaku/core/src/key_serde.rs", include_str!("../../../core/src/key_serde.rs")),
     ("vendor/wakuwaku/core/src/limits.rs", include_str!("../../../core/src/limits.rs")),
+    ("vendor/wakuwaku/core/src/names.rs", include_str!("../../../core/src/names.rs")),
     ("vendor/wakuwaku/core/src/plan.rs", include_str!("../../../core/src/plan.rs")),
     ("vendor/wakuwaku/core/src/reduce.rs", include_str!("../../../core/src/reduce.rs")),
     ("vendor/wakuwaku/core/src/release.rs", include_str!("../../../core/src/release.rs")),
