@@ -107,17 +107,23 @@ pub(crate) fn add_to_commit(commit: &mut BatchCommit, topics: &[String], partiti
         commit.positions.push((topic.clone(), partition, input.commit));
         commit.positions.push((read_to_name(topic), partition, input.read_to));
         if let Some(runs) = &input.held {
-            commit.positions.push((held_runs_name(topic), partition, runs.len() as u64));
-            for (at, run) in runs.iter().enumerate() {
-                commit.positions.push((held_start_name(topic, at), partition, run.start));
-                commit.positions.push((held_end_name(topic, at), partition, run.end));
-            }
+            add_held_list(commit, topic, partition, runs);
         }
     }
     if let Some(clock) = checkpoint.clock {
         let bits = clock_bits(clock);
         commit.positions.push((CLOCK_HIGH.to_owned(), partition, bits >> 32));
         commit.positions.push((CLOCK_LOW.to_owned(), partition, bits & u64::from(u32::MAX)));
+    }
+}
+
+/// Adds `topic`'s held list of `partition` to `commit`: its count of runs
+/// and each run's first offset and end.
+fn add_held_list(commit: &mut BatchCommit, topic: &str, partition: u32, runs: &[HeldRun]) {
+    commit.positions.push((held_runs_name(topic), partition, runs.len() as u64));
+    for (at, run) in runs.iter().enumerate() {
+        commit.positions.push((held_start_name(topic, at), partition, run.start));
+        commit.positions.push((held_end_name(topic, at), partition, run.end));
     }
 }
 
@@ -216,11 +222,7 @@ impl ReleasedMarks {
             .filter(|run| run.end > next)
             .map(|run| HeldRun { start: run.start.max(next), end: run.end })
             .collect();
-        commit.positions.push((held_runs_name(topic), partition, runs.len() as u64));
-        for (at, run) in runs.iter().enumerate() {
-            commit.positions.push((held_start_name(topic, at), partition, run.start));
-            commit.positions.push((held_end_name(topic, at), partition, run.end));
-        }
+        add_held_list(commit, topic, partition, &runs);
     }
 }
 
