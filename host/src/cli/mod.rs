@@ -46,10 +46,10 @@
 //! cleared. Only `publish`, `topic create`, `run` and `dev` create any of
 //! it; every other command looks before it opens, refuses a data
 //! directory, projection or topic that is not there, listing those that
-//! are, and creates nothing (`existing.rs`).
+//! are, and creates nothing (`existing`).
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
-//! `waku.toml`, flag > environment > file > default (`config.rs`). Log lines:
+//! `waku.toml`, flag > environment > file > default (`config`). Log lines:
 //! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info,waku::reload=info`, so the
 //! modules' own lines show from info up. `--output json` gives the results
 //! of `status`, `dlq list|show`, `modules list` and `state get` a stable
@@ -57,11 +57,17 @@
 //!
 //! Layout: one file per command (`new`, `build`, `test`, `dev`, `publish`,
 //! `run`, `topic`, `state`, `status`, `modules`, `dlq`, `reset`, `rebuild`,
-//! `demo`), the arguments they share in `args.rs`, what a command must
-//! find before it opens anything in `existing.rs`, settings from the
-//! environment and the file in `config.rs`, signal handling in
-//! `signals.rs`. `run` and `demo` start their
+//! `demo`), the arguments they share in `args`, what a command must
+//! find before it opens anything in `existing`, settings from the
+//! environment and the file in `config`, signal handling in
+//! `signals`. `run` and `demo` start their
 //! host with [`crate::operations::host::Host`].
+//!
+//! Files besides the commands: `admin_access` holds the admin endpoint's
+//! token (what `run` protects it with, what `status` and `state` send);
+//! `local_host` finds the running host that owns an embedded data
+//! directory, for the other commands to run through it; `demo_inventory`
+//! is `waku demo inventory`.
 
 use std::io::{ErrorKind, IsTerminal};
 use std::path::Path;

@@ -46,6 +46,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::engine::consumer::PhaseTimes;
 use crate::engine::projection::ModuleSet;
 use crate::event::EventTypeTag;
+use crate::storage::stats::Counts;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabels {
@@ -271,14 +272,13 @@ impl Metrics {
             };
             let labels = TypeLabels { projection: projection.to_owned(), module: module_name.clone(), event_type };
             series.types.insert(labels.clone());
-            if counts.applied > 0 {
-                self.applied.get_or_create(&labels).inc_by(counts.applied);
-            }
-            if counts.retried > 0 {
-                self.retried.get_or_create(&labels).inc_by(counts.retried);
-            }
-            if counts.dead_lettered > 0 {
-                self.dead_lettered.get_or_create(&labels).inc_by(counts.dead_lettered);
+            let statistics = [
+                (&self.applied, counts.counts.applied),
+                (&self.retried, counts.counts.retry_in),
+                (&self.dead_lettered, counts.counts.dead_lettered),
+            ];
+            for (family, count) in statistics.into_iter().filter(|(_, count)| *count > 0) {
+                family.get_or_create(&labels).inc_by(count);
             }
             let labels = ModuleLabels { projection: projection.to_owned(), module: module_name };
             if !counts.call_times.is_empty() {
@@ -422,9 +422,7 @@ impl BatchTally {
     pub fn absorb(&mut self, other: BatchTally) {
         for (key, counts) in other.types {
             let mine = self.types.entry(key).or_default();
-            mine.applied += counts.applied;
-            mine.retried += counts.retried;
-            mine.dead_lettered += counts.dead_lettered;
+            mine.counts.absorb(&counts.counts);
             mine.traps += counts.traps;
             mine.call_times.extend(counts.call_times);
         }
@@ -434,12 +432,9 @@ impl BatchTally {
 /// What a batch did to one event type of one module.
 #[derive(Debug, Default)]
 pub struct TypeTally {
-    /// Events applied.
-    pub applied: u64,
-    /// Events sent to retry.
-    pub retried: u64,
-    /// Events dead-lettered.
-    pub dead_lettered: u64,
+    /// Its statistics: events applied, sent to retry (`retry_in`) and
+    /// dead-lettered; the others stay 0.
+    pub counts: Counts,
     /// Calls that trapped.
     pub traps: u64,
     /// How long each call took.
@@ -457,7 +452,7 @@ mod tests {
         let modules = ModuleSet::new("bank", "accounts", Vec::new()).unwrap();
         let mut tally = BatchTally::default();
         let counts = tally.of(0, EventTypeTag::new(3));
-        counts.applied = 5;
+        counts.counts.applied = 5;
         counts.call_times.push(Duration::from_millis(3));
         metrics.record("bank", &modules, &tally, 2, 1);
         metrics.set_lag("bank", 1, 42);
@@ -514,7 +509,7 @@ mod tests {
     fn applied_and_trapped() -> BatchTally {
         let mut tally = BatchTally::default();
         let counts = tally.of(0, EventTypeTag::new(1));
-        counts.applied = 1;
+        counts.counts.applied = 1;
         counts.traps = 1;
         counts.call_times.push(std::time::Duration::from_millis(1));
         tally

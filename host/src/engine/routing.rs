@@ -55,7 +55,7 @@ use crate::reduce::Origin;
 use crate::sandbox::handler::{CallError, ErrorClass};
 use crate::storage::log::{Record, StoredRecord};
 
-pub mod context;
+pub(crate) mod context;
 
 /// The retry topic of `topic`.
 pub fn retry_topic(topic: &str) -> String {

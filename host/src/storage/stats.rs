@@ -36,88 +36,118 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// One statistic of a projection.
-///
-/// The variants are listed in [`Stat::ALL`]; each has its persisted name
-/// ([`Stat::name`]), which never changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stat {
-    /// Events handed to a handler successfully (a folded run counts every
-    /// event folded into it). Persisted as `applied`.
-    Applied,
-    /// Events whose tag no module declares. Persisted as `skipped`.
-    Skipped,
-    /// Messages whose headers could not be parsed (also dead-lettered).
-    /// Persisted as `malformed`.
-    Malformed,
-    /// Events written to the dead-letter topic. Persisted as
-    /// `dead_lettered`.
-    DeadLettered,
-    /// Events written to the retry topic (failed, or diverted behind a
-    /// key). Persisted as `retry_in`.
-    RetryIn,
-    /// Events taken back from the retry topic for another attempt.
-    /// Persisted as `retry_out`.
-    RetryOut,
-    /// Dead letters re-driven into the retry topic
-    /// ([`crate::operations::dead_letter`]). Persisted as `redriven`.
-    Redriven,
-    /// Emitted messages that could never be delivered and went to the
-    /// dead-letter topic instead ([`crate::engine::outbox`]). Persisted as
-    /// `undeliverable`.
-    Undeliverable,
-    /// Events read after the clock passed their event time (projections
-    /// over several topics): applied at once, out of event-time order.
-    /// Persisted as `order_violations`.
-    OrderViolations,
-    /// Messages a rebuild's shadow emitted and held back, never published
-    /// ([`crate::operations::rebuild`]). Persisted as `held_back`.
-    HeldBack,
+/// Declares the statistics once: each [`Stat`] with its docs and the field
+/// of [`Counts`] that holds it, whose name is the name it is persisted
+/// under.
+macro_rules! statistics {
+    ($($(#[$doc:meta])* $variant:ident => $field:ident,)*) => {
+        /// One statistic of a projection.
+        ///
+        /// The variants are listed in [`Stat::ALL`]; each has its persisted
+        /// name ([`Stat::name`]), which never changes.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Stat {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Stat {
+            /// Every statistic, in the order of their indices.
+            pub const ALL: [Stat; COUNT] = [$(Stat::$variant),*];
+
+            /// The name the statistic is persisted under (and shown by):
+            /// the name of its field in [`Counts`].
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Stat::$variant => stringify!($field),)*
+                }
+            }
+        }
+
+        /// How many statistics there are.
+        const COUNT: usize = [$(stringify!($variant)),*].len();
+
+        /// A count for every [`Stat`], each in the field named as it is
+        /// persisted: what a stretch of consuming adds
+        /// ([`crate::engine::consumer::Summary`]) and what a store holds
+        /// ([`Stats`]).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Counts {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        impl Counts {
+            /// The count of `stat`.
+            pub const fn field(&self, stat: Stat) -> &u64 {
+                match stat {
+                    $(Stat::$variant => &self.$field,)*
+                }
+            }
+
+            /// Where the count of `stat` is kept.
+            fn field_mut(&mut self, stat: Stat) -> &mut u64 {
+                match stat {
+                    $(Stat::$variant => &mut self.$field,)*
+                }
+            }
+        }
+    };
 }
 
-/// How many statistics there are.
-const COUNT: usize = Stat::ALL.len();
+statistics! {
+    /// Events handed to a handler successfully (a folded run counts every
+    /// event folded into it).
+    Applied => applied,
+    /// Events whose tag no module declares.
+    Skipped => skipped,
+    /// Messages whose headers could not be parsed (also dead-lettered).
+    Malformed => malformed,
+    /// Events written to the dead-letter topic.
+    DeadLettered => dead_lettered,
+    /// Events written to the retry topic (failed, or diverted behind a
+    /// key).
+    RetryIn => retry_in,
+    /// Events taken back from the retry topic for another attempt.
+    RetryOut => retry_out,
+    /// Dead letters re-driven into the retry topic
+    /// ([`crate::operations::dead_letter`]).
+    Redriven => redriven,
+    /// Emitted messages that could never be delivered and went to the
+    /// dead-letter topic instead ([`crate::engine::outbox`]).
+    Undeliverable => undeliverable,
+    /// Events read after the clock passed their event time (projections
+    /// over several topics): applied at once, out of event-time order.
+    OrderViolations => order_violations,
+    /// Messages a rebuild's shadow emitted and held back, never published
+    /// ([`crate::operations::rebuild`]).
+    HeldBack => held_back,
+}
 
 impl Stat {
-    /// Every statistic, in the order of their indices.
-    pub const ALL: [Stat; 10] = [
-        Stat::Applied,
-        Stat::Skipped,
-        Stat::Malformed,
-        Stat::DeadLettered,
-        Stat::RetryIn,
-        Stat::RetryOut,
-        Stat::Redriven,
-        Stat::Undeliverable,
-        Stat::OrderViolations,
-        Stat::HeldBack,
-    ];
-
-    /// The name the statistic is persisted under (and shown by).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Stat::Applied => "applied",
-            Stat::Skipped => "skipped",
-            Stat::Malformed => "malformed",
-            Stat::DeadLettered => "dead_lettered",
-            Stat::RetryIn => "retry_in",
-            Stat::RetryOut => "retry_out",
-            Stat::Redriven => "redriven",
-            Stat::Undeliverable => "undeliverable",
-            Stat::OrderViolations => "order_violations",
-            Stat::HeldBack => "held_back",
-        }
-    }
-
     /// The statistic persisted as `name`; `None` for a name this host does
     /// not know.
     pub fn from_name(name: &str) -> Option<Stat> {
         Stat::ALL.into_iter().find(|stat| stat.name() == name)
     }
 
-    /// Its place in [`Stats`]' array (the order of [`Stat::ALL`]).
+    /// Its place in [`Stat::ALL`].
+    #[cfg(test)]
     const fn index(self) -> usize {
         self as usize
+    }
+}
+
+impl Counts {
+    /// Adds `count` to `stat`, saturating at `u64::MAX`.
+    pub fn add(&mut self, stat: Stat, count: u64) {
+        let slot = self.field_mut(stat);
+        *slot = slot.saturating_add(count);
+    }
+
+    /// Adds every count of `other`.
+    pub fn absorb(&mut self, other: &Counts) {
+        for stat in Stat::ALL {
+            self.add(stat, *other.field(stat));
+        }
     }
 }
 
@@ -131,7 +161,7 @@ impl fmt::Display for Stat {
 /// and the counts under names this host does not know.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
-    counts: [u64; COUNT],
+    counts: Counts,
     /// Counts read under names no [`Stat`] has, by name (never 0).
     unknown: BTreeMap<String, u64>,
 }
@@ -144,13 +174,12 @@ impl Stats {
 
     /// The count of `stat` (0 when absent).
     pub fn get(&self, stat: Stat) -> u64 {
-        self.counts[stat.index()]
+        *self.counts.field(stat)
     }
 
     /// Adds `count` to `stat`, saturating at `u64::MAX`.
     pub fn add(&mut self, stat: Stat, count: u64) {
-        let slot = &mut self.counts[stat.index()];
-        *slot = slot.saturating_add(count);
+        self.counts.add(stat, count);
     }
 
     /// Adds `count` under its persisted `name`: to its [`Stat`], or kept
@@ -208,7 +237,13 @@ impl std::ops::Index<Stat> for Stats {
     type Output = u64;
 
     fn index(&self, stat: Stat) -> &u64 {
-        &self.counts[stat.index()]
+        self.counts.field(stat)
+    }
+}
+
+impl From<Counts> for Stats {
+    fn from(counts: Counts) -> Self {
+        Self { counts, unknown: BTreeMap::new() }
     }
 }
 

@@ -123,20 +123,40 @@ fn the_check_sees_an_upward_import_however_it_is_written() {
     assert!(upward(&["engine", "consumer"], "use crate::storage::log::EventLog;").is_empty(), "down is fine");
 }
 
+/// Every folder of `dir` (itself included) that is a module (`mod.rs`).
+fn module_folders(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
+    if dir.join("mod.rs").is_file() {
+        found.push(dir.to_owned());
+    }
+    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    entries.sort();
+    for entry in entries.into_iter().filter(|entry| entry.is_dir()) {
+        module_folders(&entry, found);
+    }
+}
+
 #[test]
-fn every_layer_folder_names_its_files_first() {
+fn every_folder_names_its_files_first() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for layer in &LAYERS[1..] {
-        let text = std::fs::read_to_string(src.join(layer).join("mod.rs")).unwrap();
+    let mut folders = Vec::new();
+    module_folders(&src, &mut folders);
+    for layer in LAYERS {
+        assert!(folders.contains(&src.join(layer)), "{layer} is a folder with a mod.rs");
+    }
+    for folder in folders {
+        let name = folder.strip_prefix(&src).unwrap().display().to_string();
+        let text = std::fs::read_to_string(folder.join("mod.rs")).unwrap();
         let docs: String = text.lines().take_while(|line| line.starts_with("//!")).collect::<Vec<_>>().join("\n");
         let declared: Vec<&str> = text
             .lines()
-            .filter_map(|line| line.trim_start_matches("pub(crate) ").trim_start_matches("pub ").strip_prefix("mod "))
-            .map(|rest| rest.trim_end_matches(';'))
+            .map(|line| {
+                line.trim_start_matches("pub(crate) ").trim_start_matches("pub(super) ").trim_start_matches("pub ")
+            })
+            .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
             .collect();
-        assert!(!declared.is_empty(), "{layer}/mod.rs declares its modules");
+        assert!(!declared.is_empty(), "{name}/mod.rs declares its modules");
         for module in declared {
-            assert!(docs.contains(&format!("`{module}`")), "{layer}/mod.rs's opening names `{module}`");
+            assert!(docs.contains(&format!("`{module}`")), "{name}/mod.rs's opening names `{module}`");
         }
     }
 }

@@ -35,23 +35,59 @@ use std::time::Instant;
 
 use super::call_time::CallTime;
 use super::failure::Tries;
-use super::key::{KeyWork, RunWork, WorkerOutcome};
-use super::key_table::KeyTable;
+use super::key::{KeyRunner, WorkerOutcome};
 use super::phase::{Laps, Phase};
-use super::timing::Advance;
-use super::{CallObserver, ConsumerConfig, ConsumerError, Summary, release_marks};
+use super::projection_names::ProjectionNames;
+use super::release_marks::ReleasedMarks;
+use super::work::{BatchBuffers, BatchInput, BatchWork, RetrySlice};
+use super::{ConsumerConfig, ConsumerError, Summary, release_marks};
 use crate::engine::metrics::{BatchTally, Metrics};
 use crate::engine::projection::{ModuleSet, Projection};
 use crate::engine::routing::{self, RetryQueue, Routed, RoutedTopics};
-use crate::engine::telemetry::CallTrace;
-use crate::event::{Algebra, Envelope, EventAtomicOrdering, EventTiming, HeaderError};
+use crate::event::{Envelope, HeaderError};
 use crate::key::Key;
-use crate::plan::{Plan, PlanRecord, Stage};
 use crate::reduce::Origin;
 use crate::sandbox::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome};
 use crate::storage::log::{PolledBatch, RecordView, StoredRecord};
 use crate::storage::state::{BatchCommit, StateError, StateReader, StateStore};
-use wakuwaku_core::time_order::TimeOrder;
+use wakuwaku_core::release::Checkpoint;
+
+/// What the partition commits with a batch of released events.
+pub(super) struct ReleasedProgress {
+    /// The projection's topics, one per input of the checkpoint.
+    pub(super) topics: Vec<String>,
+    /// The stage's checkpoint once the batch is applied.
+    pub(super) checkpoint: Checkpoint,
+    /// Late events among the batch (and since the last commit).
+    pub(super) violations: u64,
+    /// The events of the batch whose event time is too far ahead of their
+    /// append time, by (input, offset): the batch dead-letters each with
+    /// its reason.
+    pub(super) refused: HashMap<(u32, u64), String>,
+}
+
+/// How a batch moves the partition on.
+pub(super) enum Advance {
+    /// A batch polled from the one topic: the next offset.
+    Topic(u64),
+    /// A batch of released events over several topics.
+    Released(ReleasedProgress),
+    /// A batch polled from the one topic of a projection whose release
+    /// stage released events above its position (cut from several
+    /// topics): the next offset, and the marks, written again clipped at
+    /// it.
+    PastReleased(u64, Arc<ReleasedMarks>),
+}
+
+impl Advance {
+    /// The next offset of the one topic, for a batch polled from it.
+    pub(super) fn next_offset(&self) -> Option<u64> {
+        match self {
+            Advance::Topic(next) | Advance::PastReleased(next, _) => Some(*next),
+            Advance::Released(_) => None,
+        }
+    }
+}
 
 /// Why a polled message is dead-lettered before it is planned.
 enum Unreadable {
@@ -74,10 +110,9 @@ enum Unreadable {
 /// value.
 #[derive(Clone)]
 pub(super) struct BatchRunner {
-    /// The projection's names: the batch's module set comes with each batch.
-    pub(super) projection: Arc<ProjectionNames>,
-    pub(super) config: ConsumerConfig,
-    pub(super) observer: Option<Arc<dyn CallObserver>>,
+    /// What runs each worker's keys ([`KeyRunner`]): the projection's
+    /// names, the settings, the observer and the batch's trace.
+    pub(super) keys: KeyRunner,
     pub(super) metrics: Option<Arc<Metrics>>,
     /// What the batches in flight (one per partition) may make the host
     /// hold, together.
@@ -85,60 +120,16 @@ pub(super) struct BatchRunner {
     /// The counters the batches in flight add, against the projection's
     /// quota (`counter-count`).
     pub(super) counters: CounterQuota,
-    /// On the clone a batch runs on: where its calls report.
-    pub(super) trace: Option<Arc<CallTrace>>,
-}
-
-/// What a batch needs of its projection besides its modules and its store:
-/// its name, its topics and where its failures go.
-pub(super) struct ProjectionNames {
-    name: String,
-    topics: Vec<String>,
-    routed: RoutedTopics,
-}
-
-impl ProjectionNames {
-    /// The names of `projection`.
-    pub(super) fn of(projection: &Projection) -> Self {
-        Self {
-            name: projection.name().to_owned(),
-            topics: projection.topics().to_vec(),
-            routed: projection.routed_topics().clone(),
-        }
-    }
-
-    /// The projection's name.
-    pub(super) fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Its first topic, whose retry and dead-letter topics it routes to.
-    pub(super) fn topic(&self) -> &str {
-        &self.topics[0]
-    }
-
-    /// Every topic it consumes, in the order given.
-    pub(super) fn topics(&self) -> &[String] {
-        &self.topics
-    }
-
-    /// Where its failures go.
-    pub(super) fn routed_topics(&self) -> &RoutedTopics {
-        &self.routed
-    }
 }
 
 impl BatchRunner {
     /// The runner of `projection`'s batches under `config`.
     pub(super) fn new(projection: &Projection, config: &ConsumerConfig) -> Self {
         Self {
-            projection: Arc::new(ProjectionNames::of(projection)),
-            config: config.clone(),
-            observer: None,
+            keys: KeyRunner::new(Arc::new(ProjectionNames::of(projection)), config.clone()),
             metrics: None,
             budget: BatchBudget::new(&config.payload),
             counters: CounterQuota::new(&config.payload),
-            trace: None,
         }
     }
 
@@ -191,7 +182,7 @@ impl BatchRunner {
         modules: Arc<ModuleSet>,
         read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
     ) -> Result<Finished, ConsumerError> {
-        let projection = &*self.projection;
+        let projection = &*self.keys.projection;
         let decoding = Instant::now();
         let mut summary = Summary { batches: 1, consumed: records.len() as u64, ..Summary::default() };
         let mut commit = BatchCommit::default();
@@ -241,9 +232,9 @@ impl BatchRunner {
         input: &mut BatchInput,
         (commit, summary, tally): (&mut BatchCommit, &mut Summary, &mut BatchTally),
     ) {
-        let projection = &*self.projection;
+        let projection = &*self.keys.projection;
         // The topic it was read from (a released batch gathers several).
-        let topic = self.topic_name(view.input());
+        let topic = self.keys.projection.topic_name(view.input());
         // Unreadable headers, or a timed type's message without its
         // event time (`event-time-declared`), are dead-lettered.
         let parsed = refusal
@@ -277,10 +268,15 @@ impl BatchRunner {
                     ordering: Some(headers.ordering),
                 };
                 let record = routing::routed_record(&headers, &routed, view.body().to_vec());
-                commit.outbox.push(self.routed_entry(RoutedTopics::retry, partition, headers.key.key_hash(), record));
+                commit.outbox.push(self.keys.projection.routed_entry(
+                    RoutedTopics::retry,
+                    partition,
+                    headers.key.key_hash(),
+                    record,
+                ));
                 summary.retry_in += 1;
                 if let Some(route) = modules.route(headers.tag) {
-                    tally.of(route.module, headers.tag).retried += 1;
+                    tally.of(route.module, headers.tag).counts.retry_in += 1;
                 }
             }
             Ok((number, envelope)) => {
@@ -306,7 +302,7 @@ impl BatchRunner {
                     "message has {what} and goes to the dead-letter topic: {reason}"
                 );
                 let record = routing::malformed_record(projection.name(), topic, partition, stored, reason);
-                commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
+                commit.outbox.push(self.keys.projection.routed_entry(RoutedTopics::dlq, partition, 0, record));
                 summary.malformed += 1;
                 summary.dead_lettered += 1;
             }
@@ -324,7 +320,7 @@ impl BatchRunner {
         read: impl FnOnce(&[Key]) -> Result<StateReader, StateError>,
     ) -> Result<Finished, ConsumerError> {
         let decoding = Instant::now();
-        let projection = &*self.projection;
+        let projection = &*self.keys.projection;
         let retry = projection.routed_topics().retry().to_owned();
         let mut summary = Summary { batches: 1, ..Summary::default() };
         let mut commit = BatchCommit::default();
@@ -350,7 +346,7 @@ impl BatchRunner {
                     let reason = routing::malformed_reason(&stored.record, &error);
                     let record =
                         routing::malformed_record(projection.name(), projection.topic(), partition, stored, reason);
-                    commit.outbox.push(self.routed_entry(RoutedTopics::dlq, partition, 0, record));
+                    commit.outbox.push(self.keys.projection.routed_entry(RoutedTopics::dlq, partition, 0, record));
                     summary.retry_out += 1;
                     summary.dead_lettered += 1;
                 }
@@ -384,20 +380,20 @@ impl BatchRunner {
         // so no call waits for the store ([`crate::storage::state::cache`]).
         let snapshot = Arc::new(read(input.keys.keys())?);
         laps.lap(&mut summary.phases, Phase::Plan);
-        if let Some(trace) = &self.trace {
+        if let Some(trace) = &self.keys.trace {
             trace.set_keys(input.keys.keys().len());
         }
         // Held until the commit is done: what the batch holds counts
         // against the budget every partition in flight shares.
         let budget = self.budget.batch();
-        let call_time = CallTime::new(self.config.module_time_per_batch, modules.modules().len());
+        let call_time = CallTime::new(self.keys.config.module_time_per_batch, modules.modules().len());
         let outcomes = self.execute(partition, work, &snapshot, (&budget, &counters, &call_time), &modules)?;
         drop(snapshot);
         // The bodies are freed here, by the thread that allocated them.
         work.clear();
         // The workers time their own reduce and calls phases.
         let laps = Laps::start();
-        let routed = self.projection.routed_topics();
+        let routed = self.keys.projection.routed_topics();
         let gathered = gather(partition, outcomes, (&work.retry, &input.origins), routed, (summary, commit, tally))?;
         let (commit, summary, left, tally) = gathered;
         Ok(Finished { commit, summary, left, tally, modules, counters, budget, laps })
@@ -413,7 +409,7 @@ impl BatchRunner {
         drop(budget);
         laps.lap(&mut summary.phases, Phase::Commit);
         if let Some(metrics) = &self.metrics {
-            metrics.record(self.projection.name(), &modules, &tally, summary.skipped, summary.malformed);
+            metrics.record(self.keys.projection.name(), &modules, &tally, summary.skipped, summary.malformed);
         }
         Ok((summary, left))
     }
@@ -429,10 +425,10 @@ impl BatchRunner {
         (budget, counters, call_time): (&BatchBudget, &BatchCounters, &CallTime),
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
-        let workers = work.workers(self.config.workers);
+        let workers = work.workers(self.keys.config.workers);
         let run = |worker| {
             let shares = (budget, counters);
-            self.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
+            self.keys.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
         };
         if workers == 1 {
             // What a spawned worker's join would catch. Nothing outlives
@@ -522,206 +518,6 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ConsumerError {
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_default();
     ConsumerError::WorkerPanicked(message)
-}
-
-/// What a partition keeps from one batch to the next, so that the next
-/// batch refills these vectors, maps and the plan instead of allocating
-/// them again. Emptied at the start of each batch: nothing of one batch is
-/// read by the next.
-#[derive(Default)]
-pub(super) struct BatchBuffers {
-    input: BatchInput,
-    plan: Plan,
-    work: BatchWork,
-}
-
-/// What a batch hands the planner and the workers, index for index.
-///
-/// The planner groups records by a number per key: each distinct key of
-/// the batch (its canonical bytes) gets its own, in order of first
-/// appearance, so two keys never share one whatever their hashes.
-#[derive(Default)]
-struct BatchInput {
-    /// The planner's records: each one's ordering fenced by `time_order`.
-    plan: Vec<PlanRecord>,
-    /// Each record's declared ordering, which it keeps outside the plan.
-    orderings: Vec<EventAtomicOrdering>,
-    /// The fences that keep each key's timed events in the order given.
-    time_order: TimeOrder,
-    /// The batch's keys, by the number their records carry in `plan`.
-    keys: KeyTable,
-    algebras: Vec<Algebra>,
-    origins: Vec<Origin>,
-    bodies: Vec<Vec<u8>>,
-    /// Attempts each record has had (records taken from retry).
-    attempts: Vec<Tries>,
-    /// Each record's event time, as its type declares it: kept in the
-    /// records it goes to retry or the dead-letter topic as.
-    event_times: Vec<Option<i64>>,
-}
-
-impl BatchInput {
-    /// Empties every vector and the key table, keeping their allocations.
-    fn clear(&mut self) {
-        let Self { plan, orderings, time_order, keys, algebras, origins, bodies, attempts, event_times } = self;
-        plan.clear();
-        orderings.clear();
-        time_order.clear();
-        keys.clear();
-        algebras.clear();
-        origins.clear();
-        bodies.clear();
-        attempts.clear();
-        event_times.clear();
-    }
-
-    /// Appends a record whose key has `number` in [`BatchInput::keys`] and
-    /// whose type declares `timing`.
-    fn push(
-        &mut self,
-        number: u32,
-        (envelope, timing): (Envelope<'_>, EventTiming),
-        origin: Origin,
-        attempts: Tries,
-        body: Vec<u8>,
-    ) {
-        let key = u64::from(number);
-        let ordering = self.time_order.planned(key, envelope.tag, timing, envelope.ordering);
-        self.plan.push(PlanRecord { key, tag: envelope.tag, ordering });
-        self.orderings.push(envelope.ordering);
-        self.algebras.push(envelope.algebra);
-        self.origins.push(origin);
-        self.attempts.push(attempts);
-        self.bodies.push(body);
-        self.event_times.push(envelope.event_time);
-    }
-}
-
-/// A batch's work as its workers read it: every planned record's body,
-/// origin and attempts in execution order (key by key, run by run), each
-/// key's runs and each run's records as ranges into them. Laid out once per
-/// batch into vectors the partition keeps, so a batch allocates nothing per
-/// key or run; the workers borrow it.
-#[derive(Default)]
-pub(super) struct BatchWork {
-    keys: Vec<KeyWork>,
-    runs: Vec<RunWork>,
-    bodies: Vec<Vec<u8>>,
-    origins: Vec<Origin>,
-    attempts: Vec<Tries>,
-    event_times: Vec<Option<i64>>,
-    /// Each record's index in the batch's input.
-    inputs: Vec<usize>,
-    /// Where the records of a batch taken from the retry topic wait; `None`
-    /// for a batch polled from the topic.
-    pub(super) retry: Option<RetrySlice>,
-}
-
-/// Where the records of a batch taken from the retry topic wait, so that an
-/// attempt writes again only what must go before the rest of its key and
-/// leaves the rest in place ([`RetryQueue::put_back`]): an attempt costs
-/// the log at most the chunk that failed, however long the key's backlog.
-#[derive(Default)]
-pub(super) struct RetrySlice {
-    /// The retry offset of each record, by its index in the input.
-    pub(super) offsets: Vec<u64>,
-    /// For each key with records waiting that the batch did not take, the
-    /// first of them.
-    pub(super) next_waiting: HashMap<Key, u64>,
-    /// The retry position once every record taken is done.
-    pub(super) position: u64,
-}
-
-impl BatchWork {
-    /// Lays out the plan, moving each body in from `input`. Body runs of a
-    /// segment are executed in plan order, which the spec allows (they may
-    /// run in any order). Stages are numbered per key in execution order.
-    fn lay_out(&mut self, plan: &Plan, input: &mut BatchInput) {
-        self.clear();
-        for key in plan.keys() {
-            let runs_start = self.runs.len();
-            let mut stage_index = 0;
-            for segment in plan.segments(key) {
-                for stage in plan.stages(segment) {
-                    let stage_runs = match stage {
-                        Stage::Head(run) | Stage::Tail(run) => std::slice::from_ref(run),
-                        Stage::Body(body) => body,
-                    };
-                    for run in stage_runs {
-                        let records = plan.records(run);
-                        let start = self.bodies.len();
-                        for &index in records {
-                            self.bodies.push(std::mem::take(&mut input.bodies[index]));
-                            self.origins.push(input.origins[index]);
-                            self.attempts.push(input.attempts[index]);
-                            self.event_times.push(input.event_times[index]);
-                            self.inputs.push(index);
-                        }
-                        let first = records[0];
-                        self.runs.push(RunWork {
-                            tag: run.tag(),
-                            stage: stage_index,
-                            ordering: input.orderings[first],
-                            algebra: input.algebras[first],
-                            closes: matches!(stage, Stage::Tail(_)),
-                            records: start..self.bodies.len(),
-                        });
-                    }
-                    stage_index += 1;
-                }
-            }
-            // The planner's key is the number `BatchInput::push` gave the key.
-            let number = u32::try_from(key.key_hash()).expect("a number BatchInput::push gave");
-            self.keys.push(KeyWork { key: input.keys.key(number).clone(), runs: runs_start..self.runs.len() });
-        }
-    }
-
-    /// Empties it, dropping the bodies and keeping the vectors (and the
-    /// retry slice, set once for the batch).
-    fn clear(&mut self) {
-        let Self { keys, runs, bodies, origins, attempts, event_times, inputs, retry: _ } = self;
-        keys.clear();
-        runs.clear();
-        bodies.clear();
-        origins.clear();
-        attempts.clear();
-        event_times.clear();
-        inputs.clear();
-    }
-
-    /// How many workers share the batch: `workers`, but no more than it
-    /// has keys, and at least one.
-    fn workers(&self, workers: usize) -> usize {
-        workers.min(self.keys.len()).max(1)
-    }
-
-    /// The keys worker `worker` of `workers` runs: keys go round-robin to
-    /// workers in order of first appearance.
-    pub(super) fn keys_of(&self, worker: usize, workers: usize) -> impl Iterator<Item = &KeyWork> {
-        self.keys.iter().skip(worker).step_by(workers.max(1))
-    }
-
-    /// A key's runs, in execution order.
-    pub(super) fn runs(&self, key: &KeyWork) -> &[RunWork] {
-        &self.runs[key.runs.clone()]
-    }
-
-    /// A run's origins, bodies and attempts, index for index.
-    pub(super) fn records(&self, run: &RunWork) -> (&[Origin], &[Vec<u8>], &[Tries]) {
-        let records = run.records.clone();
-        (&self.origins[records.clone()], &self.bodies[records.clone()], &self.attempts[records])
-    }
-
-    /// A run's records' event times, index for index with
-    /// [`BatchWork::records`].
-    pub(super) fn event_times(&self, run: &RunWork) -> &[Option<i64>] {
-        &self.event_times[run.records.clone()]
-    }
-
-    /// A run's records' indexes in the batch's input.
-    pub(super) fn inputs(&self, run: &RunWork) -> &[usize] {
-        &self.inputs[run.records.clone()]
-    }
 }
 
 #[cfg(test)]

@@ -53,14 +53,16 @@ const WHOLE_MESSAGE_BYTES_PER_BATCH: usize = 1 << 20;
 
 use wakuwaku_core::reduce;
 
-use super::batch::{BatchRunner, BatchWork};
 use super::call_time::CallTime;
 use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
-use super::{RunCall, Summary};
+use super::projection_names::ProjectionNames;
+use super::work::{BatchWork, KeyWork, RunWork};
+use super::{CallObserver, ConsumerConfig, RunCall, Summary};
 use crate::engine::metrics::BatchTally;
 use crate::engine::projection::{Instances, ModuleSet};
 use crate::engine::routing::{self, Failure, FailureClass, Routed, RoutedTopics};
+use crate::engine::telemetry::CallTrace;
 use crate::engine::telemetry::{CallOf, CallOutcome};
 use crate::event::{Algebra, EventAtomicOrdering, EventHeaders, EventTypeTag};
 use crate::key::Key;
@@ -71,7 +73,29 @@ use crate::sandbox::handler::{
 };
 use crate::storage::state::{OutboxEntry, StateReader};
 
-impl BatchRunner {
+/// What runs a worker's keys: the part of a [`BatchRunner`](super::batch::BatchRunner)
+/// that a key's run reads. It holds no log and no store: a key's calls read
+/// the batch's snapshot and write into the key's scope, so a unit test runs
+/// a worker's keys as a value, on the calling thread.
+#[derive(Clone)]
+pub(super) struct KeyRunner {
+    /// The projection's names: where a failed chunk's records go.
+    pub(super) projection: Arc<ProjectionNames>,
+    pub(super) config: ConsumerConfig,
+    pub(super) observer: Option<Arc<dyn CallObserver>>,
+    /// Whether each call's time is kept for the metrics.
+    pub(super) times_calls: bool,
+    /// On the clone a batch runs on: where its calls report.
+    pub(super) trace: Option<Arc<CallTrace>>,
+}
+
+impl KeyRunner {
+    /// The runner of `projection`'s keys under `config`: no observer, no
+    /// metrics, no trace.
+    pub(super) fn new(projection: Arc<ProjectionNames>, config: ConsumerConfig) -> Self {
+        Self { projection, config, observer: None, times_calls: false, trace: None }
+    }
+
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
     /// key after another.
     #[allow(clippy::too_many_arguments)]
@@ -214,14 +238,14 @@ impl BatchRunner {
             Some(error) => Err(error.clone()),
             None => reachable(time, route, module, scope).and_then(|()| {
                 let (topic, offset) = served.iter().map(|o| (o.topic, o.offset)).min().unwrap_or_default();
-                let place = (self.topic_name(topic), partition, offset);
+                let place = (self.projection.topic_name(topic), partition, offset);
                 scope.set_emit_origin(place, module.name(), module.version());
                 instances.get(route.module).and_then(|instance| self.call(instance, scope, tag, chunk))
             }),
         };
         let elapsed = started.elapsed();
         time.charge(route.module, elapsed);
-        if self.metrics.is_some() {
+        if self.times_calls {
             out.tally.of(route.module, tag).call_times.push(elapsed);
         }
         (result, elapsed)
@@ -332,7 +356,14 @@ impl BatchRunner {
         let time_of = |index: usize| if run.inflated { run.times[index] } else { run.reduced_time(begin + index) };
         if next == Route::DeadLetter {
             let failed = (bodies, origins, tries);
-            self.dead_letter_chunk(partition, key, (run.run.shape(), route), failed, (&failure_of, &time_of), out);
+            self.dead_letter_chunk(
+                partition,
+                key,
+                (RunShape::of(run.run), route),
+                failed,
+                (&failure_of, &time_of),
+                out,
+            );
             return ControlFlow::Continue(());
         }
         let chunk = RoutedChunk { end, bodies, origins, tries, failure_of: &failure_of, time_of: &time_of };
@@ -355,7 +386,7 @@ impl BatchRunner {
         stays: bool,
         out: &mut WorkerOutcome,
     ) {
-        let (key, shape, end, reduced) = (&key_work.key, run.run.shape(), chunk.end, &run.records);
+        let (key, shape, end, reduced) = (&key_work.key, RunShape::of(run.run), chunk.end, &run.records);
         // The records of the run from the failed chunk on, up to the
         // end given, as they go to retry: the failed chunk with its
         // attempt counted, the rest as they were.
@@ -436,7 +467,7 @@ impl BatchRunner {
     ) {
         let events = origins.iter().map(|o| o.events).sum::<u64>();
         out.summary.applied += events;
-        out.tally.of(module, tag).applied += events;
+        out.tally.of(module, tag).counts.applied += events;
         out.summary.calls += 1;
         if let (Some(observer), Some(offsets)) = (&self.observer, offsets) {
             let offsets = offsets.to_vec();
@@ -461,9 +492,9 @@ impl BatchRunner {
             let routed = self.routed(partition, origin, tries, Some(failure_of(index)), &route.event_type.name);
             let envelope = shape.envelope(key, time_of(index));
             let record = routing::routed_record(&envelope, &routed, body.clone());
-            out.routed.push(self.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
+            out.routed.push(self.projection.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
             out.summary.dead_lettered += origin.events;
-            out.tally.of(route.module, shape.tag).dead_lettered += origin.events;
+            out.tally.of(route.module, shape.tag).counts.dead_lettered += origin.events;
         }
     }
 
@@ -543,10 +574,10 @@ impl BatchRunner {
                 Routed { ahead_of, ..self.routed(partition, item.origin, item.tries, item.failure, event_type) };
             let envelope = RunShape { ordering, ..item.shape }.envelope(key, item.event_time);
             let record = routing::routed_record(&envelope, &routed, item.body);
-            out.routed.push(self.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
+            out.routed.push(self.projection.routed_entry(RoutedTopics::retry, partition, key.key_hash(), record));
             out.summary.retry_in += item.origin.events;
             if let Some(route) = modules.route(item.shape.tag) {
-                out.tally.of(route.module, item.shape.tag).retried += item.origin.events;
+                out.tally.of(route.module, item.shape.tag).counts.retry_in += item.origin.events;
             }
         }
     }
@@ -563,7 +594,7 @@ impl BatchRunner {
         let now = crate::platform::clock::now_ms();
         Routed {
             projection: self.projection.name().to_owned(),
-            topic: self.topic_name(origin.topic).to_owned(),
+            topic: self.projection.topic_name(origin.topic).to_owned(),
             event_type: event_type.to_owned(),
             origin_partition: partition,
             origin_offset: origin.offset,
@@ -575,26 +606,6 @@ impl BatchRunner {
             ahead_of: None,
             ordering: tries.ordering,
         }
-    }
-
-    /// The name of the projection's topic of index `topic` (an
-    /// [`Origin::topic`]); the first for an index it does not have.
-    pub(super) fn topic_name(&self, topic: u32) -> &str {
-        let topics = self.projection.topics();
-        topics.get(topic as usize).map_or(self.projection.topic(), String::as_str)
-    }
-
-    /// An outbox entry for the retry or dead-letter topic (`topic_of` the
-    /// projection's topic), to the partition the event came from.
-    pub(super) fn routed_entry(
-        &self,
-        topic_of: fn(&RoutedTopics) -> &str,
-        partition: u32,
-        key_hash: u64,
-        record: crate::storage::log::Record,
-    ) -> OutboxEntry {
-        let topic = topic_of(self.projection.routed_topics()).to_owned();
-        OutboxEntry { topic, partition_key: key_hash, partition: Some(partition), record, origin: None }
     }
 }
 
@@ -685,32 +696,6 @@ struct RoutedChunk<'c> {
     time_of: ByIndex<'c, Option<i64>>,
 }
 
-/// One key of a batch: its runs in [`BatchWork`], in execution order.
-pub(super) struct KeyWork {
-    pub(super) key: Key,
-    pub(super) runs: Range<usize>,
-}
-
-/// One run of a key: its records in [`BatchWork`].
-pub(super) struct RunWork {
-    pub(super) tag: EventTypeTag,
-    /// Which stage of the key's execution the run belongs to.
-    pub(super) stage: usize,
-    /// The ordering and algebra its first record carried.
-    pub(super) ordering: EventAtomicOrdering,
-    pub(super) algebra: Algebra,
-    /// Whether it is its segment's tail (it closes the segment).
-    pub(super) closes: bool,
-    /// Its records' bodies, origins and attempts.
-    pub(super) records: Range<usize>,
-}
-
-impl RunWork {
-    fn shape(&self) -> RunShape {
-        RunShape { tag: self.tag, stage: self.stage, ordering: self.ordering, algebra: self.algebra }
-    }
-}
-
 /// The event time of reduced record `index` of a run (`reduced`, from the
 /// run's `bodies` by `algebra`, each with its event time in `times`, in
 /// release order): the time of the event whose place it takes (see the
@@ -785,6 +770,11 @@ struct RunShape {
 }
 
 impl RunShape {
+    /// The shape of `run`'s records.
+    fn of(run: &RunWork) -> Self {
+        Self { tag: run.tag, stage: run.stage, ordering: run.ordering, algebra: run.algebra }
+    }
+
     /// The envelope of a routed record of the run, with its event time,
     /// so that a retried or dead-lettered event keeps it.
     fn envelope(&self, key: &Key, event_time: Option<i64>) -> EventHeaders {
@@ -797,7 +787,7 @@ type ByIndex<'a, T> = &'a dyn Fn(usize) -> T;
 
 /// A run not reached, as it goes to retry: its records as they came.
 fn unfinished_of<'w>(work: &'w BatchWork, run: &'w RunWork) -> impl Iterator<Item = Unfinished> + 'w {
-    let shape = run.shape();
+    let shape = RunShape::of(run);
     let (origins, bodies, attempts) = work.records(run);
     let times = work.event_times(run);
     origins.iter().zip(bodies).zip(attempts).zip(times).map(move |(((&origin, body), &tries), &event_time)| {
@@ -835,6 +825,112 @@ pub(super) struct WorkerOutcome {
     whole_message_bytes: usize,
     pub(super) summary: Summary,
     pub(super) tally: BatchTally,
+}
+
+#[cfg(test)]
+mod worker_tests {
+    //! One worker's keys as a value: the batch's work laid out from
+    //! records, run on the calling thread with the test ledger's module
+    //! over a snapshot in a map. No log, no store, no thread.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::test_ledger::{DEPOSIT, Ledger, MapSnapshot, modules, relaxed};
+    use super::super::work::{BatchInput, BatchWork};
+    use super::*;
+    use crate::event::{Envelope, EventTiming};
+    use crate::plan::Plan;
+    use crate::sandbox::handler::CounterQuota;
+    use crate::storage::log::{PolledBatch, Record};
+
+    /// The work of a batch of `records` (offsets 0, 1, …), planned.
+    fn work_of(records: &[Record]) -> BatchWork {
+        let mut batch = PolledBatch::new();
+        for (offset, record) in (0..).zip(records) {
+            batch.push(offset, record).unwrap();
+        }
+        let mut input = BatchInput::default();
+        for view in batch.iter() {
+            let envelope = Envelope::parse(view.headers()).unwrap();
+            let number = input.keys.number(envelope.key).unwrap();
+            let (origin, tries) = (Origin::single(view.offset()), Tries::fresh(envelope.ordering));
+            input.push(number, (envelope, EventTiming::Untimed), origin, tries, view.body().to_vec());
+        }
+        let mut plan = Plan::default();
+        plan.rebuild(&input.plan);
+        let mut work = BatchWork::default();
+        work.lay_out(&plan, &mut input);
+        work
+    }
+
+    /// Runs every key of `work` as the one worker, each module's calls
+    /// given `time` in the batch.
+    fn run(work: &BatchWork, time: Duration) -> WorkerOutcome {
+        let config = ConsumerConfig { workers: 1, ..ConsumerConfig::default() };
+        let names = ProjectionNames::new("p".into(), vec!["t".into()], RoutedTopics::shared("t"));
+        let runner = KeyRunner::new(Arc::new(names), config.clone());
+        let modules = modules(Ledger::new());
+        let snapshot = Arc::new(StateReader::new(MapSnapshot::default()));
+        let budget = BatchBudget::new(&config.payload).batch();
+        let counters = CounterQuota::new(&config.payload).batch();
+        let call_time = CallTime::new(time, modules.modules().len());
+        runner.run_worker(0, work, (0, 1), &snapshot, (&budget, &counters), &call_time, &modules)
+    }
+
+    /// What key `key` wrote to its `balance`, if anything.
+    fn balance(outcome: &WorkerOutcome, key: i64) -> Option<String> {
+        let (_, written) = outcome.keys.iter().find(|(k, _)| *k == Key::int(key))?;
+        let value = written.writes.get("balance")??;
+        Some(String::from_utf8(value.to_vec()).unwrap())
+    }
+
+    /// The records routed to retry: body, and the attempts they carry.
+    fn in_retry(outcome: &WorkerOutcome) -> Vec<(String, u32)> {
+        let retry = RoutedTopics::shared("t").retry().to_owned();
+        let routed = outcome.routed.iter().filter(|entry| entry.topic == retry).map(|entry| &entry.record);
+        let attempts = |record: &crate::storage::log::Record| Routed::parse(&record.headers).unwrap().attempts;
+        routed.map(|record| (String::from_utf8_lossy(&record.body).into_owned(), attempts(record))).collect()
+    }
+
+    #[test]
+    fn each_key_runs_its_events_in_order_into_its_own_scope_in_chunks_of_max_batch() {
+        let records =
+            [relaxed(1, DEPOSIT, "5"), relaxed(2, DEPOSIT, "1"), relaxed(1, DEPOSIT, "7"), relaxed(1, DEPOSIT, "3")];
+
+        let outcome = run(&work_of(&records), Duration::from_secs(30));
+
+        assert_eq!(balance(&outcome, 1).as_deref(), Some("15"));
+        assert_eq!(balance(&outcome, 2).as_deref(), Some("1"));
+        assert_eq!(outcome.summary.applied, 4);
+        assert_eq!(outcome.summary.calls, 3, "deposits go two a call: [5, 7], [3] and [1]");
+        assert!(outcome.routed.is_empty() && outcome.host_fault.is_none());
+    }
+
+    #[test]
+    fn a_failed_chunk_sends_its_key_and_the_rest_of_its_work_to_retry_while_other_keys_run() {
+        let records =
+            [relaxed(1, DEPOSIT, "fail"), relaxed(1, DEPOSIT, "2"), relaxed(2, DEPOSIT, "4"), relaxed(1, DEPOSIT, "9")];
+
+        let outcome = run(&work_of(&records), Duration::from_secs(30));
+
+        assert_eq!(balance(&outcome, 1), None, "the failed call's writes are dropped");
+        assert_eq!(balance(&outcome, 2).as_deref(), Some("4"));
+        assert_eq!(outcome.summary.retry_in, 3);
+        let bodies: Vec<String> = in_retry(&outcome).into_iter().map(|(body, _)| body).collect();
+        assert_eq!(bodies, ["fail", "2", "9"], "the key's order kept");
+    }
+
+    #[test]
+    fn a_module_out_of_time_is_not_called_again_and_its_keys_wait_without_losing_an_attempt() {
+        let records = [relaxed(1, DEPOSIT, "1"), relaxed(2, DEPOSIT, "2"), relaxed(3, DEPOSIT, "3")];
+
+        let outcome = run(&work_of(&records), Duration::ZERO);
+
+        assert_eq!(outcome.summary.calls, 1, "the first call spends the module's time");
+        assert_eq!(outcome.summary.applied, 1);
+        assert_eq!(in_retry(&outcome), [("2".to_owned(), 0), ("3".to_owned(), 0)]);
+    }
 }
 
 #[cfg(test)]

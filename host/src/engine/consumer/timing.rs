@@ -67,17 +67,17 @@
 //!   the dead-letter topic naming the topic it was read from.
 
 use wakuwaku_core::release::{
-    Admission, Arrival, Checkpoint, ClockSource, Input, Millis, Release, ReleaseError, ReleaseLimits, ReleaseStage,
-    Released,
+    Admission, Arrival, ClockSource, Input, Millis, Release, ReleaseLimits, ReleaseStage, Released,
 };
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::release_marks::{self, ReleasedMarks};
+use super::ConsumerError;
+use super::batch::ReleasedProgress;
+use super::parts::Parts;
+use super::release_marks;
 use super::timing_status::{PartitionTiming, TimingBoard};
-use super::{Consumer, ConsumerError, Polled, Step};
 use crate::engine::projection::ModuleSet;
 use crate::event::Envelope;
 use crate::key::Key;
@@ -116,41 +116,19 @@ pub(super) struct Timed {
     refused: HashMap<(u32, u64), String>,
 }
 
-/// What the partition commits with a batch of released events.
-pub(super) struct ReleasedProgress {
-    /// The projection's topics, one per input of the checkpoint.
-    pub(super) topics: Vec<String>,
-    /// The stage's checkpoint once the batch is applied.
-    pub(super) checkpoint: Checkpoint,
-    /// Late events among the batch (and since the last commit).
-    pub(super) violations: u64,
-    /// The events of the batch whose event time is too far ahead of their
-    /// append time, by (input, offset): the batch dead-letters each with
-    /// its reason.
-    pub(super) refused: HashMap<(u32, u64), String>,
-}
-
-/// How a batch moves the partition on.
-pub(super) enum Advance {
-    /// A batch polled from the one topic: the next offset.
-    Topic(u64),
-    /// A batch of released events over several topics.
-    Released(ReleasedProgress),
-    /// A batch polled from the one topic of a projection whose release
-    /// stage released events above its position (cut from several
-    /// topics): the next offset, and the marks, written again clipped at
-    /// it.
-    PastReleased(u64, Arc<ReleasedMarks>),
-}
-
-impl Advance {
-    /// The next offset of the one topic, for a batch polled from it.
-    pub(super) fn next_offset(&self) -> Option<u64> {
-        match self {
-            Advance::Topic(next) | Advance::PastReleased(next, _) => Some(*next),
-            Advance::Released(_) => None,
-        }
-    }
+/// What one read of the stage found ([`Timed::read`]).
+pub(super) enum TimedRead {
+    /// Released events to apply as one batch, with what their commit
+    /// records.
+    Released(PolledBatch, ReleasedProgress),
+    /// Every input reached its end offset read at the start, and nothing
+    /// waits to be applied.
+    CaughtUp,
+    /// Something was read but nothing released: the clock waits for the
+    /// other inputs, so read on at once.
+    ReadSome,
+    /// Nothing was read.
+    Nothing,
 }
 
 impl Timed {
@@ -208,36 +186,32 @@ impl Timed {
     }
 }
 
-impl<L: EventLog> Consumer<L> {
+impl Timed {
     /// Starts the release stage of `partition` across the projection's
     /// topics: restored from its committed checkpoint, then told every
     /// input's end offset before anything is read.
-    pub(super) async fn start_timed(&self, partition: u32) -> Result<Timed, ConsumerError> {
-        let topics = self.projection.topics().to_vec();
-        let store = self.projection.store();
-        for topic in &topics {
-            let position = store.position(topic, partition)?.unwrap_or(0);
-            self.check_tail_at_start(topic, partition, position).await?;
-        }
+    pub(super) async fn start<L: EventLog>(parts: &Parts<L>, partition: u32) -> Result<Timed, ConsumerError> {
+        let topics = parts.projection.topics().to_vec();
+        let store = parts.projection.store();
         let checkpoint = release_marks::restore(store, &topics, partition)?;
-        let clock = |topic: &String| match self.config.untimed_topics.contains(topic) {
+        let clock = |topic: &String| match parts.config.untimed_topics.contains(topic) {
             true => ClockSource::ProcessingTime,
             false => ClockSource::EventTime,
         };
         let inputs: Vec<Input> =
             topics.iter().zip(0..).map(|(name, topic)| Input { topic, partition, clock: clock(name) }).collect();
-        let mut stage = ReleaseStage::restore(&inputs, &checkpoint, self.config.release)?;
+        let mut stage = ReleaseStage::restore(&inputs, &checkpoint, parts.config.release)?;
         let mut start_ends = Vec::with_capacity(topics.len());
         for (input, topic) in topics.iter().enumerate() {
             // The instant before the log is asked: everything appended
             // before it is below the end offset the log reports.
             let at = now();
-            let end = self.log.end_offset(topic, partition).await?;
+            let end = parts.log.end_offset(topic, partition).await?;
             stage.observe_end(input, end, at)?;
             start_ends.push(end);
         }
         tracing::info!(
-            projection = self.projection.name(),
+            projection = parts.projection.name(),
             partition,
             clock = checkpoint.clock,
             "partition {partition} reads {} topics in event-time order (end offsets at start: {start_ends:?})",
@@ -257,7 +231,7 @@ impl<L: EventLog> Consumer<L> {
             paused: Vec::new(),
             refused: HashMap::new(),
         };
-        self.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
+        parts.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
         Ok(timed)
     }
 
@@ -265,91 +239,89 @@ impl<L: EventLog> Consumer<L> {
     /// them failed, else every input that is not paused read once and what
     /// the stage releases then. `catching_up`: stop at the end offsets read
     /// at the start.
-    pub(super) async fn timed_read(
-        &self,
+    pub(super) async fn read<L: EventLog>(
+        &mut self,
+        parts: &Parts<L>,
         partition: u32,
         catching_up: bool,
-        timed: &mut Timed,
-    ) -> Result<Polled, ConsumerError> {
-        if !timed.pending.is_empty() {
-            let progress = Advance::Released(timed.progress());
-            return Ok(Polled::Batch(std::mem::take(&mut timed.pending), progress));
+    ) -> Result<TimedRead, ConsumerError> {
+        if !self.pending.is_empty() {
+            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), self.progress()));
         }
-        if catching_up && timed.caught_up() {
-            return Ok(Polled::Nothing(Step::Done));
+        if catching_up && self.caught_up() {
+            return Ok(TimedRead::CaughtUp);
         }
-        let read = self.read_inputs(partition, timed).await?;
-        timed.peak_held_bytes = timed.peak_held_bytes.max(timed.stage.held_bytes());
-        timed.stage.release(now(), &mut timed.released);
-        if !timed.released.is_empty() {
-            timed.pending_since = Some(Instant::now());
+        let read = self.read_inputs(parts, partition).await?;
+        self.peak_held_bytes = self.peak_held_bytes.max(self.stage.held_bytes());
+        self.stage.release(now(), &mut self.released);
+        if !self.released.is_empty() {
+            self.pending_since = Some(Instant::now());
         }
-        let bytes = timed.released.iter().map(|released| released.payload.encoded_len()).sum();
-        timed.pending.reserve(timed.released.len(), bytes);
-        for released in timed.released.drain(..) {
-            timed.pending_in_order += u64::from(released.release == Release::InOrder);
+        let bytes = self.released.iter().map(|released| released.payload.encoded_len()).sum();
+        self.pending.reserve(self.released.len(), bytes);
+        for released in self.released.drain(..) {
+            self.pending_in_order += u64::from(released.release == Release::InOrder);
             // An input index fits: the inputs are the projection's topics.
             let input = u32::try_from(released.input).unwrap_or(u32::MAX);
-            timed.pending.push_record(released.offset, input, &released.payload);
+            self.pending.push_record(released.offset, input, &released.payload);
         }
-        self.show_timing(partition, timed);
-        if !timed.pending.is_empty() {
-            let progress = Advance::Released(timed.progress());
-            return Ok(Polled::Batch(std::mem::take(&mut timed.pending), progress));
+        self.show_timing(parts, partition);
+        if !self.pending.is_empty() {
+            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), self.progress()));
         }
-        if timed.stage.settled() {
+        if self.stage.settled() {
             // Nothing to commit, but what is held waits for new evidence.
-            self.progress.advance(partition, timed.gate_position());
+            parts.progress.advance(partition, self.gate_position());
         }
         // Something read but nothing released: read on at once, the
         // clock waits for the other inputs.
-        Ok(Polled::Nothing(if read { Step::Worked } else { Step::Idle(self.config.idle_poll) }))
+        Ok(if read { TimedRead::ReadSome } else { TimedRead::Nothing })
     }
 
     /// Polls every input the stage does not pause, once, and hands what it
     /// read to the stage. An input whose poll read all the log had gets
     /// its end offset read now and reported. Says whether anything was
     /// read.
-    async fn read_inputs(&self, partition: u32, timed: &mut Timed) -> Result<bool, ConsumerError> {
+    async fn read_inputs<L: EventLog>(&mut self, parts: &Parts<L>, partition: u32) -> Result<bool, ConsumerError> {
         let mut read_any = false;
-        let share = (self.config.batch_size / timed.topics.len()).max(1);
-        let modules = self.projection.current();
-        self.log_pauses(partition, timed);
-        for input in 0..timed.topics.len() {
-            if timed.stage.is_paused(input) {
+        let share = (parts.config.batch_size / self.topics.len()).max(1);
+        let modules = parts.projection.current();
+        self.log_pauses(parts.projection.name(), partition);
+        for input in 0..self.topics.len() {
+            if self.stage.is_paused(input) {
                 continue;
             }
-            let topic = timed.topics[input].clone();
-            let from = timed.stage.input_status(input).map_or(0, |status| status.position);
-            let records = self.log.poll(&topic, partition, from, share, std::mem::take(&mut timed.spare)).await?;
+            let topic = self.topics[input].clone();
+            let from = self.stage.input_status(input).map_or(0, |status| status.position);
+            let records = parts.log.poll(&topic, partition, from, share, std::mem::take(&mut self.spare)).await?;
             let read_all = records.len() < share && !records.is_full();
             for view in records.iter() {
-                self.admit(partition, input, view, &modules, timed)?;
+                self.admit(parts, (partition, input), view, &modules)?;
             }
             read_any |= !records.is_empty();
-            timed.spare = records;
+            self.spare = records;
             if read_all {
                 let at = now();
-                let end = self.log.end_offset(&topic, partition).await?;
-                timed.stage.observe_end(input, end, at)?;
+                let end = parts.log.end_offset(&topic, partition).await?;
+                self.stage.observe_end(input, end, at)?;
             }
         }
         Ok(read_any)
     }
 
     /// Logs each input that was paused or let go since the last read.
-    fn log_pauses(&self, partition: u32, timed: &mut Timed) {
-        timed.paused.resize(timed.topics.len(), false);
-        for (input, was) in timed.paused.iter_mut().enumerate() {
-            let paused = timed.stage.is_paused(input);
+    fn log_pauses(&mut self, projection: &str, partition: u32) {
+        self.paused.resize(self.topics.len(), false);
+        for (input, was) in self.paused.iter_mut().enumerate() {
+            let paused = self.stage.is_paused(input);
             if paused == *was {
                 continue;
             }
             *was = paused;
-            let (topic, held_bytes) = (&timed.topics[input], timed.stage.held_bytes());
+            let (topic, held_bytes) = (&self.topics[input], self.stage.held_bytes());
             match paused {
                 true => tracing::info!(
-                    projection = self.projection.name(),
+                    projection,
                     topic,
                     partition,
                     held_bytes,
@@ -357,7 +329,7 @@ impl<L: EventLog> Consumer<L> {
                      its clock is ahead; it is read again once the others catch up (event-time alignment)"
                 ),
                 false => tracing::info!(
-                    projection = self.projection.name(),
+                    projection,
                     topic,
                     partition,
                     held_bytes,
@@ -369,13 +341,12 @@ impl<L: EventLog> Consumer<L> {
 
     /// Hands one record to the stage with its event time; logs it if it is
     /// late.
-    fn admit(
-        &self,
-        partition: u32,
-        input: usize,
+    fn admit<L: EventLog>(
+        &mut self,
+        parts: &Parts<L>,
+        (partition, input): (u32, usize),
         view: RecordView<'_>,
         modules: &ModuleSet,
-        timed: &mut Timed,
     ) -> Result<(), ConsumerError> {
         // Unreadable headers, or a timed type without its time: no event
         // time, so it passes at once and the batch dead-letters it with
@@ -392,24 +363,24 @@ impl<L: EventLog> Consumer<L> {
             bytes: view.stored_len() as u64,
             payload: view.to_encoded(),
         };
-        let admission = timed.stage.read(arrival, &mut timed.released)?;
+        let admission = self.stage.read(arrival, &mut self.released)?;
         if admission == Admission::Refused
             && let Some(Released { release: Release::TooFarAhead { append_time }, event_time: Some(time), .. }) =
-                timed.released.last()
+                self.released.last()
         {
-            let reason = too_far_ahead(*time, *append_time, self.config.release);
+            let reason = too_far_ahead(*time, *append_time, parts.config.release);
             // An input index fits: the inputs are the projection's topics.
             let place = (u32::try_from(input).unwrap_or(u32::MAX), view.offset());
-            timed.refused.insert(place, reason);
+            self.refused.insert(place, reason);
         }
         if admission == Admission::Released
-            && let Some(Released { release: Release::Late { by }, event_time, .. }) = timed.released.last()
+            && let Some(Released { release: Release::Late { by }, event_time, .. }) = self.released.last()
         {
             let key = envelope.and_then(|envelope| Key::from_canonical(envelope.key).ok());
             let key = key.map_or_else(|| "?".to_owned(), |key| key.to_string());
             tracing::warn!(
-                projection = self.projection.name(),
-                topic = timed.topics[input],
+                projection = parts.projection.name(),
+                topic = self.topics[input],
                 partition,
                 offset = view.offset(),
                 event_time,
@@ -422,12 +393,12 @@ impl<L: EventLog> Consumer<L> {
     }
 
     /// Shows the stage on the board (`/status`) and in the metrics.
-    fn show_timing(&self, partition: u32, timed: &Timed) {
-        let timing = PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), timed.peak_held_bytes);
-        if let Some(metrics) = &self.metrics {
-            metrics.event_time(self.projection.name(), &timing);
+    fn show_timing<L: EventLog>(&self, parts: &Parts<L>, partition: u32) {
+        let timing = PartitionTiming::of(partition, &self.topics, &self.stage, now(), self.peak_held_bytes);
+        if let Some(metrics) = &parts.metrics {
+            metrics.event_time(parts.projection.name(), &timing);
         }
-        self.timing.update(timing);
+        parts.timing.update(timing);
     }
 }
 
@@ -450,10 +421,4 @@ pub(super) fn too_far_ahead(event_time: Millis, append_time: Option<Millis>, lim
 /// The processing time, in ms since the epoch.
 fn now() -> Millis {
     Millis::try_from(crate::platform::clock::now_ms()).unwrap_or(Millis::MAX)
-}
-
-impl From<ReleaseError> for ConsumerError {
-    fn from(error: ReleaseError) -> Self {
-        ConsumerError::Release(error)
-    }
 }

@@ -47,8 +47,8 @@ use sha2::{Digest, Sha256};
 
 use crate::sandbox::runtime::component_file::MAX_COMPONENT_BYTES;
 
-pub mod credentials;
-pub mod distribution;
+pub(crate) mod credentials;
+pub(crate) mod distribution;
 pub mod pins;
 
 /// The config media type of a Wasm OCI artifact.

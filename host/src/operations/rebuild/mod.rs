@@ -72,6 +72,10 @@
 //!   with the other's modules.
 //! - Only the embedded store can host a shadow; with PostgreSQL state a
 //!   rebuild is refused.
+//!
+//! Files: `conductor` runs a rebuild from the host (request, shadow,
+//! line-up, promotion, rollback); `stores` holds the two store wrappers
+//! a rebuild needs (the switching store, the emits held back).
 
 use std::path::{Path, PathBuf};
 
@@ -83,8 +87,8 @@ use crate::engine::routing::RoutedTopics;
 use crate::sandbox::runtime::component_file::{check_module_dir_size, module_paths};
 use crate::sandbox::runtime::read_component;
 
-pub mod conductor;
-pub mod stores;
+pub(crate) mod conductor;
+pub(crate) mod stores;
 
 pub use conductor::RebuildWatch;
 

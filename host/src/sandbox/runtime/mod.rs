@@ -67,6 +67,15 @@
 //!   the entries of the versions this sandbox loaded last for each module
 //!   (see `runtime/cache.rs`). A loaded module never reads its entry again, so removing
 //!   one costs only a compile at the next load.
+//!
+//! Files: the capability units `state`, `emit`, `log`, `wasi` and the
+//! table that links them, `capabilities`; the adapters of the
+//! older contracts, `contract_0_2` and `contract_0_3`, and what they share,
+//! `contract_adapter`; `instance_limits` bounds each instance's memories and
+//! tables; `blocking` runs module code where blocking is allowed;
+//! `compiler` compiles in a bounded child process; `cache` keeps compiled
+//! artifacts on disk; `component_file` reads a component from disk within
+//! its bounds.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -85,19 +94,19 @@ use crate::sandbox::handler::{
     CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
 };
 
-pub mod blocking;
+pub(crate) mod blocking;
 mod cache;
-pub mod capabilities;
-pub mod compiler;
+pub(crate) mod capabilities;
+pub(crate) mod compiler;
 pub mod component_file;
 #[macro_use]
 mod contract_adapter;
 mod contract_0_2;
 mod contract_0_3;
-pub mod emit;
+pub(crate) mod emit;
 mod instance_limits;
 pub mod log;
-pub mod state;
+pub(crate) mod state;
 pub mod wasi;
 
 mod bindings {

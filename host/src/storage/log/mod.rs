@@ -59,6 +59,11 @@
 //! A log that wraps another and changes part of what it does (a test
 //! double, the inventory demo's late reads) implements [`ForwardingLog`]
 //! (`forwarding`): what it does not define goes to the log it wraps.
+//!
+//! Files: `embedded` and `iggy` (with `iggy_headers`, its header codec,
+//! and `iggy_tls`, Iggy over TLS) are the backends; `polled` holds a
+//! poll's records in one buffer; `loss` checks that the log kept what it
+//! acknowledged; `forwarding` is the forwarding trait.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -71,12 +76,12 @@ use wakuwaku_core::names::NameError;
 use crate::event::Header;
 
 pub mod embedded;
-pub mod forwarding;
+pub(crate) mod forwarding;
 pub mod iggy;
 mod iggy_headers;
-pub mod iggy_tls;
+pub(crate) mod iggy_tls;
 pub mod loss;
-pub mod polled;
+pub(crate) mod polled;
 
 pub use embedded::EmbeddedLog;
 pub use forwarding::{ForwardingLog, poll_by_reading};

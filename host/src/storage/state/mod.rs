@@ -79,6 +79,9 @@
 //! on a blocking thread. The PostgreSQL backend bridges its async client by
 //! running every query on a small runtime of its own and waiting for the
 //! answer, so it may be called from any thread ([`postgres`]).
+//!
+//! Files besides the backends: `hold` keeps who holds a partition in
+//! PostgreSQL, as the database sees it; `postgres_tls` is its TLS setup.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -91,9 +94,9 @@ use crate::key::Key;
 use crate::storage::log::Record;
 use crate::storage::stats::Stats;
 
-pub mod cache;
-pub mod embedded;
-pub mod forwarding;
+pub(crate) mod cache;
+pub(crate) mod embedded;
+pub(crate) mod forwarding;
 mod hold;
 pub mod postgres;
 pub mod postgres_tls;
