@@ -11,7 +11,12 @@
 //! - `rebuild`: rebuilding a projection in the shadow inside the running
 //!   host, promoting and rolling it back.
 //! - `lifecycle`: module versions (recorded, kept, rolled back) and hot
-//!   reload from a watched directory.
+//!   reload from a watched directory; a folder: `library` (the `Library`
+//!   of a projection's versions), `record` (the versions recorded with the
+//!   state, their kept copies), `difference` (the directory against what
+//!   runs), `reload` (what hot reload keeps between passes), `scan`
+//!   (reading the module directory, file stamps), `emit_topics`, `watcher`
+//!   (the `Reloader`), `error`.
 //! - `oci`: modules pushed to and pulled from OCI registries.
 
 pub mod admin;
