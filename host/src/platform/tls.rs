@@ -1,5 +1,5 @@
 //! TLS for the host's links: the PostgreSQL connections
-//! ([`crate::storage::state::postgres_tls`]), the check that explains a refused
+//! ([`crate::storage::state::postgres::tls`]), the check that explains a refused
 //! Iggy handshake ([`crate::storage::log::iggy`]), the admin endpoint's server side
 //! ([`crate::operations::admin`]) and the commands that ask it.
 //!

@@ -60,7 +60,7 @@ async fn the_bank_on_postgres_matches_the_oracle_reads_by_sql_and_resumes() {
     assert_eq!(stats[Stat::Applied], spec.events as u64);
 
     // Plain SQL on the documented view answers an account's balance.
-    let config: wakuwaku::storage::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let config: wakuwaku::storage::state::postgres::tls::PostgresConfig = url.parse().unwrap();
     let client = config.connect_client().await.unwrap();
     for (&account, expected) in oracle.accounts.iter().take(20) {
         let sql = format!(
@@ -177,7 +177,7 @@ async fn a_host_whose_database_forgot_its_last_commits_goes_on_from_the_database
     };
     wait_consumed("the first workload was consumed").await;
 
-    let config: wakuwaku::storage::state::postgres_tls::PostgresConfig = url.parse().unwrap();
+    let config: wakuwaku::storage::state::postgres::tls::PostgresConfig = url.parse().unwrap();
     let client = config.connect_client().await.unwrap();
     let tables =
         ["waku_state", "waku_counters", "waku_stats", "waku_positions", "waku_done", "waku_outbox", "waku_outbox_next"];

@@ -14,6 +14,12 @@
 //! several hosts). Both pass one test suite (`suite`). A store that wraps
 //! another and changes part of what it does implements [`ForwardingStore`]
 //! (`forwarding`): what it does not define goes to the store it wraps.
+//! PostgreSQL is a folder, one concern per file (its `mod.rs` says what
+//! each holds): `store` (the store and its trait impl), `tls` and
+//! `connect` (reaching the server), `bridge` (blocking calls over the
+//! async client), `db`, `schema`, `claims` (epochs, fencing, the run
+//! lock), `commit`, `json`, `outbox`, `reads` (snapshots), `inspect` and
+//! `server_tests`.
 //!
 //! **One batch, one commit.** [`StateBackend::commit`] applies a
 //! [`BatchCommit`] in a single durable transaction holding:
@@ -99,7 +105,6 @@ pub(crate) mod embedded;
 pub(crate) mod forwarding;
 mod hold;
 pub mod postgres;
-pub mod postgres_tls;
 #[cfg(test)]
 mod suite;
 
@@ -142,7 +147,7 @@ pub enum StateError {
     /// The TLS handshake with the database was refused: its certificate
     /// did not pass the checks the URL's `sslmode` asks for, it offers
     /// no TLS, or it asks for a client certificate (`sslcert`/`sslkey`)
-    /// it did not get or did not take ([`postgres_tls`]).
+    /// it did not get or did not take ([`postgres::tls`]).
     #[error("{store}: TLS refused: {reason}")]
     Tls {
         /// The store ([`StateBackend::location`]).
