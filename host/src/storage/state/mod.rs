@@ -87,7 +87,7 @@
 //! answer, so it may be called from any thread ([`postgres`]).
 //!
 //! Files besides the backends: `hold` keeps who holds a partition in
-//! PostgreSQL, as the database sees it; `postgres_tls` is its TLS setup.
+//! PostgreSQL, as the database sees it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -144,21 +144,3 @@ pub mod tls;
 
 pub use schema::MIGRATIONS;
 pub use store::{PostgresStore, Written};
-
-/// What `every_layer_folder_names_its_files_first` (`host/tests/all/layers.rs`)
-/// checks of the layers, for this folder: its opening names each module.
-#[cfg(test)]
-#[test]
-fn this_folder_names_its_files_first() {
-    let text = include_str!("mod.rs");
-    let docs: String = text.lines().take_while(|line| line.starts_with("//!")).collect::<Vec<_>>().join("\n");
-    let declared: Vec<&str> = text
-        .lines()
-        .filter_map(|line| line.trim_start_matches("pub ").strip_prefix("mod "))
-        .map(|rest| rest.trim_end_matches(';'))
-        .collect();
-    assert!(declared.contains(&"store") && declared.contains(&"tls"), "the modules are read: {declared:?}");
-    for module in declared {
-        assert!(docs.contains(&format!("`{module}`")), "postgres/mod.rs's opening names `{module}`");
-    }
-}
