@@ -18,7 +18,8 @@
 //! - [`json_record`] makes the Relaxed, JSON-bodied messages most tests
 //!   publish; [`bank_module`] and [`probe_module`] load the test modules.
 //! - [`faulty`] is the embedded log with faults on cue; [`losing`] one
-//!   that loses its tail, a topic or its head on cue.
+//!   that loses its tail, a topic or its head on cue (both from
+//!   `wakuwaku`'s `test-support` feature).
 //! - [`flaky`] is a native module that fails on cue, for the retry and
 //!   dead-letter tests.
 //! - [`liar`] builds hand-written components that break the contract
@@ -44,18 +45,17 @@ use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku::storage::log::{EventLog, Record};
 
-pub mod faulty;
 pub mod flaky;
 pub mod group;
 pub mod hostile;
 pub mod liar;
-pub mod losing;
 pub mod native;
 pub mod proxy;
 pub mod python;
 mod servers;
 
 pub use servers::{fresh_stream, iggy_url, oci_registry, postgres_url};
+pub use wakuwaku::storage::log::test_support::{faulty, losing};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {

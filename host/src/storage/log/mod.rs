@@ -63,7 +63,8 @@
 //! Files: `embedded` and `iggy` (with `iggy_headers`, its header codec,
 //! and `iggy_tls`, Iggy over TLS) are the backends; `polled` holds a
 //! poll's records in one buffer; `loss` checks that the log kept what it
-//! acknowledged; `forwarding` is the forwarding trait.
+//! acknowledged; `forwarding` is the forwarding trait; `test_support`
+//! (feature `test-support`) holds the test doubles other crates' tests use.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -82,6 +83,8 @@ mod iggy_headers;
 pub(crate) mod iggy_tls;
 pub mod loss;
 pub(crate) mod polled;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 pub use embedded::EmbeddedLog;
 pub use forwarding::{ForwardingLog, poll_by_reading};

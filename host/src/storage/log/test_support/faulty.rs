@@ -1,9 +1,9 @@
 //! A log (the embedded one unless told otherwise) with faults on cue, for
 //! tests of what the consumer does when its log misbehaves.
 
-use wakuwaku::storage::log::embedded::EmbeddedLog;
-use wakuwaku::storage::log::loss::Durability;
-use wakuwaku::storage::log::{self, EventLog, LogError, PolledBatch, Record, StoredRecord};
+use crate::storage::log::embedded::EmbeddedLog;
+use crate::storage::log::loss::Durability;
+use crate::storage::log::{self, EventLog, LogError, PolledBatch, Record, StoredRecord};
 
 /// A call a [`FaultyLog`] is about to make.
 #[derive(Debug, Clone, Copy)]

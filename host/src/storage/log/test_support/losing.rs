@@ -1,7 +1,7 @@
 //! A log that loses what it held, on cue: its tail (a server that lost
 //! acknowledged messages), all of a topic (deleted and created again), or
 //! its head (retention), for tests of what the host does about it
-//! ([`wakuwaku::storage::log::loss`]).
+//! ([`crate::storage::log::loss`]).
 //!
 //! [`LosingLog`] serves an embedded log, and can swap it for another one
 //! when a partition is first read from a given offset
@@ -13,10 +13,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::storage::log::embedded::EmbeddedLog;
+use crate::storage::log::loss::Durability;
+use crate::storage::log::{self, EventLog, LogError, PolledBatch, Record, StoredRecord};
 use rustc_hash::FxHashMap;
-use wakuwaku::storage::log::embedded::EmbeddedLog;
-use wakuwaku::storage::log::loss::Durability;
-use wakuwaku::storage::log::{self, EventLog, LogError, PolledBatch, Record, StoredRecord};
 
 /// A swap waiting for a read: when `(topic, partition)` is read from
 /// `at` or later, the log becomes `log`.
