@@ -257,7 +257,11 @@ async fn main() {
         live: Duration::from_secs(LIVE_SECS),
         ..InventorySpec::default()
     };
-    let history = inventory_demo::history(&spec, 1_800_000_000_000);
+    // The history ends now, in whole seconds: the host bounds event times
+    // by the log's append times (`--max-event-time-ahead`), so a history
+    // ending in the future would be dead-lettered rather than released.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let history = inventory_demo::history(&spec, i64::try_from(now.as_secs()).unwrap_or(i64::MAX / 1000) * 1000);
     let split = by_partition(&history, spec.partitions);
     println!(
         "workload: {} history events, {} products, 13 topics x {} partitions, seed {}",
