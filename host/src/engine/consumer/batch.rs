@@ -133,6 +133,13 @@ impl BatchRunner {
         }
     }
 
+    /// Records what every committed batch did in `metrics`, each call's
+    /// time among it.
+    pub(super) fn record_in(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
+        self.keys.times_calls = true;
+    }
+
     /// Plans, executes and commits one batch polled from the topic (or
     /// released by the release stage, in release order) with `modules`,
     /// moving the partition on by `advance` in the same commit. Runs on a

@@ -99,8 +99,7 @@ impl<L: EventLog> Consumer<L> {
 
     /// Records what every committed batch did in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.parts.runner.metrics = Some(metrics.clone());
-        self.parts.runner.keys.times_calls = true;
+        self.parts.runner.record_in(metrics.clone());
         self.parts.metrics = Some(metrics);
         self
     }
