@@ -10,7 +10,9 @@
 //! - [`bank_log`] publishes a seeded bank workload into a fresh embedded
 //!   log, [`publish_bank`] into any log.
 //! - [`iggy_url`] names the Iggy server tests may use, or says they were
-//!   skipped; [`proxy`] cuts connections to it on cue.
+//!   skipped; [`proxy`] cuts connections to it on cue; [`iggy_cluster`]
+//!   starts a three-node cluster from `WAKU_IGGY_SERVER` and kills its
+//!   nodes on cue.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
 //! - [`host_settings`] and [`catch_up`] start a host of loaded modules
@@ -48,6 +50,7 @@ use wakuwaku::storage::log::{EventLog, Record};
 pub mod flaky;
 pub mod group;
 pub mod hostile;
+pub mod iggy_cluster;
 pub mod liar;
 pub mod native;
 pub mod proxy;

@@ -9,7 +9,17 @@
 //! - **All or nothing.** Every event of a call is checked (parsed, its type
 //!   known, its key and ordering computed) before anything is appended; one
 //!   bad event fails the call with its position, and nothing is published.
-//!   The embedded log then appends everything in one transaction.
+//! - **Nothing twice, and what is unconfirmed is named.** The events go in
+//!   rounds of up to [`ROUND`] per partition, each round one stamped append
+//!   ([`EventLog::append_as`]: one transaction on the embedded log, one
+//!   request per partition on Iggy) under a producer name of this call. A
+//!   round the log did not confirm because it was unavailable (a cluster
+//!   electing a leader, a server restarting) is sent again once the log
+//!   answers, after its stamp was looked for from where the partitions
+//!   ended when the call began, so a round whose answer was lost is not
+//!   stored twice. After [`PATIENCE`] without an answer the call fails with
+//!   [`PublishError::Unconfirmed`], naming by line every event the log did
+//!   not confirm.
 //! - **Errors name the line.** In JSON-lines input, line numbers start at 1
 //!   and blank lines are skipped but still counted.
 //! - **A timed type's events carry their time** (`event-time-declared`):
@@ -22,6 +32,7 @@
 //!   [`PublishError::TooLarge`], before anything is appended.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -29,7 +40,8 @@ use crate::event::{EventHeaders, EventTiming, EventTypeTag, partition_for};
 use crate::sandbox::handler::{CallError, ContractError, EventType, HandlerModule};
 use crate::storage::log::{EventLog, LogError, Record};
 
-/// Why events could not be published. Nothing was appended.
+/// Why events could not be published. Nothing was appended, but for
+/// [`PublishError::Unconfirmed`], which says what may be.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -86,7 +98,29 @@ pub enum PublishError {
     /// The log refused the append.
     #[error(transparent)]
     Log(#[from] LogError),
+    /// The log stayed unavailable: these events were not confirmed (the
+    /// log may hold some of them); every other event is stored once.
+    #[error(
+        "the log did not confirm {count} of the events (lines {lines}), the others are stored: {source}; the \
+         unconfirmed ones may or may not be stored, check the topic before publishing them again"
+    )]
+    Unconfirmed {
+        /// How many events.
+        count: usize,
+        /// Their lines, as ranges (`3-5, 9`).
+        lines: String,
+        /// Why the log did not confirm them.
+        #[source]
+        source: LogError,
+    },
 }
+
+/// Most events of one partition in one round of a publish.
+pub const ROUND: usize = 4096;
+
+/// How long a publish waits for an unavailable log to answer again before
+/// it reports what it could not confirm.
+pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Refuses the host's own topics: a record published there would be read
 /// as routed work, or ignored and read again at every start.
@@ -170,20 +204,129 @@ pub async fn publish<L: EventLog>(
     threads: usize,
 ) -> Result<usize, PublishError> {
     check_topic(topic)?;
-    let partitions = log.partitions(topic).await?;
+    let partitions = patiently(PATIENCE, || log.partitions(topic)).await?;
     let count = events.len();
     let limit = log.max_record_bytes(topic);
+    let line_of = {
+        let lines = lines.clone();
+        move |index: usize| lines.as_ref().and_then(|lines| lines.get(index).copied()).unwrap_or(index + 1)
+    };
     let records =
         tokio::task::spawn_blocking(move || envelope_all(&*module, events, lines, partitions, threads, limit))
             .await
             .expect("computing headers does not panic")?;
-    let mut batches: Vec<(u32, Vec<Record>)> = (0..partitions).map(|p| (p, Vec::new())).collect();
-    for (partition, record) in records {
-        batches[partition as usize].1.push(record);
+    let mut queues: Vec<Vec<(usize, Record)>> = (0..partitions).map(|_| Vec::new()).collect();
+    for (index, (partition, record)) in records.into_iter().enumerate() {
+        queues[partition as usize].push((line_of(index), record));
     }
-    batches.retain(|(_, records)| !records.is_empty());
-    log.append(topic, batches).await?;
+    append_in_rounds(log, topic, queues, PATIENCE).await?;
     Ok(count)
+}
+
+/// Appends each partition's `(line, record)`s in rounds of [`ROUND`], each
+/// a stamped append, waiting out an unavailable log for up to `patience`
+/// per round (rules in the module docs).
+async fn append_in_rounds<L: EventLog>(
+    log: &L,
+    topic: &str,
+    mut queues: Vec<Vec<(usize, Record)>>,
+    patience: Duration,
+) -> Result<(), PublishError> {
+    let since = patiently(patience, || log.end_offsets(topic)).await?;
+    let producer = format!("waku-publish-{:016x}", rand::random::<u64>());
+    let rounds = queues.iter().map(|queue| queue.len().div_ceil(ROUND)).max().unwrap_or(0);
+    for round in 0..rounds {
+        let batches: Vec<(u32, Vec<Record>)> = (0..queues.len())
+            .filter_map(|partition| {
+                let queue = &queues[partition];
+                let start = (round * ROUND).min(queue.len());
+                let records: Vec<Record> =
+                    queue[start..(start + ROUND).min(queue.len())].iter().map(|(_, record)| record.clone()).collect();
+                (!records.is_empty()).then_some((partition as u32, records))
+            })
+            .collect();
+        if let Err(source) =
+            append_patiently(log, topic, batches, (&producer, round as u64 + 1), &since, patience).await
+        {
+            let mut unconfirmed: Vec<usize> = queues
+                .iter_mut()
+                .flat_map(|queue| queue.drain((round * ROUND).min(queue.len())..).map(|(line, _)| line))
+                .collect();
+            unconfirmed.sort_unstable();
+            return Err(PublishError::Unconfirmed {
+                count: unconfirmed.len(),
+                lines: line_ranges(&unconfirmed),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One round's append stamped `(producer, sequence)`, sent again while
+/// the log is unavailable, for up to `patience`; before each resend the
+/// partitions' stamps are looked for from `since`, so what reached the log
+/// is not sent twice.
+async fn append_patiently<L: EventLog>(
+    log: &L,
+    topic: &str,
+    batches: Vec<(u32, Vec<Record>)>,
+    (producer, sequence): (&str, u64),
+    since: &[u64],
+    patience: Duration,
+) -> Result<(), LogError> {
+    let mut first = true;
+    patiently(patience, || {
+        let resend = !std::mem::replace(&mut first, false);
+        let batches = batches.clone();
+        async move {
+            if resend {
+                for (partition, _) in &batches {
+                    let from = since.get(*partition as usize).copied().unwrap_or(0);
+                    log.producer_sequence(topic, *partition, producer, from).await?;
+                }
+            }
+            log.append_as(topic, batches, producer, sequence).await.map(drop)
+        }
+    })
+    .await
+}
+
+/// `step`, tried again while it fails with the log unavailable, with a
+/// growing pause, until `patience` has passed.
+async fn patiently<T, F, Fut>(patience: Duration, mut step: F) -> Result<T, LogError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LogError>>,
+{
+    let began = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match step().await {
+            Err(LogError::Unavailable { .. }) if began.elapsed() < patience => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Sorted line numbers as ranges: `1-3, 7, 9-10`.
+fn line_ranges(lines: &[usize]) -> String {
+    let mut ranges: Vec<String> = Vec::new();
+    let mut index = 0;
+    while index < lines.len() {
+        let start = lines[index];
+        let mut end = start;
+        while index + 1 < lines.len() && lines[index + 1] == end + 1 {
+            index += 1;
+            end = lines[index];
+        }
+        ranges.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+        index += 1;
+    }
+    ranges.join(", ")
 }
 
 /// Headers for every event, split over `threads` instances; keeps order.
@@ -327,5 +470,96 @@ mod tests {
         let opted_out = event_type(EventTiming::TimedRelaxed);
         assert_eq!(headers_for(&mut Stamps(Some(4)), &opted_out, b"{}").unwrap().event_time, Some(4));
         assert!(headers_for(&mut Stamps(None), &opted_out, b"{}").is_err(), "timed-relaxed is timed");
+    }
+
+    /// An embedded log whose appends of the calls in `lost` are stored
+    /// but answered as unavailable (the answer lost).
+    struct LostAnswers {
+        log: crate::storage::log::EmbeddedLog,
+        calls: std::sync::atomic::AtomicUsize,
+        lost: std::ops::Range<usize>,
+    }
+
+    impl crate::storage::log::ForwardingLog for LostAnswers {
+        type Inner = crate::storage::log::EmbeddedLog;
+
+        fn inner(&self) -> impl std::ops::Deref<Target = Self::Inner> + Send + '_ {
+            &self.log
+        }
+
+        async fn append_as(
+            &self,
+            topic: &str,
+            batches: Vec<(u32, Vec<Record>)>,
+            producer: &str,
+            sequence: u64,
+        ) -> Result<bool, LogError> {
+            let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let appended = self.log.append_as(topic, batches, producer, sequence).await?;
+            match self.lost.contains(&call) {
+                true => Err(LogError::Unavailable { address: "test".into(), reason: "the answer was lost".into() }),
+                false => Ok(appended),
+            }
+        }
+    }
+
+    async fn lost_answers(lost: std::ops::Range<usize>) -> (tempfile::TempDir, LostAnswers) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::storage::log::EmbeddedLog::open(dir.path().join("log")).unwrap();
+        log.create_topic("t", 2).await.unwrap();
+        (dir, LostAnswers { log, calls: Default::default(), lost })
+    }
+
+    /// Lines 1..=`events`, odd ones to partition 1, even ones to 0, their
+    /// bodies their line numbers.
+    fn queues(events: usize) -> Vec<Vec<(usize, Record)>> {
+        let mut queues = vec![Vec::new(), Vec::new()];
+        for line in 1..=events {
+            queues[line % 2].push((line, Record { headers: vec![], body: line.to_string().into_bytes() }));
+        }
+        queues
+    }
+
+    /// The lines stored, sorted.
+    async fn stored(log: &LostAnswers) -> Vec<usize> {
+        let mut lines = Vec::new();
+        for partition in 0..2 {
+            for stored in log.log.read("t", partition, 0, usize::MAX).await.unwrap() {
+                lines.push(String::from_utf8(stored.record.body).unwrap().parse().unwrap());
+            }
+        }
+        lines.sort_unstable();
+        lines
+    }
+
+    #[tokio::test]
+    async fn a_log_that_answers_again_gets_every_event_once() {
+        // Three rounds; the answers of the second round and of its first
+        // resend are lost.
+        let (_dir, log) = lost_answers(1..3).await;
+        let events = 6 * ROUND;
+        append_in_rounds(&log, "t", queues(events), Duration::from_millis(500)).await.unwrap();
+        assert_eq!(stored(&log).await, (1..=events).collect::<Vec<_>>(), "every event once, none twice");
+    }
+
+    #[tokio::test]
+    async fn what_the_log_never_confirmed_is_named_by_line_and_stored_at_most_once() {
+        // Every answer from the second round on is lost, until the patience ends.
+        let (_dir, log) = lost_answers(1..usize::MAX).await;
+        let events = 6 * ROUND;
+        let result = append_in_rounds(&log, "t", queues(events), Duration::from_millis(500)).await;
+        let Err(PublishError::Unconfirmed { count, lines, .. }) = result else { panic!("{result:?}") };
+        assert_eq!(count, 4 * ROUND, "the second and third rounds");
+        assert_eq!(lines, format!("{}-{events}", 2 * ROUND + 1));
+        // The second round reached the log once, however often it was sent;
+        // the third was never sent.
+        assert_eq!(stored(&log).await, (1..=4 * ROUND).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn lines_are_named_as_ranges() {
+        assert_eq!(line_ranges(&[1, 2, 3, 7, 9, 10]), "1-3, 7, 9-10");
+        assert_eq!(line_ranges(&[4]), "4");
+        assert_eq!(line_ranges(&[]), "");
     }
 }

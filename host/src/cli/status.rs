@@ -67,6 +67,7 @@ pub(super) async fn status(mut args: StatusArgs, admin_from_flag: bool) -> Resul
         return Ok(());
     }
     print_counts(&status)?;
+    print_log_nodes(&status)?;
     print_event_time(&status)?;
     if args.admin.is_some() {
         outln!(
@@ -120,6 +121,22 @@ fn print_counts(status: &admin::Status) -> Result<()> {
             status.order_violations,
         )?;
     }
+    Ok(())
+}
+
+/// The log's cluster: each node, which leads, where this host is.
+fn print_log_nodes(status: &admin::Status) -> Result<()> {
+    let Some(cluster) = &status.log_nodes else { return Ok(()) };
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let role = if node.leader { "leader" } else { "follower" };
+            format!("{} at {} ({role}, {})", node.name, node.address, node.status)
+        })
+        .collect();
+    outln!("log: an Iggy cluster of {} nodes: {}", cluster.nodes.len(), nodes.join("; "))?;
+    outln!("log: this host dialled {} and failed over {} times", cluster.connected, cluster.failovers)?;
     Ok(())
 }
 

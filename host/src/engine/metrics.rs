@@ -11,6 +11,7 @@
 //! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
+//! | `waku_log_failovers_total` | projection | times the host moved to another node of its Iggy cluster after its node failed (read from the log at scrape time) |
 //! | `waku_messages_undeliverable_total` | projection | emitted messages that could never be delivered and were dead-lettered |
 //! | `waku_partitions_fenced_total` | projection | partitions dropped because another host took them (a commit was refused, [`crate::storage::state::StateError::Fenced`]) |
 //! | `waku_events_redone_total` | projection | events processed for nothing: their batch's commit was refused because another host took the partition, or done again because the database had forgotten commits (the position check, `StateError::PositionMoved`) (a host moving partitions as the group asks, and stopping gracefully, redoes none; see `Consumer::with_assignment`) |
@@ -114,6 +115,7 @@ pub struct Metrics {
     lag: Family<PartitionLabels, Gauge>,
     loads: Family<LoadLabels, Counter>,
     unavailable: Family<ProjectionLabels, Counter>,
+    failovers: Family<ProjectionLabels, Counter>,
     undeliverable: Family<ProjectionLabels, Counter>,
     fenced: Family<ProjectionLabels, Counter>,
     redone: Family<ProjectionLabels, Counter>,
@@ -163,6 +165,7 @@ impl Default for Metrics {
             lag: Family::default(),
             loads: Family::default(),
             unavailable: Family::default(),
+            failovers: Family::default(),
             undeliverable: Family::default(),
             fenced: Family::default(),
             redone: Family::default(),
@@ -191,6 +194,11 @@ impl Default for Metrics {
         registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
         registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
         registry.register("waku_log_unavailable", "Times the log was unreachable", metrics.unavailable.clone());
+        registry.register(
+            "waku_log_failovers",
+            "Times the host moved to another node of its log cluster",
+            metrics.failovers.clone(),
+        );
         registry.register(
             "waku_messages_undeliverable",
             "Emitted messages dead-lettered because they could never be delivered",
@@ -342,6 +350,12 @@ impl Metrics {
     /// Counts a time the log could not be reached.
     pub fn log_unavailable(&self, projection: &str) {
         self.unavailable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
+    }
+
+    /// Shows the log's failovers so far ([`crate::storage::log::EventLog::failovers`]).
+    pub fn set_failovers(&self, projection: &str, failovers: u64) {
+        let counter = self.failovers.get_or_create(&ProjectionLabels { projection: projection.to_owned() });
+        counter.inc_by(failovers.saturating_sub(counter.get()));
     }
 
     /// Counts emitted messages dead-lettered as undeliverable.

@@ -517,6 +517,7 @@ async fn ready<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
 }
 
 async fn metrics<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
+    admin.metrics.set_failovers(admin.projection.name(), admin.log.failovers());
     let topic = admin.projection.topic();
     for partition in admin.progress.partitions() {
         if let Ok(end) = admin.log.end_offset(topic, partition.partition).await {
@@ -828,6 +829,12 @@ pub struct Status {
     /// whether it is idle (projections over several topics).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub event_time: Vec<crate::engine::consumer::PartitionTiming>,
+    /// The log's servers when it is a replicated cluster: each node, which
+    /// one leads, the one this host dialled and its failovers
+    /// ([`EventLog::nodes`]); left out of the JSON for one server or the
+    /// embedded log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_nodes: Option<crate::storage::log::LogNodes>,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -913,6 +920,7 @@ pub async fn status_of_topics<L: EventLog>(
         more_topics: topics[1..].to_vec(),
         order_violations: stats[Stat::OrderViolations],
         event_time: Vec::new(),
+        log_nodes: log.nodes().await?,
     })
 }
 

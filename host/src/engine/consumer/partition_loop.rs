@@ -66,9 +66,30 @@ impl<L: EventLog> PartitionLoop<L> {
         parts: Parts<L>,
         partition: u32,
         end: Option<u64>,
-        stop: tokio::sync::watch::Receiver<bool>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Summary, bool), ConsumerError> {
-        let state = Self::starting_state(&parts, partition, end).await?;
+        // Reading where to start repeats nothing: tried again while the log
+        // is unavailable, as the loop's steps are.
+        let mut backoff = Duration::ZERO;
+        let state = loop {
+            match Self::starting_state(&parts, partition, end).await {
+                Err(ConsumerError::Log(error @ LogError::Unavailable { .. })) => {
+                    let (first, longest) = parts.config.log_backoff;
+                    backoff = (backoff * 2).clamp(first, longest);
+                    tracing::warn!(
+                        projection = parts.projection.name(),
+                        partition,
+                        "{error}; trying again in {backoff:?}"
+                    );
+                    parts.progress.set_log_available(false);
+                    let _ = tokio::time::timeout(backoff, stop.changed()).await;
+                    if *stop.borrow() {
+                        return Ok((Summary::default(), false));
+                    }
+                }
+                started => break started?,
+            }
+        };
         Self { parts, partition, state }.consume(end, stop).await
     }
 

@@ -13,6 +13,12 @@
 //!   topics' identity is what was recorded ([`loss`]).
 //! - **A partition is claimed before it is read** (its previous host can
 //!   no longer commit to it) and its outbox published first.
+//! - **Start-up waits out an unavailable log** (a server restarting, a
+//!   cluster electing a leader): every step before the partitions start
+//!   may be repeated (topics created if missing, claims, the outbox's
+//!   stamped appends, end offsets read), so the whole start is tried
+//!   again with the log's backoff, said once, until the log answers or
+//!   the consumer is told to stop.
 //! - **One partition failing stops the others the same way**, so the error
 //!   is returned at once rather than at the next shutdown.
 //! - **Partitions move without redone work**: one lost is let go after its
@@ -30,7 +36,7 @@ use super::parts::Parts;
 use super::timing_status::TimingBoard;
 use super::{CallObserver, ConsumerConfig, ConsumerError, Summary};
 use crate::engine::metrics::Metrics;
-use crate::engine::outbox;
+use crate::engine::outbox::{self, Published};
 use crate::engine::progress::Progress;
 use crate::engine::projection::Projection;
 use crate::engine::telemetry::Telemetry;
@@ -186,53 +192,40 @@ impl<L: EventLog> Consumer<L> {
         until: Until,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Summary, ConsumerError> {
-        let topic = self.parts.projection.topic();
-        let count = self.partition_count().await?;
-        let routed_topics = self.parts.projection.routed_topics();
-        let routed = [(routed_topics.retry(), TopicRole::Retry), (routed_topics.dlq(), TopicRole::DeadLetter)];
-        for (routed, role) in routed.map(|(name, role)| (name.to_owned(), role)) {
-            match self.parts.log.create_topic(&routed, count).await {
-                Err(LogError::PartitionCountMismatch { existing, .. }) => {
-                    let topic = topic.to_owned();
-                    return Err(ConsumerError::RoutedTopicMismatch { topic, partitions: count, routed, existing });
-                }
-                other => other?,
-            }
-            loss::require_durable(&*self.parts.log, &routed, role).await?;
-        }
-        for topic in self.parts.projection.topics() {
-            loss::warn_if_lossy(&*self.parts.log, topic).await?;
-            for truncation in loss::check_identity(&*self.parts.log, self.parts.projection.store(), topic).await? {
-                if let Some(metrics) = &self.parts.metrics {
-                    metrics.log_truncated(&truncation.topic, truncation.partition);
-                }
-            }
-        }
         if let (Some(assignment), Until::Shutdown) = (&self.assignment, &until) {
+            let count = self.prepare().await?;
             return self.consume_assigned(count, assignment.clone(), shutdown).await;
         }
-        // Each partition is claimed first: a host that held it before can
-        // no longer commit to it (a no-op for the embedded store).
-        let partitions = self.partitions().await?;
-        for &partition in &partitions {
-            self.parts.projection.store().claim(partition)?;
-        }
-        // What the last run left, now that its retry and dead-letter
-        // records have somewhere to go.
-        let left = self.parts.publish_outbox(&partitions).await?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let stop_on_shutdown = stop_tx.clone();
         let watcher = tokio::spawn(async move {
             shutdown.await;
             let _ = stop_on_shutdown.send(true);
         });
-        // The gate: every partition's end offset, read once at start-up.
-        let mut gate = Vec::with_capacity(partitions.len());
-        for &partition in &partitions {
-            let (position, end) = self.parts.gate_of(partition).await?;
-            gate.push((partition, position, end));
-        }
+        let mut backoff = None;
+        let (gate, left) = loop {
+            match self.start_fixed().await {
+                Err(ConsumerError::Log(error @ LogError::Unavailable { .. })) => {
+                    let (first, longest) = self.parts.config.log_backoff;
+                    let wait = backoff.map_or(first, |last: Duration| (last * 2).clamp(first, longest));
+                    if backoff.replace(wait).is_none() {
+                        tracing::warn!(
+                            projection = self.parts.projection.name(),
+                            "cannot start: {error}; trying again until the log answers"
+                        );
+                    }
+                    self.parts.progress.set_log_available(false);
+                    let _ = tokio::time::timeout(wait, stop_rx.changed()).await;
+                    if *stop_rx.borrow() {
+                        watcher.abort();
+                        return Ok(Summary::default());
+                    }
+                }
+                started => break started?,
+            }
+        };
+        self.parts.progress.set_log_available(true);
         self.parts.progress.begin(gate.iter().copied());
         let mut tasks = tokio::task::JoinSet::new();
         for (partition, _, end_at_start) in gate {
@@ -257,6 +250,58 @@ impl<L: EventLog> Consumer<L> {
         let mut summary = summary?;
         summary.undeliverable += left.undeliverable;
         Ok(summary)
+    }
+
+    /// What every start does first: the routed topics created (or checked)
+    /// and durable, the topics' identity checked. Gives the partition count.
+    async fn prepare(&self) -> Result<u32, ConsumerError> {
+        let topic = self.parts.projection.topic();
+        let count = self.partition_count().await?;
+        let routed_topics = self.parts.projection.routed_topics();
+        let routed = [(routed_topics.retry(), TopicRole::Retry), (routed_topics.dlq(), TopicRole::DeadLetter)];
+        for (routed, role) in routed.map(|(name, role)| (name.to_owned(), role)) {
+            match self.parts.log.create_topic(&routed, count).await {
+                Err(LogError::PartitionCountMismatch { existing, .. }) => {
+                    let topic = topic.to_owned();
+                    return Err(ConsumerError::RoutedTopicMismatch { topic, partitions: count, routed, existing });
+                }
+                other => other?,
+            }
+            loss::require_durable(&*self.parts.log, &routed, role).await?;
+        }
+        for topic in self.parts.projection.topics() {
+            loss::warn_if_lossy(&*self.parts.log, topic).await?;
+            for truncation in loss::check_identity(&*self.parts.log, self.parts.projection.store(), topic).await? {
+                if let Some(metrics) = &self.parts.metrics {
+                    metrics.log_truncated(&truncation.topic, truncation.partition);
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// The start of a fixed set of partitions, each step one that may be
+    /// repeated: [`Consumer::prepare`], then every partition claimed, what
+    /// the last run left in the outbox published, and the gate (each
+    /// partition's position and end offset, read once).
+    async fn start_fixed(&self) -> Result<(Vec<(u32, u64, u64)>, Published), ConsumerError> {
+        self.prepare().await?;
+        // Each partition is claimed first: a host that held it before can
+        // no longer commit to it (a no-op for the embedded store).
+        let partitions = self.partitions().await?;
+        for &partition in &partitions {
+            self.parts.projection.store().claim(partition)?;
+        }
+        // What the last run left, now that its retry and dead-letter
+        // records have somewhere to go.
+        let left = self.parts.publish_outbox(&partitions).await?;
+        // The gate: every partition's end offset, read once at start-up.
+        let mut gate = Vec::with_capacity(partitions.len());
+        for &partition in &partitions {
+            let (position, end) = self.parts.gate_of(partition).await?;
+            gate.push((partition, position, end));
+        }
+        Ok((gate, left))
     }
 
     /// Follows the partitions `assignment` names until `shutdown`

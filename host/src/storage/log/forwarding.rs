@@ -16,7 +16,7 @@ use std::ops::Deref;
 use std::time::SystemTime;
 
 use super::loss::Durability;
-use super::{AnyLog, EventLog, LogError, PolledBatch, Record, StoredRecord};
+use super::{AnyLog, EventLog, LogError, LogNodes, PolledBatch, Record, StoredRecord};
 use crate::storage::forwarding::forward_methods;
 
 /// Every method of [`EventLog`], handed to `forward_methods!` after `how`.
@@ -45,6 +45,8 @@ macro_rules! event_log_methods {
             async fn offset_at(topic: &str, partition: u32, time: SystemTime) -> Result<u64, LogError>;
             async fn group_partitions(topic: &str, group: &str) -> Result<Vec<u32>, LogError>;
             async fn leave_group(topic: &str, group: &str) -> Result<(), LogError>;
+            async fn nodes() -> Result<Option<LogNodes>, LogError>;
+            fn failovers() -> u64;
         }
     };
 }

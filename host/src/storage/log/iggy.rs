@@ -6,6 +6,27 @@
 //! [`super::iggy_tls`] says how they are read and how a refusal is
 //! explained, as [`LogError::Tls`]).
 //!
+//! **A cluster** is named by several addresses in one URL
+//! (`iggy://user:password@a:8090,b:8090,c:8090`, rules in `iggy_nodes`):
+//! - The log dials the nodes in turn until one answers; the client crate
+//!   then follows the cluster's leader (it signs in, reads the roster and
+//!   moves to the node that leads, waiting out an election).
+//! - When the session breaks (the node died, stopped or was cut off), the
+//!   next call fails over: it dials the nodes round the roster from the
+//!   one after the failed node, each within [`NODE_TIMEOUT`], and never
+//!   redials a node inside a call (the client's own redial is off for a
+//!   cluster). The move is logged (old node, new node, how long since the
+//!   session broke) and counted ([`EventLog::failovers`]); while no node
+//!   answers as part of a majority, it says so once and the caller waits
+//!   with its own backoff ([`LogError::Unavailable`]).
+//! - Nothing else changes with a failover: positions are the state
+//!   store's, consumer-group membership is joined again by the next
+//!   [`EventLog::group_partitions`] on the new connection, and an append
+//!   whose answer was lost is resent only after its stamp was looked for
+//!   ([`EventLog::append_as`]), now on the new leader.
+//! - [`EventLog::nodes`] reads the roster (names, addresses, roles, health)
+//!   for `/status` and `waku status`.
+//!
 //! How the [`EventLog`] promises map onto Iggy:
 //! - **Topics live in one stream**, named when connecting
 //!   ([`IggyLog::connect`]); the stream is created if it does not exist.
@@ -119,20 +140,21 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use iggy::prelude::{
-    Client, Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, IggyError, IggyExpiry,
-    IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, PollingStrategy, StreamClient, TopicClient,
-    TopicCreateOptions,
+    Client, ClusterClient, Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, IggyError,
+    IggyExpiry, IggyMessage, IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, PollingStrategy, StreamClient,
+    TopicClient, TopicCreateOptions,
 };
 use rustc_hash::FxHashMap;
 
 use super::iggy_headers::{HeaderRefusal, decode_headers, encode_headers, put_raw};
+use super::iggy_nodes::Nodes;
 use super::loss::Durability;
-use super::{EventLog, LogError, PolledBatch, Record, StoredRecord, push_stored};
+use super::{EventLog, LogError, LogNode, LogNodes, PolledBatch, Record, StoredRecord, push_stored};
 use crate::event::Header;
 
 /// The header naming the producer of an [`EventLog::append_as`].
@@ -143,6 +165,10 @@ const SEQUENCE: &str = "waku-sequence";
 const CHUNK: usize = 1000;
 /// Most messages per poll request.
 const POLL: usize = 4096;
+/// How long dialling one node of a cluster may take, signing in and
+/// waiting out an election included (the client waits up to 5 s for a
+/// cluster without a leader before it stays on the node it reached).
+pub const NODE_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// An Iggy server's stream, as a log.
 pub struct IggyLog {
@@ -150,7 +176,17 @@ pub struct IggyLog {
     client: tokio::sync::RwLock<Arc<IggyClient>>,
     /// Set when an error showed the session is gone.
     broken: AtomicBool,
-    url: Box<str>,
+    /// The servers: one, or a cluster's nodes. Boxed, as `url` was, to keep
+    /// [`super::AnyLog`]'s variants of similar size.
+    nodes: Box<Nodes>,
+    /// The node the client dialled last (round the roster from there on a
+    /// failover).
+    node: AtomicUsize,
+    /// The outage under way: when the session was found broken, and
+    /// whether "no node answers" was said for it.
+    outage: std::sync::Mutex<Option<(Instant, bool)>>,
+    /// Failovers so far ([`IggyLog::failovers`]).
+    failovers: AtomicU64,
     stream: Identifier,
     address: PathBuf,
     /// The last sequence each producer stamped on a partition, as read from
@@ -217,7 +253,7 @@ impl IggyLog {
     /// uses `stream`, creating it if it does not exist.
     ///
     /// The client gives up a lost connection after 3 tries unless the URL
-    /// sets `reconnection_retries` (see [`with_bounded_reconnection`]); the
+    /// sets `reconnection_retries` (see `iggy_nodes`); the
     /// consumer keeps trying after that, with its own backoff, and reports
     /// the outage.
     pub async fn connect(url: &str, stream: &str) -> Result<Self, LogError> {
@@ -232,6 +268,7 @@ impl IggyLog {
 
     async fn connect_as(url: &str, stream: &str, create: bool) -> Result<Self, LogError> {
         let address = PathBuf::from(crate::storage::log::masked_password(url).unwrap_or_else(|| url.to_owned()));
+        let nodes = Nodes::parse(url)?;
         let failed = |e: IggyError| match e {
             IggyError::InvalidConnectionString | IggyError::InvalidNumberValue => storage(
                 &address,
@@ -241,9 +278,21 @@ impl IggyLog {
             ),
             e => storage(&address, "connecting", e),
         };
-        let client = match new_client(url).await {
-            Ok(client) => client,
-            Err(error) => return Err(explained(url, &address, error, failed).await),
+        let (client, node) = match nodes.is_cluster() {
+            false => match new_client(nodes.url(0)).await {
+                Ok(client) => (client, 0),
+                Err(error) => return Err(explained(nodes.url(0), &address, error, failed).await),
+            },
+            true => match first_answering(&nodes, nodes.after(nodes.len() - 1)).await {
+                Ok(found) => found,
+                Err(unanswered) => {
+                    let error = IggyError::CannotEstablishConnection;
+                    return Err(match explained(nodes.url(0), &address, error, failed).await {
+                        tls @ LogError::Tls { .. } => tls,
+                        _ => no_majority(&address, &unanswered),
+                    });
+                }
+            },
         };
         let stream_id = Identifier::named(stream).map_err(|_| LogError::BackendName {
             name: stream.to_owned(),
@@ -265,7 +314,10 @@ impl IggyLog {
         Ok(Self {
             client: tokio::sync::RwLock::new(Arc::new(client)),
             broken: AtomicBool::new(false),
-            url: url.into(),
+            nodes: Box::new(nodes),
+            node: AtomicUsize::new(node),
+            outage: Default::default(),
+            failovers: AtomicU64::new(0),
             stream: stream_id,
             address,
             stamps: Default::default(),
@@ -312,13 +364,56 @@ impl IggyLog {
         if self.broken.load(Ordering::SeqCst) {
             let mut client = self.client.write().await;
             if self.broken.load(Ordering::SeqCst) {
-                let fresh = new_client(&self.url).await.map_err(|e| self.storage("reconnecting", e))?;
-                let _ = client.disconnect().await;
+                let fresh = match self.nodes.is_cluster() {
+                    false => new_client(self.nodes.url(0)).await.map_err(|e| self.storage("reconnecting", e))?,
+                    true => self.fail_over().await?,
+                };
+                // The old session's node may be gone: its goodbye is not
+                // waited for.
+                let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
                 *client = Arc::new(fresh);
                 self.broken.store(false, Ordering::SeqCst);
+                *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         }
         Ok(self.client.read().await.clone())
+    }
+
+    /// A client on a live node of the cluster, dialled round the roster
+    /// from the node after the one that failed; the move logged and
+    /// counted. While no node answers, says so once per outage.
+    async fn fail_over(&self) -> Result<IggyClient, LogError> {
+        let failed = self.node.load(Ordering::SeqCst);
+        match first_answering(&self.nodes, self.nodes.after(failed)).await {
+            Ok((client, node)) => {
+                self.node.store(node, Ordering::SeqCst);
+                self.failovers.fetch_add(1, Ordering::Relaxed);
+                let since = self.outage.lock().unwrap_or_else(|e| e.into_inner()).map(|(since, _)| since);
+                let took = since.map_or(Duration::ZERO, |since| since.elapsed());
+                let leader = leader_address(&client).await;
+                tracing::warn!(
+                    from = self.nodes.address(failed),
+                    to = self.nodes.address(node),
+                    leader = leader.as_deref().unwrap_or("unknown"),
+                    "the Iggy cluster's node {} failed; failed over to {} (leader {}) {:.1} s after the session \
+                     broke",
+                    self.nodes.address(failed),
+                    self.nodes.address(node),
+                    leader.as_deref().unwrap_or("not known yet"),
+                    took.as_secs_f64()
+                );
+                Ok(client)
+            }
+            Err(unanswered) => {
+                let error = no_majority(&self.address, &unanswered);
+                let mut outage = self.outage.lock().unwrap_or_else(|e| e.into_inner());
+                let (_, said) = outage.get_or_insert((Instant::now(), false));
+                if !std::mem::replace(said, true) {
+                    tracing::warn!("{error}; waiting for a majority of the cluster");
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Up to `max` records from offset `from` on, stopping once they hold
@@ -402,7 +497,10 @@ impl IggyLog {
     fn storage(&self, what: &str, error: IggyError) -> LogError {
         let error = storage(&self.address, what, error);
         if matches!(error, LogError::Unavailable { .. }) {
-            self.broken.store(true, Ordering::SeqCst);
+            if !self.broken.swap(true, Ordering::SeqCst) {
+                let mut outage = self.outage.lock().unwrap_or_else(|e| e.into_inner());
+                outage.get_or_insert((Instant::now(), false));
+            }
         }
         error
     }
@@ -728,6 +826,34 @@ impl EventLog for IggyLog {
         Ok(self.assignment(&client, &topic_id, &group_id).await?.unwrap_or_default())
     }
 
+    async fn nodes(&self) -> Result<Option<LogNodes>, LogError> {
+        if !self.nodes.is_cluster() {
+            return Ok(None);
+        }
+        let roster = self
+            .client()
+            .await?
+            .get_cluster_metadata()
+            .await
+            .map_err(|e| self.storage("reading the cluster's nodes", e))?;
+        let nodes = roster
+            .nodes
+            .into_iter()
+            .map(|node| LogNode {
+                address: format!("{}:{}", node.ip, node.endpoints.tcp),
+                leader: node.role == iggy::prelude::ClusterNodeRole::Leader,
+                status: node.status.to_string(),
+                name: node.name,
+            })
+            .collect();
+        let connected = self.nodes.address(self.node.load(Ordering::SeqCst)).to_owned();
+        Ok(Some(LogNodes { nodes, connected, failovers: self.failovers() }))
+    }
+
+    fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
     async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {
         let topic_id = self.topic_id(topic)?;
         let group_id = group_identifier(group)?;
@@ -965,10 +1091,43 @@ async fn explained(url: &str, address: &Path, error: IggyError, failed: impl Fn(
 }
 
 /// A connected client for `url`.
+/// `url` holds the reconnection option [`Nodes`] gives it.
 async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
-    let client = IggyClient::from_connection_string(&with_bounded_reconnection(url))?;
+    let client = IggyClient::from_connection_string(url)?;
     client.connect().await?;
     Ok(client)
+}
+
+/// A connected client on the first of `order`'s nodes that answers within
+/// [`NODE_TIMEOUT`], and that node; else, per node, why not.
+async fn first_answering(
+    nodes: &Nodes,
+    order: impl Iterator<Item = usize>,
+) -> Result<(IggyClient, usize), Vec<String>> {
+    let mut unanswered = Vec::new();
+    for node in order {
+        match tokio::time::timeout(NODE_TIMEOUT, new_client(nodes.url(node))).await {
+            Ok(Ok(client)) => return Ok((client, node)),
+            Ok(Err(error)) => unanswered.push(format!("{}: {error}", nodes.address(node))),
+            Err(_) => unanswered.push(format!("{}: no answer within {NODE_TIMEOUT:?}", nodes.address(node))),
+        }
+    }
+    Err(unanswered)
+}
+
+/// The error of a cluster none of whose nodes answered.
+fn no_majority(address: &Path, unanswered: &[String]) -> LogError {
+    LogError::Unavailable {
+        address: address.to_owned(),
+        reason: format!("no node of the Iggy cluster answers ({})", unanswered.join("; ")),
+    }
+}
+
+/// The TCP address of the node `client`'s cluster says leads, if it says.
+async fn leader_address(client: &IggyClient) -> Option<String> {
+    let roster = client.get_cluster_metadata().await.ok()?;
+    let leader = roster.nodes.iter().find(|node| node.role == iggy::prelude::ClusterNodeRole::Leader)?;
+    Some(format!("{}:{}", leader.ip, leader.endpoints.tcp))
 }
 
 /// A record as an Iggy message with id `id`: headers as user headers and
@@ -1048,25 +1207,6 @@ fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError 
         | IggyError::TransientNotCommitted
         | IggyError::TransientNotAccepted => LogError::Unavailable { address: address.to_owned(), reason },
         _ => LogError::Storage { path: address.to_owned(), source: reason.into() },
-    }
-}
-
-/// `url`, with `reconnection_retries` bounded unless the URL sets it.
-///
-/// The client otherwise retries a lost connection forever inside whichever
-/// call noticed it, so a server that is down would stall the host without a
-/// word. Bounded, the call fails as [`LogError::Unavailable`] after a few
-/// seconds; the consumer then reports the outage and keeps trying with its
-/// own backoff, and start-up against an unreachable server ends with an
-/// error instead of waiting silently.
-fn with_bounded_reconnection(url: &str) -> String {
-    const DEFAULT: &str = "reconnection_retries=3";
-    match url.split_once('?') {
-        None => format!("{url}?{DEFAULT}"),
-        Some((_, query)) if query.split('&').any(|option| option.starts_with("reconnection_retries=")) => {
-            url.to_owned()
-        }
-        Some(_) => format!("{url}&{DEFAULT}"),
     }
 }
 
@@ -1457,17 +1597,5 @@ mod tests {
         assert_eq!(durable.message_expiry, Some(IggyExpiry::NeverExpire));
         let lossy = topic_options(4, true);
         assert_eq!((lossy.enforce_fsync, lossy.messages_required_to_save), (None, None), "the server's defaults");
-    }
-
-    #[test]
-    fn reconnection_is_bounded_unless_the_url_says_otherwise() {
-        let url = "iggy://u:p@h:1";
-        assert_eq!(with_bounded_reconnection(url), "iggy://u:p@h:1?reconnection_retries=3");
-        assert_eq!(
-            with_bounded_reconnection("iggy://u:p@h:1?nodelay=true"),
-            format!("{url}?nodelay=true&reconnection_retries=3")
-        );
-        let unlimited = "iggy://u:p@h:1?nodelay=true&reconnection_retries=unlimited";
-        assert_eq!(with_bounded_reconnection(unlimited), unlimited);
     }
 }

@@ -61,7 +61,8 @@
 //! (`forwarding`): what it does not define goes to the log it wraps.
 //!
 //! Files: `embedded` and `iggy` (with `iggy_headers`, its header codec,
-//! and `iggy_tls`, Iggy over TLS) are the backends; `polled` holds a
+//! `iggy_nodes`, the servers of one log or a cluster's nodes, and
+//! `iggy_tls`, Iggy over TLS) are the backends; `polled` holds a
 //! poll's records in one buffer; `loss` checks that the log kept what it
 //! acknowledged; `forwarding` is the forwarding trait; `test_support`
 //! (feature `test-support`) holds the test doubles other crates' tests use.
@@ -80,6 +81,7 @@ pub mod embedded;
 pub(crate) mod forwarding;
 pub mod iggy;
 mod iggy_headers;
+mod iggy_nodes;
 pub(crate) mod iggy_tls;
 pub mod loss;
 pub(crate) mod polled;
@@ -89,6 +91,7 @@ pub mod test_support;
 pub use embedded::EmbeddedLog;
 pub use forwarding::{ForwardingLog, poll_by_reading};
 pub use iggy::IggyLog;
+pub use iggy_nodes::NodesError;
 pub use polled::{EncodedRecord, PolledBatch, RecordView};
 
 /// `scheme://user:password@host…` with the password replaced by `****`, for
@@ -334,6 +337,9 @@ pub enum LogError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The addresses of an Iggy cluster cannot be used.
+    #[error(transparent)]
+    Nodes(#[from] NodesError),
     /// The log cannot be reached right now (a server went away, a
     /// connection dropped); trying again later may succeed. The consumer
     /// retries these with a backoff instead of stopping.
@@ -602,6 +608,47 @@ pub trait EventLog: Send + Sync + 'static {
         let _ = (topic, group);
         async { Err(LogError::NoConsumerGroups) }
     }
+
+    /// The servers behind the log, which one leads and how often the log
+    /// moved between them, for `/status` and `waku status`; `None` (the
+    /// default) for a log that is one process (the embedded log, one Iggy
+    /// server).
+    fn nodes(&self) -> impl Future<Output = Result<Option<LogNodes>, LogError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// How many times the log moved to another of its servers after a
+    /// session with one broke (an Iggy cluster's failovers); 0 (the
+    /// default) for a log of one process.
+    fn failovers(&self) -> u64 {
+        0
+    }
+}
+
+/// The nodes of a replicated log as its leader describes them
+/// ([`EventLog::nodes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogNodes {
+    /// Every node of the roster.
+    pub nodes: Vec<LogNode>,
+    /// The address (`host:port`) this host's connection dialled last.
+    pub connected: String,
+    /// How many times this host moved to another node after a session
+    /// broke.
+    pub failovers: u64,
+}
+
+/// One node of a replicated log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogNode {
+    /// Its name in the roster.
+    pub name: String,
+    /// Its client address (`host:port`).
+    pub address: String,
+    /// Whether it leads (takes the appends).
+    pub leader: bool,
+    /// Its status as the roster says (`healthy`, `unreachable`, …).
+    pub status: String,
 }
 
 /// Appends a record read from `topic`'s `partition` to a polled batch; one

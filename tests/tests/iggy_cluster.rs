@@ -1,0 +1,194 @@
+//! The platform on a three-node Apache Iggy cluster whose nodes die: the
+//! leader SIGKILLed mid-run (several times), a follower killed, the whole
+//! cluster stopped and started, a publish through a failover. Each checks
+//! every event applied exactly once against the oracle, and that nothing
+//! hung (each run has a deadline).
+//!
+//! Every test starts its own cluster on free loopback ports from the
+//! server binary named by `WAKU_IGGY_SERVER`
+//! ([`wakuwaku_tests::iggy_cluster`]), and otherwise prints one line saying
+//! it was skipped. One test runs at a time: three nodes each are all a
+//! small machine takes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::publish;
+use wakuwaku::engine::consumer::ConsumerConfig;
+use wakuwaku::engine::progress::Progress;
+use wakuwaku::operations::host::{Host, HostSettings};
+use wakuwaku::storage::log::{EventLog, IggyLog};
+use wakuwaku::storage::state::StateStore;
+use wakuwaku_tests::iggy_cluster::IggyCluster;
+use wakuwaku_tests::{bank_module, host_settings, publish_bank};
+
+/// Held by each test for its whole run.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const TOPIC: &str = "accounts";
+const PARTITIONS: u32 = 4;
+/// How long a node's death may hold a run up, at most, before the test
+/// calls it hung.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+fn bank_host(dir: &std::path::Path) -> HostSettings {
+    let config = ConsumerConfig {
+        batch_size: 200,
+        log_backoff: (Duration::from_millis(50), Duration::from_millis(500)),
+        ..ConsumerConfig::default()
+    };
+    host_settings(&dir.join("host"), "bank", TOPIC, vec![bank_module()], config)
+}
+
+/// The oracle check of one host's store, which holds every partition.
+fn check(oracle: &Oracle, store: &StateStore) -> demo::OracleCheck {
+    let module = bank_module();
+    let opened = demo::bank_tag(&*module, demo::event_name::OPENED).unwrap();
+    let mut instance = module.instantiate().unwrap();
+    let open_accounts =
+        store.counters().unwrap().into_iter().find(|(name, _)| name == demo::OPEN_ACCOUNTS).map_or(0, |(_, v)| v);
+    demo::check(oracle, open_accounts, |account| -> Result<_, ()> {
+        let body = serde_json::to_vec(&serde_json::json!({ "account": account, "owner": "" })).unwrap();
+        let key = instance.key(opened, &body).unwrap();
+        Ok(store.get(&key, demo::ACCOUNT_ENTRY).unwrap())
+    })
+    .unwrap()
+}
+
+/// Waits until the consumer has replayed `events`, or 120 s.
+async fn replayed(progress: &Progress, events: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while progress.replayed().0 < events && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Publishes the bank workload `spec` through the cluster, runs a host
+/// over it with `disturb` acting on the cluster meanwhile, and checks the
+/// read model against the oracle: every event applied once.
+async fn bank_through<F, Fut>(what: &str, spec: WorkloadSpec, disturb: F) -> Option<u64>
+where
+    F: FnOnce(IggyCluster, Arc<Progress>) -> Fut,
+    Fut: Future<Output = IggyCluster> + Send + 'static,
+{
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = IggyCluster::from_env(what)?;
+    cluster.leader(Duration::from_secs(60)).await.expect("the cluster elects a leader");
+    let url = cluster.url();
+    let publisher = IggyLog::connect(&url, "waku-cluster").await.unwrap();
+    let oracle = publish_bank(&publisher, bank_module(), spec, PARTITIONS).await;
+    drop(publisher);
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(IggyLog::connect(&url, "waku-cluster").await.unwrap());
+    let host = Host::start_on(log.clone(), bank_host(dir.path())).await.unwrap();
+    let projection = host.projection().clone();
+    let disturbing = tokio::spawn(disturb(cluster, host.progress().clone()));
+    let summary = tokio::time::timeout(RUN_LIMIT, host.finished())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the host caught up within {RUN_LIMIT:?}"))
+        .unwrap();
+    let cluster = disturbing.await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (spec.events as u64, 0), "{what}: every event once");
+    let check = check(&oracle, projection.store());
+    assert!(check.matches(), "{what}: {}", check.report(5));
+    for partition in 0..PARTITIONS {
+        let end = log.end_offset(TOPIC, partition).await.unwrap();
+        assert_eq!(projection.store().position(TOPIC, partition).unwrap(), Some(end), "{what}: partition {partition}");
+    }
+    drop(cluster);
+    Some(log.failovers())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_three_times_mid_run_loses_and_repeats_nothing() {
+    let spec = WorkloadSpec { events: 30_000, accounts: 500, seed: 21 };
+    let failovers = bank_through("leader kills", spec, |mut cluster, progress| async move {
+        for at in [5_000, 12_000, 19_000] {
+            replayed(&progress, at).await;
+            let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
+            cluster.kill(leader);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            cluster.start(leader);
+        }
+        cluster
+    })
+    .await;
+    if let Some(failovers) = failovers {
+        assert!(failovers >= 3, "each kill of the leader moved the host: {failovers} failovers");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_killed_mid_run_moves_nothing() {
+    let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 22 };
+    let failovers = bank_through("a follower's kill", spec, |mut cluster, progress| async move {
+        replayed(&progress, 6_000).await;
+        let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
+        let follower = (leader + 1) % 3;
+        cluster.kill(follower);
+        replayed(&progress, 14_000).await;
+        cluster.start(follower);
+        cluster
+    })
+    .await;
+    if let Some(failovers) = failovers {
+        assert_eq!(failovers, 0, "the host stayed on the leader");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_stopped_and_started_mid_run_loses_nothing() {
+    let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 23 };
+    bank_through("the whole cluster's restart", spec, |mut cluster, progress| async move {
+        replayed(&progress, 6_000).await;
+        for node in 0..3 {
+            cluster.stop(node);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for node in 0..3 {
+            cluster.start(node);
+        }
+        cluster
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_through_a_failover_stores_every_line_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut cluster) = IggyCluster::from_env("a publish through a failover") else { return };
+    let leader = cluster.leader(Duration::from_secs(60)).await.expect("the cluster elects a leader");
+    let log = IggyLog::connect(&cluster.url(), "waku-cluster").await.unwrap();
+    log.create_topic(TOPIC, PARTITIONS).await.unwrap();
+    let module = bank_module();
+    let (events, _) = demo::workload(WorkloadSpec { events: 60_000, accounts: 500, seed: 24 });
+    let outgoing = demo::outgoing(&*module, &events).unwrap();
+    let mut expected: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
+    for event in &outgoing {
+        *expected.entry(event.body.clone()).or_default() += 1;
+    }
+    let publishing = async { publish::publish(&log, TOPIC, module.clone(), outgoing, None, 2).await };
+    let killing = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.kill(leader);
+    };
+    let (published, ()) = tokio::join!(publishing, killing);
+    let published = published.expect("the publish waited out the election");
+    assert_eq!(published, 60_000);
+    let mut seen: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
+    for partition in 0..PARTITIONS {
+        let end = log.end_offset(TOPIC, partition).await.unwrap();
+        let mut from = 0;
+        while from < end {
+            for stored in log.read(TOPIC, partition, from, 4096).await.unwrap() {
+                from = stored.offset + 1;
+                *seen.entry(stored.record.body).or_default() += 1;
+            }
+        }
+    }
+    assert!(log.failovers() >= 1, "the publisher failed over");
+    assert!(seen == expected, "every line stored once: {} bodies seen, {} expected", seen.len(), expected.len());
+}
