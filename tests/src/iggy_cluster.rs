@@ -29,6 +29,20 @@ pub const SERVER_VARIABLE: &str = "WAKU_IGGY_SERVER";
 /// The nodes of a cluster.
 const NODES: usize = 3;
 
+/// The variable naming the server binary, if set.
+pub fn server_binary(what: &str) -> Option<PathBuf> {
+    let binary = std::env::var_os(SERVER_VARIABLE).map(PathBuf::from);
+    if binary.is_none() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {what} needs Iggy's server binary named by {SERVER_VARIABLE} (built from apache/iggy: cargo \
+             build --release -p server; see docs/iggy.md)"
+        );
+    }
+    binary
+}
+
 /// One node's ports.
 #[derive(Debug, Clone, Copy)]
 struct Ports {
@@ -49,33 +63,34 @@ impl IggyCluster {
     /// A cluster of the server `WAKU_IGGY_SERVER` names, started and with a
     /// leader; `None`, after one line saying `what` was skipped, without it.
     pub fn from_env(what: &str) -> Option<Self> {
-        let Some(binary) = std::env::var_os(SERVER_VARIABLE) else {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: {what} needs Iggy's server binary named by {SERVER_VARIABLE} (built from apache/iggy: \
-                 cargo build --release -p server; see docs/iggy.md)"
-            );
-            return None;
-        };
-        Some(Self::start_all(PathBuf::from(binary)))
+        server_binary(what).map(|binary| Self::start_nodes(binary, NODES))
     }
 
-    /// Starts every node of a new cluster of `binary`.
-    pub fn start_all(binary: PathBuf) -> Self {
-        let ports = free_ports(NODES * 3).chunks(3).map(|p| Ports { tcp: p[0], http: p[1], replica: p[2] }).collect();
+    /// One server of `binary`, not a cluster: what the cluster's figures
+    /// are measured against.
+    pub fn single(binary: PathBuf) -> Self {
+        Self::start_nodes(binary, 1)
+    }
+
+    /// Starts `count` nodes of `binary`: a cluster, or one server alone.
+    pub fn start_nodes(binary: PathBuf, count: usize) -> Self {
+        let ports = free_ports(count * 3).chunks(3).map(|p| Ports { tcp: p[0], http: p[1], replica: p[2] }).collect();
         let mut cluster =
             Self { binary, dir: tempfile::tempdir().expect("a temporary directory"), ports, nodes: Vec::new() };
-        cluster.nodes = (0..NODES).map(|_| None).collect();
-        for node in 0..NODES {
+        cluster.nodes = (0..count).map(|_| None).collect();
+        for node in 0..count {
             cluster.start(node);
         }
         cluster
     }
 
+    fn count(&self) -> usize {
+        self.ports.len()
+    }
+
     /// The URL naming every node, as a user gives it to `--iggy`.
     pub fn url(&self) -> String {
-        let addresses: Vec<String> = (0..NODES).map(|node| self.address(node)).collect();
+        let addresses: Vec<String> = (0..self.count()).map(|node| self.address(node)).collect();
         format!("iggy://iggy:iggy@{}", addresses.join(","))
     }
 
@@ -91,7 +106,7 @@ impl IggyCluster {
 
     /// Which node an address (`host:port`) is.
     pub fn node_of(&self, address: &str) -> Option<usize> {
-        (0..NODES).find(|&node| self.address(node) == address)
+        (0..self.count()).find(|&node| self.address(node) == address)
     }
 
     /// Starts node `node` (again) on its data and ports.
@@ -117,13 +132,16 @@ impl IggyCluster {
             .env("IGGY_ROOT_USERNAME", "iggy")
             .env("IGGY_ROOT_PASSWORD", "iggy")
             .env("IGGY_SHARD_RUNTIME_CAPACITY", "256")
-            .env("IGGY_CLUSTER_ENABLED", "true")
-            .env("IGGY_CLUSTER_NAME", "waku-test")
-            .env("IGGY_MESSAGE_BUS_RECONNECT_PERIOD", "100ms")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("the log file"))
             .stderr(log);
-        for (index, ports) in self.ports.iter().enumerate() {
+        if self.count() > 1 {
+            command
+                .env("IGGY_CLUSTER_ENABLED", "true")
+                .env("IGGY_CLUSTER_NAME", "waku-test")
+                .env("IGGY_MESSAGE_BUS_RECONNECT_PERIOD", "100ms");
+        }
+        for (index, ports) in self.ports.iter().enumerate().filter(|_| self.count() > 1) {
             let var = |what: &str| format!("IGGY_CLUSTER_NODES_{index}_{what}");
             command
                 .env(var("NAME"), format!("node-{index}"))
@@ -170,7 +188,7 @@ impl IggyCluster {
         use iggy::prelude::{Client, ClusterClient, ClusterNodeRole, ClusterNodeStatus, IggyClient};
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            for node in (0..NODES).filter(|&node| self.runs(node)) {
+            for node in (0..self.count()).filter(|&node| self.runs(node)) {
                 let url = format!("{}?reconnection_retries=0", self.node_url(node));
                 let Ok(client) = IggyClient::from_connection_string(&url) else { continue };
                 let asked = async {
@@ -206,7 +224,7 @@ impl IggyCluster {
 
 impl Drop for IggyCluster {
     fn drop(&mut self) {
-        for node in 0..NODES {
+        for node in 0..self.count() {
             self.kill(node);
         }
     }

@@ -46,6 +46,7 @@ use wakuwaku::sandbox::handler::HandlerModule;
 use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku::storage::log::{EventLog, Record};
+use wakuwaku::storage::state::StateStore;
 
 pub mod flaky;
 pub mod group;
@@ -274,6 +275,22 @@ pub async fn bank_log(
     let log = Arc::new(EmbeddedLog::open(dir.join("log.redb")).expect("open log"));
     let oracle = publish_bank(&*log, module, spec, partitions).await;
     (log, oracle)
+}
+
+/// The bank oracle's check of one host's store, which holds every
+/// partition of `accounts`.
+pub fn check_bank_store(oracle: &Oracle, store: &StateStore) -> demo::OracleCheck {
+    let module = bank_module();
+    let opened = demo::bank_tag(&*module, demo::event_name::OPENED).unwrap();
+    let mut instance = module.instantiate().unwrap();
+    let open_accounts =
+        store.counters().unwrap().into_iter().find(|(name, _)| name == demo::OPEN_ACCOUNTS).map_or(0, |(_, v)| v);
+    demo::check(oracle, open_accounts, |account| -> Result<_, ()> {
+        let body = serde_json::to_vec(&serde_json::json!({ "account": account, "owner": "" })).unwrap();
+        let key = instance.key(opened, &body).unwrap();
+        Ok(store.get(&key, demo::ACCOUNT_ENTRY).unwrap())
+    })
+    .unwrap()
 }
 
 /// Publishes a seeded bank workload to topic `accounts` of `log` (created

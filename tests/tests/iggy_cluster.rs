@@ -14,15 +14,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wakuwaku::authoring::demo::{self, Oracle, WorkloadSpec};
+use wakuwaku::authoring::demo::{self, WorkloadSpec};
 use wakuwaku::authoring::publish;
 use wakuwaku::engine::consumer::ConsumerConfig;
 use wakuwaku::engine::progress::Progress;
 use wakuwaku::operations::host::{Host, HostSettings};
 use wakuwaku::storage::log::{EventLog, IggyLog};
-use wakuwaku::storage::state::StateStore;
 use wakuwaku_tests::iggy_cluster::IggyCluster;
-use wakuwaku_tests::{bank_module, host_settings, publish_bank};
+use wakuwaku_tests::{bank_module, check_bank_store, host_settings, publish_bank};
 
 /// Held by each test for its whole run.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -42,20 +41,6 @@ fn bank_host(dir: &std::path::Path) -> HostSettings {
     host_settings(&dir.join("host"), "bank", TOPIC, vec![bank_module()], config)
 }
 
-/// The oracle check of one host's store, which holds every partition.
-fn check(oracle: &Oracle, store: &StateStore) -> demo::OracleCheck {
-    let module = bank_module();
-    let opened = demo::bank_tag(&*module, demo::event_name::OPENED).unwrap();
-    let mut instance = module.instantiate().unwrap();
-    let open_accounts =
-        store.counters().unwrap().into_iter().find(|(name, _)| name == demo::OPEN_ACCOUNTS).map_or(0, |(_, v)| v);
-    demo::check(oracle, open_accounts, |account| -> Result<_, ()> {
-        let body = serde_json::to_vec(&serde_json::json!({ "account": account, "owner": "" })).unwrap();
-        let key = instance.key(opened, &body).unwrap();
-        Ok(store.get(&key, demo::ACCOUNT_ENTRY).unwrap())
-    })
-    .unwrap()
-}
 
 /// Waits until the consumer has replayed `events`, or 120 s.
 async fn replayed(progress: &Progress, events: u64) {
@@ -92,7 +77,7 @@ where
         .unwrap();
     let cluster = disturbing.await.unwrap();
     assert_eq!((summary.applied, summary.dead_lettered), (spec.events as u64, 0), "{what}: every event once");
-    let check = check(&oracle, projection.store());
+    let check = check_bank_store(&oracle, projection.store());
     assert!(check.matches(), "{what}: {}", check.report(5));
     for partition in 0..PARTITIONS {
         let end = log.end_offset(TOPIC, partition).await.unwrap();

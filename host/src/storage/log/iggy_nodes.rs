@@ -11,10 +11,12 @@
 //!   (`a:1,,b:2`), an address without a port, and the same address twice
 //!   ([`NodesError`]); nothing is dialled before the list is whole.
 //! - **A cluster never waits on a dead node.** The client crate redials its
-//!   node on a lost connection (forever, by default); for a cluster the
-//!   URL of each node gets `reconnection_retries=0` unless it sets the
-//!   option itself, so a call on a dead node fails at once and the log
-//!   dials the next node ([`Nodes::after`]). One server keeps the bounded
+//!   node on a lost connection (forever, by default), and first waits
+//!   until `reestablish_after` (5 s) has passed since it connected; for a
+//!   cluster the URL of each node gets `reconnection_retries=0` and
+//!   `reestablish_after=0s` unless it sets the options itself, so a call
+//!   on a dead node fails at once and the log dials the next node
+//!   ([`Nodes::after`]). One server keeps the bounded
 //!   redial of [`with_bounded_reconnection`]: there is nowhere else to go.
 //! - **Failover goes round the roster**, starting after the node that
 //!   failed, so every node is tried once before any is tried again.
@@ -143,10 +145,11 @@ pub(crate) fn with_bounded_reconnection(url: &str) -> String {
     with_default_option(url, "reconnection_retries=", "reconnection_retries=3")
 }
 
-/// A cluster node's `url`, whose client never redials it: the log moves
-/// to the next node instead.
+/// A cluster node's `url`, whose client never redials it, nor waits to:
+/// the log moves to the next node instead.
 fn without_redial(url: &str) -> String {
-    with_default_option(url, "reconnection_retries=", "reconnection_retries=0")
+    let url = with_default_option(url, "reconnection_retries=", "reconnection_retries=0");
+    with_default_option(&url, "reestablish_after=", "reestablish_after=0s")
 }
 
 #[cfg(test)]
@@ -166,17 +169,19 @@ mod tests {
         let nodes = Nodes::parse("iggy://u:p@a:1, b:2,c:3?nodelay=true").unwrap();
         assert!(nodes.is_cluster());
         assert_eq!(nodes.len(), 3);
-        assert_eq!(nodes.url(1), "iggy://u:p@b:2?nodelay=true&reconnection_retries=0");
+        assert_eq!(nodes.url(1), "iggy://u:p@b:2?nodelay=true&reconnection_retries=0&reestablish_after=0s");
+        let parsed = iggy::prelude::IggyClient::from_connection_string(nodes.url(1));
+        assert!(parsed.is_ok(), "the client takes the options: {:?}", parsed.err());
         assert_eq!(nodes.address(2), "c:3");
         // A redial the URL asks for is kept.
-        let kept = Nodes::parse("iggy://u:p@a:1,b:2?reconnection_retries=2").unwrap();
-        assert_eq!(kept.url(0), "iggy://u:p@a:1?reconnection_retries=2");
+        let kept = Nodes::parse("iggy://u:p@a:1,b:2?reconnection_retries=2&reestablish_after=1s").unwrap();
+        assert_eq!(kept.url(0), "iggy://u:p@a:1?reconnection_retries=2&reestablish_after=1s");
     }
 
     #[test]
     fn a_password_holding_commas_and_ats_is_not_an_address() {
         let nodes = Nodes::parse("iggy://u:p,@x@a:1,b:2").unwrap();
-        assert_eq!(nodes.url(0), "iggy://u:p,@x@a:1?reconnection_retries=0");
+        assert_eq!(nodes.url(0), "iggy://u:p,@x@a:1?reconnection_retries=0&reestablish_after=0s");
         assert_eq!(nodes.address(1), "b:2");
     }
 
