@@ -907,3 +907,43 @@ fn a_hostile_allocator_or_post_return_fails_the_call_as_a_trap_and_the_next_call
     assert_trap(instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("post-return")), "unreachable");
     instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
 }
+
+/// A module of the current contract sets and cancels timers through the
+/// import, within their rules, and the host fires them through `fire`: the
+/// fired timers are gone from the key, a `fire` call may set later ones
+/// only, and what it changes is staged as a `handle` call's is.
+#[test]
+fn timers_are_set_through_the_import_and_fired_through_the_export() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits { max_timer_payload: 4, max_timers_per_key: 3, ..PayloadLimits::default() };
+    let mut scope = harness.scope_with(1, payload);
+    let set = |name: &str, at: i64, len: u64| raw("timer-set", 1, json!({ "name": name, "delta": at, "len": len }));
+    let raw_call = |instance: &mut Box<dyn HandlerInstance>, scope: &mut KeyScope, bodies: Vec<Vec<u8>>| {
+        instance.handle(scope, EventTypeTag::new(8), &bodies)
+    };
+    for (name, at) in [("chain", 10), ("self", 20), ("gone", 30)] {
+        raw_call(&mut instance, &mut scope, set(name, at, 2)).unwrap();
+    }
+    raw_call(&mut instance, &mut scope, raw("timer-cancel", 1, json!({ "name": "gone" }))).unwrap();
+    let refused = |result: Result<(), CallError>| match result {
+        Err(CallError::Handler { message, .. }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(refused(raw_call(&mut instance, &mut scope, set("big", 40, 5))).contains("timer-payload-size:"));
+    assert!(refused(raw_call(&mut instance, &mut scope, set("max", i64::MAX, 0))).contains("timer-time:"));
+    raw_call(&mut instance, &mut scope, set("third", 50, 0)).unwrap();
+    assert!(refused(raw_call(&mut instance, &mut scope, set("fourth", 60, 0))).contains("timers-per-key:"));
+
+    let chain = scope.take_due(10).unwrap();
+    assert_eq!(instance.fire(&mut scope, &chain), Ok(true));
+    let selfish = scope.take_due(20).unwrap();
+    assert_eq!(instance.fire(&mut scope, &selfish), Ok(true));
+    assert_eq!(scope.get("fired"), Ok(Some(br#"["chain@10","self@20"]"#.to_vec())));
+    let refusal: String = serde_json::from_slice(&scope.get("refused").unwrap().unwrap()).unwrap();
+    assert!(refusal.contains("timer-at-firing:"), "{refusal}");
+    let timers = scope.into_outcome().timers.expect("the timers changed").in_order();
+    let pending: Vec<(&str, i64)> = timers.iter().map(|t| (t.name.as_str(), t.at)).collect();
+    assert_eq!(pending, [("chain-next", 15), ("third", 50)], "fired ones are gone, the one `fire` set is there");
+}
