@@ -947,3 +947,65 @@ fn timers_are_set_through_the_import_and_fired_through_the_export() {
     let pending: Vec<(&str, i64)> = timers.iter().map(|t| (t.name.as_str(), t.at)).collect();
     assert_eq!(pending, [("chain-next", 15), ("third", 50)], "fired ones are gone, the one `fire` set is there");
 }
+
+/// Through the consumer: the timers a batch's calls set are committed with
+/// it, as the key's partition's, each key's replaced as a whole; a call
+/// that fails keeps none of its timers, also those it set before the
+/// refusal (its events are dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_set_in_a_batch_are_committed_with_it_and_a_failed_calls_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(limits());
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    let raw = |key: u64, op: &str, name: &str, at: i64, count: u64| Outgoing {
+        tag: EventTypeTag::new(8),
+        body: serde_json::to_vec(&json!({
+            "key": key, "op": op, "name": name, "len": 1, "delta": at, "topic": "out",
+            "emit_key": [1], "count": count, "ignore": false,
+        }))
+        .unwrap(),
+    };
+    let events = vec![
+        raw(1, "timer-set", "close", 5_000, 1),
+        raw(2, "timer-set", "close", 3_000, 1),
+        raw(1, "timer-set", "close", 7_000, 1), // moves key 1's timer
+        raw(2, "timer-set", "t{i}", 9_000, 2),
+        raw(2, "timer-cancel", "t0", 0, 1),
+        // One call of key 3's two events (one run), refused on its second
+        // set (a name of 129 bytes): the call fails, and its first timer
+        // is not kept either.
+        raw(3, "timer-set", "x", 1_000, 1),
+        raw(3, "timer-set", &"y".repeat(129), 1_000, 1),
+    ];
+    publish::publish(&*log, "probes", module.clone(), events, None, 2).await.unwrap();
+    let config = ConsumerConfig { batch_size: 3, ..Default::default() };
+    let (summary, projection) =
+        catch_up(&log, host_settings(dir.path(), "probe", "probes", vec![module], config)).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (5, 2), "{summary:?}");
+    let store = projection.store();
+    let timers = |key: u64| -> Vec<(String, i64)> {
+        let mut timers: Vec<(String, i64)> =
+            store.reader().unwrap().timers(&Key::int(key)).unwrap().into_iter().map(|t| (t.name, t.at)).collect();
+        timers.sort();
+        timers
+    };
+    assert_eq!(timers(1), [("close".to_owned(), 7_000)]);
+    assert_eq!(timers(2), [("close".to_owned(), 3_000), ("t1".to_owned(), 9_000)]);
+    assert!(timers(3).is_empty(), "the failed call's timers are not kept");
+    let summary = store.timer_summary(None).unwrap();
+    assert_eq!((summary.pending, summary.next_at), (3, Some(3_000)));
+    // Each key's timers belong to the partition its events are read from.
+    for partition in 0..2 {
+        let mut due: Vec<Key> =
+            store.due_timers(partition, i64::MAX, 10).unwrap().into_iter().map(|(k, _)| k).collect();
+        due.sort();
+        let mut expected: Vec<Key> = [1u64, 2]
+            .into_iter()
+            .map(Key::int)
+            .filter(|key| wakuwaku::event::partition_for(key.key_hash(), 2) == partition)
+            .collect();
+        expected.sort();
+        assert_eq!(due, expected, "partition {partition}");
+    }
+}
