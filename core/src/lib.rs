@@ -33,6 +33,8 @@
 //!   log's end offsets say so.
 //! - [`time_order`]: the fences that keep a key's timed events of
 //!   different types in event-time order through the planner.
+//! - [`timers`]: per-key event-time timers, and where each fires among its
+//!   key's released events.
 //! - [`terminal`]: which characters a terminal or a log line may receive
 //!   raw, and the escaping of everything else (a module's text).
 //!
@@ -55,3 +57,4 @@ pub mod reduce;
 pub mod release;
 pub mod terminal;
 pub mod time_order;
+pub mod timers;

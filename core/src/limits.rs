@@ -10,7 +10,7 @@
 //! - **Every refusal names its rule.** A [`Refusal`] (a value an import
 //!   refused) and a [`ContractError`] (a return value the host cannot use)
 //!   display as `<rule>: <what is wrong>`, where `<rule>` is a stable id
-//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler-0.4.wit`.
+//!   (`state-value-size`, `emit-topic`, …) also given in `wit/handler-0.5.wit`.
 //!   Tests and operators can match on it.
 //! - **A refused value leaves nothing behind.** [`CallTally`] counts a
 //!   value against the per-call limits only when it is accepted.
@@ -39,10 +39,15 @@ use serde::{Deserialize, Serialize};
 use crate::key::{Key, KeyError};
 
 /// The WIT package and version of the contract, e.g.
-/// `wakuwaku:handler@0.4.0`, read from `wit/handler-0.4.wit`: the same file
+/// `wakuwaku:handler@0.5.0`, read from `wit/handler-0.5.wit`: the same file
 /// the host's and the SDK's bindings are generated from, so the version is
 /// written down once.
-pub const CONTRACT: &str = package_of(include_str!("../../wit/handler-0.4.wit"));
+pub const CONTRACT: &str = package_of(include_str!("../../wit/handler-0.5.wit"));
+
+/// The version of the contract before timers, `wakuwaku:handler@0.4.0`,
+/// read from `wit/handler-0.4.wit` (kept as it was): the host still loads
+/// modules built for it, and never calls `fire` on them.
+pub const CONTRACT_0_4: &str = package_of(include_str!("../../wit/handler-0.4.wit"));
 
 /// The version of the contract before `timed-relaxed`,
 /// `wakuwaku:handler@0.3.0`, read from `wit/handler-0.3.wit` (kept as it
@@ -72,6 +77,8 @@ pub const MAX_ERROR_MESSAGE_BYTES: usize = 4 << 10;
 /// counter change besides its name and value: the bookkeeping it keeps per
 /// entry.
 pub const WRITE_OVERHEAD: usize = 64;
+/// The longest timer name, in bytes (`timer-name`).
+pub const MAX_TIMER_NAME_BYTES: usize = 128;
 /// What the host counts against the batch budget for each emitted message
 /// besides its topic, key and body: the headers and bookkeeping it keeps.
 pub const EMIT_OVERHEAD: usize = 512;
@@ -244,6 +251,16 @@ pub struct PayloadLimits {
     /// (`entries-per-key`): setting a new entry past it is refused,
     /// overwriting or deleting one never is. Default 1 000.
     pub max_entries_per_key: usize,
+    /// Largest payload of a timer, in bytes (`timer-payload-size`).
+    /// Default 1 KiB.
+    pub max_timer_payload: usize,
+    /// Most timers one key may hold, committed plus this batch's
+    /// (`timers-per-key`): setting a new one past it is refused, moving or
+    /// cancelling one never is. Default 100.
+    pub max_timers_per_key: usize,
+    /// Most timers a projection may hold, committed plus those the
+    /// batches in flight add (`timers-in-all`). Default 1 000 000.
+    pub max_timers: usize,
 }
 
 impl Default for PayloadLimits {
@@ -261,6 +278,9 @@ impl Default for PayloadLimits {
             max_batch_held: 64 << 20,
             max_counters: 10_000,
             max_entries_per_key: 1_000,
+            max_timer_payload: 1 << 10,
+            max_timers_per_key: 100,
+            max_timers: 1_000_000,
         }
     }
 }
@@ -303,7 +323,7 @@ impl PayloadLimits {
     /// (`Store::set_hostcall_fuel`, 128 MiB by default), so an argument
     /// past it traps its call (`import-size`) before it is copied.
     pub fn most_lifted_per_call(&self) -> usize {
-        let largest = self.max_state_value.max(self.max_emit_body).max(self.max_log_line);
+        let largest = self.max_state_value.max(self.max_emit_body).max(self.max_log_line).max(self.max_timer_payload);
         largest.saturating_add(crate::key::MAX_KEY_BYTES).saturating_add(LIFT_ROOM)
     }
 
@@ -323,6 +343,9 @@ impl PayloadLimits {
             ("max_batch_held", self.max_batch_held),
             ("max_counters", self.max_counters),
             ("max_entries_per_key", self.max_entries_per_key),
+            ("max_timer_payload", self.max_timer_payload),
+            ("max_timers_per_key", self.max_timers_per_key),
+            ("max_timers", self.max_timers),
         ];
         if let Some((name, _)) = fields.iter().find(|(_, value)| *value == 0) {
             return Err(LimitsError::Zero(name));
@@ -340,8 +363,8 @@ impl PayloadLimits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// `state` or `emit` called outside `handle`.
-    #[error("outside-handle: `{interface}` is only available while `handle` runs")]
+    /// `state`, `emit` or `timers` called outside `handle` and `fire`.
+    #[error("outside-handle: `{interface}` is only available while `handle` or `fire` runs")]
     OutsideHandle {
         /// The interface called.
         interface: &'static str,
@@ -478,6 +501,129 @@ pub enum Refusal {
         /// The call's total with this message.
         would: usize,
     },
+    /// A timer name that is empty, too long or holds a NUL.
+    #[error("timer-name: a timer name is 1 to {MAX_TIMER_NAME_BYTES} bytes without NUL; {what}")]
+    TimerName {
+        /// What is wrong with this one.
+        what: String,
+    },
+    /// A timer payload over the limit.
+    #[error("timer-payload-size: timer `{name}` has a payload of {length} bytes, over the limit of {limit} bytes")]
+    TimerPayloadSize {
+        /// The timer's name.
+        name: String,
+        /// The payload's length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A timer at the largest time, which no clock passes.
+    #[error("timer-time: timer `{name}` is set at {at}, the largest time, which no clock ever passes")]
+    TimerTime {
+        /// The timer's name.
+        name: String,
+        /// Its time.
+        at: i64,
+    },
+    /// During `fire`, a timer set at or before the time being fired.
+    #[error(
+        "timer-at-firing: timer `{name}` is set at {at} while the timers at {firing} fire; a call that fires timers \
+         sets timers only later than them"
+    )]
+    TimerAtFiring {
+        /// The timer's name.
+        name: String,
+        /// Its time.
+        at: i64,
+        /// The time of the timers being fired.
+        firing: i64,
+    },
+    /// A new timer past the per-key limit.
+    #[error(
+        "timers-per-key: a key holds at most {limit} timers (it holds {held}); timer `{name}` would be a new one \
+         (moving or cancelling one is allowed)"
+    )]
+    TimersPerKey {
+        /// The new timer's name.
+        name: String,
+        /// The timers the key holds.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A new timer past the projection's limit.
+    #[error(
+        "timers-in-all: a projection holds at most {limit} timers (it holds {held}); timer `{name}` would be a new one"
+    )]
+    TimersInAll {
+        /// The new timer's name.
+        name: String,
+        /// The timers the projection holds.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Checks a timer `set` as a value (`timer-name`, `timer-payload-size`,
+/// `timer-time`, and during `fire` at `firing`, `timer-at-firing`); the
+/// counts are [`check_timers_per_key`] and the host's.
+pub fn check_timer(
+    limits: &PayloadLimits,
+    name: &str,
+    at: i64,
+    payload_len: usize,
+    firing: Option<i64>,
+) -> Result<(), Refusal> {
+    check_timer_name(name)?;
+    if payload_len > limits.max_timer_payload {
+        return Err(Refusal::TimerPayloadSize {
+            name: quoted(name),
+            length: payload_len,
+            limit: limits.max_timer_payload,
+        });
+    }
+    if at == i64::MAX {
+        return Err(Refusal::TimerTime { name: quoted(name), at });
+    }
+    match firing {
+        Some(firing) if !crate::timers::later_than_firing(at, firing) => {
+            Err(Refusal::TimerAtFiring { name: quoted(name), at, firing })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The rules a timer name keeps: 1 to [`MAX_TIMER_NAME_BYTES`] bytes, no
+/// NUL.
+pub fn check_timer_name(name: &str) -> Result<(), Refusal> {
+    if name.is_empty() || name.len() > MAX_TIMER_NAME_BYTES {
+        return Err(Refusal::TimerName { what: format!("this one has {} bytes", name.len()) });
+    }
+    match name.bytes().position(|byte| byte == 0) {
+        Some(at) => Err(Refusal::TimerName { what: format!("this one has a NUL at byte {at}") }),
+        None => Ok(()),
+    }
+}
+
+/// Checks a set that would make timer `name` a new one, while the key
+/// holds `held` timers (committed, plus its changes in the batch): refused
+/// at [`PayloadLimits::max_timers_per_key`].
+pub fn check_timers_per_key(limits: &PayloadLimits, name: &str, held: usize) -> Result<(), Refusal> {
+    match held < limits.max_timers_per_key {
+        true => Ok(()),
+        false => Err(Refusal::TimersPerKey { name: quoted(name), held, limit: limits.max_timers_per_key }),
+    }
+}
+
+/// Checks a set that would make timer `name` a new one, while the
+/// projection holds `held` timers (committed, plus those the batches in
+/// flight add): refused at [`PayloadLimits::max_timers`].
+pub fn check_timers_in_all(limits: &PayloadLimits, name: &str, held: usize) -> Result<(), Refusal> {
+    match held < limits.max_timers {
+        true => Ok(()),
+        false => Err(Refusal::TimersInAll { name: quoted(name), held, limit: limits.max_timers }),
+    }
 }
 
 /// The rules an entry or counter name keeps: 1 to [`MAX_NAME_BYTES`]
@@ -586,6 +732,29 @@ impl CallTally {
         self.state_bytes = would;
         self.held = self.held.saturating_add(bytes + WRITE_OVERHEAD);
         Ok(())
+    }
+
+    /// Checks a timer `set` of `name` at `at` with a payload of
+    /// `payload_len` bytes (during `fire` at `firing`): the timer's own
+    /// rules ([`check_timer`]), then, as a state write, against
+    /// `state-writes-per-call` and `state-bytes-per-call` (timers are kept
+    /// with the state).
+    pub fn timer_set(
+        &mut self,
+        limits: &PayloadLimits,
+        name: &str,
+        at: i64,
+        payload_len: usize,
+        firing: Option<i64>,
+    ) -> Result<(), Refusal> {
+        check_timer(limits, name, at, payload_len, firing)?;
+        self.write(limits, name.len() + payload_len)
+    }
+
+    /// Checks a timer `cancel` of `name`: a state write of its name.
+    pub fn timer_cancel(&mut self, limits: &PayloadLimits, name: &str) -> Result<(), Refusal> {
+        check_timer_name(name)?;
+        self.write(limits, name.len())
     }
 
     /// Checks a `counter-add` of `delta` to counter `name`, whose value as
@@ -876,6 +1045,9 @@ mod tests {
             max_batch_held: 64 << 20,
             max_counters: 3,
             max_entries_per_key: 2,
+            max_timer_payload: 4,
+            max_timers_per_key: 2,
+            max_timers: 5,
         }
     }
 
@@ -887,10 +1059,11 @@ mod tests {
     #[test]
     fn the_contract_is_read_from_the_wit_file() {
         assert!(CONTRACT.starts_with("wakuwaku:handler@"), "{CONTRACT}");
-        assert!(include_str!("../../wit/handler-0.4.wit").contains(&format!("package {CONTRACT};")));
+        assert!(include_str!("../../wit/handler-0.5.wit").contains(&format!("package {CONTRACT};")));
         assert_eq!(CONTRACT_0_2, "wakuwaku:handler@0.2.0", "the 0.2 contract is kept as it was");
         assert_eq!(CONTRACT_0_3, "wakuwaku:handler@0.3.0", "the 0.3 contract is kept as it was");
-        assert_eq!(CONTRACT, "wakuwaku:handler@0.4.0");
+        assert_eq!(CONTRACT_0_4, "wakuwaku:handler@0.4.0", "the 0.4 contract is kept as it was");
+        assert_eq!(CONTRACT, "wakuwaku:handler@0.5.0");
         assert_eq!(package_of("// x\npackage a:b@1.2.3;\nworld w {}"), "a:b@1.2.3");
     }
 
@@ -1002,6 +1175,39 @@ mod tests {
         tally.emit(&limits, &declared, "out", &key, b"1").unwrap();
         assert_eq!(rule(tally.emit(&limits, &declared, "out", &key, b"1").unwrap_err()), "emits-per-call");
         assert_eq!(tally.held, 13 + 6 + 2 * EMIT_OVERHEAD);
+    }
+
+    #[test]
+    fn timers_are_checked_as_values_and_counted_as_state_writes() {
+        let limits = PayloadLimits {
+            max_timer_payload: 4,
+            max_state_writes_per_call: 3,
+            max_timers_per_key: 2,
+            max_timers: 5,
+            ..PayloadLimits::default()
+        };
+        let mut tally = CallTally::default();
+        let long = "n".repeat(MAX_TIMER_NAME_BYTES + 1);
+        let refused = |result: Result<(), Refusal>| rule(result.unwrap_err());
+        assert_eq!(refused(tally.timer_set(&limits, "", 1, 0, None)), "timer-name");
+        assert_eq!(refused(tally.timer_set(&limits, &long, 1, 0, None)), "timer-name");
+        assert_eq!(refused(tally.timer_set(&limits, "a\0b", 1, 0, None)), "timer-name");
+        assert_eq!(refused(tally.timer_set(&limits, "close", 1, 5, None)), "timer-payload-size");
+        assert_eq!(refused(tally.timer_set(&limits, "close", i64::MAX, 0, None)), "timer-time");
+        assert_eq!(refused(tally.timer_set(&limits, "close", 7, 0, Some(7))), "timer-at-firing");
+        assert_eq!(refused(tally.timer_set(&limits, "close", 6, 0, Some(7))), "timer-at-firing");
+        assert_eq!(tally, CallTally::default(), "refused calls count nothing");
+        tally.timer_set(&limits, "close", 8, 4, Some(7)).unwrap();
+        tally.timer_set(&limits, "close", i64::MIN, 0, None).unwrap();
+        tally.timer_cancel(&limits, "close").unwrap();
+        assert_eq!((tally.state_writes, tally.state_bytes), (3, 5 + 4 + 5 + 5));
+        assert_eq!(refused(tally.timer_cancel(&limits, "close")), "state-writes-per-call");
+        check_timers_per_key(&limits, "x", 1).unwrap();
+        assert_eq!(refused(check_timers_per_key(&limits, "x", 2)), "timers-per-key");
+        check_timers_in_all(&limits, "x", 4).unwrap();
+        let message = check_timers_in_all(&limits, "x", 5).unwrap_err().to_string();
+        assert!(message.starts_with("timers-in-all: a projection holds at most 5 timers"), "{message}");
+        assert!(PayloadLimits { max_timers: 0, ..PayloadLimits::default() }.check().is_err());
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! What a handler can do during a call: state, counters, emit, log.
+//! What a handler can do during a call: state, counters, emit, log, timers.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use wakuwaku_core::key::Key;
+
+use wakuwaku_core::timers::Timer;
 
 use crate::event::Event;
 use crate::types::{Algebra, EventAtomicOrdering, HandlerError, Level};
@@ -41,6 +43,28 @@ pub trait HostApi {
     /// Writes a line to the host's log (cut and counted by the host; never
     /// fails).
     fn log(&mut self, level: Level, message: &str);
+    /// Sets the current key's timer `name` at event time `at` with
+    /// `payload` (a new one, or the one of that name moved). A host without
+    /// timers refuses (`outside-handle`).
+    fn timer_set(&mut self, name: &str, at: i64, payload: &[u8]) -> Result<(), Refusal> {
+        let _ = (name, at, payload);
+        Err(no_timers())
+    }
+    /// Cancels the current key's timer `name` (no error if there is none).
+    fn timer_cancel(&mut self, name: &str) -> Result<(), Refusal> {
+        let _ = name;
+        Err(no_timers())
+    }
+    /// The current key's timer `name`, as this call sees it.
+    fn timer_get(&mut self, name: &str) -> Result<Option<Timer>, Refusal> {
+        let _ = name;
+        Err(no_timers())
+    }
+}
+
+/// What a host without timers answers.
+fn no_timers() -> Refusal {
+    "outside-handle: `timers` is not available on this host".to_owned()
 }
 
 /// A message a handler publishes to another topic, with the headers the
@@ -185,6 +209,35 @@ impl<'a> Context<'a> {
         self.host
             .emit(Outgoing::new(topic, event)?)
             .map_err(|refusal| refused(format!("cannot emit {} to `{topic}`", E::NAME), refusal))
+    }
+
+    /// Sets the current key's timer `name` at event time `at` (ms since the
+    /// Unix epoch), carrying `payload` as JSON to the call that fires it
+    /// ([`OnTimers::fire`](crate::OnTimers::fire)): a new timer, or the one
+    /// of that name moved. It fires once the projection's clock passes
+    /// `at`, after every event of the key at or before `at` (see
+    /// `docs/timers.md`). A refusal (`timers-per-key`, `timer-payload-size`,
+    /// …) is an unrecoverable error naming the timer and the rule.
+    pub fn set_timer<T: Serialize + ?Sized>(&mut self, name: &str, at: i64, payload: &T) -> Result<(), HandlerError> {
+        let bytes = serde_json::to_vec(payload)
+            .map_err(|e| HandlerError::unrecoverable(format!("cannot encode the payload of timer `{name}`: {e}")))?;
+        self.set_timer_bytes(name, at, &bytes)
+    }
+
+    /// [`Context::set_timer`] with the payload as bytes.
+    pub fn set_timer_bytes(&mut self, name: &str, at: i64, payload: &[u8]) -> Result<(), HandlerError> {
+        self.host.timer_set(name, at, payload).map_err(|refusal| refused(format!("cannot set timer `{name}`"), refusal))
+    }
+
+    /// Cancels the current key's timer `name` (nothing happens if there is
+    /// none).
+    pub fn cancel_timer(&mut self, name: &str) -> Result<(), HandlerError> {
+        self.host.timer_cancel(name).map_err(|refusal| refused(format!("cannot cancel timer `{name}`"), refusal))
+    }
+
+    /// The current key's timer `name`, if it is pending.
+    pub fn timer(&mut self, name: &str) -> Result<Option<Timer>, HandlerError> {
+        self.host.timer_get(name).map_err(|refusal| refused(format!("cannot read timer `{name}`"), refusal))
     }
 
     /// Writes a line to the host's log.

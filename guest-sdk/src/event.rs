@@ -151,6 +151,19 @@ pub trait Handler<E: Event> {
     fn handle(ctx: &mut Context<'_>, events: &[E]) -> Result<(), HandlerError>;
 }
 
+/// Acts on a key's timers when the projection's clock passes them: a module
+/// that sets timers ([`Context::set_timer`]) implements it and names itself
+/// in [`export_module!`](crate::export_module) (`timers: MyModule`).
+///
+/// Every call gets the due timers of one key and one time, in name order;
+/// they are no longer pending. It may read and write state, emit, log and
+/// set timers later than these (`timer-at-firing`). On error nothing the
+/// call wrote is kept.
+pub trait OnTimers {
+    /// Fires `timers`, all of the key of `ctx` and of one time.
+    fn fire(ctx: &mut Context<'_>, timers: &[crate::Timer]) -> Result<(), HandlerError>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

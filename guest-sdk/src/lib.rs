@@ -116,7 +116,7 @@
 //! applies a key's timed events in event-time order across every topic of
 //! the projection (ties: the topic's place in the projection, then the
 //! position in the log), once the log's end offsets show nothing earlier
-//! can still come. The rules (in `wit/handler-0.4.wit`, "Event time"):
+//! can still come. The rules (in `wit/handler-0.5.wit`, "Event time"):
 //!
 //! - `event-time-declared`: a timed event whose `event_time` returns `None`
 //!   is not published (an unrecoverable error naming the rule); a message
@@ -192,7 +192,7 @@
 //!
 //! The host checks every value a handler hands it, and refuses one that
 //! breaks a rule with a message starting with the rule's id (the rules, and
-//! their limits, are in `wit/handler-0.4.wit` and
+//! their limits, are in `wit/handler-0.5.wit` and
 //! [`wakuwaku_core::limits`]): entry and counter names of 1 to 256 bytes
 //! (`name-length`) without NUL (`name-nul`), state values up to the host's limit
 //! (`state-value-size`), per call at most so many state writes, bytes,
@@ -236,25 +236,26 @@ mod types;
 mod wasm;
 
 pub use context::{Context, HostApi, Outgoing, Refusal};
-pub use event::{Event, Handler, PartitionKey};
+pub use event::{Event, Handler, OnTimers, PartitionKey};
 #[doc(hidden)]
 pub use module::__private;
 pub use module::{EventTypeInfo, Module, ModuleInfo};
 pub use types::{Algebra, ErrorClass, EventAtomicOrdering, EventTiming, EventTypeTag, HandlerError, Level};
 pub use wakuwaku_core::key::{Key, KeyError, KeyValue};
 pub use wakuwaku_core::limits::PayloadLimits;
+pub use wakuwaku_core::timers::Timer;
 
 /// The WIT package and version this SDK's components implement, read from
-/// `wit/handler-0.4.wit`.
+/// `wit/handler-0.5.wit`.
 pub const WIT_PACKAGE: &str = wakuwaku_core::limits::CONTRACT;
 
-/// Bindings generated from `wit/handler-0.4.wit` (world `module`); used by
+/// Bindings generated from `wit/handler-0.5.wit` (world `module`); used by
 /// [`export_module!`], not meant to be used directly.
 #[doc(hidden)]
 #[allow(missing_docs, unsafe_op_in_unsafe_fn, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/handler-0.4.wit",
+        path: "../wit/handler-0.5.wit",
         world: "module",
         pub_export_macro: true,
         default_bindings_module: "wakuwaku_guest::bindings",

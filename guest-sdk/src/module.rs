@@ -73,6 +73,17 @@ pub trait Module {
     /// Applies a chunk of bodies of one type to `key` ([`Handler::handle`]);
     /// state calls go to `host`.
     fn handle(host: &mut dyn HostApi, tag: u32, key: &Key, bodies: &[Vec<u8>]) -> Result<(), HandlerError>;
+    /// Fires `key`'s due `timers` of one time ([`OnTimers::fire`](crate::OnTimers::fire));
+    /// a module that names no `timers:` in
+    /// [`export_module!`](crate::export_module) sets none, and fails
+    /// unrecoverably if it is ever asked.
+    fn fire(host: &mut dyn HostApi, key: &Key, timers: &[crate::Timer]) -> Result<(), HandlerError> {
+        let _ = (host, key);
+        Err(HandlerError::unrecoverable(format!(
+            "the module handles no timers, but was asked to fire {} of them",
+            timers.len()
+        )))
+    }
 }
 
 /// Implements [`Module`] for a type from the event types it handles (and
@@ -82,7 +93,11 @@ pub trait Module {
 /// ```text
 /// wakuwaku_guest::export_module!(Bank: AccountOpened, Deposited, Withdrawn);
 /// wakuwaku_guest::export_module!(Audit: Deposited, Withdrawn; emits: ["audit-log", "alerts"]);
+/// wakuwaku_guest::export_module!(Sessions: Clicked; emits: ["sessions"]; timers: Sessions);
 /// ```
+///
+/// `timers: T` names the type whose [`OnTimers`](crate::OnTimers) fires
+/// the module's timers; a module without it sets no timers.
 ///
 /// The type must implement [`Handler<E>`](Handler) for every listed event
 /// type `E`. Checked at compile time, with the host's rules: 1 to 256 event
@@ -147,7 +162,7 @@ pub trait Module {
 /// ```
 #[macro_export]
 macro_rules! export_module {
-    ($module:ty : $($event:ty),+ $(,)? $(; emits: [$($topic:expr),* $(,)?])?) => {
+    ($module:ty : $($event:ty),+ $(,)? $(; emits: [$($topic:expr),* $(,)?])? $(; timers: $on:ty)?) => {
         const _: () = $crate::__private::check_event_types(&[$($crate::EventTypeInfo::of::<$event>()),+]);
         const _: () = $crate::__private::check_emits(&[$($($topic),*)?]);
 
@@ -217,6 +232,16 @@ macro_rules! export_module {
                 )+
                 ::core::result::Result::Err($crate::__private::unknown_tag(::core::stringify!($module), tag))
             }
+
+            $(
+                fn fire(
+                    host: &mut dyn $crate::HostApi,
+                    key: &$crate::Key,
+                    timers: &[$crate::Timer],
+                ) -> ::core::result::Result<(), $crate::HandlerError> {
+                    $crate::__private::fire::<$on>(host, key, timers)
+                }
+            )?
         }
 
         #[cfg(target_arch = "wasm32")]
@@ -343,6 +368,14 @@ pub mod __private {
     ) -> Result<(), HandlerError> {
         let events: Vec<E> = decode_all(bodies)?;
         M::handle(&mut Context::new(host, key), &events)
+    }
+
+    pub fn fire<M: crate::OnTimers>(
+        host: &mut dyn HostApi,
+        key: &Key,
+        timers: &[crate::Timer],
+    ) -> Result<(), HandlerError> {
+        M::fire(&mut Context::new(host, key), timers)
     }
 
     fn decode_all<E: Event>(bodies: &[Vec<u8>]) -> Result<Vec<E>, HandlerError> {

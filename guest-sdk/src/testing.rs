@@ -8,8 +8,11 @@
 //! host's messages: names, value and body sizes, per-call counts and bytes,
 //! declared emit topics, canonical keys, counters within `i64`, the state
 //! quotas (counters per projection, entries per key), log lines cut and
-//! counted. So a module that passes its native tests meets no new
-//! refusal in production.
+//! counted, the timer rules (names, payloads, timers per key and in all,
+//! `timer-at-firing`). So a module that passes its native tests meets no
+//! new refusal in production. [`MemoryHost::advance::<M>`] moves the clock
+//! and fires the due timers as the host does: per key in (time, name)
+//! order, all of one time in one call.
 //!
 //! ```
 //! # use serde::{Deserialize, Serialize};
@@ -45,11 +48,12 @@ use serde::de::DeserializeOwned;
 use wakuwaku_core::key::Key;
 use wakuwaku_core::limits::{
     CallTally, LogTally, PayloadLimits, check_combined_body, check_counter_count, check_entries_per_key, check_name,
-    error_message,
+    check_timer_name, check_timers_in_all, check_timers_per_key, error_message,
 };
 use wakuwaku_core::plan::{Plan, PlanRecord, Stage};
 use wakuwaku_core::reduce::{chunks, reduce};
 use wakuwaku_core::time_order::TimeOrder;
+use wakuwaku_core::timers::{KeyTimers, Timer};
 
 use crate::context::{HostApi, Outgoing, Refusal};
 use crate::event::{Event, Handler, PartitionKey};
@@ -79,6 +83,7 @@ pub struct LogLine {
 #[derive(Clone, Debug, Default)]
 pub struct MemoryHost {
     state: BTreeMap<Key, BTreeMap<String, Vec<u8>>>,
+    timers: BTreeMap<Key, KeyTimers>,
     counters: BTreeMap<String, i64>,
     emitted: Vec<Outgoing>,
     logs: Vec<LogLine>,
@@ -223,20 +228,63 @@ impl MemoryHost {
     /// messages are rolled back, and the error's message is cut to 4 KiB as
     /// the host cuts it.
     pub fn handle_bodies<M: Module>(&mut self, tag: u32, key: &Key, bodies: &[Vec<u8>]) -> Result<(), HandlerError> {
+        self.undoable(key, |host| M::handle(&mut host.scope::<M>(key), tag, key, bodies))
+    }
+
+    /// Runs one call about `key`; when it fails, takes back what it did to
+    /// the key's state and timers, the counters and the emitted messages.
+    fn undoable(
+        &mut self,
+        key: &Key,
+        call: impl FnOnce(&mut Self) -> Result<(), HandlerError>,
+    ) -> Result<(), HandlerError> {
         let state = self.state.get(key).cloned();
+        let timers = self.timers.get(key).cloned();
         let counters = self.counters.clone();
         let emitted = self.emitted.len();
-        let result = M::handle(&mut self.scope::<M>(key), tag, key, bodies);
-        if let Err(error) = result {
+        if let Err(error) = call(self) {
             match state {
                 Some(state) => self.state.insert(key.clone(), state),
                 None => self.state.remove(key),
+            };
+            match timers {
+                Some(timers) => self.timers.insert(key.clone(), timers),
+                None => self.timers.remove(key),
             };
             self.counters = counters;
             self.emitted.truncate(emitted);
             return Err(HandlerError::new(error.class, error_message(error.message)));
         }
         Ok(())
+    }
+
+    /// Moves the projection's clock to `clock` and fires every timer below
+    /// it, as the host does when no event of the key is left to apply
+    /// before them: each key's due timers in (time, name) order, all of
+    /// one time in one [`Module::fire`] call (timers a call sets below the
+    /// clock fire in turn), keys in the order of their earliest timer, then
+    /// their bytes. Stops at the first failing call (its changes taken
+    /// back, its timers pending again). Returns how many calls it made.
+    pub fn advance<M: Module>(&mut self, clock: i64) -> Result<usize, HandlerError> {
+        let mut calls = 0;
+        loop {
+            let next =
+                self.timers.iter().filter_map(|(key, timers)| Some((timers.first_due(clock)?, key.clone()))).min();
+            let Some((at, key)) = next else { return Ok(calls) };
+            self.undoable(&key, |host| {
+                let fired = host.timers.get_mut(&key).map(|timers| timers.take_at(at)).unwrap_or_default();
+                let mut scope = host.scope::<M>(&key);
+                scope.firing = Some(at);
+                M::fire(&mut scope, &key, &fired)
+            })?;
+            self.timers.retain(|_, timers| !timers.is_empty());
+            calls += 1;
+        }
+    }
+
+    /// The pending timers of `key`, in firing order.
+    pub fn timers(&self, key: &impl PartitionKey) -> Vec<Timer> {
+        self.timers.get(&key.to_key().expect("a key")).map(KeyTimers::in_order).unwrap_or_default()
     }
 
     /// The [`HostApi`] of one call of module `M` about `key`, to call
@@ -249,6 +297,7 @@ impl MemoryHost {
             emits: M::describe().emits,
             tally: CallTally::default(),
             log: LogTally::default(),
+            firing: None,
         }
     }
 
@@ -400,6 +449,8 @@ pub struct KeyScope<'a> {
     emits: &'static [&'static str],
     tally: CallTally,
     log: LogTally,
+    /// The time of the timers being fired, in a `fire` call.
+    firing: Option<i64>,
 }
 
 impl KeyScope<'_> {
@@ -480,6 +531,38 @@ impl HostApi for KeyScope<'_> {
             self.push_log(level, line);
         }
     }
+
+    fn timer_set(&mut self, name: &str, at: i64, payload: &[u8]) -> Result<(), Refusal> {
+        let limits = self.host.limits;
+        let before = self.tally;
+        self.tally.timer_set(&limits, name, at, payload.len(), self.firing).map_err(|r| r.to_string())?;
+        let in_all: usize = self.host.timers.values().map(KeyTimers::len).sum();
+        let timers = self.host.timers.entry(self.key.clone()).or_default();
+        if timers.get(name).is_none() {
+            let admitted = check_timers_per_key(&limits, name, timers.len())
+                .and_then(|()| check_timers_in_all(&limits, name, in_all));
+            if let Err(refusal) = admitted {
+                // Refused: the call's counts stay as they were.
+                self.tally = before;
+                return Err(refusal.to_string());
+            }
+        }
+        timers.set(Timer { name: name.to_owned(), at, payload: payload.to_vec() });
+        Ok(())
+    }
+
+    fn timer_cancel(&mut self, name: &str) -> Result<(), Refusal> {
+        self.tally.timer_cancel(&self.host.limits, name).map_err(|r| r.to_string())?;
+        if let Some(timers) = self.host.timers.get_mut(&self.key) {
+            timers.cancel(name);
+        }
+        Ok(())
+    }
+
+    fn timer_get(&mut self, name: &str) -> Result<Option<Timer>, Refusal> {
+        check_timer_name(name).map_err(|refusal| refusal.to_string())?;
+        Ok(self.host.timers.get(&self.key).and_then(|timers| timers.get(name)))
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +623,90 @@ mod tests {
     fn rule_of(error: &HandlerError) -> &str {
         // "<what>: <rule>: <detail>"
         error.message.split(": ").nth(1).unwrap_or_default()
+    }
+
+    /// A click at `at`; the session of its key ends 10 ms after its last
+    /// click.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Click {
+        key: u64,
+        at: i64,
+    }
+
+    impl Event for Click {
+        const TYPE_TAG: EventTypeTag = EventTypeTag::new(2);
+        const NAME: &'static str = "Click";
+        const TIMING: crate::EventTiming = crate::EventTiming::Timed;
+        type Key = u64;
+        fn key(&self) -> u64 {
+            self.key
+        }
+        fn event_time(&self) -> Option<i64> {
+            Some(self.at)
+        }
+    }
+
+    /// Counts clicks per session: each click moves the `end` timer, whose
+    /// payload is the count; firing it records the session and, at a
+    /// payload of 99, tries to set a timer at its own time (refused).
+    struct Sessions;
+
+    impl Handler<Click> for Sessions {
+        fn handle(ctx: &mut Context<'_>, events: &[Click]) -> Result<(), HandlerError> {
+            for click in events {
+                let count = match ctx.timer("end")? {
+                    Some(timer) => serde_json::from_slice::<u64>(&timer.payload).unwrap_or(0),
+                    None => 0,
+                };
+                ctx.set_timer("end", click.at + 10, &(count + 1))?;
+            }
+            Ok(())
+        }
+    }
+
+    impl crate::OnTimers for Sessions {
+        fn fire(ctx: &mut Context<'_>, timers: &[Timer]) -> Result<(), HandlerError> {
+            let mut sessions: Vec<(i64, u64)> = ctx.get("sessions")?.unwrap_or_default();
+            for timer in timers {
+                let count: u64 = serde_json::from_slice(&timer.payload).unwrap_or(0);
+                if count == 99 {
+                    ctx.set_timer("again", timer.at, &0)?;
+                }
+                sessions.push((timer.at, count));
+            }
+            ctx.set("sessions", &sessions)
+        }
+    }
+
+    crate::export_module!(Sessions: Click; timers: Sessions);
+
+    #[test]
+    fn timers_fire_when_the_clock_passes_them_in_time_order_and_keep_the_rules() {
+        let mut host =
+            MemoryHost::new().with_limits(PayloadLimits { max_timers_per_key: 1, ..PayloadLimits::default() });
+        let clicks = [Click { key: 1, at: 100 }, Click { key: 1, at: 105 }, Click { key: 2, at: 103 }];
+        host.handle::<Sessions, _>(&clicks).unwrap();
+        let pending: Vec<(String, i64)> = host.timers(&1u64).into_iter().map(|t| (t.name, t.at)).collect();
+        assert_eq!(pending, [("end".to_owned(), 115)], "the click at 105 moved the timer");
+        assert_eq!(host.advance::<Sessions>(113).unwrap(), 0, "nothing is due below 113 but key 2's at 113");
+        assert_eq!(host.advance::<Sessions>(114).unwrap(), 1);
+        assert_eq!(host.get::<Vec<(i64, u64)>>(&2u64, "sessions"), Some(vec![(113, 1)]));
+        assert_eq!(host.advance::<Sessions>(116).unwrap(), 1);
+        assert_eq!(host.get::<Vec<(i64, u64)>>(&1u64, "sessions"), Some(vec![(115, 2)]));
+        assert!(host.timers(&1u64).is_empty());
+        // `timer-at-firing`: a fire call sets timers only later than them;
+        // the failed call is taken back and its timer stays pending.
+        let mut scope = host.scope::<Sessions>(&Key::int(3));
+        scope.timer_set("end", 200, b"99").unwrap();
+        let refused = scope.timer_set("more", 1, b"").unwrap_err();
+        assert!(refused.starts_with("timers-per-key:"), "{refused}");
+        drop(scope);
+        let error = host.advance::<Sessions>(201).unwrap_err();
+        assert_eq!(rule_of(&error), "timer-at-firing", "{error}");
+        assert_eq!(host.timers(&3u64).len(), 1, "a failed fire keeps its timers");
+        assert_eq!(host.get::<Vec<(i64, u64)>>(&3u64, "sessions"), None);
+        // A module that names no timers fails if asked to fire.
+        assert!(<Ops as Module>::fire(&mut host.scope::<Ops>(&Key::int(1)), &Key::int(1), &[]).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 
 use crate::bindings::exports::wakuwaku::handler::handler as wit_handler;
-use crate::bindings::wakuwaku::handler::{emit, log, state, types as wit};
+use crate::bindings::wakuwaku::handler::{emit, log, state, timers, types as wit};
 use wakuwaku_core::key::Key;
 
 use crate::context::{HostApi, Outgoing, Refusal};
@@ -54,6 +54,15 @@ impl HostApi for WasmHost {
         };
         log::log(level, message);
     }
+    fn timer_set(&mut self, name: &str, at: i64, payload: &[u8]) -> Result<(), Refusal> {
+        timers::set(name, at, payload)
+    }
+    fn timer_cancel(&mut self, name: &str) -> Result<(), Refusal> {
+        timers::cancel(name)
+    }
+    fn timer_get(&mut self, name: &str) -> Result<Option<crate::Timer>, Refusal> {
+        Ok(timers::get(name)?.map(|t| crate::Timer { name: t.name, at: t.at, payload: t.payload }))
+    }
 }
 
 /// Exports a [`Module`] as the component's `handler` interface.
@@ -89,6 +98,14 @@ impl<M: Module> wit_handler::Guest for Export<M> {
         let key = Key::from_canonical(&key)
             .map_err(|e| error_to_wit(HandlerError::unrecoverable(format!("the host passed a bad key: {e}"))))?;
         M::handle(&mut WasmHost, tag, &key, &bodies).map_err(error_to_wit)
+    }
+
+    fn fire(key: Vec<u8>, timers: Vec<wit::Timer>) -> Result<(), wit::HandlerError> {
+        let key = Key::from_canonical(&key)
+            .map_err(|e| error_to_wit(HandlerError::unrecoverable(format!("the host passed a bad key: {e}"))))?;
+        let timers: Vec<crate::Timer> =
+            timers.into_iter().map(|t| crate::Timer { name: t.name, at: t.at, payload: t.payload }).collect();
+        M::fire(&mut WasmHost, &key, &timers).map_err(error_to_wit)
     }
 }
 

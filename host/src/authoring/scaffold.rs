@@ -20,7 +20,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::authoring::guest_build::python::{HANDLER_WIT, HANDLER_WIT_0_2, HANDLER_WIT_0_3, TESTED_COMPONENTIZE_PY};
+use crate::authoring::guest_build::python::{
+    HANDLER_WIT, HANDLER_WIT_0_2, HANDLER_WIT_0_3, HANDLER_WIT_0_5, TESTED_COMPONENTIZE_PY,
+};
 
 /// The language of a new project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -79,6 +81,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/wit/handler.wit", HANDLER_WIT_0_2),
     ("vendor/wakuwaku/wit/handler-0.3.wit", HANDLER_WIT_0_3),
     ("vendor/wakuwaku/wit/handler-0.4.wit", HANDLER_WIT),
+    ("vendor/wakuwaku/wit/handler-0.5.wit", HANDLER_WIT_0_5),
     ("vendor/wakuwaku/core/src/lib.rs", include_str!("../../../core/src/lib.rs")),
     ("vendor/wakuwaku/core/src/event.rs", include_str!("../../../core/src/event.rs")),
     ("vendor/wakuwaku/core/src/key.rs", include_str!("../../../core/src/key.rs")),
@@ -90,6 +93,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/core/src/release.rs", include_str!("../../../core/src/release.rs")),
     ("vendor/wakuwaku/core/src/terminal.rs", include_str!("../../../core/src/terminal.rs")),
     ("vendor/wakuwaku/core/src/time_order.rs", include_str!("../../../core/src/time_order.rs")),
+    ("vendor/wakuwaku/core/src/timers.rs", include_str!("../../../core/src/timers.rs")),
     ("vendor/wakuwaku/guest-sdk/src/lib.rs", include_str!("../../../guest-sdk/src/lib.rs")),
     ("vendor/wakuwaku/guest-sdk/src/context.rs", include_str!("../../../guest-sdk/src/context.rs")),
     ("vendor/wakuwaku/guest-sdk/src/event.rs", include_str!("../../../guest-sdk/src/event.rs")),
@@ -377,6 +381,7 @@ mod tests {
         assert_eq!(read("README.md").lines().count(), 3);
         assert_eq!(read("vendor/wakuwaku/wit/handler.wit"), HANDLER_WIT_0_2);
         assert_eq!(read("vendor/wakuwaku/wit/handler-0.4.wit"), HANDLER_WIT);
+        assert_eq!(read("vendor/wakuwaku/wit/handler-0.5.wit"), HANDLER_WIT_0_5);
         assert_eq!(read("vendor/wakuwaku/wit/handler-0.3.wit"), HANDLER_WIT_0_3);
         assert!(read("vendor/wakuwaku/guest-sdk/Cargo.toml").contains(&format!("version = \"{VERSION}\"")));
         let no_placeholder = |path: &PathBuf| !std::fs::read_to_string(empty.join(path)).unwrap().contains("{{");

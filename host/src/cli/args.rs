@@ -382,6 +382,16 @@ pub(super) struct LimitArgs {
     /// refused (`entries-per-key`), overwriting or deleting one is not.
     #[arg(long, default_value_t = PayloadLimits::default().max_entries_per_key, help_heading = PAYLOAD)]
     pub(super) max_entries_per_key: usize,
+    /// Largest payload of a timer, in bytes (`timer-payload-size`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_timer_payload, help_heading = PAYLOAD)]
+    pub(super) max_timer_payload_bytes: usize,
+    /// Most timers one key may hold; setting a new one past it is refused
+    /// (`timers-per-key`), moving or cancelling one is not.
+    #[arg(long, default_value_t = PayloadLimits::default().max_timers_per_key, help_heading = PAYLOAD)]
+    pub(super) max_timers_per_key: usize,
+    /// Most timers the projection may hold (`timers-in-all`).
+    #[arg(long, default_value_t = PayloadLimits::default().max_timers, help_heading = PAYLOAD)]
+    pub(super) max_timers: usize,
 }
 
 /// The help heading of the payload limits.
@@ -389,7 +399,7 @@ pub(super) const PAYLOAD: &str = "Payload limits (what a module may hand the hos
 
 impl LimitArgs {
     /// Every limit flag with its value, to refuse zeros by name.
-    pub(super) fn flags(&self) -> [(&'static str, u64); 20] {
+    pub(super) fn flags(&self) -> [(&'static str, u64); 23] {
         [
             ("--memory-mib", self.memory_mib as u64),
             ("--host-memory-mib", self.host_memory_mib as u64),
@@ -411,6 +421,9 @@ impl LimitArgs {
             ("--max-batch-held-mib", self.max_batch_held_mib as u64),
             ("--max-counters", self.max_counters as u64),
             ("--max-entries-per-key", self.max_entries_per_key as u64),
+            ("--max-timer-payload-bytes", self.max_timer_payload_bytes as u64),
+            ("--max-timers-per-key", self.max_timers_per_key as u64),
+            ("--max-timers", self.max_timers as u64),
         ]
     }
 
@@ -455,6 +468,9 @@ impl LimitArgs {
             max_batch_held: scaled(self.max_batch_held_mib, 20, "--max-batch-held-mib")?,
             max_counters: self.max_counters,
             max_entries_per_key: self.max_entries_per_key,
+            max_timer_payload: self.max_timer_payload_bytes,
+            max_timers_per_key: self.max_timers_per_key,
+            max_timers: self.max_timers,
         };
         // A `combine` body (at most this) may be routed to retry as one
         // record, which the embedded log must be able to hold.
@@ -618,6 +634,9 @@ mod tests {
             ("--max-batch-held-mib", "53"),
             ("--max-counters", "59"),
             ("--max-entries-per-key", "61"),
+            ("--max-timer-payload-bytes", "71"),
+            ("--max-timers-per-key", "73"),
+            ("--max-timers", "79"),
         ];
         let args = consume_args(&flags.iter().flat_map(|(flag, value)| [*flag, *value]).collect::<Vec<_>>());
         assert_eq!(args.limits.flags().len(), flags.len(), "a flag of LimitArgs is not tested here");
@@ -634,6 +653,9 @@ mod tests {
             max_batch_held: 53 << 20,
             max_counters: 59,
             max_entries_per_key: 61,
+            max_timer_payload: 71,
+            max_timers_per_key: 73,
+            max_timers: 79,
         };
         let expected = SandboxLimits {
             memory_bytes: 3 << 20,
@@ -753,6 +775,9 @@ mod tests {
             "--max-batch-held-mib",
             "--max-counters",
             "--max-entries-per-key",
+            "--max-timer-payload-bytes",
+            "--max-timers-per-key",
+            "--max-timers",
         ] {
             let args = consume_args(&[flag, "0"]);
             let error = sandbox(&args).err().expect("a zero limit is refused").to_string();

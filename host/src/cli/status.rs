@@ -113,6 +113,12 @@ fn print_counts(status: &admin::Status) -> Result<()> {
         status.undeliverable,
         status.outbox
     )?;
+    if let Some(next) = status.next_timer_ms {
+        outln!(
+            "timers: {} pending, the next due at {next} ms (fired once the clock passes it)",
+            status.timers_pending
+        )?;
+    }
     if status.order_violations > 0 || !status.more_topics.is_empty() {
         let also: Vec<String> = status.more_topics.iter().map(|topic| format!("`{topic}`")).collect();
         let also = if also.is_empty() { String::new() } else { format!("; also reads {}", also.join(", ")) };

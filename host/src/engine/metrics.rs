@@ -22,6 +22,8 @@
 //! | `waku_held_events`, `waku_held_bytes` | projection, partition | events (and their bytes) waiting for the clock |
 //! | `waku_input_clock_ms` | projection, topic, partition | the latest event time read from an input partition |
 //! | `waku_input_idle` | projection, topic, partition | 1 when the input partition reached an end offset the log reported (it no longer holds the clock), else 0 |
+//! | `waku_timers_pending` | projection | timers waiting for the projection's clock, at scrape time ([`crate::storage::state::StateBackend::timer_summary`]) |
+//! | `waku_timer_next_due_ms` | projection | the earliest time among them (absent while there are none), at scrape time |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::engine::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -128,6 +130,8 @@ pub struct Metrics {
     held_bytes: Family<PartitionLabels, Gauge>,
     input_clock: Family<InputLabels, Gauge>,
     input_idle: Family<InputLabels, Gauge>,
+    timers_pending: Family<ProjectionLabels, Gauge>,
+    timer_next_due: Family<ProjectionLabels, Gauge>,
     /// Per projection, the series labelled by module and type, and the
     /// newest module set recorded.
     by_module: Mutex<FxHashMap<String, ModuleSeries>>,
@@ -178,6 +182,8 @@ impl Default for Metrics {
             held_bytes: Family::default(),
             input_clock: Family::default(),
             input_idle: Family::default(),
+            timers_pending: Family::default(),
+            timer_next_due: Family::default(),
             registry: Registry::default(),
             by_module: Mutex::default(),
         };
@@ -192,6 +198,12 @@ impl Default for Metrics {
         registry.register("waku_handler_call_seconds", "Handler call latency", metrics.calls.clone());
         registry.register("waku_traps", "Handler calls that trapped", metrics.traps.clone());
         registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
+        registry.register("waku_timers_pending", "Timers waiting for the clock", metrics.timers_pending.clone());
+        registry.register(
+            "waku_timer_next_due_ms",
+            "The earliest time among the pending timers, ms since the epoch",
+            metrics.timer_next_due.clone(),
+        );
         registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
         registry.register("waku_log_unavailable", "Times the log was unreachable", metrics.unavailable.clone());
         registry.register(
@@ -347,6 +359,21 @@ impl Metrics {
         self.lag.get_or_create(&labels).set(i64::try_from(lag).unwrap_or(i64::MAX));
     }
 
+    /// Sets a projection's pending timers and the earliest of their times
+    /// (none: the series goes).
+    pub fn set_timers(&self, projection: &str, pending: u64, next_due: Option<i64>) {
+        let labels = ProjectionLabels { projection: projection.to_owned() };
+        self.timers_pending.get_or_create(&labels).set(i64::try_from(pending).unwrap_or(i64::MAX));
+        match next_due {
+            Some(at) => {
+                self.timer_next_due.get_or_create(&labels).set(at);
+            }
+            None => {
+                self.timer_next_due.remove(&labels);
+            }
+        }
+    }
+
     /// Counts a time the log could not be reached.
     pub fn log_unavailable(&self, projection: &str) {
         self.unavailable.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc();
@@ -470,6 +497,7 @@ mod tests {
         counts.call_times.push(Duration::from_millis(3));
         metrics.record("bank", &modules, &tally, 2, 1);
         metrics.set_lag("bank", 1, 42);
+        metrics.set_timers("bank", 3, Some(1_796_212_800_000));
         metrics.module_loaded("bank", true);
         let mut phases = PhaseTimes::default();
         phases.add(Phase::Commit, Duration::from_millis(2));
@@ -481,12 +509,18 @@ mod tests {
             r#"waku_events_dead_lettered_total{projection="bank",module="",event_type="malformed"} 1"#,
             r#"waku_handler_call_seconds_count{projection="bank",module=""} 1"#,
             r#"waku_partition_lag{projection="bank",partition="1"} 42"#,
+            r#"waku_timers_pending{projection="bank"} 3"#,
+            r#"waku_timer_next_due_ms{projection="bank"} 1796212800000"#,
             r#"waku_module_loads_total{projection="bank",result="ok"} 1"#,
             r#"waku_batch_phase_seconds_count{projection="bank",phase="commit"} 1"#,
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
         assert!(!text.contains(r#"phase="poll""#), "a phase the batch did not go through is observed:\n{text}");
+        metrics.set_timers("bank", 0, None);
+        let text = metrics.encode();
+        assert!(text.contains(r#"waku_timers_pending{projection="bank"} 0"#), "{text}");
+        assert!(!text.contains("waku_timer_next_due_ms{"), "no next due time without timers:\n{text}");
     }
 
     /// A module that declares one type and is never called.

@@ -524,6 +524,11 @@ async fn metrics<L: EventLog>(State(admin): State<Arc<Admin<L>>>) -> Response {
             admin.metrics.set_lag(admin.projection.name(), partition.partition, end.saturating_sub(partition.position));
         }
     }
+    // The store blocks (a PostgreSQL query, a file read): off the runtime.
+    let store = admin.projection.store().clone();
+    if let Ok(Ok(timers)) = tokio::task::spawn_blocking(move || store.timer_summary(None)).await {
+        admin.metrics.set_timers(admin.projection.name(), timers.pending, timers.next_at);
+    }
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], admin.metrics.encode()).into_response()
 }
@@ -835,6 +840,13 @@ pub struct Status {
     /// embedded log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_nodes: Option<crate::storage::log::LogNodes>,
+    /// Timers waiting for the projection's clock (`docs/timers.md`);
+    /// left out of the JSON while there are none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timers_pending: u64,
+    /// The earliest time among them, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_timer_ms: Option<i64>,
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -903,6 +915,7 @@ pub async fn status_of_topics<L: EventLog>(
         });
     }
     let stats = store.stats()?;
+    let timers = store.timer_summary(None)?;
     Ok(Status {
         projection: projection.to_owned(),
         topic: topic.to_owned(),
@@ -921,6 +934,8 @@ pub async fn status_of_topics<L: EventLog>(
         order_violations: stats[Stat::OrderViolations],
         event_time: Vec::new(),
         log_nodes: log.nodes().await?,
+        timers_pending: timers.pending,
+        next_timer_ms: timers.next_at,
     })
 }
 

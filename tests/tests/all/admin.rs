@@ -496,3 +496,42 @@ async fn a_host_refuses_an_open_endpoint_off_loopback_with_a_typed_error() {
     let Err(error) = Host::start(settings).await else { panic!("an open endpoint on 0.0.0.0 started") };
     assert!(matches!(error, HostError::AdminUnprotected { .. }), "{error}");
 }
+
+/// Pending timers and the earliest of them are on `/status`, `/metrics`
+/// and the status read from the files, as the store holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_timers_and_the_next_due_time_are_on_status_and_metrics() {
+    use wakuwaku::storage::state::{BatchCommit, TimerWrite};
+    use wakuwaku_core::timers::Timer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events: 10, accounts: 2, seed: 8 }, 1).await;
+    let store = StateStore::open(&dir.path().join("bank.redb")).unwrap();
+    let timer = |name: &str, at| Timer { name: name.into(), at, payload: vec![] };
+    let write = |key: u64, timers| TimerWrite { key: wakuwaku::key::Key::int(key), partition: 0, timers };
+    let timers = vec![write(1, vec![timer("a", 5_000), timer("b", 7_000)]), write(2, vec![timer("a", 3_000)])];
+    store.commit(BatchCommit { timers, ..BatchCommit::default() }).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module], store.clone()).unwrap());
+
+    let offline = admin::status(&*log, "bank", "accounts", &store, None, Default::default()).await.unwrap();
+    assert_eq!((offline.timers_pending, offline.next_timer_ms), (3, Some(3_000)));
+
+    let served = Served::bare(log.clone(), projection).await;
+    let base = format!("http://{}", served.address);
+    let (code, body) = get_async(&base, "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: Status = serde_json::from_str(&body).unwrap();
+    assert_eq!((status.timers_pending, status.next_timer_ms), (3, Some(3_000)));
+    let (code, metrics) = get_async(&base, "/metrics").await;
+    assert_eq!(code, 200, "{metrics}");
+    assert!(metrics.contains(r#"waku_timers_pending{projection="bank"} 3"#), "{metrics}");
+    assert!(metrics.contains(r#"waku_timer_next_due_ms{projection="bank"} 3000"#), "{metrics}");
+    served.stop().await;
+
+    // Without timers the status leaves them out of its JSON.
+    store.commit(BatchCommit { timers: vec![write(1, vec![]), write(2, vec![])], ..BatchCommit::default() }).unwrap();
+    let none = admin::status(&*log, "bank", "accounts", &store, None, Default::default()).await;
+    let none = serde_json::to_value(none.unwrap()).unwrap();
+    assert!(none.get("timers_pending").is_none() && none.get("next_timer_ms").is_none(), "{none}");
+}

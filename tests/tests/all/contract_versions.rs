@@ -5,7 +5,9 @@
 //! one projection, published and consumed by the same host; and a module
 //! built for 0.3 (`tests/guests/seen-0-3`, before `timed-relaxed`) loads
 //! and runs unchanged, its `timed` types applied in event-time order
-//! against each other.
+//! against each other; and a module built for 0.4 (`tests/guests/seen-0-4`,
+//! before timers) loads and runs unchanged, is never asked to fire a
+//! timer, and its `timed-relaxed` type stays relaxed.
 
 use std::collections::HashMap;
 
@@ -98,4 +100,45 @@ async fn a_module_of_the_0_3_contract_runs_unchanged_its_timed_types_in_event_ti
     let seen = projection.store().get(&Key::int(7u64), "seen").unwrap().expect("the 0.3 module wrote its state");
     let seen: Vec<String> = serde_json::from_slice(&seen).unwrap();
     assert_eq!(seen, ["O@1000", "S@2000", "O@3000", "S@4000", "O@5000", "S@6000"]);
+}
+
+/// `Ordered` (timed) and `Shipped` (timed-relaxed) of the 0.4 module.
+const ORDERED_0_4: EventTypeTag = EventTypeTag::new(320);
+const SHIPPED_0_4: EventTypeTag = EventTypeTag::new(321);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_of_the_0_4_contract_runs_unchanged_and_has_no_timers() {
+    let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
+    let module = load_module_file(&sandbox, &guest_wasm("tests/guests/seen-0-4")).expect("the 0.4 module loads");
+    let timings: HashMap<u32, EventTiming> = module.event_types().iter().map(|t| (t.tag.get(), t.timing)).collect();
+    assert_eq!(timings, HashMap::from([(320, EventTiming::Timed), (321, EventTiming::TimedRelaxed)]));
+    // It has no `fire`: the host never calls it, whatever it is handed.
+    let dir = tempfile::tempdir().unwrap();
+    let store = wakuwaku::storage::state::StateStore::open(&dir.path().join("scratch.redb")).unwrap();
+    let limits = wakuwaku::sandbox::handler::PayloadLimits::default();
+    let mut scope = wakuwaku::sandbox::handler::KeyScope::new(
+        Key::int(7u64),
+        std::sync::Arc::new(store.reader().unwrap()),
+        limits,
+        wakuwaku::sandbox::handler::BatchBudget::new(&limits),
+    );
+    let timer = wakuwaku_core::timers::Timer { name: "t".into(), at: 1, payload: vec![] };
+    assert_eq!(module.instantiate().unwrap().fire(&mut scope, &[timer]), Ok(false));
+
+    let log = std::sync::Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    let seen = |tag, at: i64| Outgoing { tag, body: serde_json::to_vec(&json!({"key": 7, "at": at})).unwrap() };
+    for (topic, tag, times) in [("orders", ORDERED_0_4, [1000, 3000]), ("shipments", SHIPPED_0_4, [2000, 4000])] {
+        log.create_topic(topic, 1).await.unwrap();
+        let events = times.iter().map(|&at| seen(tag, at)).collect();
+        publish::publish(&*log, topic, module.clone(), events, None, 1).await.unwrap();
+    }
+    let mut settings = host_settings(dir.path(), "seen", "orders", vec![module], ConsumerConfig::default());
+    settings.more_topics = vec!["shipments".to_owned()];
+    let (summary, projection) = catch_up(&log, settings).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered, summary.order_violations), (4, 0, 0), "{summary:?}");
+    let seen = projection.store().get(&Key::int(7u64), "seen").unwrap().expect("the 0.4 module wrote its state");
+    let mut seen: Vec<String> = serde_json::from_slice(&seen).unwrap();
+    // Each type in its own event-time order; relaxed against each other.
+    seen.sort_by_key(|entry| entry.starts_with('S'));
+    assert_eq!(seen, ["O@1000", "O@3000", "S@2000", "S@4000"]);
 }

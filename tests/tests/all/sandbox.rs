@@ -907,3 +907,105 @@ fn a_hostile_allocator_or_post_return_fails_the_call_as_a_trap_and_the_next_call
     assert_trap(instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("post-return")), "unreachable");
     instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
 }
+
+/// A module of the current contract sets and cancels timers through the
+/// import, within their rules, and the host fires them through `fire`: the
+/// fired timers are gone from the key, a `fire` call may set later ones
+/// only, and what it changes is staged as a `handle` call's is.
+#[test]
+fn timers_are_set_through_the_import_and_fired_through_the_export() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let payload = PayloadLimits { max_timer_payload: 4, max_timers_per_key: 3, ..PayloadLimits::default() };
+    let mut scope = harness.scope_with(1, payload);
+    let set = |name: &str, at: i64, len: u64| raw("timer-set", 1, json!({ "name": name, "delta": at, "len": len }));
+    let raw_call = |instance: &mut Box<dyn HandlerInstance>, scope: &mut KeyScope, bodies: Vec<Vec<u8>>| {
+        instance.handle(scope, EventTypeTag::new(8), &bodies)
+    };
+    for (name, at) in [("chain", 10), ("self", 20), ("gone", 30)] {
+        raw_call(&mut instance, &mut scope, set(name, at, 2)).unwrap();
+    }
+    raw_call(&mut instance, &mut scope, raw("timer-cancel", 1, json!({ "name": "gone" }))).unwrap();
+    let refused = |result: Result<(), CallError>| match result {
+        Err(CallError::Handler { message, .. }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(refused(raw_call(&mut instance, &mut scope, set("big", 40, 5))).contains("timer-payload-size:"));
+    assert!(refused(raw_call(&mut instance, &mut scope, set("max", i64::MAX, 0))).contains("timer-time:"));
+    raw_call(&mut instance, &mut scope, set("third", 50, 0)).unwrap();
+    assert!(refused(raw_call(&mut instance, &mut scope, set("fourth", 60, 0))).contains("timers-per-key:"));
+
+    let chain = scope.take_due(10).unwrap();
+    assert_eq!(instance.fire(&mut scope, &chain), Ok(true));
+    let selfish = scope.take_due(20).unwrap();
+    assert_eq!(instance.fire(&mut scope, &selfish), Ok(true));
+    assert_eq!(scope.get("fired"), Ok(Some(br#"["chain@10","self@20"]"#.to_vec())));
+    let refusal: String = serde_json::from_slice(&scope.get("refused").unwrap().unwrap()).unwrap();
+    assert!(refusal.contains("timer-at-firing:"), "{refusal}");
+    let timers = scope.into_outcome().timers.expect("the timers changed").in_order();
+    let pending: Vec<(&str, i64)> = timers.iter().map(|t| (t.name.as_str(), t.at)).collect();
+    assert_eq!(pending, [("chain-next", 15), ("third", 50)], "fired ones are gone, the one `fire` set is there");
+}
+
+/// Through the consumer: the timers a batch's calls set are committed with
+/// it, as the key's partition's, each key's replaced as a whole; a call
+/// that fails keeps none of its timers, also those it set before the
+/// refusal (its events are dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_set_in_a_batch_are_committed_with_it_and_a_failed_calls_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = probe(limits());
+    let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());
+    log.create_topic("probes", 2).await.unwrap();
+    let raw = |key: u64, op: &str, name: &str, at: i64, count: u64| Outgoing {
+        tag: EventTypeTag::new(8),
+        body: serde_json::to_vec(&json!({
+            "key": key, "op": op, "name": name, "len": 1, "delta": at, "topic": "out",
+            "emit_key": [1], "count": count, "ignore": false,
+        }))
+        .unwrap(),
+    };
+    let events = vec![
+        raw(1, "timer-set", "close", 5_000, 1),
+        raw(2, "timer-set", "close", 3_000, 1),
+        raw(1, "timer-set", "close", 7_000, 1), // moves key 1's timer
+        raw(2, "timer-set", "t{i}", 9_000, 2),
+        raw(2, "timer-cancel", "t0", 0, 1),
+        // One call of key 3's two events (one run), refused on its second
+        // set (a name of 129 bytes): the call fails, and its first timer
+        // is not kept either.
+        raw(3, "timer-set", "x", 1_000, 1),
+        raw(3, "timer-set", &"y".repeat(129), 1_000, 1),
+    ];
+    publish::publish(&*log, "probes", module.clone(), events, None, 2).await.unwrap();
+    let config = ConsumerConfig { batch_size: 3, ..Default::default() };
+    let (summary, projection) =
+        catch_up(&log, host_settings(dir.path(), "probe", "probes", vec![module], config)).await.unwrap();
+    assert_eq!((summary.applied, summary.dead_lettered), (5, 2), "{summary:?}");
+    let store = projection.store();
+    let timers = |key: u64| -> Vec<(String, i64)> {
+        let mut timers: Vec<(String, i64)> =
+            store.reader().unwrap().timers(&Key::int(key)).unwrap().into_iter().map(|t| (t.name, t.at)).collect();
+        timers.sort();
+        timers
+    };
+    assert_eq!(timers(1), [("close".to_owned(), 7_000)]);
+    assert_eq!(timers(2), [("close".to_owned(), 3_000), ("t1".to_owned(), 9_000)]);
+    assert!(timers(3).is_empty(), "the failed call's timers are not kept");
+    let summary = store.timer_summary(None).unwrap();
+    assert_eq!((summary.pending, summary.next_at), (3, Some(3_000)));
+    // Each key's timers belong to the partition its events are read from.
+    for partition in 0..2 {
+        let mut due: Vec<Key> =
+            store.due_timers(partition, i64::MAX, 10).unwrap().into_iter().map(|(k, _)| k).collect();
+        due.sort();
+        let mut expected: Vec<Key> = [1u64, 2]
+            .into_iter()
+            .map(Key::int)
+            .filter(|key| wakuwaku::event::partition_for(key.key_hash(), 2) == partition)
+            .collect();
+        expected.sort();
+        assert_eq!(due, expected, "partition {partition}");
+    }
+}

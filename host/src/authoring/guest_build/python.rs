@@ -48,9 +48,13 @@ pub const TESTED_COMPONENTIZE_PY: &str = "0.25.1";
 /// The environment variable naming the componentize-py executable to use.
 pub const COMPONENTIZE_PY_ENV: &str = "WAKU_COMPONENTIZE_PY";
 
-/// The contract every component is built against: the WIT package this
-/// host implements (`wit/handler-0.4.wit`).
+/// The contract Python components are built against (`wit/handler-0.4.wit`):
+/// the Python SDK has no timers yet, and the host serves 0.4 unchanged.
 pub const HANDLER_WIT: &str = include_str!("../../../../wit/handler-0.4.wit");
+
+/// The contract this host implements (`wit/handler-0.5.wit`, with timers),
+/// which the Rust SDK builds for; vendored for it and its core.
+pub const HANDLER_WIT_0_5: &str = include_str!("../../../../wit/handler-0.5.wit");
 
 /// The contract before `timed-relaxed` (`wit/handler-0.3.wit`), which the
 /// host still loads; vendored for the Rust SDK's core, which reads its
@@ -487,7 +491,8 @@ mod tests {
 
     #[test]
     fn the_embedded_contract_is_the_repositorys() {
-        assert!(HANDLER_WIT.contains(&format!("package {};", wakuwaku_core::limits::CONTRACT)));
+        assert!(HANDLER_WIT.contains(&format!("package {};", wakuwaku_core::limits::CONTRACT_0_4)));
+        assert!(HANDLER_WIT_0_5.contains(&format!("package {};", wakuwaku_core::limits::CONTRACT)));
         assert!(HANDLER_WIT.contains("world module {"));
     }
 }

@@ -47,8 +47,9 @@ use crate::engine::routing::{self, RetryQueue, Routed, RoutedTopics};
 use crate::event::{Envelope, HeaderError};
 use crate::key::Key;
 use crate::reduce::Origin;
-use crate::sandbox::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome};
+use crate::sandbox::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome, TimerQuota};
 use crate::storage::log::{PolledBatch, RecordView, StoredRecord};
+use crate::storage::state::TimerWrite;
 use crate::storage::state::{BatchCommit, StateError, StateReader, StateStore};
 use wakuwaku_core::release::Checkpoint;
 
@@ -433,8 +434,9 @@ impl BatchRunner {
         modules: &ModuleSet,
     ) -> Result<Vec<WorkerOutcome>, ConsumerError> {
         let workers = work.workers(self.keys.config.workers);
+        let timers = TimerQuota::new(&self.keys.config.payload);
         let run = |worker| {
-            let shares = (budget, counters);
+            let shares = (budget, counters, &timers);
             self.keys.run_worker(partition, work, (worker, workers), snapshot, shares, call_time, modules)
         };
         if workers == 1 {
@@ -470,7 +472,8 @@ pub(super) struct Finished {
 }
 
 /// Gathers the workers' `outcomes` into `commit`: their writes, counter
-/// changes and outbox, and, for a batch taken from the retry topic
+/// changes, timers (each changed key's, as the partition's) and outbox,
+/// and, for a batch taken from the retry topic
 /// (`retry`, its input's `origins`), the records done and the retry
 /// position. A host fault fails the batch: nothing of it is committed, and
 /// the partition tries it again after a backoff. Returns the commit, the
@@ -492,7 +495,10 @@ fn gather(
         summary.add(&outcome.summary);
         tally.absorb(outcome.tally);
         left.extend(outcome.left);
-        for (key, KeyOutcome { writes, counters, outbox }) in outcome.keys {
+        for (key, KeyOutcome { writes, counters, outbox, timers }) in outcome.keys {
+            if let Some(timers) = timers {
+                commit.timers.push(TimerWrite { key: key.clone(), partition, timers: timers.in_order() });
+            }
             if !writes.is_empty() {
                 commit.writes.push((key, writes));
             }

@@ -69,7 +69,7 @@ use crate::key::Key;
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::sandbox::handler::{
     BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
-    ScopeShared,
+    ScopeShared, TimerQuota,
 };
 use crate::storage::state::{OutboxEntry, StateReader};
 
@@ -105,7 +105,7 @@ impl KeyRunner {
         work: &BatchWork,
         (worker, workers): (usize, usize),
         snapshot: &Arc<StateReader>,
-        (budget, counters): (&BatchBudget, &BatchCounters),
+        (budget, counters, timers): (&BatchBudget, &BatchCounters, &TimerQuota),
         call_time: &CallTime,
         modules: &ModuleSet,
     ) -> WorkerOutcome {
@@ -116,6 +116,7 @@ impl KeyRunner {
             limits: self.config.payload,
             budget: budget.clone(),
             counters: counters.clone(),
+            timers: timers.clone(),
         });
         // Everything between two reductions is charged to the calls.
         let mut laps = Laps::start();
@@ -875,7 +876,8 @@ mod worker_tests {
         let budget = BatchBudget::new(&config.payload).batch();
         let counters = CounterQuota::new(&config.payload).batch();
         let call_time = CallTime::new(time, modules.modules().len());
-        runner.run_worker(0, work, (0, 1), &snapshot, (&budget, &counters), &call_time, &modules)
+        let timers = TimerQuota::new(&config.payload);
+        runner.run_worker(0, work, (0, 1), &snapshot, (&budget, &counters, &timers), &call_time, &modules)
     }
 
     /// What key `key` wrote to its `balance`, if anything.

@@ -177,6 +177,15 @@ impl Snapshot for MapSnapshot {
     fn counter_count(&self, _: usize) -> Result<usize, StateError> {
         Ok(0)
     }
+
+    /// The ledger sets no timers.
+    fn timers(&self, _: &Key) -> Result<Vec<wakuwaku_core::timers::Timer>, StateError> {
+        Ok(Vec::new())
+    }
+
+    fn timer_count(&self, _: usize) -> Result<usize, StateError> {
+        Ok(0)
+    }
 }
 
 pub(super) fn runner() -> BatchRunner {

@@ -17,7 +17,9 @@
 //! - `scope`: the state one key sees during a batch ([`KeyScope`]): where a
 //!   value a call reads comes from, and how its writes, counter changes and
 //!   emits are staged, checked and taken back;
-//! - `quota`: the `counter-count` quota across batches ([`CounterQuota`]).
+//! - `quota`: the `counter-count` quota across batches ([`CounterQuota`]);
+//! - `timer_quota`: the `timers-in-all` quota across batches
+//!   ([`TimerQuota`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -30,10 +32,12 @@ mod budget;
 mod error;
 mod quota;
 mod scope;
+mod timer_quota;
 pub use budget::BatchBudget;
 pub use error::{CallError, ErrorClass, ScopeError};
 pub use quota::{BatchCounters, CounterQuota};
 pub use scope::{KeyOutcome, KeyScope, ScopeShared};
+pub use timer_quota::TimerQuota;
 
 /// One event type as a module declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +94,15 @@ pub trait HandlerInstance: Send {
     /// only about a timed type; none for an untimed one. A timed type's
     /// none is the caller's to refuse (`event-time-declared`).
     fn event_time(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<Option<i64>, CallError>;
+    /// Fires the key's due `timers` of one time (in name order) for the key
+    /// of `scope`; what the call changes is staged in the scope as a
+    /// `handle` call's is. Returns whether the module has a `fire` export:
+    /// one that has none (a module of an older contract, which has no
+    /// `timers` import either) is not called.
+    fn fire(&mut self, scope: &mut KeyScope, timers: &[wakuwaku_core::timers::Timer]) -> Result<bool, CallError> {
+        let _ = (scope, timers);
+        Ok(false)
+    }
 }
 
 /// Severity of a line a handler logs.

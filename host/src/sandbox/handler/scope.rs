@@ -23,6 +23,16 @@
 //!   counting the snapshot's counters and those the batches in flight add
 //!   ([`CounterQuota`]). Overwrites, deletes and changes to existing
 //!   counters always pass.
+//! - **Timers are staged as state writes are.** The key's timers are read
+//!   from the snapshot when a call first uses them; each `set` and `cancel`
+//!   is checked ([`wakuwaku_core::limits::CallTally::timer_set`], counted
+//!   as a state write) and changes the key's view at once; a failed call's
+//!   changes are taken back. A set that would make a new timer past
+//!   [`PayloadLimits::max_timers_per_key`] (`timers-per-key`) or past the
+//!   projection's [`PayloadLimits::max_timers`] (`timers-in-all`, counted
+//!   by the consumer's [`TimerQuota`]) is refused; moving or cancelling one
+//!   never is. During `fire` ([`KeyScope::begin_firing`]) a timer is set
+//!   only later than the timers being fired (`timer-at-firing`).
 //! - **Host faults are not the module's.** A state read that fails in the
 //!   host fails the call as [`CallError::HostFault`], which the consumer
 //!   never counts against the module.
@@ -34,8 +44,14 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use wakuwaku_core::limits::{CallTally, counter_value};
 
+use wakuwaku_core::timers::{KeyTimers, Millis, Timer};
+
 use super::quota::Hold;
-use super::{BatchBudget, BatchCounters, CallError, CounterQuota, Emitted, PayloadLimits, Refusal, ScopeError, limits};
+use super::timer_quota::Reserve;
+use super::{
+    BatchBudget, BatchCounters, CallError, CounterQuota, Emitted, PayloadLimits, Refusal, ScopeError, TimerQuota,
+    limits,
+};
 use crate::event::EventHeaders;
 use crate::key::Key;
 use crate::storage::log::Record;
@@ -62,6 +78,28 @@ pub struct KeyScope {
     host_fault: Option<String>,
     /// What emits of the next calls record as their origin.
     emit_origin: Option<EmitOrigin>,
+    /// The key's timers as its calls see them.
+    timers: StagedTimers,
+}
+
+/// The key's timers in the batch: read from the snapshot when a call
+/// first uses them, then changed by its calls.
+#[derive(Default)]
+struct StagedTimers {
+    /// The key's timers as its calls see them, once read.
+    current: Option<KeyTimers>,
+    /// How many the key held in the snapshot.
+    base: usize,
+    /// Whether a successful call (or a firing) changed them.
+    changed: bool,
+    /// The most bytes its timers held in the batch, as charged to the
+    /// footprint.
+    charged: usize,
+    /// Before the running call's first change: the timers, whether they
+    /// were changed, and what was charged.
+    undo: Option<(KeyTimers, bool, usize)>,
+    /// The time of the timers being fired, while `fire` runs.
+    firing: Option<Millis>,
 }
 
 /// What every key scope of one worker's part of a batch reads: the
@@ -75,6 +113,8 @@ pub struct ScopeShared {
     pub budget: BatchBudget,
     /// The counters the batch adds, against the projection's quota.
     pub counters: BatchCounters,
+    /// The projection's timers, against `timers-in-all`.
+    pub timers: TimerQuota,
 }
 
 /// Writes, counter changes and emits not yet committed.
@@ -255,6 +295,9 @@ pub struct KeyOutcome {
     pub counters: HashMap<String, i128>,
     /// Messages to publish once the batch commits.
     pub outbox: Vec<OutboxEntry>,
+    /// The key's timers after the batch, when its calls changed them
+    /// (replacing what is committed; empty: none left).
+    pub timers: Option<KeyTimers>,
 }
 
 impl KeyScope {
@@ -264,7 +307,8 @@ impl KeyScope {
     /// (a consumer's scopes share one through [`KeyScope::sharing`]).
     pub fn new(key: Key, snapshot: Arc<StateReader>, limits: PayloadLimits, budget: BatchBudget) -> Self {
         let counters = CounterQuota::new(&limits).batch();
-        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget, counters }))
+        let timers = TimerQuota::new(&limits);
+        Self::sharing(key, &Arc::new(ScopeShared { snapshot, limits, budget, counters, timers }))
     }
 
     /// A scope for `key` over what `shared` holds (see [`ScopeShared`]).
@@ -278,6 +322,7 @@ impl KeyScope {
             tally: CallTally::default(),
             host_fault: None,
             emit_origin: None,
+            timers: StagedTimers::default(),
         }
     }
 
@@ -303,6 +348,7 @@ impl KeyScope {
             tally: std::mem::take(&mut self.tally),
             host_fault: self.host_fault.take(),
             emit_origin: self.emit_origin.take(),
+            timers: std::mem::take(&mut self.timers),
         }
     }
 
@@ -349,17 +395,27 @@ impl KeyScope {
             Ok(()) => {
                 self.held += growth;
                 self.staged.keep(&mut self.undo);
+                if self.timers.undo.take().is_some() {
+                    self.timers.changed = true;
+                }
             }
             Err(_) => self.roll_back(),
         }
         result
     }
 
-    /// Takes the running call's changes back out, its new counters
-    /// included.
+    /// Takes the running call's changes back out, its new counters and
+    /// timers included.
     fn roll_back(&mut self) {
         for name in self.staged.roll_back(&mut self.undo) {
             self.shared.counters.release(&name);
+        }
+        if let Some((before, changed, charged)) = self.timers.undo.take() {
+            let now = self.timers.current.as_ref().map_or(0, KeyTimers::len);
+            self.shared.timers.adjust(before.len() as isize - now as isize);
+            self.timers.current = Some(before);
+            self.timers.changed = changed;
+            self.timers.charged = charged;
         }
     }
 
@@ -376,7 +432,123 @@ impl KeyScope {
                 None => writes.delete(&name),
             }
         }
-        KeyOutcome { writes, counters, outbox }
+        let timers = match self.timers.changed {
+            true => self.timers.current.take(),
+            false => None,
+        };
+        KeyOutcome { writes, counters, outbox, timers }
+    }
+
+    /// How many timers the key's batch added (less those it removed): what
+    /// the consumer gives back to the [`TimerQuota`] if the batch is not
+    /// committed (once committed, they are the projection's).
+    pub fn timers_added(&self) -> isize {
+        self.timers.current.as_ref().map_or(0, |current| current.len() as isize - self.timers.base as isize)
+    }
+
+    /// Marks the calls that follow as firing the timers at `firing` (none:
+    /// no longer firing), for `timer-at-firing`.
+    pub fn begin_firing(&mut self, firing: Option<Millis>) {
+        self.timers.firing = firing;
+    }
+
+    /// The key's timers as its calls see them, read from the snapshot the
+    /// first time.
+    pub fn timers(&mut self) -> Result<&KeyTimers, ScopeError> {
+        self.timers_mut().map(|timers| &*timers)
+    }
+
+    fn timers_mut(&mut self) -> Result<&mut KeyTimers, ScopeError> {
+        if self.timers.current.is_none() {
+            let read = self.shared.snapshot.timers(&self.key).map_err(|error| self.fault(error))?;
+            let read = KeyTimers::from_timers(read);
+            self.timers.base = read.len();
+            self.timers.current = Some(read);
+        }
+        Ok(self.timers.current.get_or_insert_with(KeyTimers::default))
+    }
+
+    /// Notes, before the running call's first timer change, what to go
+    /// back to if it fails.
+    fn timers_undo_point(&mut self) -> Result<(), ScopeError> {
+        if self.timers.undo.is_none() {
+            let before = self.timers_mut()?.clone();
+            self.timers.undo = Some((before, self.timers.changed, self.timers.charged));
+        }
+        Ok(())
+    }
+
+    /// Takes the key's due timers at exactly `at` out of its view, to fire
+    /// them: the change is the key's as a call's would be (committed with
+    /// the batch), and counted out of the projection's timers.
+    pub fn take_due(&mut self, at: Millis) -> Result<Vec<Timer>, ScopeError> {
+        let fired = self.timers_mut()?.take_at(at);
+        if !fired.is_empty() {
+            self.timers.changed = true;
+            self.shared.timers.adjust(-(fired.len() as isize));
+        }
+        Ok(fired)
+    }
+
+    /// Sets the key's timer `name` at `at` with `payload`: a new one, or
+    /// the one of that name moved.
+    pub fn timer_set(&mut self, name: &str, at: Millis, payload: Vec<u8>) -> Result<(), ScopeError> {
+        let before = self.tally;
+        self.tally.timer_set(&self.shared.limits, name, at, payload.len(), self.timers.firing)?;
+        let admitted = self.admit_timer(name);
+        if let Err(error) = admitted {
+            self.tally = before;
+            return Err(error);
+        }
+        self.timers_undo_point()?;
+        let timers = self.timers_mut()?;
+        timers.set(Timer { name: name.to_owned(), at, payload });
+        // Charged as entries are: the most the key's timers held.
+        let bytes = timers.bytes();
+        if bytes > self.timers.charged {
+            self.staged.footprint += bytes - self.timers.charged;
+            self.timers.charged = bytes;
+        }
+        Ok(())
+    }
+
+    /// Checks `timers-per-key` and `timers-in-all` for a set of `name`,
+    /// counting one more timer in the projection's quota when it is new.
+    fn admit_timer(&mut self, name: &str) -> Result<(), ScopeError> {
+        let limits = self.shared.limits;
+        let timers = self.timers_mut()?;
+        if timers.get(name).is_some() {
+            return Ok(());
+        }
+        limits::check_timers_per_key(&limits, name, timers.len())?;
+        let snapshot = &self.shared.snapshot;
+        match self.shared.timers.reserve(|| snapshot.timer_count(limits.max_timers)) {
+            Ok(()) => Ok(()),
+            Err(Reserve::Full { held }) => Err(limits::check_timers_in_all(&limits, name, held).err().map_or_else(
+                || Refusal::TimersInAll { name: name.to_owned(), held, limit: limits.max_timers }.into(),
+                ScopeError::from,
+            )),
+            Err(Reserve::Store(error)) => Err(self.fault(error)),
+        }
+    }
+
+    /// Cancels the key's timer `name` (nothing if there is none).
+    pub fn timer_cancel(&mut self, name: &str) -> Result<(), ScopeError> {
+        self.tally.timer_cancel(&self.shared.limits, name)?;
+        if self.timers_mut()?.get(name).is_none() {
+            return Ok(());
+        }
+        self.timers_undo_point()?;
+        if self.timers_mut()?.cancel(name).is_some() {
+            self.shared.timers.adjust(-1);
+        }
+        Ok(())
+    }
+
+    /// The key's timer `name`, as this call sees it.
+    pub fn timer_get(&mut self, name: &str) -> Result<Option<Timer>, ScopeError> {
+        limits::check_timer_name(name)?;
+        Ok(self.timers_mut()?.get(name))
     }
 
     /// Notes a host fault (the first one of the call wins) and says so.
@@ -772,6 +944,62 @@ mod tests {
     }
 
     #[test]
+    fn timers_are_staged_bounded_and_taken_back_with_a_failed_call() {
+        let store = Store::new();
+        let commit = BatchCommit {
+            timers: vec![crate::storage::state::TimerWrite {
+                key: Key::int(1),
+                partition: 0,
+                timers: vec![Timer { name: "old".into(), at: 3, payload: vec![] }],
+            }],
+            ..BatchCommit::default()
+        };
+        store.store.commit(commit).unwrap();
+        let limits = PayloadLimits { max_timers_per_key: 2, max_timers: 3, ..PayloadLimits::default() };
+        let budget = BatchBudget::new(&limits);
+        let mut scope = store.scope(1, limits, &budget);
+        assert_eq!(scope.timer_get("old").unwrap().map(|t| t.at), Some(3), "the committed timers are read");
+        scope.timer_set("close", 10, vec![1]).unwrap();
+        let refused = scope.timer_set("third", 11, vec![]).unwrap_err();
+        assert!(refused.to_string().starts_with("timers-per-key:"), "{refused}");
+        scope.timer_set("close", 12, vec![2]).unwrap(); // moving one is never refused
+        scope.finish_call(Ok(())).unwrap();
+        // A failed call's changes are taken back.
+        scope.timer_cancel("close").unwrap();
+        scope.timer_set("other", 1, vec![]).unwrap();
+        scope.finish_call(Err(CallError::Trap { reason: "x".into() })).unwrap_err();
+        assert_eq!(scope.timer_get("close").unwrap().map(|t| (t.at, t.payload)), Some((12, vec![2])));
+        assert_eq!(scope.timer_get("other").unwrap(), None);
+        // While `fire` runs for the timers at 12, only later ones are set.
+        scope.begin_firing(Some(12));
+        assert!(scope.timer_set("old", 12, vec![]).unwrap_err().to_string().starts_with("timer-at-firing:"));
+        scope.timer_set("old", 13, vec![]).unwrap();
+        scope.begin_firing(None);
+        scope.finish_call(Ok(())).unwrap();
+        assert_eq!(scope.take_due(12).unwrap().len(), 1);
+        assert_eq!(scope.timers_added(), 0, "one timer added and fired, the committed one moved");
+        let outcome = scope.into_outcome();
+        let timers = outcome.timers.expect("changed").in_order();
+        assert_eq!(timers.iter().map(|t| (t.name.as_str(), t.at)).collect::<Vec<_>>(), [("old", 13)]);
+        // The projection's quota, shared by the keys of a batch: 1
+        // committed, 3 at most.
+        let shared = Arc::new(ScopeShared {
+            snapshot: Arc::new(store.store.reader().unwrap()),
+            limits,
+            budget: budget.clone(),
+            counters: CounterQuota::new(&limits).batch(),
+            timers: TimerQuota::new(&limits),
+        });
+        let (mut a, mut b) = (KeyScope::sharing(Key::int(2), &shared), KeyScope::sharing(Key::int(3), &shared));
+        a.timer_set("a", 1, vec![]).unwrap();
+        b.timer_set("b", 1, vec![]).unwrap();
+        let refused = a.timer_set("c", 1, vec![]).unwrap_err().to_string();
+        assert!(refused.starts_with("timers-in-all: a projection holds at most 3 timers (it holds 3)"), "{refused}");
+        b.timer_cancel("b").unwrap();
+        a.timer_set("c", 1, vec![]).unwrap();
+    }
+
+    #[test]
     fn a_key_rewriting_its_entries_is_charged_once_for_them() {
         let store = Store::new();
         let base = PayloadLimits::default();
@@ -933,6 +1161,14 @@ mod tests {
             self.reads.counter_counts.fetch_add(1, Ordering::Relaxed);
             self.inner.counter_count(at_most)
         }
+
+        fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError> {
+            self.inner.timers(key)
+        }
+
+        fn timer_count(&self, at_most: usize) -> Result<usize, StateError> {
+            self.inner.timer_count(at_most)
+        }
     }
 
     impl Store {
@@ -958,6 +1194,7 @@ mod tests {
                 limits,
                 budget: BatchBudget::new(&limits),
                 counters: quota.batch(),
+                timers: TimerQuota::new(&limits),
             };
             (Arc::new(shared), reads)
         }

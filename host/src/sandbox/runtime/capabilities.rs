@@ -11,11 +11,13 @@
 //! `wasi:clocks/timezone`, …) or a WASI version it does not link
 //! (`…@0.3.0`, an unversioned name, a pre-release).
 //!
-//! The contract's interfaces are served at three versions: the current one
-//! ([`super::CONTRACT`], read from `wit/handler-0.4.wit`) and the previous
-//! ones ([`super::CONTRACT_0_3`], `wit/handler-0.3.wit`, served through
-//! `contract_0_3`; [`super::CONTRACT_0_2`], `wit/handler.wit`, served
-//! through `contract_0_2`), so no version is written here. A component's version is
+//! The contract's interfaces are served at four versions: the current one
+//! ([`super::CONTRACT`], read from `wit/handler-0.5.wit`) and the previous
+//! ones ([`super::CONTRACT_0_4`], `wit/handler-0.4.wit`, served through
+//! `contract_0_4`; [`super::CONTRACT_0_3`], `wit/handler-0.3.wit`, served
+//! through `contract_0_3`; [`super::CONTRACT_0_2`], `wit/handler.wit`,
+//! served through `contract_0_2`), so no version is written here. An
+//! interface new in the current version (`timers`) is served at it alone. A component's version is
 //! the one of its contract imports and export ([`check_imports`] returns
 //! it, and the sandbox binds the component with that version's bindings);
 //! one that uses the contract at another version, or at both in one
@@ -29,7 +31,8 @@ use wasmtime::component::{Component, HasSelf, Linker};
 
 use super::bindings::wakuwaku::handler::types;
 use super::{
-    CONTRACT, CONTRACT_0_2, CONTRACT_0_3, LoadError, StoreData, contract_0_2, contract_0_3, emit, log, state, wasi,
+    CONTRACT, CONTRACT_0_2, CONTRACT_0_3, CONTRACT_0_4, LoadError, StoreData, contract_0_2, contract_0_3, contract_0_4,
+    emit, log, state, timers, wasi,
 };
 
 /// One capability the sandbox grants.
@@ -44,6 +47,9 @@ struct Capability {
 enum Imports {
     /// One interface of the contract, at any version the host serves.
     Contract(&'static str),
+    /// One interface new in the current version of the contract, served at
+    /// that version alone.
+    NewContract(&'static str),
     /// WASI 0.2: these interfaces (`wasi:cli/environment`), at any
     /// `0.2.<patch>` version (the linker resolves every 0.2 patch version
     /// to the one it links).
@@ -86,11 +92,12 @@ const WASI_INTERFACES: [&str; 27] = [
 
 /// Everything a module is granted. The contract's `types` interface holds
 /// only types, but a component that uses them imports it, so it is linked.
-const CAPABILITIES: [Capability; 5] = [
+const CAPABILITIES: [Capability; 6] = [
     Capability { serves: Imports::Contract("types"), link: link_types },
     Capability { serves: Imports::Contract("state"), link: state::link },
     Capability { serves: Imports::Contract("emit"), link: emit::link },
     Capability { serves: Imports::Contract("log"), link: log::link },
+    Capability { serves: Imports::NewContract("timers"), link: timers::link },
     Capability { serves: Imports::Wasi(&WASI_INTERFACES), link: wasi::link },
 ];
 
@@ -106,10 +113,10 @@ fn contract_parts() -> (&'static str, &'static str) {
     CONTRACT.split_once('@').expect("the contract's package has a version")
 }
 
-/// The previous versions the host serves (`0.3.0`, `0.2.0`).
-fn previous_versions() -> [&'static str; 2] {
+/// The previous versions the host serves (`0.4.0`, `0.3.0`, `0.2.0`).
+fn previous_versions() -> [&'static str; 3] {
     let version = |contract: &'static str| contract.split_once('@').expect("the contract's package has a version").1;
-    [version(CONTRACT_0_3), version(CONTRACT_0_2)]
+    [version(CONTRACT_0_4), version(CONTRACT_0_3), version(CONTRACT_0_2)]
 }
 
 /// The version of the contract a component was built for.
@@ -117,6 +124,8 @@ fn previous_versions() -> [&'static str; 2] {
 pub enum Contract {
     /// [`CONTRACT`].
     Current,
+    /// [`CONTRACT_0_4`], without timers.
+    V0_4,
     /// [`CONTRACT_0_3`], without `timed-relaxed`.
     V0_3,
     /// [`CONTRACT_0_2`], without event time.
@@ -125,9 +134,11 @@ pub enum Contract {
 
 impl Contract {
     fn of_version(version: &str) -> Option<Self> {
-        let [v0_3, v0_2] = previous_versions();
+        let [v0_4, v0_3, v0_2] = previous_versions();
         if version == contract_parts().1 {
             Some(Self::Current)
+        } else if version == v0_4 {
+            Some(Self::V0_4)
         } else if version == v0_3 {
             Some(Self::V0_3)
         } else if version == v0_2 {
@@ -152,6 +163,7 @@ impl Imports {
                 let previous = |version| format!("{}/{name}@{version}", contract_parts().0);
                 import == interface(name) || previous_versions().into_iter().any(|version| import == previous(version))
             }
+            Self::NewContract(name) => import == interface(name),
             Self::Wasi(interfaces) => {
                 let Some((interface, version)) = import.strip_prefix("wasi:").and_then(|name| name.split_once('@'))
                 else {
@@ -166,9 +178,10 @@ impl Imports {
     fn describe(&self) -> String {
         match self {
             Self::Contract(name) => {
-                let [v0_3, v0_2] = previous_versions();
-                format!("{} (or @{v0_3}, @{v0_2})", interface(name))
+                let [v0_4, v0_3, v0_2] = previous_versions();
+                format!("{} (or @{v0_4}, @{v0_3}, @{v0_2})", interface(name))
             }
+            Self::NewContract(name) => interface(name),
             Self::Wasi(_) => {
                 "wasi:*@0.2.x of the command world, without `run` and `timezone` (with an empty context)".to_owned()
             }
@@ -179,6 +192,7 @@ impl Imports {
 /// Links every capability, the contract's at every version served.
 pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
     CAPABILITIES.iter().try_for_each(|capability| (capability.link)(linker))?;
+    contract_0_4::link(linker)?;
     contract_0_3::link(linker)?;
     contract_0_2::link(linker)
 }
@@ -236,7 +250,7 @@ mod tests {
     /// The interfaces the WIT world `module` imports, read from the file
     /// the bindings are generated from.
     fn world_imports() -> Vec<String> {
-        let wit = include_str!("../../../../wit/handler-0.4.wit");
+        let wit = include_str!("../../../../wit/handler-0.5.wit");
         let world = &wit[wit.find("world module").expect("the world")..];
         world
             .lines()
@@ -247,7 +261,7 @@ mod tests {
     #[test]
     fn every_import_of_the_world_is_granted_and_nothing_else_of_the_contract() {
         let imports = world_imports();
-        assert_eq!(imports, ["state", "emit", "log"]);
+        assert_eq!(imports, ["state", "emit", "log", "timers"]);
         for name in imports.iter().map(String::as_str).chain(["types"]) {
             assert!(is_granted(&interface(name)), "{name}");
         }
@@ -255,12 +269,16 @@ mod tests {
         assert!(!is_granted("wakuwaku:handler/state@0.1.0"));
         assert!(is_granted("wakuwaku:handler/state@0.2.0"), "the previous contracts' imports are served");
         assert!(is_granted("wakuwaku:handler/emit@0.3.0"), "the previous contracts' imports are served");
+        assert!(is_granted("wakuwaku:handler/log@0.4.0"), "the previous contracts' imports are served");
+        assert!(is_granted("wakuwaku:handler/timers@0.5.0"));
+        assert!(!is_granted("wakuwaku:handler/timers@0.4.0"), "0.4 had no timers");
         assert!(!is_granted("wakuwaku:handler/handler@0.3.0"), "the export is not an import");
         assert!(!is_granted("wakuwaku:handler/handler@0.2.0"), "the export is not an import");
         assert_eq!(Contract::of_version("0.2.0"), Some(Contract::V0_2));
         assert_eq!(Contract::of_version("0.3.0"), Some(Contract::V0_3));
-        assert_eq!(Contract::of_version("0.4.0"), Some(Contract::Current));
-        assert_eq!(Contract::of_version("0.5.0"), None);
+        assert_eq!(Contract::of_version("0.4.0"), Some(Contract::V0_4));
+        assert_eq!(Contract::of_version("0.5.0"), Some(Contract::Current));
+        assert_eq!(Contract::of_version("0.6.0"), None);
         assert!(!is_granted("evil:net/socket"));
         assert!(is_granted("wasi:cli/environment@0.2.0"));
     }

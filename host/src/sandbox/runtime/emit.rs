@@ -8,7 +8,7 @@
 //! the topic it consumes, `emit-loop`). At each call (each broken rule is a `refusal`
 //! returned to the call, naming it; checked by the call's
 //! [`KeyScope`](crate::sandbox::handler::KeyScope) against [`wakuwaku_core::limits`]):
-//! - `outside-handle`: only during `handle`.
+//! - `outside-handle`: only during `handle` and `fire`.
 //! - `emit-topic`: the topic is one the module declared.
 //! - `emit-body-size`: the body is 1 byte to
 //!   [`PayloadLimits::max_emit_body`](crate::sandbox::handler::PayloadLimits::max_emit_body).

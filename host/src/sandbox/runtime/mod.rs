@@ -4,9 +4,10 @@
 //! everything a module is allowed to do is decided here:
 //!
 //! - **Only the contract is linked, one capability at a time.** Each import
-//!   of `wit/handler-0.4.wit` is a unit of its own, with its rules: [`state`]
+//!   of `wit/handler-0.5.wit` is a unit of its own, with its rules: [`state`]
 //!   (the key's entries and shared counters), [`emit`] (messages to the
-//!   module's declared topics), [`log`] (diagnostics), and [`wasi`] (WASI
+//!   module's declared topics), [`log`] (diagnostics), [`timers`] (the
+//!   key's event-time timers), and [`wasi`] (WASI
 //!   with an empty context: no preopened directory, no environment, no
 //!   arguments, no network, a frozen clock, stderr kept as a bounded tail,
 //!   random bytes and live WASI resources bounded).
@@ -17,11 +18,13 @@
 //!   refused as an import mismatch. A component built for another version
 //!   of the contract is refused with the versions named.
 //! - **Modules of the previous contracts keep running.** A component built
-//!   for `wakuwaku:handler@0.2.0` or `@0.3.0` is recognised at load by the
-//!   versions of its imports and export and bound with that version's
-//!   bindings ([`contract_0_2`], [`contract_0_3`]): the same capabilities
-//!   serve it; a 0.2 module's event types are all untimed, a 0.3 module's
-//!   `timed` types are timed (in event-time order against each other). So
+//!   for `wakuwaku:handler@0.2.0`, `@0.3.0` or `@0.4.0` is recognised at
+//!   load by the versions of its imports and export and bound with that
+//!   version's bindings ([`contract_0_2`], [`contract_0_3`],
+//!   [`contract_0_4`]): the same capabilities serve it; a 0.2 module's
+//!   event types are all untimed, a 0.3 module's `timed` types are timed
+//!   (in event-time order against each other), and a module before 0.5
+//!   has no timers and is never asked to fire one. So
 //!   a host upgrade never stops a pinned module version from running.
 //! - **Every value crossing the boundary is checked.** What a module hands
 //!   an import is checked at the call (the rules of
@@ -68,10 +71,10 @@
 //!   (see `runtime/cache.rs`). A loaded module never reads its entry again, so removing
 //!   one costs only a compile at the next load.
 //!
-//! Files: the capability units `state`, `emit`, `log`, `wasi` and the
-//! table that links them, `capabilities`; the adapters of the
-//! older contracts, `contract_0_2` and `contract_0_3`, and what they share,
-//! `contract_adapter`; `instance_limits` bounds each instance's memories and
+//! Files: the capability units `state`, `emit`, `log`, `timers`, `wasi`
+//! and the table that links them, `capabilities`; the adapters of the
+//! older contracts, `contract_0_2`, `contract_0_3` and `contract_0_4`, and
+//! what they share, `contract_adapter`; `instance_limits` bounds each instance's memories and
 //! tables; `blocking` runs module code where blocking is allowed;
 //! `compiler` compiles in a bounded child process; `cache` keeps compiled
 //! artifacts on disk; `component_file` reads a component from disk within
@@ -93,6 +96,7 @@ use crate::key::Key;
 use crate::sandbox::handler::{
     CallError, ErrorClass, EventType, HandlerInstance, HandlerModule, KeyScope, PayloadLimits,
 };
+use wakuwaku_core::timers::Timer;
 
 pub(crate) mod blocking;
 mod cache;
@@ -103,26 +107,28 @@ pub mod component_file;
 mod contract_adapter;
 mod contract_0_2;
 mod contract_0_3;
+mod contract_0_4;
 pub(crate) mod emit;
 mod instance_limits;
 pub mod log;
 pub(crate) mod state;
+pub(crate) mod timers;
 pub mod wasi;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit/handler-0.4.wit",
+        path: "../wit/handler-0.5.wit",
         world: "module",
         // State reads may fail in the host; those imports trap with a host
         // fault instead of answering the guest.
-        imports: { "wakuwaku:handler/state": trappable },
+        imports: { "wakuwaku:handler/state": trappable, "wakuwaku:handler/timers": trappable },
     });
 }
 
 use bindings::wakuwaku::handler::types;
 
 /// The WIT package and version this host implements, read from
-/// `wit/handler-0.4.wit`.
+/// `wit/handler-0.5.wit`.
 pub const CONTRACT: &str = wakuwaku_core::limits::CONTRACT;
 
 /// The first version of the contract, which the host still loads
@@ -132,6 +138,10 @@ pub const CONTRACT_0_2: &str = wakuwaku_core::limits::CONTRACT_0_2;
 /// The version before `timed-relaxed`, which the host still loads
 /// ([`contract_0_3`]).
 pub const CONTRACT_0_3: &str = wakuwaku_core::limits::CONTRACT_0_3;
+
+/// The version before timers, which the host still loads
+/// ([`contract_0_4`]).
+pub const CONTRACT_0_4: &str = wakuwaku_core::limits::CONTRACT_0_4;
 
 /// How often the epoch ticks; the CPU budget is rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -279,7 +289,7 @@ pub enum LoadError {
     /// The component was built for another version of the contract.
     #[error(
         "module `{module}` was built for {found}, but this host implements {CONTRACT} (and loads modules built \
-         for {CONTRACT_0_3} and {CONTRACT_0_2}); rebuild it with a wakuwaku-guest SDK for {CONTRACT}"
+         for {CONTRACT_0_4}, {CONTRACT_0_3} and {CONTRACT_0_2}); rebuild it with a wakuwaku-guest SDK for {CONTRACT}"
     )]
     ContractVersion {
         /// The module's name.
@@ -589,6 +599,7 @@ impl Sandbox {
             .instantiate_pre(&component)
             .and_then(|pre| match contract {
                 capabilities::Contract::Current => bindings::ModulePre::new(pre).map(Pre::Current),
+                capabilities::Contract::V0_4 => contract_0_4::bindings::ModulePre::new(pre).map(Pre::V0_4),
                 capabilities::Contract::V0_3 => contract_0_3::bindings::ModulePre::new(pre).map(Pre::V0_3),
                 capabilities::Contract::V0_2 => contract_0_2::bindings::ModulePre::new(pre).map(Pre::V0_2),
             })
@@ -787,6 +798,8 @@ enum Pre {
     Current(bindings::ModulePre<StoreData>),
     /// [`CONTRACT_0_3`].
     V0_3(contract_0_3::bindings::ModulePre<StoreData>),
+    /// [`CONTRACT_0_4`].
+    V0_4(contract_0_4::bindings::ModulePre<StoreData>),
     /// [`CONTRACT_0_2`].
     V0_2(contract_0_2::bindings::ModulePre<StoreData>),
 }
@@ -795,6 +808,7 @@ enum Pre {
 enum Exports {
     Current(bindings::Module),
     V0_3(contract_0_3::bindings::Module),
+    V0_4(contract_0_4::bindings::Module),
     V0_2(contract_0_2::bindings::Module),
 }
 
@@ -803,6 +817,7 @@ impl Pre {
         match self {
             Self::Current(pre) => pre.instantiate(store).map(Exports::Current),
             Self::V0_3(pre) => pre.instantiate(store).map(Exports::V0_3),
+            Self::V0_4(pre) => pre.instantiate(store).map(Exports::V0_4),
             Self::V0_2(pre) => pre.instantiate(store).map(Exports::V0_2),
         }
     }
@@ -903,6 +918,9 @@ impl WasmInstance {
         let info = self
             .call(seed, |exports, store| match exports {
                 Exports::Current(m) => m.wakuwaku_handler_handler().call_describe(store).map(Ok),
+                Exports::V0_4(m) => {
+                    m.wakuwaku_handler_handler().call_describe(store).map(contract_0_4::module_info).map(Ok)
+                }
                 Exports::V0_3(m) => {
                     m.wakuwaku_handler_handler().call_describe(store).map(contract_0_3::module_info).map(Ok)
                 }
@@ -940,6 +958,9 @@ impl HandlerInstance for WasmInstance {
         data.scope = Some(scope.take_for_call());
         let result = self.invoke(|exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies),
+            Exports::V0_4(m) => {
+                contract_0_4::answer(m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies))
+            }
             Exports::V0_3(m) => {
                 contract_0_3::answer(m.wakuwaku_handler_handler().call_handle(store, tag.get(), key.as_bytes(), bodies))
             }
@@ -953,10 +974,44 @@ impl HandlerInstance for WasmInstance {
         scope.finish_call(result)
     }
 
+    /// Calls `fire` with the key's due timers of one time; a module of an
+    /// older contract has no `fire` (and no `timers` import): false, no
+    /// call.
+    fn fire(&mut self, scope: &mut KeyScope, timers: &[Timer]) -> Result<bool, CallError> {
+        let Exports::Current(_) = &self.bindings else { return Ok(false) };
+        let key: Key = scope.key().clone();
+        let seeded: Vec<Vec<u8>> =
+            timers.iter().map(|t| [t.name.as_bytes(), &t.at.to_le_bytes(), &t.payload].concat()).collect();
+        let firing = timers.iter().map(|t| t.at).max();
+        self.prepare(wasi::call_seed("fire", 0, key.as_bytes(), &seeded))?;
+        let data = self.store.data_mut();
+        data.log.begin(Some(key.clone()), *scope.limits());
+        data.scope = Some(scope.take_for_call());
+        if let Some(scope) = data.scope.as_mut() {
+            scope.begin_firing(firing);
+        }
+        let timers: Vec<types::Timer> = timers
+            .iter()
+            .map(|t| types::Timer { name: t.name.clone(), at: t.at, payload: t.payload.clone() })
+            .collect();
+        let result = self.invoke(|exports, store| match exports {
+            Exports::Current(m) => m.wakuwaku_handler_handler().call_fire(store, key.as_bytes(), &timers),
+            _ => Ok(Ok(())),
+        });
+        if let Some(taken) = self.store.data_mut().scope.take() {
+            *scope = taken;
+        }
+        scope.begin_firing(None);
+        scope.finish_call(result).map(|()| true)
+    }
+
     fn combine(&mut self, tag: EventTypeTag, bodies: &[Vec<u8>]) -> Result<Vec<u8>, CallError> {
         let seed = wasi::call_seed("combine", tag.get(), &[], bodies);
         let body = self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies),
+            Exports::V0_4(m) => {
+                contract_0_4::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
+            }
             Exports::V0_3(m) => {
                 contract_0_3::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
             }
@@ -972,6 +1027,7 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("key", tag.get(), &[], &[body]);
         let bytes = self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_key(store, tag.get(), body),
+            Exports::V0_4(m) => contract_0_4::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
             Exports::V0_3(m) => contract_0_3::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
             Exports::V0_2(m) => contract_0_2::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
         })?;
@@ -982,6 +1038,10 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("ordering", tag.get(), &[], &[body]);
         self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body),
+            Exports::V0_4(m) => {
+                contract_0_4::answer(m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body))
+                    .map(|answer| answer.map(contract_0_4::ordering))
+            }
             Exports::V0_3(m) => {
                 contract_0_3::answer(m.wakuwaku_handler_handler().call_ordering(store, tag.get(), body))
                     .map(|answer| answer.map(contract_0_3::ordering))
@@ -1000,6 +1060,9 @@ impl HandlerInstance for WasmInstance {
         let seed = wasi::call_seed("event-time", tag.get(), &[], &[body]);
         self.call(seed, |exports, store| match exports {
             Exports::Current(m) => m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body),
+            Exports::V0_4(m) => {
+                contract_0_4::answer(m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body))
+            }
             Exports::V0_3(m) => {
                 contract_0_3::answer(m.wakuwaku_handler_handler().call_event_time(store, tag.get(), body))
             }

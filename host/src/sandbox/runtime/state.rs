@@ -4,8 +4,8 @@
 //! Rules (each broken rule is a `refusal` returned to the call, naming it;
 //! the values are checked by the call's [`KeyScope`] against
 //! [`wakuwaku_core::limits`]):
-//! - `outside-handle`: only during `handle`; in any other call every state
-//!   call is refused.
+//! - `outside-handle`: only during `handle` and `fire`; in any other call
+//!   every state call is refused.
 //! - `name-length`: an entry or counter name is 1 to 256 bytes.
 //! - `name-nul`: a name holds no NUL character (PostgreSQL `text` cannot).
 //! - `state-value-size`: a value is at most
@@ -47,11 +47,16 @@ pub(super) fn link(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
 type Answer<T> = wasmtime::Result<Result<T, String>>;
 
 impl StoreData {
-    /// Runs `f` on the scope of the `handle` call, or refuses.
-    fn with_scope<T>(&mut self, f: impl FnOnce(&mut KeyScope) -> Result<T, ScopeError>) -> Answer<T> {
+    /// Runs `f` on the scope of the `handle` or `fire` call, or refuses
+    /// (`outside-handle`, naming `interface`).
+    pub(super) fn with_scope<T>(
+        &mut self,
+        interface: &'static str,
+        f: impl FnOnce(&mut KeyScope) -> Result<T, ScopeError>,
+    ) -> Answer<T> {
         let result = match self.scope.as_mut() {
             Some(scope) => f(scope),
-            None => Err(Refusal::OutsideHandle { interface: "state" }.into()),
+            None => Err(Refusal::OutsideHandle { interface }.into()),
         };
         match result {
             Ok(value) => Ok(Ok(value)),
@@ -63,23 +68,23 @@ impl StoreData {
 
 impl state::Host for StoreData {
     fn get(&mut self, name: String) -> Answer<Option<Vec<u8>>> {
-        self.with_scope(|scope| scope.get(&name))
+        self.with_scope("state", |scope| scope.get(&name))
     }
 
     fn set(&mut self, name: String, value: Vec<u8>) -> Answer<()> {
-        self.with_scope(|scope| scope.set(&name, value))
+        self.with_scope("state", |scope| scope.set(&name, value))
     }
 
     fn delete(&mut self, name: String) -> Answer<()> {
-        self.with_scope(|scope| Ok(scope.delete(&name)?))
+        self.with_scope("state", |scope| Ok(scope.delete(&name)?))
     }
 
     fn counter_add(&mut self, name: String, delta: i64) -> Answer<()> {
-        self.with_scope(|scope| scope.counter_add(&name, delta))
+        self.with_scope("state", |scope| scope.counter_add(&name, delta))
     }
 
     fn counter_get(&mut self, name: String) -> Answer<i64> {
-        self.with_scope(|scope| scope.counter_get(&name))
+        self.with_scope("state", |scope| scope.counter_get(&name))
     }
 }
 
@@ -124,7 +129,7 @@ mod tests {
             data.counter_add("a".into(), 1),
             data.counter_get("a".into()).map(|a| a.map(drop)),
         ] {
-            assert_eq!(refusal(answer), "outside-handle: `state` is only available while `handle` runs");
+            assert_eq!(refusal(answer), "outside-handle: `state` is only available while `handle` or `fire` runs");
         }
     }
 
@@ -176,7 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::open(&dir.path().join("state.redb")).unwrap();
         let mut data = store_data(Some(scope(&store, PayloadLimits::default())));
-        let answer: Answer<()> = data.with_scope(|_| Err(ScopeError::HostFault("disk gone".into())));
+        let answer: Answer<()> = data.with_scope("state", |_| Err(ScopeError::HostFault("disk gone".into())));
         let trap = answer.expect_err("a host fault is a trap, not an answer");
         assert_eq!(trap.downcast_ref::<HostFault>().map(|fault| fault.0.as_str()), Some("disk gone"));
     }

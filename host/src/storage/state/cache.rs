@@ -60,6 +60,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{KeyWrites, Snapshot, StateError};
 use crate::key::Key;
+use wakuwaku_core::timers::Timer;
 
 /// The cache's capacity unless set: 64 MiB, which holds about 300 000 keys
 /// of one small JSON entry each.
@@ -420,6 +421,16 @@ impl Snapshot for BatchSnapshot {
 
     fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
         self.rest.counter_count(at_most)
+    }
+
+    /// Read from the backend's snapshot: only keys whose calls use timers
+    /// ask, once per batch each.
+    fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError> {
+        self.rest.timers(key)
+    }
+
+    fn timer_count(&self, at_most: usize) -> Result<usize, StateError> {
+        self.rest.timer_count(at_most)
     }
 }
 

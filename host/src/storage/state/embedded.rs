@@ -18,7 +18,10 @@
 //! offset): records at or above a partition's position that are already
 //! dealt with, such as retry records taken out of order, or dead letters
 //! already re-driven). Committing a position drops the `done` entries of
-//! that partition below it.
+//! that partition below it. Timers: `timers` ((key bytes, name) →
+//! partition as u32 LE, time as i64 LE, payload) and its index by time,
+//! `timers_due` ((partition, time, key bytes, name)), both written in the
+//! batch's transaction.
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -27,7 +30,12 @@ use redb::{
     Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
 
-use super::{BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, decode_outbox, encode_outbox};
+use wakuwaku_core::timers::{Millis, Timer};
+
+use super::{
+    BatchCommit, OutboxEntry, Snapshot, StateBackend, StateError, StateReader, TimerSummary, TimerWrite, decode_outbox,
+    encode_outbox,
+};
 use crate::key::Key;
 use crate::storage::redb_file::{self, OpenError};
 use crate::storage::stats::Stats;
@@ -40,6 +48,8 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
 const DONE: TableDefinition<(&str, u32, u64), ()> = TableDefinition::new("done");
+const TIMERS: TableDefinition<(&[u8], &str), &[u8]> = TableDefinition::new("timers");
+const TIMERS_DUE: TableDefinition<(u32, i64, &[u8], &str), ()> = TableDefinition::new("timers_due");
 
 /// The page cache of a state file. redb's default (1 GiB) would let the
 /// cache grow with everything a module writes; 64 MiB holds the hot keys
@@ -101,6 +111,8 @@ impl EmbeddedStore {
         txn.open_table(META).map_err(|e| store.storage(e))?;
         txn.open_table(SEQUENCES).map_err(|e| store.storage(e))?;
         txn.open_table(DONE).map_err(|e| store.storage(e))?;
+        txn.open_table(TIMERS).map_err(|e| store.storage(e))?;
+        txn.open_table(TIMERS_DUE).map_err(|e| store.storage(e))?;
         txn.open_table(META)
             .map_err(|e| store.storage(e))?
             .insert(FORMAT, FORMAT_VERSION)
@@ -183,6 +195,7 @@ impl StateBackend for EmbeddedStore {
         Ok(StateReader::new(EmbeddedSnapshot {
             state: txn.open_table(STATE).map_err(|e| self.storage(e))?,
             counters: txn.open_table(COUNTERS).map_err(|e| self.storage(e))?,
+            timers: txn.open_table(TIMERS).map_err(|e| self.storage(e))?,
             location: self.location.clone(),
         }))
     }
@@ -196,7 +209,8 @@ impl StateBackend for EmbeddedStore {
         if commit.is_empty() {
             return Ok(());
         }
-        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through } = commit;
+        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through, timers } =
+            commit;
         let outbox = outbox.iter().map(|entry| encode_outbox(entry, &self.location)).collect::<Result<Vec<_>, _>>()?;
 
         let txn = self.db.begin_write().map_err(|e| self.storage(e))?;
@@ -237,6 +251,8 @@ impl StateBackend for EmbeddedStore {
                 let below = (topic.as_str(), *partition, 0)..(topic.as_str(), *partition, *next);
                 done_table.retain_in(below, |_, _| false).map_err(|e| self.storage(e))?;
             }
+
+            self.write_timers(&txn, &timers)?;
 
             if let Some((partition, through)) = outbox_through {
                 let mut table = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
@@ -462,6 +478,9 @@ impl StateBackend for EmbeddedStore {
             txn.open_table(STATS).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
             txn.open_table(DONE).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
             txn.open_table(OUTBOX).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            txn.open_table(TIMERS).map_err(|e| self.storage(e))?.retain(|_, _| false).map_err(|e| self.storage(e))?;
+            let mut due = txn.open_table(TIMERS_DUE).map_err(|e| self.storage(e))?;
+            due.retain(|_, _| false).map_err(|e| self.storage(e))?;
             let mut table = txn.open_table(POSITIONS).map_err(|e| self.storage(e))?;
             table.retain(|_, _| false).map_err(|e| self.storage(e))?;
             for (topic, partition, next) in &positions {
@@ -470,6 +489,116 @@ impl StateBackend for EmbeddedStore {
         }
         txn.commit().map_err(|e| self.storage(e))
     }
+
+    fn due_timers(&self, partition: u32, before: Millis, limit: usize) -> Result<Vec<(Key, Millis)>, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let due = txn.open_table(TIMERS_DUE).map_err(|e| self.storage(e))?;
+        let range = due
+            .range((partition, Millis::MIN, &[][..], "")..(partition, before, &[][..], ""))
+            .map_err(|e| self.storage(e))?;
+        let mut keys: Vec<(Key, Millis)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for entry in range {
+            if keys.len() >= limit {
+                break;
+            }
+            let (index, _) = entry.map_err(|e| self.storage(e))?;
+            let (_, at, key, _) = index.value();
+            if seen.insert(key.to_vec()) {
+                let key = Key::from_canonical(key).map_err(|e| self.corrupt(format!("a timer's key: {e}")))?;
+                keys.push((key, at));
+            }
+        }
+        Ok(keys)
+    }
+
+    fn timer_summary(&self, partition: Option<u32>) -> Result<TimerSummary, StateError> {
+        let txn = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let due = txn.open_table(TIMERS_DUE).map_err(|e| self.storage(e))?;
+        let (pending, next_at) = match partition {
+            None => {
+                let pending = due.len().map_err(|e| self.storage(e))?;
+                let mut next_at: Option<Millis> = None;
+                // The earliest of each partition's first entry.
+                let mut from = (0u32, Millis::MIN);
+                loop {
+                    let mut range = due.range((from.0, from.1, &[][..], "")..).map_err(|e| self.storage(e))?;
+                    let Some(entry) = range.next() else { break };
+                    let (partition, at, _, _) = entry.map_err(|e| self.storage(e))?.0.value();
+                    next_at = Some(next_at.map_or(at, |next: Millis| next.min(at)));
+                    match partition.checked_add(1) {
+                        Some(next) => from = (next, Millis::MIN),
+                        None => break,
+                    }
+                }
+                (pending, next_at)
+            }
+            Some(partition) => {
+                let range = due.range((partition, Millis::MIN, &[][..], "")..).map_err(|e| self.storage(e))?;
+                let mut pending = 0u64;
+                let mut next_at = None;
+                for entry in range {
+                    let (of, at, _, _) = entry.map_err(|e| self.storage(e))?.0.value();
+                    if of != partition {
+                        break;
+                    }
+                    next_at.get_or_insert(at);
+                    pending += 1;
+                }
+                (pending, next_at)
+            }
+        };
+        Ok(TimerSummary { pending, next_at })
+    }
+}
+
+impl EmbeddedStore {
+    /// Replaces the timers of each key in `writes`, in both tables.
+    fn write_timers(&self, txn: &redb::WriteTransaction, writes: &[TimerWrite]) -> Result<(), StateError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut timers = txn.open_table(TIMERS).map_err(|e| self.storage(e))?;
+        let mut due = txn.open_table(TIMERS_DUE).map_err(|e| self.storage(e))?;
+        for TimerWrite { key, partition, timers: now } in writes {
+            let key = key.as_bytes();
+            let mut old: Vec<(String, u32, Millis)> = Vec::new();
+            for entry in timers.range((key, "")..).map_err(|e| self.storage(e))? {
+                let (index, value) = entry.map_err(|e| self.storage(e))?;
+                let (held_by, name) = index.value();
+                if held_by != key {
+                    break;
+                }
+                let (partition, at, _) = decode_timer(value.value()).ok_or_else(|| self.corrupt_timer(name))?;
+                old.push((name.to_owned(), partition, at));
+            }
+            for (name, partition, at) in &old {
+                timers.remove((key, name.as_str())).map_err(|e| self.storage(e))?;
+                due.remove((*partition, *at, key, name.as_str())).map_err(|e| self.storage(e))?;
+            }
+            for Timer { name, at, payload } in now {
+                let value = encode_timer(*partition, *at, payload);
+                timers.insert((key, name.as_str()), value.as_slice()).map_err(|e| self.storage(e))?;
+                due.insert((*partition, *at, key, name.as_str()), ()).map_err(|e| self.storage(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn corrupt_timer(&self, name: &str) -> StateError {
+        self.corrupt(format!("timer `{name}` cannot be decoded"))
+    }
+}
+
+/// A timer's value in `timers`: partition (u32 LE), time (i64 LE), payload.
+fn encode_timer(partition: u32, at: Millis, payload: &[u8]) -> Vec<u8> {
+    [&partition.to_le_bytes()[..], &at.to_le_bytes(), payload].concat()
+}
+
+fn decode_timer(bytes: &[u8]) -> Option<(u32, Millis, &[u8])> {
+    let (partition, rest) = bytes.split_first_chunk::<4>()?;
+    let (at, payload) = rest.split_first_chunk::<8>()?;
+    Some((u32::from_le_bytes(*partition), Millis::from_le_bytes(*at), payload))
 }
 
 fn storage(location: &str, e: impl Into<redb::Error>) -> StateError {
@@ -480,6 +609,7 @@ fn storage(location: &str, e: impl Into<redb::Error>) -> StateError {
 struct EmbeddedSnapshot {
     state: ReadOnlyTable<(&'static [u8], &'static str), &'static [u8]>,
     counters: ReadOnlyTable<&'static str, i128>,
+    timers: ReadOnlyTable<(&'static [u8], &'static str), &'static [u8]>,
     location: String,
 }
 
@@ -513,6 +643,29 @@ impl Snapshot for EmbeddedSnapshot {
     /// redb keeps every table's length: no counting at all.
     fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
         let held = self.counters.len().map_err(|e| storage(&self.location, e))?;
+        Ok(usize::try_from(held).unwrap_or(usize::MAX).min(at_most))
+    }
+
+    fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError> {
+        let mut timers = Vec::new();
+        for entry in self.timers.range((key.as_bytes(), "")..).map_err(|e| storage(&self.location, e))? {
+            let (index, value) = entry.map_err(|e| storage(&self.location, e))?;
+            let (held_by, name) = index.value();
+            if held_by != key.as_bytes() {
+                break;
+            }
+            let (_, at, payload) = decode_timer(value.value()).ok_or_else(|| StateError::Corrupt {
+                store: self.location.clone(),
+                what: format!("timer `{name}` cannot be decoded"),
+            })?;
+            timers.push(Timer { name: name.to_owned(), at, payload: payload.to_vec() });
+        }
+        Ok(timers)
+    }
+
+    /// redb keeps every table's length: no counting at all.
+    fn timer_count(&self, at_most: usize) -> Result<usize, StateError> {
+        let held = self.timers.len().map_err(|e| storage(&self.location, e))?;
         Ok(usize::try_from(held).unwrap_or(usize::MAX).min(at_most))
     }
 }

@@ -16,10 +16,11 @@
 
 use std::ops::Deref;
 
-use super::{BatchCommit, OutboxEntry, StateBackend, StateError, StateReader};
+use super::{BatchCommit, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
 use crate::key::Key;
 use crate::storage::forwarding::forward_methods;
 use crate::storage::stats::Stats;
+use wakuwaku_core::timers::Millis;
 
 /// Every method of [`StateBackend`] but `location`, handed to
 /// `forward_methods!` after `how`.
@@ -52,6 +53,9 @@ macro_rules! state_backend_methods {
             fn done_marks() -> Result<Vec<(String, u32, u64)>, StateError>;
             fn meta_entries() -> Result<Vec<(String, Vec<u8>)>, StateError>;
             fn start_over(positions: Vec<(String, u32, u64)>) -> Result<(), StateError>;
+            fn due_timers(partition: u32, before: Millis, limit: usize) -> Result<Vec<(Key, Millis)>, StateError>;
+            fn timer_summary(partition: Option<u32>) -> Result<TimerSummary, StateError>;
+            fn timer_count() -> Result<u64, StateError>;
         }
     };
 }
@@ -149,7 +153,7 @@ mod tests {
         let mut trait_methods = declared(include_str!("mod.rs"), "pub trait StateBackend", "\n}\n", "    ");
         let listed =
             declared(include_str!("forwarding.rs"), "macro_rules! state_backend_methods", "\n    };", "            ");
-        assert_eq!(trait_methods.len(), 27);
+        assert_eq!(trait_methods.len(), 30);
         trait_methods.retain(|name| name != "location");
         assert_eq!(listed, trait_methods);
     }

@@ -29,7 +29,11 @@
 //! - the `done` marks (retry records taken out of order, dead letters
 //!   re-driven) and the outbox: records emitted by handlers (retry,
 //!   dead-letter and published messages), to be appended to the log after
-//!   the commit.
+//!   the commit;
+//! - the timers of every key whose timers the batch changed (set, moved,
+//!   cancelled or fired; [`TimerWrite`]), each key's replaced as a whole,
+//!   so a timer fired in a batch is gone exactly when the batch's effects
+//!   are there, and a crash before the commit fires it again with them.
 //!
 //! **Why that gives exactly-once effects.** The transaction is atomic: after
 //! a crash the store holds either everything a batch did, together with the
@@ -56,7 +60,7 @@
 //!
 //! **Fencing.** A host that takes a partition [claims](StateBackend::claim)
 //! it, which bumps the partition's epoch; every later commit touching that
-//! partition (its positions, done marks or outbox) checks the epoch in the same transaction and is refused with
+//! partition (its positions, done marks, outbox or timers) checks the epoch in the same transaction and is refused with
 //! [`StateError::Fenced`] once another host has claimed it since. The
 //! same transaction checks that each position it writes is still where
 //! this store's last commit (or its claim) left it, and refuses the commit
@@ -94,6 +98,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use wakuwaku_core::timers::{Millis, Timer};
 
 use crate::event::KeyHash;
 use crate::key::Key;
@@ -380,6 +385,30 @@ impl KeyWrites {
     }
 }
 
+/// The timers of one key after a batch, replacing what the store holds for
+/// it ([`BatchCommit::timers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerWrite {
+    /// The key.
+    pub key: Key,
+    /// The partition index the key's events are read from: its timers are
+    /// fired by the host holding that partition
+    /// ([`StateBackend::due_timers`]).
+    pub partition: u32,
+    /// Its timers now (none: it holds none).
+    pub timers: Vec<Timer>,
+}
+
+/// What the store holds of a projection's timers, or of one partition's
+/// ([`StateBackend::timer_summary`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerSummary {
+    /// How many timers are pending.
+    pub pending: u64,
+    /// The earliest time among them.
+    pub next_at: Option<Millis>,
+}
+
 /// Everything one batch changes, applied by [`StateBackend::commit`] in one
 /// transaction.
 #[derive(Debug, Default)]
@@ -404,6 +433,9 @@ pub struct BatchCommit {
     /// settled and removed, before `outbox` adds its entries (the outbox
     /// publisher replaces undeliverable messages by dead letters so).
     pub outbox_through: Option<(u32, u64)>,
+    /// The keys whose timers changed, each with all its timers now: set,
+    /// moved, cancelled and fired ones are all in this one replacement.
+    pub timers: Vec<TimerWrite>,
 }
 
 impl BatchCommit {
@@ -416,6 +448,7 @@ impl BatchCommit {
             && self.outbox.is_empty()
             && self.done.is_empty()
             && self.outbox_through.is_none()
+            && self.timers.is_empty()
     }
 }
 
@@ -572,6 +605,20 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// offset). Host values, outbox sequence numbers (never reused) and
     /// claimed epochs stay.
     fn start_over(&self, positions: Vec<(String, u32, u64)>) -> Result<(), StateError>;
+
+    /// The keys of `partition` with a timer below `before`, each with its
+    /// earliest one, earliest first (ties by key bytes), at most `limit` of
+    /// them.
+    fn due_timers(&self, partition: u32, before: Millis, limit: usize) -> Result<Vec<(Key, Millis)>, StateError>;
+
+    /// The timers pending in `partition`, or in the whole projection, and
+    /// the earliest time among them.
+    fn timer_summary(&self, partition: Option<u32>) -> Result<TimerSummary, StateError>;
+
+    /// How many timers the projection holds (for `timers-in-all`).
+    fn timer_count(&self) -> Result<u64, StateError> {
+        self.timer_summary(None).map(|summary| summary.pending)
+    }
 }
 
 /// A read snapshot a backend hands out ([`StateBackend::reader`]).
@@ -597,6 +644,11 @@ pub trait Snapshot: Send + Sync {
     /// The counters the projection holds as of the snapshot, counted up to
     /// `at_most`.
     fn counter_count(&self, at_most: usize) -> Result<usize, StateError>;
+    /// The timers of `key` as of the snapshot, in no particular order.
+    fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError>;
+    /// The timers the projection holds as of the snapshot, counted up to
+    /// `at_most`.
+    fn timer_count(&self, at_most: usize) -> Result<usize, StateError>;
 }
 
 /// The state of one projection, in whichever backend holds it.
@@ -676,6 +728,16 @@ impl StateReader {
     /// The counters as of the snapshot, counted up to `at_most`.
     pub fn counter_count(&self, at_most: usize) -> Result<usize, StateError> {
         self.0.counter_count(at_most)
+    }
+
+    /// The timers of `key` as of the snapshot.
+    pub fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError> {
+        self.0.timers(key)
+    }
+
+    /// The projection's timers as of the snapshot, counted up to `at_most`.
+    pub fn timer_count(&self, at_most: usize) -> Result<usize, StateError> {
+        self.0.timer_count(at_most)
     }
 }
 

@@ -5,6 +5,7 @@
 use super::*;
 use crate::event::Header;
 use crate::storage::stats::Stat;
+use wakuwaku_core::timers::Timer;
 
 /// Opens a backend's store; a second call opens the same store again (the
 /// caller drops the first one before, as a restarting host does).
@@ -20,7 +21,7 @@ pub(super) trait Fixture {
 /// expression of type `Option<impl Fixture>`; `None` skips).
 macro_rules! state_suite {
     ($fixture:expr) => {
-        $crate::storage::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other, snapshots_count_what_the_quotas_need_up_to_a_bound, counters_and_entries_are_read_in_pages, positions_under_any_name_round_trip_and_a_later_commit_leaves_the_others);
+        $crate::storage::state::suite::state_suite!(@tests $fixture; commit_then_read_back, a_commit_survives_reopen_and_counters_pass_the_i64_range, keys_are_their_bytes_and_are_listed_in_byte_order, delete_removes_an_entry_and_an_empty_key, counters_add_across_commits_and_stats_saturate, outbox_sequence_numbers_keep_increasing, a_reader_sees_its_snapshot_only, meta_round_trips, done_offsets_are_dropped_once_the_position_passes_them, a_claim_fences_the_previous_owner, positions_done_marks_and_host_values_are_listed, starting_over_clears_all_but_host_values_in_one_commit, a_run_and_a_reset_exclude_each_other, snapshots_count_what_the_quotas_need_up_to_a_bound, counters_and_entries_are_read_in_pages, positions_under_any_name_round_trip_and_a_later_commit_leaves_the_others, timers_are_committed_with_the_batch_and_found_by_time, timers_are_cleared_by_starting_over);
     };
     (@tests $fixture:expr; $($name:ident),*) => {
         $(
@@ -472,4 +473,87 @@ pub(super) fn positions_under_any_name_round_trip_and_a_later_commit_leaves_the_
     let read: Vec<Option<u64>> = names.iter().map(|name| store.position(name, 1).unwrap()).collect();
     assert_eq!(read, [Some(3), Some(13), Some(1), Some(10), Some(u64::from(u32::MAX))]);
     assert_eq!(store.position("release:read-to:a", 2).unwrap(), None, "another partition");
+}
+
+fn timer(name: &str, at: Millis) -> Timer {
+    Timer { name: name.to_owned(), at, payload: name.as_bytes().to_vec() }
+}
+
+fn timers_of(store: &StateStore, key: &Key) -> Vec<(String, Millis, Vec<u8>)> {
+    let mut timers: Vec<_> =
+        store.reader().unwrap().timers(key).unwrap().into_iter().map(|t| (t.name, t.at, t.payload)).collect();
+    timers.sort();
+    timers
+}
+
+pub(super) fn timers_are_committed_with_the_batch_and_found_by_time(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    assert_eq!(store.timer_summary(None).unwrap(), TimerSummary::default());
+    let before = store.reader().unwrap();
+    let write = |key: u64, partition: u32, timers: Vec<Timer>| TimerWrite { key: k(key), partition, timers };
+    store
+        .commit(BatchCommit {
+            timers: vec![
+                write(1, 0, vec![timer("close", 50), timer("a", -7)]),
+                write(2, 0, vec![timer("close", 20)]),
+                write(3, 1, vec![timer("close", 5)]),
+                // Listed twice: the later wins.
+                write(4, 0, vec![timer("x", 1)]),
+                write(4, 0, vec![timer("y", 30)]),
+            ],
+            positions: vec![("t".into(), 0, 3)],
+            ..BatchCommit::default()
+        })
+        .unwrap();
+    assert!(before.timers(&k(1)).unwrap().is_empty(), "a snapshot sees what was committed before it");
+    assert_eq!(before.timer_count(100).unwrap(), 0);
+    assert_eq!(timers_of(&store, &k(1)), [("a".into(), -7, b"a".to_vec()), ("close".into(), 50, b"close".to_vec())]);
+    assert_eq!(timers_of(&store, &k(4)), [("y".into(), 30, b"y".to_vec())]);
+    assert_eq!(store.reader().unwrap().timer_count(100).unwrap(), 5);
+    assert_eq!(store.reader().unwrap().timer_count(2).unwrap(), 2, "counted up to the bound");
+    // Due below a clock, per partition, earliest first, each key once.
+    assert_eq!(store.due_timers(0, 21, 10).unwrap(), [(k(1), -7), (k(2), 20)]);
+    assert_eq!(store.due_timers(0, 20, 10).unwrap(), [(k(1), -7)], "the clock is exclusive");
+    assert_eq!(store.due_timers(0, 100, 2).unwrap(), [(k(1), -7), (k(2), 20)], "at most the limit");
+    assert_eq!(store.due_timers(1, 100, 10).unwrap(), [(k(3), 5)]);
+    assert!(store.due_timers(2, Millis::MAX, 10).unwrap().is_empty());
+    assert_eq!(store.timer_summary(None).unwrap(), TimerSummary { pending: 5, next_at: Some(-7) });
+    assert_eq!(store.timer_summary(Some(1)).unwrap(), TimerSummary { pending: 1, next_at: Some(5) });
+    // A later batch replaces a key's timers: one fired, one moved, one
+    // cancelled, one added; an empty list removes them all.
+    store
+        .commit(BatchCommit {
+            timers: vec![write(1, 0, vec![timer("close", 60), timer("b", 55)]), write(2, 0, vec![])],
+            ..BatchCommit::default()
+        })
+        .unwrap();
+    assert_eq!(timers_of(&store, &k(1)), [("b".into(), 55, b"b".to_vec()), ("close".into(), 60, b"close".to_vec())]);
+    assert!(timers_of(&store, &k(2)).is_empty());
+    assert_eq!(store.due_timers(0, 100, 10).unwrap(), [(k(4), 30), (k(1), 55)]);
+    // A commit that fails changes no timer: a fenced one, where fencing is.
+    drop(store);
+    let store = fixture.open();
+    assert_eq!(store.timer_summary(None).unwrap(), TimerSummary { pending: 4, next_at: Some(5) });
+    if fixture.fences() {
+        store.claim(0).unwrap();
+        let other = fixture.open();
+        other.claim(0).unwrap();
+        let refused = store.commit(BatchCommit {
+            timers: vec![write(1, 0, vec![])],
+            positions: vec![("t".into(), 0, 4)],
+            ..BatchCommit::default()
+        });
+        assert!(matches!(refused, Err(StateError::Fenced { .. })), "{refused:?}");
+        assert_eq!(timers_of(&other, &k(1)).len(), 2, "nothing of a refused commit is applied");
+    }
+}
+
+pub(super) fn timers_are_cleared_by_starting_over(fixture: &dyn Fixture) {
+    let store = fixture.open();
+    let timers = vec![TimerWrite { key: k(1), partition: 0, timers: vec![timer("close", 5)] }];
+    store.commit(BatchCommit { timers, ..BatchCommit::default() }).unwrap();
+    store.start_over(vec![("t".into(), 0, 0)]).unwrap();
+    assert!(timers_of(&store, &k(1)).is_empty());
+    assert_eq!(store.timer_summary(None).unwrap(), TimerSummary::default());
+    assert!(store.due_timers(0, Millis::MAX, 10).unwrap().is_empty());
 }

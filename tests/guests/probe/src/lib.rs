@@ -332,8 +332,9 @@ impl Handler<Peek> for Probe {
 /// Calls one import `count` times straight through the WIT bindings,
 /// bypassing the SDK: `op` is `get`, `set` (a value of `len` bytes),
 /// `delete`, `counter-add` (`delta`), `counter-get`, `emit` (to `topic`,
-/// key bytes `emit_key` as given, a body of `len` bytes) or `log` (a line
-/// of `len` bytes), or `key` (writes the key being handled, in its text
+/// key bytes `emit_key` as given, a body of `len` bytes), `log` (a line
+/// of `len` bytes), `timer-set` (timer `name` at `delta`, a payload of
+/// `len` bytes) or `timer-cancel`, or `key` (writes the key being handled, in its text
 /// form, to the entry `key`, through the SDK). `{i}` in `name` becomes the
 /// call's index. The first
 /// refusal fails the call (unrecoverable, "`n` accepted, then refused:
@@ -341,7 +342,7 @@ impl Handler<Peek> for Probe {
 /// call succeeds whatever was refused.
 impl Handler<Raw> for Probe {
     fn handle(ctx: &mut Context<'_>, events: &[Raw]) -> Result<(), HandlerError> {
-        use wakuwaku_guest::bindings::wakuwaku::handler::{emit, log, state, types};
+        use wakuwaku_guest::bindings::wakuwaku::handler::{emit, log, state, timers, types};
         for raw in events {
             if raw.op == "key" {
                 let key = ctx.key().to_string();
@@ -370,6 +371,8 @@ impl Handler<Raw> for Probe {
                         log::log(log::Level::Info, &String::from_utf8(bytes).unwrap_or_default());
                         Ok(())
                     }
+                    "timer-set" => timers::set(&name, raw.delta, &bytes),
+                    "timer-cancel" => timers::cancel(&name),
                     other => return Err(HandlerError::unrecoverable(format!("unknown raw op `{other}`"))),
                 };
                 match result {
@@ -387,8 +390,32 @@ impl Handler<Raw> for Probe {
     }
 }
 
+/// Fires the probe's timers: appends `<name>@<at>` of each to the state
+/// entry `fired` (a JSON list); a timer named `chain` sets `chain-next` 5 ms
+/// later, and one named `self` tries to set itself again at its own time
+/// and writes the refusal to the entry `refused`.
+impl wakuwaku_guest::OnTimers for Probe {
+    fn fire(ctx: &mut Context<'_>, timers: &[wakuwaku_guest::Timer]) -> Result<(), HandlerError> {
+        let mut fired: Vec<String> = ctx.get("fired")?.unwrap_or_default();
+        for timer in timers {
+            fired.push(format!("{}@{}", timer.name, timer.at));
+            match timer.name.as_str() {
+                "chain" => ctx.set_timer_bytes("chain-next", timer.at + 5, b"")?,
+                "self" => {
+                    if let Err(refused) = ctx.set_timer_bytes("self", timer.at, b"") {
+                        ctx.set("refused", &refused.message)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        ctx.set("fired", &fired)
+    }
+}
+
 wakuwaku_guest::export_module!(
     Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Ordered, Shipped, Returned,
         Inspected, Raw;
-    emits: ["notes-out", "out"]
+    emits: ["notes-out", "out"];
+    timers: Probe
 );

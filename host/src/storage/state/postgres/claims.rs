@@ -63,12 +63,13 @@ impl Claims {
     }
 
     /// The claimed epochs of the partitions `commit` touches (their
-    /// positions, done marks or outbox), by partition.
+    /// positions, done marks, outbox or timers), by partition.
     pub(super) fn held_epochs(&self, commit: &BatchCommit) -> Vec<(u32, i64)> {
         let epochs = self.epochs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let touched: HashSet<u32> = (commit.positions.iter().chain(&commit.done).map(|(_, partition, _)| *partition))
             .chain(commit.outbox.iter().map(OutboxEntry::source))
             .chain(commit.outbox_through.map(|(partition, _)| partition))
+            .chain(commit.timers.iter().map(|write| write.partition))
             .collect();
         let mut held: Vec<(u32, i64)> =
             touched.into_iter().filter_map(|partition| Some((partition, *epochs.get(&partition)?))).collect();

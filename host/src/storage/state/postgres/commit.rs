@@ -12,7 +12,8 @@
 //!   those with something to do ([`wanted_statements`]), in a fixed order:
 //!   the fence and position checks first ([`super::claims`]), then the
 //!   state, counters, statistics, done marks, positions (and the done
-//!   marks below them), the outbox settled, the outbox added.
+//!   marks below them), the outbox settled, the outbox added, the timers
+//!   of the keys whose timers changed (removed, then the new ones added).
 //! - **One flight**: `BEGIN`, every statement and `COMMIT` leave together
 //!   and are answered together ([`all_at_once`]): one round trip whatever
 //!   the batch holds (and one more per statement the first time a
@@ -25,7 +26,7 @@ use std::future::Future;
 
 use tokio_postgres::types::ToSql;
 
-use super::super::{BatchCommit, StateError, encode_outbox};
+use super::super::{BatchCommit, StateError, TimerWrite, encode_outbox};
 use super::claims::{self, CHECK_POSITIONS, FENCE, PositionChecks};
 use super::db::{Db, i32_of, i64_of};
 use super::json::json_text;
@@ -58,13 +59,21 @@ pub(super) struct CommitRows {
     outbox_through: Option<(i32, i64)>,
     outbox: Vec<Vec<u8>>,
     outbox_partitions: Vec<i32>,
+    /// Keys whose timers are replaced.
+    timer_keys: Vec<Vec<u8>>,
+    timer_set_keys: Vec<Vec<u8>>,
+    timer_names: Vec<String>,
+    timer_partitions: Vec<i32>,
+    timer_ats: Vec<i64>,
+    timer_payloads: Vec<Vec<u8>>,
 }
 
 impl CommitRows {
     /// Folds `commit`: one row per entry (the last write wins), deltas as
     /// decimal text (PostgreSQL has no 128-bit integer to bind).
     pub(super) fn fold(commit: BatchCommit, location: &str) -> Result<Self, StateError> {
-        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through } = commit;
+        let BatchCommit { writes, counter_deltas, stat_deltas, positions, outbox, done, outbox_through, timers } =
+            commit;
         // (key bytes, name) → (key text, last value written).
         let mut last: BTreeMap<(Vec<u8>, String), LastWrite> = BTreeMap::new();
         for (key, key_writes) in &writes {
@@ -107,6 +116,19 @@ impl CommitRows {
         };
         rows.outbox = outbox.iter().map(|entry| encode_outbox(entry, location)).collect::<Result<_, _>>()?;
         rows.outbox_partitions = outbox.iter().map(|entry| i32_of(entry.source())).collect();
+        // The last write of a key listed twice wins.
+        let timers: BTreeMap<Vec<u8>, TimerWrite> =
+            timers.into_iter().map(|write| (write.key.as_bytes().to_vec(), write)).collect();
+        for (key, TimerWrite { partition, timers, .. }) in timers {
+            for timer in timers {
+                rows.timer_set_keys.push(key.clone());
+                rows.timer_names.push(timer.name);
+                rows.timer_partitions.push(i32_of(partition));
+                rows.timer_ats.push(timer.at);
+                rows.timer_payloads.push(timer.payload);
+            }
+            rows.timer_keys.push(key);
+        }
         Ok(rows)
     }
 
@@ -120,6 +142,8 @@ impl CommitRows {
             + self.done_topics.len()
             + usize::from(self.outbox_through.is_some())
             + self.outbox.len()
+            + self.timer_keys.len()
+            + self.timer_names.len()
     }
 
     /// Adds a position row: `next` is the next offset of `partition`.
@@ -162,6 +186,12 @@ const SET_POSITIONS: &str = "INSERT INTO waku_positions (projection, topic, part
      SELECT $1, * FROM unnest($2::text[], $3::integer[], $4::bigint[]) \
      ON CONFLICT (projection, topic, partition) DO UPDATE SET next = excluded.next";
 
+const DROP_TIMERS: &str = "DELETE FROM waku_timers t USING unnest($2::bytea[]) AS d(key) \
+     WHERE t.projection = $1 AND t.key = d.key";
+
+const ADD_TIMERS: &str = "INSERT INTO waku_timers (projection, key, name, partition, at, payload) \
+     SELECT $1, * FROM unnest($2::bytea[], $3::text[], $4::integer[], $5::bigint[], $6::bytea[])";
+
 const DROP_DONE_BELOW: &str = "DELETE FROM waku_done d \
      USING unnest($2::text[], $3::integer[], $4::bigint[]) AS p(topic, partition, next) \
      WHERE d.projection = $1 AND d.topic = p.topic AND d.partition = p.partition AND d.record < p.next";
@@ -186,6 +216,8 @@ fn wanted_statements(held: &[(u32, i64)], checks: &PositionChecks, r: &CommitRow
     add(!r.position_topics.is_empty(), DROP_DONE_BELOW);
     add(r.outbox_through.is_some(), SETTLE_OUTBOX);
     add(!r.outbox.is_empty(), ADD_OUTBOX);
+    add(!r.timer_keys.is_empty(), DROP_TIMERS);
+    add(!r.timer_names.is_empty(), ADD_TIMERS);
     wanted
 }
 
@@ -229,6 +261,10 @@ impl<'a> Bindings<'a> {
             ADD_STATS => vec![p, &r.stat_names, &r.stat_deltas],
             ADD_DONE => vec![p, &r.done_topics, &r.done_partitions, &r.done_records],
             SET_POSITIONS | DROP_DONE_BELOW => vec![p, &r.position_topics, &r.position_partitions, &r.position_nexts],
+            DROP_TIMERS => vec![p, &r.timer_keys],
+            ADD_TIMERS => {
+                vec![p, &r.timer_set_keys, &r.timer_names, &r.timer_partitions, &r.timer_ats, &r.timer_payloads]
+            }
             SETTLE_OUTBOX => match &r.outbox_through {
                 Some((partition, through)) => vec![p, partition, through],
                 None => return None,
@@ -333,13 +369,15 @@ async fn all_at_once<T>(flight: Vec<std::pin::Pin<Box<dyn Future<Output = T> + S
 }
 
 /// Clears the projection's state, counters, statistics, done marks,
-/// outbox and positions, and stores the positions of `rows`, in one
+/// outbox, positions and timers, and stores the positions of `rows`, in one
 /// transaction.
 pub(super) async fn start_over(mut db: Db, rows: CommitRows) -> Result<(), StateError> {
     let mut client = db.take()?;
     let txn = client.transaction().await.map_err(|e| db.error(e))?;
     let p = &*db.projection;
-    for table in ["waku_state", "waku_counters", "waku_stats", "waku_done", "waku_outbox", "waku_positions"] {
+    let tables =
+        ["waku_state", "waku_counters", "waku_stats", "waku_done", "waku_outbox", "waku_positions", "waku_timers"];
+    for table in tables {
         txn.execute(&format!("DELETE FROM {table} WHERE projection = $1"), &[&p]).await.map_err(|e| db.error(e))?;
     }
     txn.execute(
@@ -362,6 +400,7 @@ mod tests {
     use crate::storage::log::Record;
     use crate::storage::state::{KeyWrites, OutboxEntry};
     use crate::storage::stats::{Stat, Stats};
+    use wakuwaku_core::timers::Timer;
 
     fn outbox_from(partition: u32) -> OutboxEntry {
         OutboxEntry {
@@ -392,6 +431,15 @@ mod tests {
             outbox: vec![outbox_from(2), outbox_from(2)],
             done: vec![("t".into(), 2, 12)],
             outbox_through: Some((2, 5)),
+            timers: vec![
+                TimerWrite { key: Key::int(7), partition: 2, timers: vec![] },
+                TimerWrite {
+                    key: Key::int(7),
+                    partition: 2,
+                    timers: vec![Timer { name: "close".into(), at: 9, payload: vec![1] }],
+                },
+                TimerWrite { key: Key::int(8), partition: 2, timers: vec![] },
+            ],
         }
     }
 
@@ -412,13 +460,20 @@ mod tests {
         assert_eq!(rows.outbox_through, Some((2, 5)));
         assert_eq!(rows.outbox.len(), 2);
         assert_eq!(rows.outbox_partitions, [2, 2]);
+        assert_eq!(rows.timer_keys, [key.as_bytes().to_vec(), Key::int(8).as_bytes().to_vec()], "each key once");
+        assert_eq!(
+            (rows.timer_names, rows.timer_ats, rows.timer_partitions),
+            (vec!["close".to_owned()], vec![9], vec![2])
+        );
+        assert_eq!((rows.timer_set_keys, rows.timer_payloads), (vec![key.as_bytes().to_vec()], vec![vec![1]]));
     }
 
     #[test]
     fn every_row_is_counted_once() {
         let rows = CommitRows::fold(full_commit(), "here").unwrap();
-        // 2 set, 1 deleted, 1 counter, 1 stat, 1 position, 1 done, the settling, 2 outbox entries.
-        assert_eq!(rows.count(), 10);
+        // 2 set, 1 deleted, 1 counter, 1 stat, 1 position, 1 done, the
+        // settling, 2 outbox entries, 2 keys' timers replaced, 1 timer.
+        assert_eq!(rows.count(), 13);
         assert_eq!(CommitRows::default().count(), 0);
     }
 
@@ -454,7 +509,9 @@ mod tests {
                 SET_POSITIONS,
                 DROP_DONE_BELOW,
                 SETTLE_OUTBOX,
-                ADD_OUTBOX
+                ADD_OUTBOX,
+                DROP_TIMERS,
+                ADD_TIMERS
             ]
         );
         let positions_only =

@@ -1,6 +1,7 @@
 //! What tools and the host read outside a batch, and the host's own
 //! values: keys and entries, counters and statistics (all, or a page at a
-//! time), positions and done marks, and `waku_meta`.
+//! time), positions and done marks, `waku_meta`, and the timers due and
+//! pending.
 //!
 //! Rules kept here:
 //! - **Pages are bounded by the server**: a page of entries sums its
@@ -15,7 +16,9 @@
 
 use std::str::FromStr;
 
-use super::super::StateError;
+use wakuwaku_core::timers::{Millis, Timer};
+
+use super::super::{StateError, TimerSummary};
 use super::db::{Db, i32_of};
 use crate::key::Key;
 use crate::storage::stats::Stats;
@@ -185,6 +188,56 @@ pub(super) async fn meta_entries(db: &Db) -> Result<Vec<(String, Vec<u8>)>, Stat
     let rows =
         db.query("SELECT name, value FROM waku_meta WHERE projection = $1 ORDER BY name", &[&&*db.projection]).await?;
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// The keys of `partition` with a timer below `before`, each with its
+/// earliest, earliest first, at most `limit` (the index by time serves it).
+pub(super) async fn due_timers(
+    db: &Db,
+    partition: u32,
+    before: Millis,
+    limit: i64,
+) -> Result<Vec<(Key, Millis)>, StateError> {
+    let rows = db
+        .query(
+            "SELECT key, min(at) AS first FROM waku_timers \
+             WHERE projection = $1 AND partition = $2 AND at < $3 \
+             GROUP BY key ORDER BY first, key LIMIT $4",
+            &[&&*db.projection, &i32_of(partition), &before, &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let key = Key::from_canonical(row.get::<_, &[u8]>(0))
+                .map_err(|e| db.corrupt(format!("a timer's key is not canonical: {e}")))?;
+            Ok((key, row.get::<_, i64>(1)))
+        })
+        .collect()
+}
+
+/// The timers pending in `partition` (or all), and the earliest time.
+pub(super) async fn timer_summary(db: &Db, partition: Option<u32>) -> Result<TimerSummary, StateError> {
+    let partition = partition.map(i32_of);
+    let rows = db
+        .query(
+            "SELECT count(*), min(at) FROM waku_timers \
+             WHERE projection = $1 AND ($2::integer IS NULL OR partition = $2)",
+            &[&&*db.projection, &partition],
+        )
+        .await?;
+    let Some(row) = rows.first() else { return Ok(TimerSummary::default()) };
+    Ok(TimerSummary { pending: row.get::<_, i64>(0).unsigned_abs(), next_at: row.get(1) })
+}
+
+/// The timers of `key`, by name.
+pub(super) async fn timers(db: &Db, key: &[u8]) -> Result<Vec<Timer>, StateError> {
+    let rows = db
+        .query(
+            "SELECT name, at, payload FROM waku_timers WHERE projection = $1 AND key = $2 ORDER BY name",
+            &[&&*db.projection, &key],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| Timer { name: row.get(0), at: row.get(1), payload: row.get(2) }).collect())
 }
 
 #[cfg(test)]

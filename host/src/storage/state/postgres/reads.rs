@@ -25,6 +25,7 @@ use super::bridge::wait;
 use super::db::{Db, i32_of};
 use super::inspect::number;
 use crate::key::Key;
+use wakuwaku_core::timers::Timer;
 
 /// What a snapshot's transaction begins with.
 pub(super) const BEGIN_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1";
@@ -213,6 +214,24 @@ impl Snapshot for PostgresSnapshot {
         wait(&self.db.location, &self.bridge, async move {
             db.count(
                 "SELECT count(*) FROM (SELECT 1 FROM waku_counters WHERE projection = $1 LIMIT $2) AS s",
+                &[&&*db.projection, &at_most],
+            )
+            .await
+        })
+    }
+
+    fn timers(&self, key: &Key) -> Result<Vec<Timer>, StateError> {
+        let (db, key) = (self.db.share(), key.as_bytes().to_vec());
+        wait(&self.db.location, &self.bridge, async move { super::inspect::timers(&db, &key).await })
+    }
+
+    /// Counts the index, stopping at `at_most` (the quota).
+    fn timer_count(&self, at_most: usize) -> Result<usize, StateError> {
+        let db = self.db.share();
+        let at_most = i64::try_from(at_most).unwrap_or(i64::MAX);
+        wait(&self.db.location, &self.bridge, async move {
+            db.count(
+                "SELECT count(*) FROM (SELECT 1 FROM waku_timers WHERE projection = $1 LIMIT $2) AS s",
                 &[&&*db.projection, &at_most],
             )
             .await

@@ -99,6 +99,20 @@ CREATE INDEX waku_outbox_partition ON waku_outbox (projection, partition, seq);
 ALTER TABLE waku_state ALTER COLUMN json DROP EXPRESSION;
 DROP FUNCTION waku_json(bytea);
 "#,
+    // Per-key event-time timers, committed with the batch; found by time
+    // per partition when the clock passes them.
+    r#"
+CREATE TABLE waku_timers (
+    projection text COLLATE "C" NOT NULL,
+    key bytea NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    partition integer NOT NULL,
+    at bigint NOT NULL,
+    payload bytea NOT NULL,
+    PRIMARY KEY (projection, key, name)
+);
+CREATE INDEX waku_timers_due ON waku_timers (projection, partition, at, key);
+"#,
 ];
 
 /// The advisory lock held while the schema is migrated ("waku" in ASCII).
@@ -283,7 +297,8 @@ mod tests {
         ] {
             assert!(MIGRATIONS[0].contains(&format!("CREATE TABLE {table} (")), "{table}");
         }
-        assert_eq!(known_version(), 3);
+        assert_eq!(known_version(), 4);
+        assert!(MIGRATIONS[3].contains("CREATE TABLE waku_timers ("), "version 4 adds the timers");
         assert!(MIGRATIONS[1].contains("ADD COLUMN partition"), "version 2 is the one the outbox rows are given for");
         assert_eq!(MIGRATION_LOCK.to_be_bytes()[4..], *b"waku");
     }

@@ -23,7 +23,7 @@ use deadpool_postgres::Pool;
 
 use super::super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, StateCache};
 use super::super::hold::Holds;
-use super::super::{BatchCommit, KeyWrites, OutboxEntry, StateBackend, StateError, StateReader};
+use super::super::{BatchCommit, KeyWrites, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
 use super::bridge::Bridge;
 use super::claims::{self, Claims};
 use super::commit::{self, CommitRows};
@@ -33,6 +33,7 @@ use super::tls::PostgresConfig;
 use super::{connect, inspect, outbox, schema};
 use crate::key::Key;
 use crate::storage::stats::Stats;
+use wakuwaku_core::timers::Millis;
 
 /// The state of one projection in a PostgreSQL database.
 pub struct PostgresStore {
@@ -445,6 +446,15 @@ impl StateBackend for PostgresStore {
             rows.add_position(topic, partition, next, &self.location)?;
         }
         self.run(move |db| async move { commit::start_over(db, rows).await })
+    }
+
+    fn due_timers(&self, partition: u32, before: Millis, limit: usize) -> Result<Vec<(Key, Millis)>, StateError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |db| async move { inspect::due_timers(&db, partition, before, limit).await })
+    }
+
+    fn timer_summary(&self, partition: Option<u32>) -> Result<TimerSummary, StateError> {
+        self.run(move |db| async move { inspect::timer_summary(&db, partition).await })
     }
 }
 
