@@ -391,6 +391,31 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
     assert_eq!(out.status, 303);
     let after = call_async("GET", format!("{base}/console/api/overview"), vec![("cookie", cookie)], None).await;
     assert_eq!(after.status, 401);
+
+    // Dead letters, filtered and paged, with the bearer token of a tool.
+    let (flaky_served, _, _) = flaky(&dir.path().join("flaky")).await;
+    let base = format!("http://{}", flaky_served.address);
+    let bearer = || vec![("authorization", format!("Bearer {TOKEN}"))];
+    let letters = |query: &str| {
+        let (url, query) = (format!("{base}/console/api/dead-letters?{query}"), query.to_owned());
+        async move {
+            let answer = call_async("GET", url, bearer(), None).await;
+            assert_eq!(answer.status, 200, "{query}: {}", answer.body);
+            serde_json::from_str::<serde_json::Value>(&answer.body).unwrap()
+        }
+    };
+    let keyed = letters("key=7").await;
+    assert_eq!(keyed["letters"].as_array().unwrap().len(), 1);
+    assert_eq!(keyed["letters"][0]["reason"], "unrecoverable handler error: not fixed yet");
+    let first = letters("class=unrecoverable&limit=1").await;
+    assert_eq!(first["letters"].as_array().unwrap().len(), 1);
+    let next = first["next"].as_str().unwrap().to_owned();
+    let rest = letters(&format!("class=unrecoverable&limit=5&after={next}")).await;
+    assert_eq!((rest["letters"].as_array().unwrap().len(), &rest["next"]), (2, &serde_json::Value::Null));
+    assert_eq!(letters("class=trap").await["letters"].as_array().unwrap().len(), 0);
+    assert_eq!(letters("limit=2").await["dead_lettered"], 3);
+    let bad = call_async("GET", format!("{base}/console/api/dead-letters?key=%7B"), bearer(), None).await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
 }
 
 // ---- in a real browser ----

@@ -49,7 +49,7 @@ pub const MAX_ROWS: usize = 200;
 
 /// The most dead letters one search reads before it answers with what it
 /// found and where to go on.
-pub const SCAN_BUDGET: usize = 20_000;
+pub const SCAN_BUDGET: usize = 5_000;
 
 /// A page of messages stops once its bodies hold this many bytes (the
 /// first message always comes).
@@ -283,10 +283,30 @@ struct LetterFilter {
 }
 
 impl LetterFilter {
-    fn picks(&self, letter: &DeadLetter, row: &LetterRow) -> bool {
+    /// Whether it passes every letter.
+    fn passes_all(&self) -> bool {
+        let Self { class, event_type, key, topic, version, since, until, state } = self;
+        class.is_none()
+            && event_type.is_none()
+            && key.is_none()
+            && topic.is_none()
+            && version.is_none()
+            && since.is_none()
+            && until.is_none()
+            && state.is_none()
+    }
+
+    /// Whether `letter` passes, read from the letter itself (a row is made
+    /// only for those that do: a search reads thousands).
+    fn picks(&self, letter: &DeadLetter, names: &BTreeMap<u32, String>) -> bool {
         let routed = &letter.routed;
-        self.class.as_ref().is_none_or(|class| row.class == *class)
-            && self.event_type.as_ref().is_none_or(|name| routed.event_type == *name || row.event_type == *name)
+        let class = routed.failure.as_ref().map_or("-", |f| f.class.name());
+        let type_name = || match &letter.envelope {
+            Ok(envelope) => names.get(&envelope.tag.get()).cloned().unwrap_or_else(|| format!("tag {}", envelope.tag)),
+            Err(_) => String::new(),
+        };
+        self.class.as_ref().is_none_or(|wanted| class == wanted)
+            && self.event_type.as_ref().is_none_or(|name| routed.event_type == *name || type_name() == *name)
             && self.key.as_ref().is_none_or(|key| letter.envelope.as_ref().is_ok_and(|e| e.key == *key))
             && self.topic.as_ref().is_none_or(|topic| routed.topic == *topic)
             && self
@@ -384,17 +404,18 @@ pub(super) async fn dead_letters<L: EventLog>(
     let store = console.admin.projection.store();
     let names = crate::engine::projection::type_names(store);
     let (mut letters, mut scanned, mut after) = (Vec::new(), 0, after);
+    // Unfiltered, a page reads only its letters; filtered, a thousand at a time.
+    let read = if filter.passes_all() { limit } else { 1_000 };
     let next = loop {
-        let page = match dead_letter::list_page_on(&*console.admin.log, &topic, &shelf, store, after, 1_000).await {
+        let page = match dead_letter::list_page_on(&*console.admin.log, &topic, &shelf, store, after, read).await {
             Ok(page) => page,
             Err(error) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, error),
         };
         let mut stopped = None;
         for letter in &page.letters {
             scanned += 1;
-            let row = LetterRow::of(letter, &names);
-            if filter.picks(letter, &row) {
-                letters.push(row);
+            if filter.picks(letter, &names) {
+                letters.push(LetterRow::of(letter, &names));
             }
             if letters.len() == limit || scanned >= SCAN_BUDGET {
                 stopped = Some((letter.partition, letter.offset));
