@@ -58,13 +58,15 @@ impl AdminServeArgs {
     /// Sets the token, the opt-in and the TLS of `settings`.
     pub(super) fn apply(&self, settings: &mut crate::operations::host::HostSettings) -> Result<()> {
         settings.admin_token = token(self.admin_token_file.as_deref())?;
-        settings.admin_read_token = match &self.admin_read_token_file {
-            None => None,
-            Some(path) => Some(read_token(path)?),
-        };
+        settings.admin_read_token = self.read_token()?;
         settings.admin_insecure = self.admin_insecure;
         settings.admin_tls = self.tls()?;
         Ok(())
+    }
+
+    /// The read-only token, from its file when given.
+    pub(super) fn read_token(&self) -> Result<Option<AdminToken>> {
+        self.admin_read_token_file.as_deref().map(read_token).transpose()
     }
 
     /// The certificate and key to serve TLS with, read now.
