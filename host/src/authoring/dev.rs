@@ -68,6 +68,9 @@ pub struct DevSettings {
     /// The token it asks for on every route but `/health` and `/ready`
     /// (`None`: open, which only a loopback address allows).
     pub admin_token: Option<crate::operations::admin::AdminToken>,
+    /// A token it takes for reading only (the console's pages, not its
+    /// actions).
+    pub admin_read_token: Option<crate::operations::admin::AdminToken>,
     /// Serve it without a token off loopback all the same.
     pub admin_insecure: bool,
     /// Serve it over TLS with this certificate and key.
@@ -238,6 +241,7 @@ pub async fn run_with<G>(
     host_settings.create_emit_topics = Some(settings.partitions);
     host_settings.admin = settings.admin;
     host_settings.admin_token = settings.admin_token.clone();
+    host_settings.admin_read_token = settings.admin_read_token.clone();
     host_settings.admin_insecure = settings.admin_insecure;
     host_settings.admin_tls = settings.admin_tls.clone();
     let log = Arc::new(EmbeddedLog::open(settings.data_dir.join("log.redb"))?);
@@ -440,6 +444,7 @@ mod tests {
             events: None,
             target_dir: None,
             admin_token: None,
+            admin_read_token: None,
             admin_insecure: false,
             admin_tls: None,
             admin: None,

@@ -36,6 +36,11 @@ pub(super) struct AdminServeArgs {
     /// set, else the endpoint is open.
     #[arg(long, value_name = "FILE")]
     pub(super) admin_token_file: Option<PathBuf>,
+    /// Also take the token in this file, for reading only: the routes that
+    /// read and the console's pages, never its actions (re-drive,
+    /// rollback). Keep it `chmod 600`.
+    #[arg(long, value_name = "FILE")]
+    pub(super) admin_read_token_file: Option<PathBuf>,
     /// Serve the admin endpoint without a token on an address other than
     /// loopback (refused otherwise: anyone who reaches it reads the state).
     #[arg(long)]
@@ -53,9 +58,15 @@ impl AdminServeArgs {
     /// Sets the token, the opt-in and the TLS of `settings`.
     pub(super) fn apply(&self, settings: &mut crate::operations::host::HostSettings) -> Result<()> {
         settings.admin_token = token(self.admin_token_file.as_deref())?;
+        settings.admin_read_token = self.read_token()?;
         settings.admin_insecure = self.admin_insecure;
         settings.admin_tls = self.tls()?;
         Ok(())
+    }
+
+    /// The read-only token, from its file when given.
+    pub(super) fn read_token(&self) -> Result<Option<AdminToken>> {
+        self.admin_read_token_file.as_deref().map(read_token).transpose()
     }
 
     /// The certificate and key to serve TLS with, read now.
@@ -115,6 +126,19 @@ pub(super) fn serve_address(value: &str) -> Result<std::net::SocketAddr, String>
         .unwrap_or(value_trimmed)
         .trim_end_matches('/');
     address.parse().map_err(|_| format!("`{value}` is no address to serve on: give <ip>:<port>, e.g. 127.0.0.1:9100"))
+}
+
+/// The read-only token in `file`; warns of a file its group or others
+/// may read.
+fn read_token(path: &Path) -> Result<AdminToken> {
+    let token = AdminToken::from_file(path)?;
+    if crate::platform::files::readable_by_others(path) {
+        errln!(
+            "waku: warning: the admin read-only token file {} is readable by its group or others; `chmod 600` it",
+            path.display()
+        );
+    }
+    Ok(token)
 }
 
 /// The token from `file`, else from [`TOKEN_VARIABLE`] (empty: unset),

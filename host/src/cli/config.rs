@@ -739,6 +739,7 @@ mod tests {
             "until-caught-up",
             "admin",
             "admin-token-file",
+            "admin-read-token-file",
             "admin-insecure",
         ] {
             assert!(names.contains(&name), "{name} is no setting");

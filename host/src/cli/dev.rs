@@ -69,6 +69,7 @@ pub(super) async fn dev(args: DevArgs) -> Result<()> {
         target_dir,
         admin: args.admin,
         admin_token: super::admin_access::token(args.admin_access.admin_token_file.as_deref())?,
+        admin_read_token: args.admin_access.read_token()?,
         admin_insecure: args.admin_access.admin_insecure,
         admin_tls: args.admin_access.tls()?,
     };

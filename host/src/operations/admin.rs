@@ -11,10 +11,13 @@
 //! | `GET /state/{projection}/counters` | a page of the projection's counters (JSON, [`view::CountersView`]); `?after=<name>&limit=<n>` |
 //! | `GET /shadow/{projection}/{key}`, `GET /shadow/{projection}/counters` | the same from the shadow of the rebuild under way ([`crate::operations::rebuild`]); 404 without one |
 //! | `GET /status` | what `waku status` prints: per partition position, start-up end, current end, lag; versions; counts; a rebuild's phase and distance to promotion (JSON) |
+//! | `/console`, `/console/…` | the operator console in the browser, its JSON views and actions ([`console`]) |
 //!
 //! **Who may ask.** With a token ([`AdminToken`]) every route but
 //! `/health` and `/ready` (which probes call without credentials) answers
-//! only a request carrying `Authorization: Bearer <token>`; any other
+//! only a request carrying `Authorization: Bearer <token>` (the admin
+//! token, or the read-only token, [`Admin::read_token`], which these
+//! routes take too, as they only read); any other
 //! gets a 401 with `WWW-Authenticate: Bearer` and a body that says nothing
 //! about the host or the token. Tokens are compared in constant time
 //! ([`subtle`]), so the time of an answer tells nothing of how much of a
@@ -28,7 +31,9 @@
 //! only its own connection (within the same timeouts), never the accept
 //! loop.
 //!
-//! Rules it keeps: it only reads (nothing here changes state or modules);
+//! Rules it keeps: it only reads (nothing here changes state or modules),
+//! but for the console's actions, which need the admin token and a
+//! same-origin request ([`console`]);
 //! bad input is a 4xx naming the problem; the log is asked for end offsets
 //! at request time, so lag is current. No answer grows with what modules
 //! wrote: state is shown a page at a time ([`view`]), so a projection of
@@ -75,6 +80,7 @@ use crate::storage::log::EventLog;
 use crate::storage::state::StateStore;
 use crate::storage::stats::Stat;
 
+pub mod console;
 mod slots;
 pub mod view;
 pub use slots::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, NEWCOMER_GRACE};
@@ -97,6 +103,10 @@ pub struct Admin<L> {
     /// The token every route but `/health` and `/ready` asks for; `None`:
     /// every route is open.
     pub token: Option<AdminToken>,
+    /// A token that may only look: every route that reads, and the
+    /// console's pages and views, but none of its actions. `None`: only
+    /// `token` is taken.
+    pub read_token: Option<AdminToken>,
     /// What its release stages show, for a projection over several topics
     /// ([`crate::engine::consumer::TimingBoard`]).
     pub timing: Option<Arc<crate::engine::consumer::TimingBoard>>,
@@ -206,14 +216,17 @@ impl AdminTls {
 }
 
 /// Lets `request` through when the endpoint has no token or the request
-/// carries it; otherwise a 401 that reveals nothing.
+/// carries one of them (every route it guards only reads); otherwise a
+/// 401 that reveals nothing.
 async fn require_token<L: EventLog>(State(admin): State<Arc<Admin<L>>>, request: Request, next: Next) -> Response {
-    let Some(token) = &admin.token else {
+    if admin.token.is_none() && admin.read_token.is_none() {
         return next.run(request).await;
-    };
+    }
     let presented =
         request.headers().get(header::AUTHORIZATION).and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
-    if presented.is_some_and(|presented| token.matches(presented)) {
+    let matches = |token: &Option<AdminToken>, presented: &[u8]| token.as_ref().is_some_and(|t| t.matches(presented));
+    // Both compared, so the time says nothing of which matched.
+    if presented.is_some_and(|presented| matches(&admin.token, presented) | matches(&admin.read_token, presented)) {
         next.run(request).await
     } else {
         (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "unauthorized\n").into_response()
@@ -229,6 +242,7 @@ pub async fn serve<L: EventLog>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let admin = Arc::new(admin);
+    let console = console::router(admin.clone(), tls.is_some());
     let protected = Router::new()
         .route("/metrics", get(metrics::<L>))
         .route("/modules", get(modules::<L>))
@@ -242,8 +256,9 @@ pub async fn serve<L: EventLog>(
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready::<L>))
         .merge(protected)
-        .layer(axum::middleware::map_response(escape_echoes))
-        .with_state(admin);
+        .with_state(admin)
+        .merge(console)
+        .layer(axum::middleware::map_response(escape_echoes));
     let listener = Capped {
         listener,
         slots: Arc::new(slots::Slots::default()),

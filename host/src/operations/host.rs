@@ -136,6 +136,10 @@ pub struct HostSettings {
     /// ([`HostError::AdminUnprotected`]): anyone who reaches the address
     /// reads the state. Default `false`.
     pub admin_insecure: bool,
+    /// A token the admin endpoint takes for reading only (its routes, the
+    /// console's pages), never for the console's actions
+    /// ([`Admin::read_token`]). Default `None`.
+    pub admin_read_token: Option<admin::AdminToken>,
     /// Serve the admin endpoint over TLS with this certificate and key
     /// ([`admin::AdminTls`]). Default `None`: plain HTTP.
     pub admin_tls: Option<admin::AdminTls>,
@@ -189,6 +193,7 @@ impl HostSettings {
             admin: None,
             admin_token: None,
             admin_insecure: false,
+            admin_read_token: None,
             admin_tls: None,
             until_caught_up: false,
             group: None,
@@ -572,6 +577,7 @@ impl Host {
                     library: loaded.library.clone(),
                     rebuild: rebuild_watch.clone(),
                     token: settings.admin_token.clone(),
+                    read_token: settings.admin_read_token.clone(),
                     timing: Some(timing.clone()),
                 };
                 let (stop, address) = serve_admin(address, admin, settings.admin_tls.clone()).await?;

@@ -58,6 +58,7 @@ impl Served {
             library: None,
             rebuild: None,
             token: None,
+            read_token: None,
             timing: None,
         })
         .await
@@ -102,6 +103,7 @@ async fn the_admin_endpoint_answers_over_http() {
         library: None,
         rebuild: None,
         token: None,
+        read_token: None,
         timing: None,
     })
     .await;
@@ -475,6 +477,7 @@ async fn with_a_token_only_the_probes_answer_a_caller_without_it() {
         library: None,
         rebuild: None,
         token: admin::AdminToken::new("lib-token", "test").unwrap(),
+        read_token: None,
         timing: None,
     })
     .await;

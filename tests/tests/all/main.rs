@@ -6,6 +6,7 @@
 
 mod admin;
 mod bank;
+mod console;
 mod consumer;
 mod contract_versions;
 mod event_time;
