@@ -83,10 +83,13 @@ export function isEventTypeName(name: string): boolean {
 
 /** `text` cut to at most `limit` UTF-8 bytes at a character boundary, and whether it was cut. */
 function cut(text: string, limit: number): [string, boolean] {
-  if (utf8Length(text) <= limit) {
+  // Every UTF-16 unit is at least one byte: past `limit` units the text is
+  // cut, and only its first `limit` units are looked at (a huge message
+  // costs no more than a short one).
+  if (text.length <= limit && utf8Length(text) <= limit) {
     return [text, false];
   }
-  const data = encoder.encode(text).subarray(0, limit);
+  const data = encoder.encode(text.slice(0, limit)).subarray(0, limit);
   // A character cut in half is dropped whole.
   let end = data.length;
   let back = end - 1;
