@@ -1,13 +1,16 @@
-//! The TypeScript bank (`examples/bank-ts`) through the real `waku`
-//! binary: `waku demo --module` checks its read model against the oracle,
-//! and `waku test --expect` stores for it exactly what it stores for the
-//! Rust bank on the same events.
+//! TypeScript guests through the real `waku` binary: the bank
+//! (`examples/bank-ts`) in `waku demo --module`, against the oracle, and in
+//! `waku test --expect`, storing exactly what the Rust bank stores on the
+//! same events; the inventory's timed types (`examples/inventory-ts`) in
+//! `waku demo inventory`; `waku new --lang ts|js`, `npm test`, `waku build`,
+//! `waku test` and `waku dev` in a new project; and a hostile handler
+//! through `waku run`.
 //!
 //! It needs the repository's npm tools (`npm ci` at the root); without
 //! them each test prints one `skipped: …` line, except under CI
 //! (`CI=true`), where it fails.
 
-use crate::common::{bank_ts_wasm, bank_wasm, compile_cache, hostile_ts_wasm, text, waku};
+use crate::common::{bank_ts_wasm, bank_wasm, compile_cache, hostile_ts_wasm, inventory_ts_wasm, text, waku};
 
 /// Events of every bank type, over three accounts, with a fold, a freeze,
 /// a close and a reopen.
@@ -75,6 +78,22 @@ fn the_typescript_bank_runs_the_demo_and_matches_the_oracle() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "waku demo:\n{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("oracle check: match"), "{stdout}");
+}
+
+/// The inventory's timed types in TypeScript (`examples/inventory-ts`)
+/// through `waku demo inventory`: history read with one topic late, then
+/// live traffic; the oracle sorts each product's events by event time.
+#[test]
+fn the_typescript_inventory_runs_the_event_time_demo_and_matches_the_oracle() {
+    let Some(inventory) = inventory_ts_wasm("the TypeScript inventory's demo") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let module = inventory.to_str().unwrap();
+    let args = ["demo", "inventory", "--module", module, "--products", "50", "--history", "2000", "--live-secs", "2"];
+    let out = waku(&args, dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "waku demo inventory:\n{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("order violations: 0"), "{stdout}");
+    assert!(stdout.contains("oracle check: match (50 products"), "{stdout}");
 }
 
 /// Lines of a child's standard error, as they come.

@@ -189,6 +189,13 @@ pub fn bank_ts_wasm(what: &str) -> Option<&'static PathBuf> {
     js_guest("examples/bank-ts", &BUILT, what)
 }
 
+/// The TypeScript inventory (`examples/inventory-ts`), built once for this
+/// test binary; `None` after a `skipped:` line.
+pub fn inventory_ts_wasm(what: &str) -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    js_guest("examples/inventory-ts", &BUILT, what)
+}
+
 /// The hostile TypeScript module (`tests/guests/hostile-ts`), built once
 /// for this test binary; `None` after a `skipped:` line.
 pub fn hostile_ts_wasm(what: &str) -> Option<&'static PathBuf> {
