@@ -28,6 +28,8 @@
 //!   (garbage return values, bad descriptions, another world).
 //! - [`python`] builds and loads the Python bank (`examples/bank-py`) with
 //!   componentize-py, or says the test was skipped.
+//! - [`typescript`] builds and loads the TypeScript bank (`examples/bank-ts`)
+//!   with esbuild and componentize-js, or says it was skipped.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -57,6 +59,7 @@ pub mod native;
 pub mod proxy;
 pub mod python;
 mod servers;
+pub mod typescript;
 
 pub use servers::{fresh_stream, iggy_url, oci_registry, postgres_url};
 pub use wakuwaku::storage::log::test_support::{faulty, losing};

@@ -424,7 +424,7 @@ impl Ignored {
         let inside = path.strip_prefix(&self.guest_dir).unwrap_or(path);
         inside.components().any(|part| {
             let part = part.as_os_str().to_string_lossy();
-            part == "target" || part == "__pycache__" || part.starts_with('.')
+            part == "target" || part == "__pycache__" || part == "node_modules" || part.starts_with('.')
         })
     }
 }
@@ -450,11 +450,14 @@ mod tests {
             admin: None,
         };
         let ignored = Ignored::new(Path::new("/p"), &settings);
-        for path in ["/p/target/release/x.rlib", "/p/.git/index", "/p/pkg/__pycache__/a.pyc", "/p/dev-data/log.redb"] {
+        let built = ["/p/target/release/x.rlib", "/p/.git/index", "/p/pkg/__pycache__/a.pyc", "/p/dev-data/log.redb"];
+        for path in built.into_iter().chain(["/p/node_modules/esbuild/bin/esbuild"]) {
             assert!(ignored.covers(Path::new(path)), "{path}");
         }
         assert!(ignored.covers(Path::new("/p/visits.wasm")) && ignored.covers(Path::new("/p/Cargo.lock")));
-        for path in ["/p/src/lib.rs", "/p/Cargo.toml", "/p/handler.py", "/p/vendor/wakuwaku/core/src/key.rs"] {
+        for path in
+            ["/p/src/lib.rs", "/p/Cargo.toml", "/p/handler.py", "/p/handler.ts", "/p/vendor/wakuwaku/core/src/key.rs"]
+        {
             assert!(!ignored.covers(Path::new(path)), "{path}");
         }
         // A checkout under a hidden directory still counts.

@@ -1,6 +1,7 @@
 //! Building a guest into a handler component: a Rust crate (a directory
-//! with a `Cargo.toml`) or a Python project (a `pyproject.toml`, see
-//! [`python`]).
+//! with a `Cargo.toml`), a Python project (a `pyproject.toml`, see
+//! [`python`]) or a TypeScript/JavaScript project (a `package.json` with a
+//! `wakuwaku` field, see [`js`]).
 //!
 //! A crate is built with the plain `wasm32-wasip2` target:
 //! `cargo build --target wasm32-wasip2`, no extra tools. If the target is
@@ -19,12 +20,14 @@
 //!
 //! A Python project is built with componentize-py, from PyPI, against the
 //! contract this host implements; when componentize-py is missing, the
-//! error says how to install it.
+//! error says how to install it. A TypeScript or JavaScript project is
+//! bundled with esbuild and built with componentize-js, both from npm.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+pub mod js;
 pub mod python;
 
 /// The target every guest is built for.
@@ -76,8 +79,11 @@ fn build_notice(crate_dir: &Path, target_dir: &Path, release: bool) -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// The directory has neither a Cargo.toml nor a pyproject.toml.
-    #[error("no Cargo.toml or pyproject.toml in {0}: pass the directory of a guest crate or Python project")]
+    /// The directory has no Cargo.toml, pyproject.toml or package.json.
+    #[error(
+        "no Cargo.toml, pyproject.toml or package.json in {0}: pass the directory of a guest crate, Python \
+         project or TypeScript/JavaScript project"
+    )]
     NotAGuest(PathBuf),
     /// A tool could not be started.
     #[error("could not run `{tool}` ({source}); is the Rust toolchain (rustup, cargo) installed and on PATH?")]
@@ -128,6 +134,37 @@ pub enum BuildError {
         /// The end of its output.
         output: String,
     },
+    /// A TypeScript/JavaScript project's `package.json` cannot be read or
+    /// has no usable `wakuwaku` field.
+    #[error("{}: {reason}", path.display())]
+    PackageJson {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// esbuild or componentize-js is not installed in a `node_modules` of
+    /// the project or a directory above it.
+    #[error(
+        "esbuild and componentize-js are needed to build the TypeScript/JavaScript project {} and were not found \
+         in node_modules/.bin of it or a directory above it; install them from npm into the project: `cd {} && \
+         npm install --save-dev @bytecodealliance/componentize-js@{} esbuild@{}` (with node 20 or later)",
+        dir.display(), dir.display(), js::TESTED_COMPONENTIZE_JS, js::TESTED_ESBUILD
+    )]
+    JsToolsMissing {
+        /// The project.
+        dir: PathBuf,
+    },
+    /// esbuild or componentize-js reported a failed build.
+    #[error("{tool} could not build {}{output}", dir.display())]
+    JsBuild {
+        /// The tool that failed.
+        tool: &'static str,
+        /// The project.
+        dir: PathBuf,
+        /// The end of its output.
+        output: String,
+    },
     /// A file or directory of the build could not be read or written, or
     /// the build tool could not be started.
     #[error("{what}: {source}")]
@@ -142,12 +179,14 @@ pub enum BuildError {
 /// What to build and where.
 #[derive(Debug, Clone)]
 pub struct GuestBuild {
-    /// The guest's directory: a crate (holding Cargo.toml) or a Python
-    /// project (holding pyproject.toml).
+    /// The guest's directory: a crate (holding Cargo.toml), a Python
+    /// project (holding pyproject.toml) or a TypeScript/JavaScript project
+    /// (holding package.json).
     pub crate_dir: PathBuf,
     /// Cargo's target directory; `None` uses cargo's default for the crate.
     /// A Python project's component is written to `<it>/python/<module>.wasm`
-    /// (default `<project>/target/python/<module>.wasm`).
+    /// (default `<project>/target/python/<module>.wasm`), a TypeScript or
+    /// JavaScript project's to `<it>/js/<package name>.wasm`.
     pub target_dir: Option<PathBuf>,
     /// Optimised build (the default) or debug; Rust only.
     pub release: bool,
@@ -165,7 +204,8 @@ impl GuestBuild {
     }
 
     /// Builds the guest and returns the path of the component: a crate
-    /// with cargo, else a Python project with componentize-py.
+    /// with cargo, else a Python project with componentize-py, else a
+    /// TypeScript/JavaScript project with esbuild and componentize-js.
     pub fn run(&self) -> Result<PathBuf, BuildError> {
         let manifest = self.crate_dir.join("Cargo.toml");
         if manifest.is_file() {
@@ -174,6 +214,10 @@ impl GuestBuild {
         if self.crate_dir.join("pyproject.toml").is_file() {
             let target = self.target_dir.clone().unwrap_or_else(|| self.crate_dir.join("target"));
             return python::build(&self.crate_dir, &target.join("python"), self.quiet);
+        }
+        if self.crate_dir.join("package.json").is_file() {
+            let target = self.target_dir.clone().unwrap_or_else(|| self.crate_dir.join("target"));
+            return js::build(&self.crate_dir, &target.join("js"), self.quiet);
         }
         Err(BuildError::NotAGuest(self.crate_dir.clone()))
     }

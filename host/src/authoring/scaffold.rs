@@ -1,18 +1,21 @@
-//! `waku new`: a handler project, in Rust or Python, in a directory of its
-//! own, anywhere.
+//! `waku new`: a handler project, in Rust, Python, TypeScript or
+//! JavaScript, in a directory of its own, anywhere.
 //!
 //! Rules it keeps:
 //! - **Builds anywhere.** The project holds a copy of the guest SDK and of
 //!   the WIT contract, embedded in this binary when it was built (Rust:
 //!   `vendor/wakuwaku/{core,guest-sdk,wit}`, path dependencies of the
 //!   crate; Python: `vendor/wakuwaku_guest`, on the python path of
-//!   `waku build` and pytest). Nothing refers to where the repository was
+//!   `waku build` and pytest; TypeScript and JavaScript:
+//!   `vendor/wakuwaku-guest`, the `wakuwaku-guest` of the project's
+//!   `tsconfig.json` paths). Nothing refers to where the repository was
 //!   cloned; a Rust project needs only crates.io, a Python one
-//!   componentize-py and pytest from PyPI. The copy is the SDK this host
+//!   componentize-py and pytest from PyPI, a TypeScript or JavaScript one
+//!   the npm packages its `package.json` pins (`npm install`). The copy is the SDK this host
 //!   was built with, so what the project builds is what this host runs.
 //! - **Ready at once.** One event type with its handler, a unit test,
 //!   sample events (`events.jsonl`) and a three-line README: `cargo test`
-//!   (or pytest) and `waku build` pass in it as written.
+//!   (or pytest, or `npm test`) and `waku build` pass in it as written.
 //! - **Never overwrites.** A target directory that exists and is not empty
 //!   is refused; a name that cannot name a crate, a Python module or a
 //!   module file is refused, saying why. When writing fails half-way, a
@@ -20,6 +23,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::authoring::guest_build::js;
 use crate::authoring::guest_build::python::{
     HANDLER_WIT, HANDLER_WIT_0_2, HANDLER_WIT_0_3, HANDLER_WIT_0_5, TESTED_COMPONENTIZE_PY,
 };
@@ -32,6 +36,12 @@ pub enum Lang {
     Rust,
     /// A Python project (componentize-py, pytest).
     Python,
+    /// A TypeScript project (componentize-js, esbuild, node's test runner).
+    #[value(name = "ts", alias = "typescript")]
+    Ts,
+    /// A JavaScript project (componentize-js, esbuild, node's test runner).
+    #[value(name = "js", alias = "javascript")]
+    Js,
 }
 
 /// Why a project could not be created (a directory the call created is
@@ -145,12 +155,101 @@ const PYTHON_PROJECT: &[(&str, &str)] = &[
     ("tests/test_{{module}}.py", include_str!("../../templates/python/test_handler.py")),
 ];
 
+/// The TypeScript SDK (its sources and the WIT types generated for it), as
+/// `(path in the project, text)`; `vendored_sources_are_the_repositorys`
+/// checks it is all here.
+const JS_SDK: &[(&str, &str)] = &[
+    ("vendor/wakuwaku-guest/component.ts", include_str!("../../../guest-sdk-js/src/component.ts")),
+    ("vendor/wakuwaku-guest/context.ts", include_str!("../../../guest-sdk-js/src/context.ts")),
+    ("vendor/wakuwaku-guest/event.ts", include_str!("../../../guest-sdk-js/src/event.ts")),
+    ("vendor/wakuwaku-guest/index.ts", include_str!("../../../guest-sdk-js/src/index.ts")),
+    ("vendor/wakuwaku-guest/json.ts", include_str!("../../../guest-sdk-js/src/json.ts")),
+    ("vendor/wakuwaku-guest/key.ts", include_str!("../../../guest-sdk-js/src/key.ts")),
+    ("vendor/wakuwaku-guest/limits.ts", include_str!("../../../guest-sdk-js/src/limits.ts")),
+    ("vendor/wakuwaku-guest/module.ts", include_str!("../../../guest-sdk-js/src/module.ts")),
+    ("vendor/wakuwaku-guest/reduce.ts", include_str!("../../../guest-sdk-js/src/reduce.ts")),
+    ("vendor/wakuwaku-guest/schema.ts", include_str!("../../../guest-sdk-js/src/schema.ts")),
+    ("vendor/wakuwaku-guest/testing.ts", include_str!("../../../guest-sdk-js/src/testing.ts")),
+    ("vendor/wakuwaku-guest/types.ts", include_str!("../../../guest-sdk-js/src/types.ts")),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-emit.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-emit.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-handler.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-handler.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-log.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-log.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-state.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-state.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-types.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-types.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.3/module.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/module.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-emit.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/interfaces/wakuwaku-handler-emit.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-handler.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/interfaces/wakuwaku-handler-handler.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-log.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/interfaces/wakuwaku-handler-log.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-state.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/interfaces/wakuwaku-handler-state.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-types.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/interfaces/wakuwaku-handler-types.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.4/module.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.4/module.d.ts"),
+    ),
+];
+
+/// The TypeScript project's own files; `{{module}}` in a path is the module.
+const TS_PROJECT: &[(&str, &str)] = &[
+    ("package.json", include_str!("../../templates/ts/package.json")),
+    ("tsconfig.json", include_str!("../../templates/ts/tsconfig.json")),
+    ("README.md", include_str!("../../templates/ts/README.md")),
+    (".gitignore", include_str!("../../templates/ts/gitignore")),
+    ("events.jsonl", include_str!("../../templates/ts/events.jsonl")),
+    ("{{module}}.ts", include_str!("../../templates/ts/handler.ts")),
+    ("test/{{module}}.test.ts", include_str!("../../templates/ts/handler.test.ts")),
+];
+
+/// The JavaScript project's own files; `{{module}}` in a path is the module.
+const JS_PROJECT: &[(&str, &str)] = &[
+    ("package.json", include_str!("../../templates/js/package.json")),
+    ("tsconfig.json", include_str!("../../templates/js/tsconfig.json")),
+    ("README.md", include_str!("../../templates/js/README.md")),
+    (".gitignore", include_str!("../../templates/js/gitignore")),
+    ("events.jsonl", include_str!("../../templates/js/events.jsonl")),
+    ("{{module}}.js", include_str!("../../templates/js/handler.js")),
+    ("test/{{module}}.test.js", include_str!("../../templates/js/handler.test.js")),
+];
+
 /// The names a project's parts get from the name given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Names {
     /// As given: the package and the component file (`my-handler`).
     name: String,
-    /// Rust: the module type (`MyHandler`); Python: the module (`my_handler`).
+    /// Rust: the module type (`MyHandler`); Python, TypeScript and
+    /// JavaScript: the module and its file (`my_handler`).
     module: String,
 }
 
@@ -179,7 +278,7 @@ impl Names {
                 .filter(|part| !part.is_empty())
                 .map(|part| part[..1].to_ascii_uppercase() + &part[1..])
                 .collect(),
-            Lang::Python => snake,
+            Lang::Python | Lang::Ts | Lang::Js => snake,
         };
         Ok(Self { name: name.to_owned(), module })
     }
@@ -190,6 +289,11 @@ impl Names {
             .replace("{{module}}", &self.module)
             .replace("{{version}}", VERSION)
             .replace("{{componentize_py}}", TESTED_COMPONENTIZE_PY)
+            .replace("{{componentize_js}}", js::TESTED_COMPONENTIZE_JS)
+            .replace("{{esbuild}}", js::TESTED_ESBUILD)
+            .replace("{{tsx}}", js::TESTED_TSX)
+            .replace("{{typescript}}", js::TESTED_TYPESCRIPT)
+            .replace("{{types_node}}", js::TESTED_TYPES_NODE)
     }
 }
 
@@ -306,6 +410,11 @@ pub fn create(name: &str, lang: Lang, dir: &Path) -> Result<Created, ScaffoldErr
             .map(|(path, text)| (names.fill(path), names.fill(text)))
             .chain(PYTHON_SDK.iter().map(|(path, text)| (path.to_string(), text.to_string())))
             .collect(),
+        Lang::Ts | Lang::Js => (if lang == Lang::Ts { TS_PROJECT } else { JS_PROJECT })
+            .iter()
+            .map(|(path, text)| (names.fill(path), names.fill(text)))
+            .chain(JS_SDK.iter().map(|(path, text)| (path.to_string(), text.to_string())))
+            .collect(),
     };
     let written = files.iter().try_for_each(|(relative, text)| {
         let path = dir.join(relative);
@@ -396,6 +505,22 @@ mod tests {
             crate::authoring::guest_build::python::PythonProject::parse(&python.join("pyproject.toml"), &pyproject);
         assert_eq!(project.unwrap().module, "my_handler");
         assert!(python.join("vendor/wakuwaku_guest/__init__.py").is_file());
+
+        for (lang, main) in [(Lang::Ts, "my_handler.ts"), (Lang::Js, "my_handler.js")] {
+            let project_dir = dir.path().join(main);
+            let created = create("my-handler", lang, &project_dir).unwrap();
+            assert!(created.files.contains(&PathBuf::from(main)), "{lang:?}");
+            let package_json = std::fs::read_to_string(project_dir.join("package.json")).unwrap();
+            let (project, name) =
+                crate::authoring::guest_build::js::JsProject::parse(&project_dir.join("package.json"), &package_json)
+                    .unwrap();
+            assert_eq!((project.main, name.as_deref()), (PathBuf::from(main), Some("my-handler")));
+            assert!(package_json.contains(&format!("\"esbuild\": \"{}\"", js::TESTED_ESBUILD)), "{package_json}");
+            assert!(project_dir.join("vendor/wakuwaku-guest/wit/handler-0.4/module.d.ts").is_file());
+            let no_placeholder =
+                |path: &PathBuf| !std::fs::read_to_string(project_dir.join(path)).unwrap().contains("{{");
+            assert!(created.files.iter().filter(|p| !p.starts_with("vendor")).all(no_placeholder), "{lang:?}");
+        }
     }
 
     /// Every source file of the SDKs (and nothing else) is copied; a file
@@ -422,6 +547,30 @@ mod tests {
         assert_eq!(listed(RUST_SDK, "vendor/wakuwaku/core/src/"), on_disk("core/src"));
         assert_eq!(listed(RUST_SDK, "vendor/wakuwaku/guest-sdk/src/"), on_disk("guest-sdk/src"));
         assert_eq!(listed(PYTHON_SDK, "vendor/wakuwaku_guest/"), on_disk("guest-sdk-python/src/wakuwaku_guest"));
+        let sdk = repo.join("guest-sdk-js/src");
+        let mut js_files: Vec<String> = walkdir::WalkDir::new(&sdk)
+            .into_iter()
+            .map(Result::unwrap)
+            .filter(|entry| entry.file_type().is_file())
+            .map(|entry| entry.path().strip_prefix(&sdk).unwrap().to_string_lossy().into_owned())
+            .collect();
+        js_files.sort();
+        assert_eq!(listed(JS_SDK, "vendor/wakuwaku-guest/"), js_files);
+    }
+
+    /// The versions `waku new` pins in a TypeScript or JavaScript project are
+    /// the ones the repository's root package.json pins (and tests with).
+    #[test]
+    fn pinned_npm_versions_are_the_repositorys() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let text = std::fs::read_to_string(repo.join("package.json")).unwrap();
+        let root: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let pins = &root["devDependencies"];
+        assert_eq!(pins["@bytecodealliance/componentize-js"], js::TESTED_COMPONENTIZE_JS);
+        assert_eq!(pins["esbuild"], js::TESTED_ESBUILD);
+        assert_eq!(pins["tsx"], js::TESTED_TSX);
+        assert_eq!(pins["typescript"], js::TESTED_TYPESCRIPT);
+        assert_eq!(pins["@types/node"], js::TESTED_TYPES_NODE);
     }
 
     /// The vendored manifests ask for the dependencies the repository's

@@ -1,4 +1,5 @@
-//! `waku build`: a guest crate or Python project into a component.
+//! `waku build`: a guest crate, Python project or TypeScript/JavaScript
+//! project into a component.
 
 use std::path::PathBuf;
 
@@ -9,8 +10,10 @@ use crate::authoring::guest_build::{GuestBuild, default_target_dir};
 
 #[derive(Args)]
 pub(super) struct BuildArgs {
-    /// The guest's directory: a crate (Cargo.toml) or a Python project
-    /// (pyproject.toml with a [tool.wakuwaku] table naming its module).
+    /// The guest's directory: a crate (Cargo.toml), a Python project
+    /// (pyproject.toml with a [tool.wakuwaku] table naming its module) or a
+    /// TypeScript/JavaScript project (package.json with a "wakuwaku" field
+    /// naming its main file).
     #[arg(default_value = ".")]
     pub(super) crate_dir: PathBuf,
     /// Copy the component to this file.
@@ -22,7 +25,8 @@ pub(super) struct BuildArgs {
     /// Cargo's target directory. A Rust guest's default is one directory
     /// every project shares, so dependencies compile once: $WAKU_TARGET_DIR,
     /// else waku/target in the user's cache directory. A Python component
-    /// goes to <it>/python/<module>.wasm (default: the project's target/).
+    /// goes to <it>/python/<module>.wasm, a TypeScript/JavaScript one to
+    /// <it>/js/<package name>.wasm (default: the project's target/).
     #[arg(long)]
     pub(super) target_dir: Option<PathBuf>,
 }

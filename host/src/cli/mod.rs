@@ -185,13 +185,14 @@ struct Cli {
 // Parsed once per process: the size of the largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum Command {
-    /// Create a handler project (Rust or Python) with one event type, a
+    /// Create a handler project (Rust, Python, TypeScript or JavaScript) with one event type, a
     /// unit test, sample events and a copy of the guest SDK, in a new
     /// directory anywhere.
     #[command(after_help = "Example:\n  waku new visits && cd visits && cargo test && waku build . --out visits.wasm")]
     New(NewArgs),
     /// Build a guest into a handler component: a Rust crate (cargo,
-    /// wasm32-wasip2) or a Python project (pyproject.toml; componentize-py).
+    /// wasm32-wasip2), a Python project (pyproject.toml; componentize-py) or a
+    /// TypeScript/JavaScript project (package.json; esbuild, componentize-js).
     #[command(after_help = "Example:\n  waku build examples/bank --out modules/bank.wasm")]
     Build(BuildArgs),
     /// Run a built component on sample events through the real host path,

@@ -1,4 +1,5 @@
-//! `waku new`: a handler project, Rust or Python, that builds anywhere.
+//! `waku new`: a handler project, Rust, Python, TypeScript or JavaScript,
+//! that builds anywhere.
 
 use std::path::PathBuf;
 
@@ -32,6 +33,7 @@ pub(super) fn new_project(args: NewArgs) -> Result<()> {
             "cd {dir} && python3 -m venv .venv && .venv/bin/pip install componentize-py=={TESTED_COMPONENTIZE_PY} \
              pytest && .venv/bin/python -m pytest && waku build . --out {name}.wasm"
         ),
+        Lang::Ts | Lang::Js => format!("cd {dir} && npm install && npm test && waku build . --out {name}.wasm"),
     };
     errln!("next: {next}; then `waku test {name}.wasm events.jsonl`");
     Ok(())

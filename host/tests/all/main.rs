@@ -21,4 +21,5 @@ mod scale;
 mod several_topics;
 mod telemetry;
 mod through_the_host;
+mod typescript;
 mod untrusted;

@@ -160,6 +160,57 @@ pub fn ledger_py_wasm(what: &str) -> Option<&'static PathBuf> {
     Some(BUILT.get_or_init(|| guest(PROJECT)))
 }
 
+/// The npm tools of the TypeScript guests (`npm ci` at the repository
+/// root), found as `waku build` finds them for `project`: `true` when
+/// there; else one `skipped:` line saying `what` was skipped, or a panic
+/// under CI, which installs them (.ci/run).
+pub fn js_tools_available(project: &Path, what: &str) -> bool {
+    match wakuwaku::authoring::guest_build::js::find_js_tools(project) {
+        Ok(_) => true,
+        Err(error) if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!("{what}: CI installs the npm tools (.ci/run: npm ci), but {error}")
+        }
+        Err(_) => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: {what} needs componentize-js and esbuild (`npm ci` at the repository root)"
+            );
+            false
+        }
+    }
+}
+
+/// The TypeScript bank (`examples/bank-ts`), built once for this test
+/// binary with esbuild and componentize-js; `None` after a `skipped:` line
+/// (see [`js_tools_available`]).
+pub fn bank_ts_wasm(what: &str) -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    js_guest("examples/bank-ts", &BUILT, what)
+}
+
+/// The TypeScript inventory (`examples/inventory-ts`), built once for this
+/// test binary; `None` after a `skipped:` line.
+pub fn inventory_ts_wasm(what: &str) -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    js_guest("examples/inventory-ts", &BUILT, what)
+}
+
+/// The hostile TypeScript module (`tests/guests/hostile-ts`), built once
+/// for this test binary; `None` after a `skipped:` line.
+pub fn hostile_ts_wasm(what: &str) -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    js_guest("tests/guests/hostile-ts", &BUILT, what)
+}
+
+fn js_guest(project: &str, built: &'static OnceLock<PathBuf>, what: &str) -> Option<&'static PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join(project);
+    if !js_tools_available(&dir, what) {
+        return None;
+    }
+    Some(built.get_or_init(|| guest(project)))
+}
+
 /// Where the tests keep compiled components (`waku test --compile-cache`),
 /// shared with the `wakuwaku-tests` crate's: a component compiled once is
 /// not compiled again by a later run (a Python one takes about 25 s).

@@ -28,5 +28,6 @@ mod routing;
 mod sandbox;
 mod scale;
 mod shutdown;
+mod typescript;
 mod untrusted;
 mod untrusted_postgres;

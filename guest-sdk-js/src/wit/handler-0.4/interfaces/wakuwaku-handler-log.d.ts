@@ -1,0 +1,17 @@
+declare module 'wakuwaku:handler/log@0.4.0' {
+  export function log(level: Level, message: string): void;
+  /**
+   * # Variants
+   * 
+   * ## `"trace"`
+   * 
+   * ## `"debug"`
+   * 
+   * ## `"info"`
+   * 
+   * ## `"warn"`
+   * 
+   * ## `"error"`
+   */
+  export type Level = 'trace' | 'debug' | 'info' | 'warn' | 'error';
+}

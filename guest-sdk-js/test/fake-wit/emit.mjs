@@ -1,0 +1,1 @@
+export const emit = (message) => globalThis.wakuFakeHost.call("emit", message);

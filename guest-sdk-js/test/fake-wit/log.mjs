@@ -1,0 +1,1 @@
+export const log = (level, message) => globalThis.wakuFakeHost.call("log", level, message);
