@@ -118,7 +118,10 @@ async fn failovers(cluster: &mut IggyCluster) {
         cluster.start(leader);
     }
     let summary = host.finished().await.unwrap();
-    assert!(check_bank_store(&oracle, projection.store()).matches(), "the read model matches the oracle after the kills");
+    assert!(
+        check_bank_store(&oracle, projection.store()).matches(),
+        "the read model matches the oracle after the kills"
+    );
     recoveries.sort();
     let p50 = recoveries.get(recoveries.len() / 2).copied().unwrap_or_default();
     let max = recoveries.last().copied().unwrap_or_default();
@@ -132,4 +135,3 @@ async fn failovers(cluster: &mut IggyCluster) {
         summary.redone
     );
 }
-

@@ -41,7 +41,6 @@ fn bank_host(dir: &std::path::Path) -> HostSettings {
     host_settings(&dir.join("host"), "bank", TOPIC, vec![bank_module()], config)
 }
 
-
 /// Waits until the consumer has replayed `events`, or 120 s.
 async fn replayed(progress: &Progress, events: u64) {
     let deadline = Instant::now() + Duration::from_secs(120);

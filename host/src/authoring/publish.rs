@@ -111,7 +111,7 @@ pub enum PublishError {
         lines: String,
         /// Why the log did not confirm them.
         #[source]
-        source: LogError,
+        source: Box<LogError>,
     },
 }
 
@@ -256,7 +256,7 @@ async fn append_in_rounds<L: EventLog>(
             return Err(PublishError::Unconfirmed {
                 count: unconfirmed.len(),
                 lines: line_ranges(&unconfirmed),
-                source,
+                source: Box::new(source),
             });
         }
     }

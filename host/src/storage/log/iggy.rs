@@ -176,17 +176,9 @@ pub struct IggyLog {
     client: tokio::sync::RwLock<Arc<IggyClient>>,
     /// Set when an error showed the session is gone.
     broken: AtomicBool,
-    /// The servers: one, or a cluster's nodes. Boxed, as `url` was, to keep
-    /// [`super::AnyLog`]'s variants of similar size.
-    nodes: Box<Nodes>,
-    /// The node the client dialled last (round the roster from there on a
-    /// failover).
-    node: AtomicUsize,
-    /// The outage under way: when the session was found broken, and
-    /// whether "no node answers" was said for it.
-    outage: std::sync::Mutex<Option<(Instant, bool)>>,
-    /// Failovers so far ([`IggyLog::failovers`]).
-    failovers: AtomicU64,
+    /// The servers and the failovers between them. Boxed, as `url` was,
+    /// to keep [`super::AnyLog`]'s variants of similar size.
+    cluster: Box<Cluster>,
     stream: Identifier,
     address: PathBuf,
     /// The last sequence each producer stamped on a partition, as read from
@@ -207,6 +199,21 @@ pub struct IggyLog {
     /// lose acknowledged messages) instead of durable, and topics that may
     /// lose them are accepted ([`IggyLog::with_lossy_topics`]).
     lossy_topics: bool,
+}
+
+/// The servers of a log, which one the client dialled, and the outage
+/// under way.
+struct Cluster {
+    /// One server, or a cluster's nodes.
+    nodes: Nodes,
+    /// The node the client dialled last (round the roster from there on a
+    /// failover).
+    node: AtomicUsize,
+    /// The outage under way: when the session was found broken, and
+    /// whether "no node answers" was said for it.
+    outage: std::sync::Mutex<Option<(Instant, bool)>>,
+    /// Failovers so far ([`EventLog::failovers`]).
+    failovers: AtomicU64,
 }
 
 /// Where a partition's last read ended, what it learned of the partition's
@@ -314,10 +321,12 @@ impl IggyLog {
         Ok(Self {
             client: tokio::sync::RwLock::new(Arc::new(client)),
             broken: AtomicBool::new(false),
-            nodes: Box::new(nodes),
-            node: AtomicUsize::new(node),
-            outage: Default::default(),
-            failovers: AtomicU64::new(0),
+            cluster: Box::new(Cluster {
+                nodes,
+                node: AtomicUsize::new(node),
+                outage: Default::default(),
+                failovers: AtomicU64::new(0),
+            }),
             stream: stream_id,
             address,
             stamps: Default::default(),
@@ -364,8 +373,10 @@ impl IggyLog {
         if self.broken.load(Ordering::SeqCst) {
             let mut client = self.client.write().await;
             if self.broken.load(Ordering::SeqCst) {
-                let fresh = match self.nodes.is_cluster() {
-                    false => new_client(self.nodes.url(0)).await.map_err(|e| self.storage("reconnecting", e))?,
+                let fresh = match self.cluster.nodes.is_cluster() {
+                    false => {
+                        new_client(self.cluster.nodes.url(0)).await.map_err(|e| self.storage("reconnecting", e))?
+                    }
                     true => self.fail_over().await?,
                 };
                 // The old session's node may be gone: its goodbye is not
@@ -373,7 +384,7 @@ impl IggyLog {
                 let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
                 *client = Arc::new(fresh);
                 self.broken.store(false, Ordering::SeqCst);
-                *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                *self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         }
         Ok(self.client.read().await.clone())
@@ -383,22 +394,22 @@ impl IggyLog {
     /// from the node after the one that failed; the move logged and
     /// counted. While no node answers, says so once per outage.
     async fn fail_over(&self) -> Result<IggyClient, LogError> {
-        let failed = self.node.load(Ordering::SeqCst);
-        match first_answering(&self.nodes, self.nodes.after(failed)).await {
+        let failed = self.cluster.node.load(Ordering::SeqCst);
+        match first_answering(&self.cluster.nodes, self.cluster.nodes.after(failed)).await {
             Ok((client, node)) => {
-                self.node.store(node, Ordering::SeqCst);
-                self.failovers.fetch_add(1, Ordering::Relaxed);
-                let since = self.outage.lock().unwrap_or_else(|e| e.into_inner()).map(|(since, _)| since);
+                self.cluster.node.store(node, Ordering::SeqCst);
+                self.cluster.failovers.fetch_add(1, Ordering::Relaxed);
+                let since = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner()).map(|(since, _)| since);
                 let took = since.map_or(Duration::ZERO, |since| since.elapsed());
                 let leader = leader_address(&client).await;
                 tracing::warn!(
-                    from = self.nodes.address(failed),
-                    to = self.nodes.address(node),
+                    from = self.cluster.nodes.address(failed),
+                    to = self.cluster.nodes.address(node),
                     leader = leader.as_deref().unwrap_or("unknown"),
                     "the Iggy cluster's node {} failed; failed over to {} (leader {}) {:.1} s after the session \
                      broke",
-                    self.nodes.address(failed),
-                    self.nodes.address(node),
+                    self.cluster.nodes.address(failed),
+                    self.cluster.nodes.address(node),
                     leader.as_deref().unwrap_or("not known yet"),
                     took.as_secs_f64()
                 );
@@ -406,7 +417,7 @@ impl IggyLog {
             }
             Err(unanswered) => {
                 let error = no_majority(&self.address, &unanswered);
-                let mut outage = self.outage.lock().unwrap_or_else(|e| e.into_inner());
+                let mut outage = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner());
                 let (_, said) = outage.get_or_insert((Instant::now(), false));
                 if !std::mem::replace(said, true) {
                     tracing::warn!("{error}; waiting for a majority of the cluster");
@@ -496,11 +507,9 @@ impl IggyLog {
 
     fn storage(&self, what: &str, error: IggyError) -> LogError {
         let error = storage(&self.address, what, error);
-        if matches!(error, LogError::Unavailable { .. }) {
-            if !self.broken.swap(true, Ordering::SeqCst) {
-                let mut outage = self.outage.lock().unwrap_or_else(|e| e.into_inner());
-                outage.get_or_insert((Instant::now(), false));
-            }
+        if matches!(error, LogError::Unavailable { .. }) && !self.broken.swap(true, Ordering::SeqCst) {
+            let mut outage = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner());
+            outage.get_or_insert((Instant::now(), false));
         }
         error
     }
@@ -827,7 +836,7 @@ impl EventLog for IggyLog {
     }
 
     async fn nodes(&self) -> Result<Option<LogNodes>, LogError> {
-        if !self.nodes.is_cluster() {
+        if !self.cluster.nodes.is_cluster() {
             return Ok(None);
         }
         let roster = self
@@ -846,12 +855,12 @@ impl EventLog for IggyLog {
                 name: node.name,
             })
             .collect();
-        let connected = self.nodes.address(self.node.load(Ordering::SeqCst)).to_owned();
+        let connected = self.cluster.nodes.address(self.cluster.node.load(Ordering::SeqCst)).to_owned();
         Ok(Some(LogNodes { nodes, connected, failovers: self.failovers() }))
     }
 
     fn failovers(&self) -> u64 {
-        self.failovers.load(Ordering::Relaxed)
+        self.cluster.failovers.load(Ordering::Relaxed)
     }
 
     async fn leave_group(&self, topic: &str, group: &str) -> Result<(), LogError> {

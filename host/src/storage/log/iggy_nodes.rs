@@ -73,7 +73,7 @@ impl Nodes {
             if address.is_empty() {
                 return Err(NodesError::EmptyAddress { position: index + 1, addresses: list.to_owned() });
             }
-            if !address.rsplit_once(':').is_some_and(|(_, port)| !port.is_empty()) {
+            if address.rsplit_once(':').is_none_or(|(_, port)| port.is_empty()) {
                 return Err(NodesError::NoPort { address: address.to_owned() });
             }
             if addresses.iter().any(|known| known == address) {
