@@ -1,6 +1,8 @@
 //! The platform on a three-node Apache Iggy cluster whose nodes die: the
 //! leader SIGKILLed mid-run (several times), a follower killed, the whole
-//! cluster stopped and started, a publish through a failover. Each checks
+//! cluster stopped and started, a publish through a failover, and a group
+//! of three hosts (state in PostgreSQL, `WAKU_POSTGRES_URL`) losing one
+//! host and the leader at once. Each checks
 //! every event applied exactly once against the oracle, and that nothing
 //! hung (each run has a deadline).
 //!
@@ -175,4 +177,85 @@ async fn a_publish_through_a_failover_stores_every_line_once() {
     }
     assert!(log.failovers() >= 1, "the publisher failed over");
     assert!(seen == expected, "every line stored once: {} bodies seen, {} expected", seen.len(), expected.len());
+}
+
+/// Three hosts of one projection in a consumer group over the cluster,
+/// state in PostgreSQL (`WAKU_POSTGRES_URL`); one host is killed at the
+/// same moment as the leader, while events arrive. The two survivors fail
+/// over, rejoin the group, take the dead host's partitions, and the read
+/// model equals the oracle with every event applied exactly once.
+#[test]
+#[ignore = "fails on Iggy 0.9.0-edge.5: after the leader's SIGKILL the new leader's consumer group still assigns \
+            the partitions of the dead host's session to it (A held [3], C [4, 5], 0 to 2 nobody, for 5 minutes); \
+            issue 47 stays open on it"]
+fn a_group_of_three_loses_a_host_and_the_leader_at_once_and_applies_every_event_once() {
+    use wakuwaku::storage::state::{PostgresStore, StateStore};
+    use wakuwaku::storage::stats::Stat;
+    use wakuwaku_tests::group::GroupHost;
+
+    let _one = ONE_AT_A_TIME.blocking_lock();
+    let what = "a group over the cluster";
+    let Some(postgres) = wakuwaku_tests::postgres_url(what) else { return };
+    let Some(mut cluster) = IggyCluster::from_env(what) else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    runtime.block_on(cluster.leader(Duration::from_secs(60))).expect("the cluster elects a leader");
+    let (url, dir) = (cluster.url(), tempfile::tempdir().unwrap());
+    let stream = wakuwaku_tests::fresh_stream("cluster-group");
+    let projection = stream.replace('-', "_");
+    let module = bank_module();
+    let log = runtime.block_on(IggyLog::connect(&url, &stream)).unwrap();
+    let spec = WorkloadSpec { events: 4_000, accounts: 90, seed: 61 };
+    let mut oracle = runtime.block_on(publish_bank(&log, module.clone(), spec, 6));
+    let config = ConsumerConfig {
+        batch_size: 100,
+        log_backoff: (Duration::from_millis(50), Duration::from_millis(500)),
+        ..ConsumerConfig::default()
+    };
+    let host = |name: &str| {
+        GroupHost::start(&url, &stream, &postgres, (&projection, "bank"), config.clone(), &dir.path().join(name))
+    };
+    let (a, b, c) = (host("a"), host("b"), host("c"));
+    wait_until("the group shares out all six partitions", || [&a, &b, &c].iter().all(|h| !h.held().is_empty()));
+    let (events, _) = demo::workload(WorkloadSpec { events: 4_000, accounts: 90, seed: 62 });
+    events.iter().for_each(|event| oracle.apply(event));
+    let outgoing = demo::outgoing(&*module, &events).unwrap();
+    runtime.block_on(publish::publish(&log, TOPIC, module.clone(), outgoing, None, 2)).unwrap();
+    let leader = runtime.block_on(cluster.leader(Duration::from_secs(60))).expect("a leader");
+    b.kill();
+    cluster.kill(leader);
+    cluster.start(leader);
+
+    let store = StateStore::from_backend(PostgresStore::connect(&postgres, &projection).unwrap());
+    // The test's own client fails over too: asked again until it answers.
+    let ends = runtime.block_on(async {
+        loop {
+            match log.end_offsets(TOPIC).await {
+                Ok(ends) => break ends,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
+    wait_until("every partition consumed to its end", || {
+        let done = (0..6).all(|p| store.position(TOPIC, p).unwrap() == Some(ends[p as usize]));
+        if !done && std::env::var_os("WAKU_TEST_SHOW_GROUP").is_some() {
+            let positions: Vec<_> = (0..6).map(|p| store.position(TOPIC, p).unwrap()).collect();
+            eprintln!("A holds {:?}, C holds {:?}; positions {positions:?} of {ends:?}", a.held(), c.held());
+        }
+        done
+    });
+    for h in [a, c] {
+        h.stop();
+    }
+    let check = demo::check_projection(&oracle, &*module, &store).unwrap();
+    assert!(check.matches(), "{}", check.report(10));
+    assert_eq!(store.stats().unwrap()[Stat::Applied], 8_000, "every event applied exactly once");
+}
+
+/// Waits (a guard against a hang, not a speed target) until `done`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RUN_LIMIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
