@@ -251,10 +251,23 @@ function hostRuleIds(): Set<string> {
  */
 const KEPT_BY_THE_TEST_HOST = new Set(["outside-handle", "event-time-declared", "import-size"]);
 
+/**
+ * The timer rules of contract 0.5: this SDK is built on 0.4, which has no
+ * timers, so no handler written with it can break them.
+ */
+const TIMER_RULES = new Set([
+  "timer-name",
+  "timer-payload-size",
+  "timer-time",
+  "timer-at-firing",
+  "timers-per-key",
+  "timers-in-all",
+]);
+
 after(() => {
   // Registered last: runs once every case above has added what it saw.
   const ids = hostRuleIds();
   assert.ok(ids.size >= 20, `only ${ids.size} rule ids read from core/src/limits.rs`);
-  const missing = [...ids].filter((id) => !seen.has(id) && !KEPT_BY_THE_TEST_HOST.has(id));
+  const missing = [...ids].filter((id) => !seen.has(id) && !KEPT_BY_THE_TEST_HOST.has(id) && !TIMER_RULES.has(id));
   assert.deepEqual(missing, [], "every rule the host refuses with is refused here too");
 });
