@@ -221,7 +221,7 @@ pub(crate) mod tests {
         let trait_methods = declared(include_str!("mod.rs"), "pub trait EventLog", "\n}\n", "    ");
         let listed =
             declared(include_str!("forwarding.rs"), "macro_rules! event_log_methods", "\n    };", "            ");
-        assert_eq!(trait_methods.len(), 22);
+        assert_eq!(trait_methods.len(), 24);
         assert_eq!(listed, trait_methods);
     }
 }
