@@ -1108,7 +1108,11 @@ async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
 }
 
 /// A connected client on the first of `order`'s nodes that answers within
-/// [`NODE_TIMEOUT`], and that node; else, per node, why not.
+/// [`NODE_TIMEOUT`] and, for a cluster, knows a healthy leader (the client
+/// is then on it); and that node. Else, per node, why not. A node that
+/// knows no leader (an election, a node still recovering its state after
+/// a restart) is not used: it may answer from an old view of the cluster,
+/// even that a topic does not exist.
 async fn first_answering(
     nodes: &Nodes,
     order: impl Iterator<Item = usize>,
@@ -1116,6 +1120,10 @@ async fn first_answering(
     let mut unanswered = Vec::new();
     for node in order {
         match tokio::time::timeout(NODE_TIMEOUT, new_client(nodes.url(node))).await {
+            Ok(Ok(client)) if nodes.is_cluster() && leader_address(&client).await.is_none() => {
+                let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
+                unanswered.push(format!("{}: knows no leader yet", nodes.address(node)));
+            }
             Ok(Ok(client)) => return Ok((client, node)),
             Ok(Err(error)) => unanswered.push(format!("{}: {error}", nodes.address(node))),
             Err(_) => unanswered.push(format!("{}: no answer within {NODE_TIMEOUT:?}", nodes.address(node))),
@@ -1132,10 +1140,15 @@ fn no_majority(address: &Path, unanswered: &[String]) -> LogError {
     }
 }
 
-/// The TCP address of the node `client`'s cluster says leads, if it says.
+/// The TCP address of the healthy node `client`'s cluster says leads, if
+/// it says.
 async fn leader_address(client: &IggyClient) -> Option<String> {
+    use iggy::prelude::{ClusterNodeRole, ClusterNodeStatus};
     let roster = client.get_cluster_metadata().await.ok()?;
-    let leader = roster.nodes.iter().find(|node| node.role == iggy::prelude::ClusterNodeRole::Leader)?;
+    let leader = roster
+        .nodes
+        .iter()
+        .find(|node| node.role == ClusterNodeRole::Leader && node.status == ClusterNodeStatus::Healthy)?;
     Some(format!("{}:{}", leader.ip, leader.endpoints.tcp))
 }
 
