@@ -13,7 +13,9 @@
 //!   moves to the node that leads, waiting out an election).
 //! - When the session breaks (the node died, stopped or was cut off), the
 //!   next call fails over: it dials the nodes round the roster from the
-//!   one after the failed node, each within [`NODE_TIMEOUT`], and never
+//!   one after the failed node, each within [`NODE_TIMEOUT`], passes over
+//!   a node that knows no healthy leader (mid-election, or restarted and
+//!   still recovering: it may answer from an old view), and never
 //!   redials a node inside a call (the client's own redial is off for a
 //!   cluster). The move is logged (old node, new node, how long since the
 //!   session broke) and counted ([`EventLog::failovers`]); while no node
