@@ -365,7 +365,8 @@ fn bad_input_gets_a_clear_error() {
 
     let out = waku(&["build", "no-such-crate"], dir.path());
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no Cargo.toml or pyproject.toml in no-such-crate"), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no Cargo.toml, pyproject.toml or package.json in no-such-crate"), "{stderr}");
 
     // A Python project without componentize-py: how to install it.
     std::fs::create_dir(dir.path().join("py")).unwrap();
