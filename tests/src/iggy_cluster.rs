@@ -14,11 +14,20 @@
 //! - **Nodes are killed for real**: [`IggyCluster::kill`] sends SIGKILL
 //!   (nothing flushed), [`IggyCluster::stop`] SIGTERM (a clean stop), and
 //!   [`IggyCluster::start`] starts the node again on its data and ports.
+//! - **Links cut for real**: a cluster started
+//!   [`behind_proxies`](IggyCluster::from_env_behind_proxies) has each node
+//!   advertise a second loopback address, [`PROXY_HOST`], where a proxy
+//!   forwards to it: every client connection, the leader redirect
+//!   included, goes through a proxy, and [`IggyCluster::cut_link`] drops a
+//!   node's client connections (and refuses new ones for a while) with
+//!   the node and its replication untouched.
 //! - **Nothing outlives the test**: dropping the cluster kills its nodes.
 //! - Without `WAKU_IGGY_SERVER`, [`IggyCluster::from_env`] prints one line
 //!   saying what was skipped.
 
 use std::net::TcpListener;
+
+use crate::proxy::CuttableProxy;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,6 +37,10 @@ pub const SERVER_VARIABLE: &str = "WAKU_IGGY_SERVER";
 
 /// The nodes of a cluster.
 const NODES: usize = 3;
+
+/// The loopback address a cluster behind proxies advertises to clients
+/// (the nodes listen on 127.0.0.1, their proxies on this, same ports).
+pub const PROXY_HOST: &str = "127.0.0.2";
 
 /// The variable naming the server binary, if set.
 pub fn server_binary(what: &str) -> Option<PathBuf> {
@@ -57,6 +70,9 @@ pub struct IggyCluster {
     dir: tempfile::TempDir,
     ports: Vec<Ports>,
     nodes: Vec<Option<Child>>,
+    /// Per node, the proxy its clients reach it through, if the cluster
+    /// runs behind proxies.
+    proxies: Vec<CuttableProxy>,
 }
 
 impl IggyCluster {
@@ -64,6 +80,22 @@ impl IggyCluster {
     /// leader; `None`, after one line saying `what` was skipped, without it.
     pub fn from_env(what: &str) -> Option<Self> {
         server_binary(what).map(|binary| Self::start_nodes(binary, NODES))
+    }
+
+    /// [`from_env`](Self::from_env), each node advertising [`PROXY_HOST`]
+    /// where a proxy forwards to it.
+    pub async fn from_env_behind_proxies(what: &str) -> Option<Self> {
+        let binary = server_binary(what)?;
+        let mut cluster = Self::new(binary, NODES);
+        for node in 0..NODES {
+            let listen = format!("{PROXY_HOST}:{}", cluster.ports[node].tcp);
+            let proxy = CuttableProxy::start_at(&listen, cluster.bind_address(node)).await;
+            cluster.proxies.push(proxy.unwrap_or_else(|e| panic!("a proxy on {listen}: {e}")));
+        }
+        for node in 0..NODES {
+            cluster.start(node);
+        }
+        Some(cluster)
     }
 
     /// One server of `binary`, not a cluster: what the cluster's figures
@@ -74,14 +106,18 @@ impl IggyCluster {
 
     /// Starts `count` nodes of `binary`: a cluster, or one server alone.
     pub fn start_nodes(binary: PathBuf, count: usize) -> Self {
-        let ports = free_ports(count * 3).chunks(3).map(|p| Ports { tcp: p[0], http: p[1], replica: p[2] }).collect();
-        let mut cluster =
-            Self { binary, dir: tempfile::tempdir().expect("a temporary directory"), ports, nodes: Vec::new() };
-        cluster.nodes = (0..count).map(|_| None).collect();
+        let mut cluster = Self::new(binary, count);
         for node in 0..count {
             cluster.start(node);
         }
         cluster
+    }
+
+    /// `count` nodes of `binary` with their ports, none started.
+    fn new(binary: PathBuf, count: usize) -> Self {
+        let ports = free_ports(count * 3).chunks(3).map(|p| Ports { tcp: p[0], http: p[1], replica: p[2] }).collect();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        Self { binary, dir, ports, nodes: (0..count).map(|_| None).collect(), proxies: Vec::new() }
     }
 
     fn count(&self) -> usize {
@@ -99,14 +135,28 @@ impl IggyCluster {
         format!("iggy://iggy:iggy@{}", self.address(node))
     }
 
-    /// Node `node`'s client address.
+    /// Node `node`'s client address: its proxy's, behind proxies.
     pub fn address(&self, node: usize) -> String {
+        let host = if self.proxies.is_empty() { "127.0.0.1" } else { PROXY_HOST };
+        format!("{host}:{}", self.ports[node].tcp)
+    }
+
+    /// The address node `node` listens on.
+    fn bind_address(&self, node: usize) -> String {
         format!("127.0.0.1:{}", self.ports[node].tcp)
     }
 
-    /// Which node an address (`host:port`) is.
+    /// Which node an address (`host:port`, the node's or its proxy's) is.
     pub fn node_of(&self, address: &str) -> Option<usize> {
-        (0..self.count()).find(|&node| self.address(node) == address)
+        let port = address.rsplit_once(':').and_then(|(_, port)| port.parse::<u16>().ok())?;
+        (0..self.count()).find(|&node| self.ports[node].tcp == port)
+    }
+
+    /// Drops every client connection to node `node` and refuses new ones
+    /// for `down`; the node runs on. Only behind proxies.
+    pub async fn cut_link(&self, node: usize, down: Duration) {
+        let proxy = self.proxies.get(node).expect("a cluster started behind proxies");
+        proxy.cut_for(down).await;
     }
 
     /// Starts node `node` (again) on its data and ports.
@@ -125,7 +175,7 @@ impl IggyCluster {
             .arg(node.to_string())
             .current_dir(&data)
             .env("IGGY_SYSTEM_PATH", &data)
-            .env("IGGY_TCP_ADDRESS", self.address(node))
+            .env("IGGY_TCP_ADDRESS", self.bind_address(node))
             .env("IGGY_HTTP_ADDRESS", format!("127.0.0.1:{}", self.ports[node].http))
             .env("IGGY_QUIC_ENABLED", "false")
             .env("IGGY_WEBSOCKET_ENABLED", "false")
@@ -150,10 +200,21 @@ impl IggyCluster {
                 .env(var("PORTS_TCP"), ports.tcp.to_string())
                 .env(var("PORTS_HTTP"), ports.http.to_string())
                 .env(var("PORTS_TCP_REPLICA"), ports.replica.to_string());
+            if !self.proxies.is_empty() {
+                command.env(var("ADVERTISED_ADDRESS"), PROXY_HOST);
+            }
         }
-        let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        // Up once it listens; a node that ends first says why in its log.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(self.bind_address(node)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("node {node} ended ({status}) before it listened:\n{}", self.log_tail(node));
+            }
+            assert!(Instant::now() < deadline, "node {node} listens within 60 s:\n{}", self.log_tail(node));
+            std::thread::sleep(Duration::from_millis(50));
+        }
         self.nodes[node] = Some(child);
-        wait_for_port(self.ports[node].tcp, Duration::from_secs(30));
     }
 
     /// Kills node `node` with SIGKILL and waits for it to end.
@@ -214,6 +275,25 @@ impl IggyCluster {
         None
     }
 
+    /// What the nodes' logs say of a panic of the server's own threads
+    /// (a node then may hold up the cluster for good): empty if none did,
+    /// else `" (the Iggy server failed: …)"`, for a failing test's message.
+    pub fn server_panics(&self) -> String {
+        let mut panics = Vec::new();
+        for node in 0..self.count() {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("node-{node}.log"))).unwrap_or_default();
+            let mut lines = text.lines();
+            while let Some(line) = lines.by_ref().find(|line| line.contains("panicked at")) {
+                let why = lines.next().unwrap_or_default();
+                panics.push(format!("node {node}: {} {why}", line.trim()));
+            }
+        }
+        match panics.is_empty() {
+            true => String::new(),
+            false => format!(" (the Iggy server failed: {})", panics.join("; ")),
+        }
+    }
+
     /// The last lines node `node` logged, for a failing test's message.
     pub fn log_tail(&self, node: usize) -> String {
         let text = std::fs::read_to_string(self.dir.path().join(format!("node-{node}.log"))).unwrap_or_default();
@@ -235,13 +315,4 @@ fn free_ports(count: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> =
         (0..count).map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port")).collect();
     listeners.iter().map(|listener| listener.local_addr().expect("its address").port()).collect()
-}
-
-/// Waits until something listens on loopback `port`, or `limit`.
-fn wait_for_port(port: u16, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on 127.0.0.1:{port} after {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

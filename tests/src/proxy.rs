@@ -23,7 +23,12 @@ impl CuttableProxy {
     /// Listens on an ephemeral local port and forwards to `upstream`
     /// (`host:port`).
     pub async fn start(upstream: String) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at("127.0.0.1:0", upstream).await
+    }
+
+    /// Listens on `listen` (`host:port`) and forwards to `upstream`.
+    pub async fn start_at(listen: &str, upstream: String) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
         let port = listener.local_addr()?.port();
         let refusing = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(Mutex::new(JoinSet::new()));

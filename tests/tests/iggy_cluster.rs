@@ -1,10 +1,11 @@
 //! The platform on a three-node Apache Iggy cluster whose nodes die: the
 //! leader SIGKILLed mid-run (several times), a follower killed, the whole
-//! cluster stopped and started, a publish through a failover, and a group
-//! of three hosts (state in PostgreSQL, `WAKU_POSTGRES_URL`) losing one
-//! host and the leader at once. Each checks
-//! every event applied exactly once against the oracle, and that nothing
-//! hung (each run has a deadline).
+//! cluster stopped and started, the host's link to the leader cut by a
+//! proxy (the leader running on), a publish through a failover, and a
+//! group of three hosts (state in PostgreSQL, `WAKU_POSTGRES_URL`) losing
+//! one host and the leader at once. Each checks every event applied
+//! exactly once against the oracle, that the log still holds what was
+//! published, and that nothing hung (each run has a deadline).
 //!
 //! Every test starts its own cluster on free loopback ports from the
 //! server binary named by `WAKU_IGGY_SERVER`
@@ -51,16 +52,26 @@ async fn replayed(progress: &Progress, events: u64) {
     }
 }
 
+/// How the host reaches the cluster's nodes.
+enum Links {
+    Direct,
+    /// Through a proxy per node, which a test can cut.
+    BehindProxies,
+}
+
 /// Publishes the bank workload `spec` through the cluster, runs a host
 /// over it with `disturb` acting on the cluster meanwhile, and checks the
 /// read model against the oracle: every event applied once.
-async fn bank_through<F, Fut>(what: &str, spec: WorkloadSpec, disturb: F) -> Option<u64>
+async fn bank_through<F, Fut>(what: &str, spec: WorkloadSpec, links: Links, disturb: F) -> Option<u64>
 where
     F: FnOnce(IggyCluster, Arc<Progress>) -> Fut,
     Fut: Future<Output = IggyCluster> + Send + 'static,
 {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = IggyCluster::from_env(what)?;
+    let cluster = match links {
+        Links::Direct => IggyCluster::from_env(what)?,
+        Links::BehindProxies => IggyCluster::from_env_behind_proxies(what).await?,
+    };
     cluster.leader(Duration::from_secs(60)).await.expect("the cluster elects a leader");
     let url = cluster.url();
     let publisher = IggyLog::connect(&url, "waku-cluster").await.unwrap();
@@ -69,29 +80,75 @@ where
 
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(IggyLog::connect(&url, "waku-cluster").await.unwrap());
+    let published = contents(&*log).await;
     let host = Host::start_on(log.clone(), bank_host(dir.path())).await.unwrap();
     let projection = host.projection().clone();
-    let disturbing = tokio::spawn(disturb(cluster, host.progress().clone()));
-    let summary = tokio::time::timeout(RUN_LIMIT, host.finished())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: the host caught up within {RUN_LIMIT:?}"))
-        .unwrap();
-    let cluster = disturbing.await.unwrap();
-    assert_eq!((summary.applied, summary.dead_lettered), (spec.events as u64, 0), "{what}: every event once");
+    let mut disturbing = tokio::spawn(disturb(cluster, host.progress().clone()));
+    let run = tokio::time::timeout(RUN_LIMIT, host.finished());
+    tokio::pin!(run);
+    // A disturbance that failed (a node that did not come back) ends the
+    // test at once, not after the run's limit.
+    let disturbed = |joined: Result<IggyCluster, tokio::task::JoinError>| {
+        joined.unwrap_or_else(|e| panic!("{what}: disturbing the cluster failed: {e}"))
+    };
+    let (cluster, finished) = tokio::select! {
+        joined = &mut disturbing => (disturbed(joined), run.await),
+        finished = &mut run => (disturbed(disturbing.await), finished),
+    };
+    // A failure of the server itself is told apart from the host's.
+    let what = format!("{what}{}", cluster.server_panics());
+    let summary = finished.unwrap_or_else(|_| panic!("{what}: the host caught up within {RUN_LIMIT:?}")).unwrap();
+    let after = contents(&*log).await;
+    for (partition, (before, after)) in published.iter().zip(&after).enumerate() {
+        let differ = before.iter().zip(after).filter(|(a, b)| a != b).count();
+        assert!(
+            before.len() == after.len() && differ == 0,
+            "{what}: partition {partition} holds what was published: {} records then, {} now, {differ} differ",
+            before.len(),
+            after.len()
+        );
+    }
+    let mut places = Vec::new();
+    for partition in 0..PARTITIONS {
+        let position = projection.store().position(TOPIC, partition).unwrap();
+        places.push((position, log.end_offset(TOPIC, partition).await.unwrap()));
+    }
+    assert_eq!(
+        (summary.applied, summary.dead_lettered),
+        (spec.events as u64, 0),
+        "{what}: every event once (positions and ends {places:?})"
+    );
+    // One host holds every partition throughout: nothing to redo.
+    assert_eq!(summary.redone, 0, "{what}: no event redone");
     let check = check_bank_store(&oracle, projection.store());
     assert!(check.matches(), "{what}: {}", check.report(5));
-    for partition in 0..PARTITIONS {
-        let end = log.end_offset(TOPIC, partition).await.unwrap();
-        assert_eq!(projection.store().position(TOPIC, partition).unwrap(), Some(end), "{what}: partition {partition}");
+    for (partition, (position, end)) in places.into_iter().enumerate() {
+        assert_eq!(position, Some(end), "{what}: partition {partition}");
     }
     drop(cluster);
     Some(log.failovers())
 }
 
+/// The bodies of each partition of the bank's topic, read from the log.
+async fn contents(log: &IggyLog) -> Vec<Vec<Vec<u8>>> {
+    let mut partitions = Vec::new();
+    for partition in 0..PARTITIONS {
+        let (mut bodies, mut from) = (Vec::new(), 0);
+        loop {
+            let read = log.read(TOPIC, partition, from, 4096).await.unwrap();
+            let Some(last) = read.last() else { break };
+            from = last.offset + 1;
+            bodies.extend(read.into_iter().map(|stored| stored.record.body));
+        }
+        partitions.push(bodies);
+    }
+    partitions
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_killed_three_times_mid_run_loses_and_repeats_nothing() {
     let spec = WorkloadSpec { events: 30_000, accounts: 500, seed: 21 };
-    let failovers = bank_through("leader kills", spec, |mut cluster, progress| async move {
+    let failovers = bank_through("leader kills", spec, Links::Direct, |mut cluster, progress| async move {
         for at in [5_000, 12_000, 19_000] {
             replayed(&progress, at).await;
             let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
@@ -110,7 +167,7 @@ async fn the_leader_killed_three_times_mid_run_loses_and_repeats_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_killed_mid_run_moves_nothing() {
     let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 22 };
-    let failovers = bank_through("a follower's kill", spec, |mut cluster, progress| async move {
+    let failovers = bank_through("a follower's kill", spec, Links::Direct, |mut cluster, progress| async move {
         replayed(&progress, 6_000).await;
         let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
         let follower = (leader + 1) % 3;
@@ -128,7 +185,7 @@ async fn a_follower_killed_mid_run_moves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_stopped_and_started_mid_run_loses_nothing() {
     let spec = WorkloadSpec { events: 20_000, accounts: 500, seed: 23 };
-    bank_through("the whole cluster's restart", spec, |mut cluster, progress| async move {
+    bank_through("the whole cluster's restart", spec, Links::Direct, |mut cluster, progress| async move {
         replayed(&progress, 6_000).await;
         for node in 0..3 {
             cluster.stop(node);
@@ -140,6 +197,27 @@ async fn the_whole_cluster_stopped_and_started_mid_run_loses_nothing() {
         cluster
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosts_link_cut_by_a_proxy_loses_and_repeats_nothing() {
+    let spec = WorkloadSpec { events: 24_000, accounts: 500, seed: 25 };
+    let failovers = bank_through("links cut", spec, Links::BehindProxies, |cluster, progress| async move {
+        // The leader runs on throughout: only the host's connections to it
+        // are dropped, twice at once, then for longer than a failover takes.
+        let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
+        for (at, down) in [(4_000, Duration::ZERO), (9_000, Duration::ZERO), (14_000, Duration::from_secs(5))] {
+            replayed(&progress, at).await;
+            cluster.cut_link(leader, down).await;
+        }
+        cluster
+    })
+    .await;
+    if let Some(failovers) = failovers {
+        // A cut that falls between two calls may cost no failover; the
+        // five seconds' one cannot.
+        assert!(failovers >= 1, "the cuts moved the host: {failovers} failovers");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,15 +257,72 @@ async fn a_publish_through_a_failover_stores_every_line_once() {
     assert!(seen == expected, "every line stored once: {} bodies seen, {} expected", seen.len(), expected.len());
 }
 
+/// Every `waku` command with a cluster URL whose first node, the leader,
+/// was SIGKILLed: each finds a live node and does its work (the topic
+/// made, the events published, the projection caught up, the rest
+/// answering), as long as a majority is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_works_with_the_first_node_and_leader_dead() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut cluster) = IggyCluster::from_env("the commands on a cluster") else { return };
+    // The leader, named first in the URL, killed.
+    let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
+    let order = [leader, (leader + 1) % 3, (leader + 2) % 3];
+    let url = format!("iggy://iggy:iggy@{}", order.map(|node| cluster.address(node)).join(","));
+    cluster.kill(leader);
+    cluster.leader(Duration::from_secs(60)).await.expect("the two left elect a leader");
+    let dir = tempfile::tempdir().unwrap();
+    let stream = wakuwaku_tests::fresh_stream("waku-commands");
+    let (data, modules) = (dir.path().join("data"), dir.path().join("modules"));
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::copy(wakuwaku_tests::bank_wasm(), modules.join("bank.wasm")).unwrap();
+    let (events, _) = demo::workload(WorkloadSpec { events: 3_000, accounts: 100, seed: 26 });
+    let lines: String =
+        events.iter().map(|e| serde_json::json!({ "type": e.type_name, "body": e.body }).to_string() + "\n").collect();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let waku = |args: &[&str]| {
+        let mut all: Vec<String> = ["waku", "--log-level", "warn"].iter().map(|a| a.to_string()).collect();
+        all.extend(args.iter().map(|a| a.to_string()));
+        all.extend(["--iggy", &url, "--stream", &stream, "--data", data.to_str().unwrap()].map(String::from));
+        let shown = args.join(" ");
+        async move {
+            let code = tokio::task::spawn_blocking(move || wakuwaku::cli::main_with(all.iter().map(Into::into)));
+            assert_eq!(code.await.unwrap(), std::process::ExitCode::SUCCESS, "waku {shown} through the cluster");
+        }
+    };
+    let (bank, file) = (wakuwaku_tests::bank_wasm(), file.to_str().unwrap().to_owned());
+    waku(&["topic", "create", "--topic", TOPIC, "--partitions", "4"]).await;
+    waku(&["publish", "--topic", TOPIC, "--module", bank.to_str().unwrap(), &file]).await;
+    waku(&["topic", "list"]).await;
+    waku(&["topic", "describe", "--topic", TOPIC]).await;
+    let run = ["run", "--projection", "bank", "--topic", TOPIC, "--modules", modules.to_str().unwrap()];
+    waku(&[&run[..], &["--until-caught-up"]].concat()).await;
+    waku(&["status", "--projection", "bank", "--topic", TOPIC]).await;
+    waku(&["dlq", "list", "--projection", "bank", "--topic", TOPIC]).await;
+    waku(&["modules", "list", "--projection", "bank"]).await;
+    waku(&["reset", "--projection", "bank", "--topic", TOPIC, "--to", "earliest", "--yes"]).await;
+    waku(&["rebuild", "--projection", "bank", "--topic", TOPIC, "--modules", modules.to_str().unwrap()]).await;
+    waku(&[&run[..], &["--until-caught-up"]].concat()).await;
+
+    let log = IggyLog::connect(&url, &stream).await.unwrap();
+    assert_eq!(log.partitions(TOPIC).await.unwrap(), 4, "the topic made with its partitions");
+    let ends = log.end_offsets(TOPIC).await.unwrap();
+    assert_eq!(ends.iter().sum::<u64>(), 3_000, "every line published once");
+    for (partition, end) in ends.into_iter().enumerate() {
+        let consumed = log.consumer_offset("bank", TOPIC, partition as u32).await.unwrap();
+        assert_eq!(consumed, Some(end), "partition {partition} consumed to its end, after the reset too");
+    }
+}
+
 /// Three hosts of one projection in a consumer group over the cluster,
 /// state in PostgreSQL (`WAKU_POSTGRES_URL`); one host is killed at the
 /// same moment as the leader, while events arrive. The two survivors fail
 /// over, rejoin the group, take the dead host's partitions, and the read
 /// model equals the oracle with every event applied exactly once.
+/// (Iggy never logs out the sessions a dead node held: without the
+/// group made afresh after a failover, their partitions stayed unread.)
 #[test]
-#[ignore = "fails on Iggy 0.9.0-edge.5: after the leader's SIGKILL the new leader's consumer group still assigns \
-            the partitions of the dead host's session to it (A held [3], C [4, 5], 0 to 2 nobody, for 5 minutes); \
-            issue 47 stays open on it"]
 fn a_group_of_three_loses_a_host_and_the_leader_at_once_and_applies_every_event_once() {
     use wakuwaku::storage::state::{PostgresStore, StateStore};
     use wakuwaku::storage::stats::Stat;

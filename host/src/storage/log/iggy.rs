@@ -13,17 +13,25 @@
 //!   moves to the node that leads, waiting out an election).
 //! - When the session breaks (the node died, stopped or was cut off), the
 //!   next call fails over: it dials the nodes round the roster from the
-//!   one after the failed node, each within [`NODE_TIMEOUT`], passes over
-//!   a node that knows no healthy leader (mid-election, or restarted and
-//!   still recovering: it may answer from an old view), and never
+//!   one after the failed node, each within [`NODE_TIMEOUT`], uses only
+//!   the node that says it leads (a follower, mid-election, restarted and
+//!   still recovering, or still naming a leader that just died, may
+//!   answer from an old view or serve reads behind the leader's), and never
 //!   redials a node inside a call (the client's own redial is off for a
 //!   cluster). The move is logged (old node, new node, how long since the
 //!   session broke) and counted ([`EventLog::failovers`]); while no node
 //!   answers as part of a majority, it says so once and the caller waits
 //!   with its own backoff ([`LogError::Unavailable`]).
+//! - For [`SETTLING`] after a failover, an answer that contradicts what the
+//!   log held (a topic missing, a response that does not parse) is taken
+//!   for a node still recovering or cut off mid-answer: the call fails as
+//!   an outage and is made again on a fresh session. A response cut short
+//!   is taken so at any time.
 //! - Nothing else changes with a failover: positions are the state
-//!   store's, consumer-group membership is joined again by the next
-//!   [`EventLog::group_partitions`] on the new connection, and an append
+//!   store's; a consumer group is deleted once and joined again by the
+//!   next [`EventLog::group_partitions`] on the new connection (so the
+//!   group forgets sessions of a dead node, which Iggy never logs out);
+//!   and an append
 //!   whose answer was lost is resent only after its stamp was looked for
 //!   ([`EventLog::append_as`]), now on the new leader.
 //! - [`EventLog::nodes`] reads the roster (names, addresses, roles, health)
@@ -171,6 +179,12 @@ const POLL: usize = 4096;
 /// waiting out an election included (the client waits up to 5 s for a
 /// cluster without a leader before it stays on the node it reached).
 pub const NODE_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long after a failover the cluster counts as settling: an answer
+/// that contradicts what the log held is then taken for the node's, and
+/// the call made again ([`IggyLog`]'s `answered`). Nodes seen answering
+/// so: a restarted node that says a topic does not exist, a node killed
+/// while it answered a poll (a body cut short).
+const SETTLING: Duration = Duration::from_secs(30);
 
 /// An Iggy server's stream, as a log.
 pub struct IggyLog {
@@ -216,6 +230,12 @@ struct Cluster {
     outage: std::sync::Mutex<Option<(Instant, bool)>>,
     /// Failovers so far ([`EventLog::failovers`]).
     failovers: AtomicU64,
+    /// Until when the cluster counts as settling after a failover
+    /// ([`SETTLING`]).
+    settling: std::sync::Mutex<Option<Instant>>,
+    /// Per consumer group (topic, group), the failover count when this
+    /// client last made the group afresh ([`EventLog::group_partitions`]).
+    regrouped: std::sync::Mutex<FxHashMap<(String, String), u64>>,
 }
 
 /// Where a partition's last read ended, what it learned of the partition's
@@ -328,6 +348,8 @@ impl IggyLog {
                 node: AtomicUsize::new(node),
                 outage: Default::default(),
                 failovers: AtomicU64::new(0),
+                settling: Default::default(),
+                regrouped: Default::default(),
             }),
             stream: stream_id,
             address,
@@ -401,6 +423,14 @@ impl IggyLog {
             Ok((client, node)) => {
                 self.cluster.node.store(node, Ordering::SeqCst);
                 self.cluster.failovers.fetch_add(1, Ordering::Relaxed);
+                // Failovers while it settles do not prolong it: a node
+                // that answers nonsense for good is reported in the end.
+                {
+                    let mut settling = self.cluster.settling.lock().unwrap_or_else(|e| e.into_inner());
+                    if settling.is_none_or(|until| until <= Instant::now()) {
+                        *settling = Some(Instant::now() + SETTLING);
+                    }
+                }
                 let since = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner()).map(|(since, _)| since);
                 let took = since.map_or(Duration::ZERO, |since| since.elapsed());
                 let leader = leader_address(&client).await;
@@ -474,7 +504,7 @@ impl IggyLog {
                 match poll_range(&client, &self.stream, &id, partition, at, wanted, bytes_left, read.largest).await {
                     Ok(polled) => polled,
                     Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
-                        return Err(LogError::TopicNotFound { topic: topic.to_owned() });
+                        return Err(self.missing_topic(topic));
                     }
                     // Name the real partition count in the error.
                     Err(e @ IggyError::PartitionNotFound(..)) => {
@@ -486,6 +516,9 @@ impl IggyLog {
             read.records.extend(polled.records);
             read.bytes += polled.bytes;
             read.largest = polled.largest;
+        }
+        if let Some(first) = read.records.first().map(|stored| stored.offset).filter(|&first| first > from) {
+            self.judge_gap(topic, partition, from, first).await?;
         }
         let Polled { records, bytes, largest } = read;
         let next = records.last().map_or(from, |last| last.offset + 1);
@@ -507,8 +540,51 @@ impl IggyLog {
         Ok(records)
     }
 
+    /// A read from `from` that came back starting at `first`: fine if
+    /// retention removed what lies between (the partition's first offset
+    /// is past `from`); else the node answered without records the log
+    /// holds (a node seen doing so after a failover), and the read is an
+    /// outage, made again on a fresh session rather than skipping them.
+    async fn judge_gap(&self, topic: &str, partition: u32, from: u64, first: u64) -> Result<(), LogError> {
+        let (retained, _) = self.extent(topic, partition).await?;
+        if retained >= first {
+            return Ok(());
+        }
+        Err(self.answered(LogError::Unavailable {
+            address: self.address.clone(),
+            reason: format!(
+                "reading `{topic}` partition {partition} from offset {from} came back from offset {first}, though \
+                 the partition holds offsets from {retained}"
+            ),
+        }))
+    }
+
     fn storage(&self, what: &str, error: IggyError) -> LogError {
-        let error = storage(&self.address, what, error);
+        self.answered(storage(&self.address, what, error))
+    }
+
+    /// The log's answer that `topic` does not exist, as [`Self::answered`]
+    /// takes it.
+    fn missing_topic(&self, topic: &str) -> LogError {
+        self.answered(LogError::TopicNotFound { topic: topic.to_owned() })
+    }
+
+    /// `error` as the caller is to see it; an outage marks the session
+    /// broken. While the cluster settles after a failover, an answer that
+    /// contradicts what the log held (a topic missing, a response that does
+    /// not parse) is taken for a node still recovering its state or cut
+    /// off while it answered: the session is dropped like a broken one and
+    /// the call made again, on the next node if need be.
+    fn answered(&self, error: LogError) -> LogError {
+        let settling =
+            self.cluster.settling.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|until| until > Instant::now());
+        let error = match error {
+            LogError::TopicNotFound { .. } | LogError::Storage { .. } if settling => LogError::Unavailable {
+                address: self.address.clone(),
+                reason: format!("{error}, within {SETTLING:?} of a failover: taken for a node still settling"),
+            },
+            error => error,
+        };
         if matches!(error, LogError::Unavailable { .. }) && !self.broken.swap(true, Ordering::SeqCst) {
             let mut outage = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner());
             outage.get_or_insert((Instant::now(), false));
@@ -529,7 +605,7 @@ impl IggyLog {
         match self.client().await?.get_topic(&self.stream, &id).await {
             Ok(Some(details)) => Ok(details),
             Ok(None) | Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
-                Err(LogError::TopicNotFound { topic: topic.to_owned() })
+                Err(self.missing_topic(topic))
             }
             Err(e) => Err(self.storage("reading a topic", e)),
         }
@@ -558,9 +634,7 @@ impl IggyLog {
         for chunk in messages.chunks_mut(per_request) {
             if let Err(e) = client.send_messages(&self.stream, &id, &partitioning, chunk).await {
                 return Err(match e {
-                    IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => {
-                        LogError::TopicNotFound { topic: topic.to_owned() }
-                    }
+                    IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..) => self.missing_topic(topic),
                     IggyError::PartitionNotFound(..) => {
                         self.check_partition(topic, partition).await?;
                         self.storage("appending", e)
@@ -818,6 +892,7 @@ impl EventLog for IggyLog {
         let topic_id = self.topic_id(topic)?;
         let group_id = group_identifier(group)?;
         let client = self.client().await?;
+        self.regroup_after_failover(&client, topic, &topic_id, group, &group_id).await?;
         if let Some(partitions) = self.assignment(&client, &topic_id, &group_id).await? {
             return Ok(partitions);
         }
@@ -825,7 +900,7 @@ impl EventLog for IggyLog {
         match client.create_consumer_group(&self.stream, &topic_id, group).await {
             Ok(_) | Err(IggyError::ConsumerGroupNameAlreadyExists(..)) => {}
             Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
-                return Err(LogError::TopicNotFound { topic: topic.to_owned() });
+                return Err(self.missing_topic(topic));
             }
             Err(e) => return Err(self.storage("creating a consumer group", e)),
         }
@@ -884,6 +959,41 @@ impl EventLog for IggyLog {
 }
 
 impl IggyLog {
+    /// After a failover, deletes consumer group `group` of `topic` once, so
+    /// that the next join makes it afresh. Iggy logs a session out of its
+    /// groups when the node holding it sees the connection end; sessions
+    /// held by a node that died are never logged out, and the group goes
+    /// on assigning them partitions that nobody reads (seen on
+    /// 0.9.0-edge.5). Every host that failed over does this and joins
+    /// again, and a member whose session survived finds itself no member
+    /// and joins again too ([`EventLog::group_partitions`]); nothing is
+    /// lost, as positions are the state store's, not the group's.
+    async fn regroup_after_failover(
+        &self,
+        client: &IggyClient,
+        topic: &str,
+        topic_id: &Identifier,
+        group: &str,
+        group_id: &Identifier,
+    ) -> Result<(), LogError> {
+        let failovers = self.failovers();
+        let place = (topic.to_owned(), group.to_owned());
+        let done = self.cluster.regrouped.lock().unwrap_or_else(|e| e.into_inner()).get(&place) == Some(&failovers);
+        if failovers == 0 || done {
+            return Ok(());
+        }
+        match client.delete_consumer_group(&self.stream, topic_id, group_id).await {
+            Ok(()) | Err(IggyError::ConsumerGroupIdNotFound(..) | IggyError::ConsumerGroupNameNotFound(..)) => {}
+            Err(IggyError::TopicIdNotFound(..) | IggyError::TopicNameNotFound(..)) => {
+                return Err(self.missing_topic(topic));
+            }
+            Err(e) => return Err(self.storage("making a consumer group afresh after a failover", e)),
+        }
+        tracing::info!(topic, group, "made consumer group `{group}` of `{topic}` afresh after a failover");
+        self.cluster.regrouped.lock().unwrap_or_else(|e| e.into_inner()).insert(place, failovers);
+        Ok(())
+    }
+
     /// This connection's partitions in a consumer group, asked of the
     /// group's coordinator (the client's own sync request, which the
     /// client crate keeps to itself); `None` when it is not a member.
@@ -1007,6 +1117,13 @@ async fn poll_range(
         let messages = client.poll_messages(stream, topic, Some(partition), &consumer, &strategy, count, false).await?;
         // Nothing (more), or nothing new from a server that went back.
         let Some(last) = messages.messages.last().map(|m| m.header.offset).filter(|&last| last >= at) else { break };
+        // A fetch that skips offsets after records were taken ends the
+        // read there: the next one, from the missing offset, asks again
+        // and [`IggyLog::read_within`] judges the gap.
+        let first = messages.messages.iter().map(|m| m.header.offset).find(|&offset| offset >= at);
+        if !polled.records.is_empty() && first != Some(at) {
+            break;
+        }
         let mut largest_fetched = 0;
         for message in messages.messages.into_iter().filter(|m| m.header.offset >= at) {
             // What the fetch brought past the record that spent the budget
@@ -1110,26 +1227,44 @@ async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
 }
 
 /// A connected client on the first of `order`'s nodes that answers within
-/// [`NODE_TIMEOUT`] and, for a cluster, knows a healthy leader (the client
-/// is then on it); and that node. Else, per node, why not. A node that
-/// knows no leader (an election, a node still recovering its state after
-/// a restart) is not used: it may answer from an old view of the cluster,
-/// even that a topic does not exist.
+/// [`NODE_TIMEOUT`] and, for a cluster, says it leads; and that node. Else,
+/// per node, why not. Only the leader is used: a follower may answer from
+/// an old view (even that a topic does not exist) or serve reads and end
+/// offsets behind the leader's, and for a heartbeat's time after the
+/// leader died its followers still name it. A node that names another
+/// node of the roster as leader is passed over (that node gets its turn
+/// in the round); one that names an address the roster does not hold
+/// (a cluster advertising other addresses than the URL's) is used.
 async fn first_answering(
     nodes: &Nodes,
     order: impl Iterator<Item = usize>,
 ) -> Result<(IggyClient, usize), Vec<String>> {
     let mut unanswered = Vec::new();
     for node in order {
-        match tokio::time::timeout(NODE_TIMEOUT, new_client(nodes.url(node))).await {
-            Ok(Ok(client)) if nodes.is_cluster() && leader_address(&client).await.is_none() => {
-                let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
-                unanswered.push(format!("{}: knows no leader yet", nodes.address(node)));
+        let dial = async {
+            let client = new_client(nodes.url(node)).await?;
+            let leader = match nodes.is_cluster() {
+                true => leader_address(&client).await,
+                false => None,
+            };
+            Ok::<_, IggyError>((client, leader))
+        };
+        let why = match tokio::time::timeout(NODE_TIMEOUT, dial).await {
+            Ok(Ok((client, _))) if !nodes.is_cluster() => return Ok((client, node)),
+            Ok(Ok((client, Some(leader)))) if leader == nodes.address(node) || nodes.position(&leader).is_none() => {
+                return Ok((client, node));
             }
-            Ok(Ok(client)) => return Ok((client, node)),
-            Ok(Err(error)) => unanswered.push(format!("{}: {error}", nodes.address(node))),
-            Err(_) => unanswered.push(format!("{}: no answer within {NODE_TIMEOUT:?}", nodes.address(node))),
-        }
+            Ok(Ok((client, leader))) => {
+                let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
+                match leader {
+                    Some(leader) => format!("follows {leader}"),
+                    None => "knows no leader yet".to_owned(),
+                }
+            }
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {NODE_TIMEOUT:?}"),
+        };
+        unanswered.push(format!("{}: {why}", nodes.address(node)));
     }
     Err(unanswered)
 }
@@ -1221,7 +1356,12 @@ fn from_message(message: IggyMessage) -> StoredRecord {
 fn storage(address: &std::path::Path, what: &str, error: IggyError) -> LogError {
     let reason = format!("{what} failed: {error} (Iggy error {})", error.as_code());
     match error {
-        IggyError::Disconnected
+        // A response cut short (a node killed while it answered): the
+        // session's framing is lost, so it is dropped like a broken one and
+        // the call is made again on a fresh session.
+        IggyError::EmptyResponse
+        | IggyError::InvalidNumberEncoding
+        | IggyError::Disconnected
         | IggyError::AlreadyAuthenticated
         | IggyError::NotConnected
         | IggyError::CannotEstablishConnection
@@ -1599,6 +1739,22 @@ mod tests {
         assert_eq!(extent_of(99, 60), (40, 100));
         // Every message expired: nothing held, the end after the last.
         assert_eq!(extent_of(99, 0), (100, 100));
+    }
+
+    #[test]
+    fn a_response_cut_short_breaks_the_session_and_a_refusal_does_not() {
+        let address = std::path::Path::new("iggy://127.0.0.1:8090");
+        let unavailable = |error| matches!(storage(address, "reading", error), LogError::Unavailable { .. });
+        // A node killed while it answered a poll leaves a short body.
+        assert!(unavailable(IggyError::InvalidNumberEncoding));
+        assert!(unavailable(IggyError::EmptyResponse));
+        assert!(unavailable(IggyError::Disconnected));
+        // What the server refuses on purpose is no outage.
+        assert!(!unavailable(IggyError::InvalidCommand));
+        assert!(!unavailable(IggyError::TopicIdNotFound(
+            Identifier::numeric(2).unwrap(),
+            Identifier::numeric(1).unwrap()
+        )));
     }
 
     #[test]

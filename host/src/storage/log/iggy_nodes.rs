@@ -105,6 +105,11 @@ impl Nodes {
         &self.addresses[index % self.addresses.len()]
     }
 
+    /// Which node `address` (`host:port`) is, if the roster names it.
+    pub(crate) fn position(&self, address: &str) -> Option<usize> {
+        self.addresses.iter().position(|named| named == address)
+    }
+
     /// Every node once, in the order a failover from node `failed` tries
     /// them: the ones after it round the roster, then `failed` itself (it
     /// may be back, or the only one).
@@ -203,6 +208,7 @@ mod tests {
         assert_eq!(nodes.after(2).collect::<Vec<_>>(), [0, 1, 2]);
         let one = Nodes::parse("iggy://u:p@a:1").unwrap();
         assert_eq!(one.after(0).collect::<Vec<_>>(), [0]);
+        assert_eq!((nodes.position("b:2"), nodes.position("d:4")), (Some(1), None));
     }
 
     #[test]
