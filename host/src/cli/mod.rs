@@ -50,7 +50,8 @@
 //!
 //! Settings: every setting of `run` can also come from `WAKU_<FLAG>` or
 //! `waku.toml`, flag > environment > file > default (`config`). Log lines:
-//! `--log-level`, else `RUST_LOG`, else `warn,waku::guest=info,waku::reload=info`, so the
+//! `--log-level`, else `RUST_LOG`, else
+//! `warn,waku::guest=info,waku::reload=info,iggy::tcp=off`, so the
 //! modules' own lines show from info up. `--output json` gives the results
 //! of `status`, `dlq list|show`, `modules list` and `state get` a stable
 //! JSON shape (README, "JSON output").
@@ -174,9 +175,10 @@ struct Cli {
     /// Which log lines to show on standard error: a level (`error`, `warn`,
     /// `info`, `debug`, `trace`) or `tracing` directives
     /// (`warn,waku::guest=debug`). Default: `RUST_LOG` if set, else
-    /// `warn,waku::guest=info,waku::reload=info` (the host's warnings, and the modules' log
-    /// lines from info up, marked with module and key, and each module a
-    /// hot reload swapped in).
+    /// `warn,waku::guest=info,waku::reload=info,iggy::tcp=off` (the host's
+    /// warnings, and the modules' log lines from info up, marked with
+    /// module and key, and each module a hot reload swapped in; not the Iggy
+    /// client's own line per failed dial, as the host says each outage).
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,
 }
@@ -449,7 +451,10 @@ fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> 
 
 /// The default log filter: the host's warnings, the modules' log lines
 /// from info up, and the hot reloads that took ([`crate::operations::lifecycle::RELOAD_LOG_TARGET`]).
-const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info,waku::reload=info";
+/// Not the Iggy client's connection errors: it logs one per dial and per
+/// broken call, and the host says each outage itself, once, with what it
+/// was doing.
+const DEFAULT_LOG_FILTER: &str = "warn,waku::guest=info,waku::reload=info,iggy::tcp=off";
 
 /// The log filter: `--log-level`, else `RUST_LOG`, else
 /// [`DEFAULT_LOG_FILTER`]; a bad `--log-level` is an error, a bad

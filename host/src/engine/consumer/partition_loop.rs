@@ -75,12 +75,9 @@ impl<L: EventLog> PartitionLoop<L> {
             match Self::starting_state(&parts, partition, end).await {
                 Err(ConsumerError::Log(error @ LogError::Unavailable { .. })) => {
                     let (first, longest) = parts.config.log_backoff;
+                    let again = backoff > Duration::ZERO;
                     backoff = (backoff * 2).clamp(first, longest);
-                    tracing::warn!(
-                        projection = parts.projection.name(),
-                        partition,
-                        "{error}; trying again in {backoff:?}"
-                    );
+                    say_unavailable(again, parts.projection.name(), partition, &error.into(), backoff);
                     parts.progress.set_log_available(false);
                     let _ = tokio::time::timeout(backoff, stop.changed()).await;
                     if *stop.borrow() {
@@ -127,12 +124,9 @@ impl<L: EventLog> PartitionLoop<L> {
                 }
                 Err(error @ (ConsumerError::Log(LogError::Unavailable { .. }) | ConsumerError::HostFault(_))) => {
                     let (first, longest) = self.parts.config.log_backoff;
+                    let again = backoff > Duration::ZERO;
                     backoff = (backoff * 2).clamp(first, longest);
-                    tracing::warn!(
-                        projection = self.parts.projection.name(),
-                        partition,
-                        "{error}; trying again in {backoff:?}"
-                    );
+                    say_unavailable(again, self.parts.projection.name(), partition, &error, backoff);
                     if matches!(error, ConsumerError::Log(_)) {
                         self.parts.progress.set_log_available(false);
                         if let Some(metrics) = &self.parts.metrics {
@@ -952,5 +946,18 @@ mod tests {
         assert!(!fenced);
         assert_eq!(summary.applied, 2);
         assert_eq!(balance(&parts, 1).as_deref(), Some("5"));
+    }
+}
+
+/// Says that a partition's step failed on an outage and waits `backoff`:
+/// a warning for the first failure in a row, so an outage is said once
+/// per partition however long it lasts (its end is said too, "the log is
+/// available again"); the failures after it at debug level.
+fn say_unavailable(again: bool, projection: &str, partition: u32, error: &ConsumerError, backoff: Duration) {
+    match again {
+        false => {
+            tracing::warn!(projection, partition, "{error}; trying again in {backoff:?} (and on, until it answers)")
+        }
+        true => tracing::debug!(projection, partition, "{error}; trying again in {backoff:?}"),
     }
 }

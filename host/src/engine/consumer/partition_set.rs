@@ -492,11 +492,20 @@ impl<L: EventLog> Consumer<L> {
     fn take_failed(&self, partition: u32, error: &ConsumerError, last: Option<Duration>) -> Duration {
         let (first, longest) = self.parts.config.log_backoff;
         let backoff = last.map_or(first, |last| (last * 2).clamp(first, longest));
-        tracing::warn!(
-            projection = self.parts.projection.name(),
-            partition,
-            "cannot take partition {partition}: {error}; trying again in {backoff:?}"
-        );
+        // Said once per run of failures, as the partitions' own outages are.
+        let projection = self.parts.projection.name();
+        match last {
+            None => tracing::warn!(
+                projection,
+                partition,
+                "cannot take partition {partition}: {error}; trying again in {backoff:?}"
+            ),
+            Some(_) => tracing::debug!(
+                projection,
+                partition,
+                "cannot take partition {partition}: {error}; trying again in {backoff:?}"
+            ),
+        }
         if let Some(metrics) = &self.parts.metrics {
             metrics.partition_take_failed(self.parts.projection.name());
         }
