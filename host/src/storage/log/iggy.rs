@@ -13,10 +13,11 @@
 //!   moves to the node that leads, waiting out an election).
 //! - When the session breaks (the node died, stopped or was cut off), the
 //!   next call fails over: it dials the nodes round the roster from the
-//!   one after the failed node, each within [`NODE_TIMEOUT`], uses only
-//!   the node that says it leads (a follower, mid-election, restarted and
-//!   still recovering, or still naming a leader that just died, may
-//!   answer from an old view or serve reads behind the leader's), and never
+//!   one after the failed node, each within [`NODE_TIMEOUT`], asks each
+//!   which node leads, and uses only the node a majority of the roster
+//!   names (a follower may answer from an old view or serve reads behind
+//!   the leader's; followers name a dead leader for a heartbeat's time; a
+//!   restarted node may name itself from its old view), and never
 //!   redials a node inside a call (the client's own redial is off for a
 //!   cluster). The move is logged (old node, new node, how long since the
 //!   session broke) and counted ([`EventLog::failovers`]); while no node
@@ -1226,20 +1227,24 @@ async fn new_client(url: &str) -> Result<IggyClient, IggyError> {
     Ok(client)
 }
 
-/// A connected client on the first of `order`'s nodes that answers within
-/// [`NODE_TIMEOUT`] and, for a cluster, says it leads; and that node. Else,
-/// per node, why not. Only the leader is used: a follower may answer from
-/// an old view (even that a topic does not exist) or serve reads and end
-/// offsets behind the leader's, and for a heartbeat's time after the
-/// leader died its followers still name it. A node that names another
-/// node of the roster as leader is passed over (that node gets its turn
-/// in the round); one that names an address the roster does not hold
-/// (a cluster advertising other addresses than the URL's) is used.
+/// A connected client on the node that leads, and that node; else, per
+/// node, why not. One server: the first of `order` that answers within
+/// [`NODE_TIMEOUT`]. A cluster: every node of `order` is asked which node
+/// leads, and only a node that a majority of the roster names (itself
+/// among them) is used. A follower may answer from an old view (even that
+/// a topic does not exist) or serve reads and end offsets behind the
+/// leader's; for a heartbeat's time after the leader died its followers
+/// still name it; and a node restarted from an old view may name itself
+/// until it learns the new one: a majority's word is the cluster's. If the
+/// majority names an address the roster does not hold (a cluster that
+/// advertises other addresses than the URL's), the first node that
+/// answered is used.
 async fn first_answering(
     nodes: &Nodes,
     order: impl Iterator<Item = usize>,
 ) -> Result<(IggyClient, usize), Vec<String>> {
     let mut unanswered = Vec::new();
+    let mut answered: Vec<(IggyClient, usize, Option<String>)> = Vec::new();
     for node in order {
         let dial = async {
             let client = new_client(nodes.url(node)).await?;
@@ -1249,24 +1254,36 @@ async fn first_answering(
             };
             Ok::<_, IggyError>((client, leader))
         };
-        let why = match tokio::time::timeout(NODE_TIMEOUT, dial).await {
+        match tokio::time::timeout(NODE_TIMEOUT, dial).await {
             Ok(Ok((client, _))) if !nodes.is_cluster() => return Ok((client, node)),
-            Ok(Ok((client, Some(leader)))) if leader == nodes.address(node) || nodes.position(&leader).is_none() => {
-                return Ok((client, node));
-            }
-            Ok(Ok((client, leader))) => {
-                let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
-                match leader {
-                    Some(leader) => format!("follows {leader}"),
-                    None => "knows no leader yet".to_owned(),
-                }
-            }
-            Ok(Err(error)) => error.to_string(),
-            Err(_) => format!("no answer within {NODE_TIMEOUT:?}"),
+            Ok(Ok((client, leader))) => answered.push((client, node, leader)),
+            Ok(Err(error)) => unanswered.push(format!("{}: {error}", nodes.address(node))),
+            Err(_) => unanswered.push(format!("{}: no answer within {NODE_TIMEOUT:?}", nodes.address(node))),
+        }
+    }
+    let named = |address: &str| answered.iter().filter(|(_, _, leader)| leader.as_deref() == Some(address)).count();
+    let majority = nodes.len() / 2 + 1;
+    let chosen = answered.iter().position(|(_, node, leader)| match leader.as_deref() {
+        Some(leader) if named(leader) >= majority => match nodes.position(leader) {
+            Some(leads) => leads == *node,
+            None => true,
+        },
+        _ => false,
+    });
+    let mut found = None;
+    for (index, (client, node, leader)) in answered.into_iter().enumerate() {
+        if Some(index) == chosen {
+            found = Some((client, node));
+            continue;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), client.disconnect()).await;
+        let why = match leader {
+            Some(leader) => format!("names {leader} as leader"),
+            None => "knows no leader yet".to_owned(),
         };
         unanswered.push(format!("{}: {why}", nodes.address(node)));
     }
-    Err(unanswered)
+    found.ok_or(unanswered)
 }
 
 /// The error of a cluster none of whose nodes answered.
