@@ -523,11 +523,14 @@ impl<L: EventLog> PartitionLoop<L> {
             (Advance::Released(progress), _) => {
                 BatchClock { clock: progress.checkpoint.clock, late: progress.late.clone() }
             }
-            (_, Some(solo)) => {
+            // Only a timed type moves the clock: a projection without one
+            // reads no record twice.
+            (_, Some(solo)) if modules.has_timed_types() => {
                 let clock = solo.read(&records, &modules, self.parts.config.release, self.state.position);
                 runner.solo = Some(solo.clone());
                 clock
             }
+            (_, Some(solo)) => BatchClock { clock: solo.clock(), late: Default::default() },
             (_, None) => BatchClock::default(),
         };
         runner.keys.clock = runner.clock.clock;
