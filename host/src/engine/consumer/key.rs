@@ -398,6 +398,9 @@ impl KeyRunner {
     /// a call that set a timer now due before the part's next record (a
     /// part left as it came; a folded one is handed over whole). Returns
     /// the first record not handed over, or `Break` when the key stops.
+    /// (One loop over the part's chunks with each call's outcome routed
+    /// where it happens, as the key's loop was before timers: split, the
+    /// outcomes would need a type of their own to travel back.)
     #[allow(clippy::too_many_arguments)]
     fn run_part(
         &self,
