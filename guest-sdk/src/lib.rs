@@ -234,6 +234,7 @@ mod module;
 pub mod testing;
 mod types;
 mod wasm;
+pub mod windows;
 
 pub use context::{Context, HostApi, Outgoing, Refusal};
 pub use event::{Event, Handler, OnTimers, PartitionKey};

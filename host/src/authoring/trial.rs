@@ -110,6 +110,9 @@ pub struct Outcome {
     /// The module's event types by tag, so the report names a failed
     /// event's type (the stored JSON keeps the tag alone).
     pub type_names: BTreeMap<u32, String>,
+    /// Timers still pending at the end (set, and not passed by the clock
+    /// the files' event times give).
+    pub timers_pending: u64,
 }
 
 /// The most module log lines a trial keeps; later ones are counted.
@@ -234,7 +237,8 @@ pub async fn run(module: Arc<dyn HandlerModule>, files: &[(String, PathBuf)]) ->
     }
     let counters = store.counters()?.into_iter().collect();
     let type_names = module.event_types().iter().map(|t| (t.tag.get(), t.name.clone())).collect();
-    Ok(Outcome { published, summary, keys, counters, emitted, log: outside, not_kept, type_names })
+    let timers_pending = store.timer_summary(None)?.pending;
+    Ok(Outcome { published, summary, keys, counters, emitted, log: outside, not_kept, type_names, timers_pending })
 }
 
 /// The messages of `topic` (one partition) into `emitted` while their
@@ -316,7 +320,21 @@ impl Outcome {
         if self.not_kept != NotKept::default() {
             json["not_kept"] = json!({ "log_lines": self.not_kept.log_lines, "emitted": self.not_kept.emitted });
         }
+        // Only a module that set timers has them in its outcome, so an
+        // outcome stored before timers reads the same.
+        if self.has_timers() {
+            json["timers"] = json!({
+                "fired": s.timers_fired,
+                "dead_lettered": s.timers_dead_lettered,
+                "pending": self.timers_pending,
+            });
+        }
         json
+    }
+
+    /// Whether any timer was fired, dead-lettered or left pending.
+    fn has_timers(&self) -> bool {
+        self.summary.timers_fired + self.summary.timers_dead_lettered + self.timers_pending > 0
     }
 
     /// The outcome for people: per key its state, log lines and failures,
@@ -362,6 +380,12 @@ impl Outcome {
             "{} events: {} applied, {} skipped, {} dead-lettered",
             self.published, s.applied, s.skipped, s.dead_lettered
         ));
+        if self.has_timers() {
+            out.push(format!(
+                "timers: {} fired, {} dead-lettered, {} pending",
+                s.timers_fired, s.timers_dead_lettered, self.timers_pending
+            ));
+        }
         if self.not_kept != NotKept::default() {
             out.push(format!(
                 "not kept: {} log lines past the first {MOST_LOG_LINES}, {} emitted messages past the first {} MiB",

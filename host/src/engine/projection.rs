@@ -153,6 +153,12 @@ impl ModuleSet {
         Ok(Self { modules, routes, pools, sequence })
     }
 
+    /// Whether any of its event types declares event time (`Timed` or
+    /// `TimedRelaxed`).
+    pub fn has_timed_types(&self) -> bool {
+        self.routes.values().any(|route| route.event_type.timing != EventTiming::Untimed)
+    }
+
     /// A number that is higher for a set made later in this process, so
     /// that of two sets, the one that replaced the other can be told.
     pub fn sequence(&self) -> u64 {

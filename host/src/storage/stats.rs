@@ -29,9 +29,10 @@
 //! equals the events consumed (the sum of the committed positions in the
 //! projection's topics, not its retry topic).
 //! [`Stat::Malformed`] events are dead-lettered too (counted in both);
-//! [`Stat::Undeliverable`], [`Stat::OrderViolations`] and
-//! [`Stat::HeldBack`] count something else (messages, or events also
-//! counted as applied) and stand for no event in that sum.
+//! [`Stat::Undeliverable`], [`Stat::OrderViolations`],
+//! [`Stat::HeldBack`], [`Stat::TimersFired`] and
+//! [`Stat::TimersDeadLettered`] count something else (messages, timers, or
+//! events also counted as applied) and stand for no event in that sum.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -120,6 +121,12 @@ statistics! {
     /// Messages a rebuild's shadow emitted and held back, never published
     /// ([`crate::operations::rebuild`]).
     HeldBack => held_back,
+    /// Timers fired: handed to a module's `fire` export, which took them
+    /// (timers, not events; [`wakuwaku_core::timers`]).
+    TimersFired => timers_fired,
+    /// Timers whose `fire` call failed: written to the dead-letter topic
+    /// (timers, not events).
+    TimersDeadLettered => timers_dead_lettered,
 }
 
 impl Stat {
@@ -264,7 +271,7 @@ pub(crate) mod tests {
     /// The names earlier hosts persisted: they must read back as the same
     /// statistics
     /// (the store tests write them as text, as those hosts did).
-    pub(crate) const PERSISTED: [(&str, Stat); 10] = [
+    pub(crate) const PERSISTED: [(&str, Stat); 12] = [
         ("applied", Stat::Applied),
         ("skipped", Stat::Skipped),
         ("malformed", Stat::Malformed),
@@ -275,6 +282,8 @@ pub(crate) mod tests {
         ("undeliverable", Stat::Undeliverable),
         ("order_violations", Stat::OrderViolations),
         ("held_back", Stat::HeldBack),
+        ("timers_fired", Stat::TimersFired),
+        ("timers_dead_lettered", Stat::TimersDeadLettered),
     ];
 
     #[test]

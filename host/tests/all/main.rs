@@ -21,5 +21,6 @@ mod scale;
 mod several_topics;
 mod telemetry;
 mod through_the_host;
+mod timers;
 mod typescript;
 mod untrusted;

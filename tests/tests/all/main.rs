@@ -28,6 +28,7 @@ mod routing;
 mod sandbox;
 mod scale;
 mod shutdown;
+mod timers;
 mod typescript;
 mod untrusted;
 mod untrusted_postgres;

@@ -39,12 +39,13 @@ use super::key::{KeyRunner, WorkerOutcome};
 use super::phase::{Laps, Phase};
 use super::projection_names::ProjectionNames;
 use super::release_marks::ReleasedMarks;
+use super::timer_clock::{BatchClock, SoloClock};
 use super::work::{BatchBuffers, BatchInput, BatchWork, RetrySlice};
 use super::{ConsumerConfig, ConsumerError, Summary, release_marks};
 use crate::engine::metrics::{BatchTally, Metrics};
 use crate::engine::projection::{ModuleSet, Projection};
 use crate::engine::routing::{self, RetryQueue, Routed, RoutedTopics};
-use crate::event::{Envelope, HeaderError};
+use crate::event::{Envelope, EventTiming, HeaderError};
 use crate::key::Key;
 use crate::reduce::Origin;
 use crate::sandbox::handler::{BatchBudget, BatchCounters, ContractError, CounterQuota, KeyOutcome, TimerQuota};
@@ -52,6 +53,7 @@ use crate::storage::log::{PolledBatch, RecordView, StoredRecord};
 use crate::storage::state::TimerWrite;
 use crate::storage::state::{BatchCommit, StateError, StateReader, StateStore};
 use wakuwaku_core::release::Checkpoint;
+use wakuwaku_core::timers::Place;
 
 /// What the partition commits with a batch of released events.
 pub(super) struct ReleasedProgress {
@@ -65,6 +67,9 @@ pub(super) struct ReleasedProgress {
     /// append time, by (input, offset): the batch dead-letters each with
     /// its reason.
     pub(super) refused: HashMap<(u32, u64), String>,
+    /// The events of the batch released late, by (input, offset): they
+    /// hold no timer back ([`wakuwaku_core::timers::Place::Anywhere`]).
+    pub(super) late: HashSet<(u32, u64)>,
 }
 
 /// How a batch moves the partition on.
@@ -121,7 +126,18 @@ pub(super) struct BatchRunner {
     /// The counters the batches in flight add, against the projection's
     /// quota (`counter-count`).
     pub(super) counters: CounterQuota,
+    /// On the clone a batch runs on: the clock its timers fire by, and
+    /// for a projection of one topic the clock to commit with it.
+    pub(super) clock: BatchClock,
+    pub(super) solo: Option<SoloClock>,
+    /// On the clone a batch runs on: keys without records in it whose
+    /// timers are due ([`StateStore::due_timers`]).
+    pub(super) due: Vec<Key>,
 }
+
+/// The most keys with only due timers one batch takes; the others fire in
+/// the batches after it.
+pub(super) const DUE_KEYS_PER_BATCH: usize = 4096;
 
 impl BatchRunner {
     /// The runner of `projection`'s batches under `config`.
@@ -131,6 +147,9 @@ impl BatchRunner {
             metrics: None,
             budget: BatchBudget::new(&config.payload),
             counters: CounterQuota::new(&config.payload),
+            clock: BatchClock::default(),
+            solo: None,
+            due: Vec::new(),
         }
     }
 
@@ -155,8 +174,25 @@ impl BatchRunner {
         store: &StateStore,
     ) -> Result<Summary, ConsumerError> {
         let read = |keys: &[Key]| store.batch_reader(partition, keys);
-        let finished = self.polled(partition, (records, advance), queue, buffers, modules, read)?;
+        let mut runner = self.clone();
+        let (due, complete) = runner.due_keys(partition, store, queue)?;
+        // The store is asked for the timers of no other key of the batch
+        // than these, unless the list is cut short.
+        runner.keys.due = complete.then(|| Arc::new(due.iter().cloned().collect()));
+        runner.due = due;
+        let finished = runner.polled(partition, (records, advance), queue, buffers, modules, read)?;
         Ok(self.commit(finished, store)?.0)
+    }
+
+    /// The keys of `partition` whose timers are due under the batch's
+    /// clock, but for those waiting in retry (their timers wait with them):
+    /// at most [`DUE_KEYS_PER_BATCH`], earliest first; and whether that is
+    /// all of them.
+    fn due_keys(&self, partition: u32, store: &StateStore, queue: &RetryQueue) -> Result<(Vec<Key>, bool), StateError> {
+        let Some(clock) = self.clock.clock else { return Ok((Vec::new(), true)) };
+        let due = store.due_timers(partition, clock, DUE_KEYS_PER_BATCH)?;
+        let complete = due.len() < DUE_KEYS_PER_BATCH;
+        Ok((due.into_iter().map(|(key, _)| key).filter(|key| !queue.holds(key)).collect(), complete))
     }
 
     /// Plans, executes and commits records taken from the retry topic, each
@@ -210,6 +246,9 @@ impl BatchRunner {
                 &mut buffers.input,
                 (&mut commit, &mut summary, &mut tally),
             );
+        }
+        if let Some(solo) = &self.solo {
+            solo.add_to_commit(&mut commit, partition);
         }
         match advance {
             Advance::Topic(next) => commit.positions.push((projection.topic().to_owned(), partition, *next)),
@@ -291,7 +330,15 @@ impl BatchRunner {
                 let tries = Tries::fresh(envelope.ordering);
                 let origin = Origin::in_topic(view.input(), view.offset());
                 let timing = modules.timing(envelope.tag);
-                input.push(number, (envelope, timing), origin, tries, view.body().to_vec());
+                // A timed event read in its place holds later timers back;
+                // a late one, or one without a place in time, none.
+                let place = match (timing, envelope.event_time) {
+                    (EventTiming::Timed, Some(time)) if !self.clock.late.contains(&(view.input(), view.offset())) => {
+                        Place::At(time)
+                    }
+                    _ => Place::Anywhere,
+                };
+                input.push_placed(number, (envelope, timing), (origin, place), tries, view.body().to_vec());
             }
             Err(error) => {
                 let stored = StoredRecord { offset: view.offset(), record: view.to_record(), append_time: None };
@@ -381,12 +428,22 @@ impl BatchRunner {
         let BatchBuffers { input, plan, work } = buffers;
         plan.rebuild(&input.plan);
         work.lay_out(plan, input);
+        work.add_timer_keys(self.due.iter().cloned());
         // Drawn before the snapshot is taken, so it knows which of the
         // counters other batches added the snapshot surely holds.
         let counters = self.counters.batch();
         // Every entry of the batch's keys is read here, before the calls,
         // so no call waits for the store ([`crate::storage::state::cache`]).
-        let snapshot = Arc::new(read(input.keys.keys())?);
+        let snapshot = match self.due.is_empty() {
+            true => Arc::new(read(input.keys.keys())?),
+            false => {
+                let known: HashSet<&Key> = input.keys.keys().iter().collect();
+                let only_due = self.due.iter().filter(|key| !known.contains(key)).cloned().collect::<Vec<_>>();
+                let mut keys = input.keys.keys().to_vec();
+                keys.extend(only_due);
+                Arc::new(read(&keys)?)
+            }
+        };
         laps.lap(&mut summary.phases, Phase::Plan);
         if let Some(trace) = &self.keys.trace {
             trace.set_keys(input.keys.keys().len());

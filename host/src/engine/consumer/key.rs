@@ -52,11 +52,13 @@ pub(super) const FAILURES_LOGGED_PER_BATCH: usize = 32;
 const WHOLE_MESSAGE_BYTES_PER_BATCH: usize = 1 << 20;
 
 use wakuwaku_core::reduce;
+use wakuwaku_core::timers::{Agenda, KeyTimers, Millis, Next};
 
 use super::call_time::CallTime;
 use super::failure::{self, Route, Tries};
 use super::phase::{Laps, Phase};
 use super::projection_names::ProjectionNames;
+use super::timer_letter::{TIMER_EVENT_TYPE, TIMER_LETTER_TAG, TimerLetter};
 use super::work::{BatchWork, KeyWork, RunWork};
 use super::{CallObserver, ConsumerConfig, RunCall, Summary};
 use crate::engine::metrics::BatchTally;
@@ -69,7 +71,7 @@ use crate::key::Key;
 use crate::reduce::{Origin, Traced, reduce_traced};
 use crate::sandbox::handler::{
     BatchBudget, BatchCounters, CallError, ErrorClass, HandlerInstance, HandlerModule, KeyOutcome, KeyScope,
-    ScopeShared, TimerQuota,
+    ScopeError, ScopeShared, TimerQuota,
 };
 use crate::storage::state::{OutboxEntry, StateReader};
 
@@ -87,13 +89,22 @@ pub(super) struct KeyRunner {
     pub(super) times_calls: bool,
     /// On the clone a batch runs on: where its calls report.
     pub(super) trace: Option<Arc<CallTrace>>,
+    /// On the clone a batch runs on: the clock its keys' timers fire by
+    /// (none: no timer fires in it, as in a batch taken from retry).
+    pub(super) clock: Option<Millis>,
+    /// On the clone a batch runs on: every key of the partition with a
+    /// stored timer the clock passed, when the store listed them all. A
+    /// key not among them holds no due timer but those its calls set, so
+    /// its timers are not read unless a call reads them (none: read every
+    /// key's).
+    pub(super) due: Option<Arc<std::collections::HashSet<Key>>>,
 }
 
 impl KeyRunner {
     /// The runner of `projection`'s keys under `config`: no observer, no
     /// metrics, no trace.
     pub(super) fn new(projection: Arc<ProjectionNames>, config: ConsumerConfig) -> Self {
-        Self { projection, config, observer: None, times_calls: false, trace: None }
+        Self { projection, config, observer: None, times_calls: false, trace: None, clock: None, due: None }
     }
 
     /// Handles the keys of worker `worker` ([`BatchWork::keys_of`]), one
@@ -143,9 +154,12 @@ impl KeyRunner {
         outcome
     }
 
-    /// Runs one key's runs in order. A failed chunk is dead-lettered (the
-    /// key goes on) or sent to retry with everything after it (the key
-    /// stops), as its class and the attempts its records have had say
+    /// Runs one key's runs in order, its due timers fired among them
+    /// ([`Agenda`]: under the batch's clock, a due timer fires before the
+    /// key's first later timed event not handed over yet). A failed chunk
+    /// is dead-lettered (the key goes on) or sent to retry with everything
+    /// after it (the key stops, and its timers still due wait for it), as
+    /// its class and the attempts its records have had say
     /// ([`Self::chunk_failed`]).
     fn run_key(
         &self,
@@ -155,70 +169,325 @@ impl KeyRunner {
         laps: &mut Laps,
         out: &mut WorkerOutcome,
     ) {
-        let KeyInBatch { partition, work, key_work, modules } = at;
-        let key = &key_work.key;
+        let KeyInBatch { work, key_work, .. } = at;
+        let key_runs = work.runs(key_work);
+        // The key's records are numbered for the agenda from its first.
+        let base = key_runs.first().map_or(0, |run| run.records.start);
+        let mut agenda = self.clock.map(|clock| Agenda::new(work.places(key_work).to_vec(), clock));
         // Nothing of the key applied, skipped or dead-lettered yet.
         let mut untouched = true;
-        let mut runs = work.runs(key_work).iter();
-        while let Some(run) = runs.next() {
-            let Some(route) = modules.route(run.tag) else {
-                out.summary.skipped += work.records(run).0.iter().map(|o| o.events).sum::<u64>();
-                untouched = false;
-                continue;
-            };
-            let origins = work.records(run).0;
-            let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
-            let tag = run.tag;
-            let module = &*modules.modules()[route.module];
-            let with = Calls { instances: &mut *instances, time };
-            let reach = reachable(time, route, module, scope);
-            let reduced = Self::reduced_run(work, run, (route, module), reach, with, laps, out);
-            // A failed fold is one failure of the whole run.
-            let max_batch = if reduced.fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
-            let (mut start, mut calls, mut all_applied) = (0, 0, true);
-            for chunk in reduce::chunks(&reduced.records.bodies, max_batch) {
-                let (begin, end) = (start, start + chunk.len());
-                start = end;
-                let served = &reduced.records.origins[begin..end];
-                let with = Calls { instances: &mut *instances, time };
-                let (result, elapsed) = self.call_chunk(partition, &reduced, (chunk, served), scope, with, out);
-                let error = match result {
-                    Ok(()) => {
-                        self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
-                        // Unreduced chunks are reported one by one, so a
-                        // failure later in the run hides none of them.
-                        let unreduced =
-                            observed.as_deref().filter(|offsets| offsets.len() == reduced.records.bodies.len());
-                        let chunk = (tag, route.module, served);
-                        self.chunk_applied(partition, key, chunk, unreduced.map(|offsets| &offsets[begin..end]), out);
-                        calls += 1;
-                        untouched = false;
-                        continue;
+        for (index, run) in key_runs.iter().enumerate() {
+            let mut from = run.records.start;
+            while from < run.records.end {
+                // The timers due before the run's next record fire first;
+                // the agenda says how far the records may go then.
+                let mut to = run.records.end;
+                if let Some(agenda) = agenda.as_mut() {
+                    let with = Calls { instances: &mut *instances, time };
+                    match self.fire_due(at, agenda, scope, with, out) {
+                        ControlFlow::Break(()) => return,
+                        ControlFlow::Continue(Some(end)) => to = to.min(base + end).max(from + 1),
+                        ControlFlow::Continue(None) => {}
                     }
-                    Err(CallError::HostFault(fault)) => {
-                        self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::HostFault);
-                        tracing::error!(projection = self.projection.name(), partition, %key, "host fault: {fault}");
-                        out.host_fault.get_or_insert(fault);
-                        return;
+                }
+                let part = RunWork { records: from..to, closes: run.closes && to == run.records.end, ..run.clone() };
+                // What follows the part: the rest of its run, then the
+                // key's later runs.
+                let rest: Vec<RunWork>;
+                let later = match to == run.records.end {
+                    true => &key_runs[index + 1..],
+                    false => {
+                        let tail = RunWork { records: to..run.records.end, ..run.clone() };
+                        rest = std::iter::once(tail).chain(key_runs[index + 1..].iter().cloned()).collect();
+                        &rest[..]
                     }
-                    Err(error) => error,
                 };
-                all_applied = false;
-                let failed = FailedChunk { records: begin..end, error, elapsed };
-                match self.chunk_failed(at, &reduced, runs.as_slice(), failed, untouched, out) {
-                    ControlFlow::Continue(()) => untouched = false,
+                let with = Calls { instances: &mut *instances, time };
+                let placed = agenda.as_mut().map(|agenda| (agenda, base));
+                match self.run_part(at, (&part, later), scope, with, placed, (laps, &mut untouched), out) {
                     ControlFlow::Break(()) => return,
+                    ControlFlow::Continue(handed) => from = handed,
                 }
             }
-            if all_applied
-                && let (Some(observer), Some(offsets)) = (&self.observer, observed)
-                && offsets.len() != reduced.records.bodies.len()
-            {
-                let key = key.clone();
-                let reduced = reduced.records.bodies.len();
-                observer.run_handled(&RunCall { partition, key, tag, offsets, reduced, calls });
+        }
+        // The timers due after the key's last record fire last.
+        if let Some(agenda) = agenda.as_mut() {
+            let with = Calls { instances: &mut *instances, time };
+            let _ = self.fire_due(at, agenda, scope, with, out);
+        }
+    }
+
+    /// The key's timers as the agenda needs them: read (once per batch)
+    /// unless the key is known to hold no due timer and no call read or
+    /// set its timers yet (then none, without asking the store).
+    fn timers_of<'s>(&self, scope: &'s mut KeyScope) -> Result<&'s KeyTimers, ScopeError> {
+        static NONE: std::sync::OnceLock<KeyTimers> = std::sync::OnceLock::new();
+        let unread = !scope.timers_read();
+        if unread && self.due.as_ref().is_some_and(|due| !due.contains(scope.key())) {
+            return Ok(NONE.get_or_init(KeyTimers::default));
+        }
+        scope.timers()
+    }
+
+    /// Fires the key's timers the agenda says are due before its next
+    /// record, one call per time, until the next record's turn comes.
+    /// Returns where the records handed over next must stop (the agenda's
+    /// index of the first record a due timer fires before), or `Break` on
+    /// a host fault (the batch will not commit).
+    fn fire_due(
+        &self,
+        at: KeyInBatch<'_>,
+        agenda: &mut Agenda,
+        scope: &mut KeyScope,
+        Calls { instances, time }: Calls<'_, '_>,
+        out: &mut WorkerOutcome,
+    ) -> ControlFlow<(), Option<usize>> {
+        loop {
+            let next = match self.timers_of(scope) {
+                Ok(timers) => agenda.next(timers),
+                Err(error) => {
+                    out.host_fault.get_or_insert(error.to_string());
+                    return ControlFlow::Break(());
+                }
+            };
+            match next {
+                Next::Events(range) => return ControlFlow::Continue(Some(range.end)),
+                Next::Done => return ControlFlow::Continue(None),
+                Next::Fire(firing) => {
+                    let with = Calls { instances: &mut *instances, time };
+                    self.fire(at, firing, scope, with, out)?;
+                }
             }
         }
+    }
+
+    /// Fires the key's timers at `firing` (in name order, in one call) to
+    /// every module of the batch with a `fire` export, in the projection's
+    /// module order. A call that fails is taken back (retried in place
+    /// first while it fails transiently, as `handle` is) and its timers are
+    /// dead-lettered; the key goes on. `Break` on a host fault.
+    fn fire(
+        &self,
+        KeyInBatch { partition, key_work, modules, .. }: KeyInBatch<'_>,
+        firing: Millis,
+        scope: &mut KeyScope,
+        Calls { instances, time }: Calls<'_, '_>,
+        out: &mut WorkerOutcome,
+    ) -> ControlFlow<()> {
+        let key = &key_work.key;
+        let fired = match scope.take_due(firing) {
+            Ok(fired) => fired,
+            Err(error) => {
+                out.host_fault.get_or_insert(error.to_string());
+                return ControlFlow::Break(());
+            }
+        };
+        let mut taken = false;
+        for (index, module) in modules.modules().iter().enumerate() {
+            let started = std::time::Instant::now();
+            let result = instances.get(index).and_then(|instance| {
+                scope.set_emit_origin((self.projection.topic_name(0), partition, 0), module.name(), module.version());
+                self.call_fire(instance, scope, &fired)
+            });
+            let elapsed = started.elapsed();
+            time.charge(index, elapsed);
+            let error = match result {
+                Ok(false) => continue,
+                Ok(true) => {
+                    taken = true;
+                    self.trace_call(&**module, TIMER_EVENT_TYPE, key, &[], elapsed, CallOutcome::Ok);
+                    out.summary.timers_fired += fired.len() as u64;
+                    out.summary.calls += 1;
+                    continue;
+                }
+                Err(CallError::HostFault(fault)) => {
+                    tracing::error!(projection = self.projection.name(), partition, %key, "host fault: {fault}");
+                    out.host_fault.get_or_insert(fault);
+                    return ControlFlow::Break(());
+                }
+                Err(error) => error,
+            };
+            taken = true;
+            self.trace_call(&**module, TIMER_EVENT_TYPE, key, &[], elapsed, CallOutcome::DeadLetter);
+            self.dead_letter_timers(partition, key, (&**module, &fired), error, out);
+        }
+        if !taken {
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                %key,
+                at = firing,
+                "{} timers of key {key} were due and no module of the projection fires timers (none exports \
+                 `fire`): they are dropped",
+                fired.len()
+            );
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Calls `fire`, retrying in place while it fails transiently, as
+    /// [`Self::call`] does for `handle`.
+    fn call_fire(
+        &self,
+        instance: &mut dyn HandlerInstance,
+        scope: &mut KeyScope,
+        timers: &[wakuwaku_core::timers::Timer],
+    ) -> Result<bool, CallError> {
+        let mut backoff = self.config.retry.transient_backoff;
+        for _ in 0..self.config.retry.transient_retries {
+            match instance.fire(scope, timers) {
+                Err(CallError::Handler { class: ErrorClass::Transient, .. }) => {
+                    std::thread::sleep(backoff);
+                    backoff = backoff.saturating_mul(2);
+                }
+                result => return result,
+            }
+        }
+        instance.fire(scope, timers)
+    }
+
+    /// Writes the timers a failed `fire` call of `module` was handed to the
+    /// dead-letter topic, as one record: the failure's headers, the key,
+    /// the time of the timers as its event time, and the timers as a JSON
+    /// body ([`TimerLetter`]).
+    fn dead_letter_timers(
+        &self,
+        partition: u32,
+        key: &Key,
+        (module, fired): (&dyn HandlerModule, &[wakuwaku_core::timers::Timer]),
+        error: CallError,
+        out: &mut WorkerOutcome,
+    ) {
+        let failure = Failure {
+            class: FailureClass::of(&error),
+            message: error.to_string(),
+            module: module.name().to_owned(),
+            version: module.version().to_owned(),
+        };
+        if out.failures_logged < FAILURES_LOGGED_PER_BATCH {
+            out.failures_logged += 1;
+            tracing::warn!(
+                projection = self.projection.name(),
+                partition,
+                %key,
+                "fire failed; its {} timers go to the dead-letter topic: {}",
+                fired.len(),
+                wakuwaku_core::terminal::printable(&failure.message)
+            );
+        }
+        out.failures += 1;
+        let at = fired.first().map(|timer| timer.at);
+        let origin = Origin { events: 0, ..Origin::in_topic(0, 0) };
+        let routed = self.routed(partition, origin, Tries::default(), Some(failure), TIMER_EVENT_TYPE);
+        let envelope = EventHeaders {
+            tag: TIMER_LETTER_TAG,
+            key: key.clone(),
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+            event_time: at,
+        };
+        let body = TimerLetter::of(fired).to_json();
+        let record = routing::routed_record(&envelope, &routed, body);
+        out.routed.push(self.projection.routed_entry(RoutedTopics::dlq, partition, key.key_hash(), record));
+        out.summary.timers_dead_lettered += fired.len() as u64;
+    }
+
+    /// Runs `part` of a run (its records, `later` what follows it in the
+    /// key), chunk by chunk. With the key's agenda (and the number of the
+    /// key's first record), tells it how far each call got and stops after
+    /// a call that set a timer now due before the part's next record (a
+    /// part left as it came; a folded one is handed over whole). Returns
+    /// the first record not handed over, or `Break` when the key stops.
+    /// (One loop over the part's chunks with each call's outcome routed
+    /// where it happens, as the key's loop was before timers: split, the
+    /// outcomes would need a type of their own to travel back.)
+    #[allow(clippy::too_many_arguments)]
+    fn run_part(
+        &self,
+        at: KeyInBatch<'_>,
+        (run, later): (&RunWork, &[RunWork]),
+        scope: &mut KeyScope,
+        Calls { instances, time }: Calls<'_, '_>,
+        mut placed: Option<(&mut Agenda, usize)>,
+        (laps, untouched): (&mut Laps, &mut bool),
+        out: &mut WorkerOutcome,
+    ) -> ControlFlow<(), usize> {
+        let KeyInBatch { partition, work, key_work, modules } = at;
+        let key = &key_work.key;
+        let handed = |to: usize, placed: &mut Option<(&mut Agenda, usize)>, scope: &mut KeyScope| match placed {
+            Some((agenda, base)) => match self.timers_of(scope) {
+                Ok(timers) => agenda.handed(to - *base, timers),
+                Err(_) => false,
+            },
+            None => false,
+        };
+        let Some(route) = modules.route(run.tag) else {
+            out.summary.skipped += work.records(run).0.iter().map(|o| o.events).sum::<u64>();
+            *untouched = false;
+            handed(run.records.end, &mut placed, scope);
+            return ControlFlow::Continue(run.records.end);
+        };
+        let origins = work.records(run).0;
+        let observed = self.observer.as_ref().map(|_| origins.iter().map(|o| o.offset).collect::<Vec<_>>());
+        let tag = run.tag;
+        let module = &*modules.modules()[route.module];
+        let with = Calls { instances: &mut *instances, time };
+        let reach = reachable(time, route, module, scope);
+        let reduced = Self::reduced_run(work, run, (route, module), reach, with, laps, out);
+        // A failed fold is one failure of the whole run.
+        let max_batch = if reduced.fold_error.is_some() { u32::MAX } else { route.event_type.max_batch };
+        let (mut start, mut calls, mut all_applied) = (0, 0, true);
+        for chunk in reduce::chunks(&reduced.records.bodies, max_batch) {
+            let (begin, end) = (start, start + chunk.len());
+            start = end;
+            let served = &reduced.records.origins[begin..end];
+            let with = Calls { instances: &mut *instances, time };
+            let (result, elapsed) = self.call_chunk(partition, &reduced, (chunk, served), scope, with, out);
+            let error = match result {
+                Ok(()) => {
+                    self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::Ok);
+                    // Unreduced chunks are reported one by one, so a
+                    // failure later in the run hides none of them.
+                    let unreduced = observed.as_deref().filter(|offsets| offsets.len() == reduced.records.bodies.len());
+                    let chunk = (tag, route.module, served);
+                    self.chunk_applied(partition, key, chunk, unreduced.map(|offsets| &offsets[begin..end]), out);
+                    calls += 1;
+                    *untouched = false;
+                    // A timer the call set may be due before the next
+                    // record: then the rest of the part waits for it.
+                    if reduced.as_it_came
+                        && end < reduced.records.bodies.len()
+                        && handed(run.records.start + end, &mut placed, scope)
+                    {
+                        return ControlFlow::Continue(run.records.start + end);
+                    }
+                    continue;
+                }
+                Err(CallError::HostFault(fault)) => {
+                    self.trace_call(module, &route.event_type.name, key, served, elapsed, CallOutcome::HostFault);
+                    tracing::error!(projection = self.projection.name(), partition, %key, "host fault: {fault}");
+                    out.host_fault.get_or_insert(fault);
+                    return ControlFlow::Break(());
+                }
+                Err(error) => error,
+            };
+            all_applied = false;
+            let failed = FailedChunk { records: begin..end, error, elapsed };
+            match self.chunk_failed(at, &reduced, later, failed, *untouched, out) {
+                ControlFlow::Continue(()) => *untouched = false,
+                ControlFlow::Break(()) => return ControlFlow::Break(()),
+            }
+        }
+        handed(run.records.end, &mut placed, scope);
+        if all_applied
+            && let (Some(observer), Some(offsets)) = (&self.observer, observed)
+            && offsets.len() != reduced.records.bodies.len()
+        {
+            let key = key.clone();
+            let reduced = reduced.records.bodies.len();
+            observer.run_handled(&RunCall { partition, key, tag, offsets, reduced, calls });
+        }
+        ControlFlow::Continue(run.records.end)
     }
 
     /// Calls `handle` with a chunk of `run` (`chunk`, its records' origins

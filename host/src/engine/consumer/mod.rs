@@ -88,6 +88,9 @@
 //!   failed chunk goes; `call_time`: each module's time in a batch.
 //! - `work`: a batch's data from the planner to the workers; `key_table`
 //!   numbers a batch's keys; `projection_names`: the names a batch routes to.
+//! - `timer_clock`: the clock a batch fires timers by, and a one-topic
+//!   partition's; `timer_letter`: the dead letter of timers whose `fire`
+//!   failed.
 //! - `summary`: what a stretch of consuming did; [`phase`]: where a batch's
 //!   time went; `error`: why consuming stopped; `test_ledger`: the native
 //!   module and snapshot its unit tests share.
@@ -114,6 +117,8 @@ pub(crate) mod release_marks;
 mod summary;
 #[cfg(test)]
 mod test_ledger;
+mod timer_clock;
+mod timer_letter;
 mod timing;
 pub(crate) mod timing_status;
 mod work;

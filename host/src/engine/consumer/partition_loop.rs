@@ -33,6 +33,7 @@ use super::key::FAILURES_LOGGED_PER_BATCH;
 use super::parts::Parts;
 use super::phase::{Phase, PhaseTimes};
 use super::release_marks;
+use super::timer_clock::{BatchClock, SoloClock};
 use super::timing::{Timed, TimedRead};
 use super::work::BatchBuffers;
 use super::{ConsumerError, Summary};
@@ -178,9 +179,16 @@ impl<L: EventLog> PartitionLoop<L> {
         let topic = parts.projection.topic().to_owned();
         let position = parts.projection.store().position(&topic, partition)?.unwrap_or(0);
         release_marks::refuse_held_by_removed(parts.projection.store(), parts.projection.topics(), partition)?;
+        let mut solo = None;
         let (timed, released) = match parts.projection.topics().len() {
             1 => {
                 Self::check_tail_at_start(parts, &topic, partition, position).await?;
+                // The timers' clock, told the end offset before anything
+                // is read.
+                let mut clock = SoloClock::restore(parts.projection.store(), partition)?;
+                let end = parts.log.end_offset(&topic, partition).await?;
+                clock.observe_end(end, position, parts.config.release);
+                solo = Some(clock);
                 (None, release_marks::released_marks(parts.projection.store(), &topic, partition)?.map(Arc::new))
             }
             _ => {
@@ -193,6 +201,8 @@ impl<L: EventLog> PartitionLoop<L> {
         };
         Ok(PartitionState {
             timed,
+            solo,
+            due_checked: None,
             released,
             position,
             known_end: end.unwrap_or(0).max(position),
@@ -306,6 +316,7 @@ impl<L: EventLog> PartitionLoop<L> {
         if !due.is_empty() {
             self.state.in_flight = due.iter().map(|(_, in_retry)| in_retry.records.len() as u64).sum();
             // On an error the queue is rebuilt from the log next time.
+            self.state.due_checked = None;
             let (batch, settled) = self.retry_batch(due, queue).await?;
             self.parts.record_phases(&batch.phases);
             summary.add(&batch);
@@ -335,6 +346,19 @@ impl<L: EventLog> PartitionLoop<L> {
                 self.apply((records, advance, polling.elapsed()), queue, summary).await
             }
             Ok(Polled::Nothing(step)) => {
+                // The clock may have moved without a batch (an end offset
+                // reached): timers it made due fire in a batch of their own.
+                match self.timers_due(&queue) {
+                    Ok(Some(advance)) => {
+                        let records = std::mem::take(&mut self.state.spare);
+                        return self.apply((records, advance, polling.elapsed()), queue, summary).await;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        self.state.queue = Some(queue);
+                        return Err(error);
+                    }
+                }
                 // Records another process appended to the retry topic (a
                 // `waku dlq redrive` run through this host) join the queue
                 // while the topic is quiet, and are attempted at once.
@@ -422,7 +446,14 @@ impl<L: EventLog> PartitionLoop<L> {
     async fn poll_topic(&mut self, end: Option<u64>, queue: &RetryQueue) -> Result<Polled, ConsumerError> {
         let partition = self.partition;
         let want = match end {
-            Some(end) if self.state.position >= end => return Ok(Polled::Nothing(Step::Done)),
+            Some(end) if self.state.position >= end => {
+                // The end given is one the log reported: the timers'
+                // clock passes everything read.
+                if let Some(solo) = &mut self.state.solo {
+                    solo.observe_end(end, self.state.position, self.parts.config.release);
+                }
+                return Ok(Polled::Nothing(Step::Done));
+            }
             Some(end) => self.parts.config.batch_size.min((end - self.state.position) as usize),
             None => self.parts.config.batch_size,
         };
@@ -437,6 +468,10 @@ impl<L: EventLog> PartitionLoop<L> {
         let Some(last) = records.last() else {
             self.state.spare = records;
             self.check_tail().await?;
+            if let Some(solo) = self.state.solo.as_mut().filter(|solo| solo.waits_for_end(self.state.position)) {
+                let end = self.parts.log.end_offset(self.parts.projection.topic(), partition).await?;
+                solo.observe_end(end, self.state.position, self.parts.config.release);
+            }
             let until_due = queue
                 .next_due_ms()
                 .map(|due| Duration::from_millis(due.saturating_sub(crate::platform::clock::now_ms())));
@@ -475,6 +510,25 @@ impl<L: EventLog> PartitionLoop<L> {
         let mut buffers = std::mem::take(&mut self.state.buffers);
         // The modules of this batch, whatever is swapped in meanwhile.
         let (modules, store) = (self.parts.projection.current(), self.parts.projection.store().clone());
+        // The clock the batch fires timers by; a one-topic clock moved by
+        // its records goes back should the batch not commit.
+        let solo_before = self.state.solo.clone();
+        runner.clock = match (&advance, &mut self.state.solo) {
+            (Advance::Released(progress), _) => {
+                BatchClock { clock: progress.checkpoint.clock, late: progress.late.clone() }
+            }
+            // Only a timed type moves the clock: a projection without one
+            // reads no record twice.
+            (_, Some(solo)) if modules.has_timed_types() => {
+                let clock = solo.read(&records, &modules, self.parts.config.release, self.state.position);
+                runner.solo = Some(solo.clone());
+                clock
+            }
+            (_, Some(solo)) => BatchClock { clock: solo.clock(), late: Default::default() },
+            (_, None) => BatchClock::default(),
+        };
+        runner.keys.clock = runner.clock.clock;
+        self.state.due_checked = None;
         let (batch, returned, records, buffers, advance) = tokio::task::spawn_blocking(move || {
             let polled = (&records, &advance);
             let batch = runner.process_batch(partition, polled, &queue, &mut buffers, modules, &store);
@@ -504,6 +558,9 @@ impl<L: EventLog> PartitionLoop<L> {
             },
             (_, _) => {
                 self.state.spare = records;
+                if batch.is_err() {
+                    self.state.solo = solo_before;
+                }
                 let batch = batch?;
                 if let Some(next) = advance.next_offset() {
                     self.state.position = next;
@@ -735,10 +792,35 @@ impl<L: EventLog> PartitionLoop<L> {
         }
     }
 
+    /// Whether timers of the partition are due under its clock (but for
+    /// keys waiting in `queue`, whose timers wait with them), and then how
+    /// a batch of no records that fires them moves the partition on:
+    /// where it stands, its clock committed again.
+    fn timers_due(&mut self, queue: &RetryQueue) -> Result<Option<Advance>, ConsumerError> {
+        let clock = match (&self.state.timed, &self.state.solo) {
+            (Some(timed), _) => timed.clock(),
+            (None, Some(solo)) => solo.clock(),
+            (None, None) => None,
+        };
+        let Some(clock) = clock.filter(|&clock| self.state.due_checked != Some(clock)) else { return Ok(None) };
+        let due = self.parts.projection.store().due_timers(self.partition, clock, super::batch::DUE_KEYS_PER_BATCH)?;
+        if due.iter().all(|(key, _)| queue.holds(key)) {
+            self.state.due_checked = Some(clock);
+            return Ok(None);
+        }
+        Ok(Some(match &mut self.state.timed {
+            Some(timed) => Advance::Released(timed.progress_now()),
+            None => match &self.state.released {
+                Some(marks) => Advance::PastReleased(self.state.position, marks.clone()),
+                None => Advance::Topic(self.state.position),
+            },
+        }))
+    }
+
     /// What the event-time stage's read means for the loop.
     fn polled(&self, read: TimedRead) -> Polled {
         match read {
-            TimedRead::Released(records, progress) => Polled::Batch(records, Advance::Released(progress)),
+            TimedRead::Released(records, progress) => Polled::Batch(records, Advance::Released(*progress)),
             TimedRead::CaughtUp => Polled::Nothing(Step::Done),
             TimedRead::ReadSome => Polled::Nothing(Step::Worked),
             TimedRead::Nothing => Polled::Nothing(Step::Idle(self.parts.config.idle_poll)),
@@ -785,6 +867,12 @@ struct PartitionState {
     /// The release stage, for a projection over several topics: the
     /// partition index is read across all of them in event-time order.
     timed: Option<Timed>,
+    /// The timers' clock of a projection of one topic.
+    solo: Option<SoloClock>,
+    /// The clock under which no timer of the partition was found due
+    /// (but those of keys in retry) since the last batch: no need to look
+    /// again until the clock moves or a batch runs.
+    due_checked: Option<wakuwaku_core::release::Millis>,
     /// For a projection of one topic read in the release stage before
     /// (cut from several): what the stage released above the position,
     /// skipped until the position passes it.

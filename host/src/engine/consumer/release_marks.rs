@@ -92,11 +92,12 @@ fn held_end_name(topic: &str, run: usize) -> String {
 }
 
 /// The clock's bits, sign flipped.
-fn clock_bits(clock: Millis) -> u64 {
+pub(super) fn clock_bits(clock: Millis) -> u64 {
     (clock as u64) ^ (1 << 63)
 }
 
-fn clock_of(bits: u64) -> Millis {
+/// The clock of its bits ([`clock_bits`]).
+pub(super) fn clock_of(bits: u64) -> Millis {
     (bits ^ (1 << 63)) as Millis
 }
 

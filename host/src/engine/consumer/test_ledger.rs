@@ -196,6 +196,9 @@ pub(super) fn runner() -> BatchRunner {
         counters: CounterQuota::new(&config.payload),
         keys: KeyRunner::new(Arc::new(projection), config),
         metrics: None,
+        clock: Default::default(),
+        solo: None,
+        due: Vec::new(),
     }
 }
 

@@ -70,7 +70,7 @@ use wakuwaku_core::release::{
     Admission, Arrival, ClockSource, Input, Millis, Release, ReleaseLimits, ReleaseStage, Released,
 };
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::ConsumerError;
@@ -114,13 +114,16 @@ pub(super) struct Timed {
     /// The refused events among the pending ones, with their reasons
     /// ([`ReleasedProgress::refused`]).
     refused: HashMap<(u32, u64), String>,
+    /// The late events among the pending ones, by (input, offset)
+    /// ([`ReleasedProgress::late`]).
+    late: HashSet<(u32, u64)>,
 }
 
 /// What one read of the stage found ([`Timed::read`]).
 pub(super) enum TimedRead {
     /// Released events to apply as one batch, with what their commit
     /// records.
-    Released(PolledBatch, ReleasedProgress),
+    Released(PolledBatch, Box<ReleasedProgress>),
     /// Every input reached its end offset read at the start, and nothing
     /// waits to be applied.
     CaughtUp,
@@ -158,6 +161,18 @@ impl Timed {
         checkpoint.inputs.iter().map(|input| input.commit).sum()
     }
 
+    /// The projection's clock, as the stage holds it now.
+    pub(super) fn clock(&self) -> Option<Millis> {
+        self.stage.clock()
+    }
+
+    /// The progress to commit with a batch of no released events (one
+    /// that fires timers only): the stage's checkpoint now. Nothing is
+    /// pending when the loop asks (it found nothing to apply).
+    pub(super) fn progress_now(&self) -> ReleasedProgress {
+        self.progress()
+    }
+
     /// The progress to commit with the pending events.
     fn progress(&self) -> ReleasedProgress {
         ReleasedProgress {
@@ -165,6 +180,7 @@ impl Timed {
             checkpoint: self.stage.checkpoint(),
             violations: self.stage.violations() - self.violations_committed,
             refused: self.refused.clone(),
+            late: self.late.clone(),
         }
     }
 
@@ -173,6 +189,7 @@ impl Timed {
     pub(super) fn committed(&mut self, batch: PolledBatch, progress: &ReleasedProgress, board: &TimingBoard) {
         self.violations_committed += progress.violations;
         self.refused.clear();
+        self.late.clear();
         if let Some(since) = self.pending_since.take() {
             board.released(since.elapsed(), std::mem::take(&mut self.pending_in_order));
         }
@@ -230,6 +247,7 @@ impl Timed {
             peak_held_bytes: 0,
             paused: Vec::new(),
             refused: HashMap::new(),
+            late: HashSet::new(),
         };
         parts.timing.update(PartitionTiming::of(partition, &timed.topics, &timed.stage, now(), 0));
         Ok(timed)
@@ -246,7 +264,7 @@ impl Timed {
         catching_up: bool,
     ) -> Result<TimedRead, ConsumerError> {
         if !self.pending.is_empty() {
-            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), self.progress()));
+            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), Box::new(self.progress())));
         }
         if catching_up && self.caught_up() {
             return Ok(TimedRead::CaughtUp);
@@ -263,11 +281,14 @@ impl Timed {
             self.pending_in_order += u64::from(released.release == Release::InOrder);
             // An input index fits: the inputs are the projection's topics.
             let input = u32::try_from(released.input).unwrap_or(u32::MAX);
+            if matches!(released.release, Release::Late { .. }) {
+                self.late.insert((input, released.offset));
+            }
             self.pending.push_record(released.offset, input, &released.payload);
         }
         self.show_timing(parts, partition);
         if !self.pending.is_empty() {
-            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), self.progress()));
+            return Ok(TimedRead::Released(std::mem::take(&mut self.pending), Box::new(self.progress())));
         }
         if self.stage.settled() {
             // Nothing to commit, but what is held waits for new evidence.

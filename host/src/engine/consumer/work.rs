@@ -24,6 +24,7 @@ use crate::key::Key;
 use crate::plan::{Plan, PlanRecord, Stage};
 use crate::reduce::Origin;
 use wakuwaku_core::time_order::TimeOrder;
+use wakuwaku_core::timers::Place;
 
 /// What a partition keeps from one batch to the next, so that the next
 /// batch refills these vectors, maps and the plan instead of allocating
@@ -59,13 +60,16 @@ pub(super) struct BatchInput {
     /// Each record's event time, as its type declares it: kept in the
     /// records it goes to retry or the dead-letter topic as.
     pub(super) event_times: Vec<Option<i64>>,
+    /// Each record's place among its key's timers ([`Place`]).
+    pub(super) places: Vec<Place>,
 }
 
 impl BatchInput {
     /// Empties every vector and the key table, keeping their allocations.
     pub(super) fn clear(&mut self) {
-        let Self { plan, orderings, time_order, keys, algebras, origins, bodies, attempts, event_times } = self;
+        let Self { plan, orderings, time_order, keys, algebras, origins, bodies, attempts, event_times, places } = self;
         plan.clear();
+        places.clear();
         orderings.clear();
         time_order.clear();
         keys.clear();
@@ -77,7 +81,8 @@ impl BatchInput {
     }
 
     /// Appends a record whose key has `number` in [`BatchInput::keys`] and
-    /// whose type declares `timing`.
+    /// whose type declares `timing`, with no place among its key's timers
+    /// ([`BatchInput::push_placed`]).
     pub(super) fn push(
         &mut self,
         number: u32,
@@ -86,6 +91,20 @@ impl BatchInput {
         attempts: Tries,
         body: Vec<u8>,
     ) {
+        self.push_placed(number, (envelope, timing), (origin, Place::Anywhere), attempts, body);
+    }
+
+    /// Appends a record as [`BatchInput::push`] does, at `place` among its
+    /// key's timers.
+    pub(super) fn push_placed(
+        &mut self,
+        number: u32,
+        (envelope, timing): (Envelope<'_>, EventTiming),
+        (origin, place): (Origin, Place),
+        attempts: Tries,
+        body: Vec<u8>,
+    ) {
+        self.places.push(place);
         let key = u64::from(number);
         let ordering = self.time_order.planned(key, envelope.tag, timing, envelope.ordering);
         self.plan.push(PlanRecord { key, tag: envelope.tag, ordering });
@@ -111,6 +130,7 @@ pub(super) struct BatchWork {
     origins: Vec<Origin>,
     attempts: Vec<Tries>,
     event_times: Vec<Option<i64>>,
+    places: Vec<Place>,
     /// Each record's index in the batch's input.
     inputs: Vec<usize>,
     /// Where the records of a batch taken from the retry topic wait; `None`
@@ -156,6 +176,7 @@ impl BatchWork {
                             self.origins.push(input.origins[index]);
                             self.attempts.push(input.attempts[index]);
                             self.event_times.push(input.event_times[index]);
+                            self.places.push(input.places[index]);
                             self.inputs.push(index);
                         }
                         let first = records[0];
@@ -180,14 +201,38 @@ impl BatchWork {
     /// Empties it, dropping the bodies and keeping the vectors (and the
     /// retry slice, set once for the batch).
     pub(super) fn clear(&mut self) {
-        let Self { keys, runs, bodies, origins, attempts, event_times, inputs, retry: _ } = self;
+        let Self { keys, runs, bodies, origins, attempts, event_times, places, inputs, retry: _ } = self;
         keys.clear();
+        places.clear();
         runs.clear();
         bodies.clear();
         origins.clear();
         attempts.clear();
         event_times.clear();
         inputs.clear();
+    }
+
+    /// Adds keys that have no records in the batch, only timers due
+    /// ([`super::timer_clock`]): each one not in the batch yet gets a
+    /// [`KeyWork`] without runs, after the keys with records.
+    pub(super) fn add_timer_keys(&mut self, keys: impl IntoIterator<Item = Key>) {
+        let known: std::collections::HashSet<Key> = self.keys.iter().map(|work| work.key.clone()).collect();
+        let end = self.runs.len();
+        for key in keys {
+            if !known.contains(&key) {
+                self.keys.push(KeyWork { key, runs: end..end });
+            }
+        }
+    }
+
+    /// A key's records' places among its timers, in execution order (its
+    /// runs' records one after another).
+    pub(super) fn places(&self, key: &KeyWork) -> &[Place] {
+        let runs = &self.runs[key.runs.clone()];
+        match (runs.first(), runs.last()) {
+            (Some(first), Some(last)) => &self.places[first.records.start..last.records.end],
+            _ => &[],
+        }
     }
 
     /// How many workers share the batch: `workers`, but no more than it
@@ -232,6 +277,7 @@ pub(super) struct KeyWork {
 }
 
 /// One run of a key: its records in [`BatchWork`].
+#[derive(Clone)]
 pub(super) struct RunWork {
     pub(super) tag: EventTypeTag,
     /// Which stage of the key's execution the run belongs to.

@@ -452,6 +452,11 @@ impl KeyScope {
         self.timers.firing = firing;
     }
 
+    /// Whether the key's timers were read (or set) in this batch yet.
+    pub fn timers_read(&self) -> bool {
+        self.timers.current.is_some()
+    }
+
     /// The key's timers as its calls see them, read from the snapshot the
     /// first time.
     pub fn timers(&mut self) -> Result<&KeyTimers, ScopeError> {

@@ -390,12 +390,75 @@ impl Handler<Raw> for Probe {
     }
 }
 
+/// A timed event for the timer tests: appends `e<at>` to the key's entry
+/// `seq` (a JSON list) and, when `timer` is given, sets the timer
+/// `tick-<timer>` at that time (its firing appends `t<at>`, see
+/// [`Probe::fire`](wakuwaku_guest::OnTimers::fire)). One event per call,
+/// so a timer's place between two events is exact.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tick {
+    /// The key.
+    pub key: u64,
+    /// Its event time.
+    pub at: i64,
+    /// A timer to set.
+    pub timer: Option<i64>,
+    /// Its name, if not `tick-<timer>`; one starting `fail` fails the
+    /// `fire` call it is handed to (unrecoverable).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl Event for Tick {
+    const TYPE_TAG: EventTypeTag = EventTypeTag::new(70);
+    const NAME: &'static str = "Tick";
+    const MAX_BATCH: u32 = 1;
+    const TIMING: EventTiming = EventTiming::Timed;
+    type Key = ProbeKey;
+
+    fn key(&self) -> ProbeKey {
+        ProbeKey(self.key)
+    }
+
+    fn event_time(&self) -> Option<i64> {
+        Some(self.at)
+    }
+}
+
+impl Handler<Tick> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[Tick]) -> Result<(), HandlerError> {
+        let mut seq: Vec<String> = ctx.get("seq")?.unwrap_or_default();
+        for tick in events {
+            seq.push(format!("e{}", tick.at));
+            if let Some(at) = tick.timer {
+                let name = tick.name.clone().unwrap_or_else(|| format!("tick-{at}"));
+                ctx.set_timer_bytes(&name, at, b"")?;
+            }
+        }
+        ctx.set("seq", &seq)
+    }
+}
+
 /// Fires the probe's timers: appends `<name>@<at>` of each to the state
 /// entry `fired` (a JSON list); a timer named `chain` sets `chain-next` 5 ms
 /// later, and one named `self` tries to set itself again at its own time
-/// and writes the refusal to the entry `refused`.
+/// and writes the refusal to the entry `refused`. A `tick-` timer (set by
+/// [`Tick`]) appends `t<at>` to the entry `seq` instead; one whose name
+/// starts with `fail` fails the call (after writing `seq`, which the host
+/// takes back).
 impl wakuwaku_guest::OnTimers for Probe {
     fn fire(ctx: &mut Context<'_>, timers: &[wakuwaku_guest::Timer]) -> Result<(), HandlerError> {
+        if timers.iter().any(|timer| timer.name.starts_with("fail")) {
+            ctx.set("seq", &["written by a failed call"])?;
+            return Err(HandlerError::unrecoverable("fire fails on cue"));
+        }
+        if timers.iter().any(|timer| timer.name.starts_with("tick-")) {
+            let mut seq: Vec<String> = ctx.get("seq")?.unwrap_or_default();
+            for timer in timers {
+                seq.push(format!("t{}", timer.at));
+            }
+            return ctx.set("seq", &seq);
+        }
         let mut fired: Vec<String> = ctx.get("fired")?.unwrap_or_default();
         for timer in timers {
             fired.push(format!("{}@{}", timer.name, timer.at));
@@ -415,7 +478,7 @@ impl wakuwaku_guest::OnTimers for Probe {
 
 wakuwaku_guest::export_module!(
     Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Ordered, Shipped, Returned,
-        Inspected, Raw;
+        Inspected, Raw, Tick;
     emits: ["notes-out", "out"];
     timers: Probe
 );
