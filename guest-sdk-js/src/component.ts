@@ -1,9 +1,9 @@
 /**
  * The bridge between the component's WIT bindings and a {@link Module}:
- * the `handler` export of world `module` (`wit/handler-0.4.wit`).
+ * the `handler` export of world `module` (`wit/handler-0.5.wit`).
  *
  * Only the component build imports this file (its imports,
- * `wakuwaku:handler/state@0.4.0` and the others, exist only inside a
+ * `wakuwaku:handler/state@0.5.0` and the others, exist only inside a
  * component): `waku build` bundles the project's main file, whose default
  * export is its module, with an entry of one line,
  *
@@ -23,14 +23,15 @@
  *   {@link Refused}.
  */
 
-import { emit as witEmit } from "wakuwaku:handler/emit@0.4.0";
-import { log as witLog } from "wakuwaku:handler/log@0.4.0";
-import * as witState from "wakuwaku:handler/state@0.4.0";
-import type * as wit from "wakuwaku:handler/types@0.4.0";
+import { emit as witEmit } from "wakuwaku:handler/emit@0.5.0";
+import { log as witLog } from "wakuwaku:handler/log@0.5.0";
+import * as witState from "wakuwaku:handler/state@0.5.0";
+import * as witTimers from "wakuwaku:handler/timers@0.5.0";
+import type * as wit from "wakuwaku:handler/types@0.5.0";
 import type { HostApi, Outgoing } from "./context.js";
 import { errorMessage } from "./limits.js";
 import type { Module, ModuleInfo } from "./module.js";
-import { HandlerError, type Level, type Ordering, Refusal } from "./types.js";
+import { HandlerError, type Level, type Ordering, Refusal, type Timer } from "./types.js";
 
 /** The error componentize-js turns into the `err` of a result: its `payload`. */
 class WitError extends Error {
@@ -91,6 +92,27 @@ const wasmHost: HostApi = {
   log(level: Level, message: string) {
     witLog(level, message);
   },
+  setTimer(name, at, payload) {
+    try {
+      witTimers.set(name, at, payload);
+    } catch (error) {
+      throw refusal(error);
+    }
+  },
+  cancelTimer(name) {
+    try {
+      witTimers.cancel(name);
+    } catch (error) {
+      throw refusal(error);
+    }
+  },
+  getTimer(name) {
+    try {
+      return witTimers.get(name);
+    } catch (error) {
+      throw refusal(error);
+    }
+  },
 };
 
 /** What something thrown that is no handler error is reported as: its name, message and where. */
@@ -122,6 +144,7 @@ export interface HandlerExport {
   eventTime(tag: number, body: Uint8Array): bigint | undefined;
   combine(tag: number, bodies: Uint8Array[]): Uint8Array;
   handle(tag: number, key: Uint8Array, bodies: Uint8Array[]): void;
+  fire(key: Uint8Array, timers: Timer[]): void;
 }
 
 /** The component's `handler` export for `module`; its description is checked now. */
@@ -134,5 +157,6 @@ export function exportHandler(module: Module): HandlerExport {
     eventTime: (tag, body) => call(module, () => module.eventTime(tag, body)),
     combine: (tag, bodies) => call(module, () => module.combine(tag, bodies)),
     handle: (tag, key, bodies) => call(module, () => module.handle(wasmHost, tag, key, bodies)),
+    fire: (key, timers) => call(module, () => module.fire(wasmHost, key, timers)),
   };
 }

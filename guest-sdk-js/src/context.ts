@@ -1,8 +1,9 @@
 /**
- * What a handler can do during a call: state, counters, emit, log.
+ * What a handler can do during a call: state, counters, emit, log, timers.
  *
  * {@link Context} is the handler's view; it wraps a {@link HostApi}, the
- * raw bytes-level calls of the WIT imports `state`, `emit` and `log`.
+ * raw bytes-level calls of the WIT imports `state`, `emit`, `log` and
+ * `timers`.
  * Inside a component the host API calls the host (`component.ts`); in unit
  * tests it is the in-memory `MemoryHost` (`testing.ts`).
  *
@@ -19,7 +20,15 @@ import { fromUtf8, parseJson, utf8, writeJson } from "./json.js";
 import { type DecodedKey, decodeKey } from "./key.js";
 import { I64_MAX, I64_MIN } from "./limits.js";
 import type { Schema } from "./schema.js";
-import { type Algebra, type Level, type Ordering, Refusal, Refused, UnrecoverableError } from "./types.js";
+import {
+  type Algebra,
+  type Level,
+  type Ordering,
+  Refusal,
+  Refused,
+  type Timer,
+  UnrecoverableError,
+} from "./types.js";
 
 /** A message a handler publishes to another topic (the WIT record `outgoing`). */
 export interface Outgoing {
@@ -70,6 +79,33 @@ export interface HostApi {
   emit(message: Outgoing): void;
   /** Writes a line to the host's log (never fails). */
   log(level: Level, message: string): void;
+  /** Sets the current key's timer `name` at event time `at` with `payload` (a new one, or the one of that name moved). */
+  setTimer(name: string, at: bigint, payload: Uint8Array): void;
+  /** Cancels the current key's timer `name` (no error if there is none). */
+  cancelTimer(name: string): void;
+  /** The current key's timer `name`, as this call sees it. */
+  getTimer(name: string): Timer | undefined;
+}
+
+/** `value` as an s64 bigint (a safe integer or a bigint in range), or `undefined`. */
+function s64(value: number | bigint): bigint | undefined {
+  const big = typeof value === "bigint" ? value : Number.isSafeInteger(value) ? BigInt(value) : undefined;
+  return big !== undefined && big >= I64_MIN && big <= I64_MAX ? big : undefined;
+}
+
+/**
+ * The JSON payload of `timer`, read against `schema` when given: what
+ * {@link Context.setTimer} gave it. A payload that does not decode is an
+ * unrecoverable error naming the timer.
+ */
+export function timerPayload<T = unknown>(timer: Timer, schema?: Schema<T>): T {
+  try {
+    const value = parseJson(fromUtf8(timer.payload));
+    return schema === undefined ? (value as T) : schema.read(value, "");
+  } catch (error) {
+    const what = schema === undefined ? "JSON value" : schema.what;
+    throw new UnrecoverableError(`the payload of timer \`${timer.name}\` is not a valid ${what}: ${(error as Error).message}`);
+  }
 }
 
 function refused(what: string, error: unknown): unknown {
@@ -211,6 +247,56 @@ export class Context {
       this.host.emit(message);
     } catch (error) {
       throw refused(`cannot emit ${event.type.name} to \`${topic}\``, error);
+    }
+  }
+
+  /**
+   * Sets the current key's timer `name` at event time `at` (ms since the
+   * epoch, an s64: a safe integer or a bigint) with `payload` as JSON
+   * (with `schema` when given), carried to the module's timer handler
+   * ({@link Module.onTimers}): a new timer, or the one of that name moved.
+   * It fires once the projection's clock passes `at` (see
+   * `docs/timers.md`). A refusal (`timers-per-key`, `timer-payload-size`,
+   * ...) is {@link Refused}, naming the timer and the rule.
+   */
+  setTimer<T>(name: string, at: number | bigint, payload: T, schema?: Schema<T>): void {
+    let data: Uint8Array;
+    try {
+      data = utf8(schema === undefined ? writeJson(payload) : schema.write(payload));
+    } catch (error) {
+      throw new UnrecoverableError(`cannot encode the payload of timer \`${name}\`: ${(error as Error).message}`);
+    }
+    this.setTimerBytes(name, at, data);
+  }
+
+  /** {@link Context.setTimer} with the payload as bytes. */
+  setTimerBytes(name: string, at: number | bigint, payload: Uint8Array): void {
+    const time = s64(at);
+    if (time === undefined) {
+      throw new UnrecoverableError(`cannot set timer \`${name}\` at ${String(at)}: the time is not an s64`);
+    }
+    try {
+      this.host.setTimer(name, time, payload);
+    } catch (error) {
+      throw refused(`cannot set timer \`${name}\``, error);
+    }
+  }
+
+  /** Cancels the current key's timer `name` (nothing happens if there is none). */
+  cancelTimer(name: string): void {
+    try {
+      this.host.cancelTimer(name);
+    } catch (error) {
+      throw refused(`cannot cancel timer \`${name}\``, error);
+    }
+  }
+
+  /** The current key's timer `name`, if it is pending (as this call sees it). */
+  timer(name: string): Timer | undefined {
+    try {
+      return this.host.getTimer(name);
+    } catch (error) {
+      throw refused(`cannot read timer \`${name}\``, error);
     }
   }
 

@@ -9,7 +9,7 @@
  * beside its fields); handlers are functions registered on a
  * {@link Module}; the handler file's default export is the module. Build
  * with `waku build <project>` (esbuild bundles it, componentize-js makes
- * the component against `wit/handler-0.4.wit`, world `module`), test with
+ * the component against `wit/handler-0.5.wit`, world `module`), test with
  * `node --test`, using `MemoryHost` from `wakuwaku-guest/testing`.
  *
  * A minimal handler:
@@ -44,6 +44,12 @@
  * retryable, as a trap would. Whatever the error, nothing the failed call
  * wrote is kept.
  *
+ * Timers (contract 0.5): `ctx.setTimer(name, at, payload)`,
+ * `ctx.cancelTimer(name)` and `ctx.timer(name)` in any handler; the module's
+ * timer handler, registered with {@link Module.onTimers}, fires a key's due
+ * timers of one time once the projection's clock passes them
+ * (`docs/timers.md`); `MemoryHost.advance(clock)` fires them in tests.
+ *
  * Layout: `types.ts` (vocabulary and errors), `event.ts`
  * ({@link defineEvent}), `schema.ts` ({@link t}), `json.ts` (JSON with
  * 64-bit integers), `key.ts` (the canonical key encoding), `context.ts`
@@ -54,7 +60,7 @@
  * `jco guest-types`).
  */
 
-export { Context, type HostApi, type Outgoing, outgoing } from "./context.js";
+export { Context, type HostApi, type Outgoing, outgoing, timerPayload } from "./context.js";
 export { type Event, type EventOf, type EventType, defineEvent } from "./event.js";
 export { type JsonValue, parseJson, writeJson } from "./json.js";
 export {
@@ -66,7 +72,7 @@ export {
   keyText,
   parseKeyText,
 } from "./key.js";
-export { type EventTypeInfo, type Handler, Module, type ModuleInfo } from "./module.js";
+export { type EventTypeInfo, type Handler, Module, type ModuleInfo, type TimerHandler } from "./module.js";
 export { DecodeError, type Infer, type Schema, t } from "./schema.js";
 export {
   Algebra,
@@ -77,10 +83,11 @@ export {
   Refusal,
   Refused,
   RetryableError,
+  type Timer,
   Timing,
   TransientError,
   UnrecoverableError,
 } from "./types.js";
 
 /** The WIT package and version this SDK's components implement. */
-export const WIT_PACKAGE = "wakuwaku:handler@0.4.0";
+export const WIT_PACKAGE = "wakuwaku:handler@0.5.0";

@@ -18,6 +18,15 @@
  *   `maxCounters` counters and a key at most `maxEntriesPerKey` entries
  *   (`counter-count`, `entries-per-key`); only a new counter or entry past
  *   the quota is refused, changing what exists never is.
+ * - **Timers keep their own rules** (contract 0.5, `docs/timers.md`): a
+ *   name of 1 to 128 bytes without NUL (`timer-name`), a payload within
+ *   `maxTimerPayload` (`timer-payload-size`), a time below the largest s64
+ *   (`timer-time`), during `fire` only later than the timers fired
+ *   (`timer-at-firing`); a key holds at most `maxTimersPerKey` timers and
+ *   a projection `maxTimers` (`timers-per-key`, `timers-in-all`: only a
+ *   new timer past them is refused, moving or cancelling one never is).
+ *   Each `set` and `cancel` counts as a state write of its name and
+ *   payload.
  */
 
 import { KeyFormatError, decodeKey } from "./key.js";
@@ -33,6 +42,8 @@ export const MAX_EVENT_TYPE_NAME_BYTES = 128;
 export const MAX_EMIT_TOPICS = 64;
 /** The longest topic name, in bytes. */
 export const MAX_TOPIC_NAME_BYTES = 255;
+/** The longest timer name, in bytes (`timer-name`). */
+export const MAX_TIMER_NAME_BYTES = 128;
 /** The longest handler-error message the host keeps, in bytes. */
 export const MAX_ERROR_MESSAGE_BYTES = 4 << 10;
 
@@ -146,6 +157,12 @@ export interface PayloadLimits {
   maxCounters: number;
   /** Most entries one key holds; a new one past it is refused. */
   maxEntriesPerKey: number;
+  /** Largest payload of a timer, in bytes (`timer-payload-size`). */
+  maxTimerPayload: number;
+  /** Most timers one key holds; a new one past it is refused (`timers-per-key`). */
+  maxTimersPerKey: number;
+  /** Most timers a projection holds; a new one past it is refused (`timers-in-all`). */
+  maxTimers: number;
 }
 
 /** The host's default limits. */
@@ -161,6 +178,9 @@ export const DEFAULT_LIMITS: Readonly<PayloadLimits> = Object.freeze({
   maxLogLinesPerCall: 100,
   maxCounters: 10_000,
   maxEntriesPerKey: 1_000,
+  maxTimerPayload: 1 << 10,
+  maxTimersPerKey: 100,
+  maxTimers: 1_000_000,
 });
 
 /** An entry or counter name is 1 to 256 bytes, without a NUL. */
@@ -193,6 +213,70 @@ export function checkEntriesPerKey(limits: PayloadLimits, name: string, held: nu
   if (held >= limits.maxEntriesPerKey) {
     throw new Refusal(
       `entries-per-key: this key holds ${held} entries (committed and written in this batch), at most ${limits.maxEntriesPerKey}; entry \`${quoted(name)}\` would be a new one`,
+    );
+  }
+}
+
+/** A timer name is 1 to 128 bytes, without a NUL (`timer-name`). */
+export function checkTimerName(name: string): void {
+  const length = utf8Length(name);
+  if (length < 1 || length > MAX_TIMER_NAME_BYTES) {
+    throw new Refusal(
+      `timer-name: a timer name is 1 to ${MAX_TIMER_NAME_BYTES} bytes without NUL; this one has ${length} bytes`,
+    );
+  }
+  const nul = name.indexOf("\0");
+  if (nul >= 0) {
+    throw new Refusal(
+      `timer-name: a timer name is 1 to ${MAX_TIMER_NAME_BYTES} bytes without NUL; this one has a NUL at byte ${utf8Length(name.slice(0, nul))}`,
+    );
+  }
+}
+
+/**
+ * Checks a timer `set` as a value: its name, its payload of
+ * `payloadLength` bytes, its time `at`, and during `fire` at `firing`,
+ * that it is later (`timer-at-firing`).
+ */
+export function checkTimer(
+  limits: PayloadLimits,
+  name: string,
+  at: bigint,
+  payloadLength: number,
+  firing: bigint | undefined,
+): void {
+  checkTimerName(name);
+  if (payloadLength > limits.maxTimerPayload) {
+    throw new Refusal(
+      `timer-payload-size: timer \`${quoted(name)}\` has a payload of ${payloadLength} bytes, over the limit of ${limits.maxTimerPayload} bytes`,
+    );
+  }
+  if (at === I64_MAX) {
+    throw new Refusal(
+      `timer-time: timer \`${quoted(name)}\` is set at ${at}, the largest time, which no clock ever passes`,
+    );
+  }
+  if (firing !== undefined && !(at > firing)) {
+    throw new Refusal(
+      `timer-at-firing: timer \`${quoted(name)}\` is set at ${at} while the timers at ${firing} fire; a call that fires timers sets timers only later than them`,
+    );
+  }
+}
+
+/** A set that would make timer `name` a new one while the key holds `held`: refused at the quota. */
+export function checkTimersPerKey(limits: PayloadLimits, name: string, held: number): void {
+  if (held >= limits.maxTimersPerKey) {
+    throw new Refusal(
+      `timers-per-key: a key holds at most ${limits.maxTimersPerKey} timers (it holds ${held}); timer \`${quoted(name)}\` would be a new one (moving or cancelling one is allowed)`,
+    );
+  }
+}
+
+/** A set that would make timer `name` a new one while the projection holds `held`: refused at the quota. */
+export function checkTimersInAll(limits: PayloadLimits, name: string, held: number): void {
+  if (held >= limits.maxTimers) {
+    throw new Refusal(
+      `timers-in-all: a projection holds at most ${limits.maxTimers} timers (it holds ${held}); timer \`${quoted(name)}\` would be a new one`,
     );
   }
 }
@@ -236,6 +320,23 @@ export class CallTally {
   /** Checks a `delete` of `name`. */
   delete(limits: PayloadLimits, name: string): void {
     checkName(name);
+    this.write(limits, utf8Length(name));
+  }
+
+  /**
+   * Checks a timer `set` of `name` at `at` with a payload of
+   * `payloadLength` bytes (during `fire` at `firing`): the timer's own
+   * rules ({@link checkTimer}), then as a state write of its name and
+   * payload.
+   */
+  timerSet(limits: PayloadLimits, name: string, at: bigint, payloadLength: number, firing: bigint | undefined): void {
+    checkTimer(limits, name, at, payloadLength, firing);
+    this.write(limits, utf8Length(name) + payloadLength);
+  }
+
+  /** Checks a timer `cancel` of `name`: a state write of its name. */
+  timerCancel(limits: PayloadLimits, name: string): void {
+    checkTimerName(name);
     this.write(limits, utf8Length(name));
   }
 

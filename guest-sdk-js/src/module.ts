@@ -4,6 +4,7 @@
  *
  *     const bank = new Module("bank");
  *     bank.handles(Deposited, (ctx, events) => { ... });
+ *     bank.onTimers((ctx, timers) => { ... });   // only if it sets timers
  *     export default bank;
  *
  * Every handler call gets events of one key and one type, in log order
@@ -11,7 +12,13 @@
  * key never overlap. On error nothing the call wrote is kept, and the
  * events go where the error's class says.
  *
- * `describe`, `key`, `ordering`, `eventTime`, `combine` and `handle` are
+ * A module's timers (contract 0.5, `docs/timers.md`) are set in any call
+ * with `ctx.setTimer` and fired, per key, by the one handler registered
+ * with {@link Module.onTimers}: all of a key's due timers of one time in
+ * one call, in name order. A module without one sets no timers, and fails
+ * unrecoverably if it is ever asked to fire some.
+ *
+ * `describe`, `key`, `ordering`, `eventTime`, `combine`, `handle` and `fire` are
  * the WIT `handler` interface over bytes: the component exports them
  * (`component.ts`) and the test host calls them, so a unit test runs
  * exactly the code the component runs. Each fails with an unrecoverable
@@ -22,10 +29,13 @@
 import { Context, type HostApi } from "./context.js";
 import type { EventOf, EventType } from "./event.js";
 import { ContractError, I64_MAX, I64_MIN, checkDescription, checkEmits } from "./limits.js";
-import { type Algebra, type Ordering, type Timing, UnrecoverableError } from "./types.js";
+import { type Algebra, type Ordering, type Timer, type Timing, UnrecoverableError } from "./types.js";
 
 /** A handler: called with the context and a chunk of events of one key and one type. */
 export type Handler<T> = (ctx: Context, events: T[]) => void;
+
+/** The timer handler: called with the context and a key's due timers of one time, in name order. */
+export type TimerHandler = (ctx: Context, timers: Timer[]) => void;
 
 /** One event type as `describe` reports it (the WIT record `event-type`). */
 export interface EventTypeInfo {
@@ -58,6 +68,7 @@ export class Module {
   readonly name: string;
   readonly emits: readonly string[];
   private readonly entries = new Map<number, Entry>();
+  private timerHandler: TimerHandler | undefined;
 
   constructor(name: string, options: { emits?: readonly string[] } = {}) {
     this.name = name;
@@ -97,6 +108,27 @@ export class Module {
       this.entries.set(type.tag, { type, handler: handler as Handler<unknown> });
     }
     return this;
+  }
+
+  /**
+   * Registers the handler that fires the module's timers (at most one): it
+   * may use state, emit, log and timers as an event handler does, setting
+   * timers only later than the ones it fires (`timer-at-firing`).
+   */
+  onTimers(handler: TimerHandler): this {
+    if (typeof handler !== "function") {
+      throw new TypeError(`module ${this.name}: the timer handler is not a function`);
+    }
+    if (this.timerHandler !== undefined) {
+      throw new TypeError(`module ${this.name}: onTimers() is called twice; a module has one timer handler`);
+    }
+    this.timerHandler = handler;
+    return this;
+  }
+
+  /** Whether the module has a timer handler ({@link Module.onTimers}). */
+  get handlesTimers(): boolean {
+    return this.timerHandler !== undefined;
   }
 
   /** The event types this module handles, in the order registered. */
@@ -185,5 +217,16 @@ export class Module {
     const { type, handler } = this.entry(tag);
     const events = bodies.map((body) => type.decode(body));
     handler(new Context(host, key), events);
+  }
+
+  /**
+   * Fires the key `key`'s due `timers` of one time with the timer handler;
+   * state calls go to `host`. Without one, an unrecoverable error.
+   */
+  fire(host: HostApi, key: Uint8Array, timers: readonly Timer[]): void {
+    if (this.timerHandler === undefined) {
+      throw new UnrecoverableError(`the module handles no timers, but was asked to fire ${timers.length} of them`);
+    }
+    this.timerHandler(new Context(host, key), [...timers]);
   }
 }

@@ -9,7 +9,17 @@
  * (`limits.ts`): state, counter and emit calls are refused past the same
  * limits and state quotas (counters per projection, entries per key), only
  * during a call, and log lines are cut and counted. A failed call leaves
- * no trace in state, counters or emitted messages (its log lines are kept).
+ * no trace in state, counters, timers or emitted messages (its log lines
+ * are kept).
+ *
+ * Timers (contract 0.5, `docs/timers.md`) are kept per key under the
+ * host's rules by id (`timer-name`, `timer-payload-size`, `timer-time`,
+ * `timer-at-firing`, `timers-per-key`, `timers-in-all`), and
+ * {@link MemoryHost.advance} moves the projection's clock and fires the
+ * due ones as the host does, so a timer is unit-tested without a log:
+ *
+ *     host.handle([Clicked.of({ user: 1n, at: 100n })]);  // sets "end" at 700
+ *     assert.equal(host.advance(701), 1);                  // fires it
  *
  *     import { MemoryHost } from "wakuwaku-guest/testing";
  *
@@ -35,12 +45,15 @@ import {
   checkCounterCount,
   checkEntriesPerKey,
   checkKey,
+  checkTimerName,
+  checkTimersInAll,
+  checkTimersPerKey,
   counterValue,
 } from "./limits.js";
 import type { Module } from "./module.js";
 import { chunks, compareBytes, reduce } from "./reduce.js";
 import type { Schema } from "./schema.js";
-import { type Level, type Ordering, Refusal } from "./types.js";
+import { type Level, type Ordering, Refusal, type Timer } from "./types.js";
 
 /** A line a handler logged (as kept: cut when long). */
 export interface LogLine {
@@ -143,6 +156,8 @@ export class MemoryHost {
   /** Per key (hex of its bytes): its entries. */
   private state = new Map<string, Map<string, Uint8Array>>();
   private counters = new Map<string, bigint>();
+  /** Per key (hex of its bytes): its pending timers by name. */
+  private timerMap = new Map<string, Map<string, Timer>>();
   /** The messages emitted so far, in order. */
   readonly emitted: Outgoing[] = [];
   /** The lines logged so far, in order. */
@@ -263,21 +278,81 @@ export class MemoryHost {
    */
   handleBodies(tag: number, key: Uint8Array, bodies: readonly Uint8Array[]): void {
     checkKey(key);
+    this.undoable(key, undefined, (scope) => this.module.handle(scope, tag, key, bodies));
+  }
+
+  /**
+   * Runs one call about `key` (firing the timers at `firing`, if any): on
+   * error its state writes, counter changes, timer changes and emitted
+   * messages are rolled back and the error is thrown.
+   */
+  private undoable(key: Uint8Array, firing: bigint | undefined, call: (scope: KeyScope) => void): void {
     const id = toHex(key);
     const state = new Map(this.state.get(id) ?? []);
+    const timers = new Map(this.timerMap.get(id) ?? []);
     const counters = new Map(this.counters);
     const emitted = this.emitted.length;
-    const scope = new KeyScope(this, key, id);
+    const scope = new KeyScope(this, key, id, firing);
     try {
-      this.module.handle(scope, tag, key, bodies);
+      call(scope);
     } catch (error) {
       this.state.set(id, state);
+      this.timerMap.set(id, timers);
       this.counters = counters;
       this.emitted.length = emitted;
       throw error;
     } finally {
       scope.close();
+      if (this.timerMap.get(id)?.size === 0) {
+        this.timerMap.delete(id);
+      }
     }
+  }
+
+  /**
+   * Moves the projection's clock to `clock` (ms since the epoch) and fires
+   * every timer below it, as the host does when no event of the key is
+   * left to apply before them: each key's due timers in (time, name)
+   * order, all of one time in one call of the module's timer handler
+   * ({@link Module.onTimers}); timers a call sets below the clock fire in
+   * turn; keys in the order of their earliest due timer, then of their
+   * bytes. Stops at the first failing call, throwing its error (its
+   * changes taken back, its timers pending again). Returns how many calls
+   * it made.
+   */
+  advance(clock: number | bigint): number {
+    const now = BigInt(clock);
+    let calls = 0;
+    for (;;) {
+      let next: { at: bigint; id: string } | undefined;
+      for (const [id, timers] of this.timerMap) {
+        for (const timer of timers.values()) {
+          const earlier =
+            next === undefined || timer.at < next.at || (timer.at === next.at && compareHex(id, next.id) < 0);
+          if (timer.at < now && earlier) {
+            next = { at: timer.at, id };
+          }
+        }
+      }
+      if (next === undefined) {
+        return calls;
+      }
+      const { at, id } = next;
+      const key = fromHex(id);
+      this.undoable(key, at, (scope) => {
+        const due = inFiringOrder([...this.timerMap.get(id)!.values()].filter((timer) => timer.at === at));
+        for (const timer of due) {
+          this.timerMap.get(id)!.delete(timer.name);
+        }
+        this.module.fire(scope, key, due);
+      });
+      calls += 1;
+    }
+  }
+
+  /** The pending timers of `key` (a key value: `42`, `"ann"`, `[42, "eur"]`), in firing order. */
+  timers(key: KeyValue): Timer[] {
+    return inFiringOrder([...(this.timerMap.get(toHex(encodeKey(key)))?.values() ?? [])]);
   }
 
   /** A JSON state entry of `key` (a key value: `42`, `"ann"`, `[42, "eur"]`), read with `schema` when given. */
@@ -311,7 +386,7 @@ export class MemoryHost {
       .filter(([, entries]) => entries.size > 0)
       .map(([id]) => id)
       .sort()
-      .map((id) => decodeKey(Uint8Array.from(id.match(/../g) ?? [], (byte) => Number.parseInt(byte, 16))));
+      .map((id) => decodeKey(fromHex(id)));
   }
 
   /** The value of a shared counter (0 if never touched). */
@@ -335,6 +410,42 @@ export class MemoryHost {
   counterMap(): Map<string, bigint> {
     return this.counters;
   }
+
+  /** @internal The pending timers of a key (hex id), made when `create`. */
+  timersOf(id: string, create: boolean): Map<string, Timer> {
+    let timers = this.timerMap.get(id);
+    if (timers === undefined) {
+      timers = new Map();
+      if (create) {
+        this.timerMap.set(id, timers);
+      }
+    }
+    return timers;
+  }
+
+  /** @internal How many timers the projection holds. */
+  timerCount(): number {
+    let count = 0;
+    for (const timers of this.timerMap.values()) {
+      count += timers.size;
+    }
+    return count;
+  }
+}
+
+/** The bytes of a hex id. */
+function fromHex(id: string): Uint8Array {
+  return Uint8Array.from(id.match(/../g) ?? [], (byte) => Number.parseInt(byte, 16));
+}
+
+/** Hex ids compared as the bytes they stand for (lower-case hex sorts as its bytes). */
+function compareHex(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/** `timers` in the order they fire: time, then name as UTF-8 bytes. */
+function inFiringOrder(timers: Timer[]): Timer[] {
+  return timers.sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : compareBytes(utf8(a.name), utf8(b.name))));
 }
 
 /**
@@ -350,6 +461,8 @@ class KeyScope {
     private readonly host: MemoryHost,
     private readonly key: Uint8Array,
     private readonly id: string,
+    /** The time of the timers being fired, in a `fire` call. */
+    private readonly firing: bigint | undefined,
   ) {}
 
   close(): void {
@@ -362,7 +475,7 @@ class KeyScope {
 
   private checkOpen(face: string): void {
     if (!this.open) {
-      throw new Refusal(`outside-handle: \`${face}\` is only available while \`handle\` runs`);
+      throw new Refusal(`outside-handle: \`${face}\` is only available while \`handle\` or \`fire\` runs`);
     }
   }
 
@@ -420,6 +533,38 @@ class KeyScope {
     this.checkOpen("emit");
     this.tally.emit(this.host.limits, this.host.module.emits, message.topic, message.key, message.body);
     this.host.emitted.push(message);
+  }
+
+  setTimer(name: string, at: bigint, payload: Uint8Array): void {
+    this.checkOpen("timers");
+    const limits = this.host.limits;
+    const before = this.tally.copy();
+    this.tally.timerSet(limits, name, at, payload.length, this.firing);
+    const timers = this.host.timersOf(this.id, true);
+    if (!timers.has(name)) {
+      try {
+        checkTimersPerKey(limits, name, timers.size);
+        checkTimersInAll(limits, name, this.host.timerCount());
+      } catch (error) {
+        // Refused: the call's counts stay as they were.
+        this.tally = before;
+        throw error;
+      }
+    }
+    timers.set(name, { name, at, payload: payload.slice() });
+  }
+
+  cancelTimer(name: string): void {
+    this.checkOpen("timers");
+    this.tally.timerCancel(this.host.limits, name);
+    this.host.timersOf(this.id, false).delete(name);
+  }
+
+  getTimer(name: string): Timer | undefined {
+    this.checkOpen("timers");
+    checkTimerName(name);
+    const timer = this.host.timersOf(this.id, false).get(name);
+    return timer === undefined ? undefined : { ...timer, payload: timer.payload.slice() };
   }
 
   log(level: Level, message: string): void {

@@ -3,7 +3,7 @@
  * classes, log levels, and the errors a handler throws.
  *
  * Every name is the WIT's own: the types are the ones `jco guest-types`
- * generated from `wit/handler-0.4.wit` (`src/wit/handler-0.4/`), so an
+ * generated from `wit/handler-0.5.wit` (`src/wit/handler-0.5/`), so an
  * algebra is the string `"non-associative"`, ..., exactly as the contract
  * writes it, and crosses the component boundary unchanged. The constant
  * objects (`Algebra.Associative`, ...) are spellings of those strings for
@@ -17,8 +17,8 @@
  *   context throws for it, saying what was refused.
  */
 
-import type * as wit from "wakuwaku:handler/types@0.4.0";
-import type * as witLog from "wakuwaku:handler/log@0.4.0";
+import type * as wit from "wakuwaku:handler/types@0.5.0";
+import type * as witLog from "wakuwaku:handler/log@0.5.0";
 
 /** The law an event type obeys, which decides how the host may reduce a run. */
 export type Algebra = wit.Algebra;
@@ -73,6 +73,14 @@ export const ErrorClass = {
   /** Will never succeed: the events go to the dead-letter topic. */
   Unrecoverable: "unrecoverable",
 } as const satisfies Record<string, ErrorClass>;
+
+/**
+ * A pending timer of the key being handled (the WIT record `timer`): its
+ * name, unique among the key's timers; the event time it fires at (ms
+ * since the Unix epoch, an s64); and the payload it carries to the call
+ * that fires it.
+ */
+export type Timer = wit.Timer;
 
 /** The severity of a log line. */
 export type Level = witLog.Level;

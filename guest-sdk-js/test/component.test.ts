@@ -108,3 +108,42 @@ test("a refusal from an import becomes Refused, naming the rule", () => {
     message: "cannot write state entry `y`: state-value-size: refused set",
   });
 });
+
+test("timers go through the timers import, and fire through the timer handler", () => {
+  const Tick = defineEvent({ tag: 1, name: "Tick", fields: { at: t.i64 }, key: () => 1 });
+  const fired: string[] = [];
+  const handler = exportHandler(
+    new Module("ticks")
+      .handles(Tick, (ctx, [tick]) => {
+        ctx.setTimer("next", tick!.at - 100n, { n: 1 });
+        ctx.timer("next");
+        ctx.cancelTimer("old");
+      })
+      .onTimers((ctx, timers) => {
+        fired.push(...timers.map((timer) => `${timer.name}@${timer.at}:${fromUtf8(timer.payload)}`));
+        ctx.setTimer("next", timers[0]!.at + 1n, null);
+      }),
+  );
+  fake.calls.length = 0;
+  handler.handle(1, new Uint8Array([1, 2]), [utf8('{"at":-5}')]);
+  assert.deepEqual(fake.calls.map((call) => call.slice(0, 3)), [
+    ["setTimer", "next", -105n],
+    ["getTimer", "next"],
+    ["cancelTimer", "old"],
+  ]);
+  assert.equal(fromUtf8(fake.calls[0]![3] as Uint8Array), '{"n":1}');
+  handler.fire(new Uint8Array([1, 2]), [{ name: "next", at: -105n, payload: utf8("{}") }]);
+  assert.deepEqual(fired, ["next@-105:{}"]);
+  assert.deepEqual(fake.calls[3]!.slice(0, 3), ["setTimer", "next", -104n]);
+  fake.refuse = new Set(["setTimer"]);
+  const error = witError(() => handler.fire(new Uint8Array([1, 2]), [{ name: "next", at: 0n, payload: utf8("{}") }]));
+  fake.refuse = new Set();
+  assert.deepEqual(error, {
+    class: "unrecoverable",
+    message: "cannot set timer `next`: state-value-size: refused setTimer",
+  });
+  assert.deepEqual(witError(() => exportHandler(visits).fire(new Uint8Array([1, 2]), [])), {
+    class: "unrecoverable",
+    message: "the module handles no timers, but was asked to fire 0 of them",
+  });
+});

@@ -21,6 +21,7 @@ import {
   MAX_ERROR_MESSAGE_BYTES,
   MAX_EVENT_TYPES,
   MAX_NAME_BYTES,
+  MAX_TIMER_NAME_BYTES,
   type PayloadLimits,
   checkCombinedBody,
   checkCounterCount,
@@ -28,6 +29,8 @@ import {
   checkEntriesPerKey,
   checkKey,
   checkName,
+  checkTimersInAll,
+  checkTimersPerKey,
   counterValue,
   errorMessage,
   isEventTypeName,
@@ -210,6 +213,55 @@ test("descriptions are checked rule by rule", () => {
   assert.ok(isEventTypeName("bank:Deposited.v2"));
 });
 
+test("timers are checked as values and counted as state writes", () => {
+  // The cases of core/src/limits.rs's `timers_are_checked_as_values_and_counted_as_state_writes`.
+  const limits: PayloadLimits = {
+    ...DEFAULT_LIMITS,
+    maxTimerPayload: 4,
+    maxStateWritesPerCall: 3,
+    maxTimersPerKey: 2,
+    maxTimers: 5,
+  };
+  const tally = new CallTally();
+  const long = "n".repeat(MAX_TIMER_NAME_BYTES + 1);
+  assert.equal(rule(() => tally.timerSet(limits, "", 1n, 0, undefined)), "timer-name");
+  assert.equal(rule(() => tally.timerSet(limits, long, 1n, 0, undefined)), "timer-name");
+  assert.equal(
+    refusal(() => tally.timerSet(limits, "a\0b", 1n, 0, undefined)),
+    "timer-name: a timer name is 1 to 128 bytes without NUL; this one has a NUL at byte 1",
+  );
+  assert.equal(
+    refusal(() => tally.timerSet(limits, "close", 1n, 5, undefined)),
+    "timer-payload-size: timer `close` has a payload of 5 bytes, over the limit of 4 bytes",
+  );
+  assert.equal(
+    refusal(() => tally.timerSet(limits, "close", I64_MAX, 0, undefined)),
+    `timer-time: timer \`close\` is set at ${I64_MAX}, the largest time, which no clock ever passes`,
+  );
+  assert.equal(
+    refusal(() => tally.timerSet(limits, "close", 7n, 0, 7n)),
+    "timer-at-firing: timer `close` is set at 7 while the timers at 7 fire; a call that fires timers sets timers only later than them",
+  );
+  assert.equal(rule(() => tally.timerSet(limits, "close", 6n, 0, 7n)), "timer-at-firing");
+  assert.deepEqual(tally, new CallTally(), "refused calls count nothing");
+  tally.timerSet(limits, "close", 8n, 4, 7n);
+  tally.timerSet(limits, "close", I64_MIN, 0, undefined);
+  tally.timerCancel(limits, "close");
+  assert.deepEqual([tally.stateWrites, tally.stateBytes], [3, 5 + 4 + 5 + 5]);
+  assert.equal(rule(() => tally.timerCancel(limits, "close")), "state-writes-per-call");
+  assert.equal(rule(() => new CallTally().timerCancel(limits, "")), "timer-name");
+  checkTimersPerKey(limits, "x", 1);
+  assert.equal(
+    refusal(() => checkTimersPerKey(limits, "x", 2)),
+    "timers-per-key: a key holds at most 2 timers (it holds 2); timer `x` would be a new one (moving or cancelling one is allowed)",
+  );
+  checkTimersInAll(limits, "x", 4);
+  assert.equal(
+    refusal(() => checkTimersInAll(limits, "x", 5)),
+    "timers-in-all: a projection holds at most 5 timers (it holds 5); timer `x` would be a new one",
+  );
+});
+
 test("return values: keys, combined bodies and error messages", () => {
   checkKey(new Uint8Array([0x01, 0x54]));
   assert.equal(rule(() => checkKey(new Uint8Array([0x01, 0x80, 0x00]))), "key-canonical");
@@ -251,23 +303,10 @@ function hostRuleIds(): Set<string> {
  */
 const KEPT_BY_THE_TEST_HOST = new Set(["outside-handle", "event-time-declared", "import-size"]);
 
-/**
- * The timer rules of contract 0.5: this SDK is built on 0.4, which has no
- * timers, so no handler written with it can break them.
- */
-const TIMER_RULES = new Set([
-  "timer-name",
-  "timer-payload-size",
-  "timer-time",
-  "timer-at-firing",
-  "timers-per-key",
-  "timers-in-all",
-]);
-
 after(() => {
   // Registered last: runs once every case above has added what it saw.
   const ids = hostRuleIds();
   assert.ok(ids.size >= 20, `only ${ids.size} rule ids read from core/src/limits.rs`);
-  const missing = [...ids].filter((id) => !seen.has(id) && !KEPT_BY_THE_TEST_HOST.has(id) && !TIMER_RULES.has(id));
+  const missing = [...ids].filter((id) => !seen.has(id) && !KEPT_BY_THE_TEST_HOST.has(id));
   assert.deepEqual(missing, [], "every rule the host refuses with is refused here too");
 });

@@ -10,8 +10,8 @@ import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync } from "no
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { test } from "node:test";
-import type * as wit03 from "wakuwaku:handler/types@0.3.0";
 import type * as wit04 from "wakuwaku:handler/types@0.4.0";
+import type * as wit05 from "wakuwaku:handler/types@0.5.0";
 import { Algebra, ErrorClass, Ordering, Timing, WIT_PACKAGE } from "../src/index.js";
 import { REPO } from "./vectors.js";
 
@@ -32,7 +32,7 @@ function files(dir: string): Map<string, string> {
 /** jco, from the repository's npm tools. */
 const JCO = join(REPO, "node_modules", ".bin", "jco");
 
-for (const version of ["0.4", "0.3"]) {
+for (const version of ["0.5", "0.4"]) {
   test(`src/wit/handler-${version} is what jco generates from wit/handler-${version}.wit`, () => {
     const scratch = mkdtempSync(join(tmpdir(), "waku-wit-"));
     try {
@@ -56,18 +56,20 @@ for (const version of ["0.4", "0.3"]) {
 }
 
 test("the SDK's vocabulary is the current contract's, which keeps the one before", () => {
-  assert.equal(WIT_PACKAGE, /package (\S+);/.exec(readFileSync(join(REPO, "wit", "handler-0.4.wit"), "utf8"))![1]);
+  assert.equal(WIT_PACKAGE, /package (\S+);/.exec(readFileSync(join(REPO, "wit", "handler-0.5.wit"), "utf8"))![1]);
   // Every name of the generated unions, at run time (the types are checked by tsc).
   const all = <T extends string>(names: Record<string, T>): T[] => Object.values(names);
   assert.deepEqual(all(Algebra), ["non-associative", "commutative", "idempotent", "idempotent-commutative", "associative"]);
   assert.deepEqual(all(Ordering), ["relaxed", "acquire", "release", "acq-rel"]);
   assert.deepEqual(all(Timing), ["untimed", "timed", "timed-relaxed"]);
   assert.deepEqual(all(ErrorClass), ["transient", "retryable", "unrecoverable"]);
-  // 0.3's vocabulary is within 0.4's (what a 0.3 module says, 0.4 reads):
-  // these assignments compile only while that holds.
-  const timing: wit04.Timing = "timed" satisfies wit03.Timing;
-  const record: wit04.EventType = { tag: 1, name: "A", algebra: "idempotent", maxBatch: 1, timing } satisfies wit03.EventType;
-  const outgoing: wit03.Outgoing extends wit04.Outgoing ? true : false = true;
-  const error: wit03.HandlerError extends wit04.HandlerError ? true : false = true;
-  assert.ok(record && outgoing && error);
+  // 0.4's vocabulary is within 0.5's (what a 0.4 module says, 0.5 reads, so
+  // a module written for 0.4 builds unchanged): these assignments compile
+  // only while that holds.
+  const timing: wit05.Timing = "timed-relaxed" satisfies wit04.Timing;
+  const record: wit05.EventType = { tag: 1, name: "A", algebra: "idempotent", maxBatch: 1, timing } satisfies wit04.EventType;
+  const outgoing: wit04.Outgoing extends wit05.Outgoing ? true : false = true;
+  const error: wit04.HandlerError extends wit05.HandlerError ? true : false = true;
+  const info: wit04.ModuleInfo extends wit05.ModuleInfo ? true : false = true;
+  assert.ok(record && outgoing && error && info);
 });

@@ -29,7 +29,9 @@
 //! - [`python`] builds and loads the Python bank (`examples/bank-py`) with
 //!   componentize-py, or says the test was skipped.
 //! - [`typescript`] builds and loads the TypeScript bank (`examples/bank-ts`)
-//!   with esbuild and componentize-js, or says it was skipped.
+//!   with esbuild and componentize-js, or says it was skipped;
+//!   [`ported_bank`] checks a port of the bank against the Rust bank and
+//!   the oracle.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -56,6 +58,7 @@ pub mod hostile;
 pub mod iggy_cluster;
 pub mod liar;
 pub mod native;
+pub mod ported_bank;
 pub mod proxy;
 pub mod python;
 mod servers;

@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use wakuwaku::authoring::guest_build::js::find_js_tools;
 use wakuwaku::sandbox::handler::HandlerModule;
-use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 
+use crate::ported_bank::{load_once, tool_available};
 use crate::{guest_wasm, repo_root};
 
 /// The TypeScript bank's project directory, relative to the repository.
@@ -21,21 +21,8 @@ pub const BANK_TS: &str = "examples/bank-ts";
 /// Whether the npm tools are there; if not, prints one line saying `what`
 /// was skipped (or, under CI, panics).
 pub fn js_tools_available(what: &str) -> bool {
-    match find_js_tools(&repo_root().join(BANK_TS)) {
-        Ok(_) => true,
-        Err(error) if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!("{what}: CI installs the npm tools (.ci/run: npm ci), but: {error}")
-        }
-        Err(_) => {
-            // Straight to stderr, past the test harness's capture, so it shows.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: {what} needs componentize-js and esbuild (`npm ci` at the repository root)"
-            );
-            false
-        }
-    }
+    let needs = "componentize-js and esbuild (`npm ci` at the repository root)";
+    tool_available(find_js_tools(&repo_root().join(BANK_TS)), what, needs, "the npm tools (.ci/run: npm ci)")
 }
 
 /// The TypeScript bank component (built once per process, and only when
@@ -46,18 +33,8 @@ pub fn bank_ts_wasm(what: &str) -> Option<PathBuf> {
 }
 
 /// The TypeScript bank loaded into a default sandbox, once per process,
-/// its compiled code kept in `target/guests/cache` across runs.
+/// its compiled code kept in `target/guests/cache`.
 pub fn bank_ts_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
     static MODULE: OnceLock<Arc<dyn HandlerModule>> = OnceLock::new();
-    let wasm = bank_ts_wasm(what)?;
-    Some(
-        MODULE
-            .get_or_init(|| {
-                let cache = repo_root().join("target").join("guests").join("cache");
-                let sandbox =
-                    Sandbox::new(SandboxLimits::default()).expect("a default sandbox").with_compile_cache(&cache);
-                wakuwaku::engine::projection::load_module_file(&sandbox, &wasm).expect("the TypeScript bank loads")
-            })
-            .clone(),
-    )
+    Some(load_once(&MODULE, &bank_ts_wasm(what)?))
 }

@@ -22,6 +22,8 @@
 //! contract this host implements; when componentize-py is missing, the
 //! error says how to install it. A TypeScript or JavaScript project is
 //! bundled with esbuild and built with componentize-js, both from npm.
+//! Both skip a build when nothing it reads has changed, and write the
+//! component beside and rename it into place (`stamped`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -29,6 +31,7 @@ use std::process::{Command, Stdio};
 
 pub mod js;
 pub mod python;
+mod stamped;
 
 /// The target every guest is built for.
 pub const GUEST_TARGET: &str = "wasm32-wasip2";

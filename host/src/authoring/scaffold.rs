@@ -172,28 +172,32 @@ const JS_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku-guest/testing.ts", include_str!("../../../guest-sdk-js/src/testing.ts")),
     ("vendor/wakuwaku-guest/types.ts", include_str!("../../../guest-sdk-js/src/types.ts")),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-emit.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-emit.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-emit.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-emit.d.ts"),
     ),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-handler.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-handler.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-handler.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-handler.d.ts"),
     ),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-log.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-log.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-log.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-log.d.ts"),
     ),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-state.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-state.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-state.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-state.d.ts"),
     ),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/interfaces/wakuwaku-handler-types.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/interfaces/wakuwaku-handler-types.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-timers.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-timers.d.ts"),
     ),
     (
-        "vendor/wakuwaku-guest/wit/handler-0.3/module.d.ts",
-        include_str!("../../../guest-sdk-js/src/wit/handler-0.3/module.d.ts"),
+        "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-types.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-types.d.ts"),
+    ),
+    (
+        "vendor/wakuwaku-guest/wit/handler-0.5/module.d.ts",
+        include_str!("../../../guest-sdk-js/src/wit/handler-0.5/module.d.ts"),
     ),
     (
         "vendor/wakuwaku-guest/wit/handler-0.4/interfaces/wakuwaku-handler-emit.d.ts",
@@ -516,7 +520,11 @@ mod tests {
                     .unwrap();
             assert_eq!((project.main, name.as_deref()), (PathBuf::from(main), Some("my-handler")));
             assert!(package_json.contains(&format!("\"esbuild\": \"{}\"", js::TESTED_ESBUILD)), "{package_json}");
-            assert!(project_dir.join("vendor/wakuwaku-guest/wit/handler-0.4/module.d.ts").is_file());
+            assert!(
+                project_dir
+                    .join("vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-timers.d.ts")
+                    .is_file()
+            );
             let no_placeholder =
                 |path: &PathBuf| !std::fs::read_to_string(project_dir.join(path)).unwrap().contains("{{");
             assert!(created.files.iter().filter(|p| !p.starts_with("vendor")).all(no_placeholder), "{lang:?}");

@@ -165,6 +165,7 @@ pub(super) async fn demo_run(
         errln!("waku: admin endpoint on {}", super::admin_access::served_url(address, host.serves_admin_tls()));
     }
     let projection = host.projection().clone();
+    let metrics = host.metrics().clone();
     if std::io::stderr().is_terminal() {
         errln!("waku: consuming {published} events ...");
     }
@@ -176,6 +177,8 @@ pub(super) async fn demo_run(
     let check = demo::check_projection(&oracle, &*module, store)?;
 
     let stats = store.stats()?;
+    // Those the consumer's batches have not recorded yet are still the module's.
+    let recycled = metrics.instances_recycled(projection.name(), module.name()) + module.take_instances_recycled();
     let lines = vec![
         format!(
             "workload: {} events over {} accounts (seed {}), {} partitions of topic `{TOPIC}`",
@@ -199,6 +202,7 @@ pub(super) async fn demo_run(
         ),
         format!("throughput: {:.0} events/s ({consume_secs:.2} s to consume)", summary.consumed as f64 / consume_secs),
         format!("time per phase (summed over partitions and workers): {}", summary.phases),
+        format!("module instances replaced at their memory's high-water mark (publishing and consuming): {recycled}"),
     ];
     Ok(DemoReport { lines, check })
 }

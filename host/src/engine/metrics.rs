@@ -8,6 +8,7 @@
 //! | `waku_events_skipped_total` | projection | events whose type no module declares |
 //! | `waku_handler_call_seconds` | projection, module | handler call latency (per module: a module may declare 256 event types, and a histogram per type would be 18 series each) |
 //! | `waku_traps_total` | projection, module | calls that trapped |
+//! | `waku_instances_recycled_total` | projection, module | instances replaced by fresh ones because their linear memory passed its high-water mark ([`crate::sandbox::runtime::high_water_mark`]) |
 //! | `waku_partition_lag` | projection, partition | end offset minus committed position, at scrape time |
 //! | `waku_module_loads_total` | projection, result (`ok`, `failed`) | module loads, at start-up and by hot reload |
 //! | `waku_log_unavailable_total` | projection | times a partition found the log unreachable and backed off |
@@ -114,6 +115,7 @@ pub struct Metrics {
     skipped: Family<ProjectionLabels, Counter>,
     calls: Family<ModuleLabels, Histogram, fn() -> Histogram>,
     traps: Family<ModuleLabels, Counter>,
+    recycled: Family<ModuleLabels, Counter>,
     lag: Family<PartitionLabels, Gauge>,
     loads: Family<LoadLabels, Counter>,
     unavailable: Family<ProjectionLabels, Counter>,
@@ -166,6 +168,7 @@ impl Default for Metrics {
             skipped: Family::default(),
             calls: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             traps: Family::default(),
+            recycled: Family::default(),
             lag: Family::default(),
             loads: Family::default(),
             unavailable: Family::default(),
@@ -197,6 +200,11 @@ impl Default for Metrics {
         registry.register("waku_events_skipped", "Events whose type no module declares", metrics.skipped.clone());
         registry.register("waku_handler_call_seconds", "Handler call latency", metrics.calls.clone());
         registry.register("waku_traps", "Handler calls that trapped", metrics.traps.clone());
+        registry.register(
+            "waku_instances_recycled",
+            "Instances replaced because their memory passed its high-water mark",
+            metrics.recycled.clone(),
+        );
         registry.register("waku_partition_lag", "End offset minus committed position", metrics.lag.clone());
         registry.register("waku_timers_pending", "Timers waiting for the clock", metrics.timers_pending.clone());
         registry.register(
@@ -309,6 +317,13 @@ impl Metrics {
                 self.traps.get_or_create(&labels).inc_by(counts.traps);
             }
         }
+        for module in modules.modules() {
+            let recycled = module.take_instances_recycled();
+            if recycled > 0 {
+                let labels = ModuleLabels { projection: projection.to_owned(), module: module.name().to_owned() };
+                self.recycled.get_or_create(&labels).inc_by(recycled);
+            }
+        }
         if skipped > 0 {
             self.skipped.get_or_create(&ProjectionLabels { projection: projection.to_owned() }).inc_by(skipped);
         }
@@ -338,10 +353,18 @@ impl Metrics {
                 let module = ModuleLabels { projection: labels.projection.clone(), module: labels.module.clone() };
                 self.calls.remove(&module);
                 self.traps.remove(&module);
+                self.recycled.remove(&module);
             }
             false
         });
         series.stale = false;
+    }
+
+    /// The instances of `module` replaced at their memory's high-water mark
+    /// so far, as `waku_instances_recycled_total` counts them.
+    pub fn instances_recycled(&self, projection: &str, module: &str) -> u64 {
+        let labels = ModuleLabels { projection: projection.to_owned(), module: module.to_owned() };
+        self.recycled.get(&labels).map_or(0, |counter| counter.get())
     }
 
     /// Observes the phases a batch (or the outbox step after its commit)
@@ -523,7 +546,8 @@ mod tests {
         assert!(!text.contains("waku_timer_next_due_ms{"), "no next due time without timers:\n{text}");
     }
 
-    /// A module that declares one type and is never called.
+    /// A module that declares one type, is never called, and says it
+    /// replaced 2 instances.
     struct Named(String, Vec<crate::sandbox::handler::EventType>);
 
     impl crate::sandbox::handler::HandlerModule for Named {
@@ -540,6 +564,9 @@ mod tests {
             &self,
         ) -> Result<Box<dyn crate::sandbox::handler::HandlerInstance>, crate::sandbox::handler::CallError> {
             unreachable!("never called")
+        }
+        fn take_instances_recycled(&self) -> u64 {
+            2
         }
     }
 
@@ -578,6 +605,8 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains(&applied("m0002")) && text.contains(&trapped("m0002")), "{text}");
         assert!(text.contains(r#"waku_handler_call_seconds_count{projection="bank",module="m0002"} 1"#), "{text}");
+        assert!(text.contains(r#"waku_instances_recycled_total{projection="bank",module="m0002"} 2"#), "{text}");
+        assert_eq!(metrics.instances_recycled("bank", "m0002"), 2);
         assert!(!text.contains("m0001"), "the series of a module that left stay:\n{text}");
         // A batch of the old set that ends late records its series again;
         // the next batch of the new set removes them, and keeps its own.

@@ -174,49 +174,9 @@ fn waku_new_refuses_a_non_empty_directory_and_a_bad_name() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
-/// Lines of a child's standard error, as they come.
-fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits (up to ten minutes: a cold build) for a line containing `wanted`;
-/// returns the lines read until then.
+/// Waits (up to ten minutes: a cold build) for a line containing `wanted`.
 fn wait_for(lines: &std::sync::mpsc::Receiver<String>, wanted: &str, seen: &mut Vec<String>) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-    while std::time::Instant::now() < deadline {
-        match lines.recv_timeout(std::time::Duration::from_secs(1)) {
-            Ok(line) => {
-                let found = line.contains(wanted);
-                seen.push(line);
-                if found {
-                    return;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    panic!("no line with `{wanted}`; waku dev wrote:\n{}", seen.join("\n"));
-}
-
-/// Kills the child when dropped, so a failed assertion leaves no process.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    common::wait_for_text(lines, wanted, seen, std::time::Duration::from_secs(600));
 }
 
 #[test]
@@ -232,7 +192,7 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
     let target = shared_target();
     let token_file = project.join("admin-token");
     std::fs::write(&token_file, "dev-token-never-shown\n").unwrap();
-    let mut child = KillOnDrop(
+    let mut child = common::KillOnDrop(
         common::waku_command(&project)
             .args(["dev", ".", "--topic", "visits", "--events", "events.jsonl"])
             .arg("--target-dir")
@@ -246,7 +206,7 @@ fn waku_dev_swaps_in_an_edited_handler_and_keeps_the_old_one_on_a_build_error() 
             .spawn()
             .unwrap(),
     );
-    let lines = stderr_lines(&mut child.0);
+    let lines = common::stderr_lines(&mut child.0);
     let mut seen = Vec::new();
 
     // An edit as soon as waku dev says it watches the sources (it must

@@ -10,7 +10,7 @@
 //! them each test prints one `skipped: …` line, except under CI
 //! (`CI=true`), where it fails.
 
-use crate::common::{bank_ts_wasm, bank_wasm, compile_cache, hostile_ts_wasm, inventory_ts_wasm, text, waku};
+use crate::common::{self, bank_ts_wasm, bank_wasm, compile_cache, hostile_ts_wasm, inventory_ts_wasm, text, waku};
 
 /// Events of every bank type, over three accounts, with a fold, a freeze,
 /// a close and a reopen.
@@ -96,48 +96,9 @@ fn the_typescript_inventory_runs_the_event_time_demo_and_matches_the_oracle() {
     assert!(stdout.contains("oracle check: match (50 products"), "{stdout}");
 }
 
-/// Lines of a child's standard error, as they come.
-fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
 /// Waits (up to five minutes) for a line containing `wanted`.
 fn wait_for(lines: &std::sync::mpsc::Receiver<String>, wanted: &str, seen: &mut Vec<String>) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while std::time::Instant::now() < deadline {
-        match lines.recv_timeout(std::time::Duration::from_secs(1)) {
-            Ok(line) => {
-                let found = line.contains(wanted);
-                seen.push(line);
-                if found {
-                    return;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    panic!("no line with `{wanted}`; waku dev wrote:\n{}", seen.join("\n"));
-}
-
-/// Kills the child when dropped, so a failed assertion leaves no process.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    common::wait_for_text(lines, wanted, seen, std::time::Duration::from_secs(300));
 }
 
 /// `waku new --lang <lang>` outside the checkout, with the repository's
@@ -192,7 +153,7 @@ fn waku_dev_swaps_in_an_edited_typescript_handler_and_keeps_it_on_a_build_error(
         assert!(now.contains(from), "{from}");
         std::fs::write(&handler, now.replace(from, to)).unwrap();
     };
-    let mut child = KillOnDrop(
+    let mut child = common::KillOnDrop(
         crate::common::waku_command(&project)
             .args(["dev", ".", "--topic", "visits", "--events", "events.jsonl"])
             .env_remove("RUST_LOG")
@@ -201,7 +162,7 @@ fn waku_dev_swaps_in_an_edited_typescript_handler_and_keeps_it_on_a_build_error(
             .spawn()
             .unwrap(),
     );
-    let lines = stderr_lines(&mut child.0);
+    let lines = common::stderr_lines(&mut child.0);
     let mut seen = Vec::new();
     wait_for(&lines, "watching the sources", &mut seen);
     edit("`${now} visits`", "`edited: ${now} visits`");

@@ -87,6 +87,37 @@ pub fn wait_for_line(lines: &Receiver<String>, seen: &mut Vec<String>, wanted: i
     }
 }
 
+/// Waits up to `within` (a cold build may take minutes) for a line
+/// containing `wanted`, adding every line read to `seen`; fails the test
+/// without one, showing what the child wrote.
+pub fn wait_for_text(lines: &Receiver<String>, wanted: &str, seen: &mut Vec<String>, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                let found = line.contains(wanted);
+                seen.push(line);
+                if found {
+                    return;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    panic!("no line with `{wanted}`; the child wrote:\n{}", seen.join("\n"));
+}
+
+/// Kills the child when dropped, so a failed assertion leaves no process.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The bank example, built once for this test binary.
 pub fn bank_wasm() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();

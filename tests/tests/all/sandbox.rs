@@ -31,6 +31,7 @@ const PANIC: EventTypeTag = EventTypeTag::new(3);
 const NOTE: EventTypeTag = EventTypeTag::new(4);
 const FAIL: EventTypeTag = EventTypeTag::new(5);
 const RECURSE: EventTypeTag = EventTypeTag::new(6);
+const LEAK: EventTypeTag = EventTypeTag::new(9);
 
 fn limits() -> SandboxLimits {
     SandboxLimits { memory_bytes: 16 << 20, call_budget: Duration::from_millis(200), ..SandboxLimits::default() }
@@ -104,6 +105,31 @@ fn a_memory_bomb_hits_the_memory_limit() {
     // Within the limit the same request works.
     instance.handle(&mut scope, HOG, &body(json!({ "key": 1, "mib": 4 }))).unwrap();
     assert_eq!(scope.get("hogged"), Ok(Some(b"4".to_vec())));
+}
+
+/// An instance whose memory only grows (as a garbage-collected heap's does
+/// between collections) is replaced by a fresh one once it passes its
+/// high-water mark, so a long run of calls that each need little never
+/// meets the limit; without the replacement the 17th call of 1 MiB would
+/// trap under 16 MiB.
+#[test]
+fn an_instance_past_its_memorys_high_water_mark_is_replaced_and_calls_go_on() {
+    let module = probe(limits());
+    let harness = Harness::new();
+    let mut instance = module.instantiate().unwrap();
+    let mut scope = harness.scope(1);
+    for call in 0..60 {
+        let result = instance.handle(&mut scope, LEAK, &body(json!({ "key": 1, "kib": 1024 })));
+        assert_eq!(result, Ok(()), "call {call}");
+    }
+    assert_eq!(scope.counter_get("leaks"), Ok(60));
+    // 16 MiB and a fresh instance of about 1 MiB: replaced every 7 or 8 calls.
+    let recycled = module.take_instances_recycled();
+    assert!((6..=10).contains(&recycled), "{recycled} instances replaced");
+    assert_eq!(module.take_instances_recycled(), 0, "taking the count resets it");
+    // One call of more than the limit still traps: the mark is no way around it.
+    let result = instance.handle(&mut scope, LEAK, &body(json!({ "key": 1, "kib": 17 * 1024 })));
+    assert!(matches!(result, Err(CallError::Trap { .. })), "{result:?}");
 }
 
 #[test]

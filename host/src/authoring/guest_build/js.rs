@@ -40,12 +40,14 @@
 //! directories and `*.wasm` components).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use serde::Deserialize;
 
 use super::BuildError;
-use super::python::HANDLER_WIT;
+use super::stamped::{Stamped, inputs_digest, io, output_tail, show_output};
+// The contract this host implements, timers included: the TypeScript SDK's.
+use super::python::HANDLER_WIT_0_5 as HANDLER_WIT;
 
 /// The componentize-js version the host and the TypeScript SDK are tested
 /// with (the root `package.json` pins it).
@@ -203,11 +205,16 @@ fn build_with(
             ),
         });
     }
-    let out = out_dir.join(format!("{name}.wasm"));
-    let stamp = out_dir.join(format!(".{name}.wasm.inputs"));
-    let inputs = inputs_digest(&tools.version, project, dir)?;
-    if out.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|built_from| built_from == inputs) {
-        return Ok(out);
+    let fields = [
+        HANDLER_WIT.as_bytes(),
+        DRIVER.as_bytes(),
+        tools.version.as_bytes(),
+        project.main.as_os_str().as_encoded_bytes(),
+    ];
+    let roots = std::iter::once(dir.to_owned()).chain(project.sources.iter().map(|path| dir.join(path)));
+    let build = Stamped::new(out_dir, name, inputs_digest(&fields, roots, "node_modules")?);
+    if build.is_current() {
+        return Ok(build.out);
     }
     std::fs::create_dir_all(out_dir).map_err(|e| io("creating", out_dir, e))?;
     let scratch = tempfile::tempdir().map_err(|e| io("creating a directory for", Path::new("the build"), e))?;
@@ -234,9 +241,6 @@ fn build_with(
     }
     run(&mut esbuild, "esbuild", dir, quiet)?;
 
-    // Written beside and renamed into place: a failed build leaves the last
-    // good component, never half of one.
-    let partial = out_dir.join(format!(".{name}.wasm.partial"));
     let driver = scratch.path().join("componentize.mjs");
     std::fs::write(&driver, DRIVER).map_err(|e| io("writing", &driver, e))?;
     let mut componentize = Command::new("node");
@@ -247,15 +251,13 @@ fn build_with(
         .arg("--wit")
         .arg(&wit)
         .args(["--world-name", WORLD, "--disable", "http", "fetch-event", "--out"])
-        .arg(&partial)
+        .arg(&build.partial)
         .current_dir(dir);
     if let Err(error) = run(&mut componentize, "componentize-js", dir, quiet) {
-        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(&build.partial);
         return Err(error);
     }
-    std::fs::rename(&partial, &out).map_err(|e| io("moving the component to", &out, e))?;
-    std::fs::write(&stamp, inputs).map_err(|e| io("writing", &stamp, e))?;
-    Ok(out)
+    build.finish()
 }
 
 /// Runs one build tool; its output is shown when it succeeds (unless
@@ -264,63 +266,10 @@ fn run(command: &mut Command, tool: &'static str, dir: &Path, quiet: bool) -> Re
     let program = PathBuf::from(command.get_program());
     let output = command.stdin(Stdio::null()).output().map_err(|e| io("running", &program, e))?;
     if !output.status.success() {
-        return Err(BuildError::JsBuild { tool, dir: dir.to_owned(), output: failure_report(&output) });
+        return Err(BuildError::JsBuild { tool, dir: dir.to_owned(), output: output_tail(&output) });
     }
-    if !quiet {
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(&output.stdout);
-        let _ = std::io::stderr().write_all(&output.stderr);
-    }
+    show_output(&output, quiet);
     Ok(())
-}
-
-fn io(what: &str, path: &Path, source: std::io::Error) -> BuildError {
-    BuildError::Io { what: format!("{what} {}", path.display()), source }
-}
-
-/// A digest of what a build of `project` reads: the contract, the driver,
-/// the componentize-js version, the project's settings and every file under the
-/// project and its `sources`, but `target`, `node_modules`, hidden
-/// directories and components (`*.wasm`).
-fn inputs_digest(version: &str, project: &JsProject, dir: &Path) -> Result<String, BuildError> {
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    let mut field = |bytes: &[u8]| {
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
-    };
-    field(HANDLER_WIT.as_bytes());
-    field(DRIVER.as_bytes());
-    field(version.as_bytes());
-    field(project.main.as_os_str().as_encoded_bytes());
-    let roots = std::iter::once(dir.to_owned()).chain(project.sources.iter().map(|path| dir.join(path)));
-    for root in roots {
-        field(root.as_os_str().as_encoded_bytes());
-        let walk = walkdir::WalkDir::new(&root).sort_by_file_name().into_iter().filter_entry(|entry| {
-            let name = entry.file_name().to_string_lossy();
-            entry.depth() == 0 || !(name.starts_with('.') || name == "target" || name == "node_modules")
-        });
-        for entry in walk {
-            let entry = entry.map_err(|e| {
-                let path = e.path().unwrap_or(&root).to_owned();
-                io("reading", &path, e.into())
-            })?;
-            let component = entry.path().extension().is_some_and(|ext| ext == "wasm");
-            if entry.file_type().is_file() && !component {
-                field(entry.path().strip_prefix(&root).unwrap_or(entry.path()).as_os_str().as_encoded_bytes());
-                field(&std::fs::read(entry.path()).map_err(|e| io("reading", entry.path(), e))?);
-            }
-        }
-    }
-    Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
-}
-
-/// The last lines of a failed tool's output.
-fn failure_report(output: &Output) -> String {
-    let text = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
-    let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
-    let kept = &lines[lines.len().saturating_sub(20)..];
-    if kept.is_empty() { String::new() } else { format!(":\n{}", kept.join("\n")) }
 }
 
 #[cfg(test)]

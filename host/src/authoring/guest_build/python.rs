@@ -41,6 +41,7 @@ use std::process::{Command, Output, Stdio};
 use serde::Deserialize;
 
 use super::BuildError;
+use super::stamped::{Stamped, inputs_digest, io, output_tail, show_output};
 
 /// The componentize-py version the host and the Python SDK are tested with.
 pub const TESTED_COMPONENTIZE_PY: &str = "0.25.1";
@@ -161,19 +162,16 @@ fn build_with(
             ),
         });
     }
-    let out = out_dir.join(format!("{}.wasm", project.module));
-    let stamp = out_dir.join(format!(".{}.wasm.inputs", project.module));
-    let inputs = inputs_digest(version, project, dir)?;
-    if out.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|built_from| built_from == inputs) {
-        return Ok(out);
+    let fields = [HANDLER_WIT.as_bytes(), version.as_bytes(), project.module.as_bytes()];
+    let roots = std::iter::once(dir.to_owned()).chain(project.python_path.iter().map(|path| dir.join(path)));
+    let build = Stamped::new(out_dir, &project.module, inputs_digest(&fields, roots, "__pycache__")?);
+    if build.is_current() {
+        return Ok(build.out);
     }
     let wit_dir = tempfile::tempdir().map_err(|e| io("creating a directory for", Path::new("the WIT"), e))?;
     let wit = wit_dir.path().join("handler.wit");
     std::fs::write(&wit, HANDLER_WIT).map_err(|e| io("writing", &wit, e))?;
     std::fs::create_dir_all(out_dir).map_err(|e| io("creating", out_dir, e))?;
-    // Written beside and renamed into place: a failed build leaves the last
-    // good component, never half of one.
-    let partial = out_dir.join(format!(".{}.wasm.partial", project.module));
 
     let mut command = Command::new(tool);
     command.arg("-d").arg(&wit).args(["-w", WORLD]);
@@ -191,73 +189,27 @@ fn build_with(
         command.env("VIRTUAL_ENV", venv);
     }
     // Its own backtraces only bury the Python error that matters.
-    command.arg(&project.module).arg("-o").arg(&partial).env("RUST_BACKTRACE", "0").env("RUST_LIB_BACKTRACE", "0");
+    command
+        .arg(&project.module)
+        .arg("-o")
+        .arg(&build.partial)
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0");
     let output = command.stdin(Stdio::null()).output().map_err(|e| io("running", Path::new(tool), e))?;
     if !output.status.success() {
-        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(&build.partial);
         return Err(BuildError::Componentize { dir: dir.to_owned(), output: failure_report(&output) });
     }
-    if !quiet {
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(&output.stdout);
-        let _ = std::io::stderr().write_all(&output.stderr);
-    }
-    std::fs::rename(&partial, &out).map_err(|e| io("moving the component to", &out, e))?;
-    std::fs::write(&stamp, inputs).map_err(|e| io("writing", &stamp, e))?;
-    Ok(out)
-}
-
-fn io(what: &str, path: &Path, source: std::io::Error) -> BuildError {
-    BuildError::Io { what: format!("{what} {}", path.display()), source }
-}
-
-/// A digest of what a build of `project` reads, as far as the host can
-/// see it: the contract, the tool's version, the project's settings and
-/// every file under the project and its python-path directories, but
-/// `target`, hidden directories, `__pycache__` and components (`*.wasm`).
-fn inputs_digest(version: &str, project: &PythonProject, dir: &Path) -> Result<String, BuildError> {
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    let mut field = |bytes: &[u8]| {
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
-    };
-    field(HANDLER_WIT.as_bytes());
-    field(version.as_bytes());
-    field(project.module.as_bytes());
-    let roots = std::iter::once(dir.to_owned()).chain(project.python_path.iter().map(|path| dir.join(path)));
-    for root in roots {
-        field(root.as_os_str().as_encoded_bytes());
-        let walk = walkdir::WalkDir::new(&root).sort_by_file_name().into_iter().filter_entry(|entry| {
-            let name = entry.file_name().to_string_lossy();
-            entry.depth() == 0 || !(name.starts_with('.') || name == "target" || name == "__pycache__")
-        });
-        for entry in walk {
-            let entry = entry.map_err(|e| {
-                let path = e.path().unwrap_or(&root).to_owned();
-                io("reading", &path, e.into())
-            })?;
-            // A component is no source (componentize-py reads none), and
-            // the one this build writes may sit in the project
-            // (`--out app.wasm`): counted, every build would change it.
-            let component = entry.path().extension().is_some_and(|ext| ext == "wasm");
-            if entry.file_type().is_file() && !component {
-                field(entry.path().strip_prefix(&root).unwrap_or(entry.path()).as_os_str().as_encoded_bytes());
-                field(&std::fs::read(entry.path()).map_err(|e| io("reading", entry.path(), e))?);
-            }
-        }
-    }
-    Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
+    show_output(&output, quiet);
+    build.finish()
 }
 
 /// The last lines of a failed build's output, and a hint when the SDK was
 /// not found.
 fn failure_report(output: &Output) -> String {
-    let text = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
-    let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
-    let kept = &lines[lines.len().saturating_sub(20)..];
-    let mut report = if kept.is_empty() { String::new() } else { format!(":\n{}", kept.join("\n")) };
-    if text.contains("No module named 'wakuwaku_guest'") {
+    let mut report = output_tail(output);
+    let missing = "No module named 'wakuwaku_guest'";
+    if [&output.stderr, &output.stdout].iter().any(|text| String::from_utf8_lossy(text).contains(missing)) {
         report.push_str(
             "\nthe Python SDK (wakuwaku_guest) is not importable: pip install it (the repository's \
              guest-sdk-python directory) into componentize-py's environment, or add its src directory to \

@@ -78,6 +78,13 @@ pub trait HandlerModule: Send + Sync {
     fn keeps_idle_instances(&self) -> bool {
         true
     }
+    /// How many instances were replaced by fresh ones because their
+    /// memory passed its high-water mark (see the runtime's module
+    /// documentation) since the last time this was asked.
+    /// None by default.
+    fn take_instances_recycled(&self) -> u64 {
+        0
+    }
 }
 
 /// One instance of a module. Calls on one instance never overlap.

@@ -150,6 +150,11 @@ impl InstanceLimits {
         }
     }
 
+    /// What all memories of the store hold together, in bytes.
+    pub(crate) fn memory_held(&self) -> usize {
+        self.memories.held
+    }
+
     /// The last growth the host's memory refused, if any: the failure it
     /// caused is the host's.
     pub(crate) fn host_refusal(&self) -> Option<HostRefusal> {

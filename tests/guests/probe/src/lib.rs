@@ -1,6 +1,6 @@
 //! A handler module for the host's own tests. Each event type asks it to do
 //! one thing, well or badly, so tests can check what the sandbox and the
-//! consumer do about it: spin, hog memory, panic, note (state, counter,
+//! consumer do about it: spin, hog memory, leak memory, panic, note (state, counter,
 //! log, emit), fail by class, recurse, chatter on stderr, peek at its
 //! surroundings, keep a ledger that fails on cue, note the order timed
 //! events of several types reach it in, or call an import raw, many times,
@@ -51,6 +51,7 @@ probe_event!(Note, 4, { text: String, emit_to: Option<String> });
 probe_event!(Fail, 5, { class: String, message: String });
 probe_event!(Recurse, 6, { depth: u64 });
 probe_event!(Peek, 7, {});
+probe_event!(Leak, 9, { kib: u64 });
 probe_event!(Chatter, 40, { lines: u64 });
 probe_event!(Raw, 8, {
     op: String,
@@ -242,6 +243,18 @@ impl Handler<Hog> for Probe {
             }
         }
         ctx.set("hogged", &kept.len())
+    }
+}
+
+/// Leaks `kib` KiB per event and counts the calls in `leaks`: an instance
+/// whose memory only grows, as a garbage-collected heap's does between
+/// collections.
+impl Handler<Leak> for Probe {
+    fn handle(ctx: &mut Context<'_>, events: &[Leak]) -> Result<(), HandlerError> {
+        for event in events {
+            std::mem::forget(std::hint::black_box(vec![1u8; event.kib as usize * 1024]));
+        }
+        ctx.counter_add("leaks", 1)
     }
 }
 
@@ -477,8 +490,8 @@ impl wakuwaku_guest::OnTimers for Probe {
 }
 
 wakuwaku_guest::export_module!(
-    Probe: Spin, Hog, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Ordered, Shipped, Returned,
-        Inspected, Raw, Tick;
+    Probe: Spin, Hog, Leak, Panic, Note, Fail, Recurse, Chatter, Peek, Ledger, TimedLedger, Ordered, Shipped,
+        Returned, Inspected, Raw, Tick;
     emits: ["notes-out", "out"];
     timers: Probe
 );

@@ -1,4 +1,4 @@
-declare module 'wakuwaku:handler/log@0.3.0' {
+declare module 'wakuwaku:handler/log@0.5.0' {
   export function log(level: Level, message: string): void;
   /**
    * # Variants

@@ -1,4 +1,4 @@
-declare module 'wakuwaku:handler/types@0.3.0' {
+declare module 'wakuwaku:handler/types@0.5.0' {
   /**
    * The law an event type obeys, which decides how the host may reduce a
    * run (every event of one type and one key between two fences).
@@ -51,9 +51,15 @@ declare module 'wakuwaku:handler/types@0.3.0' {
    * ## `"timed"`
    * 
    * Every event has one, which `event-time` returns from its body
-   * and the publisher writes into `waku-event-time`.
+   * and the publisher writes into `waku-event-time`; a key's events
+   * of `timed` types reach `handle` in event-time order
+   * (`event-time-order`).
+   * ## `"timed-relaxed"`
+   * 
+   * Timed as `timed` is, but its events may move past the key's
+   * events of other timed types as their `ordering` allows.
    */
-  export type Timing = 'untimed' | 'timed';
+  export type Timing = 'untimed' | 'timed' | 'timed-relaxed';
   /**
    * One event type a module handles.
    */
@@ -147,6 +153,26 @@ declare module 'wakuwaku:handler/types@0.3.0' {
      * At least 1 byte, at most the host's emit body limit.
      */
     body: Uint8Array,
+  }
+  /**
+   * A pending timer of the key being handled.
+   */
+  export interface Timer {
+    /**
+     * Unique among the key's timers: 1 to 128 bytes, no NUL
+     * (`timer-name`).
+     */
+    name: string,
+    /**
+     * The event time it fires at, in milliseconds since the Unix
+     * epoch (UTC).
+     */
+    at: bigint,
+    /**
+     * What the module gave it to carry to `fire`: at most the timer
+     * payload limit (default 1 KiB, `timer-payload-size`).
+     */
+    payload: Uint8Array,
   }
   /**
    * Why the host refused a value a module handed it: the rule's id,

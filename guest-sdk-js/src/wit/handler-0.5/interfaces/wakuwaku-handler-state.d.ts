@@ -1,5 +1,5 @@
 /// <reference path="./wakuwaku-handler-types.d.ts" />
-declare module 'wakuwaku:handler/state@0.3.0' {
+declare module 'wakuwaku:handler/state@0.5.0' {
   /**
    * Reads an entry of the current key.
    */
@@ -25,5 +25,5 @@ declare module 'wakuwaku:handler/state@0.3.0' {
    * batch on.
    */
   export function counterGet(name: string): bigint;
-  export type Refusal = import('wakuwaku:handler/types@0.3.0').Refusal;
+  export type Refusal = import('wakuwaku:handler/types@0.5.0').Refusal;
 }

@@ -1,5 +1,5 @@
 /// <reference path="./wakuwaku-handler-types.d.ts" />
-declare module 'wakuwaku:handler/handler@0.3.0' {
+declare module 'wakuwaku:handler/handler@0.5.0' {
   /**
    * What the module handles and where it may emit. Called once, at load.
    */
@@ -15,8 +15,9 @@ declare module 'wakuwaku:handler/handler@0.3.0' {
   export function ordering(tag: number, body: Uint8Array): MessageOrdering;
   /**
    * When the event of a message body happened, in milliseconds since the
-   * Unix epoch (UTC; before 1970 is negative). Asked only about `timed`
-   * event types, where `none` fails the call (`event-time-declared`);
+   * Unix epoch (UTC; before 1970 is negative). Asked only about timed
+   * event types (`timed`, `timed-relaxed`), where `none` fails the call
+   * (`event-time-declared`);
    * an `untimed` type answers `none`.
    */
   export function eventTime(tag: number, body: Uint8Array): bigint | undefined;
@@ -33,7 +34,19 @@ declare module 'wakuwaku:handler/handler@0.3.0' {
    * bytes).
    */
   export function handle(tag: number, key: Uint8Array, bodies: Array<Uint8Array>): void;
-  export type ModuleInfo = import('wakuwaku:handler/types@0.3.0').ModuleInfo;
-  export type MessageOrdering = import('wakuwaku:handler/types@0.3.0').Ordering;
-  export type HandlerError = import('wakuwaku:handler/types@0.3.0').HandlerError;
+  /**
+   * Fires the key's due timers of one time (`key` in canonical bytes),
+   * in name order; they are no longer pending once the call succeeds.
+   * The call may use state, emit, log and timers as `handle` does (a
+   * timer only later than these, `timer-at-firing`). A failed call
+   * keeps nothing it did and its timers stay pending (fired again as a
+   * failed `handle` call's events are tried again), except that an
+   * `unrecoverable` error drops them, with a warning naming the key
+   * and the timers.
+   */
+  export function fire(key: Uint8Array, timers: Array<Timer>): void;
+  export type ModuleInfo = import('wakuwaku:handler/types@0.5.0').ModuleInfo;
+  export type MessageOrdering = import('wakuwaku:handler/types@0.5.0').Ordering;
+  export type HandlerError = import('wakuwaku:handler/types@0.5.0').HandlerError;
+  export type Timer = import('wakuwaku:handler/types@0.5.0').Timer;
 }
