@@ -27,9 +27,9 @@ use wakuwaku::operations::admin::{self, Admin, AdminToken};
 use wakuwaku::operations::lifecycle::Library;
 use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
-use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::state::{PostgresStore, StateStore};
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
-use wakuwaku_tests::{bank_log, bank_module, bank_variant};
+use wakuwaku_tests::{bank_log, bank_module, bank_variant, fresh_stream, postgres_url};
 
 const TOKEN: &str = "console-admin-token";
 const READ_TOKEN: &str = "console-read-token";
@@ -43,6 +43,8 @@ const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=\"win
 /// dropped.
 struct Served {
     address: SocketAddr,
+    /// Another host of the group, holding a partition (PostgreSQL state).
+    other: Option<PostgresStore>,
     _stop: tokio::sync::oneshot::Sender<()>,
     _stop_consumer: tokio::sync::oneshot::Sender<()>,
 }
@@ -64,12 +66,33 @@ impl Served {
                 .await
                 .unwrap()
         });
-        Self { address, _stop: stop, _stop_consumer: stop_consumer }
+        Self { address, other: None, _stop: stop, _stop_consumer: stop_consumer }
     }
 }
 
 fn tokens() -> (Option<AdminToken>, Option<AdminToken>) {
     (AdminToken::new(TOKEN, "test").unwrap(), AdminToken::new(READ_TOKEN, "test").unwrap())
+}
+
+/// The name another host of the bank's group gives its hold session: markup
+/// (PostgreSQL keeps printable ASCII only).
+const OTHER_HOST: &str = "other-host <img src=x onerror=window.__pwned=4>";
+
+/// The bank's state: on PostgreSQL when `WAKU_POSTGRES_URL` names a server
+/// (a projection of its own, partition 1 held by another host named
+/// [`OTHER_HOST`]), else an embedded file: (projection name, store, the
+/// other host).
+fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>) {
+    let Some(url) = postgres_url("the console's group members") else {
+        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None);
+    };
+    let projection = fresh_stream("console").replace('-', "_");
+    let other = PostgresStore::connect(&url, &projection).unwrap();
+    other.name_member(OTHER_HOST);
+    use wakuwaku::storage::state::StateBackend;
+    other.claim_released(1).unwrap().expect("nobody held partition 1");
+    let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+    (projection, store, Some(other))
 }
 
 /// The bank of 300 events on 2 partitions, run by version 1 with version
@@ -80,13 +103,13 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
     let (log, _) = bank_log(dir, bank_module(), WorkloadSpec { events, accounts: 12, seed: 48 }, 2).await;
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
-    let store = StateStore::open(&dir.join("bank.redb")).unwrap();
+    let (name, store, other) = bank_store(dir);
     let library = Library::new(dir, "bank", store.clone(), Sandbox::new(SandboxLimits::default()).unwrap());
     std::fs::write(modules.join("bank.wasm"), bank_variant(0)).unwrap();
     library.start(&modules, false).unwrap();
     std::fs::write(modules.join("bank.wasm"), bank_variant(1)).unwrap();
     let (running, _) = library.start(&modules, true).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", running, store).unwrap());
+    let projection = Arc::new(Projection::new(&name, "accounts", running, store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
     let (token, read_token) = tokens();
     let admin = Admin {
@@ -100,7 +123,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
         read_token,
         timing: Some(consumer.timing()),
     };
-    let served = Served::start(admin, consumer).await;
+    let served = Served { other, ..Served::start(admin, consumer).await };
     (served, projection, content_version(&bank_variant(0)), content_version(&bank_variant(1)), events as u64)
 }
 
@@ -312,6 +335,33 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
     assert_eq!(overview["status"]["applied"], events);
     assert_eq!(overview["log"], "embedded");
     assert_eq!(overview["status"]["modules"]["bank"], v1.as_str());
+    let members = overview["members"].as_array().unwrap();
+    match &served.other {
+        Some(_) => {
+            let named = |this: bool| members.iter().find(|m| m["this_host"] == this).unwrap();
+            assert_eq!(
+                (&named(false)["name"], &named(false)["partitions"]),
+                (&OTHER_HOST.into(), &serde_json::json!([1]))
+            );
+            assert_eq!(named(true)["partitions"], serde_json::json!([0]), "{members:?}");
+        }
+        None => assert!(members.is_empty(), "an embedded store has no other members"),
+    }
+    // The host's own history: sampled from its start, whether a page is open or not.
+    let mut history = serde_json::Value::Null;
+    for _ in 0..50 {
+        let answer =
+            call_async("GET", format!("{base}/console/api/history"), vec![("cookie", cookie.clone())], None).await;
+        history = serde_json::from_str(&answer.body).unwrap();
+        if history["samples"].as_array().unwrap().last().is_some_and(|s| s["applied"] == events) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let samples = history["samples"].as_array().unwrap();
+    assert_eq!(samples.last().unwrap()["applied"], events, "{history}");
+    assert_eq!((history["every_ms"].as_u64(), samples.last().unwrap()["lag"].as_u64()), (Some(2_000), Some(0)));
+    assert!(samples.windows(2).all(|w| w[0]["t_ms"].as_u64() < w[1]["t_ms"].as_u64()), "oldest first");
     let page = call_async(
         "GET",
         format!("{base}/console/api/messages?topic=accounts&partition=0&from=0&limit=500"),
@@ -567,9 +617,23 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let (bank_served, bank_projection, v0, v1, events) = bank(&dir.path().join("bank")).await;
     let (flaky_served, flaky_projection, _module) = flaky(&dir.path().join("flaky")).await;
     eventually("the bank to catch up", || caught_up(&bank_projection, events)).await;
+    let bank = format!("http://127.0.0.1:{}", bank_served.address.port());
+    // The host sampled its figures twice before any page opened.
+    let history = || {
+        let url = format!("{bank}/console/api/history");
+        async move {
+            let answer = call_async("GET", url, vec![("authorization", format!("Bearer {TOKEN}"))], None).await;
+            serde_json::from_str::<serde_json::Value>(&answer.body).unwrap()["samples"].as_array().unwrap().len()
+        }
+    };
+    let start = Instant::now();
+    while history().await < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the host samples its history");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before_page_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     let driver = start_driver(&chromedriver).await;
     let client = open_browser(&driver, &chromium, &dir.path().join("profile")).await;
-    let bank = format!("http://127.0.0.1:{}", bank_served.address.port());
     // The other endpoint by name, so the two sessions' cookies stay apart.
     let steps = format!("http://localhost:{}", flaky_served.address.port());
 
@@ -596,9 +660,24 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     assert!(text_of(&client, "dd[data-fact=modules]", |_| true).await.contains(&v1));
     assert!(text_of(&client, "dd[data-fact=caught-up]", |_| true).await.starts_with("yes"));
     assert_eq!(text_of(&client, "dd[data-fact=lag]", |_| true).await, "0 events");
-    // Two samples make the throughput plot.
-    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    // The plots start with the host's history, from before the page opened.
+    let plot = client.find(Css("#plot-throughput")).await.unwrap();
+    let points: usize = plot.attr("data-points").await.unwrap().unwrap().parse().unwrap();
+    let from_ms: u128 = plot.attr("data-from-ms").await.unwrap().unwrap().parse().unwrap();
+    assert!(
+        points >= 2 && from_ms < before_page_ms,
+        "{points} points from {from_ms}, the page opened at {before_page_ms}"
+    );
     assert!(!client.find_all(Css("#plot-lag canvas")).await.unwrap().is_empty(), "the lag plot is drawn");
+    // The group's members: this host and the other, by name, as text.
+    let members = text_of(&client, "dd[data-fact=members]", |text| !text.is_empty()).await;
+    match &bank_served.other {
+        Some(_) => {
+            assert!(members.contains(&format!("{OTHER_HOST}: partitions 1")), "{members}");
+            assert!(members.starts_with("this host, ") && members.contains(": partitions 0"), "{members}");
+        }
+        None => assert_eq!(members, "this host only (its state is its own)"),
+    }
     screenshot(&client, "overview").await;
 
     view(&client, "partitions").await;
@@ -607,6 +686,10 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let status = bank_projection.store().position("accounts", 0).unwrap().unwrap_or(0);
     let position = text_of(&client, "#partitions tr[data-partition='0'] td:nth-child(2)", |_| true).await;
     assert_eq!(position.replace(',', ""), status.to_string());
+    let owner = text_of(&client, "#partitions tr[data-partition='1'] td.owner", |_| true).await;
+    assert_eq!(owner, if bank_served.other.is_some() { OTHER_HOST } else { "this host" });
+    assert!(client.find_all(Css("#view img")).await.unwrap().is_empty(), "a member's name is text");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
     screenshot(&client, "partitions").await;
 
     view(&client, "event-time").await;

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `GET session` | who is signed in: access (`full` or `read`), the CSRF token actions carry |
 //! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for |
+//! | `GET history` | the host's samples of throughput and lag over the last ten minutes ([`super::history`]) |
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
 //! | `POST redrive` | re-drives dead letters (JSON `{"records": ["0:3"]}`, `{"key": "42"}`, `{"partitions": [0]}` or `{"all": true}`), with the rules of `waku dlq redrive` |
@@ -42,6 +43,7 @@ use crate::operations::admin::view::parse_query;
 use crate::operations::admin::{LiveStatus, Status, running_status};
 use crate::operations::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use crate::storage::log::EventLog;
+use crate::storage::state::Member;
 use crate::storage::stats::Stat;
 
 /// The most rows a page holds, whatever `limit` asks.
@@ -108,6 +110,10 @@ pub struct Overview {
     /// Per partition index with release stages: what its clock waits for,
     /// in words.
     pub waits: BTreeMap<u32, String>,
+    /// The hosts holding the projection's partitions now, this one first
+    /// and marked ([`crate::storage::state::StateBackend::members`]; none
+    /// for a store one host uses); names made printable.
+    pub members: Vec<Member>,
     /// The time of the answer, ms since the epoch.
     pub now_ms: u64,
 }
@@ -145,6 +151,12 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         format!("catching up: {done} of {total} events replayed")
     };
     let waits = status.event_time.iter().map(|timing| (timing.partition, waits_for(timing))).collect();
+    // A store that cannot list its members leaves them out: the figures
+    // still show.
+    let members = admin.projection.store().members().unwrap_or_default();
+    let mut members: Vec<Member> =
+        members.into_iter().map(|member| Member { name: shown(&member.name), ..member }).collect();
+    members.sort_by_key(|member| !member.this_host);
     Json(Overview {
         status,
         log: log_kind(&*admin.log),
@@ -152,12 +164,17 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         ready,
         caught_up,
         waits,
+        members,
         now_ms: now_ms(),
     })
     .into_response()
 }
 
-fn now_ms() -> u64 {
+pub(super) async fn history<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
+    Json(console.history.view()).into_response()
+}
+
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

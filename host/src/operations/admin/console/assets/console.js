@@ -105,6 +105,29 @@
     if (state.history.length > HISTORY_POINTS) state.history.shift();
   }
 
+  /** The host's own samples of the last minutes, so the plots start full. */
+  async function seedHistory() {
+    const h = await api('history');
+    state.history = h.samples.slice(-HISTORY_POINTS).map((x) => {
+      const perPartition = {};
+      for (const [p, lag] of x.partitions) perPartition[p] = lag;
+      return { t: x.t_ms / 1000, applied: x.applied, lag: x.lag, perPartition, watermark: x.watermark_lag_ms };
+    });
+  }
+
+  /** The group's members in words: this host and the others, with their partitions. */
+  function membersText(overview) {
+    if (!overview.members || overview.members.length === 0) return 'this host only (its state is its own)';
+    return overview.members.map((m) => (m.this_host ? 'this host, ' : '') + m.name + ': partitions ' + m.partitions.join(', ')).join('; ');
+  }
+
+  /** Who holds partition `p`: this host, another member by name, or nobody known. */
+  function ownerOf(overview, p) {
+    const member = (overview.members || []).find((m) => m.partitions.includes(p.partition));
+    if (member) return member.this_host ? 'this host' : member.name;
+    return p.end_at_start === null || p.end_at_start === undefined ? 'another host (or not yet taken)' : 'this host';
+  }
+
   function throughputData() {
     const h = state.history;
     const xs = [], rates = [];
@@ -139,6 +162,7 @@
           ['State', o.state, 'state'],
           ['Modules', Object.entries(s.modules).map(([m, v]) => m + ' @ ' + v).join(', ') || 'none', 'modules'],
           ['Caught up', (o.caught_up ? 'yes' : 'no') + ': ' + o.ready, 'caught-up'],
+          ['Group members', membersText(o), 'members'],
           ['Partitions held', s.partitions.filter((p) => p.end_at_start !== null && p.end_at_start !== undefined).map((p) => p.partition).join(', ') || 'none yet', 'held'],
           ['Applied', number(s.applied), 'applied'],
           ['Skipped', number(s.skipped), 'skipped'],
@@ -148,7 +172,10 @@
           ['Rebuild', s.rebuild ? s.rebuild.phase : 'none', 'rebuild'],
         ], 'overview-list'),
       );
-      this.throughput.setData(throughputData());
+      const rates = throughputData();
+      this.throughput.setData(rates);
+      document.getElementById('plot-throughput').setAttribute('data-points', rates[0].length);
+      document.getElementById('plot-throughput').setAttribute('data-from-ms', state.history.length ? Math.round(state.history[0].t * 1000) : '');
       const partitions = s.partitions.map((p) => p.partition);
       if (!this.lag || this.lagSeries !== partitions.join(',')) {
         const container = document.getElementById('plot-lag');
@@ -173,11 +200,11 @@
       text(document.getElementById('partitions-summary'), number(s.retrying) + ' events waiting in retry; ' + number(s.outbox) + ' outbox records not yet appended.');
       const rows = [];
       for (const p of s.partitions) {
-        const owner = p.end_at_start === null || p.end_at_start === undefined ? 'another host (or not yet taken)' : 'this host';
+        const owner = ownerOf(o, p);
         rows.push(el('tr', { 'data-partition': p.partition },
           el('td', {}, p.partition), el('td', {}, number(p.position)), el('td', {}, number(p.first)), el('td', {}, number(p.end)),
           el('td', { class: 'lag' }, number(p.lag)), el('td', {}, number(p.end_at_start)), el('td', {}, p.caught_up ? 'yes' : 'no'),
-          el('td', {}, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || '')));
+          el('td', { class: 'owner' }, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || '')));
         for (const t of p.topics || []) {
           rows.push(el('tr', { class: 'sub' }, el('td', {}, '  ' + t.topic), el('td', {}, number(t.position)), el('td', {}, number(t.first)), el('td', {}, number(t.end)), el('td', {}, number(t.lag)), el('td', {}), el('td', {}), el('td', {}), el('td', {})));
         }
@@ -482,6 +509,7 @@
       window.location.assign('/console/sign-in');
     });
     window.addEventListener('hashchange', () => show(window.location.hash.slice(1)));
+    await seedHistory().catch((e) => notice('No history of the host: ' + e.message, 'error'));
     show(window.location.hash.slice(1));
   }
 
