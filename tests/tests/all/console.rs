@@ -335,6 +335,11 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
     assert_eq!(overview["status"]["applied"], events);
     assert_eq!(overview["log"], "embedded");
     assert_eq!(overview["status"]["modules"]["bank"], v1.as_str());
+    // Each partition's last batch: the bank's backlog, one batch a partition.
+    let batches = &overview["batches"];
+    let batch_events: u64 = ["0", "1"].iter().map(|p| batches[p]["events"].as_u64().unwrap()).sum();
+    assert_eq!((batch_events, batches["0"]["kind"].as_str()), (events, Some("topic")), "{batches}");
+    assert!(batches["0"]["phases"].as_array().unwrap().iter().any(|p| p[0] == "commit"), "{batches}");
     let members = overview["members"].as_array().unwrap();
     match &served.other {
         Some(_) => {
@@ -686,6 +691,11 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let status = bank_projection.store().position("accounts", 0).unwrap().unwrap_or(0);
     let position = text_of(&client, "#partitions tr[data-partition='0'] td:nth-child(2)", |_| true).await;
     assert_eq!(position.replace(',', ""), status.to_string());
+    let batch = text_of(&client, "#partitions tr[data-partition='0'] td.batch", |_| true).await;
+    // (Under a thousand events: no thousands separator.)
+    assert!(batch.starts_with(&format!("{status} events (topic, {status} applied")), "{batch}, position {status}");
+    let phases = text_of(&client, "#partitions tr[data-partition='0'] td.phases", |_| true).await;
+    assert!(phases.contains("poll ") && phases.contains("commit "), "{phases}");
     let owner = text_of(&client, "#partitions tr[data-partition='1'] td.owner", |_| true).await;
     assert_eq!(owner, if bank_served.other.is_some() { OTHER_HOST } else { "this host" });
     assert!(client.find_all(Css("#view img")).await.unwrap().is_empty(), "a member's name is text");

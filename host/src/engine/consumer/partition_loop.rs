@@ -312,8 +312,9 @@ impl<L: EventLog> PartitionLoop<L> {
         if !due.is_empty() {
             self.state.in_flight = due.iter().map(|(_, in_retry)| in_retry.records.len() as u64).sum();
             // On an error the queue is rebuilt from the log next time.
+            let began = Instant::now();
             let (batch, settled) = self.retry_batch(due, queue).await?;
-            self.parts.record_phases(&batch.phases);
+            self.parts.record_batch(self.partition, "retry", &batch, began.elapsed());
             summary.add(&batch);
             self.state.queue = Some(settled);
             self.state.settle = true;
@@ -469,6 +470,7 @@ impl<L: EventLog> PartitionLoop<L> {
         queue: RetryQueue,
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
+        let applying = Instant::now();
         let partition = self.partition;
         self.state.in_flight = records.len() as u64;
         if let Some(next) = advance.next_offset() {
@@ -523,7 +525,7 @@ impl<L: EventLog> PartitionLoop<L> {
         };
         let mut batch = batch;
         batch.phases.add(Phase::Poll, polled);
-        self.parts.record_phases(&batch.phases);
+        self.parts.record_batch(partition, "topic", &batch, polled + applying.elapsed());
         summary.add(&batch);
         self.state.settle = true;
         Ok(Step::Worked)

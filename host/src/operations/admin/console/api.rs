@@ -3,7 +3,7 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET session` | who is signed in: access (`full` or `read`), the CSRF token actions carry |
-//! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for |
+//! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for, the group's members, each partition's last batch |
 //! | `GET history` | the host's samples of throughput and lag over the last ten minutes ([`super::history`]) |
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
@@ -36,6 +36,7 @@ use wakuwaku_core::terminal::printable;
 
 use super::Console;
 use super::session::Credential;
+use crate::engine::progress::LastBatch;
 use crate::engine::routing::retry_topic;
 use crate::event::EventHeaders;
 use crate::key::Key;
@@ -114,6 +115,8 @@ pub struct Overview {
     /// and marked ([`crate::storage::state::StateBackend::members`]; none
     /// for a store one host uses); names made printable.
     pub members: Vec<Member>,
+    /// Each partition's last batch on this host, by partition.
+    pub batches: BTreeMap<u32, LastBatch>,
     /// The time of the answer, ms since the epoch.
     pub now_ms: u64,
 }
@@ -165,6 +168,7 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         caught_up,
         waits,
         members,
+        batches: admin.progress.last_batches(),
         now_ms: now_ms(),
     })
     .into_response()

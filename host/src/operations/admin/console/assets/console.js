@@ -121,6 +121,18 @@
     return overview.members.map((m) => (m.this_host ? 'this host, ' : '') + m.name + ': partitions ' + m.partitions.join(', ')).join('; ');
   }
 
+  const micros = (us) => (Number(us) / 1000).toFixed(1) + ' ms';
+
+  /** A partition's last batch in words: its size, what it read, how long it took, when. */
+  function batchText(b) {
+    if (!b) return 'none on this host yet';
+    return number(b.events) + ' events (' + b.kind + ', ' + number(b.applied) + ' applied, ' + number(b.calls) + ' calls) in ' + micros(b.took_us) + ', at ' + time(b.at_ms);
+  }
+
+  function phasesText(b) {
+    return b ? b.phases.map(([phase, us]) => phase + ' ' + micros(us)).join(', ') : '';
+  }
+
   /** Who holds partition `p`: this host, another member by name, or nobody known. */
   function ownerOf(overview, p) {
     const member = (overview.members || []).find((m) => m.partitions.includes(p.partition));
@@ -204,12 +216,13 @@
         rows.push(el('tr', { 'data-partition': p.partition },
           el('td', {}, p.partition), el('td', {}, number(p.position)), el('td', {}, number(p.first)), el('td', {}, number(p.end)),
           el('td', { class: 'lag' }, number(p.lag)), el('td', {}, number(p.end_at_start)), el('td', {}, p.caught_up ? 'yes' : 'no'),
-          el('td', { class: 'owner' }, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || '')));
+          el('td', { class: 'owner' }, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || ''),
+          el('td', { class: 'batch' }, batchText(o.batches[p.partition])), el('td', { class: 'phases' }, phasesText(o.batches[p.partition]))));
         for (const t of p.topics || []) {
-          rows.push(el('tr', { class: 'sub' }, el('td', {}, '  ' + t.topic), el('td', {}, number(t.position)), el('td', {}, number(t.first)), el('td', {}, number(t.end)), el('td', {}, number(t.lag)), el('td', {}), el('td', {}), el('td', {}), el('td', {})));
+          rows.push(el('tr', { class: 'sub' }, el('td', {}, '  ' + t.topic), el('td', {}, number(t.position)), el('td', {}, number(t.first)), el('td', {}, number(t.end)), el('td', {}, number(t.lag)), el('td', {}), el('td', {}), el('td', {}), el('td', {}), el('td', {}), el('td', {})));
         }
       }
-      document.getElementById('partitions-table').replaceChildren(table(['Partition', 'Position', 'First', 'End', 'Lag', 'End at start', 'Caught up', 'Owner', 'Lost tail'], rows, { id: 'partitions' }));
+      document.getElementById('partitions-table').replaceChildren(table(['Partition', 'Position', 'First', 'End', 'Lag', 'End at start', 'Caught up', 'Owner', 'Lost tail', 'Last batch', 'Its phases'], rows, { id: 'partitions' }));
     },
   };
 
