@@ -174,6 +174,64 @@ async fn flaky(dir: &Path) -> (Served, Arc<Projection>, Flaky) {
     (Served::start(admin, consumer).await, projection, module)
 }
 
+/// A projection of the timed flaky module over topics `a` and `b`: once
+/// both reached their end (the clock past both events, 60 and 50 s ago),
+/// an event of the hostile key of two minutes ago is read late, by 70 s.
+async fn timed(dir: &Path) -> (Served, Arc<wakuwaku::engine::consumer::TimingBoard>) {
+    let log = Arc::new(EmbeddedLog::open(dir.join("timed.redb")).unwrap());
+    for topic in ["a", "b"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let now = wakuwaku::platform::clock::now_ms() as i64;
+    let record = |key: Key, seq: u64, event_time: i64| {
+        let headers = EventHeaders {
+            tag: STEP,
+            key,
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+            event_time: Some(event_time),
+        };
+        Record { headers: headers.to_headers(), body: Step { seq, amount: 1, ..Step::default() }.body() }
+    };
+    log.append("a", vec![(0, vec![record(Key::int(1u64), 1, now - 60_000)])]).await.unwrap();
+    log.append("b", vec![(0, vec![record(Key::int(2u64), 2, now - 50_000)])]).await.unwrap();
+    let store = StateStore::open(&dir.join("timed-state.redb")).unwrap();
+    let projection = Projection::new("timed", "a", vec![Arc::new(Flaky::new().timed())], store)
+        .unwrap()
+        .with_more_topics(&["b".to_owned()])
+        .unwrap();
+    let projection = Arc::new(projection);
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let timing = consumer.timing();
+    let (token, read_token) = tokens();
+    let admin = Admin {
+        log: log.clone(),
+        projection: projection.clone(),
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+        token,
+        read_token,
+        timing: Some(timing.clone()),
+    };
+    let served = Served::start(admin, consumer).await;
+    let start = Instant::now();
+    loop {
+        let board = timing.snapshot();
+        if board.len() == 1 && board[0].inputs.iter().all(|input| input.idle) && board[0].clock_ms > Some(now - 50_000)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "the clock passes both events: {board:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hostile = Key::of(&KeyValue::Str(HOSTILE.to_owned())).unwrap();
+    log.append("a", vec![(0, vec![record(hostile, 3, now - 120_000)])]).await.unwrap();
+    eventually("the late event", || timing.late_events().total == 1).await;
+    (served, timing)
+}
+
 /// Waits up to 20 s for `done`.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -704,7 +762,6 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
 
     view(&client, "event-time").await;
     text_of(&client, "#event-time-none", |text| text.contains("one topic")).await;
-    screenshot(&client, "event-time").await;
 
     view(&client, "topics").await;
     let count = text_of(&client, "tr[data-topic='accounts'] td.count", |_| true).await;
@@ -786,6 +843,36 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(Flaky::applied(flaky_projection.store(), &Key::int(7u64)), [2], "applied once");
     assert_eq!(pwned(&client).await, serde_json::Value::Null);
+
+    // Event time over two topics: the late event with its key, as text,
+    // and its lateness.
+    let (timed_served, timing) = timed(&dir.path().join("timed")).await;
+    let late = timing.late_events().recent[0].clone();
+    assert!((70_000..75_000).contains(&late.lateness_ms), "{late:?}");
+    assert_eq!((late.topic.as_str(), late.offset), ("a", 1));
+    let timed = format!("http://127.0.0.1:{}", timed_served.address.port());
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer = call_async("GET", format!("{timed}/console/api/late-events"), bearer, None).await;
+    let answer: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(
+        (answer["total"].as_u64(), answer["recent"][0]["lateness_ms"].as_i64()),
+        (Some(1), Some(late.lateness_ms))
+    );
+    let key = answer["recent"][0]["key"].as_str().unwrap();
+    assert!(key.contains("\\u{202e}") && !key.contains('\u{202e}'), "the host sends the key printable: {key:?}");
+    sign_in(&client, &timed, TOKEN).await;
+    view(&client, "event-time").await;
+    text_of(&client, "#late-summary", |text| text == "1 late events read since the host started:").await;
+    let key = text_of(&client, "#late-table td.key", |_| true).await;
+    assert!(key.contains("<script>window.__pwned=1</script>") && key.contains("\\u{202e}gnp.exe"), "{key}");
+    assert!(!key.contains('\u{202e}') && !key.contains('\u{1b}'), "{key:?}");
+    let lateness = text_of(&client, "#late-table td.lateness", |_| true).await;
+    assert_eq!(lateness, format!("{:.1} s", late.lateness_ms as f64 / 1000.0));
+    let waits = text_of(&client, "section.partition-clock p.waits", |_| true).await;
+    assert!(waits.starts_with("nothing: every input reached the end"), "{waits}");
+    assert!(client.find_all(Css("#view img, #view script, #view a")).await.unwrap().is_empty(), "no markup made it in");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
+    screenshot(&client, "event-time").await;
 
     client.close().await.unwrap();
 }

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `GET session` | who is signed in: access (`full` or `read`), the CSRF token actions carry |
 //! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for, the group's members, each partition's last batch |
+//! | `GET late-events` | the most recent late events (key, topic, partition, offset, event time, lateness) and how many were read |
 //! | `GET history` | the host's samples of throughput and lag over the last ten minutes ([`super::history`]) |
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
@@ -172,6 +173,17 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         now_ms: now_ms(),
     })
     .into_response()
+}
+
+/// `GET late-events`: the most recent late events (keys made printable)
+/// and their count; none for a projection of one topic.
+pub(super) async fn late_events<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
+    let mut late = console.admin.timing.as_ref().map(|timing| timing.late_events()).unwrap_or_default();
+    for event in &mut late.recent {
+        event.key = shown(&event.key);
+        event.topic = shown(&event.topic);
+    }
+    Json(late).into_response()
 }
 
 pub(super) async fn history<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {

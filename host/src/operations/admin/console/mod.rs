@@ -89,6 +89,7 @@ pub(super) fn router<L: EventLog>(admin: Arc<Admin<L>>, tls: bool) -> Router {
         .route("/console/api/session", get(api::session::<L>))
         .route("/console/api/overview", get(api::overview::<L>))
         .route("/console/api/history", get(api::history::<L>))
+        .route("/console/api/late-events", get(api::late_events::<L>))
         .route("/console/api/dead-letters", get(api::dead_letters::<L>))
         .route("/console/api/dead-letter", get(api::dead_letter::<L>))
         .route("/console/api/redrive", post(api::redrive::<L>))

@@ -229,7 +229,7 @@
   views['event-time'] = {
     title: 'Event time',
     render(root) {
-      root.append(el('h2', {}, 'Event time'), el('div', { id: 'event-time-body' }), el('div', { id: 'plot-watermark' }));
+      root.append(el('h2', {}, 'Event time'), el('div', { id: 'event-time-body' }), el('div', { id: 'plot-watermark' }), el('section', { id: 'late-events' }));
       this.plot = plot(document.getElementById('plot-watermark'), 'Watermark lag (s), the most of any partition', ['watermark lag']);
     },
     async refresh() {
@@ -254,6 +254,13 @@
       }
       const h = state.history;
       this.plot.setData([h.map((x) => x.t), h.map((x) => x.watermark / 1000)]);
+      const late = await api('late-events');
+      document.getElementById('late-events').replaceChildren(
+        el('h3', {}, 'Late events'),
+        el('p', { id: 'late-summary' }, number(late.total) + ' late events read since the host started' + (late.total > late.recent.length ? '; the ' + late.recent.length + ' most recent:' : late.total ? ':' : '.')),
+        late.recent.length === 0 ? null : table(['Key', 'Topic', 'Partition', 'Offset', 'Event time', 'Late by', 'Read at'], late.recent.map((e) => el('tr', { class: 'late' },
+          el('td', { class: 'key' }, e.key), el('td', {}, e.topic), el('td', {}, e.partition), el('td', {}, number(e.offset)),
+          el('td', {}, time(e.event_time_ms)), el('td', { class: 'lateness' }, duration(e.lateness_ms)), el('td', {}, time(e.read_at_ms)))), { id: 'late-table' }));
     },
   };
 
