@@ -793,6 +793,12 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     text_of(&client, "#notice", |text| text.contains(&format!("{v1} → {v0}"))).await;
     assert_eq!(bank_projection.modules()[0].version(), v0, "the rollback took effect when the page said so");
     text_of(&client, "section.module dd[data-fact=running]", |text| text == v0).await;
+    // The swap history, newest first: the rollback, then the two starts.
+    let swaps = text_of(&client, "section.module table.swaps tbody", |text| text.contains("rollback")).await;
+    let swaps: Vec<&str> = swaps.lines().collect();
+    assert_eq!(swaps.len(), 3, "{swaps:?}");
+    assert!(swaps[0].starts_with(&format!("{v0} rollback 20")), "{swaps:?}");
+    assert!(swaps[1].starts_with(&format!("{v1} start")) && swaps[2].starts_with(&format!("{v0} start")), "{swaps:?}");
     screenshot(&client, "modules").await;
 
     // Dead letters: a hostile publisher's strings are inert text.

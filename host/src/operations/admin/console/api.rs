@@ -677,6 +677,8 @@ struct ModuleRow {
     kept: Vec<String>,
     /// The last reload of its file: version, and the error if refused.
     reload: Option<(String, Option<String>)>,
+    /// Its swap history, newest first: (version, action, ms since the epoch).
+    swaps: Vec<(String, String, u64)>,
 }
 
 pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
@@ -697,6 +699,13 @@ pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>)
                 .collect(),
             kept: recorded.kept.get(module.name()).into_iter().flatten().map(|v| shown(v)).collect(),
             reload: reloads.get(module.name()).map(|r| (shown(&r.version), r.error.as_deref().map(shown))),
+            swaps: recorded
+                .swaps
+                .iter()
+                .rev()
+                .filter(|swap| swap.module == module.name())
+                .map(|swap| (shown(&swap.version), shown(&swap.action), swap.at_ms))
+                .collect(),
         })
         .collect();
     Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some() })).into_response()

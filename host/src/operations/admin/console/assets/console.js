@@ -409,7 +409,9 @@
           el('h3', {}, module.name),
           facts([['Running', module.version, 'running'], ['Last reload', reload, 'reload'],
             ['Event types', module.event_types.map(([tag, name, algebra]) => name + ' (tag ' + tag + ', ' + algebra + ')').join(', '), 'types']]),
-          table(['Kept version (newest first)', ''], kept));
+          table(['Kept version (newest first)', ''], kept),
+          table(['Swapped in (newest first)', 'By', 'At'], module.swaps.map(([version, action, at]) => el('tr', {},
+            el('td', { class: 'version' }, version), el('td', { class: 'action' }, action), el('td', {}, time(at)))), { class: 'swaps' }));
       });
       document.getElementById('module-list').replaceChildren(...sections);
     },
