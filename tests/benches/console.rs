@@ -9,13 +9,16 @@
 //!    letters, a page near the end (`after=0:999000`), a search by key
 //!    (reads its budget of 5 000 letters), one letter with its body, the
 //!    newest and a middle page of messages, the topics, the overview.
-//! 2. **An open console on a busy host**: the bank projection catches up
-//!    on a backlog (`WAKU_BENCH_EVENTS`, default 200 000 events over 4
-//!    partitions) into a fresh store, alone and with a client polling
-//!    every view the page polls (overview, dead letters, modules, topics,
-//!    messages) every 200 ms, ten times as often as an open page does;
-//!    alternately, `WAKU_BENCH_ROUNDS` rounds (default 3); events/s of
-//!    each, best and median.
+//! 2. **An open console on a busy host**: two hosts of the bank projection
+//!    catch up side by side on one backlog (`WAKU_BENCH_EVENTS`, default
+//!    400 000 events over 4 partitions), each into a fresh store: one
+//!    serves the console (its history sampler running) with a client
+//!    polling every view the pages poll (overview, history, late events,
+//!    dead letters, modules, topics, messages) every `WAKU_BENCH_POLL_MS`
+//!    (default 200: each view ten times as often as an open page asks for
+//!    the one it shows), the other serves nothing. Which host is watched
+//!    alternates over `WAKU_BENCH_ROUNDS` rounds (default 6); each round's
+//!    ratio of their rates, and the median.
 //!
 //! `WAKU_BENCH_ONLY=pages` or `WAKU_BENCH_ONLY=host` runs one part alone.
 
@@ -171,22 +174,33 @@ async fn large_numbers() {
     }
 }
 
+/// Two hosts catch up at once, side by side, on the same backlog, each into
+/// a fresh store: one serves the console (its history sampler running) and
+/// is polled every `WAKU_BENCH_POLL_MS`, the other serves nothing. Which
+/// one is watched alternates by round; each round gives the ratio of their
+/// rates, so the load the machine carries falls on both alike.
 async fn busy_host() {
-    let events = env_or("WAKU_BENCH_EVENTS", 200_000) as usize;
-    let rounds = env_or("WAKU_BENCH_ROUNDS", 3);
+    let events = env_or("WAKU_BENCH_EVENTS", 400_000) as usize;
+    let rounds = env_or("WAKU_BENCH_ROUNDS", 6);
+    let poll_ms = env_or("WAKU_BENCH_POLL_MS", 200);
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events, accounts: 10_000, seed: 42 }, 4).await;
-    let mut alone = Vec::new();
-    let mut watched = Vec::new();
-    for round in 0..rounds * 2 {
-        let with_console = round % 2 == 1;
-        let store = StateStore::open(&dir.path().join(format!("bank-{round}.redb"))).unwrap();
-        let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
-        let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let mut ratios = Vec::new();
+    let (mut alone, mut watched) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (mut hosts, mut projections) = (Vec::new(), Vec::new());
+        for host in 0..2 {
+            let store = StateStore::open(&dir.path().join(format!("bank-{round}-{host}.redb"))).unwrap();
+            let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+            hosts.push(Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()));
+            projections.push(projection);
+        }
+        let watched_host = (round % 2) as usize;
+        let consumer = &hosts[watched_host];
         let admin = Admin {
             log: log.clone(),
-            projection,
+            projection: projections[watched_host].clone(),
             progress: consumer.progress(),
             metrics: Arc::new(Metrics::default()),
             library: None,
@@ -197,51 +211,65 @@ async fn busy_host() {
         };
         let base = format!("http://{}/console/api", serve(admin).await);
         let stop = Arc::new(AtomicBool::new(false));
-        let poller = with_console.then(|| {
+        let poller = {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-                let paths =
-                    ["overview", "dead-letters?limit=50", "modules", "topics", "messages?topic=accounts&from=end"];
+                let paths = [
+                    "overview",
+                    "history",
+                    "late-events",
+                    "dead-letters?limit=50",
+                    "modules",
+                    "topics",
+                    "messages?topic=accounts&from=end",
+                ];
                 let mut asked = 0;
                 while !stop.load(Ordering::Relaxed) {
                     for path in paths {
                         assert_eq!(get(&agent, &format!("{base}/{path}")).0, 200, "{path}");
                         asked += 1;
                     }
-                    std::thread::sleep(Duration::from_millis(200));
+                    std::thread::sleep(Duration::from_millis(poll_ms));
                 }
                 asked
             })
-        });
-        let start = Instant::now();
-        let summary = consumer.catch_up().await.unwrap();
-        let rate = summary.applied as f64 / start.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        let asked = poller.map(|poller| poller.join().unwrap()).unwrap_or(0);
-        assert_eq!(summary.applied, events as u64);
-        println!(
-            "round {round}: {} {rate:.0} events/s{}",
-            if with_console { "with the console polled:" } else { "alone:" },
-            if with_console { format!(" ({asked} requests)") } else { String::new() }
-        );
-        match with_console {
-            true => watched.push(rate),
-            false => alone.push(rate),
+        };
+        let runs: Vec<_> = hosts
+            .into_iter()
+            .map(|consumer| {
+                tokio::spawn(async move {
+                    let start = Instant::now();
+                    let summary = consumer.catch_up().await.unwrap();
+                    (summary.applied, start.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        let mut rates = Vec::new();
+        for run in runs {
+            let (applied, secs) = run.await.unwrap();
+            assert_eq!(applied, events as u64);
+            rates.push(applied as f64 / secs);
         }
+        stop.store(true, Ordering::Relaxed);
+        let asked = poller.join().unwrap();
+        let (with, without) = (rates[watched_host], rates[1 - watched_host]);
+        println!(
+            "round {round}: host {watched_host} with the console polled ({asked} requests) {with:.0} events/s, the \
+             other alone {without:.0} events/s: {:+.2} %",
+            (with / without - 1.0) * 100.0
+        );
+        ratios.push(with / without);
+        alone.push(without);
+        watched.push(with);
     }
-    let summary = |rates: &mut Vec<f64>| {
-        rates.sort_by(f64::total_cmp);
-        (rates[rates.len() - 1], rates[rates.len() / 2])
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
     };
-    let ((best_alone, median_alone), (best_watched, median_watched)) = (summary(&mut alone), summary(&mut watched));
-    println!("\n| bank, {events} events, 4 partitions | best events/s | median events/s |");
-    println!("| --- | ---: | ---: |");
-    println!("| alone | {best_alone:.0} | {median_alone:.0} |");
-    println!("| console polled every 200 ms (10x an open page) | {best_watched:.0} | {median_watched:.0} |");
-    println!(
-        "| difference | {:+.1} % | {:+.1} % |",
-        (best_watched / best_alone - 1.0) * 100.0,
-        (median_watched / median_alone - 1.0) * 100.0
-    );
+    println!("\n| bank, {events} events, 4 partitions, two hosts side by side | median events/s |");
+    println!("| --- | ---: |");
+    println!("| alone | {:.0} |", median(&mut alone));
+    println!("| console polled every {poll_ms} ms | {:.0} |", median(&mut watched));
+    println!("| with ÷ alone, median of {rounds} rounds | {:+.2} % |", (median(&mut ratios) - 1.0) * 100.0);
 }

@@ -16,6 +16,10 @@
 //! it was taken ([`Progress::take`]). A partition whose log lost its tail
 //! follows the new end ([`Progress::lower_end`]): offsets that are gone
 //! are never waited for.
+//!
+//! It also keeps each partition's last batch ([`LastBatch`]: its size,
+//! its phases, how long it took, when it ended), for the console: one
+//! short lock per batch, never per event.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
@@ -45,9 +49,32 @@ impl PartitionProgress {
     }
 }
 
+/// A partition's last batch ([`Progress::batch_done`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LastBatch {
+    /// What it read: `topic` (from the partition's position) or `retry`
+    /// (keys due again).
+    pub kind: &'static str,
+    /// Events it consumed.
+    pub events: u64,
+    /// Events it applied.
+    pub applied: u64,
+    /// Handler calls it made.
+    pub calls: u64,
+    /// `(phase, µs)` of each phase that took any time, in data-flow order
+    /// (`reduce` and `calls` summed over the batch's workers).
+    pub phases: Vec<(&'static str, u64)>,
+    /// Its wall time, µs, from its poll to its commit.
+    pub took_us: u64,
+    /// When it ended, ms since the epoch.
+    pub at_ms: u64,
+}
+
 /// The caught-up gate of one consumer; cheap to share.
 #[derive(Debug, Default)]
 pub struct Progress {
+    /// Each partition's last batch, by partition.
+    last_batches: std::sync::Mutex<std::collections::BTreeMap<u32, LastBatch>>,
     started: OnceLock<Started>,
     /// Set while the log cannot be reached.
     log_unavailable: std::sync::atomic::AtomicBool,
@@ -222,6 +249,18 @@ impl Progress {
     /// Seconds since the consumer started.
     pub fn elapsed_secs(&self) -> f64 {
         self.started.get().map_or(0.0, |started| started.at.elapsed().as_secs_f64())
+    }
+
+    /// Records `batch` as `partition`'s last.
+    pub fn batch_done(&self, partition: u32, batch: LastBatch) {
+        let mut last = self.last_batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        last.insert(partition, batch);
+    }
+
+    /// Each partition's last batch, by partition (those that ran one since
+    /// the consumer started).
+    pub fn last_batches(&self) -> std::collections::BTreeMap<u32, LastBatch> {
+        self.last_batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 }
 

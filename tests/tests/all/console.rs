@@ -27,9 +27,9 @@ use wakuwaku::operations::admin::{self, Admin, AdminToken};
 use wakuwaku::operations::lifecycle::Library;
 use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
-use wakuwaku::storage::state::StateStore;
+use wakuwaku::storage::state::{PostgresStore, StateStore};
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
-use wakuwaku_tests::{bank_log, bank_module, bank_variant};
+use wakuwaku_tests::{bank_log, bank_module, bank_variant, fresh_stream, postgres_url};
 
 const TOKEN: &str = "console-admin-token";
 const READ_TOKEN: &str = "console-read-token";
@@ -43,6 +43,8 @@ const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=\"win
 /// dropped.
 struct Served {
     address: SocketAddr,
+    /// Another host of the group, holding a partition (PostgreSQL state).
+    other: Option<PostgresStore>,
     _stop: tokio::sync::oneshot::Sender<()>,
     _stop_consumer: tokio::sync::oneshot::Sender<()>,
 }
@@ -64,12 +66,33 @@ impl Served {
                 .await
                 .unwrap()
         });
-        Self { address, _stop: stop, _stop_consumer: stop_consumer }
+        Self { address, other: None, _stop: stop, _stop_consumer: stop_consumer }
     }
 }
 
 fn tokens() -> (Option<AdminToken>, Option<AdminToken>) {
     (AdminToken::new(TOKEN, "test").unwrap(), AdminToken::new(READ_TOKEN, "test").unwrap())
+}
+
+/// The name another host of the bank's group gives its hold session: markup
+/// (PostgreSQL keeps printable ASCII only).
+const OTHER_HOST: &str = "other-host <img src=x onerror=window.__pwned=4>";
+
+/// The bank's state: on PostgreSQL when `WAKU_POSTGRES_URL` names a server
+/// (a projection of its own, partition 1 held by another host named
+/// [`OTHER_HOST`]), else an embedded file: (projection name, store, the
+/// other host).
+fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>) {
+    let Some(url) = postgres_url("the console's group members") else {
+        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None);
+    };
+    let projection = fresh_stream("console").replace('-', "_");
+    let other = PostgresStore::connect(&url, &projection).unwrap();
+    other.name_member(OTHER_HOST);
+    use wakuwaku::storage::state::StateBackend;
+    other.claim_released(1).unwrap().expect("nobody held partition 1");
+    let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
+    (projection, store, Some(other))
 }
 
 /// The bank of 300 events on 2 partitions, run by version 1 with version
@@ -80,13 +103,13 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
     let (log, _) = bank_log(dir, bank_module(), WorkloadSpec { events, accounts: 12, seed: 48 }, 2).await;
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
-    let store = StateStore::open(&dir.join("bank.redb")).unwrap();
+    let (name, store, other) = bank_store(dir);
     let library = Library::new(dir, "bank", store.clone(), Sandbox::new(SandboxLimits::default()).unwrap());
     std::fs::write(modules.join("bank.wasm"), bank_variant(0)).unwrap();
     library.start(&modules, false).unwrap();
     std::fs::write(modules.join("bank.wasm"), bank_variant(1)).unwrap();
     let (running, _) = library.start(&modules, true).unwrap();
-    let projection = Arc::new(Projection::new("bank", "accounts", running, store).unwrap());
+    let projection = Arc::new(Projection::new(&name, "accounts", running, store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
     let (token, read_token) = tokens();
     let admin = Admin {
@@ -100,7 +123,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
         read_token,
         timing: Some(consumer.timing()),
     };
-    let served = Served::start(admin, consumer).await;
+    let served = Served { other, ..Served::start(admin, consumer).await };
     (served, projection, content_version(&bank_variant(0)), content_version(&bank_variant(1)), events as u64)
 }
 
@@ -149,6 +172,64 @@ async fn flaky(dir: &Path) -> (Served, Arc<Projection>, Flaky) {
         timing: None,
     };
     (Served::start(admin, consumer).await, projection, module)
+}
+
+/// A projection of the timed flaky module over topics `a` and `b`: once
+/// both reached their end (the clock past both events, 60 and 50 s ago),
+/// an event of the hostile key of two minutes ago is read late, by 70 s.
+async fn timed(dir: &Path) -> (Served, Arc<wakuwaku::engine::consumer::TimingBoard>) {
+    let log = Arc::new(EmbeddedLog::open(dir.join("timed.redb")).unwrap());
+    for topic in ["a", "b"] {
+        log.create_topic(topic, 1).await.unwrap();
+    }
+    let now = wakuwaku::platform::clock::now_ms() as i64;
+    let record = |key: Key, seq: u64, event_time: i64| {
+        let headers = EventHeaders {
+            tag: STEP,
+            key,
+            ordering: EventAtomicOrdering::Relaxed,
+            algebra: Algebra::NonAssociative,
+            event_time: Some(event_time),
+        };
+        Record { headers: headers.to_headers(), body: Step { seq, amount: 1, ..Step::default() }.body() }
+    };
+    log.append("a", vec![(0, vec![record(Key::int(1u64), 1, now - 60_000)])]).await.unwrap();
+    log.append("b", vec![(0, vec![record(Key::int(2u64), 2, now - 50_000)])]).await.unwrap();
+    let store = StateStore::open(&dir.join("timed-state.redb")).unwrap();
+    let projection = Projection::new("timed", "a", vec![Arc::new(Flaky::new().timed())], store)
+        .unwrap()
+        .with_more_topics(&["b".to_owned()])
+        .unwrap();
+    let projection = Arc::new(projection);
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let timing = consumer.timing();
+    let (token, read_token) = tokens();
+    let admin = Admin {
+        log: log.clone(),
+        projection: projection.clone(),
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+        token,
+        read_token,
+        timing: Some(timing.clone()),
+    };
+    let served = Served::start(admin, consumer).await;
+    let start = Instant::now();
+    loop {
+        let board = timing.snapshot();
+        if board.len() == 1 && board[0].inputs.iter().all(|input| input.idle) && board[0].clock_ms > Some(now - 50_000)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "the clock passes both events: {board:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hostile = Key::of(&KeyValue::Str(HOSTILE.to_owned())).unwrap();
+    log.append("a", vec![(0, vec![record(hostile, 3, now - 120_000)])]).await.unwrap();
+    eventually("the late event", || timing.late_events().total == 1).await;
+    (served, timing)
 }
 
 /// Waits up to 20 s for `done`.
@@ -312,6 +393,38 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
     assert_eq!(overview["status"]["applied"], events);
     assert_eq!(overview["log"], "embedded");
     assert_eq!(overview["status"]["modules"]["bank"], v1.as_str());
+    // Each partition's last batch: the bank's backlog, one batch a partition.
+    let batches = &overview["batches"];
+    let batch_events: u64 = ["0", "1"].iter().map(|p| batches[p]["events"].as_u64().unwrap()).sum();
+    assert_eq!((batch_events, batches["0"]["kind"].as_str()), (events, Some("topic")), "{batches}");
+    assert!(batches["0"]["phases"].as_array().unwrap().iter().any(|p| p[0] == "commit"), "{batches}");
+    let members = overview["members"].as_array().unwrap();
+    match &served.other {
+        Some(_) => {
+            let named = |this: bool| members.iter().find(|m| m["this_host"] == this).unwrap();
+            assert_eq!(
+                (&named(false)["name"], &named(false)["partitions"]),
+                (&OTHER_HOST.into(), &serde_json::json!([1]))
+            );
+            assert_eq!(named(true)["partitions"], serde_json::json!([0]), "{members:?}");
+        }
+        None => assert!(members.is_empty(), "an embedded store has no other members"),
+    }
+    // The host's own history: sampled from its start, whether a page is open or not.
+    let mut history = serde_json::Value::Null;
+    for _ in 0..50 {
+        let answer =
+            call_async("GET", format!("{base}/console/api/history"), vec![("cookie", cookie.clone())], None).await;
+        history = serde_json::from_str(&answer.body).unwrap();
+        if history["samples"].as_array().unwrap().last().is_some_and(|s| s["applied"] == events) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let samples = history["samples"].as_array().unwrap();
+    assert_eq!(samples.last().unwrap()["applied"], events, "{history}");
+    assert_eq!((history["every_ms"].as_u64(), samples.last().unwrap()["lag"].as_u64()), (Some(2_000), Some(0)));
+    assert!(samples.windows(2).all(|w| w[0]["t_ms"].as_u64() < w[1]["t_ms"].as_u64()), "oldest first");
     let page = call_async(
         "GET",
         format!("{base}/console/api/messages?topic=accounts&partition=0&from=0&limit=500"),
@@ -567,9 +680,23 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let (bank_served, bank_projection, v0, v1, events) = bank(&dir.path().join("bank")).await;
     let (flaky_served, flaky_projection, _module) = flaky(&dir.path().join("flaky")).await;
     eventually("the bank to catch up", || caught_up(&bank_projection, events)).await;
+    let bank = format!("http://127.0.0.1:{}", bank_served.address.port());
+    // The host sampled its figures twice before any page opened.
+    let history = || {
+        let url = format!("{bank}/console/api/history");
+        async move {
+            let answer = call_async("GET", url, vec![("authorization", format!("Bearer {TOKEN}"))], None).await;
+            serde_json::from_str::<serde_json::Value>(&answer.body).unwrap()["samples"].as_array().unwrap().len()
+        }
+    };
+    let start = Instant::now();
+    while history().await < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the host samples its history");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before_page_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     let driver = start_driver(&chromedriver).await;
     let client = open_browser(&driver, &chromium, &dir.path().join("profile")).await;
-    let bank = format!("http://127.0.0.1:{}", bank_served.address.port());
     // The other endpoint by name, so the two sessions' cookies stay apart.
     let steps = format!("http://localhost:{}", flaky_served.address.port());
 
@@ -596,9 +723,24 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     assert!(text_of(&client, "dd[data-fact=modules]", |_| true).await.contains(&v1));
     assert!(text_of(&client, "dd[data-fact=caught-up]", |_| true).await.starts_with("yes"));
     assert_eq!(text_of(&client, "dd[data-fact=lag]", |_| true).await, "0 events");
-    // Two samples make the throughput plot.
-    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    // The plots start with the host's history, from before the page opened.
+    let plot = client.find(Css("#plot-throughput")).await.unwrap();
+    let points: usize = plot.attr("data-points").await.unwrap().unwrap().parse().unwrap();
+    let from_ms: u128 = plot.attr("data-from-ms").await.unwrap().unwrap().parse().unwrap();
+    assert!(
+        points >= 2 && from_ms < before_page_ms,
+        "{points} points from {from_ms}, the page opened at {before_page_ms}"
+    );
     assert!(!client.find_all(Css("#plot-lag canvas")).await.unwrap().is_empty(), "the lag plot is drawn");
+    // The group's members: this host and the other, by name, as text.
+    let members = text_of(&client, "dd[data-fact=members]", |text| !text.is_empty()).await;
+    match &bank_served.other {
+        Some(_) => {
+            assert!(members.contains(&format!("{OTHER_HOST}: partitions 1")), "{members}");
+            assert!(members.starts_with("this host, ") && members.contains(": partitions 0"), "{members}");
+        }
+        None => assert_eq!(members, "this host only (its state is its own)"),
+    }
     screenshot(&client, "overview").await;
 
     view(&client, "partitions").await;
@@ -607,11 +749,19 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let status = bank_projection.store().position("accounts", 0).unwrap().unwrap_or(0);
     let position = text_of(&client, "#partitions tr[data-partition='0'] td:nth-child(2)", |_| true).await;
     assert_eq!(position.replace(',', ""), status.to_string());
+    let batch = text_of(&client, "#partitions tr[data-partition='0'] td.batch", |_| true).await;
+    // (Under a thousand events: no thousands separator.)
+    assert!(batch.starts_with(&format!("{status} events (topic, {status} applied")), "{batch}, position {status}");
+    let phases = text_of(&client, "#partitions tr[data-partition='0'] td.phases", |_| true).await;
+    assert!(phases.contains("poll ") && phases.contains("commit "), "{phases}");
+    let owner = text_of(&client, "#partitions tr[data-partition='1'] td.owner", |_| true).await;
+    assert_eq!(owner, if bank_served.other.is_some() { OTHER_HOST } else { "this host" });
+    assert!(client.find_all(Css("#view img")).await.unwrap().is_empty(), "a member's name is text");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
     screenshot(&client, "partitions").await;
 
     view(&client, "event-time").await;
     text_of(&client, "#event-time-none", |text| text.contains("one topic")).await;
-    screenshot(&client, "event-time").await;
 
     view(&client, "topics").await;
     let count = text_of(&client, "tr[data-topic='accounts'] td.count", |_| true).await;
@@ -643,6 +793,12 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     text_of(&client, "#notice", |text| text.contains(&format!("{v1} → {v0}"))).await;
     assert_eq!(bank_projection.modules()[0].version(), v0, "the rollback took effect when the page said so");
     text_of(&client, "section.module dd[data-fact=running]", |text| text == v0).await;
+    // The swap history, newest first: the rollback, then the two starts.
+    let swaps = text_of(&client, "section.module table.swaps tbody", |text| text.contains("rollback")).await;
+    let swaps: Vec<&str> = swaps.lines().collect();
+    assert_eq!(swaps.len(), 3, "{swaps:?}");
+    assert!(swaps[0].starts_with(&format!("{v0} rollback 20")), "{swaps:?}");
+    assert!(swaps[1].starts_with(&format!("{v1} start")) && swaps[2].starts_with(&format!("{v0} start")), "{swaps:?}");
     screenshot(&client, "modules").await;
 
     // Dead letters: a hostile publisher's strings are inert text.
@@ -693,6 +849,36 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(Flaky::applied(flaky_projection.store(), &Key::int(7u64)), [2], "applied once");
     assert_eq!(pwned(&client).await, serde_json::Value::Null);
+
+    // Event time over two topics: the late event with its key, as text,
+    // and its lateness.
+    let (timed_served, timing) = timed(&dir.path().join("timed")).await;
+    let late = timing.late_events().recent[0].clone();
+    assert!((70_000..75_000).contains(&late.lateness_ms), "{late:?}");
+    assert_eq!((late.topic.as_str(), late.offset), ("a", 1));
+    let timed = format!("http://127.0.0.1:{}", timed_served.address.port());
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer = call_async("GET", format!("{timed}/console/api/late-events"), bearer, None).await;
+    let answer: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(
+        (answer["total"].as_u64(), answer["recent"][0]["lateness_ms"].as_i64()),
+        (Some(1), Some(late.lateness_ms))
+    );
+    let key = answer["recent"][0]["key"].as_str().unwrap();
+    assert!(key.contains("\\u{202e}") && !key.contains('\u{202e}'), "the host sends the key printable: {key:?}");
+    sign_in(&client, &timed, TOKEN).await;
+    view(&client, "event-time").await;
+    text_of(&client, "#late-summary", |text| text == "1 late events read since the host started:").await;
+    let key = text_of(&client, "#late-table td.key", |_| true).await;
+    assert!(key.contains("<script>window.__pwned=1</script>") && key.contains("\\u{202e}gnp.exe"), "{key}");
+    assert!(!key.contains('\u{202e}') && !key.contains('\u{1b}'), "{key:?}");
+    let lateness = text_of(&client, "#late-table td.lateness", |_| true).await;
+    assert_eq!(lateness, format!("{:.1} s", late.lateness_ms as f64 / 1000.0));
+    let waits = text_of(&client, "section.partition-clock p.waits", |_| true).await;
+    assert!(waits.starts_with("nothing: every input reached the end"), "{waits}");
+    assert!(client.find_all(Css("#view img, #view script, #view a")).await.unwrap().is_empty(), "no markup made it in");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
+    screenshot(&client, "event-time").await;
 
     client.close().await.unwrap();
 }

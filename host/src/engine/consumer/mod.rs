@@ -129,7 +129,9 @@ pub use partition_set::{Consumer, HOLD_RETRY, RETAKE_AFTER};
 pub use phase::{Phase, PhaseTimes};
 pub(crate) use release_marks::marked_topics;
 pub use summary::Summary;
-pub use timing_status::{InputTiming, LatencyHistogram, PartitionTiming, TimingBoard};
+pub use timing_status::{
+    InputTiming, LATE_EVENTS_KEPT, LateEvent, LateEvents, LatencyHistogram, PartitionTiming, TimingBoard,
+};
 use wakuwaku_core::release::ReleaseLimits;
 
 /// How a consumer polls and executes.

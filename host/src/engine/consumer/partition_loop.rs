@@ -317,8 +317,9 @@ impl<L: EventLog> PartitionLoop<L> {
             self.state.in_flight = due.iter().map(|(_, in_retry)| in_retry.records.len() as u64).sum();
             // On an error the queue is rebuilt from the log next time.
             self.state.due_checked = None;
+            let began = Instant::now();
             let (batch, settled) = self.retry_batch(due, queue).await?;
-            self.parts.record_phases(&batch.phases);
+            self.parts.record_batch(self.partition, "retry", &batch, began.elapsed());
             summary.add(&batch);
             self.state.queue = Some(settled);
             self.state.settle = true;
@@ -498,6 +499,7 @@ impl<L: EventLog> PartitionLoop<L> {
         queue: RetryQueue,
         summary: &mut Summary,
     ) -> Result<Step, ConsumerError> {
+        let applying = Instant::now();
         let partition = self.partition;
         self.state.in_flight = records.len() as u64;
         if let Some(next) = advance.next_offset() {
@@ -574,7 +576,7 @@ impl<L: EventLog> PartitionLoop<L> {
         };
         let mut batch = batch;
         batch.phases.add(Phase::Poll, polled);
-        self.parts.record_phases(&batch.phases);
+        self.parts.record_batch(partition, "topic", &batch, polled + applying.elapsed());
         summary.add(&batch);
         self.state.settle = true;
         Ok(Step::Worked)

@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use super::batch::BatchRunner;
 use super::phase::PhaseTimes;
+use super::summary::Summary;
 use super::timing_status::TimingBoard;
 use super::{ConsumerConfig, ConsumerError};
 use crate::engine::metrics::Metrics;
 use crate::engine::outbox::{self, Published};
-use crate::engine::progress::Progress;
+use crate::engine::progress::{LastBatch, Progress};
 use crate::engine::projection::Projection;
 use crate::engine::telemetry::{BatchOf, BatchTrace, Telemetry};
 use crate::storage::log::EventLog;
@@ -104,6 +105,26 @@ impl<L: EventLog> Parts<L> {
         let (first, last) = offsets.fold((u64::MAX, 0), |(first, last), offset| (first.min(offset), last.max(offset)));
         let projection = self.projection.name();
         Some(telemetry.batch(BatchOf { projection, topic, partition, count, first: first.min(last), last }, polled))
+    }
+
+    /// Observes a batch of `partition` ([`record_phases`](Self::record_phases))
+    /// and keeps it as the partition's last ([`Progress::batch_done`]):
+    /// `kind` `topic` or `retry`, `took` its wall time.
+    pub(super) fn record_batch(&self, partition: u32, kind: &'static str, batch: &Summary, took: Duration) {
+        self.record_phases(&batch.phases);
+        let phases = batch.phases.iter().map(|(phase, time)| (phase.name(), time.as_micros() as u64)).collect();
+        self.progress.batch_done(
+            partition,
+            LastBatch {
+                kind,
+                events: batch.consumed,
+                applied: batch.counts.applied,
+                calls: batch.calls,
+                phases,
+                took_us: took.as_micros() as u64,
+                at_ms: crate::platform::clock::now_ms(),
+            },
+        );
     }
 
     /// Observes a batch's (or a settle step's) phases in the metrics.

@@ -77,7 +77,7 @@ use super::ConsumerError;
 use super::batch::ReleasedProgress;
 use super::parts::Parts;
 use super::release_marks;
-use super::timing_status::{PartitionTiming, TimingBoard};
+use super::timing_status::{LateEvent, PartitionTiming, TimingBoard};
 use crate::engine::projection::ModuleSet;
 use crate::event::Envelope;
 use crate::key::Key;
@@ -399,6 +399,15 @@ impl Timed {
         {
             let key = envelope.and_then(|envelope| Key::from_canonical(envelope.key).ok());
             let key = key.map_or_else(|| "?".to_owned(), |key| key.to_string());
+            parts.timing.late(LateEvent {
+                key: key.clone(),
+                topic: self.topics[input].clone(),
+                partition,
+                offset: view.offset(),
+                event_time_ms: event_time.unwrap_or_default(),
+                lateness_ms: *by,
+                read_at_ms: now(),
+            });
             tracing::warn!(
                 projection = parts.projection.name(),
                 topic = self.topics[input],

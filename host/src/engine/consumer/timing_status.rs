@@ -6,6 +6,10 @@
 //! The consumer writes a partition's entry after every step that read or
 //! released something; `/status` and `/metrics` read the board. It only
 //! shows: nothing here decides anything.
+//!
+//! The board also keeps the most recent late events ([`LateEvent`]: key,
+//! input, offset, event time, lateness), at most [`LATE_EVENTS_KEPT`], and
+//! how many were read in all since the host started, for the console.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -92,12 +96,47 @@ impl PartitionTiming {
     }
 }
 
+/// How many late events the board keeps, the most recent.
+pub const LATE_EVENTS_KEPT: usize = 100;
+
+/// An event read after the clock passed its event time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LateEvent {
+    /// Its key as the module wrote it (`?` when its headers had none
+    /// readable); not made printable here.
+    pub key: String,
+    /// The topic it was read from.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// Its offset there.
+    pub offset: u64,
+    /// Its event time, ms since the epoch.
+    pub event_time_ms: Millis,
+    /// How late: the clock minus its event time, ms.
+    pub lateness_ms: Millis,
+    /// When it was read, ms since the epoch.
+    pub read_at_ms: Millis,
+}
+
+/// The late events the board keeps, and their count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LateEvents {
+    /// Late events read since the host started (a batch not committed may
+    /// read one again after a restart; `order_violations` counts those
+    /// committed).
+    pub total: u64,
+    /// The most recent, newest first, at most [`LATE_EVENTS_KEPT`].
+    pub recent: std::collections::VecDeque<LateEvent>,
+}
+
 /// The latest [`PartitionTiming`] of every partition index the consumer
 /// holds.
 #[derive(Debug, Default)]
 pub struct TimingBoard {
     partitions: Mutex<BTreeMap<u32, PartitionTiming>>,
     latency: Mutex<LatencyHistogram>,
+    late: Mutex<LateEvents>,
 }
 
 impl TimingBoard {
@@ -120,6 +159,19 @@ impl TimingBoard {
     /// handle calls were committed `latency` after the clock passed them.
     pub(super) fn released(&self, latency: Duration, events: u64) {
         self.latency.lock().unwrap_or_else(|e| e.into_inner()).observe(latency, events);
+    }
+
+    /// Keeps `event`, read late, dropping the oldest past [`LATE_EVENTS_KEPT`].
+    pub(super) fn late(&self, event: LateEvent) {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        late.total += 1;
+        late.recent.truncate(LATE_EVENTS_KEPT - 1);
+        late.recent.push_front(event);
+    }
+
+    /// The late events kept, newest first, and their count.
+    pub fn late_events(&self) -> LateEvents {
+        self.late.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The release latencies counted so far, over every partition index:

@@ -162,11 +162,13 @@ impl Library {
     fn activate(
         &self,
         recorded: &mut Recorded,
-        name: &str,
-        version: &str,
+        (name, version, action): (&str, &str, &str),
         bytes: &[u8],
     ) -> Result<Vec<PathBuf>, LifecycleError> {
         keep_copy(&self.kept_path(recorded, name, version), bytes)?;
+        if recorded.active.get(name).is_none_or(|active| active != version) {
+            recorded.swapped(name, version, action);
+        }
         let forgotten = recorded.make_active(name, version);
         Ok(forgotten.iter().map(|version| self.kept_path(recorded, name, version)).collect())
     }
@@ -209,7 +211,7 @@ impl Library {
                 None if restart => new_files.push((name, bytes, version)),
                 running => {
                     modules.push(self.load(name, bytes)?);
-                    forgotten.extend(self.activate(&mut recorded, name, &version, bytes)?);
+                    forgotten.extend(self.activate(&mut recorded, (name, &version, "start"), bytes)?);
                     if let Some(from) = running.filter(|r| *r != version) {
                         differences.push(Difference::Adopted { module: name.clone(), from: Some(from), to: version });
                     }
@@ -239,7 +241,7 @@ impl Library {
             });
             match loaded {
                 Ok(module) => {
-                    forgotten.extend(self.activate(&mut recorded, name, &version, bytes)?);
+                    forgotten.extend(self.activate(&mut recorded, (name, &version, "start"), bytes)?);
                     modules.push(module);
                 }
                 Err(error) => {
@@ -289,6 +291,7 @@ impl Library {
         self.load_kept(&recorded, module, &target)?;
         // Keep the rolled-back-from version, so rolling forward is possible.
         recorded.active.insert(module.to_owned(), target.clone());
+        recorded.swapped(module, &target, "rollback");
         self.save(&recorded, Vec::new())?;
         Ok((active, target))
     }
@@ -327,6 +330,7 @@ impl Library {
         next.push(loaded);
         swap.replace_recorded(next, || {
             recorded.active.insert(module.to_owned(), target.clone());
+            recorded.swapped(module, &target, "rollback");
             self.save(&recorded, Vec::new())
         })
         .map_err(refused)?;
@@ -501,7 +505,7 @@ impl Library {
                 next.push(module);
                 swap.replace_recorded(next, || {
                     let mut recorded = self.recorded()?;
-                    let forgotten = self.activate(&mut recorded, name, &version, bytes)?;
+                    let forgotten = self.activate(&mut recorded, (name, &version, "reload"), bytes)?;
                     self.save(&recorded, forgotten)
                 })
                 .map(|()| true)

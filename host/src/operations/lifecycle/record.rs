@@ -13,6 +13,10 @@
 //!   ([`Recorded::copies`]), which must lie inside the data directory.
 //! - **A copy is written whole or not at all** ([`keep_copy`]: a temporary
 //!   file renamed into place), and one already there is not written again.
+//! - **The swap history is bounded**: the record keeps the last
+//!   [`SWAPS_KEPT`] swaps ([`Swap`]: which version of which module came
+//!   in, when, by what action), oldest first, for `/console`; records
+//!   written before it have none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +28,24 @@ use crate::storage::state::StateStore;
 
 /// Versions kept per module (the active one included).
 pub const KEPT_VERSIONS: usize = 5;
+
+/// Swaps the record remembers, the most recent.
+pub const SWAPS_KEPT: usize = 50;
+
+/// One version of a module made active ([`Recorded::swapped`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Swap {
+    /// The module.
+    pub module: String,
+    /// The version that came in.
+    pub version: String,
+    /// How: `start` (the first start, or one adopting the directory's
+    /// version), `reload` (a changed file swapped in while running) or
+    /// `rollback` (a kept version run again, back or forward).
+    pub action: String,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+}
 
 /// The `meta` entry holding the recorded versions.
 const META: &str = "modules";
@@ -42,6 +64,9 @@ pub struct Recorded {
     /// was: `modules/<projection>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copies: Option<PathBuf>,
+    /// The last [`SWAPS_KEPT`] swaps, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub swaps: Vec<Swap>,
 }
 
 impl Recorded {
@@ -94,6 +119,16 @@ impl Recorded {
         kept.retain(|v| v != version);
         kept.insert(0, version.to_owned());
         kept.split_off(KEPT_VERSIONS.min(kept.len()))
+    }
+
+    /// Notes that `version` of `module` came in by `action` now, dropping
+    /// the oldest swaps past [`SWAPS_KEPT`].
+    pub(super) fn swapped(&mut self, module: &str, version: &str, action: &str) {
+        let at_ms = crate::platform::clock::now_ms();
+        let swap = Swap { module: module.to_owned(), version: version.to_owned(), action: action.to_owned(), at_ms };
+        self.swaps.push(swap);
+        let over = self.swaps.len().saturating_sub(SWAPS_KEPT);
+        self.swaps.drain(..over);
     }
 
     /// Forgets `module` altogether (nothing runs it, nothing rolls it

@@ -16,7 +16,7 @@
 
 use std::ops::Deref;
 
-use super::{BatchCommit, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
+use super::{BatchCommit, Member, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
 use crate::key::Key;
 use crate::storage::forwarding::forward_methods;
 use crate::storage::stats::Stats;
@@ -32,6 +32,7 @@ macro_rules! state_backend_methods {
             fn reader() -> Result<StateReader, StateError>;
             fn batch_reader(partition: u32, keys: &[Key]) -> Result<StateReader, StateError>;
             fn release(partition: u32);
+            fn members() -> Result<Vec<Member>, StateError>;
             fn commit(commit: BatchCommit) -> Result<(), StateError>;
             fn keys() -> Result<Vec<Key>, StateError>;
             fn entries(key: &Key) -> Result<Vec<(String, Vec<u8>)>, StateError>;

@@ -25,6 +25,10 @@
 //!   once; the caller asks again until the holder lets go.
 //! - **Losing the session loses every hold**: the next try opens a new
 //!   session and holds nothing until it takes again.
+//! - **A hold session carries its host's name** (`application_name`: the
+//!   host name and process id, or what [`Holds::name`] was given), so each
+//!   host can name the others holding the projection's partitions
+//!   ([`Holds::members`]: the server's lock table, nothing kept besides).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -54,10 +58,25 @@ pub(super) struct Holds {
     /// Set by tests to stand for a host that stopped answering: the keeper
     /// pings no more.
     silent: Arc<AtomicBool>,
+    /// The name the hold session gives; `None`: [`default_name`].
+    name: std::sync::Mutex<Option<String>>,
+}
+
+/// This host's name for the others: its host name and process id.
+pub(super) fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unnamed host".to_owned());
+    format!("{host} pid {}", std::process::id())
 }
 
 struct Session {
     client: Arc<deadpool_postgres::ClientWrapper>,
+    /// Its server process, to tell this host among the members.
+    pid: i32,
     held: HashSet<u32>,
     /// Cleared by the keeper when a ping fails: the server ended it.
     alive: Arc<AtomicBool>,
@@ -90,7 +109,7 @@ impl Holds {
             *session = None;
         }
         if session.is_none() {
-            *session = Some(open(pool, self.silent.clone()).await.map_err(failed)?);
+            *session = Some(open(pool, self.silent.clone(), &self.name()).await.map_err(failed)?);
         }
         let open = session.as_mut().expect("opened above");
         if open.held.contains(&partition) {
@@ -124,6 +143,57 @@ impl Holds {
         }
     }
 
+    /// Names this host for the others: its hold sessions from the next
+    /// one opened (PostgreSQL keeps at most 63 bytes of it).
+    pub(super) fn set_name(&self, name: &str) {
+        *self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name.to_owned());
+    }
+
+    fn name(&self) -> String {
+        let name = self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        name.clone().unwrap_or_else(default_name)
+    }
+
+    /// The sessions holding partitions of `projection` now (this store's
+    /// and every other host's), from the server's lock table: each one's
+    /// name and partitions, in the order of their names.
+    pub(super) async fn members(
+        &self,
+        pool: &Pool,
+        projection: &str,
+        location: &str,
+    ) -> Result<Vec<super::Member>, StateError> {
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| StateError::Storage {
+            store: location.to_owned(),
+            source: format!("listing the hosts holding partitions: {e}").into(),
+        };
+        let own = self.session.lock().await.as_ref().map(|session| session.pid);
+        // A one-key advisory lock shows its key's high half as `classid`
+        // and its low half as `objid`, with `objsubid` 1.
+        let sql = "SELECT l.pid, coalesce(a.application_name, ''), l.objid::bigint \
+                   FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                   AND l.classid::bigint = (hashtext(current_schema() || '/' || $1)::bigint & 4294967295) \
+                   ORDER BY 2, 1, 3";
+        let client = pool.get().await.map_err(|e| failed(Box::new(e)))?;
+        let rows = client.query(sql, &[&projection]).await.map_err(|e| failed(Box::new(e)))?;
+        let mut members: Vec<(i32, super::Member)> = Vec::new();
+        for row in rows {
+            let (pid, name, partition): (i32, String, i64) = (row.get(0), row.get(1), row.get(2));
+            let partition = u32::try_from(partition).unwrap_or(u32::MAX);
+            match members.last_mut() {
+                Some((last, member)) if *last == pid => member.partitions.push(partition),
+                _ => {
+                    let name = if name.is_empty() { format!("session {pid}") } else { name };
+                    let this_host = Some(pid) == own;
+                    members.push((pid, super::Member { name, partitions: vec![partition], this_host }));
+                }
+            }
+        }
+        Ok(members.into_iter().map(|(_, member)| member).collect())
+    }
+
     /// Stops pinging the session, as a paused host would (tests).
     #[cfg(test)]
     pub(super) fn fall_silent(&self) {
@@ -133,10 +203,17 @@ impl Holds {
 
 /// A session of its own for holds, out of the pool, with its lease set and
 /// its keeper running.
-async fn open(pool: &Pool, silent: Arc<AtomicBool>) -> Result<Session, Box<dyn std::error::Error + Send + Sync>> {
+async fn open(
+    pool: &Pool,
+    silent: Arc<AtomicBool>,
+    name: &str,
+) -> Result<Session, Box<dyn std::error::Error + Send + Sync>> {
     let client = Object::take(pool.get().await?);
     let lease = format!("SET idle_session_timeout = {}", HOLD_LEASE.as_millis());
     client.batch_execute(&lease).await?;
+    let named =
+        client.query_one("SELECT set_config('application_name', $1, false), pg_backend_pid()", &[&name]).await?;
+    let pid: i32 = named.get(1);
     let client = Arc::new(client);
     let alive = Arc::new(AtomicBool::new(true));
     let keeper = tokio::spawn({
@@ -154,5 +231,5 @@ async fn open(pool: &Pool, silent: Arc<AtomicBool>) -> Result<Session, Box<dyn s
             }
         }
     });
-    Ok(Session { client, held: HashSet::new(), alive, keeper })
+    Ok(Session { client, pid, held: HashSet::new(), alive, keeper })
 }

@@ -452,6 +452,18 @@ impl BatchCommit {
     }
 }
 
+/// A host holding partitions of a projection ([`StateBackend::members`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Member {
+    /// The name its hold session gives (PostgreSQL's `application_name`:
+    /// host name and process id unless the host names itself).
+    pub name: String,
+    /// The partitions it holds, in order.
+    pub partitions: Vec<u32>,
+    /// Whether it is this host.
+    pub this_host: bool,
+}
+
 /// What every state backend does; see the [module docs](self) for the
 /// rules each keeps.
 pub trait StateBackend: Send + Sync + std::fmt::Debug {
@@ -500,6 +512,14 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// ([`claim_released`](StateBackend::claim_released)).
     fn release(&self, partition: u32) {
         let _ = partition;
+    }
+
+    /// The hosts holding partitions of the projection now, as the store
+    /// sees their holds ([`StateBackend::claim_released`]): each one's
+    /// name and partitions, this host's marked. A store only one host uses
+    /// (embedded) answers none.
+    fn members(&self) -> Result<Vec<Member>, StateError> {
+        Ok(Vec::new())
     }
 
     /// Applies a batch in one durable transaction: all of it, or nothing.

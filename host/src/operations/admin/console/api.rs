@@ -3,7 +3,9 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET session` | who is signed in: access (`full` or `read`), the CSRF token actions carry |
-//! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for |
+//! | `GET overview` | [`Overview`]: `/status`'s figures, the log, the state backend, modules, readiness, what each partition's clock waits for, the group's members, each partition's last batch |
+//! | `GET late-events` | the most recent late events (key, topic, partition, offset, event time, lateness) and how many were read |
+//! | `GET history` | the host's samples of throughput and lag over the last ten minutes ([`super::history`]) |
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
 //! | `POST redrive` | re-drives dead letters (JSON `{"records": ["0:3"]}`, `{"key": "42"}`, `{"partitions": [0]}` or `{"all": true}`), with the rules of `waku dlq redrive` |
@@ -35,6 +37,7 @@ use wakuwaku_core::terminal::printable;
 
 use super::Console;
 use super::session::Credential;
+use crate::engine::progress::LastBatch;
 use crate::engine::routing::retry_topic;
 use crate::event::EventHeaders;
 use crate::key::Key;
@@ -42,6 +45,7 @@ use crate::operations::admin::view::parse_query;
 use crate::operations::admin::{LiveStatus, Status, running_status};
 use crate::operations::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
 use crate::storage::log::EventLog;
+use crate::storage::state::Member;
 use crate::storage::stats::Stat;
 
 /// The most rows a page holds, whatever `limit` asks.
@@ -108,6 +112,12 @@ pub struct Overview {
     /// Per partition index with release stages: what its clock waits for,
     /// in words.
     pub waits: BTreeMap<u32, String>,
+    /// The hosts holding the projection's partitions now, this one first
+    /// and marked ([`crate::storage::state::StateBackend::members`]; none
+    /// for a store one host uses); names made printable.
+    pub members: Vec<Member>,
+    /// Each partition's last batch on this host, by partition.
+    pub batches: BTreeMap<u32, LastBatch>,
     /// The time of the answer, ms since the epoch.
     pub now_ms: u64,
 }
@@ -145,6 +155,12 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         format!("catching up: {done} of {total} events replayed")
     };
     let waits = status.event_time.iter().map(|timing| (timing.partition, waits_for(timing))).collect();
+    // A store that cannot list its members leaves them out: the figures
+    // still show.
+    let members = admin.projection.store().members().unwrap_or_default();
+    let mut members: Vec<Member> =
+        members.into_iter().map(|member| Member { name: shown(&member.name), ..member }).collect();
+    members.sort_by_key(|member| !member.this_host);
     Json(Overview {
         status,
         log: log_kind(&*admin.log),
@@ -152,12 +168,29 @@ pub(super) async fn overview<L: EventLog>(State(console): State<Arc<Console<L>>>
         ready,
         caught_up,
         waits,
+        members,
+        batches: admin.progress.last_batches(),
         now_ms: now_ms(),
     })
     .into_response()
 }
 
-fn now_ms() -> u64 {
+/// `GET late-events`: the most recent late events (keys made printable)
+/// and their count; none for a projection of one topic.
+pub(super) async fn late_events<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
+    let mut late = console.admin.timing.as_ref().map(|timing| timing.late_events()).unwrap_or_default();
+    for event in &mut late.recent {
+        event.key = shown(&event.key);
+        event.topic = shown(&event.topic);
+    }
+    Json(late).into_response()
+}
+
+pub(super) async fn history<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
+    Json(console.history.view()).into_response()
+}
+
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -644,6 +677,8 @@ struct ModuleRow {
     kept: Vec<String>,
     /// The last reload of its file: version, and the error if refused.
     reload: Option<(String, Option<String>)>,
+    /// Its swap history, newest first: (version, action, ms since the epoch).
+    swaps: Vec<(String, String, u64)>,
 }
 
 pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
@@ -664,6 +699,13 @@ pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>)
                 .collect(),
             kept: recorded.kept.get(module.name()).into_iter().flatten().map(|v| shown(v)).collect(),
             reload: reloads.get(module.name()).map(|r| (shown(&r.version), r.error.as_deref().map(shown))),
+            swaps: recorded
+                .swaps
+                .iter()
+                .rev()
+                .filter(|swap| swap.module == module.name())
+                .map(|swap| (shown(&swap.version), shown(&swap.action), swap.at_ms))
+                .collect(),
         })
         .collect();
     Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some() })).into_response()

@@ -6,6 +6,8 @@
 //!   read-only), the same-origin and CSRF checks of actions.
 //! - `api`: the JSON views the pages poll and the actions they send, all
 //!   paged.
+//! - `history`: the ring buffer of throughput and lag samples the host
+//!   keeps, so the plots show the last minutes as soon as a page opens.
 //!
 //! Rules kept here:
 //! - **Every asset is in the binary** (`include_str!` of `assets/`: the
@@ -41,14 +43,17 @@ use super::Admin;
 use crate::storage::log::EventLog;
 
 pub mod api;
+pub mod history;
 pub mod session;
 
+use history::History;
 use session::{Refusal, Sessions};
 
 /// What the console serves from.
 pub(super) struct Console<L> {
     pub(super) admin: Arc<Admin<L>>,
     pub(super) sessions: Sessions,
+    pub(super) history: History,
 }
 
 /// The Content-Security-Policy of every console answer.
@@ -75,13 +80,16 @@ const MAX_FORM: usize = 4 << 10;
 /// `tls`).
 pub(super) fn router<L: EventLog>(admin: Arc<Admin<L>>, tls: bool) -> Router {
     let sessions = Sessions::new(admin.token.clone(), admin.read_token.clone(), tls);
-    let console = Arc::new(Console { admin, sessions });
+    let console = Arc::new(Console { admin, sessions, history: History::default() });
+    History::start(&console);
     let guarded = Router::new()
         .route("/console", get(page))
         .route("/console/", get(page))
         .route("/console/assets/{name}", get(asset))
         .route("/console/api/session", get(api::session::<L>))
         .route("/console/api/overview", get(api::overview::<L>))
+        .route("/console/api/history", get(api::history::<L>))
+        .route("/console/api/late-events", get(api::late_events::<L>))
         .route("/console/api/dead-letters", get(api::dead_letters::<L>))
         .route("/console/api/dead-letter", get(api::dead_letter::<L>))
         .route("/console/api/redrive", post(api::redrive::<L>))

@@ -244,6 +244,35 @@ fn a_held_partition_is_claimed_once_its_holder_lets_go_or_its_session_ends() {
     assert!(a.claim_released(4).unwrap().is_some());
 }
 
+/// Each host names the others holding the projection's partitions, by the
+/// name its hold session gives, and itself as this host; a partition let
+/// go leaves the list, and so does a host that holds none.
+#[test]
+fn each_holder_names_the_others_and_their_partitions() {
+    let Some(database) = database() else { return };
+    let (a, b) = (database.connect().unwrap(), database.connect().unwrap());
+    a.name_member("host-a <b>");
+    assert!(a.members().unwrap().is_empty(), "nobody holds anything yet");
+    a.claim_released(0).unwrap().unwrap();
+    a.claim_released(2).unwrap().unwrap();
+    b.claim_released(1).unwrap().unwrap();
+    let members = b.members().unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+    let (ours, theirs): (Vec<_>, Vec<_>) = members.into_iter().partition(|m| m.this_host);
+    assert_eq!((ours[0].partitions.as_slice(), theirs[0].partitions.as_slice()), (&[1][..], &[0, 2][..]));
+    assert_eq!(theirs[0].name, "host-a <b>");
+    assert!(ours[0].name.contains(&format!("pid {}", std::process::id())), "by default: host name and pid");
+    let seen_by_a = a.members().unwrap();
+    assert!(seen_by_a.iter().any(|m| m.this_host && m.name == "host-a <b>" && m.partitions == [0, 2]), "{seen_by_a:?}");
+    b.release(1);
+    let left = a.members().unwrap();
+    assert_eq!(left.len(), 1, "B holds nothing now: {left:?}");
+    let other = database.connect().unwrap();
+    let elsewhere = PostgresStore::connect_with(database.config.clone(), "another").unwrap();
+    elsewhere.claim_released(5).unwrap().unwrap();
+    assert_eq!(other.members().unwrap().len(), 1, "another projection's holds are not members");
+}
+
 /// A holder that stops answering (paused, cut off) loses its holds once
 /// PostgreSQL ends its silent session; another host claims the
 /// partition then, and the old holder's commit to it is refused.

@@ -23,7 +23,7 @@ use deadpool_postgres::Pool;
 
 use super::super::cache::{BatchSnapshot, DEFAULT_CACHE_BYTES, StateCache};
 use super::super::hold::Holds;
-use super::super::{BatchCommit, KeyWrites, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
+use super::super::{BatchCommit, KeyWrites, Member, OutboxEntry, StateBackend, StateError, StateReader, TimerSummary};
 use super::bridge::Bridge;
 use super::claims::{self, Claims};
 use super::commit::{self, CommitRows};
@@ -219,6 +219,13 @@ impl PostgresStore {
         Ok(epoch.unsigned_abs())
     }
 
+    /// Names this host for the other hosts holding the projection's
+    /// partitions ([`StateBackend::members`]), from its next hold session
+    /// on; by default the host name and process id.
+    pub fn name_member(&self, name: &str) {
+        self.holds.set_name(name);
+    }
+
     /// Takes the hold on `partition` unless another session has it
     /// ([`super::super::hold`]).
     fn try_hold(&self, partition: u32) -> Result<bool, StateError> {
@@ -308,6 +315,12 @@ impl StateBackend for PostgresStore {
             holds.unhold(&projection, partition, &location).await;
             Ok(())
         });
+    }
+
+    fn members(&self) -> Result<Vec<Member>, StateError> {
+        let (holds, pool) = (self.holds.clone(), self.pool.clone());
+        let (projection, location) = (self.projection.clone(), self.location.clone());
+        self.bridge.run(&self.location, async move { holds.members(&pool, &projection, &location).await })
     }
 
     fn reader(&self) -> Result<StateReader, StateError> {

@@ -105,6 +105,41 @@
     if (state.history.length > HISTORY_POINTS) state.history.shift();
   }
 
+  /** The host's own samples of the last minutes, so the plots start full. */
+  async function seedHistory() {
+    const h = await api('history');
+    state.history = h.samples.slice(-HISTORY_POINTS).map((x) => {
+      const perPartition = {};
+      for (const [p, lag] of x.partitions) perPartition[p] = lag;
+      return { t: x.t_ms / 1000, applied: x.applied, lag: x.lag, perPartition, watermark: x.watermark_lag_ms };
+    });
+  }
+
+  /** The group's members in words: this host and the others, with their partitions. */
+  function membersText(overview) {
+    if (!overview.members || overview.members.length === 0) return 'this host only (its state is its own)';
+    return overview.members.map((m) => (m.this_host ? 'this host, ' : '') + m.name + ': partitions ' + m.partitions.join(', ')).join('; ');
+  }
+
+  const micros = (us) => (Number(us) / 1000).toFixed(1) + ' ms';
+
+  /** A partition's last batch in words: its size, what it read, how long it took, when. */
+  function batchText(b) {
+    if (!b) return 'none on this host yet';
+    return number(b.events) + ' events (' + b.kind + ', ' + number(b.applied) + ' applied, ' + number(b.calls) + ' calls) in ' + micros(b.took_us) + ', at ' + time(b.at_ms);
+  }
+
+  function phasesText(b) {
+    return b ? b.phases.map(([phase, us]) => phase + ' ' + micros(us)).join(', ') : '';
+  }
+
+  /** Who holds partition `p`: this host, another member by name, or nobody known. */
+  function ownerOf(overview, p) {
+    const member = (overview.members || []).find((m) => m.partitions.includes(p.partition));
+    if (member) return member.this_host ? 'this host' : member.name;
+    return p.end_at_start === null || p.end_at_start === undefined ? 'another host (or not yet taken)' : 'this host';
+  }
+
   function throughputData() {
     const h = state.history;
     const xs = [], rates = [];
@@ -139,6 +174,7 @@
           ['State', o.state, 'state'],
           ['Modules', Object.entries(s.modules).map(([m, v]) => m + ' @ ' + v).join(', ') || 'none', 'modules'],
           ['Caught up', (o.caught_up ? 'yes' : 'no') + ': ' + o.ready, 'caught-up'],
+          ['Group members', membersText(o), 'members'],
           ['Partitions held', s.partitions.filter((p) => p.end_at_start !== null && p.end_at_start !== undefined).map((p) => p.partition).join(', ') || 'none yet', 'held'],
           ['Applied', number(s.applied), 'applied'],
           ['Skipped', number(s.skipped), 'skipped'],
@@ -148,7 +184,10 @@
           ['Rebuild', s.rebuild ? s.rebuild.phase : 'none', 'rebuild'],
         ], 'overview-list'),
       );
-      this.throughput.setData(throughputData());
+      const rates = throughputData();
+      this.throughput.setData(rates);
+      document.getElementById('plot-throughput').setAttribute('data-points', rates[0].length);
+      document.getElementById('plot-throughput').setAttribute('data-from-ms', state.history.length ? Math.round(state.history[0].t * 1000) : '');
       const partitions = s.partitions.map((p) => p.partition);
       if (!this.lag || this.lagSeries !== partitions.join(',')) {
         const container = document.getElementById('plot-lag');
@@ -173,23 +212,24 @@
       text(document.getElementById('partitions-summary'), number(s.retrying) + ' events waiting in retry; ' + number(s.outbox) + ' outbox records not yet appended.');
       const rows = [];
       for (const p of s.partitions) {
-        const owner = p.end_at_start === null || p.end_at_start === undefined ? 'another host (or not yet taken)' : 'this host';
+        const owner = ownerOf(o, p);
         rows.push(el('tr', { 'data-partition': p.partition },
           el('td', {}, p.partition), el('td', {}, number(p.position)), el('td', {}, number(p.first)), el('td', {}, number(p.end)),
           el('td', { class: 'lag' }, number(p.lag)), el('td', {}, number(p.end_at_start)), el('td', {}, p.caught_up ? 'yes' : 'no'),
-          el('td', {}, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || '')));
+          el('td', { class: 'owner' }, owner), el('td', {}, p.stopped ? 'stopped: ' + p.truncated : p.truncated || ''),
+          el('td', { class: 'batch' }, batchText(o.batches[p.partition])), el('td', { class: 'phases' }, phasesText(o.batches[p.partition]))));
         for (const t of p.topics || []) {
-          rows.push(el('tr', { class: 'sub' }, el('td', {}, '  ' + t.topic), el('td', {}, number(t.position)), el('td', {}, number(t.first)), el('td', {}, number(t.end)), el('td', {}, number(t.lag)), el('td', {}), el('td', {}), el('td', {}), el('td', {})));
+          rows.push(el('tr', { class: 'sub' }, el('td', {}, '  ' + t.topic), el('td', {}, number(t.position)), el('td', {}, number(t.first)), el('td', {}, number(t.end)), el('td', {}, number(t.lag)), el('td', {}), el('td', {}), el('td', {}), el('td', {}), el('td', {}), el('td', {})));
         }
       }
-      document.getElementById('partitions-table').replaceChildren(table(['Partition', 'Position', 'First', 'End', 'Lag', 'End at start', 'Caught up', 'Owner', 'Lost tail'], rows, { id: 'partitions' }));
+      document.getElementById('partitions-table').replaceChildren(table(['Partition', 'Position', 'First', 'End', 'Lag', 'End at start', 'Caught up', 'Owner', 'Lost tail', 'Last batch', 'Its phases'], rows, { id: 'partitions' }));
     },
   };
 
   views['event-time'] = {
     title: 'Event time',
     render(root) {
-      root.append(el('h2', {}, 'Event time'), el('div', { id: 'event-time-body' }), el('div', { id: 'plot-watermark' }));
+      root.append(el('h2', {}, 'Event time'), el('div', { id: 'event-time-body' }), el('div', { id: 'plot-watermark' }), el('section', { id: 'late-events' }));
       this.plot = plot(document.getElementById('plot-watermark'), 'Watermark lag (s), the most of any partition', ['watermark lag']);
     },
     async refresh() {
@@ -214,6 +254,13 @@
       }
       const h = state.history;
       this.plot.setData([h.map((x) => x.t), h.map((x) => x.watermark / 1000)]);
+      const late = await api('late-events');
+      document.getElementById('late-events').replaceChildren(
+        el('h3', {}, 'Late events'),
+        el('p', { id: 'late-summary' }, number(late.total) + ' late events read since the host started' + (late.total > late.recent.length ? '; the ' + late.recent.length + ' most recent:' : late.total ? ':' : '.')),
+        late.recent.length === 0 ? null : table(['Key', 'Topic', 'Partition', 'Offset', 'Event time', 'Late by', 'Read at'], late.recent.map((e) => el('tr', { class: 'late' },
+          el('td', { class: 'key' }, e.key), el('td', {}, e.topic), el('td', {}, e.partition), el('td', {}, number(e.offset)),
+          el('td', {}, time(e.event_time_ms)), el('td', { class: 'lateness' }, duration(e.lateness_ms)), el('td', {}, time(e.read_at_ms)))), { id: 'late-table' }));
     },
   };
 
@@ -362,7 +409,9 @@
           el('h3', {}, module.name),
           facts([['Running', module.version, 'running'], ['Last reload', reload, 'reload'],
             ['Event types', module.event_types.map(([tag, name, algebra]) => name + ' (tag ' + tag + ', ' + algebra + ')').join(', '), 'types']]),
-          table(['Kept version (newest first)', ''], kept));
+          table(['Kept version (newest first)', ''], kept),
+          table(['Swapped in (newest first)', 'By', 'At'], module.swaps.map(([version, action, at]) => el('tr', {},
+            el('td', { class: 'version' }, version), el('td', { class: 'action' }, action), el('td', {}, time(at)))), { class: 'swaps' }));
       });
       document.getElementById('module-list').replaceChildren(...sections);
     },
@@ -482,6 +531,7 @@
       window.location.assign('/console/sign-in');
     });
     window.addEventListener('hashchange', () => show(window.location.hash.slice(1)));
+    await seedHistory().catch((e) => notice('No history of the host: ' + e.message, 'error'));
     show(window.location.hash.slice(1));
   }
 
