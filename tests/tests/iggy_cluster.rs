@@ -80,7 +80,7 @@ where
 
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(IggyLog::connect(&url, "waku-cluster").await.unwrap());
-    let published = contents(&*log).await;
+    let published = contents(&log).await;
     let host = Host::start_on(log.clone(), bank_host(dir.path())).await.unwrap();
     let projection = host.projection().clone();
     let mut disturbing = tokio::spawn(disturb(cluster, host.progress().clone()));
@@ -98,7 +98,7 @@ where
     // A failure of the server itself is told apart from the host's.
     let what = format!("{what}{}", cluster.server_panics());
     let summary = finished.unwrap_or_else(|_| panic!("{what}: the host caught up within {RUN_LIMIT:?}")).unwrap();
-    let after = contents(&*log).await;
+    let after = contents(&log).await;
     for (partition, (before, after)) in published.iter().zip(&after).enumerate() {
         let differ = before.iter().zip(after).filter(|(a, b)| a != b).count();
         assert!(

@@ -916,6 +916,19 @@ enum Step {
     Done,
 }
 
+/// Says that a partition's step failed on an outage and waits `backoff`:
+/// a warning for the first failure in a row, so an outage is said once
+/// per partition however long it lasts (its end is said too, "the log is
+/// available again"); the failures after it at debug level.
+fn say_unavailable(again: bool, projection: &str, partition: u32, error: &ConsumerError, backoff: Duration) {
+    match again {
+        false => {
+            tracing::warn!(projection, partition, "{error}; trying again in {backoff:?} (and on, until it answers)")
+        }
+        true => tracing::debug!(projection, partition, "{error}; trying again in {backoff:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! One partition's loop on the embedded log and the embedded state
@@ -1036,18 +1049,5 @@ mod tests {
         assert!(!fenced);
         assert_eq!(summary.applied, 2);
         assert_eq!(balance(&parts, 1).as_deref(), Some("5"));
-    }
-}
-
-/// Says that a partition's step failed on an outage and waits `backoff`:
-/// a warning for the first failure in a row, so an outage is said once
-/// per partition however long it lasts (its end is said too, "the log is
-/// available again"); the failures after it at debug level.
-fn say_unavailable(again: bool, projection: &str, partition: u32, error: &ConsumerError, backoff: Duration) {
-    match again {
-        false => {
-            tracing::warn!(projection, partition, "{error}; trying again in {backoff:?} (and on, until it answers)")
-        }
-        true => tracing::debug!(projection, partition, "{error}; trying again in {backoff:?}"),
     }
 }
