@@ -68,6 +68,7 @@ where
     Fut: Future<Output = IggyCluster> + Send + 'static,
 {
     let _one = ONE_AT_A_TIME.lock().await;
+    show_log_on_failure();
     let cluster = match links {
         Links::Direct => IggyCluster::from_env(what)?,
         Links::BehindProxies => IggyCluster::from_env_behind_proxies(what).await?,
@@ -127,6 +128,15 @@ where
     }
     drop(cluster);
     Some(log.failovers())
+}
+
+/// The host's log lines, written where the test harness keeps them: shown
+/// with a failing test's output (`RUST_LOG` chooses them; the host's
+/// warnings and its informational lines by default).
+fn show_log_on_failure() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,wakuwaku=info,iggy=off"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }
 
 /// The bodies of each partition of the bank's topic, read from the log.
@@ -223,6 +233,7 @@ async fn the_hosts_link_cut_by_a_proxy_loses_and_repeats_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_through_a_failover_stores_every_line_once() {
     let _one = ONE_AT_A_TIME.lock().await;
+    show_log_on_failure();
     let Some(mut cluster) = IggyCluster::from_env("a publish through a failover") else { return };
     let leader = cluster.leader(Duration::from_secs(60)).await.expect("the cluster elects a leader");
     let log = IggyLog::connect(&cluster.url(), "waku-cluster").await.unwrap();
@@ -264,6 +275,7 @@ async fn a_publish_through_a_failover_stores_every_line_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_works_with_the_first_node_and_leader_dead() {
     let _one = ONE_AT_A_TIME.lock().await;
+    show_log_on_failure();
     let Some(mut cluster) = IggyCluster::from_env("the commands on a cluster") else { return };
     // The leader, named first in the URL, killed.
     let leader = cluster.leader(Duration::from_secs(60)).await.expect("a leader");
@@ -329,6 +341,7 @@ fn a_group_of_three_loses_a_host_and_the_leader_at_once_and_applies_every_event_
     use wakuwaku_tests::group::GroupHost;
 
     let _one = ONE_AT_A_TIME.blocking_lock();
+    show_log_on_failure();
     let what = "a group over the cluster";
     let Some(postgres) = wakuwaku_tests::postgres_url(what) else { return };
     let Some(mut cluster) = IggyCluster::from_env(what) else { return };

@@ -13,8 +13,8 @@
 //!   moves to the node that leads, waiting out an election).
 //! - When the session breaks (the node died, stopped or was cut off), the
 //!   next call fails over: it dials the nodes round the roster from the
-//!   one after the failed node, each within [`NODE_TIMEOUT`], asks each
-//!   which node leads, and uses only the node a majority of the roster
+//!   one after the failed node, all at once and each within
+//!   [`NODE_TIMEOUT`], asks each which node leads, and uses only the node a majority of the roster
 //!   names (a follower may answer from an old view or serve reads behind
 //!   the leader's; followers name a dead leader for a heartbeat's time; a
 //!   restarted node may name itself from its old view), and never
@@ -1245,8 +1245,8 @@ async fn first_answering(
 ) -> Result<(IggyClient, usize), Vec<String>> {
     let mut unanswered = Vec::new();
     let mut answered: Vec<(IggyClient, usize, Option<String>)> = Vec::new();
-    for node in order {
-        let dial = async {
+    let dial = |node: usize| async move {
+        let dialled = async {
             let client = new_client(nodes.url(node)).await?;
             let leader = match nodes.is_cluster() {
                 true => leader_address(&client).await,
@@ -1254,8 +1254,27 @@ async fn first_answering(
             };
             Ok::<_, IggyError>((client, leader))
         };
-        match tokio::time::timeout(NODE_TIMEOUT, dial).await {
-            Ok(Ok((client, _))) if !nodes.is_cluster() => return Ok((client, node)),
+        (node, tokio::time::timeout(NODE_TIMEOUT, dialled).await)
+    };
+    // A cluster's nodes are dialled at once: a round takes the slowest
+    // node's time, not the sum (a node mid-election holds a sign-in for
+    // seconds).
+    let dialled = match nodes.is_cluster() {
+        true => futures_util::future::join_all(order.map(dial)).await,
+        false => {
+            let mut one = Vec::new();
+            for node in order {
+                let (node, result) = dial(node).await;
+                if let Ok(Ok((client, _))) = result {
+                    return Ok((client, node));
+                }
+                one.push((node, result));
+            }
+            one
+        }
+    };
+    for (node, result) in dialled {
+        match result {
             Ok(Ok((client, leader))) => answered.push((client, node, leader)),
             Ok(Err(error)) => unanswered.push(format!("{}: {error}", nodes.address(node))),
             Err(_) => unanswered.push(format!("{}: no answer within {NODE_TIMEOUT:?}", nodes.address(node))),
