@@ -294,32 +294,7 @@ async fn killing_the_host_while_events_are_held_loses_none_and_repeats_none() {
     let (keys, per_key) = (50, 160);
     let entries = workload(keys, per_key, 2026, true);
     publish(dir.path(), &module, &entries).await;
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let mut killed = 0;
-    for trial in 0..trials {
-        let mut child = waku_command(dir.path())
-            .args(run_args())
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("waku starts");
-        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 && !line.contains("batch 16") {
-            line.clear();
-        }
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
-        match child.try_wait().unwrap() {
-            Some(status) => assert!(status.success(), "trial {trial}: waku failed on its own"),
-            None => {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                killed += 1;
-            }
-        }
-    }
+    let killed = crate::common::kill_runs_at_random(dir.path(), &run_args(), trials, 5);
     assert!(killed > 0, "no run was killed mid-way");
     let last = waku(&run_args(), dir.path());
     assert!(last.status.success(), "{}", text(&last.stderr));

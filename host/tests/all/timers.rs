@@ -17,8 +17,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::Stdio;
-use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,7 +29,7 @@ use wakuwaku::storage::state::postgres::PostgresStore;
 use wakuwaku::storage::stats::Stat;
 
 use crate::common::servers::{fresh_stream, postgres_url};
-use crate::common::{probe_wasm, text, waku, waku_command};
+use crate::common::{probe_wasm, text, waku};
 use crate::event_time::{BASE_MS, PARTITIONS, probe};
 
 /// The probe's `Tick`.
@@ -187,34 +185,9 @@ async fn killed_then_reset(topics: &[&str], seed: u64, target: Target) {
     let expected = oracle(&ticks);
     publish(dir.path(), topics, &ticks).await;
     let args = run_args(&target, topics);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut killed = 0;
-    for trial in 0..trials {
-        let mut child = waku_command(dir.path())
-            .args(&args)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("waku starts");
-        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 && !line.contains("batch 16") {
-            line.clear();
-        }
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
-        match child.try_wait().unwrap() {
-            Some(status) => assert!(status.success(), "trial {trial}: waku failed on its own"),
-            None => {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                killed += 1;
-            }
-        }
-    }
-    assert!(killed > 0, "no run was killed mid-way");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let killed = crate::common::kill_runs_at_random(dir.path(), &args, trials, seed);
+    assert!(killed > 0, "no run was killed mid-way");
     let last = waku(&args, dir.path());
     assert!(last.status.success(), "{}", text(&last.stderr));
     let (seqs, _, pending) = found(&target, dir.path(), keys);

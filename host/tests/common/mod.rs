@@ -262,3 +262,38 @@ fn guest(crate_path: &str) -> PathBuf {
 pub mod servers;
 
 pub mod registry;
+
+/// Runs `waku args` in `dir` `trials` times, each SIGKILLed at a random
+/// moment (seeded by `seed`) after it reached its 16th batch, unless it
+/// ended first, which it must have done successfully: the crash trials
+/// of the event-time and timer tests. Says how many runs were killed.
+pub fn kill_runs_at_random(dir: &Path, args: &[&str], trials: u64, seed: u64) -> u64 {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut killed = 0;
+    for trial in 0..trials {
+        let mut child = waku_command(dir)
+            .args(args)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("waku starts");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 && !line.contains("batch 16") {
+            line.clear();
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
+        match child.try_wait().unwrap() {
+            Some(status) => assert!(status.success(), "trial {trial}: waku failed on its own"),
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
