@@ -8,21 +8,18 @@
 //!
 //! **A cluster** is named by several addresses in one URL
 //! (`iggy://user:password@a:8090,b:8090,c:8090`, rules in `iggy_nodes`):
-//! - The log dials the nodes in turn until one answers; the client crate
-//!   then follows the cluster's leader (it signs in, reads the roster and
-//!   moves to the node that leads, waiting out an election).
+//! - The log dials every node at once, each within [`NODE_TIMEOUT`], asks
+//!   each which node leads, and uses only the node a majority of the
+//!   roster names: a follower may answer from an old view or serve reads
+//!   behind the leader's, followers name a dead leader for a heartbeat's
+//!   time, and a restarted node may name itself from its old view.
 //! - When the session breaks (the node died, stopped or was cut off), the
-//!   next call fails over: it dials the nodes round the roster from the
-//!   one after the failed node, all at once and each within
-//!   [`NODE_TIMEOUT`], asks each which node leads, and uses only the node a majority of the roster
-//!   names (a follower may answer from an old view or serve reads behind
-//!   the leader's; followers name a dead leader for a heartbeat's time; a
-//!   restarted node may name itself from its old view), and never
-//!   redials a node inside a call (the client's own redial is off for a
-//!   cluster). The move is logged (old node, new node, how long since the
-//!   session broke) and counted ([`EventLog::failovers`]); while no node
-//!   answers as part of a majority, it says so once and the caller waits
-//!   with its own backoff ([`LogError::Unavailable`]).
+//!   next call fails over the same way, and never redials a node inside a
+//!   call (the client's own redial is off for a cluster). The move is
+//!   logged (old node, new node, how long since the session broke) and
+//!   counted ([`EventLog::failovers`]); while no node answers as part of a
+//!   majority, it says so once and the caller waits with its own backoff
+//!   ([`LogError::Unavailable`]).
 //! - For [`SETTLING`] after a failover, an answer that contradicts what the
 //!   log held (a topic missing, a response that does not parse) is taken
 //!   for a node still recovering or cut off mid-answer: the call fails as
@@ -32,9 +29,8 @@
 //!   store's; a consumer group is deleted once and joined again by the
 //!   next [`EventLog::group_partitions`] on the new connection (so the
 //!   group forgets sessions of a dead node, which Iggy never logs out);
-//!   and an append
-//!   whose answer was lost is resent only after its stamp was looked for
-//!   ([`EventLog::append_as`]), now on the new leader.
+//!   and an append whose answer was lost is resent only after its stamp
+//!   was looked for ([`EventLog::append_as`]), now on the new leader.
 //! - [`EventLog::nodes`] reads the roster (names, addresses, roles, health)
 //!   for `/status` and `waku status`.
 //!
