@@ -111,6 +111,7 @@ const RUST_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku/guest-sdk/src/testing.rs", include_str!("../../../guest-sdk/src/testing.rs")),
     ("vendor/wakuwaku/guest-sdk/src/types.rs", include_str!("../../../guest-sdk/src/types.rs")),
     ("vendor/wakuwaku/guest-sdk/src/wasm.rs", include_str!("../../../guest-sdk/src/wasm.rs")),
+    ("vendor/wakuwaku/guest-sdk/src/windows.rs", include_str!("../../../guest-sdk/src/windows.rs")),
 ];
 
 /// The vendored crates' manifests (templates: the repository's use
