@@ -430,16 +430,15 @@ impl IggyLog {
                 }
                 let since = self.cluster.outage.lock().unwrap_or_else(|e| e.into_inner()).map(|(since, _)| since);
                 let took = since.map_or(Duration::ZERO, |since| since.elapsed());
-                let leader = leader_address(&client).await;
+                // The node is the one a majority named as leader: no need
+                // to ask it again.
                 tracing::warn!(
                     from = self.cluster.nodes.address(failed),
                     to = self.cluster.nodes.address(node),
-                    leader = leader.as_deref().unwrap_or("unknown"),
-                    "the Iggy cluster's node {} failed; failed over to {} (leader {}) {:.1} s after the session \
+                    "the Iggy cluster's node {} failed; failed over to the leader, {}, {:.1} s after the session \
                      broke",
                     self.cluster.nodes.address(failed),
                     self.cluster.nodes.address(node),
-                    leader.as_deref().unwrap_or("not known yet"),
                     took.as_secs_f64()
                 );
                 Ok(client)
@@ -974,9 +973,11 @@ impl IggyLog {
         group_id: &Identifier,
     ) -> Result<(), LogError> {
         let failovers = self.failovers();
+        if failovers == 0 {
+            return Ok(());
+        }
         let place = (topic.to_owned(), group.to_owned());
-        let done = self.cluster.regrouped.lock().unwrap_or_else(|e| e.into_inner()).get(&place) == Some(&failovers);
-        if failovers == 0 || done {
+        if self.cluster.regrouped.lock().unwrap_or_else(|e| e.into_inner()).get(&place) == Some(&failovers) {
             return Ok(());
         }
         match client.delete_consumer_group(&self.stream, topic_id, group_id).await {
