@@ -49,12 +49,14 @@
  * timer handler, registered with {@link Module.onTimers}, fires a key's due
  * timers of one time once the projection's clock passes them
  * (`docs/timers.md`); `MemoryHost.advance(clock)` fires them in tests.
+ * {@link Windows} builds tumbling, hopping and session windows on them.
  *
  * Layout: `types.ts` (vocabulary and errors), `event.ts`
  * ({@link defineEvent}), `schema.ts` ({@link t}), `json.ts` (JSON with
  * 64-bit integers), `key.ts` (the canonical key encoding), `context.ts`
  * ({@link Context}), `module.ts` ({@link Module}), `limits.ts` and
- * `reduce.ts` (the host's rules, for the test host), `testing.ts`
+ * `reduce.ts` (the host's rules, for the test host), `windows.ts`
+ * ({@link Windows}), `testing.ts`
  * (`MemoryHost`), `component.ts` (the bridge to the WIT bindings, imported
  * only by the component build), `wit/` (types generated from the WIT with
  * `jco guest-types`).
@@ -88,6 +90,7 @@ export {
   TransientError,
   UnrecoverableError,
 } from "./types.js";
+export { type Aggregate, type Placed, type Window, type WindowKind, Windows } from "./windows.js";
 
 /** The WIT package and version this SDK's components implement. */
 export const WIT_PACKAGE = "wakuwaku:handler@0.5.0";

@@ -172,6 +172,7 @@ const JS_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku-guest/schema.ts", include_str!("../../../guest-sdk-js/src/schema.ts")),
     ("vendor/wakuwaku-guest/testing.ts", include_str!("../../../guest-sdk-js/src/testing.ts")),
     ("vendor/wakuwaku-guest/types.ts", include_str!("../../../guest-sdk-js/src/types.ts")),
+    ("vendor/wakuwaku-guest/windows.ts", include_str!("../../../guest-sdk-js/src/windows.ts")),
     (
         "vendor/wakuwaku-guest/wit/handler-0.5/interfaces/wakuwaku-handler-emit.d.ts",
         include_str!("../../../guest-sdk-js/src/wit/handler-0.5/interfaces/wakuwaku-handler-emit.d.ts"),
