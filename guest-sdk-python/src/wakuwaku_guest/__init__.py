@@ -9,8 +9,8 @@ per message); handlers are functions or methods registered on a
 Build with ``waku build <project>`` (componentize-py against
 ``wit/handler-0.5.wit``, world ``module``) and hand the ``.wasm`` to the host;
 test with pytest, using :class:`testing.MemoryHost`. Per-key event-time
-timers (``ctx.set_timer``, :meth:`Module.on_timers`) are described in
-``docs/timers.md``.
+timers (``ctx.set_timer``, :meth:`Module.on_timers`) and windows built on
+them (:mod:`.windows`) are described in ``docs/timers.md``.
 
 A minimal handler::
 
@@ -76,6 +76,7 @@ Layout
   bytes, the WIT ``handler`` interface in plain Python.
 - :mod:`.context`: :class:`Context`, what a handler can do during a call,
   and :class:`Timer`.
+- :mod:`.windows`: tumbling, hopping and session windows on timers.
 - :mod:`.key`: the canonical key encoding shared with every guest SDK.
 - :mod:`.codec`: JSON bodies and state entries checked against type hints.
 - :mod:`.limits` and :mod:`.reduce`: the host's rules, for the test host.
