@@ -1,7 +1,7 @@
 """The bridge to componentize-py's bindings, against stand-in bindings
-shaped as componentize-py 0.25 generates them for `wit/handler-0.4.wit`: what
-crosses the boundary, how errors and refusals map, and that an uncaught
-exception is reported as retryable."""
+shaped as componentize-py 0.25 generates them for `wit/handler-0.5.wit`: what
+crosses the boundary (timers both ways), how errors and refusals map, and
+that an uncaught exception is reported as retryable."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from wakuwaku_guest import (
     Module,
     Ordering,
     Refused,
+    Timer,
     Timing,
     TransientError,
     UnrecoverableError,
@@ -69,7 +70,14 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
         algebra: object
         body: bytes
 
+    @dataclass
+    class WitTimer:
+        name: str
+        at: int
+        payload: bytes
+
     wit.EventType, wit.ModuleInfo, wit.HandlerError, wit.Outgoing = EventType, ModuleInfo, HandlerError, Outgoing
+    wit.Timer = WitTimer
     calls: list[tuple] = []
     stored: dict[str, bytes] = {}
 
@@ -93,10 +101,16 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
     log = types.ModuleType("wit_world.imports.log")
     log.Level = enum.Enum("Level", "TRACE DEBUG INFO WARN ERROR")
     log.log = recorded("log")
+    timers = types.ModuleType("wit_world.imports.timers")
+    pending: dict[str, WitTimer] = {}
+    timers.set = recorded("timer_set", lambda name, at, payload: pending.__setitem__(name, WitTimer(name, at, payload)))
+    timers.cancel = recorded("timer_cancel", lambda name: pending.pop(name, None) and None)
+    timers.get = recorded("timer_get", lambda name: pending.get(name))
     runtime = types.ModuleType("componentize_py_types")
     runtime.Err = Err
     imports = types.ModuleType("wit_world.imports")
     imports.types, imports.state, imports.emit, imports.log = wit, state, emit, log
+    imports.timers = timers
     world = types.ModuleType("wit_world")
     world.imports = imports
     world.calls = calls
@@ -108,6 +122,7 @@ def fake_bindings(refuse: set[str]) -> dict[str, types.ModuleType]:
         "wit_world.imports.state": state,
         "wit_world.imports.emit": emit,
         "wit_world.imports.log": log,
+        "wit_world.imports.timers": timers,
     }
 
 
@@ -167,11 +182,29 @@ def noted(ctx: Context, events: list[Noted]) -> None:
     ctx.debug("done")
 
 
-def exported(monkeypatch, refuse=()):
+reminders = Module("reminders", emits=["out"])
+
+
+@reminders.handles(Noted)
+def remind(ctx: Context, events: list[Noted]) -> None:
+    for event in events:
+        ctx.set_timer("remind", 1_000, {"note": event.note})
+    ctx.cancel_timer("gone")
+    assert ctx.timer("remind") == Timer("remind", 1_000, b'{"note":"' + events[-1].note.encode() + b'"}')
+
+
+@reminders.on_timers
+def reminded(ctx: Context, timers: list[Timer]) -> None:
+    for timer in timers:
+        ctx.set("reminded", [timer.name, timer.at, timer.decode()])
+        ctx.set_timer("again", timer.at + 1, None)
+
+
+def exported(monkeypatch, refuse=(), module=notes):
     modules = fake_bindings(set(refuse))
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    return export(notes)(), modules
+    for name, bindings in modules.items():
+        monkeypatch.setitem(sys.modules, name, bindings)
+    return export(module)(), modules
 
 
 def test_describe_key_ordering_and_handle_cross_the_boundary(monkeypatch):
@@ -250,3 +283,35 @@ def test_outside_a_component_export_gives_a_stand_in(monkeypatch):
     handler = export(notes)()
     with pytest.raises(RuntimeError, match="works only inside a component; test with wakuwaku_guest.testing.MemoryHost"):
         handler.describe()
+
+
+def test_timers_cross_the_boundary_both_ways(monkeypatch):
+    handler, modules = exported(monkeypatch, module=reminders)
+    wit = modules["wit_world.imports.types"]
+    handler.handle(9, encode_key(3), [Noted(3, "a").encode()])
+    calls = modules["wit_world"].calls
+    assert calls == [
+        ("timer_set", "remind", 1_000, b'{"note":"a"}'),
+        ("timer_cancel", "gone"),
+        ("timer_get", "remind"),
+    ]
+    calls.clear()
+    handler.fire(encode_key(3), [wit.Timer("remind", 1_000, b'{"note":"a"}')])
+    assert calls == [("set", "reminded", b'["remind",1000,{"note":"a"}]'), ("timer_set", "again", 1_001, b"null")]
+
+
+def test_a_timer_refusal_names_the_timer_and_the_rule(monkeypatch):
+    handler, modules = exported(monkeypatch, refuse={"timer_set"}, module=reminders)
+    classes = modules["wit_world.imports.types"].ErrorClass
+    refused = error_of(lambda: handler.handle(9, encode_key(1), [Noted(1, "a").encode()]))
+    assert (refused.class_, refused.message) == (classes.UNRECOVERABLE, "cannot set timer `remind`: timer_set-rule: refused")
+
+
+def test_a_module_written_before_timers_builds_and_fails_a_fire_call_unrecoverably(monkeypatch):
+    handler, modules = exported(monkeypatch)
+    wit = modules["wit_world.imports.types"]
+    error = error_of(lambda: handler.fire(encode_key(1), [wit.Timer("x", 5, b"")]))
+    assert (error.class_, error.message) == (
+        wit.ErrorClass.UNRECOVERABLE,
+        "module notes handles no timers, but was asked to fire 1 of them",
+    )

@@ -225,7 +225,7 @@ def test_the_host_refuses_calls_once_handle_returned():
     host.handle([Command(1, "stash")])
     (ctx,) = stashed
     with pytest.raises(
-        Refused, match="cannot write state entry `late`: outside-handle: `state` is only available while `handle` runs"
+        Refused, match="cannot write state entry `late`: outside-handle: `state` is only available while `handle` or `fire` runs"
     ):
         ctx.set("late", 1)
     with pytest.raises(Refused, match="outside-handle: `emit`"):

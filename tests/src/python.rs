@@ -1,5 +1,6 @@
-//! The Python bank (`examples/bank-py`) as a component, for the tests that
-//! run it through the host.
+//! The Python bank (`examples/bank-py`) and the Python windows
+//! (`tests/guests/windows-py`) as components, for the tests that run them
+//! through the host.
 //!
 //! It is built with componentize-py, found as `waku build` finds it
 //! (`WAKU_COMPONENTIZE_PY`, the project's `.venv`, `PATH`). Without it the
@@ -18,6 +19,10 @@ use crate::{guest_wasm, repo_root};
 
 /// The Python bank's project directory, relative to the repository.
 pub const BANK_PY: &str = "examples/bank-py";
+
+/// The Python windows' project directory (tumbling, hopping and session
+/// windows of the Python SDK over clicks), relative to the repository.
+pub const WINDOWS_PY: &str = "tests/guests/windows-py";
 
 /// Whether componentize-py is there; if not, prints one line saying `what`
 /// was skipped (or, under CI, panics).
@@ -43,4 +48,11 @@ pub fn bank_py_wasm(what: &str) -> Option<PathBuf> {
 pub fn bank_py_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
     static MODULE: OnceLock<Arc<dyn HandlerModule>> = OnceLock::new();
     Some(load_once(&MODULE, &bank_py_wasm(what)?))
+}
+
+/// The Python windows loaded into a default sandbox, once per process (as
+/// [`bank_py_module`]), or `None` after a `skipped:` line.
+pub fn windows_py_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
+    static MODULE: OnceLock<Arc<dyn HandlerModule>> = OnceLock::new();
+    componentize_py_available(what).then(|| load_once(&MODULE, &guest_wasm(WINDOWS_PY)))
 }

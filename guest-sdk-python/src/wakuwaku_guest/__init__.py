@@ -7,8 +7,10 @@ deriving from :class:`Event` (tag, name, algebra, max batch, key, ordering
 per message); handlers are functions or methods registered on a
 :class:`Module`; the handler file ends with ``Handler = export(module)``.
 Build with ``waku build <project>`` (componentize-py against
-``wit/handler-0.4.wit``, world ``module``) and hand the ``.wasm`` to the host;
-test with pytest, using :class:`testing.MemoryHost`.
+``wit/handler-0.5.wit``, world ``module``) and hand the ``.wasm`` to the host;
+test with pytest, using :class:`testing.MemoryHost`. Per-key event-time
+timers (``ctx.set_timer``, :meth:`Module.on_timers`) and windows built on
+them (:mod:`.windows`) are described in ``docs/timers.md``.
 
 A minimal handler::
 
@@ -72,7 +74,9 @@ Layout
 - :mod:`.event`: :class:`Event`, what an author subclasses.
 - :mod:`.module`: :class:`Module` and :func:`handles`: dispatch by tag over
   bytes, the WIT ``handler`` interface in plain Python.
-- :mod:`.context`: :class:`Context`, what a handler can do during a call.
+- :mod:`.context`: :class:`Context`, what a handler can do during a call,
+  and :class:`Timer`.
+- :mod:`.windows`: tumbling, hopping and session windows on timers.
 - :mod:`.key`: the canonical key encoding shared with every guest SDK.
 - :mod:`.codec`: JSON bodies and state entries checked against type hints.
 - :mod:`.limits` and :mod:`.reduce`: the host's rules, for the test host.
@@ -83,10 +87,10 @@ Layout
 
 from .codec import skip_if_default
 from .component import export
-from .context import Context, HostApi, Outgoing
+from .context import Context, HostApi, Outgoing, Timer
 from .event import Event
 from .key import KeyFormatError, decode_key, encode_key, key_text, parse_key_text
-from .module import EventTypeInfo, Module, ModuleInfo, handles
+from .module import EventTypeInfo, Module, ModuleInfo, handles, on_timers
 from .types import (
     Algebra,
     ErrorClass,
@@ -102,7 +106,7 @@ from .types import (
 )
 
 #: The WIT package and version this SDK's components implement.
-WIT_PACKAGE = "wakuwaku:handler@0.4.0"
+WIT_PACKAGE = "wakuwaku:handler@0.5.0"
 
 __all__ = [
     "WIT_PACKAGE",
@@ -122,6 +126,7 @@ __all__ = [
     "Refusal",
     "Refused",
     "RetryableError",
+    "Timer",
     "Timing",
     "TransientError",
     "UnrecoverableError",
@@ -130,6 +135,7 @@ __all__ = [
     "export",
     "handles",
     "key_text",
+    "on_timers",
     "parse_key_text",
     "skip_if_default",
 ]

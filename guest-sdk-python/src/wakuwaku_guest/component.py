@@ -8,7 +8,14 @@ componentize-py looks for a class named ``Handler`` in the app module and
 exports it as the WIT interface ``handler`` of world ``module``. Build it
 with ``waku build <project>``, or by hand, with the SDK importable::
 
-    componentize-py -d wit/handler-0.4.wit -w module componentize bank -o bank.wasm
+    componentize-py -d wit/handler-0.5.wit -w module componentize bank -o bank.wasm
+
+The component implements contract 0.5 (with timers): its ``fire`` export
+calls the module's timer handler (:meth:`Module.on_timers
+<wakuwaku_guest.Module.on_timers>`), and a module without one (written
+before timers) builds unchanged, its ``fire`` failing unrecoverably should
+the host ever call it (the host calls ``fire`` only for timers the module
+set).
 
 What the bridge does:
 
@@ -20,6 +27,8 @@ What the bridge does:
 - Any other exception is reported as **retryable**, with its type, message
   and where it was raised: what the host does with a trap (a Rust panic),
   without losing the instance.
+- The WIT ``timer`` records become :class:`~wakuwaku_guest.Timer`, both
+  ways.
 - A refusal from an import raises :class:`~wakuwaku_guest.types.Refusal`,
   which :class:`~wakuwaku_guest.Context` turns into
   :class:`~wakuwaku_guest.Refused`.
@@ -36,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import codec
-from .context import Outgoing
+from .context import Outgoing, Timer
 from .limits import error_message
 from .module import Module
 from .types import Algebra, ErrorClass, HandlerError, Level, Ordering, Refusal
@@ -52,6 +61,7 @@ def export(module: Module) -> type:
         from wit_world.imports import emit as wit_emit
         from wit_world.imports import log as wit_log
         from wit_world.imports import state as wit_state
+        from wit_world.imports import timers as wit_timers
         from wit_world.imports import types as wit
     except ImportError:
         return _stand_in(module)
@@ -128,6 +138,25 @@ def export(module: Module) -> type:
         def log(self, level: Level, message: str) -> None:
             wit_log.log(levels[level], message)
 
+        def set_timer(self, name: str, at: int, payload: bytes) -> None:
+            try:
+                wit_timers.set(name, at, payload)
+            except Err as refusal:
+                raise Refusal(refusal.value) from None
+
+        def cancel_timer(self, name: str) -> None:
+            try:
+                wit_timers.cancel(name)
+            except Err as refusal:
+                raise Refusal(refusal.value) from None
+
+        def get_timer(self, name: str) -> Timer | None:
+            try:
+                timer = wit_timers.get(name)
+            except Err as refusal:
+                raise Refusal(refusal.value) from None
+            return None if timer is None else Timer(timer.name, timer.at, bytes(timer.payload))
+
     host = WasmHost()
 
     def call(function: Callable[..., Any], *args: Any) -> Any:
@@ -158,6 +187,10 @@ def export(module: Module) -> type:
 
         def handle(self, tag: int, key: bytes, bodies: list[bytes]) -> None:
             call(module.handle, host, tag, key, bodies)
+
+        def fire(self, key: bytes, timers: list[Any]) -> None:
+            fired = [Timer(timer.name, timer.at, bytes(timer.payload)) for timer in timers]
+            call(module.fire, host, key, fired)
 
     return Handler
 

@@ -1,7 +1,8 @@
-"""What a handler can do during a call: state, counters, emit, log.
+"""What a handler can do during a call: state, counters, emit, log, timers.
 
 :class:`Context` is the handler's view; it wraps a :class:`HostApi`, the
-raw bytes-level calls of the WIT imports ``state``, ``emit`` and ``log``.
+raw bytes-level calls of the WIT imports ``state``, ``emit``, ``log`` and
+``timers``.
 Inside a component the :class:`HostApi` calls the host
 (:mod:`wakuwaku_guest.component`); in unit tests it is the in-memory
 :class:`~wakuwaku_guest.testing.MemoryHost`.
@@ -26,7 +27,7 @@ from .key import KeyValue, decode_key
 from .limits import I64_MAX, I64_MIN
 from .types import Algebra, Level, Ordering, Refusal, Refused, UnrecoverableError
 
-__all__ = ["HostApi", "Outgoing", "Context"]
+__all__ = ["HostApi", "Outgoing", "Context", "Timer"]
 
 T = TypeVar("T")
 E = TypeVar("E", bound=Event)
@@ -65,6 +66,30 @@ class Outgoing:
         return kind.decode(self.body)
 
 
+@dataclasses.dataclass(frozen=True)
+class Timer:
+    """A pending timer of the key being handled (the WIT record ``timer``,
+    contract 0.5, ``docs/timers.md``)."""
+
+    #: Unique among the key's timers: 1 to 128 bytes, no NUL.
+    name: str
+    #: The event time it fires at, in milliseconds since the Unix epoch.
+    at: int
+    #: What :meth:`Context.set_timer` gave it to carry to the call that
+    #: fires it (JSON, unless set with :meth:`Context.set_timer_bytes`).
+    payload: bytes = b""
+
+    def decode(self, kind: type[T] | Any = Any) -> T | Any:
+        """The JSON payload, as ``kind`` when given; one that does not
+        decode is an unrecoverable error naming the timer."""
+        try:
+            return codec.from_json_bytes(kind, self.payload)
+        except (ValueError, TypeError) as error:
+            raise UnrecoverableError(
+                f"the payload of timer `{self.name}` is not a valid {_type_name(kind)}: {error}"
+            ) from None
+
+
 class HostApi(Protocol):
     """The host's side of a handler call, as raw bytes: what the WIT
     imports offer. Every method but ``log`` raises
@@ -92,10 +117,22 @@ class HostApi(Protocol):
     def log(self, level: Level, message: str) -> None:
         """Writes a line to the host's log (never fails)."""
 
+    def set_timer(self, name: str, at: int, payload: bytes) -> None:
+        """Sets the current key's timer ``name`` at event time ``at``: a new
+        one, or the one of that name moved."""
+
+    def cancel_timer(self, name: str) -> None:
+        """Cancels the current key's timer ``name`` (no error if there is
+        none)."""
+
+    def get_timer(self, name: str) -> Timer | None:
+        """The current key's timer ``name``, as this call sees it."""
+
 
 class Context:
     """A handler's view of the host during one call: the state of the key
-    being handled, the counters shared by all keys, emit and log.
+    being handled, the counters shared by all keys, emit, log, and the
+    key's timers.
 
     State entries are JSON by default (:meth:`get`, :meth:`set`); a
     dataclass is written as a JSON object and read back into its class when
@@ -199,6 +236,47 @@ class Context:
             self._host.emit(Outgoing.of(topic, event))
         except Refusal as refusal:
             raise Refused(f"cannot emit {type(event).NAME} to `{topic}`", refusal) from None
+
+    def set_timer(self, name: str, at: int, payload: Any = None) -> None:
+        """Sets the current key's timer ``name`` at event time ``at`` (ms
+        since the Unix epoch), carrying ``payload`` as JSON to the module's
+        timer handler (:meth:`Module.on_timers
+        <wakuwaku_guest.Module.on_timers>`): a new timer, or the one of that
+        name moved. It fires once the projection's clock passes ``at``,
+        after every event of the key at or before ``at`` (see
+        ``docs/timers.md``). A refusal (``timers-per-key``,
+        ``timer-payload-size``, ...) is :class:`~wakuwaku_guest.Refused`,
+        naming the timer and the rule."""
+        try:
+            data = codec.to_json_bytes(payload)
+        except (ValueError, TypeError) as error:
+            raise UnrecoverableError(f"cannot encode the payload of timer `{name}`: {error}") from None
+        self.set_timer_bytes(name, at, data)
+
+    def set_timer_bytes(self, name: str, at: int, payload: bytes = b"") -> None:
+        """:meth:`set_timer` with the payload as bytes."""
+        if type(at) is not int or not I64_MIN <= at <= I64_MAX:
+            raise UnrecoverableError(f"cannot set timer `{name}` at {at!r}: the time is not an s64")
+        try:
+            self._host.set_timer(name, at, bytes(payload))
+        except Refusal as refusal:
+            raise Refused(f"cannot set timer `{name}`", refusal) from None
+
+    def cancel_timer(self, name: str) -> None:
+        """Cancels the current key's timer ``name`` (nothing happens if there
+        is none)."""
+        try:
+            self._host.cancel_timer(name)
+        except Refusal as refusal:
+            raise Refused(f"cannot cancel timer `{name}`", refusal) from None
+
+    def timer(self, name: str) -> Timer | None:
+        """The current key's timer ``name``, if it is pending (as this call
+        sees it: committed, and the changes of this batch)."""
+        try:
+            return self._host.get_timer(name)
+        except Refusal as refusal:
+            raise Refused(f"cannot read timer `{name}`", refusal) from None
 
     def log(self, level: Level, message: str) -> None:
         """Writes a line to the host's log."""

@@ -17,6 +17,14 @@ Rules kept here, as in the host:
   ``max_counters`` counters and a key at most ``max_entries_per_key``
   entries (``counter-count``, ``entries-per-key``); only a new counter or
   entry past the quota is refused, changing what exists never is.
+- **Timers keep their own rules** (contract 0.5, ``docs/timers.md``): a
+  name of 1 to 128 bytes without NUL (``timer-name``), a payload within
+  ``max_timer_payload`` (``timer-payload-size``), a time below the largest
+  s64 (``timer-time``), during ``fire`` only later than the timers fired
+  (``timer-at-firing``); each ``set`` and ``cancel`` counts as a state
+  write; a key holds at most ``max_timers_per_key`` timers and a
+  projection ``max_timers`` (``timers-per-key``, ``timers-in-all``: only a
+  new timer past them is refused, moving or cancelling one never is).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = [
     "MAX_EMIT_TOPICS",
     "MAX_TOPIC_NAME_BYTES",
     "MAX_ERROR_MESSAGE_BYTES",
+    "MAX_TIMER_NAME_BYTES",
     "I64_MIN",
     "I64_MAX",
     "PayloadLimits",
@@ -43,6 +52,10 @@ __all__ = [
     "check_name",
     "check_counter_count",
     "check_entries_per_key",
+    "check_timer_name",
+    "check_timer",
+    "check_timers_per_key",
+    "check_timers_in_all",
     "counter_value",
     "check_description",
     "check_emits",
@@ -66,6 +79,8 @@ MAX_EMIT_TOPICS = 64
 MAX_TOPIC_NAME_BYTES = 255
 #: The longest handler-error message the host keeps, in bytes.
 MAX_ERROR_MESSAGE_BYTES = 4 << 10
+#: The longest timer name, in bytes (``timer-name``).
+MAX_TIMER_NAME_BYTES = 128
 
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
@@ -143,6 +158,12 @@ class PayloadLimits:
     max_counters: int = 10_000
     #: Most entries one key holds; a new one past it is refused.
     max_entries_per_key: int = 1_000
+    #: Largest payload of a timer, in bytes (``timer-payload-size``).
+    max_timer_payload: int = 1 << 10
+    #: Most timers one key holds; a new one past it is refused (``timers-per-key``).
+    max_timers_per_key: int = 100
+    #: Most timers a projection holds; a new one past it is refused (``timers-in-all``).
+    max_timers: int = 1_000_000
 
 
 def check_name(name: str) -> None:
@@ -176,6 +197,61 @@ def check_entries_per_key(limits: PayloadLimits, name: str, held: int) -> None:
         raise Refusal(
             f"entries-per-key: this key holds {held} entries (committed and written in this batch), at most "
             f"{limits.max_entries_per_key}; entry `{_quoted(name)}` would be a new one"
+        )
+
+
+def check_timer_name(name: str) -> None:
+    """A timer name is 1 to 128 bytes, without a NUL (``timer-name``)."""
+    length = _utf8_len(name)
+    if not 1 <= length <= MAX_TIMER_NAME_BYTES:
+        raise Refusal(
+            f"timer-name: a timer name is 1 to {MAX_TIMER_NAME_BYTES} bytes without NUL; this one has {length} bytes"
+        )
+    if "\0" in name:
+        at = _utf8_len(name[: name.index("\0")])
+        raise Refusal(
+            f"timer-name: a timer name is 1 to {MAX_TIMER_NAME_BYTES} bytes without NUL; this one has a NUL at byte {at}"
+        )
+
+
+def check_timer(limits: PayloadLimits, name: str, at: int, payload_len: int, firing: int | None) -> None:
+    """Checks a timer ``set`` as a value: its name, its payload of
+    ``payload_len`` bytes, its time ``at``, and during ``fire`` of the
+    timers at ``firing``, that it is later (``timer-at-firing``)."""
+    check_timer_name(name)
+    if payload_len > limits.max_timer_payload:
+        raise Refusal(
+            f"timer-payload-size: timer `{_quoted(name)}` has a payload of {payload_len} bytes, over the limit of "
+            f"{limits.max_timer_payload} bytes"
+        )
+    if at == I64_MAX:
+        raise Refusal(
+            f"timer-time: timer `{_quoted(name)}` is set at {at}, the largest time, which no clock ever passes"
+        )
+    if firing is not None and not at > firing:
+        raise Refusal(
+            f"timer-at-firing: timer `{_quoted(name)}` is set at {at} while the timers at {firing} fire; a call "
+            f"that fires timers sets timers only later than them"
+        )
+
+
+def check_timers_per_key(limits: PayloadLimits, name: str, held: int) -> None:
+    """A set that would make timer ``name`` a new one, while the key holds
+    ``held`` timers: refused at ``max_timers_per_key``."""
+    if held >= limits.max_timers_per_key:
+        raise Refusal(
+            f"timers-per-key: a key holds at most {limits.max_timers_per_key} timers (it holds {held}); timer "
+            f"`{_quoted(name)}` would be a new one (moving or cancelling one is allowed)"
+        )
+
+
+def check_timers_in_all(limits: PayloadLimits, name: str, held: int) -> None:
+    """A set that would make timer ``name`` a new one, while the projection
+    holds ``held`` timers: refused at ``max_timers``."""
+    if held >= limits.max_timers:
+        raise Refusal(
+            f"timers-in-all: a projection holds at most {limits.max_timers} timers (it holds {held}); timer "
+            f"`{_quoted(name)}` would be a new one"
         )
 
 
@@ -213,6 +289,17 @@ class CallTally:
     def delete(self, limits: PayloadLimits, name: str) -> None:
         """Checks a ``delete`` of ``name``."""
         check_name(name)
+        self._write(limits, _utf8_len(name))
+
+    def timer_set(self, limits: PayloadLimits, name: str, at: int, payload_len: int, firing: int | None) -> None:
+        """Checks a timer ``set``: the timer's own rules, then a state write
+        of its name and payload."""
+        check_timer(limits, name, at, payload_len, firing)
+        self._write(limits, _utf8_len(name) + payload_len)
+
+    def timer_cancel(self, limits: PayloadLimits, name: str) -> None:
+        """Checks a timer ``cancel`` of ``name``: a state write of its name."""
+        check_timer_name(name)
         self._write(limits, _utf8_len(name))
 
     def _write(self, limits: PayloadLimits, size: int) -> None:

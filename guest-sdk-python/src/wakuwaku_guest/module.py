@@ -23,8 +23,20 @@ Every handler call gets events of one key and one type, in log order
 key never overlap. On error nothing the call wrote is kept, and the events
 go where the error's class says.
 
+A module's timers (contract 0.5, ``docs/timers.md``) are set in any call
+with ``ctx.set_timer`` and fired, per key, by the one function registered
+with :meth:`Module.on_timers` (or the method marked with :func:`on_timers`):
+all of a key's due timers of one time in one call, in name order::
+
+    @bank.on_timers
+    def fire(ctx: Context, timers: list[Timer]) -> None:
+        ...
+
+A module without one sets no timers, and fails unrecoverably if it is ever
+asked to fire some.
+
 :class:`Module`'s ``describe``, ``key``, ``ordering``, ``event_time``,
-``combine`` and ``handle`` are the WIT ``handler`` interface over bytes: the component
+``combine``, ``handle`` and ``fire`` are the WIT ``handler`` interface over bytes: the component
 exports them (:func:`wakuwaku_guest.component.export`) and the test host
 calls them, so a unit test runs exactly the code the component runs. Each
 fails with an unrecoverable error naming the tag when the module has no
@@ -37,16 +49,20 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .context import Context, HostApi
+from .context import Context, HostApi, Timer
 from .event import Event, decoder
 from .limits import ContractError, check_description, check_emits
 from .types import Algebra, Ordering, Timing, UnrecoverableError
 
-__all__ = ["Module", "handles", "EventTypeInfo", "ModuleInfo"]
+__all__ = ["Module", "handles", "on_timers", "EventTypeInfo", "ModuleInfo"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HANDLES = "__wakuwaku_handles__"
+_ON_TIMERS = "__wakuwaku_on_timers__"
+# The methods the host calls (the WIT `handler` export); a handler method
+# must not take one of their names.
+_PROTOCOL = frozenset({"describe", "key", "ordering", "event_time", "combine", "handle", "fire"})
 
 _S64_MIN = -(1 << 63)
 _S64_MAX = (1 << 63) - 1
@@ -89,6 +105,13 @@ def handles(*event_types: type[Event]) -> Callable[[F], F]:
     return mark
 
 
+def on_timers(method: F) -> F:
+    """Marks a method of a :class:`Module` subclass as its timer handler: it
+    is called as ``method(self, ctx, timers)``."""
+    setattr(method, _ON_TIMERS, True)
+    return method
+
+
 def _check_event_types(event_types: Sequence[Any]) -> None:
     if not event_types:
         raise TypeError("handles() needs at least one event type")
@@ -120,14 +143,22 @@ class Module:
             raise TypeError(f"module {self.name}: {error}") from None
         # Per tag: the event type, its handler, and what decodes its bodies.
         self._handlers: dict[int, tuple[type[Event], Callable[[Context, list[Any]], Any], Callable[..., list[Any]]]] = {}
+        self._timer_handler: Callable[[Context, list[Timer]], Any] | None = None
         seen: set[str] = set()
         for klass in type(self).__mro__:
             for attribute, value in vars(klass).items():
                 if attribute in seen:
                     continue
                 seen.add(attribute)
+                if attribute in _PROTOCOL and (getattr(value, _HANDLES, ()) or getattr(value, _ON_TIMERS, False)):
+                    raise TypeError(
+                        f"module {self.name}: the handler method `{attribute}` would replace Module.{attribute}, "
+                        "which the host calls; name it otherwise"
+                    )
                 for kind in getattr(value, _HANDLES, ()):
                     self._register(kind, getattr(self, attribute))
+                if getattr(value, _ON_TIMERS, False):
+                    self.on_timers(getattr(self, attribute))
 
     def handles(self, *event_types: type[Event]) -> Callable[[F], F]:
         """Registers a function as the handler of ``event_types``: it is
@@ -140,6 +171,24 @@ class Module:
             return function
 
         return register
+
+    def on_timers(self, function: F) -> F:
+        """Registers a function as the module's timer handler (at most one):
+        it is called as ``function(ctx, timers)`` with a key's due timers of
+        one time, in name order, and may use state, emit, log and timers as
+        an event handler does, setting timers only later than the ones it
+        fires (``timer-at-firing``)."""
+        if not callable(function):
+            raise TypeError(f"module {self.name}: the timer handler is not callable")
+        if self._timer_handler is not None:
+            raise TypeError(f"module {self.name}: on_timers is registered twice; a module has one timer handler")
+        self._timer_handler = function
+        return function
+
+    @property
+    def handles_timers(self) -> bool:
+        """Whether the module has a timer handler (:meth:`on_timers`)."""
+        return self._timer_handler is not None
 
     def _register(self, kind: type[Event], handler: Callable[[Context, list[Any]], Any]) -> None:
         _check_event_types([kind])
@@ -214,3 +263,13 @@ class Module:
             raise UnrecoverableError(f"module {self.name} has no event type with tag {tag}")
         _, handler, decode_all = entry
         handler(Context(host, key), decode_all(bodies))
+
+    def fire(self, host: HostApi, key: bytes, timers: Sequence[Timer]) -> None:
+        """Fires the due timers of one time of the key ``key`` (canonical
+        bytes), in name order, with the module's timer handler; an
+        unrecoverable error if it has none."""
+        if self._timer_handler is None:
+            raise UnrecoverableError(
+                f"module {self.name} handles no timers, but was asked to fire {len(timers)} of them"
+            )
+        self._timer_handler(Context(host, key), list(timers))

@@ -9,7 +9,21 @@ the host's rules with the host's messages (:mod:`wakuwaku_guest.limits`):
 state, counter and emit calls are refused past the same limits and state
 quotas (counters per projection, entries per key), only during a call,
 and log lines are cut and counted. A failed call leaves no
-trace in state, counters or emitted messages (its log lines are kept).
+trace in state, counters, timers or emitted messages (its log lines are
+kept).
+
+Timers (contract 0.5, ``docs/timers.md``) are kept per key under the
+host's rules by id (``timer-name``, ``timer-payload-size``, ``timer-time``,
+``timer-at-firing``, ``timers-per-key``, ``timers-in-all``), and
+:meth:`MemoryHost.advance` moves the projection's clock and fires the due
+ones as the host does, so a timer is unit-tested without a log::
+
+    host.handle([Clicked(1, at=100)])   # sets "end" at 700
+    assert host.advance(701) == 1       # fires it
+
+:meth:`MemoryHost.handle_in_time` plays timed events with the clock moved
+to each one's time first, so every timer fires at its place among the
+key's events (after the events of its time, before the later ones).
 
 ::
 
@@ -32,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import codec
-from .context import Outgoing
+from .context import Outgoing, Timer
 from .event import Event
 from .key import KeyValue, decode_key, encode_key
 from .limits import (
@@ -43,6 +57,9 @@ from .limits import (
     check_counter_count,
     check_entries_per_key,
     check_key,
+    check_timer_name,
+    check_timers_in_all,
+    check_timers_per_key,
     counter_value,
 )
 from .module import Module
@@ -139,6 +156,8 @@ class MemoryHost:
         self.limits = limits or PayloadLimits()
         self._state: dict[bytes, dict[str, bytes]] = {}
         self._counters: dict[str, int] = {}
+        # Per key: its pending timers by name.
+        self._timers: dict[bytes, dict[str, Timer]] = {}
         #: The messages emitted so far, in order.
         self.emitted: list[Outgoing] = []
         #: The lines logged so far, in order.
@@ -231,22 +250,93 @@ class MemoryHost:
     def handle_bodies(self, tag: int, key: bytes, bodies: Sequence[bytes]) -> None:
         """One ``handle`` call with encoded bodies for the key with canonical
         bytes ``key``, as the host makes it. On error, the call's state
-        writes, counter changes and emitted messages are rolled back and the
-        error is raised."""
+        writes, counter changes, timer changes and emitted messages are
+        rolled back and the error is raised."""
         check_key(key)
+        self._undoable(key, None, lambda scope: self.module.handle(scope, tag, key, bodies))
+
+    def _undoable(self, key: bytes, firing: int | None, call: Any) -> None:
+        """Runs one call about ``key`` (firing the timers at ``firing``, if
+        any): on error its state writes, counter changes, timer changes and
+        emitted messages are rolled back and the error is raised."""
         state = dict(self._state.get(key, {}))
+        timers = dict(self._timers.get(key, {}))
         counters = dict(self._counters)
         emitted = len(self.emitted)
-        scope = _KeyScope(self, key)
+        scope = _KeyScope(self, key, firing)
         try:
-            self.module.handle(scope, tag, key, bodies)
+            call(scope)
         except BaseException:
             self._state[key] = state
+            self._timers[key] = timers
             self._counters = counters
             del self.emitted[emitted:]
             raise
         finally:
             scope.close()
+            if not self._timers.get(key, True):
+                del self._timers[key]
+
+    def advance(self, clock: int) -> int:
+        """Moves the projection's clock to ``clock`` (ms since the epoch)
+        and fires every timer below it, as the host does when no event of
+        the key is left to apply before them: each key's due timers in
+        (time, name) order, names compared as UTF-8 bytes, all of one time
+        in one call of the module's timer handler
+        (:meth:`Module.on_timers <wakuwaku_guest.Module.on_timers>`); timers
+        a call sets below the clock fire in turn; keys in the order of their
+        earliest due timer, then of their bytes. A timer at ``t`` is due
+        once the clock is above ``t`` (the clock is exclusive, as for
+        events). Stops at the first failing call, raising its error (its
+        changes taken back, its timers pending again). Returns how many
+        calls it made."""
+        calls = 0
+        while True:
+            due = [(timer.at, key) for key, timers in self._timers.items() for timer in timers.values() if timer.at < clock]
+            if not due:
+                return calls
+            at, key = min(due)
+            self._undoable(key, at, lambda scope, key=key, at=at: self._fire(scope, key, at))
+            calls += 1
+
+    def _fire(self, scope: _KeyScope, key: bytes, at: int) -> None:
+        timers = self._timers[key]
+        fired = _in_firing_order([timer for timer in timers.values() if timer.at == at])
+        for timer in fired:
+            del timers[timer.name]
+        self.module.fire(scope, key, fired)
+
+    def handle_in_time(self, events: Iterable[Event], *, clock: int | None = None) -> int:
+        """Plays ``events`` as the host applies a projection's timed events
+        once it has read them all, with the timers in their places: the
+        events put in event-time order (ties in the order given; the time
+        from the module's ``event_time``, so an untimed event raises the
+        publisher's ``event-time-declared`` error first), and before each
+        one the clock moved to its time (:meth:`advance`), so a timer at
+        ``t`` fires after every event at or before ``t`` and before the
+        later ones; each event in a call of its own (as with ``MAX_BATCH``
+        1, which a handler whose timers must fall exactly between events
+        declares). At the end the clock moves to ``clock``, by default one
+        past the latest event time, as the host's clock does at the end of
+        the log. Returns how many timer calls it made."""
+        timed: list[tuple[int, Event]] = []
+        for event in events:
+            time = self.module.event_time(type(event).TAG, event.encode())
+            if time is None:
+                raise ValueError(f"handle_in_time plays timed events only; {type(event).NAME} is untimed")
+            timed.append((time, event))
+        timed.sort(key=lambda pair: pair[0])
+        calls = 0
+        for time, event in timed:
+            calls += self.advance(time)
+            self.handle([event])
+        end = clock if clock is not None else (timed[-1][0] + 1 if timed else None)
+        return calls + (self.advance(end) if end is not None else 0)
+
+    def timers(self, key: Any) -> list[Timer]:
+        """The pending timers of ``key`` (a key value: ``42``, ``"ann"``,
+        ``(42, "eur")``), in firing order."""
+        return _in_firing_order(list(self._timers.get(encode_key(key), {}).values()))
 
     def get(self, key: Any, name: str, kind: type[T] | Any = Any) -> T | None:
         """A JSON state entry of ``key`` (a key value: ``42``, ``"ann"``,
@@ -276,14 +366,21 @@ class MemoryHost:
         return self._counters.get(name, 0)
 
 
+def _in_firing_order(timers: list[Timer]) -> list[Timer]:
+    """``timers`` in the order they fire: time, then name as UTF-8 bytes."""
+    return sorted(timers, key=lambda timer: (timer.at, timer.name.encode("utf-8", "surrogatepass")))
+
+
 class _KeyScope:
     """The host as one call about one key sees it: the module's
     :class:`~wakuwaku_guest.HostApi` during that call, refusing everything
     once the call is over."""
 
-    def __init__(self, host: MemoryHost, key: bytes) -> None:
+    def __init__(self, host: MemoryHost, key: bytes, firing: int | None = None) -> None:
         self._host = host
         self._key = key
+        # The time of the timers being fired, in a `fire` call.
+        self._firing = firing
         self._tally = CallTally()
         self._log = LogTally()
         self._open = True
@@ -296,7 +393,7 @@ class _KeyScope:
 
     def _check_open(self, interface: str) -> None:
         if not self._open:
-            raise Refusal(f"outside-handle: `{interface}` is only available while `handle` runs")
+            raise Refusal(f"outside-handle: `{interface}` is only available while `handle` or `fire` runs")
 
     def get(self, name: str) -> bytes | None:
         self._check_open("state")
@@ -343,6 +440,32 @@ class _KeyScope:
         self._check_open("emit")
         self._tally.emit(self._host.limits, self._host.module.emits, message.topic, message.key, message.body)
         self._host.emitted.append(message)
+
+    def set_timer(self, name: str, at: int, payload: bytes) -> None:
+        self._check_open("timers")
+        limits = self._host.limits
+        before = dataclasses.replace(self._tally)
+        self._tally.timer_set(limits, name, at, len(payload), self._firing)
+        timers = self._host._timers.setdefault(self._key, {})
+        if name not in timers:
+            try:
+                check_timers_per_key(limits, name, len(timers))
+                check_timers_in_all(limits, name, sum(len(held) for held in self._host._timers.values()))
+            except Refusal:
+                # Refused: the call's counts stay as they were.
+                self._tally = before
+                raise
+        timers[name] = Timer(name, at, bytes(payload))
+
+    def cancel_timer(self, name: str) -> None:
+        self._check_open("timers")
+        self._tally.timer_cancel(self._host.limits, name)
+        self._host._timers.get(self._key, {}).pop(name, None)
+
+    def get_timer(self, name: str) -> Timer | None:
+        self._check_open("timers")
+        check_timer_name(name)
+        return self._host._timers.get(self._key, {}).get(name)
 
     def log(self, level: Level, message: str) -> None:
         if not self._open:

@@ -1,7 +1,7 @@
 """The vocabulary shared with the host: algebras, orderings, error classes,
 log levels, and the errors a handler raises.
 
-Each enum's values are the names ``wit/handler-0.4.wit`` uses
+Each enum's values are the names ``wit/handler-0.5.wit`` uses
 (``non-associative``, ``acq-rel``, ...), so ``Algebra("associative")`` reads
 a name as the contract writes it.
 """

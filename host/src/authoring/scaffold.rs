@@ -144,6 +144,7 @@ const PYTHON_SDK: &[(&str, &str)] = &[
     ("vendor/wakuwaku_guest/reduce.py", include_str!("../../../guest-sdk-python/src/wakuwaku_guest/reduce.py")),
     ("vendor/wakuwaku_guest/testing.py", include_str!("../../../guest-sdk-python/src/wakuwaku_guest/testing.py")),
     ("vendor/wakuwaku_guest/types.py", include_str!("../../../guest-sdk-python/src/wakuwaku_guest/types.py")),
+    ("vendor/wakuwaku_guest/windows.py", include_str!("../../../guest-sdk-python/src/wakuwaku_guest/windows.py")),
 ];
 
 /// The Python project's own files; `{{module}}` in a path is the module.

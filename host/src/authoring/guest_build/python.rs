@@ -13,7 +13,7 @@
 //!
 //! The build runs `componentize-py -d <wit> -w module componentize -p <project>
 //! -p <python-path>... <module> -o <out>` against the contract this host was
-//! built with (written to a temporary directory, so a build never depends on
+//! built with (0.5, with timers; components built for 0.4 still load) (written to a temporary directory, so a build never depends on
 //! a `wit/` folder beside the project). Packages installed in the
 //! environment of componentize-py (the Python SDK, say) are found as well.
 //!
@@ -49,12 +49,15 @@ pub const TESTED_COMPONENTIZE_PY: &str = "0.25.1";
 /// The environment variable naming the componentize-py executable to use.
 pub const COMPONENTIZE_PY_ENV: &str = "WAKU_COMPONENTIZE_PY";
 
-/// The contract Python components are built against (`wit/handler-0.4.wit`):
-/// the Python SDK has no timers yet, and the host serves 0.4 unchanged.
+/// The contract before timers (`wit/handler-0.4.wit`), which the host still
+/// loads unchanged (Python components built before timers are 0.4 ones);
+/// vendored for the Rust SDK's core, which reads its version.
 pub const HANDLER_WIT: &str = include_str!("../../../../wit/handler-0.4.wit");
 
 /// The contract this host implements (`wit/handler-0.5.wit`, with timers),
-/// which the Rust SDK builds for; vendored for it and its core.
+/// which Python components are built against (the Python SDK's `fire`
+/// export fails unrecoverably for a module without a timer handler, which
+/// sets no timer, so the host never calls it) and the Rust SDK builds for.
 pub const HANDLER_WIT_0_5: &str = include_str!("../../../../wit/handler-0.5.wit");
 
 /// The contract before `timed-relaxed` (`wit/handler-0.3.wit`), which the
@@ -162,7 +165,7 @@ fn build_with(
             ),
         });
     }
-    let fields = [HANDLER_WIT.as_bytes(), version.as_bytes(), project.module.as_bytes()];
+    let fields = [HANDLER_WIT_0_5.as_bytes(), version.as_bytes(), project.module.as_bytes()];
     let roots = std::iter::once(dir.to_owned()).chain(project.python_path.iter().map(|path| dir.join(path)));
     let build = Stamped::new(out_dir, &project.module, inputs_digest(&fields, roots, "__pycache__")?);
     if build.is_current() {
@@ -170,7 +173,7 @@ fn build_with(
     }
     let wit_dir = tempfile::tempdir().map_err(|e| io("creating a directory for", Path::new("the WIT"), e))?;
     let wit = wit_dir.path().join("handler.wit");
-    std::fs::write(&wit, HANDLER_WIT).map_err(|e| io("writing", &wit, e))?;
+    std::fs::write(&wit, HANDLER_WIT_0_5).map_err(|e| io("writing", &wit, e))?;
     std::fs::create_dir_all(out_dir).map_err(|e| io("creating", out_dir, e))?;
 
     let mut command = Command::new(tool);
@@ -446,5 +449,6 @@ mod tests {
         assert!(HANDLER_WIT.contains(&format!("package {};", wakuwaku_core::limits::CONTRACT_0_4)));
         assert!(HANDLER_WIT_0_5.contains(&format!("package {};", wakuwaku_core::limits::CONTRACT)));
         assert!(HANDLER_WIT.contains("world module {"));
+        assert!(HANDLER_WIT_0_5.contains("world module {") && HANDLER_WIT_0_5.contains("import timers;"));
     }
 }
