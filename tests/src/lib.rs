@@ -52,6 +52,7 @@ use wakuwaku::storage::log::embedded::EmbeddedLog;
 use wakuwaku::storage::log::{EventLog, Record};
 use wakuwaku::storage::state::StateStore;
 
+pub mod click_windows;
 pub mod flaky;
 pub mod group;
 pub mod hostile;

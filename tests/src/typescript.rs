@@ -1,5 +1,6 @@
-//! The TypeScript bank (`examples/bank-ts`) as a component, for the tests
-//! that run it through the host.
+//! The TypeScript bank (`examples/bank-ts`) and windows
+//! (`tests/guests/windows-ts`) as components, for the tests that run them
+//! through the host.
 //!
 //! It is built with esbuild and componentize-js from the repository's npm
 //! tools (`npm ci` at the root), found as `waku build` finds them. Without
@@ -17,6 +18,9 @@ use crate::{guest_wasm, repo_root};
 
 /// The TypeScript bank's project directory, relative to the repository.
 pub const BANK_TS: &str = "examples/bank-ts";
+
+/// The TypeScript windows (`wakuwaku_tests::click_windows`'s module), relative to the repository.
+pub const WINDOWS_TS: &str = "tests/guests/windows-ts";
 
 /// Whether the npm tools are there; if not, prints one line saying `what`
 /// was skipped (or, under CI, panics).
@@ -37,4 +41,11 @@ pub fn bank_ts_wasm(what: &str) -> Option<PathBuf> {
 pub fn bank_ts_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
     static MODULE: OnceLock<Arc<dyn HandlerModule>> = OnceLock::new();
     Some(load_once(&MODULE, &bank_ts_wasm(what)?))
+}
+
+/// The TypeScript windows loaded into a default sandbox, once per process
+/// (as [`bank_ts_module`]), or `None` after a `skipped:` line.
+pub fn windows_ts_module(what: &str) -> Option<Arc<dyn HandlerModule>> {
+    static MODULE: OnceLock<Arc<dyn HandlerModule>> = OnceLock::new();
+    js_tools_available(what).then(|| load_once(&MODULE, &guest_wasm(WINDOWS_TS)))
 }

@@ -2,7 +2,9 @@
 //! TypeScript SDK) through the real host: it describes itself as the Rust bank
 //! does, gives every body the Rust bank's key and ordering (so modules in
 //! both languages can share a topic), fails bad input as the Rust bank
-//! does, and its read model after a seeded workload equals the oracle.
+//! does, and its read model after a seeded workload equals the oracle. And
+//! the TypeScript SDK's windows (`tests/guests/windows-ts`, on timers)
+//! through the real host, every window's total against an oracle by sorting.
 //!
 //! Each test needs the npm tools (see `wakuwaku_tests::typescript`); without
 //! them, it prints one `skipped: …` line, except under CI, where it fails.
@@ -10,8 +12,8 @@
 use std::sync::Arc;
 
 use wakuwaku::authoring::demo::{self, WorkloadSpec};
-use wakuwaku_tests::ported_bank;
-use wakuwaku_tests::typescript::bank_ts_module;
+use wakuwaku_tests::typescript::{bank_ts_module, windows_ts_module};
+use wakuwaku_tests::{click_windows, ported_bank};
 
 #[test]
 fn the_typescript_bank_describes_keys_and_orders_as_the_rust_bank() {
@@ -23,6 +25,15 @@ fn the_typescript_bank_describes_keys_and_orders_as_the_rust_bank() {
 async fn the_typescript_bank_read_model_matches_the_oracle_and_keeps_order() {
     let Some(module) = bank_ts_module("the TypeScript bank against the oracle") else { return };
     ported_bank::read_model_matches_the_oracle_and_keeps_order(module).await;
+}
+
+/// Tumbling, hopping and session windows of the TypeScript SDK
+/// (`tests/guests/windows-ts`, contract 0.5) through the real host, every
+/// window's total against an oracle by sorting (`wakuwaku_tests::click_windows`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_windows_emit_what_sorting_gives_through_the_host() {
+    let Some(module) = windows_ts_module("the TypeScript windows through the host") else { return };
+    click_windows::emit_what_sorting_gives(module).await;
 }
 
 /// What one instance of the TypeScript bank costs: it starts within 16 MiB
