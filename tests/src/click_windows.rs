@@ -147,9 +147,7 @@ pub fn oracle(clicks: &[Click], partitions: u32) -> Vec<Total> {
         let mut sessions: Vec<(i64, i64, i64)> = Vec::new();
         for click in events {
             match sessions.last_mut() {
-                Some((_, last, total)) if click.at < *last + GAP => {
-                    (*last, *total) = (click.at, *total + click.amount)
-                }
+                Some((_, last, total)) if click.at < *last + GAP => (*last, *total) = (click.at, *total + click.amount),
                 _ => sessions.push((click.at, click.at, click.amount)),
             }
         }
