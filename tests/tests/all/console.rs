@@ -29,6 +29,7 @@ use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::{PostgresStore, StateStore};
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
+use wakuwaku_tests::hostile::{self, attack, hostile_module, tag};
 use wakuwaku_tests::{bank_log, bank_module, bank_variant, fresh_stream, postgres_url};
 
 const TOKEN: &str = "console-admin-token";
@@ -230,6 +231,42 @@ async fn timed(dir: &Path) -> (Served, Arc<wakuwaku::engine::consumer::TimingBoa
     log.append("a", vec![(0, vec![record(hostile, 3, now - 120_000)])]).await.unwrap();
     eventually("the late event", || timing.late_events().total == 1).await;
     (served, timing)
+}
+
+/// How many calls of the hostile module fail with its own error.
+const HOSTILE_FAILURES: u64 = 4;
+
+/// A projection of the hostile test module (a WASM component, measured by
+/// its sandbox) over topic `attacks`: [`HOSTILE_FAILURES`] events that fail
+/// with a handler error (dead-lettered at once, unrecoverable) and ten that
+/// behave, all applied or dead-lettered: (endpoint, the module's version).
+async fn hostile_host(dir: &Path) -> (Served, String) {
+    let log = Arc::new(EmbeddedLog::open(dir.join("attacks.redb")).unwrap());
+    log.create_topic("attacks", 1).await.unwrap();
+    log.create_topic(hostile::OUT, 1).await.unwrap();
+    let module = hostile_module(&Sandbox::new(SandboxLimits::default()).unwrap());
+    let version = module.version().to_owned();
+    let mut records: Vec<Record> =
+        (0..HOSTILE_FAILURES).map(|key| attack(tag::HUGE_ERROR, key, serde_json::json!({ "size": 64 }))).collect();
+    records.extend((100..110).map(|key| attack(tag::BEHAVE, key, serde_json::json!({}))));
+    log.append("attacks", vec![(0, records)]).await.unwrap();
+    let store = StateStore::open(&dir.join("hostile.redb")).unwrap();
+    let projection = Arc::new(Projection::new("hostile", "attacks", vec![module], store).unwrap());
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, HOSTILE_FAILURES);
+    let (token, read_token) = tokens();
+    let admin = Admin {
+        log,
+        projection,
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+        token,
+        read_token,
+        timing: None,
+    };
+    (Served::start(admin, consumer).await, version)
 }
 
 /// Waits up to 20 s for `done`.
@@ -799,7 +836,57 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     assert_eq!(swaps.len(), 3, "{swaps:?}");
     assert!(swaps[0].starts_with(&format!("{v0} rollback 20")), "{swaps:?}");
     assert!(swaps[1].starts_with(&format!("{v1} start")) && swaps[2].starts_with(&format!("{v0} start")), "{swaps:?}");
+    // Each version's figures stay after the swap: v1 ran the bank's
+    // events (a call handles a key's run of them), without a failure, its
+    // instances within their limits.
+    let v1_calls = text_of(&client, &format!("table.usage tr[data-version='{v1}'] td.calls"), |_| true).await;
+    let v1_calls: u64 = v1_calls.replace(',', "").parse().unwrap();
+    assert!((12..=events).contains(&v1_calls), "{v1_calls} calls for 12 accounts");
+    let v1_row = format!("table.usage tr[data-version='{v1}']");
+    let failed = client.find(Css(&format!("{v1_row} td.errors"))).await.unwrap();
+    assert_eq!(failed.attr("data-failed").await.unwrap().as_deref(), Some("0"));
+    assert_eq!(failed.text().await.unwrap(), "none");
+    let peak = client.find(Css(&format!("{v1_row} td.peak"))).await.unwrap();
+    let peak_bytes: u64 = peak.attr("data-bytes").await.unwrap().unwrap().parse().unwrap();
+    let limit = SandboxLimits::default().memory_bytes as u64;
+    assert!(peak_bytes > 0 && peak_bytes <= limit, "peak {peak_bytes} of {limit}");
+    assert!(peak.text().await.unwrap().ends_with(" of 64.0 MiB"), "{}", peak.text().await.unwrap());
+    let cpu = text_of(&client, &format!("{v1_row} td.cpu"), |_| true).await;
+    assert!(cpu.contains(" longest, ") && cpu.ends_with(" p99, of 1.00 s"), "{cpu}");
+    text_of(&client, &format!("table.usage tr[data-version='{v0}'] td.calls"), |_| true).await;
     screenshot(&client, "modules").await;
+
+    // A module that fails calls: its version shows each failure, by class.
+    let (hostile_served, hostile_version) = hostile_host(&dir.path().join("hostile")).await;
+    let attacks = format!("http://127.0.0.1:{}", hostile_served.address.port());
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer = call_async("GET", format!("{attacks}/console/api/modules"), bearer, None).await;
+    let answer: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    let usage = &answer["modules"][0]["usage"][0];
+    assert_eq!(usage["version"], hostile_version.as_str(), "{answer}");
+    assert_eq!(usage["errors"][0], serde_json::json!(["handler", HOSTILE_FAILURES]), "{answer}");
+    assert!(usage["memory_bytes"].as_u64().unwrap() > 0, "{answer}");
+    sign_in(&client, &attacks, TOKEN).await;
+    view(&client, "modules").await;
+    let row = format!("table.usage tr[data-version='{hostile_version}']");
+    let errors = text_of(&client, &format!("{row} td.errors"), |text| text != "none").await;
+    assert_eq!(errors, format!("{HOSTILE_FAILURES} handler"));
+    let failed = client.find(Css(&format!("{row} td.errors"))).await.unwrap().attr("data-failed").await.unwrap();
+    assert_eq!(failed, Some(HOSTILE_FAILURES.to_string()));
+    let memory = client.find(Css(&format!("{row} td.memory"))).await.unwrap();
+    let held: u64 = memory.attr("data-bytes").await.unwrap().unwrap().parse().unwrap();
+    assert!(held > 0, "its instances hold memory");
+    let peak: u64 = client
+        .find(Css(&format!("{row} td.peak")))
+        .await
+        .unwrap()
+        .attr("data-bytes")
+        .await
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(peak > 0 && peak <= limit, "peak {peak} of {limit}");
 
     // Dead letters: a hostile publisher's strings are inert text.
     sign_in(&client, &steps, TOKEN).await;

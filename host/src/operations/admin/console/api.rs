@@ -9,7 +9,7 @@
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
 //! | `POST redrive` | re-drives dead letters (JSON `{"records": ["0:3"]}`, `{"key": "42"}`, `{"partitions": [0]}` or `{"all": true}`), with the rules of `waku dlq redrive` |
-//! | `GET modules` | the running modules, their event types, kept versions, last reloads |
+//! | `GET modules` | the running modules, their event types, kept versions, last reloads, swap history, and each loaded version's calls, failures by class, call times and instance memory against the sandbox's limits ([`crate::sandbox::runtime::usage`]) |
 //! | `POST rollback` | swaps a kept version in (JSON `{"module": "bank", "version": "778e4efa"}`, no version: the one before), with the checks of `waku modules rollback` |
 //! | `GET topics` | a page of the log's topics (`after`, `limit`) with each partition's first and end offsets |
 //! | `GET messages` | a page of a topic's messages (`topic`, `partition`, `from`: an offset or `end`, `limit`), headers as text, bodies decoded |
@@ -44,6 +44,7 @@ use crate::key::Key;
 use crate::operations::admin::view::parse_query;
 use crate::operations::admin::{LiveStatus, Status, running_status};
 use crate::operations::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
+use crate::sandbox::runtime::usage::VersionFigures;
 use crate::storage::log::EventLog;
 use crate::storage::state::Member;
 use crate::storage::stats::Stat;
@@ -679,15 +680,18 @@ struct ModuleRow {
     reload: Option<(String, Option<String>)>,
     /// Its swap history, newest first: (version, action, ms since the epoch).
     swaps: Vec<(String, String, u64)>,
+    /// Each version the sandbox loaded, newest first: calls, failures by
+    /// class, call times, memory; none for a native module.
+    usage: Vec<VersionFigures>,
 }
 
 pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
     let admin = &console.admin;
     let recorded = admin.library.as_ref().and_then(|library| library.recorded().ok()).unwrap_or_default();
     let reloads = admin.library.as_ref().map(|library| library.reloads()).unwrap_or_default();
-    let rows: Vec<ModuleRow> = admin
-        .projection
-        .modules()
+    let modules = admin.projection.modules();
+    let board = modules.iter().find_map(|module| module.usage_board());
+    let rows: Vec<ModuleRow> = modules
         .iter()
         .map(|module| ModuleRow {
             name: shown(module.name()),
@@ -706,9 +710,27 @@ pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>)
                 .filter(|swap| swap.module == module.name())
                 .map(|swap| (shown(&swap.version), shown(&swap.action), swap.at_ms))
                 .collect(),
+            usage: board
+                .iter()
+                .flat_map(|board| board.module(module.name()))
+                .map(|figures| VersionFigures {
+                    module: shown(&figures.module),
+                    version: shown(&figures.version),
+                    ..figures
+                })
+                .collect(),
         })
         .collect();
-    Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some() })).into_response()
+    // What the figures are measured against: the limits of one instance
+    // and of one call.
+    let limits = board.map(|board| {
+        serde_json::json!({
+            "memory_bytes": board.memory_limit(),
+            "call_budget_us": u64::try_from(board.call_budget().as_micros()).unwrap_or(u64::MAX),
+        })
+    });
+    Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some(), "limits": limits }))
+        .into_response()
 }
 
 /// What `POST rollback` takes.

@@ -76,6 +76,8 @@
 
   const number = (n) => (n === null || n === undefined ? '-' : Number(n).toLocaleString('en-US'));
   const time = (ms) => (ms === null || ms === undefined ? '-' : new Date(Number(ms)).toISOString());
+  const callTime = (us) => (us === null || us === undefined ? '-' : us < 1000 ? us + ' µs' : us < 1e6 ? (us / 1000).toFixed(1) + ' ms' : (us / 1e6).toFixed(2) + ' s');
+  const bytes = (n) => (n === null || n === undefined ? '-' : n < 1048576 ? (n / 1024).toFixed(0) + ' KiB' : (n / 1048576).toFixed(1) + ' MiB');
   const duration = (ms) => (ms === null || ms === undefined ? '-' : (Number(ms) / 1000).toFixed(1) + ' s');
 
   function table(headers, rows, attributes) {
@@ -404,12 +406,27 @@
           });
           return el('tr', { class: running ? 'running' : '' }, el('td', { class: 'version' }, version), el('td', {}, button));
         });
+        const usage = module.usage.map((u) => {
+          const failed = u.errors.filter(([c]) => c !== 'host').reduce((sum, [, n]) => sum + n, 0);
+          const errors = u.errors.filter(([, n]) => n > 0).map(([c, n]) => number(n) + ' ' + c).join(', ');
+          return el('tr', { 'data-version': u.version },
+            el('td', { class: 'version' }, u.version),
+            el('td', { class: 'calls' }, number(u.calls)),
+            el('td', { class: 'errors', 'data-failed': failed }, errors || 'none'),
+            el('td', { class: 'cpu', 'data-longest-us': u.longest_us }, callTime(u.longest_us) + ' longest, ' + callTime(u.p99_us) + ' p99, of ' + callTime(m.limits.call_budget_us)),
+            el('td', { class: 'memory', 'data-bytes': u.memory_bytes }, bytes(u.memory_bytes) + ' in ' + number(u.instances) + ' instances'),
+            el('td', { class: 'peak', 'data-bytes': u.memory_peak_bytes, 'data-limit': m.limits.memory_bytes }, bytes(u.memory_peak_bytes) + ' of ' + bytes(m.limits.memory_bytes)));
+        });
+        const usageTable = usage.length > 0
+          ? table(['Version (newest loaded first)', 'Calls', 'Failed calls', 'Call time (of the budget)', 'Memory now', 'Most one instance held (of the limit)'], usage, { class: 'usage' })
+          : el('p', { class: 'usage-none' }, 'Calls and memory are not measured for a native module.');
         const reload = module.reload ? (module.reload[1] ? 'refused ' + module.reload[0] + ': ' + module.reload[1] : 'loaded ' + module.reload[0]) : 'no reload yet';
         return el('section', { class: 'module', 'data-module': module.name },
           el('h3', {}, module.name),
           facts([['Running', module.version, 'running'], ['Last reload', reload, 'reload'],
             ['Event types', module.event_types.map(([tag, name, algebra]) => name + ' (tag ' + tag + ', ' + algebra + ')').join(', '), 'types']]),
           table(['Kept version (newest first)', ''], kept),
+          usageTable,
           table(['Swapped in (newest first)', 'By', 'At'], module.swaps.map(([version, action, at]) => el('tr', {},
             el('td', { class: 'version' }, version), el('td', { class: 'action' }, action), el('td', {}, time(at)))), { class: 'swaps' }));
       });
