@@ -236,10 +236,15 @@ async fn timed(dir: &Path) -> (Served, Arc<wakuwaku::engine::consumer::TimingBoa
 /// How many calls of the hostile module fail with its own error.
 const HOSTILE_FAILURES: u64 = 4;
 
+/// How many plain log lines the hostile module writes before its hostile one.
+const PLAIN_LINES: u64 = 25;
+
 /// A projection of the hostile test module (a WASM component, measured by
 /// its sandbox) over topic `attacks`: [`HOSTILE_FAILURES`] events that fail
-/// with a handler error (dead-lettered at once, unrecoverable) and ten that
-/// behave, all applied or dead-lettered: (endpoint, the module's version).
+/// with a handler error (dead-lettered at once, unrecoverable), ten that
+/// behave, then [`PLAIN_LINES`] log lines and one of [`HOSTILE`] text for
+/// the [`HOSTILE`] key, all applied or dead-lettered: (endpoint, the
+/// module's version).
 async fn hostile_host(dir: &Path) -> (Served, String) {
     let log = Arc::new(EmbeddedLog::open(dir.join("attacks.redb")).unwrap());
     log.create_topic("attacks", 1).await.unwrap();
@@ -249,6 +254,17 @@ async fn hostile_host(dir: &Path) -> (Served, String) {
     let mut records: Vec<Record> =
         (0..HOSTILE_FAILURES).map(|key| attack(tag::HUGE_ERROR, key, serde_json::json!({ "size": 64 }))).collect();
     records.extend((100..110).map(|key| attack(tag::BEHAVE, key, serde_json::json!({}))));
+    let plain = serde_json::json!({ "n": PLAIN_LINES, "mode": "text", "name": "a plain line" });
+    records.push(attack(tag::LOG_FLOOD, 200, plain));
+    let headers = EventHeaders {
+        tag: tag::LOG_FLOOD,
+        key: Key::of(&KeyValue::Str(HOSTILE.to_owned())).unwrap(),
+        ordering: EventAtomicOrdering::Relaxed,
+        algebra: Algebra::NonAssociative,
+        event_time: None,
+    };
+    let body = serde_json::json!({ "key": 0, "n": 1, "mode": "text", "name": HOSTILE });
+    records.push(Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() });
     log.append("attacks", vec![(0, records)]).await.unwrap();
     let store = StateStore::open(&dir.join("hostile.redb")).unwrap();
     let projection = Arc::new(Projection::new("hostile", "attacks", vec![module], store).unwrap());
@@ -697,6 +713,35 @@ async fn screenshot(client: &fantoccini::Client, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
+/// The attribute `name` of the element `css`, read in one step (the page
+/// redraws a view at each poll, so an element found earlier may be gone).
+async fn attr(client: &fantoccini::Client, css: &str, name: &str) -> Option<String> {
+    let script = "const e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null;";
+    let value = client.execute(script, vec![css.into(), name.into()]).await.unwrap();
+    value.as_str().map(str::to_owned)
+}
+
+/// How many elements `css` finds, in one step.
+async fn count_of(client: &fantoccini::Client, css: &str) -> usize {
+    let value = client.execute("return document.querySelectorAll(arguments[0]).length;", vec![css.into()]).await;
+    value.unwrap().as_u64().unwrap() as usize
+}
+
+/// Clicks the element `css`, in one step.
+async fn click(client: &fantoccini::Client, css: &str) {
+    let script = "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;";
+    assert_eq!(client.execute(script, vec![css.into()]).await.unwrap(), serde_json::Value::Bool(true), "{css}");
+}
+
+/// Waits up to 20 s for the attribute `name` of `css` to be `value`.
+async fn attr_becomes(client: &fantoccini::Client, css: &str, name: &str, value: &str) {
+    let start = Instant::now();
+    while attr(client, css, name).await.as_deref() != Some(value) {
+        assert!(start.elapsed() < Duration::from_secs(20), "{css} [{name}] never became {value}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn pwned(client: &fantoccini::Client) -> serde_json::Value {
     client.execute("return window.__pwned === undefined ? null : window.__pwned;", vec![]).await.unwrap()
 }
@@ -843,14 +888,13 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let v1_calls: u64 = v1_calls.replace(',', "").parse().unwrap();
     assert!((12..=events).contains(&v1_calls), "{v1_calls} calls for 12 accounts");
     let v1_row = format!("table.usage tr[data-version='{v1}']");
-    let failed = client.find(Css(&format!("{v1_row} td.errors"))).await.unwrap();
-    assert_eq!(failed.attr("data-failed").await.unwrap().as_deref(), Some("0"));
-    assert_eq!(failed.text().await.unwrap(), "none");
-    let peak = client.find(Css(&format!("{v1_row} td.peak"))).await.unwrap();
-    let peak_bytes: u64 = peak.attr("data-bytes").await.unwrap().unwrap().parse().unwrap();
+    attr_becomes(&client, &format!("{v1_row} td.errors"), "data-failed", "0").await;
+    assert_eq!(text_of(&client, &format!("{v1_row} td.errors"), |_| true).await, "none");
+    let peak_bytes: u64 = attr(&client, &format!("{v1_row} td.peak"), "data-bytes").await.unwrap().parse().unwrap();
     let limit = SandboxLimits::default().memory_bytes as u64;
     assert!(peak_bytes > 0 && peak_bytes <= limit, "peak {peak_bytes} of {limit}");
-    assert!(peak.text().await.unwrap().ends_with(" of 64.0 MiB"), "{}", peak.text().await.unwrap());
+    let peak = text_of(&client, &format!("{v1_row} td.peak"), |_| true).await;
+    assert!(peak.ends_with(" of 64.0 MiB"), "{peak}");
     let cpu = text_of(&client, &format!("{v1_row} td.cpu"), |_| true).await;
     assert!(cpu.contains(" longest, ") && cpu.ends_with(" p99, of 1.00 s"), "{cpu}");
     text_of(&client, &format!("table.usage tr[data-version='{v0}'] td.calls"), |_| true).await;
@@ -871,22 +915,53 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     let row = format!("table.usage tr[data-version='{hostile_version}']");
     let errors = text_of(&client, &format!("{row} td.errors"), |text| text != "none").await;
     assert_eq!(errors, format!("{HOSTILE_FAILURES} handler"));
-    let failed = client.find(Css(&format!("{row} td.errors"))).await.unwrap().attr("data-failed").await.unwrap();
-    assert_eq!(failed, Some(HOSTILE_FAILURES.to_string()));
-    let memory = client.find(Css(&format!("{row} td.memory"))).await.unwrap();
-    let held: u64 = memory.attr("data-bytes").await.unwrap().unwrap().parse().unwrap();
+    attr_becomes(&client, &format!("{row} td.errors"), "data-failed", &HOSTILE_FAILURES.to_string()).await;
+    let held: u64 = attr(&client, &format!("{row} td.memory"), "data-bytes").await.unwrap().parse().unwrap();
     assert!(held > 0, "its instances hold memory");
-    let peak: u64 = client
-        .find(Css(&format!("{row} td.peak")))
-        .await
-        .unwrap()
-        .attr("data-bytes")
-        .await
-        .unwrap()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let peak: u64 = attr(&client, &format!("{row} td.peak"), "data-bytes").await.unwrap().parse().unwrap();
     assert!(peak > 0 && peak <= limit, "peak {peak} of {limit}");
+
+    // Its log lines, newest first: the hostile one is inert text, its key too.
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer =
+        call_async("GET", format!("{attacks}/console/api/module-log?module=hostile&limit=3"), bearer, None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let page: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(page["written"], PLAIN_LINES + 1, "{page}");
+    let newest = &page["lines"][0];
+    assert_eq!(
+        (newest["seq"].as_u64(), newest["version"].as_str()),
+        (Some(PLAIN_LINES), Some(hostile_version.as_str()))
+    );
+    let (text, key) = (newest["text"].as_str().unwrap(), newest["key"].as_str().unwrap());
+    assert!(
+        text.contains("\\u{202e}gnp.exe\\u{7}\\u{1b}[2J") && !text.contains('\u{202e}'),
+        "sent printable: {text:?}"
+    );
+    assert!(key.contains("\\u{202e}") && !key.contains('\u{1b}'), "{key:?}");
+    assert_eq!(page["next"].as_u64(), Some(PLAIN_LINES - 2), "{page}");
+    let log = "div.module-log[data-module='hostile']";
+    let line = text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.text"), |_| true).await;
+    assert!(line.starts_with("<script>window.__pwned=1</script><img src=x onerror="), "markup shows as text: {line}");
+    assert!(line.contains("href=\"javascript:window.__pwned=3\""), "{line}");
+    assert!(line.contains("\\u{202e}gnp.exe\\u{7}\\u{1b}[2J") && !line.contains('\u{202e}'), "{line:?}");
+    let key = text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.key"), |_| true).await;
+    assert!(key.contains("<script>window.__pwned=1</script>") && key.contains("\\u{202e}"), "{key}");
+    assert_eq!(count_of(&client, &format!("{log} table.log tbody tr")).await, 20, "a page of 20 lines");
+    // Paged: the older lines, then back to the newest.
+    click(&client, &format!("{log} button.log-older")).await;
+    let oldest_shown = format!("{log} table.log tbody tr:first-child");
+    attr_becomes(&client, &oldest_shown, "data-seq", &(PLAIN_LINES - 20).to_string()).await;
+    assert_eq!(count_of(&client, &format!("{log} table.log tbody tr")).await as u64, PLAIN_LINES + 1 - 20, "the rest");
+    assert_eq!(text_of(&client, &format!("{oldest_shown} td.text"), |_| true).await, "a plain line");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    attr_becomes(&client, &oldest_shown, "data-seq", &(PLAIN_LINES - 20).to_string()).await;
+    click(&client, &format!("{log} button.log-newest")).await;
+    attr_becomes(&client, &oldest_shown, "data-seq", &PLAIN_LINES.to_string()).await;
+    text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.level"), |_| true).await;
+    assert!(client.find_all(Css("#view img, #view script, #view a")).await.unwrap().is_empty(), "no markup made it in");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null, "no script of the module ran");
+    screenshot(&client, "module-log").await;
 
     // Dead letters: a hostile publisher's strings are inert text.
     sign_in(&client, &steps, TOKEN).await;

@@ -46,7 +46,8 @@
 //!   every call's wall time and failure class, and every instance's
 //!   memory, on atomics of the version's [`usage::VersionUsage`], which the
 //!   sandbox's [`usage::UsageBoard`] keeps after the version is swapped
-//!   out ([`Sandbox::usage`], [`HandlerModule::usage_board`]).
+//!   out ([`Sandbox::usage`], [`HandlerModule::usage_board`]), with the
+//!   last log lines of each module ([`log::LogBook`]).
 //! - **A trap costs an instance, not the host.** After a trap an instance
 //!   cannot be entered again; [`WasmInstance`] replaces itself from the
 //!   pre-linked template before its next call. The trap's reason and the
@@ -687,17 +688,12 @@ impl Sandbox {
             limits.table_elements,
             self.shared.host_memory.clone(),
         );
-        let store_limits = match usage {
-            Some(usage) => store_limits.counted_in(usage.clone()),
-            None => store_limits,
+        let log = log::LogUnit::new(module, self.payload);
+        let (store_limits, log) = match usage {
+            Some(usage) => (store_limits.counted_in(usage.clone()), log.kept_for(usage.clone())),
+            None => (store_limits, log),
         };
-        let data = StoreData {
-            wasi: wasi::WasiState::new(),
-            limits: store_limits,
-            scope: None,
-            emits,
-            log: log::LogUnit::new(module, self.payload),
-        };
+        let data = StoreData { wasi: wasi::WasiState::new(), limits: store_limits, scope: None, emits, log };
         let mut store = Store::new(&self.shared.engine, data);
         store.limiter(|data| &mut data.limits);
         store.epoch_deadline_trap();

@@ -23,6 +23,9 @@
 //! - **Memory against the limit.** What the version's live instances hold
 //!   now, all together, and the most one instance ever held (the limit is
 //!   per instance: [`super::SandboxLimits::memory_bytes`]).
+//! - **Log lines are kept by module** ([`super::log::LogBook`]): each
+//!   version's store writes into its module's book, which outlives the
+//!   version, as its figures do.
 //! - **Bounded.** At most [`MOST_VERSIONS_PER_MODULE`] versions of a module
 //!   are kept; past it the oldest that no loaded module uses is forgotten.
 //!
@@ -34,6 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
+
+use super::log::LogBook;
 
 /// How many buckets of call times a version keeps: four per power of two
 /// microseconds, up to 2^32 µs (71 minutes; longer calls share the last).
@@ -94,11 +99,14 @@ pub struct VersionUsage {
     instances: AtomicU64,
     memory_held: AtomicUsize,
     memory_peak: AtomicUsize,
+    /// Its module's log lines.
+    book: Arc<LogBook>,
 }
 
 impl VersionUsage {
-    fn new(module: &str, version: &str) -> Self {
+    fn new(module: &str, version: &str, book: Arc<LogBook>) -> Self {
         Self {
+            book,
             module: module.to_owned(),
             version: version.to_owned(),
             loaded_at_ms: crate::platform::clock::now_ms(),
@@ -115,7 +123,17 @@ impl VersionUsage {
     /// A version's figures for a test of what feeds them.
     #[cfg(test)]
     pub(crate) fn for_tests() -> Self {
-        Self::new("m", "v")
+        Self::new("m", "v", Arc::new(LogBook::new("m")))
+    }
+
+    /// The version.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Its module's log lines.
+    pub fn book(&self) -> &LogBook {
+        &self.book
     }
 
     /// Counts a call that took `took` and failed as `failure`, if it did.
@@ -210,6 +228,8 @@ impl VersionFigures {
 #[derive(Debug)]
 pub struct UsageBoard {
     versions: Mutex<Vec<Arc<VersionUsage>>>,
+    /// One log book per module.
+    books: Mutex<Vec<Arc<LogBook>>>,
     memory_limit: usize,
     call_budget: Duration,
 }
@@ -218,7 +238,7 @@ impl UsageBoard {
     /// A board for instances of at most `memory_limit` bytes and calls of
     /// at most `call_budget`.
     pub(crate) fn new(memory_limit: usize, call_budget: Duration) -> Self {
-        Self { versions: Mutex::default(), memory_limit, call_budget }
+        Self { versions: Mutex::default(), books: Mutex::default(), memory_limit, call_budget }
     }
 
     /// The figures of `version` of `module`, made when first asked; past
@@ -229,7 +249,7 @@ impl UsageBoard {
         if let Some(found) = versions.iter().find(|v| v.module == module && v.version == version) {
             return found.clone();
         }
-        let made = Arc::new(VersionUsage::new(module, version));
+        let made = Arc::new(VersionUsage::new(module, version, self.book_of(module)));
         versions.push(made.clone());
         if versions.iter().filter(|v| v.module == module).count() > MOST_VERSIONS_PER_MODULE
             && let Some(oldest) = versions.iter().position(|v| v.module == module && Arc::strong_count(v) == 1)
@@ -237,6 +257,23 @@ impl UsageBoard {
             versions.remove(oldest);
         }
         made
+    }
+
+    /// The log book of `module`, made when first asked.
+    fn book_of(&self, module: &str) -> Arc<LogBook> {
+        let mut books = self.books.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = books.iter().find(|book| book.module() == module) {
+            return found.clone();
+        }
+        let made = Arc::new(LogBook::new(module));
+        books.push(made.clone());
+        made
+    }
+
+    /// The log lines of `module`, if the sandbox loaded it.
+    pub fn log(&self, module: &str) -> Option<Arc<LogBook>> {
+        let books = self.books.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        books.iter().find(|book| book.module() == module).cloned()
     }
 
     /// The figures of every version of `module`, the newest loaded first.
@@ -310,7 +347,7 @@ mod tests {
 
     #[test]
     fn failures_are_counted_by_class_and_the_p99_is_within_a_quarter() {
-        let usage = VersionUsage::new("m", "v1");
+        let usage = VersionUsage::for_tests();
         for _ in 0..990 {
             usage.call(Duration::from_micros(100), None);
         }
@@ -331,12 +368,12 @@ mod tests {
         // 997 calls of 100 µs: the 99th percentile is theirs.
         let p99 = figures.p99_us.unwrap();
         assert!((100..=125).contains(&p99), "{p99}");
-        assert_eq!(VersionUsage::new("m", "v").figures().p99_us, None);
+        assert_eq!(VersionUsage::for_tests().figures().p99_us, None);
     }
 
     #[test]
     fn memory_is_what_live_instances_hold_and_the_most_one_held() {
-        let usage = VersionUsage::new("m", "v1");
+        let usage = VersionUsage::for_tests();
         usage.instance_made();
         usage.instance_made();
         usage.memory_grew(1 << 20, 1 << 20);

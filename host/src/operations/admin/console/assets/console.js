@@ -20,6 +20,7 @@
     history: [], // {t, applied, lag, perPartition: {p: lag}, watermark}
     letters: { after: null, pages: [], selected: new Set(), shown: null, filters: {} },
     browser: { topic: null, partition: 0, from: 'end' },
+    moduleLog: {}, // module -> the line its page of log lines starts before (none: the newest)
   };
 
   /** `value` as text with every hidden character written as an escape. */
@@ -389,9 +390,27 @@
     render(root) {
       root.append(el('h2', {}, 'Modules'), el('div', { id: 'module-list' }));
     },
+    /** A module's page of log lines, with buttons to page older and back to the newest. */
+    async logOf(module) {
+      const before = state.moduleLog[module.name];
+      const page = await api('module-log?module=' + encodeURIComponent(module.name) + '&limit=20' + (before === undefined ? '' : '&before=' + before));
+      const rows = page.lines.map((line) => el('tr', { 'data-seq': line.seq, class: 'level-' + line.level },
+        el('td', {}, time(line.at_ms)), el('td', { class: 'level' }, line.level), el('td', { class: 'version' }, line.version),
+        el('td', { class: 'key' }, line.key ?? '-'), el('td', { class: 'text' }, line.text)));
+      const older = el('button', { type: 'button', class: 'log-older', disabled: page.next === null }, 'Older');
+      older.addEventListener('click', () => { state.moduleLog[module.name] = page.next; this.refresh(); });
+      const newest = el('button', { type: 'button', class: 'log-newest', disabled: before === undefined }, 'Newest');
+      newest.addEventListener('click', () => { delete state.moduleLog[module.name]; this.refresh(); });
+      return el('div', { class: 'module-log', 'data-module': module.name },
+        el('h4', {}, 'Log lines'),
+        el('p', { class: 'log-summary' }, number(page.written) + ' written since the host started; the last ' + number(page.kept_most) + ' kept, each cut at ' + number(page.line_bytes) + ' bytes; newest first'),
+        rows.length > 0 ? table(['Time', 'Level', 'Version', 'Key', 'Line'], rows, { class: 'log' }) : el('p', { class: 'log-none' }, 'No line yet.'),
+        el('p', {}, older, ' ', newest));
+    },
     async refresh() {
       const m = await api('modules');
-      const sections = m.modules.map((module) => {
+      const logs = await Promise.all(m.modules.map((module) => (module.usage.length > 0 ? this.logOf(module) : null)));
+      const sections = m.modules.map((module, i) => {
         const kept = module.kept.map((version) => {
           const running = version === module.version;
           const button = el('button', { type: 'button', class: 'act run-version', 'data-module': module.name, 'data-version': version, disabled: running || !m.can_roll_back }, running ? 'running' : 'Run this version');
@@ -427,6 +446,7 @@
             ['Event types', module.event_types.map(([tag, name, algebra]) => name + ' (tag ' + tag + ', ' + algebra + ')').join(', '), 'types']]),
           table(['Kept version (newest first)', ''], kept),
           usageTable,
+          logs[i],
           table(['Swapped in (newest first)', 'By', 'At'], module.swaps.map(([version, action, at]) => el('tr', {},
             el('td', { class: 'version' }, version), el('td', { class: 'action' }, action), el('td', {}, time(at)))), { class: 'swaps' }));
       });
