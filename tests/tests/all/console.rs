@@ -46,6 +46,9 @@ struct Served {
     address: SocketAddr,
     /// Another host of the group, holding a partition (PostgreSQL state).
     other: Option<PostgresStore>,
+    /// A host of the group that runs but holds no partition, named with
+    /// its admin address (PostgreSQL state).
+    _idle: Option<PostgresStore>,
     _stop: tokio::sync::oneshot::Sender<()>,
     _stop_consumer: tokio::sync::oneshot::Sender<()>,
 }
@@ -67,7 +70,7 @@ impl Served {
                 .await
                 .unwrap()
         });
-        Self { address, other: None, _stop: stop, _stop_consumer: stop_consumer }
+        Self { address, other: None, _idle: None, _stop: stop, _stop_consumer: stop_consumer }
     }
 }
 
@@ -75,25 +78,39 @@ fn tokens() -> (Option<AdminToken>, Option<AdminToken>) {
     (AdminToken::new(TOKEN, "test").unwrap(), AdminToken::new(READ_TOKEN, "test").unwrap())
 }
 
-/// The name another host of the bank's group gives its hold session: markup
-/// (PostgreSQL keeps printable ASCII only).
-const OTHER_HOST: &str = "other-host <img src=x onerror=window.__pwned=4>";
+/// The name another host of the bank's group gives its hold session: markup,
+/// and an admin address that is no `host:port`, so no link (PostgreSQL
+/// keeps 63 bytes of printable ASCII).
+const OTHER_HOST: &str = "other <img src=x onerror=window.__pwned=4> admin javascript:x:1";
+
+/// The admin address the idle host of the bank's group names.
+const IDLE_ADMIN: &str = "127.0.0.1:9";
 
 /// The bank's state: on PostgreSQL when `WAKU_POSTGRES_URL` names a server
 /// (a projection of its own, partition 1 held by another host named
-/// [`OTHER_HOST`]), else an embedded file: (projection name, store, the
-/// other host).
-fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>) {
+/// [`OTHER_HOST`], and a third host running without a partition, named
+/// with [`IDLE_ADMIN`]), else an embedded file: (projection name, store,
+/// the other host, the idle one).
+fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>, Option<PostgresStore>) {
     let Some(url) = postgres_url("the console's group members") else {
-        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None);
+        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None, None);
     };
     let projection = fresh_stream("console").replace('-', "_");
     let other = PostgresStore::connect(&url, &projection).unwrap();
     other.name_member(OTHER_HOST);
     use wakuwaku::storage::state::StateBackend;
     other.claim_released(1).unwrap().expect("nobody held partition 1");
+    let idle = PostgresStore::connect(&url, &projection).unwrap();
+    idle.name_member_with_admin(IDLE_ADMIN);
+    idle.hold_for_run().unwrap();
     let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
-    (projection, store, Some(other))
+    (projection, store, Some(other), Some(idle))
+}
+
+/// The name the idle host gives: this machine's, this process's, its admin address.
+fn idle_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    format!("{} pid {} admin {IDLE_ADMIN}", host.trim(), std::process::id())
 }
 
 /// The bank of 300 events on 2 partitions, run by version 1 with version
@@ -104,7 +121,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
     let (log, _) = bank_log(dir, bank_module(), WorkloadSpec { events, accounts: 12, seed: 48 }, 2).await;
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
-    let (name, store, other) = bank_store(dir);
+    let (name, store, other, idle) = bank_store(dir);
     let library = Library::new(dir, "bank", store.clone(), Sandbox::new(SandboxLimits::default()).unwrap());
     std::fs::write(modules.join("bank.wasm"), bank_variant(0)).unwrap();
     library.start(&modules, false).unwrap();
@@ -124,7 +141,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
         read_token,
         timing: Some(consumer.timing()),
     };
-    let served = Served { other, ..Served::start(admin, consumer).await };
+    let served = Served { other, _idle: idle, ..Served::start(admin, consumer).await };
     (served, projection, content_version(&bank_variant(0)), content_version(&bank_variant(1)), events as u64)
 }
 
@@ -264,12 +281,15 @@ async fn hostile_host(dir: &Path) -> (Served, String) {
         event_time: None,
     };
     let body = serde_json::json!({ "key": 0, "n": 1, "mode": "text", "name": HOSTILE });
-    records.push(Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() });
+    let hostile_line = Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() };
     log.append("attacks", vec![(0, records)]).await.unwrap();
     let store = StateStore::open(&dir.join("hostile.redb")).unwrap();
     let projection = Arc::new(Projection::new("hostile", "attacks", vec![module], store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
     assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, HOSTILE_FAILURES);
+    // The hostile line last (keys of one batch run side by side).
+    log.append("attacks", vec![(0, vec![hostile_line])]).await.unwrap();
+    assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, 0);
     let (token, read_token) = tokens();
     let admin = Admin {
         log,
@@ -460,6 +480,10 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
                 (&OTHER_HOST.into(), &serde_json::json!([1]))
             );
             assert_eq!(named(true)["partitions"], serde_json::json!([0]), "{members:?}");
+            // A host that runs and holds nothing now is a member all the same.
+            let idle = members.iter().find(|m| m["name"] == idle_name().as_str()).expect("the idle host is listed");
+            assert_eq!((&idle["partitions"], &idle["this_host"]), (&serde_json::json!([]), &false.into()));
+            assert_eq!(members.len(), 3, "{members:?}");
         }
         None => assert!(members.is_empty(), "an embedded store has no other members"),
     }
@@ -820,9 +844,16 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
         Some(_) => {
             assert!(members.contains(&format!("{OTHER_HOST}: partitions 1")), "{members}");
             assert!(members.starts_with("this host, ") && members.contains(": partitions 0"), "{members}");
+            assert!(members.contains(&format!("{}: no partition now (its console)", idle_name())), "{members}");
+            // Only the idle host's plain address became a link, to its console.
+            assert_eq!(count_of(&client, "dd[data-fact=members] a").await, 1);
+            let href = attr(&client, "dd[data-fact=members] a.member-console", "href").await;
+            assert_eq!(href.as_deref(), Some(format!("http://{IDLE_ADMIN}/console/").as_str()));
         }
         None => assert_eq!(members, "this host only (its state is its own)"),
     }
+    assert!(client.find_all(Css("#view img, #view script")).await.unwrap().is_empty(), "a member's name is text");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
     screenshot(&client, "overview").await;
 
     view(&client, "partitions").await;

@@ -118,10 +118,35 @@
     });
   }
 
-  /** The group's members in words: this host and the others, with their partitions. */
-  function membersText(overview) {
+  /**
+   * A member's console, when its name ends in ` admin <address>` and the address is a
+   * plain `host:port` (an IP address or a host name) or `https://host:port`: its URL,
+   * else null. Nothing else of a name (another host's text) ever becomes a link.
+   */
+  function memberConsole(name) {
+    const found = /^(?:.* )?admin (https:\/\/)?((?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})$/.exec(name);
+    if (!found || Number(found[3]) < 1 || Number(found[3]) > 65535) return null;
+    const url = new URL((found[1] ? 'https://' : 'http://') + found[2] + ':' + found[3] + '/console/');
+    return url.protocol === 'http:' || url.protocol === 'https:' ? url.href : null;
+  }
+
+  /** The group's members: this host and the others, with their partitions, another's console linked. */
+  function membersFact(overview) {
     if (!overview.members || overview.members.length === 0) return 'this host only (its state is its own)';
-    return overview.members.map((m) => (m.this_host ? 'this host, ' : '') + m.name + ': partitions ' + m.partitions.join(', ')).join('; ');
+    return overview.members.flatMap((m, i) => {
+      const held = m.partitions.length > 0 ? ': partitions ' + m.partitions.join(', ') : ': no partition now';
+      const name = el('span', { class: 'member', 'data-this-host': m.this_host }, (m.this_host ? 'this host, ' : '') + m.name + held);
+      const url = m.this_host ? null : memberConsole(m.name);
+      if (url) {
+        const link = document.createElement('a');
+        link.href = url; // checked above: http(s), a host and a port, nothing else
+        link.rel = 'noopener noreferrer';
+        link.className = 'member-console';
+        link.textContent = 'its console';
+        name.append(' (', link, ')');
+      }
+      return i === 0 ? [name] : ['; ', name];
+    });
   }
 
   const micros = (us) => (Number(us) / 1000).toFixed(1) + ' ms';
@@ -177,7 +202,7 @@
           ['State', o.state, 'state'],
           ['Modules', Object.entries(s.modules).map(([m, v]) => m + ' @ ' + v).join(', ') || 'none', 'modules'],
           ['Caught up', (o.caught_up ? 'yes' : 'no') + ': ' + o.ready, 'caught-up'],
-          ['Group members', membersText(o), 'members'],
+          ['Group members', membersFact(o), 'members'],
           ['Partitions held', s.partitions.filter((p) => p.end_at_start !== null && p.end_at_start !== undefined).map((p) => p.partition).join(', ') || 'none yet', 'held'],
           ['Applied', number(s.applied), 'applied'],
           ['Skipped', number(s.skipped), 'skipped'],
