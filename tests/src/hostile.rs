@@ -62,7 +62,7 @@ pub mod tag {
     /// only `name`, when given).
     pub const BAD_NAMES: EventTypeTag = EventTypeTag::new(209);
     /// `n` log lines of `size` bytes (`mode` `escape`: terminal control
-    /// sequences).
+    /// sequences; `text`: the text of `name`).
     pub const LOG_FLOOD: EventTypeTag = EventTypeTag::new(210);
     /// Fails with a `size`-byte message, class `class` (`mode` `escape`:
     /// terminal control sequences).

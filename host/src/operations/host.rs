@@ -216,9 +216,15 @@ impl HostSettings {
         })
     }
 
-    /// The projection's state store ([`open_state`]).
+    /// The projection's state store ([`open_state`]); on PostgreSQL it
+    /// names this host for the group's other members with its admin
+    /// address, when it serves one (`https://` before it over TLS).
     pub fn open_state(&self) -> Result<StateStore, HostError> {
-        open_state_cached(&self.data, &self.state, &self.projection, self.state_cache_bytes)
+        let admin = self.admin.map(|address| match self.admin_tls {
+            Some(_) => format!("https://{address}"),
+            None => address.to_string(),
+        });
+        open_state_named(&self.data, &self.state, &self.projection, self.state_cache_bytes, admin.as_deref())
     }
 }
 
@@ -249,6 +255,18 @@ pub fn open_state_cached(
     projection: &str,
     cache_bytes: usize,
 ) -> Result<StateStore, HostError> {
+    open_state_named(data, state, projection, cache_bytes, None)
+}
+
+/// [`open_state_cached`], a PostgreSQL store naming this host with its
+/// admin address `admin`, if any.
+fn open_state_named(
+    data: &Path,
+    state: &StateSettings,
+    projection: &str,
+    cache_bytes: usize,
+    admin: Option<&str>,
+) -> Result<StateStore, HostError> {
     crate::storage::log::check_projection_name(projection)
         .map_err(|source| HostError::ProjectionName { projection: projection.to_owned(), source })?;
     let opened = match state {
@@ -259,8 +277,12 @@ pub fn open_state_cached(
                 .map_err(|source| HostError::Rebuild { projection: projection.to_owned(), source })?;
             StateStore::open(&data.join(active))
         }
-        StateSettings::Postgres { url } => PostgresStore::connect(url, projection)
-            .map(|store| StateStore::from_backend(store.with_cache_bytes(cache_bytes))),
+        StateSettings::Postgres { url } => PostgresStore::connect(url, projection).map(|store| {
+            if let Some(admin) = admin {
+                store.name_member_with_admin(admin);
+            }
+            StateStore::from_backend(store.with_cache_bytes(cache_bytes))
+        }),
     };
     opened.map_err(|source| HostError::State { projection: projection.to_owned(), source })
 }

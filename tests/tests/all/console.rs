@@ -29,6 +29,7 @@ use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits, content_version};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::{PostgresStore, StateStore};
 use wakuwaku_tests::flaky::{Flaky, STEP, Step};
+use wakuwaku_tests::hostile::{self, attack, hostile_module, tag};
 use wakuwaku_tests::{bank_log, bank_module, bank_variant, fresh_stream, postgres_url};
 
 const TOKEN: &str = "console-admin-token";
@@ -45,6 +46,9 @@ struct Served {
     address: SocketAddr,
     /// Another host of the group, holding a partition (PostgreSQL state).
     other: Option<PostgresStore>,
+    /// A host of the group that runs but holds no partition, named with
+    /// its admin address (PostgreSQL state).
+    _idle: Option<PostgresStore>,
     _stop: tokio::sync::oneshot::Sender<()>,
     _stop_consumer: tokio::sync::oneshot::Sender<()>,
 }
@@ -66,7 +70,7 @@ impl Served {
                 .await
                 .unwrap()
         });
-        Self { address, other: None, _stop: stop, _stop_consumer: stop_consumer }
+        Self { address, other: None, _idle: None, _stop: stop, _stop_consumer: stop_consumer }
     }
 }
 
@@ -74,25 +78,39 @@ fn tokens() -> (Option<AdminToken>, Option<AdminToken>) {
     (AdminToken::new(TOKEN, "test").unwrap(), AdminToken::new(READ_TOKEN, "test").unwrap())
 }
 
-/// The name another host of the bank's group gives its hold session: markup
-/// (PostgreSQL keeps printable ASCII only).
-const OTHER_HOST: &str = "other-host <img src=x onerror=window.__pwned=4>";
+/// The name another host of the bank's group gives its hold session: markup,
+/// and an admin address that is no `host:port`, so no link (PostgreSQL
+/// keeps 63 bytes of printable ASCII).
+const OTHER_HOST: &str = "other <img src=x onerror=window.__pwned=4> admin javascript:x:1";
+
+/// The admin address the idle host of the bank's group names.
+const IDLE_ADMIN: &str = "127.0.0.1:9";
 
 /// The bank's state: on PostgreSQL when `WAKU_POSTGRES_URL` names a server
 /// (a projection of its own, partition 1 held by another host named
-/// [`OTHER_HOST`]), else an embedded file: (projection name, store, the
-/// other host).
-fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>) {
+/// [`OTHER_HOST`], and a third host running without a partition, named
+/// with [`IDLE_ADMIN`]), else an embedded file: (projection name, store,
+/// the other host, the idle one).
+fn bank_store(dir: &Path) -> (String, StateStore, Option<PostgresStore>, Option<PostgresStore>) {
     let Some(url) = postgres_url("the console's group members") else {
-        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None);
+        return ("bank".to_owned(), StateStore::open(&dir.join("bank.redb")).unwrap(), None, None);
     };
     let projection = fresh_stream("console").replace('-', "_");
     let other = PostgresStore::connect(&url, &projection).unwrap();
     other.name_member(OTHER_HOST);
     use wakuwaku::storage::state::StateBackend;
     other.claim_released(1).unwrap().expect("nobody held partition 1");
+    let idle = PostgresStore::connect(&url, &projection).unwrap();
+    idle.name_member_with_admin(IDLE_ADMIN);
+    idle.hold_for_run().unwrap();
     let store = StateStore::from_backend(PostgresStore::connect(&url, &projection).unwrap());
-    (projection, store, Some(other))
+    (projection, store, Some(other), Some(idle))
+}
+
+/// The name the idle host gives: this machine's, this process's, its admin address.
+fn idle_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    format!("{} pid {} admin {IDLE_ADMIN}", host.trim(), std::process::id())
 }
 
 /// The bank of 300 events on 2 partitions, run by version 1 with version
@@ -103,7 +121,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
     let (log, _) = bank_log(dir, bank_module(), WorkloadSpec { events, accounts: 12, seed: 48 }, 2).await;
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).unwrap();
-    let (name, store, other) = bank_store(dir);
+    let (name, store, other, idle) = bank_store(dir);
     let library = Library::new(dir, "bank", store.clone(), Sandbox::new(SandboxLimits::default()).unwrap());
     std::fs::write(modules.join("bank.wasm"), bank_variant(0)).unwrap();
     library.start(&modules, false).unwrap();
@@ -123,7 +141,7 @@ async fn bank(dir: &Path) -> (Served, Arc<Projection>, String, String, u64) {
         read_token,
         timing: Some(consumer.timing()),
     };
-    let served = Served { other, ..Served::start(admin, consumer).await };
+    let served = Served { other, _idle: idle, ..Served::start(admin, consumer).await };
     (served, projection, content_version(&bank_variant(0)), content_version(&bank_variant(1)), events as u64)
 }
 
@@ -230,6 +248,61 @@ async fn timed(dir: &Path) -> (Served, Arc<wakuwaku::engine::consumer::TimingBoa
     log.append("a", vec![(0, vec![record(hostile, 3, now - 120_000)])]).await.unwrap();
     eventually("the late event", || timing.late_events().total == 1).await;
     (served, timing)
+}
+
+/// How many calls of the hostile module fail with its own error.
+const HOSTILE_FAILURES: u64 = 4;
+
+/// How many plain log lines the hostile module writes before its hostile one.
+const PLAIN_LINES: u64 = 25;
+
+/// A projection of the hostile test module (a WASM component, measured by
+/// its sandbox) over topic `attacks`: [`HOSTILE_FAILURES`] events that fail
+/// with a handler error (dead-lettered at once, unrecoverable), ten that
+/// behave, then [`PLAIN_LINES`] log lines and one of [`HOSTILE`] text for
+/// the [`HOSTILE`] key, all applied or dead-lettered: (endpoint, the
+/// module's version).
+async fn hostile_host(dir: &Path) -> (Served, String) {
+    let log = Arc::new(EmbeddedLog::open(dir.join("attacks.redb")).unwrap());
+    log.create_topic("attacks", 1).await.unwrap();
+    log.create_topic(hostile::OUT, 1).await.unwrap();
+    let module = hostile_module(&Sandbox::new(SandboxLimits::default()).unwrap());
+    let version = module.version().to_owned();
+    let mut records: Vec<Record> =
+        (0..HOSTILE_FAILURES).map(|key| attack(tag::HUGE_ERROR, key, serde_json::json!({ "size": 64 }))).collect();
+    records.extend((100..110).map(|key| attack(tag::BEHAVE, key, serde_json::json!({}))));
+    let plain = serde_json::json!({ "n": PLAIN_LINES, "mode": "text", "name": "a plain line" });
+    records.push(attack(tag::LOG_FLOOD, 200, plain));
+    let headers = EventHeaders {
+        tag: tag::LOG_FLOOD,
+        key: Key::of(&KeyValue::Str(HOSTILE.to_owned())).unwrap(),
+        ordering: EventAtomicOrdering::Relaxed,
+        algebra: Algebra::NonAssociative,
+        event_time: None,
+    };
+    let body = serde_json::json!({ "key": 0, "n": 1, "mode": "text", "name": HOSTILE });
+    let hostile_line = Record { headers: headers.to_headers(), body: serde_json::to_vec(&body).unwrap() };
+    log.append("attacks", vec![(0, records)]).await.unwrap();
+    let store = StateStore::open(&dir.join("hostile.redb")).unwrap();
+    let projection = Arc::new(Projection::new("hostile", "attacks", vec![module], store).unwrap());
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, HOSTILE_FAILURES);
+    // The hostile line last (keys of one batch run side by side).
+    log.append("attacks", vec![(0, vec![hostile_line])]).await.unwrap();
+    assert_eq!(consumer.catch_up().await.unwrap().dead_lettered, 0);
+    let (token, read_token) = tokens();
+    let admin = Admin {
+        log,
+        projection,
+        progress: consumer.progress(),
+        metrics: Arc::new(Metrics::default()),
+        library: None,
+        rebuild: None,
+        token,
+        read_token,
+        timing: None,
+    };
+    (Served::start(admin, consumer).await, version)
 }
 
 /// Waits up to 20 s for `done`.
@@ -407,6 +480,10 @@ async fn the_console_answers_only_its_tokens_and_acts_only_for_its_own_pages() {
                 (&OTHER_HOST.into(), &serde_json::json!([1]))
             );
             assert_eq!(named(true)["partitions"], serde_json::json!([0]), "{members:?}");
+            // A host that runs and holds nothing now is a member all the same.
+            let idle = members.iter().find(|m| m["name"] == idle_name().as_str()).expect("the idle host is listed");
+            assert_eq!((&idle["partitions"], &idle["this_host"]), (&serde_json::json!([]), &false.into()));
+            assert_eq!(members.len(), 3, "{members:?}");
         }
         None => assert!(members.is_empty(), "an embedded store has no other members"),
     }
@@ -660,6 +737,35 @@ async fn screenshot(client: &fantoccini::Client, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
+/// The attribute `name` of the element `css`, read in one step (the page
+/// redraws a view at each poll, so an element found earlier may be gone).
+async fn attr(client: &fantoccini::Client, css: &str, name: &str) -> Option<String> {
+    let script = "const e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null;";
+    let value = client.execute(script, vec![css.into(), name.into()]).await.unwrap();
+    value.as_str().map(str::to_owned)
+}
+
+/// How many elements `css` finds, in one step.
+async fn count_of(client: &fantoccini::Client, css: &str) -> usize {
+    let value = client.execute("return document.querySelectorAll(arguments[0]).length;", vec![css.into()]).await;
+    value.unwrap().as_u64().unwrap() as usize
+}
+
+/// Clicks the element `css`, in one step.
+async fn click(client: &fantoccini::Client, css: &str) {
+    let script = "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;";
+    assert_eq!(client.execute(script, vec![css.into()]).await.unwrap(), serde_json::Value::Bool(true), "{css}");
+}
+
+/// Waits up to 20 s for the attribute `name` of `css` to be `value`.
+async fn attr_becomes(client: &fantoccini::Client, css: &str, name: &str, value: &str) {
+    let start = Instant::now();
+    while attr(client, css, name).await.as_deref() != Some(value) {
+        assert!(start.elapsed() < Duration::from_secs(20), "{css} [{name}] never became {value}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn pwned(client: &fantoccini::Client) -> serde_json::Value {
     client.execute("return window.__pwned === undefined ? null : window.__pwned;", vec![]).await.unwrap()
 }
@@ -738,9 +844,16 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
         Some(_) => {
             assert!(members.contains(&format!("{OTHER_HOST}: partitions 1")), "{members}");
             assert!(members.starts_with("this host, ") && members.contains(": partitions 0"), "{members}");
+            assert!(members.contains(&format!("{}: no partition now (its console)", idle_name())), "{members}");
+            // Only the idle host's plain address became a link, to its console.
+            assert_eq!(count_of(&client, "dd[data-fact=members] a").await, 1);
+            let href = attr(&client, "dd[data-fact=members] a.member-console", "href").await;
+            assert_eq!(href.as_deref(), Some(format!("http://{IDLE_ADMIN}/console/").as_str()));
         }
         None => assert_eq!(members, "this host only (its state is its own)"),
     }
+    assert!(client.find_all(Css("#view img, #view script")).await.unwrap().is_empty(), "a member's name is text");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null);
     screenshot(&client, "overview").await;
 
     view(&client, "partitions").await;
@@ -799,7 +912,87 @@ async fn the_console_in_a_browser_shows_every_view_and_steers_the_projection() {
     assert_eq!(swaps.len(), 3, "{swaps:?}");
     assert!(swaps[0].starts_with(&format!("{v0} rollback 20")), "{swaps:?}");
     assert!(swaps[1].starts_with(&format!("{v1} start")) && swaps[2].starts_with(&format!("{v0} start")), "{swaps:?}");
+    // Each version's figures stay after the swap: v1 ran the bank's
+    // events (a call handles a key's run of them), without a failure, its
+    // instances within their limits.
+    let v1_calls = text_of(&client, &format!("table.usage tr[data-version='{v1}'] td.calls"), |_| true).await;
+    let v1_calls: u64 = v1_calls.replace(',', "").parse().unwrap();
+    assert!((12..=events).contains(&v1_calls), "{v1_calls} calls for 12 accounts");
+    let v1_row = format!("table.usage tr[data-version='{v1}']");
+    attr_becomes(&client, &format!("{v1_row} td.errors"), "data-failed", "0").await;
+    assert_eq!(text_of(&client, &format!("{v1_row} td.errors"), |_| true).await, "none");
+    let peak_bytes: u64 = attr(&client, &format!("{v1_row} td.peak"), "data-bytes").await.unwrap().parse().unwrap();
+    let limit = SandboxLimits::default().memory_bytes as u64;
+    assert!(peak_bytes > 0 && peak_bytes <= limit, "peak {peak_bytes} of {limit}");
+    let peak = text_of(&client, &format!("{v1_row} td.peak"), |_| true).await;
+    assert!(peak.ends_with(" of 64.0 MiB"), "{peak}");
+    let cpu = text_of(&client, &format!("{v1_row} td.cpu"), |_| true).await;
+    assert!(cpu.contains(" longest, ") && cpu.ends_with(" p99, of 1.00 s"), "{cpu}");
+    text_of(&client, &format!("table.usage tr[data-version='{v0}'] td.calls"), |_| true).await;
     screenshot(&client, "modules").await;
+
+    // A module that fails calls: its version shows each failure, by class.
+    let (hostile_served, hostile_version) = hostile_host(&dir.path().join("hostile")).await;
+    let attacks = format!("http://127.0.0.1:{}", hostile_served.address.port());
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer = call_async("GET", format!("{attacks}/console/api/modules"), bearer, None).await;
+    let answer: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    let usage = &answer["modules"][0]["usage"][0];
+    assert_eq!(usage["version"], hostile_version.as_str(), "{answer}");
+    assert_eq!(usage["errors"][0], serde_json::json!(["handler", HOSTILE_FAILURES]), "{answer}");
+    assert!(usage["memory_bytes"].as_u64().unwrap() > 0, "{answer}");
+    sign_in(&client, &attacks, TOKEN).await;
+    view(&client, "modules").await;
+    let row = format!("table.usage tr[data-version='{hostile_version}']");
+    let errors = text_of(&client, &format!("{row} td.errors"), |text| text != "none").await;
+    assert_eq!(errors, format!("{HOSTILE_FAILURES} handler"));
+    attr_becomes(&client, &format!("{row} td.errors"), "data-failed", &HOSTILE_FAILURES.to_string()).await;
+    let held: u64 = attr(&client, &format!("{row} td.memory"), "data-bytes").await.unwrap().parse().unwrap();
+    assert!(held > 0, "its instances hold memory");
+    let peak: u64 = attr(&client, &format!("{row} td.peak"), "data-bytes").await.unwrap().parse().unwrap();
+    assert!(peak > 0 && peak <= limit, "peak {peak} of {limit}");
+
+    // Its log lines, newest first: the hostile one is inert text, its key too.
+    let bearer = vec![("authorization", format!("Bearer {TOKEN}"))];
+    let answer =
+        call_async("GET", format!("{attacks}/console/api/module-log?module=hostile&limit=3"), bearer, None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let page: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(page["written"], PLAIN_LINES + 1, "{page}");
+    let newest = &page["lines"][0];
+    assert_eq!(
+        (newest["seq"].as_u64(), newest["version"].as_str()),
+        (Some(PLAIN_LINES), Some(hostile_version.as_str()))
+    );
+    let (text, key) = (newest["text"].as_str().unwrap(), newest["key"].as_str().unwrap());
+    assert!(
+        text.contains("\\u{202e}gnp.exe\\u{7}\\u{1b}[2J") && !text.contains('\u{202e}'),
+        "sent printable: {text:?}"
+    );
+    assert!(key.contains("\\u{202e}") && !key.contains('\u{1b}'), "{key:?}");
+    assert_eq!(page["next"].as_u64(), Some(PLAIN_LINES - 2), "{page}");
+    let log = "div.module-log[data-module='hostile']";
+    let line = text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.text"), |_| true).await;
+    assert!(line.starts_with("<script>window.__pwned=1</script><img src=x onerror="), "markup shows as text: {line}");
+    assert!(line.contains("href=\"javascript:window.__pwned=3\""), "{line}");
+    assert!(line.contains("\\u{202e}gnp.exe\\u{7}\\u{1b}[2J") && !line.contains('\u{202e}'), "{line:?}");
+    let key = text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.key"), |_| true).await;
+    assert!(key.contains("<script>window.__pwned=1</script>") && key.contains("\\u{202e}"), "{key}");
+    assert_eq!(count_of(&client, &format!("{log} table.log tbody tr")).await, 20, "a page of 20 lines");
+    // Paged: the older lines, then back to the newest.
+    click(&client, &format!("{log} button.log-older")).await;
+    let oldest_shown = format!("{log} table.log tbody tr:first-child");
+    attr_becomes(&client, &oldest_shown, "data-seq", &(PLAIN_LINES - 20).to_string()).await;
+    assert_eq!(count_of(&client, &format!("{log} table.log tbody tr")).await as u64, PLAIN_LINES + 1 - 20, "the rest");
+    assert_eq!(text_of(&client, &format!("{oldest_shown} td.text"), |_| true).await, "a plain line");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    attr_becomes(&client, &oldest_shown, "data-seq", &(PLAIN_LINES - 20).to_string()).await;
+    click(&client, &format!("{log} button.log-newest")).await;
+    attr_becomes(&client, &oldest_shown, "data-seq", &PLAIN_LINES.to_string()).await;
+    text_of(&client, &format!("{log} tr[data-seq='{PLAIN_LINES}'] td.level"), |_| true).await;
+    assert!(client.find_all(Css("#view img, #view script, #view a")).await.unwrap().is_empty(), "no markup made it in");
+    assert_eq!(pwned(&client).await, serde_json::Value::Null, "no script of the module ran");
+    screenshot(&client, "module-log").await;
 
     // Dead letters: a hostile publisher's strings are inert text.
     sign_in(&client, &steps, TOKEN).await;

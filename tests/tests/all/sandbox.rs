@@ -932,6 +932,28 @@ fn a_hostile_allocator_or_post_return_fails_the_call_as_a_trap_and_the_next_call
     // fails the call all the same.
     assert_trap(instance.handle(&mut scope, tag::ARM_ALLOCATOR, &arm("post-return")), "unreachable");
     instance.handle(&mut scope, tag::BEHAVE, &body(json!({ "key": 1 }))).unwrap();
+    let failed = instance.handle(&mut scope, tag::HUGE_ERROR, &body(json!({ "key": 1, "size": 10 })));
+    assert!(matches!(failed, Err(CallError::Handler { .. })), "{failed:?}");
+
+    // The sandbox counted each failure by its class on the module's
+    // version (the console's figures): the spin ran out of time, the
+    // growth of 4 GiB out of memory, the rest trapped.
+    let usage = sandbox.usage().module("hostile");
+    assert_eq!(usage.len(), 1);
+    let figures = &usage[0];
+    assert_eq!(figures.version, module.version());
+    assert_eq!(
+        figures.errors,
+        vec![("handler", 1), ("trap", 5), ("time", 1), ("memory", 1), ("contract", 0), ("host", 0)],
+        "{figures:?}"
+    );
+    assert!(figures.longest_us >= 200_000 && figures.longest_us < 5_000_000, "the spin took its budget: {figures:?}");
+    assert!(figures.p99_us.unwrap() <= figures.longest_us);
+    assert!(figures.memory_peak_bytes > 0 && figures.memory_peak_bytes <= 16 << 20, "{figures:?}");
+    assert!(figures.instances >= 1 && figures.memory_bytes > 0, "{figures:?}");
+    drop(instance);
+    let dropped = &sandbox.usage().module("hostile")[0];
+    assert_eq!(dropped.instances + 1, figures.instances, "a dropped instance gives its memory back: {dropped:?}");
 }
 
 /// A module of the current contract sets and cancels timers through the

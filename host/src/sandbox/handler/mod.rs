@@ -85,6 +85,13 @@ pub trait HandlerModule: Send + Sync {
     fn take_instances_recycled(&self) -> u64 {
         0
     }
+    /// The figures of every version of the sandbox this module runs in
+    /// (calls, failures by class, call times, instance memory; see
+    /// [`crate::sandbox::runtime::usage`]). None by default: a native
+    /// module is not measured.
+    fn usage_board(&self) -> Option<std::sync::Arc<crate::sandbox::runtime::usage::UsageBoard>> {
+        None
+    }
 }
 
 /// One instance of a module. Calls on one instance never overlap.

@@ -24,6 +24,12 @@
 //!   failure is named as the host's (`host-instance-memory`), not the
 //!   module's own limit. What a store took is given back when it is
 //!   dropped.
+//! - A store made for a module version ([`InstanceLimits::counted_in`])
+//!   adds each growth to that version's figures
+//!   ([`super::usage::VersionUsage`]) and takes what it held off them when
+//!   dropped; every refused growth is remembered until the call asks
+//!   ([`InstanceLimits::take_refused`]), so a call it failed counts as out
+//!   of memory.
 //!
 //! [`SandboxLimits::memory_bytes`]: super::SandboxLimits::memory_bytes
 //! [`SandboxLimits::table_elements`]: super::SandboxLimits::table_elements
@@ -33,6 +39,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use wasmtime::{ResourceLimiter, StoreLimits};
+
+use super::usage::VersionUsage;
 
 /// What every instance of a sandbox holds in linear memory together, and
 /// the most they may.
@@ -95,11 +103,19 @@ pub(crate) struct InstanceLimits {
     host: Arc<HostMemory>,
     /// The last growth the host's memory refused, if any.
     host_refusal: Option<HostRefusal>,
+    /// Whether a memory growth was refused since the last
+    /// [`Self::take_refused`].
+    refused: bool,
+    /// The figures of the module version this store's instance is of.
+    usage: Option<Arc<VersionUsage>>,
 }
 
 impl Drop for InstanceLimits {
     fn drop(&mut self) {
         self.host.give_back(self.memories.held);
+        if let Some(usage) = &self.usage {
+            usage.instance_dropped(self.memories.held);
+        }
     }
 }
 
@@ -147,7 +163,24 @@ impl InstanceLimits {
             tables: Sum { held: 0, limit: table_elements },
             host,
             host_refusal: None,
+            refused: false,
+            usage: None,
         }
+    }
+
+    /// The same limits, adding what the store holds to `usage`, an
+    /// instance of its version for as long as the store lives.
+    pub(crate) fn counted_in(mut self, usage: Arc<VersionUsage>) -> Self {
+        usage.instance_made();
+        usage.memory_grew(self.memories.held, self.memories.held);
+        self.usage = Some(usage);
+        self
+    }
+
+    /// Whether a memory growth was refused since the last time this was
+    /// asked.
+    pub(crate) fn take_refused(&mut self) -> bool {
+        std::mem::take(&mut self.refused)
     }
 
     /// What all memories of the store hold together, in bytes.
@@ -190,6 +223,14 @@ impl ResourceLimiter for InstanceLimits {
         });
         if refused.is_some() {
             self.host_refusal = refused;
+        }
+        match allowed {
+            Ok(true) => {
+                if let Some(usage) = &self.usage {
+                    usage.memory_grew(self.memories.held.saturating_sub(before), self.memories.held);
+                }
+            }
+            _ => self.refused = true,
         }
         allowed
     }
@@ -256,6 +297,22 @@ mod tests {
         assert!(second.memory_growing(30 * MIB, 50 * MIB, None).unwrap());
         drop(second);
         assert_eq!(host.held(), 0);
+    }
+
+    #[test]
+    fn a_counted_store_adds_its_growths_to_its_version_and_takes_them_off_when_dropped() {
+        let usage = Arc::new(VersionUsage::for_tests());
+        let mut limits = limits().counted_in(usage.clone());
+        assert!(limits.memory_growing(0, 10 * MIB, None).unwrap());
+        assert!(limits.memory_growing(10 * MIB, 12 * MIB, None).unwrap());
+        assert!(!limits.take_refused());
+        assert!(limits.memory_growing(12 * MIB, 65 * MIB, None).is_err());
+        assert!(limits.take_refused() && !limits.take_refused(), "a refusal is told once");
+        let figures = usage.figures();
+        assert_eq!((figures.instances, figures.memory_bytes, figures.memory_peak_bytes), (1, 12 * MIB, 12 * MIB));
+        drop(limits);
+        let figures = usage.figures();
+        assert_eq!((figures.instances, figures.memory_bytes, figures.memory_peak_bytes), (0, 0, 12 * MIB));
     }
 
     #[test]

@@ -42,6 +42,12 @@
 //!   with epoch interruption: a background thread ticks the engine's epoch
 //!   and every call (and every instantiation, which runs guest init code)
 //!   re-arms its deadline first, because deadlines belong to the store.
+//! - **Each version's calls are measured where they are made** ([`usage`]):
+//!   every call's wall time and failure class, and every instance's
+//!   memory, on atomics of the version's [`usage::VersionUsage`], which the
+//!   sandbox's [`usage::UsageBoard`] keeps after the version is swapped
+//!   out ([`Sandbox::usage`], [`HandlerModule::usage_board`]), with the
+//!   last log lines of each module ([`log::LogBook`]).
 //! - **A trap costs an instance, not the host.** After a trap an instance
 //!   cannot be entered again; [`WasmInstance`] replaces itself from the
 //!   pre-linked template before its next call. The trap's reason and the
@@ -91,7 +97,7 @@
 //! and the table that links them, `capabilities`; the adapters of the
 //! older contracts, `contract_0_2`, `contract_0_3` and `contract_0_4`, and
 //! what they share, `contract_adapter`; `instance_limits` bounds each instance's memories and
-//! tables; `blocking` runs module code where blocking is allowed;
+//! tables; `usage` counts each version's calls, failures and memory; `blocking` runs module code where blocking is allowed;
 //! `compiler` compiles in a bounded child process; `cache` keeps compiled
 //! artifacts on disk; `component_file` reads a component from disk within
 //! its bounds.
@@ -129,6 +135,7 @@ mod instance_limits;
 pub mod log;
 pub(crate) mod state;
 pub(crate) mod timers;
+pub mod usage;
 pub mod wasi;
 
 mod bindings {
@@ -507,6 +514,8 @@ struct Shared {
     /// The compile cache entries of the versions loaded last, which
     /// pruning leaves alone.
     cache_in_use: cache::InUse,
+    /// Each loaded version's calls, failures and memory.
+    usage: Arc<usage::UsageBoard>,
 }
 
 impl Drop for Shared {
@@ -533,6 +542,7 @@ impl Sandbox {
                 over_compile_limits: Mutex::default(),
                 host_memory: instance_limits::HostMemory::new(limits.host_memory_bytes),
                 cache_in_use: cache::InUse::default(),
+                usage: Arc::new(usage::UsageBoard::new(limits.memory_bytes, limits.call_budget)),
             }),
             cache: None,
             cache_max_bytes: DEFAULT_COMPILE_CACHE_MAX_BYTES,
@@ -574,6 +584,12 @@ impl Sandbox {
     /// The payload limits of calls outside `handle`.
     pub fn payload_limits(&self) -> &PayloadLimits {
         &self.payload
+    }
+
+    /// The calls, failures and memory of every module version this
+    /// sandbox loaded (see [`usage`]).
+    pub fn usage(&self) -> &Arc<usage::UsageBoard> {
+        &self.shared.usage
     }
 
     /// Compiles a component (at most
@@ -620,6 +636,7 @@ impl Sandbox {
                 capabilities::Contract::V0_2 => contract_0_2::bindings::ModulePre::new(pre).map(Pre::V0_2),
             })
             .map_err(|e| LoadError::NotAHandler { module: name.to_owned(), reason: format!("{e:#}") })?;
+        let version = content_version(bytes);
         let mut module = WasmModule {
             handle: ModuleHandle {
                 name: name.to_owned(),
@@ -627,8 +644,9 @@ impl Sandbox {
                 sandbox: self.clone(),
                 emits: Arc::from([]),
                 recycled: Arc::default(),
+                usage: self.shared.usage.version(name, &version),
             },
-            version: content_version(bytes),
+            version,
             event_types: Vec::new(),
             from_cache,
         };
@@ -647,7 +665,14 @@ impl Sandbox {
         Ok(module)
     }
 
-    fn new_store(&self, module: &str, emits: Arc<[String]>) -> Store<StoreData> {
+    /// A store for an instance of `module` (of the version `usage` counts,
+    /// if given).
+    fn new_store(
+        &self,
+        module: &str,
+        emits: Arc<[String]>,
+        usage: Option<&Arc<usage::VersionUsage>>,
+    ) -> Store<StoreData> {
         let limits = &self.shared.limits;
         let store_limits = StoreLimitsBuilder::new()
             .memory_size(limits.memory_bytes)
@@ -663,13 +688,12 @@ impl Sandbox {
             limits.table_elements,
             self.shared.host_memory.clone(),
         );
-        let data = StoreData {
-            wasi: wasi::WasiState::new(),
-            limits: store_limits,
-            scope: None,
-            emits,
-            log: log::LogUnit::new(module, self.payload),
+        let log = log::LogUnit::new(module, self.payload);
+        let (store_limits, log) = match usage {
+            Some(usage) => (store_limits.counted_in(usage.clone()), log.kept_for(usage.clone())),
+            None => (store_limits, log),
         };
+        let data = StoreData { wasi: wasi::WasiState::new(), limits: store_limits, scope: None, emits, log };
         let mut store = Store::new(&self.shared.engine, data);
         store.limiter(|data| &mut data.limits);
         store.epoch_deadline_trap();
@@ -815,6 +839,10 @@ impl HandlerModule for WasmModule {
     fn take_instances_recycled(&self) -> u64 {
         self.handle.recycled.swap(0, AtomicOrdering::Relaxed)
     }
+
+    fn usage_board(&self) -> Option<Arc<usage::UsageBoard>> {
+        Some(self.handle.sandbox.shared.usage.clone())
+    }
 }
 
 /// The most linear memory an instance that held `fresh` bytes when made
@@ -869,6 +897,8 @@ struct ModuleHandle {
     /// Instances replaced at their memory's high-water mark, not yet
     /// taken by [`HandlerModule::take_instances_recycled`].
     recycled: Arc<AtomicU64>,
+    /// This version's calls, failures and memory.
+    usage: Arc<usage::VersionUsage>,
 }
 
 impl ModuleHandle {
@@ -877,7 +907,7 @@ impl ModuleHandle {
     fn instantiate(&self) -> Result<(Store<StoreData>, Exports), CallError> {
         let mut attempts = 1;
         loop {
-            let mut store = self.sandbox.new_store(&self.name, self.emits.clone());
+            let mut store = self.sandbox.new_store(&self.name, self.emits.clone(), Some(&self.usage));
             store.set_epoch_deadline(self.sandbox.deadline_ticks());
             match blocking::off_async_runtime(|| self.pre.instantiate(&mut store)) {
                 Ok(bindings) => return Ok((store, bindings)),
@@ -950,22 +980,46 @@ impl WasmInstance {
 
     /// Runs one export call on a prepared instance, turning guest errors
     /// into [`CallError::Handler`] (message cut to 4 KiB), host faults into
-    /// [`CallError::HostFault`] and traps into [`CallError::Trap`].
+    /// [`CallError::HostFault`] and traps into [`CallError::Trap`], and
+    /// counts it, its time and its failure's class, in its version's
+    /// [`usage`].
     fn invoke<R: Send>(
         &mut self,
         f: impl FnOnce(&Exports, &mut Store<StoreData>) -> wasmtime::Result<Result<R, types::HandlerError>> + Send,
     ) -> Result<R, CallError> {
+        self.store.data_mut().limits.take_refused();
         let (bindings, store) = (&self.bindings, &mut self.store);
-        let result = match blocking::off_async_runtime(|| f(bindings, store)) {
-            Ok(Ok(value)) => Ok(value),
+        let (outcome, took) = blocking::off_async_runtime(|| {
+            let started = std::time::Instant::now();
+            let outcome = f(bindings, store);
+            (outcome, started.elapsed())
+        });
+        let (result, failure) = match outcome {
+            Ok(Ok(value)) => (Ok(value), None),
             Ok(Err(error)) => {
-                Err(CallError::Handler { class: class_from_wit(error.class), message: error_message(error.message) })
+                let class = class_from_wit(error.class);
+                (
+                    Err(CallError::Handler { class, message: error_message(error.message) }),
+                    Some(usage::Failure::Handler),
+                )
             }
             Err(error) => {
                 self.poisoned = true;
-                Err(call_failure(&self.store, error))
+                let interrupted = matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt));
+                let refused = self.store.data_mut().limits.take_refused();
+                let failure = call_failure(&self.store, error);
+                let class = match &failure {
+                    CallError::HostFault(_) => usage::Failure::Host,
+                    CallError::Contract(_) => usage::Failure::Contract,
+                    CallError::HostMemory { .. } => usage::Failure::Memory,
+                    _ if interrupted => usage::Failure::Time,
+                    _ if refused => usage::Failure::Memory,
+                    _ => usage::Failure::Trap,
+                };
+                (Err(failure), Some(class))
             }
         };
+        self.module.usage.call(took, failure);
         self.store.data_mut().log.finish();
         result
     }
@@ -1078,7 +1132,8 @@ impl HandlerInstance for WasmInstance {
                 contract_0_2::answer(m.wakuwaku_handler_handler().call_combine(store, tag.get(), bodies))
             }
         })?;
-        check_combined_body(&self.module.sandbox.payload, &body)?;
+        check_combined_body(&self.module.sandbox.payload, &body)
+            .inspect_err(|_| self.module.usage.failed_after(usage::Failure::Contract))?;
         Ok(body)
     }
 
@@ -1090,7 +1145,7 @@ impl HandlerInstance for WasmInstance {
             Exports::V0_3(m) => contract_0_3::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
             Exports::V0_2(m) => contract_0_2::answer(m.wakuwaku_handler_handler().call_key(store, tag.get(), body)),
         })?;
-        Ok(check_key(&bytes)?)
+        Ok(check_key(&bytes).inspect_err(|_| self.module.usage.failed_after(usage::Failure::Contract))?)
     }
 
     fn ordering(&mut self, tag: EventTypeTag, body: &[u8]) -> Result<EventAtomicOrdering, CallError> {
@@ -1200,7 +1255,7 @@ mod tests {
     #[test]
     fn a_host_fault_raised_in_an_import_fails_the_call_as_a_host_fault_not_a_trap() {
         let sandbox = Sandbox::new(SandboxLimits::default()).unwrap();
-        let store = sandbox.new_store("m", Arc::from([]));
+        let store = sandbox.new_store("m", Arc::from([]), None);
         // Wasmtime adds context (the wasm backtrace) on the way out.
         let fault = wasmtime::Error::new(HostFault("disk gone".into())).context("wasm backtrace");
         assert_eq!(call_failure(&store, fault), CallError::HostFault("disk gone".into()));
@@ -1238,9 +1293,9 @@ mod tests {
             (0..memories).for_each(|_| bytes.extend([0x00, 0xd8, 0x04]));
             wasmtime::Module::new(&sandbox.shared.engine, &bytes).unwrap()
         };
-        let mut store = sandbox.new_store("m", Arc::from([]));
+        let mut store = sandbox.new_store("m", Arc::from([]), None);
         wasmtime::Instance::new(&mut store, &module(1), &[]).expect("one memory of 37.5 MiB fits");
-        let mut store = sandbox.new_store("m", Arc::from([]));
+        let mut store = sandbox.new_store("m", Arc::from([]), None);
         let error = wasmtime::Instance::new(&mut store, &module(2), &[]).expect_err("two make 75 MiB, over 64 MiB");
         assert!(format!("{error:#}").contains("memory"), "{error:#}");
     }

@@ -26,9 +26,16 @@
 //! - **Losing the session loses every hold**: the next try opens a new
 //!   session and holds nothing until it takes again.
 //! - **A hold session carries its host's name** (`application_name`: the
-//!   host name and process id, or what [`Holds::name`] was given), so each
+//!   host name and process id, and the admin address when the host serves
+//!   one, [`member_name`]; or what [`Holds::set_name`] was given), so each
 //!   host can name the others holding the projection's partitions
 //!   ([`Holds::members`]: the server's lock table, nothing kept besides).
+//! - **A running host is a member for its whole life**, holding partitions
+//!   or not: the session holding the run lock (shared, for as long as the
+//!   host runs, [`super::postgres`]) carries the same name, and the members
+//!   are the sessions holding either lock, one per name (a host's hold
+//!   session and run-lock session are one member). A reset holding the
+//!   run lock exclusively is listed while it runs.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -62,15 +69,40 @@ pub(super) struct Holds {
     name: std::sync::Mutex<Option<String>>,
 }
 
+/// The most bytes of a session's name PostgreSQL keeps.
+pub const MAX_MEMBER_NAME: usize = 63;
+
 /// This host's name for the others: its host name and process id.
 pub(super) fn default_name() -> String {
+    member_name(None)
+}
+
+/// This host's name for the others: its host name and process id, and
+/// `admin` (its admin endpoint's address, `https://` before it when over
+/// TLS) when it serves one: `db-7 pid 4121 admin 10.0.0.5:9100`. The host
+/// name is cut so the whole stays within [`MAX_MEMBER_NAME`] bytes of
+/// printable ASCII (what PostgreSQL keeps).
+pub fn member_name(admin: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "unnamed host".to_owned());
-    format!("{host} pid {}", std::process::id())
+    name_of(&host, std::process::id(), admin)
+}
+
+/// [`member_name`] of `host`, `pid` and `admin`.
+fn name_of(host: &str, pid: u32, admin: Option<&str>) -> String {
+    let ascii = |text: &str| -> String { text.chars().map(|c| if c.is_ascii_graphic() { c } else { '?' }).collect() };
+    let tail = match admin {
+        Some(admin) => format!(" pid {pid} admin {}", ascii(admin)),
+        None => format!(" pid {pid}"),
+    };
+    let host = ascii(host);
+    let room = MAX_MEMBER_NAME.saturating_sub(tail.len());
+    let name = format!("{}{tail}", &host[..host.len().min(room)]);
+    name[..name.len().min(MAX_MEMBER_NAME)].to_owned()
 }
 
 struct Session {
@@ -149,49 +181,48 @@ impl Holds {
         *self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name.to_owned());
     }
 
-    fn name(&self) -> String {
+    /// The name its sessions give.
+    pub(super) fn name(&self) -> String {
         let name = self.name.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         name.clone().unwrap_or_else(default_name)
     }
 
-    /// The sessions holding partitions of `projection` now (this store's
-    /// and every other host's), from the server's lock table: each one's
-    /// name and partitions, in the order of their names.
+    /// The hosts running `projection` now (this store's and every other),
+    /// from the server's lock table: the sessions holding its partitions
+    /// or its run lock (first key `run_lock`), one member per name with
+    /// its partitions (none: it holds none now), in the order of their
+    /// names. `run_session`: this store's run-lock session, also this host.
     pub(super) async fn members(
         &self,
         pool: &Pool,
         projection: &str,
         location: &str,
+        run_lock: i32,
+        run_session: Option<i32>,
     ) -> Result<Vec<super::Member>, StateError> {
         let failed = |e: Box<dyn std::error::Error + Send + Sync>| StateError::Storage {
             store: location.to_owned(),
             source: format!("listing the hosts holding partitions: {e}").into(),
         };
         let own = self.session.lock().await.as_ref().map(|session| session.pid);
-        // A one-key advisory lock shows its key's high half as `classid`
-        // and its low half as `objid`, with `objsubid` 1.
-        let sql = "SELECT l.pid, coalesce(a.application_name, ''), l.objid::bigint \
+        // A one-key advisory lock (a hold) shows its key's high half as
+        // `classid` and its low half as `objid`, with `objsubid` 1; a
+        // two-key one (the run lock) its keys as `classid` and `objid`,
+        // with `objsubid` 2 (no partition: -1).
+        let sql = "SELECT l.pid, coalesce(a.application_name, ''), \
+                   CASE WHEN l.objsubid = 1 THEN l.objid::bigint ELSE -1 END \
                    FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                   WHERE l.locktype = 'advisory' AND l.granted \
                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                   AND l.classid::bigint = (hashtext(current_schema() || '/' || $1)::bigint & 4294967295) \
+                   AND ((l.objsubid = 1 \
+                         AND l.classid::bigint = (hashtext(current_schema() || '/' || $1)::bigint & 4294967295)) \
+                     OR (l.objsubid = 2 AND l.classid::bigint = $2 \
+                         AND l.objid::bigint = (hashtext(current_schema() || '/' || $1)::bigint & 4294967295))) \
                    ORDER BY 2, 1, 3";
         let client = pool.get().await.map_err(|e| failed(Box::new(e)))?;
-        let rows = client.query(sql, &[&projection]).await.map_err(|e| failed(Box::new(e)))?;
-        let mut members: Vec<(i32, super::Member)> = Vec::new();
-        for row in rows {
-            let (pid, name, partition): (i32, String, i64) = (row.get(0), row.get(1), row.get(2));
-            let partition = u32::try_from(partition).unwrap_or(u32::MAX);
-            match members.last_mut() {
-                Some((last, member)) if *last == pid => member.partitions.push(partition),
-                _ => {
-                    let name = if name.is_empty() { format!("session {pid}") } else { name };
-                    let this_host = Some(pid) == own;
-                    members.push((pid, super::Member { name, partitions: vec![partition], this_host }));
-                }
-            }
-        }
-        Ok(members.into_iter().map(|(_, member)| member).collect())
+        let rows = client.query(sql, &[&projection, &i64::from(run_lock)]).await.map_err(|e| failed(Box::new(e)))?;
+        let rows = rows.iter().map(|row| (row.get(0), row.get(1), row.get(2)));
+        Ok(members_of(rows, |pid| Some(pid) == own || Some(pid) == run_session))
     }
 
     /// Stops pinging the session, as a paused host would (tests).
@@ -199,6 +230,33 @@ impl Holds {
     pub(super) fn fall_silent(&self) {
         self.silent.store(true, Ordering::Relaxed);
     }
+}
+
+/// The members of `rows` (session, its name, a partition it holds or -1),
+/// ordered by name and session: one per name (a session without one is
+/// `session <pid>`), this host's marked by `own`.
+fn members_of(rows: impl Iterator<Item = (i32, String, i64)>, own: impl Fn(i32) -> bool) -> Vec<super::Member> {
+    let mut members: Vec<super::Member> = Vec::new();
+    for (pid, name, partition) in rows {
+        let name = if name.is_empty() { format!("session {pid}") } else { name };
+        let member = match members.last_mut() {
+            Some(member) if member.name == name => member,
+            _ => {
+                members.push(super::Member { name, partitions: Vec::new(), this_host: false });
+                members.last_mut().expect("pushed above")
+            }
+        };
+        member.this_host |= own(pid);
+        if let Ok(partition) = u32::try_from(partition)
+            && !member.partitions.contains(&partition)
+        {
+            member.partitions.push(partition);
+        }
+    }
+    for member in &mut members {
+        member.partitions.sort_unstable();
+    }
+    members
 }
 
 /// A session of its own for holds, out of the pool, with its lease set and
@@ -232,4 +290,37 @@ async fn open(
         }
     });
     Ok(Session { client, pid, held: HashSet::new(), alive, keeper })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_keeps_the_admin_address_within_63_bytes_of_printable_ascii() {
+        assert_eq!(name_of("db-7", 4121, Some("10.0.0.5:9100")), "db-7 pid 4121 admin 10.0.0.5:9100");
+        assert_eq!(name_of("db-7", 4121, None), "db-7 pid 4121");
+        let long = name_of(&"h".repeat(100), 4121, Some("https://[2001:db8::1]:9100"));
+        assert_eq!(long.len(), MAX_MEMBER_NAME);
+        assert!(long.ends_with(" pid 4121 admin https://[2001:db8::1]:9100"), "{long}");
+        assert_eq!(name_of("hôte\n", 1, Some("a b")), "h?te? pid 1 admin a?b");
+    }
+
+    #[test]
+    fn a_hosts_sessions_are_one_member_and_one_without_a_partition_is_listed() {
+        let rows = [
+            (10, "a pid 1".to_owned(), -1),
+            (11, "a pid 1".to_owned(), 2),
+            (11, "a pid 1".to_owned(), 0),
+            (20, "b pid 2".to_owned(), -1),
+            (30, String::new(), 1),
+        ];
+        let members = members_of(rows.into_iter(), |pid| pid == 10);
+        let listed: Vec<(&str, &[u32], bool)> =
+            members.iter().map(|m| (m.name.as_str(), m.partitions.as_slice(), m.this_host)).collect();
+        assert_eq!(
+            listed,
+            [("a pid 1", &[0, 2][..], true), ("b pid 2", &[][..], false), ("session 30", &[1][..], false)]
+        );
+    }
 }

@@ -452,7 +452,8 @@ impl BatchCommit {
     }
 }
 
-/// A host holding partitions of a projection ([`StateBackend::members`]).
+/// A host running a projection, holding partitions of it or not
+/// ([`StateBackend::members`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Member {
     /// The name its hold session gives (PostgreSQL's `application_name`:
@@ -514,10 +515,11 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         let _ = partition;
     }
 
-    /// The hosts holding partitions of the projection now, as the store
-    /// sees their holds ([`StateBackend::claim_released`]): each one's
-    /// name and partitions, this host's marked. A store only one host uses
-    /// (embedded) answers none.
+    /// The hosts running the projection now, as the store sees their
+    /// holds ([`StateBackend::claim_released`]) and their run locks
+    /// ([`StateBackend::hold_for_run`]): each one's name and partitions
+    /// (none when it holds none now), this host's marked. A store only one
+    /// host uses (embedded) answers none.
     fn members(&self) -> Result<Vec<Member>, StateError> {
         Ok(Vec::new())
     }

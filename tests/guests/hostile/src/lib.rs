@@ -685,6 +685,7 @@ impl Guest for Hostile {
             "LogFlood" => {
                 let line = match params.mode.as_str() {
                     "escape" => ESCAPES.to_owned(),
+                    "text" => params.name.clone(),
                     _ => "l".repeat(size_or(&params, 1 << 20)),
                 };
                 let levels =

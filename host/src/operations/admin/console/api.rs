@@ -9,7 +9,8 @@
 //! | `GET dead-letters` | a page of dead letters ([`LetterRow`]), filtered: `after=<p>:<o>`, `limit`, `topic`, `class`, `type`, `key`, `version`, `since`/`until` (ms), `state` (`waiting`, `redriven`) |
 //! | `GET dead-letter?record=<p>:<o>` | one dead letter with its body decoded ([`Body`]) |
 //! | `POST redrive` | re-drives dead letters (JSON `{"records": ["0:3"]}`, `{"key": "42"}`, `{"partitions": [0]}` or `{"all": true}`), with the rules of `waku dlq redrive` |
-//! | `GET modules` | the running modules, their event types, kept versions, last reloads |
+//! | `GET modules` | the running modules, their event types, kept versions, last reloads, swap history, and each loaded version's calls, failures by class, call times and instance memory against the sandbox's limits ([`crate::sandbox::runtime::usage`]) |
+//! | `GET module-log?module=<m>&before=<seq>&limit=<n>` | a page of a module's last log lines, newest first (level, version, key, time, text: [`crate::sandbox::runtime::log::LogBook`]) |
 //! | `POST rollback` | swaps a kept version in (JSON `{"module": "bank", "version": "778e4efa"}`, no version: the one before), with the checks of `waku modules rollback` |
 //! | `GET topics` | a page of the log's topics (`after`, `limit`) with each partition's first and end offsets |
 //! | `GET messages` | a page of a topic's messages (`topic`, `partition`, `from`: an offset or `end`, `limit`), headers as text, bodies decoded |
@@ -44,6 +45,7 @@ use crate::key::Key;
 use crate::operations::admin::view::parse_query;
 use crate::operations::admin::{LiveStatus, Status, running_status};
 use crate::operations::dead_letter::{self, DeadLetter, DeadLetterError, Selection, Shelf};
+use crate::sandbox::runtime::usage::VersionFigures;
 use crate::storage::log::EventLog;
 use crate::storage::state::Member;
 use crate::storage::stats::Stat;
@@ -679,15 +681,18 @@ struct ModuleRow {
     reload: Option<(String, Option<String>)>,
     /// Its swap history, newest first: (version, action, ms since the epoch).
     swaps: Vec<(String, String, u64)>,
+    /// Each version the sandbox loaded, newest first: calls, failures by
+    /// class, call times, memory; none for a native module.
+    usage: Vec<VersionFigures>,
 }
 
 pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>) -> Response {
     let admin = &console.admin;
     let recorded = admin.library.as_ref().and_then(|library| library.recorded().ok()).unwrap_or_default();
     let reloads = admin.library.as_ref().map(|library| library.reloads()).unwrap_or_default();
-    let rows: Vec<ModuleRow> = admin
-        .projection
-        .modules()
+    let modules = admin.projection.modules();
+    let board = modules.iter().find_map(|module| module.usage_board());
+    let rows: Vec<ModuleRow> = modules
         .iter()
         .map(|module| ModuleRow {
             name: shown(module.name()),
@@ -706,9 +711,74 @@ pub(super) async fn modules<L: EventLog>(State(console): State<Arc<Console<L>>>)
                 .filter(|swap| swap.module == module.name())
                 .map(|swap| (shown(&swap.version), shown(&swap.action), swap.at_ms))
                 .collect(),
+            usage: board
+                .iter()
+                .flat_map(|board| board.module(module.name()))
+                .map(|figures| VersionFigures {
+                    module: shown(&figures.module),
+                    version: shown(&figures.version),
+                    ..figures
+                })
+                .collect(),
         })
         .collect();
-    Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some() })).into_response()
+    // What the figures are measured against: the limits of one instance
+    // and of one call.
+    let limits = board.map(|board| {
+        serde_json::json!({
+            "memory_bytes": board.memory_limit(),
+            "call_budget_us": u64::try_from(board.call_budget().as_micros()).unwrap_or(u64::MAX),
+        })
+    });
+    Json(serde_json::json!({ "modules": rows, "can_roll_back": admin.library.is_some(), "limits": limits }))
+        .into_response()
+}
+
+/// `GET module-log`: a page of a module's kept log lines, newest first,
+/// every key and line made printable; 404 for a module the sandbox did not
+/// load (a native one).
+pub(super) async fn module_log<L: EventLog>(
+    State(console): State<Arc<Console<L>>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let parameters = match parse_query(query.as_deref(), &["module", "before", "limit"], "module, before and limit") {
+        Ok(parameters) => parameters,
+        Err(error) => return refuse(StatusCode::BAD_REQUEST, error),
+    };
+    let Some(module) = parameters.get("module") else {
+        return refuse(StatusCode::BAD_REQUEST, "`module` names the module whose log lines to show");
+    };
+    let before = match parameters.get("before").map(|text| text.parse::<u64>().map_err(|_| text)) {
+        None => None,
+        Some(Ok(before)) => Some(before),
+        Some(Err(text)) => {
+            return refuse(StatusCode::BAD_REQUEST, format!("`before` is a line number; `{}` is not", shown(text)));
+        }
+    };
+    let limit = match limit_of(&parameters, 50) {
+        Ok(limit) => limit,
+        Err(error) => return refuse(StatusCode::BAD_REQUEST, shown(&error)),
+    };
+    let modules = console.admin.projection.modules();
+    let book = modules.iter().find_map(|m| m.usage_board()).and_then(|board| board.log(module));
+    let Some(book) = book else {
+        return refuse(StatusCode::NOT_FOUND, format!("no log lines are kept for module `{}`", shown(module)));
+    };
+    let mut page = book.page(before, limit);
+    for line in &mut page.lines {
+        line.version = shown(&line.version);
+        line.key = line.key.as_deref().map(shown);
+        line.text = shown(&line.text);
+    }
+    Json(serde_json::json!({
+        "module": shown(module),
+        "lines": page.lines,
+        "next": page.next,
+        "written": page.written,
+        "kept_most": crate::sandbox::runtime::log::KEPT_LINES,
+        "line_bytes": crate::sandbox::runtime::log::KEPT_LINE_BYTES,
+    }))
+    .into_response()
 }
 
 /// What `POST rollback` takes.

@@ -94,6 +94,7 @@ pub(super) fn router<L: EventLog>(admin: Arc<Admin<L>>, tls: bool) -> Router {
         .route("/console/api/dead-letter", get(api::dead_letter::<L>))
         .route("/console/api/redrive", post(api::redrive::<L>))
         .route("/console/api/modules", get(api::modules::<L>))
+        .route("/console/api/module-log", get(api::module_log::<L>))
         .route("/console/api/rollback", post(api::rollback::<L>))
         .route("/console/api/topics", get(api::topics::<L>))
         .route("/console/api/messages", get(api::messages::<L>))

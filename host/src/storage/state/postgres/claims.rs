@@ -235,7 +235,7 @@ struct NoMovedPosition;
 /// hosts hold and a reset takes exclusively ("wak" in ASCII); the second is
 /// the `hashtext` of the schema and the projection (advisory locks are per
 /// database).
-const RUN_LOCK: i32 = 0x0077_616b;
+pub(super) const RUN_LOCK: i32 = 0x0077_616b;
 
 /// The try-lock of the run lock, `shared` for a run or alone for a reset.
 fn run_lock_sql(shared: bool) -> &'static str {

@@ -271,6 +271,23 @@ fn each_holder_names_the_others_and_their_partitions() {
     let elsewhere = PostgresStore::connect_with(database.config.clone(), "another").unwrap();
     elsewhere.claim_released(5).unwrap().unwrap();
     assert_eq!(other.members().unwrap().len(), 1, "another projection's holds are not members");
+    // A host that runs is a member for its whole life, holding a partition
+    // or not: its run-lock session carries its name.
+    b.hold_for_run().unwrap();
+    let running = a.members().unwrap();
+    assert_eq!(running.len(), 2, "{running:?}");
+    let idle = running.iter().find(|m| !m.this_host).unwrap();
+    assert!(idle.partitions.is_empty() && idle.name.contains(&format!("pid {}", std::process::id())), "{idle:?}");
+    b.claim_released(1).unwrap().unwrap();
+    let seen_by_b = b.members().unwrap();
+    assert_eq!(seen_by_b.len(), 2, "its hold and run-lock sessions are one member: {seen_by_b:?}");
+    assert!(seen_by_b.iter().any(|m| m.this_host && m.partitions == [1]), "{seen_by_b:?}");
+    drop(b);
+    let start = std::time::Instant::now();
+    while a.members().unwrap().len() != 1 {
+        assert!(start.elapsed() < Duration::from_secs(10), "a host that stopped is no member");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A holder that stops answering (paused, cut off) loses its holds once

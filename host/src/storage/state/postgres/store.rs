@@ -45,7 +45,9 @@ pub struct PostgresStore {
     claims: Claims,
     /// The connection holding the run lock (shared for a run, exclusive
     /// for a reset), out of the pool: the lock lasts as long as its session.
-    run_lock: Mutex<Option<deadpool_postgres::ClientWrapper>>,
+    /// Its server process, a member of the group for as long as the host
+    /// runs ([`StateBackend::members`]).
+    run_lock: Mutex<Option<(deadpool_postgres::ClientWrapper, i32)>>,
     /// The entries of the keys of the claimed partitions ([`super::super::cache`]).
     cache: StateCache,
     /// The partitions this store holds, on a session of their own
@@ -226,6 +228,13 @@ impl PostgresStore {
         self.holds.set_name(name);
     }
 
+    /// Names this host for the others by its host name and process id and
+    /// `admin`, its admin endpoint's address
+    /// (`db-7 pid 4121 admin 10.0.0.5:9100`, within PostgreSQL's 63 bytes).
+    pub fn name_member_with_admin(&self, admin: &str) {
+        self.holds.set_name(&super::super::hold::member_name(Some(admin)));
+    }
+
     /// Takes the hold on `partition` unless another session has it
     /// ([`super::super::hold`]).
     fn try_hold(&self, partition: u32) -> Result<bool, StateError> {
@@ -241,7 +250,18 @@ impl PostgresStore {
         if held.is_some() {
             return Ok(());
         }
-        let taken = self.run(move |db| async move { claims::try_run_lock(db, shared).await })?;
+        let (name, location) = (self.holds.name(), self.location.to_string());
+        let taken = self.run(move |db| async move {
+            let failed = |e| StateError::Storage { store: location, source: Box::new(e) };
+            let Some(client) = claims::try_run_lock(db, shared).await? else { return Ok(None) };
+            // Named as the hold sessions are: the host is a member while
+            // it runs, holding partitions or not.
+            let named = client
+                .query_one("SELECT set_config('application_name', $1, false), pg_backend_pid()", &[&name])
+                .await
+                .map_err(failed)?;
+            Ok(Some((client, named.get::<_, i32>(1))))
+        })?;
         *held = Some(taken.ok_or_else(|| StateError::InUse { store: self.location.to_string() })?);
         Ok(())
     }
@@ -320,7 +340,10 @@ impl StateBackend for PostgresStore {
     fn members(&self) -> Result<Vec<Member>, StateError> {
         let (holds, pool) = (self.holds.clone(), self.pool.clone());
         let (projection, location) = (self.projection.clone(), self.location.clone());
-        self.bridge.run(&self.location, async move { holds.members(&pool, &projection, &location).await })
+        let run_session = self.run_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref().map(|r| r.1);
+        self.bridge.run(&self.location, async move {
+            holds.members(&pool, &projection, &location, claims::RUN_LOCK, run_session).await
+        })
     }
 
     fn reader(&self) -> Result<StateReader, StateError> {

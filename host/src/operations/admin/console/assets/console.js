@@ -20,6 +20,7 @@
     history: [], // {t, applied, lag, perPartition: {p: lag}, watermark}
     letters: { after: null, pages: [], selected: new Set(), shown: null, filters: {} },
     browser: { topic: null, partition: 0, from: 'end' },
+    moduleLog: {}, // module -> the line its page of log lines starts before (none: the newest)
   };
 
   /** `value` as text with every hidden character written as an escape. */
@@ -76,6 +77,8 @@
 
   const number = (n) => (n === null || n === undefined ? '-' : Number(n).toLocaleString('en-US'));
   const time = (ms) => (ms === null || ms === undefined ? '-' : new Date(Number(ms)).toISOString());
+  const callTime = (us) => (us === null || us === undefined ? '-' : us < 1000 ? us + ' µs' : us < 1e6 ? (us / 1000).toFixed(1) + ' ms' : (us / 1e6).toFixed(2) + ' s');
+  const bytes = (n) => (n === null || n === undefined ? '-' : n < 1048576 ? (n / 1024).toFixed(0) + ' KiB' : (n / 1048576).toFixed(1) + ' MiB');
   const duration = (ms) => (ms === null || ms === undefined ? '-' : (Number(ms) / 1000).toFixed(1) + ' s');
 
   function table(headers, rows, attributes) {
@@ -115,10 +118,35 @@
     });
   }
 
-  /** The group's members in words: this host and the others, with their partitions. */
-  function membersText(overview) {
+  /**
+   * A member's console, when its name ends in ` admin <address>` and the address is a
+   * plain `host:port` (an IP address or a host name) or `https://host:port`: its URL,
+   * else null. Nothing else of a name (another host's text) ever becomes a link.
+   */
+  function memberConsole(name) {
+    const found = /^(?:.* )?admin (https:\/\/)?((?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})$/.exec(name);
+    if (!found || Number(found[3]) < 1 || Number(found[3]) > 65535) return null;
+    const url = new URL((found[1] ? 'https://' : 'http://') + found[2] + ':' + found[3] + '/console/');
+    return url.protocol === 'http:' || url.protocol === 'https:' ? url.href : null;
+  }
+
+  /** The group's members: this host and the others, with their partitions, another's console linked. */
+  function membersFact(overview) {
     if (!overview.members || overview.members.length === 0) return 'this host only (its state is its own)';
-    return overview.members.map((m) => (m.this_host ? 'this host, ' : '') + m.name + ': partitions ' + m.partitions.join(', ')).join('; ');
+    return overview.members.flatMap((m, i) => {
+      const held = m.partitions.length > 0 ? ': partitions ' + m.partitions.join(', ') : ': no partition now';
+      const name = el('span', { class: 'member', 'data-this-host': m.this_host }, (m.this_host ? 'this host, ' : '') + m.name + held);
+      const url = m.this_host ? null : memberConsole(m.name);
+      if (url) {
+        const link = document.createElement('a');
+        link.href = url; // checked above: http(s), a host and a port, nothing else
+        link.rel = 'noopener noreferrer';
+        link.className = 'member-console';
+        link.textContent = 'its console';
+        name.append(' (', link, ')');
+      }
+      return i === 0 ? [name] : ['; ', name];
+    });
   }
 
   const micros = (us) => (Number(us) / 1000).toFixed(1) + ' ms';
@@ -174,7 +202,7 @@
           ['State', o.state, 'state'],
           ['Modules', Object.entries(s.modules).map(([m, v]) => m + ' @ ' + v).join(', ') || 'none', 'modules'],
           ['Caught up', (o.caught_up ? 'yes' : 'no') + ': ' + o.ready, 'caught-up'],
-          ['Group members', membersText(o), 'members'],
+          ['Group members', membersFact(o), 'members'],
           ['Partitions held', s.partitions.filter((p) => p.end_at_start !== null && p.end_at_start !== undefined).map((p) => p.partition).join(', ') || 'none yet', 'held'],
           ['Applied', number(s.applied), 'applied'],
           ['Skipped', number(s.skipped), 'skipped'],
@@ -387,9 +415,27 @@
     render(root) {
       root.append(el('h2', {}, 'Modules'), el('div', { id: 'module-list' }));
     },
+    /** A module's page of log lines, with buttons to page older and back to the newest. */
+    async logOf(module) {
+      const before = state.moduleLog[module.name];
+      const page = await api('module-log?module=' + encodeURIComponent(module.name) + '&limit=20' + (before === undefined ? '' : '&before=' + before));
+      const rows = page.lines.map((line) => el('tr', { 'data-seq': line.seq, class: 'level-' + line.level },
+        el('td', {}, time(line.at_ms)), el('td', { class: 'level' }, line.level), el('td', { class: 'version' }, line.version),
+        el('td', { class: 'key' }, line.key ?? '-'), el('td', { class: 'text' }, line.text)));
+      const older = el('button', { type: 'button', class: 'log-older', disabled: page.next === null }, 'Older');
+      older.addEventListener('click', () => { state.moduleLog[module.name] = page.next; this.refresh(); });
+      const newest = el('button', { type: 'button', class: 'log-newest', disabled: before === undefined }, 'Newest');
+      newest.addEventListener('click', () => { delete state.moduleLog[module.name]; this.refresh(); });
+      return el('div', { class: 'module-log', 'data-module': module.name },
+        el('h4', {}, 'Log lines'),
+        el('p', { class: 'log-summary' }, number(page.written) + ' written since the host started; the last ' + number(page.kept_most) + ' kept, each cut at ' + number(page.line_bytes) + ' bytes; newest first'),
+        rows.length > 0 ? table(['Time', 'Level', 'Version', 'Key', 'Line'], rows, { class: 'log' }) : el('p', { class: 'log-none' }, 'No line yet.'),
+        el('p', {}, older, ' ', newest));
+    },
     async refresh() {
       const m = await api('modules');
-      const sections = m.modules.map((module) => {
+      const logs = await Promise.all(m.modules.map((module) => (module.usage.length > 0 ? this.logOf(module) : null)));
+      const sections = m.modules.map((module, i) => {
         const kept = module.kept.map((version) => {
           const running = version === module.version;
           const button = el('button', { type: 'button', class: 'act run-version', 'data-module': module.name, 'data-version': version, disabled: running || !m.can_roll_back }, running ? 'running' : 'Run this version');
@@ -404,12 +450,28 @@
           });
           return el('tr', { class: running ? 'running' : '' }, el('td', { class: 'version' }, version), el('td', {}, button));
         });
+        const usage = module.usage.map((u) => {
+          const failed = u.errors.filter(([c]) => c !== 'host').reduce((sum, [, n]) => sum + n, 0);
+          const errors = u.errors.filter(([, n]) => n > 0).map(([c, n]) => number(n) + ' ' + c).join(', ');
+          return el('tr', { 'data-version': u.version },
+            el('td', { class: 'version' }, u.version),
+            el('td', { class: 'calls' }, number(u.calls)),
+            el('td', { class: 'errors', 'data-failed': failed }, errors || 'none'),
+            el('td', { class: 'cpu', 'data-longest-us': u.longest_us }, callTime(u.longest_us) + ' longest, ' + callTime(u.p99_us) + ' p99, of ' + callTime(m.limits.call_budget_us)),
+            el('td', { class: 'memory', 'data-bytes': u.memory_bytes }, bytes(u.memory_bytes) + ' in ' + number(u.instances) + ' instances'),
+            el('td', { class: 'peak', 'data-bytes': u.memory_peak_bytes, 'data-limit': m.limits.memory_bytes }, bytes(u.memory_peak_bytes) + ' of ' + bytes(m.limits.memory_bytes)));
+        });
+        const usageTable = usage.length > 0
+          ? table(['Version (newest loaded first)', 'Calls', 'Failed calls', 'Call time (of the budget)', 'Memory now', 'Most one instance held (of the limit)'], usage, { class: 'usage' })
+          : el('p', { class: 'usage-none' }, 'Calls and memory are not measured for a native module.');
         const reload = module.reload ? (module.reload[1] ? 'refused ' + module.reload[0] + ': ' + module.reload[1] : 'loaded ' + module.reload[0]) : 'no reload yet';
         return el('section', { class: 'module', 'data-module': module.name },
           el('h3', {}, module.name),
           facts([['Running', module.version, 'running'], ['Last reload', reload, 'reload'],
             ['Event types', module.event_types.map(([tag, name, algebra]) => name + ' (tag ' + tag + ', ' + algebra + ')').join(', '), 'types']]),
           table(['Kept version (newest first)', ''], kept),
+          usageTable,
+          logs[i],
           table(['Swapped in (newest first)', 'By', 'At'], module.swaps.map(([version, action, at]) => el('tr', {},
             el('td', { class: 'version' }, version), el('td', { class: 'action' }, action), el('td', {}, time(at)))), { class: 'swaps' }));
       });
