@@ -24,3 +24,4 @@ mod through_the_host;
 mod timers;
 mod typescript;
 mod untrusted;
+mod windows;

@@ -136,6 +136,13 @@ pub fn probe_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/probe"))
 }
 
+/// The windows test module (`tests/guests/windowed`), built once for this
+/// test binary.
+pub fn windowed_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| guest("tests/guests/windowed"))
+}
+
 /// The probe built with the feature `untimed-ledger` (its `TimedLedger`
 /// declares no event time), once for this test binary, into a target
 /// directory of its own: the file has the probe's name.
