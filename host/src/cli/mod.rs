@@ -130,6 +130,7 @@ mod build;
 mod config;
 mod demo;
 mod demo_inventory;
+mod demo_nexmark;
 mod dev;
 mod dlq;
 mod existing;

@@ -12,6 +12,7 @@ mod first_hour;
 mod held_across_restart;
 mod hostile_registry;
 mod layers;
+mod nexmark;
 mod oci;
 mod one_machine;
 mod readme_day;
