@@ -2,8 +2,10 @@
 //! and query 7, and query 5's second stage with its feature `hot`),
 //! publish a seeded Nexmark stream ([`crate::authoring::nexmark`]) to a
 //! fresh embedded log, run the three projections to the end of it one
-//! after another, and print each one's throughput and the oracle's
-//! verdict on what queries 5 and 7 emitted.
+//! after another, then the plain bank projection over as many bank events
+//! (the baseline the queries' throughput is divided by), and print each
+//! one's throughput and time per phase, and the oracle's verdict on what
+//! queries 5 and 7 emitted.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,6 +18,7 @@ use clap::Args;
 use super::available_threads;
 use super::demo::example_build;
 use super::run::{explain, hint_at_limit_flags};
+use crate::authoring::demo::{self, WorkloadSpec};
 use crate::authoring::nexmark::{self, HighestBid, HotItems, NexmarkEvent, NexmarkSpec, Topic};
 use crate::authoring::publish;
 use crate::engine::consumer::Summary;
@@ -28,6 +31,8 @@ use crate::storage::log::{EmbeddedLog, EventLog};
 const Q5_SLOTS: &str = "nexmark-q5-slots";
 const Q5: &str = "nexmark-q5";
 const Q7: &str = "nexmark-q7";
+/// The baseline's topic.
+const BANK: &str = "accounts";
 
 #[derive(Args)]
 pub(super) struct NexmarkArgs {
@@ -58,6 +63,10 @@ pub(super) struct NexmarkArgs {
     /// 5's second stage) instead of building it.
     #[arg(long)]
     hot_module: Option<PathBuf>,
+    /// Use this build of examples/bank (the baseline) instead of building
+    /// it.
+    #[arg(long)]
+    bank_module: Option<PathBuf>,
 }
 
 /// One projection's run to the end of its input.
@@ -84,6 +93,7 @@ pub(super) async fn run(args: NexmarkArgs) -> Result<ExitCode> {
     let spec = NexmarkSpec { events: args.events, rate: args.rate, seed: args.seed, partitions: args.partitions };
     let first_path = example_build("nexmark", args.module.as_deref(), &[])?;
     let hot_path = example_build("nexmark", args.hot_module.as_deref(), &["hot"])?;
+    let bank_path = example_build("bank", args.bank_module.as_deref(), &[])?;
     let temp;
     let data = match &args.data {
         Some(dir) if dir.exists() => bail!("{} already exists; the demo needs a fresh directory", dir.display()),
@@ -100,7 +110,7 @@ pub(super) async fn run(args: NexmarkArgs) -> Result<ExitCode> {
             .map_err(hint_at_limit_flags)
             .with_context(|| format!("loading module {}", path.display()))
     };
-    let (first, hot) = (load(&first_path)?, load(&hot_path)?);
+    let (first, hot, bank) = (load(&first_path)?, load(&hot_path)?, load(&bank_path)?);
     let log = Arc::new(EmbeddedLog::open(data.join("log.redb")).context("opening the demo's log")?);
 
     errln!("waku: generating and publishing {} Nexmark events to two topics ...", spec.events);
@@ -116,12 +126,14 @@ pub(super) async fn run(args: NexmarkArgs) -> Result<ExitCode> {
     let q7 = consume(&log, &data, ("nexmark-q7", Topic::Q7.name()), first.clone(), workers).await?;
     let q5_slots = consume(&log, &data, ("nexmark-q5-slots", Topic::Q5.name()), first, workers).await?;
     let q5_hot = consume(&log, &data, ("nexmark-q5-hot", Q5_SLOTS), hot, workers).await?;
+    let bank = baseline(&log, &data, bank, &spec, workers).await?;
 
     let found_q7: Vec<HighestBid> = nexmark::results(&*log, Q7).await?;
     let found_q5: Vec<HotItems> = nexmark::results(&*log, Q5).await?;
     let (differ_q5, differ_q7) =
         (nexmark::differences(&expected.q5, &found_q5), nexmark::differences(&expected.q7, &found_q7));
-    let lines = report_lines(&spec, &events, (&q7, &q5_slots, &q5_hot), (&found_q5, &found_q7), (differ_q5, differ_q7));
+    let runs = Runs { q7: &q7, q5_slots: &q5_slots, q5_hot: &q5_hot, bank: &bank };
+    let lines = report_lines(&spec, &events, runs, (&found_q5, &found_q7), (differ_q5, differ_q7));
     outln!("{}", lines.join("\n"))?;
     Ok(if differ_q5 + differ_q7 == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
 }
@@ -145,12 +157,44 @@ async fn consume(
     Ok(Consumed { summary, time: started.elapsed() })
 }
 
+/// The bank workload of as many events as the stream (10 000 accounts, the
+/// same seed), published to `accounts` and consumed by the bank example:
+/// the plain projection the queries are compared with, in the same run.
+async fn baseline(
+    log: &Arc<EmbeddedLog>,
+    data: &Path,
+    bank: Arc<dyn HandlerModule>,
+    spec: &NexmarkSpec,
+    workers: usize,
+) -> Result<Consumed> {
+    let events = usize::try_from(spec.events).context("--events is too large for this machine")?;
+    let (workload, _) = demo::workload(WorkloadSpec { events, accounts: 10_000, seed: spec.seed });
+    let outgoing = demo::outgoing(&*bank, &workload)?;
+    log.create_topic(BANK, spec.partitions).await?;
+    publish::publish(&**log, BANK, bank.clone(), outgoing, None, available_threads()).await?;
+    consume(log, data, ("bank", BANK), bank, workers).await
+}
+
+/// The runs the demo reports.
+struct Runs<'a> {
+    q7: &'a Consumed,
+    q5_slots: &'a Consumed,
+    q5_hot: &'a Consumed,
+    bank: &'a Consumed,
+}
+
+impl Consumed {
+    fn per_second(&self) -> f64 {
+        self.summary.consumed as f64 / self.time.as_secs_f64().max(1e-9)
+    }
+}
+
 /// What the demo prints: the stream, each projection's figures and the
 /// oracle's verdict.
 fn report_lines(
     spec: &NexmarkSpec,
     events: &[NexmarkEvent],
-    (q7, q5_slots, q5_hot): (&Consumed, &Consumed, &Consumed),
+    Runs { q7, q5_slots, q5_hot, bank }: Runs<'_>,
     (found_q5, found_q7): (&[HotItems], &[HighestBid]),
     (differ_q5, differ_q7): (usize, usize),
 ) -> Vec<String> {
@@ -178,6 +222,20 @@ fn report_lines(
             q5_time.as_secs_f64(),
             q5_slots.summary.consumed as f64 / q5_time.as_secs_f64().max(1e-9)
         ),
+        format!(
+            "the plain bank projection (the baseline), as many bank events: {} events in {:.2} s ({:.0} events/s)",
+            bank.summary.consumed,
+            bank.time.as_secs_f64(),
+            bank.per_second()
+        ),
+        format!(
+            "throughput ÷ the bank's: query 7 {:.2}, query 5 {:.2} (both stages)",
+            q7.per_second() / bank.per_second().max(1e-9),
+            q5_slots.summary.consumed as f64 / q5_time.as_secs_f64().max(1e-9) / bank.per_second().max(1e-9)
+        ),
+        format!("time per phase, query 7: {}", q7.summary.phases),
+        format!("time per phase, query 5's first stage: {}", q5_slots.summary.phases),
+        format!("time per phase, the bank: {}", bank.summary.phases),
     ];
     lines.push(if differ_q5 + differ_q7 == 0 {
         format!(
