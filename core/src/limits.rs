@@ -64,6 +64,10 @@ pub const CONTRACT_0_2: &str = package_of(include_str!("../../wit/handler.wit"))
 pub const MAX_NAME_BYTES: usize = 256;
 /// The most event types one module may declare.
 pub const MAX_EVENT_TYPES: usize = 256;
+/// The tag no module may declare (`event-type-tag-reserved`): the host
+/// gives it to the dead letters of timers whose `fire` call failed, so a
+/// re-driven letter never reaches a handler as an event.
+pub const RESERVED_TAG: u32 = u32::MAX;
 /// The longest event type name, in bytes.
 pub const MAX_EVENT_TYPE_NAME_BYTES: usize = 128;
 /// The most topics one module may declare it emits to.
@@ -894,6 +898,16 @@ pub enum ContractError {
         /// The tag.
         tag: u32,
     },
+    /// The tag the host reserves for the dead letters of timers
+    /// ([`RESERVED_TAG`]): a module declaring it would be handed them.
+    #[error(
+        "event-type-tag-reserved: event type `{name}` declares tag {RESERVED_TAG}, which the host reserves for the \
+         dead letters of timers; give it another tag"
+    )]
+    ReservedTag {
+        /// The event type's name (cut when long).
+        name: String,
+    },
     /// A name that breaks the rule for event type names.
     #[error(
         "event-type-name: tag {tag} is named `{name}`; a name is 1 to {MAX_EVENT_TYPE_NAME_BYTES} bytes of letters, \
@@ -972,8 +986,8 @@ pub enum ContractError {
 }
 
 /// Checks what `describe` returned: 1 to [`MAX_EVENT_TYPES`] event types
-/// given as `(tag, name, max_batch)`, tags unique, names valid, max batch at
-/// least 1; at most [`MAX_EMIT_TOPICS`] emit topics, each a valid topic
+/// given as `(tag, name, max_batch)`, tags unique, names valid, none the
+/// [`RESERVED_TAG`], max batch at least 1; at most [`MAX_EMIT_TOPICS`] emit topics, each a valid topic
 /// name, none of the host's own, none twice.
 pub fn check_description<'a>(
     event_types: impl ExactSizeIterator<Item = (u32, &'a str, u32)>,
@@ -991,6 +1005,9 @@ pub fn check_description<'a>(
         tags.push(tag);
         if !is_event_type_name(name) {
             return Err(ContractError::EventTypeName { tag, name: quoted(name) });
+        }
+        if tag == RESERVED_TAG {
+            return Err(ContractError::ReservedTag { name: name.to_owned() });
         }
         if max_batch == 0 {
             return Err(ContractError::MaxBatch { name: name.to_owned() });
@@ -1232,13 +1249,14 @@ mod tests {
         let none: [&str; 0] = [];
         check_description([ok(1), ok(2)].into_iter(), &["out", "a.b-c_d"]).unwrap();
         type Case = (Vec<(u32, &'static str, u32)>, Vec<String>, &'static str);
-        let cases: [Case; 9] = [
+        let cases: [Case; 10] = [
             (vec![], vec![], "event-type-count"),
             (vec![ok(1); MAX_EVENT_TYPES + 1], vec![], "event-type-count"),
             (vec![ok(1), ok(1)], vec![], "event-type-tag"),
             (vec![(1, "", 1)], vec![], "event-type-name"),
             (vec![(1, "no spaces", 1)], vec![], "event-type-name"),
             (vec![(1, "Type", 0)], vec![], "max-batch"),
+            (vec![ok(1), (u32::MAX, "Type", 1)], vec![], "event-type-tag-reserved"),
             (vec![ok(1)], (0..=MAX_EMIT_TOPICS).map(|i| format!("t{i}")).collect(), "emit-topic-count"),
             (vec![ok(1)], vec!["a/b".into()], "emit-topic-name"),
             (vec![ok(1)], vec!["retry_x".into()], "emit-topic-host-owned"),

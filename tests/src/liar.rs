@@ -65,6 +65,9 @@ pub enum Describe {
     HostTopic,
     /// `Truth`, emitting to `a/b`, which is no topic name.
     BadTopic,
+    /// `Truth` and, as `Lie`, the tag the host reserves for the dead
+    /// letters of timers (4294967295).
+    ReservedTag,
 }
 
 /// Where each export writes its result (8-aligned, 16 bytes).
@@ -141,6 +144,9 @@ fn liar_text(describe: Describe) -> String {
         }
         Describe::HostTopic => (one_truth(), EVENT_TYPES, &["dlq_mixed"]),
         Describe::BadTopic => (one_truth(), EVENT_TYPES, &["a/b"]),
+        Describe::ReservedTag => {
+            (vec![event_type_record(100, truth, 16), event_type_record(u32::MAX, lie, 16)], EVENT_TYPES, &[])
+        }
     };
     let types_len = records.len() as u32;
     let records = wat_bytes(&records.concat());

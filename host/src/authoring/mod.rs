@@ -8,6 +8,8 @@
 //!   hot-reloaded into a running local projection.
 //! - `demo`: the bank workload and its oracle.
 //! - `inventory_demo`: the inventory demo: two timed topics, live.
+//! - `nexmark`: the Nexmark demo: a seeded stream of persons, auctions and
+//!   bids, and the oracle of queries 5 and 7.
 //! - `scaffold`: `waku new`: a handler project (Rust or Python) with a copy
 //!   of the guest SDK.
 //! - `guest_build`: building a guest crate into a component.
@@ -16,6 +18,7 @@ pub mod demo;
 pub(crate) mod dev;
 pub mod guest_build;
 pub mod inventory_demo;
+pub(crate) mod nexmark;
 pub mod publish;
 pub(crate) mod scaffold;
 pub mod trial;

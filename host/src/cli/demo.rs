@@ -69,6 +69,12 @@ pub(super) enum DemoExample {
     /// event time.
     #[command(after_help = "Example:\n  waku demo inventory --products 500 --history 50000 --live-secs 10")]
     Inventory(super::demo_inventory::InventoryArgs),
+    /// Nexmark's queries 5 (hot items over hopping windows) and 7 (the
+    /// highest bid per tumbling window) on the guest SDK's windows, over a
+    /// seeded stream of persons, auctions and bids; checks what they emit
+    /// against an oracle that sorts the bids.
+    #[command(after_help = "Example:\n  waku demo nexmark --events 1000000 --partitions 4")]
+    Nexmark(super::demo_nexmark::NexmarkArgs),
 }
 
 /// The topic of the bank workload.
@@ -77,6 +83,12 @@ const TOPIC: &str = "accounts";
 /// The module `example` of the repository's `examples/`, built, unless
 /// `module` names one already built.
 pub(super) fn example_module(example: &str, module: Option<&Path>) -> Result<PathBuf> {
+    example_build(example, module, &[])
+}
+
+/// [`example_module`] built with `features` (into a target directory of
+/// its own when there are any: the component has the crate's name).
+pub(super) fn example_build(example: &str, module: Option<&Path>, features: &[&str]) -> Result<PathBuf> {
     if let Some(path) = module {
         return Ok(path.to_owned());
     }
@@ -92,13 +104,20 @@ pub(super) fn example_module(example: &str, module: Option<&Path>) -> Result<Pat
         );
     };
     let crate_dir = repo.join(dir);
-    let build = GuestBuild { target_dir: Some(repo.join("target").join("guests")), ..GuestBuild::new(crate_dir) };
+    let mut target_dir = repo.join("target").join("guests");
+    if !features.is_empty() {
+        target_dir = target_dir.join(format!("{example}-{}", features.join("-")));
+    }
+    let features = features.iter().map(|feature| (*feature).to_owned()).collect();
+    let build = GuestBuild { target_dir: Some(target_dir), features, ..GuestBuild::new(crate_dir) };
     Ok(build.run()?)
 }
 
 pub(super) async fn run_demo(args: DemoArgs) -> Result<ExitCode> {
-    if let Some(DemoExample::Inventory(inventory)) = args.example {
-        return super::demo_inventory::run(inventory).await;
+    match args.example {
+        Some(DemoExample::Inventory(inventory)) => return super::demo_inventory::run(inventory).await,
+        Some(DemoExample::Nexmark(nexmark)) => return super::demo_nexmark::run(nexmark).await,
+        None => {}
     }
     let module_path = example_module("bank", args.module.as_deref())?;
     let temp;

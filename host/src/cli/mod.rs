@@ -68,7 +68,7 @@
 //! token (what `run` protects it with, what `status` and `state` send);
 //! `local_host` finds the running host that owns an embedded data
 //! directory, for the other commands to run through it; `demo_inventory`
-//! is `waku demo inventory`.
+//! is `waku demo inventory`, `demo_nexmark` `waku demo nexmark`.
 
 use std::io::{ErrorKind, IsTerminal};
 use std::path::Path;
@@ -130,6 +130,7 @@ mod build;
 mod config;
 mod demo;
 mod demo_inventory;
+mod demo_nexmark;
 mod dev;
 mod dlq;
 mod existing;

@@ -25,6 +25,8 @@
 //! | `waku_input_idle` | projection, topic, partition | 1 when the input partition reached an end offset the log reported (it no longer holds the clock), else 0 |
 //! | `waku_timers_pending` | projection | timers waiting for the projection's clock, at scrape time ([`crate::storage::state::StateBackend::timer_summary`]) |
 //! | `waku_timer_next_due_ms` | projection | the earliest time among them (absent while there are none), at scrape time |
+//! | `waku_timers_fired_total` | projection, module | timers handed to a module's `fire` call that succeeded |
+//! | `waku_timers_dead_lettered_total` | projection, module | timers whose `fire` call failed, sent to the dead-letter topic |
 //! | `waku_batch_phase_seconds` | projection, phase (`poll`, `decode`, `plan`, `reduce`, `calls`, `commit`, `outbox`) | time per batch in each phase ([`crate::engine::consumer::phase`]); `outbox` is observed once per commit it follows |
 //!
 //! The consumer tallies what a batch did per event type ([`BatchTally`])
@@ -134,6 +136,8 @@ pub struct Metrics {
     input_idle: Family<InputLabels, Gauge>,
     timers_pending: Family<ProjectionLabels, Gauge>,
     timer_next_due: Family<ProjectionLabels, Gauge>,
+    timers_fired: Family<ModuleLabels, Counter>,
+    timers_dead_lettered: Family<ModuleLabels, Counter>,
     /// Per projection, the series labelled by module and type, and the
     /// newest module set recorded.
     by_module: Mutex<FxHashMap<String, ModuleSeries>>,
@@ -148,6 +152,8 @@ struct ModuleSeries {
     /// set pruned them.
     stale: bool,
     types: FxHashSet<TypeLabels>,
+    /// The modules whose timers were counted.
+    timer_modules: FxHashSet<ModuleLabels>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -187,6 +193,8 @@ impl Default for Metrics {
             input_idle: Family::default(),
             timers_pending: Family::default(),
             timer_next_due: Family::default(),
+            timers_fired: Family::default(),
+            timers_dead_lettered: Family::default(),
             registry: Registry::default(),
             by_module: Mutex::default(),
         };
@@ -211,6 +219,16 @@ impl Default for Metrics {
             "waku_timer_next_due_ms",
             "The earliest time among the pending timers, ms since the epoch",
             metrics.timer_next_due.clone(),
+        );
+        registry.register(
+            "waku_timers_fired",
+            "Timers handed to a module's fire call that succeeded",
+            metrics.timers_fired.clone(),
+        );
+        registry.register(
+            "waku_timers_dead_lettered",
+            "Timers whose fire call failed, sent to the dead-letter topic",
+            metrics.timers_dead_lettered.clone(),
         );
         registry.register("waku_module_loads", "Module loads by result", metrics.loads.clone());
         registry.register("waku_log_unavailable", "Times the log was unreachable", metrics.unavailable.clone());
@@ -317,6 +335,17 @@ impl Metrics {
                 self.traps.get_or_create(&labels).inc_by(counts.traps);
             }
         }
+        for (&module, timers) in &tally.timers {
+            let module_name = modules.modules().get(module).map_or_else(String::new, |m| m.name().to_owned());
+            let labels = ModuleLabels { projection: projection.to_owned(), module: module_name };
+            series.timer_modules.insert(labels.clone());
+            if timers.fired > 0 {
+                self.timers_fired.get_or_create(&labels).inc_by(timers.fired);
+            }
+            if timers.dead_lettered > 0 {
+                self.timers_dead_lettered.get_or_create(&labels).inc_by(timers.dead_lettered);
+            }
+        }
         for module in modules.modules() {
             let recycled = module.take_instances_recycled();
             if recycled > 0 {
@@ -355,6 +384,14 @@ impl Metrics {
                 self.traps.remove(&module);
                 self.recycled.remove(&module);
             }
+            false
+        });
+        series.timer_modules.retain(|labels| {
+            if modules.modules().iter().any(|module| module.name() == labels.module) {
+                return true;
+            }
+            self.timers_fired.remove(labels);
+            self.timers_dead_lettered.remove(labels);
             false
         });
         series.stale = false;
@@ -469,11 +506,23 @@ impl Metrics {
     }
 }
 
-/// What a batch did, per (module index in its [`ModuleSet`], event type).
+/// What a batch did, per (module index in its [`ModuleSet`], event type),
+/// and the timers it fired per module.
 #[derive(Debug, Default)]
 pub struct BatchTally {
     /// Per module and type.
     pub types: FxHashMap<(usize, EventTypeTag), TypeTally>,
+    /// Per module: the timers its `fire` calls were handed.
+    pub timers: FxHashMap<usize, TimerTally>,
+}
+
+/// The timers a batch handed one module's `fire` calls.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TimerTally {
+    /// In calls that succeeded.
+    pub fired: u64,
+    /// In calls that failed (their timers dead-lettered).
+    pub dead_lettered: u64,
 }
 
 impl BatchTally {
@@ -489,6 +538,11 @@ impl BatchTally {
             mine.counts.absorb(&counts.counts);
             mine.traps += counts.traps;
             mine.call_times.extend(counts.call_times);
+        }
+        for (module, timers) in other.timers {
+            let mine = self.timers.entry(module).or_default();
+            mine.fired += timers.fired;
+            mine.dead_lettered += timers.dead_lettered;
         }
     }
 }
@@ -518,6 +572,7 @@ mod tests {
         let counts = tally.of(0, EventTypeTag::new(3));
         counts.counts.applied = 5;
         counts.call_times.push(Duration::from_millis(3));
+        tally.timers.insert(0, TimerTally { fired: 4, dead_lettered: 1 });
         metrics.record("bank", &modules, &tally, 2, 1);
         metrics.set_lag("bank", 1, 42);
         metrics.set_timers("bank", 3, Some(1_796_212_800_000));
@@ -534,6 +589,8 @@ mod tests {
             r#"waku_partition_lag{projection="bank",partition="1"} 42"#,
             r#"waku_timers_pending{projection="bank"} 3"#,
             r#"waku_timer_next_due_ms{projection="bank"} 1796212800000"#,
+            r#"waku_timers_fired_total{projection="bank",module=""} 4"#,
+            r#"waku_timers_dead_lettered_total{projection="bank",module=""} 1"#,
             r#"waku_module_loads_total{projection="bank",result="ok"} 1"#,
             r#"waku_batch_phase_seconds_count{projection="bank",phase="commit"} 1"#,
         ] {
@@ -587,6 +644,7 @@ mod tests {
         counts.counts.applied = 1;
         counts.traps = 1;
         counts.call_times.push(std::time::Duration::from_millis(1));
+        tally.timers.insert(0, TimerTally { fired: 1, dead_lettered: 0 });
         tally
     }
 
@@ -604,6 +662,7 @@ mod tests {
         metrics.record("bank", &new, &applied_and_trapped(), 0, 0);
         let text = metrics.encode();
         assert!(text.contains(&applied("m0002")) && text.contains(&trapped("m0002")), "{text}");
+        assert!(text.contains(r#"waku_timers_fired_total{projection="bank",module="m0002"} 1"#), "{text}");
         assert!(text.contains(r#"waku_handler_call_seconds_count{projection="bank",module="m0002"} 1"#), "{text}");
         assert!(text.contains(r#"waku_instances_recycled_total{projection="bank",module="m0002"} 2"#), "{text}");
         assert_eq!(metrics.instances_recycled("bank", "m0002"), 2);

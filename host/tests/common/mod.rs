@@ -136,6 +136,34 @@ pub fn probe_wasm() -> &'static PathBuf {
     BUILT.get_or_init(|| guest("tests/guests/probe"))
 }
 
+/// The windows test module (`tests/guests/windowed`), built once for this
+/// test binary.
+pub fn windowed_wasm() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| guest("tests/guests/windowed"))
+}
+
+/// The nexmark example (`examples/nexmark`), and the same built with its
+/// feature `hot` (query 5's second stage) into a target directory of its
+/// own (the component has the crate's name), each once for this test
+/// binary.
+pub fn nexmark_wasm() -> (&'static PathBuf, &'static PathBuf) {
+    static FIRST: OnceLock<PathBuf> = OnceLock::new();
+    static HOT: OnceLock<PathBuf> = OnceLock::new();
+    let first = FIRST.get_or_init(|| guest("examples/nexmark"));
+    let hot = HOT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let build = GuestBuild {
+            target_dir: Some(root.join("target/guests/nexmark-hot")),
+            quiet: true,
+            features: vec!["hot".to_owned()],
+            ..GuestBuild::new(root.join("examples/nexmark"))
+        };
+        build.run().unwrap_or_else(|e| panic!("examples/nexmark builds with its feature `hot`: {e}"))
+    });
+    (first, hot)
+}
+
 /// The probe built with the feature `untimed-ledger` (its `TimedLedger`
 /// declares no event time), once for this test binary, into a target
 /// directory of its own: the file has the probe's name.

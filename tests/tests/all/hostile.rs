@@ -80,6 +80,7 @@ fn a_description_the_host_cannot_use_refuses_the_load_naming_the_rule() {
         (Describe::TooManyEventTypes, "event-type-count: a module handles 1 to 256 event types; this one declares 257"),
         (Describe::HostTopic, "emit-topic-host-owned: `dlq_mixed`"),
         (Describe::BadTopic, "emit-topic-name: `a/b`"),
+        (Describe::ReservedTag, "event-type-tag-reserved: event type `Lie` declares tag 4294967295"),
     ] {
         match load_liar(&sandbox, describe) {
             Err(LoadError::Describe { module, reason }) => {

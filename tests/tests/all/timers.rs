@@ -200,7 +200,7 @@ async fn timers_across_topics(projection: &str, url: Option<String>) {
 /// A `fire` call that fails (unrecoverable) is taken back, its timers go
 /// to the dead-letter topic as one letter naming the key, the failure and
 /// each timer, and the key goes on: its later events are applied, and the
-/// other keys' timers fire.
+/// other keys' timers fire. `/metrics` counts both, by module.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_fire_call_is_taken_back_and_its_timers_dead_lettered() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,8 +217,18 @@ async fn a_failing_fire_call_is_taken_back_and_its_timers_dead_lettered() {
         vec![tick(1, 100, Some(110), Some("fail-soon")), tick(2, 150, Some(160), None), tick(1, 200, None, None)];
     log.append("ticks", vec![(0, records)]).await.unwrap();
     let settings = host_settings(dir.path(), "ticks", "ticks", vec![probe_module()], ConsumerConfig::default());
-    let (summary, projection) = wakuwaku_tests::catch_up(&log, settings).await.unwrap();
+    let host = Host::start_on(log.clone(), settings).await.unwrap();
+    let (projection, metrics) = (host.projection().clone(), host.metrics().clone());
+    let summary = host.finished().await.unwrap();
     let store = projection.store();
+    let text = metrics.encode();
+    let series = |name: &str| {
+        text.lines()
+            .find(|line| line.starts_with(&format!("{name}{{projection=\"ticks\",module=\"probe")))
+            .map(|line| line.rsplit(' ').next().unwrap().to_owned())
+    };
+    assert_eq!(series("waku_timers_fired_total").as_deref(), Some("1"), "{text}");
+    assert_eq!(series("waku_timers_dead_lettered_total").as_deref(), Some("1"), "{text}");
     let seq = |key: u64| -> Vec<String> {
         serde_json::from_slice(&store.get(&Key::int(key), "seq").unwrap().unwrap()).unwrap()
     };

@@ -297,6 +297,7 @@ impl KeyRunner {
                     taken = true;
                     self.trace_call(&**module, TIMER_EVENT_TYPE, key, &[], elapsed, CallOutcome::Ok);
                     out.summary.timers_fired += fired.len() as u64;
+                    out.tally.timers.entry(index).or_default().fired += fired.len() as u64;
                     out.summary.calls += 1;
                     continue;
                 }
@@ -310,6 +311,7 @@ impl KeyRunner {
             taken = true;
             self.trace_call(&**module, TIMER_EVENT_TYPE, key, &[], elapsed, CallOutcome::DeadLetter);
             self.dead_letter_timers(partition, key, (&**module, &fired), error, out);
+            out.tally.timers.entry(index).or_default().dead_lettered += fired.len() as u64;
         }
         if !taken {
             tracing::warn!(

@@ -4,10 +4,10 @@
 //!
 //! Rules kept here:
 //! - **A letter is no event.** It carries the largest tag,
-//!   [`TIMER_LETTER_TAG`] (4294967295, which the SDKs never give an event
-//!   type), and the event type name [`TIMER_EVENT_TYPE`]: `waku dlq list`
-//!   shows it, and a re-drive hands it to no handler (counted skipped)
-//!   unless a module declares that tag.
+//!   [`TIMER_LETTER_TAG`] (4294967295, which a module may not declare: a
+//!   module declaring it is refused at load, `event-type-tag-reserved`),
+//!   and the event type name [`TIMER_EVENT_TYPE`]: `waku dlq list` shows
+//!   it, and a re-drive hands it to no handler (counted skipped).
 //! - **Its body says everything the call was handed**: the timers in the
 //!   order they fired, each with its name, time and payload (as hex), as
 //!   JSON.
@@ -18,7 +18,7 @@ use crate::event::EventTypeTag;
 use wakuwaku_core::timers::Timer;
 
 /// The tag of a timer's dead letter: no event type's.
-pub(super) const TIMER_LETTER_TAG: EventTypeTag = EventTypeTag::new(u32::MAX);
+pub(super) const TIMER_LETTER_TAG: EventTypeTag = EventTypeTag::new(wakuwaku_core::limits::RESERVED_TAG);
 
 /// The event type a timer's dead letter and its call's trace name.
 pub(super) const TIMER_EVENT_TYPE: &str = "timer";
