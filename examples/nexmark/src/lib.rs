@@ -27,8 +27,12 @@
 //!   every query the whole stream.
 //!
 //! A key's bids all fall in its one window, so a timer never falls between
-//! two of them: the bid types may hand over runs of [`BID_BATCH`] at once
-//! (`max-batch: 1` is for windows that share a key's events).
+//! two of them: the bid types hand over runs of [`BID_BATCH`] at once
+//! (`max-batch: 1` is for windows that share a key's events), and a call
+//! folds its run into one partial aggregate and adds that to the window
+//! once. The SDK's windows read and write the window's aggregate (JSON) at
+//! each `add`: added bid by bid, a slot's count of some thousand auctions
+//! would be read and written again for each of its bids.
 
 use serde::{Deserialize, Serialize};
 use wakuwaku_guest::{Context, Event, EventTiming, EventTypeTag, Handler, HandlerError};
@@ -42,9 +46,7 @@ pub const SLOTS_PER_WINDOW: i64 = Q5_SIZE_MS / HOP_MS;
 /// The length of query 7's tumbling windows.
 pub const Q7_SIZE_MS: i64 = 10_000;
 /// The longest run of bids handed over in one call.
-/// (The SDK's windows write the window's state once per event, and a call
-/// may write at most 1000 entries.)
-pub const BID_BATCH: u32 = 256;
+pub const BID_BATCH: u32 = 4_096;
 
 /// A person who sells and bids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,13 +206,16 @@ mod first {
     /// Counts a slot's bids per auction.
     pub struct PerAuction;
 
+    /// A run's bids per auction, added to its slot at once.
+    type Counts = BTreeMap<u64, u64>;
+
     impl Aggregate for PerAuction {
-        type Event = Bid;
-        type State = BTreeMap<u64, u64>;
+        type Event = Counts;
+        type State = Counts;
         type Result = SlotCounts;
 
-        fn add(counts: &mut BTreeMap<u64, u64>, bid: &Bid) {
-            *counts.entry(bid.auction).or_default() += 1;
+        fn add(counts: &mut Counts, run: &Counts) {
+            Self::merge(counts, run.clone());
         }
 
         fn merge(into: &mut BTreeMap<u64, u64>, other: BTreeMap<u64, u64>) {
@@ -232,21 +237,28 @@ mod first {
     /// Keeps a window's highest bids.
     pub struct HighestPrice;
 
+    impl Highest {
+        /// Keeps `bid` if it is at or above the highest price.
+        fn offer(&mut self, bid: &Bid) {
+            if self.bids.is_empty() || bid.price > self.price {
+                *self = Highest { price: bid.price, bids: vec![bid.clone()] };
+            } else if bid.price == self.price {
+                self.bids.push(bid.clone());
+            }
+        }
+    }
+
     impl Aggregate for HighestPrice {
-        type Event = Bid;
+        type Event = Highest;
         type State = Highest;
         type Result = HighestBid;
 
-        fn add(highest: &mut Highest, bid: &Bid) {
-            if highest.bids.is_empty() || bid.price > highest.price {
-                *highest = Highest { price: bid.price, bids: vec![bid.clone()] };
-            } else if bid.price == highest.price {
-                highest.bids.push(bid.clone());
-            }
+        fn add(highest: &mut Highest, run: &Highest) {
+            run.bids.iter().for_each(|bid| highest.offer(bid));
         }
 
         fn merge(into: &mut Highest, other: Highest) {
-            other.bids.iter().for_each(|bid| Self::add(into, bid));
+            Self::add(into, &other);
         }
 
         fn result(_: &Key, window: Window, mut highest: Highest) -> HighestBid {
@@ -277,19 +289,21 @@ mod first {
 
     impl Handler<SlotBid> for Nexmark {
         fn handle(ctx: &mut Context<'_>, events: &[SlotBid]) -> Result<(), HandlerError> {
-            for bid in events {
-                SLOTS.add(ctx, bid.0.date_time, &bid.0)?;
-            }
-            Ok(())
+            // The key is the slot: the whole run falls in it.
+            let Some(first) = events.first() else { return Ok(()) };
+            let mut run = Counts::new();
+            events.iter().for_each(|bid| *run.entry(bid.0.auction).or_default() += 1);
+            SLOTS.add(ctx, first.0.date_time, &run).map(drop)
         }
     }
 
     impl Handler<WindowBid> for Nexmark {
         fn handle(ctx: &mut Context<'_>, events: &[WindowBid]) -> Result<(), HandlerError> {
-            for bid in events {
-                HIGHEST.add(ctx, bid.0.date_time, &bid.0)?;
-            }
-            Ok(())
+            // The key is the window: the whole run falls in it.
+            let Some(first) = events.first() else { return Ok(()) };
+            let mut run = Highest::default();
+            events.iter().for_each(|bid| run.offer(&bid.0));
+            HIGHEST.add(ctx, first.0.date_time, &run).map(drop)
         }
     }
 
