@@ -9,16 +9,20 @@
 //!    letters, a page near the end (`after=0:999000`), a search by key
 //!    (reads its budget of 5 000 letters), one letter with its body, the
 //!    newest and a middle page of messages, the topics, the overview.
-//! 2. **An open console on a busy host**: two hosts of the bank projection
-//!    catch up side by side on one backlog (`WAKU_BENCH_EVENTS`, default
-//!    400 000 events over 4 partitions), each into a fresh store: one
-//!    serves the console (its history sampler running) with a client
-//!    polling every view the pages poll (overview, history, late events,
-//!    dead letters, modules, topics, messages) every `WAKU_BENCH_POLL_MS`
+//! 2. **An open console on a busy host**: the bank projection catches up
+//!    on one backlog (`WAKU_BENCH_EVENTS`, default 200 000 events over 4
+//!    partitions) into a fresh store, once with the console served (its
+//!    history sampler running) and a client polling every view the pages
+//!    poll (overview, history, late events, dead letters, modules and a
+//!    module's log lines, topics, messages) every `WAKU_BENCH_POLL_MS`
 //!    (default 200: each view ten times as often as an open page asks for
-//!    the one it shows), the other serves nothing. Which host is watched
-//!    alternates over `WAKU_BENCH_ROUNDS` rounds (default 6); each round's
-//!    ratio of their rates, and the median.
+//!    the one it shows), once alone. The two runs of a pair follow each
+//!    other, their order alternating (with then without, without then
+//!    with, …: ABBA…), over `WAKU_BENCH_PAIRS` pairs (default 8), so a
+//!    load that changes slowly weighs on both runs of a pair alike. Each
+//!    pair's ratio (with ÷ without), the load average (`/proc/loadavg`,
+//!    one minute) before and after it, then the median ratio, its spread
+//!    (the middle half and the extremes) and the load's range.
 //!
 //! `WAKU_BENCH_ONLY=pages` or `WAKU_BENCH_ONLY=host` runs one part alone.
 
@@ -179,28 +183,30 @@ async fn large_numbers() {
 /// is polled every `WAKU_BENCH_POLL_MS`, the other serves nothing. Which
 /// one is watched alternates by round; each round gives the ratio of their
 /// rates, so the load the machine carries falls on both alike.
-async fn busy_host() {
-    let events = env_or("WAKU_BENCH_EVENTS", 400_000) as usize;
-    let rounds = env_or("WAKU_BENCH_ROUNDS", 6);
-    let poll_ms = env_or("WAKU_BENCH_POLL_MS", 200);
-    let dir = tempfile::tempdir().unwrap();
-    let module = bank_module();
-    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events, accounts: 10_000, seed: 42 }, 4).await;
-    let mut ratios = Vec::new();
-    let (mut alone, mut watched) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let (mut hosts, mut projections) = (Vec::new(), Vec::new());
-        for host in 0..2 {
-            let store = StateStore::open(&dir.path().join(format!("bank-{round}-{host}.redb"))).unwrap();
-            let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
-            hosts.push(Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default()));
-            projections.push(projection);
-        }
-        let watched_host = (round % 2) as usize;
-        let consumer = &hosts[watched_host];
+/// The one-minute load average, if the system says.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// One catch-up of the bank on `log` into a fresh store at `path`, with the
+/// console served and polled every `poll_ms` when `watched`: events per
+/// second, and how many requests the console answered.
+async fn bank_run<L: EventLog>(
+    log: &Arc<L>,
+    module: &Arc<dyn wakuwaku::sandbox::handler::HandlerModule>,
+    path: &std::path::Path,
+    watched: bool,
+    poll_ms: u64,
+) -> (f64, u64) {
+    let store = StateStore::open(path).unwrap();
+    let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
+    let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
+    let poller = if watched {
         let admin = Admin {
             log: log.clone(),
-            projection: projections[watched_host].clone(),
+            projection,
             progress: consumer.progress(),
             metrics: Arc::new(Metrics::default()),
             library: None,
@@ -209,67 +215,116 @@ async fn busy_host() {
             read_token: None,
             timing: Some(consumer.timing()),
         };
-        let base = format!("http://{}/console/api", serve(admin).await);
-        let stop = Arc::new(AtomicBool::new(false));
-        let poller = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-                let paths = [
-                    "overview",
-                    "history",
-                    "late-events",
-                    "dead-letters?limit=50",
-                    "modules",
-                    "topics",
-                    "messages?topic=accounts&from=end",
-                ];
-                let mut asked = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    for path in paths {
-                        assert_eq!(get(&agent, &format!("{base}/{path}")).0, 200, "{path}");
-                        asked += 1;
-                    }
-                    std::thread::sleep(Duration::from_millis(poll_ms));
+        let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let listening = tokio::spawn(admin::serve(listener, admin, None, async {
+            let _ = stopped.await;
+        }));
+        let stop = stop.clone();
+        let poller = std::thread::spawn(move || {
+            let base = format!("http://{address}/console/api");
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            let paths = [
+                "overview",
+                "history",
+                "late-events",
+                "dead-letters?limit=50",
+                "modules",
+                "module-log?module=bank",
+                "topics",
+                "messages?topic=accounts&from=end",
+            ];
+            let mut asked = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for path in paths {
+                    assert_eq!(get(&agent, &format!("{base}/{path}")).0, 200, "{path}");
+                    asked += 1;
                 }
-                asked
-            })
-        };
-        let runs: Vec<_> = hosts
-            .into_iter()
-            .map(|consumer| {
-                tokio::spawn(async move {
-                    let start = Instant::now();
-                    let summary = consumer.catch_up().await.unwrap();
-                    (summary.applied, start.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        let mut rates = Vec::new();
-        for run in runs {
-            let (applied, secs) = run.await.unwrap();
-            assert_eq!(applied, events as u64);
-            rates.push(applied as f64 / secs);
+                // In steps, so the run's end is not kept waiting.
+                let next = Instant::now() + Duration::from_millis(poll_ms);
+                while Instant::now() < next && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10).min(next.saturating_duration_since(Instant::now())));
+                }
+            }
+            asked
+        });
+        Some((listening, poller))
+    } else {
+        None
+    };
+    let start = Instant::now();
+    let summary = consumer.catch_up().await.unwrap();
+    let rate = summary.applied as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let asked = match poller {
+        Some((listening, poller)) => {
+            let asked = poller.join().unwrap();
+            let _ = stop_serving.send(());
+            let _ = listening.await;
+            asked
         }
-        stop.store(true, Ordering::Relaxed);
-        let asked = poller.join().unwrap();
-        let (with, without) = (rates[watched_host], rates[1 - watched_host]);
+        None => 0,
+    };
+    (rate, asked)
+}
+
+async fn busy_host() {
+    let events = env_or("WAKU_BENCH_EVENTS", 200_000) as usize;
+    let pairs = env_or("WAKU_BENCH_PAIRS", 8).max(1);
+    let poll_ms = env_or("WAKU_BENCH_POLL_MS", 200);
+    let dir = tempfile::tempdir().unwrap();
+    let module = bank_module();
+    let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events, accounts: 10_000, seed: 42 }, 4).await;
+    let mut ratios = Vec::new();
+    let (mut alone, mut watched, mut loads) = (Vec::new(), Vec::new(), Vec::new());
+    println!("| pair | order | with the console, events/s | alone, events/s | with ÷ alone | load before → after |");
+    println!("| ---: | --- | ---: | ---: | ---: | --- |");
+    for pair in 0..pairs {
+        let load_before = load_average();
+        // ABBA: with first in even pairs, alone first in odd ones.
+        let order = if pair % 2 == 0 { [true, false] } else { [false, true] };
+        let (mut with, mut without, mut asked) = (0.0, 0.0, 0);
+        for (run, console) in order.into_iter().enumerate() {
+            let path = dir.path().join(format!("bank-{pair}-{run}.redb"));
+            let (rate, answered) = bank_run(&log, &module, &path, console, poll_ms).await;
+            let _ = std::fs::remove_file(&path);
+            match console {
+                true => (with, asked) = (rate, answered),
+                false => without = rate,
+            }
+        }
+        let load_after = load_average();
+        loads.extend(load_before.into_iter().chain(load_after));
+        let ratio = with / without;
         println!(
-            "round {round}: host {watched_host} with the console polled ({asked} requests) {with:.0} events/s, the \
-             other alone {without:.0} events/s: {:+.2} %",
-            (with / without - 1.0) * 100.0
+            "| {pair} | {} | {with:.0} ({asked} requests) | {without:.0} | {ratio:.3} | {} → {} |",
+            if order[0] { "with, alone" } else { "alone, with" },
+            load_before.map_or("?".to_owned(), |l| format!("{l:.2}")),
+            load_after.map_or("?".to_owned(), |l| format!("{l:.2}")),
         );
-        ratios.push(with / without);
+        ratios.push(ratio);
         alone.push(without);
         watched.push(with);
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    println!("\n| bank, {events} events, 4 partitions, two hosts side by side | median events/s |");
+    let sorted = |values: &mut Vec<f64>| values.sort_by(f64::total_cmp);
+    let median = |values: &[f64]| (values[(values.len() - 1) / 2] + values[values.len() / 2]) / 2.0;
+    for values in [&mut ratios, &mut alone, &mut watched, &mut loads] {
+        sorted(values);
+    }
+    let quartile = |values: &[f64], q: usize| values[(values.len() - 1) * q / 4];
+    println!("\n| bank, {events} events, 4 partitions, {pairs} pairs | median |");
     println!("| --- | ---: |");
-    println!("| alone | {:.0} |", median(&mut alone));
-    println!("| console polled every {poll_ms} ms | {:.0} |", median(&mut watched));
-    println!("| with ÷ alone, median of {rounds} rounds | {:+.2} % |", (median(&mut ratios) - 1.0) * 100.0);
+    println!("| alone, events/s | {:.0} |", median(&alone));
+    println!("| console polled every {poll_ms} ms, events/s | {:.0} |", median(&watched));
+    println!(
+        "| with ÷ alone (the pairs' ratios) | {:+.2} % (middle half {:+.2} to {:+.2} %, all {:+.2} to {:+.2} %) |",
+        (median(&ratios) - 1.0) * 100.0,
+        (quartile(&ratios, 1) - 1.0) * 100.0,
+        (quartile(&ratios, 3) - 1.0) * 100.0,
+        (ratios[0] - 1.0) * 100.0,
+        (ratios[ratios.len() - 1] - 1.0) * 100.0,
+    );
+    if let (Some(low), Some(high)) = (loads.first(), loads.last()) {
+        println!("| load average (1 min) during the run | {low:.2} to {high:.2} |");
+    }
 }
