@@ -18,7 +18,7 @@ pub mod demo;
 pub(crate) mod dev;
 pub mod guest_build;
 pub mod inventory_demo;
-pub(crate) mod nexmark;
+pub mod nexmark;
 pub mod publish;
 pub(crate) mod scaffold;
 pub mod trial;

@@ -40,7 +40,7 @@ pub(crate) const HOP_MS: i64 = 2_000;
 /// The length of query 5's windows.
 pub(crate) const Q5_SIZE_MS: i64 = 10_000;
 /// The length of query 7's windows.
-pub(crate) const Q7_SIZE_MS: i64 = 10_000;
+pub const Q7_SIZE_MS: i64 = 10_000;
 /// Where event time starts: 2026-12-02T00:00:00Z, in ms.
 const BASE_MS: i64 = 1_796_169_600_000;
 /// Nexmark's proportions: of every 50 events, 1 person and 3 auctions.
@@ -85,35 +85,51 @@ pub enum NexmarkError {
 
 /// What to generate.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct NexmarkSpec {
+pub struct NexmarkSpec {
     /// Events in all.
-    pub(crate) events: u64,
+    pub events: u64,
     /// Events per second of event time.
-    pub(crate) rate: u32,
+    pub rate: u32,
     /// Seed.
-    pub(crate) seed: u64,
+    pub seed: u64,
     /// Partitions of each input topic.
-    pub(crate) partitions: u32,
+    pub partitions: u32,
 }
 
 /// One generated event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum NexmarkEvent {
-    /// A person: id, time.
-    Person { id: u64, at: i64 },
-    /// An auction: id, seller, time.
-    Auction { id: u64, seller: u64, at: i64 },
+pub enum NexmarkEvent {
+    /// A person.
+    Person {
+        /// Its id.
+        id: u64,
+        /// When it registered, ms since the epoch.
+        at: i64,
+    },
+    /// An auction.
+    Auction {
+        /// Its id.
+        id: u64,
+        /// The person selling.
+        seller: u64,
+        /// When it opened, ms since the epoch.
+        at: i64,
+    },
     /// A bid.
     Bid(Bid),
 }
 
 /// A bid, as the example's `Bid`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct Bid {
-    pub(crate) auction: u64,
-    pub(crate) bidder: u64,
-    pub(crate) price: u64,
-    pub(crate) date_time: i64,
+pub struct Bid {
+    /// The auction.
+    pub auction: u64,
+    /// The person bidding.
+    pub bidder: u64,
+    /// The price, in cents.
+    pub price: u64,
+    /// When it was made, ms since the epoch.
+    pub date_time: i64,
 }
 
 /// Query 5's result for a window, as the example's `HotItems`.
@@ -127,16 +143,20 @@ pub(crate) struct HotItems {
 
 /// Query 7's result for a window, as the example's `HighestBid`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct HighestBid {
-    pub(crate) start: i64,
-    pub(crate) end: i64,
-    pub(crate) price: u64,
-    pub(crate) bids: Vec<Bid>,
+pub struct HighestBid {
+    /// The window's start.
+    pub start: i64,
+    /// One past its end.
+    pub end: i64,
+    /// The highest price.
+    pub price: u64,
+    /// The bids at that price, ascending.
+    pub bids: Vec<Bid>,
 }
 
 /// The two input topics: one per query, as each keys the bids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Topic {
+pub enum Topic {
     /// Bids keyed by their slot.
     Q5,
     /// Bids keyed by their window.
@@ -145,7 +165,7 @@ pub(crate) enum Topic {
 
 impl Topic {
     /// The topic's name.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Topic::Q5 => "nexmark-q5-in",
             Topic::Q7 => "nexmark-q7-in",
@@ -190,7 +210,7 @@ fn last_auction(n: u64) -> Option<u64> {
 }
 
 /// The events of `spec`, in order.
-pub(crate) fn generate(spec: NexmarkSpec) -> Vec<NexmarkEvent> {
+pub fn generate(spec: NexmarkSpec) -> Vec<NexmarkEvent> {
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
     let rate = i64::from(spec.rate.max(1));
     (0..spec.events)
@@ -229,7 +249,7 @@ pub(crate) fn generate(spec: NexmarkSpec) -> Vec<NexmarkEvent> {
 }
 
 /// The events as messages of `module` for `topic`.
-pub(crate) fn outgoing(
+pub fn outgoing(
     module: &dyn HandlerModule,
     events: &[NexmarkEvent],
     topic: Topic,
