@@ -20,9 +20,13 @@
 //!    other, their order alternating (with then without, without then
 //!    with, …: ABBA…), over `WAKU_BENCH_PAIRS` pairs (default 8), so a
 //!    load that changes slowly weighs on both runs of a pair alike. Each
-//!    pair's ratio (with ÷ without), the load average (`/proc/loadavg`,
-//!    one minute) before and after it, then the median ratio, its spread
-//!    (the middle half and the extremes) and the load's range.
+//!    pair's ratio (with ÷ without) of events per second and of the
+//!    process's CPU time per event (`/proc/self/stat`: what the work cost,
+//!    which another process's load disturbs far less than the time it
+//!    took; the console's client runs in the process too, so it counts
+//!    against the console), the load average (`/proc/loadavg`, one minute)
+//!    before and after it, then the median ratios, their spread (the
+//!    middle half and the extremes) and the load's range.
 //!
 //! `WAKU_BENCH_ONLY=pages` or `WAKU_BENCH_ONLY=host` runs one part alone.
 
@@ -188,16 +192,34 @@ fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
+/// The CPU time this process has used so far, user and system, in clock
+/// ticks (`/proc/self/stat`): every thread's, the console's and its
+/// client's too.
+fn cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// What one run measured.
+struct Run {
+    /// Events applied per second.
+    rate: f64,
+    /// CPU ticks the process used per million events applied.
+    cpu_per_million: f64,
+    /// Requests the console answered.
+    asked: u64,
+}
+
 /// One catch-up of the bank on `log` into a fresh store at `path`, with the
-/// console served and polled every `poll_ms` when `watched`: events per
-/// second, and how many requests the console answered.
+/// console served and polled every `poll_ms` when `watched`.
 async fn bank_run<L: EventLog>(
     log: &Arc<L>,
     module: &Arc<dyn wakuwaku::sandbox::handler::HandlerModule>,
     path: &std::path::Path,
     watched: bool,
     poll_ms: u64,
-) -> (f64, u64) {
+) -> Run {
     let store = StateStore::open(path).unwrap();
     let projection = Arc::new(Projection::new("bank", "accounts", vec![module.clone()], store).unwrap());
     let consumer = Consumer::new(log.clone(), projection.clone(), ConsumerConfig::default());
@@ -252,9 +274,10 @@ async fn bank_run<L: EventLog>(
     } else {
         None
     };
-    let start = Instant::now();
+    let (start, ticks) = (Instant::now(), cpu_ticks().unwrap_or(0));
     let summary = consumer.catch_up().await.unwrap();
     let rate = summary.applied as f64 / start.elapsed().as_secs_f64();
+    let cpu_per_million = cpu_ticks().unwrap_or(0).saturating_sub(ticks) as f64 * 1e6 / summary.applied as f64;
     stop.store(true, Ordering::Relaxed);
     let asked = match poller {
         Some((listening, poller)) => {
@@ -265,7 +288,7 @@ async fn bank_run<L: EventLog>(
         }
         None => 0,
     };
-    (rate, asked)
+    Run { rate, cpu_per_million, asked }
 }
 
 async fn busy_host() {
@@ -275,40 +298,46 @@ async fn busy_host() {
     let dir = tempfile::tempdir().unwrap();
     let module = bank_module();
     let (log, _) = bank_log(dir.path(), module.clone(), WorkloadSpec { events, accounts: 10_000, seed: 42 }, 4).await;
-    let mut ratios = Vec::new();
+    let (mut ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
     let (mut alone, mut watched, mut loads) = (Vec::new(), Vec::new(), Vec::new());
-    println!("| pair | order | with the console, events/s | alone, events/s | with ÷ alone | load before → after |");
-    println!("| ---: | --- | ---: | ---: | ---: | --- |");
+    println!(
+        "| pair | order | with the console, events/s | alone, events/s | with ÷ alone | CPU per event, with ÷ alone | \
+         load before → after |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | --- |");
     for pair in 0..pairs {
         let load_before = load_average();
         // ABBA: with first in even pairs, alone first in odd ones.
         let order = if pair % 2 == 0 { [true, false] } else { [false, true] };
-        let (mut with, mut without, mut asked) = (0.0, 0.0, 0);
+        let (mut with, mut without) = (None, None);
         for (run, console) in order.into_iter().enumerate() {
             let path = dir.path().join(format!("bank-{pair}-{run}.redb"));
-            let (rate, answered) = bank_run(&log, &module, &path, console, poll_ms).await;
+            let measured = bank_run(&log, &module, &path, console, poll_ms).await;
             let _ = std::fs::remove_file(&path);
-            match console {
-                true => (with, asked) = (rate, answered),
-                false => without = rate,
-            }
+            *if console { &mut with } else { &mut without } = Some(measured);
         }
+        let (Some(with), Some(without)) = (with, without) else { unreachable!("each pair runs both") };
         let load_after = load_average();
         loads.extend(load_before.into_iter().chain(load_after));
-        let ratio = with / without;
+        let ratio = with.rate / without.rate;
+        let cpu_ratio = with.cpu_per_million / without.cpu_per_million;
         println!(
-            "| {pair} | {} | {with:.0} ({asked} requests) | {without:.0} | {ratio:.3} | {} → {} |",
+            "| {pair} | {} | {:.0} ({} requests) | {:.0} | {ratio:.3} | {cpu_ratio:.3} | {} → {} |",
             if order[0] { "with, alone" } else { "alone, with" },
+            with.rate,
+            with.asked,
+            without.rate,
             load_before.map_or("?".to_owned(), |l| format!("{l:.2}")),
             load_after.map_or("?".to_owned(), |l| format!("{l:.2}")),
         );
         ratios.push(ratio);
-        alone.push(without);
-        watched.push(with);
+        cpu_ratios.push(cpu_ratio);
+        alone.push(without.rate);
+        watched.push(with.rate);
     }
     let sorted = |values: &mut Vec<f64>| values.sort_by(f64::total_cmp);
     let median = |values: &[f64]| (values[(values.len() - 1) / 2] + values[values.len() / 2]) / 2.0;
-    for values in [&mut ratios, &mut alone, &mut watched, &mut loads] {
+    for values in [&mut ratios, &mut cpu_ratios, &mut alone, &mut watched, &mut loads] {
         sorted(values);
     }
     let quartile = |values: &[f64], q: usize| values[(values.len() - 1) * q / 4];
@@ -323,6 +352,13 @@ async fn busy_host() {
         (quartile(&ratios, 3) - 1.0) * 100.0,
         (ratios[0] - 1.0) * 100.0,
         (ratios[ratios.len() - 1] - 1.0) * 100.0,
+    );
+    println!(
+        "| CPU per event, with ÷ alone (the whole process, the console's client too) | {:+.2} % (middle half \
+         {:+.2} to {:+.2} %) |",
+        (median(&cpu_ratios) - 1.0) * 100.0,
+        (quartile(&cpu_ratios, 1) - 1.0) * 100.0,
+        (quartile(&cpu_ratios, 3) - 1.0) * 100.0,
     );
     if let (Some(low), Some(high)) = (loads.first(), loads.last()) {
         println!("| load average (1 min) during the run | {low:.2} to {high:.2} |");

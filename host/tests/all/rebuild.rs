@@ -118,6 +118,25 @@ fn kill(mut child: Child) {
     child.wait().unwrap();
 }
 
+/// Runs `waku` with `args` (following the log) until it logs that a
+/// shadow was promoted, then kills it; false if it ended first, or did not
+/// promote within 180 s.
+pub(crate) fn follow_until_promoted(dir: &Path, args: &[&str]) -> bool {
+    let mut child = follow_with(dir, args);
+    let (pid, done) = (child.id(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let watchdog = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(180));
+        if !watchdog.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
+    let promoted = wait_for_line(&mut child, "promoted");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    kill(child);
+    promoted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_host_during_a_rebuild_and_during_its_promotion_leaves_the_old_or_the_new_projection() {
     let dir = tempfile::tempdir().unwrap();
@@ -526,18 +545,9 @@ async fn a_rebuild_over_two_topics_with_an_allowed_lateness_is_promoted() {
     );
     assert!(asked.status.success(), "{}", text(&asked.stderr));
 
-    let mut child = follow_ledger(dir.path(), &lateness);
-    let (pid, done) = (child.id(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
-    let watchdog = done.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(180));
-        if !watchdog.load(std::sync::atomic::Ordering::SeqCst) {
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
-    let promoted = wait_for_line(&mut child, "promoted");
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    kill(child);
+    let following: Vec<&str> =
+        event_time::run_args().into_iter().filter(|arg| *arg != "--until-caught-up").chain(lateness).collect();
+    let promoted = follow_until_promoted(dir.path(), &following);
     assert!(promoted, "the shadow was never promoted within 180 s");
     let paths = RebuildPaths::new(&dir.path().join("data"), "ledger");
     let pointer = paths.pointer().unwrap().expect("a promotion moves the pointer");

@@ -12,6 +12,8 @@
 //!   topics, whose clock is the release stage's);
 //! - `waku reset` then a run again fires the same sequence, and `waku
 //!   status` shows the timers left pending and the earliest of them;
+//! - a shadow rebuild (`waku rebuild`), once promoted, fired the same
+//!   sequence;
 //! - on the embedded state and on PostgreSQL;
 //! - `waku test` reports the timers fired and pending.
 
@@ -29,7 +31,7 @@ use wakuwaku::storage::state::postgres::PostgresStore;
 use wakuwaku::storage::stats::Stat;
 
 use crate::common::servers::{fresh_stream, postgres_url};
-use crate::common::{probe_wasm, text, waku};
+use crate::common::{probe_wasm, text, variant_of, waku};
 use crate::event_time::{BASE_MS, PARTITIONS, probe};
 
 /// The probe's `Tick`.
@@ -237,6 +239,43 @@ async fn killing_the_host_with_timers_pending_on_postgres_loses_none_and_fires_n
     for (topics, seed) in [(&["a"][..], 51), (&["a", "b"][..], 52)] {
         let projection = fresh_stream("ticks").replace('-', "_");
         killed_then_reset(topics, seed, Target { projection, postgres: Some(url.clone()) }).await;
+    }
+}
+
+/// A shadow rebuild with a new version of the probe (the same logic) over
+/// one topic and over two: once promoted, the projection's timers fired
+/// in the same places as the first run's, each counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_fires_the_same_timers_in_the_same_places() {
+    use wakuwaku::operations::host::{StateSettings, open_state};
+    for (topics, seed) in [(&["a"][..], 53), (&["a", "b"][..], 54)] {
+        let dir = tempfile::tempdir().unwrap();
+        probe(dir.path());
+        std::fs::create_dir_all(dir.path().join("new")).unwrap();
+        std::fs::write(dir.path().join("new/probe.wasm"), variant_of(probe_wasm())).unwrap();
+        let keys = 12;
+        let ticks = scenario(keys, 3000, seed);
+        let expected = oracle(&ticks);
+        publish(dir.path(), topics, &ticks).await;
+        let target = Target { projection: "ticks".into(), postgres: None };
+        let args = run_args(&target, topics);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let first = waku(&args, dir.path());
+        assert!(first.status.success(), "{}", text(&first.stderr));
+        assert_eq!(found(&target, dir.path(), keys).0, expected, "{topics:?}: the first run");
+
+        let mut rebuild = target.args("rebuild", topics);
+        rebuild.extend(["--modules", "new"]);
+        let asked = waku(&rebuild, dir.path());
+        assert!(asked.status.success(), "{}", text(&asked.stderr));
+        let following: Vec<&str> = args.iter().copied().filter(|arg| *arg != "--until-caught-up").collect();
+        assert!(crate::rebuild::follow_until_promoted(dir.path(), &following), "{topics:?}: never promoted");
+        let store = open_state(&dir.path().join("data"), &StateSettings::Embedded, "ticks").unwrap();
+        let seqs: BTreeMap<u64, Vec<String>> = (0..keys)
+            .filter_map(|key| Some((key, serde_json::from_slice(&store.get(&Key::int(key), "seq").unwrap()?).unwrap())))
+            .collect();
+        assert_eq!(seqs, expected, "{topics:?}: the rebuild fired another sequence");
+        assert_eq!(store.stats().unwrap()[Stat::TimersFired], fired(&expected), "{topics:?}: counted once each");
     }
 }
 
