@@ -31,6 +31,7 @@ use wakuwaku::engine::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall
 use wakuwaku::engine::projection::Projection;
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::StateStore;
+use wakuwaku_tests::paced::{Appended, append_at_rate};
 use wakuwaku_tests::{bank_log, bank_module};
 
 #[global_allocator]
@@ -144,42 +145,9 @@ async fn main() {
         })
     };
 
-    // (partition, first offset, end offset, when the append returned)
-    let mut appends: Vec<(u32, u64, u64, Instant)> = Vec::new();
     let rate = std::env::var("WAKU_BENCH_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(maximum / 2.0);
-    let producing = Instant::now();
-    let mut ticks = tokio::time::interval(TICK);
-    let mut sent = vec![0usize; PARTITIONS as usize];
-    while sent.iter().zip(&backlog).any(|(sent, all)| sent < &all.len()) {
-        ticks.tick().await;
-        let due_total = (rate * producing.elapsed().as_secs_f64()) as usize;
-        let mut batch = Vec::new();
-        for (partition, all) in backlog.iter().enumerate() {
-            // Each partition's share of what is due, by its share of events.
-            let due = (due_total as f64 * all.len() as f64 / events as f64) as usize;
-            let upto = due.min(all.len());
-            if upto > sent[partition] {
-                batch.push((partition as u32, all[sent[partition]..upto].to_vec()));
-            }
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        let ranges: Vec<(u32, u64, u64)> = batch
-            .iter()
-            .map(|(partition, records)| {
-                let first = sent[*partition as usize] as u64;
-                (*partition, first, first + records.len() as u64)
-            })
-            .collect();
-        log.append("accounts", batch).await.unwrap();
-        let appended = Instant::now();
-        for (partition, first, end) in ranges {
-            sent[partition as usize] = end as usize;
-            appends.push((partition, first, end, appended));
-        }
-    }
-    let produced = producing.elapsed();
+    let (appends, produced) = append_at_rate(&*log, "accounts", &backlog, rate, TICK).await;
+    let sent: Vec<usize> = backlog.iter().map(Vec::len).collect();
     while !progress.partitions().iter().zip(&sent).all(|(p, &sent)| p.position >= sent as u64) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -189,10 +157,10 @@ async fn main() {
     let commits = sampler.join().unwrap();
 
     let mut latencies = Vec::with_capacity(events);
-    for (partition, first, end, appended) in appends {
+    for Appended { partition, first, end, at } in appends {
         for offset in first..end {
             let committed = committed_at(&commits[partition as usize], offset).expect("every event committed");
-            latencies.push(committed.saturating_duration_since(appended));
+            latencies.push(committed.saturating_duration_since(at));
         }
     }
     latencies.sort();

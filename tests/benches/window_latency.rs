@@ -36,6 +36,7 @@ use wakuwaku::key::Key;
 use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::StateStore;
+use wakuwaku_tests::paced::{append_at_rate, appended_at};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -120,38 +121,8 @@ async fn main() {
         })
     };
 
-    // (partition, first offset, end offset, when the append returned)
-    let mut appends: Vec<(u32, u64, u64, Instant)> = Vec::new();
-    let total: usize = backlog.iter().map(Vec::len).sum();
-    let producing = Instant::now();
-    let mut ticks = tokio::time::interval(TICK);
-    let mut sent = vec![0usize; PARTITIONS as usize];
-    while sent.iter().zip(&backlog).any(|(sent, all)| sent < &all.len()) {
-        ticks.tick().await;
-        let due_total = (rate * producing.elapsed().as_secs_f64()) as usize;
-        let mut batch = Vec::new();
-        for (partition, all) in backlog.iter().enumerate() {
-            let due = (due_total as f64 * all.len() as f64 / total as f64) as usize;
-            let upto = due.min(all.len());
-            if upto > sent[partition] {
-                batch.push((partition as u32, all[sent[partition]..upto].to_vec()));
-            }
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        let ranges: Vec<(u32, u64, u64)> = batch
-            .iter()
-            .map(|(p, records)| (*p, sent[*p as usize] as u64, (sent[*p as usize] + records.len()) as u64))
-            .collect();
-        log.append(input, batch).await.unwrap();
-        let appended = Instant::now();
-        for (partition, first, end) in ranges {
-            sent[partition as usize] = end as usize;
-            appends.push((partition, first, end, appended));
-        }
-    }
-    let produced = producing.elapsed();
+    let (appends, produced) = append_at_rate(&*log, input, &backlog, rate, TICK).await;
+    let sent: Vec<usize> = backlog.iter().map(Vec::len).collect();
     while !progress.partitions().iter().zip(&sent).all(|(p, &sent)| p.position >= sent as u64) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -161,12 +132,6 @@ async fn main() {
     sampling.store(false, Ordering::Relaxed);
     let seen = sampler.join().unwrap();
 
-    let appended_at = |partition: usize, offset: u64| {
-        appends
-            .iter()
-            .find(|&&(p, first, end, _)| p as usize == partition && (first..end).contains(&offset))
-            .map(|a| a.3)
-    };
     let end = log.end_offset(RESULTS, 0).await.unwrap();
     let results = log.read(RESULTS, 0, 0, end as usize).await.unwrap();
     let mut latencies = Vec::new();
@@ -181,7 +146,7 @@ async fn main() {
             unpassed += 1; // passed only by the end offset's evidence
             continue;
         };
-        let appended = appended_at(partition, evidence as u64).expect("every record appended");
+        let appended = appended_at(&appends, partition as u32, evidence as u64).expect("every record appended");
         let index = seen.partition_point(|&(end, _)| end <= stored.offset);
         let first_seen = seen.get(index).expect("every result seen").1;
         latencies.push(first_seen.saturating_duration_since(appended));

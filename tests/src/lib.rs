@@ -13,6 +13,8 @@
 //!   skipped; [`proxy`] cuts connections to it on cue; [`iggy_cluster`]
 //!   starts a three-node cluster from `WAKU_IGGY_SERVER` and kills its
 //!   nodes on cue.
+//! - [`paced`] appends a backlog at a steady rate, for the benchmarks
+//!   that follow a log while it grows.
 //! - [`native`] runs a guest-SDK module natively inside the host, to compare
 //!   with WASM.
 //! - [`host_settings`] and [`catch_up`] start a host of loaded modules
@@ -59,6 +61,7 @@ pub mod hostile;
 pub mod iggy_cluster;
 pub mod liar;
 pub mod native;
+pub mod paced;
 pub mod ported_bank;
 pub mod proxy;
 pub mod python;
