@@ -467,9 +467,13 @@ export interface DescribedType {
   maxBatch: number;
 }
 
+/** The tag no module may declare: the host's for the dead letters of timers (`core/src/limits.rs`'s `RESERVED_TAG`). */
+export const RESERVED_TAG = 4294967295;
+
 /**
  * Checks what `describe` returns: 1 to 256 event types, tags unique, names
- * valid, max batch at least 1; the emit topics as {@link checkEmits}.
+ * valid, none the {@link RESERVED_TAG}, max batch at least 1; the emit
+ * topics as {@link checkEmits}.
  */
 export function checkDescription(eventTypes: readonly DescribedType[], emits: readonly string[]): void {
   if (eventTypes.length < 1 || eventTypes.length > MAX_EVENT_TYPES) {
@@ -486,6 +490,11 @@ export function checkDescription(eventTypes: readonly DescribedType[], emits: re
     if (!isEventTypeName(name)) {
       throw new ContractError(
         `event-type-name: tag ${tag} is named \`${quoted(name)}\`; a name is 1 to ${MAX_EVENT_TYPE_NAME_BYTES} bytes of letters, digits, \`_\`, \`-\`, \`.\` and \`:\``,
+      );
+    }
+    if (tag === RESERVED_TAG) {
+      throw new ContractError(
+        `event-type-tag-reserved: event type \`${name}\` declares tag ${RESERVED_TAG}, which the host reserves for the dead letters of timers; give it another tag`,
       );
     }
     if (maxBatch === 0) {

@@ -198,6 +198,7 @@ test("descriptions are checked rule by rule", () => {
     [[{ tag: 1, name: "", maxBatch: 1 }], [], "event-type-name"],
     [[{ tag: 1, name: "no spaces", maxBatch: 1 }], [], "event-type-name"],
     [[{ tag: 1, name: "Type", maxBatch: 0 }], [], "max-batch"],
+    [[ok(1), { tag: 4294967295, name: "Type", maxBatch: 1 }], [], "event-type-tag-reserved"],
     [[ok(1)], Array.from({ length: MAX_EMIT_TOPICS + 1 }, (_, i) => `t${i}`), "emit-topic-count"],
     [[ok(1)], ["a/b"], "emit-topic-name"],
     [[ok(1)], ["retry_x"], "emit-topic-host-owned"],

@@ -149,6 +149,7 @@ def test_descriptions_are_checked_rule_by_rule():
         ([(1, "", 1)], [], "event-type-name"),
         ([(1, "no spaces", 1)], [], "event-type-name"),
         ([(1, "Type", 0)], [], "max-batch"),
+        ([ok(1), (4_294_967_295, "Type", 1)], [], "event-type-tag-reserved"),
         ([ok(1)], [f"t{i}" for i in range(MAX_EMIT_TOPICS + 1)], "emit-topic-count"),
         ([ok(1)], ["a/b"], "emit-topic-name"),
         ([ok(1)], ["retry_x"], "emit-topic-host-owned"),

@@ -407,10 +407,15 @@ class ContractError(ValueError):
         return str(self).split(":", 1)[0]
 
 
+RESERVED_TAG = 4_294_967_295
+"""The tag no module may declare: the host's for the dead letters of timers
+(``core/src/limits.rs``'s ``RESERVED_TAG``)."""
+
+
 def check_description(event_types: Iterable[tuple[int, str, int]], emits: Sequence[str]) -> None:
     """Checks what ``describe`` returns: 1 to 256 event types given as
-    ``(tag, name, max_batch)``, tags unique, names valid, max batch at least
-    1; at most 64 emit topics, each a valid topic name, none of the host's
+    ``(tag, name, max_batch)``, tags unique, names valid, none the
+    ``RESERVED_TAG``, max batch at least 1; at most 64 emit topics, each a valid topic name, none of the host's
     own, none twice."""
     types = list(event_types)
     if not 1 <= len(types) <= MAX_EVENT_TYPES:
@@ -426,6 +431,11 @@ def check_description(event_types: Iterable[tuple[int, str, int]], emits: Sequen
             raise ContractError(
                 f"event-type-name: tag {tag} is named `{_quoted(name)}`; a name is 1 to "
                 f"{MAX_EVENT_TYPE_NAME_BYTES} bytes of letters, digits, `_`, `-`, `.` and `:`"
+            )
+        if tag == RESERVED_TAG:
+            raise ContractError(
+                f"event-type-tag-reserved: event type `{name}` declares tag {RESERVED_TAG}, which the host reserves "
+                "for the dead letters of timers; give it another tag"
             )
         if max_batch == 0:
             raise ContractError(f"max-batch: event type `{name}` declares max-batch 0 (it must be at least 1)")
