@@ -427,7 +427,13 @@ pub async fn list_page_on<L: EventLog>(
     let dlq = shelf.dlq.as_str();
     let mut page = LetterPage::default();
     let first = after.map_or(0, |(partition, _)| partition);
-    for partition in first..log.partitions(dlq).await? {
+    let partitions = match log.partitions(dlq).await {
+        Ok(partitions) => partitions,
+        // No dead-letter topic yet (a host creates it when it starts): nothing was dead-lettered.
+        Err(LogError::TopicNotFound { .. }) => return Ok(page),
+        Err(error) => return Err(error.into()),
+    };
+    for partition in first..partitions {
         let marks = Marks::read(shelf, store, topic, partition)?;
         let from = match after {
             Some((after_partition, offset)) if after_partition == partition => offset.saturating_add(1),
@@ -999,6 +1005,9 @@ mod tests {
         assert_eq!(paged, all);
         let last = list_page_on(&log, TOPIC, &shelf, &store, Some((0, all[59].offset)), 7).await.unwrap();
         assert_eq!(last, LetterPage::default());
+        // A projection whose dead-letter topic was never created has none.
+        let never = Shelf::shared("never", PROJECTION);
+        assert_eq!(list_page_on(&log, "never", &never, &store, None, 7).await.unwrap(), LetterPage::default());
     }
 
     #[tokio::test]
