@@ -31,7 +31,7 @@ use wakuwaku::engine::consumer::{CallObserver, Consumer, ConsumerConfig, RunCall
 use wakuwaku::engine::projection::Projection;
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::StateStore;
-use wakuwaku_tests::paced::{Appended, append_at_rate};
+use wakuwaku_tests::paced::{Appended, append_at_rate, percentile};
 use wakuwaku_tests::{bank_log, bank_module};
 
 #[global_allocator]
@@ -70,10 +70,6 @@ type Commits = Vec<(u64, Instant)>;
 fn committed_at(commits: &Commits, offset: u64) -> Option<Instant> {
     let index = commits.partition_point(|&(position, _)| position <= offset);
     commits.get(index).map(|&(_, at)| at)
-}
-
-fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
 
 #[tokio::main]

@@ -31,12 +31,12 @@ use wakuwaku::authoring::nexmark::{self, HighestBid, NexmarkSpec, Q7_SIZE_MS, To
 use wakuwaku::authoring::publish;
 use wakuwaku::engine::consumer::{Consumer, ConsumerConfig};
 use wakuwaku::engine::projection::{Projection, load_module_file};
-use wakuwaku::event::{header_name, partition_for};
+use wakuwaku::event::{EventHeaders, partition_for};
 use wakuwaku::key::Key;
 use wakuwaku::sandbox::runtime::{Sandbox, SandboxLimits};
 use wakuwaku::storage::log::{EmbeddedLog, EventLog, Record};
 use wakuwaku::storage::state::StateStore;
-use wakuwaku_tests::paced::{append_at_rate, appended_at};
+use wakuwaku_tests::paced::{append_at_rate, appended_at, percentile};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -48,15 +48,6 @@ const RESULTS: &str = "nexmark-q7";
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn event_time(record: &Record) -> Option<i64> {
-    let header = record.headers.iter().find(|h| h.name == header_name::EVENT_TIME)?;
-    Some(i64::from_le_bytes(header.value.as_slice().try_into().ok()?))
-}
-
-fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
 
 #[tokio::main]
@@ -89,8 +80,12 @@ async fn main() {
         let stored = source.read(input, partition, 0, end as usize).await.unwrap();
         backlog.push(stored.into_iter().map(|s| s.record).collect());
     }
-    let times: Vec<Vec<i64>> =
-        backlog.iter().map(|records| records.iter().map(|r| event_time(r).expect("timed")).collect()).collect();
+    let times: Vec<Vec<i64>> = backlog
+        .iter()
+        .map(|records| {
+            records.iter().map(|r| EventHeaders::parse_stored(&r.headers).unwrap().event_time.expect("timed")).collect()
+        })
+        .collect();
 
     // A consumer following a fresh log.
     let log = Arc::new(EmbeddedLog::open(dir.path().join("log.redb")).unwrap());

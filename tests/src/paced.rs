@@ -2,7 +2,7 @@
 //! it is appended (`latency`, `window_latency`): each partition's backlog
 //! appended in order, an append of every partition's due share every
 //! tick, and when each append returned, which is where an event's latency
-//! starts.
+//! starts; and the percentiles they report.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,11 @@ pub struct Appended {
 /// When the append holding `offset` of `partition` returned.
 pub fn appended_at(appends: &[Appended], partition: u32, offset: u64) -> Option<Instant> {
     appends.iter().find(|a| a.partition == partition && (a.first..a.end).contains(&offset)).map(|a| a.at)
+}
+
+/// The value at `fraction` (0 to 1) of `sorted` latencies, nearest rank.
+pub fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
 
 /// Appends `backlog[p]` to partition `p` of `topic`, `rate` events per
